@@ -1,1 +1,21 @@
-"""kcap: quantized GGUF language models on Apple Metal, NVIDIA CUDA and the CPU."""
+"""kcap: quantized GGUF language models on Apple Metal, NVIDIA CUDA and the CPU.
+
+    import kcap
+    model = kcap.load("model.gguf")            # backend="cpu"
+    print(model.generate("The capital of France is", max_tokens=32))
+"""
+from kcap.errors import (  # noqa: F401
+    BackendUnavailableError,
+    ContextOverflowError,
+    FormatError,
+    GGUFError,
+    KcapError,
+    MissingMetadataError,
+    ModelError,
+    RoutingError,
+    UnknownArchitectureError,
+)
+from kcap.model import Model, load  # noqa: F401
+from kcap import formats  # noqa: F401
+
+__version__ = "0.1.0"

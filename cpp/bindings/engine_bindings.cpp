@@ -1,0 +1,217 @@
+// Python surface of the model description, the capability table, planning and the engine.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "dispatch/capability.h"
+#include "kcap/engine.h"
+#include "kcap/errors.h"
+
+namespace py = pybind11;
+using namespace kcap;
+
+namespace {
+
+py::dict route_to_dict(const RouteInfo& r) {
+    py::dict d;
+    d["layer"] = r.layer;
+    d["stage"] = r.stage;
+    d["op"] = r.op;
+    d["formats"] = r.formats;
+    d["dims"] = r.dims;
+    d["features"] = r.features;
+    d["kernel"] = r.kernel;
+    d["backend"] = r.backend;
+    return d;
+}
+
+py::list routes_to_list(const std::vector<RouteInfo>& routes) {
+    py::list out;
+    for (const auto& r : routes) out.append(route_to_dict(r));
+    return out;
+}
+
+EngineOptions make_options(const std::string& backend, const std::string& kv_type, int64_t n_ctx, int n_threads,
+                           int max_batch, const std::vector<std::string>& excluded) {
+    EngineOptions options;
+    options.backend = backend;
+    options.kv_type = kv_type;
+    options.n_ctx = n_ctx;
+    options.n_threads = n_threads;
+    options.max_batch = max_batch;
+    options.excluded_kernels = excluded;
+    return options;
+}
+
+// Registers a weight tensor whose bytes stay owned by the Python buffer (a memory map).
+void add_tensor(ModelSpec& spec, const std::string& name, int ggml_type, const std::vector<int64_t>& shape,
+                py::array data) {
+    if (!(data.flags() & py::array::c_style)) throw ModelError("tensor '" + name + "' data is not contiguous");
+    TensorRef ref;
+    ref.name = name;
+    ref.format = format_from_ggml_type(ggml_type);
+    ref.shape = shape;
+    ref.data = static_cast<const uint8_t*>(data.data());
+    ref.nbytes = size_t(data.nbytes());
+    if (shape.empty()) throw ModelError("tensor '" + name + "' has no shape");
+    size_t expected = row_bytes(ref.format, ref.row_length()) * size_t(ref.n_rows());
+    if (expected != ref.nbytes)
+        throw ModelError("tensor '" + name + "' holds " + std::to_string(ref.nbytes) + " bytes, its shape and type " +
+                         format_name(ref.format) + " need " + std::to_string(expected));
+    // Keep the buffer alive as long as any copy of the spec; release it under the GIL.
+    auto* owner = new py::object(data);
+    spec.keepalive.emplace_back(owner, [](void* p) {
+        py::gil_scoped_acquire gil;
+        delete static_cast<py::object*>(p);
+    });
+    spec.tensors[name] = ref;
+}
+
+}  // namespace
+
+void init_engine(py::module_& m) {
+    py::enum_<NormKind>(m, "NormKind").value("RMS", NormKind::RMS).value("Layer", NormKind::Layer);
+    py::enum_<Activation>(m, "Activation")
+        .value("SiLU", Activation::SiLU)
+        .value("GeluTanh", Activation::GeluTanh)
+        .value("GeluErf", Activation::GeluErf)
+        .value("ReLU", Activation::ReLU);
+    py::enum_<RopeStyle>(m, "RopeStyle")
+        .value("None_", RopeStyle::None)
+        .value("Normal", RopeStyle::Normal)
+        .value("NeoX", RopeStyle::NeoX);
+
+    py::class_<LayerSpec>(m, "LayerSpec", "One decoder block: head geometry, tensor names and features.")
+        .def(py::init<>())
+        .def_readwrite("n_head", &LayerSpec::n_head)
+        .def_readwrite("n_head_kv", &LayerSpec::n_head_kv)
+        .def_readwrite("head_dim", &LayerSpec::head_dim)
+        .def_readwrite("head_dim_v", &LayerSpec::head_dim_v)
+        .def_readwrite("attn_norm", &LayerSpec::attn_norm)
+        .def_readwrite("attn_norm_bias", &LayerSpec::attn_norm_bias)
+        .def_readwrite("wq", &LayerSpec::wq)
+        .def_readwrite("wk", &LayerSpec::wk)
+        .def_readwrite("wv", &LayerSpec::wv)
+        .def_readwrite("bq", &LayerSpec::bq)
+        .def_readwrite("bk", &LayerSpec::bk)
+        .def_readwrite("bv", &LayerSpec::bv)
+        .def_readwrite("q_norm", &LayerSpec::q_norm)
+        .def_readwrite("k_norm", &LayerSpec::k_norm)
+        .def_readwrite("wo", &LayerSpec::wo)
+        .def_readwrite("bo", &LayerSpec::bo)
+        .def_readwrite("post_attn_norm", &LayerSpec::post_attn_norm)
+        .def_readwrite("ffn_norm", &LayerSpec::ffn_norm)
+        .def_readwrite("ffn_norm_bias", &LayerSpec::ffn_norm_bias)
+        .def_readwrite("ffn_gate", &LayerSpec::ffn_gate)
+        .def_readwrite("ffn_up", &LayerSpec::ffn_up)
+        .def_readwrite("ffn_down", &LayerSpec::ffn_down)
+        .def_readwrite("ffn_up_bias", &LayerSpec::ffn_up_bias)
+        .def_readwrite("ffn_down_bias", &LayerSpec::ffn_down_bias)
+        .def_readwrite("post_ffn_norm", &LayerSpec::post_ffn_norm)
+        .def_readwrite("rope_style", &LayerSpec::rope_style)
+        .def_readwrite("rope_dim", &LayerSpec::rope_dim)
+        .def_readwrite("rope_base", &LayerSpec::rope_base)
+        .def_readwrite("rope_freq_scale", &LayerSpec::rope_freq_scale)
+        .def_readwrite("rope_freqs", &LayerSpec::rope_freqs)
+        .def_readwrite("sliding_window", &LayerSpec::sliding_window)
+        .def_readwrite("attn_scale", &LayerSpec::attn_scale)
+        .def_readwrite("attn_softcap", &LayerSpec::attn_softcap)
+        .def_readwrite("activation", &LayerSpec::activation)
+        .def_readwrite("gated_ffn", &LayerSpec::gated_ffn);
+
+    py::class_<ModelSpec, std::shared_ptr<ModelSpec>>(m, "ModelSpec", "Pure-data model description.")
+        .def(py::init<>())
+        .def_readwrite("architecture", &ModelSpec::architecture)
+        .def_readwrite("n_embd", &ModelSpec::n_embd)
+        .def_readwrite("n_vocab", &ModelSpec::n_vocab)
+        .def_readwrite("context_length", &ModelSpec::context_length)
+        .def_readwrite("norm_kind", &ModelSpec::norm_kind)
+        .def_readwrite("norm_eps", &ModelSpec::norm_eps)
+        .def_readwrite("embed_scale", &ModelSpec::embed_scale)
+        .def_readwrite("token_embd", &ModelSpec::token_embd)
+        .def_readwrite("output_norm", &ModelSpec::output_norm)
+        .def_readwrite("output_norm_bias", &ModelSpec::output_norm_bias)
+        .def_readwrite("output", &ModelSpec::output)
+        .def_readwrite("final_softcap", &ModelSpec::final_softcap)
+        .def_readwrite("layers", &ModelSpec::layers)
+        .def("add_tensor", &add_tensor, py::arg("name"), py::arg("ggml_type"), py::arg("shape"), py::arg("data"),
+             "Registers a weight tensor (GGUF order shape, raw bytes kept alive, never copied).")
+        .def("has_tensor", [](const ModelSpec& s, const std::string& name) { return s.tensors.count(name) > 0; });
+
+    m.def(
+        "explain_routes",
+        [](const ModelSpec& spec, const std::string& backend, const std::string& kv_type, int64_t n_ctx,
+           const std::vector<std::string>& excluded) {
+            return routes_to_list(explain_routes(spec, make_options(backend, kv_type, n_ctx, 0, 512, excluded)));
+        },
+        py::arg("spec"), py::arg("backend") = "cpu", py::arg("kv_type") = "f32", py::arg("n_ctx") = 0,
+        py::arg("excluded_kernels") = std::vector<std::string>{},
+        "Plans the model on a backend without running it; returns one dict per stage.");
+
+    m.def(
+        "capability_rows",
+        [] {
+            py::list out;
+            for (const Row& row : capability_table()) {
+                py::dict d;
+                d["kernel"] = row.kernel;
+                d["op"] = op_name(row.op);
+                d["backend"] = backend_name(row.backend);
+                py::list operands;
+                for (const auto& formats : row.operand_formats) {
+                    py::list names;
+                    for (Format f : formats) names.append(format_name(f));
+                    operands.append(names);
+                }
+                d["operand_formats"] = operands;
+                py::list kv;
+                for (Format f : row.kv_formats) kv.append(format_name(f));
+                d["kv_formats"] = kv;
+                d["features"] = feature_names(row.features);
+                d["k_multiple"] = row.dims.k_multiple;
+                d["k_max"] = row.dims.k_max;
+                d["n_multiple"] = row.dims.n_multiple;
+                d["max_head_dim"] = row.dims.max_head_dim;
+                d["max_span"] = row.dims.max_span;
+                d["priority"] = row.priority;
+                d["compiled"] = row.fn != nullptr;
+                out.append(d);
+            }
+            return out;
+        },
+        "Every row of the capability table.");
+
+    py::class_<Engine>(m, "Engine", "A planned model with its KV cache on one backend.")
+        .def(py::init([](const ModelSpec& spec, const std::string& backend, const std::string& kv_type, int64_t n_ctx,
+                         int n_threads, int max_batch, const std::vector<std::string>& excluded) {
+                 // The engine keeps its own copy of the spec (tensor refs and their owners).
+                 return std::make_unique<Engine>(std::make_shared<const ModelSpec>(spec),
+                                                 make_options(backend, kv_type, n_ctx, n_threads, max_batch, excluded));
+             }),
+             py::arg("spec"), py::arg("backend") = "cpu", py::arg("kv_type") = "f32", py::arg("n_ctx") = 0,
+             py::arg("n_threads") = 0, py::arg("max_batch") = 512,
+             py::arg("excluded_kernels") = std::vector<std::string>{})
+        .def(
+            "eval",
+            [](Engine& engine, py::array_t<int32_t, py::array::c_style | py::array::forcecast> tokens,
+               bool all_logits) {
+                const int64_t n = tokens.size();
+                py::array_t<float> logits =
+                    all_logits ? py::array_t<float>({n, engine.n_vocab()}) : py::array_t<float>(engine.n_vocab());
+                const int32_t* ids = tokens.data();
+                float* out = logits.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    engine.eval(ids, n, out, all_logits);
+                }
+                return logits;
+            },
+            py::arg("tokens"), py::arg("all_logits") = false,
+            "Appends tokens at n_past and returns the last position's logits [vocab] (or [n, vocab]).")
+        .def("reset", &Engine::reset, "Empties the KV cache.")
+        .def("truncate", &Engine::truncate, py::arg("n"), "Keeps the first n cached positions.")
+        .def_property_readonly("n_past", &Engine::n_past)
+        .def_property_readonly("n_ctx", &Engine::n_ctx)
+        .def_property_readonly("n_vocab", &Engine::n_vocab)
+        .def("routes", [](const Engine& engine) { return routes_to_list(engine.routes()); });
+}

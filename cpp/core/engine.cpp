@@ -1,0 +1,82 @@
+// Engine: plans a ModelSpec once at construction, then executes it on the chosen backend.
+#include "kcap/engine.h"
+
+#include <thread>
+
+#include "core/backend_impl.h"
+#include "dispatch/planner.h"
+#include "kcap/errors.h"
+
+namespace kcap {
+
+namespace {
+
+Format kv_format_from_name(const std::string& name) {
+    if (name == "f32") return Format::F32;
+    if (name == "f16") return Format::F16;
+    throw FormatError("unsupported KV cache type '" + name + "' (supported: f32, f16)");
+}
+
+PlanOptions plan_options(const EngineOptions& options) {
+    PlanOptions plan;
+    plan.backend = backend_from_name(options.backend);
+    plan.kv_format = kv_format_from_name(options.kv_type);
+    plan.n_ctx = options.n_ctx;
+    plan.excluded_kernels = options.excluded_kernels;
+    return plan;
+}
+
+std::vector<RouteInfo> describe(const Plan& plan) {
+    std::vector<RouteInfo> routes;
+    for (const RoutedStage& routed : plan.stages) {
+        const Stage& s = routed.stage;
+        routes.push_back({s.layer, s.name, op_name(s.op), describe_formats(s), describe_dims(s),
+                          feature_names(s.features), routed.row->kernel, backend_name(routed.row->backend)});
+    }
+    return routes;
+}
+
+}  // namespace
+
+std::vector<RouteInfo> explain_routes(const ModelSpec& spec, const EngineOptions& options) {
+    return describe(make_plan(spec, plan_options(options)));
+}
+
+Engine::Engine(std::shared_ptr<const ModelSpec> spec, const EngineOptions& options) : spec_(std::move(spec)) {
+    Plan plan = make_plan(*spec_, plan_options(options));
+    routes_ = describe(plan);
+    n_ctx_ = plan.options.n_ctx;
+    for (const RoutedStage& routed : plan.stages)
+        if (!routed.row->fn)
+            throw BackendUnavailableError("backend '" + options.backend + "' is not compiled into this build (row " +
+                                          routed.row->kernel + " has no kernel)");
+    switch (plan.options.backend) {
+        case Backend::CPU: backend_ = make_cpu_backend(*spec_, std::move(plan), options); break;
+        default:
+            throw BackendUnavailableError("backend '" + options.backend + "' is not available in this build");
+    }
+}
+
+Engine::~Engine() = default;
+
+void Engine::eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits) {
+    if (n <= 0) throw ModelError("eval needs at least one token");
+    if (n_past_ + n > n_ctx_)
+        throw ContextOverflowError("context overflow: " + std::to_string(n_past_) + " cached + " + std::to_string(n) +
+                                   " new tokens exceed the context length " + std::to_string(n_ctx_));
+    for (int64_t i = 0; i < n; ++i)
+        if (tokens[i] < 0 || tokens[i] >= spec_->n_vocab)
+            throw ModelError("token id " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " +
+                             std::to_string(spec_->n_vocab) + ")");
+    backend_->eval(tokens, n, n_past_, logits, all_logits);
+    n_past_ += n;
+}
+
+void Engine::truncate(int64_t n) {
+    if (n < 0 || n > n_past_)
+        throw ModelError("cannot truncate the cache to " + std::to_string(n) + " positions; it holds " +
+                         std::to_string(n_past_));
+    n_past_ = n;
+}
+
+}  // namespace kcap

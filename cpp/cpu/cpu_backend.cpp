@@ -1,0 +1,95 @@
+// CPU backend: executes a Plan with f32 activation buffers, a thread pool and a KV cache.
+// Long prompts run in chunks of max_batch tokens; the LM head runs on the last position
+// only unless every position's logits are asked for.
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "core/backend_impl.h"
+#include "cpu/cpu_state.h"
+
+namespace kcap {
+
+namespace {
+
+class CpuBackend : public Backend_ {
+public:
+    CpuBackend(const ModelSpec& spec, Plan plan, const EngineOptions& options)
+        : plan_(std::move(plan)),
+          state_(options.n_threads > 0 ? options.n_threads : int(std::max(1u, std::thread::hardware_concurrency()))),
+          max_batch_(std::max(1, options.max_batch)),
+          n_vocab_(spec.n_vocab) {
+        state_.kv.resize(spec.layers.size());
+        for (size_t i = 0; i < spec.layers.size(); ++i) {
+            KvLayer& kv = state_.kv[i];
+            kv.format = plan_.options.kv_format;
+            kv.k_width = int64_t(spec.layers[i].n_head_kv) * spec.layers[i].head_dim;
+            kv.v_width = int64_t(spec.layers[i].n_head_kv) * spec.layers[i].head_dim_v;
+        }
+        buffers_.resize(plan_.buffer_widths.size());
+    }
+
+    void eval(const int32_t* tokens, int64_t n, int64_t pos0, float* logits, bool all_logits) override {
+        for (int64_t start = 0; start < n; start += max_batch_) {
+            const int64_t count = std::min<int64_t>(max_batch_, n - start);
+            const bool final_chunk = start + count == n;
+            float* chunk_logits = all_logits ? logits + start * n_vocab_ : logits;
+            run_chunk(tokens + start, count, pos0 + start, final_chunk || all_logits, all_logits, chunk_logits);
+        }
+    }
+
+private:
+    float* buffer(Buffer b, int64_t rows) {
+        if (b == Buffer::None) return nullptr;
+        auto& storage = buffers_[size_t(b)];
+        const size_t needed = size_t(rows * plan_.buffer_widths[size_t(b)]);
+        if (storage.size() < needed) storage.resize(needed);
+        return storage.data();
+    }
+
+    void run_chunk(const int32_t* tokens, int64_t n, int64_t pos0, bool need_logits, bool all_logits,
+                   float* logits) {
+        for (const RoutedStage& routed : plan_.stages) {
+            const Stage& stage = routed.stage;
+            const bool tail = stage.last_token_only && !all_logits;
+            if (stage.last_token_only && !need_logits) continue;
+            KernelCall call;
+            call.n_tokens = int(tail ? 1 : n);
+            call.pos0 = int(pos0);
+            call.tokens = tokens;
+            call.backend_state = &state_;
+            // A tail stage reads the last row of a per-token buffer (the LM head reads the
+            // final position's normed state); Logits itself holds only that row.
+            const int64_t in_row = tail && stage.input != Buffer::Logits ? n - 1 : 0;
+            const int64_t in_width = plan_.buffer_widths[size_t(stage.input)];
+            if (stage.input != Buffer::None) call.in = buffer(stage.input, n) + in_row * in_width;
+            if (stage.input2 != Buffer::None) call.in2 = buffer(stage.input2, n);
+            if (stage.input3 != Buffer::None) call.in3 = buffer(stage.input3, n);
+            if (stage.output == Buffer::Logits) {
+                call.out = logits;
+            } else if (stage.output != Buffer::None) {
+                call.out = buffer(stage.output, n);
+            }
+            if (stage.op == Op::Rope) {
+                call.out = buffer(stage.input, n);
+                call.inout2 = buffer(stage.input2, n);
+            }
+            if (stage.op == Op::Softcap) call.in = logits;
+            routed.row->fn(stage, call);
+        }
+    }
+
+    Plan plan_;
+    CpuState state_;
+    int max_batch_;
+    int64_t n_vocab_;
+    std::vector<std::vector<float>> buffers_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend_> make_cpu_backend(const ModelSpec& spec, Plan plan, const EngineOptions& options) {
+    return std::make_unique<CpuBackend>(spec, std::move(plan), options);
+}
+
+}  // namespace kcap

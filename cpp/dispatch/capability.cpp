@@ -1,0 +1,138 @@
+// Collects every backend's rows into the one table and checks a row against a stage.
+#include "dispatch/capability.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "dispatch/stage.h"
+#include "kcap/errors.h"
+
+namespace kcap {
+
+const char* backend_name(Backend backend) {
+    switch (backend) {
+        case Backend::CPU: return "cpu";
+        case Backend::CUDA: return "cuda";
+        case Backend::Metal: return "metal";
+    }
+    return "?";
+}
+
+Backend backend_from_name(const std::string& name) {
+    if (name == "cpu") return Backend::CPU;
+    if (name == "cuda") return Backend::CUDA;
+    if (name == "metal") return Backend::Metal;
+    throw BackendUnavailableError("unknown backend '" + name + "' (known: cpu, cuda, metal)");
+}
+
+const char* op_name(Op op) {
+    switch (op) {
+        case Op::Embed: return "embed";
+        case Op::Norm: return "norm";
+        case Op::MatMul: return "matmul";
+        case Op::Rope: return "rope";
+        case Op::Attention: return "attention";
+        case Op::FfnActivation: return "ffn_activation";
+        case Op::Add: return "add";
+        case Op::Softcap: return "softcap";
+    }
+    return "?";
+}
+
+std::string feature_names(uint32_t features) {
+    static const std::pair<uint32_t, const char*> names[] = {
+        {kRmsNorm, "rms_norm"},         {kLayerNorm, "layer_norm"},
+        {kBias, "bias"},                {kRopeNormal, "rope_normal"},
+        {kRopeNeox, "rope_neox"},       {kPartialRotary, "partial_rotary"},
+        {kRopeFreqFactors, "rope_freq_factors"}, {kSlidingWindow, "sliding_window"},
+        {kAttnSoftcap, "softcap"},      {kSinks, "sinks"},
+        {kGqa, "gqa"},                  {kSilu, "silu"},
+        {kGeluTanh, "gelu_tanh"},       {kGeluErf, "gelu_erf"},
+        {kRelu, "relu"},                {kGated, "gated"},
+        {kEmbedScale, "embed_scale"},
+    };
+    std::string out;
+    for (const auto& [bit, name] : names) {
+        if (features & bit) {
+            if (!out.empty()) out += ",";
+            out += name;
+        }
+    }
+    return out;
+}
+
+const std::vector<Row>& capability_table() {
+    static const std::vector<Row> table = [] {
+        std::vector<Row> rows;
+        add_cpu_embed_rows(rows);
+        add_cpu_norm_rows(rows);
+        add_cpu_matmul_rows(rows);
+        add_cpu_rope_rows(rows);
+        add_cpu_attention_rows(rows);
+        add_cpu_activation_rows(rows);
+        add_cpu_elementwise_rows(rows);
+        return rows;
+    }();
+    return table;
+}
+
+static std::string format_list(const std::vector<Format>& formats) {
+    std::string out = "{";
+    for (size_t i = 0; i < formats.size(); ++i) {
+        if (i) out += ",";
+        out += format_name(formats[i]);
+    }
+    return out + "}";
+}
+
+std::string rejection_reason(const Row& row, const Stage& stage) {
+    std::ostringstream why;
+    if (row.op != stage.op) return std::string("op ") + op_name(row.op) + " != " + op_name(stage.op);
+    for (size_t i = 0; i < stage.operands.size(); ++i) {
+        const TensorRef* operand = stage.operands[i];
+        if (!operand) continue;
+        if (i >= row.operand_formats.size()) {
+            why << "has no operand " << i << " (" << operand->name << ")";
+            return why.str();
+        }
+        const auto& allowed = row.operand_formats[i];
+        if (std::find(allowed.begin(), allowed.end(), operand->format) == allowed.end()) {
+            why << "operand " << i << " (" << operand->name << ") is " << format_name(operand->format)
+                << ", row decodes " << format_list(allowed);
+            return why.str();
+        }
+    }
+    if (stage.op == Op::Attention &&
+        std::find(row.kv_formats.begin(), row.kv_formats.end(), stage.kv_format) == row.kv_formats.end()) {
+        why << "KV cache type " << format_name(stage.kv_format) << " not in " << format_list(row.kv_formats);
+        return why.str();
+    }
+    uint32_t missing = stage.features & ~row.features;
+    if (missing) return "lacks features: " + feature_names(missing);
+    const LegalDims& dims = row.dims;
+    if (stage.k % dims.k_multiple != 0) {
+        why << "K=" << stage.k << " is not a multiple of " << dims.k_multiple;
+        return why.str();
+    }
+    if (dims.k_max && stage.k > dims.k_max) {
+        why << "K=" << stage.k << " exceeds " << dims.k_max;
+        return why.str();
+    }
+    if (stage.n % dims.n_multiple != 0) {
+        why << "N=" << stage.n << " is not a multiple of " << dims.n_multiple;
+        return why.str();
+    }
+    if (dims.max_head_dim && (stage.params.head_dim > dims.max_head_dim ||
+                              stage.params.head_dim_v > dims.max_head_dim)) {
+        why << "head_dim " << stage.params.head_dim << "/" << stage.params.head_dim_v << " exceeds "
+            << dims.max_head_dim;
+        return why.str();
+    }
+    if (dims.max_span && stage.max_span > dims.max_span) {
+        why << "attention span " << stage.max_span << " exceeds " << dims.max_span;
+        return why.str();
+    }
+    return "";
+}
+
+}  // namespace kcap

@@ -1,0 +1,106 @@
+// The capability table: one row per executable kernel on one backend.
+//
+// Every kernel choice in kcap is made by the planner consulting these rows, at load time.
+// A row states exactly which formats it decodes per operand (never a family test), which
+// dims are legal, and which features it implements; a stage that needs a feature a row
+// lacks can never be routed to it. Rows are declared once, next to their kernel (each
+// backend file has an add_<backend>_<family>_rows function), and collected here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kcap/formats.h"
+
+namespace kcap {
+
+enum class Backend { CPU, CUDA, Metal };
+const char* backend_name(Backend backend);
+Backend backend_from_name(const std::string& name);  // throws BackendUnavailableError
+
+enum class Op {
+    Embed,            // token ids -> rows of the embedding table, times a scale
+    Norm,             // RMS or Layer norm over groups of a row, times weight (+ bias)
+    MatMul,           // y[m, n] = W[n, :] . x[m, :] (+ bias[n]); W quantized
+    Rope,             // rotary position embedding of Q and K, in place
+    Attention,        // append K/V to the cache, then causal (windowed) softmax attention
+    FfnActivation,    // act(gate) * up, or act(x) for a non-gated FFN
+    Add,              // residual add: out = in + in2
+    Softcap,          // cap * tanh(x / cap), the final logit softcap
+};
+const char* op_name(Op op);
+
+// Features a stage may require. A row that lacks one of its stage's features is rejected:
+// a fallback preserves the feature set or refuses, it never drops one.
+enum Feature : uint32_t {
+    kRmsNorm = 1u << 0,
+    kLayerNorm = 1u << 1,
+    kBias = 1u << 2,
+    kRopeNormal = 1u << 3,
+    kRopeNeox = 1u << 4,
+    kPartialRotary = 1u << 5,
+    kRopeFreqFactors = 1u << 6,
+    kSlidingWindow = 1u << 7,
+    kAttnSoftcap = 1u << 8,
+    kSinks = 1u << 9,
+    kGqa = 1u << 10,
+    kSilu = 1u << 11,
+    kGeluTanh = 1u << 12,
+    kGeluErf = 1u << 13,
+    kRelu = 1u << 14,
+    kGated = 1u << 15,
+    kEmbedScale = 1u << 16,
+};
+std::string feature_names(uint32_t features);  // "sliding_window,softcap"
+
+// Dims a row accepts; the planner checks each at plan time, never at token time.
+struct LegalDims {
+    int64_t k_multiple = 1;  // the inner dimension must be a multiple of this
+    int64_t k_max = 0;       // 0: unbounded
+    int64_t n_multiple = 1;  // output rows must be a multiple of this
+    int max_head_dim = 0;    // 0: unbounded
+    int64_t max_span = 0;    // attention keys per query; 0: unbounded (up to the context)
+};
+
+struct Stage;
+struct KernelCall;
+using KernelFn = void (*)(const Stage& stage, const KernelCall& call);
+
+// Launch geometry travels with the row; a dispatch site never restates it.
+struct Geometry {
+    int threads_per_group = 0;
+    int rows_per_group = 0;
+    int shared_bytes = 0;
+};
+
+struct Row {
+    std::string kernel;  // unique, e.g. "cpu.matmul.q4_k"
+    Op op;
+    Backend backend;
+    // Allowed exact formats per weight operand position, in the op's operand order.
+    std::vector<std::vector<Format>> operand_formats;
+    std::vector<Format> kv_formats;  // attention rows: KV cache element types
+    uint32_t features = 0;
+    LegalDims dims;
+    Geometry geometry;
+    int priority = 0;  // the highest-priority row that fits wins
+    KernelFn fn = nullptr;  // null where the backend is declared but not compiled in
+};
+
+// Every row of every backend, in declaration order.
+const std::vector<Row>& capability_table();
+
+// Empty when the row can run the stage; otherwise the reason it cannot.
+std::string rejection_reason(const Row& row, const Stage& stage);
+
+// Each backend family file contributes its rows through one of these.
+void add_cpu_embed_rows(std::vector<Row>& rows);
+void add_cpu_norm_rows(std::vector<Row>& rows);
+void add_cpu_matmul_rows(std::vector<Row>& rows);
+void add_cpu_rope_rows(std::vector<Row>& rows);
+void add_cpu_attention_rows(std::vector<Row>& rows);
+void add_cpu_activation_rows(std::vector<Row>& rows);
+void add_cpu_elementwise_rows(std::vector<Row>& rows);
+
+}  // namespace kcap

@@ -1,0 +1,354 @@
+// Builds the stage list of a forward pass from a ModelSpec and routes each stage to a row.
+#include "dispatch/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "kcap/errors.h"
+
+namespace kcap {
+
+const char* buffer_name(Buffer buffer) {
+    switch (buffer) {
+        case Buffer::None: return "-";
+        case Buffer::Residual: return "residual";
+        case Buffer::Normed: return "normed";
+        case Buffer::Q: return "q";
+        case Buffer::K: return "k";
+        case Buffer::V: return "v";
+        case Buffer::Attn: return "attn";
+        case Buffer::Proj: return "proj";
+        case Buffer::Gate: return "gate";
+        case Buffer::Up: return "up";
+        case Buffer::Act: return "act";
+        case Buffer::Logits: return "logits";
+    }
+    return "?";
+}
+
+std::string describe_formats(const Stage& stage) {
+    static const char* matmul_roles[] = {"W", "bias"};
+    static const char* norm_roles[] = {"weight", "bias"};
+    std::ostringstream out;
+    for (size_t i = 0; i < stage.operands.size(); ++i) {
+        const TensorRef* operand = stage.operands[i];
+        if (!operand) continue;
+        const char* role = stage.op == Op::Norm ? norm_roles[std::min<size_t>(i, 1)]
+                           : stage.op == Op::Rope ? "freq_factors"
+                                                  : matmul_roles[std::min<size_t>(i, 1)];
+        if (out.tellp() > 0) out << " ";
+        out << role << "=" << format_name(operand->format);
+    }
+    if (stage.op == Op::Attention) out << "kv=" << format_name(stage.kv_format);
+    return out.str();
+}
+
+std::string describe_dims(const Stage& stage) {
+    std::ostringstream out;
+    switch (stage.op) {
+        case Op::MatMul: out << "K=" << stage.k << " N=" << stage.n; break;
+        case Op::Norm: out << "n=" << stage.k << " groups=" << stage.groups; break;
+        case Op::Rope:
+            out << "heads=" << stage.params.n_head << "/" << stage.params.n_head_kv
+                << " head_dim=" << stage.params.head_dim << " rope_dim=" << stage.params.rope_dim;
+            break;
+        case Op::Attention:
+            out << "heads=" << stage.params.n_head << "/" << stage.params.n_head_kv
+                << " head_dim=" << stage.params.head_dim << "/" << stage.params.head_dim_v
+                << " span=" << stage.max_span;
+            if (stage.params.sliding_window) out << " window=" << stage.params.sliding_window;
+            break;
+        default: out << "n=" << stage.n; break;
+    }
+    return out.str();
+}
+
+namespace {
+
+// Collects the stages in execution order with shared defaults filled in.
+class StageBuilder {
+public:
+    StageBuilder(const ModelSpec& spec, const PlanOptions& options) : spec_(spec), options_(options) {}
+
+    std::vector<Stage> build() {
+        if (spec_.layers.empty()) throw ModelError("model has no layers");
+        if (spec_.n_embd <= 0 || spec_.n_vocab <= 0) throw ModelError("model has no embedding size or vocabulary");
+        add_embedding();
+        for (size_t i = 0; i < spec_.layers.size(); ++i) add_layer(static_cast<int>(i), spec_.layers[i]);
+        add_head();
+        return std::move(stages_);
+    }
+
+private:
+    Stage& add(int layer, const std::string& name, Op op) {
+        stages_.emplace_back();
+        Stage& stage = stages_.back();
+        stage.layer = layer;
+        stage.name = name;
+        stage.op = op;
+        return stage;
+    }
+
+    const TensorRef* tensor(const std::string& name) const { return spec_.optional_tensor(name); }
+
+    // The weight W[N, K] of a matmul must have rows of K elements and N rows.
+    void check_matrix(int layer, const TensorRef& w, int64_t k, int64_t n) const {
+        if (w.row_length() != k || w.n_rows() != n) {
+            std::ostringstream why;
+            why << "layer " << layer << ": tensor '" << w.name << "' has shape [" << w.row_length() << ", "
+                << w.n_rows() << "], expected [" << k << ", " << n << "]";
+            throw ModelError(why.str());
+        }
+    }
+
+    void check_vector(const TensorRef* t, int64_t n) const {
+        if (t && (t->row_length() != n || t->n_rows() != 1))
+            throw ModelError("tensor '" + t->name + "' has " + std::to_string(t->row_length()) +
+                             " elements, expected " + std::to_string(n));
+    }
+
+    void add_norm(int layer, const std::string& name, const std::string& weight, const std::string& bias,
+                  Buffer in, Buffer out, int64_t width, int64_t groups, NormKind kind) {
+        Stage& stage = add(layer, name, Op::Norm);
+        const TensorRef* w = tensor(weight);
+        const TensorRef* b = tensor(bias);
+        check_vector(w, width);
+        check_vector(b, width);
+        stage.operands = {w, b};
+        stage.input = in;
+        stage.output = out;
+        stage.k = width;
+        stage.n = width * groups;
+        stage.groups = groups;
+        stage.params.eps = spec_.norm_eps;
+        stage.features = (kind == NormKind::RMS ? kRmsNorm : kLayerNorm) | (b ? uint32_t(kBias) : 0u);
+    }
+
+    void add_matmul(int layer, const std::string& name, const std::string& weight, const std::string& bias,
+                    Buffer in, Buffer out, int64_t k, int64_t n) {
+        Stage& stage = add(layer, name, Op::MatMul);
+        const TensorRef& w = spec_.tensor(weight);
+        check_matrix(layer, w, k, n);
+        const TensorRef* b = tensor(bias);
+        check_vector(b, n);
+        stage.operands = {&w, b};
+        stage.input = in;
+        stage.output = out;
+        stage.k = k;
+        stage.n = n;
+        stage.features = b ? uint32_t(kBias) : 0u;
+    }
+
+    void add_embedding() {
+        Stage& stage = add(-1, "token_embd", Op::Embed);
+        const TensorRef& table = spec_.tensor(spec_.token_embd);
+        if (table.row_length() != spec_.n_embd || table.n_rows() != spec_.n_vocab)
+            throw ModelError("token_embd has shape [" + std::to_string(table.row_length()) + ", " +
+                             std::to_string(table.n_rows()) + "], expected [" + std::to_string(spec_.n_embd) +
+                             ", " + std::to_string(spec_.n_vocab) + "]");
+        stage.operands = {&table};
+        stage.output = Buffer::Residual;
+        stage.k = spec_.n_embd;
+        stage.n = spec_.n_embd;
+        stage.params.scale = spec_.embed_scale;
+        stage.features = spec_.embed_scale != 1.0f ? uint32_t(kEmbedScale) : 0u;
+    }
+
+    void add_layer(int il, const LayerSpec& layer) {
+        const int64_t d = spec_.n_embd;
+        if (layer.n_head <= 0 || layer.n_head_kv <= 0 || layer.head_dim <= 0 || layer.head_dim_v <= 0)
+            throw ModelError("layer " + std::to_string(il) + ": head counts and head dims must be positive");
+        if (layer.n_head % layer.n_head_kv != 0)
+            throw ModelError("layer " + std::to_string(il) + ": " + std::to_string(layer.n_head) +
+                             " query heads are not a multiple of " + std::to_string(layer.n_head_kv) + " KV heads");
+        const int64_t q_width = int64_t(layer.n_head) * layer.head_dim;
+        const int64_t k_width = int64_t(layer.n_head_kv) * layer.head_dim;
+        const int64_t v_width = int64_t(layer.n_head_kv) * layer.head_dim_v;
+        const int64_t attn_width = int64_t(layer.n_head) * layer.head_dim_v;
+
+        add_norm(il, "attn_norm", layer.attn_norm, layer.attn_norm_bias, Buffer::Residual, Buffer::Normed, d, 1,
+                 spec_.norm_kind);
+        add_matmul(il, "attn_q", layer.wq, layer.bq, Buffer::Normed, Buffer::Q, d, q_width);
+        add_matmul(il, "attn_k", layer.wk, layer.bk, Buffer::Normed, Buffer::K, d, k_width);
+        add_matmul(il, "attn_v", layer.wv, layer.bv, Buffer::Normed, Buffer::V, d, v_width);
+        // QK-norm is an RMS norm over each head in every family that has it.
+        if (!layer.q_norm.empty())
+            add_norm(il, "attn_q_norm", layer.q_norm, "", Buffer::Q, Buffer::Q, layer.head_dim, layer.n_head,
+                     NormKind::RMS);
+        if (!layer.k_norm.empty())
+            add_norm(il, "attn_k_norm", layer.k_norm, "", Buffer::K, Buffer::K, layer.head_dim, layer.n_head_kv,
+                     NormKind::RMS);
+        if (layer.rope_style != RopeStyle::None) {
+            if (layer.rope_dim <= 0 || layer.rope_dim > layer.head_dim || layer.rope_dim % 2)
+                throw ModelError("layer " + std::to_string(il) + ": rope_dim " + std::to_string(layer.rope_dim) +
+                                 " must be even and within head_dim " + std::to_string(layer.head_dim));
+            Stage& rope = add(il, "rope", Op::Rope);
+            const TensorRef* factors = tensor(layer.rope_freqs);
+            check_vector(factors, layer.rope_dim / 2);
+            rope.operands = {factors};
+            rope.input = Buffer::Q;
+            rope.input2 = Buffer::K;
+            rope.k = layer.head_dim;
+            rope.n = q_width;
+            rope.params.n_head = layer.n_head;
+            rope.params.n_head_kv = layer.n_head_kv;
+            rope.params.head_dim = layer.head_dim;
+            rope.params.rope_dim = layer.rope_dim;
+            rope.params.rope_base = layer.rope_base;
+            rope.params.rope_freq_scale = layer.rope_freq_scale;
+            rope.features = (layer.rope_style == RopeStyle::NeoX ? kRopeNeox : kRopeNormal) |
+                            (layer.rope_dim < layer.head_dim ? uint32_t(kPartialRotary) : 0u) | (factors ? uint32_t(kRopeFreqFactors) : 0u);
+        }
+        Stage& attn = add(il, "attention", Op::Attention);
+        attn.input = Buffer::Q;
+        attn.input2 = Buffer::K;
+        attn.input3 = Buffer::V;
+        attn.output = Buffer::Attn;
+        attn.k = layer.head_dim;
+        attn.n = attn_width;
+        attn.params.n_head = layer.n_head;
+        attn.params.n_head_kv = layer.n_head_kv;
+        attn.params.head_dim = layer.head_dim;
+        attn.params.head_dim_v = layer.head_dim_v;
+        attn.params.sliding_window = layer.sliding_window;
+        attn.params.softcap = layer.attn_softcap;
+        attn.params.scale = layer.attn_scale > 0 ? layer.attn_scale : 1.0f / std::sqrt(float(layer.head_dim));
+        attn.kv_format = options_.kv_format;
+        attn.max_span = layer.sliding_window > 0 ? std::min<int64_t>(layer.sliding_window, options_.n_ctx)
+                                                 : options_.n_ctx;
+        attn.features = (layer.sliding_window > 0 ? uint32_t(kSlidingWindow) : 0u) | (layer.attn_softcap > 0 ? uint32_t(kAttnSoftcap) : 0u) |
+                        (layer.n_head != layer.n_head_kv ? uint32_t(kGqa) : 0u);
+
+        add_matmul(il, "attn_output", layer.wo, layer.bo, Buffer::Attn, Buffer::Proj, attn_width, d);
+        if (!layer.post_attn_norm.empty())
+            add_norm(il, "post_attention_norm", layer.post_attn_norm, "", Buffer::Proj, Buffer::Proj, d, 1,
+                     spec_.norm_kind);
+        add_residual(il, "attn_residual");
+
+        add_norm(il, "ffn_norm", layer.ffn_norm, layer.ffn_norm_bias, Buffer::Residual, Buffer::Normed, d, 1,
+                 spec_.norm_kind);
+        const TensorRef& up = spec_.tensor(layer.ffn_up);
+        const int64_t n_ff = up.n_rows();
+        if (layer.gated_ffn) add_matmul(il, "ffn_gate", layer.ffn_gate, "", Buffer::Normed, Buffer::Gate, d, n_ff);
+        add_matmul(il, "ffn_up", layer.ffn_up, layer.ffn_up_bias, Buffer::Normed, Buffer::Up, d, n_ff);
+        Stage& act = add(il, "ffn_act", Op::FfnActivation);
+        act.input = layer.gated_ffn ? Buffer::Gate : Buffer::Up;
+        act.input2 = layer.gated_ffn ? Buffer::Up : Buffer::None;
+        act.output = Buffer::Act;
+        act.k = n_ff;
+        act.n = n_ff;
+        act.params.activation = layer.activation;
+        act.features = activation_feature(layer.activation) | (layer.gated_ffn ? uint32_t(kGated) : 0u);
+        add_matmul(il, "ffn_down", layer.ffn_down, layer.ffn_down_bias, Buffer::Act, Buffer::Proj, n_ff, d);
+        if (!layer.post_ffn_norm.empty())
+            add_norm(il, "post_ffw_norm", layer.post_ffn_norm, "", Buffer::Proj, Buffer::Proj, d, 1, spec_.norm_kind);
+        add_residual(il, "ffn_residual");
+    }
+
+    static uint32_t activation_feature(Activation activation) {
+        switch (activation) {
+            case Activation::SiLU: return kSilu;
+            case Activation::GeluTanh: return kGeluTanh;
+            case Activation::GeluErf: return kGeluErf;
+            case Activation::ReLU: return kRelu;
+        }
+        return 0;
+    }
+
+    void add_residual(int il, const std::string& name) {
+        Stage& stage = add(il, name, Op::Add);
+        stage.input = Buffer::Residual;
+        stage.input2 = Buffer::Proj;
+        stage.output = Buffer::Residual;
+        stage.k = stage.n = spec_.n_embd;
+    }
+
+    void add_head() {
+        add_norm(-1, "output_norm", spec_.output_norm, spec_.output_norm_bias, Buffer::Residual, Buffer::Normed,
+                 spec_.n_embd, 1, spec_.norm_kind);
+        stages_.back().last_token_only = true;
+        add_matmul(-1, "output", spec_.output, "", Buffer::Normed, Buffer::Logits, spec_.n_embd, spec_.n_vocab);
+        stages_.back().last_token_only = true;
+        if (spec_.final_softcap > 0) {
+            Stage& cap = add(-1, "final_softcap", Op::Softcap);
+            cap.input = cap.output = Buffer::Logits;
+            cap.k = cap.n = spec_.n_vocab;
+            cap.params.softcap = spec_.final_softcap;
+            cap.last_token_only = true;
+        }
+    }
+
+    const ModelSpec& spec_;
+    const PlanOptions& options_;
+    std::vector<Stage> stages_;
+};
+
+const Row* route(const Stage& stage, const PlanOptions& options) {
+    const Row* best = nullptr;
+    std::ostringstream rejections;
+    for (const Row& row : capability_table()) {
+        if (row.op != stage.op || row.backend != options.backend) continue;
+        std::string why;
+        if (std::find(options.excluded_kernels.begin(), options.excluded_kernels.end(), row.kernel) !=
+            options.excluded_kernels.end())
+            why = "excluded by the caller";
+        else
+            why = rejection_reason(row, stage);
+        if (why.empty()) {
+            if (!best || row.priority > best->priority) best = &row;
+        } else {
+            rejections << "\n  " << row.kernel << ": " << why;
+        }
+    }
+    if (best) return best;
+    std::ostringstream message;
+    message << (stage.layer >= 0 ? "layer " + std::to_string(stage.layer) : std::string("model")) << " stage '"
+            << stage.name << "' (" << op_name(stage.op) << "): no " << backend_name(options.backend)
+            << " row fits; formats [" << describe_formats(stage) << "], dims [" << describe_dims(stage)
+            << "], features [" << feature_names(stage.features) << "]. Candidates:";
+    std::string listed = rejections.str();
+    message << (listed.empty() ? std::string("\n  (no row implements this op on this backend)") : listed);
+    throw RoutingError(message.str());
+}
+
+}  // namespace
+
+std::vector<Stage> build_stages(const ModelSpec& spec, const PlanOptions& options) {
+    return StageBuilder(spec, options).build();
+}
+
+Plan make_plan(const ModelSpec& spec, const PlanOptions& in_options) {
+    Plan plan;
+    plan.options = in_options;
+    if (plan.options.n_ctx <= 0) plan.options.n_ctx = spec.context_length;
+    if (spec.context_length > 0 && plan.options.n_ctx > spec.context_length)
+        throw ContextOverflowError("n_ctx " + std::to_string(plan.options.n_ctx) +
+                                   " exceeds the model's context length " + std::to_string(spec.context_length));
+    if (plan.options.kv_format != Format::F32 && plan.options.kv_format != Format::F16)
+        throw FormatError(std::string("KV cache type ") + format_name(plan.options.kv_format) +
+                          " is not supported (f32, f16)");
+    plan.buffer_widths.assign(static_cast<size_t>(Buffer::Logits) + 1, 0);
+    auto widen = [&](Buffer b, int64_t w) {
+        auto& width = plan.buffer_widths[static_cast<size_t>(b)];
+        width = std::max(width, w);
+    };
+    for (Stage& stage : build_stages(spec, plan.options)) {
+        const Row* row = route(stage, plan.options);
+        widen(stage.input, stage.op == Op::MatMul ? stage.k : stage.n);
+        if (stage.op == Op::Add || stage.op == Op::FfnActivation) widen(stage.input2, stage.n);
+        widen(stage.output, stage.n);
+        plan.stages.push_back({std::move(stage), row});
+    }
+    // Q/K/V widths come from the heads of every layer (rope and attention read them).
+    for (const auto& layer : spec.layers) {
+        widen(Buffer::Q, int64_t(layer.n_head) * layer.head_dim);
+        widen(Buffer::K, int64_t(layer.n_head_kv) * layer.head_dim);
+        widen(Buffer::V, int64_t(layer.n_head_kv) * layer.head_dim_v);
+        widen(Buffer::Attn, int64_t(layer.n_head) * layer.head_dim_v);
+    }
+    plan.buffer_widths[static_cast<size_t>(Buffer::None)] = 0;
+    return plan;
+}
+
+}  // namespace kcap

@@ -1,0 +1,74 @@
+// Stage: one step of the forward pass with its operands, dims, parameters and required
+// features. The planner builds the stage list from a ModelSpec and routes each stage to a
+// capability row; a backend executes the routed stages in order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dispatch/capability.h"
+#include "kcap/model_spec.h"
+
+namespace kcap {
+
+// Activation buffers a stage reads and writes. Each holds up to max_tokens rows.
+enum class Buffer { None, Residual, Normed, Q, K, V, Attn, Proj, Gate, Up, Act, Logits };
+const char* buffer_name(Buffer buffer);
+
+struct StageParams {
+    float eps = 0.0f;       // norms
+    float scale = 1.0f;     // embed scale; attention q.k scale
+    float softcap = 0.0f;   // attention or final logit softcap
+    Activation activation = Activation::SiLU;
+    // rope
+    int rope_dim = 0;
+    float rope_base = 10000.0f;
+    float rope_freq_scale = 1.0f;
+    // attention geometry
+    int n_head = 0;
+    int n_head_kv = 0;
+    int head_dim = 0;
+    int head_dim_v = 0;
+    int sliding_window = 0;
+};
+
+struct Stage {
+    int layer = -1;  // -1: model-level (embedding, final norm, LM head)
+    std::string name;  // e.g. "attn_q", "ffn_norm"
+    Op op = Op::Add;
+    // Weight operands in the op's order (MatMul: W, bias; Norm: weight, bias; Rope: freq
+    // factors). A null entry is an absent optional operand.
+    std::vector<const TensorRef*> operands;
+    Buffer input = Buffer::None;
+    Buffer input2 = Buffer::None;
+    Buffer input3 = Buffer::None;
+    Buffer output = Buffer::None;
+    int64_t k = 0;        // inner dimension (matmul K; norm row length; rope/attn head dim)
+    int64_t n = 0;        // output width per token
+    int64_t groups = 1;   // norm: independent groups per token (per-head QK-norm)
+    uint32_t features = 0;
+    StageParams params;
+    Format kv_format = Format::F32;  // attention: the KV cache element type
+    int64_t max_span = 0;            // attention: most keys one query can see
+    bool last_token_only = false;    // runs on the last position only (LM head)
+};
+
+// Operands that are present, for messages: "W=Q4_K bias=F32".
+std::string describe_formats(const Stage& stage);
+std::string describe_dims(const Stage& stage);
+
+// What a backend passes to a kernel for one invocation of a stage.
+struct KernelCall {
+    int n_tokens = 0;   // rows of the activation buffers this call covers
+    int pos0 = 0;       // position of the first of them in the sequence
+    const int32_t* tokens = nullptr;
+    const float* in = nullptr;
+    const float* in2 = nullptr;
+    const float* in3 = nullptr;
+    float* out = nullptr;
+    float* inout2 = nullptr;  // rope: the K buffer rotated alongside Q
+    void* backend_state = nullptr;  // the backend's own context (thread pool, KV cache)
+};
+
+}  // namespace kcap

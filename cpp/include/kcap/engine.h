@@ -1,0 +1,67 @@
+// The public C++ API: plan a ModelSpec on a backend and run it token by token.
+//
+//   auto engine = kcap::Engine(spec, {.backend = "cpu"});
+//   engine.eval(tokens, n, logits, /*all_logits=*/false);   // prefill or decode
+//
+// The KV cache lives in the engine; eval appends at position n_past().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kcap/model_spec.h"
+
+namespace kcap {
+
+struct EngineOptions {
+    std::string backend = "cpu";
+    std::string kv_type = "f32";   // KV cache element type: f32 or f16
+    int64_t n_ctx = 0;             // 0: the model's context length
+    int n_threads = 0;             // 0: all hardware threads
+    int max_batch = 512;           // prefill chunk: tokens per pass through the layers
+    std::vector<std::string> excluded_kernels;  // rows the planner may not choose
+};
+
+// One routed stage, as `kcap explain` prints it.
+struct RouteInfo {
+    int layer;
+    std::string stage, op, formats, dims, features, kernel, backend;
+};
+
+// Plans without executing: works for any backend on any machine (the table is data).
+std::vector<RouteInfo> explain_routes(const ModelSpec& spec, const EngineOptions& options);
+
+class Backend_;  // implementation detail of each backend
+
+class Engine {
+public:
+    Engine(std::shared_ptr<const ModelSpec> spec, const EngineOptions& options);
+    ~Engine();
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    const std::vector<RouteInfo>& routes() const { return routes_; }
+
+    // Appends n tokens at position n_past() and writes logits: the last position's
+    // [n_vocab], or every position's [n, n_vocab] when all_logits. Throws
+    // ContextOverflowError past n_ctx and ModelError for a token id outside the vocabulary.
+    void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits);
+
+    int64_t n_past() const { return n_past_; }
+    int64_t n_ctx() const { return n_ctx_; }
+    int64_t n_vocab() const { return spec_->n_vocab; }
+    void reset() { n_past_ = 0; }
+    // Keeps the first n positions of the cache (n ≤ n_past) so a shared prefix is reused.
+    void truncate(int64_t n);
+
+private:
+    std::shared_ptr<const ModelSpec> spec_;
+    std::vector<RouteInfo> routes_;
+    std::unique_ptr<Backend_> backend_;
+    int64_t n_past_ = 0;
+    int64_t n_ctx_ = 0;
+};
+
+}  // namespace kcap

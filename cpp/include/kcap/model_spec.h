@@ -1,0 +1,102 @@
+// ModelSpec: the pure-data description of a model that the planner routes and a backend runs.
+//
+// Python's arch/<family>.py fills it from GGUF metadata; nothing in the core tests a family
+// name. Every architectural difference is a field here (norm kind, QK-norm, post-norms,
+// rope style and base per layer, sliding window, softcaps, biases, activation), and every
+// field that changes the math becomes a feature the chosen capability row must support.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kcap/formats.h"
+
+namespace kcap {
+
+// A weight tensor as GGUF stores it: raw blocks, never copied or dequantized ahead of time.
+// shape is in GGUF order: shape[0] is the row length (the inner/K dimension of a matmul).
+struct TensorRef {
+    std::string name;
+    Format format = Format::F32;
+    std::vector<int64_t> shape;
+    const uint8_t* data = nullptr;
+    size_t nbytes = 0;
+
+    int64_t row_length() const { return shape.empty() ? 0 : shape[0]; }
+    int64_t n_rows() const {
+        int64_t rows = 1;
+        for (size_t i = 1; i < shape.size(); ++i) rows *= shape[i];
+        return rows;
+    }
+    const uint8_t* row(int64_t index) const;
+};
+
+enum class NormKind { RMS, Layer };
+enum class Activation { SiLU, GeluTanh, GeluErf, ReLU };
+// Normal: rotate adjacent pairs (x[2i], x[2i+1]), as GGUF stores Llama's permuted Q/K.
+// NeoX: rotate halves (x[i], x[i + rope_dim/2]), as Gemma, Qwen and GPT-NeoX do.
+enum class RopeStyle { None, Normal, NeoX };
+
+const char* norm_kind_name(NormKind kind);
+const char* activation_name(Activation activation);
+const char* rope_style_name(RopeStyle style);
+
+// One decoder block. Tensor fields hold names into ModelSpec::tensors; "" means absent.
+struct LayerSpec {
+    int n_head = 0;
+    int n_head_kv = 0;
+    int head_dim = 0;    // of Q and K
+    int head_dim_v = 0;  // of V
+
+    std::string attn_norm, attn_norm_bias;
+    std::string wq, wk, wv, bq, bk, bv;
+    std::string q_norm, k_norm;  // per-head norms of Q and K (QK-norm)
+    std::string wo, bo;
+    std::string post_attn_norm;  // norm of the attention output before the residual add
+    std::string ffn_norm, ffn_norm_bias;
+    std::string ffn_gate, ffn_up, ffn_down, ffn_up_bias, ffn_down_bias;
+    std::string post_ffn_norm;  // norm of the FFN output before the residual add
+
+    RopeStyle rope_style = RopeStyle::None;
+    int rope_dim = 0;  // leading dims of each head that rotate (partial rotary when < head_dim)
+    float rope_base = 10000.0f;
+    float rope_freq_scale = 1.0f;  // linear rope scaling: positions are multiplied by this
+    std::string rope_freqs;        // optional per-frequency divisors (Llama 3 rope scaling)
+
+    int sliding_window = 0;  // 0: global attention; else a query at p sees keys p-window < k <= p
+    float attn_scale = 0.0f;  // multiplies q·k; 0 means 1/sqrt(head_dim)
+    float attn_softcap = 0.0f;  // softcap * tanh(score / softcap) when > 0
+
+    Activation activation = Activation::SiLU;
+    bool gated_ffn = true;  // act(gate(x)) * up(x) when true, act(up(x)) otherwise
+};
+
+struct ModelSpec {
+    std::string architecture;  // informational only: printed by explain, never branched on
+    int64_t n_embd = 0;
+    int64_t n_vocab = 0;
+    int64_t context_length = 0;
+
+    NormKind norm_kind = NormKind::RMS;
+    float norm_eps = 1e-6f;
+    float embed_scale = 1.0f;  // token embeddings are multiplied by this (Gemma: sqrt(n_embd))
+
+    std::string token_embd;
+    std::string output_norm, output_norm_bias;
+    std::string output;  // LM head weights; equals token_embd when the embeddings are tied
+    float final_softcap = 0.0f;
+
+    std::vector<LayerSpec> layers;
+    std::map<std::string, TensorRef> tensors;
+    // Owners of the memory that TensorRef::data points into (e.g. the Python memory map).
+    std::vector<std::shared_ptr<void>> keepalive;
+
+    // Throws ModelError naming the tensor when it is absent.
+    const TensorRef& tensor(const std::string& name) const;
+    const TensorRef* optional_tensor(const std::string& name) const;
+};
+
+}  // namespace kcap

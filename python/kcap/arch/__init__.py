@@ -1,0 +1,25 @@
+"""Architecture registry: general.architecture -> the module that builds its ModelSpec.
+
+Each family is one module with an ARCHITECTURE name and build(gguf) -> ModelSpec. The
+spec only names tensors; kcap.model registers exactly the tensors it names.
+"""
+from __future__ import annotations
+
+from kcap.arch import gemma3, llama
+from kcap.errors import UnknownArchitectureError
+
+FAMILIES = {module.ARCHITECTURE: module for module in (gemma3, llama)}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(FAMILIES)
+
+
+def build_spec(gguf):
+    arch = gguf.architecture
+    module = FAMILIES.get(arch)
+    if module is None:
+        raise UnknownArchitectureError(
+            f"{gguf.path}: unknown architecture '{arch}' (supported: {', '.join(supported_architectures())})"
+        )
+    return module.build(gguf)

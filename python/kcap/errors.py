@@ -1,0 +1,25 @@
+"""kcap's exceptions. Every one derives from KcapError and names the problem it reports.
+
+The core (C++) raises FormatError, RoutingError, ModelError, ContextOverflowError and
+BackendUnavailableError; the Python side adds the errors about files and architectures.
+"""
+from kcap._core import (  # noqa: F401  (re-exported)
+    BackendUnavailableError,
+    ContextOverflowError,
+    FormatError,
+    KcapError,
+    ModelError,
+    RoutingError,
+)
+
+
+class GGUFError(KcapError):
+    """The file is not a readable GGUF file (missing, wrong magic, truncated, malformed)."""
+
+
+class UnknownArchitectureError(KcapError):
+    """general.architecture names a family kcap has no arch/ module for."""
+
+
+class MissingMetadataError(ModelError):
+    """A hyperparameter the architecture needs is absent from the GGUF metadata."""

@@ -1,0 +1,212 @@
+"""kcap.load(path) -> Model: the Python API over one planned engine.
+
+Loading reads the GGUF (memory-mapped), builds the architecture's ModelSpec, registers
+exactly the tensors the spec names (raw blocks, no copies), builds the tokenizer from the
+metadata, and plans every stage on the backend (kcap.RoutingError if a stage has no row).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from kcap import _core
+from kcap.arch import build_spec
+from kcap.errors import ContextOverflowError, FormatError, ModelError
+from kcap.gguf import GGUFFile
+
+# LayerSpec fields that hold tensor names (the rest are numbers and enums).
+LAYER_TENSOR_FIELDS = (
+    "attn_norm", "attn_norm_bias", "wq", "wk", "wv", "bq", "bk", "bv", "q_norm", "k_norm", "wo", "bo",
+    "post_attn_norm", "ffn_norm", "ffn_norm_bias", "ffn_gate", "ffn_up", "ffn_down", "ffn_up_bias",
+    "ffn_down_bias", "post_ffn_norm", "rope_freqs",
+)
+MODEL_TENSOR_FIELDS = ("token_embd", "output_norm", "output_norm_bias", "output")
+
+
+def referenced_tensors(spec) -> list[str]:
+    names = [getattr(spec, f) for f in MODEL_TENSOR_FIELDS]
+    for layer in spec.layers:
+        names.extend(getattr(layer, f) for f in LAYER_TENSOR_FIELDS)
+    seen, ordered = set(), []
+    for name in names:
+        if name and name not in seen:
+            seen.add(name)
+            ordered.append(name)
+    return ordered
+
+
+def register_tensors(spec, gguf: GGUFFile, progress=None) -> None:
+    supported = set(_core.supported_formats())
+    for name in referenced_tensors(spec):
+        info = gguf.tensors.get(name)
+        if info is None:
+            raise ModelError(f"{gguf.path}: missing tensor '{name}'")
+        if info.type_name not in supported:
+            raise FormatError(
+                f"{gguf.path}: tensor '{name}' has type {info.type_name} (GGML type {info.ggml_type}), "
+                f"which kcap does not decode (supported: {', '.join(sorted(supported))})"
+            )
+        spec.add_tensor(name, info.ggml_type, list(info.shape), info.data)
+        if progress is not None:
+            progress.update(1)
+
+
+class Model:
+    """A GGUF model planned on one backend, with its tokenizer and KV cache."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        backend: str = "cpu",
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        kv_type: str = "f32",
+        max_batch: int = 512,
+        excluded_kernels: Sequence[str] = (),
+        progress: bool = False,
+    ):
+        from kcap.tokenizer import load_tokenizer
+
+        bar = _progress_bar(progress)
+        self.path = os.fspath(path)
+        self.gguf = GGUFFile(self.path)
+        _step(bar, "tokenizer")
+        self.tokenizer = load_tokenizer(self.gguf.metadata)
+        _step(bar, "architecture")
+        self.spec = build_spec(self.gguf)
+        names = referenced_tensors(self.spec)
+        if bar is not None:
+            bar.total = len(names) + 3
+            bar.set_description("tensors")
+        register_tensors(self.spec, self.gguf, bar)
+        _step(bar, "planning")
+        self.backend = backend
+        self.engine = _core.Engine(
+            self.spec,
+            backend=backend,
+            kv_type=kv_type,
+            n_ctx=int(n_ctx or 0),
+            n_threads=int(n_threads or 0),
+            max_batch=max_batch,
+            excluded_kernels=list(excluded_kernels),
+        )
+        if bar is not None:
+            bar.update(1)
+            bar.close()
+        self._cached: list[int] = []  # token ids whose K/V the engine holds, in order
+
+    # --- properties -----------------------------------------------------------------
+    @property
+    def architecture(self) -> str:
+        return self.spec.architecture
+
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self.engine.n_vocab
+
+    # --- tokens ---------------------------------------------------------------------
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    # --- evaluation -----------------------------------------------------------------
+    def reset(self) -> None:
+        """Empties the KV cache."""
+        self.engine.reset()
+        self._cached = []
+
+    def eval(self, ids: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        """Appends ids after what the cache holds; returns the last position's logits
+        (float32 [vocab]) or every new position's ([len(ids), vocab]) when all_logits."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError("eval needs at least one token id")
+        logits = self.engine.eval(np.asarray(ids, dtype=np.int32), all_logits)
+        self._cached.extend(ids)
+        return logits
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Logits of the last position after running token_ids from an empty cache: [vocab]."""
+        self.reset()
+        return self.eval(token_ids)
+
+    def explain(self) -> list[dict]:
+        """The route of every stage: layer, stage, op, formats, dims, features, kernel, backend."""
+        return self.engine.routes()
+
+    # --- generation -----------------------------------------------------------------
+    def prefill(self, prompt_ids: Sequence[int]) -> np.ndarray:
+        """Runs the prompt, reusing the longest cached prefix; returns the last logits."""
+        prompt_ids = [int(i) for i in prompt_ids]
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"prompt of {len(prompt_ids)} tokens does not fit the context of {self.n_ctx} tokens "
+                "(one position must remain for the first generated token)"
+            )
+        common = 0
+        for a, b in zip(self._cached, prompt_ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(prompt_ids) - 1)  # always evaluate ≥ 1 token to get logits
+        self.engine.truncate(common)
+        self._cached = self._cached[:common]
+        return self.eval(prompt_ids[common:])
+
+    def generate_ids(self, prompt_ids: Sequence[int], max_tokens: int = 256, ignore_eos: bool = False,
+                     **sampling) -> Iterator[int]:
+        """Yields generated token ids: stops at EOS (unless ignore_eos), max_tokens, or the context end."""
+        from kcap.generate import token_stream
+
+        yield from token_stream(self, prompt_ids, max_tokens=max_tokens, ignore_eos=ignore_eos, **sampling)
+
+    def stream(self, prompt: str, max_tokens: int = 256, stop: Sequence[str] | str | None = None,
+               add_special_tokens: bool = True, **sampling) -> Iterator[str]:
+        """Yields pieces of generated text as they complete; see generate for the options."""
+        from kcap.generate import text_stream
+
+        yield from text_stream(self, prompt, max_tokens=max_tokens, stop=stop,
+                               add_special_tokens=add_special_tokens, **sampling)
+
+    def generate(self, prompt: str, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
+                 stop: Sequence[str] | str | None = None, ignore_eos: bool = False,
+                 add_special_tokens: bool = True) -> str:
+        """Generates text after prompt. temperature 0 is greedy. Stops at EOS, a stop string
+        (not included in the result), max_tokens, or the end of the context."""
+        return "".join(self.stream(prompt, max_tokens=max_tokens, stop=stop, temperature=temperature, top_k=top_k,
+                                   top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed,
+                                   ignore_eos=ignore_eos, add_special_tokens=add_special_tokens))
+
+
+def _progress_bar(enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=4, desc="loading", unit="step", file=sys.stderr, leave=False)
+
+
+def _step(bar, name: str) -> None:
+    if bar is not None:
+        bar.set_description(name)
+        bar.update(1)
+
+
+def load(path: str | os.PathLike, backend: str = "cpu", **options) -> Model:
+    """Loads a GGUF model and plans it on a backend ("cpu"; "cuda" and "metal" where built).
+
+    Options: n_ctx (default: the model's context length), n_threads, kv_type ("f32"/"f16"),
+    max_batch, excluded_kernels, progress (show a loading bar)."""
+    return Model(path, backend=backend, **options)
