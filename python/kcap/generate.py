@@ -16,7 +16,7 @@ def token_stream(model, prompt_ids: Sequence[int], max_tokens: int = 256, ignore
                                     repetition_penalty=repetition_penalty, seed=seed))
     history = [int(i) for i in prompt_ids]
     logits = model.prefill(history)
-    eos_ids = model.tokenizer.eos_ids
+    eos_ids = model.tokenizer.eos_ids if model.tokenizer is not None else set()
     for _ in range(max_tokens):
         token = sampler.sample(logits, history)
         if token in eos_ids and not ignore_eos:

@@ -74,7 +74,9 @@ class Model:
         self.path = os.fspath(path)
         self.gguf = GGUFFile(self.path)
         _step(bar, "tokenizer")
-        self.tokenizer = load_tokenizer(self.gguf.metadata)
+        # A file without a vocabulary ("no_vocab", e.g. a synthetic layout) is driven by ids.
+        has_vocab = self.gguf.metadata.get("tokenizer.ggml.model", "no_vocab") != "no_vocab"
+        self.tokenizer = load_tokenizer(self.gguf.metadata) if has_vocab else None
         _step(bar, "architecture")
         self.spec = build_spec(self.gguf)
         names = referenced_tensors(self.spec)
@@ -112,11 +114,16 @@ class Model:
         return self.engine.n_vocab
 
     # --- tokens ---------------------------------------------------------------------
+    def _require_tokenizer(self):
+        if self.tokenizer is None:
+            raise ModelError(f"{self.path} has no tokenizer (tokenizer.ggml.model is 'no_vocab'); pass token ids")
+        return self.tokenizer
+
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return self._require_tokenizer().encode(text, add_special_tokens=add_special_tokens)
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids))
+        return self._require_tokenizer().decode(list(ids))
 
     # --- evaluation -----------------------------------------------------------------
     def reset(self) -> None:

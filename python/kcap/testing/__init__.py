@@ -1,0 +1,1 @@
+"""Helpers for tests and device runs: synthetic GGUF files (see synth.py)."""

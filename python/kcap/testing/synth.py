@@ -1,0 +1,198 @@
+"""Synthetic GGUF files: the exact layout of a real file, or of a named shape, filled with
+random weights whose block scales are sane (activations stay O(1) through the layers).
+
+Used where real weights cannot travel (the device machine takes 64 MiB) and for tests
+that need a particular format, shape or defect. Formats gguf-py can quantize are made by
+quantizing Gaussian weights; the k-quants (which gguf-py only dequantizes) get random
+quant bytes with their f16 super-block scales overwritten by small values.
+
+    python -m kcap.testing.synth clone SRC.gguf DST.gguf
+    python -m kcap.testing.synth llama DST.gguf --layers 2 --embd 64 --type Q8_0
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+import numpy as np
+
+import gguf
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFValueType as VT
+
+# Byte offsets of the f16 scale fields in each quantized block (ggml-common.h layouts).
+F16_SCALE_OFFSETS = {
+    "Q2_K": (80, 82),     # scales[16] qs[64] d dmin
+    "Q3_K": (108,),       # hmask[32] qs[64] scales[12] d
+    "Q4_K": (0, 2),       # d dmin scales[12] qs[128]
+    "Q5_K": (0, 2),       # d dmin scales[12] qh[32] qs[128]
+    "Q6_K": (208,),       # ql[128] qh[64] scales[16] d
+}
+QUANTIZABLE = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "F16", "BF16"}
+
+
+def random_tensor(type_name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random weights for a tensor of GGUF-order shape, as the array GGUFWriter takes:
+    float32 for F32, else uint8 rows of raw blocks."""
+    row_length = shape[0]
+    n_rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    std = 1.0 / math.sqrt(row_length)
+    if type_name == "F32":
+        return (rng.standard_normal((n_rows, row_length)) * std).astype(np.float32).reshape(tuple(reversed(shape)))
+    qtype = QT[type_name]
+    if type_name in QUANTIZABLE:
+        values = (rng.standard_normal((n_rows, row_length)) * std).astype(np.float32)
+        return gguf.quants.quantize(values, qtype)
+    block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    n_blocks = row_length // block_elems
+    raw = rng.integers(0, 256, size=(n_rows, n_blocks, block_bytes), dtype=np.uint8)
+    # Max |q * sub-scale| is a few hundred for these layouts; scale it to about std.
+    scale = np.float16(std / 200.0)
+    for offset in F16_SCALE_OFFSETS[type_name]:
+        raw[:, :, offset:offset + 2] = np.frombuffer(scale.tobytes(), dtype=np.uint8)
+    return raw.reshape(n_rows, n_blocks * block_bytes)
+
+
+def _value_type(value) -> VT:
+    if isinstance(value, bool):
+        return VT.BOOL
+    if isinstance(value, int):
+        return VT.UINT32 if 0 <= value < 2**32 else VT.INT64
+    if isinstance(value, float):
+        return VT.FLOAT32
+    if isinstance(value, str):
+        return VT.STRING
+    raise TypeError(f"no GGUF value type for {value!r}")
+
+
+def write_gguf(path: str, arch: str, metadata: dict, tensors: list[tuple[str, str, tuple[int, ...], np.ndarray]],
+               typed_metadata: dict | None = None) -> str:
+    """Writes a GGUF file. metadata: key -> plain value (types inferred; lists of one type);
+    typed_metadata: key -> (value, vtype, subtype) kept exactly; tensors: (name, type, shape, data)."""
+    writer = gguf.GGUFWriter(path, arch)
+    for key, (value, vtype, subtype) in (typed_metadata or {}).items():
+        if key == "general.architecture" or key.startswith("GGUF."):
+            continue
+        writer.add_key_value(key, value, vtype, subtype)
+    for key, value in metadata.items():
+        if key == "general.architecture":
+            continue
+        if isinstance(value, list):
+            writer.add_key_value(key, value, VT.ARRAY, _value_type(value[0]) if value else VT.INT32)
+        else:
+            writer.add_key_value(key, value, _value_type(value))
+    for name, type_name, shape, data in tensors:
+        if type_name == "F32":
+            writer.add_tensor(name, data)
+        else:
+            writer.add_tensor(name, data, raw_dtype=QT[type_name])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def clone_layout(src: str, dst: str, seed: int = 0, metadata_overrides: dict | None = None,
+                 drop_tensors=(), type_overrides: dict | None = None) -> str:
+    """Same metadata, tensor names, shapes and types as src, with random weights.
+    Norm weights (1-D F32) are set near 1 so the model behaves like a trained one."""
+    reader = gguf.GGUFReader(src)
+    rng = np.random.default_rng(seed)
+    typed = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        vtype = field.types[0]
+        subtype = field.types[1] if vtype == VT.ARRAY and len(field.types) > 1 else None
+        typed[key] = (field.contents(), vtype, subtype)
+    arch = typed.get("general.architecture", ("llama",))[0]
+    overrides = dict(metadata_overrides or {})
+    if "general.architecture" in overrides:
+        arch = overrides.pop("general.architecture")
+    for key in overrides:
+        typed.pop(key, None)  # an override replaces the original value and its type
+    tensors = []
+    for t in reader.tensors:
+        if t.name in drop_tensors:
+            continue
+        type_name = (type_overrides or {}).get(t.name, t.tensor_type.name)
+        shape = tuple(int(d) for d in t.shape)
+        if type_name == "F32" and len(shape) == 1:
+            data = (1.0 + 0.1 * rng.standard_normal(shape[0])).astype(np.float32)
+        else:
+            data = random_tensor(type_name, shape, rng)
+        tensors.append((t.name, type_name, shape, data))
+    return write_gguf(dst, arch, overrides, tensors, typed_metadata=typed)
+
+
+def tiny_llama(path: str, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 96,
+               n_vocab: int = 256, weight_type: str = "Q8_0", context_length: int = 256, tied: bool = True,
+               seed: int = 0, extra_metadata: dict | None = None) -> str:
+    """A small random Llama-layout model with no tokenizer ("no_vocab"): drive it by ids."""
+    rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
+    meta = {
+        "llama.block_count": n_layer,
+        "llama.embedding_length": n_embd,
+        "llama.feed_forward_length": n_ff,
+        "llama.attention.head_count": n_head,
+        "llama.attention.head_count_kv": n_head_kv,
+        "llama.context_length": context_length,
+        "llama.rope.freq_base": 10000.0,
+        "llama.attention.layer_norm_rms_epsilon": 1e-5,
+        "llama.vocab_size": n_vocab,
+        "llama.rope.dimension_count": head_dim,
+        "tokenizer.ggml.model": "no_vocab",
+    }
+    meta.update(extra_metadata or {})
+    tensors = []
+
+    def add(name, shape, type_name):
+        if type_name == "F32" and len(shape) == 1:
+            data = (1.0 + 0.1 * rng.standard_normal(shape[0])).astype(np.float32)
+        else:
+            data = random_tensor(type_name, shape, rng)
+        tensors.append((name, type_name, shape, data))
+
+    add("token_embd.weight", (n_embd, n_vocab), weight_type)
+    add("output_norm.weight", (n_embd,), "F32")
+    if not tied:
+        add("output.weight", (n_embd, n_vocab), weight_type)
+    for il in range(n_layer):
+        add(f"blk.{il}.attn_norm.weight", (n_embd,), "F32")
+        add(f"blk.{il}.attn_q.weight", (n_embd, n_head * head_dim), weight_type)
+        add(f"blk.{il}.attn_k.weight", (n_embd, n_head_kv * head_dim), weight_type)
+        add(f"blk.{il}.attn_v.weight", (n_embd, n_head_kv * head_dim), weight_type)
+        add(f"blk.{il}.attn_output.weight", (n_head * head_dim, n_embd), weight_type)
+        add(f"blk.{il}.ffn_norm.weight", (n_embd,), "F32")
+        add(f"blk.{il}.ffn_gate.weight", (n_embd, n_ff), weight_type)
+        add(f"blk.{il}.ffn_up.weight", (n_embd, n_ff), weight_type)
+        add(f"blk.{il}.ffn_down.weight", (n_ff, n_embd), weight_type)
+    return write_gguf(path, "llama", meta, tensors)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kcap.testing.synth")
+    sub = parser.add_subparsers(dest="command", required=True)
+    clone = sub.add_parser("clone", help="random weights in the exact layout of a real GGUF")
+    clone.add_argument("src")
+    clone.add_argument("dst")
+    clone.add_argument("--seed", type=int, default=0)
+    llama = sub.add_parser("llama", help="a small random Llama-layout file")
+    llama.add_argument("dst")
+    llama.add_argument("--layers", type=int, default=2)
+    llama.add_argument("--embd", type=int, default=64)
+    llama.add_argument("--type", default="Q8_0")
+    args = parser.parse_args(argv)
+    if args.command == "clone":
+        clone_layout(args.src, args.dst, seed=args.seed)
+    else:
+        tiny_llama(args.dst, n_layer=args.layers, n_embd=args.embd, weight_type=args.type)
+    print(os.path.abspath(args.dst if args.command == "llama" else args.dst))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
