@@ -208,6 +208,20 @@ void init_engine(py::module_& m) {
             },
             py::arg("tokens"), py::arg("all_logits") = false,
             "Appends tokens at n_past and returns the last position's logits [vocab] (or [n, vocab]).")
+        .def(
+            "decode_greedy",
+            [](Engine& engine, int32_t token, int64_t n) {
+                py::array_t<int32_t> out(n > 0 ? n : 0);
+                int32_t* ids = out.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    engine.decode_greedy(token, n, ids);
+                }
+                return out;
+            },
+            py::arg("token"), py::arg("n"),
+            "Appends token and greedily decodes: returns the n argmax choices (the last not yet appended). "
+            "On cuda the whole loop runs on the device (issue 3).")
         .def("reset", &Engine::reset, "Empties the KV cache.")
         .def("truncate", &Engine::truncate, py::arg("n"), "Keeps the first n cached positions.")
         .def_property_readonly("n_past", &Engine::n_past)

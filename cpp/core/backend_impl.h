@@ -13,8 +13,16 @@ public:
     virtual ~Backend_() = default;
     // Runs tokens [0, n) at positions pos0.. through the plan; logits as in Engine::eval.
     virtual void eval(const int32_t* tokens, int64_t n, int64_t pos0, float* logits, bool all_logits) = 0;
+    // Added for the CUDA backend (issue 3): greedy decoding of n steps from `token` at pos0
+    // (see Engine::decode_greedy). This default evaluates step by step and picks the argmax on
+    // the host; the CUDA backend replays its captured decode graph with the argmax on device.
+    virtual void decode_greedy(int32_t token, int64_t n, int64_t pos0, int32_t* out, int64_t n_vocab);
 };
 
 std::unique_ptr<Backend_> make_cpu_backend(const ModelSpec& spec, Plan plan, const EngineOptions& options);
+#if defined(KCAP_WITH_CUDA)
+// cuda/cuda_backend.cu; throws BackendUnavailableError when the machine has no CUDA device.
+std::unique_ptr<Backend_> make_cuda_backend(const ModelSpec& spec, Plan plan, const EngineOptions& options);
+#endif
 
 }  // namespace kcap

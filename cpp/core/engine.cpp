@@ -52,6 +52,9 @@ Engine::Engine(std::shared_ptr<const ModelSpec> spec, const EngineOptions& optio
                                           routed.row->kernel + " has no kernel)");
     switch (plan.options.backend) {
         case Backend::CPU: backend_ = make_cpu_backend(*spec_, std::move(plan), options); break;
+#if defined(KCAP_WITH_CUDA)
+        case Backend::CUDA: backend_ = make_cuda_backend(*spec_, std::move(plan), options); break;  // issue 3
+#endif
         default:
             throw BackendUnavailableError("backend '" + options.backend + "' is not available in this build");
     }
@@ -69,6 +72,30 @@ void Engine::eval(const int32_t* tokens, int64_t n, float* logits, bool all_logi
             throw ModelError("token id " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " +
                              std::to_string(spec_->n_vocab) + ")");
     backend_->eval(tokens, n, n_past_, logits, all_logits);
+    n_past_ += n;
+}
+
+// Added for issue 3 (greedy decoding on the device); see engine.h.
+void Backend_::decode_greedy(int32_t token, int64_t n, int64_t pos0, int32_t* out, int64_t n_vocab) {
+    std::vector<float> logits(static_cast<size_t>(n_vocab));
+    for (int64_t i = 0; i < n; ++i) {
+        eval(&token, 1, pos0 + i, logits.data(), false);
+        int64_t best = 0;  // first maximum, like numpy's argmax
+        for (int64_t v = 1; v < n_vocab; ++v)
+            if (logits[size_t(v)] > logits[size_t(best)]) best = v;
+        out[i] = token = int32_t(best);
+    }
+}
+
+void Engine::decode_greedy(int32_t token, int64_t n, int32_t* out) {
+    if (n <= 0) throw ModelError("decode_greedy needs at least one step");
+    if (n_past_ + n > n_ctx_)
+        throw ContextOverflowError("context overflow: " + std::to_string(n_past_) + " cached + " + std::to_string(n) +
+                                   " new tokens exceed the context length " + std::to_string(n_ctx_));
+    if (token < 0 || token >= spec_->n_vocab)
+        throw ModelError("token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                         std::to_string(spec_->n_vocab) + ")");
+    backend_->decode_greedy(token, n, n_past_, out, spec_->n_vocab);
     n_past_ += n;
 }
 

@@ -35,6 +35,7 @@ const char* op_name(Op op) {
         case Op::FfnActivation: return "ffn_activation";
         case Op::Add: return "add";
         case Op::Softcap: return "softcap";
+        case Op::Argmax: return "argmax";
     }
     return "?";
 }
@@ -71,6 +72,15 @@ const std::vector<Row>& capability_table() {
         add_cpu_attention_rows(rows);
         add_cpu_activation_rows(rows);
         add_cpu_elementwise_rows(rows);
+        // CUDA (issue 3): declared whether or not the backend is compiled in.
+        add_cuda_embed_rows(rows);
+        add_cuda_norm_rows(rows);
+        add_cuda_matmul_rows(rows);
+        add_cuda_rope_rows(rows);
+        add_cuda_attention_rows(rows);
+        add_cuda_activation_rows(rows);
+        add_cuda_elementwise_rows(rows);
+        add_cuda_argmax_rows(rows);
         return rows;
     }();
     return table;

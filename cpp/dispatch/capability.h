@@ -28,6 +28,10 @@ enum class Op {
     FfnActivation,    // act(gate) * up, or act(x) for a non-gated FFN
     Add,              // residual add: out = in + in2
     Softcap,          // cap * tanh(x / cap), the final logit softcap
+    // Added for the CUDA backend (issue 3): greedy argmax of the logits on the device, the
+    // last node of a captured decode step. The planner emits no such stage; a GPU backend
+    // routes its own argmax stage through the table like any other.
+    Argmax,
 };
 const char* op_name(Op op);
 
@@ -102,5 +106,17 @@ void add_cpu_rope_rows(std::vector<Row>& rows);
 void add_cpu_attention_rows(std::vector<Row>& rows);
 void add_cpu_activation_rows(std::vector<Row>& rows);
 void add_cpu_elementwise_rows(std::vector<Row>& rows);
+
+// CUDA rows (cuda/rows.cpp). They are in the table in every build, so any machine can plan
+// and explain for CUDA; where the backend is not compiled in, their fn is null and an Engine
+// on backend "cuda" is refused with BackendUnavailableError.
+void add_cuda_embed_rows(std::vector<Row>& rows);
+void add_cuda_norm_rows(std::vector<Row>& rows);
+void add_cuda_matmul_rows(std::vector<Row>& rows);
+void add_cuda_rope_rows(std::vector<Row>& rows);
+void add_cuda_attention_rows(std::vector<Row>& rows);
+void add_cuda_activation_rows(std::vector<Row>& rows);
+void add_cuda_elementwise_rows(std::vector<Row>& rows);
+void add_cuda_argmax_rows(std::vector<Row>& rows);
 
 }  // namespace kcap

@@ -69,6 +69,9 @@ struct KernelCall {
     float* out = nullptr;
     float* inout2 = nullptr;  // rope: the K buffer rotated alongside Q
     void* backend_state = nullptr;  // the backend's own context (thread pool, KV cache)
+    // Added for the CUDA backend (issue 3): what the backend bound to this stage at load time
+    // (device copies of its operands, a rope table, the attention split count); null on cpu.
+    const void* stage_state = nullptr;
 };
 
 }  // namespace kcap

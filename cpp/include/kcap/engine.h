@@ -49,6 +49,12 @@ public:
     // ContextOverflowError past n_ctx and ModelError for a token id outside the vocabulary.
     void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits);
 
+    // Greedy decoding (added for issue 3): appends `token`, then each greedy choice in turn,
+    // n tokens in all; out[i] is the argmax of the logits after the i-th appended token (the
+    // last choice, out[n-1], is not yet appended). On CUDA the loop runs on the device: the
+    // captured decode graph feeds its own argmax back, with no host round trip per token.
+    void decode_greedy(int32_t token, int64_t n, int32_t* out);
+
     int64_t n_past() const { return n_past_; }
     int64_t n_ctx() const { return n_ctx_; }
     int64_t n_vocab() const { return spec_->n_vocab; }

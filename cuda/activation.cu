@@ -1,0 +1,29 @@
+// CUDA entry point of the FFN activation row (cuda.ffn_activation): kernels/activation.h.
+#include "cuda/cuda_context.h"
+#include "kernels/activation.h"
+
+namespace kcap {
+namespace {
+
+using namespace cuda_rows;
+
+__global__ void __launch_bounds__(kElementwiseThreads)
+    activation_kernel(KcapElementwiseParams p, const float* gate, const float* up, float* out) {
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_ffn_activation(kcap_cuda_thread(), p, gate, up, out);
+}
+
+}  // namespace
+
+void kcap_cuda_ffn_activation(const Stage& stage, const KernelCall& call) {
+    KcapElementwiseParams p;
+    p.count = int(int64_t(call.n_tokens) * stage.n);
+    p.activation = int(stage.params.activation);
+    p.gated = call.in2 != nullptr;
+    p.cap = 0.0f;
+    cuda::launch(cuda::context(call), activation_kernel, dim3(cuda::ceil_div(p.count, kElementwiseThreads)),
+                 dim3(kElementwiseThreads), 0, p, call.in, call.in2, call.out);
+}
+
+}  // namespace kcap

@@ -1,0 +1,91 @@
+// CUDA entry point of the attention row (cuda.attention): kernels/attention.h.
+//   one token (decode, and every step of the decode graph): split-K decode, which also
+//     appends the token's K/V, then the combine when the stage has more than one split;
+//   a prefill chunk: append the chunk's K/V, then every token attends to the cache.
+// The split count was fixed at load time from the stage's longest span (cuda_backend.cu),
+// so the captured graph replays at any position; each split's share of keys follows the
+// position read from device memory.
+#include "cuda/cuda_context.h"
+#include "kernels/attention.h"
+
+namespace kcap {
+namespace {
+
+using namespace cuda_rows;
+
+__global__ void __launch_bounds__(kAttnMaxSimds * 32)
+    decode_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new, const float* v_new,
+                  kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out) {
+    __shared__ float q_shared[kAttnMaxSimds * KCAP_ATTN_MAX_HEAD_DIM];
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_attention_decode(kcap_cuda_thread(), p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out,
+                          q_shared);
+}
+
+__global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, const float* partial_o, const float* partial_ml,
+                                                      float* out) {
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_attention_combine(kcap_cuda_thread(), p, partial_o, partial_ml, out);
+}
+
+__global__ void __launch_bounds__(kElementwiseThreads)
+    append_kernel(KcapAttentionParams p, const kcap_i32* step, const float* k_new, const float* v_new, kcap_u8* k_cache,
+                  kcap_u8* v_cache) {
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_kv_append(kcap_cuda_thread(), p, step, k_new, v_new, k_cache, v_cache);
+}
+
+__global__ void __launch_bounds__(kAttnMaxSimds * 32)
+    prefill_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const kcap_u8* k_cache,
+                   const kcap_u8* v_cache, float* out) {
+    __shared__ float q_shared[kAttnMaxSimds * KCAP_ATTN_MAX_HEAD_DIM];
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_attention_prefill(kcap_cuda_thread(), p, step, q, k_cache, v_cache, out, q_shared);
+}
+
+}  // namespace
+
+void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
+    const cuda::Context& ctx = cuda::context(call);
+    const cuda::StageData& data = cuda::stage_data(call);
+    const StageParams& s = stage.params;
+    KcapAttentionParams p;
+    p.n_tokens = call.n_tokens;
+    p.n_head = s.n_head;
+    p.n_head_kv = s.n_head_kv;
+    p.head_dim = s.head_dim;
+    p.head_dim_v = s.head_dim_v;
+    p.k_width = s.n_head_kv * s.head_dim;
+    p.v_width = s.n_head_kv * s.head_dim_v;
+    p.window = s.sliding_window;
+    p.scale = s.scale;
+    p.softcap = s.softcap;
+    p.kv_f16 = ctx.kv_format == Format::F16;
+    p.n_splits = data.attn_splits;
+    p.min_chunk = kAttnMinChunk;
+    const cuda::KvCache& kv = ctx.kv.at(size_t(stage.layer));
+    auto* k_cache = static_cast<kcap_u8*>(kv.k);
+    auto* v_cache = static_cast<kcap_u8*>(kv.v);
+    const int group = s.n_head / s.n_head_kv;
+    const int simds = group < kAttnMaxSimds ? group : kAttnMaxSimds;
+    if (call.n_tokens == 1) {
+        cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * simds), 0, p, ctx.step, call.in,
+                     call.in2, call.in3, k_cache, v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out);
+        if (p.n_splits > 1)
+            cuda::launch(ctx, combine_kernel, dim3(p.n_head), dim3(p.head_dim_v <= 128 ? 128 : 256), 0, p,
+                         static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml),
+                         call.out);
+        return;
+    }
+    const int64_t appended = int64_t(p.n_tokens) * (p.k_width + p.v_width);
+    cuda::launch(ctx, append_kernel, dim3(cuda::ceil_div(appended, kElementwiseThreads)), dim3(kElementwiseThreads), 0, p,
+                 ctx.step, call.in2, call.in3, k_cache, v_cache);
+    cuda::launch(ctx, prefill_kernel, dim3(p.n_tokens, p.n_head_kv), dim3(32 * simds), 0, p, ctx.step, call.in,
+                 static_cast<const kcap_u8*>(k_cache), static_cast<const kcap_u8*>(v_cache), call.out);
+}
+
+}  // namespace kcap

@@ -1,0 +1,432 @@
+// The CUDA backend: executes a Plan on one GPU.
+//
+// Load time: every weight operand is uploaded once as its raw GGUF blocks; activation buffers
+// (max_batch rows), the KV cache (n_ctx rows per layer, f32 or f16: the plan's kv_format),
+// each rope stage's cos/sin table and the split-K scratch are allocated; the backend's own
+// argmax stage is routed through the capability table like every other stage.
+//
+// Decode: the first one-token step is captured as a CUDA graph (every layer, the final norm,
+// the LM head and the argmax) and replayed for every later token. The graph reads the token
+// and its position from device memory and its argmax writes the next token and position
+// back, so decode_greedy replays it n times with no host round trip in between; eval copies
+// the step in and the logits out around one replay.
+// Prefill: chunks of up to max_batch tokens run the same rows with batched kernels.
+//
+// Environment switches (for measurements): KCAP_CUDA_GRAPH=0 launches the step directly,
+// KCAP_CUDA_PDL=0 turns programmatic dependent launch off.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+
+#include "core/backend_impl.h"
+#include "cuda/cuda_context.h"
+
+namespace kcap {
+namespace cuda {
+
+void check(cudaError_t status, const char* what) {
+    if (status != cudaSuccess)
+        throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(status) + " (" +
+                    cudaGetErrorString(status) + ")");
+}
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+    const char* value = std::getenv(name);
+    return value && *value ? std::atoi(value) : fallback;
+}
+
+// Device allocations owned by one backend, freed together.
+class DeviceArena {
+public:
+    ~DeviceArena() {
+        for (void* p : blocks_) cudaFree(p);
+    }
+    void* alloc(size_t bytes) {
+        void* p = nullptr;
+        KCAP_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 16));
+        blocks_.push_back(p);
+        return p;
+    }
+    template <class T>
+    T* alloc_n(size_t n) {
+        return static_cast<T*>(alloc(n * sizeof(T)));
+    }
+
+private:
+    std::vector<void*> blocks_;
+};
+
+// cos/sin of every (position, pair), computed exactly as cpu/rope.cpp does (double, then float).
+std::vector<float> rope_table(const Stage& stage, int64_t n_ctx) {
+    const StageParams& p = stage.params;
+    const int half = p.rope_dim / 2;
+    const float* factors =
+        !stage.operands.empty() && stage.operands[0] ? reinterpret_cast<const float*>(stage.operands[0]->data) : nullptr;
+    std::vector<double> inv_freq(static_cast<size_t>(half));
+    for (int i = 0; i < half; ++i) {
+        inv_freq[size_t(i)] = std::pow(double(p.rope_base), -2.0 * i / double(p.rope_dim));
+        if (factors) inv_freq[size_t(i)] /= double(factors[i]);
+    }
+    std::vector<float> table(size_t(n_ctx) * half * 2);
+    for (int64_t pos = 0; pos < n_ctx; ++pos) {
+        const double position = double(pos) * double(p.rope_freq_scale);
+        for (int i = 0; i < half; ++i) {
+            table[(size_t(pos) * half + i) * 2] = float(std::cos(position * inv_freq[size_t(i)]));
+            table[(size_t(pos) * half + i) * 2 + 1] = float(std::sin(position * inv_freq[size_t(i)]));
+        }
+    }
+    return table;
+}
+
+// Pinned host memory for the small copies around a decode step.
+template <class T>
+class PinnedBuffer {
+public:
+    ~PinnedBuffer() {
+        if (data_) cudaFreeHost(data_);
+    }
+    T* get(size_t n) {
+        if (n > size_) {
+            if (data_) cudaFreeHost(data_);
+            data_ = nullptr;
+            KCAP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&data_), n * sizeof(T)));
+            size_ = n;
+        }
+        return data_;
+    }
+
+private:
+    T* data_ = nullptr;
+    size_t size_ = 0;
+};
+
+class CudaBackend final : public Backend_ {
+public:
+    CudaBackend(const ModelSpec& spec, Plan plan, const EngineOptions& options)
+        : plan_(std::move(plan)), max_batch_(std::max(1, options.max_batch)), n_vocab_(spec.n_vocab) {
+        int devices = 0;
+        const cudaError_t status = cudaGetDeviceCount(&devices);
+        if (status != cudaSuccess || devices == 0) {
+            cudaGetLastError();
+            throw BackendUnavailableError(
+                std::string("backend 'cuda': no CUDA device is available on this machine (") +
+                (status != cudaSuccess ? std::string(cudaGetErrorString(status)) : std::string("0 devices")) +
+                "); use backend='cpu'");
+        }
+        Context& ctx = ctx_;
+        KCAP_CUDA_CHECK(cudaSetDevice(0));
+        cudaDeviceProp props;
+        KCAP_CUDA_CHECK(cudaGetDeviceProperties(&props, 0));
+        if (props.major < 8)
+            throw BackendUnavailableError(std::string("backend 'cuda': ") + props.name + " is sm_" +
+                                          std::to_string(props.major * 10 + props.minor) + "; kcap needs sm_80 or newer");
+        ctx.sm_count = props.multiProcessorCount;
+        ctx.pdl = props.major >= 9 && env_int("KCAP_CUDA_PDL", 1) != 0;
+        use_graph_ = env_int("KCAP_CUDA_GRAPH", 1) != 0;
+        KCAP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
+        ctx.kv_format = plan_.options.kv_format;
+        ctx.n_ctx = plan_.options.n_ctx;
+
+        upload_weights();
+        allocate_buffers(spec);
+        bind_stages();
+        route_argmax();
+    }
+
+    ~CudaBackend() override {
+        if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+        if (all_logits_) cudaFree(all_logits_);
+        if (ctx_.stream) {
+            cudaStreamSynchronize(ctx_.stream);
+            cudaStreamDestroy(ctx_.stream);
+        }
+    }
+
+    void eval(const int32_t* tokens, int64_t n, int64_t pos0, float* logits, bool all_logits) override {
+        for (int64_t start = 0; start < n; start += max_batch_) {
+            const int64_t count = std::min<int64_t>(max_batch_, n - start);
+            const bool final_chunk = start + count == n;
+            const bool need_logits = final_chunk || all_logits;
+            float* host_logits = all_logits ? logits + start * n_vocab_ : logits;
+            if (count == 1 && !all_logits && use_graph_) {
+                decode_step(tokens[start], pos0 + start, need_logits ? host_logits : nullptr);
+                continue;
+            }
+            set_step(tokens + start, count, pos0 + start);
+            float* device_logits = all_logits ? all_logits_buffer(count) : decode_logits_;
+            run_stages(count, need_logits, all_logits, device_logits);
+            if (need_logits) {
+                const size_t values = size_t(all_logits ? count : 1) * size_t(n_vocab_);
+                KCAP_CUDA_CHECK(cudaMemcpyAsync(host_logits, device_logits, values * sizeof(float),
+                                                cudaMemcpyDeviceToHost, ctx_.stream));
+            }
+            KCAP_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+        }
+    }
+
+    void decode_greedy(int32_t token, int64_t n, int64_t pos0, int32_t* out, int64_t) override {
+        if (n <= 0) return;
+        set_step(&token, 1, pos0);
+        if (use_graph_ && ensure_graph()) {
+            for (int64_t i = 0; i < n; ++i) KCAP_CUDA_CHECK(cudaGraphLaunch(graph_exec_, ctx_.stream));
+        } else {
+            for (int64_t i = 0; i < n; ++i) run_decode_step();
+        }
+        int32_t* staged = pinned_tokens_.get(size_t(n));
+        KCAP_CUDA_CHECK(cudaMemcpyAsync(staged, ctx_.history, size_t(n) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                        ctx_.stream));
+        KCAP_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+        std::memcpy(out, staged, size_t(n) * sizeof(int32_t));
+    }
+
+private:
+    void upload_weights() {
+        for (const RoutedStage& routed : plan_.stages)
+            for (const TensorRef* operand : routed.stage.operands) {
+                if (!operand || device_weights_.count(operand->data)) continue;
+                void* device = arena_.alloc(operand->nbytes);
+                KCAP_CUDA_CHECK(cudaMemcpy(device, operand->data, operand->nbytes, cudaMemcpyHostToDevice));
+                device_weights_[operand->data] = device;
+                weight_bytes_ += operand->nbytes;
+            }
+    }
+
+    void allocate_buffers(const ModelSpec& spec) {
+        Context& ctx = ctx_;
+        buffers_.assign(plan_.buffer_widths.size(), nullptr);
+        for (size_t b = 0; b < plan_.buffer_widths.size(); ++b) {
+            if (Buffer(b) == Buffer::None || Buffer(b) == Buffer::Logits || plan_.buffer_widths[b] == 0) continue;
+            buffers_[b] = arena_.alloc_n<float>(size_t(max_batch_) * size_t(plan_.buffer_widths[b]));
+        }
+        decode_logits_ = arena_.alloc_n<float>(size_t(n_vocab_));
+        const size_t kv_bytes = ctx.kv_format == Format::F16 ? 2 : 4;
+        ctx.kv.resize(spec.layers.size());
+        for (size_t i = 0; i < spec.layers.size(); ++i) {
+            const LayerSpec& layer = spec.layers[i];
+            ctx.kv[i].k = arena_.alloc(size_t(ctx.n_ctx) * layer.n_head_kv * layer.head_dim * kv_bytes);
+            ctx.kv[i].v = arena_.alloc(size_t(ctx.n_ctx) * layer.n_head_kv * layer.head_dim_v * kv_bytes);
+        }
+        ctx.step = arena_.alloc_n<int32_t>(2);
+        ctx.tokens = arena_.alloc_n<int32_t>(size_t(max_batch_));
+        ctx.history = arena_.alloc_n<int32_t>(size_t(ctx.n_ctx) + 1);
+        ctx.argmax_result = arena_.alloc_n<int32_t>(1);
+        ctx.argmax_partials = int(ceil_div(n_vocab_, cuda_rows::kArgmaxChunk));
+        ctx.argmax_partial_value = arena_.alloc_n<float>(size_t(ctx.argmax_partials));
+        ctx.argmax_partial_index = arena_.alloc_n<int32_t>(size_t(ctx.argmax_partials));
+    }
+
+    // What each stage reads besides its activation buffers, fixed now so a token never decides.
+    void bind_stages() {
+        Context& ctx = ctx_;
+        stage_data_.resize(plan_.stages.size());
+        size_t partial_o = 0, partial_ml = 0;
+        std::map<std::tuple<float, float, int, const void*>, const float*> rope_tables;
+        for (size_t i = 0; i < plan_.stages.size(); ++i) {
+            const Stage& stage = plan_.stages[i].stage;
+            StageData& data = stage_data_[i];
+            for (size_t j = 0; j < stage.operands.size() && j < 2; ++j)
+                if (stage.operands[j]) data.operands[j] = device_weights_.at(stage.operands[j]->data);
+            if (stage.op == Op::Rope) {
+                const TensorRef* factors = stage.operands.empty() ? nullptr : stage.operands[0];
+                const auto key = std::make_tuple(stage.params.rope_base, stage.params.rope_freq_scale,
+                                                 stage.params.rope_dim, factors ? (const void*)factors->data : nullptr);
+                auto found = rope_tables.find(key);
+                if (found == rope_tables.end()) {
+                    const std::vector<float> table = rope_table(stage, ctx.n_ctx);
+                    float* device = arena_.alloc_n<float>(table.size());
+                    KCAP_CUDA_CHECK(cudaMemcpy(device, table.data(), table.size() * sizeof(float), cudaMemcpyHostToDevice));
+                    found = rope_tables.emplace(key, device).first;
+                }
+                data.rope_table = found->second;
+                data.operands[0] = nullptr;  // the factors are folded into the table
+            }
+            if (stage.op == Op::Attention) {
+                // Enough splits that each takes about kAttnMinChunk keys at the longest span,
+                // capped at a few groups per multiprocessor (longer spans: longer splits).
+                const int64_t span = std::max<int64_t>(1, stage.max_span);
+                const int64_t by_span = (span + cuda_rows::kAttnMinChunk - 1) / cuda_rows::kAttnMinChunk;
+                const int64_t cap = std::max<int64_t>(1, int64_t(cuda_rows::kAttnSplitsPerSm) * ctx.sm_count /
+                                                             std::max(1, stage.params.n_head_kv));
+                data.attn_splits = int(std::max<int64_t>(1, std::min(by_span, cap)));
+                const size_t slots = size_t(stage.params.n_head) * size_t(data.attn_splits);
+                partial_o = std::max(partial_o, slots * size_t(stage.params.head_dim_v));
+                partial_ml = std::max(partial_ml, slots * 2);
+            }
+        }
+        ctx.attn_partial_o = arena_.alloc_n<float>(std::max<size_t>(partial_o, 1));
+        ctx.attn_partial_ml = arena_.alloc_n<float>(std::max<size_t>(partial_ml, 1));
+    }
+
+    // The greedy argmax is a stage of this backend's decode step: routed through the table.
+    void route_argmax() {
+        argmax_stage_.layer = -1;
+        argmax_stage_.name = "argmax";
+        argmax_stage_.op = Op::Argmax;
+        argmax_stage_.input = Buffer::Logits;
+        argmax_stage_.k = argmax_stage_.n = n_vocab_;
+        argmax_stage_.last_token_only = true;
+        std::string rejected;
+        for (const Row& row : capability_table()) {
+            if (row.op != Op::Argmax || row.backend != Backend::CUDA) continue;
+            const auto& excluded = plan_.options.excluded_kernels;
+            const std::string why = std::find(excluded.begin(), excluded.end(), row.kernel) != excluded.end()
+                                        ? std::string("excluded by the caller")
+                                        : rejection_reason(row, argmax_stage_);
+            if (why.empty() && row.fn && (!argmax_row_ || row.priority > argmax_row_->priority)) argmax_row_ = &row;
+            if (!why.empty()) rejected += "\n  " + row.kernel + ": " + why;
+        }
+        if (!argmax_row_) throw RoutingError("model stage 'argmax' (argmax): no cuda row fits." + rejected);
+    }
+
+    float* buffer(Buffer b) const { return b == Buffer::None ? nullptr : buffers_[size_t(b)]; }
+
+    float* all_logits_buffer(int64_t rows) {
+        if (rows > all_logits_rows_) {
+            if (all_logits_) KCAP_CUDA_CHECK(cudaFree(all_logits_));
+            all_logits_ = nullptr;
+            KCAP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&all_logits_), size_t(rows) * size_t(n_vocab_) * 4));
+            all_logits_rows_ = rows;
+        }
+        return all_logits_;
+    }
+
+    // Writes the tokens and position of a call into device memory (stream-ordered).
+    void set_step(const int32_t* tokens, int64_t n, int64_t pos0) {
+        int32_t* staged = pinned_step_.get(size_t(max_batch_) + 2);
+        staged[0] = int32_t(pos0);
+        staged[1] = 0;
+        std::memcpy(staged + 2, tokens, size_t(n) * sizeof(int32_t));
+        KCAP_CUDA_CHECK(cudaMemcpyAsync(ctx_.step, staged, 2 * sizeof(int32_t), cudaMemcpyHostToDevice, ctx_.stream));
+        KCAP_CUDA_CHECK(
+            cudaMemcpyAsync(ctx_.tokens, staged + 2, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, ctx_.stream));
+    }
+
+    // Every routed stage for n tokens, as the CPU backend walks them: tail stages (the LM head)
+    // run on the last token only unless every position's logits are wanted.
+    void run_stages(int64_t n, bool need_logits, bool all_logits, float* logits) {
+        for (size_t i = 0; i < plan_.stages.size(); ++i) {
+            const RoutedStage& routed = plan_.stages[i];
+            const Stage& stage = routed.stage;
+            const bool tail = stage.last_token_only && !all_logits;
+            if (stage.last_token_only && !need_logits) continue;
+            KernelCall call;
+            call.n_tokens = int(tail ? 1 : n);
+            call.backend_state = &ctx_;
+            call.stage_state = &stage_data_[i];
+            const int64_t in_row = tail && stage.input != Buffer::Logits ? n - 1 : 0;
+            const int64_t in_width = plan_.buffer_widths[size_t(stage.input)];
+            if (stage.input != Buffer::None) call.in = buffer(stage.input) + in_row * in_width;
+            if (stage.input2 != Buffer::None) call.in2 = buffer(stage.input2);
+            if (stage.input3 != Buffer::None) call.in3 = buffer(stage.input3);
+            if (stage.output == Buffer::Logits)
+                call.out = logits;
+            else if (stage.output != Buffer::None)
+                call.out = buffer(stage.output);
+            if (stage.op == Op::Rope) {
+                call.out = buffer(stage.input);
+                call.inout2 = buffer(stage.input2);
+            }
+            if (stage.op == Op::Softcap) call.in = logits;
+            routed.row->fn(stage, call);
+        }
+    }
+
+    void run_argmax(bool advance) {
+        KernelCall call;
+        call.n_tokens = 1;
+        call.backend_state = &ctx_;
+        call.in = decode_logits_;
+        call.out = reinterpret_cast<float*>(ctx_.argmax_result);
+        call.inout2 = advance ? reinterpret_cast<float*>(ctx_.history) : nullptr;
+        argmax_row_->fn(argmax_stage_, call);
+    }
+
+    void run_decode_step() {
+        run_stages(1, true, false, decode_logits_);
+        run_argmax(true);
+    }
+
+    // Captures the one-token step once. Returns false (and runs steps directly from then on)
+    // if this driver cannot capture it; programmatic launch is dropped first if that is why.
+    bool ensure_graph() {
+        if (graph_exec_) return true;
+        for (int attempt = 0; attempt < 2; ++attempt) {
+            cudaGraph_t graph = nullptr;
+            KCAP_CUDA_CHECK(cudaStreamBeginCapture(ctx_.stream, cudaStreamCaptureModeThreadLocal));
+            std::string failure;
+            try {
+                run_decode_step();
+            } catch (const std::exception& e) {
+                failure = e.what();
+            }
+            const cudaError_t ended = cudaStreamEndCapture(ctx_.stream, &graph);
+            cudaError_t made = cudaErrorUnknown;
+            if (failure.empty() && ended == cudaSuccess && graph) made = cudaGraphInstantiate(&graph_exec_, graph, 0);
+            if (graph) cudaGraphDestroy(graph);
+            if (made == cudaSuccess) return true;
+            cudaGetLastError();
+            graph_exec_ = nullptr;
+            std::fprintf(stderr, "kcap: CUDA graph capture failed (%s%s); %s\n",
+                         failure.empty() ? cudaGetErrorString(ended != cudaSuccess ? ended : made) : failure.c_str(),
+                         ctx_.pdl ? ", with programmatic launch" : "",
+                         ctx_.pdl ? "retrying without programmatic launch" : "decoding without a graph");
+            if (!ctx_.pdl) break;
+            ctx_.pdl = false;
+        }
+        use_graph_ = false;
+        return false;
+    }
+
+    void decode_step(int32_t token, int64_t pos, float* host_logits) {
+        set_step(&token, 1, pos);
+        if (ensure_graph())
+            KCAP_CUDA_CHECK(cudaGraphLaunch(graph_exec_, ctx_.stream));
+        else
+            run_decode_step();
+        if (host_logits) {
+            float* staged = pinned_logits_.get(size_t(n_vocab_));
+            KCAP_CUDA_CHECK(
+                cudaMemcpyAsync(staged, decode_logits_, size_t(n_vocab_) * sizeof(float), cudaMemcpyDeviceToHost, ctx_.stream));
+            KCAP_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+            std::memcpy(host_logits, staged, size_t(n_vocab_) * sizeof(float));
+        } else {
+            KCAP_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+        }
+    }
+
+    Plan plan_;
+    int max_batch_;
+    int64_t n_vocab_;
+    Context ctx_;
+    DeviceArena arena_;
+    std::unordered_map<const void*, void*> device_weights_;  // host bytes -> device copy
+    size_t weight_bytes_ = 0;
+    std::vector<float*> buffers_;
+    std::vector<StageData> stage_data_;
+    float* decode_logits_ = nullptr;
+    float* all_logits_ = nullptr;
+    int64_t all_logits_rows_ = 0;
+    Stage argmax_stage_;
+    const Row* argmax_row_ = nullptr;
+    bool use_graph_ = true;
+    cudaGraphExec_t graph_exec_ = nullptr;
+    PinnedBuffer<int32_t> pinned_step_, pinned_tokens_;
+    PinnedBuffer<float> pinned_logits_;
+};
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<Backend_> make_cuda_backend(const ModelSpec& spec, Plan plan, const EngineOptions& options) {
+    return std::make_unique<cuda::CudaBackend>(spec, std::move(plan), options);
+}
+
+}  // namespace kcap

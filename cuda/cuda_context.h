@@ -1,0 +1,95 @@
+// What CUDA launchers share: the device context of one engine (stream, KV cache, decode-step
+// state in device memory, scratch) and what the backend bound to each stage at load time.
+// Included only by CUDA translation units (cuda/*.cu) and the CUDA tests.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/rows.h"
+#include "dispatch/stage.h"
+#include "kcap/errors.h"
+
+namespace kcap {
+namespace cuda {
+
+// Throws kcap::Error naming the call and CUDA's message.
+void check(cudaError_t status, const char* what);
+#define KCAP_CUDA_CHECK(expr) ::kcap::cuda::check((expr), #expr)
+
+// One layer's KV cache in device memory: [n_ctx][k_width] and [n_ctx][v_width] elements.
+struct KvCache {
+    void* k = nullptr;
+    void* v = nullptr;
+};
+
+struct Context {
+    cudaStream_t stream = nullptr;
+    int device = 0;
+    int sm_count = 0;
+    bool pdl = false;  // launch with programmatic dependent launch (sm_90+)
+    // Decode-step state in device memory, so one captured graph serves every step:
+    // step[0] = position of token 0 of the call, step[1] = tokens generated (history index).
+    int32_t* step = nullptr;
+    int32_t* tokens = nullptr;   // [max_batch] token ids of the call
+    int32_t* history = nullptr;  // [n_ctx] greedy tokens of decode_greedy
+    int32_t* argmax_result = nullptr;
+    float* argmax_partial_value = nullptr;
+    int32_t* argmax_partial_index = nullptr;
+    int argmax_partials = 0;
+    Format kv_format = Format::F32;
+    int64_t n_ctx = 0;
+    std::vector<KvCache> kv;     // one per layer
+    float* attn_partial_o = nullptr;   // split-K decode partials
+    float* attn_partial_ml = nullptr;
+};
+
+// Bound to one stage when the backend is built.
+struct StageData {
+    const void* operands[2] = {nullptr, nullptr};  // device copies of the stage's operands
+    const float* rope_table = nullptr;             // rope: [n_ctx][rope_dim / 2] (cos, sin)
+    int attn_splits = 1;                           // attention: decode key-range splits
+};
+
+inline Context& context(const KernelCall& call) { return *static_cast<Context*>(call.backend_state); }
+inline const StageData& stage_data(const KernelCall& call) { return *static_cast<const StageData*>(call.stage_state); }
+
+inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
+
+// Launches kernel on the context's stream, with programmatic dependent launch when enabled
+// (each kernel then waits for its predecessor with kcap_pdl_wait before touching memory).
+template <typename... Params, typename... Args>
+void launch(const Context& ctx, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+            Args&&... args) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = shared_bytes;
+    config.stream = ctx.stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = ctx.pdl ? 1 : 0;
+    KCAP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// Kernel side of programmatic dependent launch: wait until the previous kernel finished and
+// its writes are visible (a no-op without PDL); let the next kernel start launching.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+}  // namespace cuda
+}  // namespace kcap

@@ -1,0 +1,41 @@
+// CUDA entry points of the embedding rows (cuda.embed.<format>): kernels/embed.h.
+// Token ids come from the context's device token buffer (the decode graph's argmax feeds it).
+#include "cuda/cuda_context.h"
+#include "kernels/embed.h"
+
+namespace kcap {
+namespace cuda {
+namespace {
+
+using namespace cuda_rows;
+
+template <class F>
+__global__ void __launch_bounds__(kEmbedThreads)
+    embed_kernel(KcapEmbedParams p, const kcap_i32* tokens, const kcap_u8* table, float* out) {
+    pdl_wait();
+    pdl_trigger();
+    kcap_embed<F>(kcap_cuda_thread(), p, tokens, table, out);
+}
+
+}  // namespace
+
+template <class F>
+void run_embed(const Stage& stage, const KernelCall& call) {
+    const Context& ctx = context(call);
+    KcapEmbedParams p;
+    p.n_tokens = call.n_tokens;
+    p.width = int(stage.n);
+    p.row_bytes = unsigned(row_bytes(stage.operands[0]->format, stage.n));
+    p.scale = stage.params.scale;
+    launch(ctx, embed_kernel<F>, dim3(p.n_tokens), dim3(kEmbedThreads), 0, p, ctx.tokens,
+           static_cast<const kcap_u8*>(stage_data(call).operands[0]), call.out);
+}
+
+}  // namespace cuda
+
+#define KCAP_DEFINE_EMBED(NAME, DECODER) \
+    void kcap_cuda_embed_##NAME(const Stage& stage, const KernelCall& call) { cuda::run_embed<DECODER>(stage, call); }
+KCAP_WEIGHT_FORMATS(KCAP_DEFINE_EMBED)
+#undef KCAP_DEFINE_EMBED
+
+}  // namespace kcap

@@ -1,0 +1,34 @@
+// CUDA entry point of the rope row (cuda.rope): kernels/rope.h with the stage's cos/sin table
+// (made by the backend at load time, cuda_backend.cu) and positions from device memory.
+#include "cuda/cuda_context.h"
+#include "kernels/rope.h"
+
+namespace kcap {
+namespace {
+
+using namespace cuda_rows;
+
+__global__ void __launch_bounds__(kElementwiseThreads)
+    rope_kernel(KcapRopeParams p, const kcap_i32* step, const float2* cos_sin, float* q, float* k) {
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_rope(kcap_cuda_thread(), p, step, cos_sin, q, k);
+}
+
+}  // namespace
+
+void kcap_cuda_rope(const Stage& stage, const KernelCall& call) {
+    const cuda::Context& ctx = cuda::context(call);
+    KcapRopeParams p;
+    p.n_tokens = call.n_tokens;
+    p.n_head = stage.params.n_head;
+    p.n_head_kv = stage.params.n_head_kv;
+    p.head_dim = stage.params.head_dim;
+    p.rope_dim = stage.params.rope_dim;
+    p.neox = (stage.features & kRopeNeox) != 0;
+    const int64_t total = int64_t(p.n_tokens) * (p.n_head + p.n_head_kv) * (p.rope_dim / 2);
+    cuda::launch(ctx, rope_kernel, dim3(cuda::ceil_div(total, kElementwiseThreads)), dim3(kElementwiseThreads), 0, p,
+                 ctx.step, reinterpret_cast<const float2*>(cuda::stage_data(call).rope_table), call.out, call.inout2);
+}
+
+}  // namespace kcap

@@ -1,0 +1,126 @@
+// The CUDA rows of the capability table (declarations in cuda/rows.h). Compiled in every
+// build: where CUDA is not compiled in (KCAP_WITH_CUDA undefined) each row's fn is null, so
+// plans and `kcap explain --backend cuda` still work and an Engine on cuda is refused.
+#include "cuda/rows.h"
+
+#include <algorithm>
+#include <cctype>
+
+namespace kcap {
+
+#if defined(KCAP_WITH_CUDA)
+#define KCAP_CUDA_ENTRY(launcher) (&launcher)
+#else
+#define KCAP_CUDA_ENTRY(launcher) nullptr
+#endif
+
+namespace {
+
+std::string lower(std::string s) {
+    for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+
+Row make_row(const std::string& kernel, Op op, KernelFn fn, Geometry geometry) {
+    Row row;
+    row.kernel = kernel;
+    row.op = op;
+    row.backend = Backend::CUDA;
+    row.fn = fn;
+    row.geometry = geometry;
+    return row;
+}
+
+// The GPU decoders walk rows in 32-element runs, so even float formats need K % 32 == 0.
+int64_t k_multiple(Format format) { return std::max<int64_t>(32, format_info(format).block_elems); }
+
+}  // namespace
+
+void add_cuda_embed_rows(std::vector<Row>& rows) {
+#define KCAP_EMBED_ROW(NAME, DECODER)                                                                           \
+    {                                                                                                           \
+        Row row = make_row("cuda.embed." + lower(#NAME), Op::Embed, KCAP_CUDA_ENTRY(kcap_cuda_embed_##NAME),     \
+                           {cuda_rows::kEmbedThreads, 1, 0});                                                   \
+        row.operand_formats = {{Format::NAME}};                                                                 \
+        row.features = kEmbedScale;                                                                             \
+        row.dims.k_multiple = k_multiple(Format::NAME);                                                         \
+        rows.push_back(row);                                                                                    \
+    }
+    KCAP_WEIGHT_FORMATS(KCAP_EMBED_ROW)
+#undef KCAP_EMBED_ROW
+}
+
+void add_cuda_matmul_rows(std::vector<Row>& rows) {
+    // Exact rows: f32 activations and accumulation for any number of tokens.
+#define KCAP_MATMUL_ROW(NAME, DECODER)                                                                          \
+    {                                                                                                           \
+        Row row = make_row("cuda.matmul." + lower(#NAME), Op::MatMul, KCAP_CUDA_ENTRY(kcap_cuda_matmul_##NAME),  \
+                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows, 0}); \
+        row.operand_formats = {{Format::NAME}, {Format::F32}};                                                  \
+        row.features = kBias;                                                                                   \
+        row.dims.k_multiple = k_multiple(Format::NAME);                                                         \
+        rows.push_back(row);                                                                                    \
+    }
+    KCAP_WEIGHT_FORMATS(KCAP_MATMUL_ROW)
+#undef KCAP_MATMUL_ROW
+    // Tensor-core rows (preferred): the same matvec for one token and the few-token walk
+    // below kMmaMinTokens; prefill tiles on TF32 mma.sync (10-bit mantissa operands, f32 sums).
+#define KCAP_MATMUL_MMA_ROW(NAME, DECODER)                                                                  \
+    {                                                                                                       \
+        Row row = make_row("cuda.matmul_mma." + lower(#NAME), Op::MatMul,                                   \
+                           KCAP_CUDA_ENTRY(kcap_cuda_matmul_mma_##NAME),                                    \
+                           {cuda_rows::kMmaThreads, cuda_rows::kMmaRows, 0});                               \
+        row.operand_formats = {{Format::NAME}, {Format::F32}};                                              \
+        row.features = kBias;                                                                               \
+        row.dims.k_multiple = k_multiple(Format::NAME);                                                     \
+        row.priority = 1;                                                                                   \
+        rows.push_back(row);                                                                                \
+    }
+    KCAP_WEIGHT_FORMATS(KCAP_MATMUL_MMA_ROW)
+#undef KCAP_MATMUL_MMA_ROW
+}
+
+void add_cuda_norm_rows(std::vector<Row>& rows) {
+    Row row = make_row("cuda.norm", Op::Norm, KCAP_CUDA_ENTRY(kcap_cuda_norm), {cuda_rows::kNormThreads, 1, 0});
+    row.operand_formats = {{Format::F32}, {Format::F32}};
+    row.features = kRmsNorm | kLayerNorm | kBias;
+    rows.push_back(row);
+}
+
+void add_cuda_rope_rows(std::vector<Row>& rows) {
+    Row row = make_row("cuda.rope", Op::Rope, KCAP_CUDA_ENTRY(kcap_cuda_rope), {cuda_rows::kElementwiseThreads, 0, 0});
+    row.operand_formats = {{Format::F32}};
+    row.features = kRopeNormal | kRopeNeox | kPartialRotary | kRopeFreqFactors;
+    rows.push_back(row);
+}
+
+void add_cuda_attention_rows(std::vector<Row>& rows) {
+    Row row = make_row("cuda.attention", Op::Attention, KCAP_CUDA_ENTRY(kcap_cuda_attention),
+                       {cuda_rows::kAttnMaxSimds * 32, 0, cuda_rows::kAttnMaxSimds * 256 * 4});
+    row.kv_formats = {Format::F32, Format::F16};
+    row.features = kSlidingWindow | kAttnSoftcap | kGqa;
+    row.dims.k_multiple = 4;     // head_dim: K rows are read 4 elements at a time
+    row.dims.max_head_dim = 256;  // per-lane value registers (KCAP_ATTN_MAX_HEAD_DIM)
+    row.dims.max_span = 0;        // split-K decode: any span up to the context
+    rows.push_back(row);
+}
+
+void add_cuda_activation_rows(std::vector<Row>& rows) {
+    Row row = make_row("cuda.ffn_activation", Op::FfnActivation, KCAP_CUDA_ENTRY(kcap_cuda_ffn_activation),
+                       {cuda_rows::kElementwiseThreads, 0, 0});
+    row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;
+    rows.push_back(row);
+}
+
+void add_cuda_elementwise_rows(std::vector<Row>& rows) {
+    rows.push_back(make_row("cuda.add", Op::Add, KCAP_CUDA_ENTRY(kcap_cuda_add), {cuda_rows::kElementwiseThreads, 0, 0}));
+    rows.push_back(
+        make_row("cuda.softcap", Op::Softcap, KCAP_CUDA_ENTRY(kcap_cuda_softcap), {cuda_rows::kElementwiseThreads, 0, 0}));
+}
+
+void add_cuda_argmax_rows(std::vector<Row>& rows) {
+    rows.push_back(
+        make_row("cuda.argmax", Op::Argmax, KCAP_CUDA_ENTRY(kcap_cuda_argmax), {cuda_rows::kArgmaxThreads, 0, 0}));
+}
+
+}  // namespace kcap

@@ -1,0 +1,237 @@
+// Attention bodies: KV append, split-K decode (flash-decoding) with its combine, and batched
+// prefill. Causal, optional sliding window and score softcap, any GQA ratio, f32 or f16 cache.
+//
+// Every body walks keys with the same online softmax (kcap_attend_range): lanes take one key
+// each for the scores (a whole q.k dot per lane, so no reduction per key), then share the
+// weights by broadcast while lanes take head dims for the values. One simd group per query
+// head; the query heads of one KV head share a group, so they read the same K/V rows.
+//
+// No span ceiling: decode splits the visible keys over n_splits groups (chosen at load time
+// from the longest span the stage can see) whose partial (max, sum, output) meet in
+// kcap_attention_combine; a single split writes its output directly. Positions come from
+// device memory (step[0] = position of token 0).
+#pragma once
+
+#include "kernels/params.h"
+#include "kernels/dialect.h"
+
+#define KCAP_ATTN_VALUES_PER_LANE (KCAP_ATTN_MAX_HEAD_DIM / KCAP_SIMD_WIDTH)
+
+KCAP_FN float kcap_kv_round(float v, int f16) { return f16 ? kcap_half_to_float(kcap_float_to_half(v)) : v; }
+
+// Element e of a cache (f32 or f16).
+KCAP_FN float kcap_kv_load(const KCAP_GLOBAL kcap_u8* cache, kcap_u64 e, int f16) {
+    return f16 ? kcap_half_to_float(reinterpret_cast<const KCAP_GLOBAL kcap_u16*>(cache)[e])
+               : reinterpret_cast<const KCAP_GLOBAL float*>(cache)[e];
+}
+
+// Elements e .. e+3 (e a multiple of 4).
+KCAP_FN float4 kcap_kv_load4(const KCAP_GLOBAL kcap_u8* cache, kcap_u64 e, int f16) {
+    if (!f16) return kcap_load_f32x4(reinterpret_cast<const KCAP_GLOBAL float*>(cache) + e);
+    const kcap_u32 lo = kcap_load_u32(cache + 2 * e), hi = kcap_load_u32(cache + 2 * e + 4);
+    float4 v;
+    v.x = kcap_half_to_float(kcap_u16(lo & 0xffffu));
+    v.y = kcap_half_to_float(kcap_u16(lo >> 16));
+    v.z = kcap_half_to_float(kcap_u16(hi & 0xffffu));
+    v.w = kcap_half_to_float(kcap_u16(hi >> 16));
+    return v;
+}
+
+KCAP_FN void kcap_kv_store(KCAP_GLOBAL kcap_u8* cache, kcap_u64 e, float v, int f16) {
+    if (f16)
+        reinterpret_cast<KCAP_GLOBAL kcap_u16*>(cache)[e] = kcap_float_to_half(v);
+    else
+        reinterpret_cast<KCAP_GLOBAL float*>(cache)[e] = v;
+}
+
+// Online softmax of one query head over keys [start, end) of KV head kv_head, folded into
+// (m, l, o): m the running max score, l the running sum of exp(score - m), o the running sum
+// of exp(score - m) * value, lane-strided over head dims (o[i] is dim lane + 32 i).
+// Key fresh_pos (or none when < 0) is read from k_fresh/v_fresh (this token's new K/V of
+// this head, rounded as the cache would store them) instead of the cache.
+// Every lane of the simd group must call this with the same arguments.
+KCAP_FN void kcap_attend_range(const KcapThread t, const KcapAttentionParams p, int kv_head, int start, int end,
+                               int fresh_pos, const KCAP_SHARED float* q, const KCAP_GLOBAL kcap_u8* k_cache,
+                               const KCAP_GLOBAL kcap_u8* v_cache, const KCAP_GLOBAL float* k_fresh,
+                               const KCAP_GLOBAL float* v_fresh, KCAP_PRIVATE float* m_io, KCAP_PRIVATE float* l_io,
+                               KCAP_PRIVATE float* o) {
+    float m = *m_io, l = *l_io;
+    const kcap_u64 k_head = kcap_u64(kv_head) * p.head_dim;
+    const kcap_u64 v_head = kcap_u64(kv_head) * p.head_dim_v;
+    for (int base = start; base < end; base += KCAP_SIMD_WIDTH) {
+        const int j = base + int(t.lane);
+        float s = KCAP_NEG_INFINITY;
+        if (j < end) {
+            float dot = 0.0f;
+            if (j == fresh_pos) {
+                for (int d = 0; d < p.head_dim; d += 4) {
+                    const float4 k = kcap_load_f32x4(k_fresh + d);
+                    dot += q[d] * kcap_kv_round(k.x, p.kv_f16) + q[d + 1] * kcap_kv_round(k.y, p.kv_f16) +
+                           q[d + 2] * kcap_kv_round(k.z, p.kv_f16) + q[d + 3] * kcap_kv_round(k.w, p.kv_f16);
+                }
+            } else {
+                const kcap_u64 row = kcap_u64(j) * p.k_width + k_head;
+                for (int d = 0; d < p.head_dim; d += 4) {
+                    const float4 k = kcap_kv_load4(k_cache, row + d, p.kv_f16);
+                    dot += q[d] * k.x + q[d + 1] * k.y + q[d + 2] * k.z + q[d + 3] * k.w;
+                }
+            }
+            s = dot * p.scale;
+            if (p.softcap > 0.0f) s = p.softcap * kcap_tanh(s / p.softcap);
+        }
+        const float m_new = kcap_fmax(m, kcap_simd_max(s));
+        const float correction = kcap_exp(m - m_new);  // 0 while m is still -inf
+        const float weight = j < end ? kcap_exp(s - m_new) : 0.0f;
+        l = l * correction + kcap_simd_sum(weight);
+        KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) o[i] *= correction;
+        const int count = end - base < KCAP_SIMD_WIDTH ? end - base : KCAP_SIMD_WIDTH;
+        for (int jj = 0; jj < count; ++jj) {
+            const float w = kcap_simd_broadcast(weight, jj);
+            const int key = base + jj;
+            if (key == fresh_pos) {
+                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) {
+                    const int d = int(t.lane) + KCAP_SIMD_WIDTH * i;
+                    if (d < p.head_dim_v) o[i] += w * kcap_kv_round(v_fresh[d], p.kv_f16);
+                }
+            } else {
+                const kcap_u64 row = kcap_u64(key) * p.v_width + v_head;
+                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) {
+                    const int d = int(t.lane) + KCAP_SIMD_WIDTH * i;
+                    if (d < p.head_dim_v) o[i] += w * kcap_kv_load(v_cache, row + d, p.kv_f16);
+                }
+            }
+        }
+        m = m_new;
+    }
+    *m_io = m;
+    *l_io = l;
+}
+
+// Appends the new K/V rows of n_tokens tokens at positions step[0].. to the cache.
+// One thread per element. Grid: x = ceil(n_tokens * (k_width + v_width) / threads).
+KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
+                            const KCAP_GLOBAL float* k_new, const KCAP_GLOBAL float* v_new, KCAP_GLOBAL kcap_u8* k_cache,
+                            KCAP_GLOBAL kcap_u8* v_cache) {
+    const kcap_u64 i = kcap_u64(t.group_x) * t.threads + t.thread;
+    const kcap_u64 per_token = kcap_u64(p.k_width) + p.v_width;
+    if (i >= per_token * p.n_tokens) return;
+    const int m = int(i / per_token);
+    const int r = int(i % per_token);
+    const kcap_u64 pos = kcap_u64(step[0] + m);
+    if (r < p.k_width)
+        kcap_kv_store(k_cache, pos * p.k_width + r, k_new[kcap_u64(m) * p.k_width + r], p.kv_f16);
+    else
+        kcap_kv_store(v_cache, pos * p.v_width + (r - p.k_width), v_new[kcap_u64(m) * p.v_width + (r - p.k_width)],
+                      p.kv_f16);
+}
+
+// Decode (one token at position step[0]). Grid: x = n_head_kv, y = n_splits; threads 32 * simds;
+// shared: simds * head_dim floats. Split 0 also appends this token's K/V to the cache (no group
+// of this launch reads cache[pos]: the key at pos comes from the new K/V).
+// n_splits == 1: writes out; otherwise partial_o [n_head][n_splits][head_dim_v] and
+// partial_ml [n_head][n_splits][2] for kcap_attention_combine.
+KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
+                                   const KCAP_GLOBAL float* q, const KCAP_GLOBAL float* k_new,
+                                   const KCAP_GLOBAL float* v_new, KCAP_GLOBAL kcap_u8* k_cache,
+                                   KCAP_GLOBAL kcap_u8* v_cache, KCAP_GLOBAL float* partial_o,
+                                   KCAP_GLOBAL float* partial_ml, KCAP_GLOBAL float* out, KCAP_SHARED float* q_shared) {
+    const int kv_head = int(t.group_x);
+    const int split = int(t.group_y);
+    const int pos = step[0];
+    const int first = p.window > 0 && pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
+    const int span = pos - first + 1;
+    int chunk = (span + p.n_splits - 1) / p.n_splits;
+    chunk = (chunk + 31) / 32 * 32;
+    if (chunk < p.min_chunk) chunk = p.min_chunk;
+    const int start = first + split * chunk;
+    const int end = start + chunk < pos + 1 ? start + chunk : pos + 1;
+    const KCAP_GLOBAL float* k_fresh = k_new + kcap_u64(kv_head) * p.head_dim;
+    const KCAP_GLOBAL float* v_fresh = v_new + kcap_u64(kv_head) * p.head_dim_v;
+    if (split == 0) {
+        for (int d = int(t.thread); d < p.head_dim; d += int(t.threads))
+            kcap_kv_store(k_cache, kcap_u64(pos) * p.k_width + kcap_u64(kv_head) * p.head_dim + d, k_fresh[d], p.kv_f16);
+        for (int d = int(t.thread); d < p.head_dim_v; d += int(t.threads))
+            kcap_kv_store(v_cache, kcap_u64(pos) * p.v_width + kcap_u64(kv_head) * p.head_dim_v + d, v_fresh[d],
+                          p.kv_f16);
+    }
+    const int group = p.n_head / p.n_head_kv;
+    KCAP_SHARED float* qs = q_shared + t.simd * p.head_dim;
+    for (int g0 = 0; g0 < group; g0 += int(t.simds)) {
+        const int g = g0 + int(t.simd);
+        if (g >= group) break;  // whole simd group; no group barrier below
+        const int head = kv_head * group + g;
+        for (int d = int(t.lane); d < p.head_dim; d += KCAP_SIMD_WIDTH) qs[d] = q[kcap_u64(head) * p.head_dim + d];
+        kcap_simd_barrier();
+        float m = KCAP_NEG_INFINITY, l = 0.0f, o[KCAP_ATTN_VALUES_PER_LANE];
+        KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) o[i] = 0.0f;
+        if (start < end) kcap_attend_range(t, p, kv_head, start, end, pos, qs, k_cache, v_cache, k_fresh, v_fresh, &m, &l, o);
+        if (p.n_splits == 1) {
+            const float inv = 1.0f / l;
+            KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) {
+                const int d = int(t.lane) + KCAP_SIMD_WIDTH * i;
+                if (d < p.head_dim_v) out[kcap_u64(head) * p.head_dim_v + d] = o[i] * inv;
+            }
+        } else {
+            const kcap_u64 slot = kcap_u64(head) * p.n_splits + split;
+            KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) {
+                const int d = int(t.lane) + KCAP_SIMD_WIDTH * i;
+                if (d < p.head_dim_v) partial_o[slot * p.head_dim_v + d] = o[i];
+            }
+            if (t.lane == 0) {
+                partial_ml[2 * slot] = m;
+                partial_ml[2 * slot + 1] = l;
+            }
+        }
+        kcap_simd_barrier();  // qs is rewritten by the next round
+    }
+}
+
+// Merges the splits of kcap_attention_decode. Grid: x = n_head; any multiple of 32 threads.
+KCAP_FN void kcap_attention_combine(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL float* partial_o,
+                                    const KCAP_GLOBAL float* partial_ml, KCAP_GLOBAL float* out) {
+    const kcap_u64 head = t.group_x;
+    const KCAP_GLOBAL float* ml = partial_ml + head * p.n_splits * 2;
+    float m = KCAP_NEG_INFINITY;
+    for (int s = 0; s < p.n_splits; ++s)
+        if (ml[2 * s + 1] > 0.0f) m = kcap_fmax(m, ml[2 * s]);
+    float l = 0.0f;
+    for (int s = 0; s < p.n_splits; ++s)
+        if (ml[2 * s + 1] > 0.0f) l += ml[2 * s + 1] * kcap_exp(ml[2 * s] - m);
+    const float inv = 1.0f / l;
+    for (int d = int(t.thread); d < p.head_dim_v; d += int(t.threads)) {
+        float acc = 0.0f;
+        for (int s = 0; s < p.n_splits; ++s)
+            if (ml[2 * s + 1] > 0.0f) acc += partial_o[(head * p.n_splits + s) * p.head_dim_v + d] * kcap_exp(ml[2 * s] - m);
+        out[head * p.head_dim_v + d] = acc * inv;
+    }
+}
+
+// Prefill: every token of the call attends to the cache (appended first by kcap_kv_append).
+// Grid: x = n_tokens, y = n_head_kv; threads 32 * simds; shared: simds * head_dim floats.
+KCAP_FN void kcap_attention_prefill(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
+                                    const KCAP_GLOBAL float* q, const KCAP_GLOBAL kcap_u8* k_cache,
+                                    const KCAP_GLOBAL kcap_u8* v_cache, KCAP_GLOBAL float* out,
+                                    KCAP_SHARED float* q_shared) {
+    const int token = int(t.group_x);
+    const int kv_head = int(t.group_y);
+    const int pos = step[0] + token;
+    const int first = p.window > 0 && pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
+    const int group = p.n_head / p.n_head_kv;
+    KCAP_SHARED float* qs = q_shared + t.simd * p.head_dim;
+    for (int g0 = 0; g0 < group; g0 += int(t.simds)) {
+        const int g = g0 + int(t.simd);
+        if (g >= group) break;
+        const kcap_u64 head = kcap_u64(token) * p.n_head + kv_head * group + g;
+        for (int d = int(t.lane); d < p.head_dim; d += KCAP_SIMD_WIDTH) qs[d] = q[head * p.head_dim + d];
+        kcap_simd_barrier();
+        float m = KCAP_NEG_INFINITY, l = 0.0f, o[KCAP_ATTN_VALUES_PER_LANE];
+        KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) o[i] = 0.0f;
+        kcap_attend_range(t, p, kv_head, first, pos + 1, -1, qs, k_cache, v_cache, q, q, &m, &l, o);
+        const float inv = 1.0f / l;
+        KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) {
+            const int d = int(t.lane) + KCAP_SIMD_WIDTH * i;
+            if (d < p.head_dim_v) out[head * p.head_dim_v + d] = o[i] * inv;
+        }
+        kcap_simd_barrier();
+    }
+}

@@ -1,0 +1,188 @@
+// The portable kernel dialect: what kernel bodies in kernels/*.h may use, and nothing else.
+//
+// A body is written once and compiled three ways:
+//   CUDA  (.cu entry files in cuda/, nvcc)          warp = simd group of 32 lanes
+//   Metal (.metal entry files in metal/, xcrun metal) simdgroup of 32 lanes
+//   host  (tests, any C++17 compiler)                 kernels/dialect_host.h runs each thread of
+//                                                     a group as a fiber, so barriers and simd
+//                                                     exchanges behave as on a GPU
+// so nothing CUDA-only can hide in a body: the host build of the tests would not compile.
+//
+// What a body gets:
+//   KCAP_FN                function qualifier of every helper and body (device inline)
+//   KCAP_GLOBAL            address space of device buffers       (Metal: device)
+//   KCAP_SHARED            address space of group-shared memory  (Metal: threadgroup)
+//   KCAP_PRIVATE           address space of a thread's own arrays (Metal: thread)
+//   KcapThread             the thread's indices, filled by the entry point (bodies never read
+//                          threadIdx / thread_position_in_grid themselves)
+//   kcap_barrier()         all threads of the group            (__syncthreads / threadgroup_barrier)
+//   kcap_simd_barrier()    the lanes of one simd group         (__syncwarp / simdgroup_barrier)
+//   kcap_simd_sum/max, kcap_simd_shuffle_xor, kcap_simd_broadcast   (all 32 lanes take part)
+//   kcap_half_to_float / kcap_float_to_half / kcap_bf16_to_float, kcap_u8_to_float
+//   kcap_load_u16 / kcap_load_u32 (4-byte aligned) / kcap_load_u32_a2 (2-byte aligned) /
+//   kcap_load_u32x4 (16-byte aligned) / kcap_load_f32x4, kcap_as_float (bits -> float)
+//   kcap_exp / kcap_tanh / kcap_erf / kcap_sqrt / kcap_rsqrt, kcap_prefetch (a hint; may be a no-op)
+// Integer types: kcap_u8, kcap_i8, kcap_u16, kcap_u32, kcap_i32, kcap_u64 (Metal has no <cstdint>).
+#pragma once
+
+#define KCAP_SIMD_WIDTH 32
+
+#if defined(__CUDACC__)
+// ---------------------------------------------------------------------------------- CUDA
+#include <cuda_fp16.h>
+
+#define KCAP_FN __device__ __forceinline__
+#define KCAP_GLOBAL
+#define KCAP_SHARED
+#define KCAP_PRIVATE
+#define KCAP_UNROLL _Pragma("unroll")
+
+typedef unsigned char kcap_u8;
+typedef signed char kcap_i8;
+typedef unsigned short kcap_u16;
+typedef unsigned int kcap_u32;
+typedef int kcap_i32;
+typedef unsigned long long kcap_u64;
+
+struct KcapThread {
+    unsigned thread;     // index in the group
+    unsigned threads;    // threads per group
+    unsigned lane;       // index in the simd group
+    unsigned simd;       // simd group index in the group
+    unsigned simds;      // simd groups per group
+    unsigned group_x, group_y, group_z;     // group index in the grid
+    unsigned groups_x, groups_y, groups_z;  // groups in the grid
+};
+
+KCAP_FN KcapThread kcap_cuda_thread() {
+    KcapThread t;
+    t.thread = threadIdx.x;
+    t.threads = blockDim.x;
+    t.lane = threadIdx.x & 31u;
+    t.simd = threadIdx.x >> 5;
+    t.simds = blockDim.x >> 5;
+    t.group_x = blockIdx.x;
+    t.group_y = blockIdx.y;
+    t.group_z = blockIdx.z;
+    t.groups_x = gridDim.x;
+    t.groups_y = gridDim.y;
+    t.groups_z = gridDim.z;
+    return t;
+}
+
+KCAP_FN void kcap_barrier() { __syncthreads(); }
+KCAP_FN void kcap_simd_barrier() { __syncwarp(); }
+KCAP_FN float kcap_simd_shuffle_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+KCAP_FN int kcap_simd_shuffle_xor(int v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+KCAP_FN float kcap_simd_broadcast(float v, int lane) { return __shfl_sync(0xffffffffu, v, lane); }
+KCAP_FN int kcap_simd_broadcast(int v, int lane) { return __shfl_sync(0xffffffffu, v, lane); }
+
+KCAP_FN float kcap_half_to_float(kcap_u16 h) { return __half2float(__ushort_as_half(h)); }
+KCAP_FN kcap_u16 kcap_float_to_half(float f) { return __half_as_ushort(__float2half_rn(f)); }
+KCAP_FN float kcap_bf16_to_float(kcap_u16 h) { return __uint_as_float(unsigned(h) << 16); }
+// Byte 0..255 -> float without the slow integer conversion unit: 2^23 + b has b in its
+// mantissa (one byte permute), then subtract 2^23 (exact).
+KCAP_FN float kcap_u8_to_float(kcap_u32 b) { return __uint_as_float(0x4B000000u | b) - 8388608.0f; }
+// Byte `which` (0..3) of word w, as float.
+KCAP_FN float kcap_byte_to_float(kcap_u32 w, int which) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, unsigned(which) | 0x7540u)) - 8388608.0f;
+}
+
+KCAP_FN kcap_u32 kcap_load_u16(const kcap_u8* p) { return *reinterpret_cast<const unsigned short*>(p); }
+KCAP_FN kcap_u32 kcap_load_u32(const kcap_u8* p) { return *reinterpret_cast<const unsigned*>(p); }
+KCAP_FN kcap_u32 kcap_load_u32_a2(const kcap_u8* p) {
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
+    return unsigned(h[0]) | (unsigned(h[1]) << 16);
+}
+KCAP_FN float4 kcap_load_f32x4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+KCAP_FN uint4 kcap_load_u32x4(const kcap_u8* p) { return *reinterpret_cast<const uint4*>(p); }
+KCAP_FN float kcap_as_float(kcap_u32 bits) { return __uint_as_float(bits); }
+KCAP_FN void kcap_prefetch(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+KCAP_FN float kcap_exp(float x) { return expf(x); }
+KCAP_FN float kcap_tanh(float x) { return tanhf(x); }
+KCAP_FN float kcap_erf(float x) { return erff(x); }
+KCAP_FN float kcap_sqrt(float x) { return sqrtf(x); }
+KCAP_FN float kcap_rsqrt(float x) { return 1.0f / sqrtf(x); }
+KCAP_FN float kcap_fmax(float a, float b) { return fmaxf(a, b); }
+#define KCAP_NEG_INFINITY (-__int_as_float(0x7f800000))
+
+#elif defined(__METAL_VERSION__)
+// ---------------------------------------------------------------------------------- Metal
+#include <metal_stdlib>
+using namespace metal;
+
+#define KCAP_FN inline
+#define KCAP_GLOBAL device
+#define KCAP_SHARED threadgroup
+#define KCAP_PRIVATE thread
+#define KCAP_UNROLL _Pragma("unroll")
+
+typedef uchar kcap_u8;
+typedef char kcap_i8;
+typedef ushort kcap_u16;
+typedef uint kcap_u32;
+typedef int kcap_i32;
+typedef ulong kcap_u64;
+
+struct KcapThread {
+    uint thread, threads, lane, simd, simds;
+    uint group_x, group_y, group_z;
+    uint groups_x, groups_y, groups_z;
+};
+
+KCAP_FN void kcap_barrier() { threadgroup_barrier(mem_flags::mem_threadgroup | mem_flags::mem_device); }
+KCAP_FN void kcap_simd_barrier() { simdgroup_barrier(mem_flags::mem_threadgroup); }
+KCAP_FN float kcap_simd_shuffle_xor(float v, int mask) { return simd_shuffle_xor(v, ushort(mask)); }
+KCAP_FN int kcap_simd_shuffle_xor(int v, int mask) { return simd_shuffle_xor(v, ushort(mask)); }
+KCAP_FN float kcap_simd_broadcast(float v, int lane) { return simd_broadcast(v, ushort(lane)); }
+KCAP_FN int kcap_simd_broadcast(int v, int lane) { return simd_broadcast(v, ushort(lane)); }
+
+KCAP_FN float kcap_half_to_float(kcap_u16 h) { return float(as_type<half>(h)); }
+KCAP_FN kcap_u16 kcap_float_to_half(float f) { return as_type<ushort>(half(f)); }
+KCAP_FN float kcap_bf16_to_float(kcap_u16 h) { return as_type<float>(uint(h) << 16); }
+KCAP_FN float kcap_u8_to_float(kcap_u32 b) { return float(b); }
+KCAP_FN float kcap_byte_to_float(kcap_u32 w, int which) { return float((w >> (8 * which)) & 0xffu); }
+
+KCAP_FN kcap_u32 kcap_load_u16(const device kcap_u8* p) { return *reinterpret_cast<const device ushort*>(p); }
+KCAP_FN kcap_u32 kcap_load_u32(const device kcap_u8* p) { return *reinterpret_cast<const device uint*>(p); }
+KCAP_FN kcap_u32 kcap_load_u32_a2(const device kcap_u8* p) {
+    const device ushort* h = reinterpret_cast<const device ushort*>(p);
+    return uint(h[0]) | (uint(h[1]) << 16);
+}
+KCAP_FN float4 kcap_load_f32x4(const device float* p) { return *reinterpret_cast<const device float4*>(p); }
+KCAP_FN uint4 kcap_load_u32x4(const device kcap_u8* p) { return *reinterpret_cast<const device uint4*>(p); }
+KCAP_FN float kcap_as_float(kcap_u32 bits) { return as_type<float>(bits); }
+KCAP_FN void kcap_prefetch(const device void*) {}
+
+KCAP_FN float kcap_exp(float x) { return precise::exp(x); }
+KCAP_FN float kcap_tanh(float x) { return precise::tanh(x); }
+KCAP_FN float kcap_erf(float x) {
+    // Metal has no erf: Abramowitz-Stegun 7.1.26 is 1.5e-7 absolute, below f32 GELU noise.
+    const float s = x < 0.0f ? -1.0f : 1.0f;
+    const float a = fabs(x);
+    const float t = 1.0f / (1.0f + 0.3275911f * a);
+    const float y = 1.0f - (((((1.061405429f * t - 1.453152027f) * t) + 1.421413741f) * t - 0.284496736f) * t +
+                            0.254829592f) * t * precise::exp(-a * a);
+    return s * y;
+}
+KCAP_FN float kcap_sqrt(float x) { return precise::sqrt(x); }
+KCAP_FN float kcap_rsqrt(float x) { return 1.0f / precise::sqrt(x); }
+KCAP_FN float kcap_fmax(float a, float b) { return fmax(a, b); }
+#define KCAP_NEG_INFINITY (-INFINITY)
+
+#else
+// ---------------------------------------------------------------------------------- host
+#include "kernels/dialect_host.h"
+#endif
+
+// ------------------------------------------------------------------ shared by every target
+// Butterfly reductions: every lane ends with the result (same order on every target).
+KCAP_FN float kcap_simd_sum(float v) {
+    for (int offset = KCAP_SIMD_WIDTH / 2; offset > 0; offset >>= 1) v += kcap_simd_shuffle_xor(v, offset);
+    return v;
+}
+KCAP_FN float kcap_simd_max(float v) {
+    for (int offset = KCAP_SIMD_WIDTH / 2; offset > 0; offset >>= 1) v = kcap_fmax(v, kcap_simd_shuffle_xor(v, offset));
+    return v;
+}

@@ -1,0 +1,111 @@
+// Quantized matmul bodies with f32 activations and f32 accumulation:
+//   y[m, n] = W[n, :] . x[m, :] (+ bias[n]),  W: [n][k] raw GGUF blocks, x: [m][k], y: [m][n].
+//
+// kcap_matvec (one token, decode): each simd group owns ROWS consecutive weight rows; lane l
+// takes the 32-element runs l, l+32, ... of the row, loads the matching 32 activations once
+// and reuses them for the ROWS rows, then the lanes' partial sums meet in kcap_simd_sum.
+// kcap_matmul_tokens (a few tokens, or the exact prefill fallback): the same walk, but each
+// decoded run of weights is reused for TOKENS tokens instead.
+// Both are exact up to summation order (no activation quantization); the tensor-core prefill
+// rows (CUDA only) trade that for speed and declare a looser tolerance.
+#pragma once
+
+#include "kernels/params.h"
+#include "kernels/quant.h"
+
+KCAP_FN void kcap_load_x32(const KCAP_GLOBAL float* x, KCAP_PRIVATE float* xs) {
+    KCAP_UNROLL for (int i = 0; i < 8; ++i) {
+        const float4 v = kcap_load_f32x4(x + 4 * i);
+        xs[4 * i] = v.x, xs[4 * i + 1] = v.y, xs[4 * i + 2] = v.z, xs[4 * i + 3] = v.w;
+    }
+}
+
+KCAP_FN float kcap_dot32(const KCAP_PRIVATE float* a, const KCAP_PRIVATE float* b) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    KCAP_UNROLL for (int i = 0; i < 32; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    return (s0 + s1) + (s2 + s3);
+}
+
+// Asks for the weight rows this simd group will read (a hint; used before waiting on the
+// previous kernel so the bytes are on their way while it finishes).
+template <int ROWS>
+KCAP_FN void kcap_matvec_prefetch(const KcapThread t, const KcapMatmulParams p, const KCAP_GLOBAL kcap_u8* w) {
+    const int row0 = int(t.group_x * t.simds + t.simd) * ROWS;
+    for (int j = 0; j < ROWS; ++j) {
+        if (row0 + j >= p.n) break;
+        const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(row0 + j) * p.row_bytes;
+        for (unsigned offset = t.lane * 128u; offset < p.row_bytes; offset += 32u * 128u) kcap_prefetch(row + offset);
+    }
+}
+
+// Grid: x = ceil(n / (simds * ROWS)), y = m (one token per group row).
+template <class F, int ROWS>
+KCAP_FN void kcap_matvec(const KcapThread t, const KcapMatmulParams p, const KCAP_GLOBAL kcap_u8* w,
+                         const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* bias, KCAP_GLOBAL float* y) {
+    constexpr int kRunsPerBlock = F::block_elems / 32;
+    const int row0 = int(t.group_x * t.simds + t.simd) * ROWS;
+    if (row0 >= p.n) return;  // the whole simd group: no group barrier follows
+    const int token = int(t.group_y);
+    x += kcap_u64(token) * p.k;
+    y += kcap_u64(token) * p.n;
+    const int runs = p.k / 32;
+    float acc[ROWS];
+    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[j] = 0.0f;
+    for (int run = int(t.lane); run < runs; run += KCAP_SIMD_WIDTH) {
+        float xs[32];
+        kcap_load_x32(x + 32 * run, xs);
+        const unsigned block_offset = unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
+        KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+            if (row0 + j < p.n) {
+                float wv[32];
+                F::decode32(w + kcap_u64(row0 + j) * p.row_bytes + block_offset, run % kRunsPerBlock, wv);
+                acc[j] += kcap_dot32(wv, xs);
+            }
+        }
+    }
+    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[j] = kcap_simd_sum(acc[j]);
+    if (t.lane == 0) {
+        KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
+            if (row0 + j < p.n) y[row0 + j] = p.has_bias ? acc[j] + bias[row0 + j] : acc[j];
+    }
+}
+
+// Grid: x = ceil(n / (simds * ROWS)), y = ceil(m / TOKENS).
+template <class F, int ROWS, int TOKENS>
+KCAP_FN void kcap_matmul_tokens(const KcapThread t, const KcapMatmulParams p, const KCAP_GLOBAL kcap_u8* w,
+                                const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* bias, KCAP_GLOBAL float* y) {
+    constexpr int kRunsPerBlock = F::block_elems / 32;
+    const int row0 = int(t.group_x * t.simds + t.simd) * ROWS;
+    if (row0 >= p.n) return;
+    const int token0 = int(t.group_y) * TOKENS;
+    const int runs = p.k / 32;
+    float acc[ROWS][TOKENS];
+    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) KCAP_UNROLL for (int m = 0; m < TOKENS; ++m) acc[j][m] = 0.0f;
+    for (int run = int(t.lane); run < runs; run += KCAP_SIMD_WIDTH) {
+        const unsigned block_offset = unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
+        KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+            if (row0 + j >= p.n) continue;
+            float wv[32];
+            F::decode32(w + kcap_u64(row0 + j) * p.row_bytes + block_offset, run % kRunsPerBlock, wv);
+            KCAP_UNROLL for (int m = 0; m < TOKENS; ++m) {
+                if (token0 + m < p.m) {
+                    float xs[32];
+                    kcap_load_x32(x + kcap_u64(token0 + m) * p.k + 32 * run, xs);
+                    acc[j][m] += kcap_dot32(wv, xs);
+                }
+            }
+        }
+    }
+    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+        KCAP_UNROLL for (int m = 0; m < TOKENS; ++m) {
+            const float total = kcap_simd_sum(acc[j][m]);
+            if (t.lane == 0 && row0 + j < p.n && token0 + m < p.m)
+                y[kcap_u64(token0 + m) * p.n + row0 + j] = p.has_bias ? total + bias[row0 + j] : total;
+        }
+    }
+}

@@ -1,0 +1,83 @@
+// Parameter structs shared by host launchers and kernel bodies (plain scalars only, so the
+// same bytes mean the same thing to a CUDA launch, a Metal setBytes and the host tests).
+//
+// Activation buffers are packed per stage: token m's row of a stage's input starts at
+// m * (input width of that stage), as on the CPU backend.
+#pragma once
+
+// y[m, n] = W[n, :] . x[m, :] (+ bias[n]); W rows of raw GGUF blocks.
+struct KcapMatmulParams {
+    int k;               // inner dimension (a multiple of the format's block)
+    int n;               // output rows
+    int m;               // tokens
+    unsigned row_bytes;  // bytes of one weight row
+    int has_bias;
+};
+
+// RMS or Layer norm of `groups` groups of `width` per token, times weight (+ bias).
+struct KcapNormParams {
+    int width;
+    int rows;  // tokens * groups
+    float eps;
+    int layer_norm;
+    int has_weight;
+    int has_bias;
+};
+
+// Rotary embedding of Q and K in place; cos/sin come from a table [n_ctx][rope_dim / 2][2]
+// made on the host in double precision (the CPU reference's angles, bit for bit).
+struct KcapRopeParams {
+    int n_tokens;
+    int n_head;
+    int n_head_kv;
+    int head_dim;
+    int rope_dim;
+    int neox;
+};
+
+// Causal (optionally windowed) softmax attention over the KV cache.
+// q: [tokens][n_head][head_dim]; new k/v: [tokens][n_head_kv][head_dim(_v)]; out: [tokens][n_head][head_dim_v];
+// cache rows: [n_ctx][k_width] and [n_ctx][v_width], f32 or f16.
+struct KcapAttentionParams {
+    int n_tokens;
+    int n_head;
+    int n_head_kv;
+    int head_dim;
+    int head_dim_v;
+    int k_width;
+    int v_width;
+    int window;      // 0: global; else a query at p sees keys p - window < k <= p
+    float scale;     // multiplies q . k
+    float softcap;   // softcap * tanh(score / softcap) when > 0
+    int kv_f16;      // cache element type: 0 f32, 1 f16
+    int n_splits;    // decode: key-range splits (grid y)
+    int min_chunk;   // decode: fewest keys one split takes (a multiple of 32)
+};
+
+// Elementwise stages over n_tokens * n values.
+struct KcapElementwiseParams {
+    int count;       // values
+    int activation;  // kcap::Activation as int (SiLU 0, GeluTanh 1, GeluErf 2, ReLU 3)
+    int gated;       // activation: out = act(in) * in2 when set
+    float cap;       // softcap
+};
+
+// Embedding rows of the raw table, times scale.
+struct KcapEmbedParams {
+    int n_tokens;
+    int width;
+    unsigned row_bytes;
+    float scale;
+};
+
+// Greedy argmax over one row of logits, in two passes (partials, then one group).
+struct KcapArgmaxParams {
+    int count;       // logits
+    int chunk;       // logits per group in the first pass
+    int n_partials;  // groups of the first pass
+    int advance;     // second pass: feed the winner back as the next token (decode graph)
+};
+
+// Upper bounds that size per-thread arrays and shared memory; rows declare them as legal dims.
+#define KCAP_ATTN_MAX_HEAD_DIM 256
+#define KCAP_ATTN_MAX_SIMDS 8
