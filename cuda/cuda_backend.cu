@@ -26,6 +26,7 @@
 
 #include "core/backend_impl.h"
 #include "cuda/cuda_context.h"
+#include "cuda/rope_table.h"
 
 namespace kcap {
 namespace cuda {
@@ -63,28 +64,6 @@ public:
 private:
     std::vector<void*> blocks_;
 };
-
-// cos/sin of every (position, pair), computed exactly as cpu/rope.cpp does (double, then float).
-std::vector<float> rope_table(const Stage& stage, int64_t n_ctx) {
-    const StageParams& p = stage.params;
-    const int half = p.rope_dim / 2;
-    const float* factors =
-        !stage.operands.empty() && stage.operands[0] ? reinterpret_cast<const float*>(stage.operands[0]->data) : nullptr;
-    std::vector<double> inv_freq(static_cast<size_t>(half));
-    for (int i = 0; i < half; ++i) {
-        inv_freq[size_t(i)] = std::pow(double(p.rope_base), -2.0 * i / double(p.rope_dim));
-        if (factors) inv_freq[size_t(i)] /= double(factors[i]);
-    }
-    std::vector<float> table(size_t(n_ctx) * half * 2);
-    for (int64_t pos = 0; pos < n_ctx; ++pos) {
-        const double position = double(pos) * double(p.rope_freq_scale);
-        for (int i = 0; i < half; ++i) {
-            table[(size_t(pos) * half + i) * 2] = float(std::cos(position * inv_freq[size_t(i)]));
-            table[(size_t(pos) * half + i) * 2 + 1] = float(std::sin(position * inv_freq[size_t(i)]));
-        }
-    }
-    return table;
-}
 
 // Pinned host memory for the small copies around a decode step.
 template <class T>
@@ -240,7 +219,7 @@ private:
                                                  stage.params.rope_dim, factors ? (const void*)factors->data : nullptr);
                 auto found = rope_tables.find(key);
                 if (found == rope_tables.end()) {
-                    const std::vector<float> table = rope_table(stage, ctx.n_ctx);
+                    const std::vector<float> table = rope_cos_sin_table(stage, ctx.n_ctx);
                     float* device = arena_.alloc_n<float>(table.size());
                     KCAP_CUDA_CHECK(cudaMemcpy(device, table.data(), table.size() * sizeof(float), cudaMemcpyHostToDevice));
                     found = rope_tables.emplace(key, device).first;

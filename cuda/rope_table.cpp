@@ -1,0 +1,30 @@
+// See rope_table.h. Mirrors cpu/rope.cpp: angle = (pos * freq_scale) * base^(-2i/rope_dim)
+// [/ factor_i], in double.
+#include "cuda/rope_table.h"
+
+#include <cmath>
+
+namespace kcap {
+
+std::vector<float> rope_cos_sin_table(const Stage& stage, int64_t n_ctx) {
+    const StageParams& p = stage.params;
+    const int half = p.rope_dim / 2;
+    const float* factors =
+        !stage.operands.empty() && stage.operands[0] ? reinterpret_cast<const float*>(stage.operands[0]->data) : nullptr;
+    std::vector<double> inv_freq(static_cast<size_t>(half));
+    for (int i = 0; i < half; ++i) {
+        inv_freq[size_t(i)] = std::pow(double(p.rope_base), -2.0 * i / double(p.rope_dim));
+        if (factors) inv_freq[size_t(i)] /= double(factors[i]);
+    }
+    std::vector<float> table(static_cast<size_t>(n_ctx) * half * 2);
+    for (int64_t pos = 0; pos < n_ctx; ++pos) {
+        const double position = double(pos) * double(p.rope_freq_scale);
+        for (int i = 0; i < half; ++i) {
+            table[(size_t(pos) * half + i) * 2] = float(std::cos(position * inv_freq[size_t(i)]));
+            table[(size_t(pos) * half + i) * 2 + 1] = float(std::sin(position * inv_freq[size_t(i)]));
+        }
+    }
+    return table;
+}
+
+}  // namespace kcap

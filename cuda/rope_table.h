@@ -1,0 +1,15 @@
+// The cos/sin table a GPU rope stage reads: [n_ctx][rope_dim / 2] pairs of (cos, sin), computed
+// exactly as the CPU reference computes its angles (double precision, then float), so every
+// backend rotates by bit-identical factors. Plain C++ (the Metal host will use it too).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dispatch/stage.h"
+
+namespace kcap {
+
+std::vector<float> rope_cos_sin_table(const Stage& rope_stage, int64_t n_ctx);
+
+}  // namespace kcap

@@ -1,0 +1,191 @@
+// Helpers shared by the CUDA tests (test_cuda_rows.cpp on the device, test_cuda_kernels_host.cpp
+// everywhere): random weights in any GGUF format, stages, the CPU reference rows, and errors.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu_state.h"
+#include "dispatch/capability.h"
+#include "dispatch/stage.h"
+#include "kcap/formats.h"
+
+namespace kcap_test {
+
+using namespace kcap;
+
+inline int& failures() {
+    static int count = 0;
+    return count;
+}
+
+#define KCAP_EXPECT(cond, ...)                                  \
+    do {                                                        \
+        if (!(cond)) {                                          \
+            std::printf("FAIL %s:%d: ", __FILE__, __LINE__);    \
+            std::printf(__VA_ARGS__);                           \
+            std::printf("\n");                                  \
+            ++::kcap_test::failures();                          \
+        }                                                       \
+    } while (0)
+
+// ||got - ref|| / ||ref|| over all values; infinity when got holds a NaN (an unwritten,
+// poisoned output) or the sizes differ.
+inline double relative_error(const std::vector<float>& got, const std::vector<float>& ref) {
+    if (got.size() != ref.size()) return INFINITY;
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        const double d = double(got[i]) - double(ref[i]);
+        num += d * d;
+        den += double(ref[i]) * double(ref[i]);
+    }
+    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+inline std::vector<float> random_floats(std::mt19937& rng, size_t n, float scale = 1.0f) {
+    std::normal_distribution<float> normal(0.0f, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = normal(rng);
+    return v;
+}
+
+// Byte offsets of the f16 scale fields of each block format (ggml-common.h layouts), which
+// random bytes would otherwise fill with huge or non-finite values.
+inline std::vector<int> f16_scale_offsets(Format f) {
+    switch (f) {
+        case Format::Q4_0: case Format::Q5_0: case Format::Q8_0: return {0};
+        case Format::Q4_1: case Format::Q5_1: return {0, 2};
+        case Format::Q2_K: return {80, 82};
+        case Format::Q3_K: return {108};
+        case Format::Q4_K: case Format::Q5_K: return {0, 2};
+        case Format::Q6_K: return {208};
+        default: return {};
+    }
+}
+
+// A weight tensor [rows][k] of random values in format f, owning its bytes.
+struct Weights {
+    TensorRef ref;
+    std::vector<uint8_t> bytes;
+};
+
+inline std::unique_ptr<Weights> random_weights(std::mt19937& rng, Format f, int64_t k, int64_t rows,
+                                               const std::string& name = "w") {
+    auto w = std::make_unique<Weights>();
+    const size_t row_size = row_bytes(f, k);
+    w->bytes.resize(row_size * size_t(rows) + 16);
+    const float std_dev = 1.0f / std::sqrt(float(k));
+    if (f == Format::F32 || f == Format::F16 || f == Format::BF16) {
+        const std::vector<float> v = random_floats(rng, size_t(k * rows), std_dev);
+        for (size_t i = 0; i < v.size(); ++i) {
+            if (f == Format::F32) {
+                std::memcpy(w->bytes.data() + 4 * i, &v[i], 4);
+            } else if (f == Format::F16) {
+                const uint16_t h = f32_to_f16(v[i]);
+                std::memcpy(w->bytes.data() + 2 * i, &h, 2);
+            } else {
+                uint32_t bits;
+                std::memcpy(&bits, &v[i], 4);
+                const uint16_t h = uint16_t(bits >> 16);
+                std::memcpy(w->bytes.data() + 2 * i, &h, 2);
+            }
+        }
+    } else {
+        std::uniform_int_distribution<int> byte(0, 255);
+        for (auto& b : w->bytes) b = uint8_t(byte(rng));
+        const FormatInfo& info = format_info(f);
+        const int64_t blocks = (k / info.block_elems) * rows;
+        std::uniform_real_distribution<float> scale(0.5f, 1.5f);
+        // Max |q * sub-scale| is up to a few hundred in these layouts; aim the product at std_dev.
+        const float base = f == Format::Q8_0 ? std_dev / 64.0f
+                           : (f == Format::Q4_0 || f == Format::Q4_1 || f == Format::Q5_0 || f == Format::Q5_1)
+                               ? std_dev / 8.0f
+                               : std_dev / 200.0f;
+        for (int64_t b = 0; b < blocks; ++b) {
+            uint8_t* block = w->bytes.data() + size_t(b) * info.block_bytes;
+            if (f == Format::MXFP4) {
+                block[0] = uint8_t(118 + byte(rng) % 6);  // 2^-9 .. 2^-4
+                continue;
+            }
+            for (int offset : f16_scale_offsets(f)) {
+                const uint16_t h = f32_to_f16(base * scale(rng) * (offset == 2 && (f == Format::Q4_1 || f == Format::Q5_1) ? -4.0f : 1.0f));
+                std::memcpy(block + offset, &h, 2);
+            }
+        }
+    }
+    w->ref.name = name;
+    w->ref.format = f;
+    w->ref.shape = {k, rows};
+    w->ref.data = w->bytes.data();
+    w->ref.nbytes = row_size * size_t(rows);
+    return w;
+}
+
+inline std::unique_ptr<Weights> float_vector(const std::vector<float>& v, const std::string& name) {
+    auto w = std::make_unique<Weights>();
+    w->bytes.resize(v.size() * 4);
+    std::memcpy(w->bytes.data(), v.data(), v.size() * 4);
+    w->ref.name = name;
+    w->ref.format = Format::F32;
+    w->ref.shape = {int64_t(v.size())};
+    w->ref.data = w->bytes.data();
+    w->ref.nbytes = w->bytes.size();
+    return w;
+}
+
+inline const Row& find_row(const std::string& kernel) {
+    for (const Row& row : capability_table())
+        if (row.kernel == kernel) return row;
+    throw std::runtime_error("no row " + kernel);
+}
+
+// The CPU reference row of the same op that decodes the same operand formats.
+inline const Row& cpu_twin(const Row& cuda_row) {
+    for (const Row& row : capability_table()) {
+        if (row.backend != Backend::CPU || row.op != cuda_row.op) continue;
+        if (!cuda_row.operand_formats.empty() && !row.operand_formats.empty() &&
+            row.operand_formats[0] != cuda_row.operand_formats[0])
+            continue;
+        return row;
+    }
+    throw std::runtime_error("no CPU twin for " + cuda_row.kernel);
+}
+
+// The weight format a matmul/embed row decodes.
+inline Format row_format(const Row& row) { return row.operand_formats.at(0).at(0); }
+
+// Edge sizes of K for a row: the smallest legal, an odd multiple, and a long one.
+inline std::vector<int64_t> k_edges(const Row& row, int64_t longest) {
+    const int64_t m = row.dims.k_multiple;
+    std::vector<int64_t> ks = {m, 3 * m};
+    const int64_t big = (longest / m) * m;
+    if (big > 3 * m) ks.push_back(big);
+    return ks;
+}
+
+inline Stage matmul_stage(const TensorRef* w, const TensorRef* bias, int64_t k, int64_t n) {
+    Stage s;
+    s.layer = 0;
+    s.name = "matmul";
+    s.op = Op::MatMul;
+    s.operands = {w, bias};
+    s.k = k;
+    s.n = n;
+    s.features = bias ? uint32_t(kBias) : 0u;
+    return s;
+}
+
+// Runs a CPU row (the reference) on host buffers.
+inline void run_cpu(const Row& row, const Stage& stage, KernelCall call, CpuState& state) {
+    call.backend_state = &state;
+    row.fn(stage, call);
+}
+
+}  // namespace kcap_test

@@ -1,0 +1,501 @@
+// The shared GPU kernel bodies (kernels/*.h), run on the CPU through the host target of the
+// kernel dialect (kernels/dialect_host.h: one fiber per GPU thread, real barriers and simd
+// exchanges), against the CPU backend's rows. Runs everywhere, GPU or not, so:
+//   - every line of shared kernel math is checked on every CI run, not only on the device;
+//   - the dialect's promise holds: a body that used anything CUDA-only would not compile here.
+// Driven by the capability table: each CUDA row's body is run at the edges of its legal dims
+// with NaN-poisoned outputs. The device run (test_cuda_rows.cpp) checks the real launches.
+//
+// Tolerances (relative L2 error against the CPU row): 1e-5 for matmul (exact weights, f32 sums
+// of up to thousands of terms in another order: a single output with cancellation loses a few
+// bits), 2e-6 for embed/elementwise/norm/rope, 1e-5 for attention (exp and online softmax).
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+
+#include "cuda/rope_table.h"
+#include "cuda/rows.h"
+#include "kernels/activation.h"
+#include "kernels/argmax.h"
+#include "kernels/attention.h"
+#include "kernels/elementwise.h"
+#include "kernels/embed.h"
+#include "kernels/matmul.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+#include "test_cuda_common.h"
+
+using namespace kcap_test;
+using kcap::cuda_rows::kMatvecRows;
+using kcap::cuda_rows::kMatvecSimds;
+using kcap::cuda_rows::kTokensPerPass;
+using kcap::cuda_rows::kTokensRows;
+using kcap::cuda_rows::kTokensSimds;
+
+namespace {
+
+constexpr double kExactTolerance = 2e-6;
+constexpr double kMatmulTolerance = 1e-5;
+constexpr double kAttentionTolerance = 1e-5;
+
+unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
+
+std::vector<float> nan_filled(size_t n) { return std::vector<float>(n, NAN); }
+
+// Calls fn with a value of the decoder struct of format f.
+template <class Fn>
+void with_decoder(Format f, Fn&& fn) {
+    switch (f) {
+#define KCAP_CASE(NAME, DECODER) \
+    case Format::NAME: fn(DECODER{}); return;
+        KCAP_WEIGHT_FORMATS(KCAP_CASE)
+#undef KCAP_CASE
+        default: throw std::runtime_error("no decoder");
+    }
+}
+
+// decode32 of every run equals the exact dequantization (formats.h).
+void test_decoders(std::mt19937& rng) {
+    for (const FormatInfo& info : all_formats()) {
+        bool known = false;
+        with_decoder(info.format, [&](auto decoder) {
+            using F = decltype(decoder);
+            known = true;
+            const int64_t k = std::max<int64_t>(32, info.block_elems) * 2;
+            auto w = random_weights(rng, info.format, k, 3);
+            std::vector<float> ref(static_cast<size_t>(k)), got(static_cast<size_t>(k));
+            for (int row = 0; row < 3; ++row) {
+                dequantize_row(info.format, w->ref.row(row), ref.data(), k);
+                for (int run = 0; run < k / 32; ++run) {
+                    const int per_block = F::block_elems / 32;
+                    F::decode32(w->ref.row(row) + (run / per_block) * F::block_bytes, run % per_block, got.data() + 32 * run);
+                }
+                double worst = 0.0;
+                for (int64_t i = 0; i < k; ++i)
+                    worst = std::max(worst, std::fabs(double(got[size_t(i)]) - ref[size_t(i)]) /
+                                                std::max(1e-30, std::fabs(double(ref[size_t(i)]))));
+                // One rounding may differ where the GPU form fuses a multiply-add.
+                KCAP_EXPECT(worst <= 1e-6, "decode32 %s row %d: worst relative difference %.3g", info.name, row, worst);
+            }
+        });
+        (void)known;
+    }
+}
+
+void test_matmul_rows(std::mt19937& rng, CpuState& cpu) {
+    int checked = 0;
+    for (const Row& row : capability_table()) {
+        if (row.backend != Backend::CUDA || row.op != Op::MatMul) continue;
+        // The mma rows run these same bodies below kMmaMinTokens; their tensor-core tiles are
+        // CUDA-only and checked on the device. Test each body once, through the exact rows.
+        if (row.kernel.rfind("cuda.matmul.", 0) != 0) continue;
+        const Format f = row_format(row);
+        const Row& reference = cpu_twin(row);
+        with_decoder(f, [&](auto decoder) {
+            using F = decltype(decoder);
+            for (int64_t k : k_edges(row, 1024))
+                for (int64_t n : {1, 9})
+                    for (int m : {1, 3, 10})
+                        for (bool with_bias : {false, true}) {
+                            auto w = random_weights(rng, f, k, n);
+                            auto bias = float_vector(random_floats(rng, size_t(n)), "bias");
+                            const Stage stage = matmul_stage(&w->ref, with_bias ? &bias->ref : nullptr, k, n);
+                            const std::vector<float> x = random_floats(rng, size_t(m * k));
+                            std::vector<float> ref(static_cast<size_t>(m * n)), got = nan_filled(size_t(m * n));
+                            KernelCall call;
+                            call.n_tokens = m;
+                            call.in = x.data();
+                            call.out = ref.data();
+                            run_cpu(reference, stage, call, cpu);
+                            KcapMatmulParams p;
+                            p.k = int(k), p.n = int(n), p.m = m;
+                            p.row_bytes = unsigned(row_bytes(f, k));
+                            p.has_bias = with_bias;
+                            const float* b = with_bias ? reinterpret_cast<const float*>(bias->ref.data) : nullptr;
+                            if (m == 1) {
+                                kcap_sim::launch({ceil_div(n, kMatvecSimds * kMatvecRows), 1, 1}, kMatvecSimds * 32, 0,
+                                                 [&](const KcapThread& t, void*) {
+                                                     kcap_matvec<F, kMatvecRows>(t, p, w->ref.data, x.data(), b, got.data());
+                                                 });
+                            } else {
+                                kcap_sim::launch({ceil_div(n, kTokensSimds * kTokensRows), ceil_div(m, kTokensPerPass), 1},
+                                                 kTokensSimds * 32, 0, [&](const KcapThread& t, void*) {
+                                                     kcap_matmul_tokens<F, kTokensRows, kTokensPerPass>(
+                                                         t, p, w->ref.data, x.data(), b, got.data());
+                                                 });
+                            }
+                            const double err = relative_error(got, ref);
+                            KCAP_EXPECT(err <= kMatmulTolerance, "%s K=%lld N=%lld M=%d bias=%d: error %.3g",
+                                        row.kernel.c_str(), (long long)k, (long long)n, m, int(with_bias), err);
+                            ++checked;
+                        }
+        });
+    }
+    std::printf("matmul bodies: %d cases\n", checked);
+}
+
+void test_embed_rows(std::mt19937& rng, CpuState& cpu) {
+    int checked = 0;
+    for (const Row& row : capability_table()) {
+        if (row.backend != Backend::CUDA || row.op != Op::Embed) continue;
+        const Format f = row_format(row);
+        with_decoder(f, [&](auto decoder) {
+            using F = decltype(decoder);
+            const int64_t width = row.dims.k_multiple * 3, vocab = 11;
+            auto table = random_weights(rng, f, width, vocab);
+            Stage stage;
+            stage.op = Op::Embed;
+            stage.operands = {&table->ref};
+            stage.k = stage.n = width;
+            stage.params.scale = 1.5f;
+            const std::vector<int32_t> tokens = {3, 0, 10, 3};
+            std::vector<float> ref(tokens.size() * size_t(width)), got = nan_filled(ref.size());
+            KernelCall call;
+            call.n_tokens = int(tokens.size());
+            call.tokens = tokens.data();
+            call.out = ref.data();
+            run_cpu(cpu_twin(row), stage, call, cpu);
+            KcapEmbedParams p;
+            p.n_tokens = int(tokens.size()), p.width = int(width), p.row_bytes = unsigned(row_bytes(f, width));
+            p.scale = 1.5f;
+            kcap_sim::launch({unsigned(tokens.size()), 1, 1}, 32, 0, [&](const KcapThread& t, void*) {
+                kcap_embed<F>(t, p, tokens.data(), table->ref.data, got.data());
+            });
+            const double err = relative_error(got, ref);
+            KCAP_EXPECT(err <= kExactTolerance, "%s: error %.3g", row.kernel.c_str(), err);
+            ++checked;
+        });
+    }
+    std::printf("embed bodies: %d cases\n", checked);
+}
+
+void test_norm(std::mt19937& rng, CpuState& cpu) {
+    const Row& row = find_row("cuda.norm");
+    int checked = 0;
+    for (int64_t width : {64, 640, 1000})
+        for (int64_t groups : {1, 4})
+            for (bool layer : {false, true})
+                for (bool with_bias : {false, true}) {
+                    const int tokens = 3;
+                    auto weight = float_vector(random_floats(rng, size_t(width)), "w");
+                    auto bias = float_vector(random_floats(rng, size_t(width)), "b");
+                    Stage stage;
+                    stage.op = Op::Norm;
+                    stage.operands = {&weight->ref, with_bias ? &bias->ref : nullptr};
+                    stage.k = width;
+                    stage.groups = groups;
+                    stage.n = width * groups;
+                    stage.params.eps = 1e-6f;
+                    stage.features = (layer ? kLayerNorm : kRmsNorm) | (with_bias ? kBias : 0u);
+                    const std::vector<float> x = random_floats(rng, size_t(tokens * width * groups), 3.0f);
+                    std::vector<float> ref(x.size()), got = nan_filled(x.size());
+                    KernelCall call;
+                    call.n_tokens = tokens;
+                    call.in = x.data();
+                    call.out = ref.data();
+                    run_cpu(cpu_twin(row), stage, call, cpu);
+                    KcapNormParams p;
+                    p.width = int(width), p.rows = int(tokens * groups), p.eps = 1e-6f, p.layer_norm = layer;
+                    p.has_weight = 1, p.has_bias = with_bias;
+                    kcap_sim::launch({unsigned(p.rows), 1, 1}, width <= 64 ? 64 : 256, 32 * 4,
+                                     [&](const KcapThread& t, void* shared) {
+                                         kcap_norm(t, p, x.data(), reinterpret_cast<const float*>(weight->ref.data),
+                                                   reinterpret_cast<const float*>(bias->ref.data), got.data(),
+                                                   static_cast<float*>(shared));
+                                     });
+                    const double err = relative_error(got, ref);
+                    KCAP_EXPECT(err <= kExactTolerance, "cuda.norm width=%lld groups=%lld layer=%d bias=%d: error %.3g",
+                                (long long)width, (long long)groups, int(layer), int(with_bias), err);
+                    ++checked;
+                }
+    std::printf("norm body: %d cases\n", checked);
+}
+
+void test_rope(std::mt19937& rng, CpuState& cpu) {
+    const Row& row = find_row("cuda.rope");
+    int checked = 0;
+    for (bool neox : {false, true})
+        for (int rope_dim : {64, 32})
+            for (bool with_factors : {false, true}) {
+                const int tokens = 3, n_head = 4, n_head_kv = 2, head_dim = 64, pos0 = 5;
+                std::vector<float> factor_values = random_floats(rng, size_t(rope_dim / 2));
+                for (auto& f : factor_values) f = 1.0f + std::fabs(f);
+                auto factors = float_vector(factor_values, "rope_freqs");
+                Stage stage;
+                stage.op = Op::Rope;
+                stage.operands = {with_factors ? &factors->ref : nullptr};
+                stage.params.n_head = n_head, stage.params.n_head_kv = n_head_kv, stage.params.head_dim = head_dim;
+                stage.params.rope_dim = rope_dim, stage.params.rope_base = 10000.0f, stage.params.rope_freq_scale = 0.5f;
+                stage.features = neox ? kRopeNeox : kRopeNormal;
+                const std::vector<float> q0 = random_floats(rng, size_t(tokens * n_head * head_dim));
+                const std::vector<float> k0 = random_floats(rng, size_t(tokens * n_head_kv * head_dim));
+                std::vector<float> q_ref = q0, k_ref = k0, q_got = q0, k_got = k0;
+                KernelCall call;
+                call.n_tokens = tokens;
+                call.pos0 = pos0;
+                call.out = q_ref.data();
+                call.inout2 = k_ref.data();
+                run_cpu(cpu_twin(row), stage, call, cpu);
+                const std::vector<float> table = rope_cos_sin_table(stage, 64);
+                KcapRopeParams p;
+                p.n_tokens = tokens, p.n_head = n_head, p.n_head_kv = n_head_kv, p.head_dim = head_dim;
+                p.rope_dim = rope_dim, p.neox = neox;
+                const int32_t step[2] = {pos0, 0};
+                const int total = tokens * (n_head + n_head_kv) * rope_dim / 2;
+                kcap_sim::launch({ceil_div(total, 64), 1, 1}, 64, 0, [&](const KcapThread& t, void*) {
+                    kcap_rope(t, p, step, reinterpret_cast<const float2*>(table.data()), q_got.data(), k_got.data());
+                });
+                const double err = std::max(relative_error(q_got, q_ref), relative_error(k_got, k_ref));
+                KCAP_EXPECT(err <= kExactTolerance, "cuda.rope neox=%d rope_dim=%d factors=%d: error %.3g", int(neox),
+                            rope_dim, int(with_factors), err);
+                ++checked;
+            }
+    std::printf("rope body: %d cases\n", checked);
+}
+
+void test_elementwise(std::mt19937& rng, CpuState& cpu) {
+    int checked = 0;
+    const int count = 1000;
+    for (Activation act : {Activation::SiLU, Activation::GeluTanh, Activation::GeluErf, Activation::ReLU})
+        for (bool gated : {false, true}) {
+            Stage stage;
+            stage.op = Op::FfnActivation;
+            stage.n = stage.k = count;
+            stage.params.activation = act;
+            const std::vector<float> gate = random_floats(rng, count, 4.0f), up = random_floats(rng, count);
+            std::vector<float> ref(count), got = nan_filled(count);
+            KernelCall call;
+            call.n_tokens = 1;
+            call.in = gate.data();
+            call.in2 = gated ? up.data() : nullptr;
+            call.out = ref.data();
+            run_cpu(find_row("cpu.ffn_activation"), stage, call, cpu);
+            KcapElementwiseParams p;
+            p.count = count, p.activation = int(act), p.gated = gated, p.cap = 0.0f;
+            kcap_sim::launch({ceil_div(count, 256), 1, 1}, 256, 0, [&](const KcapThread& t, void*) {
+                kcap_ffn_activation(t, p, gate.data(), up.data(), got.data());
+            });
+            const double err = relative_error(got, ref);
+            KCAP_EXPECT(err <= kExactTolerance, "cuda.ffn_activation %s gated=%d: error %.3g", activation_name(act),
+                        int(gated), err);
+            ++checked;
+        }
+    {
+        const std::vector<float> a = random_floats(rng, count), b = random_floats(rng, count);
+        std::vector<float> got = nan_filled(count), ref(count);
+        for (int i = 0; i < count; ++i) ref[size_t(i)] = a[size_t(i)] + b[size_t(i)];
+        KcapElementwiseParams p;
+        p.count = count;
+        kcap_sim::launch({ceil_div(count, 256), 1, 1}, 256, 0,
+                         [&](const KcapThread& t, void*) { kcap_add(t, p, a.data(), b.data(), got.data()); });
+        KCAP_EXPECT(relative_error(got, ref) == 0.0, "cuda.add differs");
+        Stage stage;
+        stage.op = Op::Softcap;
+        stage.n = count;
+        stage.params.softcap = 30.0f;
+        const std::vector<float> logits = random_floats(rng, count, 50.0f);
+        std::vector<float> capped(count), capped_got = nan_filled(count);
+        KernelCall call;
+        call.n_tokens = 1;
+        call.in = logits.data();
+        call.out = capped.data();
+        run_cpu(find_row("cpu.softcap"), stage, call, cpu);
+        p.cap = 30.0f;
+        kcap_sim::launch({ceil_div(count, 256), 1, 1}, 256, 0,
+                         [&](const KcapThread& t, void*) { kcap_softcap(t, p, logits.data(), capped_got.data()); });
+        KCAP_EXPECT(relative_error(capped_got, capped) <= kExactTolerance, "cuda.softcap differs");
+        checked += 2;
+    }
+    std::printf("elementwise bodies: %d cases\n", checked);
+}
+
+void test_argmax(std::mt19937& rng) {
+    for (int count : {1, 31, 10007}) {
+        std::vector<float> logits = random_floats(rng, size_t(count));
+        // A tie for the maximum: the lower index must win.
+        if (count > 10) {
+            const float top = *std::max_element(logits.begin(), logits.end()) + 1.0f;
+            logits[size_t(count / 3)] = top;
+            logits[size_t(count - 2)] = top;
+        }
+        const int expected = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        KcapArgmaxParams p;
+        p.count = count, p.chunk = 1000, p.n_partials = int(ceil_div(count, 1000)), p.advance = 1;
+        std::vector<float> partial_value(static_cast<size_t>(p.n_partials), NAN);
+        std::vector<int32_t> partial_index(static_cast<size_t>(p.n_partials), -1);
+        int32_t result = -1, tokens[1] = {-1}, step[2] = {7, 2}, history[4] = {-1, -1, -1, -1};
+        kcap_sim::launch({unsigned(p.n_partials), 1, 1}, 256, 2 * 32 * 4, [&](const KcapThread& t, void* shared) {
+            kcap_argmax_partial(t, p, logits.data(), partial_value.data(), partial_index.data(), static_cast<float*>(shared),
+                                static_cast<int*>(shared) + 32);
+        });
+        kcap_sim::launch({1, 1, 1}, 64, 2 * 32 * 4, [&](const KcapThread& t, void* shared) {
+            kcap_argmax_final(t, p, partial_value.data(), partial_index.data(), &result, tokens, step, history,
+                              static_cast<float*>(shared), static_cast<int*>(shared) + 32);
+        });
+        KCAP_EXPECT(result == expected && tokens[0] == expected && history[2] == expected && step[0] == 8 && step[1] == 3,
+                    "argmax of %d: got %d (token %d, step %d/%d), expected %d", count, result, tokens[0], step[0], step[1],
+                    expected);
+    }
+    std::printf("argmax bodies: 3 cases\n");
+}
+
+struct AttentionCase {
+    int n_head, n_head_kv, head_dim, head_dim_v, window;
+    float softcap;
+    Format kv;
+    int prefill, decode_steps, n_splits;
+};
+
+void test_attention(std::mt19937& rng, CpuState& cpu) {
+    const AttentionCase cases[] = {
+        {4, 1, 256, 256, 0, 0.0f, Format::F32, 70, 3, 3},   // Gemma-like heads, three splits
+        {4, 1, 256, 256, 20, 0.0f, Format::F16, 30, 4, 2},  // sliding window, f16 cache
+        {9, 3, 64, 64, 0, 0.0f, Format::F16, 9, 3, 1},      // SmolLM2-like GQA 3:1, one split
+        {8, 8, 128, 128, 0, 30.0f, Format::F32, 40, 2, 4},  // no GQA, softcap, a split left empty
+        {10, 1, 32, 48, 0, 0.0f, Format::F32, 5, 2, 2},      // more query heads than simd groups, dv != d
+    };
+    int checked = 0;
+    for (const AttentionCase& c : cases) {
+        const int n_ctx = c.prefill + c.decode_steps;
+        Stage stage;
+        stage.layer = 0;
+        stage.op = Op::Attention;
+        stage.params.n_head = c.n_head, stage.params.n_head_kv = c.n_head_kv;
+        stage.params.head_dim = c.head_dim, stage.params.head_dim_v = c.head_dim_v;
+        stage.params.sliding_window = c.window, stage.params.softcap = c.softcap;
+        stage.params.scale = 1.0f / std::sqrt(float(c.head_dim));
+        stage.kv_format = c.kv;
+        stage.n = int64_t(c.n_head) * c.head_dim_v;
+        cpu.kv.assign(1, KvLayer());
+        cpu.kv[0].format = c.kv;
+        cpu.kv[0].k_width = int64_t(c.n_head_kv) * c.head_dim;
+        cpu.kv[0].v_width = int64_t(c.n_head_kv) * c.head_dim_v;
+        KcapAttentionParams p;
+        p.n_head = c.n_head, p.n_head_kv = c.n_head_kv, p.head_dim = c.head_dim, p.head_dim_v = c.head_dim_v;
+        p.k_width = c.n_head_kv * c.head_dim, p.v_width = c.n_head_kv * c.head_dim_v;
+        p.window = c.window, p.scale = stage.params.scale, p.softcap = c.softcap, p.kv_f16 = c.kv == Format::F16;
+        p.min_chunk = 32;
+        const size_t elem = c.kv == Format::F16 ? 2 : 4;
+        std::vector<uint8_t> k_cache(static_cast<size_t>(n_ctx) * p.k_width * elem + 16), v_cache(size_t(n_ctx) * p.v_width * elem + 16);
+        const int simds = std::min(c.n_head / c.n_head_kv, 8);
+        std::vector<float> partial_o(static_cast<size_t>(c.n_head) * c.n_splits * c.head_dim_v, NAN);
+        std::vector<float> partial_ml(static_cast<size_t>(c.n_head) * c.n_splits * 2, NAN);
+        int pos = 0;
+        for (int call_index = 0; call_index <= c.decode_steps; ++call_index) {
+            const int m = call_index == 0 ? c.prefill : 1;
+            const std::vector<float> q = random_floats(rng, size_t(m) * c.n_head * c.head_dim);
+            const std::vector<float> k = random_floats(rng, size_t(m) * p.k_width);
+            const std::vector<float> v = random_floats(rng, size_t(m) * p.v_width);
+            std::vector<float> ref(static_cast<size_t>(m) * c.n_head * c.head_dim_v), got = nan_filled(ref.size());
+            KernelCall call;
+            call.n_tokens = m;
+            call.pos0 = pos;
+            call.in = q.data(), call.in2 = k.data(), call.in3 = v.data(), call.out = ref.data();
+            run_cpu(cpu_twin(find_row("cuda.attention")), stage, call, cpu);
+            const int32_t step[2] = {pos, 0};
+            p.n_tokens = m;
+            if (m == 1) {
+                p.n_splits = c.n_splits;
+                std::fill(partial_o.begin(), partial_o.end(), NAN);
+                kcap_sim::launch({unsigned(c.n_head_kv), unsigned(c.n_splits), 1}, 32 * simds,
+                                 sizeof(float) * simds * c.head_dim, [&](const KcapThread& t, void* shared) {
+                                     kcap_attention_decode(t, p, step, q.data(), k.data(), v.data(), k_cache.data(),
+                                                           v_cache.data(), partial_o.data(), partial_ml.data(), got.data(),
+                                                           static_cast<float*>(shared));
+                                 });
+                if (c.n_splits > 1)
+                    kcap_sim::launch({unsigned(c.n_head), 1, 1}, 64, 0, [&](const KcapThread& t, void*) {
+                        kcap_attention_combine(t, p, partial_o.data(), partial_ml.data(), got.data());
+                    });
+            } else {
+                const int64_t appended = int64_t(m) * (p.k_width + p.v_width);
+                kcap_sim::launch({ceil_div(appended, 256), 1, 1}, 256, 0, [&](const KcapThread& t, void*) {
+                    kcap_kv_append(t, p, step, k.data(), v.data(), k_cache.data(), v_cache.data());
+                });
+                kcap_sim::launch({unsigned(m), unsigned(c.n_head_kv), 1}, 32 * simds, sizeof(float) * simds * c.head_dim,
+                                 [&](const KcapThread& t, void* shared) {
+                                     kcap_attention_prefill(t, p, step, q.data(), k_cache.data(), v_cache.data(),
+                                                            got.data(), static_cast<float*>(shared));
+                                 });
+            }
+            const double err = relative_error(got, ref);
+            KCAP_EXPECT(err <= kAttentionTolerance,
+                        "attention heads %d/%d dim %d/%d window %d softcap %g kv %s, %s of %d at %d (splits %d): error %.3g",
+                        c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.window, double(c.softcap), format_name(c.kv),
+                        m == 1 ? "decode" : "prefill", m, pos, c.n_splits, err);
+            ++checked;
+            pos += m;
+        }
+    }
+    std::printf("attention bodies: %d calls\n", checked);
+}
+
+// Every CUDA row is declared (also where CUDA is not compiled in), and routes are refused
+// just past each row's legal dims.
+void test_table() {
+    int rows = 0;
+    for (const Row& row : capability_table()) {
+        if (row.backend != Backend::CUDA) continue;
+        ++rows;
+#if !defined(KCAP_WITH_CUDA)
+        KCAP_EXPECT(row.fn == nullptr, "%s has a kernel in a build without CUDA", row.kernel.c_str());
+#else
+        KCAP_EXPECT(row.fn != nullptr, "%s has no kernel in a CUDA build", row.kernel.c_str());
+#endif
+        if (row.op == Op::MatMul) {
+            Weights w;
+            w.ref.format = row_format(row);
+            const int64_t k = row.dims.k_multiple;
+            Stage legal = matmul_stage(&w.ref, nullptr, k, 7);
+            KCAP_EXPECT(rejection_reason(row, legal).empty(), "%s refuses legal K=%lld", row.kernel.c_str(), (long long)k);
+            Stage illegal = matmul_stage(&w.ref, nullptr, k + 16, 7);  // a run short of the next block
+            KCAP_EXPECT(!rejection_reason(row, illegal).empty(), "%s accepts K=%lld", row.kernel.c_str(),
+                        (long long)(k + 16));
+        }
+        if (row.op == Op::Attention) {
+            Stage stage;
+            stage.op = Op::Attention;
+            stage.kv_format = Format::F16;
+            stage.params.head_dim = stage.params.head_dim_v = 256;
+            stage.k = 256;
+            stage.max_span = 131072;
+            stage.features = kSlidingWindow | kAttnSoftcap | kGqa;
+            KCAP_EXPECT(rejection_reason(row, stage).empty(), "%s refuses head_dim 256, span 131072: %s",
+                        row.kernel.c_str(), rejection_reason(row, stage).c_str());
+            stage.params.head_dim = stage.params.head_dim_v = 260;
+            stage.k = 260;
+            KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s accepts head_dim 260", row.kernel.c_str());
+            stage.params.head_dim = stage.params.head_dim_v = 126;
+            stage.k = 126;
+            KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s accepts head_dim 126", row.kernel.c_str());
+            stage.k = 128;
+            stage.params.head_dim = stage.params.head_dim_v = 128;
+            stage.kv_format = Format::BF16;
+            KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s accepts a BF16 cache", row.kernel.c_str());
+        }
+    }
+    KCAP_EXPECT(rows >= 35, "only %d CUDA rows", rows);
+    std::printf("table: %d CUDA rows\n", rows);
+}
+
+}  // namespace
+
+int main() {
+    std::mt19937 rng(1234);
+    CpuState cpu(2);
+    test_table();
+    test_decoders(rng);
+    test_matmul_rows(rng, cpu);
+    test_embed_rows(rng, cpu);
+    test_norm(rng, cpu);
+    test_rope(rng, cpu);
+    test_elementwise(rng, cpu);
+    test_argmax(rng);
+    test_attention(rng, cpu);
+    if (failures()) {
+        std::printf("%d failures\n", failures());
+        return 1;
+    }
+    std::printf("all host-simulated kernel bodies match the CPU reference\n");
+    return 0;
+}
