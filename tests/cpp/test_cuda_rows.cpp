@@ -1,0 +1,452 @@
+// Every CUDA row of the capability table, launched for real on the GPU through its row.fn,
+// against its CPU twin on fresh random inputs at the edges of its legal dims (K at the block
+// size, an odd multiple and a long one; rows and tokens not multiples of any tile), with
+// outputs poisoned (NaN) before every launch.
+//
+// Tolerances (relative L2 error against the CPU row):
+//   exact rows (cuda.matmul.*, embed, norm, rope, elementwise)     1e-5 (f32, another summation order)
+//   cuda.matmul_mma.* with >= kMmaMinTokens tokens (TF32 tiles)    3e-3 (10-bit mantissa operands)
+//   attention (online softmax, f32 exp)                            1e-5
+// Exit 77 (ctest: skipped) without CUDA in the build or without a device; the table and
+// refusal checks that need no GPU are in test_cuda_kernels_host.
+#include <cstdio>
+
+#include "test_cuda_common.h"
+
+#if !defined(KCAP_WITH_CUDA)
+int main() {
+    std::printf("SKIP: the CUDA backend is not compiled into this build\n");
+    return 77;
+}
+#else
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "cuda/cuda_context.h"
+#include "cuda/rope_table.h"
+
+using namespace kcap_test;
+using kcap::cuda::Context;
+using kcap::cuda::StageData;
+
+namespace {
+
+constexpr double kExactTolerance = 1e-5;
+constexpr double kMmaTolerance = 3e-3;
+constexpr double kAttentionTolerance = 1e-5;
+
+void check(cudaError_t status, const char* what) {
+    if (status != cudaSuccess) {
+        std::printf("CUDA error in %s: %s\n", what, cudaGetErrorString(status));
+        std::exit(1);
+    }
+}
+#define CHECK(expr) check((expr), #expr)
+
+// Device memory freed at scope end.
+struct Arena {
+    std::vector<void*> blocks;
+    ~Arena() {
+        for (void* p : blocks) cudaFree(p);
+    }
+    void* alloc(size_t bytes) {
+        void* p = nullptr;
+        CHECK(cudaMalloc(&p, bytes ? bytes : 16));
+        CHECK(cudaMemset(p, 0xff, bytes ? bytes : 16));  // poison: 0xffffffff is a NaN
+        blocks.push_back(p);
+        return p;
+    }
+    template <class T>
+    T* upload(const std::vector<T>& v) {
+        T* p = static_cast<T*>(alloc(v.size() * sizeof(T)));
+        CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+        return p;
+    }
+    void* upload_bytes(const void* data, size_t n) {
+        void* p = alloc(n);
+        CHECK(cudaMemcpy(p, data, n, cudaMemcpyHostToDevice));
+        return p;
+    }
+};
+
+template <class T>
+std::vector<T> download(const T* p, size_t n) {
+    std::vector<T> v(n);
+    CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+
+// A device context like the backend's, sized for one test.
+struct TestContext {
+    Arena arena;
+    Context ctx;
+    TestContext() {
+        CHECK(cudaStreamCreate(&ctx.stream));
+        cudaDeviceProp props;
+        CHECK(cudaGetDeviceProperties(&props, 0));
+        ctx.sm_count = props.multiProcessorCount;
+        ctx.pdl = props.major >= 9;
+        ctx.step = static_cast<int32_t*>(arena.alloc(8));
+        ctx.tokens = static_cast<int32_t*>(arena.alloc(4 * 4096));
+        ctx.history = static_cast<int32_t*>(arena.alloc(4 * 4096));
+        ctx.argmax_result = static_cast<int32_t*>(arena.alloc(4));
+        ctx.argmax_partials = 1024;
+        ctx.argmax_partial_value = static_cast<float*>(arena.alloc(4 * 1024));
+        ctx.argmax_partial_index = static_cast<int32_t*>(arena.alloc(4 * 1024));
+    }
+    ~TestContext() { cudaStreamDestroy(ctx.stream); }
+    void set_step(int pos, int generated = 0) {
+        const int32_t step[2] = {pos, generated};
+        CHECK(cudaMemcpy(ctx.step, step, 8, cudaMemcpyHostToDevice));
+    }
+    void run(const Row& row, const Stage& stage, KernelCall call, const StageData& data) {
+        call.backend_state = &ctx;
+        call.stage_state = &data;
+        row.fn(stage, call);
+        CHECK(cudaStreamSynchronize(ctx.stream));
+        CHECK(cudaGetLastError());
+    }
+};
+
+int g_cases = 0;
+
+void test_matmul(std::mt19937& rng, CpuState& cpu) {
+    for (const Row& row : capability_table()) {
+        if (row.backend != Backend::CUDA || row.op != Op::MatMul) continue;
+        const Format f = row_format(row);
+        const Row& reference = cpu_twin(row);
+        const bool mma = row.kernel.rfind("cuda.matmul_mma.", 0) == 0;
+        for (int64_t k : k_edges(row, 14336))
+            for (int64_t n : {1, 7, 130})
+                for (int m : {1, 2, 17, 67, 130})
+                    for (bool with_bias : {false, true}) {
+                        if (with_bias && n == 7) continue;
+                        TestContext t;
+                        auto w = random_weights(rng, f, k, n);
+                        auto bias = float_vector(random_floats(rng, static_cast<size_t>(n)), "bias");
+                        const Stage stage = matmul_stage(&w->ref, with_bias ? &bias->ref : nullptr, k, n);
+                        const std::vector<float> x = random_floats(rng, static_cast<size_t>(m * k));
+                        std::vector<float> ref(static_cast<size_t>(m * n));
+                        KernelCall call;
+                        call.n_tokens = m;
+                        call.in = x.data();
+                        call.out = ref.data();
+                        run_cpu(reference, stage, call, cpu);
+                        StageData data;
+                        data.operands[0] = t.arena.upload_bytes(w->ref.data, w->ref.nbytes);
+                        data.operands[1] = with_bias ? t.arena.upload_bytes(bias->ref.data, bias->ref.nbytes) : nullptr;
+                        float* y = static_cast<float*>(t.arena.alloc(ref.size() * 4));
+                        call.in = t.arena.upload(x);
+                        call.out = y;
+                        t.run(row, stage, call, data);
+                        const double err = relative_error(download(y, ref.size()), ref);
+                        const double tolerance = mma && m >= cuda_rows::kMmaMinTokens ? kMmaTolerance : kExactTolerance;
+                        KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d bias=%d: error %.3g > %.1g", row.kernel.c_str(),
+                                    (long long)k, (long long)n, m, int(with_bias), err, tolerance);
+                        ++g_cases;
+                    }
+    }
+}
+
+void test_embed(std::mt19937& rng, CpuState& cpu) {
+    for (const Row& row : capability_table()) {
+        if (row.backend != Backend::CUDA || row.op != Op::Embed) continue;
+        const Format f = row_format(row);
+        for (int64_t width : {row.dims.k_multiple, row.dims.k_multiple * 5}) {
+            TestContext t;
+            const int64_t vocab = 37;
+            auto table = random_weights(rng, f, width, vocab);
+            Stage stage;
+            stage.op = Op::Embed;
+            stage.operands = {&table->ref};
+            stage.k = stage.n = width;
+            stage.params.scale = 1.7f;
+            stage.features = kEmbedScale;
+            const std::vector<int32_t> tokens = {36, 0, 5, 36, 17};
+            std::vector<float> ref(tokens.size() * static_cast<size_t>(width));
+            KernelCall call;
+            call.n_tokens = int(tokens.size());
+            call.tokens = tokens.data();
+            call.out = ref.data();
+            run_cpu(cpu_twin(row), stage, call, cpu);
+            CHECK(cudaMemcpy(t.ctx.tokens, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
+            StageData data;
+            data.operands[0] = t.arena.upload_bytes(table->ref.data, table->ref.nbytes);
+            float* out = static_cast<float*>(t.arena.alloc(ref.size() * 4));
+            call.tokens = nullptr;
+            call.out = out;
+            t.run(row, stage, call, data);
+            const double err = relative_error(download(out, ref.size()), ref);
+            KCAP_EXPECT(err <= kExactTolerance, "%s width=%lld: error %.3g", row.kernel.c_str(), (long long)width, err);
+            ++g_cases;
+        }
+    }
+}
+
+void test_norm(std::mt19937& rng, CpuState& cpu) {
+    const Row& row = find_row("cuda.norm");
+    for (int64_t width : {64, 256, 640, 1000, 4096})
+        for (int64_t groups : {1, 8})
+            for (int tokens : {1, 3})
+                for (bool layer : {false, true})
+                    for (bool with_bias : {false, true}) {
+                        TestContext t;
+                        auto weight = float_vector(random_floats(rng, static_cast<size_t>(width)), "w");
+                        auto bias = float_vector(random_floats(rng, static_cast<size_t>(width)), "b");
+                        Stage stage;
+                        stage.op = Op::Norm;
+                        stage.operands = {&weight->ref, with_bias ? &bias->ref : nullptr};
+                        stage.k = width;
+                        stage.groups = groups;
+                        stage.n = width * groups;
+                        stage.params.eps = 1e-6f;
+                        stage.features = (layer ? kLayerNorm : kRmsNorm) | (with_bias ? kBias : 0u);
+                        const std::vector<float> x = random_floats(rng, static_cast<size_t>(tokens * width * groups), 5.0f);
+                        std::vector<float> ref(x.size());
+                        KernelCall call;
+                        call.n_tokens = tokens;
+                        call.in = x.data();
+                        call.out = ref.data();
+                        run_cpu(cpu_twin(row), stage, call, cpu);
+                        StageData data;
+                        data.operands[0] = t.arena.upload_bytes(weight->ref.data, weight->ref.nbytes);
+                        data.operands[1] = with_bias ? t.arena.upload_bytes(bias->ref.data, bias->ref.nbytes) : nullptr;
+                        float* out = static_cast<float*>(t.arena.alloc(ref.size() * 4));
+                        call.in = t.arena.upload(x);
+                        call.out = out;
+                        t.run(row, stage, call, data);
+                        const double err = relative_error(download(out, ref.size()), ref);
+                        KCAP_EXPECT(err <= kExactTolerance, "cuda.norm width=%lld groups=%lld tokens=%d: error %.3g",
+                                    (long long)width, (long long)groups, tokens, err);
+                        ++g_cases;
+                    }
+}
+
+void test_rope(std::mt19937& rng, CpuState& cpu) {
+    const Row& row = find_row("cuda.rope");
+    for (bool neox : {false, true})
+        for (int head_dim : {64, 128, 256})
+            for (bool partial : {false, true})
+                for (bool with_factors : {false, true}) {
+                    TestContext t;
+                    const int tokens = 5, n_head = 8, n_head_kv = 2, pos0 = 4090;
+                    const int rope_dim = partial ? head_dim / 2 : head_dim;
+                    std::vector<float> factor_values = random_floats(rng, static_cast<size_t>(rope_dim / 2));
+                    for (auto& f : factor_values) f = 1.0f + std::fabs(f);
+                    auto factors = float_vector(factor_values, "rope_freqs");
+                    Stage stage;
+                    stage.op = Op::Rope;
+                    stage.operands = {with_factors ? &factors->ref : nullptr};
+                    stage.params.n_head = n_head, stage.params.n_head_kv = n_head_kv, stage.params.head_dim = head_dim;
+                    stage.params.rope_dim = rope_dim, stage.params.rope_base = 500000.0f;
+                    stage.features = (neox ? kRopeNeox : kRopeNormal) | (partial ? kPartialRotary : 0u) |
+                                     (with_factors ? kRopeFreqFactors : 0u);
+                    const std::vector<float> q0 = random_floats(rng, static_cast<size_t>(tokens * n_head * head_dim));
+                    const std::vector<float> k0 = random_floats(rng, static_cast<size_t>(tokens * n_head_kv * head_dim));
+                    std::vector<float> q_ref = q0, k_ref = k0;
+                    KernelCall call;
+                    call.n_tokens = tokens;
+                    call.pos0 = pos0;
+                    call.out = q_ref.data();
+                    call.inout2 = k_ref.data();
+                    run_cpu(cpu_twin(row), stage, call, cpu);
+                    StageData data;
+                    data.rope_table = t.arena.upload(rope_cos_sin_table(stage, pos0 + tokens));
+                    float* q = t.arena.upload(q0);
+                    float* k = t.arena.upload(k0);
+                    t.set_step(pos0);
+                    call.out = q;
+                    call.inout2 = k;
+                    t.run(row, stage, call, data);
+                    const double err =
+                        std::max(relative_error(download(q, q0.size()), q_ref), relative_error(download(k, k0.size()), k_ref));
+                    KCAP_EXPECT(err <= kExactTolerance, "cuda.rope neox=%d head_dim=%d rope_dim=%d factors=%d: error %.3g",
+                                int(neox), head_dim, rope_dim, int(with_factors), err);
+                    ++g_cases;
+                }
+}
+
+struct AttentionCase {
+    int n_head, n_head_kv, head_dim, head_dim_v, window;
+    float softcap;
+    Format kv;
+    int prefill, decode_steps, n_splits;
+};
+
+void test_attention(std::mt19937& rng, CpuState& cpu) {
+    const Row& row = find_row("cuda.attention");
+    const AttentionCase cases[] = {
+        {4, 1, 256, 256, 0, 0.0f, Format::F32, 700, 3, 11},    // Gemma global layer, 11 splits
+        {4, 1, 256, 256, 512, 0.0f, Format::F16, 600, 3, 8},   // Gemma local layer past its window
+        {9, 3, 64, 64, 0, 0.0f, Format::F16, 9, 3, 1},         // SmolLM2 heads, one split
+        {32, 8, 128, 128, 0, 0.0f, Format::F32, 1100, 2, 64},  // Llama-3-8B heads, empty splits
+        {8, 8, 128, 128, 0, 30.0f, Format::F32, 40, 2, 4},     // no GQA, softcap
+        {10, 1, 32, 48, 7, 0.0f, Format::F16, 5, 9, 2},        // 10 query heads per KV head, dv != d, tiny window
+    };
+    for (const AttentionCase& c : cases) {
+        TestContext t;
+        const int n_ctx = c.prefill + c.decode_steps;
+        Stage stage;
+        stage.layer = 0;
+        stage.op = Op::Attention;
+        stage.params.n_head = c.n_head, stage.params.n_head_kv = c.n_head_kv;
+        stage.params.head_dim = c.head_dim, stage.params.head_dim_v = c.head_dim_v;
+        stage.params.sliding_window = c.window, stage.params.softcap = c.softcap;
+        stage.params.scale = 1.0f / std::sqrt(float(c.head_dim));
+        stage.kv_format = c.kv;
+        stage.k = c.head_dim;
+        stage.n = int64_t(c.n_head) * c.head_dim_v;
+        cpu.kv.assign(1, KvLayer());
+        cpu.kv[0].format = c.kv;
+        cpu.kv[0].k_width = int64_t(c.n_head_kv) * c.head_dim;
+        cpu.kv[0].v_width = int64_t(c.n_head_kv) * c.head_dim_v;
+        const size_t elem = c.kv == Format::F16 ? 2 : 4;
+        t.ctx.kv_format = c.kv;
+        t.ctx.n_ctx = n_ctx;
+        t.ctx.kv.resize(1);
+        t.ctx.kv[0].k = t.arena.alloc(size_t(n_ctx) * c.n_head_kv * c.head_dim * elem);
+        t.ctx.kv[0].v = t.arena.alloc(size_t(n_ctx) * c.n_head_kv * c.head_dim_v * elem);
+        t.ctx.attn_partial_o = static_cast<float*>(t.arena.alloc(size_t(c.n_head) * c.n_splits * c.head_dim_v * 4));
+        t.ctx.attn_partial_ml = static_cast<float*>(t.arena.alloc(size_t(c.n_head) * c.n_splits * 2 * 4));
+        StageData data;
+        data.attn_splits = c.n_splits;
+        int pos = 0;
+        for (int call_index = 0; call_index <= c.decode_steps; ++call_index) {
+            const int m = call_index == 0 ? c.prefill : 1;
+            const std::vector<float> q = random_floats(rng, size_t(m) * c.n_head * c.head_dim);
+            const std::vector<float> k = random_floats(rng, size_t(m) * c.n_head_kv * c.head_dim);
+            const std::vector<float> v = random_floats(rng, size_t(m) * c.n_head_kv * c.head_dim_v);
+            std::vector<float> ref(size_t(m) * c.n_head * c.head_dim_v);
+            KernelCall call;
+            call.n_tokens = m;
+            call.pos0 = pos;
+            call.in = q.data(), call.in2 = k.data(), call.in3 = v.data(), call.out = ref.data();
+            run_cpu(cpu_twin(row), stage, call, cpu);
+            float* out = static_cast<float*>(t.arena.alloc(ref.size() * 4));
+            call.in = t.arena.upload(q), call.in2 = t.arena.upload(k), call.in3 = t.arena.upload(v), call.out = out;
+            t.set_step(pos);
+            t.run(row, stage, call, data);
+            const double err = relative_error(download(out, ref.size()), ref);
+            KCAP_EXPECT(err <= kAttentionTolerance,
+                        "cuda.attention heads %d/%d dim %d/%d window %d softcap %g kv %s, %s of %d at %d (splits %d): "
+                        "error %.3g",
+                        c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.window, double(c.softcap), format_name(c.kv),
+                        m == 1 ? "decode" : "prefill", m, pos, c.n_splits, err);
+            ++g_cases;
+            pos += m;
+        }
+    }
+}
+
+void test_elementwise(std::mt19937& rng, CpuState& cpu) {
+    for (int tokens : {1, 7})
+        for (Activation act : {Activation::SiLU, Activation::GeluTanh, Activation::GeluErf, Activation::ReLU})
+            for (bool gated : {false, true}) {
+                TestContext t;
+                const int64_t n = 2000;
+                Stage stage;
+                stage.op = Op::FfnActivation;
+                stage.k = stage.n = n;
+                stage.params.activation = act;
+                const std::vector<float> gate = random_floats(rng, size_t(tokens * n), 6.0f);
+                const std::vector<float> up = random_floats(rng, size_t(tokens * n));
+                std::vector<float> ref(gate.size());
+                KernelCall call;
+                call.n_tokens = tokens;
+                call.in = gate.data(), call.in2 = gated ? up.data() : nullptr, call.out = ref.data();
+                run_cpu(find_row("cpu.ffn_activation"), stage, call, cpu);
+                float* out = static_cast<float*>(t.arena.alloc(ref.size() * 4));
+                call.in = t.arena.upload(gate), call.in2 = gated ? t.arena.upload(up) : nullptr, call.out = out;
+                t.run(find_row("cuda.ffn_activation"), stage, call, StageData());
+                const double err = relative_error(download(out, ref.size()), ref);
+                KCAP_EXPECT(err <= kExactTolerance, "cuda.ffn_activation %s gated=%d tokens=%d: error %.3g",
+                            activation_name(act), int(gated), tokens, err);
+                ++g_cases;
+            }
+    for (const char* kernel : {"add", "softcap"}) {
+        TestContext t;
+        const int tokens = 3;
+        const int64_t n = 4099;
+        Stage stage;
+        stage.op = std::string(kernel) == "add" ? Op::Add : Op::Softcap;
+        stage.k = stage.n = n;
+        stage.params.softcap = 30.0f;
+        const std::vector<float> a = random_floats(rng, size_t(tokens * n), 40.0f), b = random_floats(rng, size_t(tokens * n));
+        std::vector<float> ref(a.size());
+        KernelCall call;
+        call.n_tokens = tokens;
+        call.in = a.data(), call.in2 = b.data(), call.out = ref.data();
+        run_cpu(find_row(std::string("cpu.") + kernel), stage, call, cpu);
+        float* out = static_cast<float*>(t.arena.alloc(ref.size() * 4));
+        call.in = t.arena.upload(a), call.in2 = t.arena.upload(b), call.out = out;
+        t.run(find_row(std::string("cuda.") + kernel), stage, call, StageData());
+        const double err = relative_error(download(out, ref.size()), ref);
+        KCAP_EXPECT(err <= kExactTolerance, "cuda.%s: error %.3g", kernel, err);
+        ++g_cases;
+    }
+}
+
+void test_argmax(std::mt19937& rng) {
+    const Row& row = find_row("cuda.argmax");
+    for (int count : {1, 4097, 262144})
+        for (bool advance : {false, true}) {
+            TestContext t;
+            std::vector<float> logits = random_floats(rng, size_t(count));
+            if (count > 10) {  // a tie: the lower index wins
+                const float top = *std::max_element(logits.begin(), logits.end()) + 1.0f;
+                logits[size_t(count / 2)] = top;
+                logits[size_t(count - 1)] = top;
+            }
+            const int expected = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+            Stage stage;
+            stage.op = Op::Argmax;
+            stage.k = stage.n = count;
+            t.set_step(41, 3);
+            KernelCall call;
+            call.n_tokens = 1;
+            call.in = t.arena.upload(logits);
+            call.out = reinterpret_cast<float*>(t.ctx.argmax_result);
+            call.inout2 = advance ? reinterpret_cast<float*>(t.ctx.history) : nullptr;
+            t.run(row, stage, call, StageData());
+            const int result = download(t.ctx.argmax_result, 1)[0];
+            const std::vector<int32_t> step = download(t.ctx.step, 2);
+            KCAP_EXPECT(result == expected, "cuda.argmax of %d: %d, expected %d", count, result, expected);
+            if (advance) {
+                KCAP_EXPECT(download(t.ctx.tokens, 1)[0] == expected && download(t.ctx.history, 4)[3] == expected &&
+                                step[0] == 42 && step[1] == 4,
+                            "cuda.argmax advance: token/history/step not fed back");
+            } else {
+                KCAP_EXPECT(step[0] == 41 && step[1] == 3, "cuda.argmax without advance moved the step");
+            }
+            ++g_cases;
+        }
+}
+
+}  // namespace
+
+int main() {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        std::printf("SKIP: no CUDA device\n");
+        return 77;
+    }
+    std::mt19937 rng(20251129);
+    CpuState cpu(16);
+    // Every CUDA row must be compiled in and covered below.
+    for (const Row& row : capability_table())
+        if (row.backend == Backend::CUDA) KCAP_EXPECT(row.fn != nullptr, "%s has no kernel", row.kernel.c_str());
+    test_matmul(rng, cpu);
+    std::printf("matmul rows done (%d cases)\n", g_cases);
+    test_embed(rng, cpu);
+    test_norm(rng, cpu);
+    test_rope(rng, cpu);
+    test_attention(rng, cpu);
+    test_elementwise(rng, cpu);
+    test_argmax(rng);
+    std::printf("%d cases, %d failures\n", g_cases, failures());
+    return failures() ? 1 : 0;
+}
+
+#endif
