@@ -8,6 +8,9 @@ quant bytes with their f16 super-block scales overwritten by small values.
 
     python -m kcap.testing.synth clone SRC.gguf DST.gguf
     python -m kcap.testing.synth llama DST.gguf --layers 2 --embd 64 --type Q8_0
+    python -m kcap.testing.synth llama3-8b DST.gguf            # Llama-3-8B shape, Q4_K_M mix
+    python -m kcap.testing.synth layout SRC.gguf LAYOUT.json   # a file's layout, no weights
+    python -m kcap.testing.synth from-layout LAYOUT.json DST.gguf
 """
 from __future__ import annotations
 
@@ -173,6 +176,107 @@ def tiny_llama(path: str, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n
     return write_gguf(path, "llama", meta, tensors)
 
 
+# --- Added for the CUDA backend (issue 3): big layouts made where they run ---------------
+
+def q4_k_m_type(name: str, n_layer: int) -> str:
+    """The type llama.cpp's Q4_K_M mix gives a Llama tensor (llama-quant.cpp): Q6_K for the
+    output and for attn_v / ffn_down of the layers use_more_bits picks, Q4_K for the other
+    matrices, F32 for norms."""
+    def use_more_bits(i: int, n: int) -> bool:
+        return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+    if name == "output.weight":
+        return "Q6_K"
+    if name.endswith("_norm.weight"):
+        return "F32"
+    if name.startswith("blk.") and (".attn_v." in name or ".ffn_down." in name):
+        layer = int(name.split(".")[1])
+        return "Q6_K" if use_more_bits(layer, n_layer) else "Q4_K"
+    return "Q4_K"
+
+
+def llama3_8b_q4_k_m(path: str, n_layer: int = 32, n_embd: int = 4096, n_ff: int = 14336, n_head: int = 32,
+                     n_head_kv: int = 8, n_vocab: int = 128256, context_length: int = 8192, seed: int = 0) -> str:
+    """Random weights in the shape of Llama-3-8B quantized with llama.cpp's Q4_K_M mix
+    (about 4.9 GB at full size): 32 layers, n_embd 4096, n_ff 14336, 32 heads, 8 KV heads,
+    vocabulary 128256 (no tokenizer: "no_vocab" plus llama.vocab_size), rope base 500000.
+    Smaller n_layer / n_vocab give the same per-layer shapes for quick routing checks."""
+    rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
+    meta = {
+        "llama.block_count": n_layer,
+        "llama.embedding_length": n_embd,
+        "llama.feed_forward_length": n_ff,
+        "llama.attention.head_count": n_head,
+        "llama.attention.head_count_kv": n_head_kv,
+        "llama.context_length": context_length,
+        "llama.rope.freq_base": 500000.0,
+        "llama.attention.layer_norm_rms_epsilon": 1e-5,
+        "llama.vocab_size": n_vocab,
+        "llama.rope.dimension_count": head_dim,
+        "general.file_type": 15,  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+        "tokenizer.ggml.model": "no_vocab",
+    }
+    shapes = [("token_embd.weight", (n_embd, n_vocab)), ("output_norm.weight", (n_embd,)),
+              ("output.weight", (n_embd, n_vocab))]
+    for il in range(n_layer):
+        shapes += [
+            (f"blk.{il}.attn_norm.weight", (n_embd,)),
+            (f"blk.{il}.attn_q.weight", (n_embd, n_head * head_dim)),
+            (f"blk.{il}.attn_k.weight", (n_embd, n_head_kv * head_dim)),
+            (f"blk.{il}.attn_v.weight", (n_embd, n_head_kv * head_dim)),
+            (f"blk.{il}.attn_output.weight", (n_head * head_dim, n_embd)),
+            (f"blk.{il}.ffn_norm.weight", (n_embd,)),
+            (f"blk.{il}.ffn_gate.weight", (n_embd, n_ff)),
+            (f"blk.{il}.ffn_up.weight", (n_embd, n_ff)),
+            (f"blk.{il}.ffn_down.weight", (n_ff, n_embd)),
+        ]
+    tensors = []
+    for name, shape in shapes:
+        type_name = q4_k_m_type(name, n_layer)
+        if type_name == "F32":
+            data = (1.0 + 0.1 * rng.standard_normal(shape[0])).astype(np.float32)
+        else:
+            data = random_tensor(type_name, shape, rng)
+        tensors.append((name, type_name, shape, data))
+    return write_gguf(path, "llama", meta, tensors)
+
+
+def extract_layout(src: str) -> dict:
+    """A GGUF file's layout without its weights or vocabulary: architecture metadata (plain
+    values) and the tensor table, small enough to travel where the file cannot. The
+    tokenizer is dropped ("no_vocab" plus <arch>.vocab_size), so clones are driven by ids."""
+    reader = gguf.GGUFReader(src)
+    arch = str(reader.fields["general.architecture"].contents())
+    metadata = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key.startswith("tokenizer.") or key == "general.architecture":
+            continue
+        value = field.contents()
+        if isinstance(value, (bool, int, float, str)) or (isinstance(value, list) and value and
+                                                          isinstance(value[0], (int, float, str))):
+            metadata[key] = value
+    tensors = [(t.name, t.tensor_type.name, [int(d) for d in t.shape]) for t in reader.tensors]
+    n_vocab = next(shape[1] for name, _, shape in tensors if name == "token_embd.weight")
+    metadata[f"{arch}.vocab_size"] = int(n_vocab)
+    metadata["tokenizer.ggml.model"] = "no_vocab"
+    return {"architecture": arch, "metadata": metadata, "tensors": tensors}
+
+
+def from_layout(layout: dict, dst: str, seed: int = 0) -> str:
+    """Random weights in a layout made by extract_layout (norm weights near 1)."""
+    rng = np.random.default_rng(seed)
+    tensors = []
+    for name, type_name, shape in layout["tensors"]:
+        shape = tuple(shape)
+        if type_name == "F32" and len(shape) == 1:
+            data = (1.0 + 0.1 * rng.standard_normal(shape[0])).astype(np.float32)
+        else:
+            data = random_tensor(type_name, shape, rng)
+        tensors.append((name, type_name, shape, data))
+    return write_gguf(dst, layout["architecture"], layout["metadata"], tensors)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kcap.testing.synth")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -185,12 +289,35 @@ def main(argv=None) -> int:
     llama.add_argument("--layers", type=int, default=2)
     llama.add_argument("--embd", type=int, default=64)
     llama.add_argument("--type", default="Q8_0")
+    big = sub.add_parser("llama3-8b", help="Llama-3-8B shape in llama.cpp's Q4_K_M mix, random weights")
+    big.add_argument("dst")
+    big.add_argument("--layers", type=int, default=32)
+    big.add_argument("--vocab", type=int, default=128256)
+    layout = sub.add_parser("layout", help="write a GGUF file's layout (no weights, no vocabulary) as JSON")
+    layout.add_argument("src")
+    layout.add_argument("dst")
+    made = sub.add_parser("from-layout", help="random weights in a layout written by 'layout'")
+    made.add_argument("src")
+    made.add_argument("dst")
+    made.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command == "clone":
         clone_layout(args.src, args.dst, seed=args.seed)
+    elif args.command == "llama3-8b":
+        llama3_8b_q4_k_m(args.dst, n_layer=args.layers, n_vocab=args.vocab)
+    elif args.command == "layout":
+        import json
+
+        with open(args.dst, "w") as f:
+            json.dump(extract_layout(args.src), f)
+    elif args.command == "from-layout":
+        import json
+
+        with open(args.src) as f:
+            from_layout(json.load(f), args.dst, seed=args.seed)
     else:
         tiny_llama(args.dst, n_layer=args.layers, n_embd=args.embd, weight_type=args.type)
-    print(os.path.abspath(args.dst if args.command == "llama" else args.dst))
+    print(os.path.abspath(args.dst))
     return 0
 
 

