@@ -1,0 +1,298 @@
+"""kcap CUDA vs llama.cpp CUDA on the same GGUF files, side by side in one run (issue 3).
+
+    python bench/bench_cuda.py --models /tmp/models --llama-bench PATH/llama-bench \
+        --out results.json --table results.md
+
+Models (made here with kcap.testing.synth, never carried): the exact layouts of Gemma 3 270M
+(Q5_0/Q8_0/Q4_K/Q6_K/F32) and SmolLM2-135M (Q4_1/Q8_0/F32) with random weights, and the
+Llama-3-8B shape in llama.cpp's Q4_K_M mix. Random weights run the same kernels on the same
+bytes as trained ones; token ids are random (the files have no vocabulary).
+
+Measured, for each engine and model:
+  tg128   tokens/s generating 128 tokens from an empty context (kcap: decode_greedy, the
+          captured decode graph replayed with the argmax on the device; llama.cpp: llama-bench -n 128)
+  pp512   tokens/s of one 512-token prompt (llama-bench -p 512)
+  tg128@4096  tokens/s generating 128 tokens after a 4096-token context (llama-bench -d 4096 -n 128)
+plus the device-to-device copy bandwidth (bytes read + written, torch) and, for decode, the
+bytes one token must read (every weight once, one embedding row, the KV cache in use) over
+the time per token, as a fraction of that copy bandwidth. kcap figures are medians of
+repeats after a warm-up; llama-bench's are its averages over -r repeats.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+LAYOUTS = REPO / "tests" / "fixtures" / "layouts"
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def make_models(directory: Path, which: list[str]) -> dict[str, str]:
+    from kcap.testing import synth
+
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name in which:
+        path = directory / f"{name}.gguf"
+        if not path.exists():
+            start = time.time()
+            if name == "llama3_8b_q4_k_m":
+                synth.llama3_8b_q4_k_m(str(path))
+            else:
+                synth.from_layout(json.loads((LAYOUTS / f"{name}.json").read_text()), str(path))
+            log(f"made {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.time() - start:.0f} s")
+        paths[name] = str(path)
+    return paths
+
+
+def copy_bandwidth() -> dict:
+    import torch
+
+    n = 2 << 30  # 2 GiB each way: far past the 60 MB L2
+    x = torch.empty(n, dtype=torch.uint8, device="cuda")
+    x.random_(0, 255)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        y.copy_(x)
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    seconds = statistics.median(times)
+    del x, y
+    torch.cuda.empty_cache()
+    return {"bytes_read_plus_written": 2 * n, "seconds": seconds, "gb_per_s": 2 * n / seconds / 1e9}
+
+
+def decode_bytes_per_token(path: str, context: int, kv_bytes: int = 4) -> float:
+    """Bytes a decode step must read at least: every matrix once (the LM head included), one
+    row of the embedding table, norms, and the KV cache of `context` positions."""
+    from kcap.arch import build_spec
+    from kcap.gguf import GGUFFile
+
+    g = GGUFFile(path)
+    spec = build_spec(g)
+    total = 0.0
+    for name, info in g.tensors.items():
+        nbytes = info.data.nbytes
+        if name == spec.token_embd and spec.output != spec.token_embd:
+            nbytes = nbytes / info.shape[1]  # one row
+        total += nbytes
+    for layer in spec.layers:
+        span = min(context, layer.sliding_window) if layer.sliding_window else context
+        total += span * layer.n_head_kv * (layer.head_dim + layer.head_dim_v) * kv_bytes
+    return total
+
+
+def timed(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def bench_kcap(path: str, name: str, env: dict | None = None, full: bool = True) -> dict:
+    import kcap
+
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        # f16 KV cache, as llama.cpp's default
+        model = kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    engine = model.engine
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, model.n_vocab, 4096).astype(np.int32)
+    result = {}
+
+    def tg(n=128):
+        engine.reset()
+        engine.decode_greedy(int(ids[0]), n)
+
+    tg(16)  # warm-up: captures the decode graph
+    t = timed(tg, 5)
+    result["tg128"] = 128 / statistics.median(t)
+    if not full:
+        return result
+
+    def eval_loop(n=128):
+        engine.reset()
+        token = int(ids[0])
+        for _ in range(n):
+            token = int(np.argmax(engine.eval(np.array([token], dtype=np.int32), False)))
+
+    eval_loop(8)
+    result["tg128_eval_host_logits"] = 128 / statistics.median(timed(eval_loop, 3))
+
+    def pp(n=512):
+        engine.reset()
+        engine.eval(ids[:n], False)
+
+    pp()
+    result["pp512"] = 512 / statistics.median(timed(pp, 5))
+
+    engine.reset()
+    start = time.perf_counter()
+    engine.eval(ids, False)
+    result["pp4096_seconds"] = time.perf_counter() - start
+
+    def tg_deep():
+        engine.truncate(4096)
+        engine.decode_greedy(int(ids[1]), 128)
+
+    tg_deep()
+    result["tg128_at_4096"] = 128 / statistics.median(timed(tg_deep, 3))
+    del engine, model
+    return result
+
+
+def bench_llama(llama_bench: str, path: str, timeout: int = 240) -> dict:
+    runs = {
+        "pp512_tg128": ["-p", "512", "-n", "128", "-r", "5"],
+        "tg128_at_4096": ["-p", "0", "-n", "128", "-d", "4096", "-r", "3"],
+    }
+    result = {"commands": {}}
+    for label, args in runs.items():
+        command = [llama_bench, "-m", path, "-ngl", "99", "-o", "json"] + args
+        result["commands"][label] = " ".join(command)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            result[label + "_error"] = "timeout"
+            continue
+        if done.returncode != 0:
+            result[label + "_error"] = done.stderr[-2000:]
+            continue
+        for row in json.loads(done.stdout):
+            if row.get("n_prompt", 0) and not row.get("n_gen", 0):
+                result["pp512"] = row["avg_ts"]
+            elif row.get("n_gen", 0) and row.get("n_depth", 0):
+                result["tg128_at_4096"] = row["avg_ts"]
+            elif row.get("n_gen", 0):
+                result["tg128"] = row["avg_ts"]
+            result.setdefault("build", row.get("build_commit"))
+            result.setdefault("flash_attn", row.get("flash_attn"))
+    return result
+
+
+def table(results: dict) -> str:
+    lines = ["| model | engine | tg128 tok/s | pp512 tok/s | tg128 @ 4096 tok/s | decode bandwidth (tg128 / tg@4096) |",
+             "| --- | --- | ---: | ---: | ---: | --- |"]
+    copy = results.get("copy_bandwidth", {}).get("gb_per_s")
+    for name, per in results["models"].items():
+        for engine in ("kcap", "llama.cpp"):
+            r = per.get(engine, {})
+
+            def f(key):
+                return f"{r[key]:,.0f}" if isinstance(r.get(key), (int, float)) else "-"
+
+            bw = "-"
+            if engine in per and copy and isinstance(r.get("tg128"), (int, float)):
+                b0 = per["bytes_per_token"]["context_0"] * r["tg128"] / 1e9
+                b1 = (per["bytes_per_token"]["context_4096"] * r["tg128_at_4096"] / 1e9
+                      if isinstance(r.get("tg128_at_4096"), (int, float)) else float("nan"))
+                bw = f"{b0:,.0f} / {b1:,.0f} GB/s ({b0 / copy:.0%} / {b1 / copy:.0%} of copy)"
+            lines.append(f"| {name} | {engine} | {f('tg128')} | {f('pp512')} | {f('tg128_at_4096')} | {bw} |")
+        k, l = per.get("kcap", {}), per.get("llama.cpp", {})
+        ratios = [f"{key} {k[key] / l[key]:.2f}x" for key in ("tg128", "pp512", "tg128_at_4096")
+                  if isinstance(k.get(key), (int, float)) and isinstance(l.get(key), (int, float))]
+        if ratios:
+            lines.append(f"| {name} | kcap / llama.cpp | {' · '.join(ratios)} | | | |")
+    if copy:
+        lines.append(f"\nDevice-to-device copy: {copy:,.0f} GB/s (bytes read + written).")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="/tmp/kcap_models")
+    parser.add_argument("--which", default="gemma3_270m,smollm2_135m,llama3_8b_q4_k_m")
+    parser.add_argument("--llama-bench", default=None, help="path to a CUDA llama-bench (skipped if absent)")
+    parser.add_argument("--out", default="bench_cuda.json")
+    parser.add_argument("--table", default=None)
+    parser.add_argument("--skip-kcap", action="store_true")
+    parser.add_argument("--merge", nargs="+", help="merge result files of earlier runs into --out / --table")
+    args = parser.parse_args(argv)
+
+    if args.merge:
+        merged = {"models": {}}
+        for path in args.merge:
+            part = json.loads(Path(path).read_text())
+            for key, value in part.items():
+                if key != "models":
+                    merged.setdefault(key, value)
+            for name, per in part.get("models", {}).items():
+                merged["models"].setdefault(name, {}).update({k: v for k, v in per.items() if v})
+        Path(args.out).write_text(json.dumps(merged, indent=1))
+        if args.table:
+            Path(args.table).write_text(table(merged) + "\n")
+        log(table(merged))
+        return 0
+
+    import torch
+
+    results = {"device": torch.cuda.get_device_name(0), "models": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    results["copy_bandwidth"] = copy_bandwidth()
+    log(f"copy bandwidth: {results['copy_bandwidth']['gb_per_s']:.0f} GB/s")
+    paths = make_models(Path(args.models), args.which.split(","))
+
+    def save():
+        Path(args.out).write_text(json.dumps(results, indent=1))
+        if args.table:
+            Path(args.table).write_text(table(results) + "\n")
+
+    for name, path in paths.items():
+        per = results["models"].setdefault(name, {})
+        per["file_bytes"] = os.path.getsize(path)
+        per["bytes_per_token"] = {"context_0": decode_bytes_per_token(path, 1, kv_bytes=2),
+                                  "context_4096": decode_bytes_per_token(path, 4096, kv_bytes=2)}
+        if not args.skip_kcap:
+            try:
+                per["kcap"] = bench_kcap(path, name)
+                if name == "gemma3_270m":
+                    per["kcap_variants"] = {
+                        "no_pdl": bench_kcap(path, name, {"KCAP_CUDA_PDL": "0"}, full=False),
+                        "no_graph": bench_kcap(path, name, {"KCAP_CUDA_GRAPH": "0"}, full=False),
+                    }
+            except Exception as exc:  # keep measuring the other engine and models
+                per["kcap_error"] = repr(exc)
+            log(name, "kcap", per.get("kcap"), per.get("kcap_variants", ""), per.get("kcap_error", ""))
+            save()
+    if args.llama_bench and Path(args.llama_bench).exists():
+        for name, path in paths.items():
+            per = results["models"][name]
+            per["llama.cpp"] = bench_llama(args.llama_bench, path)
+            log(name, "llama.cpp", per["llama.cpp"])
+            save()
+    else:
+        results["llama.cpp"] = f"not run: no llama-bench at {args.llama_bench}"
+    save()
+    log(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# One call on the device machine (an H200): build kcap with CUDA, run the CUDA tests, and
+# benchmark kcap against llama.cpp on the same files. Everything it writes that matters lands
+# in $OUT (logs, results JSON and table); the last lines printed are the results table.
+#   bash scripts/device_check.sh CARRY_DIR
+# CARRY_DIR (carried with the call) holds whl/*.whl (gguf: not in the device image) and
+# llama_cpp_src.tar.gz (bench/pack_llama_cpp.sh). Switches: SKIP_LLAMA=1, SKIP_TESTS=1,
+# SKIP_BENCH=1, BENCH_MODELS=gemma3_270m,smollm2_135m,llama3_8b_q4_k_m.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+CARRY=$(realpath "${1:-..}")
+OUT=${OUT:-/tmp/kcap_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+JOBS=$(nproc)
+T0=$(date +%s)
+step() { echo "== $* (+$(( $(date +%s) - T0 ))s)"; }
+
+step machine
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+nvcc --version | tail -1
+
+# llama.cpp's llama-bench (CUDA, sm_90 only) builds in the background while kcap is built and tested.
+LLAMA_BIN=/tmp/llama/build/bin/llama-bench
+build_llama() {
+    mkdir -p /tmp/llama && tar -xzf "$CARRY/llama_cpp_src.tar.gz" -C /tmp/llama || return 1
+    local extra=()
+    if ! ls /usr/local/cuda/lib64/libcublas.so* > /dev/null 2>&1; then
+        # The image's toolkit may lack cuBLAS; the nvidia-cublas Python package has it.
+        local dir
+        dir=$(python3 -c "import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) if nvidia.cublas.__file__ else list(nvidia.cublas.__path__)[0])" 2>/dev/null)
+        if [ -n "$dir" ]; then
+            extra+=("-DCUDA_cublas_LIBRARY=$(ls "$dir"/lib/libcublas.so* | head -1)"
+                    "-DCUDA_cublasLt_LIBRARY=$(ls "$dir"/lib/libcublasLt.so* | head -1)"
+                    "-DCMAKE_CUDA_FLAGS=-I$dir/include" "-DCMAKE_CXX_FLAGS=-I$dir/include")
+            echo "cuBLAS from $dir"
+        fi
+    fi
+    cmake -S /tmp/llama/llama.cpp-src -B /tmp/llama/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF "${extra[@]}" &&
+        nice -n 5 cmake --build /tmp/llama/build -j "$JOBS" --target llama-bench
+}
+LLAMA_PID=
+if [ "${SKIP_LLAMA:-0}" != 1 ] && [ -f "$CARRY/llama_cpp_src.tar.gz" ]; then
+    ( build_llama; echo "llama build rc=$?" ) > "$OUT/llama_build.log" 2>&1 &
+    LLAMA_PID=$!
+fi
+
+step wheels
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$CARRY"/whl/*.whl
+export PYTHONPATH=/tmp/site
+
+step build kcap
+cmake -S . -B build/device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKCAP_CUDA=ON -DKCAP_BUILD_PYTHON=ON \
+    -DKCAP_BUILD_TESTS=ON -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" > "$OUT/kcap_configure.log" 2>&1 ||
+    { tail -30 "$OUT/kcap_configure.log"; exit 1; }
+cmake --build build/device -j "$JOBS" > "$OUT/kcap_build.log" 2>&1 || { grep -E "error|Error" -A5 "$OUT/kcap_build.log" | head -60; exit 1; }
+cp build/device/_core*.so python/kcap/
+export PYTHONPATH=$PWD/python:/tmp/site
+
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+    step ctest
+    timeout 240 ctest --test-dir build/device --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -40
+    step pytest
+    (cd tests && timeout 300 python3 -m pytest -q -rs python/test_cuda.py 2>&1) | tee "$OUT/pytest.log" | tail -40
+fi
+
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    step bench kcap
+    timeout 400 python3 bench/bench_cuda.py --models /tmp/kcap_models \
+        --which "${BENCH_MODELS:-gemma3_270m,smollm2_135m,llama3_8b_q4_k_m}" --out "$OUT/cuda_h200_kcap.json" \
+        --table "$OUT/cuda_h200_kcap.md" 2>&1 | tee "$OUT/bench_kcap.log" | tail -30
+    if [ -n "$LLAMA_PID" ]; then
+        step wait for llama.cpp
+        wait "$LLAMA_PID"
+        tail -3 "$OUT/llama_build.log"
+        if [ -x "$LLAMA_BIN" ]; then
+            step bench llama.cpp
+            # Re-runs the table with both engines (kcap numbers are re-measured side by side).
+            timeout 500 python3 bench/bench_cuda.py --models /tmp/kcap_models \
+                --which "${BENCH_MODELS:-gemma3_270m,smollm2_135m,llama3_8b_q4_k_m}" --llama-bench "$LLAMA_BIN" \
+                --skip-kcap --out "$OUT/cuda_h200_llama.json" --table "$OUT/cuda_h200_llama.md" 2>&1 |
+                tee "$OUT/bench_llama.log" | tail -20
+            python3 bench/bench_cuda.py --merge "$OUT/cuda_h200_kcap.json" "$OUT/cuda_h200_llama.json" \
+                --out "$OUT/cuda_h200.json" --table "$OUT/cuda_h200.md" > /dev/null
+        fi
+    fi
+fi
+step done
+cat "$OUT/cuda_h200.md" 2>/dev/null || cat "$OUT/cuda_h200_kcap.md" 2>/dev/null
