@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-import gguf
+from kcap.gguf import GGUFFile
 import jinja2
 import pytest
 from tokenizers import pre_tokenizers
@@ -58,12 +58,10 @@ def smollm2_path() -> str:
 
 
 def read_tokenizer_metadata(path: str) -> dict:
-    reader = gguf.GGUFReader(path)
-    return {
-        key: field.contents()
-        for key, field in reader.fields.items()
-        if key.startswith("tokenizer.") or key.startswith("general.")
-    }
+    # kcap's reader: test_gguf.py proves it reads the same metadata as gguf.GGUFReader,
+    # which takes 13-26 s on Gemma's vocabulary here instead of under one second.
+    metadata = GGUFFile(path).metadata
+    return {key: value for key, value in metadata.items() if key.startswith(("tokenizer.", "general."))}
 
 
 class LoadedModel:
