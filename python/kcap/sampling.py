@@ -9,8 +9,9 @@ outputs are comparable with those tools; the stage order is the HF one:
 
 Everything is vectorized because a vocabulary can have 262144 entries and this
 runs once per generated token: top-k uses a partition rather than a sort, top-p
-sorts only a growing prefix of the most likely tokens, and the draw inverts a
-two-level (blocked) CDF instead of a full cumulative sum.
+sorts the values (not indices) of only a growing prefix of the most likely
+tokens, and the draw inverts a two-level (blocked) CDF instead of a full
+cumulative sum.
 """
 
 from __future__ import annotations
@@ -335,9 +336,10 @@ def _first_reaching(descending: np.ndarray, target: float) -> int:
     block_cumulative = np.cumsum(block_sums)
     block = min(int(np.searchsorted(block_cumulative, target, side="left")), block_count)
     before = block_cumulative[block - 1] if block > 0 else 0.0
-    in_block = np.cumsum(descending[block * _DRAW_BLOCK : (block + 1) * _DRAW_BLOCK], dtype=np.float64)
+    start = block * _DRAW_BLOCK
+    in_block = np.cumsum(descending[start : start + _DRAW_BLOCK], dtype=np.float64)
     offset = min(int(np.searchsorted(in_block, target - before, side="left")), in_block.size - 1)
-    return min(block * _DRAW_BLOCK + offset, count - 1)
+    return min(start + offset, count - 1)
 
 
 def _draw_index(weights: np.ndarray, uniform: float) -> int:
