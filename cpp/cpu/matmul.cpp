@@ -14,9 +14,64 @@ namespace kcap {
 
 namespace {
 
-// Weight rows dequantized together in a prefill tile: enough reuse of the activation
-// block while the tile stays in L1/L2 (8 rows x 8192 floats = 256 KiB at the largest K).
-constexpr int64_t kPrefillRowTile = 8;
+// Prefill blocking: a tile of weight rows is dequantized once, then multiplied with the
+// tokens a block at a time so that the tile and the token block both stay in L2
+// (32 rows and 16 tokens of K = 2048 floats are 256 KiB and 128 KiB).
+constexpr int64_t kPrefillRowTile = 32;
+constexpr int64_t kPrefillTokenBlock = 16;
+// Register block of the prefill micro-kernel: 4 weight rows x 2 tokens = 8 vector
+// accumulators, which with the 6 operand vectors fits the 16 AVX registers.
+constexpr int kMicroRows = 4;
+constexpr int kMicroTokens = 2;
+constexpr int kVectorFloats = 8;
+typedef float Vec8 __attribute__((vector_size(kVectorFloats * sizeof(float)), aligned(4)));
+
+inline float horizontal_sum(Vec8 v) {
+    float s = 0.0f;
+    for (int i = 0; i < kVectorFloats; ++i) s += v[i];
+    return s;
+}
+
+// y[t * y_stride + r] = dot(w[r], x[t]) for r < kMicroRows, t < kMicroTokens.
+inline void micro_kernel(const float* w, const float* x, int64_t K, float* y, int64_t y_stride) {
+    Vec8 acc[kMicroRows][kMicroTokens] = {};
+    int64_t k = 0;
+    for (; k + kVectorFloats <= K; k += kVectorFloats) {
+        Vec8 xv[kMicroTokens];
+        for (int t = 0; t < kMicroTokens; ++t) xv[t] = *reinterpret_cast<const Vec8*>(x + t * K + k);
+        for (int r = 0; r < kMicroRows; ++r) {
+            const Vec8 wv = *reinterpret_cast<const Vec8*>(w + r * K + k);
+            for (int t = 0; t < kMicroTokens; ++t) acc[r][t] += wv * xv[t];
+        }
+    }
+    for (int r = 0; r < kMicroRows; ++r)
+        for (int t = 0; t < kMicroTokens; ++t) {
+            float sum = horizontal_sum(acc[r][t]);
+            for (int64_t kk = k; kk < K; ++kk) sum += w[r * K + kk] * x[t * K + kk];
+            y[t * y_stride + r] = sum;
+        }
+}
+
+// out[m * N + r] = dot(tile[r], x[m]) for r < rows, m < M (tile rows are contiguous, K long).
+void tile_times_token_block(const float* tile, int64_t rows, const float* x, int64_t M, int64_t K, float* out,
+                            int64_t N) {
+    int64_t r = 0;
+    for (; r + kMicroRows <= rows; r += kMicroRows) {
+        int64_t m = 0;
+        for (; m + kMicroTokens <= M; m += kMicroTokens)
+            micro_kernel(tile + r * K, x + m * K, K, out + m * N + r, N);
+        for (; m < M; ++m)
+            for (int64_t rr = r; rr < r + kMicroRows; ++rr) out[m * N + rr] = dot_f32(tile + rr * K, x + m * K, K);
+    }
+    for (; r < rows; ++r)
+        for (int64_t m = 0; m < M; ++m) out[m * N + r] = dot_f32(tile + r * K, x + m * K, K);
+}
+
+void tile_times_tokens(const float* tile, int64_t rows, const float* x, int64_t M, int64_t K, float* out,
+                       int64_t N) {
+    for (int64_t m0 = 0; m0 < M; m0 += kPrefillTokenBlock)
+        tile_times_token_block(tile, rows, x + m0 * K, std::min(kPrefillTokenBlock, M - m0), K, out + m0 * N, N);
+}
 
 void matmul_kernel(const Stage& stage, const KernelCall& call) {
     const TensorRef& w = *stage.operands[0];
@@ -43,14 +98,10 @@ void matmul_kernel(const Stage& stage, const KernelCall& call) {
             const int64_t rows = std::min(kPrefillRowTile, N - n0);
             for (int64_t r = 0; r < rows; ++r)
                 dequantize_row(w.format, w.data + (n0 + r) * row_stride, tile.data() + r * K, K);
-            for (int64_t m = 0; m < M; ++m) {
-                const float* x = call.in + m * K;
-                float* y = call.out + m * N + n0;
-                for (int64_t r = 0; r < rows; ++r) {
-                    float v = dot_f32(tile.data() + r * K, x, K);
-                    y[r] = bias ? v + bias[n0 + r] : v;
-                }
-            }
+            tile_times_tokens(tile.data(), rows, call.in, M, K, call.out + n0, N);
+            if (bias)
+                for (int64_t m = 0; m < M; ++m)
+                    for (int64_t r = 0; r < rows; ++r) call.out[m * N + n0 + r] += bias[n0 + r];
         }
     });
 }

@@ -34,7 +34,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 def cmd_run(args) -> int:
     import kcap
 
-    path = args.model or default_model_path()
+    path = str(args.model or default_model_path())
     prompt = args.prompt if args.prompt is not None else (args.prompt_positional or DEFAULT_PROMPT)
     model = kcap.load(path, backend=args.backend, n_ctx=args.ctx, n_threads=args.threads, kv_type=args.kv_type,
                       progress=not args.quiet)
@@ -56,7 +56,7 @@ def cmd_run(args) -> int:
 def cmd_explain(args) -> int:
     from kcap.explain import explain_file, format_table
 
-    routes = explain_file(args.model, backend=args.backend, kv_type=args.kv_type, n_ctx=args.ctx)
+    routes = explain_file(str(args.model), backend=args.backend, kv_type=args.kv_type, n_ctx=args.ctx)
     if args.json:
         json.dump(routes, sys.stdout, indent=1)
         print()

@@ -130,6 +130,35 @@ def clone_layout(src: str, dst: str, seed: int = 0, metadata_overrides: dict | N
     return write_gguf(dst, arch, overrides, tensors, typed_metadata=typed)
 
 
+def copy_with_changes(src: str, dst: str, metadata_overrides: dict | None = None, drop_metadata=(),
+                      drop_tensors=(), add_tensors=()) -> str:
+    """Copies a GGUF file's metadata and tensor bytes with edits, to make defective files:
+    add_tensors holds (name, type, GGUF-order shape, data) as write_gguf takes them."""
+    reader = gguf.GGUFReader(src)
+    typed = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in drop_metadata:
+            continue
+        vtype = field.types[0]
+        subtype = field.types[1] if vtype == VT.ARRAY and len(field.types) > 1 else None
+        typed[key] = (field.contents(), vtype, subtype)
+    overrides = dict(metadata_overrides or {})
+    arch = overrides.pop("general.architecture", typed.get("general.architecture", ("llama",))[0])
+    for key in overrides:
+        typed.pop(key, None)
+    tensors = []
+    for t in reader.tensors:
+        if t.name in drop_tensors:
+            continue
+        shape = tuple(int(d) for d in t.shape)
+        data = np.asarray(t.data)
+        if t.tensor_type.name != "F32":
+            data = data.view(np.uint8).reshape(int(np.prod(shape[1:])) if len(shape) > 1 else 1, -1)
+        tensors.append((t.name, t.tensor_type.name, shape, data))
+    tensors.extend(add_tensors)
+    return write_gguf(dst, arch, overrides, tensors, typed_metadata=typed)
+
+
 def tiny_llama(path: str, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 96,
                n_vocab: int = 256, weight_type: str = "Q8_0", context_length: int = 256, tied: bool = True,
                seed: int = 0, extra_metadata: dict | None = None) -> str:
@@ -174,6 +203,60 @@ def tiny_llama(path: str, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n
         add(f"blk.{il}.ffn_up.weight", (n_embd, n_ff), weight_type)
         add(f"blk.{il}.ffn_down.weight", (n_ff, n_embd), weight_type)
     return write_gguf(path, "llama", meta, tensors)
+
+
+def tiny_gemma3(path: str, n_layer: int = 3, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
+                head_dim: int = 32, n_ff: int = 96, n_vocab: int = 256, weight_type: str = "Q8_0",
+                sliding_window: int = 4, pattern: int = 2, attn_softcap: float = 0.0, final_softcap: float = 0.0,
+                context_length: int = 256, seed: int = 0) -> str:
+    """A small random Gemma-3-layout model (QK-norm, post-norms, sliding-window layers
+    every `pattern`-th layer global, optional softcaps), with no tokenizer."""
+    rng = np.random.default_rng(seed)
+    meta = {
+        "gemma3.block_count": n_layer,
+        "gemma3.embedding_length": n_embd,
+        "gemma3.feed_forward_length": n_ff,
+        "gemma3.attention.head_count": n_head,
+        "gemma3.attention.head_count_kv": n_head_kv,
+        "gemma3.attention.key_length": head_dim,
+        "gemma3.attention.value_length": head_dim,
+        "gemma3.context_length": context_length,
+        "gemma3.rope.freq_base": 1000000.0,
+        "gemma3.attention.layer_norm_rms_epsilon": 1e-6,
+        "gemma3.attention.sliding_window": sliding_window,
+        "gemma3.attention.sliding_window_pattern": pattern,
+        "tokenizer.ggml.model": "no_vocab",
+    }
+    if attn_softcap:
+        meta["gemma3.attn_logit_softcapping"] = attn_softcap
+    if final_softcap:
+        meta["gemma3.final_logit_softcapping"] = final_softcap
+    tensors = []
+
+    def add(name, shape, type_name):
+        if type_name == "F32" and len(shape) == 1:
+            data = (1.0 + 0.1 * rng.standard_normal(shape[0])).astype(np.float32)
+        else:
+            data = random_tensor(type_name, shape, rng)
+        tensors.append((name, type_name, shape, data))
+
+    add("token_embd.weight", (n_embd, n_vocab), weight_type)
+    add("output_norm.weight", (n_embd,), "F32")
+    for il in range(n_layer):
+        add(f"blk.{il}.attn_norm.weight", (n_embd,), "F32")
+        add(f"blk.{il}.attn_q.weight", (n_embd, n_head * head_dim), weight_type)
+        add(f"blk.{il}.attn_k.weight", (n_embd, n_head_kv * head_dim), weight_type)
+        add(f"blk.{il}.attn_v.weight", (n_embd, n_head_kv * head_dim), weight_type)
+        add(f"blk.{il}.attn_q_norm.weight", (head_dim,), "F32")
+        add(f"blk.{il}.attn_k_norm.weight", (head_dim,), "F32")
+        add(f"blk.{il}.attn_output.weight", (n_head * head_dim, n_embd), weight_type)
+        add(f"blk.{il}.post_attention_norm.weight", (n_embd,), "F32")
+        add(f"blk.{il}.ffn_norm.weight", (n_embd,), "F32")
+        add(f"blk.{il}.ffn_gate.weight", (n_embd, n_ff), weight_type)
+        add(f"blk.{il}.ffn_up.weight", (n_embd, n_ff), weight_type)
+        add(f"blk.{il}.ffn_down.weight", (n_ff, n_embd), weight_type)
+        add(f"blk.{il}.post_ffw_norm.weight", (n_embd,), "F32")
+    return write_gguf(path, "gemma3", meta, tensors)
 
 
 # --- Added for the CUDA backend (issue 3): big layouts made where they run ---------------

@@ -1,0 +1,91 @@
+// dequantize_row: the exact decode of a row, bit-identical to gguf.quants.dequantize.
+//
+// Exactness needs every product and sum rounded to f32 separately, as numpy does. GCC (in
+// gnu++ mode) and Clang may fuse "a * b + c" into one FMA with a single rounding. For the
+// formats here that happens to change nothing (every scale * code product is exact in f32:
+// an f16 scale has 11 significant bits, the sub-scales and codes at most 13 more), but that
+// is a property of today's formats, not a guarantee, so contraction is switched off for this
+// whole file (decoders included) before formats_blocks.h is read.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <cstring>
+#include <string>
+
+#include "core/formats_blocks.h"
+#include "kcap/errors.h"
+#include "kcap/formats.h"
+
+namespace kcap {
+namespace {
+
+template <typename Block, void (*decode)(const Block&, float*)>
+void dequantize_blocks(const void* src, float* dst, int64_t n_blocks, int block_elems) {
+    const Block* blocks = static_cast<const Block*>(src);
+    for (int64_t b = 0; b < n_blocks; ++b) decode(blocks[b], dst + b * block_elems);
+}
+
+void dequantize_f16(const uint8_t* src, float* dst, int64_t n) {
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) {
+        const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(halves));
+    }
+#endif
+    for (; i < n; ++i) dst[i] = blocks::load_half(src + 2 * i);
+}
+
+void dequantize_bf16(const uint8_t* src, float* dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, sizeof h);
+        dst[i] = blocks::bits_to_float(static_cast<uint32_t>(h) << 16);
+    }
+}
+
+}  // namespace
+
+void dequantize_row(Format format, const void* src, float* dst, int64_t n_elems) {
+    using namespace blocks;
+    row_bytes(format, n_elems);  // validates the format and that n_elems fills whole blocks
+    const int64_t n_qk = n_elems / kQK;
+    const int64_t n_qk_k = n_elems / kQK_K;
+    switch (format) {
+        case Format::F32:
+            std::memcpy(dst, src, static_cast<size_t>(n_elems) * sizeof(float));
+            return;
+        case Format::F16:
+            return dequantize_f16(static_cast<const uint8_t*>(src), dst, n_elems);
+        case Format::BF16:
+            return dequantize_bf16(static_cast<const uint8_t*>(src), dst, n_elems);
+        case Format::Q4_0:
+            return dequantize_blocks<BlockQ4_0, decode_q4_0>(src, dst, n_qk, kQK);
+        case Format::Q4_1:
+            return dequantize_blocks<BlockQ4_1, decode_q4_1>(src, dst, n_qk, kQK);
+        case Format::Q5_0:
+            return dequantize_blocks<BlockQ5_0, decode_q5_0>(src, dst, n_qk, kQK);
+        case Format::Q5_1:
+            return dequantize_blocks<BlockQ5_1, decode_q5_1>(src, dst, n_qk, kQK);
+        case Format::Q8_0:
+            return dequantize_blocks<BlockQ8_0, decode_q8_0>(src, dst, n_qk, kQK);
+        case Format::MXFP4:
+            return dequantize_blocks<BlockMXFP4, decode_mxfp4>(src, dst, n_qk, kQK);
+        case Format::Q2_K:
+            return dequantize_blocks<BlockQ2_K, decode_q2_k>(src, dst, n_qk_k, kQK_K);
+        case Format::Q3_K:
+            return dequantize_blocks<BlockQ3_K, decode_q3_k>(src, dst, n_qk_k, kQK_K);
+        case Format::Q4_K:
+            return dequantize_blocks<BlockQ4_K, decode_q4_k>(src, dst, n_qk_k, kQK_K);
+        case Format::Q5_K:
+            return dequantize_blocks<BlockQ5_K, decode_q5_k>(src, dst, n_qk_k, kQK_K);
+        case Format::Q6_K:
+            return dequantize_blocks<BlockQ6_K, decode_q6_k>(src, dst, n_qk_k, kQK_K);
+    }
+    throw FormatError("dequantize_row: " + std::string(format_name(format)) + " has no decoder");
+}
+
+}  // namespace kcap

@@ -1,0 +1,171 @@
+// dot_row: the fused dot product of one quantized row with an f32 vector, the inner loop of
+// the CPU backend's decode matvec. This file holds the argument checks, the dispatch and the
+// portable build; formats_dot_avx2.cpp the x86 AVX2+FMA build that -march=native selects.
+//
+// Portable build: blocks are decoded (with formats_blocks.h, the same decoders as
+// dequantize_row) into a small aligned stack buffer that stays in L1, 256 elements at a time,
+// and multiplied into 64 independent f32 partial sums. The independent sums let the
+// multiply-adds overlap (one running sum would serialise every element) and keep each
+// rounding chain short (n/64 additions per lane, then a fixed pairwise fold). Plain loops over
+// fixed-size arrays, which gcc/clang -O3 vectorize for whatever the target offers.
+#include <cstring>
+#include <string>
+
+#include "core/formats_blocks.h"
+#include "core/formats_dot_paths.h"
+#include "kcap/errors.h"
+#include "kcap/formats.h"
+
+namespace kcap {
+namespace {
+
+// Independent partial sums: 64 floats = 8 AVX2 registers or 4 AVX-512 ones, enough to keep
+// two FMA ports busy through a 4-cycle latency.
+constexpr int kLanes = 64;
+
+struct PartialSums {
+    alignas(64) float lane[kLanes] = {};
+
+    // A fixed pairwise order, so the result does not depend on how the loop was vectorized.
+    float total() const {
+        float fold[kLanes];
+        std::memcpy(fold, lane, sizeof fold);
+        for (int width = kLanes / 2; width > 0; width /= 2)
+            for (int k = 0; k < width; ++k) fold[k] += fold[k + width];
+        return fold[0];
+    }
+};
+
+// lane[k] += w[i + k] * x[i + k] for n a multiple of kLanes.
+void multiply_add(const float* __restrict w, const float* __restrict x, int n, float* __restrict lane) {
+    float sums[kLanes];
+    for (int k = 0; k < kLanes; ++k) sums[k] = lane[k];
+    for (int i = 0; i < n; i += kLanes)
+        for (int k = 0; k < kLanes; ++k) sums[k] += w[i + k] * x[i + k];
+    for (int k = 0; k < kLanes; ++k) lane[k] = sums[k];
+}
+
+template <typename Block, void (*decode)(const Block&, float*), int kBlockElems>
+void decode_blocks(const Block* __restrict blocks, int count, float* __restrict out) {
+    for (int g = 0; g < count; ++g) decode(blocks[g], out + g * kBlockElems);
+}
+
+// Decode kGroup consecutive blocks into one buffer so that the multiply-add runs over at least
+// kLanes floats (and the 32-element formats get a longer, cheaper inner loop).
+template <typename Block, int kBlockElems, void (*decode)(const Block&, float*)>
+float dot_blocks(const void* src, const float* x, int64_t n_elems) {
+    constexpr int kGroup = kBlockElems >= 256 ? 1 : 256 / kBlockElems;
+    constexpr int kBufferElems = kGroup * kBlockElems;
+    static_assert(kBufferElems % kLanes == 0, "a decoded group fills whole lane sets");
+    const Block* blocks = static_cast<const Block*>(src);
+    const int64_t n_blocks = n_elems / kBlockElems;
+
+    PartialSums sums;
+    alignas(64) float weights[kBufferElems];
+    int64_t b = 0;
+    for (; b + kGroup <= n_blocks; b += kGroup) {
+        decode_blocks<Block, decode, kBlockElems>(blocks + b, kGroup, weights);
+        multiply_add(weights, x + b * kBlockElems, kBufferElems, sums.lane);
+    }
+    // Tail of fewer than kGroup blocks (e.g. Gemma's 640 = 2 groups + 4 blocks of Q5_0):
+    // decode it into the same buffer and zero-pad weights and x up to whole lane sets.
+    if (b < n_blocks) {
+        const int tail_blocks = static_cast<int>(n_blocks - b);
+        const int tail_elems = tail_blocks * kBlockElems;
+        const int padded = (tail_elems + kLanes - 1) / kLanes * kLanes;
+        alignas(64) float x_tail[kBufferElems];
+        decode_blocks<Block, decode, kBlockElems>(blocks + b, tail_blocks, weights);
+        std::memcpy(x_tail, x + b * kBlockElems, sizeof(float) * tail_elems);
+        for (int i = tail_elems; i < padded; ++i) weights[i] = x_tail[i] = 0.0f;
+        multiply_add(weights, x_tail, padded, sums.lane);
+    }
+    return sums.total();
+}
+
+// Float rows: kLanes elements at a time are converted into a stack buffer (which is also an
+// aligned copy for F32 rows at odd addresses); the last partial chunk is zero-padded so that
+// every element goes through the lane sums (a scalar tail would be one long rounding chain).
+template <int kBytes, void (*convert)(const uint8_t*, int, float*)>
+float dot_floats(const uint8_t* src, const float* x, int64_t n) {
+    PartialSums sums;
+    alignas(64) float weights[kLanes];
+    alignas(64) float x_chunk[kLanes];
+    for (int64_t i = 0; i < n; i += kLanes) {
+        const int count = n - i < kLanes ? static_cast<int>(n - i) : kLanes;
+        convert(src + kBytes * i, count, weights);
+        if (count == kLanes) {
+            multiply_add(weights, x + i, kLanes, sums.lane);
+        } else {
+            std::memcpy(x_chunk, x + i, sizeof(float) * count);
+            for (int k = count; k < kLanes; ++k) weights[k] = x_chunk[k] = 0.0f;
+            multiply_add(weights, x_chunk, kLanes, sums.lane);
+        }
+    }
+    return sums.total();
+}
+
+void convert_f32(const uint8_t* src, int count, float* out) { std::memcpy(out, src, sizeof(float) * count); }
+
+void convert_f16(const uint8_t* src, int count, float* out) {
+    for (int k = 0; k < count; ++k) out[k] = blocks::load_half(src + 2 * k);
+}
+
+void convert_bf16(const uint8_t* src, int count, float* out) {
+    for (int k = 0; k < count; ++k) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * k, sizeof h);
+        out[k] = blocks::bits_to_float(static_cast<uint32_t>(h) << 16);
+    }
+}
+
+}  // namespace
+
+namespace portable {
+
+float dot_row(Format format, const void* src, const float* x, int64_t n_elems) {
+    using namespace blocks;
+    switch (format) {
+        case Format::F32:
+            return dot_floats<4, convert_f32>(static_cast<const uint8_t*>(src), x, n_elems);
+        case Format::F16:
+            return dot_floats<2, convert_f16>(static_cast<const uint8_t*>(src), x, n_elems);
+        case Format::BF16:
+            return dot_floats<2, convert_bf16>(static_cast<const uint8_t*>(src), x, n_elems);
+        case Format::Q4_0:
+            return dot_blocks<BlockQ4_0, kQK, decode_q4_0>(src, x, n_elems);
+        case Format::Q4_1:
+            return dot_blocks<BlockQ4_1, kQK, decode_q4_1>(src, x, n_elems);
+        case Format::Q5_0:
+            return dot_blocks<BlockQ5_0, kQK, decode_q5_0>(src, x, n_elems);
+        case Format::Q5_1:
+            return dot_blocks<BlockQ5_1, kQK, decode_q5_1>(src, x, n_elems);
+        case Format::Q8_0:
+            return dot_blocks<BlockQ8_0, kQK, decode_q8_0>(src, x, n_elems);
+        case Format::MXFP4:
+            return dot_blocks<BlockMXFP4, kQK, decode_mxfp4>(src, x, n_elems);
+        case Format::Q2_K:
+            return dot_blocks<BlockQ2_K, kQK_K, decode_q2_k>(src, x, n_elems);
+        case Format::Q3_K:
+            return dot_blocks<BlockQ3_K, kQK_K, decode_q3_k>(src, x, n_elems);
+        case Format::Q4_K:
+            return dot_blocks<BlockQ4_K, kQK_K, decode_q4_k>(src, x, n_elems);
+        case Format::Q5_K:
+            return dot_blocks<BlockQ5_K, kQK_K, decode_q5_k>(src, x, n_elems);
+        case Format::Q6_K:
+            return dot_blocks<BlockQ6_K, kQK_K, decode_q6_k>(src, x, n_elems);
+    }
+    throw FormatError("dot_row: " + std::string(format_name(format)) + " has no kernel");
+}
+
+}  // namespace portable
+
+float dot_row(Format format, const void* src, const float* x, int64_t n_elems) {
+    row_bytes(format, n_elems);  // validates the format and that n_elems fills whole blocks
+#if defined(KCAP_DOT_AVX2)
+    return avx2::dot_row(format, src, x, n_elems);
+#else
+    return portable::dot_row(format, src, x, n_elems);
+#endif
+}
+
+}  // namespace kcap

@@ -1,0 +1,358 @@
+// dot_row with AVX2+FMA: the CPU backend's decode matvec inner loop on x86.
+//
+// Every format is reduced to the same step: 32 small integer codes in one 256-bit register,
+// turned into weights w = code * scale + offset (per 8 lanes; runs of 16 or 32 elements
+// share a scale) and multiplied into four 8-lane accumulators. Unpacking is a handful of
+// byte shifts/masks (pshufb for MXFP4's value table) and the weights never leave registers.
+// Biases are folded into the offset (d * (q - 8) becomes fma(q, d, -8d)). The weights are
+// still exactly dequantize_row's: scale * code is exact in f32 for every format here (an f16
+// scale has 11 significant bits, sub-scales and codes at most 13 more) and -8d is exact, so
+// the one rounding of the FMA is the same rounding dequantize_row does. The C++ test checks
+// this with one-hot x.
+//
+// Accumulation: four accumulators of 8 lanes, so each lane sums n/32 terms before the final
+// fixed-order reduction (the tests' tolerance is derived from that chain length).
+#include "core/formats_dot_paths.h"
+
+#include "kcap/errors.h"
+
+#if !defined(KCAP_DOT_AVX2)
+
+namespace kcap {
+namespace avx2 {
+bool compiled() { return false; }
+float dot_row(Format, const void*, const float*, int64_t) {
+    throw Error("kcap was compiled without AVX2+FMA: avx2::dot_row is not available");
+}
+}  // namespace avx2
+}  // namespace kcap
+
+#else
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "core/formats_blocks.h"
+
+namespace kcap {
+namespace avx2 {
+namespace {
+
+using namespace blocks;
+
+struct Accumulators {
+    __m256 lane[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+
+    float total() const {
+        const __m256 sum = _mm256_add_ps(_mm256_add_ps(lane[0], lane[1]), _mm256_add_ps(lane[2], lane[3]));
+        __m128 half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+        half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+        half = _mm_add_ss(half, _mm_movehdup_ps(half));
+        return _mm_cvtss_f32(half);
+    }
+};
+
+inline __m256 unsigned_bytes_to_float(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
+inline __m256 signed_bytes_to_float(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)); }
+
+// acc[k] += (code[8k..8k+7] * scale + offset) * x[8k..8k+7] for the 32 codes (bytes, signed
+// or not); the first 16 use (scale_low, offset_low), the last 16 (scale_high, offset_high).
+template <bool kSigned = false>
+inline void accumulate_32(__m256i codes, float scale_low, float offset_low, float scale_high, float offset_high,
+                          const float* x, Accumulators& acc) {
+    const __m128i low = _mm256_castsi256_si128(codes);
+    const __m128i high = _mm256_extracti128_si256(codes, 1);
+    const __m128i parts[4] = {low, _mm_unpackhi_epi64(low, low), high, _mm_unpackhi_epi64(high, high)};
+    const __m256 scale[2] = {_mm256_set1_ps(scale_low), _mm256_set1_ps(scale_high)};
+    const __m256 offset[2] = {_mm256_set1_ps(offset_low), _mm256_set1_ps(offset_high)};
+    for (int k = 0; k < 4; ++k) {
+        const __m256 code = kSigned ? signed_bytes_to_float(parts[k]) : unsigned_bytes_to_float(parts[k]);
+        const __m256 weight = _mm256_fmadd_ps(code, scale[k / 2], offset[k / 2]);
+        acc.lane[k] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(x + 8 * k), acc.lane[k]);
+    }
+}
+
+// One scale and offset for all 32 codes.
+template <bool kSigned = false>
+inline void accumulate_32(__m256i codes, float scale, float offset, const float* x, Accumulators& acc) {
+    accumulate_32<kSigned>(codes, scale, offset, scale, offset, x, acc);
+}
+
+inline __m256i load_256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Byte-wise (v >> shift) & mask for shift < 8: a 16-bit shift drags bits of the neighbouring
+// byte in at the top, which the mask removes.
+inline __m256i shift_mask(__m256i v, int shift, uint8_t mask) {
+    const __m256i shifted = _mm256_srl_epi16(v, _mm_cvtsi32_si128(shift));
+    return _mm256_and_si256(shifted, _mm256_set1_epi8(static_cast<char>(mask)));
+}
+
+// The legacy split: 16 bytes -> low nibbles as codes 0..15, high nibbles as codes 16..31.
+inline __m256i legacy_nibbles(const uint8_t* qs) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m128i low = _mm_and_si128(packed, mask);
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(low), high, 1);
+}
+
+// Bit i of a little-endian u32 -> byte i as 0x10 (Q5_0/Q5_1's fifth bit): copy byte i / 8 of
+// the word into byte i, then test bit i % 8.
+inline __m256i fifth_bits(const uint8_t* qh_bytes) {
+    uint32_t qh;
+    std::memcpy(&qh, qh_bytes, sizeof qh);
+    const __m256i byte_of_bit = _mm256_setr_epi64x(0x0000000000000000ll, 0x0101010101010101ll,
+                                                   0x0202020202020202ll, 0x0303030303030303ll);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), byte_of_bit);
+    const __m256i bit_of_byte = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit_of_byte), bit_of_byte);
+    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+float dot_q4_0(const BlockQ4_0* blocks, const float* x, int64_t n_blocks) {
+    Accumulators acc;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const float d = load_half(blocks[b].d);
+        accumulate_32(legacy_nibbles(blocks[b].qs), d, -8.0f * d, x + kQK * b, acc);
+    }
+    return acc.total();
+}
+
+float dot_q4_1(const BlockQ4_1* blocks, const float* x, int64_t n_blocks) {
+    Accumulators acc;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const float d = load_half(blocks[b].d), m = load_half(blocks[b].m);
+        accumulate_32(legacy_nibbles(blocks[b].qs), d, m, x + kQK * b, acc);
+    }
+    return acc.total();
+}
+
+float dot_q5_0(const BlockQ5_0* blocks, const float* x, int64_t n_blocks) {
+    Accumulators acc;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const float d = load_half(blocks[b].d);
+        const __m256i codes = _mm256_or_si256(legacy_nibbles(blocks[b].qs), fifth_bits(blocks[b].qh));
+        accumulate_32(codes, d, -16.0f * d, x + kQK * b, acc);
+    }
+    return acc.total();
+}
+
+float dot_q5_1(const BlockQ5_1* blocks, const float* x, int64_t n_blocks) {
+    Accumulators acc;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const __m256i codes = _mm256_or_si256(legacy_nibbles(blocks[b].qs), fifth_bits(blocks[b].qh));
+        accumulate_32(codes, load_half(blocks[b].d), load_half(blocks[b].m), x + kQK * b, acc);
+    }
+    return acc.total();
+}
+
+float dot_q8_0(const BlockQ8_0* blocks, const float* x, int64_t n_blocks) {
+    Accumulators acc;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blocks[b].qs));
+        accumulate_32<true>(codes, load_half(blocks[b].d), 0.0f, x + kQK * b, acc);
+    }
+    return acc.total();
+}
+
+float dot_mxfp4(const BlockMXFP4* blocks, const float* x, int64_t n_blocks) {
+    const __m128i doubled_values = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMXFP4DoubledValues));
+    const __m256i table = _mm256_broadcastsi128_si256(doubled_values);
+    Accumulators acc;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const __m256i codes = _mm256_shuffle_epi8(table, legacy_nibbles(blocks[b].qs));
+        accumulate_32<true>(codes, mxfp4_half_scale(blocks[b].e), 0.0f, x + kQK * b, acc);
+    }
+    return acc.total();
+}
+
+float dot_q2_k(const BlockQ2_K* blocks, const float* x, int64_t n_blocks) {
+    Accumulators acc;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const BlockQ2_K& block = blocks[b];
+        const float d = load_half(block.d), dmin = load_half(block.dmin);
+        const float* xb = x + kQK_K * b;
+        for (int half = 0; half < 2; ++half) {
+            const __m256i packed = load_256(block.qs + 32 * half);
+            for (int shift = 0; shift < 4; ++shift) {
+                const int run = 8 * half + 2 * shift;  // first of the two 16-element runs
+                const uint8_t low = block.scales[run], high = block.scales[run + 1];
+                const float scale_low = d * static_cast<float>(low & 0x0f);
+                const float offset_low = -(dmin * static_cast<float>(low >> 4));
+                const float scale_high = d * static_cast<float>(high & 0x0f);
+                const float offset_high = -(dmin * static_cast<float>(high >> 4));
+                accumulate_32(shift_mask(packed, 2 * shift, 0x03), scale_low, offset_low, scale_high, offset_high,
+                              xb + 128 * half + 32 * shift, acc);
+            }
+        }
+    }
+    return acc.total();
+}
+
+float dot_q3_k(const BlockQ3_K* blocks, const float* x, int64_t n_blocks) {
+    Accumulators acc;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const BlockQ3_K& block = blocks[b];
+        const float d = load_half(block.d);
+        const float* xb = x + kQK_K * b;
+        const __m256i hmask = load_256(block.hmask);
+        for (int half = 0; half < 2; ++half) {
+            const __m256i packed = load_256(block.qs + 32 * half);
+            for (int shift = 0; shift < 4; ++shift) {
+                const int run = 8 * half + 2 * shift;
+                const int hmask_bit = 4 * half + shift;
+                // code = low two bits + 4 * hmask bit (0..7); value = code - 4.
+                const __m256i high = _mm256_slli_epi16(shift_mask(hmask, hmask_bit, 0x01), 2);
+                const __m256i codes = _mm256_or_si256(shift_mask(packed, 2 * shift, 0x03), high);
+                const float scale_low = d * static_cast<float>(q3_k_scale(block.scales, run));
+                const float scale_high = d * static_cast<float>(q3_k_scale(block.scales, run + 1));
+                accumulate_32(codes, scale_low, -4.0f * scale_low, scale_high, -4.0f * scale_high,
+                              xb + 128 * half + 32 * shift, acc);
+            }
+        }
+    }
+    return acc.total();
+}
+
+// Q4_K and Q5_K share everything but the fifth bit.
+template <typename Block, bool kFifthBit>
+float dot_k4(const Block* blocks, const float* x, int64_t n_blocks) {
+    Accumulators acc;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const Block& block = blocks[b];
+        const float d = load_half(block.d), dmin = load_half(block.dmin);
+        const float* xb = x + kQK_K * b;
+        __m256i qh = _mm256_setzero_si256();
+        if constexpr (kFifthBit) qh = load_256(block.qh);
+        for (int j = 0; j < 4; ++j) {
+            const __m256i packed = load_256(block.qs + 32 * j);
+            for (int nibble = 0; nibble < 2; ++nibble) {
+                const int run = 2 * j + nibble;
+                __m256i codes = shift_mask(packed, 4 * nibble, 0x0f);
+                if constexpr (kFifthBit)
+                    codes = _mm256_or_si256(codes, _mm256_slli_epi16(shift_mask(qh, run, 0x01), 4));
+                int scale, min;
+                k4_scale_min(block.scales, run, scale, min);
+                const float run_scale = d * static_cast<float>(scale);
+                const float run_offset = -(dmin * static_cast<float>(min));
+                accumulate_32(codes, run_scale, run_offset, xb + 32 * run, acc);
+            }
+        }
+    }
+    return acc.total();
+}
+
+float dot_q6_k(const BlockQ6_K* blocks, const float* x, int64_t n_blocks) {
+    Accumulators acc;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const BlockQ6_K& block = blocks[b];
+        const float d = load_half(block.d);
+        const float* xb = x + kQK_K * b;
+        for (int half = 0; half < 2; ++half) {
+            const __m256i ql[2] = {load_256(block.ql + 64 * half), load_256(block.ql + 64 * half + 32)};
+            const __m256i qh = load_256(block.qh + 32 * half);
+            for (int s = 0; s < 4; ++s) {
+                const int run = 8 * half + 2 * s;
+                // code = 4 low bits | 2 high bits << 4 (0..63); value = code - 32.
+                const __m256i low = shift_mask(ql[s & 1], s < 2 ? 0 : 4, 0x0f);
+                const __m256i high = _mm256_slli_epi16(shift_mask(qh, 2 * s, 0x03), 4);
+                const float scale_low = d * static_cast<float>(block.scales[run]);
+                const float scale_high = d * static_cast<float>(block.scales[run + 1]);
+                accumulate_32(_mm256_or_si256(low, high), scale_low, -32.0f * scale_low, scale_high,
+                              -32.0f * scale_high, xb + 128 * half + 32 * s, acc);
+            }
+        }
+    }
+    return acc.total();
+}
+
+// Float rows: 32 elements per step into the four accumulators. The last n % 32 elements are
+// converted into a zero-padded stack buffer and take one more step, so that they too go
+// through the accumulators (a scalar tail would be one long rounding chain).
+template <typename LoadEight, typename LoadOne>
+float dot_floats(const uint8_t* src, const float* x, int64_t n, LoadEight load_eight, LoadOne load_one) {
+    Accumulators acc;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; ++k)
+            acc.lane[k] = _mm256_fmadd_ps(load_eight(src, i + 8 * k), _mm256_loadu_ps(x + i + 8 * k), acc.lane[k]);
+    if (i < n) {
+        alignas(32) float weights[32] = {};
+        alignas(32) float x_tail[32] = {};
+        for (int k = 0; i + k < n; ++k) {
+            weights[k] = load_one(src, i + k);
+            x_tail[k] = x[i + k];
+        }
+        for (int k = 0; k < 4; ++k) {
+            const __m256 w = _mm256_load_ps(weights + 8 * k);
+            acc.lane[k] = _mm256_fmadd_ps(w, _mm256_load_ps(x_tail + 8 * k), acc.lane[k]);
+        }
+    }
+    return acc.total();
+}
+
+float dot_f32(const uint8_t* src, const float* x, int64_t n) {
+    return dot_floats(
+        src, x, n,
+        [](const uint8_t* p, int64_t i) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p + 4 * i)); },
+        [](const uint8_t* p, int64_t i) {
+            float w;
+            std::memcpy(&w, p + 4 * i, sizeof w);
+            return w;
+        });
+}
+
+float dot_f16(const uint8_t* src, const float* x, int64_t n) {
+    return dot_floats(
+        src, x, n,
+        [](const uint8_t* p, int64_t i) {
+            return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
+        },
+        [](const uint8_t* p, int64_t i) { return load_half(p + 2 * i); });
+}
+
+float dot_bf16(const uint8_t* src, const float* x, int64_t n) {
+    return dot_floats(
+        src, x, n,
+        [](const uint8_t* p, int64_t i) {
+            const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
+            return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+        },
+        [](const uint8_t* p, int64_t i) {
+            uint16_t h;
+            std::memcpy(&h, p + 2 * i, sizeof h);
+            return bits_to_float(static_cast<uint32_t>(h) << 16);
+        });
+}
+
+}  // namespace
+
+bool compiled() { return true; }
+
+float dot_row(Format format, const void* src, const float* x, int64_t n_elems) {
+    const auto* bytes = static_cast<const uint8_t*>(src);
+    const int64_t n_qk = n_elems / kQK, n_qk_k = n_elems / kQK_K;
+    switch (format) {
+        case Format::F32: return dot_f32(bytes, x, n_elems);
+        case Format::F16: return dot_f16(bytes, x, n_elems);
+        case Format::BF16: return dot_bf16(bytes, x, n_elems);
+        case Format::Q4_0: return dot_q4_0(static_cast<const BlockQ4_0*>(src), x, n_qk);
+        case Format::Q4_1: return dot_q4_1(static_cast<const BlockQ4_1*>(src), x, n_qk);
+        case Format::Q5_0: return dot_q5_0(static_cast<const BlockQ5_0*>(src), x, n_qk);
+        case Format::Q5_1: return dot_q5_1(static_cast<const BlockQ5_1*>(src), x, n_qk);
+        case Format::Q8_0: return dot_q8_0(static_cast<const BlockQ8_0*>(src), x, n_qk);
+        case Format::MXFP4: return dot_mxfp4(static_cast<const BlockMXFP4*>(src), x, n_qk);
+        case Format::Q2_K: return dot_q2_k(static_cast<const BlockQ2_K*>(src), x, n_qk_k);
+        case Format::Q3_K: return dot_q3_k(static_cast<const BlockQ3_K*>(src), x, n_qk_k);
+        case Format::Q4_K: return dot_k4<BlockQ4_K, false>(static_cast<const BlockQ4_K*>(src), x, n_qk_k);
+        case Format::Q5_K: return dot_k4<BlockQ5_K, true>(static_cast<const BlockQ5_K*>(src), x, n_qk_k);
+        case Format::Q6_K: return dot_q6_k(static_cast<const BlockQ6_K*>(src), x, n_qk_k);
+    }
+    return 0.0f;  // unreachable: the caller validated the format
+}
+
+}  // namespace avx2
+}  // namespace kcap
+
+#endif  // KCAP_DOT_AVX2

@@ -1,0 +1,31 @@
+// Internal to cpp/core: the two builds of dot_row. kcap::dot_row validates its arguments and
+// runs the AVX2+FMA kernels when the library is compiled for them (-march=native on any x86
+// from 2013 on), the portable loops otherwise. Both are declared here so that the C++ tests
+// can check each against the same f64 reference; the tests are compiled without the
+// library's -march flags, hence the run-time avx2::compiled() rather than only the macro.
+#pragma once
+
+#include <cstdint>
+
+#include "kcap/formats.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KCAP_DOT_AVX2 1
+#endif
+
+namespace kcap {
+
+namespace portable {
+// dot_row for a format and a length already validated by the caller (formats_dot.cpp).
+float dot_row(Format format, const void* src, const float* x, int64_t n_elems);
+}  // namespace portable
+
+namespace avx2 {
+// Whether the library was compiled with the AVX2+FMA kernels.
+bool compiled();
+// The same as portable::dot_row, with AVX2+FMA (formats_dot_avx2.cpp); throws kcap::Error
+// when !compiled().
+float dot_row(Format format, const void* src, const float* x, int64_t n_elems);
+}  // namespace avx2
+
+}  // namespace kcap

