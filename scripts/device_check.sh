@@ -14,7 +14,10 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 JOBS=$(nproc)
 T0=$(date +%s)
+DEADLINE=$(( T0 + ${BUDGET_S:-570} ))  # the device call's limit is 600 s: finish inside it
 step() { echo "== $* (+$(( $(date +%s) - T0 ))s)"; }
+# budget N: N seconds, or what is left before the deadline if less.
+budget() { local left=$(( DEADLINE - $(date +%s) )); [ "$left" -lt "$1" ] && echo $(( left > 5 ? left : 5 )) || echo "$1"; }
 
 step machine
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -61,24 +64,25 @@ export PYTHONPATH=$PWD/python:/tmp/site
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
     step ctest
-    timeout 240 ctest --test-dir build/device --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -40
+    timeout "$(budget 150)" ctest --test-dir build/device --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -40
     step pytest
-    (cd tests && timeout 300 python3 -m pytest -q -rs python/test_cuda.py 2>&1) | tee "$OUT/pytest.log" | tail -40
+    (cd tests && timeout "$(budget 180)" python3 -m pytest -q -rs python/test_cuda.py 2>&1) | tee "$OUT/pytest.log" | tail -40
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
     step bench kcap
-    timeout 400 python3 bench/bench_cuda.py --models /tmp/kcap_models \
+    timeout "$(budget 170)" python3 bench/bench_cuda.py --models /tmp/kcap_models \
         --which "${BENCH_MODELS:-gemma3_270m,smollm2_135m,llama3_8b_q4_k_m}" --out "$OUT/cuda_h200_kcap.json" \
         --table "$OUT/cuda_h200_kcap.md" 2>&1 | tee "$OUT/bench_kcap.log" | tail -30
     if [ -n "$LLAMA_PID" ]; then
         step wait for llama.cpp
-        wait "$LLAMA_PID"
+        while kill -0 "$LLAMA_PID" 2> /dev/null && [ "$(date +%s)" -lt $(( DEADLINE - 90 )) ]; do sleep 5; done
+        kill -0 "$LLAMA_PID" 2> /dev/null && { echo "llama.cpp build not done in time"; tail -3 "$OUT/llama_build.log"; }
         tail -3 "$OUT/llama_build.log"
         if [ -x "$LLAMA_BIN" ]; then
             step bench llama.cpp
             # Re-runs the table with both engines (kcap numbers are re-measured side by side).
-            timeout 500 python3 bench/bench_cuda.py --models /tmp/kcap_models \
+            timeout "$(budget 400)" python3 bench/bench_cuda.py --models /tmp/kcap_models \
                 --which "${BENCH_MODELS:-gemma3_270m,smollm2_135m,llama3_8b_q4_k_m}" --llama-bench "$LLAMA_BIN" \
                 --skip-kcap --out "$OUT/cuda_h200_llama.json" --table "$OUT/cuda_h200_llama.md" 2>&1 |
                 tee "$OUT/bench_llama.log" | tail -20
@@ -88,4 +92,10 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     fi
 fi
 step done
+# At most 8 files come back from a device call: keep the results and the logs that matter.
+if [ -f "$OUT/cuda_h200.json" ]; then rm -f "$OUT"/cuda_h200_kcap.* "$OUT"/cuda_h200_llama.*; fi
+rm -f "$OUT"/cuda_h200_llama.md
+cat "$OUT/kcap_configure.log" >> "$OUT/kcap_build.log" 2> /dev/null && rm -f "$OUT/kcap_configure.log"
+if [ -f "$OUT/llama_build.log" ]; then tail -300 "$OUT/llama_build.log" > "$OUT/llama_build.tail" && mv "$OUT/llama_build.tail" "$OUT/llama_build.log"; fi
+ls "$OUT"
 cat "$OUT/cuda_h200.md" 2>/dev/null || cat "$OUT/cuda_h200_kcap.md" 2>/dev/null
