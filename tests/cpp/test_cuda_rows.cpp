@@ -10,6 +10,7 @@
 // Exit 77 (ctest: skipped) without CUDA in the build or without a device; the table and
 // refusal checks that need no GPU are in test_cuda_kernels_host.
 #include <cstdio>
+#include <cstdlib>
 
 #include "test_cuda_common.h"
 
