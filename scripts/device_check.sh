@@ -54,22 +54,46 @@ step wheels
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$CARRY"/whl/*.whl
 export PYTHONPATH=/tmp/site
 
-step build kcap
-cmake -S . -B build/device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKCAP_CUDA=ON -DKCAP_BUILD_PYTHON=ON \
-    -DKCAP_BUILD_TESTS=ON -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" > "$OUT/kcap_configure.log" 2>&1 ||
-    { tail -30 "$OUT/kcap_configure.log"; exit 1; }
-# The module first (a test that fails to compile must not stop the rest), then the tests.
-cmake --build build/device -j "$JOBS" --target _core > "$OUT/kcap_build.log" 2>&1 ||
-    { grep -E "error|Error" -A5 "$OUT/kcap_build.log" | head -60; exit 1; }
-cmake --build build/device -j "$JOBS" >> "$OUT/kcap_build.log" 2>&1 || grep -E " error" -A3 "$OUT/kcap_build.log" | head -30
-cp build/device/_core*.so python/kcap/
+# kcap: the module and the device test, then a smoke check of the engine end to end. If the
+# smoke check crashes, its native backtrace is printed (cuda-gdb) and a second toolchain
+# variant is tried (no LTO, no -march=native, the system g++ if there is one).
+build_kcap() {  # $1: build dir, then extra CMake arguments
+    local dir=$1
+    shift
+    cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKCAP_CUDA=ON -DKCAP_BUILD_PYTHON=ON \
+        -DKCAP_BUILD_TESTS=ON -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" "$@" >> "$OUT/kcap_build.log" 2>&1 &&
+        cmake --build "$dir" -j "$JOBS" --target _core >> "$OUT/kcap_build.log" 2>&1 ||
+        { grep -E "error|Error" -A5 "$OUT/kcap_build.log" | tail -40; return 1; }
+    cmake --build "$dir" -j "$JOBS" >> "$OUT/kcap_build.log" 2>&1 || grep -E " error" -A3 "$OUT/kcap_build.log" | head -20
+    cp "$dir"/_core*.so python/kcap/
+}
+smoke() {
+    PYTHONPATH=$PWD/python:/tmp/site timeout "$(budget 90)" python3 -X faulthandler bench/cuda_smoke.py 2>&1 | tail -25
+    return "${PIPESTATUS[0]}"
+}
 export PYTHONPATH=$PWD/python:/tmp/site
+step build kcap
+BUILD=build/device
+build_kcap "$BUILD" || exit 1
+step smoke
+if ! smoke; then
+    echo "-- smoke failed: native backtrace"
+    PYTHONPATH=$PWD/python:/tmp/site timeout "$(budget 60)" cuda-gdb -q -batch -ex "set pagination off" -ex run \
+        -ex bt --args python3 bench/cuda_smoke.py 2>&1 | grep -v "^\[New Thread\|^\[Thread\|Detaching" | tail -40
+    alt=(-DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF -DKCAP_NATIVE=OFF)
+    if [ -x /usr/bin/g++ ] && [ "$(readlink -f /usr/bin/g++)" != "$(readlink -f "$(command -v g++)")" ]; then
+        alt+=(-DCMAKE_CXX_COMPILER=/usr/bin/g++ -DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++)
+    fi
+    step rebuild kcap "${alt[@]}"
+    BUILD=build/device-alt
+    build_kcap "$BUILD" "${alt[@]}" && { step smoke again; smoke; } || echo "-- still failing"
+fi
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
     step ctest
-    timeout "$(budget 150)" ctest --test-dir build/device --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -40
+    timeout "$(budget 150)" ctest --test-dir "$BUILD" --output-on-failure 2>&1 | tee "$OUT/ctest.log" | tail -40
     step pytest
-    (cd tests && timeout "$(budget 180)" python3 -m pytest -q -rs python/test_cuda.py 2>&1) | tee "$OUT/pytest.log" | tail -40
+    (cd tests && timeout "$(budget 150)" python3 -m pytest -q -rs python/test_cuda.py 2>&1) | tee "$OUT/pytest.log" | tail -40
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

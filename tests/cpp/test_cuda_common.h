@@ -50,6 +50,28 @@ inline double relative_error(const std::vector<float>& got, const std::vector<fl
     return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
+// The error of a matmul relative to its conditioning: ||got - ref|| / ||(|W| |x|)||, the
+// scale that reordered f32 sums err against. Plain ||ref|| misleads for one output whose
+// terms cancel (a lone dot product near zero).
+inline double matmul_error(const std::vector<float>& got, const std::vector<float>& ref, const TensorRef& w,
+                           const float* x, int64_t k, int64_t n, int64_t m) {
+    std::vector<float> row(static_cast<size_t>(k));
+    double num = 0.0, den = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+        dequantize_row(w.format, w.row(j), row.data(), k);
+        for (int64_t t = 0; t < m; ++t) {
+            const float g = got[size_t(t * n + j)];
+            if (!std::isfinite(g)) return INFINITY;
+            double scale = 0.0;
+            for (int64_t i = 0; i < k; ++i) scale += std::fabs(double(row[size_t(i)]) * double(x[t * k + i]));
+            const double d = double(g) - double(ref[size_t(t * n + j)]);
+            num += d * d;
+            den += scale * scale;
+        }
+    }
+    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
 inline std::vector<float> random_floats(std::mt19937& rng, size_t n, float scale = 1.0f) {
     std::normal_distribution<float> normal(0.0f, scale);
     std::vector<float> v(n);
