@@ -267,7 +267,6 @@ private:
     void add_head() {
         add_norm(-1, "output_norm", spec_.output_norm, spec_.output_norm_bias, Buffer::Residual, Buffer::Normed,
                  spec_.n_embd, 1, spec_.norm_kind);
-        stages_.back().last_token_only = true;
         add_matmul(-1, "output", spec_.output, "", Buffer::Normed, Buffer::Logits, spec_.n_embd, spec_.n_vocab);
         stages_.back().last_token_only = true;
         if (spec_.final_softcap > 0) {
