@@ -28,6 +28,7 @@ enum class Op {
     FfnActivation,    // act(gate) * up, or act(x) for a non-gated FFN
     Add,              // residual add: out = in + in2
     Softcap,          // cap * tanh(x / cap), the final logit softcap
+    Scale,            // out = in * scale (Granite's logit scaling)
 };
 const char* op_name(Op op);
 
@@ -51,6 +52,9 @@ enum Feature : uint32_t {
     kRelu = 1u << 14,
     kGated = 1u << 15,
     kEmbedScale = 1u << 16,
+    kPositionEmbedding = 1u << 17,
+    kResidualScale = 1u << 18,
+    kParameterFreeNorm = 1u << 19,
 };
 std::string feature_names(uint32_t features);  // "sliding_window,softcap"
 
