@@ -80,7 +80,9 @@ def attention_geometry(hp: Hyperparameters, n_embd: int) -> tuple[int, int, int,
     """(n_head, n_head_kv, head_dim, head_dim_v) from the standard GGUF keys."""
     n_head = hp.int("attention.head_count")
     n_head_kv = hp.int("attention.head_count_kv", n_head)
-    head_dim = hp.int("attention.key_length", default_head_dim(hp, n_embd, n_head))
+    head_dim = hp.int("attention.key_length", None)
+    if head_dim is None:  # only then must the embedding split evenly into heads
+        head_dim = default_head_dim(hp, n_embd, n_head)
     head_dim_v = hp.int("attention.value_length", head_dim)
     return n_head, n_head_kv, head_dim, head_dim_v
 
