@@ -83,12 +83,12 @@ class Model:
         bar = _progress_bar(progress)
         self.path = os.fspath(path)
         self.gguf = GGUFFile(self.path)
+        _step(bar, "architecture")
+        self.spec = build_spec(self.gguf)
         _step(bar, "tokenizer")
         # A file without a vocabulary ("no_vocab", e.g. a synthetic layout) is driven by ids.
         has_vocab = self.gguf.metadata.get("tokenizer.ggml.model", "no_vocab") != "no_vocab"
         self.tokenizer = load_tokenizer(self.gguf.metadata) if has_vocab else None
-        _step(bar, "architecture")
-        self.spec = build_spec(self.gguf)
         names = referenced_tensors(self.spec)
         if bar is not None:
             bar.total = len(names) + 3
