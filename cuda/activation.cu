@@ -22,6 +22,7 @@ void kcap_cuda_ffn_activation(const Stage& stage, const KernelCall& call) {
     p.activation = int(stage.params.activation);
     p.gated = call.in2 != nullptr;
     p.cap = 0.0f;
+    p.scale = 1.0f;
     cuda::launch(cuda::context(call), activation_kernel, dim3(cuda::ceil_div(p.count, kElementwiseThreads)),
                  dim3(kElementwiseThreads), 0, p, call.in, call.in2, call.out);
 }

@@ -305,16 +305,15 @@ private:
             if (stage.input != Buffer::None) call.in = buffer(stage.input) + in_row * in_width;
             if (stage.input2 != Buffer::None) call.in2 = buffer(stage.input2);
             if (stage.input3 != Buffer::None) call.in3 = buffer(stage.input3);
-            // A tail stage writes the row it read (the last), where the next tail stage reads it.
             if (stage.output == Buffer::Logits)
                 call.out = logits;
             else if (stage.output != Buffer::None)
-                call.out = buffer(stage.output) + (tail ? (n - 1) * plan_.buffer_widths[size_t(stage.output)] : 0);
+                call.out = buffer(stage.output);
             if (stage.op == Op::Rope) {
                 call.out = buffer(stage.input);
                 call.inout2 = buffer(stage.input2);
             }
-            if (stage.op == Op::Softcap) call.in = logits;
+            if (stage.op == Op::Softcap || stage.op == Op::Scale) call.in = logits;
             routed.row->fn(stage, call);
         }
     }

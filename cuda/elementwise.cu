@@ -1,4 +1,4 @@
-// CUDA entry points of the elementwise rows (cuda.add, cuda.softcap): kernels/elementwise.h.
+// CUDA entry points of the elementwise rows (cuda.add, cuda.softcap, cuda.scale): kernels/elementwise.h.
 #include "cuda/cuda_context.h"
 #include "kernels/elementwise.h"
 
@@ -20,12 +20,19 @@ __global__ void __launch_bounds__(kElementwiseThreads) softcap_kernel(KcapElemen
     kcap_softcap(kcap_cuda_thread(), p, in, out);
 }
 
+__global__ void __launch_bounds__(kElementwiseThreads) scale_kernel(KcapElementwiseParams p, const float* in, float* out) {
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_scale(kcap_cuda_thread(), p, in, out);
+}
+
 KcapElementwiseParams params(const Stage& stage, const KernelCall& call) {
     KcapElementwiseParams p;
     p.count = int(int64_t(call.n_tokens) * stage.n);
     p.activation = 0;
     p.gated = 0;
     p.cap = stage.params.softcap;
+    p.scale = stage.params.scale;
     return p;
 }
 
@@ -40,6 +47,12 @@ void kcap_cuda_add(const Stage& stage, const KernelCall& call) {
 void kcap_cuda_softcap(const Stage& stage, const KernelCall& call) {
     const KcapElementwiseParams p = params(stage, call);
     cuda::launch(cuda::context(call), softcap_kernel, dim3(cuda::ceil_div(p.count, kElementwiseThreads)),
+                 dim3(kElementwiseThreads), 0, p, call.in, call.out);
+}
+
+void kcap_cuda_scale(const Stage& stage, const KernelCall& call) {
+    const KcapElementwiseParams p = params(stage, call);
+    cuda::launch(cuda::context(call), scale_kernel, dim3(cuda::ceil_div(p.count, kElementwiseThreads)),
                  dim3(kElementwiseThreads), 0, p, call.in, call.out);
 }
 

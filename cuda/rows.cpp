@@ -83,7 +83,7 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
 void add_cuda_norm_rows(std::vector<Row>& rows) {
     Row row = make_row("cuda.norm", Op::Norm, KCAP_CUDA_ENTRY(kcap_cuda_norm), {cuda_rows::kNormThreads, 1, 0});
     row.operand_formats = {{Format::F32}, {Format::F32}};
-    row.features = kRmsNorm | kLayerNorm | kBias;
+    row.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm;
     rows.push_back(row);
 }
 
@@ -113,9 +113,13 @@ void add_cuda_activation_rows(std::vector<Row>& rows) {
 }
 
 void add_cuda_elementwise_rows(std::vector<Row>& rows) {
-    rows.push_back(make_row("cuda.add", Op::Add, KCAP_CUDA_ENTRY(kcap_cuda_add), {cuda_rows::kElementwiseThreads, 0, 0}));
+    Row add = make_row("cuda.add", Op::Add, KCAP_CUDA_ENTRY(kcap_cuda_add), {cuda_rows::kElementwiseThreads, 0, 0});
+    add.features = kResidualScale;
+    rows.push_back(add);
     rows.push_back(
         make_row("cuda.softcap", Op::Softcap, KCAP_CUDA_ENTRY(kcap_cuda_softcap), {cuda_rows::kElementwiseThreads, 0, 0}));
+    rows.push_back(
+        make_row("cuda.scale", Op::Scale, KCAP_CUDA_ENTRY(kcap_cuda_scale), {cuda_rows::kElementwiseThreads, 0, 0}));
 }
 
 void add_cuda_argmax_rows(std::vector<Row>& rows) {

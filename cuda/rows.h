@@ -57,6 +57,7 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call);
 void kcap_cuda_ffn_activation(const Stage& stage, const KernelCall& call);
 void kcap_cuda_add(const Stage& stage, const KernelCall& call);
 void kcap_cuda_softcap(const Stage& stage, const KernelCall& call);
+void kcap_cuda_scale(const Stage& stage, const KernelCall& call);
 void kcap_cuda_argmax(const Stage& stage, const KernelCall& call);
 
 }  // namespace kcap

@@ -60,6 +60,7 @@ struct KcapElementwiseParams {
     int activation;  // kcap::Activation as int (SiLU 0, GeluTanh 1, GeluErf 2, ReLU 3)
     int gated;       // activation: out = act(in) * in2 when set
     float cap;       // softcap
+    float scale;     // add: out = in + scale * in2 (residual scale); scale: out = in * scale
 };
 
 // Embedding rows of the raw table, times scale.

@@ -67,6 +67,35 @@ void add_tensor(ModelSpec& spec, const std::string& name, int ggml_type, const s
     spec.tensors[name] = ref;
 }
 
+// A view of rows [offset, offset + count) of a registered 2-D tensor, or of elements
+// [offset, offset + count) of a 1-D float tensor: how a fused QKV weight or bias is split
+// into the Q, K and V operands the planner routes separately.
+void add_tensor_view(ModelSpec& spec, const std::string& name, const std::string& base_name, int64_t offset,
+                     int64_t count) {
+    const TensorRef& base = spec.tensor(base_name);
+    TensorRef view = base;
+    view.name = name;
+    if (base.shape.size() == 1) {
+        const FormatInfo& info = format_info(base.format);
+        if (info.block_elems != 1) throw ModelError("1-D view of block-quantized tensor '" + base_name + "'");
+        if (offset < 0 || count <= 0 || offset + count > base.row_length())
+            throw ModelError("view of elements [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
+                             ") is outside tensor '" + base_name + "'");
+        view.shape = {count};
+        view.data = base.data + size_t(offset) * size_t(info.block_bytes);
+        view.nbytes = size_t(count) * size_t(info.block_bytes);
+    } else {
+        if (base.shape.size() != 2 || offset < 0 || count <= 0 || offset + count > base.n_rows())
+            throw ModelError("view of rows [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
+                             ") is outside tensor '" + base_name + "'");
+        const size_t stride = row_bytes(base.format, base.row_length());
+        view.shape = {base.row_length(), count};
+        view.data = base.data + size_t(offset) * stride;
+        view.nbytes = size_t(count) * stride;
+    }
+    spec.tensors[name] = view;
+}
+
 }  // namespace
 
 void init_engine(py::module_& m) {
@@ -117,9 +146,12 @@ void init_engine(py::module_& m) {
         .def_readwrite("attn_scale", &LayerSpec::attn_scale)
         .def_readwrite("attn_softcap", &LayerSpec::attn_softcap)
         .def_readwrite("activation", &LayerSpec::activation)
-        .def_readwrite("gated_ffn", &LayerSpec::gated_ffn);
+        .def_readwrite("gated_ffn", &LayerSpec::gated_ffn)
+        .def_readwrite("v_norm", &LayerSpec::v_norm)
+        .def_readwrite("residual_scale", &LayerSpec::residual_scale);
 
-    py::class_<ModelSpec, std::shared_ptr<ModelSpec>>(m, "ModelSpec", "Pure-data model description.")
+    py::class_<ModelSpec, std::shared_ptr<ModelSpec>>(m, "ModelSpec", "Pure-data model description.",
+                                                     py::dynamic_attr())
         .def(py::init<>())
         .def_readwrite("architecture", &ModelSpec::architecture)
         .def_readwrite("n_embd", &ModelSpec::n_embd)
@@ -129,6 +161,8 @@ void init_engine(py::module_& m) {
         .def_readwrite("norm_eps", &ModelSpec::norm_eps)
         .def_readwrite("embed_scale", &ModelSpec::embed_scale)
         .def_readwrite("token_embd", &ModelSpec::token_embd)
+        .def_readwrite("position_embd", &ModelSpec::position_embd)
+        .def_readwrite("logit_scale", &ModelSpec::logit_scale)
         .def_readwrite("output_norm", &ModelSpec::output_norm)
         .def_readwrite("output_norm_bias", &ModelSpec::output_norm_bias)
         .def_readwrite("output", &ModelSpec::output)
@@ -136,6 +170,8 @@ void init_engine(py::module_& m) {
         .def_readwrite("layers", &ModelSpec::layers)
         .def("add_tensor", &add_tensor, py::arg("name"), py::arg("ggml_type"), py::arg("shape"), py::arg("data"),
              "Registers a weight tensor (GGUF order shape, raw bytes kept alive, never copied).")
+        .def("add_tensor_view", &add_tensor_view, py::arg("name"), py::arg("base"), py::arg("offset"),
+             py::arg("count"), "Registers rows (2-D) or elements (1-D) of a registered tensor under a new name.")
         .def("has_tensor", [](const ModelSpec& s, const std::string& name) { return s.tensors.count(name) > 0; });
 
     m.def(

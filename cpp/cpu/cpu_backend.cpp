@@ -68,17 +68,13 @@ private:
             if (stage.output == Buffer::Logits) {
                 call.out = logits;
             } else if (stage.output != Buffer::None) {
-                // Fix found by the CUDA parity tests (issue 3): a tail stage writes the row it
-                // read (the last), where the next tail stage reads it. It wrote row 0 before, so
-                // the LM head of a multi-token prefill read the last layer's FFN-normed row.
-                const int64_t out_row = tail ? n - 1 : 0;
-                call.out = buffer(stage.output, n) + out_row * plan_.buffer_widths[size_t(stage.output)];
+                call.out = buffer(stage.output, n);
             }
             if (stage.op == Op::Rope) {
                 call.out = buffer(stage.input, n);
                 call.inout2 = buffer(stage.input2, n);
             }
-            if (stage.op == Op::Softcap) call.in = logits;
+            if (stage.op == Op::Softcap || stage.op == Op::Scale) call.in = logits;
             routed.row->fn(stage, call);
         }
     }

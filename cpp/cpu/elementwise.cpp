@@ -1,4 +1,5 @@
-// CPU elementwise stages: residual add and the final logit softcap.
+// CPU elementwise stages: residual add (with an optional branch scale), the final logit
+// softcap and the logit scale.
 #include <cmath>
 
 #include "cpu/cpu_state.h"
@@ -10,7 +11,17 @@ namespace {
 
 void add_kernel(const Stage& stage, const KernelCall& call) {
     const int64_t total = int64_t(call.n_tokens) * stage.n;
-    for (int64_t i = 0; i < total; ++i) call.out[i] = call.in[i] + call.in2[i];
+    const float scale = stage.params.scale;
+    if (scale == 1.0f) {
+        for (int64_t i = 0; i < total; ++i) call.out[i] = call.in[i] + call.in2[i];
+    } else {
+        for (int64_t i = 0; i < total; ++i) call.out[i] = call.in[i] + scale * call.in2[i];
+    }
+}
+
+void scale_kernel(const Stage& stage, const KernelCall& call) {
+    const int64_t total = int64_t(call.n_tokens) * stage.n;
+    for (int64_t i = 0; i < total; ++i) call.out[i] = call.in[i] * stage.params.scale;
 }
 
 void softcap_kernel(const Stage& stage, const KernelCall& call) {
@@ -33,8 +44,11 @@ Row make_row(const char* kernel, Op op, KernelFn fn) {
 }  // namespace
 
 void add_cpu_elementwise_rows(std::vector<Row>& rows) {
-    rows.push_back(make_row("cpu.add", Op::Add, add_kernel));
+    Row add = make_row("cpu.add", Op::Add, add_kernel);
+    add.features = kResidualScale;
+    rows.push_back(add);
     rows.push_back(make_row("cpu.softcap", Op::Softcap, softcap_kernel));
+    rows.push_back(make_row("cpu.scale", Op::Scale, scale_kernel));
 }
 
 }  // namespace kcap

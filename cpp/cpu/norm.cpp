@@ -53,7 +53,7 @@ void add_cpu_norm_rows(std::vector<Row>& rows) {
     row.op = Op::Norm;
     row.backend = Backend::CPU;
     row.operand_formats = {{Format::F32}, {Format::F32}};
-    row.features = kRmsNorm | kLayerNorm | kBias;
+    row.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm;
     row.fn = norm_kernel;
     rows.push_back(row);
 }

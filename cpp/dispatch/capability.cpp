@@ -35,6 +35,7 @@ const char* op_name(Op op) {
         case Op::FfnActivation: return "ffn_activation";
         case Op::Add: return "add";
         case Op::Softcap: return "softcap";
+        case Op::Scale: return "scale";
         case Op::Argmax: return "argmax";
     }
     return "?";
@@ -50,7 +51,8 @@ std::string feature_names(uint32_t features) {
         {kGqa, "gqa"},                  {kSilu, "silu"},
         {kGeluTanh, "gelu_tanh"},       {kGeluErf, "gelu_erf"},
         {kRelu, "relu"},                {kGated, "gated"},
-        {kEmbedScale, "embed_scale"},
+        {kEmbedScale, "embed_scale"},   {kPositionEmbedding, "position_embedding"},
+        {kResidualScale, "residual_scale"}, {kParameterFreeNorm, "parameter_free_norm"},
     };
     std::string out;
     for (const auto& [bit, name] : names) {

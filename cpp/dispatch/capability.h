@@ -28,6 +28,7 @@ enum class Op {
     FfnActivation,    // act(gate) * up, or act(x) for a non-gated FFN
     Add,              // residual add: out = in + in2
     Softcap,          // cap * tanh(x / cap), the final logit softcap
+    Scale,            // out = in * scale (Granite's logit scaling)
     // Added for the CUDA backend (issue 3): greedy argmax of the logits on the device, the
     // last node of a captured decode step. The planner emits no such stage; a GPU backend
     // routes its own argmax stage through the table like any other.
@@ -55,6 +56,9 @@ enum Feature : uint32_t {
     kRelu = 1u << 14,
     kGated = 1u << 15,
     kEmbedScale = 1u << 16,
+    kPositionEmbedding = 1u << 17,
+    kResidualScale = 1u << 18,
+    kParameterFreeNorm = 1u << 19,
 };
 std::string feature_names(uint32_t features);  // "sliding_window,softcap"
 

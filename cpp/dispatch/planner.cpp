@@ -122,7 +122,8 @@ private:
         stage.n = width * groups;
         stage.groups = groups;
         stage.params.eps = spec_.norm_eps;
-        stage.features = (kind == NormKind::RMS ? kRmsNorm : kLayerNorm) | (b ? uint32_t(kBias) : 0u);
+        stage.features = (kind == NormKind::RMS ? kRmsNorm : kLayerNorm) | (b ? uint32_t(kBias) : 0u) |
+                         (w ? 0u : uint32_t(kParameterFreeNorm));
     }
 
     void add_matmul(int layer, const std::string& name, const std::string& weight, const std::string& bias,
@@ -147,12 +148,19 @@ private:
             throw ModelError("token_embd has shape [" + std::to_string(table.row_length()) + ", " +
                              std::to_string(table.n_rows()) + "], expected [" + std::to_string(spec_.n_embd) +
                              ", " + std::to_string(spec_.n_vocab) + "]");
-        stage.operands = {&table};
+        const TensorRef* positions = tensor(spec_.position_embd);
+        if (positions && (positions->row_length() != spec_.n_embd || positions->n_rows() < options_.n_ctx))
+            throw ModelError("position_embd has shape [" + std::to_string(positions->row_length()) + ", " +
+                             std::to_string(positions->n_rows()) + "]; it needs " + std::to_string(spec_.n_embd) +
+                             " columns and a row for each of the " + std::to_string(options_.n_ctx) +
+                             " context positions");
+        stage.operands = {&table, positions};
         stage.output = Buffer::Residual;
         stage.k = spec_.n_embd;
         stage.n = spec_.n_embd;
         stage.params.scale = spec_.embed_scale;
-        stage.features = spec_.embed_scale != 1.0f ? uint32_t(kEmbedScale) : 0u;
+        stage.features = (spec_.embed_scale != 1.0f ? uint32_t(kEmbedScale) : 0u) |
+                         (positions ? uint32_t(kPositionEmbedding) : 0u);
     }
 
     void add_layer(int il, const LayerSpec& layer) {
@@ -179,6 +187,8 @@ private:
         if (!layer.k_norm.empty())
             add_norm(il, "attn_k_norm", layer.k_norm, "", Buffer::K, Buffer::K, layer.head_dim, layer.n_head_kv,
                      NormKind::RMS);
+        if (layer.v_norm)
+            add_norm(il, "attn_v_norm", "", "", Buffer::V, Buffer::V, layer.head_dim_v, layer.n_head_kv, NormKind::RMS);
         if (layer.rope_style != RopeStyle::None) {
             if (layer.rope_dim <= 0 || layer.rope_dim > layer.head_dim || layer.rope_dim % 2)
                 throw ModelError("layer " + std::to_string(il) + ": rope_dim " + std::to_string(layer.rope_dim) +
@@ -224,7 +234,7 @@ private:
         if (!layer.post_attn_norm.empty())
             add_norm(il, "post_attention_norm", layer.post_attn_norm, "", Buffer::Proj, Buffer::Proj, d, 1,
                      spec_.norm_kind);
-        add_residual(il, "attn_residual");
+        add_residual(il, "attn_residual", layer.residual_scale);
 
         add_norm(il, "ffn_norm", layer.ffn_norm, layer.ffn_norm_bias, Buffer::Residual, Buffer::Normed, d, 1,
                  spec_.norm_kind);
@@ -243,7 +253,7 @@ private:
         add_matmul(il, "ffn_down", layer.ffn_down, layer.ffn_down_bias, Buffer::Act, Buffer::Proj, n_ff, d);
         if (!layer.post_ffn_norm.empty())
             add_norm(il, "post_ffw_norm", layer.post_ffn_norm, "", Buffer::Proj, Buffer::Proj, d, 1, spec_.norm_kind);
-        add_residual(il, "ffn_residual");
+        add_residual(il, "ffn_residual", layer.residual_scale);
     }
 
     static uint32_t activation_feature(Activation activation) {
@@ -256,18 +266,20 @@ private:
         return 0;
     }
 
-    void add_residual(int il, const std::string& name) {
+    // residual += scale * branch output
+    void add_residual(int il, const std::string& name, float scale) {
         Stage& stage = add(il, name, Op::Add);
         stage.input = Buffer::Residual;
         stage.input2 = Buffer::Proj;
         stage.output = Buffer::Residual;
         stage.k = stage.n = spec_.n_embd;
+        stage.params.scale = scale;
+        stage.features = scale != 1.0f ? uint32_t(kResidualScale) : 0u;
     }
 
     void add_head() {
         add_norm(-1, "output_norm", spec_.output_norm, spec_.output_norm_bias, Buffer::Residual, Buffer::Normed,
                  spec_.n_embd, 1, spec_.norm_kind);
-        stages_.back().last_token_only = true;
         add_matmul(-1, "output", spec_.output, "", Buffer::Normed, Buffer::Logits, spec_.n_embd, spec_.n_vocab);
         stages_.back().last_token_only = true;
         if (spec_.final_softcap > 0) {
@@ -276,6 +288,13 @@ private:
             cap.k = cap.n = spec_.n_vocab;
             cap.params.softcap = spec_.final_softcap;
             cap.last_token_only = true;
+        }
+        if (spec_.logit_scale != 1.0f) {
+            Stage& scale = add(-1, "logit_scale", Op::Scale);
+            scale.input = scale.output = Buffer::Logits;
+            scale.k = scale.n = spec_.n_vocab;
+            scale.params.scale = spec_.logit_scale;
+            scale.last_token_only = true;
         }
     }
 

@@ -51,7 +51,9 @@ struct Stage {
     StageParams params;
     Format kv_format = Format::F32;  // attention: the KV cache element type
     int64_t max_span = 0;            // attention: most keys one query can see
-    bool last_token_only = false;    // runs on the last position only (LM head)
+    // Runs on the last position only (the LM head and what follows it): the first such
+    // stage reads the final row of its per-token input.
+    bool last_token_only = false;
 };
 
 // Operands that are present, for messages: "W=Q4_K bias=F32".

@@ -23,15 +23,23 @@ LAYER_TENSOR_FIELDS = (
     "post_attn_norm", "ffn_norm", "ffn_norm_bias", "ffn_gate", "ffn_up", "ffn_down", "ffn_up_bias",
     "ffn_down_bias", "post_ffn_norm", "rope_freqs",
 )
-MODEL_TENSOR_FIELDS = ("token_embd", "output_norm", "output_norm_bias", "output")
+MODEL_TENSOR_FIELDS = ("token_embd", "position_embd", "output_norm", "output_norm_bias", "output")
+
+
+def tensor_views(spec) -> dict:
+    """Views an arch module declared: name -> (base tensor, offset, count) (e.g. fused QKV)."""
+    return getattr(spec, "views", {})
 
 
 def referenced_tensors(spec) -> list[str]:
+    """File tensors the spec uses, in order; a view contributes its base tensor."""
+    views = tensor_views(spec)
     names = [getattr(spec, f) for f in MODEL_TENSOR_FIELDS]
     for layer in spec.layers:
         names.extend(getattr(layer, f) for f in LAYER_TENSOR_FIELDS)
     seen, ordered = set(), []
     for name in names:
+        name = views[name][0] if name in views else name
         if name and name not in seen:
             seen.add(name)
             ordered.append(name)
@@ -52,6 +60,8 @@ def register_tensors(spec, gguf: GGUFFile, progress=None) -> None:
         spec.add_tensor(name, info.ggml_type, list(info.shape), info.data)
         if progress is not None:
             progress.update(1)
+    for name, (base, offset, count) in tensor_views(spec).items():
+        spec.add_tensor_view(name, base, offset, count)
 
 
 class Model:
@@ -73,12 +83,12 @@ class Model:
         bar = _progress_bar(progress)
         self.path = os.fspath(path)
         self.gguf = GGUFFile(self.path)
+        _step(bar, "architecture")
+        self.spec = build_spec(self.gguf)
         _step(bar, "tokenizer")
         # A file without a vocabulary ("no_vocab", e.g. a synthetic layout) is driven by ids.
         has_vocab = self.gguf.metadata.get("tokenizer.ggml.model", "no_vocab") != "no_vocab"
         self.tokenizer = load_tokenizer(self.gguf.metadata) if has_vocab else None
-        _step(bar, "architecture")
-        self.spec = build_spec(self.gguf)
         names = referenced_tensors(self.spec)
         if bar is not None:
             bar.total = len(names) + 3

@@ -175,18 +175,20 @@ void test_norm(std::mt19937& rng, CpuState& cpu) {
     for (int64_t width : {64, 640, 1000})
         for (int64_t groups : {1, 4})
             for (bool layer : {false, true})
-                for (bool with_bias : {false, true}) {
+                for (int variant : {0, 1, 2}) {  // weight; weight and bias; neither (parameter-free)
+                    const bool with_bias = variant == 1, with_weight = variant != 2;
                     const int tokens = 3;
                     auto weight = float_vector(random_floats(rng, size_t(width)), "w");
                     auto bias = float_vector(random_floats(rng, size_t(width)), "b");
                     Stage stage;
                     stage.op = Op::Norm;
-                    stage.operands = {&weight->ref, with_bias ? &bias->ref : nullptr};
+                    stage.operands = {with_weight ? &weight->ref : nullptr, with_bias ? &bias->ref : nullptr};
                     stage.k = width;
                     stage.groups = groups;
                     stage.n = width * groups;
                     stage.params.eps = 1e-6f;
-                    stage.features = (layer ? kLayerNorm : kRmsNorm) | (with_bias ? kBias : 0u);
+                    stage.features = (layer ? kLayerNorm : kRmsNorm) | (with_bias ? kBias : 0u) |
+                                     (with_weight ? 0u : kParameterFreeNorm);
                     const std::vector<float> x = random_floats(rng, size_t(tokens * width * groups), 3.0f);
                     std::vector<float> ref(x.size()), got = nan_filled(x.size());
                     KernelCall call;
@@ -196,7 +198,7 @@ void test_norm(std::mt19937& rng, CpuState& cpu) {
                     run_cpu(cpu_twin(row), stage, call, cpu);
                     KcapNormParams p;
                     p.width = int(width), p.rows = int(tokens * groups), p.eps = 1e-6f, p.layer_norm = layer;
-                    p.has_weight = 1, p.has_bias = with_bias;
+                    p.has_weight = with_weight, p.has_bias = with_bias;
                     kcap_sim::launch({unsigned(p.rows), 1, 1}, width <= 64 ? 64 : 256, 32 * 4,
                                      [&](const KcapThread& t, void* shared) {
                                          kcap_norm(t, p, x.data(), reinterpret_cast<const float*>(weight->ref.data),
@@ -286,9 +288,30 @@ void test_elementwise(std::mt19937& rng, CpuState& cpu) {
         for (int i = 0; i < count; ++i) ref[size_t(i)] = a[size_t(i)] + b[size_t(i)];
         KcapElementwiseParams p;
         p.count = count;
+        p.scale = 1.0f;
         kcap_sim::launch({ceil_div(count, 256), 1, 1}, 256, 0,
                          [&](const KcapThread& t, void*) { kcap_add(t, p, a.data(), b.data(), got.data()); });
         KCAP_EXPECT(relative_error(got, ref) == 0.0, "cuda.add differs");
+        for (const char* op : {"add", "scale"}) {  // residual scale (Granite) and logit scale
+            Stage scaled;
+            scaled.op = std::string(op) == "add" ? Op::Add : Op::Scale;
+            scaled.n = count;
+            scaled.params.scale = 0.22f;
+            std::vector<float> scaled_ref(count), scaled_got = nan_filled(count);
+            KernelCall call;
+            call.n_tokens = 1;
+            call.in = a.data(), call.in2 = b.data(), call.out = scaled_ref.data();
+            run_cpu(find_row(std::string("cpu.") + op), scaled, call, cpu);
+            p.scale = 0.22f;
+            kcap_sim::launch({ceil_div(count, 256), 1, 1}, 256, 0, [&](const KcapThread& t, void*) {
+                if (scaled.op == Op::Add)
+                    kcap_add(t, p, a.data(), b.data(), scaled_got.data());
+                else
+                    kcap_scale(t, p, a.data(), scaled_got.data());
+            });
+            KCAP_EXPECT(relative_error(scaled_got, scaled_ref) <= kExactTolerance, "cuda.%s with scale differs", op);
+            ++checked;
+        }
         Stage stage;
         stage.op = Op::Softcap;
         stage.n = count;

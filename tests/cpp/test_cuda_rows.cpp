@@ -367,14 +367,15 @@ void test_elementwise(std::mt19937& rng, CpuState& cpu) {
                             activation_name(act), int(gated), tokens, err);
                 ++g_cases;
             }
-    for (const char* kernel : {"add", "softcap"}) {
+    for (const char* kernel : {"add", "softcap", "scale"}) {
         TestContext t;
         const int tokens = 3;
         const int64_t n = 4099;
         Stage stage;
-        stage.op = std::string(kernel) == "add" ? Op::Add : Op::Softcap;
+        stage.op = std::string(kernel) == "add" ? Op::Add : std::string(kernel) == "scale" ? Op::Scale : Op::Softcap;
         stage.k = stage.n = n;
         stage.params.softcap = 30.0f;
+        stage.params.scale = 0.22f;  // the residual scale of add, the logit scale of scale
         const std::vector<float> a = random_floats(rng, size_t(tokens * n), 40.0f), b = random_floats(rng, size_t(tokens * n));
         std::vector<float> ref(a.size());
         KernelCall call;

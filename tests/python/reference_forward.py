@@ -62,13 +62,22 @@ def activation(x, kind):
 
 def reference_logits(gg, spec, ids) -> np.ndarray:
     """Logits [len(ids), vocab] for token ids at positions 0..len(ids)-1."""
+    views = getattr(spec, "views", {})
+
     def w(name):
-        return dequantized(gg, name) if name else None
+        if not name:
+            return None
+        if name in views:  # rows (2-D) or elements (1-D) of a fused tensor
+            base, offset, count = views[name]
+            return dequantized(gg, base)[offset:offset + count]
+        return dequantized(gg, name)
 
     ids = np.asarray(ids)
     T = len(ids)
     positions = np.arange(T, dtype=np.float64)
     x = w(spec.token_embd)[ids] * spec.embed_scale
+    if spec.position_embd:
+        x = x + w(spec.position_embd)[:T]
     for layer in spec.layers:
         H, Hkv, D, Dv = layer.n_head, layer.n_head_kv, layer.head_dim, layer.head_dim_v
         h = norm(x, w(layer.attn_norm), w(layer.attn_norm_bias), spec.norm_eps, spec.norm_kind)
@@ -84,6 +93,8 @@ def reference_logits(gg, spec, ids) -> np.ndarray:
             q = norm(q, w(layer.q_norm), None, spec.norm_eps, _core.NormKind.RMS)
         if layer.k_norm:
             k = norm(k, w(layer.k_norm), None, spec.norm_eps, _core.NormKind.RMS)
+        if layer.v_norm:
+            v = norm(v, None, None, spec.norm_eps, _core.NormKind.RMS)
         if layer.rope_style != _core.RopeStyle.None_:
             neox = layer.rope_style == _core.RopeStyle.NeoX
             factors = w(layer.rope_freqs)
@@ -107,7 +118,7 @@ def reference_logits(gg, spec, ids) -> np.ndarray:
             o = o + w(layer.bo)
         if layer.post_attn_norm:
             o = norm(o, w(layer.post_attn_norm), None, spec.norm_eps, spec.norm_kind)
-        x = x + o
+        x = x + layer.residual_scale * o
         h = norm(x, w(layer.ffn_norm), w(layer.ffn_norm_bias), spec.norm_eps, spec.norm_kind)
         up = h @ w(layer.ffn_up).T
         if layer.ffn_up_bias:
@@ -119,9 +130,9 @@ def reference_logits(gg, spec, ids) -> np.ndarray:
             f = f + w(layer.ffn_down_bias)
         if layer.post_ffn_norm:
             f = norm(f, w(layer.post_ffn_norm), None, spec.norm_eps, spec.norm_kind)
-        x = x + f
+        x = x + layer.residual_scale * f
     x = norm(x, w(spec.output_norm), w(spec.output_norm_bias), spec.norm_eps, spec.norm_kind)
     logits = x @ w(spec.output).T
     if spec.final_softcap > 0:
         logits = spec.final_softcap * np.tanh(logits / spec.final_softcap)
-    return logits
+    return logits * spec.logit_scale

@@ -30,6 +30,8 @@ def check_against_reference(path, **load_options):
     model.reset()
     got = model.eval(PROMPT, all_logits=True)
     assert_close(got, ref, F32_TOLERANCE, f"{path} prefill")
+    # The usual path computes the LM head on the last position only.
+    assert_close(model.logits(PROMPT), ref[-1], F32_TOLERANCE, f"{path} last-position logits")
     return model, ref
 
 

@@ -72,6 +72,9 @@ struct LayerSpec {
 
     Activation activation = Activation::SiLU;
     bool gated_ffn = true;  // act(gate(x)) * up(x) when true, act(up(x)) otherwise
+
+    bool v_norm = false;          // parameter-free RMS norm of each V head (Gemma 4)
+    float residual_scale = 1.0f;  // attention and FFN outputs are scaled before the residual add (Granite)
 };
 
 struct ModelSpec {
@@ -85,9 +88,11 @@ struct ModelSpec {
     float embed_scale = 1.0f;  // token embeddings are multiplied by this (Gemma: sqrt(n_embd))
 
     std::string token_embd;
+    std::string position_embd;  // learned absolute position embeddings added to the tokens' (GPT-2)
     std::string output_norm, output_norm_bias;
     std::string output;  // LM head weights; equals token_embd when the embeddings are tied
     float final_softcap = 0.0f;
+    float logit_scale = 1.0f;  // logits are multiplied by this (Granite: 1 / logits_scaling)
 
     std::vector<LayerSpec> layers;
     std::map<std::string, TensorRef> tensors;

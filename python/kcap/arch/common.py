@@ -74,3 +74,61 @@ def default_head_dim(hp: Hyperparameters, n_embd: int, n_head: int) -> int:
 
 def inverse_sqrt(x: float) -> float:
     return 1.0 / math.sqrt(x)
+
+
+def attention_geometry(hp: Hyperparameters, n_embd: int) -> tuple[int, int, int, int]:
+    """(n_head, n_head_kv, head_dim, head_dim_v) from the standard GGUF keys."""
+    n_head = hp.int("attention.head_count")
+    n_head_kv = hp.int("attention.head_count_kv", n_head)
+    head_dim = hp.int("attention.key_length", None)
+    if head_dim is None:  # only then must the embedding split evenly into heads
+        head_dim = default_head_dim(hp, n_embd, n_head)
+    head_dim_v = hp.int("attention.value_length", head_dim)
+    return n_head, n_head_kv, head_dim, head_dim_v
+
+
+def rope_scaling(hp: Hyperparameters, gguf: GGUFFile, allowed=("none", "linear")) -> float:
+    """The linear rope frequency scale; refuses scaling kinds the family does not implement."""
+    kind = hp.get("rope.scaling.type", "none")
+    if kind not in allowed:
+        raise ModelError(f"{gguf.path}: {hp.arch} rope scaling '{kind}' is not supported")
+    factor = hp.float("rope.scaling.factor", 1.0) or 1.0
+    return 1.0 / factor if kind == "linear" else 1.0
+
+
+def standard_layer(gguf: GGUFFile, il: int, geometry, *, rope_style, rope_dim: int, rope_base: float,
+                   activation, freq_scale: float = 1.0, gated_ffn: bool = True, biases: bool = False,
+                   norm_biases: bool = False, qk_norm: bool = False, post_norms: bool = False,
+                   rope_freqs: str = "") -> _core.LayerSpec:
+    """A pre-norm decoder block named as llama.cpp's converter names it (attn_norm, attn_q/k/v,
+    attn_output, ffn_norm, ffn_gate/up/down), with the optional parts a family declares:
+    biases (read when present), norm biases, QK-norm, Gemma-style post-norms."""
+    layer = _core.LayerSpec()
+    layer.n_head, layer.n_head_kv, layer.head_dim, layer.head_dim_v = geometry
+    t = lambda name, required=True: block_tensor(gguf, il, name, required)  # noqa: E731
+    layer.attn_norm = t("attn_norm.weight")
+    layer.attn_norm_bias = t("attn_norm.bias", norm_biases)
+    layer.wq, layer.wk, layer.wv = t("attn_q.weight"), t("attn_k.weight"), t("attn_v.weight")
+    layer.wo = t("attn_output.weight")
+    layer.bq, layer.bk, layer.bv = t("attn_q.bias", False), t("attn_k.bias", False), t("attn_v.bias", False)
+    layer.bo = t("attn_output.bias", False)
+    if biases and not (layer.bq and layer.bk and layer.bv):
+        raise ModelError(f"{gguf.path}: layer {il} lacks the Q/K/V biases its architecture requires")
+    if qk_norm:
+        layer.q_norm, layer.k_norm = t("attn_q_norm.weight"), t("attn_k_norm.weight")
+    if post_norms:
+        layer.post_attn_norm = t("post_attention_norm.weight")
+        layer.post_ffn_norm = t("post_ffw_norm.weight")
+    layer.ffn_norm = t("ffn_norm.weight")
+    layer.ffn_norm_bias = t("ffn_norm.bias", norm_biases)
+    layer.ffn_gate = t("ffn_gate.weight") if gated_ffn else ""
+    layer.ffn_up, layer.ffn_down = t("ffn_up.weight"), t("ffn_down.weight")
+    layer.ffn_up_bias, layer.ffn_down_bias = t("ffn_up.bias", False), t("ffn_down.bias", False)
+    layer.gated_ffn = gated_ffn
+    layer.activation = activation
+    layer.rope_style = rope_style
+    layer.rope_dim = rope_dim
+    layer.rope_base = rope_base
+    layer.rope_freq_scale = freq_scale
+    layer.rope_freqs = rope_freqs
+    return layer

@@ -1,0 +1,1025 @@
+#!/usr/bin/env python3
+"""Regenerate the architecture-conformance fixtures and goldens.
+
+For every family this script
+
+1. builds a tiny random transformers model (fp32, seeded, every norm weight and bias
+   perturbed away from its init so that a dropped norm or bias shows in the logits),
+2. trains a tiny tokenizer offline (SentencePiece or byte-level BPE) just so that the
+   converter has a vocabulary to write,
+3. saves the HF model and runs llama.cpp's ``convert_hf_to_gguf.py`` (as a tool, in a
+   subprocess) with ``--outtype f32`` and ``--outtype q8_0``, writing
+   ``tests/fixtures/conformance/<name>-f32.gguf`` and ``<name>-q8_0.gguf``,
+4. records the reference: the ORIGINAL transformers model in fp32, eager attention,
+   logits at every position of a fixed 40-id prompt and a 16-token greedy continuation,
+   in ``tests/goldens/conformance/<name>.npz``,
+5. loads the GGUFs back with transformers (where it supports the architecture) and
+   records how far those logits are from the reference, and
+6. writes a manifest (``tests/fixtures/conformance/manifest.json``): per family the GGUF
+   architecture, every scalar metadata key and value, and every tensor (type, shape).
+
+The converter is NOT part of this repository. It comes from the llama-cpp-python source
+distribution (which vendors llama.cpp); point the script at it with ``--llama-cpp DIR`` or
+the ``KCAP_LLAMA_CPP`` environment variable, DIR being either the unpacked sdist root
+(``llama_cpp_python-X.Y.Z``) or its ``vendor/llama.cpp`` folder::
+
+    pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d ~/.cache/kcap-bench/sdist
+    tar xzf ~/.cache/kcap-bench/sdist/llama_cpp_python-0.3.36.tar.gz -C ~/.cache/kcap-bench/
+    KCAP_LLAMA_CPP=~/.cache/kcap-bench/llama_cpp_python-0.3.36 \\
+        python scripts/make_conformance_fixtures.py [--family NAME ...]
+
+Without either, the script looks for ``~/.cache/kcap-bench/**/vendor/llama.cpp``.
+The converter runs with its own vendored ``gguf-py`` (it puts it first on sys.path itself).
+
+One documented intervention in the converter's run: our tokenizers are trained here, so
+the converter's BPE pre-tokenizer fingerprint (a hash of how a known string tokenizes)
+matches no published model and it refuses with "BPE pre-tokenizer was not recognized".
+For the byte-level BPE fixtures the subprocess wraps ``TextModel.get_vocab_base_pre`` so
+that, ONLY when the original raises that error, it returns ``"gpt-2"`` (our BPE
+tokenizers use exactly the GPT-2 byte-level pre-tokenizer). Nothing else is changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures" / "conformance"
+GOLDENS = REPO / "tests" / "goldens" / "conformance"
+MANIFEST = FIXTURES / "manifest.json"
+
+PROMPT_LEN = 40
+GREEDY_STEPS = 16
+VOCAB = 384
+OUTTYPES = ("f32", "q8_0")
+MAX_FILE_BYTES = 2 * 1024 * 1024
+
+# ----------------------------------------------------------------------------------------
+# converter subprocess mode
+# ----------------------------------------------------------------------------------------
+
+
+def _converter_main(llama_dir: Path, pre_override: str | None, argv: list[str]) -> None:
+    """Runs convert_hf_to_gguf.py in this (fresh) process, optionally with the one
+    documented fallback for the BPE pre-tokenizer fingerprint."""
+    import runpy
+
+    sys.path.insert(0, str(llama_dir / "gguf-py"))
+    sys.path.insert(0, str(llama_dir))
+    if pre_override:
+        from conversion import base  # the converter's own package
+
+        original = base.TextModel.get_vocab_base_pre
+
+        def get_vocab_base_pre(self, tokenizer):
+            try:
+                return original(self, tokenizer)
+            except NotImplementedError:
+                base.logger.warning(
+                    "kcap conformance: tiny trained tokenizer has no known pre-tokenizer "
+                    "fingerprint; writing tokenizer.ggml.pre=%r", pre_override)
+                return pre_override
+
+        base.TextModel.get_vocab_base_pre = get_vocab_base_pre
+    script = llama_dir / "convert_hf_to_gguf.py"
+    sys.argv = [str(script), *argv]
+    runpy.run_path(str(script), run_name="__main__")
+
+
+def _tensor_map_main(llama_dir: Path, arch: str, n_blocks: int) -> None:
+    """Maps HF tensor names (JSON list on stdin) to GGUF names with the converter's own
+    gguf-py TensorNameMap; prints a JSON dict (None where the name does not map)."""
+    sys.path.insert(0, str(llama_dir / "gguf-py"))
+    import gguf
+
+    arch_enum = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch]
+    tmap = gguf.get_tensor_name_map(arch_enum, n_blocks)
+    out = {}
+    for name in json.load(sys.stdin):
+        key = name
+        if arch == "gemma4" and (key.endswith("layer_scalar") or key.endswith("per_dim_scale")):
+            key += ".weight"  # as the converter's Gemma4Model.filter_tensors
+        out[name] = tmap.get_name(key, try_suffixes=(".weight", ".bias"))
+    json.dump(out, sys.stdout)
+
+
+# ----------------------------------------------------------------------------------------
+# locating the converter
+# ----------------------------------------------------------------------------------------
+
+
+def find_llama_cpp(arg: str | None) -> Path:
+    candidates: list[Path] = []
+    for value in (arg, os.environ.get("KCAP_LLAMA_CPP")):
+        if value:
+            p = Path(value).expanduser()
+            candidates += [p, p / "vendor" / "llama.cpp"]
+    if not candidates:
+        root = Path("~/.cache/kcap-bench").expanduser()
+        if root.is_dir():
+            candidates += sorted(p.parent for p in root.glob("**/vendor/llama.cpp/convert_hf_to_gguf.py"))
+    for c in candidates:
+        if (c / "convert_hf_to_gguf.py").is_file() and (c / "gguf-py").is_dir():
+            return c.resolve()
+    sys.exit("convert_hf_to_gguf.py not found: pass --llama-cpp DIR or set KCAP_LLAMA_CPP to the "
+             "unpacked llama-cpp-python sdist (or its vendor/llama.cpp folder); see the module docstring")
+
+
+def llama_cpp_python_version(llama_dir: Path) -> str:
+    init = llama_dir.parent.parent / "llama_cpp" / "__init__.py"
+    if init.is_file():
+        for line in init.read_text().splitlines():
+            if line.startswith("__version__"):
+                return line.split("=")[1].strip().strip("\"'")
+    pkg = llama_dir.parent.parent / "PKG-INFO"
+    if pkg.is_file():
+        for line in pkg.read_text().splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+# ----------------------------------------------------------------------------------------
+# tokenizers (trained offline on a seeded synthetic corpus)
+# ----------------------------------------------------------------------------------------
+
+_WORDS = (
+    "the of and to in is was for on that with as by at from his her they this are which be or an "
+    "had not but it one all were we when there can more has if will so no out up into do time only "
+    "new some could these two may then first any like my now over such our man me even most made "
+    "after also did many before must through back years where much your way well down should "
+    "because each just those people how too little state good very make world still own see men "
+    "work long get here between both life being under never day same another know while last "
+    "might us great old year off come since against go came right used take three river stone "
+    "light music garden window silver morning quiet number letter market bridge winter paper"
+).split()
+
+
+def corpus() -> list[str]:
+    rng = random.Random(20240611)
+    lines = []
+    for _ in range(3000):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 14))]
+        s = " ".join(words)
+        s = s[0].upper() + s[1:] + rng.choice([".", ",", "!", "?", ";", ":"])
+        if rng.random() < 0.3:
+            s += f" {rng.randint(0, 99999)}"
+        lines.append(s)
+    return lines
+
+
+SPM_SPECIALS = {
+    # style: (sentencepiece trainer ids, {role: piece})
+    "llama": (dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1, unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>"),
+              {"unk": "<unk>", "bos": "<s>", "eos": "</s>"}),
+    "gemma": (dict(pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>",
+                   bos_piece="<bos>", unk_piece="<unk>"),
+              {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>", "unk": "<unk>"}),
+}
+
+
+def train_spm(style: str) -> bytes:
+    import sentencepiece as spm
+
+    ids, _ = SPM_SPECIALS[style]
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus()), model_writer=out, vocab_size=VOCAB, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, add_dummy_prefix=(style == "llama"), split_digits=True,
+        num_threads=1, minloglevel=2, **ids)
+    return out.getvalue()
+
+
+def train_bpe(specials: list[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2 regex + byte map
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(), trainer)
+    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    return tok
+
+
+def write_tokenizer(hf_dir: Path, spec: dict) -> dict[str, int]:
+    """Writes the tokenizer files the converter reads; returns {role: id}."""
+    kind = spec["tokenizer"]
+    if kind.startswith("spm-"):
+        style = kind[4:]
+        proto = train_spm(style)
+        (hf_dir / "tokenizer.model").write_bytes(proto)
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_proto=proto)
+        assert sp.vocab_size() == VOCAB
+        pieces = [sp.id_to_piece(i) for i in range(VOCAB)]
+        assert len(set(pieces)) == VOCAB, "duplicate pieces"
+        roles = {role: sp.piece_to_id(p) for role, p in SPM_SPECIALS[style][1].items()}
+        cfg = {f"{r}_token": SPM_SPECIALS[style][1][r] for r in roles}
+        cfg.update(tokenizer_class="GemmaTokenizer" if style == "gemma" else "LlamaTokenizer",
+                   add_bos_token=True, add_eos_token=False)
+        (hf_dir / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
+        return roles
+    if kind == "hf-gemma4":
+        # Gemma 4's converter reads an HF fast tokenizer.json (BPE with byte fallback, as
+        # the real one); derive it from a SentencePiece model through transformers.
+        from transformers import AutoTokenizer
+
+        proto = train_spm("gemma")
+        with tempfile.TemporaryDirectory() as td:
+            Path(td, "tokenizer.model").write_bytes(proto)
+            Path(td, "tokenizer_config.json").write_text(json.dumps(
+                {"tokenizer_class": "GemmaTokenizer", "bos_token": "<bos>", "eos_token": "<eos>",
+                 "unk_token": "<unk>", "pad_token": "<pad>"}))
+            tok = AutoTokenizer.from_pretrained(td)
+            tok.save_pretrained(Path(td, "out"))
+            tj = json.loads(Path(td, "out", "tokenizer.json").read_text())
+        # GemmaTokenizer adds a <mask> token past the vocabulary; drop it so that the
+        # tokenizer has exactly VOCAB entries.
+        tj["added_tokens"] = [a for a in tj["added_tokens"] if a["id"] < VOCAB]
+        assert len(tj["model"]["vocab"]) == VOCAB
+        (hf_dir / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False))
+        roles = {r: tj["model"]["vocab"][p] for r, p in SPM_SPECIALS["gemma"][1].items()}
+        cfg = {f"{r}_token": p for r, p in SPM_SPECIALS["gemma"][1].items()}
+        # PreTrainedTokenizerFast (not GemmaTokenizer): GemmaTokenizer would add <mask> again
+        # when the converter loads it, giving 385 tokens for 384 embedding rows.
+        cfg.update(tokenizer_class="PreTrainedTokenizerFast", add_bos_token=True, add_eos_token=False)
+        (hf_dir / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
+        return roles
+    if kind == "bpe":
+        specials = spec["specials"]
+        tok = train_bpe(specials)
+        tok.save(str(hf_dir / "tokenizer.json"))
+        vocab = tok.get_vocab()
+        roles = {r: vocab[p] for r, p in spec["special_roles"].items()}
+        cfg = {f"{r}_token": p for r, p in spec["special_roles"].items()}
+        cfg.update(tokenizer_class="PreTrainedTokenizerFast", add_bos_token=False, add_eos_token=False)
+        (hf_dir / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
+        return roles
+    raise ValueError(kind)
+
+
+# ----------------------------------------------------------------------------------------
+# families
+# ----------------------------------------------------------------------------------------
+
+_GEMMA4_PROBES = {
+    "no final softcap": {"final_logit_softcapping": None},
+    "no sliding window": {"sliding_window": 4096},
+    "full layers rotate all dims (partial_rotary_factor 1)": {"rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 1.0, "rope_theta": 1000000.0}}},
+}
+
+
+def _llama3_rope():
+    return {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+FAMILIES: dict[str, dict] = {
+    "llama3": dict(
+        cls="LlamaForCausalLM", config_cls="LlamaConfig", tokenizer="bpe", pre="gpt-2",
+        specials=["<|begin_of_text|>", "<|end_of_text|>"],
+        special_roles={"bos": "<|begin_of_text|>", "eos": "<|end_of_text|>"},
+        config=dict(hidden_size=96, intermediate_size=200, num_hidden_layers=3, num_attention_heads=6,
+                    num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
+                    tie_word_embeddings=False, rope_parameters=_llama3_rope()),
+        probes={"rope_type default (ignore rope_freqs)":
+                {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}},
+        notes=["Llama-3 style: rope_type llama3 (factor 8, low/high_freq_factor 1/4, "
+               "original_max_position_embeddings 64 so that the 16 rope frequencies fall in all three "
+               "bands); the converter bakes the per-frequency divisors into rope_freqs.weight.",
+               "Untied output (output.weight present). GQA 6 query heads / 2 KV heads."]),
+    "llama-tied": dict(
+        cls="LlamaForCausalLM", config_cls="LlamaConfig", tokenizer="spm-llama",
+        config=dict(hidden_size=80, intermediate_size=176, num_hidden_layers=2, num_attention_heads=5,
+                    num_key_value_heads=5, max_position_embeddings=256, rms_norm_eps=1e-6,
+                    tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        notes=["Tied embeddings: the GGUF has no output.weight; the LM head is token_embd.weight.",
+               "5 heads (MHA), head_dim 16, hidden 80 (not a multiple of 32: in the q8_0 file every "
+               "matrix whose row length is 80 stays unquantized)."]),
+    "mistral": dict(
+        cls="MistralForCausalLM", config_cls="MistralConfig", tokenizer="spm-llama",
+        config=dict(hidden_size=96, intermediate_size=224, num_hidden_layers=3, num_attention_heads=6,
+                    num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
+                    tie_word_embeddings=False, sliding_window=None,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        swa_probe=8,
+        notes=["MistralForCausalLM converts to GGUF architecture 'llama' and the converter writes no "
+               "sliding-window key, so the fixture uses sliding_window=None (full causal attention) to keep "
+               "GGUF and reference consistent. meta.swa_probe records how much the logits would change "
+               "with sliding_window=8."]),
+    "qwen2": dict(
+        cls="Qwen2ForCausalLM", config_cls="Qwen2Config", tokenizer="bpe", pre="gpt-2",
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        special_roles={"bos": "<|endoftext|>", "eos": "<|im_end|>"},
+        config=dict(hidden_size=96, intermediate_size=200, num_hidden_layers=3, num_attention_heads=6,
+                    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+                    tie_word_embeddings=True, use_sliding_window=False,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        notes=["Q/K/V projections carry biases (perturbed); o_proj has none. Tied embeddings."]),
+    "qwen3": dict(
+        cls="Qwen3ForCausalLM", config_cls="Qwen3Config", tokenizer="bpe", pre="gpt-2",
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        special_roles={"bos": "<|endoftext|>", "eos": "<|im_end|>"},
+        config=dict(hidden_size=64, intermediate_size=200, num_hidden_layers=3, num_attention_heads=6,
+                    num_key_value_heads=2, head_dim=24, max_position_embeddings=256, rms_norm_eps=1e-6,
+                    tie_word_embeddings=False, attention_bias=False, use_sliding_window=False,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        notes=["QK-norm: per-head RMSNorm (weight [head_dim]) on q and k before RoPE.",
+               "head_dim 24 != hidden/heads (64/6): q_proj is [144, 64]."]),
+    "gemma2": dict(
+        cls="Gemma2ForCausalLM", config_cls="Gemma2Config", tokenizer="spm-gemma",
+        config=dict(hidden_size=96, intermediate_size=200, num_hidden_layers=4, num_attention_heads=6,
+                    num_key_value_heads=2, head_dim=24, query_pre_attn_scalar=24, sliding_window=8,
+                    attn_logit_softcapping=4.0, final_logit_softcapping=3.0, max_position_embeddings=256,
+                    rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        probes={"no attn softcap": {"attn_logit_softcapping": None},
+                "no final softcap": {"final_logit_softcapping": None},
+                "query_pre_attn_scalar = hidden/heads (16)": {"query_pre_attn_scalar": 16},
+                "no sliding window": {"sliding_window": 4096}},
+        notes=["Layers alternate sliding (even: 0, 2) / global (odd: 1, 3), as transformers' Gemma2 "
+               "layer_types; sliding_window 8 < prompt length.",
+               "query_pre_attn_scalar = head_dim = 24 (the GGUF does not carry it), so scores scale by "
+               "1/sqrt(head_dim).",
+               "Softcaps chosen small (attn 4.0, final 3.0) so that a missing softcap is visible in a tiny "
+               "random model; real Gemma 2 uses 50/30.",
+               "Gemma RMSNorm computes x*(1+w); the converter stores 1+w, so GGUF norm weights are used "
+               "as plain multipliers. Embeddings are scaled by sqrt(hidden) (not in the GGUF)."]),
+    "gemma3": dict(
+        cls="Gemma3ForCausalLM", config_cls="Gemma3TextConfig", tokenizer="spm-gemma",
+        config=dict(hidden_size=64, intermediate_size=160, num_hidden_layers=6, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=24, query_pre_attn_scalar=24, sliding_window=8,
+                    max_position_embeddings=256, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+                    rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+        probes={"no sliding window": {"sliding_window": 4096},
+                "query_pre_attn_scalar = hidden/heads (16)": {"query_pre_attn_scalar": 16},
+                "sliding layers use the global rope theta": {"rope_parameters": {
+                    "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1000000.0}}}},
+        notes=["6 layers with transformers' default pattern (sliding_window_pattern 6): layers 0-4 "
+               "sliding (window 8), layer 5 global. The GGUF carries no pattern key for gemma3 "
+               "(llama.cpp hard-codes 'every 6th layer is global', which matches).",
+               "Sliding layers use rope_freq_base_swa (10000), global layers rope_freq_base (1e6).",
+               "query_pre_attn_scalar = head_dim = 24 (not in the GGUF).",
+               "QK-norm and the four norms per layer; Gemma norms x*(1+w) with 1+w stored in the GGUF."]),
+    "gemma4": dict(
+        cls="Gemma4ForCausalLM", config_cls="Gemma4TextConfig", tokenizer="hf-gemma4",
+        config=dict(hidden_size=64, intermediate_size=160, num_hidden_layers=5, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                 "sliding_attention", "full_attention"],
+                    hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB,
+                    final_logit_softcapping=3.0, max_position_embeddings=256, rms_norm_eps=1e-6,
+                    hidden_activation="gelu_pytorch_tanh", num_kv_shared_layers=0,
+                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                     "full_attention": {"rope_type": "proportional",
+                                                        "partial_rotary_factor": 0.25,
+                                                        "rope_theta": 1000000.0}}),
+        probes=_GEMMA4_PROBES,
+        notes=["Gemma 4 dense text (Gemma4ForCausalLM): sliding layers head_dim 16, full layers "
+               "global_head_dim 32; full layers use 'proportional' RoPE with partial_rotary_factor 0.25 "
+               "(8 of 32 dims rotated, frequencies computed with the FULL head_dim in the exponent); "
+               "v_norm (RMSNorm without weight) on values; q_norm/k_norm; attention scale 1.0; "
+               "per-layer embeddings (hidden_size_per_layer_input 16) as in the E2B models; "
+               "layer_scalar per layer (perturbed); final_logit_softcapping 3.0.",
+               "No KV sharing here (num_kv_shared_layers 0); see gemma4-kvshare."]),
+    "gemma4-kvshare": dict(
+        cls="Gemma4ForCausalLM", config_cls="Gemma4TextConfig", tokenizer="hf-gemma4",
+        config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                 "sliding_attention", "sliding_attention", "full_attention"],
+                    hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB,
+                    final_logit_softcapping=3.0, max_position_embeddings=256, rms_norm_eps=1e-6,
+                    hidden_activation="gelu_pytorch_tanh", num_kv_shared_layers=2,
+                    use_double_wide_mlp=True,
+                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                     "full_attention": {"rope_type": "proportional",
+                                                        "partial_rotary_factor": 0.25,
+                                                        "rope_theta": 1000000.0}}),
+        probes=_GEMMA4_PROBES,
+        notes=["As gemma4, plus the E2B-style KV sharing: the last 2 layers (4: sliding, 5: full) have "
+               "no k/v projections and reuse the K/V of the last earlier layer of the same type "
+               "(3 and 2); use_double_wide_mlp doubles their FFN width (96 -> 192)."]),
+    "gpt2": dict(
+        cls="GPT2LMHeadModel", config_cls="GPT2Config", tokenizer="bpe", pre="gpt-2",
+        specials=["<|endoftext|>"], special_roles={"bos": "<|endoftext|>", "eos": "<|endoftext|>"},
+        config=dict(n_embd=96, n_layer=3, n_head=6, n_positions=128, n_ctx=128, n_inner=None,
+                    activation_function="gelu_new", layer_norm_epsilon=1e-5),
+        notes=["n_ctx = n_positions = 128 put in config.json (the converter reads n_ctx).",
+               "n_inner None: the converter writes feed_forward_length = 4*n_embd unconditionally.",
+               "Fused QKV (attn_qkv, [3*96] rows ordered q|k|v) with bias; learned positions "
+               "(position_embd.weight); LayerNorm with bias; GELU (tanh approx.) non-gated FFN. Tied head."]),
+    "starcoder2": dict(
+        cls="Starcoder2ForCausalLM", config_cls="Starcoder2Config", tokenizer="bpe", pre="gpt-2",
+        specials=["<|endoftext|>"], special_roles={"bos": "<|endoftext|>", "eos": "<|endoftext|>"},
+        config=dict(hidden_size=96, intermediate_size=200, num_hidden_layers=3, num_attention_heads=6,
+                    num_key_value_heads=2, max_position_embeddings=256, norm_epsilon=1e-5, use_bias=True,
+                    hidden_act="gelu_pytorch_tanh", sliding_window=None, tie_word_embeddings=True,
+                    rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
+        probes={"rope_theta 10000 instead of 100000":
+                {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}},
+        notes=["LayerNorm with bias, biases on q/k/v/o and on the two FFN matrices (c_fc/c_proj), "
+               "non-gated GELU (tanh) FFN, GQA 6/2, NEOX rope. sliding_window None (the converter writes "
+               "no sliding-window key for starcoder2)."]),
+    "granite": dict(
+        cls="GraniteForCausalLM", config_cls="GraniteConfig", tokenizer="bpe", pre="gpt-2",
+        specials=["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>"],
+        special_roles={"bos": "<|end_of_text|>", "eos": "<|end_of_text|>"},
+        config=dict(hidden_size=96, intermediate_size=200, num_hidden_layers=3, num_attention_heads=6,
+                    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+                    tie_word_embeddings=True, embedding_multiplier=6.0, residual_multiplier=0.35,
+                    attention_multiplier=0.09, logits_scaling=2.5,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        probes={"embedding_multiplier 1": {"embedding_multiplier": 1.0},
+                "residual_multiplier 1": {"residual_multiplier": 1.0},
+                "attention_multiplier 1/sqrt(head_dim)": {"attention_multiplier": 0.25},
+                "logits_scaling 1": {"logits_scaling": 1.0}},
+        notes=["embedding_multiplier 6.0 (granite.embedding_scale), residual_multiplier 0.35 "
+               "(granite.residual_scale), attention_multiplier 0.09 replaces 1/sqrt(head_dim) "
+               "(granite.attention.scale), logits divided by logits_scaling 2.5 (granite.logit_scale)."]),
+}
+
+
+# ----------------------------------------------------------------------------------------
+# model building
+# ----------------------------------------------------------------------------------------
+
+
+def family_seed(name: str) -> int:
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+def build_model(name: str, spec: dict, roles: dict[str, int]):
+    import torch
+    import transformers
+
+    cfg_cls = getattr(transformers, spec["config_cls"])
+    kwargs = dict(spec["config"], vocab_size=VOCAB, attn_implementation="eager")
+    if "bos" in roles:
+        kwargs["bos_token_id"] = roles["bos"]
+    if "eos" in roles:
+        kwargs["eos_token_id"] = roles["eos"]
+    kwargs["pad_token_id"] = roles.get("pad")
+    config = cfg_cls(**kwargs)
+    config._attn_implementation = "eager"
+    torch.manual_seed(family_seed(name))
+    model = getattr(transformers, spec["cls"])(config).eval()
+    reinit(model, family_seed(name) + 1)
+    return model
+
+
+def reinit(model, seed: int) -> None:
+    """Weights N(0, 1/fan_in); embeddings and head N(0, (2.5/sqrt(d))^2) so logits have a
+    spread of a few units; every 1-D weight (norms), bias and layer scalar gets noise."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    conv1d = tuple(m.weight for m in model.modules() if type(m).__name__ == "Conv1D")  # GPT-2 (in, out)
+    conv1d_ids = {id(w) for w in conv1d}
+    tied_ids = set()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():  # tied parameters are listed once
+            if id(p) in tied_ids:
+                continue
+            tied_ids.add(id(p))
+            if p.ndim == 1:
+                noise = torch.randn(p.shape, generator=g) * 0.3
+                p.copy_(p + noise)  # norms around their init (1, or 0 for Gemma offsets), biases around 0
+            elif p.ndim == 2:
+                is_embedding = any(k in pname for k in ("embed", "wte", "wpe", "lm_head"))
+                if is_embedding:
+                    d = p.shape[1]
+                    std = 2.5 / d ** 0.5
+                    if "per_layer" in pname:  # Gemma 4 packed per-layer embeddings
+                        std = 1.0
+                else:
+                    fan_in = p.shape[0] if id(p) in conv1d_ids else p.shape[1]
+                    std = 1.0 / fan_in ** 0.5
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+            else:
+                raise ValueError(f"unexpected parameter {pname} {tuple(p.shape)}")
+        for bname, b in model.named_buffers():
+            if bname.endswith("layer_scalar"):
+                b.copy_(0.6 + 0.8 * torch.rand(b.shape, generator=g))
+
+
+def forward_logits(model, ids):
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), use_cache=False)
+    return out.logits[0].float().numpy()
+
+
+def reference(model, prompt: list[int]) -> dict:
+    import numpy as np
+
+    logits = forward_logits(model, prompt)
+    ids = list(prompt)
+    greedy, margins, step_logits = [], [], []
+    for _ in range(GREEDY_STEPS):
+        last = forward_logits(model, ids)[-1]
+        order = np.argsort(-last.astype(np.float64), kind="stable")
+        greedy.append(int(order[0]))
+        margins.append(float(last[order[0]] - last[order[1]]))
+        step_logits.append(last)
+        ids.append(int(order[0]))
+    return dict(logits=logits.astype(np.float32), greedy_ids=np.array(greedy, dtype=np.int64),
+                greedy_margins=np.array(margins, dtype=np.float32),
+                greedy_logits=np.stack(step_logits).astype(np.float32))
+
+
+def sensitivity_probes(name: str, spec: dict, model, prompt, ref_logits) -> dict:
+    """How visible each feature is: max |delta logits| when one 1-D tensor (norm weight,
+    bias, layer scalar) is reset to its init value, and for each config probe of the family."""
+    import numpy as np
+    import torch
+
+    fresh = type(model)(model.config).eval()  # transformers' init values
+    init = {k: v.clone() for k, v in fresh.state_dict().items()}
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    resets = {}
+    for key, value in state.items():
+        if value.ndim != 1 or key.endswith(("inv_freq", "embed_scale")) or key not in init:
+            continue
+        if torch.equal(init[key], value):
+            continue
+        fresh.load_state_dict(state)
+        with torch.no_grad():
+            fresh.state_dict()[key].copy_(init[key])
+        resets[key] = float(np.max(np.abs(forward_logits(fresh, prompt) - ref_logits)))
+    weakest = min(resets, key=resets.get) if resets else None
+    out = {"reset_1d_tensor_min_delta": resets[weakest] if weakest else None, "reset_1d_tensor_weakest": weakest,
+           "reset_1d_tensor_count": len(resets), "reset_1d_tensor": dict(sorted(resets.items())), "config": {}}
+    for desc, overrides in spec.get("probes", {}).items():
+        d = model.config.to_dict()
+        d.update(overrides)
+        cfg = type(model.config).from_dict(d)
+        cfg._attn_implementation = "eager"
+        m = type(model)(cfg).eval()
+        m.load_state_dict(state)
+        out["config"][desc] = float(np.max(np.abs(forward_logits(m, prompt) - ref_logits)))
+    return out
+
+
+def make_prompt(name: str) -> list[int]:
+    import numpy as np
+
+    rng = np.random.default_rng(family_seed(name) + 7)
+    return [int(x) for x in rng.integers(4, VOCAB, size=PROMPT_LEN)]
+
+
+# ----------------------------------------------------------------------------------------
+# GGUF inspection and reload
+# ----------------------------------------------------------------------------------------
+
+_BIG_ARRAYS = {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+               "tokenizer.ggml.merges"}
+
+
+def inspect_gguf(path: Path) -> dict:
+    import numpy as np
+    from gguf import GGUFReader, GGUFValueType
+
+    r = GGUFReader(path)
+    meta = {}
+    for key, f in r.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        vtype = f.types[0] if f.types else None
+        if key in _BIG_ARRAYS:
+            meta[key] = f"<array of {len(f.data)}>"
+            continue
+        if vtype == GGUFValueType.STRING:
+            meta[key] = bytes(f.parts[f.data[0]]).decode("utf-8")
+        elif vtype == GGUFValueType.ARRAY:
+            sub = f.types[1] if len(f.types) > 1 else None
+            if sub == GGUFValueType.STRING:
+                meta[key] = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+            else:
+                meta[key] = [np.asarray(f.parts[i]).tolist()[0] for i in f.data]
+        else:
+            v = np.asarray(f.parts[f.data[0]]).tolist()[0]
+            meta[key] = v
+    tensors = {t.name: {"type": t.tensor_type.name, "shape": [int(x) for x in t.shape]} for t in r.tensors}
+    return {"metadata": meta, "tensors": tensors}
+
+
+def hf_to_gguf_names(llama_dir: Path, arch: str, n_blocks: int, names: list[str]) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--_tensor-map", str(llama_dir), arch, str(n_blocks)]
+    res = subprocess.run(cmd, input=json.dumps(names), capture_output=True, text=True, check=True)
+    return json.loads(res.stdout)
+
+
+def expected_gguf_tensor(arch: str, hf_name: str, t, config):
+    """The converter's value transforms, applied to an HF tensor (numpy, HF layout)."""
+    import numpy as np
+
+    t = np.asarray(t, dtype=np.float32)
+    if arch in ("llama", "granite"):  # LlamaModel.undo_permute: rope pairs made adjacent
+        n_head = config.num_attention_heads
+        n_kv = config.num_key_value_heads
+        for suffix, heads in (("q_proj.weight", n_head), ("q_proj.bias", n_head),
+                              ("k_proj.weight", n_kv), ("k_proj.bias", n_kv)):
+            if hf_name.endswith(suffix):
+                t = t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+    if arch in ("gemma2", "gemma3") and hf_name.endswith("norm.weight"):
+        t = t + 1.0  # Gemma RMSNorm x*(1+w): the GGUF stores 1+w
+    if arch == "gpt2" and hf_name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
+        t = t.T  # Conv1D (in, out) -> (out, in)
+    return t
+
+
+def hf_tensor_from_gguf(arch: str, hf_name: str, t, config):
+    """Inverse of expected_gguf_tensor: a GGUF tensor (dequantized, GGUF row layout) back
+    in the HF model's layout."""
+    import numpy as np
+
+    t = np.asarray(t, dtype=np.float32)
+    if arch in ("llama", "granite"):
+        n_head = config.num_attention_heads
+        n_kv = config.num_key_value_heads
+        for suffix, heads in (("q_proj.weight", n_head), ("q_proj.bias", n_head),
+                              ("k_proj.weight", n_kv), ("k_proj.bias", n_kv)):
+            if hf_name.endswith(suffix):
+                t = t.reshape(heads, t.shape[0] // heads // 2, 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+    if arch in ("gemma2", "gemma3") and hf_name.endswith("norm.weight"):
+        t = t - 1.0
+    if arch == "gpt2" and hf_name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
+        t = t.T
+    return t
+
+
+def logits_from_gguf_tensors(model, mapping: dict, gguf_path: Path, arch: str, prompt) -> "np.ndarray":
+    """The original transformers architecture (same config) running the GGUF's tensors,
+    dequantized: for q8_0 this is the exact reference for an engine that dequantizes
+    weights and computes in fp32."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    gg = {t.name: t for t in GGUFReader(gguf_path).tensors}
+    original = model.state_dict()
+    aliases: dict[int, list[str]] = {}  # tied parameters appear under several keys
+    for k, v in original.items():
+        aliases.setdefault(v.data_ptr(), []).append(k)
+    state = {k: v.clone() for k, v in original.items()}
+    for hf_name, g_name in mapping.items():
+        if g_name is None:
+            continue
+        t = gg[g_name]
+        value = dequantize(t.data, t.tensor_type).reshape([int(x) for x in reversed(t.shape)])
+        value = hf_tensor_from_gguf(arch, hf_name, value, model.config)
+        value = torch.from_numpy(np.ascontiguousarray(value)).reshape(state[hf_name].shape)
+        for k in aliases[original[hf_name].data_ptr()]:
+            state[k] = value
+    m = type(model)(model.config).eval()
+    m.load_state_dict(state)
+    return forward_logits(m, prompt)
+
+
+def tensor_fidelity(llama_dir: Path, hf_dir: Path, gguf_paths: dict[str, Path], arch: str, config) -> dict:
+    """Compares every GGUF tensor with the HF tensor it came from (after the converter's
+    documented transforms). f32 must be exact; q8_0 shows the quantization error."""
+    import numpy as np
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from safetensors.numpy import load_file
+
+    hf = load_file(str(hf_dir / "model.safetensors"))
+    mapping = hf_to_gguf_names(llama_dir, arch, config.num_hidden_layers, sorted(hf))
+    unmapped = sorted(k for k, v in mapping.items() if v is None)
+    result = {"hf_to_gguf": mapping, "hf_tensors_not_in_gguf": unmapped}
+    for outtype, path in gguf_paths.items():
+        r = GGUFReader(path)
+        gg = {t.name: t for t in r.tensors}
+        worst, worst_name, missing = 0.0, None, []
+        for hf_name, g_name in mapping.items():
+            if g_name is None:
+                continue
+            if g_name not in gg:
+                missing.append(f"{hf_name} -> {g_name}")
+                continue
+            t = gg[g_name]
+            got = dequantize(t.data, t.tensor_type).reshape([int(x) for x in reversed(t.shape)])
+            want = expected_gguf_tensor(arch, hf_name, hf[hf_name], config).reshape(got.shape)
+            d = float(np.max(np.abs(got.astype(np.float64) - want)))
+            if d >= worst:
+                worst, worst_name = d, g_name
+        produced = set(v for v in mapping.values() if v)
+        result[outtype] = {"max_abs_delta": worst, "worst_tensor": worst_name,
+                           "mapped_but_missing_in_gguf": missing,
+                           "gguf_tensors_not_from_hf": sorted(set(gg) - produced)}
+    return result
+
+
+def gguf_reload_delta(gguf_path: Path, ref_logits, prompt, config=None) -> tuple[float | None, str]:
+    """Loads a GGUF with transformers (optionally forcing the original config so that
+    only the tensors come from the GGUF) and returns max |logits - reference|."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        kw = dict(gguf_file=gguf_path.name, dtype=torch.float32)
+        detail = ""
+        if config is not None:
+            import copy
+
+            config = copy.deepcopy(config)  # from_pretrained may modify the object it is given
+            if config.model_type == "mistral":
+                # the GGUF says 'llama' and transformers' GGUF loader keys its tensor
+                # handling on the config's model_type; sliding_window is None, so a
+                # LlamaConfig with the same values is the same model
+                from transformers import LlamaConfig
+
+                d = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "sliding_window")}
+                config = LlamaConfig.from_dict(d)
+                config.architectures = ["LlamaForCausalLM"]
+                detail = " (as LlamaConfig)"
+            kw["config"] = config
+        else:
+            kw["attn_implementation"] = "eager"
+        m = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), **kw).eval()
+        m.config._attn_implementation = "eager"
+        if config is not None and config.model_type == "gemma4_text":
+            # transformers' GGUF loader does not map blk.N.layer_output_scale back to
+            # layer_scalar; copy it so that only the tensors' values are compared
+            from gguf import GGUFReader
+            from gguf.quants import dequantize
+
+            scales = {t.name: dequantize(t.data, t.tensor_type) for t in GGUFReader(gguf_path).tensors
+                      if t.name.endswith("layer_output_scale.weight")}
+            with torch.no_grad():
+                for i, layer in enumerate(m.model.layers):
+                    layer.layer_scalar.copy_(torch.tensor(scales[f"blk.{i}.layer_output_scale.weight"]).reshape(-1))
+            detail = " (layer_scalar copied from blk.N.layer_output_scale)"
+        got = forward_logits(m, prompt)
+        if got.shape != ref_logits.shape:
+            return None, f"shape {got.shape} != {ref_logits.shape}"
+        return float(np.max(np.abs(got - ref_logits))), type(m).__name__ + detail
+    except Exception as e:  # report, do not fail
+        msg = f"{type(e).__name__}: {e}".replace("\n", " ")
+        return None, msg[:400]
+
+
+_IGNORED_CONFIG_KEYS = {"_name_or_path", "architectures", "transformers_version", "dtype", "torch_dtype",
+                        "attn_implementation", "_attn_implementation", "use_cache", "output_attentions",
+                        "output_hidden_states", "return_dict", "model_type", "bos_token_id", "eos_token_id",
+                        "pad_token_id", "initializer_range", "chunk_size_feed_forward", "problem_type",
+                        "id2label", "label2id", "tokenizer_class", "is_encoder_decoder"}
+
+
+def gguf_config_diff(gguf_path: Path, config) -> dict | str:
+    """What transformers' own GGUF loader reconstructs differently from the original
+    config (explains a non-zero 'gguf_config' reload delta)."""
+    from transformers import AutoConfig
+
+    try:
+        got = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name).to_dict()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"[:300]
+    want = config.to_dict()
+    diff = {}
+    for k in sorted(set(want) | set(got)):
+        if k in _IGNORED_CONFIG_KEYS or k.startswith("_"):
+            continue
+        if want.get(k) != got.get(k):
+            diff[k] = {"original": want.get(k), "from_gguf": got.get(k)}
+    return diff
+
+
+# ----------------------------------------------------------------------------------------
+# driver
+# ----------------------------------------------------------------------------------------
+
+
+def convert(llama_dir: Path, hf_dir: Path, out: Path, outtype: str, name: str, pre: str | None,
+            log: Path) -> None:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--_convert", str(llama_dir), pre or "", "--",
+           str(hf_dir), "--outtype", outtype, "--outfile", str(out), "--model-name", f"kcap-conformance-{name}"]
+    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+    with open(log, "w") as fh:
+        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(hf_dir.parent)).returncode
+    if rc != 0 or not out.is_file():
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
+        raise RuntimeError(f"convert_hf_to_gguf.py failed for {name} ({outtype}), rc={rc}; log {log}:\n{tail}")
+
+
+def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
+    import numpy as np
+    import torch
+    import transformers
+
+    spec = FAMILIES[name]
+    hf_dir = work / name
+    if hf_dir.exists():
+        shutil.rmtree(hf_dir)
+    hf_dir.mkdir(parents=True)
+    roles = write_tokenizer(hf_dir, spec)
+    model = build_model(name, spec, roles)
+    model.save_pretrained(hf_dir)
+    if name == "gpt2":  # keep n_ctx in config.json whatever transformers does with it
+        cj = json.loads((hf_dir / "config.json").read_text())
+        cj["n_ctx"] = spec["config"]["n_ctx"]
+        (hf_dir / "config.json").write_text(json.dumps(cj, indent=2))
+
+    prompt = make_prompt(name)
+    ref = reference(model, prompt)
+    notes = list(spec.get("notes", []))
+
+    # numerical floor: the same model in float64
+    m64 = type(model)(model.config).eval()
+    m64.load_state_dict(model.state_dict())
+    m64 = m64.double()
+    with torch.no_grad():
+        l64 = m64(input_ids=torch.tensor([prompt]), use_cache=False).logits[0].numpy()
+    fp64_delta = float(np.max(np.abs(l64 - ref["logits"].astype(np.float64))))
+    del m64
+
+    swa_probe = None
+    if spec.get("swa_probe"):
+        cfg2 = type(model.config).from_dict(model.config.to_dict())
+        cfg2.sliding_window = spec["swa_probe"]
+        cfg2._attn_implementation = "eager"
+        m2 = type(model)(cfg2).eval()
+        m2.load_state_dict(model.state_dict())
+        swa_probe = {"sliding_window": spec["swa_probe"],
+                     "max_abs_logit_change": float(np.max(np.abs(forward_logits(m2, prompt) - ref["logits"])))}
+        del m2
+
+    probes = sensitivity_probes(name, spec, model, prompt, ref["logits"])
+
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    GOLDENS.mkdir(parents=True, exist_ok=True)
+    files, inspected, reload = {}, {}, {}
+    for outtype in OUTTYPES:
+        out = FIXTURES / f"{name}-{outtype}.gguf"
+        if out.exists():
+            out.unlink()
+        convert(llama_dir, hf_dir, out, outtype, name, spec.get("pre"), work / f"{name}-{outtype}.log")
+        size = out.stat().st_size
+        if size >= MAX_FILE_BYTES:
+            raise RuntimeError(f"{out.name} is {size} bytes (limit {MAX_FILE_BYTES})")
+        files[outtype] = {"file": out.name, "bytes": size}
+        inspected[outtype] = inspect_gguf(out)
+        if not args.skip_reload:
+            d_own, how_own = gguf_reload_delta(out, ref["logits"], prompt)
+            d_cfg, how_cfg = gguf_reload_delta(out, ref["logits"], prompt, config=model.config)
+            reload[outtype] = {
+                "gguf_config": {"max_abs_delta": d_own, "detail": how_own},
+                "original_config": {"max_abs_delta": d_cfg, "detail": how_cfg},
+            }
+            if outtype == "f32":
+                reload["config_diff"] = gguf_config_diff(out, model.config)
+
+    md = inspected["f32"]["metadata"]
+    arch = md["general.architecture"]
+    fidelity = tensor_fidelity(llama_dir, hf_dir, {t: FIXTURES / files[t]["file"] for t in OUTTYPES},
+                               arch, model.config)
+    n_tok = int(md["tokenizer.ggml.tokens"].split()[-1].rstrip(">"))
+    emb_rows = inspected["f32"]["tensors"]["token_embd.weight"]["shape"][1]
+    if n_tok != VOCAB or emb_rows != VOCAB:
+        raise RuntimeError(f"vocabulary mismatch: {n_tok} tokens, token_embd has {emb_rows} rows, want {VOCAB}")
+    if fidelity["f32"]["max_abs_delta"] != 0.0 or fidelity["f32"]["mapped_but_missing_in_gguf"]:
+        raise RuntimeError(f"f32 GGUF tensors differ from the HF model: {fidelity['f32']}")
+    gguf_logits = {t: logits_from_gguf_tensors(model, fidelity["hf_to_gguf"], FIXTURES / files[t]["file"],
+                                               arch, prompt) for t in OUTTYPES}
+    for t in OUTTYPES:
+        fidelity[t]["logits_max_abs_delta"] = float(np.max(np.abs(gguf_logits[t] - ref["logits"])))
+
+    meta = {
+        "name": name,
+        "hf_class": spec["cls"],
+        "hf_config": model.config.to_dict(),
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "llama_cpp_python_version": llama_cpp_python_version(llama_dir),
+        "converter": "vendor/llama.cpp/convert_hf_to_gguf.py of the llama-cpp-python sdist",
+        "gguf_files": files,
+        "gguf_architecture": inspected["f32"]["metadata"].get("general.architecture"),
+        "tokenizer": spec["tokenizer"] + (f" (tokenizer.ggml.pre forced to {spec['pre']!r})" if spec.get("pre") else ""),
+        "special_token_ids": roles,
+        "prompt_seed": family_seed(name) + 7,
+        "weights_seed": family_seed(name),
+        "attention": "eager",
+        "dtype": "float32",
+        "fp64_max_abs_delta": fp64_delta,
+        "swa_probe": swa_probe,
+        "sensitivity": probes,
+        "gguf_reload": reload,
+        "tensor_fidelity": {t: fidelity[t] for t in OUTTYPES},
+        "hf_tensors_not_in_gguf": fidelity["hf_tensors_not_in_gguf"],
+        "notes": notes,
+    }
+    np.savez_compressed(
+        GOLDENS / f"{name}.npz",
+        prompt_ids=np.array(prompt, dtype=np.int64),
+        logits=ref["logits"],
+        greedy_ids=ref["greedy_ids"],
+        greedy_margins=ref["greedy_margins"],
+        greedy_logits=ref["greedy_logits"],
+        logits_q8_0_weights=gguf_logits["q8_0"].astype(np.float32),
+        meta=np.array(json.dumps(meta, sort_keys=True, default=str)),
+    )
+    return {
+        "hf_class": spec["cls"],
+        "gguf_architecture": meta["gguf_architecture"],
+        "files": files,
+        "metadata": inspected["f32"]["metadata"],
+        "tensors": {t: {"f32": inspected["f32"]["tensors"][t],
+                        "q8_0_type": inspected["q8_0"]["tensors"].get(t, {}).get("type")}
+                    for t in inspected["f32"]["tensors"]},
+        "q8_0_only_tensors": sorted(set(inspected["q8_0"]["tensors"]) - set(inspected["f32"]["tensors"])),
+        "hf_to_gguf": fidelity["hf_to_gguf"],
+        "hf_tensors_not_in_gguf": fidelity["hf_tensors_not_in_gguf"],
+        "tensor_fidelity": {t: fidelity[t] for t in OUTTYPES},
+        "fp64_max_abs_delta": fp64_delta,
+        "swa_probe": swa_probe,
+        "sensitivity": probes,
+        "gguf_reload": reload,
+        "greedy_min_margin": float(ref["greedy_margins"].min()),
+        "logit_std": float(ref["logits"].std()),
+    }
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--_tensor-map":
+        _tensor_map_main(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--_convert":
+        llama_dir, pre = Path(sys.argv[2]), sys.argv[3] or None
+        assert sys.argv[4] == "--"
+        _converter_main(llama_dir, pre, sys.argv[5:])
+        return
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", action="append", choices=sorted(FAMILIES),
+                    help="family to (re)generate; repeatable; default all")
+    ap.add_argument("--llama-cpp", help="unpacked llama-cpp-python sdist or its vendor/llama.cpp "
+                                        "(default: $KCAP_LLAMA_CPP, then ~/.cache/kcap-bench/**)")
+    ap.add_argument("--work-dir", help="keep the HF model folders and converter logs here")
+    ap.add_argument("--skip-reload", action="store_true", help="skip the transformers GGUF reload check")
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    llama_dir = find_llama_cpp(args.llama_cpp)
+    print(f"converter: {llama_dir / 'convert_hf_to_gguf.py'} (llama-cpp-python "
+          f"{llama_cpp_python_version(llama_dir)})", flush=True)
+    names = args.family or list(FAMILIES)
+    manifest = json.loads(MANIFEST.read_text()) if MANIFEST.is_file() else {}
+    failures = {}
+    tmp = None
+    if args.work_dir:
+        work = Path(args.work_dir)
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="kcap-conformance-")
+        work = Path(tmp.name)
+    try:
+        for name in names:
+            print(f"== {name}", flush=True)
+            try:
+                manifest[name] = run_family(name, llama_dir, work, args)
+                e = manifest[name]
+                print(f"   {e['gguf_architecture']}: "
+                      + ", ".join(f"{f['file']} {f['bytes']} B" for f in e["files"].values()), flush=True)
+            except Exception as exc:  # one family failing must not hide the others
+                failures[name] = f"{type(exc).__name__}: {exc}"
+                manifest[name] = {"produced": False, "error": failures[name]}
+                print(f"   FAILED: {failures[name]}", flush=True)
+    finally:
+        FIXTURES.mkdir(parents=True, exist_ok=True)
+        MANIFEST.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        if tmp is not None:
+            tmp.cleanup()
+    total = sum(p.stat().st_size for d in (FIXTURES, GOLDENS) for p in d.iterdir())
+    print(f"total size of fixtures + goldens: {total} bytes", flush=True)
+    if failures:
+        sys.exit("failed: " + ", ".join(failures))
+
+
+if __name__ == "__main__":
+    main()
