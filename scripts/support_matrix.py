@@ -32,16 +32,13 @@ def fixtures_by_architecture() -> dict[str, list[Path]]:
 
 
 def cell(paths: list[Path], backend: str) -> str:
-    compiled = {r["kernel"] for r in kcap._core.capability_rows() if r["compiled"]}
+    # Planning only: the answer is the same whether or not this build compiled the backend.
     try:
-        kernels = set()
         for path in paths:
-            kernels |= {r["kernel"] for r in explain_file(str(path), backend=backend)}
+            explain_file(str(path), backend=backend)
     except kcap.RoutingError as exc:
-        first = str(exc).split(":")[0]
-        return f"refused ({first})"
-    note = "" if kernels <= compiled else " (plans; not compiled in this build)"
-    return "yes" + note
+        return f"refused ({str(exc).split(':')[0]})"
+    return "yes"
 
 
 def matrix() -> str:
