@@ -132,3 +132,20 @@ def standard_layer(gguf: GGUFFile, il: int, geometry, *, rope_style, rope_dim: i
     layer.rope_freq_scale = freq_scale
     layer.rope_freqs = rope_freqs
     return layer
+
+
+def build_rms_decoder(gguf: GGUFFile, arch: str, rope_style, activation, **layer_features) -> _core.ModelSpec:
+    """The common pre-norm RMSNorm decoder (Llama, Qwen 2/3 and kin): standard hyperparameters,
+    standard_layer for every block, with the family's features (biases, qk_norm, ...)."""
+    hp = Hyperparameters(gguf, arch)
+    spec = new_spec(gguf, hp)
+    spec.norm_kind = _core.NormKind.RMS
+    spec.norm_eps = hp.float("attention.layer_norm_rms_epsilon")
+    geometry = attention_geometry(hp, spec.n_embd)
+    spec.layers = [
+        standard_layer(gguf, il, geometry, rope_style=rope_style, rope_dim=hp.int("rope.dimension_count", geometry[2]),
+                       rope_base=hp.float("rope.freq_base", 10000.0), freq_scale=rope_scaling(hp, gguf),
+                       activation=activation, **layer_features)
+        for il in range(hp.int("block_count"))
+    ]
+    return spec

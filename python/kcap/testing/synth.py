@@ -57,6 +57,13 @@ def random_tensor(type_name: str, shape: tuple[int, ...], rng: np.random.Generat
     return raw.reshape(n_rows, n_blocks * block_bytes)
 
 
+def plausible_weights(type_name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Norm weights (1-D F32) near 1 so the model behaves like a trained one; random_tensor else."""
+    if type_name == "F32" and len(shape) == 1:
+        return (1.0 + 0.1 * rng.standard_normal(shape[0])).astype(np.float32)
+    return random_tensor(type_name, shape, rng)
+
+
 def _value_type(value) -> VT:
     if isinstance(value, bool):
         return VT.BOOL
@@ -122,11 +129,7 @@ def clone_layout(src: str, dst: str, seed: int = 0, metadata_overrides: dict | N
             continue
         type_name = (type_overrides or {}).get(t.name, t.tensor_type.name)
         shape = tuple(int(d) for d in t.shape)
-        if type_name == "F32" and len(shape) == 1:
-            data = (1.0 + 0.1 * rng.standard_normal(shape[0])).astype(np.float32)
-        else:
-            data = random_tensor(type_name, shape, rng)
-        tensors.append((t.name, type_name, shape, data))
+        tensors.append((t.name, type_name, shape, plausible_weights(type_name, shape, rng)))
     return write_gguf(dst, arch, overrides, tensors, typed_metadata=typed)
 
 
@@ -182,11 +185,7 @@ def tiny_llama(path: str, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n
     tensors = []
 
     def add(name, shape, type_name):
-        if type_name == "F32" and len(shape) == 1:
-            data = (1.0 + 0.1 * rng.standard_normal(shape[0])).astype(np.float32)
-        else:
-            data = random_tensor(type_name, shape, rng)
-        tensors.append((name, type_name, shape, data))
+        tensors.append((name, type_name, shape, plausible_weights(type_name, shape, rng)))
 
     add("token_embd.weight", (n_embd, n_vocab), weight_type)
     add("output_norm.weight", (n_embd,), "F32")
@@ -234,11 +233,7 @@ def tiny_gemma3(path: str, n_layer: int = 3, n_embd: int = 64, n_head: int = 4, 
     tensors = []
 
     def add(name, shape, type_name):
-        if type_name == "F32" and len(shape) == 1:
-            data = (1.0 + 0.1 * rng.standard_normal(shape[0])).astype(np.float32)
-        else:
-            data = random_tensor(type_name, shape, rng)
-        tensors.append((name, type_name, shape, data))
+        tensors.append((name, type_name, shape, plausible_weights(type_name, shape, rng)))
 
     add("token_embd.weight", (n_embd, n_vocab), weight_type)
     add("output_norm.weight", (n_embd,), "F32")
