@@ -148,7 +148,12 @@ void init_engine(py::module_& m) {
         .def_readwrite("activation", &LayerSpec::activation)
         .def_readwrite("gated_ffn", &LayerSpec::gated_ffn)
         .def_readwrite("v_norm", &LayerSpec::v_norm)
-        .def_readwrite("residual_scale", &LayerSpec::residual_scale);
+        .def_readwrite("residual_scale", &LayerSpec::residual_scale)
+        .def_readwrite("ple_gate", &LayerSpec::ple_gate)
+        .def_readwrite("ple_proj", &LayerSpec::ple_proj)
+        .def_readwrite("ple_post_norm", &LayerSpec::ple_post_norm)
+        .def_readwrite("output_scale", &LayerSpec::output_scale)
+        .def_readwrite("kv_source_layer", &LayerSpec::kv_source_layer);
 
     py::class_<ModelSpec, std::shared_ptr<ModelSpec>>(m, "ModelSpec", "Pure-data model description.",
                                                      py::dynamic_attr())
@@ -167,6 +172,13 @@ void init_engine(py::module_& m) {
         .def_readwrite("output_norm_bias", &ModelSpec::output_norm_bias)
         .def_readwrite("output", &ModelSpec::output)
         .def_readwrite("final_softcap", &ModelSpec::final_softcap)
+        .def_readwrite("ple_token_embd", &ModelSpec::ple_token_embd)
+        .def_readwrite("ple_model_proj", &ModelSpec::ple_model_proj)
+        .def_readwrite("ple_proj_norm", &ModelSpec::ple_proj_norm)
+        .def_readwrite("n_embd_per_layer", &ModelSpec::n_embd_per_layer)
+        .def_readwrite("ple_token_scale", &ModelSpec::ple_token_scale)
+        .def_readwrite("ple_model_proj_scale", &ModelSpec::ple_model_proj_scale)
+        .def_readwrite("ple_combine_scale", &ModelSpec::ple_combine_scale)
         .def_readwrite("layers", &ModelSpec::layers)
         .def("add_tensor", &add_tensor, py::arg("name"), py::arg("ggml_type"), py::arg("shape"), py::arg("data"),
              "Registers a weight tensor (GGUF order shape, raw bytes kept alive, never copied).")

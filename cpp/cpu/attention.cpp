@@ -16,12 +16,17 @@ namespace {
 void attention_kernel(const Stage& stage, const KernelCall& call) {
     const StageParams& p = stage.params;
     CpuState& state = cpu_state(call.backend_state);
-    KvLayer& kv = state.kv.at(size_t(stage.layer));
+    // A shared-KV layer (kv_shared) reads the cache its source layer filled earlier in this
+    // same pass, and stores nothing.
+    const bool shared = p.kv_layer >= 0;
+    KvLayer& kv = state.kv.at(size_t(shared ? p.kv_layer : stage.layer));
     const int64_t k_width = int64_t(p.n_head_kv) * p.head_dim;
     const int64_t v_width = int64_t(p.n_head_kv) * p.head_dim_v;
-    kv.reserve_positions(call.pos0 + call.n_tokens);
-    for (int m = 0; m < call.n_tokens; ++m)
-        kv.store(call.pos0 + m, call.in2 + m * k_width, call.in3 + m * v_width);
+    if (!shared) {
+        kv.reserve_positions(call.pos0 + call.n_tokens);
+        for (int m = 0; m < call.n_tokens; ++m)
+            kv.store(call.pos0 + m, call.in2 + m * k_width, call.in3 + m * v_width);
+    }
 
     const int group = p.n_head / p.n_head_kv;  // query heads per KV head
     state.pool.parallel_for(int64_t(call.n_tokens) * p.n_head_kv, [&](int64_t begin, int64_t end) {
@@ -78,7 +83,7 @@ void add_cpu_attention_rows(std::vector<Row>& rows) {
     row.op = Op::Attention;
     row.backend = Backend::CPU;
     row.kv_formats = {Format::F32, Format::F16};
-    row.features = kSlidingWindow | kAttnSoftcap | kGqa;
+    row.features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared;
     row.fn = attention_kernel;
     rows.push_back(row);
 }

@@ -74,7 +74,7 @@ private:
                 call.out = buffer(stage.input, n);
                 call.inout2 = buffer(stage.input2, n);
             }
-            if (stage.op == Op::Softcap || stage.op == Op::Scale) call.in = logits;
+            if ((stage.op == Op::Softcap || stage.op == Op::Scale) && stage.input == Buffer::Logits) call.in = logits;
             routed.row->fn(stage, call);
         }
     }

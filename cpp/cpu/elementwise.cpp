@@ -1,5 +1,5 @@
 // CPU elementwise stages: residual add (with an optional branch scale), the final logit
-// softcap and the logit scale.
+// softcap, the logit scale and a block's output scale.
 #include <cmath>
 
 #include "cpu/cpu_state.h"
@@ -48,7 +48,9 @@ void add_cpu_elementwise_rows(std::vector<Row>& rows) {
     add.features = kResidualScale;
     rows.push_back(add);
     rows.push_back(make_row("cpu.softcap", Op::Softcap, softcap_kernel));
-    rows.push_back(make_row("cpu.scale", Op::Scale, scale_kernel));
+    Row scale = make_row("cpu.scale", Op::Scale, scale_kernel);
+    scale.features = kLayerOutputScale;  // also scales the residual stream after a block
+    rows.push_back(scale);
 }
 
 }  // namespace kcap

@@ -38,7 +38,7 @@ void rope_kernel(const Stage& stage, const KernelCall& call) {
             sin_t[size_t(m) * half + i] = float(std::sin(pos * inv_freq));
         }
     }
-    const int heads = p.n_head + p.n_head_kv;
+    const int heads = p.n_head + (call.inout2 ? p.n_head_kv : 0);  // no K: a shared-KV layer
     cpu_state(call.backend_state).pool.parallel_for(int64_t(call.n_tokens) * heads, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
             const int64_t m = t / heads;

@@ -37,6 +37,8 @@ const char* op_name(Op op) {
         case Op::Softcap: return "softcap";
         case Op::Scale: return "scale";
         case Op::Argmax: return "argmax";
+        case Op::PerLayerEmbed: return "per_layer_embed";
+        case Op::PerLayerGate: return "per_layer_gate";
     }
     return "?";
 }
@@ -53,6 +55,8 @@ std::string feature_names(uint32_t features) {
         {kRelu, "relu"},                {kGated, "gated"},
         {kEmbedScale, "embed_scale"},   {kPositionEmbedding, "position_embedding"},
         {kResidualScale, "residual_scale"}, {kParameterFreeNorm, "parameter_free_norm"},
+        {kPerLayerEmbedding, "per_layer_embedding"}, {kLayerOutputScale, "layer_output_scale"},
+        {kKvShared, "kv_shared"},
     };
     std::string out;
     for (const auto& [bit, name] : names) {
@@ -74,6 +78,7 @@ const std::vector<Row>& capability_table() {
         add_cpu_attention_rows(rows);
         add_cpu_activation_rows(rows);
         add_cpu_elementwise_rows(rows);
+        add_cpu_ple_rows(rows);
         // CUDA (issue 3): declared whether or not the backend is compiled in.
         add_cuda_embed_rows(rows);
         add_cuda_norm_rows(rows);

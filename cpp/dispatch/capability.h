@@ -33,6 +33,8 @@ enum class Op {
     // last node of a captured decode step. The planner emits no such stage; a GPU backend
     // routes its own argmax stage through the table like any other.
     Argmax,
+    PerLayerEmbed,    // per-layer embeddings of each token: table rows + normed projection (PLE)
+    PerLayerGate,     // act(gate) * this layer's slice of the per-layer embeddings
 };
 const char* op_name(Op op);
 
@@ -59,6 +61,9 @@ enum Feature : uint32_t {
     kPositionEmbedding = 1u << 17,
     kResidualScale = 1u << 18,
     kParameterFreeNorm = 1u << 19,
+    kPerLayerEmbedding = 1u << 20,
+    kLayerOutputScale = 1u << 21,
+    kKvShared = 1u << 22,  // attention reads another layer's KV cache and stores none
 };
 std::string feature_names(uint32_t features);  // "sliding_window,softcap"
 
@@ -110,6 +115,7 @@ void add_cpu_rope_rows(std::vector<Row>& rows);
 void add_cpu_attention_rows(std::vector<Row>& rows);
 void add_cpu_activation_rows(std::vector<Row>& rows);
 void add_cpu_elementwise_rows(std::vector<Row>& rows);
+void add_cpu_ple_rows(std::vector<Row>& rows);
 
 // CUDA rows (cuda/rows.cpp). They are in the table in every build, so any machine can plan
 // and explain for CUDA; where the backend is not compiled in, their fn is null and an Engine

@@ -22,6 +22,7 @@ const char* buffer_name(Buffer buffer) {
         case Buffer::Gate: return "gate";
         case Buffer::Up: return "up";
         case Buffer::Act: return "act";
+        case Buffer::PerLayer: return "per_layer";
         case Buffer::Logits: return "logits";
     }
     return "?";
@@ -36,6 +37,7 @@ std::string describe_formats(const Stage& stage) {
         if (!operand) continue;
         const char* role = stage.op == Op::Norm ? norm_roles[std::min<size_t>(i, 1)]
                            : stage.op == Op::Rope ? "freq_factors"
+                           : stage.op == Op::PerLayerEmbed ? (i == 0 ? "table" : i == 1 ? "proj" : "norm")
                                                   : matmul_roles[std::min<size_t>(i, 1)];
         if (out.tellp() > 0) out << " ";
         out << role << "=" << format_name(operand->format);
@@ -49,6 +51,7 @@ std::string describe_dims(const Stage& stage) {
     switch (stage.op) {
         case Op::MatMul: out << "K=" << stage.k << " N=" << stage.n; break;
         case Op::Norm: out << "n=" << stage.k << " groups=" << stage.groups; break;
+        case Op::PerLayerEmbed: out << "K=" << stage.k << " N=" << stage.n << " layers=" << stage.groups; break;
         case Op::Rope:
             out << "heads=" << stage.params.n_head << "/" << stage.params.n_head_kv
                 << " head_dim=" << stage.params.head_dim << " rope_dim=" << stage.params.rope_dim;
@@ -75,6 +78,7 @@ public:
         if (spec_.layers.empty()) throw ModelError("model has no layers");
         if (spec_.n_embd <= 0 || spec_.n_vocab <= 0) throw ModelError("model has no embedding size or vocabulary");
         add_embedding();
+        add_per_layer_embedding();
         for (size_t i = 0; i < spec_.layers.size(); ++i) add_layer(static_cast<int>(i), spec_.layers[i]);
         add_head();
         return std::move(stages_);
@@ -178,16 +182,20 @@ private:
         add_norm(il, "attn_norm", layer.attn_norm, layer.attn_norm_bias, Buffer::Residual, Buffer::Normed, d, 1,
                  spec_.norm_kind);
         add_matmul(il, "attn_q", layer.wq, layer.bq, Buffer::Normed, Buffer::Q, d, q_width);
-        add_matmul(il, "attn_k", layer.wk, layer.bk, Buffer::Normed, Buffer::K, d, k_width);
-        add_matmul(il, "attn_v", layer.wv, layer.bv, Buffer::Normed, Buffer::V, d, v_width);
+        const bool shared_kv = layer.kv_source_layer >= 0;
+        if (shared_kv) check_kv_source(il, layer);
+        if (!shared_kv) {
+            add_matmul(il, "attn_k", layer.wk, layer.bk, Buffer::Normed, Buffer::K, d, k_width);
+            add_matmul(il, "attn_v", layer.wv, layer.bv, Buffer::Normed, Buffer::V, d, v_width);
+        }
         // QK-norm is an RMS norm over each head in every family that has it.
         if (!layer.q_norm.empty())
             add_norm(il, "attn_q_norm", layer.q_norm, "", Buffer::Q, Buffer::Q, layer.head_dim, layer.n_head,
                      NormKind::RMS);
-        if (!layer.k_norm.empty())
+        if (!layer.k_norm.empty() && !shared_kv)
             add_norm(il, "attn_k_norm", layer.k_norm, "", Buffer::K, Buffer::K, layer.head_dim, layer.n_head_kv,
                      NormKind::RMS);
-        if (layer.v_norm)
+        if (layer.v_norm && !shared_kv)
             add_norm(il, "attn_v_norm", "", "", Buffer::V, Buffer::V, layer.head_dim_v, layer.n_head_kv, NormKind::RMS);
         if (layer.rope_style != RopeStyle::None) {
             if (layer.rope_dim <= 0 || layer.rope_dim > layer.head_dim || layer.rope_dim % 2)
@@ -198,7 +206,7 @@ private:
             check_vector(factors, layer.rope_dim / 2);
             rope.operands = {factors};
             rope.input = Buffer::Q;
-            rope.input2 = Buffer::K;
+            rope.input2 = shared_kv ? Buffer::None : Buffer::K;  // shared K was rotated by its layer
             rope.k = layer.head_dim;
             rope.n = q_width;
             rope.params.n_head = layer.n_head;
@@ -212,8 +220,9 @@ private:
         }
         Stage& attn = add(il, "attention", Op::Attention);
         attn.input = Buffer::Q;
-        attn.input2 = Buffer::K;
-        attn.input3 = Buffer::V;
+        attn.input2 = shared_kv ? Buffer::None : Buffer::K;
+        attn.input3 = shared_kv ? Buffer::None : Buffer::V;
+        attn.params.kv_layer = layer.kv_source_layer;
         attn.output = Buffer::Attn;
         attn.k = layer.head_dim;
         attn.n = attn_width;
@@ -228,7 +237,8 @@ private:
         attn.max_span = layer.sliding_window > 0 ? std::min<int64_t>(layer.sliding_window, options_.n_ctx)
                                                  : options_.n_ctx;
         attn.features = (layer.sliding_window > 0 ? uint32_t(kSlidingWindow) : 0u) | (layer.attn_softcap > 0 ? uint32_t(kAttnSoftcap) : 0u) |
-                        (layer.n_head != layer.n_head_kv ? uint32_t(kGqa) : 0u);
+                        (layer.n_head != layer.n_head_kv ? uint32_t(kGqa) : 0u) |
+                        (shared_kv ? uint32_t(kKvShared) : 0u);
 
         add_matmul(il, "attn_output", layer.wo, layer.bo, Buffer::Attn, Buffer::Proj, attn_width, d);
         if (!layer.post_attn_norm.empty())
@@ -254,6 +264,79 @@ private:
         if (!layer.post_ffn_norm.empty())
             add_norm(il, "post_ffw_norm", layer.post_ffn_norm, "", Buffer::Proj, Buffer::Proj, d, 1, spec_.norm_kind);
         add_residual(il, "ffn_residual", layer.residual_scale);
+
+        if (!layer.ple_gate.empty()) add_per_layer_input(il, layer);
+        if (layer.output_scale != 1.0f) {
+            Stage& scale = add(il, "layer_output_scale", Op::Scale);
+            scale.input = scale.output = Buffer::Residual;
+            scale.k = scale.n = d;
+            scale.params.scale = layer.output_scale;
+            scale.features = kLayerOutputScale;
+        }
+    }
+
+    // The source must be an earlier layer that owns its cache and has the same KV geometry.
+    void check_kv_source(int il, const LayerSpec& layer) const {
+        const int src = layer.kv_source_layer;
+        const std::string where = "layer " + std::to_string(il) + ": kv_source_layer " + std::to_string(src);
+        if (src >= il) throw ModelError(where + " is not an earlier layer");
+        const LayerSpec& source = spec_.layers[size_t(src)];
+        if (source.kv_source_layer >= 0) throw ModelError(where + " shares another layer's KV cache itself");
+        if (source.n_head_kv != layer.n_head_kv || source.head_dim != layer.head_dim ||
+            source.head_dim_v != layer.head_dim_v)
+            throw ModelError(where + " has a different KV geometry (heads/head dims)");
+    }
+
+    void add_per_layer_embedding() {
+        if (spec_.ple_token_embd.empty()) return;
+        const int64_t n_layer = int64_t(spec_.layers.size());
+        const int64_t per = spec_.n_embd_per_layer;
+        if (per <= 0) throw ModelError("per-layer embeddings need n_embd_per_layer > 0");
+        const int64_t width = n_layer * per;
+        Stage& stage = add(-1, "per_layer_embd", Op::PerLayerEmbed);
+        const TensorRef& table = spec_.tensor(spec_.ple_token_embd);
+        if (table.row_length() != width || table.n_rows() != spec_.n_vocab)
+            throw ModelError("tensor '" + table.name + "' has shape [" + std::to_string(table.row_length()) + ", " +
+                             std::to_string(table.n_rows()) + "], expected [" + std::to_string(width) + ", " +
+                             std::to_string(spec_.n_vocab) + "]");
+        const TensorRef& proj = spec_.tensor(spec_.ple_model_proj);
+        check_matrix(-1, proj, spec_.n_embd, width);
+        const TensorRef& norm = spec_.tensor(spec_.ple_proj_norm);
+        check_vector(&norm, per);
+        stage.operands = {&table, &proj, &norm};
+        stage.input = Buffer::Residual;
+        stage.output = Buffer::PerLayer;
+        stage.k = spec_.n_embd;
+        stage.n = width;
+        stage.groups = n_layer;
+        stage.params.eps = spec_.norm_eps;
+        stage.params.n_layer = int(n_layer);
+        stage.params.ple_token_scale = spec_.ple_token_scale;
+        stage.params.ple_model_proj_scale = spec_.ple_model_proj_scale;
+        stage.params.ple_combine_scale = spec_.ple_combine_scale;
+        stage.features = kPerLayerEmbedding | kRmsNorm;
+    }
+
+    // x += ple_post_norm(ple_proj(act(ple_gate(x)) * ple[il]))
+    void add_per_layer_input(int il, const LayerSpec& layer) {
+        if (spec_.ple_token_embd.empty())
+            throw ModelError("layer " + std::to_string(il) + " has a per-layer input gate but the model has no per-layer embeddings");
+        const int64_t d = spec_.n_embd;
+        const int64_t per = spec_.n_embd_per_layer;
+        add_matmul(il, "ple_gate", layer.ple_gate, "", Buffer::Residual, Buffer::Gate, d, per);
+        Stage& gate = add(il, "ple_act", Op::PerLayerGate);
+        gate.input = Buffer::Gate;
+        gate.input2 = Buffer::PerLayer;
+        gate.output = Buffer::Act;
+        gate.k = int64_t(spec_.layers.size()) * per;  // row stride of the per-layer buffer
+        gate.n = per;
+        gate.groups = il;  // this layer's slice
+        gate.params.activation = layer.activation;
+        gate.features = kPerLayerEmbedding | activation_feature(layer.activation);
+        add_matmul(il, "ple_proj", layer.ple_proj, "", Buffer::Act, Buffer::Proj, per, d);
+        if (!layer.ple_post_norm.empty())
+            add_norm(il, "ple_post_norm", layer.ple_post_norm, "", Buffer::Proj, Buffer::Proj, d, 1, spec_.norm_kind);
+        add_residual(il, "ple_residual", layer.residual_scale);
     }
 
     static uint32_t activation_feature(Activation activation) {
@@ -354,13 +437,19 @@ Plan make_plan(const ModelSpec& spec, const PlanOptions& in_options) {
     };
     for (Stage& stage : build_stages(spec, plan.options)) {
         const Row* row = route(stage, plan.options);
-        widen(stage.input, stage.op == Op::MatMul ? stage.k : stage.n);
+        widen(stage.input, stage.op == Op::MatMul || stage.op == Op::PerLayerEmbed ? stage.k : stage.n);
         if (stage.op == Op::Add || stage.op == Op::FfnActivation) widen(stage.input2, stage.n);
+        if (stage.op == Op::PerLayerGate) widen(stage.input2, stage.k);
         widen(stage.output, stage.n);
         plan.stages.push_back({std::move(stage), row});
     }
     // Q/K/V widths come from the heads of every layer (rope and attention read them).
     for (const auto& layer : spec.layers) {
+        if (layer.kv_source_layer >= 0) {
+            widen(Buffer::Q, int64_t(layer.n_head) * layer.head_dim);
+            widen(Buffer::Attn, int64_t(layer.n_head) * layer.head_dim_v);
+            continue;
+        }
         widen(Buffer::Q, int64_t(layer.n_head) * layer.head_dim);
         widen(Buffer::K, int64_t(layer.n_head_kv) * layer.head_dim);
         widen(Buffer::V, int64_t(layer.n_head_kv) * layer.head_dim_v);

@@ -13,7 +13,7 @@
 namespace kcap {
 
 // Activation buffers a stage reads and writes. Each holds up to max_tokens rows.
-enum class Buffer { None, Residual, Normed, Q, K, V, Attn, Proj, Gate, Up, Act, Logits };
+enum class Buffer { None, Residual, Normed, Q, K, V, Attn, Proj, Gate, Up, Act, PerLayer, Logits };
 const char* buffer_name(Buffer buffer);
 
 struct StageParams {
@@ -31,6 +31,12 @@ struct StageParams {
     int head_dim = 0;
     int head_dim_v = 0;
     int sliding_window = 0;
+    int kv_layer = -1;  // attention: the layer whose KV cache is read (-1: its own, appended to)
+    // per-layer embeddings
+    int n_layer = 0;
+    float ple_token_scale = 1.0f;
+    float ple_model_proj_scale = 1.0f;
+    float ple_combine_scale = 1.0f;
 };
 
 struct Stage {

@@ -21,9 +21,12 @@ from kcap.gguf import GGUFFile
 LAYER_TENSOR_FIELDS = (
     "attn_norm", "attn_norm_bias", "wq", "wk", "wv", "bq", "bk", "bv", "q_norm", "k_norm", "wo", "bo",
     "post_attn_norm", "ffn_norm", "ffn_norm_bias", "ffn_gate", "ffn_up", "ffn_down", "ffn_up_bias",
-    "ffn_down_bias", "post_ffn_norm", "rope_freqs",
+    "ffn_down_bias", "post_ffn_norm", "rope_freqs", "ple_gate", "ple_proj", "ple_post_norm",
 )
-MODEL_TENSOR_FIELDS = ("token_embd", "position_embd", "output_norm", "output_norm_bias", "output")
+MODEL_TENSOR_FIELDS = (
+    "token_embd", "position_embd", "output_norm", "output_norm_bias", "output",
+    "ple_token_embd", "ple_model_proj", "ple_proj_norm",
+)
 
 
 def tensor_views(spec) -> dict:

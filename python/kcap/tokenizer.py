@@ -341,6 +341,9 @@ def _build_byte_level(metadata: dict, tokens: list[str]) -> _Pipeline:
 _BUILDERS = {
     "llama": _build_llama_family,
     "gpt2": _build_byte_level,
+    # Gemma 4: BPE merges over SentencePiece-style pieces ("▁" for spaces, byte fallback),
+    # the Gemma pipeline with the merges the file stores.
+    "gemma4": _build_gemma,
 }
 
 
@@ -402,6 +405,10 @@ def load_tokenizer(metadata: dict) -> Tokenizer:
 
     # transformers defaults add_bos_token to true for SentencePiece vocabularies (llama.cpp does too).
     add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", model == "llama"))
+    if model == "gemma4":
+        # As transformers: the flag is set, but Gemma 4's reference tokenizer adds no BOS (its chat
+        # template writes `<bos>` itself); llama.cpp forces it on (ggml-org/llama.cpp#21500).
+        add_bos = False
     add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
 
     eos_ids = {special_ids[name] for name in ("eos", "eot", "eom") if special_ids[name] is not None}

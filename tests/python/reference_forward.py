@@ -78,7 +78,15 @@ def reference_logits(gg, spec, ids) -> np.ndarray:
     x = w(spec.token_embd)[ids] * spec.embed_scale
     if spec.position_embd:
         x = x + w(spec.position_embd)[:T]
-    for layer in spec.layers:
+    ple = None
+    if spec.ple_token_embd:  # per-layer embeddings [T, n_layer, P]
+        L, P = len(spec.layers), spec.n_embd_per_layer
+        ctx = ((x @ w(spec.ple_model_proj).T) * spec.ple_model_proj_scale).reshape(T, L, P)
+        ctx = norm(ctx, w(spec.ple_proj_norm), None, spec.norm_eps, _core.NormKind.RMS)
+        tok = w(spec.ple_token_embd)[ids].reshape(T, L, P) * spec.ple_token_scale
+        ple = (ctx + tok) * spec.ple_combine_scale
+    caches = {}  # layer -> (k, v) after norms and RoPE, for layers that share them
+    for il, layer in enumerate(spec.layers):
         H, Hkv, D, Dv = layer.n_head, layer.n_head_kv, layer.head_dim, layer.head_dim_v
         h = norm(x, w(layer.attn_norm), w(layer.attn_norm_bias), spec.norm_eps, spec.norm_kind)
 
@@ -86,20 +94,27 @@ def reference_logits(gg, spec, ids) -> np.ndarray:
             y = h @ w(weight).T
             return y + w(bias) if bias else y
 
+        shared = layer.kv_source_layer >= 0
         q = proj(layer.wq, layer.bq).reshape(T, H, D)
-        k = proj(layer.wk, layer.bk).reshape(T, Hkv, D)
-        v = proj(layer.wv, layer.bv).reshape(T, Hkv, Dv)
+        if not shared:
+            k = proj(layer.wk, layer.bk).reshape(T, Hkv, D)
+            v = proj(layer.wv, layer.bv).reshape(T, Hkv, Dv)
         if layer.q_norm:
             q = norm(q, w(layer.q_norm), None, spec.norm_eps, _core.NormKind.RMS)
-        if layer.k_norm:
+        if layer.k_norm and not shared:
             k = norm(k, w(layer.k_norm), None, spec.norm_eps, _core.NormKind.RMS)
-        if layer.v_norm:
+        if layer.v_norm and not shared:
             v = norm(v, None, None, spec.norm_eps, _core.NormKind.RMS)
         if layer.rope_style != _core.RopeStyle.None_:
             neox = layer.rope_style == _core.RopeStyle.NeoX
             factors = w(layer.rope_freqs)
             q = rope(q, positions, layer.rope_dim, layer.rope_base, layer.rope_freq_scale, factors, neox)
-            k = rope(k, positions, layer.rope_dim, layer.rope_base, layer.rope_freq_scale, factors, neox)
+            if not shared:
+                k = rope(k, positions, layer.rope_dim, layer.rope_base, layer.rope_freq_scale, factors, neox)
+        if shared:  # another layer's keys and values, as that layer cached them
+            k, v = caches[layer.kv_source_layer]
+        else:
+            caches[il] = (k, v)
         scale = layer.attn_scale if layer.attn_scale > 0 else 1 / np.sqrt(D)
         group = H // Hkv
         out = np.zeros((T, H, Dv))
@@ -131,6 +146,13 @@ def reference_logits(gg, spec, ids) -> np.ndarray:
         if layer.post_ffn_norm:
             f = norm(f, w(layer.post_ffn_norm), None, spec.norm_eps, spec.norm_kind)
         x = x + layer.residual_scale * f
+        if layer.ple_gate:
+            g = activation(x @ w(layer.ple_gate).T, layer.activation) * ple[:, il]
+            p_out = g @ w(layer.ple_proj).T
+            if layer.ple_post_norm:
+                p_out = norm(p_out, w(layer.ple_post_norm), None, spec.norm_eps, spec.norm_kind)
+            x = x + layer.residual_scale * p_out
+        x = x * layer.output_scale
     x = norm(x, w(spec.output_norm), w(spec.output_norm_bias), spec.norm_eps, spec.norm_kind)
     logits = x @ w(spec.output).T
     if spec.final_softcap > 0:

@@ -7,9 +7,11 @@ Tolerances, relative to the std of the reference logits:
 - F32 file vs the original model: 1e-3 (the issue's bound; measured ~4e-6).
 - Q8_0 file vs transformers running the same Q8_0-dequantized weights
   (`logits_q8_0_weights`): 1e-3 as well, since then only summation order differs.
-- Q8_0 file vs the original fp32 model: 0.25 — this is the weight-quantization error
+- Q8_0 file vs the original fp32 model: 0.3 — this is the weight-quantization error
   itself (per-32 absmax/127 rounding, amplified through random tiny models whose logit std
-  is small; measured up to 0.13), stated only so a gross error still fails."""
+  is small; measured up to 0.13, and 0.2514 for gemma4, where transformers on the same
+  dequantized weights is itself 0.2514 from the fp32 logits), stated only so a gross error
+  still fails."""
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,7 @@ FIXTURES = TESTS / "fixtures" / "conformance"
 GOLDENS = TESTS / "goldens" / "conformance"
 F32_TOLERANCE = 1e-3
 Q8_SAME_WEIGHTS_TOLERANCE = 1e-3
-Q8_VS_FP32_TOLERANCE = 0.25
+Q8_VS_FP32_TOLERANCE = 0.3
 
 # Fixture -> (GGUF architecture, stages whose features must show in `kcap explain`).
 FAMILIES = {
@@ -35,6 +37,11 @@ FAMILIES = {
     "gemma3": ("gemma3", {"attention": "sliding_window", "attn_q_norm": "rms_norm"}),
     "gpt2": ("gpt2", {"token_embd": "position_embedding", "attn_norm": "layer_norm,bias", "attn_q": "bias"}),
     "starcoder2": ("starcoder2", {"attn_norm": "layer_norm,bias", "ffn_up": "bias", "ffn_act": "gelu_tanh"}),
+    "gemma4": ("gemma4", {"per_layer_embd": "per_layer_embedding", "ple_act": "per_layer_embedding,gelu_tanh",
+                          "attn_v_norm": "parameter_free_norm", "layer_output_scale": "layer_output_scale",
+                          "rope": "rope_freq_factors", "attention": "sliding_window"}),
+    "gemma4-kvshare": ("gemma4", {"attention": "kv_shared,sliding_window", "per_layer_embd": "per_layer_embedding",
+                                  "attn_v_norm": "parameter_free_norm", "layer_output_scale": "layer_output_scale"}),
     "granite": ("granite", {"attn_residual": "residual_scale", "logit_scale": "", "token_embd": "embed_scale"}),
 }
 
@@ -99,9 +106,37 @@ def test_feature_without_a_row_fails_to_load(fixture, excluded, stage):
         kcap.load(FIXTURES / f"{fixture}-f32.gguf", excluded_kernels=[excluded])
 
 
+@pytest.mark.parametrize("fixture,excluded,stage", [
+    ("gemma4", "cpu.per_layer_embed", "per_layer_embd"),
+    ("gemma4", "cpu.per_layer_gate", "ple_act"),
+    ("gemma4", "cpu.scale", "layer_output_scale"),
+    ("gemma4-kvshare", "cpu.attention", "attention"),
+])
+def test_gemma4_feature_without_a_row_fails_to_load(fixture, excluded, stage):
+    test_feature_without_a_row_fails_to_load(fixture, excluded, stage)
+
+
 @pytest.mark.parametrize("fixture", ["gemma4-f32", "gemma4-kvshare-f32"])
-def test_gemma4_is_refused_until_implemented(fixture):
-    # Gemma 4 (per-layer embeddings, shared KV layers, per-layer head dims) has no arch
-    # module yet: loading must fail loudly, never run a partial model.
-    with pytest.raises(kcap.UnknownArchitectureError, match="unknown architecture 'gemma4'"):
-        kcap.load(FIXTURES / f"{fixture}.gguf")
+def test_gemma4_is_refused_on_cuda(fixture):
+    # No CUDA row implements per-layer embeddings (nor kv_shared attention, the layer output
+    # scale): planning Gemma 4 on CUDA must refuse, never run a partial model.
+    from kcap.explain import explain_file
+
+    with pytest.raises(kcap.RoutingError, match="stage 'per_layer_embd'.*no cuda row fits"):
+        explain_file(str(FIXTURES / f"{fixture}.gguf"), backend="cuda")
+
+
+def test_gemma4_kv_sharing_geometry_is_checked():
+    from kcap.gguf import GGUFFile
+    from kcap.arch import build_spec
+    from kcap.model import register_tensors
+
+    gguf = GGUFFile(FIXTURES / "gemma4-kvshare-f32.gguf")
+    spec = build_spec(gguf)
+    layers = spec.layers
+    assert [layer.kv_source_layer for layer in layers] == [-1, -1, -1, -1, 3, 2]
+    layers[5].kv_source_layer = 3  # a sliding layer's cache has another head dim than layer 5's
+    spec.layers = layers
+    register_tensors(spec, gguf)
+    with pytest.raises(kcap.ModelError, match="different KV geometry"):
+        kcap._core.explain_routes(spec, backend="cpu", kv_type="f32", n_ctx=0, excluded_kernels=[])

@@ -1,6 +1,7 @@
 """The engine on small synthetic models against an independent float64 NumPy forward pass
 (tests/python/reference_forward.py): every weight format, prefill vs token-by-token vs
-chunked prefill, KV cache types, sliding window and softcaps, context limits.
+chunked prefill, KV cache types, sliding window and softcaps, Gemma 4's per-layer embeddings,
+layer output scale and KV sharing, context limits.
 
 Tolerance: kcap keeps activations in f32 against exactly dequantized weights, the reference
 runs in f64 on the same weights, so logits agree to f32 rounding: max |Δ| ≤ 1e-4 × std."""
@@ -9,13 +10,16 @@ import pytest
 
 import kcap
 from kcap.gguf import GGUFFile
-from kcap.testing.synth import tiny_gemma3, tiny_llama
+from pathlib import Path
+
+from kcap.testing.synth import clone_layout, tiny_gemma3, tiny_llama
 from reference_forward import reference_logits
 
 F32_TOLERANCE = 1e-4
 BLOCK32_FORMATS = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"]
 KQUANT_FORMATS = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 PROMPT = [5, 17, 200, 3, 99, 42, 7, 128, 255, 0, 61]
+CONFORMANCE = Path(__file__).resolve().parent.parent / "fixtures" / "conformance"
 
 
 def assert_close(got, ref, tol, what):
@@ -119,3 +123,26 @@ def test_token_outside_vocabulary_is_refused(tmp_path):
         model.eval([1, 256])
     with pytest.raises(kcap.ModelError, match="no tokenizer"):
         model.tokenize("hello")
+
+
+@pytest.mark.parametrize("layout", ["gemma4", "gemma4-kvshare"])
+def test_gemma4_per_layer_embeddings_and_kv_sharing(tmp_path, layout):
+    # The Gemma 4 fixture layouts (Q8_0/F16 tensors) with fresh random weights: PLE, per-layer
+    # head dims, V-norm, layer output scale and (kvshare) shared-KV layers vs the reference.
+    path = clone_layout(str(CONFORMANCE / f"{layout}-q8_0.gguf"), str(tmp_path / "g4.gguf"), seed=11)
+    model, ref = check_against_reference(path, max_batch=4)
+    model.reset()
+    stepped = np.stack([model.eval([t]) for t in PROMPT])
+    assert_close(stepped, ref, F32_TOLERANCE, "token by token")
+    features = {f for r in model.explain() for f in r["features"].split(",") if f}
+    assert {"per_layer_embedding", "layer_output_scale", "parameter_free_norm"} <= features
+    assert ("kv_shared" in features) == (layout == "gemma4-kvshare")
+
+
+def test_reference_forward_matches_transformers_on_gemma4_kvshare():
+    # The reference itself against the HF golden, so the engine tests above check real semantics.
+    g = np.load(CONFORMANCE.parent.parent / "goldens" / "conformance" / "gemma4-kvshare.npz")
+    path = CONFORMANCE / "gemma4-kvshare-f32.gguf"
+    spec = kcap.load(path).spec
+    ref = reference_logits(GGUFFile(str(path)), spec, g["prompt_ids"].tolist())
+    assert_close(ref, g["logits"], 1e-4, "reference vs transformers")

@@ -340,3 +340,27 @@ def test_tokenizer_module_needs_neither_torch_nor_transformers():
     )
     # The installed package (its compiled core included) must import without torch.
     subprocess.run([sys.executable, "-c", check], check=True, cwd=str(REPO / "tests"))
+
+
+# --- gemma4 (tokenizer.ggml.model = "gemma4") ---------------------------------------------------
+
+# Ids from transformers 5.x (`AutoTokenizer.from_pretrained(dir, gguf_file="gemma4-f32.gguf")`,
+# offline) on the conformance fixture's 384-token vocabulary; it adds no BOS for gemma4.
+GEMMA4_TRANSFORMERS_IDS = {
+    "hello world": [326, 320, 311, 321, 263, 271, 284],
+    "The quick  brown fox.\n": [358, 326, 320, 319, 366, 332, 327, 336, 339, 319, 268, 323, 279, 324, 307, 321, 124,
+                                346, 14],
+    "naïve 東京 ok": [324, 325, 199, 179, 340, 320, 319, 234, 161, 181, 232, 190, 176, 264, 339],
+    "  leading spaces": [319, 270, 290, 333, 314, 265, 341, 325, 336, 320, 328],
+    "a\tb\n\nc  ": [325, 13, 338, 14, 14, 336, 319, 319],
+}
+
+
+def test_gemma4_tokenizer_matches_transformers():
+    meta = GGUFFile(REPO / "tests" / "fixtures" / "conformance" / "gemma4-f32.gguf").metadata
+    assert meta["tokenizer.ggml.model"] == "gemma4"
+    tokenizer = load_tokenizer(meta)
+    for text, ids in GEMMA4_TRANSFORMERS_IDS.items():
+        assert tokenizer.encode(text) == ids, text
+        assert tokenizer.encode(text, add_special_tokens=False) == ids, text
+        assert tokenizer.decode(ids) == text

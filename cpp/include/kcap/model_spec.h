@@ -75,6 +75,14 @@ struct LayerSpec {
 
     bool v_norm = false;          // parameter-free RMS norm of each V head (Gemma 4)
     float residual_scale = 1.0f;  // attention and FFN outputs are scaled before the residual add (Granite)
+
+    // Per-layer embedding input (Gemma 4 PLE), after the FFN residual:
+    //   x += ple_post_norm(ple_proj(act(ple_gate(x)) * ple[layer]))  with this layer's activation.
+    std::string ple_gate, ple_proj, ple_post_norm;
+    float output_scale = 1.0f;  // the block's output (the residual stream) is multiplied by this
+    // KV sharing: >= 0 names an earlier layer whose K/V cache this layer's queries attend to;
+    // the layer then has no K/V projections of its own (Gemma 4 shared-KV layers).
+    int kv_source_layer = -1;
 };
 
 struct ModelSpec {
@@ -93,6 +101,16 @@ struct ModelSpec {
     std::string output;  // LM head weights; equals token_embd when the embeddings are tied
     float final_softcap = 0.0f;
     float logit_scale = 1.0f;  // logits are multiplied by this (Granite: 1 / logits_scaling)
+
+    // Per-layer embeddings (Gemma 4 PLE): for each token, ple [n_layer, n_embd_per_layer] =
+    //   (rms_norm(ple_proj_norm, (ple_model_proj . e) * ple_model_proj_scale)   (e: the scaled embedding)
+    //    + ple_token_embd[id] * ple_token_scale) * ple_combine_scale
+    // where each layer's slice of n_embd_per_layer values is normed on its own.
+    std::string ple_token_embd, ple_model_proj, ple_proj_norm;
+    int64_t n_embd_per_layer = 0;
+    float ple_token_scale = 1.0f;
+    float ple_model_proj_scale = 1.0f;
+    float ple_combine_scale = 1.0f;
 
     std::vector<LayerSpec> layers;
     std::map<std::string, TensorRef> tensors;

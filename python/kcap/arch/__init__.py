@@ -5,10 +5,10 @@ spec only names tensors; kcap.model registers exactly the tensors it names.
 """
 from __future__ import annotations
 
-from kcap.arch import gemma2, gemma3, gpt2, granite, llama, qwen2, qwen3, starcoder2
+from kcap.arch import gemma2, gemma3, gemma4, gpt2, granite, llama, qwen2, qwen3, starcoder2
 from kcap.errors import UnknownArchitectureError
 
-FAMILIES = {module.ARCHITECTURE: module for module in (gemma2, gemma3, gpt2, granite, llama, qwen2, qwen3, starcoder2)}
+FAMILIES = {module.ARCHITECTURE: module for module in (gemma2, gemma3, gemma4, gpt2, granite, llama, qwen2, qwen3, starcoder2)}
 
 
 def supported_architectures() -> list[str]:

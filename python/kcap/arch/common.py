@@ -99,23 +99,24 @@ def rope_scaling(hp: Hyperparameters, gguf: GGUFFile, allowed=("none", "linear")
 def standard_layer(gguf: GGUFFile, il: int, geometry, *, rope_style, rope_dim: int, rope_base: float,
                    activation, freq_scale: float = 1.0, gated_ffn: bool = True, biases: bool = False,
                    norm_biases: bool = False, qk_norm: bool = False, post_norms: bool = False,
-                   rope_freqs: str = "") -> _core.LayerSpec:
+                   rope_freqs: str = "", own_kv: bool = True) -> _core.LayerSpec:
     """A pre-norm decoder block named as llama.cpp's converter names it (attn_norm, attn_q/k/v,
     attn_output, ffn_norm, ffn_gate/up/down), with the optional parts a family declares:
-    biases (read when present), norm biases, QK-norm, Gemma-style post-norms."""
+    biases (read when present), norm biases, QK-norm, Gemma-style post-norms. A layer without
+    own_kv (it reads another layer's KV cache) has no K/V projections or K norm."""
     layer = _core.LayerSpec()
     layer.n_head, layer.n_head_kv, layer.head_dim, layer.head_dim_v = geometry
     t = lambda name, required=True: block_tensor(gguf, il, name, required)  # noqa: E731
     layer.attn_norm = t("attn_norm.weight")
     layer.attn_norm_bias = t("attn_norm.bias", norm_biases)
-    layer.wq, layer.wk, layer.wv = t("attn_q.weight"), t("attn_k.weight"), t("attn_v.weight")
+    layer.wq, layer.wk, layer.wv = t("attn_q.weight"), t("attn_k.weight", own_kv), t("attn_v.weight", own_kv)
     layer.wo = t("attn_output.weight")
     layer.bq, layer.bk, layer.bv = t("attn_q.bias", False), t("attn_k.bias", False), t("attn_v.bias", False)
     layer.bo = t("attn_output.bias", False)
     if biases and not (layer.bq and layer.bk and layer.bv):
         raise ModelError(f"{gguf.path}: layer {il} lacks the Q/K/V biases its architecture requires")
     if qk_norm:
-        layer.q_norm, layer.k_norm = t("attn_q_norm.weight"), t("attn_k_norm.weight")
+        layer.q_norm, layer.k_norm = t("attn_q_norm.weight"), t("attn_k_norm.weight", own_kv)
     if post_norms:
         layer.post_attn_norm = t("post_attention_norm.weight")
         layer.post_ffn_norm = t("post_ffw_norm.weight")

@@ -1,0 +1,117 @@
+"""Gemma 4 (dense text, E2B-style): Gemma 3's block (QK-norm, post-norms, GELU-tanh, NeoX RoPE,
+sliding and full layers) with
+
+* per-layer head dims: full layers use key_length/value_length, sliding ones *_swa;
+  `attention.sliding_window_pattern` is a bool per layer (true = sliding);
+* attention scale 1.0 and a parameter-free RMS norm of V (V-norm);
+* full layers: RoPE over rope.dimension_count with `rope_freqs` (1e30 entries leave pairs
+  unrotated: partial rotary, frequencies from the full head dim); sliding: rope.*_swa;
+* per-layer embeddings (PLE) mixed in after each FFN, then the block output times
+  `layer_output_scale`;
+* KV sharing: the last `attention.shared_kv_layers` layers reuse the KV cache of the last
+  earlier non-shared layer of the same type (sliding/full);
+* per-layer FFN sizes (feed_forward_length may be an array; read from the tensors);
+* final logit softcap; tied head. RMSNorm weights are plain multipliers.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kcap import _core
+from kcap.arch.common import Hyperparameters, block_tensor, new_spec, standard_layer
+from kcap.errors import ModelError
+from kcap.gguf import GGUFFile
+
+ARCHITECTURE = "gemma4"
+
+
+def _per_layer(value, n_layer: int, what: str) -> list:
+    if isinstance(value, (list, tuple)):
+        if len(value) != n_layer:
+            raise ModelError(f"gemma4 metadata '{what}' has {len(value)} entries for {n_layer} layers")
+        return list(value)
+    return [value] * n_layer
+
+
+def _scalar_tensor(gguf: GGUFFile, name: str) -> float:
+    info = gguf.tensors[name]
+    if info.type_name != "F32" or int(np.prod(info.shape)) != 1:
+        raise ModelError(f"{gguf.path}: tensor '{name}' must be one F32 value, got {info.type_name} {info.shape}")
+    return float(np.frombuffer(info.data.tobytes()[:4], dtype="<f4")[0])
+
+
+def build(gguf: GGUFFile) -> _core.ModelSpec:
+    hp = Hyperparameters(gguf, ARCHITECTURE)
+    spec = new_spec(gguf, hp)
+    spec.norm_kind = _core.NormKind.RMS
+    spec.norm_eps = hp.float("attention.layer_norm_rms_epsilon")
+    spec.embed_scale = math.sqrt(spec.n_embd)
+    spec.final_softcap = hp.float("final_logit_softcapping", 0.0) or 0.0
+
+    n_layer = hp.int("block_count")
+    n_head = _per_layer(hp.get("attention.head_count"), n_layer, "attention.head_count")
+    n_head_kv = _per_layer(hp.get("attention.head_count_kv"), n_layer, "attention.head_count_kv")
+    window = hp.int("attention.sliding_window", 0) or 0
+    pattern = _per_layer(hp.get("attention.sliding_window_pattern"), n_layer, "attention.sliding_window_pattern")
+    head_dim_full = hp.int("attention.key_length")
+    head_dim_v_full = hp.int("attention.value_length", head_dim_full)
+    head_dim_swa = hp.int("attention.key_length_swa", head_dim_full)
+    head_dim_v_swa = hp.int("attention.value_length_swa", head_dim_swa)
+    rope_dim_full = hp.int("rope.dimension_count", head_dim_full)
+    rope_dim_swa = hp.int("rope.dimension_count_swa", head_dim_swa)
+    base_full = hp.float("rope.freq_base", 1000000.0)
+    base_swa = hp.float("rope.freq_base_swa", 10000.0)
+    if hp.get("rope.scaling.type", "none") not in ("none",):
+        raise ModelError(f"{gguf.path}: gemma4 rope scaling '{hp.get('rope.scaling.type')}' is not supported")
+    rope_freqs = "rope_freqs.weight" if "rope_freqs.weight" in gguf.tensors else ""
+    n_shared = hp.int("attention.shared_kv_layers", 0) or 0
+    if not 0 <= n_shared < n_layer:
+        raise ModelError(f"{gguf.path}: gemma4 attention.shared_kv_layers = {n_shared} for {n_layer} layers")
+    first_shared = n_layer - n_shared
+
+    # Per-layer embeddings.
+    per = hp.int("embedding_length_per_layer_input", 0) or 0
+    if per:
+        for name in ("per_layer_token_embd.weight", "per_layer_model_proj.weight", "per_layer_proj_norm.weight"):
+            if name not in gguf.tensors:
+                raise ModelError(f"{gguf.path}: missing tensor '{name}'")
+        spec.ple_token_embd = "per_layer_token_embd.weight"
+        spec.ple_model_proj = "per_layer_model_proj.weight"
+        spec.ple_proj_norm = "per_layer_proj_norm.weight"
+        spec.n_embd_per_layer = per
+        spec.ple_token_scale = math.sqrt(per)
+        spec.ple_model_proj_scale = 1.0 / math.sqrt(spec.n_embd)
+        spec.ple_combine_scale = 1.0 / math.sqrt(2.0)
+
+    layers = []
+    for il in range(n_layer):
+        sliding = bool(pattern[il])
+        shared = il >= first_shared
+        geometry = (int(n_head[il]), int(n_head_kv[il]),
+                    head_dim_swa if sliding else head_dim_full, head_dim_v_swa if sliding else head_dim_v_full)
+        layer = standard_layer(gguf, il, geometry, rope_style=_core.RopeStyle.NeoX,
+                               rope_dim=rope_dim_swa if sliding else rope_dim_full,
+                               rope_base=base_swa if sliding else base_full,
+                               rope_freqs="" if sliding else rope_freqs,
+                               activation=_core.Activation.GeluTanh, qk_norm=True, post_norms=True,
+                               own_kv=not shared)
+        layer.sliding_window = window if sliding else 0
+        layer.attn_scale = 1.0
+        layer.v_norm = True
+        if shared:
+            sources = [j for j in range(first_shared) if bool(pattern[j]) == sliding]
+            if not sources:
+                raise ModelError(f"{gguf.path}: shared-KV layer {il} has no earlier layer of its type to read")
+            layer.kv_source_layer = sources[-1]
+        if per:
+            layer.ple_gate = block_tensor(gguf, il, "inp_gate.weight")
+            layer.ple_proj = block_tensor(gguf, il, "proj.weight")
+            layer.ple_post_norm = block_tensor(gguf, il, "post_norm.weight")
+        scale_name = block_tensor(gguf, il, "layer_output_scale.weight", required=False)
+        if scale_name:
+            layer.output_scale = _scalar_tensor(gguf, scale_name)
+        layers.append(layer)
+    spec.layers = layers
+    return spec
