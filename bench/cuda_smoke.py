@@ -4,6 +4,7 @@ device, each against the CPU backend. scripts/device_check.sh runs it first (und
 debugger, so a crash prints a native backtrace) before the long tests and benchmarks.
 
     python bench/cuda_smoke.py
+    python bench/cuda_smoke.py --profile MODEL.gguf ...   (per-stage decode times, KCAP_CUDA_PROFILE)
 """
 from __future__ import annotations
 
@@ -44,5 +45,23 @@ def main() -> int:
     return 0 if ok else 1
 
 
+def profile(paths: list[str]) -> int:
+    """Decode 64 tokens of each model with KCAP_CUDA_PROFILE=1 (stages timed one by one with
+    CUDA events; the backend prints its table to stderr when it is destroyed)."""
+    import gc
+    import os
+
+    os.environ["KCAP_CUDA_PROFILE"] = "1"
+    for path in paths:
+        print(f"== profile {path}", file=sys.stderr, flush=True)
+        model = kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16")
+        model.engine.decode_greedy(1, 64)
+        del model
+        gc.collect()
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--profile":
+        sys.exit(profile(sys.argv[2:]))
     sys.exit(main())

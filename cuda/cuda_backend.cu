@@ -13,7 +13,10 @@
 // Prefill: chunks of up to max_batch tokens run the same rows with batched kernels.
 //
 // Environment switches (for measurements): KCAP_CUDA_GRAPH=0 launches the step directly,
-// KCAP_CUDA_PDL=0 turns programmatic dependent launch off.
+// KCAP_CUDA_PDL=0 turns programmatic dependent launch off. KCAP_CUDA_PROFILE=1 runs decode
+// steps without the graph, times every stage with CUDA events (each stage waited for, so the
+// times include each launch's latency) and prints the totals per kernel and per stage name to
+// stderr when the backend is destroyed.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -110,6 +113,8 @@ public:
         ctx.sm_count = props.multiProcessorCount;
         ctx.pdl = props.major >= 9 && env_int("KCAP_CUDA_PDL", 1) != 0;
         use_graph_ = env_int("KCAP_CUDA_GRAPH", 1) != 0;
+        profile_ = env_int("KCAP_CUDA_PROFILE", 0) != 0;
+        if (profile_) use_graph_ = false;
         KCAP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
         ctx.kv_format = plan_.options.kv_format;
         ctx.n_ctx = plan_.options.n_ctx;
@@ -121,6 +126,7 @@ public:
     }
 
     ~CudaBackend() override {
+        if (profile_) print_profile();
         if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
         if (all_logits_) cudaFree(all_logits_);
         if (ctx_.stream) {
@@ -314,7 +320,54 @@ private:
                 call.inout2 = buffer(stage.input2);
             }
             if (stage.op == Op::Softcap || stage.op == Op::Scale) call.in = logits;
-            routed.row->fn(stage, call);
+            if (profile_ && n == 1) {
+                timed(routed.row->kernel, stage.name, [&] { routed.row->fn(stage, call); });
+            } else {
+                routed.row->fn(stage, call);
+            }
+        }
+    }
+
+    // KCAP_CUDA_PROFILE: one stage, waited for, its time added to its kernel's and name's totals.
+    template <class Fn>
+    void timed(const std::string& kernel, const std::string& name, Fn&& fn) {
+        if (!profile_start_) {
+            KCAP_CUDA_CHECK(cudaEventCreate(&profile_start_));
+            KCAP_CUDA_CHECK(cudaEventCreate(&profile_stop_));
+        }
+        KCAP_CUDA_CHECK(cudaEventRecord(profile_start_, ctx_.stream));
+        fn();
+        KCAP_CUDA_CHECK(cudaEventRecord(profile_stop_, ctx_.stream));
+        KCAP_CUDA_CHECK(cudaEventSynchronize(profile_stop_));
+        float ms = 0.0f;
+        KCAP_CUDA_CHECK(cudaEventElapsedTime(&ms, profile_start_, profile_stop_));
+        auto& k = profile_kernels_[kernel];
+        k.first += ms, k.second += 1;
+        // Stage names without the layer index: "blk.3.attn_q" -> "attn_q".
+        std::string key = name;
+        const size_t dot = key.rfind('.');
+        if (key.rfind("blk.", 0) == 0 && dot != std::string::npos) key = key.substr(dot + 1);
+        auto& st = profile_names_[key];
+        st.first += ms, st.second += 1;
+    }
+
+    void print_profile() const {
+        double total = 0.0;
+        for (const auto& kv : profile_kernels_) total += kv.second.first;
+        const double steps = profile_steps_ > 0 ? double(profile_steps_) : 1.0;
+        std::fprintf(stderr, "kcap profile: %lld decode steps, %.1f us per step (stages waited for one by one)\n",
+                     (long long)profile_steps_, 1000.0 * total / steps);
+        for (const auto* table : {&profile_kernels_, &profile_names_}) {
+            std::vector<std::pair<double, std::string>> sorted;
+            for (const auto& kv : *table) sorted.emplace_back(kv.second.first, kv.first);
+            std::sort(sorted.rbegin(), sorted.rend());
+            for (const auto& e : sorted) {
+                const auto& v = table->at(e.second);
+                std::fprintf(stderr, "  %-28s %8.1f us/step %5.1f%%  %6.1f us/launch  %lld launches\n", e.second.c_str(),
+                             1000.0 * v.first / steps, 100.0 * v.first / (total > 0 ? total : 1.0),
+                             1000.0 * v.first / double(v.second), (long long)(v.second / steps));
+            }
+            std::fprintf(stderr, "  --\n");
         }
     }
 
@@ -330,7 +383,12 @@ private:
 
     void run_decode_step() {
         run_stages(1, true, false, decode_logits_);
-        run_argmax(true);
+        if (profile_) {
+            ++profile_steps_;
+            timed(argmax_row_->kernel, "argmax", [&] { run_argmax(true); });
+        } else {
+            run_argmax(true);
+        }
     }
 
     // Captures the one-token step once. Returns false (and runs steps directly from then on)
@@ -397,6 +455,10 @@ private:
     const Row* argmax_row_ = nullptr;
     bool use_graph_ = true;
     cudaGraphExec_t graph_exec_ = nullptr;
+    bool profile_ = false;
+    cudaEvent_t profile_start_ = nullptr, profile_stop_ = nullptr;
+    int64_t profile_steps_ = 0;
+    std::map<std::string, std::pair<double, int64_t>> profile_kernels_, profile_names_;  // ms, launches
     PinnedBuffer<int32_t> pinned_step_, pinned_tokens_;
     PinnedBuffer<float> pinned_logits_;
 };

@@ -1,5 +1,6 @@
 // CUDA entry points of the exact matmul rows (cuda.matmul.<format>): kernels/matmul.h bodies
-// launched with the geometry declared in cuda/rows.h. One token: the decode matvec, which
+// launched with the geometry declared in cuda/rows.h. One token: the decode matvec (a row's
+// runs spread over up to kMatvecSimds simd groups, cuda_rows::matvec_split), which
 // prefetches its weight rows into L2 before waiting on the previous kernel; more tokens: the
 // few-token walk (each decoded run of weights reused for kTokensPerPass tokens).
 #include "cuda/matmul.h"
@@ -13,12 +14,13 @@ using namespace cuda_rows;
 
 template <class F>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
-    matvec_kernel(KcapMatmulParams p, const kcap_u8* w, const float* x, const float* bias, float* y) {
+    matvec_kernel(KcapMatmulParams p, int split, const kcap_u8* w, const float* x, const float* bias, float* y) {
+    __shared__ float partials[kMatvecSharedBytes / 4];
     const KcapThread t = kcap_cuda_thread();
-    kcap_matvec_prefetch<kMatvecRows>(t, p, w);  // weights never change: safe before the wait
+    kcap_matvec_split_prefetch<kMatvecRows>(t, p, split, w);  // weights never change: safe before the wait
     pdl_wait();
     pdl_trigger();
-    kcap_matvec<F, kMatvecRows>(t, p, w, x, bias, y);
+    kcap_matvec_split<F, kMatvecRows>(t, p, split, w, x, bias, y, partials);
 }
 
 template <class F>
@@ -40,9 +42,10 @@ void run_matmul_exact(const Stage& stage, const KernelCall& call) {
     const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
     const auto* bias = static_cast<const float*>(data.operands[1]);
     if (p.m == 1) {
-        // Decode: one simd group per kMatvecRows rows, activations reused across them.
-        launch(ctx, matvec_kernel<F>, dim3(ceil_div(p.n, kMatvecSimds * kMatvecRows)), dim3(kMatvecSimds * 32), 0, p, w,
-               call.in, bias, call.out);
+        // Decode: a team of `split` simd groups per kMatvecRows rows, activations reused across them.
+        const int split = matvec_split(p.k);
+        launch(ctx, matvec_kernel<F>, dim3(ceil_div(p.n, (kMatvecSimds / split) * kMatvecRows)), dim3(kMatvecSimds * 32),
+               0, p, split, w, call.in, bias, call.out);
         return;
     }
     // Several tokens: each decoded run of weights serves kTokensPerPass of them.

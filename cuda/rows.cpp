@@ -55,7 +55,8 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
 #define KCAP_MATMUL_ROW(NAME, DECODER)                                                                          \
     {                                                                                                           \
         Row row = make_row("cuda.matmul." + lower(#NAME), Op::MatMul, KCAP_CUDA_ENTRY(kcap_cuda_matmul_##NAME),  \
-                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows, 0}); \
+                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,         \
+                            cuda_rows::kMatvecSharedBytes});                                              \
         row.operand_formats = {{Format::NAME}, {Format::F32}};                                                  \
         row.features = kBias;                                                                                   \
         row.dims.k_multiple = k_multiple(Format::NAME);                                                         \

@@ -19,7 +19,17 @@ namespace cuda_rows {
 
 // Matmul, exact (f32 activations): decode matvec and the few-token walk.
 constexpr int kMatvecSimds = 4;  // simd groups (warps) per group
-constexpr int kMatvecRows = 2;   // weight rows per simd group: each lane's 32 activations are reused this often
+constexpr int kMatvecRows = 2;   // weight rows per team: each lane's 32 activations are reused this often
+// A row's runs of 32 weights are spread over `split` simd groups (1, 2, 4 .. kMatvecSimds):
+// the most that still gives every lane at least kMatvecMinRunsPerLane runs, so long rows
+// (K = 4096: 128 runs) use the whole group and short ones (K = 640) one simd group each.
+constexpr int kMatvecMinRunsPerLane = 1;
+constexpr int matvec_split(long long k) {
+    int split = kMatvecSimds;
+    while (split > 1 && k / 32 < (long long)split * 32 * kMatvecMinRunsPerLane) split /= 2;
+    return split;
+}
+constexpr int kMatvecSharedBytes = kMatvecSimds * kMatvecRows * 4;  // the teams' partial sums
 constexpr int kTokensSimds = 4;
 constexpr int kTokensRows = 2;
 constexpr int kTokensPerPass = 8;  // tokens that reuse one decoded run of weights

@@ -43,6 +43,20 @@ KCAP_FN void kcap_matvec_prefetch(const KcapThread t, const KcapMatmulParams p, 
     }
 }
 
+// The same hint for kcap_matvec_split's rows and runs.
+template <int ROWS>
+KCAP_FN void kcap_matvec_split_prefetch(const KcapThread t, const KcapMatmulParams p, int split,
+                                        const KCAP_GLOBAL kcap_u8* w) {
+    const int team = int(t.simd) / split, part = int(t.simd) % split;
+    const int row0 = (int(t.group_x) * (int(t.simds) / split) + team) * ROWS;
+    const unsigned first = (unsigned(part) * 32u + t.lane) * 128u, stride = unsigned(split) * 32u * 128u;
+    for (int j = 0; j < ROWS; ++j) {
+        if (row0 + j >= p.n) break;
+        const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(row0 + j) * p.row_bytes;
+        for (unsigned offset = first; offset < p.row_bytes; offset += stride) kcap_prefetch(row + offset);
+    }
+}
+
 // Grid: x = ceil(n / (simds * ROWS)), y = m (one token per group row).
 template <class F, int ROWS>
 KCAP_FN void kcap_matvec(const KcapThread t, const KcapMatmulParams p, const KCAP_GLOBAL kcap_u8* w,
@@ -72,6 +86,61 @@ KCAP_FN void kcap_matvec(const KcapThread t, const KcapMatmulParams p, const KCA
     if (t.lane == 0) {
         KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
             if (row0 + j < p.n) y[row0 + j] = p.has_bias ? acc[j] + bias[row0 + j] : acc[j];
+    }
+}
+
+// Decode matvec with the row's runs spread over `split` simd groups (a divisor of simds):
+// the group's simds / split teams each own ROWS consecutive rows; lane l of part s of a team
+// takes runs 32 s + l, 32 s + l + 32 split, ... so a long row keeps split times more loads in
+// flight and its serial chain is split times shorter. Each simd group sums its lanes, then
+// the team's parts meet in shared memory (partials: simds * ROWS floats).
+// Grid: x = ceil(n / ((simds / split) * ROWS)), y = m.
+template <class F, int ROWS>
+KCAP_FN void kcap_matvec_split(const KcapThread t, const KcapMatmulParams p, int split, const KCAP_GLOBAL kcap_u8* w,
+                               const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* bias, KCAP_GLOBAL float* y,
+                               KCAP_SHARED float* partials) {
+    constexpr int kRunsPerBlock = F::block_elems / 32;
+    const int team = int(t.simd) / split, part = int(t.simd) % split;
+    const int teams = int(t.simds) / split;
+    const int row0 = (int(t.group_x) * teams + team) * ROWS;
+    const int token = int(t.group_y);
+    x += kcap_u64(token) * p.k;
+    y += kcap_u64(token) * p.n;
+    const int runs = p.k / 32;
+    const int stride = KCAP_SIMD_WIDTH * split;
+    float acc[ROWS];
+    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[j] = 0.0f;
+    if (row0 < p.n) {
+        for (int run = part * KCAP_SIMD_WIDTH + int(t.lane); run < runs; run += stride) {
+            float xs[32];
+            kcap_load_x32(x + 32 * run, xs);
+            const unsigned block_offset = unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
+            KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+                if (row0 + j < p.n) {
+                    float wv[32];
+                    F::decode32(w + kcap_u64(row0 + j) * p.row_bytes + block_offset, run % kRunsPerBlock, wv);
+                    acc[j] += kcap_dot32(wv, xs);
+                }
+            }
+        }
+    }
+    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[j] = kcap_simd_sum(acc[j]);
+    if (split == 1) {
+        if (t.lane == 0) {
+            KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
+                if (row0 + j < p.n) y[row0 + j] = p.has_bias ? acc[j] + bias[row0 + j] : acc[j];
+        }
+        return;  // split is uniform over the group: no barrier below for anyone
+    }
+    if (t.lane == 0) {
+        KCAP_UNROLL for (int j = 0; j < ROWS; ++j) partials[int(t.simd) * ROWS + j] = acc[j];
+    }
+    kcap_barrier();
+    if (part == 0 && int(t.lane) < ROWS && row0 + int(t.lane) < p.n) {
+        const int j = int(t.lane);
+        float total = 0.0f;
+        for (int s = 0; s < split; ++s) total += partials[(team * split + s) * ROWS + j];
+        y[row0 + j] = p.has_bias ? total + bias[row0 + j] : total;
     }
 }
 

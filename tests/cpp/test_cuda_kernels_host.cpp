@@ -93,7 +93,7 @@ void test_matmul_rows(std::mt19937& rng, CpuState& cpu) {
         const Row& reference = cpu_twin(row);
         with_decoder(f, [&](auto decoder) {
             using F = decltype(decoder);
-            for (int64_t k : k_edges(row, 1024))
+            for (int64_t k : k_edges(row, 4096))
                 for (int64_t n : {1, 9})
                     for (int m : {1, 3, 10})
                         for (bool with_bias : {false, true}) {
@@ -113,10 +113,22 @@ void test_matmul_rows(std::mt19937& rng, CpuState& cpu) {
                             p.has_bias = with_bias;
                             const float* b = with_bias ? reinterpret_cast<const float*>(bias->ref.data) : nullptr;
                             if (m == 1) {
-                                kcap_sim::launch({ceil_div(n, kMatvecSimds * kMatvecRows), 1, 1}, kMatvecSimds * 32, 0,
-                                                 [&](const KcapThread& t, void*) {
-                                                     kcap_matvec<F, kMatvecRows>(t, p, w->ref.data, x.data(), b, got.data());
-                                                 });
+                                // Every split the launcher may pick (its own pick for this K included).
+                                for (int split = 1; split <= kMatvecSimds; split *= 2) {
+                                    if (split > 1) {
+                                        const double err = matmul_error(got, ref, w->ref, x.data(), k, n, m);
+                                        KCAP_EXPECT(err <= kMatmulTolerance, "%s K=%lld N=%lld split=%d: error %.3g",
+                                                    row.kernel.c_str(), (long long)k, (long long)n, split / 2, err);
+                                        got = nan_filled(size_t(m * n));
+                                    }
+                                    kcap_sim::launch({ceil_div(n, (kMatvecSimds / split) * kMatvecRows), 1, 1},
+                                                     kMatvecSimds * 32, kcap::cuda_rows::kMatvecSharedBytes,
+                                                     [&](const KcapThread& t, void* shared) {
+                                                         kcap_matvec_split<F, kMatvecRows>(t, p, split, w->ref.data,
+                                                                                           x.data(), b, got.data(),
+                                                                                           static_cast<float*>(shared));
+                                                     });
+                                }
                             } else {
                                 kcap_sim::launch({ceil_div(n, kTokensSimds * kTokensRows), ceil_div(m, kTokensPerPass), 1},
                                                  kTokensSimds * 32, 0, [&](const KcapThread& t, void*) {
