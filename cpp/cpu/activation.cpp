@@ -8,20 +8,6 @@ namespace kcap {
 
 namespace {
 
-inline float apply_activation(Activation activation, float x) {
-    switch (activation) {
-        case Activation::SiLU: return x / (1.0f + std::exp(-x));
-        case Activation::GeluTanh: {
-            // tanh saturates without overflow in libm, so no clamp is needed on the CPU.
-            constexpr float kSqrt2OverPi = 0.7978845608028654f;
-            return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
-        }
-        case Activation::GeluErf: return 0.5f * x * (1.0f + std::erf(x * 0.7071067811865476f));
-        case Activation::ReLU: return x > 0.0f ? x : 0.0f;
-    }
-    return x;
-}
-
 void activation_kernel(const Stage& stage, const KernelCall& call) {
     const int64_t total = int64_t(call.n_tokens) * stage.n;
     const Activation activation = stage.params.activation;

@@ -4,8 +4,11 @@
 #include <cstdint>
 #include <vector>
 
+#include <cmath>
+
 #include "cpu/thread_pool.h"
 #include "kcap/formats.h"
+#include "kcap/model_spec.h"
 
 namespace kcap {
 
@@ -46,6 +49,21 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
     for (int j = 0; j < kLanes; ++j) sum += acc[j];
     for (; i < n; ++i) sum += a[i] * b[i];
     return sum;
+}
+
+// The activation functions of FFNs and per-layer gates, shared by every CPU row that applies one.
+inline float apply_activation(Activation activation, float x) {
+    switch (activation) {
+        case Activation::SiLU: return x / (1.0f + std::exp(-x));
+        case Activation::GeluTanh: {
+            // tanh saturates without overflow in libm, so no clamp is needed on the CPU.
+            constexpr float kSqrt2OverPi = 0.7978845608028654f;
+            return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+        }
+        case Activation::GeluErf: return 0.5f * x * (1.0f + std::erf(x * 0.7071067811865476f));
+        case Activation::ReLU: return x > 0.0f ? x : 0.0f;
+    }
+    return x;
 }
 
 }  // namespace kcap

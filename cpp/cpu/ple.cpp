@@ -13,17 +13,6 @@ namespace kcap {
 
 namespace {
 
-float activate(Activation activation, float x) {
-    switch (activation) {
-        case Activation::SiLU: return x / (1.0f + std::exp(-x));
-        case Activation::GeluTanh:
-            return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-        case Activation::GeluErf: return 0.5f * x * (1.0f + std::erf(x * 0.7071067811865476f));
-        case Activation::ReLU: return x > 0 ? x : 0.0f;
-    }
-    return x;
-}
-
 void per_layer_embed_kernel(const Stage& stage, const KernelCall& call) {
     const TensorRef& table = *stage.operands[0];
     const TensorRef& proj = *stage.operands[1];
@@ -62,7 +51,7 @@ void per_layer_gate_kernel(const Stage& stage, const KernelCall& call) {
     for (int64_t m = 0; m < call.n_tokens; ++m)
         for (int64_t i = 0; i < per; ++i)
             call.out[m * per + i] =
-                activate(stage.params.activation, call.in[m * per + i]) * call.in2[m * stride + offset + i];
+                apply_activation(stage.params.activation, call.in[m * per + i]) * call.in2[m * stride + offset + i];
 }
 
 }  // namespace
