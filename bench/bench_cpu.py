@@ -149,6 +149,7 @@ class KcapEngine:
         import kcap
 
         self.version = getattr(kcap, "__version__", "?")
+        self.file = getattr(kcap, "__file__", None)  # which kcap build was measured
         self.m = kcap.load(str(path), backend="cpu", n_threads=n_threads)
 
     def reset(self) -> None:
@@ -315,13 +316,15 @@ def main(argv=None) -> int:
     for r in results.values():
         r["prefill"].clear()
         r["decode"].clear()
+    loadavg_runs = []
     for i in range(args.runs):
         one_rep(f"run {i + 1}")
+        loadavg_runs.append(round(os.getloadavg()[0], 2))
         msg = "  ".join(
             f"{n}: prefill {r['prefill'][-1]:.1f} decode {r['decode'][-1]:.1f}"
             for n, r in results.items()
         )
-        print(f"run {i + 1}/{args.runs}  {msg}", flush=True)
+        print(f"run {i + 1}/{args.runs}  {msg}  (load {loadavg_runs[-1]:.2f})", flush=True)
 
     summ = {n: summarize(r) for n, r in results.items()}
     info = {
@@ -340,9 +343,11 @@ def main(argv=None) -> int:
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
-        "kcap_git_commit": git_commit(),
+        "bench_git_commit": git_commit(),
+        "kcap_file": kc.file if kc else None,
         "loadavg_start": la0,
         "loadavg_end": os.getloadavg(),
+        "loadavg_after_each_run": loadavg_runs,
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
     }
     try:
