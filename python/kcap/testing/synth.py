@@ -162,6 +162,27 @@ def copy_with_changes(src: str, dst: str, metadata_overrides: dict | None = None
     return write_gguf(dst, arch, overrides, tensors, typed_metadata=typed)
 
 
+def llama_tensor_shapes(n_layer: int, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, n_ff: int,
+                        n_vocab: int, tied: bool) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, GGUF-order shape) of every tensor of a Llama-layout file, as llama.cpp names them."""
+    shapes = [("token_embd.weight", (n_embd, n_vocab)), ("output_norm.weight", (n_embd,))]
+    if not tied:
+        shapes.append(("output.weight", (n_embd, n_vocab)))
+    for il in range(n_layer):
+        shapes += [
+            (f"blk.{il}.attn_norm.weight", (n_embd,)),
+            (f"blk.{il}.attn_q.weight", (n_embd, n_head * head_dim)),
+            (f"blk.{il}.attn_k.weight", (n_embd, n_head_kv * head_dim)),
+            (f"blk.{il}.attn_v.weight", (n_embd, n_head_kv * head_dim)),
+            (f"blk.{il}.attn_output.weight", (n_head * head_dim, n_embd)),
+            (f"blk.{il}.ffn_norm.weight", (n_embd,)),
+            (f"blk.{il}.ffn_gate.weight", (n_embd, n_ff)),
+            (f"blk.{il}.ffn_up.weight", (n_embd, n_ff)),
+            (f"blk.{il}.ffn_down.weight", (n_ff, n_embd)),
+        ]
+    return shapes
+
+
 def tiny_llama(path: str, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 96,
                n_vocab: int = 256, weight_type: str = "Q8_0", context_length: int = 256, tied: bool = True,
                seed: int = 0, extra_metadata: dict | None = None) -> str:
@@ -183,24 +204,9 @@ def tiny_llama(path: str, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n
     }
     meta.update(extra_metadata or {})
     tensors = []
-
-    def add(name, shape, type_name):
+    for name, shape in llama_tensor_shapes(n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, tied):
+        type_name = "F32" if len(shape) == 1 else weight_type
         tensors.append((name, type_name, shape, plausible_weights(type_name, shape, rng)))
-
-    add("token_embd.weight", (n_embd, n_vocab), weight_type)
-    add("output_norm.weight", (n_embd,), "F32")
-    if not tied:
-        add("output.weight", (n_embd, n_vocab), weight_type)
-    for il in range(n_layer):
-        add(f"blk.{il}.attn_norm.weight", (n_embd,), "F32")
-        add(f"blk.{il}.attn_q.weight", (n_embd, n_head * head_dim), weight_type)
-        add(f"blk.{il}.attn_k.weight", (n_embd, n_head_kv * head_dim), weight_type)
-        add(f"blk.{il}.attn_v.weight", (n_embd, n_head_kv * head_dim), weight_type)
-        add(f"blk.{il}.attn_output.weight", (n_head * head_dim, n_embd), weight_type)
-        add(f"blk.{il}.ffn_norm.weight", (n_embd,), "F32")
-        add(f"blk.{il}.ffn_gate.weight", (n_embd, n_ff), weight_type)
-        add(f"blk.{il}.ffn_up.weight", (n_embd, n_ff), weight_type)
-        add(f"blk.{il}.ffn_down.weight", (n_ff, n_embd), weight_type)
     return write_gguf(path, "llama", meta, tensors)
 
 
@@ -295,28 +301,10 @@ def llama3_8b_q4_k_m(path: str, n_layer: int = 32, n_embd: int = 4096, n_ff: int
         "general.file_type": 15,  # LLAMA_FTYPE_MOSTLY_Q4_K_M
         "tokenizer.ggml.model": "no_vocab",
     }
-    shapes = [("token_embd.weight", (n_embd, n_vocab)), ("output_norm.weight", (n_embd,)),
-              ("output.weight", (n_embd, n_vocab))]
-    for il in range(n_layer):
-        shapes += [
-            (f"blk.{il}.attn_norm.weight", (n_embd,)),
-            (f"blk.{il}.attn_q.weight", (n_embd, n_head * head_dim)),
-            (f"blk.{il}.attn_k.weight", (n_embd, n_head_kv * head_dim)),
-            (f"blk.{il}.attn_v.weight", (n_embd, n_head_kv * head_dim)),
-            (f"blk.{il}.attn_output.weight", (n_head * head_dim, n_embd)),
-            (f"blk.{il}.ffn_norm.weight", (n_embd,)),
-            (f"blk.{il}.ffn_gate.weight", (n_embd, n_ff)),
-            (f"blk.{il}.ffn_up.weight", (n_embd, n_ff)),
-            (f"blk.{il}.ffn_down.weight", (n_ff, n_embd)),
-        ]
     tensors = []
-    for name, shape in shapes:
+    for name, shape in llama_tensor_shapes(n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, tied=False):
         type_name = q4_k_m_type(name, n_layer)
-        if type_name == "F32":
-            data = (1.0 + 0.1 * rng.standard_normal(shape[0])).astype(np.float32)
-        else:
-            data = random_tensor(type_name, shape, rng)
-        tensors.append((name, type_name, shape, data))
+        tensors.append((name, type_name, shape, plausible_weights(type_name, shape, rng)))
     return write_gguf(path, "llama", meta, tensors)
 
 
