@@ -23,11 +23,11 @@ __global__ void __launch_bounds__(kAttnMaxSimds * 32)
                           q_shared);
 }
 
-__global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, const float* partial_o, const float* partial_ml,
-                                                      float* out) {
+__global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, const kcap_i32* step, const float* partial_o,
+                                                      const float* partial_ml, float* out) {
     cuda::pdl_wait();
     cuda::pdl_trigger();
-    kcap_attention_combine(kcap_cuda_thread(), p, partial_o, partial_ml, out);
+    kcap_attention_combine(kcap_cuda_thread(), p, step, partial_o, partial_ml, out);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -76,7 +76,7 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
         cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * simds), 0, p, ctx.step, call.in,
                      call.in2, call.in3, k_cache, v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out);
         if (p.n_splits > 1)
-            cuda::launch(ctx, combine_kernel, dim3(p.n_head), dim3(p.head_dim_v <= 128 ? 128 : 256), 0, p,
+            cuda::launch(ctx, combine_kernel, dim3(p.n_head), dim3(p.head_dim_v <= 128 ? 128 : 256), 0, p, ctx.step,
                          static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml),
                          call.out);
         return;

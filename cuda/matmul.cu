@@ -1,10 +1,13 @@
 // CUDA entry points of the exact matmul rows (cuda.matmul.<format>): kernels/matmul.h bodies
-// launched with the geometry declared in cuda/rows.h. One token: the decode matvec (a row's
-// runs spread over up to kMatvecSimds simd groups, cuda_rows::matvec_split), which
-// prefetches its weight rows into L2 before waiting on the previous kernel; more tokens: the
+// launched with the geometry declared in cuda/rows.h. One token: the decode matvec with x
+// staged in threadgroup memory (kernels/matvec.h; teams and parts from cuda_rows::matvec_split),
+// which prefetches its weight rows into L2 before waiting on the previous kernel; more tokens: the
 // few-token walk (each decoded run of weights reused for kTokensPerPass tokens).
 #include "cuda/matmul.h"
+#include <algorithm>
+
 #include "kernels/matmul.h"
+#include "kernels/matvec.h"
 
 namespace kcap {
 namespace cuda {
@@ -14,13 +17,14 @@ using namespace cuda_rows;
 
 template <class F>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
-    matvec_kernel(KcapMatmulParams p, int split, const kcap_u8* w, const float* x, const float* bias, float* y) {
-    __shared__ float partials[kMatvecSharedBytes / 4];
+    matvec_kernel(KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* w, const float* x, const float* bias,
+                  float* y) {
+    extern __shared__ float shared[];
     const KcapThread t = kcap_cuda_thread();
     kcap_matvec_split_prefetch<kMatvecRows>(t, p, split, w);  // weights never change: safe before the wait
     pdl_wait();
     pdl_trigger();
-    kcap_matvec_split<F, kMatvecRows>(t, p, split, w, x, bias, y, partials);
+    kcap_matvec_staged<F, kMatvecRows>(t, p, split, chunk_runs, w, x, bias, y, shared);
 }
 
 template <class F>
@@ -42,10 +46,11 @@ void run_matmul_exact(const Stage& stage, const KernelCall& call) {
     const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
     const auto* bias = static_cast<const float*>(data.operands[1]);
     if (p.m == 1) {
-        // Decode: a team of `split` simd groups per kMatvecRows rows, activations reused across them.
-        const int split = matvec_split(p.k);
+        // Decode: x staged in threadgroup memory, each staged run reused for kMatvecRows rows.
+        const int split = matvec_split(p.n, ctx.sm_count);
+        const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
         launch(ctx, matvec_kernel<F>, dim3(ceil_div(p.n, (kMatvecSimds / split) * kMatvecRows)), dim3(kMatvecSimds * 32),
-               0, p, split, w, call.in, bias, call.out);
+               size_t(matvec_shared_floats(p.k)) * 4, p, split, chunk_runs, w, call.in, bias, call.out);
         return;
     }
     // Several tokens: each decoded run of weights serves kTokensPerPass of them.

@@ -17,19 +17,22 @@ struct KernelCall;
 
 namespace cuda_rows {
 
-// Matmul, exact (f32 activations): decode matvec and the few-token walk.
-constexpr int kMatvecSimds = 4;  // simd groups (warps) per group
-constexpr int kMatvecRows = 2;   // weight rows per team: each lane's 32 activations are reused this often
-// A row's runs of 32 weights are spread over `split` simd groups (1, 2, 4 .. kMatvecSimds):
-// the most that still gives every lane at least kMatvecMinRunsPerLane runs, so long rows
-// (K = 4096: 128 runs) use the whole group and short ones (K = 640) one simd group each.
-constexpr int kMatvecMinRunsPerLane = 1;
-constexpr int matvec_split(long long k) {
-    int split = kMatvecSimds;
-    while (split > 1 && k / 32 < (long long)split * 32 * kMatvecMinRunsPerLane) split /= 2;
-    return split;
+// Matmul, exact (f32 activations): decode matvec (kernels/matvec.h) and the few-token walk.
+constexpr int kMatvecSimds = 8;       // simd groups (warps) per group
+constexpr int kMatvecRows = 4;        // weight rows per team: each staged run of x is reused this often
+constexpr int kMatvecChunkRuns = 128;  // runs of x staged in threadgroup memory at a time (4096 values)
+// The group's simd groups form kMatvecSimds / split teams; a team's `split` parts share its
+// rows' runs. Most teams per group (each staged x serves the most rows) while the grid
+// still covers every multiprocessor; then short rows get no more parts than they have runs.
+constexpr int matvec_split(long long n, int sm_count) {
+    int teams = kMatvecSimds;
+    while (teams > 1 && (n + teams * kMatvecRows - 1) / (teams * kMatvecRows) < sm_count) teams /= 2;
+    return kMatvecSimds / teams;
 }
-constexpr int kMatvecSharedBytes = kMatvecSimds * kMatvecRows * 4;  // the teams' partial sums
+constexpr int matvec_shared_floats(long long k) {
+    return int((k / 32 < kMatvecChunkRuns ? k / 32 : kMatvecChunkRuns) * 36 + kMatvecSimds * kMatvecRows);  // 36: KCAP_MATVEC_RUN_STRIDE
+}
+constexpr int kMatvecSharedBytes = (kMatvecChunkRuns * 36 + kMatvecSimds * kMatvecRows) * 4;  // the most
 constexpr int kTokensSimds = 4;
 constexpr int kTokensRows = 2;
 constexpr int kTokensPerPass = 8;  // tokens that reuse one decoded run of weights

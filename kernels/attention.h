@@ -107,6 +107,27 @@ KCAP_FN void kcap_attend_range(const KcapThread t, const KcapAttentionParams p, 
     *l_io = l;
 }
 
+// How decode divides the keys a query at `pos` sees among the launch's n_splits groups:
+// chunks of at least min_chunk keys (a multiple of 32), so at short spans only the first
+// `active` splits have keys; the rest return at once and the combine reads only the active
+// ones (a graph captured at one position replays correctly at any other).
+struct KcapDecodeSplits {
+    int first;   // first visible key
+    int chunk;   // keys per split
+    int active;  // splits with keys
+};
+
+KCAP_FN KcapDecodeSplits kcap_decode_splits(const KcapAttentionParams p, int pos) {
+    KcapDecodeSplits s;
+    s.first = p.window > 0 && pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
+    const int span = pos - s.first + 1;
+    int chunk = (span + p.n_splits - 1) / p.n_splits;
+    chunk = (chunk + 31) / 32 * 32;
+    s.chunk = chunk < p.min_chunk ? p.min_chunk : chunk;
+    s.active = (span + s.chunk - 1) / s.chunk;
+    return s;
+}
+
 // Appends the new K/V rows of n_tokens tokens at positions step[0].. to the cache.
 // One thread per element. Grid: x = ceil(n_tokens * (k_width + v_width) / threads).
 KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
@@ -138,13 +159,10 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
     const int kv_head = int(t.group_x);
     const int split = int(t.group_y);
     const int pos = step[0];
-    const int first = p.window > 0 && pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
-    const int span = pos - first + 1;
-    int chunk = (span + p.n_splits - 1) / p.n_splits;
-    chunk = (chunk + 31) / 32 * 32;
-    if (chunk < p.min_chunk) chunk = p.min_chunk;
-    const int start = first + split * chunk;
-    const int end = start + chunk < pos + 1 ? start + chunk : pos + 1;
+    const KcapDecodeSplits splits = kcap_decode_splits(p, pos);
+    if (split >= splits.active) return;  // the whole group: past the keys at this position
+    const int start = splits.first + split * splits.chunk;
+    const int end = start + splits.chunk < pos + 1 ? start + splits.chunk : pos + 1;
     const KCAP_GLOBAL float* k_fresh = k_new + kcap_u64(kv_head) * p.head_dim;
     const KCAP_GLOBAL float* v_fresh = v_new + kcap_u64(kv_head) * p.head_dim_v;
     if (split == 0) {
@@ -165,7 +183,7 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
         float m = KCAP_NEG_INFINITY, l = 0.0f, o[KCAP_ATTN_VALUES_PER_LANE];
         KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) o[i] = 0.0f;
         if (start < end) kcap_attend_range(t, p, kv_head, start, end, pos, qs, k_cache, v_cache, k_fresh, v_fresh, &m, &l, o);
-        if (p.n_splits == 1) {
+        if (splits.active == 1) {
             const float inv = 1.0f / l;
             KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) {
                 const int d = int(t.lane) + KCAP_SIMD_WIDTH * i;
@@ -186,22 +204,23 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
     }
 }
 
-// Merges the splits of kcap_attention_decode. Grid: x = n_head; any multiple of 32 threads.
-KCAP_FN void kcap_attention_combine(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL float* partial_o,
-                                    const KCAP_GLOBAL float* partial_ml, KCAP_GLOBAL float* out) {
+// Merges the active splits of kcap_attention_decode (none to merge when one split covered
+// every key: it wrote the output itself). Grid: x = n_head; any multiple of 32 threads.
+KCAP_FN void kcap_attention_combine(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
+                                    const KCAP_GLOBAL float* partial_o, const KCAP_GLOBAL float* partial_ml,
+                                    KCAP_GLOBAL float* out) {
+    const int active = kcap_decode_splits(p, step[0]).active;
+    if (active == 1) return;
     const kcap_u64 head = t.group_x;
     const KCAP_GLOBAL float* ml = partial_ml + head * p.n_splits * 2;
     float m = KCAP_NEG_INFINITY;
-    for (int s = 0; s < p.n_splits; ++s)
-        if (ml[2 * s + 1] > 0.0f) m = kcap_fmax(m, ml[2 * s]);
+    for (int s = 0; s < active; ++s) m = kcap_fmax(m, ml[2 * s]);
     float l = 0.0f;
-    for (int s = 0; s < p.n_splits; ++s)
-        if (ml[2 * s + 1] > 0.0f) l += ml[2 * s + 1] * kcap_exp(ml[2 * s] - m);
+    for (int s = 0; s < active; ++s) l += ml[2 * s + 1] * kcap_exp(ml[2 * s] - m);
     const float inv = 1.0f / l;
     for (int d = int(t.thread); d < p.head_dim_v; d += int(t.threads)) {
         float acc = 0.0f;
-        for (int s = 0; s < p.n_splits; ++s)
-            if (ml[2 * s + 1] > 0.0f) acc += partial_o[(head * p.n_splits + s) * p.head_dim_v + d] * kcap_exp(ml[2 * s] - m);
+        for (int s = 0; s < active; ++s) acc += partial_o[(head * p.n_splits + s) * p.head_dim_v + d] * kcap_exp(ml[2 * s] - m);
         out[head * p.head_dim_v + d] = acc * inv;
     }
 }

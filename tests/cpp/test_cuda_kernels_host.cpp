@@ -21,6 +21,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embed.h"
 #include "kernels/matmul.h"
+#include "kernels/matvec.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "test_cuda_common.h"
@@ -124,9 +125,13 @@ void test_matmul_rows(std::mt19937& rng, CpuState& cpu) {
                                     kcap_sim::launch({ceil_div(n, (kMatvecSimds / split) * kMatvecRows), 1, 1},
                                                      kMatvecSimds * 32, kcap::cuda_rows::kMatvecSharedBytes,
                                                      [&](const KcapThread& t, void* shared) {
-                                                         kcap_matvec_split<F, kMatvecRows>(t, p, split, w->ref.data,
-                                                                                           x.data(), b, got.data(),
-                                                                                           static_cast<float*>(shared));
+                                                         // x staged whole, and (split 2) in chunks of 32 runs.
+                                                         const int runs = int(k / 32);
+                                                         const int chunk = std::min(
+                                                             runs, split == 2 ? 32 : kcap::cuda_rows::kMatvecChunkRuns);
+                                                         kcap_matvec_staged<F, kMatvecRows>(
+                                                             t, p, split, chunk, w->ref.data, x.data(), b, got.data(),
+                                                             static_cast<float*>(shared));
                                                      });
                                 }
                             } else {
@@ -440,7 +445,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                                  });
                 if (c.n_splits > 1)
                     kcap_sim::launch({unsigned(c.n_head), 1, 1}, 64, 0, [&](const KcapThread& t, void*) {
-                        kcap_attention_combine(t, p, partial_o.data(), partial_ml.data(), got.data());
+                        kcap_attention_combine(t, p, step, partial_o.data(), partial_ml.data(), got.data());
                     });
             } else {
                 const int64_t appended = int64_t(m) * (p.k_width + p.v_width);

@@ -1,0 +1,85 @@
+// Decode matvec (one token) with the activations staged in threadgroup memory:
+//   y[n] = W[n, :] . x (+ bias[n]),  W: [n][k] raw GGUF blocks, f32 x and accumulation.
+//
+// Why staged: each lane of kcap_matvec_split reads the 32 activations of its own 32-element
+// run straight from global memory, so one load instruction of a simd group touches 32
+// different 128-byte lines; on the H200 that, not DRAM, bounded the 8B model's matvecs
+// (~0.65 TB/s). Here the group first copies a chunk of x into threadgroup memory with
+// coalesced loads, each run padded to 36 floats so that the 16-byte reads of 8 lanes (one
+// memory wavefront) land in 8 different bank groups, then every simd group reads its runs
+// from there and reuses them for ROWS weight rows.
+//
+// Layout: the group's simds / split teams each own ROWS consecutive rows; lane l of part s
+// of a team takes runs 32 s + l, 32 s + l + 32 split, ... of each chunk. The parts of a team
+// meet in threadgroup memory at the end. Exact up to summation order, like kcap_matvec.
+#pragma once
+
+#include "kernels/matmul.h"
+
+#define KCAP_MATVEC_RUN_STRIDE 36  // floats per staged run: 32 + 4 of padding
+
+// Floats of threadgroup memory for chunks of chunk_runs runs and simds * ROWS partials.
+KCAP_FN int kcap_matvec_staged_floats(int chunk_runs, int simds, int rows) {
+    return chunk_runs * KCAP_MATVEC_RUN_STRIDE + simds * rows;
+}
+
+// Grid: x = ceil(n / ((simds / split) * ROWS)), y = 1. chunk_runs: runs staged at a time
+// (a multiple of 32 * split, or at least k / 32).
+template <class F, int ROWS>
+KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, int split, int chunk_runs,
+                                const KCAP_GLOBAL kcap_u8* w, const KCAP_GLOBAL float* x,
+                                const KCAP_GLOBAL float* bias, KCAP_GLOBAL float* y, KCAP_SHARED float* shared) {
+    constexpr int kRunsPerBlock = F::block_elems / 32;
+    KCAP_SHARED float* xs = shared;
+    KCAP_SHARED float* partials = shared + chunk_runs * KCAP_MATVEC_RUN_STRIDE;
+    const int team = int(t.simd) / split, part = int(t.simd) % split;
+    const int teams = int(t.simds) / split;
+    const int row0 = (int(t.group_x) * teams + team) * ROWS;
+    const int runs = p.k / 32;
+    float acc[ROWS];
+    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[j] = 0.0f;
+    for (int chunk0 = 0; chunk0 < runs; chunk0 += chunk_runs) {
+        const int chunk_end = chunk0 + chunk_runs < runs ? chunk0 + chunk_runs : runs;
+        if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
+        for (int i = int(t.thread); i < (chunk_end - chunk0) * 8; i += int(t.threads)) {
+            const float4 v = kcap_load_f32x4(x + kcap_u64(chunk0) * 32 + 4 * kcap_u64(i));
+            KCAP_SHARED float* to = xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8);
+            to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
+        }
+        kcap_barrier();
+        if (row0 < p.n) {
+            for (int run = chunk0 + part * KCAP_SIMD_WIDTH + int(t.lane); run < chunk_end;
+                 run += KCAP_SIMD_WIDTH * split) {
+                float xv[32];
+                const KCAP_SHARED float* from = xs + (run - chunk0) * KCAP_MATVEC_RUN_STRIDE;
+                KCAP_UNROLL for (int i = 0; i < 32; ++i) xv[i] = from[i];
+                const unsigned block_offset = unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
+                KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+                    if (row0 + j < p.n) {
+                        float wv[32];
+                        F::decode32(w + kcap_u64(row0 + j) * p.row_bytes + block_offset, run % kRunsPerBlock, wv);
+                        acc[j] += kcap_dot32(wv, xv);
+                    }
+                }
+            }
+        }
+    }
+    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[j] = kcap_simd_sum(acc[j]);
+    if (split == 1) {
+        if (t.lane == 0) {
+            KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
+                if (row0 + j < p.n) y[row0 + j] = p.has_bias ? acc[j] + bias[row0 + j] : acc[j];
+        }
+        return;
+    }
+    if (t.lane == 0) {
+        KCAP_UNROLL for (int j = 0; j < ROWS; ++j) partials[int(t.simd) * ROWS + j] = acc[j];
+    }
+    kcap_barrier();
+    if (part == 0 && int(t.lane) < ROWS && row0 + int(t.lane) < p.n) {
+        const int j = int(t.lane);
+        float total = 0.0f;
+        for (int s = 0; s < split; ++s) total += partials[(team * split + s) * ROWS + j];
+        y[row0 + j] = p.has_bias ? total + bias[row0 + j] : total;
+    }
+}
