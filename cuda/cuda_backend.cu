@@ -217,7 +217,7 @@ private:
         for (size_t i = 0; i < plan_.stages.size(); ++i) {
             const Stage& stage = plan_.stages[i].stage;
             StageData& data = stage_data_[i];
-            for (size_t j = 0; j < stage.operands.size() && j < 2; ++j)
+            for (size_t j = 0; j < stage.operands.size() && j < 4; ++j)
                 if (stage.operands[j]) data.operands[j] = device_weights_.at(stage.operands[j]->data);
             if (stage.op == Op::Rope) {
                 const TensorRef* factors = stage.operands.empty() ? nullptr : stage.operands[0];
@@ -320,6 +320,11 @@ private:
                 call.inout2 = buffer(stage.input2);
             }
             if (stage.op == Op::Softcap || stage.op == Op::Scale) call.in = logits;
+            if (stage.op == Op::AddNorm) call.inout2 = buffer(stage.input);  // the residual, read and written
+            if (stage.op == Op::GateUp) {  // scratch of the batched path
+                call.inout2 = buffer(stage.input2);
+                call.inout3 = buffer(stage.input3);
+            }
             if (profile_ && n == 1) {
                 timed(routed.row->kernel, stage.name, [&] { routed.row->fn(stage, call); });
             } else {

@@ -50,7 +50,7 @@ struct Context {
 
 // Bound to one stage when the backend is built.
 struct StageData {
-    const void* operands[2] = {nullptr, nullptr};  // device copies of the stage's operands
+    const void* operands[4] = {nullptr, nullptr, nullptr, nullptr};  // device copies of the stage's operands
     const float* rope_table = nullptr;             // rope: [n_ctx][rope_dim / 2] (cos, sin)
     int attn_splits = 1;                           // attention: decode key-range splits
 };

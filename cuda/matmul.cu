@@ -24,7 +24,21 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
     kcap_matvec_split_prefetch<kMatvecRows>(t, p, split, w);  // weights never change: safe before the wait
     pdl_wait();
     pdl_trigger();
-    kcap_matvec_staged<F, kMatvecRows>(t, p, split, chunk_runs, w, x, bias, y, shared);
+    kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_PLAIN>(t, p, split, chunk_runs, w, w, x, bias, 0, y, shared);
+}
+
+template <class F>
+__global__ void __launch_bounds__(kMatvecSimds * 32)
+    gate_up_kernel(KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* gate, const kcap_u8* up,
+                   const float* x, int activation, float* y) {
+    extern __shared__ float shared[];
+    const KcapThread t = kcap_cuda_thread();
+    kcap_matvec_split_prefetch<kMatvecRows>(t, p, split, gate);
+    kcap_matvec_split_prefetch<kMatvecRows>(t, p, split, up);
+    pdl_wait();
+    pdl_trigger();
+    kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_GATE_UP>(t, p, split, chunk_runs, gate, up, x, nullptr, activation,
+                                                           y, shared);
 }
 
 template <class F>
@@ -58,10 +72,53 @@ void run_matmul_exact(const Stage& stage, const KernelCall& call) {
            dim3(kTokensSimds * 32), 0, p, w, call.in, bias, call.out);
 }
 
+// gate_up (cuda.gate_up.<format>): one token runs the fused matvec (both matrices' rows
+// against one staged x, the activation applied to the sums); a batch runs the format's
+// tensor-core matmul row for each matrix into the plan's gate/up scratch, then the activation.
+template <class F>
+void run_gate_up(const Stage& stage, const KernelCall& call, KernelFn batched_matmul) {
+    const Context& ctx = context(call);
+    const StageData& data = stage_data(call);
+    KcapMatmulParams p = matmul_params(stage, call);
+    p.has_bias = 0;  // operand 1 is the up matrix
+    const auto* gate = static_cast<const kcap_u8*>(data.operands[0]);
+    const auto* up = static_cast<const kcap_u8*>(data.operands[1]);
+    const int activation = int(stage.params.activation);
+    if (p.m == 1) {
+        const int split = matvec_split(p.n, ctx.sm_count);
+        const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
+        launch(ctx, gate_up_kernel<F>, dim3(ceil_div(p.n, (kMatvecSimds / split) * kMatvecRows)), dim3(kMatvecSimds * 32),
+               size_t(matvec_shared_floats(p.k)) * 4, p, split, chunk_runs, gate, up, call.in, activation, call.out);
+        return;
+    }
+    Stage matmul = stage;
+    matmul.op = Op::MatMul;
+    matmul.operands = {stage.operands[0], nullptr};
+    matmul.features = 0;
+    StageData matmul_data;
+    KernelCall matmul_call = call;
+    matmul_call.stage_state = &matmul_data;
+    for (int which = 0; which < 2; ++which) {
+        matmul.operands[0] = stage.operands[size_t(which)];
+        matmul_data.operands[0] = data.operands[which];
+        matmul_call.out = which == 0 ? call.inout2 : call.inout3;
+        batched_matmul(matmul, matmul_call);
+    }
+    Stage act = stage;
+    act.op = Op::FfnActivation;
+    KernelCall act_call = call;
+    act_call.in = call.inout2;
+    act_call.in2 = call.inout3;
+    kcap_cuda_ffn_activation(act, act_call);
+}
+
 }  // namespace cuda
 
-#define KCAP_DEFINE_MATMUL(NAME, DECODER) \
-    void kcap_cuda_matmul_##NAME(const Stage& stage, const KernelCall& call) { cuda::run_matmul_exact<DECODER>(stage, call); }
+#define KCAP_DEFINE_MATMUL(NAME, DECODER)                                                                            \
+    void kcap_cuda_matmul_##NAME(const Stage& stage, const KernelCall& call) { cuda::run_matmul_exact<DECODER>(stage, call); } \
+    void kcap_cuda_gate_up_##NAME(const Stage& stage, const KernelCall& call) {                                      \
+        cuda::run_gate_up<DECODER>(stage, call, &kcap_cuda_matmul_mma_##NAME);                                       \
+    }
 KCAP_WEIGHT_FORMATS(KCAP_DEFINE_MATMUL)
 #undef KCAP_DEFINE_MATMUL
 

@@ -15,7 +15,38 @@ __global__ void __launch_bounds__(kNormThreads)
     kcap_norm(kcap_cuda_thread(), p, x, weight, bias, y, scratch);
 }
 
+__global__ void __launch_bounds__(kNormThreads)
+    add_norm_kernel(KcapAddNormParams p, float* residual, const float* branch, const float* post_weight,
+                    const float* post_bias, const float* weight, const float* bias, float* normed) {
+    __shared__ float scratch[32];
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_add_norm(kcap_cuda_thread(), p, residual, branch, post_weight, post_bias, weight, bias, normed, scratch);
+}
+
 }  // namespace
+
+// add_norm: operands (post weight, post bias, weight, bias); in = the residual (call.inout2,
+// read and written), in2 = the branch output, out = the normed row.
+void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call) {
+    const cuda::Context& ctx = cuda::context(call);
+    const cuda::StageData& data = cuda::stage_data(call);
+    auto operand = [&](size_t i) -> const float* {
+        return i < stage.operands.size() && stage.operands[i] ? static_cast<const float*>(data.operands[i]) : nullptr;
+    };
+    KcapAddNormParams p;
+    p.width = int(stage.n);
+    p.eps = stage.params.eps;
+    p.scale = stage.params.scale;
+    p.layer_norm = (stage.features & kLayerNorm) != 0;
+    p.has_post = (stage.features & kPostNorm) != 0;
+    p.has_post_weight = operand(0) != nullptr;
+    p.has_post_bias = operand(1) != nullptr;
+    p.has_weight = operand(2) != nullptr;
+    p.has_bias = operand(3) != nullptr;
+    cuda::launch(ctx, add_norm_kernel, dim3(call.n_tokens), dim3(kNormThreads), 0, p, call.inout2, call.in2, operand(0),
+                 operand(1), operand(2), operand(3), call.out);
+}
 
 void kcap_cuda_norm(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);

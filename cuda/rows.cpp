@@ -79,6 +79,21 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
     }
     KCAP_WEIGHT_FORMATS(KCAP_MATMUL_MMA_ROW)
 #undef KCAP_MATMUL_MMA_ROW
+    // Fused gated FFN input (gate and up of one format): one token, both matrices against one
+    // staged x with the activation applied to the sums; a batch, the format's tensor-core row
+    // for each matrix, then the activation.
+#define KCAP_GATE_UP_ROW(NAME, DECODER)                                                                     \
+    {                                                                                                       \
+        Row row = make_row("cuda.gate_up." + lower(#NAME), Op::GateUp, KCAP_CUDA_ENTRY(kcap_cuda_gate_up_##NAME), \
+                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,     \
+                            cuda_rows::kMatvecSharedBytes});                                                \
+        row.operand_formats = {{Format::NAME}, {Format::NAME}};                                             \
+        row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;                                       \
+        row.dims.k_multiple = k_multiple(Format::NAME);                                                     \
+        rows.push_back(row);                                                                                \
+    }
+    KCAP_WEIGHT_FORMATS(KCAP_GATE_UP_ROW)
+#undef KCAP_GATE_UP_ROW
 }
 
 void add_cuda_norm_rows(std::vector<Row>& rows) {
@@ -86,6 +101,12 @@ void add_cuda_norm_rows(std::vector<Row>& rows) {
     row.operand_formats = {{Format::F32}, {Format::F32}};
     row.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm;
     rows.push_back(row);
+    // Fused: [post-norm of the branch] + residual add + the next norm, one group per token.
+    Row fused = make_row("cuda.add_norm", Op::AddNorm, KCAP_CUDA_ENTRY(kcap_cuda_add_norm),
+                         {cuda_rows::kNormThreads, 1, 0});
+    fused.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}, {Format::F32}};
+    fused.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm | kResidualScale | kPostNorm;
+    rows.push_back(fused);
 }
 
 void add_cuda_rope_rows(std::vector<Row>& rows) {

@@ -29,10 +29,12 @@ constexpr int matvec_split(long long n, int sm_count) {
     while (teams > 1 && (n + teams * kMatvecRows - 1) / (teams * kMatvecRows) < sm_count) teams /= 2;
     return kMatvecSimds / teams;
 }
+// Threadgroup memory: the staged runs (36 floats each: KCAP_MATVEC_RUN_STRIDE) and the
+// parts' partial sums (two per row for gate_up).
 constexpr int matvec_shared_floats(long long k) {
-    return int((k / 32 < kMatvecChunkRuns ? k / 32 : kMatvecChunkRuns) * 36 + kMatvecSimds * kMatvecRows);  // 36: KCAP_MATVEC_RUN_STRIDE
+    return int((k / 32 < kMatvecChunkRuns ? k / 32 : kMatvecChunkRuns) * 36 + kMatvecSimds * kMatvecRows * 2);
 }
-constexpr int kMatvecSharedBytes = (kMatvecChunkRuns * 36 + kMatvecSimds * kMatvecRows) * 4;  // the most
+constexpr int kMatvecSharedBytes = (kMatvecChunkRuns * 36 + kMatvecSimds * kMatvecRows * 2) * 4;  // the most
 constexpr int kTokensSimds = 4;
 constexpr int kTokensRows = 2;
 constexpr int kTokensPerPass = 8;  // tokens that reuse one decoded run of weights
@@ -60,11 +62,13 @@ constexpr int kEmbedThreads = 128;
 #define KCAP_CUDA_DECLARE_FORMAT_LAUNCHERS(NAME, DECODER)                   \
     void kcap_cuda_matmul_##NAME(const Stage& stage, const KernelCall& call);     \
     void kcap_cuda_matmul_mma_##NAME(const Stage& stage, const KernelCall& call); \
-    void kcap_cuda_embed_##NAME(const Stage& stage, const KernelCall& call);
+    void kcap_cuda_embed_##NAME(const Stage& stage, const KernelCall& call);         \
+    void kcap_cuda_gate_up_##NAME(const Stage& stage, const KernelCall& call);
 KCAP_WEIGHT_FORMATS(KCAP_CUDA_DECLARE_FORMAT_LAUNCHERS)
 #undef KCAP_CUDA_DECLARE_FORMAT_LAUNCHERS
 
 void kcap_cuda_norm(const Stage& stage, const KernelCall& call);
+void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call);
 void kcap_cuda_rope(const Stage& stage, const KernelCall& call);
 void kcap_cuda_attention(const Stage& stage, const KernelCall& call);
 void kcap_cuda_ffn_activation(const Stage& stage, const KernelCall& call);

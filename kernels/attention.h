@@ -70,11 +70,24 @@ KCAP_FN void kcap_attend_range(const KcapThread t, const KcapAttentionParams p, 
                            q[d + 2] * kcap_kv_round(k.z, p.kv_f16) + q[d + 3] * kcap_kv_round(k.w, p.kv_f16);
                 }
             } else {
+                // Eight loads in flight per lane: each lane walks its own key's row, so a
+                // one-at-a-time loop would wait out the memory latency head_dim / 4 times.
                 const kcap_u64 row = kcap_u64(j) * p.k_width + k_head;
-                for (int d = 0; d < p.head_dim; d += 4) {
-                    const float4 k = kcap_kv_load4(k_cache, row + d, p.kv_f16);
-                    dot += q[d] * k.x + q[d + 1] * k.y + q[d + 2] * k.z + q[d + 3] * k.w;
+                float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                int d = 0;
+                for (; d + 32 <= p.head_dim; d += 32) {
+                    float4 k[8];
+                    KCAP_UNROLL for (int u = 0; u < 8; ++u) k[u] = kcap_kv_load4(k_cache, row + d + 4 * u, p.kv_f16);
+                    KCAP_UNROLL for (int u = 0; u < 8; ++u) {
+                        const int e = d + 4 * u;
+                        part[u] += q[e] * k[u].x + q[e + 1] * k[u].y + q[e + 2] * k[u].z + q[e + 3] * k[u].w;
+                    }
                 }
+                for (; d < p.head_dim; d += 4) {
+                    const float4 k = kcap_kv_load4(k_cache, row + d, p.kv_f16);
+                    part[0] += q[d] * k.x + q[d + 1] * k.y + q[d + 2] * k.z + q[d + 3] * k.w;
+                }
+                dot = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
             }
             s = dot * p.scale;
             if (p.softcap > 0.0f) s = p.softcap * kcap_tanh(s / p.softcap);
@@ -85,19 +98,26 @@ KCAP_FN void kcap_attend_range(const KcapThread t, const KcapAttentionParams p, 
         l = l * correction + kcap_simd_sum(weight);
         KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) o[i] *= correction;
         const int count = end - base < KCAP_SIMD_WIDTH ? end - base : KCAP_SIMD_WIDTH;
-        for (int jj = 0; jj < count; ++jj) {
-            const float w = kcap_simd_broadcast(weight, jj);
-            const int key = base + jj;
-            if (key == fresh_pos) {
+        // Values: four keys' rows loaded before any is used (loads in flight, not one key's
+        // latency after another); the fresh key's row comes from v_fresh.
+        for (int jj0 = 0; jj0 < count; jj0 += 4) {
+            float vals[4][KCAP_ATTN_VALUES_PER_LANE];
+            KCAP_UNROLL for (int u = 0; u < 4; ++u) {
+                const int key = base + jj0 + u;
+                const bool live = jj0 + u < count;
+                const kcap_u64 row = kcap_u64(live && key != fresh_pos ? key : 0) * p.v_width + v_head;
                 KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) {
                     const int d = int(t.lane) + KCAP_SIMD_WIDTH * i;
-                    if (d < p.head_dim_v) o[i] += w * kcap_kv_round(v_fresh[d], p.kv_f16);
+                    vals[u][i] = 0.0f;
+                    if (d < p.head_dim_v && live)
+                        vals[u][i] = key == fresh_pos ? kcap_kv_round(v_fresh[d], p.kv_f16)
+                                                      : kcap_kv_load(v_cache, row + d, p.kv_f16);
                 }
-            } else {
-                const kcap_u64 row = kcap_u64(key) * p.v_width + v_head;
-                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) {
-                    const int d = int(t.lane) + KCAP_SIMD_WIDTH * i;
-                    if (d < p.head_dim_v) o[i] += w * kcap_kv_load(v_cache, row + d, p.kv_f16);
+            }
+            KCAP_UNROLL for (int u = 0; u < 4; ++u) {
+                const float w = kcap_simd_broadcast(weight, (jj0 + u) & (KCAP_SIMD_WIDTH - 1));
+                if (jj0 + u < count) {
+                    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) o[i] += w * vals[u][i];
                 }
             }
         }

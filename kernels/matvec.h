@@ -14,30 +14,40 @@
 // meet in threadgroup memory at the end. Exact up to summation order, like kcap_matvec.
 #pragma once
 
+#include "kernels/activation.h"
 #include "kernels/matmul.h"
 
 #define KCAP_MATVEC_RUN_STRIDE 36  // floats per staged run: 32 + 4 of padding
 
-// Floats of threadgroup memory for chunks of chunk_runs runs and simds * ROWS partials.
-KCAP_FN int kcap_matvec_staged_floats(int chunk_runs, int simds, int rows) {
-    return chunk_runs * KCAP_MATVEC_RUN_STRIDE + simds * rows;
+// Floats of threadgroup memory for chunks of chunk_runs runs and simds * sums partials.
+KCAP_FN int kcap_matvec_staged_floats(int chunk_runs, int simds, int sums) {
+    return chunk_runs * KCAP_MATVEC_RUN_STRIDE + simds * sums;
 }
 
-// Grid: x = ceil(n / ((simds / split) * ROWS)), y = 1. chunk_runs: runs staged at a time
-// (a multiple of 32 * split, or at least k / 32).
-template <class F, int ROWS>
+// What a staged matvec writes per output row: y = W x (+ bias), or the gated FFN
+// activation act(W_gate x) * (W_up x) of two matrices with the same format and shape.
+#define KCAP_MATVEC_PLAIN 0
+#define KCAP_MATVEC_GATE_UP 1
+
+// Grid: x = ceil(n / ((simds / split) * ROWS)), y = 1. chunk_runs: runs staged at a time.
+// MODE KCAP_MATVEC_PLAIN: w0 and bias; KCAP_MATVEC_GATE_UP: w0 = gate, w1 = up (same row
+// bytes), `activation` as in kcap_activate. shared: kcap_matvec_staged_floats(chunk_runs,
+// simds, ROWS * (MODE == KCAP_MATVEC_GATE_UP ? 2 : 1)) floats.
+template <class F, int ROWS, int MODE>
 KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, int split, int chunk_runs,
-                                const KCAP_GLOBAL kcap_u8* w, const KCAP_GLOBAL float* x,
-                                const KCAP_GLOBAL float* bias, KCAP_GLOBAL float* y, KCAP_SHARED float* shared) {
+                                const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
+                                const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* bias, int activation,
+                                KCAP_GLOBAL float* y, KCAP_SHARED float* shared) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
+    constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
     KCAP_SHARED float* xs = shared;
     KCAP_SHARED float* partials = shared + chunk_runs * KCAP_MATVEC_RUN_STRIDE;
     const int team = int(t.simd) / split, part = int(t.simd) % split;
     const int teams = int(t.simds) / split;
     const int row0 = (int(t.group_x) * teams + team) * ROWS;
     const int runs = p.k / 32;
-    float acc[ROWS];
-    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[j] = 0.0f;
+    float acc[kMats][ROWS];
+    KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = 0.0f;
     for (int chunk0 = 0; chunk0 < runs; chunk0 += chunk_runs) {
         const int chunk_end = chunk0 + chunk_runs < runs ? chunk0 + chunk_runs : runs;
         if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
@@ -54,32 +64,39 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, in
                 const KCAP_SHARED float* from = xs + (run - chunk0) * KCAP_MATVEC_RUN_STRIDE;
                 KCAP_UNROLL for (int i = 0; i < 32; ++i) xv[i] = from[i];
                 const unsigned block_offset = unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
-                KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
-                    if (row0 + j < p.n) {
-                        float wv[32];
-                        F::decode32(w + kcap_u64(row0 + j) * p.row_bytes + block_offset, run % kRunsPerBlock, wv);
-                        acc[j] += kcap_dot32(wv, xv);
+                KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) {
+                    const KCAP_GLOBAL kcap_u8* w = mat == 0 ? w0 : w1;
+                    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+                        if (row0 + j < p.n) {
+                            float wv[32];
+                            F::decode32(w + kcap_u64(row0 + j) * p.row_bytes + block_offset, run % kRunsPerBlock, wv);
+                            acc[mat][j] += kcap_dot32(wv, xv);
+                        }
                     }
                 }
             }
         }
     }
-    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[j] = kcap_simd_sum(acc[j]);
-    if (split == 1) {
+    KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = kcap_simd_sum(acc[mat][j]);
+    if (split > 1) {  // uniform over the group: every thread reaches the barrier or none does
         if (t.lane == 0) {
-            KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
-                if (row0 + j < p.n) y[row0 + j] = p.has_bias ? acc[j] + bias[row0 + j] : acc[j];
+            KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
+                partials[(int(t.simd) * kMats + mat) * ROWS + j] = acc[mat][j];
         }
-        return;
+        kcap_barrier();
+        if (part != 0) return;
+        KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+            float total = 0.0f;
+            for (int s = 0; s < split; ++s) total += partials[((team * split + s) * kMats + mat) * ROWS + j];
+            acc[mat][j] = total;
+        }
     }
-    if (t.lane == 0) {
-        KCAP_UNROLL for (int j = 0; j < ROWS; ++j) partials[int(t.simd) * ROWS + j] = acc[j];
-    }
-    kcap_barrier();
-    if (part == 0 && int(t.lane) < ROWS && row0 + int(t.lane) < p.n) {
-        const int j = int(t.lane);
-        float total = 0.0f;
-        for (int s = 0; s < split; ++s) total += partials[(team * split + s) * ROWS + j];
-        y[row0 + j] = p.has_bias ? total + bias[row0 + j] : total;
+    if (t.lane != 0) return;
+    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+        if (row0 + j >= p.n) continue;
+        if (MODE == KCAP_MATVEC_GATE_UP)
+            y[row0 + j] = kcap_activate(activation, acc[0][j]) * acc[kMats - 1][j];
+        else
+            y[row0 + j] = p.has_bias ? acc[0][j] + bias[row0 + j] : acc[0][j];
     }
 }

@@ -24,6 +24,21 @@ struct KcapNormParams {
     int has_bias;
 };
 
+// Fused residual add and norm (add_norm), one group per token row of `width`:
+//   r = residual + scale * (has_post ? post_norm(branch) : branch);  residual = r;  normed = norm(r)
+// Both norms are of one kind (RMS or Layer); each has an optional weight and bias.
+struct KcapAddNormParams {
+    int width;
+    float eps;
+    float scale;
+    int layer_norm;
+    int has_post;
+    int has_post_weight;
+    int has_post_bias;
+    int has_weight;
+    int has_bias;
+};
+
 // Rotary embedding of Q and K in place; cos/sin come from a table [n_ctx][rope_dim / 2][2]
 // made on the host in double precision (the CPU reference's angles, bit for bit).
 struct KcapRopeParams {

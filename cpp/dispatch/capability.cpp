@@ -39,6 +39,8 @@ const char* op_name(Op op) {
         case Op::Argmax: return "argmax";
         case Op::PerLayerEmbed: return "per_layer_embed";
         case Op::PerLayerGate: return "per_layer_gate";
+        case Op::AddNorm: return "add_norm";
+        case Op::GateUp: return "gate_up";
     }
     return "?";
 }
@@ -56,7 +58,7 @@ std::string feature_names(uint32_t features) {
         {kEmbedScale, "embed_scale"},   {kPositionEmbedding, "position_embedding"},
         {kResidualScale, "residual_scale"}, {kParameterFreeNorm, "parameter_free_norm"},
         {kPerLayerEmbedding, "per_layer_embedding"}, {kLayerOutputScale, "layer_output_scale"},
-        {kKvShared, "kv_shared"},
+        {kKvShared, "kv_shared"},       {kPostNorm, "post_norm"},
     };
     std::string out;
     for (const auto& [bit, name] : names) {

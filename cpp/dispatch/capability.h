@@ -35,6 +35,11 @@ enum class Op {
     Argmax,
     PerLayerEmbed,    // per-layer embeddings of each token: table rows + normed projection (PLE)
     PerLayerGate,     // act(gate) * this layer's slice of the per-layer embeddings
+    // Fused stages (issue 3): the planner forms them from the stages above only where the
+    // backend has a row for the fused op (it never fuses for a backend that lacks one), so the
+    // unfused and fused plans compute the same thing.
+    AddNorm,          // residual += scale * [post_norm](branch); normed = norm(residual)
+    GateUp,           // act(W_gate x) * (W_up x): the gate and up matmuls and the gated activation
 };
 const char* op_name(Op op);
 
@@ -64,6 +69,7 @@ enum Feature : uint32_t {
     kPerLayerEmbedding = 1u << 20,
     kLayerOutputScale = 1u << 21,
     kKvShared = 1u << 22,  // attention reads another layer's KV cache and stores none
+    kPostNorm = 1u << 23,  // add_norm: the branch output is normed (own weight) before the add
 };
 std::string feature_names(uint32_t features);  // "sliding_window,softcap"
 

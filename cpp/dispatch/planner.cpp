@@ -35,7 +35,11 @@ std::string describe_formats(const Stage& stage) {
     for (size_t i = 0; i < stage.operands.size(); ++i) {
         const TensorRef* operand = stage.operands[i];
         if (!operand) continue;
-        const char* role = stage.op == Op::Norm ? norm_roles[std::min<size_t>(i, 1)]
+        static const char* add_norm_roles[] = {"post_weight", "post_bias", "weight", "bias"};
+        static const char* gate_up_roles[] = {"W_gate", "W_up"};
+        const char* role = stage.op == Op::Norm      ? norm_roles[std::min<size_t>(i, 1)]
+                           : stage.op == Op::AddNorm ? add_norm_roles[std::min<size_t>(i, 3)]
+                           : stage.op == Op::GateUp  ? gate_up_roles[std::min<size_t>(i, 1)]
                            : stage.op == Op::Rope ? "freq_factors"
                            : stage.op == Op::PerLayerEmbed ? (i == 0 ? "table" : i == 1 ? "proj" : "norm")
                                                   : matmul_roles[std::min<size_t>(i, 1)];
@@ -49,7 +53,8 @@ std::string describe_formats(const Stage& stage) {
 std::string describe_dims(const Stage& stage) {
     std::ostringstream out;
     switch (stage.op) {
-        case Op::MatMul: out << "K=" << stage.k << " N=" << stage.n; break;
+        case Op::MatMul:
+        case Op::GateUp: out << "K=" << stage.k << " N=" << stage.n; break;
         case Op::Norm: out << "n=" << stage.k << " groups=" << stage.groups; break;
         case Op::PerLayerEmbed: out << "K=" << stage.k << " N=" << stage.n << " layers=" << stage.groups; break;
         case Op::Rope:
@@ -386,9 +391,10 @@ private:
     std::vector<Stage> stages_;
 };
 
-const Row* route(const Stage& stage, const PlanOptions& options) {
+// The highest-priority row of the backend that fits the stage, or null; each rejected
+// candidate's reason goes to `rejections`.
+const Row* best_row(const Stage& stage, const PlanOptions& options, std::ostringstream& rejections) {
     const Row* best = nullptr;
-    std::ostringstream rejections;
     for (const Row& row : capability_table()) {
         if (row.op != stage.op || row.backend != options.backend) continue;
         std::string why;
@@ -403,7 +409,12 @@ const Row* route(const Stage& stage, const PlanOptions& options) {
             rejections << "\n  " << row.kernel << ": " << why;
         }
     }
-    if (best) return best;
+    return best;
+}
+
+const Row* route(const Stage& stage, const PlanOptions& options) {
+    std::ostringstream rejections;
+    if (const Row* best = best_row(stage, options, rejections)) return best;
     std::ostringstream message;
     message << (stage.layer >= 0 ? "layer " + std::to_string(stage.layer) : std::string("model")) << " stage '"
             << stage.name << "' (" << op_name(stage.op) << "): no " << backend_name(options.backend)
@@ -412,6 +423,104 @@ const Row* route(const Stage& stage, const PlanOptions& options) {
     std::string listed = rejections.str();
     message << (listed.empty() ? std::string("\n  (no row implements this op on this backend)") : listed);
     throw RoutingError(message.str());
+}
+
+// --- Fusion --------------------------------------------------------------------------------
+// A few stage sequences have fused ops (Op::AddNorm, Op::GateUp). A sequence is replaced by
+// its fused stage only where a row of the plan's backend fits that stage (formats, dims,
+// features, exclusions); elsewhere the stages stay as they are. Both forms compute the same
+// values, so fusing is a choice of kernels, never of semantics; excluding the fused rows
+// (PlanOptions::excluded_kernels) gives the unfused plan.
+
+bool is_row_norm(const Stage& s, Buffer in, Buffer out) {
+    return s.op == Op::Norm && s.groups == 1 && s.input == in && s.output == out;
+}
+
+bool fits(const Stage& stage, const PlanOptions& options) {
+    std::ostringstream ignored;
+    return best_row(stage, options, ignored) != nullptr;
+}
+
+uint32_t norm_kind_features(const Stage& norm) { return norm.features & (kRmsNorm | kLayerNorm); }
+
+// [post_norm(proj -> proj)] + add(residual += scale * proj) + norm(residual -> normed)
+// -> add_norm. Returns the stages consumed (0: no fusion here).
+size_t fuse_add_norm(const std::vector<Stage>& stages, size_t i, const PlanOptions& options, Stage& fused) {
+    size_t j = i;
+    const Stage* post = nullptr;
+    if (is_row_norm(stages[j], Buffer::Proj, Buffer::Proj)) post = &stages[j++];
+    if (j + 1 >= stages.size()) return 0;
+    const Stage& add = stages[j];
+    const Stage& norm = stages[j + 1];
+    if (add.op != Op::Add || add.input != Buffer::Residual || add.input2 != Buffer::Proj ||
+        add.output != Buffer::Residual || add.last_token_only)
+        return 0;
+    if (!is_row_norm(norm, Buffer::Residual, Buffer::Normed) || norm.k != add.n) return 0;
+    if (post && (norm_kind_features(*post) != norm_kind_features(norm) || post->params.eps != norm.params.eps ||
+                 post->k != add.n))
+        return 0;
+    fused = Stage();
+    fused.layer = add.layer;
+    fused.name = (post ? post->name + "+" : std::string()) + add.name + "+" + norm.name;
+    fused.op = Op::AddNorm;
+    fused.operands = {post ? post->operands[0] : nullptr, post ? post->operands[1] : nullptr, norm.operands[0],
+                      norm.operands[1]};
+    fused.input = Buffer::Residual;
+    fused.input2 = Buffer::Proj;
+    fused.output = Buffer::Normed;
+    fused.k = fused.n = add.n;
+    fused.params.eps = norm.params.eps;
+    fused.params.scale = add.params.scale;
+    fused.features = add.features | norm.features | (post ? post->features | uint32_t(kPostNorm) : 0u);
+    if (!fits(fused, options)) return 0;
+    return j + 2 - i;
+}
+
+// matmul(normed -> gate) + matmul(normed -> up) + gated activation(gate, up -> act) -> gate_up.
+size_t fuse_gate_up(const std::vector<Stage>& stages, size_t i, const PlanOptions& options, Stage& fused) {
+    if (i + 2 >= stages.size()) return 0;
+    const Stage& gate = stages[i];
+    const Stage& up = stages[i + 1];
+    const Stage& act = stages[i + 2];
+    auto plain_matmul = [](const Stage& s, Buffer out) {
+        return s.op == Op::MatMul && s.input == Buffer::Normed && s.output == out && !s.last_token_only &&
+               (s.operands.size() < 2 || !s.operands[1]);
+    };
+    if (!plain_matmul(gate, Buffer::Gate) || !plain_matmul(up, Buffer::Up)) return 0;
+    if (act.op != Op::FfnActivation || !(act.features & kGated) || act.input != Buffer::Gate ||
+        act.input2 != Buffer::Up || gate.k != up.k || gate.n != up.n || act.n != gate.n)
+        return 0;
+    fused = Stage();
+    fused.layer = gate.layer;
+    fused.name = gate.name + "+" + up.name + "+" + act.name;
+    fused.op = Op::GateUp;
+    fused.operands = {gate.operands[0], up.operands[0]};
+    fused.input = Buffer::Normed;
+    fused.input2 = Buffer::Gate;  // scratch of the batched (prefill) path
+    fused.input3 = Buffer::Up;
+    fused.output = act.output;
+    fused.k = gate.k;
+    fused.n = gate.n;
+    fused.params.activation = act.params.activation;
+    fused.features = act.features;
+    if (!fits(fused, options)) return 0;
+    return 3;
+}
+
+std::vector<Stage> fuse_stages(const std::vector<Stage>& stages, const PlanOptions& options) {
+    std::vector<Stage> out;
+    for (size_t i = 0; i < stages.size();) {
+        Stage fused;
+        size_t used = fuse_add_norm(stages, i, options, fused);
+        if (!used) used = fuse_gate_up(stages, i, options, fused);
+        if (used) {
+            out.push_back(std::move(fused));
+            i += used;
+        } else {
+            out.push_back(stages[i++]);
+        }
+    }
+    return out;
 }
 
 }  // namespace
@@ -435,10 +544,15 @@ Plan make_plan(const ModelSpec& spec, const PlanOptions& in_options) {
         auto& width = plan.buffer_widths[static_cast<size_t>(b)];
         width = std::max(width, w);
     };
-    for (Stage& stage : build_stages(spec, plan.options)) {
+    for (Stage& stage : fuse_stages(build_stages(spec, plan.options), plan.options)) {
         const Row* row = route(stage, plan.options);
-        widen(stage.input, stage.op == Op::MatMul || stage.op == Op::PerLayerEmbed ? stage.k : stage.n);
-        if (stage.op == Op::Add || stage.op == Op::FfnActivation) widen(stage.input2, stage.n);
+        widen(stage.input, stage.op == Op::MatMul || stage.op == Op::PerLayerEmbed || stage.op == Op::GateUp
+                               ? stage.k
+                               : stage.n);
+        if (stage.op == Op::Add || stage.op == Op::FfnActivation || stage.op == Op::AddNorm ||
+            stage.op == Op::GateUp)
+            widen(stage.input2, stage.n);
+        if (stage.op == Op::GateUp) widen(stage.input3, stage.n);
         if (stage.op == Op::PerLayerGate) widen(stage.input2, stage.k);
         widen(stage.output, stage.n);
         plan.stages.push_back({std::move(stage), row});

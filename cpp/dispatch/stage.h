@@ -75,7 +75,9 @@ struct KernelCall {
     const float* in2 = nullptr;
     const float* in3 = nullptr;
     float* out = nullptr;
-    float* inout2 = nullptr;  // rope: the K buffer rotated alongside Q
+    float* inout2 = nullptr;  // rope: the K buffer rotated alongside Q; add_norm: the residual
+                              // (read and written); gate_up: gate scratch
+    float* inout3 = nullptr;  // gate_up: up scratch
     void* backend_state = nullptr;  // the backend's own context (thread pool, KV cache)
     // Added for the CUDA backend (issue 3): what the backend bound to this stage at load time
     // (device copies of its operands, a rope table, the attention split count); null on cpu.

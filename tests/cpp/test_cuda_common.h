@@ -181,6 +181,14 @@ inline const Row& cpu_twin(const Row& cuda_row) {
     throw std::runtime_error("no CPU twin for " + cuda_row.kernel);
 }
 
+// The CPU matmul row of a weight format.
+inline const Row& cpu_matmul_row(Format f) {
+    for (const Row& row : capability_table())
+        if (row.backend == Backend::CPU && row.op == Op::MatMul && row.operand_formats.at(0) == std::vector<Format>{f})
+            return row;
+    throw std::runtime_error(std::string("no CPU matmul row for ") + format_name(f));
+}
+
 // The weight format a matmul/embed row decodes.
 inline Format row_format(const Row& row) { return row.operand_formats.at(0).at(0); }
 
@@ -209,6 +217,73 @@ inline Stage matmul_stage(const TensorRef* w, const TensorRef* bias, int64_t k, 
 inline void run_cpu(const Row& row, const Stage& stage, KernelCall call, CpuState& state) {
     call.backend_state = &state;
     row.fn(stage, call);
+}
+
+// References of the fused rows, composed of the CPU rows of the stages they replace.
+
+// add_norm: residual (in place) += scale * [post_norm](branch); returns norm(residual).
+// stage: the fused stage (operands post weight, post bias, weight, bias; features).
+inline std::vector<float> cpu_add_norm(const Stage& fused, int tokens, std::vector<float>& residual,
+                                       std::vector<float> branch, CpuState& cpu) {
+    const uint32_t kind = fused.features & (kRmsNorm | kLayerNorm);
+    auto norm_stage = [&](const TensorRef* w, const TensorRef* b) {
+        Stage s;
+        s.op = Op::Norm;
+        s.operands = {w, b};
+        s.k = s.n = fused.n;
+        s.params.eps = fused.params.eps;
+        s.features = kind | (b ? uint32_t(kBias) : 0u) | (w ? 0u : uint32_t(kParameterFreeNorm));
+        return s;
+    };
+    KernelCall call;
+    call.n_tokens = tokens;
+    if (fused.features & kPostNorm) {
+        std::vector<float> normed_branch(branch.size());
+        call.in = branch.data();
+        call.out = normed_branch.data();
+        run_cpu(find_row("cpu.norm"), norm_stage(fused.operands[0], fused.operands[1]), call, cpu);
+        branch = normed_branch;
+    }
+    Stage add;
+    add.op = Op::Add;
+    add.k = add.n = fused.n;
+    add.params.scale = fused.params.scale;
+    std::vector<float> sum(residual.size());
+    call.in = residual.data();
+    call.in2 = branch.data();
+    call.out = sum.data();
+    run_cpu(find_row("cpu.add"), add, call, cpu);
+    residual = sum;
+    std::vector<float> normed(residual.size());
+    call.in = residual.data();
+    call.in2 = nullptr;
+    call.out = normed.data();
+    run_cpu(find_row("cpu.norm"), norm_stage(fused.operands[2], fused.operands[3]), call, cpu);
+    return normed;
+}
+
+// gate_up: act(W_gate x) * (W_up x) through the CPU matmul row of the format and cpu.ffn_activation.
+inline std::vector<float> cpu_gate_up(const Row& cpu_matmul, const TensorRef& gate, const TensorRef& up,
+                                      const std::vector<float>& x, int64_t k, int64_t n, int m, Activation act,
+                                      CpuState& cpu) {
+    std::vector<float> g(size_t(m * n)), u(size_t(m * n)), out(size_t(m * n));
+    KernelCall call;
+    call.n_tokens = m;
+    call.in = x.data();
+    call.out = g.data();
+    run_cpu(cpu_matmul, matmul_stage(&gate, nullptr, k, n), call, cpu);
+    call.out = u.data();
+    run_cpu(cpu_matmul, matmul_stage(&up, nullptr, k, n), call, cpu);
+    Stage s;
+    s.op = Op::FfnActivation;
+    s.k = s.n = n;
+    s.params.activation = act;
+    s.features = kGated;
+    call.in = g.data();
+    call.in2 = u.data();
+    call.out = out.data();
+    run_cpu(find_row("cpu.ffn_activation"), s, call, cpu);
+    return out;
 }
 
 }  // namespace kcap_test

@@ -37,6 +37,7 @@ namespace {
 
 constexpr double kExactTolerance = 2e-6;
 constexpr double kMatmulTolerance = 1e-5;
+constexpr double kGateUpTolerance = 1e-5;  // relative L2 of act(g) * u; g, u exact up to summation order
 constexpr double kAttentionTolerance = 1e-5;
 
 unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
@@ -129,9 +130,9 @@ void test_matmul_rows(std::mt19937& rng, CpuState& cpu) {
                                                          const int runs = int(k / 32);
                                                          const int chunk = std::min(
                                                              runs, split == 2 ? 32 : kcap::cuda_rows::kMatvecChunkRuns);
-                                                         kcap_matvec_staged<F, kMatvecRows>(
-                                                             t, p, split, chunk, w->ref.data, x.data(), b, got.data(),
-                                                             static_cast<float*>(shared));
+                                                         kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_PLAIN>(
+                                                             t, p, split, chunk, w->ref.data, w->ref.data, x.data(), b,
+                                                             0, got.data(), static_cast<float*>(shared));
                                                      });
                                 }
                             } else {
@@ -472,6 +473,83 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
 
 // Every CUDA row is declared (also where CUDA is not compiled in), and routes are refused
 // just past each row's legal dims.
+// The fused rows' bodies against the CPU rows of the stages they replace.
+void test_add_norm(std::mt19937& rng, CpuState& cpu) {
+    int checked = 0;
+    for (int64_t width : {64, 640, 1000})
+        for (bool layer : {false, true})
+            for (bool post : {false, true})
+                for (float scale : {1.0f, 0.3f}) {
+                    const int tokens = 3;
+                    auto post_w = float_vector(random_floats(rng, size_t(width)), "pw");
+                    auto w = float_vector(random_floats(rng, size_t(width)), "w");
+                    auto b = float_vector(random_floats(rng, size_t(width)), "b");
+                    Stage stage;
+                    stage.op = Op::AddNorm;
+                    stage.operands = {post ? &post_w->ref : nullptr, nullptr, &w->ref, layer ? &b->ref : nullptr};
+                    stage.k = stage.n = width;
+                    stage.params.eps = 1e-6f;
+                    stage.params.scale = scale;
+                    stage.features = (layer ? kLayerNorm | kBias : kRmsNorm) | (post ? kPostNorm : 0u) |
+                                     (scale != 1.0f ? kResidualScale : 0u);
+                    std::vector<float> residual = random_floats(rng, size_t(tokens * width), 8.0f);
+                    const std::vector<float> branch = random_floats(rng, size_t(tokens * width), 3.0f);
+                    std::vector<float> got_residual = residual, got = nan_filled(residual.size());
+                    const std::vector<float> ref = cpu_add_norm(stage, tokens, residual, branch, cpu);
+                    KcapAddNormParams p;
+                    p.width = int(width), p.eps = 1e-6f, p.scale = scale, p.layer_norm = layer, p.has_post = post;
+                    p.has_post_weight = post, p.has_post_bias = 0, p.has_weight = 1, p.has_bias = layer;
+                    kcap_sim::launch({unsigned(tokens), 1, 1}, 256, 32 * 8, [&](const KcapThread& t, void* shared) {
+                        kcap_add_norm(t, p, got_residual.data(), branch.data(),
+                                      reinterpret_cast<const float*>(post_w->ref.data), nullptr,
+                                      reinterpret_cast<const float*>(w->ref.data),
+                                      reinterpret_cast<const float*>(b->ref.data), got.data(), static_cast<float*>(shared));
+                    });
+                    const double err = std::max(relative_error(got, ref), relative_error(got_residual, residual));
+                    KCAP_EXPECT(err <= kExactTolerance, "cuda.add_norm width=%lld layer=%d post=%d scale=%g: error %.3g",
+                                (long long)width, int(layer), int(post), double(scale), err);
+                    ++checked;
+                }
+    std::printf("add_norm body: %d cases\n", checked);
+}
+
+void test_gate_up(std::mt19937& rng, CpuState& cpu) {
+    int checked = 0;
+    for (const Row& row : capability_table()) {
+        if (row.backend != Backend::CUDA || row.op != Op::GateUp) continue;
+        const Format f = row_format(row);
+        with_decoder(f, [&](auto decoder) {
+            using F = decltype(decoder);
+            for (int64_t k : k_edges(row, 4096))
+                for (int64_t n : {1, 37})
+                    for (Activation act : {Activation::SiLU, Activation::GeluTanh}) {
+                        auto gate = random_weights(rng, f, k, n);
+                        auto up = random_weights(rng, f, k, n);
+                        const std::vector<float> x = random_floats(rng, size_t(k));
+                        const std::vector<float> ref =
+                            cpu_gate_up(cpu_matmul_row(f), gate->ref, up->ref, x, k, n, 1, act, cpu);
+                        KcapMatmulParams p;
+                        p.k = int(k), p.n = int(n), p.m = 1, p.row_bytes = unsigned(row_bytes(f, k)), p.has_bias = 0;
+                        for (int split : {1, 4}) {
+                            std::vector<float> got = nan_filled(size_t(n));
+                            const int chunk = std::min(int(k / 32), split == 4 ? 32 : kcap::cuda_rows::kMatvecChunkRuns);
+                            kcap_sim::launch({ceil_div(n, (kMatvecSimds / split) * kMatvecRows), 1, 1}, kMatvecSimds * 32,
+                                             kcap::cuda_rows::kMatvecSharedBytes, [&](const KcapThread& t, void* shared) {
+                                                 kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_GATE_UP>(
+                                                     t, p, split, chunk, gate->ref.data, up->ref.data, x.data(), nullptr,
+                                                     int(act), got.data(), static_cast<float*>(shared));
+                                             });
+                            const double err = relative_error(got, ref);
+                            KCAP_EXPECT(err <= kGateUpTolerance, "%s K=%lld N=%lld %s split=%d: error %.3g",
+                                        row.kernel.c_str(), (long long)k, (long long)n, activation_name(act), split, err);
+                            ++checked;
+                        }
+                    }
+        });
+    }
+    std::printf("gate_up bodies: %d cases\n", checked);
+}
+
 void test_table() {
     int rows = 0;
     for (const Row& row : capability_table()) {
@@ -528,6 +606,8 @@ int main() {
     test_matmul_rows(rng, cpu);
     test_embed_rows(rng, cpu);
     test_norm(rng, cpu);
+    test_add_norm(rng, cpu);
+    test_gate_up(rng, cpu);
     test_rope(rng, cpu);
     test_elementwise(rng, cpu);
     test_argmax(rng);

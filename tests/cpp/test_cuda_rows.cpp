@@ -391,6 +391,88 @@ void test_elementwise(std::mt19937& rng, CpuState& cpu) {
     }
 }
 
+// Fused rows against the CPU rows of the stages they replace.
+void test_add_norm(std::mt19937& rng, CpuState& cpu) {
+    const Row& row = find_row("cuda.add_norm");
+    for (int64_t width : {64, 640, 1000, 4096})
+        for (int tokens : {1, 5})
+            for (bool layer : {false, true})
+                for (bool post : {false, true}) {
+                    TestContext t;
+                    auto post_w = float_vector(random_floats(rng, size_t(width)), "pw");
+                    auto w = float_vector(random_floats(rng, size_t(width)), "w");
+                    auto b = float_vector(random_floats(rng, size_t(width)), "b");
+                    Stage stage;
+                    stage.op = Op::AddNorm;
+                    stage.operands = {post ? &post_w->ref : nullptr, nullptr, &w->ref, layer ? &b->ref : nullptr};
+                    stage.k = stage.n = width;
+                    stage.params.eps = 1e-6f;
+                    stage.params.scale = layer ? 0.4f : 1.0f;
+                    stage.features = (layer ? kLayerNorm | kBias | kResidualScale : kRmsNorm) | (post ? kPostNorm : 0u);
+                    std::vector<float> residual = random_floats(rng, size_t(tokens * width), 8.0f);
+                    const std::vector<float> branch = random_floats(rng, size_t(tokens * width), 3.0f);
+                    float* d_residual = t.arena.upload(residual);
+                    const std::vector<float> ref = cpu_add_norm(stage, tokens, residual, branch, cpu);
+                    StageData data;
+                    data.operands[0] = post ? t.arena.upload_bytes(post_w->ref.data, post_w->ref.nbytes) : nullptr;
+                    data.operands[2] = t.arena.upload_bytes(w->ref.data, w->ref.nbytes);
+                    data.operands[3] = layer ? t.arena.upload_bytes(b->ref.data, b->ref.nbytes) : nullptr;
+                    float* out = static_cast<float*>(t.arena.alloc(ref.size() * 4));
+                    KernelCall call;
+                    call.n_tokens = tokens;
+                    call.in = d_residual;
+                    call.inout2 = d_residual;
+                    call.in2 = t.arena.upload(branch);
+                    call.out = out;
+                    t.run(row, stage, call, data);
+                    const double err = std::max(relative_error(download(out, ref.size()), ref),
+                                                relative_error(download(d_residual, residual.size()), residual));
+                    KCAP_EXPECT(err <= kExactTolerance, "cuda.add_norm width=%lld tokens=%d layer=%d post=%d: error %.3g",
+                                (long long)width, tokens, int(layer), int(post), err);
+                    ++g_cases;
+                }
+}
+
+void test_gate_up(std::mt19937& rng, CpuState& cpu) {
+    for (const Row& row : capability_table()) {
+        if (row.backend != Backend::CUDA || row.op != Op::GateUp) continue;
+        const Format f = row_format(row);
+        for (int64_t k : k_edges(row, 4096))
+            for (int64_t n : {7, 130})
+                for (int m : {1, 3, 17, 67}) {
+                    TestContext t;
+                    auto gate = random_weights(rng, f, k, n);
+                    auto up = random_weights(rng, f, k, n);
+                    const std::vector<float> x = random_floats(rng, size_t(m * k));
+                    const std::vector<float> ref =
+                        cpu_gate_up(cpu_matmul_row(f), gate->ref, up->ref, x, k, n, m, Activation::SiLU, cpu);
+                    Stage stage;
+                    stage.op = Op::GateUp;
+                    stage.operands = {&gate->ref, &up->ref};
+                    stage.k = k;
+                    stage.n = n;
+                    stage.params.activation = Activation::SiLU;
+                    stage.features = kSilu | kGated;
+                    StageData data;
+                    data.operands[0] = t.arena.upload_bytes(gate->ref.data, gate->ref.nbytes);
+                    data.operands[1] = t.arena.upload_bytes(up->ref.data, up->ref.nbytes);
+                    float* out = static_cast<float*>(t.arena.alloc(ref.size() * 4));
+                    KernelCall call;
+                    call.n_tokens = m;
+                    call.in = t.arena.upload(x);
+                    call.out = out;
+                    call.inout2 = static_cast<float*>(t.arena.alloc(ref.size() * 4));
+                    call.inout3 = static_cast<float*>(t.arena.alloc(ref.size() * 4));
+                    t.run(row, stage, call, data);
+                    const double tolerance = m >= cuda_rows::kMmaMinTokens ? kMmaTolerance : kExactTolerance;
+                    const double err = relative_error(download(out, ref.size()), ref);
+                    KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d: error %.3g > %.1g", row.kernel.c_str(),
+                                (long long)k, (long long)n, m, err, tolerance);
+                    ++g_cases;
+                }
+    }
+}
+
 void test_argmax(std::mt19937& rng) {
     const Row& row = find_row("cuda.argmax");
     for (int count : {1, 4097, 262144})
@@ -447,6 +529,8 @@ int main() {
     test_rope(rng, cpu);
     test_attention(rng, cpu);
     test_elementwise(rng, cpu);
+    test_add_norm(rng, cpu);
+    test_gate_up(rng, cpu);
     test_argmax(rng);
     std::printf("%d cases, %d failures\n", g_cases, failures());
     return failures() ? 1 : 0;
