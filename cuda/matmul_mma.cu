@@ -20,9 +20,10 @@
 //
 // F32 and F16 weights are not scale x bf16-exact codes (their values carry 24 and 11
 // significant bits): they have no mma row (cuda/rows.cpp, cuda_rows::mma_format), so the
-// planner gives them the exact rows. TF32 tiles for them (10 mantissa bits of both operands)
-// missed the suite's 1e-2 whole-model bound on Gemma 3 270M (0.0131 x std); an exact
-// tensor-core path for them would split the weights too (2-3x the mma work). Their
+// planner gives them the exact rows. The TF32 tiles these rows replace (10 mantissa bits of
+// both operands) missed the suite's 1e-2 whole-model bound on Gemma 3 270M (0.0131 x std, its
+// quantized weights rounded to TF32) and would do no better on float weights; a faithful
+// tensor-core path for F32/F16 would split the weights too (2-3x the mma work). Their
 // launchers below exist for the declarations in cuda/rows.h and only forward to the exact rows.
 //
 // Tile: kMmaTokens = 64 tokens x kMmaRows = 128 rows, 8 warps in a 2 (tokens) x 4 (rows) grid,
