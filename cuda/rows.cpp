@@ -65,9 +65,11 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
     KCAP_WEIGHT_FORMATS(KCAP_MATMUL_ROW)
 #undef KCAP_MATMUL_ROW
     // Tensor-core rows (preferred): the same matvec for one token and the few-token walk
-    // below kMmaMinTokens; prefill tiles on TF32 mma.sync (10-bit mantissa operands, f32 sums).
+    // below kMmaMinTokens; prefill tiles on bf16 mma.sync with scale-factored weights and
+    // split (hi + lo) activations, f32 sums: within 2^-16 of exact per product. Quantized
+    // formats and BF16 only (cuda_rows::mma_format); F32 and F16 prefill on the exact rows.
 #define KCAP_MATMUL_MMA_ROW(NAME, DECODER)                                                                  \
-    {                                                                                                       \
+    if (cuda_rows::mma_format(Format::NAME)) {                                                              \
         Row row = make_row("cuda.matmul_mma." + lower(#NAME), Op::MatMul,                                   \
                            KCAP_CUDA_ENTRY(kcap_cuda_matmul_mma_##NAME),                                    \
                            {cuda_rows::kMmaThreads, cuda_rows::kMmaRows, 0});                               \

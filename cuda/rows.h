@@ -38,11 +38,15 @@ constexpr int kMatvecSharedBytes = (kMatvecChunkRuns * 36 + kMatvecSimds * kMatv
 constexpr int kTokensSimds = 4;
 constexpr int kTokensRows = 2;
 constexpr int kTokensPerPass = 8;  // tokens that reuse one decoded run of weights
-// Matmul, tensor cores (TF32 mma.sync, CUDA only): prefill tiles.
+// Matmul, tensor cores (bf16 mma.sync on scale-factored weights and split activations, CUDA
+// only; cuda/matmul_mma.cu): prefill tiles.
 constexpr int kMmaTokens = 64;     // tokens per tile
-constexpr int kMmaRows = 64;       // weight rows per tile
-constexpr int kMmaThreads = 128;   // 4 warps, each 32 tokens x 32 rows
+constexpr int kMmaRows = 128;      // weight rows per tile
+constexpr int kMmaThreads = 256;   // 8 warps (2 x 4), each 32 tokens x 32 rows
 constexpr int kMmaMinTokens = 16;  // fewer tokens take the few-token walk
+// Formats with an mma row: those whose weights are scale x bf16-exact code + offset per
+// sub-block (kernels/quant_codes.h). F32 and F16 take the exact rows.
+constexpr bool mma_format(Format f) { return f != Format::F32 && f != Format::F16; }
 // Norm: one group per row.
 constexpr int kNormThreads = 256;
 // Attention: one simd group per query head of a KV head; decode splits keys over groups.

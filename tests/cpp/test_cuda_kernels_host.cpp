@@ -23,6 +23,7 @@
 #include "kernels/matmul.h"
 #include "kernels/matvec.h"
 #include "kernels/norm.h"
+#include "kernels/quant_codes.h"
 #include "kernels/rope.h"
 #include "test_cuda_common.h"
 
@@ -82,6 +83,75 @@ void test_decoders(std::mt19937& rng) {
         });
         (void)known;
     }
+}
+
+// Ulps between two floats (0 for equal values, +0 and -0 included).
+int64_t ulp_distance(float a, float b) {
+    if (a == b) return 0;
+    if (!std::isfinite(a) || !std::isfinite(b)) return INT64_MAX;
+    int32_t ia, ib;
+    std::memcpy(&ia, &a, 4);
+    std::memcpy(&ib, &b, 4);
+    const int64_t la = ia < 0 ? int64_t(INT32_MIN) - ia : ia, lb = ib < 0 ? int64_t(INT32_MIN) - ib : ib;
+    return la > lb ? la - lb : lb - la;
+}
+
+// KcapCodes<F>::codes32 (kernels/quant_codes.h, the bf16 tensor-core rows' weights) against
+// decode32: every code exact in bf16 (an integer |q| <= 128, or for BF16 a bf16 value), the
+// sub-block pairs consistent with F's sub-block size, and scale * q + offset, evaluated once
+// rounded (as a GPU fused multiply-add does), equal to decode32 bit for bit; Q6_K within 1 ulp
+// (decode32 rounds a * q6 before adding -32a on a host that does not fuse).
+void test_codes(std::mt19937& rng) {
+    int formats = 0;
+    for (const FormatInfo& info : all_formats()) {
+        with_decoder(info.format, [&](auto decoder) {
+            using F = decltype(decoder);
+            using C = KcapCodes<F>;
+            if constexpr (C::factorable) {
+                ++formats;
+                const int64_t k = std::max<int64_t>(32, info.block_elems) * 3;
+                const int rows = 8;
+                auto w = random_weights(rng, info.format, k, rows);
+                const int64_t max_ulps = info.format == Format::Q6_K ? 1 : 0;
+                const bool integer_codes = info.format != Format::BF16;
+                int64_t worst = 0, off_by_one = 0, values = 0;
+                for (int row = 0; row < rows; ++row)
+                    for (int run = 0; run < k / 32; ++run) {
+                        const int per_block = F::block_elems / 32;
+                        const kcap_u8* block = w->ref.row(row) + (run / per_block) * F::block_bytes;
+                        float ref[32], q[32], scale[2] = {NAN, NAN}, offset[2] = {NAN, NAN};
+                        F::decode32(block, run % per_block, ref);
+                        C::codes32(block, run % per_block, q, scale, offset);
+                        if (C::sub == 32)
+                            KCAP_EXPECT(scale[0] == scale[1] && offset[0] == offset[1],
+                                        "codes32 %s: a 32-element sub-block with two (scale, offset) pairs", info.name);
+                        if (!C::has_offset)
+                            KCAP_EXPECT(offset[0] == 0.0f && offset[1] == 0.0f, "codes32 %s: offset without has_offset",
+                                        info.name);
+                        for (int i = 0; i < 32; ++i) {
+                            uint32_t bits;
+                            std::memcpy(&bits, &q[i], 4);
+                            KCAP_EXPECT((bits & 0xffffu) == 0, "codes32 %s run %d: code %.9g not exact in bf16", info.name,
+                                        run, q[i]);
+                            if (integer_codes)
+                                KCAP_EXPECT(q[i] == std::nearbyint(q[i]) && std::fabs(q[i]) <= 128.0f,
+                                            "codes32 %s run %d: code %.9g is not a small integer", info.name, run, q[i]);
+                            const int h = i / 16;
+                            const float v = float(double(scale[h]) * double(q[i]) + double(offset[h]));
+                            const int64_t ulps = ulp_distance(v, ref[i]);
+                            worst = std::max(worst, ulps);
+                            off_by_one += ulps != 0;
+                            ++values;
+                            KCAP_EXPECT(ulps <= max_ulps, "codes32 %s row %d run %d elem %d: %.9g * %.9g + %.9g = %.9g, decode32 %.9g",
+                                        info.name, row, run, i, scale[h], q[i], offset[h], v, ref[i]);
+                        }
+                    }
+                std::printf("codes32 %-5s sub %d: %lld values, worst %lld ulp (%lld not bit-identical)\n", info.name, C::sub,
+                            (long long)values, (long long)worst, (long long)off_by_one);
+            }
+        });
+    }
+    KCAP_EXPECT(formats == 12, "codes32 checked for %d formats, expected 12", formats);
 }
 
 void test_matmul_rows(std::mt19937& rng, CpuState& cpu) {
@@ -603,6 +673,7 @@ int main() {
     CpuState cpu(2);
     test_table();
     test_decoders(rng);
+    test_codes(rng);
     test_matmul_rows(rng, cpu);
     test_embed_rows(rng, cpu);
     test_norm(rng, cpu);

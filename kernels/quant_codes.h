@@ -1,0 +1,295 @@
+// GGUF weight formats as scale x integer code + offset, for the bf16 tensor-core matmul rows
+// (cuda/matmul_mma.cu). Portable dialect, so the host test (test_cuda_kernels_host) checks
+// every decoder here against decode32 of kernels/quant.h.
+//
+// Every quantized format's weight is w_k = scale_s * q_k + offset_s over a sub-block s of 16 or
+// 32 consecutive elements, with q_k a small integer (|q| <= 128) and therefore exact in bf16
+// (8 significant bits). KcapCodes<F>::codes32 turns one 32-element run of a block (the same
+// run numbering as F::decode32) into
+//   q[0..31]           the codes, as floats holding exact small integers (BF16: the values
+//                      themselves, exact in bf16 by definition; scale 1, offset 0)
+//   scale[h], offset[h] of the sub-block holding elements 16h .. 16h+15 of the run (h = 0, 1;
+//                      for 32-element sub-blocks both halves carry the same pair)
+// and scale[h] * q[i] + offset[h] reproduces decode32's value: bit for bit for every format
+// (the same products in the same order) except Q6_K, where decode32 computes a*q6 + (-32a)
+// and the code form a*(q6 - 32); both are one rounding of the same real number when a GPU
+// fuses the multiply-add, and differ by at most 1 ulp on a host that does not fuse.
+//
+// Formats:            code q                        scale            offset          sub
+//   Q4_0              nibble - 8       (-8..7)      d                0               32
+//   Q4_1              nibble           (0..15)      d                m               32
+//   Q5_0              5 bits - 16      (-16..15)    d                0               32
+//   Q5_1              5 bits           (0..31)      d                m               32
+//   Q8_0              int8             (-128..127)  d                0               32
+//   Q2_K              2 bits           (0..3)       d * sc           -(dmin * m)     16
+//   Q3_K              3 bits - 4       (-4..3)      d * (sc - 32)    0               16
+//   Q4_K              nibble           (0..15)      d * sc           -(dmin * m)     32
+//   Q5_K              5 bits           (0..31)      d * sc           -(dmin * m)     32
+//   Q6_K              6 bits - 32      (-32..31)    d * sc           0               16
+//   MXFP4             2 x e2m1 value   (-12..12)    e8m0 scale / 2   0               32
+//   BF16              the value        (bf16)       1                0               32
+// F32 and F16 have no such form (their values need more than bf16's 8 significant bits):
+// KcapCodes<F>::factorable is false and no bf16 tensor-core row exists for them.
+#pragma once
+
+#include "kernels/quant.h"
+
+// Unfactorable formats (F32, F16): no codes32.
+template <class F>
+struct KcapCodes {
+    static constexpr bool factorable = false;
+};
+
+// Four bytes of a word (masked to small integers), minus bias, into q[0..3].
+#define KCAP_CODES4(q, word, bias)                             \
+    do {                                                       \
+        (q)[0] = kcap_byte_to_float((word), 0) - (bias);       \
+        (q)[1] = kcap_byte_to_float((word), 1) - (bias);       \
+        (q)[2] = kcap_byte_to_float((word), 2) - (bias);       \
+        (q)[3] = kcap_byte_to_float((word), 3) - (bias);       \
+    } while (0)
+
+template <>
+struct KcapCodes<KcapBF16> {
+    static constexpr bool factorable = true;
+    static constexpr int sub = 32;
+    static constexpr bool has_offset = false;
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+                                KCAP_PRIVATE float* offset) {
+        KcapBF16::decode32(b, run, q);
+        scale[0] = scale[1] = 1.0f;
+        offset[0] = offset[1] = 0.0f;
+    }
+};
+
+template <>
+struct KcapCodes<KcapQ4_0> {
+    static constexpr bool factorable = true;
+    static constexpr int sub = 32;
+    static constexpr bool has_offset = false;
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+                                KCAP_PRIVATE float* offset) {
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16(b)));
+        offset[0] = offset[1] = 0.0f;
+        KCAP_UNROLL for (int w = 0; w < 4; ++w) {
+            const kcap_u32 v = kcap_load_u32_a2(b + 2 + 4 * w);
+            KCAP_CODES4(q + 4 * w, v & 0x0f0f0f0fu, 8.0f);
+            KCAP_CODES4(q + 16 + 4 * w, (v >> 4) & 0x0f0f0f0fu, 8.0f);
+        }
+    }
+};
+
+template <>
+struct KcapCodes<KcapQ4_1> {
+    static constexpr bool factorable = true;
+    static constexpr int sub = 32;
+    static constexpr bool has_offset = true;
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+                                KCAP_PRIVATE float* offset) {
+        const kcap_u32 dm = kcap_load_u32(b);
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(dm & 0xffffu));
+        offset[0] = offset[1] = kcap_half_to_float(kcap_u16(dm >> 16));
+        KCAP_UNROLL for (int w = 0; w < 4; ++w) {
+            const kcap_u32 v = kcap_load_u32(b + 4 + 4 * w);
+            KCAP_CODES4(q + 4 * w, v & 0x0f0f0f0fu, 0.0f);
+            KCAP_CODES4(q + 16 + 4 * w, (v >> 4) & 0x0f0f0f0fu, 0.0f);
+        }
+    }
+};
+
+// The fifth bits of Q5_0/Q5_1 word w (elements 4w..4w+3 and 16+4w..16+4w+3), spread into bit 4
+// of each byte, as KcapQ5_0::decode32 does.
+KCAP_FN kcap_u32 kcap_q5_spread(kcap_u32 qh, int shift) {
+    const kcap_u32 h = qh >> shift;
+    return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+}
+
+template <>
+struct KcapCodes<KcapQ5_0> {
+    static constexpr bool factorable = true;
+    static constexpr int sub = 32;
+    static constexpr bool has_offset = false;
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+                                KCAP_PRIVATE float* offset) {
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16(b)));
+        offset[0] = offset[1] = 0.0f;
+        const kcap_u32 qh = kcap_load_u32_a2(b + 2);
+        KCAP_UNROLL for (int w = 0; w < 4; ++w) {
+            const kcap_u32 v = kcap_load_u32_a2(b + 6 + 4 * w);
+            KCAP_CODES4(q + 4 * w, (v & 0x0f0f0f0fu) | kcap_q5_spread(qh, 4 * w), 16.0f);
+            KCAP_CODES4(q + 16 + 4 * w, ((v >> 4) & 0x0f0f0f0fu) | kcap_q5_spread(qh, 16 + 4 * w), 16.0f);
+        }
+    }
+};
+
+template <>
+struct KcapCodes<KcapQ5_1> {
+    static constexpr bool factorable = true;
+    static constexpr int sub = 32;
+    static constexpr bool has_offset = true;
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+                                KCAP_PRIVATE float* offset) {
+        const kcap_u32 dm = kcap_load_u32(b);
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(dm & 0xffffu));
+        offset[0] = offset[1] = kcap_half_to_float(kcap_u16(dm >> 16));
+        const kcap_u32 qh = kcap_load_u32(b + 4);
+        KCAP_UNROLL for (int w = 0; w < 4; ++w) {
+            const kcap_u32 v = kcap_load_u32(b + 8 + 4 * w);
+            KCAP_CODES4(q + 4 * w, (v & 0x0f0f0f0fu) | kcap_q5_spread(qh, 4 * w), 0.0f);
+            KCAP_CODES4(q + 16 + 4 * w, ((v >> 4) & 0x0f0f0f0fu) | kcap_q5_spread(qh, 16 + 4 * w), 0.0f);
+        }
+    }
+};
+
+template <>
+struct KcapCodes<KcapQ8_0> {
+    static constexpr bool factorable = true;
+    static constexpr int sub = 32;
+    static constexpr bool has_offset = false;
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+                                KCAP_PRIVATE float* offset) {
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16(b)));
+        offset[0] = offset[1] = 0.0f;
+        KCAP_UNROLL for (int w = 0; w < 8; ++w) {
+            const kcap_u32 v = kcap_load_u32_a2(b + 2 + 4 * w) ^ 0x80808080u;  // signed byte + 128
+            KCAP_CODES4(q + 4 * w, v, 128.0f);
+        }
+    }
+};
+
+template <>
+struct KcapCodes<KcapQ2_K> {
+    static constexpr bool factorable = true;
+    static constexpr int sub = 16;
+    static constexpr bool has_offset = true;
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+                                KCAP_PRIVATE float* offset) {
+        const kcap_u32 dd = kcap_load_u32(b + 80);
+        const float d = kcap_half_to_float(kcap_u16(dd & 0xffffu));
+        const float dmin = kcap_half_to_float(kcap_u16(dd >> 16));
+        const int h = run >> 2, s = run & 3;
+        KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
+            const kcap_u32 sc = b[2 * run + half16];
+            scale[half16] = d * float(sc & 0xfu);
+            offset[half16] = -(dmin * float(sc >> 4));
+            KCAP_UNROLL for (int w = 0; w < 4; ++w) {
+                const kcap_u32 v = (kcap_load_u32(b + 16 + 32 * h + 16 * half16 + 4 * w) >> (2 * s)) & 0x03030303u;
+                KCAP_CODES4(q + 16 * half16 + 4 * w, v, 0.0f);
+            }
+        }
+    }
+};
+
+template <>
+struct KcapCodes<KcapQ3_K> {
+    static constexpr bool factorable = true;
+    static constexpr int sub = 16;
+    static constexpr bool has_offset = false;
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+                                KCAP_PRIVATE float* offset) {
+        const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b + 108)));
+        const int h = run >> 2, s = run & 3;
+        KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
+            scale[half16] = d * float(kcap_q3_k_scale(b + 96, 2 * run + half16));
+            offset[half16] = 0.0f;
+            KCAP_UNROLL for (int w = 0; w < 4; ++w) {
+                const int l = 16 * half16 + 4 * w;
+                const kcap_u32 low = (kcap_load_u32_a2(b + 32 + 32 * h + l) >> (2 * s)) & 0x03030303u;
+                const kcap_u32 high = (kcap_load_u32_a2(b + l) >> run) & 0x01010101u;
+                KCAP_CODES4(q + l, low | (high << 2), 4.0f);
+            }
+        }
+    }
+};
+
+template <>
+struct KcapCodes<KcapQ4_K> {
+    static constexpr bool factorable = true;
+    static constexpr int sub = 32;
+    static constexpr bool has_offset = true;
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+                                KCAP_PRIVATE float* offset) {
+        const kcap_u32 dd = kcap_load_u32(b);
+        int sc, m;
+        kcap_k4_scale_min(b + 4, run, &sc, &m);
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(dd & 0xffffu)) * float(sc);
+        offset[0] = offset[1] = -(kcap_half_to_float(kcap_u16(dd >> 16)) * float(m));
+        const int shift = 4 * (run & 1);
+        const KCAP_GLOBAL kcap_u8* qs = b + 16 + 32 * (run >> 1);
+        KCAP_UNROLL for (int v = 0; v < 2; ++v) {
+            const uint4 w = kcap_load_u32x4(qs + 16 * v);
+            KCAP_CODES4(q + 16 * v, (w.x >> shift) & 0x0f0f0f0fu, 0.0f);
+            KCAP_CODES4(q + 16 * v + 4, (w.y >> shift) & 0x0f0f0f0fu, 0.0f);
+            KCAP_CODES4(q + 16 * v + 8, (w.z >> shift) & 0x0f0f0f0fu, 0.0f);
+            KCAP_CODES4(q + 16 * v + 12, (w.w >> shift) & 0x0f0f0f0fu, 0.0f);
+        }
+    }
+};
+
+template <>
+struct KcapCodes<KcapQ5_K> {
+    static constexpr bool factorable = true;
+    static constexpr int sub = 32;
+    static constexpr bool has_offset = true;
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+                                KCAP_PRIVATE float* offset) {
+        const kcap_u32 dd = kcap_load_u32(b);
+        int sc, m;
+        kcap_k4_scale_min(b + 4, run, &sc, &m);
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(dd & 0xffffu)) * float(sc);
+        offset[0] = offset[1] = -(kcap_half_to_float(kcap_u16(dd >> 16)) * float(m));
+        const int shift = 4 * (run & 1);
+        const KCAP_GLOBAL kcap_u8* qs = b + 48 + 32 * (run >> 1);
+        KCAP_UNROLL for (int w = 0; w < 8; ++w) {
+            const kcap_u32 low = (kcap_load_u32(qs + 4 * w) >> shift) & 0x0f0f0f0fu;
+            const kcap_u32 high = (kcap_load_u32(b + 16 + 4 * w) >> run) & 0x01010101u;
+            KCAP_CODES4(q + 4 * w, low | (high << 4), 0.0f);
+        }
+    }
+};
+
+template <>
+struct KcapCodes<KcapQ6_K> {
+    static constexpr bool factorable = true;
+    static constexpr int sub = 16;
+    static constexpr bool has_offset = false;
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+                                KCAP_PRIVATE float* offset) {
+        const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b + 208)));
+        const int h = run >> 2, s = run & 3;
+        const int low_shift = s < 2 ? 0 : 4;
+        const KCAP_GLOBAL kcap_u8* ql = b + 64 * h + 32 * (s & 1);
+        const KCAP_GLOBAL kcap_u8* qh = b + 128 + 32 * h;
+        KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
+            scale[half16] = d * float(int(reinterpret_cast<const KCAP_GLOBAL kcap_i8*>(b + 192)[2 * run + half16]));
+            offset[half16] = 0.0f;
+            KCAP_UNROLL for (int w = 0; w < 4; ++w) {
+                const int l = 16 * half16 + 4 * w;
+                const kcap_u32 low = (kcap_load_u32_a2(ql + l) >> low_shift) & 0x0f0f0f0fu;
+                const kcap_u32 high = (kcap_load_u32_a2(qh + l) >> (2 * s)) & 0x03030303u;
+                KCAP_CODES4(q + l, low | (high << 4), 32.0f);
+            }
+        }
+    }
+};
+
+template <>
+struct KcapCodes<KcapMXFP4> {
+    static constexpr bool factorable = true;
+    static constexpr int sub = 32;
+    static constexpr bool has_offset = false;
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+                                KCAP_PRIVATE float* offset) {
+        const kcap_u32 e = b[0];
+        // e8m0 2^(e - 127), halved because the codes are the doubled e2m1 values (as decode32).
+        scale[0] = scale[1] = kcap_as_float(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
+        offset[0] = offset[1] = 0.0f;
+        KCAP_UNROLL for (int i = 0; i < 16; ++i) {
+            const kcap_u32 v = b[1 + i];
+            q[i] = kcap_mxfp4_doubled(v & 0x0fu);
+            q[16 + i] = kcap_mxfp4_doubled(v >> 4);
+        }
+    }
+};
+
+#undef KCAP_CODES4
