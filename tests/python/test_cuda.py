@@ -11,7 +11,8 @@ names, shapes and formats, random weights); where the model's package is install
 file is used. Per-row parity at the edges of legal dims is tests/cpp/test_cuda_rows.cpp.
 
 Tolerances, max |Δlogit| over the vocabulary relative to the std of the CPU logits:
-  DECODE_TOLERANCE 1e-4   one-token steps (the captured graph; exact f32 rows)
+  DECODE_TOLERANCE 1e-4   one-token steps (the captured graph; exact f32 rows); with an f16
+                          cache, half the distance f16 rounding moves the CPU (see the test)
   EXACT_TOLERANCE  1e-4   prefill with the exact rows (cuda.matmul_mma.* excluded)
   MMA_TOLERANCE    1e-3   prefill on the bf16 tensor-core rows (cuda.matmul_mma.*): exact
                           weights (scale x bf16-exact code + offset) times x split into bf16
@@ -248,12 +249,21 @@ def test_decode_steps_match_cpu(model_files, cuda_device, name, kv_type):
     path, _ = model_files[name]
     cpu = kcap.load(path, backend="cpu", n_ctx=256, kv_type=kv_type)
     cuda = kcap.load(path, backend="cuda", n_ctx=256, kv_type=kv_type)
+    # With an f16 cache, values that the two backends compute a few f32 ulps apart can round
+    # to neighbouring halves (a 2^-11 step), so the f32 bound does not apply. The bound then
+    # is half of what f16 rounding itself moves the CPU's logits (CPU f16 vs CPU f32): a CUDA
+    # cache that rounded differently, or not at all, lands at or beyond that distance.
+    cpu32 = kcap.load(path, backend="cpu", n_ctx=256, kv_type="f32") if kv_type == "f16" else None
     ids = prompt_ids(cpu.n_vocab, 24, seed=2)
     for step, token in enumerate(ids):  # one token per call: the captured decode graph
         ref = cpu.eval([token])
         got = cuda.eval([token])
         worst = max_relative(got, ref)
-        assert worst <= DECODE_TOLERANCE, f"{name} kv {kv_type} step {step}: max |Δ| = {worst:.3g} × std"
+        bound, why = DECODE_TOLERANCE, ""
+        if cpu32 is not None:
+            rounding = max_relative(ref, cpu32.eval([token]))
+            bound, why = max(DECODE_TOLERANCE, 0.5 * rounding), f" (f16 rounding moves the CPU by {rounding:.3g} × std)"
+        assert worst <= bound, f"{name} kv {kv_type} step {step}: max |Δ| = {worst:.3g} × std > {bound:.3g}{why}"
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
