@@ -196,6 +196,7 @@ private:
         ctx.kv.resize(spec.layers.size());
         for (size_t i = 0; i < spec.layers.size(); ++i) {
             const LayerSpec& layer = spec.layers[i];
+            if (layer.kv_source_layer >= 0) continue;  // kv_shared: reads layer kv_source_layer's cache
             ctx.kv[i].k = arena_.alloc(size_t(ctx.n_ctx) * layer.n_head_kv * layer.head_dim * kv_bytes);
             ctx.kv[i].v = arena_.alloc(size_t(ctx.n_ctx) * layer.n_head_kv * layer.head_dim_v * kv_bytes);
         }
@@ -217,7 +218,7 @@ private:
         for (size_t i = 0; i < plan_.stages.size(); ++i) {
             const Stage& stage = plan_.stages[i].stage;
             StageData& data = stage_data_[i];
-            for (size_t j = 0; j < stage.operands.size() && j < 2; ++j)
+            for (size_t j = 0; j < stage.operands.size() && j < 3; ++j)
                 if (stage.operands[j]) data.operands[j] = device_weights_.at(stage.operands[j]->data);
             if (stage.op == Op::Rope) {
                 const TensorRef* factors = stage.operands.empty() ? nullptr : stage.operands[0];
@@ -319,7 +320,7 @@ private:
                 call.out = buffer(stage.input);
                 call.inout2 = buffer(stage.input2);
             }
-            if (stage.op == Op::Softcap || stage.op == Op::Scale) call.in = logits;
+            if ((stage.op == Op::Softcap || stage.op == Op::Scale) && stage.input == Buffer::Logits) call.in = logits;
             if (profile_ && n == 1) {
                 timed(routed.row->kernel, stage.name, [&] { routed.row->fn(stage, call); });
             } else {

@@ -43,14 +43,14 @@ struct Context {
     int argmax_partials = 0;
     Format kv_format = Format::F32;
     int64_t n_ctx = 0;
-    std::vector<KvCache> kv;     // one per layer
+    std::vector<KvCache> kv;     // one per layer (null for a shared-KV layer: it reads its source's)
     float* attn_partial_o = nullptr;   // split-K decode partials
     float* attn_partial_ml = nullptr;
 };
 
 // Bound to one stage when the backend is built.
 struct StageData {
-    const void* operands[2] = {nullptr, nullptr};  // device copies of the stage's operands
+    const void* operands[3] = {nullptr, nullptr, nullptr};  // device copies of the stage's operands
     const float* rope_table = nullptr;             // rope: [n_ctx][rope_dim / 2] (cos, sin)
     int attn_splits = 1;                           // attention: decode key-range splits
 };
