@@ -67,7 +67,11 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
     p.kv_f16 = ctx.kv_format == Format::F16;
     p.n_splits = data.attn_splits;
     p.min_chunk = kAttnMinChunk;
-    const cuda::KvCache& kv = ctx.kv.at(size_t(stage.layer));
+    // A shared-KV layer (kv_shared) reads the cache of layer kv_layer, filled earlier in this
+    // same pass, and appends nothing (it has no K/V of its own).
+    const bool shared = s.kv_layer >= 0;
+    p.append = shared ? 0 : 1;
+    const cuda::KvCache& kv = ctx.kv.at(size_t(shared ? s.kv_layer : stage.layer));
     auto* k_cache = static_cast<kcap_u8*>(kv.k);
     auto* v_cache = static_cast<kcap_u8*>(kv.v);
     const int group = s.n_head / s.n_head_kv;
@@ -82,8 +86,9 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
         return;
     }
     const int64_t appended = int64_t(p.n_tokens) * (p.k_width + p.v_width);
-    cuda::launch(ctx, append_kernel, dim3(cuda::ceil_div(appended, kElementwiseThreads)), dim3(kElementwiseThreads), 0, p,
-                 ctx.step, call.in2, call.in3, k_cache, v_cache);
+    if (p.append)
+        cuda::launch(ctx, append_kernel, dim3(cuda::ceil_div(appended, kElementwiseThreads)), dim3(kElementwiseThreads), 0,
+                     p, ctx.step, call.in2, call.in3, k_cache, v_cache);
     cuda::launch(ctx, prefill_kernel, dim3(p.n_tokens, p.n_head_kv), dim3(32 * simds), 0, p, ctx.step, call.in,
                  static_cast<const kcap_u8*>(k_cache), static_cast<const kcap_u8*>(v_cache), call.out);
 }

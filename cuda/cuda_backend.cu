@@ -196,6 +196,7 @@ private:
         ctx.kv.resize(spec.layers.size());
         for (size_t i = 0; i < spec.layers.size(); ++i) {
             const LayerSpec& layer = spec.layers[i];
+            if (layer.kv_source_layer >= 0) continue;  // kv_shared: reads layer kv_source_layer's cache
             ctx.kv[i].k = arena_.alloc(size_t(ctx.n_ctx) * layer.n_head_kv * layer.head_dim * kv_bytes);
             ctx.kv[i].v = arena_.alloc(size_t(ctx.n_ctx) * layer.n_head_kv * layer.head_dim_v * kv_bytes);
         }
@@ -319,7 +320,7 @@ private:
                 call.out = buffer(stage.input);
                 call.inout2 = buffer(stage.input2);
             }
-            if (stage.op == Op::Softcap || stage.op == Op::Scale) call.in = logits;
+            if ((stage.op == Op::Softcap || stage.op == Op::Scale) && stage.input == Buffer::Logits) call.in = logits;
             if (stage.op == Op::AddNorm) call.inout2 = buffer(stage.input);  // the residual, read and written
             if (stage.op == Op::GateUp) {  // scratch of the batched path
                 call.inout2 = buffer(stage.input2);

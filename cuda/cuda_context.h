@@ -43,7 +43,7 @@ struct Context {
     int argmax_partials = 0;
     Format kv_format = Format::F32;
     int64_t n_ctx = 0;
-    std::vector<KvCache> kv;     // one per layer
+    std::vector<KvCache> kv;     // one per layer (null for a shared-KV layer: it reads its source's)
     float* attn_partial_o = nullptr;   // split-K decode partials
     float* attn_partial_ml = nullptr;
 };

@@ -1,5 +1,6 @@
 // CUDA entry points of the embedding rows (cuda.embed.<format>): kernels/embed.h.
-// Token ids come from the context's device token buffer (the decode graph's argmax feeds it).
+// Token ids come from the context's device token buffer (the decode graph's argmax feeds it),
+// positions (for a learned position embedding, operand 1) from the device step.
 #include "cuda/cuda_context.h"
 #include "kernels/embed.h"
 
@@ -11,10 +12,11 @@ using namespace cuda_rows;
 
 template <class F>
 __global__ void __launch_bounds__(kEmbedThreads)
-    embed_kernel(KcapEmbedParams p, const kcap_i32* tokens, const kcap_u8* table, float* out) {
+    embed_kernel(KcapEmbedParams p, const kcap_i32* tokens, const kcap_i32* step, const kcap_u8* table,
+                 const kcap_u8* positions, float* out) {
     pdl_wait();
     pdl_trigger();
-    kcap_embed<F>(kcap_cuda_thread(), p, tokens, table, out);
+    kcap_embed<F>(kcap_cuda_thread(), p, tokens, step, table, positions, out);
 }
 
 }  // namespace
@@ -27,8 +29,12 @@ void run_embed(const Stage& stage, const KernelCall& call) {
     p.width = int(stage.n);
     p.row_bytes = unsigned(row_bytes(stage.operands[0]->format, stage.n));
     p.scale = stage.params.scale;
-    launch(ctx, embed_kernel<F>, dim3(p.n_tokens), dim3(kEmbedThreads), 0, p, ctx.tokens,
-           static_cast<const kcap_u8*>(stage_data(call).operands[0]), call.out);
+    const TensorRef* positions = stage.operands.size() > 1 ? stage.operands[1] : nullptr;
+    p.positions = positions ? (positions->format == Format::F16 ? 2 : 1) : 0;
+    const StageData& data = stage_data(call);
+    launch(ctx, embed_kernel<F>, dim3(p.n_tokens), dim3(kEmbedThreads), 0, p, static_cast<const kcap_i32*>(ctx.tokens),
+           static_cast<const kcap_i32*>(ctx.step), static_cast<const kcap_u8*>(data.operands[0]),
+           static_cast<const kcap_u8*>(positions ? data.operands[1] : nullptr), call.out);
 }
 
 }  // namespace cuda

@@ -22,7 +22,7 @@ void kcap_cuda_rope(const Stage& stage, const KernelCall& call) {
     KcapRopeParams p;
     p.n_tokens = call.n_tokens;
     p.n_head = stage.params.n_head;
-    p.n_head_kv = stage.params.n_head_kv;
+    p.n_head_kv = call.inout2 ? stage.params.n_head_kv : 0;  // no K: a shared-KV layer (its source rotated it)
     p.head_dim = stage.params.head_dim;
     p.rope_dim = stage.params.rope_dim;
     p.neox = (stage.features & kRopeNeox) != 0;

@@ -31,8 +31,24 @@ Row make_row(const std::string& kernel, Op op, KernelFn fn, Geometry geometry) {
     return row;
 }
 
-// The GPU decoders walk rows in 32-element runs, so even float formats need K % 32 == 0.
-int64_t k_multiple(Format format) { return std::max<int64_t>(32, format_info(format).block_elems); }
+bool is_float(Format format) { return format == Format::F32 || format == Format::F16 || format == Format::BF16; }
+
+// The exact bodies (matvec, few-token walk, embed, PLE) walk rows in 32-element runs and read
+// a float format's last k % 32 elements one by one (the tail), so float rows take any K that
+// keeps rows and activations 16-byte aligned for the vector loads: a multiple of 4. Block
+// formats need whole blocks.
+int64_t k_multiple(Format format) { return is_float(format) ? 4 : std::max<int64_t>(32, format_info(format).block_elems); }
+// The tensor-core tiles have no tail: K in whole runs even for float formats (the planner
+// routes other K to the exact rows, which it may: rows are chosen among the legal ones).
+int64_t mma_k_multiple(Format format) { return std::max<int64_t>(32, format_info(format).block_elems); }
+
+std::vector<Format> weight_formats() {
+    std::vector<Format> formats;
+#define KCAP_LIST_FORMAT(NAME, DECODER) formats.push_back(Format::NAME);
+    KCAP_WEIGHT_FORMATS(KCAP_LIST_FORMAT)
+#undef KCAP_LIST_FORMAT
+    return formats;
+}
 
 }  // namespace
 
@@ -41,8 +57,8 @@ void add_cuda_embed_rows(std::vector<Row>& rows) {
     {                                                                                                           \
         Row row = make_row("cuda.embed." + lower(#NAME), Op::Embed, KCAP_CUDA_ENTRY(kcap_cuda_embed_##NAME),     \
                            {cuda_rows::kEmbedThreads, 1, 0});                                                   \
-        row.operand_formats = {{Format::NAME}};                                                                 \
-        row.features = kEmbedScale;                                                                             \
+        row.operand_formats = {{Format::NAME}, {Format::F32, Format::F16}}; /* table, positions */               \
+        row.features = kEmbedScale | kPositionEmbedding;                                                        \
         row.dims.k_multiple = k_multiple(Format::NAME);                                                         \
         rows.push_back(row);                                                                                    \
     }
@@ -75,7 +91,7 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
                            {cuda_rows::kMmaThreads, cuda_rows::kMmaRows, 0});                               \
         row.operand_formats = {{Format::NAME}, {Format::F32}};                                              \
         row.features = kBias;                                                                               \
-        row.dims.k_multiple = k_multiple(Format::NAME);                                                     \
+        row.dims.k_multiple = mma_k_multiple(Format::NAME);                                                 \
         row.priority = 1;                                                                                   \
         rows.push_back(row);                                                                                \
     }
@@ -122,7 +138,7 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
     Row row = make_row("cuda.attention", Op::Attention, KCAP_CUDA_ENTRY(kcap_cuda_attention),
                        {cuda_rows::kAttnMaxSimds * 32, 0, cuda_rows::kAttnMaxSimds * 256 * 4});
     row.kv_formats = {Format::F32, Format::F16};
-    row.features = kSlidingWindow | kAttnSoftcap | kGqa;
+    row.features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared;
     row.dims.k_multiple = 4;     // head_dim: K rows are read 4 elements at a time
     row.dims.max_head_dim = 256;  // per-lane value registers (KCAP_ATTN_MAX_HEAD_DIM)
     row.dims.max_span = 0;        // split-K decode: any span up to the context
@@ -142,8 +158,30 @@ void add_cuda_elementwise_rows(std::vector<Row>& rows) {
     rows.push_back(add);
     rows.push_back(
         make_row("cuda.softcap", Op::Softcap, KCAP_CUDA_ENTRY(kcap_cuda_softcap), {cuda_rows::kElementwiseThreads, 0, 0}));
-    rows.push_back(
-        make_row("cuda.scale", Op::Scale, KCAP_CUDA_ENTRY(kcap_cuda_scale), {cuda_rows::kElementwiseThreads, 0, 0}));
+    Row scale = make_row("cuda.scale", Op::Scale, KCAP_CUDA_ENTRY(kcap_cuda_scale), {cuda_rows::kElementwiseThreads, 0, 0});
+    scale.features = kLayerOutputScale;  // also scales the residual stream after a block
+    rows.push_back(scale);
+}
+
+void add_cuda_ple_rows(std::vector<Row>& rows) {
+    // One row per projection format (its K multiple is the projection's); the table may be
+    // any weight format (the combine is instantiated for each), the norm weight F32.
+#define KCAP_PLE_ROW(NAME, DECODER)                                                                           \
+    {                                                                                                         \
+        Row row = make_row("cuda.per_layer_embed." + lower(#NAME), Op::PerLayerEmbed,                         \
+                           KCAP_CUDA_ENTRY(kcap_cuda_per_layer_embed_##NAME),                                 \
+                           {cuda_rows::kTokensSimds * 32, cuda_rows::kTokensSimds * cuda_rows::kTokensRows, 0}); \
+        row.operand_formats = {weight_formats(), {Format::NAME}, {Format::F32}};                              \
+        row.features = kPerLayerEmbedding | kRmsNorm;                                                         \
+        row.dims.k_multiple = k_multiple(Format::NAME);                                                       \
+        rows.push_back(row);                                                                                  \
+    }
+    KCAP_WEIGHT_FORMATS(KCAP_PLE_ROW)
+#undef KCAP_PLE_ROW
+    Row gate = make_row("cuda.per_layer_gate", Op::PerLayerGate, KCAP_CUDA_ENTRY(kcap_cuda_per_layer_gate),
+                        {cuda_rows::kElementwiseThreads, 0, 0});
+    gate.features = kPerLayerEmbedding | kSilu | kGeluTanh | kGeluErf | kRelu;
+    rows.push_back(gate);
 }
 
 void add_cuda_argmax_rows(std::vector<Row>& rows) {

@@ -67,7 +67,8 @@ constexpr int kEmbedThreads = 128;
     void kcap_cuda_matmul_##NAME(const Stage& stage, const KernelCall& call);     \
     void kcap_cuda_matmul_mma_##NAME(const Stage& stage, const KernelCall& call); \
     void kcap_cuda_embed_##NAME(const Stage& stage, const KernelCall& call);         \
-    void kcap_cuda_gate_up_##NAME(const Stage& stage, const KernelCall& call);
+    void kcap_cuda_gate_up_##NAME(const Stage& stage, const KernelCall& call);       \
+    void kcap_cuda_per_layer_embed_##NAME(const Stage& stage, const KernelCall& call);
 KCAP_WEIGHT_FORMATS(KCAP_CUDA_DECLARE_FORMAT_LAUNCHERS)
 #undef KCAP_CUDA_DECLARE_FORMAT_LAUNCHERS
 
@@ -80,5 +81,6 @@ void kcap_cuda_add(const Stage& stage, const KernelCall& call);
 void kcap_cuda_softcap(const Stage& stage, const KernelCall& call);
 void kcap_cuda_scale(const Stage& stage, const KernelCall& call);
 void kcap_cuda_argmax(const Stage& stage, const KernelCall& call);
+void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call);
 
 }  // namespace kcap

@@ -155,7 +155,7 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
                             KCAP_GLOBAL kcap_u8* v_cache) {
     const kcap_u64 i = kcap_u64(t.group_x) * t.threads + t.thread;
     const kcap_u64 per_token = kcap_u64(p.k_width) + p.v_width;
-    if (i >= per_token * p.n_tokens) return;
+    if (!p.append || i >= per_token * p.n_tokens) return;  // a shared-KV layer stores nothing
     const int m = int(i / per_token);
     const int r = int(i % per_token);
     const kcap_u64 pos = kcap_u64(step[0] + m);
@@ -168,7 +168,8 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
 
 // Decode (one token at position step[0]). Grid: x = n_head_kv, y = n_splits; threads 32 * simds;
 // shared: simds * head_dim floats. Split 0 also appends this token's K/V to the cache (no group
-// of this launch reads cache[pos]: the key at pos comes from the new K/V).
+// of this launch reads cache[pos]: the key at pos comes from the new K/V); with p.append 0
+// nothing is stored and the key at pos is read from the cache (filled by the source layer).
 // n_splits == 1: writes out; otherwise partial_o [n_head][n_splits][head_dim_v] and
 // partial_ml [n_head][n_splits][2] for kcap_attention_combine.
 KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
@@ -183,9 +184,11 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
     if (split >= splits.active) return;  // the whole group: past the keys at this position
     const int start = splits.first + split * splits.chunk;
     const int end = start + splits.chunk < pos + 1 ? start + splits.chunk : pos + 1;
-    const KCAP_GLOBAL float* k_fresh = k_new + kcap_u64(kv_head) * p.head_dim;
-    const KCAP_GLOBAL float* v_fresh = v_new + kcap_u64(kv_head) * p.head_dim_v;
-    if (split == 0) {
+    // A shared-KV layer (p.append == 0) has no new K/V: the key at pos is in the cache already.
+    const KCAP_GLOBAL float* k_fresh = p.append ? k_new + kcap_u64(kv_head) * p.head_dim : k_new;
+    const KCAP_GLOBAL float* v_fresh = p.append ? v_new + kcap_u64(kv_head) * p.head_dim_v : v_new;
+    const int fresh_pos = p.append ? pos : -1;
+    if (split == 0 && p.append) {
         for (int d = int(t.thread); d < p.head_dim; d += int(t.threads))
             kcap_kv_store(k_cache, kcap_u64(pos) * p.k_width + kcap_u64(kv_head) * p.head_dim + d, k_fresh[d], p.kv_f16);
         for (int d = int(t.thread); d < p.head_dim_v; d += int(t.threads))
@@ -202,7 +205,8 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
         kcap_simd_barrier();
         float m = KCAP_NEG_INFINITY, l = 0.0f, o[KCAP_ATTN_VALUES_PER_LANE];
         KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) o[i] = 0.0f;
-        if (start < end) kcap_attend_range(t, p, kv_head, start, end, pos, qs, k_cache, v_cache, k_fresh, v_fresh, &m, &l, o);
+        if (start < end)
+            kcap_attend_range(t, p, kv_head, start, end, fresh_pos, qs, k_cache, v_cache, k_fresh, v_fresh, &m, &l, o);
         if (splits.active == 1) {
             const float inv = 1.0f / l;
             KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) {

@@ -1,5 +1,5 @@
 // Elementwise stages: residual add (with an optional branch scale), the final logit softcap
-// and the logit scale.
+// and the scale (the logit scale, and a block's output scale applied to the residual in place).
 #pragma once
 
 #include "kernels/params.h"

@@ -8,6 +8,10 @@
 // decoded run of weights is reused for TOKENS tokens instead.
 // Both are exact up to summation order (no activation quantization); the tensor-core prefill
 // rows (CUDA only) trade that for speed and declare a looser tolerance.
+// Float formats (F32/F16/BF16) take any K that is a multiple of 4 (rows and activations stay
+// 16-byte aligned for the vector loads of whole runs): the k % 32 elements after the last
+// whole run are a tail, one element per lane, read through KcapElem (kcap_matmul_tail*).
+// Block formats have no tail (K is a multiple of their block).
 #pragma once
 
 #include "kernels/params.h"
@@ -29,6 +33,18 @@ KCAP_FN float kcap_dot32(const KCAP_PRIVATE float* a, const KCAP_PRIVATE float* 
         s3 += a[i + 3] * b[i + 3];
     }
     return (s0 + s1) + (s2 + s3);
+}
+
+// Adds the tail elements 32 * (k / 32) .. k - 1 of ROWS rows (lane l: element 32 * runs + l)
+// to this lane's sums, one token.
+template <class F, int ROWS>
+KCAP_FN void kcap_matmul_tail(const KcapThread t, const KcapMatmulParams p, int row0, const KCAP_GLOBAL kcap_u8* w,
+                              const KCAP_GLOBAL float* x, KCAP_PRIVATE float* acc) {
+    const int e = (p.k / 32) * 32 + int(t.lane);
+    if (e >= p.k) return;
+    const float xv = x[e];
+    KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
+        if (row0 + j < p.n) acc[j] += KcapElem<F>::load(w + kcap_u64(row0 + j) * p.row_bytes, e) * xv;
 }
 
 // Asks for the weight rows this simd group will read (a hint; used before waiting on the
@@ -82,6 +98,7 @@ KCAP_FN void kcap_matvec(const KcapThread t, const KcapMatmulParams p, const KCA
             }
         }
     }
+    kcap_matmul_tail<F, ROWS>(t, p, row0, w, x, acc);
     KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[j] = kcap_simd_sum(acc[j]);
     if (t.lane == 0) {
         KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
@@ -123,6 +140,7 @@ KCAP_FN void kcap_matvec_split(const KcapThread t, const KcapMatmulParams p, int
                 }
             }
         }
+        if (part == 0) kcap_matmul_tail<F, ROWS>(t, p, row0, w, x, acc);
     }
     KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[j] = kcap_simd_sum(acc[j]);
     if (split == 1) {
@@ -168,6 +186,15 @@ KCAP_FN void kcap_matmul_tokens(const KcapThread t, const KcapMatmulParams p, co
                     acc[j][m] += kcap_dot32(wv, xs);
                 }
             }
+        }
+    }
+    const int tail = (p.k / 32) * 32 + int(t.lane);  // the tail: one element per lane
+    if (tail < p.k) {
+        KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+            if (row0 + j >= p.n) continue;
+            const float wv = KcapElem<F>::load(w + kcap_u64(row0 + j) * p.row_bytes, tail);
+            KCAP_UNROLL for (int m = 0; m < TOKENS; ++m)
+                if (token0 + m < p.m) acc[j][m] += wv * x[kcap_u64(token0 + m) * p.k + tail];
         }
     }
     KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {

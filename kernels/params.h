@@ -7,7 +7,7 @@
 
 // y[m, n] = W[n, :] . x[m, :] (+ bias[n]); W rows of raw GGUF blocks.
 struct KcapMatmulParams {
-    int k;               // inner dimension (a multiple of the format's block)
+    int k;               // inner dimension (a multiple of the format's block; of 4 for float formats)
     int n;               // output rows
     int m;               // tokens
     unsigned row_bytes;  // bytes of one weight row
@@ -67,6 +67,8 @@ struct KcapAttentionParams {
     int kv_f16;      // cache element type: 0 f32, 1 f16
     int n_splits;    // decode: key-range splits (grid y)
     int min_chunk;   // decode: fewest keys one split takes (a multiple of 32)
+    int append;      // 1: store the new K/V in the cache; 0: a shared-KV layer (kv_shared) reads
+                     // the cache another layer filled in this pass and stores nothing
 };
 
 // Elementwise stages over n_tokens * n values.
@@ -78,12 +80,37 @@ struct KcapElementwiseParams {
     float scale;     // add: out = in + scale * in2 (residual scale); scale: out = in * scale
 };
 
-// Embedding rows of the raw table, times scale.
+// Embedding rows of the raw table, times scale, plus the learned position embedding of each
+// token's position (positions: [n_ctx][width], f32 or f16) where the model has one.
 struct KcapEmbedParams {
     int n_tokens;
     int width;
     unsigned row_bytes;
     float scale;
+    int positions;  // 0: none, 1: f32 rows, 2: f16 rows
+};
+
+// Per-layer embeddings (PLE): for token m with scaled embedding e and L layers of `per` values,
+//   ple = (rms_norm_per_layer(norm_w, (proj . e) * proj_scale) + table[id] * token_scale) * combine_scale
+// (the projection is a matmul body; the combine reads its output in place).
+struct KcapPleParams {
+    int n_tokens;
+    int width;             // n_layer * per
+    int per;               // values per layer
+    unsigned table_row_bytes;
+    float eps;
+    float proj_scale;
+    float token_scale;
+    float combine_scale;
+};
+
+// Per-layer gate: out[m][i] = act(gate[m][i]) * ple[m * stride + offset + i], i < per.
+struct KcapPleGateParams {
+    int n_tokens;
+    int per;
+    int stride;      // row width of the per-layer buffer
+    int offset;      // this layer's slice: layer * per
+    int activation;  // as KcapElementwiseParams
 };
 
 // Greedy argmax over one row of logits, in two passes (partials, then one group).

@@ -296,3 +296,34 @@ struct KcapMXFP4 {
         }
     }
 };
+
+// One element e of a row (any e < the row length), for the tails of float rows whose length
+// is not a multiple of 32: a run of 32 past the row's end must never be read. Float formats
+// load the element itself; block formats decode the run that holds it (their rows are whole
+// blocks, so the run exists; their rows never have a tail, so this is no hot path).
+template <class F>
+struct KcapElem {
+    static KCAP_FN float load(const KCAP_GLOBAL kcap_u8* row, int e) {
+        float v[32];
+        F::decode32(row + unsigned(e / F::block_elems) * unsigned(F::block_bytes), (e % F::block_elems) / 32, v);
+        return v[e % 32];
+    }
+};
+template <>
+struct KcapElem<KcapF32> {
+    static KCAP_FN float load(const KCAP_GLOBAL kcap_u8* row, int e) {
+        return reinterpret_cast<const KCAP_GLOBAL float*>(row)[e];
+    }
+};
+template <>
+struct KcapElem<KcapF16> {
+    static KCAP_FN float load(const KCAP_GLOBAL kcap_u8* row, int e) {
+        return kcap_half_to_float(kcap_u16(kcap_load_u16(row + 2 * e)));
+    }
+};
+template <>
+struct KcapElem<KcapBF16> {
+    static KCAP_FN float load(const KCAP_GLOBAL kcap_u8* row, int e) {
+        return kcap_bf16_to_float(kcap_u16(kcap_load_u16(row + 2 * e)));
+    }
+};

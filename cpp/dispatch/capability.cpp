@@ -90,6 +90,7 @@ const std::vector<Row>& capability_table() {
         add_cuda_activation_rows(rows);
         add_cuda_elementwise_rows(rows);
         add_cuda_argmax_rows(rows);
+        add_cuda_ple_rows(rows);
         return rows;
     }();
     return table;

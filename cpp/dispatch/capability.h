@@ -134,5 +134,6 @@ void add_cuda_attention_rows(std::vector<Row>& rows);
 void add_cuda_activation_rows(std::vector<Row>& rows);
 void add_cuda_elementwise_rows(std::vector<Row>& rows);
 void add_cuda_argmax_rows(std::vector<Row>& rows);
+void add_cuda_ple_rows(std::vector<Row>& rows);
 
 }  // namespace kcap

@@ -192,12 +192,18 @@ inline const Row& cpu_matmul_row(Format f) {
 // The weight format a matmul/embed row decodes.
 inline Format row_format(const Row& row) { return row.operand_formats.at(0).at(0); }
 
-// Edge sizes of K for a row: the smallest legal, an odd multiple, and a long one.
+// Edge sizes of K for a row: the smallest legal, an odd multiple, and a long one; for rows
+// that take K below a run of 32 (float formats: the tail path), also whole runs plus a tail
+// and a long K just short of a multiple of 32.
 inline std::vector<int64_t> k_edges(const Row& row, int64_t longest) {
     const int64_t m = row.dims.k_multiple;
     std::vector<int64_t> ks = {m, 3 * m};
     const int64_t big = (longest / m) * m;
     if (big > 3 * m) ks.push_back(big);
+    if (m < 32) {
+        ks.push_back(25 * m);  // 100 for m = 4: three runs and a tail of 4
+        if (big - m > 25 * m) ks.push_back(big - m);
+    }
     return ks;
 }
 

@@ -23,6 +23,7 @@
 #include "kernels/matmul.h"
 #include "kernels/matvec.h"
 #include "kernels/norm.h"
+#include "kernels/ple.h"
 #include "kernels/quant_codes.h"
 #include "kernels/rope.h"
 #include "test_cuda_common.h"
@@ -229,32 +230,141 @@ void test_embed_rows(std::mt19937& rng, CpuState& cpu) {
         const Format f = row_format(row);
         with_decoder(f, [&](auto decoder) {
             using F = decltype(decoder);
-            const int64_t width = row.dims.k_multiple * 3, vocab = 11;
-            auto table = random_weights(rng, f, width, vocab);
-            Stage stage;
-            stage.op = Op::Embed;
-            stage.operands = {&table->ref};
-            stage.k = stage.n = width;
-            stage.params.scale = 1.5f;
-            const std::vector<int32_t> tokens = {3, 0, 10, 3};
-            std::vector<float> ref(tokens.size() * size_t(width)), got = nan_filled(ref.size());
-            KernelCall call;
-            call.n_tokens = int(tokens.size());
-            call.tokens = tokens.data();
-            call.out = ref.data();
-            run_cpu(cpu_twin(row), stage, call, cpu);
-            KcapEmbedParams p;
-            p.n_tokens = int(tokens.size()), p.width = int(width), p.row_bytes = unsigned(row_bytes(f, width));
-            p.scale = 1.5f;
-            kcap_sim::launch({unsigned(tokens.size()), 1, 1}, 32, 0, [&](const KcapThread& t, void*) {
-                kcap_embed<F>(t, p, tokens.data(), table->ref.data, got.data());
-            });
-            const double err = relative_error(got, ref);
-            KCAP_EXPECT(err <= kExactTolerance, "%s: error %.3g", row.kernel.c_str(), err);
-            ++checked;
+            // Widths: three blocks; and for float tables (k_multiple 4) three runs plus a tail.
+            std::vector<int64_t> widths = {row.dims.k_multiple * 3};
+            if (row.dims.k_multiple < 32) widths.push_back(row.dims.k_multiple * 25);
+            for (int64_t width : widths)
+                for (int positions : {0, 1, 2}) {  // none, f32, f16 learned position embedding
+                    const int64_t vocab = 11, n_pos = 12, pos0 = 5;
+                    auto table = random_weights(rng, f, width, vocab);
+                    auto pos_table = random_weights(rng, positions == 2 ? Format::F16 : Format::F32, width, n_pos, "pos");
+                    Stage stage;
+                    stage.op = Op::Embed;
+                    stage.operands = {&table->ref};
+                    if (positions) stage.operands.push_back(&pos_table->ref);
+                    stage.k = stage.n = width;
+                    stage.params.scale = 1.5f;
+                    stage.features = kEmbedScale | (positions ? kPositionEmbedding : 0u);
+                    KCAP_EXPECT(rejection_reason(row, stage).empty(), "%s refuses width %lld positions %d: %s",
+                                row.kernel.c_str(), (long long)width, positions, rejection_reason(row, stage).c_str());
+                    const std::vector<int32_t> tokens = {3, 0, 10, 3};
+                    std::vector<float> ref(tokens.size() * size_t(width)), got = nan_filled(ref.size());
+                    KernelCall call;
+                    call.n_tokens = int(tokens.size());
+                    call.pos0 = int(pos0);
+                    call.tokens = tokens.data();
+                    call.out = ref.data();
+                    run_cpu(cpu_twin(row), stage, call, cpu);
+                    KcapEmbedParams p;
+                    p.n_tokens = int(tokens.size()), p.width = int(width), p.row_bytes = unsigned(row_bytes(f, width));
+                    p.scale = 1.5f;
+                    p.positions = positions;
+                    const int32_t step[2] = {int32_t(pos0), 0};
+                    kcap_sim::launch({unsigned(tokens.size()), 1, 1}, 32, 0, [&](const KcapThread& t, void*) {
+                        kcap_embed<F>(t, p, tokens.data(), step, table->ref.data, pos_table->ref.data, got.data());
+                    });
+                    const double err = relative_error(got, ref);
+                    KCAP_EXPECT(err <= kExactTolerance, "%s width=%lld positions=%d: error %.3g", row.kernel.c_str(),
+                                (long long)width, positions, err);
+                    ++checked;
+                }
         });
     }
     std::printf("embed bodies: %d cases\n", checked);
+}
+
+// Per-layer embeddings: every cuda.per_layer_embed.<proj> row's projection (the few-token
+// matmul body) and combine, for tables in F32, F16 and the projection's own format, against
+// cpu.per_layer_embed; then the gate body against cpu.per_layer_gate.
+void test_ple(std::mt19937& rng, CpuState& cpu) {
+    int checked = 0;
+    const Row& cpu_row = find_row("cpu.per_layer_embed");
+    for (const Row& row : capability_table()) {
+        if (row.backend != Backend::CUDA || row.op != Op::PerLayerEmbed) continue;
+        const Format pf = row.operand_formats.at(1).at(0);
+        for (Format tf : {Format::F32, Format::F16, pf}) {
+            const int64_t block = format_info(tf).block_elems;
+            const int n_layer = 4;
+            const int per = block >= 256 ? 64 : block == 32 && tf != Format::F32 && tf != Format::F16 ? 24 : 20;
+            const int64_t width = int64_t(n_layer) * per, k = row.dims.k_multiple * 3, vocab = 9;
+            auto table = random_weights(rng, tf, width, vocab, "ple_table");
+            auto proj = random_weights(rng, pf, k, width, "ple_proj");
+            auto norm = float_vector(random_floats(rng, size_t(per)), "ple_norm");
+            Stage stage;
+            stage.op = Op::PerLayerEmbed;
+            stage.operands = {&table->ref, &proj->ref, &norm->ref};
+            stage.k = k, stage.n = width, stage.groups = n_layer;
+            stage.params.eps = 1e-6f, stage.params.n_layer = n_layer;
+            stage.params.ple_token_scale = 1.7f, stage.params.ple_model_proj_scale = 0.3f;
+            stage.params.ple_combine_scale = 0.7f;
+            stage.features = kPerLayerEmbedding | kRmsNorm;
+            KCAP_EXPECT(rejection_reason(row, stage).empty(), "%s refuses table %s: %s", row.kernel.c_str(),
+                        format_name(tf), rejection_reason(row, stage).c_str());
+            for (int m : {1, 3, 10}) {
+                std::vector<int32_t> tokens(static_cast<size_t>(m));
+                for (int i = 0; i < m; ++i) tokens[size_t(i)] = int32_t((i * 5 + 3) % vocab);
+                const std::vector<float> e = random_floats(rng, size_t(m) * size_t(k));
+                std::vector<float> ref(size_t(m) * size_t(width)), got = nan_filled(ref.size());
+                KernelCall call;
+                call.n_tokens = m;
+                call.tokens = tokens.data();
+                call.in = e.data();
+                call.out = ref.data();
+                run_cpu(cpu_row, stage, call, cpu);
+                KcapMatmulParams mp;
+                mp.k = int(k), mp.n = int(width), mp.m = m, mp.row_bytes = unsigned(row_bytes(pf, k)), mp.has_bias = 0;
+                KcapPleParams p;
+                p.n_tokens = m, p.width = int(width), p.per = per, p.table_row_bytes = unsigned(row_bytes(tf, width));
+                p.eps = 1e-6f, p.proj_scale = 0.3f, p.token_scale = 1.7f, p.combine_scale = 0.7f;
+                with_decoder(pf, [&](auto pdecoder) {
+                    using P = decltype(pdecoder);
+                    kcap_sim::launch({ceil_div(width, kTokensSimds * kTokensRows), ceil_div(m, kTokensPerPass), 1},
+                                     kTokensSimds * 32, 0, [&](const KcapThread& t, void*) {
+                                         kcap_matmul_tokens<P, kTokensRows, kTokensPerPass>(t, mp, proj->ref.data, e.data(),
+                                                                                            nullptr, got.data());
+                                     });
+                });
+                with_decoder(tf, [&](auto tdecoder) {
+                    using T = decltype(tdecoder);
+                    kcap_sim::launch({unsigned(m), unsigned(n_layer), 1}, 32, 0, [&](const KcapThread& t, void*) {
+                        kcap_ple_combine<T>(t, p, tokens.data(), table->ref.data,
+                                            reinterpret_cast<const float*>(norm->ref.data), got.data());
+                    });
+                });
+                const double err = relative_error(got, ref);
+                KCAP_EXPECT(err <= kMatmulTolerance, "%s table %s K=%lld per=%d M=%d: error %.3g", row.kernel.c_str(),
+                            format_name(tf), (long long)k, per, m, err);
+                ++checked;
+            }
+        }
+    }
+    const Row& gate_row = find_row("cuda.per_layer_gate");
+    for (Activation act : {Activation::SiLU, Activation::GeluTanh, Activation::GeluErf, Activation::ReLU})
+        for (int layer : {0, 3}) {
+            const int tokens = 5, per = 20, n_layer = 4, stride = per * n_layer;
+            Stage stage;
+            stage.op = Op::PerLayerGate;
+            stage.k = stride, stage.n = per, stage.groups = layer;
+            stage.params.activation = act;
+            stage.features = kPerLayerEmbedding;
+            KCAP_EXPECT(rejection_reason(gate_row, stage).empty(), "cuda.per_layer_gate refuses");
+            const std::vector<float> gate = random_floats(rng, size_t(tokens * per), 3.0f);
+            const std::vector<float> ple = random_floats(rng, size_t(tokens * stride));
+            std::vector<float> ref(gate.size()), got = nan_filled(gate.size());
+            KernelCall call;
+            call.n_tokens = tokens;
+            call.in = gate.data(), call.in2 = ple.data(), call.out = ref.data();
+            run_cpu(find_row("cpu.per_layer_gate"), stage, call, cpu);
+            KcapPleGateParams p;
+            p.n_tokens = tokens, p.per = per, p.stride = stride, p.offset = layer * per, p.activation = int(act);
+            kcap_sim::launch({ceil_div(tokens * per, 64), 1, 1}, 64, 0, [&](const KcapThread& t, void*) {
+                kcap_ple_gate(t, p, gate.data(), ple.data(), got.data());
+            });
+            const double err = relative_error(got, ref);
+            KCAP_EXPECT(err <= kExactTolerance, "cuda.per_layer_gate %s layer %d: error %.3g", activation_name(act), layer, err);
+            ++checked;
+        }
+    std::printf("per-layer embedding bodies: %d cases\n", checked);
 }
 
 void test_norm(std::mt19937& rng, CpuState& cpu) {
@@ -486,6 +596,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
         p.k_width = c.n_head_kv * c.head_dim, p.v_width = c.n_head_kv * c.head_dim_v;
         p.window = c.window, p.scale = stage.params.scale, p.softcap = c.softcap, p.kv_f16 = c.kv == Format::F16;
         p.min_chunk = 32;
+        p.append = 1;
         const size_t elem = c.kv == Format::F16 ? 2 : 4;
         std::vector<uint8_t> k_cache(static_cast<size_t>(n_ctx) * p.k_width * elem + 16), v_cache(size_t(n_ctx) * p.v_width * elem + 16);
         const int simds = std::min(c.n_head / c.n_head_kv, 8);
@@ -535,6 +646,53 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                         c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.window, double(c.softcap), format_name(c.kv),
                         m == 1 ? "decode" : "prefill", m, pos, c.n_splits, err);
             ++checked;
+            // A shared-KV layer (kv_shared) at the same positions: other queries over the cache
+            // this call just filled, no K/V of its own, nothing stored.
+            {
+                Stage shared = stage;
+                shared.layer = 1;
+                shared.params.kv_layer = 0;
+                shared.features = kKvShared;
+                const std::vector<float> q2 = random_floats(rng, size_t(m) * c.n_head * c.head_dim);
+                std::vector<float> ref2(ref.size()), got2 = nan_filled(ref.size());
+                const std::vector<uint8_t> k_before = k_cache, v_before = v_cache;
+                KernelCall call2;
+                call2.n_tokens = m;
+                call2.pos0 = pos;
+                call2.in = q2.data(), call2.out = ref2.data();
+                run_cpu(cpu_twin(find_row("cuda.attention")), shared, call2, cpu);
+                KcapAttentionParams ps = p;
+                ps.append = 0;
+                if (m == 1) {
+                    ps.n_splits = c.n_splits;
+                    kcap_sim::launch({unsigned(c.n_head_kv), unsigned(c.n_splits), 1}, 32 * simds,
+                                     sizeof(float) * simds * c.head_dim, [&](const KcapThread& t, void* sh) {
+                                         kcap_attention_decode(t, ps, step, q2.data(), nullptr, nullptr, k_cache.data(),
+                                                               v_cache.data(), partial_o.data(), partial_ml.data(),
+                                                               got2.data(), static_cast<float*>(sh));
+                                     });
+                    if (c.n_splits > 1)
+                        kcap_sim::launch({unsigned(c.n_head), 1, 1}, 64, 0, [&](const KcapThread& t, void*) {
+                            kcap_attention_combine(t, ps, partial_o.data(), partial_ml.data(), got2.data());
+                        });
+                } else {
+                    kcap_sim::launch({ceil_div(int64_t(m) * (p.k_width + p.v_width), 256), 1, 1}, 256, 0,
+                                     [&](const KcapThread& t, void*) {
+                                         kcap_kv_append(t, ps, step, nullptr, nullptr, k_cache.data(), v_cache.data());
+                                     });
+                    kcap_sim::launch({unsigned(m), unsigned(c.n_head_kv), 1}, 32 * simds, sizeof(float) * simds * c.head_dim,
+                                     [&](const KcapThread& t, void* sh) {
+                                         kcap_attention_prefill(t, ps, step, q2.data(), k_cache.data(), v_cache.data(),
+                                                                got2.data(), static_cast<float*>(sh));
+                                     });
+                }
+                const double err2 = relative_error(got2, ref2);
+                KCAP_EXPECT(err2 <= kAttentionTolerance && k_cache == k_before && v_cache == v_before,
+                            "shared-KV attention heads %d/%d, %s of %d at %d: error %.3g, cache %s", c.n_head,
+                            c.n_head_kv, m == 1 ? "decode" : "prefill", m, pos, err2,
+                            k_cache == k_before && v_cache == v_before ? "untouched" : "written");
+                ++checked;
+            }
             pos += m;
         }
     }
@@ -636,9 +794,17 @@ void test_table() {
             const int64_t k = row.dims.k_multiple;
             Stage legal = matmul_stage(&w.ref, nullptr, k, 7);
             KCAP_EXPECT(rejection_reason(row, legal).empty(), "%s refuses legal K=%lld", row.kernel.c_str(), (long long)k);
-            Stage illegal = matmul_stage(&w.ref, nullptr, k + 16, 7);  // a run short of the next block
-            KCAP_EXPECT(!rejection_reason(row, illegal).empty(), "%s accepts K=%lld", row.kernel.c_str(),
-                        (long long)(k + 16));
+            const int64_t bad = k + k / 2;  // half a block (or half of 4) short of the next multiple
+            Stage illegal = matmul_stage(&w.ref, nullptr, bad, 7);
+            KCAP_EXPECT(!rejection_reason(row, illegal).empty(), "%s accepts K=%lld", row.kernel.c_str(), (long long)bad);
+            // Float formats: the exact rows take K = 100 (three runs and a tail), the tensor-core
+            // rows refuse it, so the planner routes such stages to the exact rows.
+            const Format f = row_format(row);
+            if (f == Format::F32 || f == Format::F16 || f == Format::BF16) {
+                const bool mma = row.kernel.rfind("cuda.matmul_mma.", 0) == 0;
+                const std::string why = rejection_reason(row, matmul_stage(&w.ref, nullptr, 100, 7));
+                KCAP_EXPECT(why.empty() != mma, "%s on K=100: '%s'", row.kernel.c_str(), why.c_str());
+            }
         }
         if (row.op == Op::Attention) {
             Stage stage;
@@ -681,6 +847,7 @@ int main() {
     test_gate_up(rng, cpu);
     test_rope(rng, cpu);
     test_elementwise(rng, cpu);
+    test_ple(rng, cpu);
     test_argmax(rng);
     test_attention(rng, cpu);
     if (failures()) {

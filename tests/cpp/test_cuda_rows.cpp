@@ -5,8 +5,9 @@
 //
 // Tolerances (relative L2 error against the CPU row; for matmuls relative to ||(|W| |x|)||,
 // the scale reordered sums err against, since one output's terms may cancel):
-//   exact rows (cuda.matmul.*, embed, norm, rope, elementwise)     1e-5 (f32, another summation order)
-//   cuda.matmul_mma.* with >= kMmaMinTokens tokens (bf16 tiles)    3e-5, derived: the weights are
+//   exact rows (cuda.matmul.*, embed, norm, rope, elementwise, add_norm,
+//               per_layer_embed, per_layer_gate, gate_up for < kMmaMinTokens)   1e-5 (f32, another summation order)
+//   cuda.matmul_mma.* and gate_up with >= kMmaMinTokens tokens (bf16 tiles)   3e-5, derived: the weights are
 //       exact (scale x bf16-exact code + offset, f32 scale and offset) and x = x_hi + x_lo + e with
 //       |e| <= 2^-16 |x| (two bf16 roundings), products exact, f32 accumulation; so each output
 //       errs by <= 2^-16 sum |w x| (1.5e-5 of the scale) plus f32 summation (the exact rows' 1e-5).
@@ -159,35 +160,128 @@ void test_embed(std::mt19937& rng, CpuState& cpu) {
     for (const Row& row : capability_table()) {
         if (row.backend != Backend::CUDA || row.op != Op::Embed) continue;
         const Format f = row_format(row);
-        for (int64_t width : {row.dims.k_multiple, row.dims.k_multiple * 5}) {
-            TestContext t;
-            const int64_t vocab = 37;
-            auto table = random_weights(rng, f, width, vocab);
-            Stage stage;
-            stage.op = Op::Embed;
-            stage.operands = {&table->ref};
-            stage.k = stage.n = width;
-            stage.params.scale = 1.7f;
-            stage.features = kEmbedScale;
-            const std::vector<int32_t> tokens = {36, 0, 5, 36, 17};
-            std::vector<float> ref(tokens.size() * static_cast<size_t>(width));
-            KernelCall call;
-            call.n_tokens = int(tokens.size());
-            call.tokens = tokens.data();
-            call.out = ref.data();
-            run_cpu(cpu_twin(row), stage, call, cpu);
-            CHECK(cudaMemcpy(t.ctx.tokens, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
-            StageData data;
-            data.operands[0] = t.arena.upload_bytes(table->ref.data, table->ref.nbytes);
-            float* out = static_cast<float*>(t.arena.alloc(ref.size() * 4));
-            call.tokens = nullptr;
-            call.out = out;
-            t.run(row, stage, call, data);
-            const double err = relative_error(download(out, ref.size()), ref);
-            KCAP_EXPECT(err <= kExactTolerance, "%s width=%lld: error %.3g", row.kernel.c_str(), (long long)width, err);
-            ++g_cases;
-        }
+        std::vector<int64_t> widths = {row.dims.k_multiple, row.dims.k_multiple * 5};
+        if (row.dims.k_multiple < 32) widths.push_back(row.dims.k_multiple * 25);  // runs and a tail
+        for (int64_t width : widths)
+            for (int positions : {0, 1, 2}) {  // none, f32, f16 learned position embedding
+                TestContext t;
+                const int64_t vocab = 37, n_pos = 64, pos0 = 40;
+                auto table = random_weights(rng, f, width, vocab);
+                auto pos_table = random_weights(rng, positions == 2 ? Format::F16 : Format::F32, width, n_pos, "pos");
+                Stage stage;
+                stage.op = Op::Embed;
+                stage.operands = {&table->ref};
+                if (positions) stage.operands.push_back(&pos_table->ref);
+                stage.k = stage.n = width;
+                stage.params.scale = 1.7f;
+                stage.features = kEmbedScale | (positions ? kPositionEmbedding : 0u);
+                KCAP_EXPECT(rejection_reason(row, stage).empty(), "%s refuses width %lld", row.kernel.c_str(),
+                            (long long)width);
+                const std::vector<int32_t> tokens = {36, 0, 5, 36, 17};
+                std::vector<float> ref(tokens.size() * static_cast<size_t>(width));
+                KernelCall call;
+                call.n_tokens = int(tokens.size());
+                call.pos0 = int(pos0);
+                call.tokens = tokens.data();
+                call.out = ref.data();
+                run_cpu(cpu_twin(row), stage, call, cpu);
+                CHECK(cudaMemcpy(t.ctx.tokens, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
+                t.set_step(int(pos0));
+                StageData data;
+                data.operands[0] = t.arena.upload_bytes(table->ref.data, table->ref.nbytes);
+                if (positions) data.operands[1] = t.arena.upload_bytes(pos_table->ref.data, pos_table->ref.nbytes);
+                float* out = static_cast<float*>(t.arena.alloc(ref.size() * 4));
+                call.tokens = nullptr;
+                call.out = out;
+                t.run(row, stage, call, data);
+                const double err = relative_error(download(out, ref.size()), ref);
+                KCAP_EXPECT(err <= kExactTolerance, "%s width=%lld positions=%d: error %.3g", row.kernel.c_str(),
+                            (long long)width, positions, err);
+                ++g_cases;
+            }
     }
+}
+
+// Every cuda.per_layer_embed.<proj> row (projection and combine, tables in F32, F16 and the
+// projection's format, 1, 5 and 70 tokens) and cuda.per_layer_gate, against the CPU rows.
+void test_ple(std::mt19937& rng, CpuState& cpu) {
+    const Row& cpu_row = find_row("cpu.per_layer_embed");
+    for (const Row& row : capability_table()) {
+        if (row.backend != Backend::CUDA || row.op != Op::PerLayerEmbed) continue;
+        const Format pf = row.operand_formats.at(1).at(0);
+        for (Format tf : {Format::F32, Format::F16, pf})
+            for (int64_t k : {row.dims.k_multiple * 3, row.dims.k_multiple < 32 ? int64_t(1540) : int64_t(1536)})
+                for (int m : {1, 5, 70}) {
+                    TestContext t;
+                    const int64_t block = format_info(tf).block_elems;
+                    const int n_layer = 5;
+                    const int per = block >= 256 ? 256 : block == 32 && tf != Format::F32 && tf != Format::F16 ? 96 : 36;
+                    const int64_t width = int64_t(n_layer) * per, vocab = 23;
+                    auto table = random_weights(rng, tf, width, vocab, "ple_table");
+                    auto proj = random_weights(rng, pf, k, width, "ple_proj");
+                    auto norm = float_vector(random_floats(rng, size_t(per)), "ple_norm");
+                    Stage stage;
+                    stage.op = Op::PerLayerEmbed;
+                    stage.operands = {&table->ref, &proj->ref, &norm->ref};
+                    stage.k = k, stage.n = width, stage.groups = n_layer;
+                    stage.params.eps = 1e-6f, stage.params.n_layer = n_layer;
+                    stage.params.ple_token_scale = 1.7f, stage.params.ple_model_proj_scale = 0.3f;
+                    stage.params.ple_combine_scale = 0.7f;
+                    stage.features = kPerLayerEmbedding | kRmsNorm;
+                    KCAP_EXPECT(rejection_reason(row, stage).empty(), "%s refuses table %s K=%lld", row.kernel.c_str(),
+                                format_name(tf), (long long)k);
+                    std::vector<int32_t> tokens(static_cast<size_t>(m));
+                    for (int i = 0; i < m; ++i) tokens[size_t(i)] = int32_t((i * 7 + 3) % vocab);
+                    const std::vector<float> e = random_floats(rng, size_t(m) * size_t(k));
+                    std::vector<float> ref(size_t(m) * size_t(width));
+                    KernelCall call;
+                    call.n_tokens = m;
+                    call.tokens = tokens.data();
+                    call.in = e.data();
+                    call.out = ref.data();
+                    run_cpu(cpu_row, stage, call, cpu);
+                    CHECK(cudaMemcpy(t.ctx.tokens, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
+                    StageData data;
+                    data.operands[0] = t.arena.upload_bytes(table->ref.data, table->ref.nbytes);
+                    data.operands[1] = t.arena.upload_bytes(proj->ref.data, proj->ref.nbytes);
+                    data.operands[2] = t.arena.upload_bytes(norm->ref.data, norm->ref.nbytes);
+                    float* out = static_cast<float*>(t.arena.alloc(ref.size() * 4));
+                    call.tokens = nullptr;
+                    call.in = t.arena.upload(e);
+                    call.out = out;
+                    t.run(row, stage, call, data);
+                    const double err = relative_error(download(out, ref.size()), ref);
+                    KCAP_EXPECT(err <= kExactTolerance, "%s table %s K=%lld M=%d: error %.3g", row.kernel.c_str(),
+                                format_name(tf), (long long)k, m, err);
+                    ++g_cases;
+                }
+    }
+    const Row& gate_row = find_row("cuda.per_layer_gate");
+    for (Activation act : {Activation::SiLU, Activation::GeluTanh, Activation::GeluErf, Activation::ReLU})
+        for (int layer : {0, 4})
+            for (int tokens : {1, 70}) {
+                TestContext t;
+                const int per = 36, n_layer = 5, stride = per * n_layer;
+                Stage stage;
+                stage.op = Op::PerLayerGate;
+                stage.k = stride, stage.n = per, stage.groups = layer;
+                stage.params.activation = act;
+                stage.features = kPerLayerEmbedding;
+                const std::vector<float> gate = random_floats(rng, size_t(tokens * per), 3.0f);
+                const std::vector<float> ple = random_floats(rng, size_t(tokens * stride));
+                std::vector<float> ref(gate.size());
+                KernelCall call;
+                call.n_tokens = tokens;
+                call.in = gate.data(), call.in2 = ple.data(), call.out = ref.data();
+                run_cpu(find_row("cpu.per_layer_gate"), stage, call, cpu);
+                float* out = static_cast<float*>(t.arena.alloc(ref.size() * 4));
+                call.in = t.arena.upload(gate), call.in2 = t.arena.upload(ple), call.out = out;
+                t.run(gate_row, stage, call, StageData());
+                const double err = relative_error(download(out, ref.size()), ref);
+                KCAP_EXPECT(err <= kExactTolerance, "cuda.per_layer_gate %s layer %d tokens %d: error %.3g",
+                            activation_name(act), layer, tokens, err);
+                ++g_cases;
+            }
 }
 
 void test_norm(std::mt19937& rng, CpuState& cpu) {
@@ -270,6 +364,18 @@ void test_rope(std::mt19937& rng, CpuState& cpu) {
                     KCAP_EXPECT(err <= kExactTolerance, "cuda.rope neox=%d head_dim=%d rope_dim=%d factors=%d: error %.3g",
                                 int(neox), head_dim, rope_dim, int(with_factors), err);
                     ++g_cases;
+                    // A shared-KV layer's rope: Q only (no K buffer).
+                    std::vector<float> q_only_ref = q0;
+                    call.out = q_only_ref.data();
+                    call.inout2 = nullptr;
+                    run_cpu(cpu_twin(row), stage, call, cpu);
+                    float* q_only = t.arena.upload(q0);
+                    call.out = q_only;
+                    t.run(row, stage, call, data);
+                    const double err_q = relative_error(download(q_only, q0.size()), q_only_ref);
+                    KCAP_EXPECT(err_q <= kExactTolerance, "cuda.rope without K neox=%d head_dim=%d: error %.3g", int(neox),
+                                head_dim, err_q);
+                    ++g_cases;
                 }
 }
 
@@ -310,7 +416,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
         const size_t elem = c.kv == Format::F16 ? 2 : 4;
         t.ctx.kv_format = c.kv;
         t.ctx.n_ctx = n_ctx;
-        t.ctx.kv.resize(1);
+        t.ctx.kv.resize(2);  // layer 1 shares layer 0's cache (kv_shared): no cache of its own
         t.ctx.kv[0].k = t.arena.alloc(size_t(n_ctx) * c.n_head_kv * c.head_dim * elem);
         t.ctx.kv[0].v = t.arena.alloc(size_t(n_ctx) * c.n_head_kv * c.head_dim_v * elem);
         t.ctx.attn_partial_o = static_cast<float*>(t.arena.alloc(size_t(c.n_head) * c.n_splits * c.head_dim_v * 4));
@@ -340,6 +446,33 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                         c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.window, double(c.softcap), format_name(c.kv),
                         m == 1 ? "decode" : "prefill", m, pos, c.n_splits, err);
             ++g_cases;
+            // A shared-KV layer at the same positions: other queries over the cache this call
+            // filled, no K/V of its own; the cache must be left as it was.
+            {
+                Stage shared = stage;
+                shared.layer = 1;
+                shared.params.kv_layer = 0;
+                shared.features = kKvShared;
+                KCAP_EXPECT(rejection_reason(row, shared).empty(), "cuda.attention refuses kv_shared");
+                const std::vector<float> q2 = random_floats(rng, size_t(m) * c.n_head * c.head_dim);
+                std::vector<float> ref2(ref.size());
+                KernelCall call2;
+                call2.n_tokens = m;
+                call2.pos0 = pos;
+                call2.in = q2.data(), call2.out = ref2.data();
+                run_cpu(cpu_twin(row), shared, call2, cpu);
+                const size_t k_bytes = size_t(n_ctx) * c.n_head_kv * c.head_dim * elem;
+                const std::vector<uint8_t> k_before = download(static_cast<const uint8_t*>(t.ctx.kv[0].k), k_bytes);
+                float* out2 = static_cast<float*>(t.arena.alloc(ref2.size() * 4));
+                call2.in = t.arena.upload(q2), call2.out = out2;
+                t.run(row, shared, call2, data);
+                const double err2 = relative_error(download(out2, ref2.size()), ref2);
+                const bool untouched = download(static_cast<const uint8_t*>(t.ctx.kv[0].k), k_bytes) == k_before;
+                KCAP_EXPECT(err2 <= kAttentionTolerance && untouched,
+                            "cuda.attention kv_shared heads %d/%d, %s of %d at %d: error %.3g, cache %s", c.n_head,
+                            c.n_head_kv, m == 1 ? "decode" : "prefill", m, pos, err2, untouched ? "untouched" : "written");
+                ++g_cases;
+            }
             pos += m;
         }
     }
@@ -390,6 +523,30 @@ void test_elementwise(std::mt19937& rng, CpuState& cpu) {
         t.run(find_row(std::string("cuda.") + kernel), stage, call, StageData());
         const double err = relative_error(download(out, ref.size()), ref);
         KCAP_EXPECT(err <= kExactTolerance, "cuda.%s: error %.3g", kernel, err);
+        ++g_cases;
+    }
+    {
+        // A block's output scale (Gemma 4): the residual stream scaled in place.
+        TestContext t;
+        const int tokens = 5;
+        const int64_t n = 1001;
+        Stage stage;
+        stage.op = Op::Scale;
+        stage.k = stage.n = n;
+        stage.params.scale = 0.37f;
+        stage.features = kLayerOutputScale;
+        KCAP_EXPECT(rejection_reason(find_row("cuda.scale"), stage).empty(), "cuda.scale refuses layer_output_scale");
+        const std::vector<float> a = random_floats(rng, size_t(tokens * n));
+        std::vector<float> ref = a;
+        KernelCall call;
+        call.n_tokens = tokens;
+        call.in = ref.data(), call.out = ref.data();
+        run_cpu(find_row("cpu.scale"), stage, call, cpu);
+        float* x = t.arena.upload(a);
+        call.in = x, call.out = x;
+        t.run(find_row("cuda.scale"), stage, call, StageData());
+        const double err = relative_error(download(x, ref.size()), ref);
+        KCAP_EXPECT(err <= kExactTolerance, "cuda.scale in place (layer output scale): error %.3g", err);
         ++g_cases;
     }
 }
@@ -534,6 +691,7 @@ int main() {
     test_elementwise(rng, cpu);
     test_add_norm(rng, cpu);
     test_gate_up(rng, cpu);
+    test_ple(rng, cpu);
     test_argmax(rng);
     std::printf("%d cases, %d failures\n", g_cases, failures());
     return failures() ? 1 : 0;

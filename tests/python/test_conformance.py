@@ -116,13 +116,15 @@ def test_gemma4_feature_without_a_row_fails_to_load(fixture, excluded, stage):
 
 
 @pytest.mark.parametrize("fixture", ["gemma4-f32", "gemma4-kvshare-f32"])
-def test_gemma4_is_refused_on_cuda(fixture):
-    # No CUDA row implements per-layer embeddings (nor kv_shared attention, the layer output
-    # scale): planning Gemma 4 on CUDA must refuse, never run a partial model.
+def test_gemma4_without_cuda_ple_rows_is_refused_on_cuda(fixture):
+    # CUDA has per-layer embedding rows now (test_conformance_cuda.py runs every fixture
+    # there); with them excluded, planning Gemma 4 on CUDA must refuse, never run a partial model.
     from kcap.explain import explain_file
 
+    ple_rows = [r["kernel"] for r in kcap._core.capability_rows() if r["kernel"].startswith("cuda.per_layer_embed.")]
+    assert ple_rows
     with pytest.raises(kcap.RoutingError, match="stage 'per_layer_embd'.*no cuda row fits"):
-        explain_file(str(FIXTURES / f"{fixture}.gguf"), backend="cuda")
+        explain_file(str(FIXTURES / f"{fixture}.gguf"), backend="cuda", excluded_kernels=ple_rows)
 
 
 def test_gemma4_kv_sharing_geometry_is_checked():

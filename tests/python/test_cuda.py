@@ -101,7 +101,8 @@ def cuda_device(tiny_path):
 def test_cuda_rows_cover_every_op_and_required_format():
     rows = [r for r in _core.capability_rows() if r["backend"] == "cuda"]
     ops = {r["op"] for r in rows}
-    assert {"embed", "norm", "matmul", "rope", "attention", "ffn_activation", "add", "softcap", "argmax"} <= ops
+    assert {"embed", "norm", "matmul", "rope", "attention", "ffn_activation", "add", "softcap", "scale", "argmax",
+            "per_layer_embed", "per_layer_gate"} <= ops
     for fmt in REQUIRED_WEIGHT_FORMATS:
         assert any(r["op"] == "matmul" and r["operand_formats"][0] == [fmt] for r in rows), fmt
         assert any(r["op"] == "embed" and r["operand_formats"][0] == [fmt] for r in rows), fmt

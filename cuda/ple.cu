@@ -1,0 +1,106 @@
+// CUDA entry points of the per-layer embedding rows: kernels/ple.h.
+//   cuda.per_layer_embed.<proj format>: the projection of every token's embedding (the
+//     few-token matmul body of kernels/matmul.h, for any number of tokens), then the combine
+//     (per-layer RMS norm of the projection plus the token's table row), whose instantiation
+//     follows the table's format (any format the row lists);
+//   cuda.per_layer_gate: act(gate) * this layer's slice.
+// Token ids come from the context's device token buffer, as for the embedding rows.
+#include "cuda/cuda_context.h"
+#include "kernels/matmul.h"
+#include "kernels/ple.h"
+
+namespace kcap {
+namespace cuda {
+namespace {
+
+using namespace cuda_rows;
+
+template <class F>
+__global__ void __launch_bounds__(kTokensSimds * 32)
+    ple_proj_kernel(KcapMatmulParams p, const kcap_u8* w, const float* x, float* y) {
+    const KcapThread t = kcap_cuda_thread();
+    pdl_wait();
+    pdl_trigger();
+    kcap_matmul_tokens<F, kTokensRows, kTokensPerPass>(t, p, w, x, nullptr, y);
+}
+
+template <class T>
+__global__ void __launch_bounds__(32)
+    ple_combine_kernel(KcapPleParams p, const kcap_i32* tokens, const kcap_u8* table, const float* norm_w, float* out) {
+    pdl_wait();
+    pdl_trigger();
+    kcap_ple_combine<T>(kcap_cuda_thread(), p, tokens, table, norm_w, out);
+}
+
+__global__ void __launch_bounds__(kElementwiseThreads)
+    ple_gate_kernel(KcapPleGateParams p, const float* gate, const float* ple, float* out) {
+    pdl_wait();
+    pdl_trigger();
+    kcap_ple_gate(kcap_cuda_thread(), p, gate, ple, out);
+}
+
+template <class T>
+void launch_combine(const Context& ctx, const KcapPleParams& p, int n_layer, const void* table, const void* norm_w,
+                    float* out) {
+    launch(ctx, ple_combine_kernel<T>, dim3(p.n_tokens, n_layer), dim3(32), 0, p, static_cast<const kcap_i32*>(ctx.tokens),
+           static_cast<const kcap_u8*>(table), static_cast<const float*>(norm_w), out);
+}
+
+}  // namespace
+
+template <class P>
+void run_per_layer_embed(const Stage& stage, const KernelCall& call) {
+    const Context& ctx = context(call);
+    const StageData& data = stage_data(call);
+    KcapMatmulParams mp;
+    mp.k = int(stage.k);
+    mp.n = int(stage.n);
+    mp.m = call.n_tokens;
+    mp.row_bytes = unsigned(row_bytes(stage.operands[1]->format, stage.k));
+    mp.has_bias = 0;
+    launch(ctx, ple_proj_kernel<P>, dim3(ceil_div(mp.n, kTokensSimds * kTokensRows), ceil_div(mp.m, kTokensPerPass)),
+           dim3(kTokensSimds * 32), 0, mp, static_cast<const kcap_u8*>(data.operands[1]), call.in, call.out);
+    const int n_layer = int(stage.groups);
+    KcapPleParams p;
+    p.n_tokens = call.n_tokens;
+    p.width = int(stage.n);
+    p.per = int(stage.n / stage.groups);
+    const Format table_format = stage.operands[0]->format;
+    p.table_row_bytes = unsigned(row_bytes(table_format, stage.n));
+    p.eps = stage.params.eps;
+    p.proj_scale = stage.params.ple_model_proj_scale;
+    p.token_scale = stage.params.ple_token_scale;
+    p.combine_scale = stage.params.ple_combine_scale;
+    switch (table_format) {
+#define KCAP_PLE_TABLE_CASE(NAME, DECODER)                                                                    \
+    case Format::NAME:                                                                                        \
+        launch_combine<DECODER>(ctx, p, n_layer, data.operands[0], data.operands[2], call.out);              \
+        return;
+        KCAP_WEIGHT_FORMATS(KCAP_PLE_TABLE_CASE)
+#undef KCAP_PLE_TABLE_CASE
+        default: throw Error(std::string("per_layer_embed: no GPU decoder for table format ") + format_name(table_format));
+    }
+}
+
+}  // namespace cuda
+
+#define KCAP_DEFINE_PLE(NAME, DECODER)                                                  \
+    void kcap_cuda_per_layer_embed_##NAME(const Stage& stage, const KernelCall& call) { \
+        cuda::run_per_layer_embed<DECODER>(stage, call);                                \
+    }
+KCAP_WEIGHT_FORMATS(KCAP_DEFINE_PLE)
+#undef KCAP_DEFINE_PLE
+
+void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call) {
+    KcapPleGateParams p;
+    p.n_tokens = call.n_tokens;
+    p.per = int(stage.n);
+    p.stride = int(stage.k);
+    p.offset = int(stage.groups * stage.n);
+    p.activation = int(stage.params.activation);
+    const int64_t total = int64_t(p.n_tokens) * p.per;
+    cuda::launch(cuda::context(call), cuda::ple_gate_kernel, dim3(cuda::ceil_div(total, cuda_rows::kElementwiseThreads)),
+                 dim3(cuda_rows::kElementwiseThreads), 0, p, call.in, call.in2, call.out);
+}
+
+}  // namespace kcap

@@ -1,0 +1,122 @@
+"""The architecture conformance tests (test_conformance.py) on the CUDA backend (issue 5, item 3).
+
+Without a GPU (every CI run): each fixture, F32 and Q8_0, plans entirely onto CUDA rows, its
+feature-bearing stages carry their features on those rows, and a fixture whose feature has no
+row left (the caller excludes it) is refused with a RoutingError.
+
+On a CUDA device: the same checks as the CPU test, against the same transformers goldens and
+with the same bounds: F32 prefill logits at every position and token-by-token decode (the
+captured decode graph) within 1e-3 × std, identical greedy continuations; Q8_0 within the CPU
+test's rule (1e-3 against transformers on the Q8_0-dequantized weights, and no further from
+the fp32 model than those weights are plus 1e-3).
+
+The engines exclude the tensor-core rows (cuda.matmul_mma.*): their prefill tiles round the
+operands to TF32 (10-bit mantissas), about 1e-3 relative per product, which does not meet the
+1e-3 × std bound this suite holds every backend to (test_cuda.py bounds them at 1e-2 instead).
+With them excluded every matmul runs the exact f32 rows (cuda.matmul.*). Lift the exclusion
+once the mma rows are accurate to f32.
+"""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kcap
+from kcap import _core
+from kcap.explain import explain_file
+
+from test_conformance import (FAMILIES, FIXTURES, F32_TOLERANCE, Q8_SAME_WEIGHTS_TOLERANCE, golden,
+                              relative_error)
+
+# TF32 tensor-core rows: not accurate enough for the 1e-3 × std bound (see the docstring).
+MMA_ROWS = [r["kernel"] for r in _core.capability_rows() if r["kernel"].startswith("cuda.matmul_mma.")]
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    return request.param
+
+
+def load_cuda(path: Path):
+    try:
+        return kcap.load(path, backend="cuda", excluded_kernels=MMA_ROWS)
+    except kcap.BackendUnavailableError:
+        pytest.skip("no CUDA device")
+
+
+# --- no GPU needed ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("quant", ["f32", "q8_0"])
+def test_every_stage_routes_to_cuda(family, quant):
+    routes = explain_file(str(FIXTURES / f"{family}-{quant}.gguf"), backend="cuda")
+    assert routes
+    wrong = [r for r in routes if r["backend"] != "cuda" or not r["kernel"].startswith("cuda.")]
+    assert not wrong, wrong[:3]
+    # Without the tensor-core rows (as the device tests below run) every stage still routes.
+    exact = explain_file(str(FIXTURES / f"{family}-{quant}.gguf"), backend="cuda", excluded_kernels=MMA_ROWS)
+    assert not any(r["kernel"].startswith("cuda.matmul_mma.") for r in exact)
+
+
+def test_explain_shows_feature_bearing_stages_on_cuda(family):
+    routes = explain_file(str(FIXTURES / f"{family}-f32.gguf"), backend="cuda")
+    by_stage = {}
+    for r in routes:
+        by_stage.setdefault(r["stage"], []).append(r)
+    for stage, feature in FAMILIES[family][1].items():
+        assert stage in by_stage, f"{family}: no stage {stage}"
+        assert all(r["kernel"].startswith("cuda.") for r in by_stage[stage])
+        for f in filter(None, feature.split(",")):
+            assert any(f in r["features"].split(",") for r in by_stage[stage]), (family, stage, f)
+
+
+def test_float_matmul_with_k_off_the_tile_takes_the_exact_row():
+    # granite's ffn_down has K = 200: the tensor-core row needs whole runs of 32, so the
+    # planner routes it to the exact row, and its K = 96 projections to the tensor-core row.
+    routes = explain_file(str(FIXTURES / "granite-f32.gguf"), backend="cuda")
+    kernels = {r["stage"]: r["kernel"] for r in routes if r["layer"] == 0}
+    assert kernels["ffn_down"] == "cuda.matmul.f32"
+    assert kernels["ffn_up"] == "cuda.matmul_mma.f32"
+
+
+@pytest.mark.parametrize("fixture,excluded,stage", [
+    ("gemma2", ["cuda.softcap"], "final_softcap"),
+    ("gemma2", ["cuda.attention"], "attention"),
+    ("granite", ["cuda.scale"], "logit_scale"),
+    ("gpt2", ["cuda.embed.f32"], "token_embd"),
+    ("gemma4", [r["kernel"] for r in _core.capability_rows() if r["kernel"].startswith("cuda.per_layer_embed.")],
+     "per_layer_embd"),
+    ("gemma4", ["cuda.per_layer_gate"], "ple_act"),
+    ("gemma4", ["cuda.scale"], "layer_output_scale"),
+    ("gemma4-kvshare", ["cuda.attention"], "attention"),
+])
+def test_feature_without_a_cuda_row_is_refused(fixture, excluded, stage):
+    with pytest.raises(kcap.RoutingError, match=f"stage '{stage}'.*no cuda row fits"):
+        explain_file(str(FIXTURES / f"{fixture}-f32.gguf"), backend="cuda", excluded_kernels=excluded)
+
+
+# --- on a CUDA device ----------------------------------------------------------------------
+
+def test_f32_prefill_decode_and_greedy_match_transformers_on_cuda(family):
+    g = golden(family)
+    model = load_cuda(FIXTURES / f"{family}-f32.gguf")
+    assert model.architecture == FAMILIES[family][0]
+    ids = g["prompt_ids"].tolist()
+    prefill = model.eval(ids, all_logits=True)
+    assert np.isfinite(prefill).all()
+    assert relative_error(prefill, g["logits"]) <= F32_TOLERANCE
+    model.reset()
+    stepped = np.stack([model.eval([t]) for t in ids])
+    assert relative_error(stepped, g["logits"]) <= F32_TOLERANCE
+    model.reset()
+    greedy = list(model.generate_ids(ids, max_tokens=len(g["greedy_ids"]), ignore_eos=True))
+    assert greedy == g["greedy_ids"].tolist()
+
+
+def test_q8_0_matches_transformers_on_cuda(family):
+    g = golden(family)
+    model = load_cuda(FIXTURES / f"{family}-q8_0.gguf")
+    got = model.eval(g["prompt_ids"].tolist(), all_logits=True)
+    assert np.isfinite(got).all()
+    assert relative_error(got, g["logits_q8_0_weights"]) <= Q8_SAME_WEIGHTS_TOLERANCE
+    quantization_error = relative_error(g["logits_q8_0_weights"], g["logits"])
+    assert relative_error(got, g["logits"]) <= quantization_error + Q8_SAME_WEIGHTS_TOLERANCE
