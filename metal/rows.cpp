@@ -149,6 +149,10 @@ void add_metal_rows(std::vector<Row>& rows) {
     for (const Declared& d : declared()) rows.push_back(d.row);
 }
 
+#if !defined(KCAP_WITH_METAL)
+bool metal_device_available() { return false; }  // metal/metal_backend.mm where it is built
+#endif
+
 namespace metal_rows {
 
 const std::vector<std::string>& entry_points(const std::string& kernel) {

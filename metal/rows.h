@@ -113,5 +113,9 @@ void kcap_metal_argmax(const Stage& stage, const KernelCall& call);
 // backend is compiled in (Apple, KCAP_WITH_METAL), and an Engine on "metal" is then refused.
 void add_metal_rows(std::vector<Row>& rows);
 
+// Whether this build has the Metal backend and the machine a Metal device (the default
+// backend on macOS then is "metal"); false wherever KCAP_WITH_METAL is not defined.
+bool metal_device_available();
+
 }  // namespace kcap
 #endif  // !__METAL_VERSION__

@@ -240,6 +240,8 @@ void init_engine(py::module_& m) {
             return out;
         },
         "Metal row kernel name -> its entry point names, in the order its launcher uses them.");
+    m.def("metal_device_available", &metal_device_available,
+          "True where the Metal backend is built in and a Metal device exists (then the default backend).");
 
     py::class_<Engine>(m, "Engine", "A planned model with its KV cache on one backend.")
         .def(py::init([](const ModelSpec& spec, const std::string& backend, const std::string& kv_type, int64_t n_ctx,
