@@ -8,6 +8,8 @@
 
 using namespace kcap::metal_rows;
 
+static_assert(kSimdWidth == KCAP_SIMD_WIDTH, "the host checks pipelines against metal_rows::kSimdWidth");
+
 // Grid: x = ceil(n / ((kMatvecSimds / split) * kMatvecRows)), y = 1; kMatvecSimds * 32 threads.
 template <class F>
 kernel void kcap_matvec_entry(constant KcapMatmulParams& p [[buffer(0)]], constant int& split [[buffer(1)]],

@@ -178,9 +178,9 @@ private:
                 if (!pipeline)
                     throw Error("metal: cannot build " + entries[e] + ": " +
                                 std::string(error ? error.localizedDescription.UTF8String : "unknown"));
-                if (pipeline.threadExecutionWidth != KCAP_SIMD_WIDTH)
+                if (pipeline.threadExecutionWidth != NSUInteger(metal_rows::kSimdWidth))
                     throw BackendUnavailableError("backend 'metal': simd width " + std::to_string(pipeline.threadExecutionWidth) +
-                                                  ", the kernels assume " + std::to_string(KCAP_SIMD_WIDTH));
+                                                  ", the kernels assume " + std::to_string(metal_rows::kSimdWidth));
                 if (pipeline.maxTotalThreadsPerThreadgroup < NSUInteger(row->geometry.threads_per_group))
                     throw BackendUnavailableError("backend 'metal': " + entries[e] + " allows " +
                                                   std::to_string(pipeline.maxTotalThreadsPerThreadgroup) +

@@ -25,6 +25,7 @@ namespace metal_rows {
 // Enumerators, not constexpr variables: MSL puts program-scope variables in an address space,
 // enumerators are plain constants in both languages.
 enum : int {
+    kSimdWidth = 32,  // KCAP_SIMD_WIDTH of kernels/dialect.h (static_assert in metal/matmul.metal)
     // Matmul, exact (f32 activations): the decode matvec and the few-token walk.
     kMatvecSimds = 4,   // simd groups per threadgroup
     kMatvecRows = 2,    // weight rows per team (the template argument of kcap_matvec_split)
