@@ -115,7 +115,15 @@ using namespace metal;
 #define KCAP_FN inline
 #define KCAP_GLOBAL device
 #define KCAP_SHARED threadgroup
-#define KCAP_PRIVATE thread
+// The thread address space goes through KCAP_METAL_THREAD_SPACE so the Linux compile check
+// (metal/check/metal_stand_in.h) can spell it as nothing while `thread` stays an identifier
+// there: KcapThread::thread below is one, and `thread` is reserved in MSL, so that member is
+// a known blocker of the real Metal build until it is renamed in every branch and body
+// (metal/check/reserved_words.py reports each use; see README, Metal backend).
+#ifndef KCAP_METAL_THREAD_SPACE
+#define KCAP_METAL_THREAD_SPACE thread
+#endif
+#define KCAP_PRIVATE KCAP_METAL_THREAD_SPACE
 #define KCAP_UNROLL _Pragma("unroll")
 
 typedef uchar kcap_u8;
@@ -130,6 +138,32 @@ struct KcapThread {
     uint group_x, group_y, group_z;
     uint groups_x, groups_y, groups_z;
 };
+
+// What every .metal entry point takes to build its KcapThread (1-D threadgroups, 2-D/3-D grids
+// of groups, as the CUDA launches): KCAP_METAL_THREAD_ARGS in the parameter list, then
+// `const KcapThread t = KCAP_METAL_THREAD();` first thing in the body.
+#define KCAP_METAL_THREAD_ARGS                                                                              \
+    uint3 kcap_tid [[thread_position_in_threadgroup]], uint3 kcap_tpg [[threads_per_threadgroup]],        \
+        uint3 kcap_gid [[threadgroup_position_in_grid]], uint3 kcap_ngroups [[threadgroups_per_grid]],     \
+        uint kcap_lane [[thread_index_in_simdgroup]], uint kcap_simd [[simdgroup_index_in_threadgroup]], \
+        uint kcap_simds [[simdgroups_per_threadgroup]]
+#define KCAP_METAL_THREAD() kcap_metal_thread(kcap_tid, kcap_tpg, kcap_gid, kcap_ngroups, kcap_lane, kcap_simd, kcap_simds)
+
+KCAP_FN KcapThread kcap_metal_thread(uint3 tid, uint3 tpg, uint3 gid, uint3 ngroups, uint lane, uint simd, uint simds) {
+    KcapThread t;
+    t.thread = tid.x;
+    t.threads = tpg.x;
+    t.lane = lane;
+    t.simd = simd;
+    t.simds = simds;
+    t.group_x = gid.x;
+    t.group_y = gid.y;
+    t.group_z = gid.z;
+    t.groups_x = ngroups.x;
+    t.groups_y = ngroups.y;
+    t.groups_z = ngroups.z;
+    return t;
+}
 
 KCAP_FN void kcap_barrier() { threadgroup_barrier(mem_flags::mem_threadgroup | mem_flags::mem_device); }
 KCAP_FN void kcap_simd_barrier() { simdgroup_barrier(mem_flags::mem_threadgroup); }

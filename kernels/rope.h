@@ -13,18 +13,18 @@
 // (n_head + n_head_kv) * rope_dim / 2.
 KCAP_FN void kcap_rope(const KcapThread t, const KcapRopeParams p, const KCAP_GLOBAL kcap_i32* step,
                        const KCAP_GLOBAL float2* cos_sin, KCAP_GLOBAL float* q, KCAP_GLOBAL float* k) {
-    const int half = p.rope_dim / 2;
+    const int pairs = p.rope_dim / 2;
     const int heads = p.n_head + p.n_head_kv;
     const kcap_u64 index = kcap_u64(t.group_x) * t.threads + t.thread;
-    if (index >= kcap_u64(p.n_tokens) * heads * half) return;
-    const int i = int(index % half);
-    const int h = int((index / half) % heads);
-    const int m = int(index / (kcap_u64(half) * heads));
+    if (index >= kcap_u64(p.n_tokens) * heads * pairs) return;
+    const int i = int(index % pairs);
+    const int h = int((index / pairs) % heads);
+    const int m = int(index / (kcap_u64(pairs) * heads));
     KCAP_GLOBAL float* x = h < p.n_head ? q + (kcap_u64(m) * p.n_head + h) * p.head_dim
                                         : k + (kcap_u64(m) * p.n_head_kv + (h - p.n_head)) * p.head_dim;
-    const float2 cs = cos_sin[kcap_u64(step[0] + m) * half + i];
+    const float2 cs = cos_sin[kcap_u64(step[0] + m) * pairs + i];
     const int a = p.neox ? i : 2 * i;
-    const int b = p.neox ? i + half : 2 * i + 1;
+    const int b = p.neox ? i + pairs : 2 * i + 1;
     const float x0 = x[a], x1 = x[b];
     x[a] = x0 * cs.x - x1 * cs.y;
     x[b] = x0 * cs.y + x1 * cs.x;

@@ -21,6 +21,9 @@ ctest --test-dir build/ctest --output-on-failure
 echo "== CUDA compile check (no GPU needed)"
 JOBS=$JOBS bash scripts/cuda_compile_check.sh
 
+echo "== Metal compile check (no Mac needed: .metal files as C++ under a stand-in header)"
+bash scripts/metal_compile_check.sh
+
 echo "== pytest"
 # Run from tests/ so the source tree's python/ folder never shadows the installed package.
 cd tests && $PY -m pytest -q python "$@"

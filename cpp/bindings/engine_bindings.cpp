@@ -6,6 +6,7 @@
 #include "dispatch/capability.h"
 #include "kcap/engine.h"
 #include "kcap/errors.h"
+#include "metal/rows.h"
 
 namespace py = pybind11;
 using namespace kcap;
@@ -228,6 +229,19 @@ void init_engine(py::module_& m) {
             return out;
         },
         "Every row of the capability table.");
+
+    // Added for the Metal backend (issue 4): each Metal row's entry points, as declared with the
+    // row in metal/rows.cpp; tests check every name against the kernels in metal/*.metal.
+    m.def(
+        "metal_entry_points",
+        [] {
+            py::dict out;
+            for (const auto& [kernel, entries] : metal_rows::all_entry_points()) out[py::str(kernel)] = entries;
+            return out;
+        },
+        "Metal row kernel name -> its entry point names, in the order its launcher uses them.");
+    m.def("metal_device_available", &metal_device_available,
+          "True where the Metal backend is built in and a Metal device exists (then the default backend).");
 
     py::class_<Engine>(m, "Engine", "A planned model with its KV cache on one backend.")
         .def(py::init([](const ModelSpec& spec, const std::string& backend, const std::string& kv_type, int64_t n_ctx,

@@ -24,5 +24,10 @@ std::unique_ptr<Backend_> make_cpu_backend(const ModelSpec& spec, Plan plan, con
 // cuda/cuda_backend.cu; throws BackendUnavailableError when the machine has no CUDA device.
 std::unique_ptr<Backend_> make_cuda_backend(const ModelSpec& spec, Plan plan, const EngineOptions& options);
 #endif
+#if defined(KCAP_WITH_METAL)
+// metal/metal_backend.mm (issue 4); throws BackendUnavailableError when the machine has no
+// Metal device or the metallib cannot be loaded.
+std::unique_ptr<Backend_> make_metal_backend(const ModelSpec& spec, Plan plan, const EngineOptions& options);
+#endif
 
 }  // namespace kcap

@@ -55,6 +55,9 @@ Engine::Engine(std::shared_ptr<const ModelSpec> spec, const EngineOptions& optio
 #if defined(KCAP_WITH_CUDA)
         case Backend::CUDA: backend_ = make_cuda_backend(*spec_, std::move(plan), options); break;  // issue 3
 #endif
+#if defined(KCAP_WITH_METAL)
+        case Backend::Metal: backend_ = make_metal_backend(*spec_, std::move(plan), options); break;  // issue 4
+#endif
         default:
             throw BackendUnavailableError("backend '" + options.backend + "' is not available in this build");
     }

@@ -6,6 +6,7 @@
 
 #include "dispatch/stage.h"
 #include "kcap/errors.h"
+#include "metal/rows.h"
 
 namespace kcap {
 
@@ -91,6 +92,8 @@ const std::vector<Row>& capability_table() {
         add_cuda_elementwise_rows(rows);
         add_cuda_argmax_rows(rows);
         add_cuda_ple_rows(rows);
+        // Metal (issue 4): declared in every build, compiled only on Apple (metal/rows.cpp).
+        add_metal_rows(rows);
         return rows;
     }();
     return table;

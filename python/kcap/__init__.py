@@ -1,7 +1,7 @@
 """kcap: quantized GGUF language models on Apple Metal, NVIDIA CUDA and the CPU.
 
     import kcap
-    model = kcap.load("model.gguf")            # backend="cpu"
+    model = kcap.load("model.gguf")            # backend: "metal" on a Mac with Metal, else "cpu"
     print(model.generate("The capital of France is", max_tokens=32))
 """
 from kcap.errors import (  # noqa: F401
@@ -15,7 +15,7 @@ from kcap.errors import (  # noqa: F401
     RoutingError,
     UnknownArchitectureError,
 )
-from kcap.model import Model, load  # noqa: F401
+from kcap.model import Model, default_backend, load  # noqa: F401
 from kcap import formats  # noqa: F401
 
 __version__ = "0.1.0"

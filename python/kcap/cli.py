@@ -26,7 +26,8 @@ def default_model_path() -> str:
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="cpu", help="cpu (default), cuda or metal")
+    p.add_argument("--backend", default=None,
+                   help="cpu, cuda or metal (default: metal on a Mac with a Metal device, else cpu)")
     p.add_argument("--kv-type", default="f32", choices=["f32", "f16"], help="KV cache element type")
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
 
@@ -54,9 +55,11 @@ def cmd_run(args) -> int:
 
 
 def cmd_explain(args) -> int:
+    import kcap
     from kcap.explain import explain_file, format_table
 
-    routes = explain_file(str(args.model), backend=args.backend, kv_type=args.kv_type, n_ctx=args.ctx)
+    backend = args.backend or kcap.default_backend()
+    routes = explain_file(str(args.model), backend=backend, kv_type=args.kv_type, n_ctx=args.ctx)
     if args.json:
         json.dump(routes, sys.stdout, indent=1)
         print()

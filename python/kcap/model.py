@@ -73,7 +73,7 @@ class Model:
     def __init__(
         self,
         path: str | os.PathLike,
-        backend: str = "cpu",
+        backend: str | None = None,
         n_ctx: int | None = None,
         n_threads: int | None = None,
         kv_type: str = "f32",
@@ -98,6 +98,7 @@ class Model:
             bar.set_description("tensors")
         register_tensors(self.spec, self.gguf, bar)
         _step(bar, "planning")
+        backend = backend or default_backend()
         self.backend = backend
         self.engine = _core.Engine(
             self.spec,
@@ -224,8 +225,15 @@ def _step(bar, name: str) -> None:
         bar.update(1)
 
 
-def load(path: str | os.PathLike, backend: str = "cpu", **options) -> Model:
-    """Loads a GGUF model and plans it on a backend ("cpu"; "cuda" and "metal" where built).
+def default_backend() -> str:
+    """"metal" on a Mac whose build has the Metal backend and a Metal device; "cpu" otherwise
+    (CUDA is never picked implicitly)."""
+    return "metal" if sys.platform == "darwin" and _core.metal_device_available() else "cpu"
+
+
+def load(path: str | os.PathLike, backend: str | None = None, **options) -> Model:
+    """Loads a GGUF model and plans it on a backend ("cpu"; "cuda" and "metal" where built;
+    default: default_backend(), i.e. "metal" on a Mac with a Metal device, else "cpu").
 
     Options: n_ctx (default: the model's context length), n_threads, kv_type ("f32"/"f16"),
     max_batch, excluded_kernels, progress (show a loading bar)."""

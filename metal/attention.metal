@@ -1,0 +1,47 @@
+// Metal entry points of the attention row (metal.attention): kernels/attention.h, the bodies
+// cuda.attention runs.
+//   one token: split-K decode (which also appends the token's K/V), then the combine when the
+//     stage has more than one split (the split count is fixed at load time by the host);
+//   a prefill chunk: append the chunk's K/V, then every token attends to the cache.
+#include "kernels/attention.h"
+#include "metal/rows.h"
+
+using namespace kcap::metal_rows;
+
+// Grid: x = n_head_kv, y = n_splits; 32 * min(group, kAttnMaxSimds) threads.
+[[host_name(KCAP_METAL_ENTRY(attention_decode))]] kernel void kcap_attention_decode_entry(
+    constant KcapAttentionParams& p [[buffer(0)]], device const kcap_i32* step [[buffer(1)]],
+    device const float* q [[buffer(2)]], device const float* k_new [[buffer(3)]], device const float* v_new [[buffer(4)]],
+    device kcap_u8* k_cache [[buffer(5)]], device kcap_u8* v_cache [[buffer(6)]], device float* partial_o [[buffer(7)]],
+    device float* partial_ml [[buffer(8)]], device float* out [[buffer(9)]], KCAP_METAL_THREAD_ARGS) {
+    threadgroup float q_shared[kAttnMaxSimds * KCAP_ATTN_MAX_HEAD_DIM];
+    const KcapThread t = KCAP_METAL_THREAD();
+    kcap_attention_decode(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, q_shared);
+}
+
+// Grid: x = n_head; kAttnCombineThreads threads (any multiple of 32).
+[[host_name(KCAP_METAL_ENTRY(attention_combine))]] kernel void kcap_attention_combine_entry(
+    constant KcapAttentionParams& p [[buffer(0)]], device const float* partial_o [[buffer(1)]],
+    device const float* partial_ml [[buffer(2)]], device float* out [[buffer(3)]], KCAP_METAL_THREAD_ARGS) {
+    const KcapThread t = KCAP_METAL_THREAD();
+    kcap_attention_combine(t, p, partial_o, partial_ml, out);
+}
+
+// Grid: x = ceil(n_tokens * (k_width + v_width) / kElementwiseThreads).
+[[host_name(KCAP_METAL_ENTRY(kv_append))]] kernel void kcap_kv_append_entry(
+    constant KcapAttentionParams& p [[buffer(0)]], device const kcap_i32* step [[buffer(1)]],
+    device const float* k_new [[buffer(2)]], device const float* v_new [[buffer(3)]], device kcap_u8* k_cache [[buffer(4)]],
+    device kcap_u8* v_cache [[buffer(5)]], KCAP_METAL_THREAD_ARGS) {
+    const KcapThread t = KCAP_METAL_THREAD();
+    kcap_kv_append(t, p, step, k_new, v_new, k_cache, v_cache);
+}
+
+// Grid: x = n_tokens, y = n_head_kv; 32 * min(group, kAttnMaxSimds) threads.
+[[host_name(KCAP_METAL_ENTRY(attention_prefill))]] kernel void kcap_attention_prefill_entry(
+    constant KcapAttentionParams& p [[buffer(0)]], device const kcap_i32* step [[buffer(1)]],
+    device const float* q [[buffer(2)]], device const kcap_u8* k_cache [[buffer(3)]],
+    device const kcap_u8* v_cache [[buffer(4)]], device float* out [[buffer(5)]], KCAP_METAL_THREAD_ARGS) {
+    threadgroup float q_shared[kAttnMaxSimds * KCAP_ATTN_MAX_HEAD_DIM];
+    const KcapThread t = KCAP_METAL_THREAD();
+    kcap_attention_prefill(t, p, step, q, k_cache, v_cache, out, q_shared);
+}

@@ -1,0 +1,72 @@
+// Metal launcher of the attention row (metal.attention), as cuda/attention.cu: one token runs
+// the split-K decode (which appends the token's K/V) and, with several splits, the combine; a
+// prefill chunk appends its K/V, then every token attends to the cache. The KV cache buffers
+// are the layer's MTLBuffers, bound directly.
+#include "metal/metal_context.h"
+
+namespace kcap {
+
+void kcap_metal_attention(const Stage& stage, const KernelCall& call) {
+    using namespace metal_rows;
+    const metal::Context& ctx = metal::context(call);
+    const metal::StageData& data = metal::stage_data(call);
+    const StageParams& s = stage.params;
+    KcapAttentionParams p;
+    p.n_tokens = call.n_tokens;
+    p.n_head = s.n_head;
+    p.n_head_kv = s.n_head_kv;
+    p.head_dim = s.head_dim;
+    p.head_dim_v = s.head_dim_v;
+    p.k_width = s.n_head_kv * s.head_dim;
+    p.v_width = s.n_head_kv * s.head_dim_v;
+    p.window = s.sliding_window;
+    p.scale = s.scale;
+    p.softcap = s.softcap;
+    p.kv_f16 = ctx.kv_format == Format::F16;
+    p.n_splits = data.attn_splits;
+    p.min_chunk = kAttnMinChunk;
+    const metal::KvCache& kv = ctx.kv.at(size_t(stage.layer));
+    const int group = s.n_head / s.n_head_kv;
+    const int simds = group < kAttnMaxSimds ? group : kAttnMaxSimds;
+    id<MTLComputeCommandEncoder> e = ctx.encoder;
+    metal::bind_params(ctx, 0, p);
+    if (call.n_tokens == 1) {
+        metal::bind(ctx, 1, ctx.step);
+        metal::bind(ctx, 2, call.in);
+        metal::bind(ctx, 3, call.in2);
+        metal::bind(ctx, 4, call.in3);
+        [e setBuffer:kv.k offset:0 atIndex:5];
+        [e setBuffer:kv.v offset:0 atIndex:6];
+        metal::bind(ctx, 7, ctx.attn_partial_o);
+        metal::bind(ctx, 8, ctx.attn_partial_ml);
+        metal::bind(ctx, 9, call.out);
+        metal::dispatch(ctx, *data.row, kAttnDecode, MTLSizeMake(NSUInteger(p.n_head_kv), NSUInteger(p.n_splits), 1),
+                        32 * simds);
+        if (p.n_splits > 1) {
+            metal::bind_params(ctx, 0, p);
+            metal::bind(ctx, 1, ctx.attn_partial_o);
+            metal::bind(ctx, 2, ctx.attn_partial_ml);
+            metal::bind(ctx, 3, call.out);
+            metal::dispatch(ctx, *data.row, kAttnCombine, MTLSizeMake(NSUInteger(p.n_head), 1, 1), kAttnCombineThreads);
+        }
+        return;
+    }
+    const int64_t appended = int64_t(p.n_tokens) * (p.k_width + p.v_width);
+    metal::bind(ctx, 1, ctx.step);
+    metal::bind(ctx, 2, call.in2);
+    metal::bind(ctx, 3, call.in3);
+    [e setBuffer:kv.k offset:0 atIndex:4];
+    [e setBuffer:kv.v offset:0 atIndex:5];
+    metal::dispatch(ctx, *data.row, kAttnAppend, MTLSizeMake(metal::ceil_div(appended, kElementwiseThreads), 1, 1),
+                    kElementwiseThreads);
+    metal::bind_params(ctx, 0, p);
+    metal::bind(ctx, 1, ctx.step);
+    metal::bind(ctx, 2, call.in);
+    [e setBuffer:kv.k offset:0 atIndex:3];
+    [e setBuffer:kv.v offset:0 atIndex:4];
+    metal::bind(ctx, 5, call.out);
+    metal::dispatch(ctx, *data.row, kAttnPrefill, MTLSizeMake(NSUInteger(p.n_tokens), NSUInteger(p.n_head_kv), 1),
+                    32 * simds);
+}
+
+}  // namespace kcap

@@ -1,0 +1,172 @@
+// The Metal rows of the capability table (declarations in metal/rows.h). Compiled in every
+// build: where the Metal backend is not compiled in (KCAP_WITH_METAL undefined, i.e. anywhere
+// but an Apple build) each row's fn is null, so plans and `kcap explain --backend metal` work
+// on any machine and an Engine on "metal" is refused.
+//
+// Each row is declared once, together with its entry points (the names metal/*.metal give
+// their kernels) and its geometry (metal/rows.h), in one `declare` call.
+#include "metal/rows.h"
+
+#include <algorithm>
+#include <cctype>
+
+namespace kcap {
+
+#if defined(KCAP_WITH_METAL)
+#define KCAP_METAL_FN(launcher) (&launcher)
+#else
+#define KCAP_METAL_FN(launcher) nullptr
+#endif
+
+namespace {
+
+using namespace metal_rows;
+
+struct Declared {
+    Row row;
+    std::vector<std::string> entries;
+};
+
+std::string lower(std::string s) {
+    for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+
+Row make_row(const std::string& kernel, Op op, KernelFn fn, Geometry geometry) {
+    Row row;
+    row.kernel = kernel;
+    row.op = op;
+    row.backend = Backend::Metal;
+    row.fn = fn;
+    row.geometry = geometry;
+    return row;
+}
+
+// The decoders walk rows in 32-element runs, so even float formats need K % 32 == 0 (as CUDA).
+int64_t k_multiple(Format format) { return std::max<int64_t>(32, format_info(format).block_elems); }
+
+void add_embed(std::vector<Declared>& out) {
+#define KCAP_EMBED_ROW(NAME, DECODER)                                                                        \
+    {                                                                                                        \
+        Row row = make_row("metal.embed." + lower(#NAME), Op::Embed, KCAP_METAL_FN(kcap_metal_embed_##NAME), \
+                           {kEmbedThreads, 1, 0});                                                           \
+        row.operand_formats = {{Format::NAME}};                                                              \
+        row.features = kEmbedScale;                                                                          \
+        row.dims.k_multiple = k_multiple(Format::NAME);                                                      \
+        out.push_back({row, {KCAP_METAL_FORMAT_ENTRY(embed, NAME)}});                                        \
+    }
+    KCAP_WEIGHT_FORMATS(KCAP_EMBED_ROW)
+#undef KCAP_EMBED_ROW
+}
+
+void add_matmul(std::vector<Declared>& out) {
+    // Exact rows (f32 activations and sums) for any number of tokens: the bodies of
+    // kernels/matmul.h that cuda.matmul.* runs. Entry order: metal_rows::MatmulEntry.
+#define KCAP_MATMUL_ROW(NAME, DECODER)                                                                            \
+    {                                                                                                             \
+        Row row = make_row("metal.matmul." + lower(#NAME), Op::MatMul, KCAP_METAL_FN(kcap_metal_matmul_##NAME),   \
+                           {kMatvecSimds * 32, kMatvecSimds * kMatvecRows, kMatvecSharedFloats * 4});              \
+        row.operand_formats = {{Format::NAME}, {Format::F32}};                                                    \
+        row.features = kBias;                                                                                     \
+        row.dims.k_multiple = k_multiple(Format::NAME);                                                           \
+        out.push_back({row, {KCAP_METAL_FORMAT_ENTRY(matvec, NAME), KCAP_METAL_FORMAT_ENTRY(matmul_tokens, NAME)}}); \
+    }
+    KCAP_WEIGHT_FORMATS(KCAP_MATMUL_ROW)
+#undef KCAP_MATMUL_ROW
+}
+
+void add_norm(std::vector<Declared>& out) {
+    Row row = make_row("metal.norm", Op::Norm, KCAP_METAL_FN(kcap_metal_norm), {kNormThreads, 1, kNormScratchFloats * 4});
+    row.operand_formats = {{Format::F32}, {Format::F32}};
+    row.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm;
+    out.push_back({row, {KCAP_METAL_ENTRY(norm)}});
+}
+
+void add_rope(std::vector<Declared>& out) {
+    Row row = make_row("metal.rope", Op::Rope, KCAP_METAL_FN(kcap_metal_rope), {kElementwiseThreads, 0, 0});
+    row.operand_formats = {{Format::F32}};
+    row.features = kRopeNormal | kRopeNeox | kPartialRotary | kRopeFreqFactors;
+    out.push_back({row, {KCAP_METAL_ENTRY(rope)}});
+}
+
+void add_attention(std::vector<Declared>& out) {
+    // Split-K decode + combine, KV append and batched prefill (kernels/attention.h).
+    // Entry order: metal_rows::AttentionEntry.
+    Row row = make_row("metal.attention", Op::Attention, KCAP_METAL_FN(kcap_metal_attention),
+                       {kAttnMaxSimds * 32, 0, kAttnMaxSimds * 256 * 4});
+    row.kv_formats = {Format::F32, Format::F16};
+    row.features = kSlidingWindow | kAttnSoftcap | kGqa;
+    row.dims.k_multiple = 4;      // head_dim: K rows are read 4 elements at a time
+    row.dims.max_head_dim = 256;  // per-lane value registers (KCAP_ATTN_MAX_HEAD_DIM)
+    row.dims.max_span = 0;        // split-K decode: any span up to the context
+    out.push_back({row,
+                   {KCAP_METAL_ENTRY(attention_decode), KCAP_METAL_ENTRY(attention_combine),
+                    KCAP_METAL_ENTRY(kv_append), KCAP_METAL_ENTRY(attention_prefill)}});
+}
+
+void add_activation(std::vector<Declared>& out) {
+    Row row = make_row("metal.ffn_activation", Op::FfnActivation, KCAP_METAL_FN(kcap_metal_ffn_activation),
+                       {kElementwiseThreads, 0, 0});
+    row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;
+    out.push_back({row, {KCAP_METAL_ENTRY(ffn_activation)}});
+}
+
+void add_elementwise(std::vector<Declared>& out) {
+    Row add = make_row("metal.add", Op::Add, KCAP_METAL_FN(kcap_metal_add), {kElementwiseThreads, 0, 0});
+    add.features = kResidualScale;
+    out.push_back({add, {KCAP_METAL_ENTRY(add)}});
+    out.push_back({make_row("metal.softcap", Op::Softcap, KCAP_METAL_FN(kcap_metal_softcap), {kElementwiseThreads, 0, 0}),
+                   {KCAP_METAL_ENTRY(softcap)}});
+    out.push_back({make_row("metal.scale", Op::Scale, KCAP_METAL_FN(kcap_metal_scale), {kElementwiseThreads, 0, 0}),
+                   {KCAP_METAL_ENTRY(scale)}});
+}
+
+void add_argmax(std::vector<Declared>& out) {
+    // Entry order: metal_rows::ArgmaxEntry.
+    out.push_back({make_row("metal.argmax", Op::Argmax, KCAP_METAL_FN(kcap_metal_argmax), {kArgmaxThreads, 0, 0}),
+                   {KCAP_METAL_ENTRY(argmax_partial), KCAP_METAL_ENTRY(argmax_final)}});
+}
+
+const std::vector<Declared>& declared() {
+    static const std::vector<Declared> rows = [] {
+        std::vector<Declared> out;
+        add_embed(out);
+        add_norm(out);
+        add_matmul(out);
+        add_rope(out);
+        add_attention(out);
+        add_activation(out);
+        add_elementwise(out);
+        add_argmax(out);
+        return out;
+    }();
+    return rows;
+}
+
+}  // namespace
+
+void add_metal_rows(std::vector<Row>& rows) {
+    for (const Declared& d : declared()) rows.push_back(d.row);
+}
+
+#if !defined(KCAP_WITH_METAL)
+bool metal_device_available() { return false; }  // metal/metal_backend.mm where it is built
+#endif
+
+namespace metal_rows {
+
+const std::vector<std::string>& entry_points(const std::string& kernel) {
+    static const std::vector<std::string> none;
+    for (const Declared& d : declared())
+        if (d.row.kernel == kernel) return d.entries;
+    return none;
+}
+
+std::vector<std::pair<std::string, std::vector<std::string>>> all_entry_points() {
+    std::vector<std::pair<std::string, std::vector<std::string>>> out;
+    for (const Declared& d : declared()) out.emplace_back(d.row.kernel, d.entries);
+    return out;
+}
+
+}  // namespace metal_rows
+}  // namespace kcap
