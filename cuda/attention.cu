@@ -13,14 +13,14 @@ namespace {
 
 using namespace cuda_rows;
 
-__global__ void __launch_bounds__(kAttnMaxSimds * 32)
+__global__ void __launch_bounds__(KCAP_ATTN_DECODE_SIMDS * 32)
     decode_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new, const float* v_new,
                   kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out) {
-    __shared__ float q_shared[kAttnMaxSimds * KCAP_ATTN_MAX_HEAD_DIM];
+    __shared__ float merge[KCAP_ATTN_DECODE_SHARED_FLOATS];
     cuda::pdl_wait();
     cuda::pdl_trigger();
     kcap_attention_decode(kcap_cuda_thread(), p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out,
-                          q_shared);
+                          merge);
 }
 
 __global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, const kcap_i32* step, const float* partial_o,
@@ -77,7 +77,7 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
     const int group = s.n_head / s.n_head_kv;
     const int simds = group < kAttnMaxSimds ? group : kAttnMaxSimds;
     if (call.n_tokens == 1) {
-        cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * simds), 0, p, ctx.step, call.in,
+        cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * KCAP_ATTN_DECODE_SIMDS), 0, p, ctx.step, call.in,
                      call.in2, call.in3, k_cache, v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out);
         if (p.n_splits > 1)
             cuda::launch(ctx, combine_kernel, dim3(p.n_head), dim3(p.head_dim_v <= 128 ? 128 : 256), 0, p, ctx.step,

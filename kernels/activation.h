@@ -19,7 +19,7 @@ KCAP_FN float kcap_activate(int activation, float x) {
 // One thread per value. Grid: x = ceil(count / threads).
 KCAP_FN void kcap_ffn_activation(const KcapThread t, const KcapElementwiseParams p, const KCAP_GLOBAL float* gate,
                                  const KCAP_GLOBAL float* up, KCAP_GLOBAL float* out) {
-    const kcap_u64 i = kcap_u64(t.group_x) * t.threads + t.thread;
+    const kcap_u64 i = kcap_u64(t.group_x) * t.threads + t.index;
     if (i >= kcap_u64(p.count)) return;
     const float a = kcap_activate(p.activation, gate[i]);
     out[i] = p.gated ? a * up[i] : a;

@@ -30,7 +30,7 @@ KCAP_FN void kcap_argmax_group(const KcapThread t, KCAP_PRIVATE float* value, KC
         scratch_index[t.simd] = *index;
     }
     kcap_barrier();
-    if (t.thread == 0)
+    if (t.index == 0)
         for (unsigned s = 1; s < t.simds; ++s) kcap_argmax_pick(value, index, scratch_value[s], scratch_index[s]);
 }
 
@@ -42,9 +42,9 @@ KCAP_FN void kcap_argmax_partial(const KcapThread t, const KcapArgmaxParams p, c
     const int end = begin + p.chunk < p.count ? begin + p.chunk : p.count;
     float value = KCAP_NEG_INFINITY;
     int index = 2147483647;
-    for (int i = begin + int(t.thread); i < end; i += int(t.threads)) kcap_argmax_pick(&value, &index, logits[i], i);
+    for (int i = begin + int(t.index); i < end; i += int(t.threads)) kcap_argmax_pick(&value, &index, logits[i], i);
     kcap_argmax_group(t, &value, &index, scratch_value, scratch_index);
-    if (t.thread == 0) {
+    if (t.index == 0) {
         partial_value[t.group_x] = value;
         partial_index[t.group_x] = index;
     }
@@ -58,10 +58,10 @@ KCAP_FN void kcap_argmax_final(const KcapThread t, const KcapArgmaxParams p, con
                                KCAP_SHARED float* scratch_value, KCAP_SHARED int* scratch_index) {
     float value = KCAP_NEG_INFINITY;
     int index = 2147483647;
-    for (int i = int(t.thread); i < p.n_partials; i += int(t.threads))
+    for (int i = int(t.index); i < p.n_partials; i += int(t.threads))
         kcap_argmax_pick(&value, &index, partial_value[i], partial_index[i]);
     kcap_argmax_group(t, &value, &index, scratch_value, scratch_index);
-    if (t.thread == 0) {
+    if (t.index == 0) {
         // All logits NaN leaves no winner: report token 0 rather than an out-of-range id.
         const int winner = index == 2147483647 ? 0 : index;
         result[0] = winner;

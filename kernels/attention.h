@@ -70,24 +70,11 @@ KCAP_FN void kcap_attend_range(const KcapThread t, const KcapAttentionParams p, 
                            q[d + 2] * kcap_kv_round(k.z, p.kv_f16) + q[d + 3] * kcap_kv_round(k.w, p.kv_f16);
                 }
             } else {
-                // Eight loads in flight per lane: each lane walks its own key's row, so a
-                // one-at-a-time loop would wait out the memory latency head_dim / 4 times.
                 const kcap_u64 row = kcap_u64(j) * p.k_width + k_head;
-                float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-                int d = 0;
-                for (; d + 32 <= p.head_dim; d += 32) {
-                    float4 k[8];
-                    KCAP_UNROLL for (int u = 0; u < 8; ++u) k[u] = kcap_kv_load4(k_cache, row + d + 4 * u, p.kv_f16);
-                    KCAP_UNROLL for (int u = 0; u < 8; ++u) {
-                        const int e = d + 4 * u;
-                        part[u] += q[e] * k[u].x + q[e + 1] * k[u].y + q[e + 2] * k[u].z + q[e + 3] * k[u].w;
-                    }
-                }
-                for (; d < p.head_dim; d += 4) {
+                for (int d = 0; d < p.head_dim; d += 4) {
                     const float4 k = kcap_kv_load4(k_cache, row + d, p.kv_f16);
-                    part[0] += q[d] * k.x + q[d + 1] * k.y + q[d + 2] * k.z + q[d + 3] * k.w;
+                    dot += q[d] * k.x + q[d + 1] * k.y + q[d + 2] * k.z + q[d + 3] * k.w;
                 }
-                dot = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
             }
             s = dot * p.scale;
             if (p.softcap > 0.0f) s = p.softcap * kcap_tanh(s / p.softcap);
@@ -98,26 +85,19 @@ KCAP_FN void kcap_attend_range(const KcapThread t, const KcapAttentionParams p, 
         l = l * correction + kcap_simd_sum(weight);
         KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) o[i] *= correction;
         const int count = end - base < KCAP_SIMD_WIDTH ? end - base : KCAP_SIMD_WIDTH;
-        // Values: four keys' rows loaded before any is used (loads in flight, not one key's
-        // latency after another); the fresh key's row comes from v_fresh.
-        for (int jj0 = 0; jj0 < count; jj0 += 4) {
-            float vals[4][KCAP_ATTN_VALUES_PER_LANE];
-            KCAP_UNROLL for (int u = 0; u < 4; ++u) {
-                const int key = base + jj0 + u;
-                const bool live = jj0 + u < count;
-                const kcap_u64 row = kcap_u64(live && key != fresh_pos ? key : 0) * p.v_width + v_head;
+        for (int jj = 0; jj < count; ++jj) {
+            const float w = kcap_simd_broadcast(weight, jj);
+            const int key = base + jj;
+            if (key == fresh_pos) {
                 KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) {
                     const int d = int(t.lane) + KCAP_SIMD_WIDTH * i;
-                    vals[u][i] = 0.0f;
-                    if (d < p.head_dim_v && live)
-                        vals[u][i] = key == fresh_pos ? kcap_kv_round(v_fresh[d], p.kv_f16)
-                                                      : kcap_kv_load(v_cache, row + d, p.kv_f16);
+                    if (d < p.head_dim_v) o[i] += w * kcap_kv_round(v_fresh[d], p.kv_f16);
                 }
-            }
-            KCAP_UNROLL for (int u = 0; u < 4; ++u) {
-                const float w = kcap_simd_broadcast(weight, (jj0 + u) & (KCAP_SIMD_WIDTH - 1));
-                if (jj0 + u < count) {
-                    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) o[i] += w * vals[u][i];
+            } else {
+                const kcap_u64 row = kcap_u64(key) * p.v_width + v_head;
+                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) {
+                    const int d = int(t.lane) + KCAP_SIMD_WIDTH * i;
+                    if (d < p.head_dim_v) o[i] += w * kcap_kv_load(v_cache, row + d, p.kv_f16);
                 }
             }
         }
@@ -153,7 +133,7 @@ KCAP_FN KcapDecodeSplits kcap_decode_splits(const KcapAttentionParams p, int pos
 KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
                             const KCAP_GLOBAL float* k_new, const KCAP_GLOBAL float* v_new, KCAP_GLOBAL kcap_u8* k_cache,
                             KCAP_GLOBAL kcap_u8* v_cache) {
-    const kcap_u64 i = kcap_u64(t.group_x) * t.threads + t.thread;
+    const kcap_u64 i = kcap_u64(t.group_x) * t.threads + t.index;
     const kcap_u64 per_token = kcap_u64(p.k_width) + p.v_width;
     if (!p.append || i >= per_token * p.n_tokens) return;  // a shared-KV layer stores nothing
     const int m = int(i / per_token);
@@ -166,17 +146,53 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
                       p.kv_f16);
 }
 
-// Decode (one token at position step[0]). Grid: x = n_head_kv, y = n_splits; threads 32 * simds;
-// shared: simds * head_dim floats. Split 0 also appends this token's K/V to the cache (no group
-// of this launch reads cache[pos]: the key at pos comes from the new K/V); with p.append 0
-// nothing is stored and the key at pos is read from the cache (filled by the source layer).
-// n_splits == 1: writes out; otherwise partial_o [n_head][n_splits][head_dim_v] and
+// Decode (one token at position step[0]), flash-decoding. Grid: x = n_head_kv, y = n_splits;
+// threads 32 * KCAP_ATTN_DECODE_SIMDS; shared: KCAP_ATTN_DECODE_SHARED_FLOATS floats.
+// Split s takes the s-th chunk of the visible keys (kcap_decode_splits); its simd groups take
+// every KCAP_ATTN_DECODE_SIMDS-th key of the chunk. Lanes split the head dims (lane l holds
+// dims 4 l .. 4 l + 3 of each 128), so every K/V row is read with coalesced 16-byte (f32) or
+// 8-byte (f16) loads, and each key's row serves up to KCAP_ATTN_HEADS_PER_PASS query heads
+// of the KV head at once (more heads: another pass over the chunk). Scores are summed across
+// the lanes; each simd group keeps an online softmax (max, sum, output) per head, and the
+// groups merge theirs in threadgroup memory. Split 0 appends this token's K/V to the cache
+// (no group of this launch reads cache[pos]: the key at pos comes from the new K/V, rounded
+// as the cache stores it); a shared-KV layer (p.append == 0) reads it from the cache.
+// One active split writes out; several write partial_o [n_head][n_splits][head_dim_v] and
 // partial_ml [n_head][n_splits][2] for kcap_attention_combine.
+#define KCAP_ATTN_DECODE_SIMDS 4
+#define KCAP_ATTN_HEADS_PER_PASS 4
+#define KCAP_ATTN_DIM_GROUPS (KCAP_ATTN_MAX_HEAD_DIM / 128)  // 4-dim groups per lane
+#define KCAP_ATTN_DECODE_SHARED_FLOATS (KCAP_ATTN_HEADS_PER_PASS * (KCAP_ATTN_MAX_HEAD_DIM + 2))
+
+// Dims 4 lane + 128 i .. +3 of a row (f32 or f16 elements; zeros past `dim`).
+KCAP_FN void kcap_attn_load_row(const KcapThread t, const KCAP_GLOBAL kcap_u8* cache, kcap_u64 row, int dim, int f16,
+                                KCAP_PRIVATE float4* out) {
+    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+        const int d = 4 * int(t.lane) + 128 * i;
+        out[i] = d < dim ? kcap_kv_load4(cache, row + kcap_u64(d), f16) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+    }
+}
+
+// The same dims of this token's new K or V (f32), rounded as the cache would store them.
+KCAP_FN void kcap_attn_load_fresh(const KcapThread t, const KCAP_GLOBAL float* fresh, int dim, int f16,
+                                  KCAP_PRIVATE float4* out) {
+    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+        const int d = 4 * int(t.lane) + 128 * i;
+        float4 v = float4{0.0f, 0.0f, 0.0f, 0.0f};
+        if (d < dim) {
+            v = kcap_load_f32x4(fresh + d);
+            v.x = kcap_kv_round(v.x, f16), v.y = kcap_kv_round(v.y, f16);
+            v.z = kcap_kv_round(v.z, f16), v.w = kcap_kv_round(v.w, f16);
+        }
+        out[i] = v;
+    }
+}
+
 KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
                                    const KCAP_GLOBAL float* q, const KCAP_GLOBAL float* k_new,
                                    const KCAP_GLOBAL float* v_new, KCAP_GLOBAL kcap_u8* k_cache,
                                    KCAP_GLOBAL kcap_u8* v_cache, KCAP_GLOBAL float* partial_o,
-                                   KCAP_GLOBAL float* partial_ml, KCAP_GLOBAL float* out, KCAP_SHARED float* q_shared) {
+                                   KCAP_GLOBAL float* partial_ml, KCAP_GLOBAL float* out, KCAP_SHARED float* shared) {
     const int kv_head = int(t.group_x);
     const int split = int(t.group_y);
     const int pos = step[0];
@@ -184,47 +200,124 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
     if (split >= splits.active) return;  // the whole group: past the keys at this position
     const int start = splits.first + split * splits.chunk;
     const int end = start + splits.chunk < pos + 1 ? start + splits.chunk : pos + 1;
-    // A shared-KV layer (p.append == 0) has no new K/V: the key at pos is in the cache already.
-    const KCAP_GLOBAL float* k_fresh = p.append ? k_new + kcap_u64(kv_head) * p.head_dim : k_new;
-    const KCAP_GLOBAL float* v_fresh = p.append ? v_new + kcap_u64(kv_head) * p.head_dim_v : v_new;
+    const KCAP_GLOBAL float* k_fresh = k_new + kcap_u64(kv_head) * p.head_dim;
+    const KCAP_GLOBAL float* v_fresh = v_new + kcap_u64(kv_head) * p.head_dim_v;
     const int fresh_pos = p.append ? pos : -1;
     if (split == 0 && p.append) {
-        for (int d = int(t.thread); d < p.head_dim; d += int(t.threads))
+        for (int d = int(t.index); d < p.head_dim; d += int(t.threads))
             kcap_kv_store(k_cache, kcap_u64(pos) * p.k_width + kcap_u64(kv_head) * p.head_dim + d, k_fresh[d], p.kv_f16);
-        for (int d = int(t.thread); d < p.head_dim_v; d += int(t.threads))
+        for (int d = int(t.index); d < p.head_dim_v; d += int(t.threads))
             kcap_kv_store(v_cache, kcap_u64(pos) * p.v_width + kcap_u64(kv_head) * p.head_dim_v + d, v_fresh[d],
                           p.kv_f16);
     }
     const int group = p.n_head / p.n_head_kv;
-    KCAP_SHARED float* qs = q_shared + t.simd * p.head_dim;
-    for (int g0 = 0; g0 < group; g0 += int(t.simds)) {
-        const int g = g0 + int(t.simd);
-        if (g >= group) break;  // whole simd group; no group barrier below
-        const int head = kv_head * group + g;
-        for (int d = int(t.lane); d < p.head_dim; d += KCAP_SIMD_WIDTH) qs[d] = q[kcap_u64(head) * p.head_dim + d];
-        kcap_simd_barrier();
-        float m = KCAP_NEG_INFINITY, l = 0.0f, o[KCAP_ATTN_VALUES_PER_LANE];
-        KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) o[i] = 0.0f;
-        if (start < end)
-            kcap_attend_range(t, p, kv_head, start, end, fresh_pos, qs, k_cache, v_cache, k_fresh, v_fresh, &m, &l, o);
-        if (splits.active == 1) {
-            const float inv = 1.0f / l;
-            KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) {
-                const int d = int(t.lane) + KCAP_SIMD_WIDTH * i;
-                if (d < p.head_dim_v) out[kcap_u64(head) * p.head_dim_v + d] = o[i] * inv;
-            }
-        } else {
-            const kcap_u64 slot = kcap_u64(head) * p.n_splits + split;
-            KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) {
-                const int d = int(t.lane) + KCAP_SIMD_WIDTH * i;
-                if (d < p.head_dim_v) partial_o[slot * p.head_dim_v + d] = o[i];
-            }
-            if (t.lane == 0) {
-                partial_ml[2 * slot] = m;
-                partial_ml[2 * slot + 1] = l;
+    const kcap_u64 k_head = kcap_u64(kv_head) * p.head_dim;
+    const kcap_u64 v_head = kcap_u64(kv_head) * p.head_dim_v;
+    for (int g0 = 0; g0 < group; g0 += KCAP_ATTN_HEADS_PER_PASS) {
+        const int heads = group - g0 < KCAP_ATTN_HEADS_PER_PASS ? group - g0 : KCAP_ATTN_HEADS_PER_PASS;
+        float4 qv[KCAP_ATTN_HEADS_PER_PASS][KCAP_ATTN_DIM_GROUPS];
+        float m[KCAP_ATTN_HEADS_PER_PASS], l[KCAP_ATTN_HEADS_PER_PASS];
+        float4 o[KCAP_ATTN_HEADS_PER_PASS][KCAP_ATTN_DIM_GROUPS];
+        KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
+            m[h] = KCAP_NEG_INFINITY;
+            l[h] = 0.0f;
+            const int head = kv_head * group + g0 + (h < heads ? h : 0);
+            KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+                const int d = 4 * int(t.lane) + 128 * i;
+                qv[h][i] = d < p.head_dim ? kcap_load_f32x4(q + kcap_u64(head) * p.head_dim + d) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+                o[h][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
         }
-        kcap_simd_barrier();  // qs is rewritten by the next round
+        for (int j = start + int(t.simd); j < end; j += int(t.simds)) {
+            float4 k[KCAP_ATTN_DIM_GROUPS], v[KCAP_ATTN_DIM_GROUPS];
+            if (j == fresh_pos) {
+                kcap_attn_load_fresh(t, k_fresh, p.head_dim, p.kv_f16, k);
+                kcap_attn_load_fresh(t, v_fresh, p.head_dim_v, p.kv_f16, v);
+            } else {
+                kcap_attn_load_row(t, k_cache, kcap_u64(j) * p.k_width + k_head, p.head_dim, p.kv_f16, k);
+                kcap_attn_load_row(t, v_cache, kcap_u64(j) * p.v_width + v_head, p.head_dim_v, p.kv_f16, v);
+            }
+            KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
+                if (h >= heads) break;  // uniform over the simd group
+                float dot = 0.0f;
+                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i)
+                    dot += qv[h][i].x * k[i].x + qv[h][i].y * k[i].y + qv[h][i].z * k[i].z + qv[h][i].w * k[i].w;
+                float s = kcap_simd_sum(dot) * p.scale;
+                if (p.softcap > 0.0f) s = p.softcap * kcap_tanh(s / p.softcap);
+                const float m_new = kcap_fmax(m[h], s);
+                const float correction = kcap_exp(m[h] - m_new);  // 0 while m is still -inf
+                const float weight = kcap_exp(s - m_new);
+                l[h] = l[h] * correction + weight;
+                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+                    o[h][i].x = o[h][i].x * correction + weight * v[i].x;
+                    o[h][i].y = o[h][i].y * correction + weight * v[i].y;
+                    o[h][i].z = o[h][i].z * correction + weight * v[i].z;
+                    o[h][i].w = o[h][i].w * correction + weight * v[i].w;
+                }
+                m[h] = m_new;
+            }
+        }
+        // Merge the simd groups' states into simd group 0's, one group at a time.
+        const int stride = p.head_dim_v + 2;
+        for (int from = 1; from < int(t.simds); ++from) {
+            if (int(t.simd) == from) {
+                KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
+                    if (h >= heads) break;
+                    KCAP_SHARED float* slot = shared + h * stride;
+                    if (t.lane == 0) slot[0] = m[h], slot[1] = l[h];
+                    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+                        const int d = 4 * int(t.lane) + 128 * i;
+                        if (d < p.head_dim_v)
+                            slot[2 + d] = o[h][i].x, slot[3 + d] = o[h][i].y, slot[4 + d] = o[h][i].z, slot[5 + d] = o[h][i].w;
+                    }
+                }
+            }
+            kcap_barrier();
+            if (t.simd == 0) {
+                KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
+                    if (h >= heads) break;
+                    const KCAP_SHARED float* slot = shared + h * stride;
+                    const float m_other = slot[0], l_other = slot[1];
+                    const float m_new = kcap_fmax(m[h], m_other);
+                    // A group without keys has m = -inf and l = 0: its scale is 0 (no NaN as long
+                    // as one side has keys; simd group 0 always has the chunk's first key).
+                    const float a = kcap_exp(m[h] - m_new), b = l_other > 0.0f ? kcap_exp(m_other - m_new) : 0.0f;
+                    l[h] = l[h] * a + l_other * b;
+                    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+                        const int d = 4 * int(t.lane) + 128 * i;
+                        if (d < p.head_dim_v) {
+                            o[h][i].x = o[h][i].x * a + slot[2 + d] * b;
+                            o[h][i].y = o[h][i].y * a + slot[3 + d] * b;
+                            o[h][i].z = o[h][i].z * a + slot[4 + d] * b;
+                            o[h][i].w = o[h][i].w * a + slot[5 + d] * b;
+                        }
+                    }
+                    m[h] = m_new;
+                }
+            }
+            kcap_barrier();
+        }
+        if (t.simd == 0) {
+            KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
+                if (h >= heads) break;
+                const int head = kv_head * group + g0 + h;
+                const bool whole = splits.active == 1;
+                const float inv = whole ? 1.0f / l[h] : 1.0f;
+                const kcap_u64 slot = kcap_u64(head) * p.n_splits + split;
+                KCAP_GLOBAL float* to = whole ? out + kcap_u64(head) * p.head_dim_v : partial_o + slot * p.head_dim_v;
+                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+                    const int d = 4 * int(t.lane) + 128 * i;
+                    if (d < p.head_dim_v)
+                        to[d] = o[h][i].x * inv, to[d + 1] = o[h][i].y * inv, to[d + 2] = o[h][i].z * inv,
+                        to[d + 3] = o[h][i].w * inv;
+                }
+                if (!whole && t.lane == 0) {
+                    partial_ml[2 * slot] = m[h];
+                    partial_ml[2 * slot + 1] = l[h];
+                }
+            }
+        }
+        kcap_barrier();  // shared is reused by the next pass
     }
 }
 
@@ -242,7 +335,7 @@ KCAP_FN void kcap_attention_combine(const KcapThread t, const KcapAttentionParam
     float l = 0.0f;
     for (int s = 0; s < active; ++s) l += ml[2 * s + 1] * kcap_exp(ml[2 * s] - m);
     const float inv = 1.0f / l;
-    for (int d = int(t.thread); d < p.head_dim_v; d += int(t.threads)) {
+    for (int d = int(t.index); d < p.head_dim_v; d += int(t.threads)) {
         float acc = 0.0f;
         for (int s = 0; s < active; ++s) acc += partial_o[(head * p.n_splits + s) * p.head_dim_v + d] * kcap_exp(ml[2 * s] - m);
         out[head * p.head_dim_v + d] = acc * inv;

@@ -45,7 +45,7 @@ typedef int kcap_i32;
 typedef unsigned long long kcap_u64;
 
 struct KcapThread {
-    unsigned thread;     // index in the group
+    unsigned index;      // thread index in the group (not `thread`: a Metal keyword)
     unsigned threads;    // threads per group
     unsigned lane;       // index in the simd group
     unsigned simd;       // simd group index in the group
@@ -56,7 +56,7 @@ struct KcapThread {
 
 KCAP_FN KcapThread kcap_cuda_thread() {
     KcapThread t;
-    t.thread = threadIdx.x;
+    t.index = threadIdx.x;
     t.threads = blockDim.x;
     t.lane = threadIdx.x & 31u;
     t.simd = threadIdx.x >> 5;
@@ -134,7 +134,7 @@ typedef int kcap_i32;
 typedef ulong kcap_u64;
 
 struct KcapThread {
-    uint thread, threads, lane, simd, simds;
+    uint index, threads, lane, simd, simds;
     uint group_x, group_y, group_z;
     uint groups_x, groups_y, groups_z;
 };
@@ -151,7 +151,7 @@ struct KcapThread {
 
 KCAP_FN KcapThread kcap_metal_thread(uint3 tid, uint3 tpg, uint3 gid, uint3 ngroups, uint lane, uint simd, uint simds) {
     KcapThread t;
-    t.thread = tid.x;
+    t.index = tid.x;
     t.threads = tpg.x;
     t.lane = lane;
     t.simd = simd;

@@ -48,7 +48,7 @@ struct uint4 {
 };
 
 struct KcapThread {
-    unsigned thread, threads, lane, simd, simds;
+    unsigned index, threads, lane, simd, simds;
     unsigned group_x, group_y, group_z;
     unsigned groups_x, groups_y, groups_z;
 };
@@ -129,7 +129,7 @@ struct FiberArgs {
 inline void fiber_entry(unsigned lo, unsigned hi) {
     FiberArgs* args = reinterpret_cast<FiberArgs*>((uintptr_t(hi) << 32) | uintptr_t(lo));
     (*args->body)(args->thread, args->shared);
-    args->group->done[args->thread.thread] = true;
+    args->group->done[args->thread.index] = true;
     ++args->group->progress;
     // Returning switches to uc_link (the scheduler).
 }
@@ -165,7 +165,7 @@ inline void launch(Dim3 groups, unsigned threads, size_t shared_bytes,
                 current_group() = &g;
                 for (unsigned i = 0; i < threads; ++i) {
                     KcapThread& t = args[i].thread;
-                    t.thread = i;
+                    t.index = i;
                     t.threads = threads;
                     t.lane = i & 31u;
                     t.simd = i >> 5;

@@ -27,7 +27,7 @@ KCAP_FN void kcap_embed(const KcapThread t, const KcapEmbedParams p, const KCAP_
     const int pos = p.positions ? step[0] + m : 0;
     out += kcap_u64(m) * p.width;
     const int runs = p.width / 32;
-    for (int run = int(t.thread); run < runs; run += int(t.threads)) {
+    for (int run = int(t.index); run < runs; run += int(t.threads)) {
         float v[32];
         F::decode32(row + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock, v);
         KCAP_UNROLL for (int i = 0; i < 32; ++i) {
@@ -36,7 +36,7 @@ KCAP_FN void kcap_embed(const KcapThread t, const KcapEmbedParams p, const KCAP_
             out[32 * run + i] = value;
         }
     }
-    for (int i = 32 * runs + int(t.thread); i < p.width; i += int(t.threads)) {
+    for (int i = 32 * runs + int(t.index); i < p.width; i += int(t.threads)) {
         float value = KcapElem<F>::load(row, i) * p.scale;
         if (p.positions) value += kcap_position_value(p, positions, pos, i);
         out[i] = value;

@@ -51,7 +51,7 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, in
     for (int chunk0 = 0; chunk0 < runs; chunk0 += chunk_runs) {
         const int chunk_end = chunk0 + chunk_runs < runs ? chunk0 + chunk_runs : runs;
         if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
-        for (int i = int(t.thread); i < (chunk_end - chunk0) * 8; i += int(t.threads)) {
+        for (int i = int(t.index); i < (chunk_end - chunk0) * 8; i += int(t.threads)) {
             const float4 v = kcap_load_f32x4(x + kcap_u64(chunk0) * 32 + 4 * kcap_u64(i));
             KCAP_SHARED float* to = xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8);
             to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
@@ -76,6 +76,12 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, in
                 }
             }
         }
+    }
+    // Float formats may end in a partial run (K % 32 elements, K a multiple of 4): part 0 of
+    // each team takes them from global memory, one per lane (kcap_matmul_tail).
+    if (part == 0 && row0 < p.n) {
+        kcap_matmul_tail<F, ROWS>(t, p, row0, w0, x, acc[0]);
+        if (kMats == 2) kcap_matmul_tail<F, ROWS>(t, p, row0, w1, x, acc[kMats - 1]);
     }
     KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = kcap_simd_sum(acc[mat][j]);
     if (split > 1) {  // uniform over the group: every thread reaches the barrier or none does

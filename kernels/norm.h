@@ -28,16 +28,16 @@ KCAP_FN void kcap_norm(const KcapThread t, const KcapNormParams p, const KCAP_GL
     float mean = 0.0f;
     if (p.layer_norm) {
         float s = 0.0f;
-        for (int i = int(t.thread); i < p.width; i += int(t.threads)) s += x[i];
+        for (int i = int(t.index); i < p.width; i += int(t.threads)) s += x[i];
         mean = kcap_group_sum(t, s, scratch) / float(p.width);
     }
     float sq = 0.0f;
-    for (int i = int(t.thread); i < p.width; i += int(t.threads)) {
+    for (int i = int(t.index); i < p.width; i += int(t.threads)) {
         const float c = x[i] - mean;
         sq += c * c;
     }
     const float inv = kcap_rsqrt(kcap_group_sum(t, sq, scratch) / float(p.width) + p.eps);
-    for (int i = int(t.thread); i < p.width; i += int(t.threads)) {
+    for (int i = int(t.index); i < p.width; i += int(t.threads)) {
         float v = (x[i] - mean) * inv;
         if (p.has_weight) v *= weight[i];
         if (p.has_bias) v += bias[i];
@@ -52,11 +52,11 @@ KCAP_FN void kcap_row_norm_stats(const KcapThread t, const KCAP_GLOBAL float* x,
     float mean = 0.0f;
     if (layer_norm) {
         float s = 0.0f;
-        for (int i = int(t.thread); i < width; i += int(t.threads)) s += x[i];
+        for (int i = int(t.index); i < width; i += int(t.threads)) s += x[i];
         mean = kcap_group_sum(t, s, scratch) / float(width);
     }
     float sq = 0.0f;
-    for (int i = int(t.thread); i < width; i += int(t.threads)) {
+    for (int i = int(t.index); i < width; i += int(t.threads)) {
         const float c = x[i] - mean;
         sq += c * c;
     }
@@ -77,7 +77,7 @@ KCAP_FN void kcap_add_norm(const KcapThread t, const KcapAddNormParams p, KCAP_G
     float post_mean = 0.0f, post_inv = 1.0f;
     if (p.has_post) kcap_row_norm_stats(t, branch, p.width, p.layer_norm, p.eps, scratch, &post_mean, &post_inv);
     float s = 0.0f, sq = 0.0f;
-    for (int i = int(t.thread); i < p.width; i += int(t.threads)) {
+    for (int i = int(t.index); i < p.width; i += int(t.threads)) {
         float v = branch[i];
         if (p.has_post) {
             v = (v - post_mean) * post_inv;
@@ -93,13 +93,13 @@ KCAP_FN void kcap_add_norm(const KcapThread t, const KcapAddNormParams p, KCAP_G
     if (p.layer_norm) {
         mean = kcap_group_sum(t, s, scratch) / float(p.width);
         sq = 0.0f;
-        for (int i = int(t.thread); i < p.width; i += int(t.threads)) {
+        for (int i = int(t.index); i < p.width; i += int(t.threads)) {
             const float c = residual[i] - mean;
             sq += c * c;
         }
     }
     const float inv = kcap_rsqrt(kcap_group_sum(t, sq, scratch) / float(p.width) + p.eps);
-    for (int i = int(t.thread); i < p.width; i += int(t.threads)) {
+    for (int i = int(t.index); i < p.width; i += int(t.threads)) {
         float v = (residual[i] - mean) * inv;
         if (p.has_weight) v *= weight[i];
         if (p.has_bias) v += bias[i];

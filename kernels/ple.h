@@ -40,7 +40,7 @@ KCAP_FN void kcap_ple_combine(const KcapThread t, const KcapPleParams p, const K
 // One thread per output value. Grid: x = ceil(n_tokens * per / threads).
 KCAP_FN void kcap_ple_gate(const KcapThread t, const KcapPleGateParams p, const KCAP_GLOBAL float* gate,
                            const KCAP_GLOBAL float* ple, KCAP_GLOBAL float* out) {
-    const kcap_u64 index = kcap_u64(t.group_x) * t.threads + t.thread;
+    const kcap_u64 index = kcap_u64(t.group_x) * t.threads + t.index;
     if (index >= kcap_u64(p.n_tokens) * kcap_u64(p.per)) return;
     const kcap_u64 m = index / kcap_u64(p.per);
     const kcap_u64 i = index % kcap_u64(p.per);

@@ -15,7 +15,7 @@ KCAP_FN void kcap_rope(const KcapThread t, const KcapRopeParams p, const KCAP_GL
                        const KCAP_GLOBAL float2* cos_sin, KCAP_GLOBAL float* q, KCAP_GLOBAL float* k) {
     const int pairs = p.rope_dim / 2;
     const int heads = p.n_head + p.n_head_kv;
-    const kcap_u64 index = kcap_u64(t.group_x) * t.threads + t.thread;
+    const kcap_u64 index = kcap_u64(t.group_x) * t.threads + t.index;
     if (index >= kcap_u64(p.n_tokens) * heads * pairs) return;
     const int i = int(index % pairs);
     const int h = int((index / pairs) % heads);

@@ -72,6 +72,35 @@ inline double matmul_error(const std::vector<float>& got, const std::vector<floa
     return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
+// The error of a gate_up output act(g) * u relative to its conditioning: the error the
+// gate and up sums may carry (their |W| |x| scales, as matmul_error) propagated through the
+// product, |act'(g)| |u| |Wg| |x| + |act(g)| |Wu| |x| with |act'| <= 1.2 (SiLU, GELU).
+inline double gate_up_error(const std::vector<float>& got, const std::vector<float>& ref, const TensorRef& gate,
+                            const TensorRef& up, const float* x, int64_t k, int64_t n, int64_t m, Activation act) {
+    std::vector<float> g_row(static_cast<size_t>(k)), u_row(static_cast<size_t>(k));
+    double num = 0.0, den = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+        dequantize_row(gate.format, gate.row(j), g_row.data(), k);
+        dequantize_row(up.format, up.row(j), u_row.data(), k);
+        for (int64_t t = 0; t < m; ++t) {
+            const float v = got[size_t(t * n + j)];
+            if (!std::isfinite(v)) return INFINITY;
+            double g = 0.0, u = 0.0, g_scale = 0.0, u_scale = 0.0;
+            for (int64_t i = 0; i < k; ++i) {
+                const double xi = double(x[t * k + i]);
+                g += double(g_row[size_t(i)]) * xi, u += double(u_row[size_t(i)]) * xi;
+                g_scale += std::fabs(double(g_row[size_t(i)]) * xi), u_scale += std::fabs(double(u_row[size_t(i)]) * xi);
+            }
+            const double a = act == Activation::SiLU ? g / (1.0 + std::exp(-g)) : 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0)));
+            const double scale = 1.2 * std::fabs(u) * g_scale + std::fabs(a) * u_scale;
+            const double d = double(v) - double(ref[size_t(t * n + j)]);
+            num += d * d;
+            den += scale * scale;
+        }
+    }
+    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
 inline std::vector<float> random_floats(std::mt19937& rng, size_t n, float scale = 1.0f) {
     std::normal_distribution<float> normal(0.0f, scale);
     std::vector<float> v(n);

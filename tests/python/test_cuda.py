@@ -12,7 +12,8 @@ file is used. Per-row parity at the edges of legal dims is tests/cpp/test_cuda_r
 
 Tolerances, max |Δlogit| over the vocabulary relative to the std of the CPU logits:
   DECODE_TOLERANCE 1e-4   one-token steps (the captured graph; exact f32 rows); with an f16
-                          cache, half the distance f16 rounding moves the CPU (see the test)
+                          cache, closer to the CPU's f16-cache logits than to its f32-cache ones
+                          (see the test)
   EXACT_TOLERANCE  1e-4   prefill with the exact rows (cuda.matmul_mma.* excluded)
   MMA_TOLERANCE    1e-3   prefill on the bf16 tensor-core rows (cuda.matmul_mma.*): exact
                           weights (scale x bf16-exact code + offset) times x split into bf16
@@ -217,7 +218,10 @@ def engines(model_files, cuda_device):
     for name, (path, _) in model_files.items():
         cpu = kcap.load(path, backend="cpu", n_ctx=1024)
         cuda = kcap.load(path, backend="cuda", n_ctx=1024)
-        mma_rows = [r["kernel"] for r in _core.capability_rows() if r["kernel"].startswith("cuda.matmul_mma.")]
+        # The exact engine: no row with a tensor-core batched path (the mma rows, and gate_up,
+        # which runs them for a batch).
+        mma_rows = [r["kernel"] for r in _core.capability_rows()
+                    if r["kernel"].startswith("cuda.matmul_mma.") or r["kernel"].startswith("cuda.gate_up.")]
         exact = kcap.load(path, backend="cuda", n_ctx=1024, excluded_kernels=mma_rows)
         made[name] = (cpu, cuda, exact)
     return made
@@ -251,20 +255,23 @@ def test_decode_steps_match_cpu(model_files, cuda_device, name, kv_type):
     cpu = kcap.load(path, backend="cpu", n_ctx=256, kv_type=kv_type)
     cuda = kcap.load(path, backend="cuda", n_ctx=256, kv_type=kv_type)
     # With an f16 cache, values that the two backends compute a few f32 ulps apart can round
-    # to neighbouring halves (a 2^-11 step), so the f32 bound does not apply. The bound then
-    # is half of what f16 rounding itself moves the CPU's logits (CPU f16 vs CPU f32): a CUDA
-    # cache that rounded differently, or not at all, lands at or beyond that distance.
+    # to neighbouring halves (a 2^-11 step) and random-weight layers amplify such flips, so
+    # the f32 bound does not apply. What must hold: the CUDA logits are closer to the CPU's
+    # with the same f16 cache than to the CPU's with an f32 cache (a CUDA cache that rounded
+    # differently, or not at all, fails that).
     cpu32 = kcap.load(path, backend="cpu", n_ctx=256, kv_type="f32") if kv_type == "f16" else None
     ids = prompt_ids(cpu.n_vocab, 24, seed=2)
     for step, token in enumerate(ids):  # one token per call: the captured decode graph
         ref = cpu.eval([token])
         got = cuda.eval([token])
         worst = max_relative(got, ref)
-        bound, why = DECODE_TOLERANCE, ""
-        if cpu32 is not None:
-            rounding = max_relative(ref, cpu32.eval([token]))
-            bound, why = max(DECODE_TOLERANCE, 0.5 * rounding), f" (f16 rounding moves the CPU by {rounding:.3g} × std)"
-        assert worst <= bound, f"{name} kv {kv_type} step {step}: max |Δ| = {worst:.3g} × std > {bound:.3g}{why}"
+        if cpu32 is None:
+            assert worst <= DECODE_TOLERANCE, f"{name} kv f32 step {step}: max |Δ| = {worst:.3g} × std"
+            continue
+        to_f32 = max_relative(got, cpu32.eval([token]))
+        assert worst <= DECODE_TOLERANCE or worst < to_f32, (
+            f"{name} kv f16 step {step}: max |Δ| to the CPU's f16 cache {worst:.3g} × std is not below "
+            f"the distance to its f32 cache, {to_f32:.3g} × std")
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
