@@ -114,10 +114,13 @@ void run_gate_up(const Stage& stage, const KernelCall& call, KernelFn batched_ma
 
 }  // namespace cuda
 
+// A batch of gate_up runs the format's tensor-core row where that row exists and its tiles
+// take K (whole 32-element runs), else the exact row (float formats with a K tail).
 #define KCAP_DEFINE_MATMUL(NAME, DECODER)                                                                            \
     void kcap_cuda_matmul_##NAME(const Stage& stage, const KernelCall& call) { cuda::run_matmul_exact<DECODER>(stage, call); } \
     void kcap_cuda_gate_up_##NAME(const Stage& stage, const KernelCall& call) {                                      \
-        cuda::run_gate_up<DECODER>(stage, call, &kcap_cuda_matmul_mma_##NAME);                                       \
+        const bool tiles = cuda_rows::mma_format(Format::NAME) && stage.k % 32 == 0;                                 \
+        cuda::run_gate_up<DECODER>(stage, call, tiles ? &kcap_cuda_matmul_mma_##NAME : &kcap_cuda_matmul_##NAME);    \
     }
 KCAP_WEIGHT_FORMATS(KCAP_DEFINE_MATMUL)
 #undef KCAP_DEFINE_MATMUL

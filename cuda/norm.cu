@@ -44,7 +44,7 @@ void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call) {
     p.has_post_bias = operand(1) != nullptr;
     p.has_weight = operand(2) != nullptr;
     p.has_bias = operand(3) != nullptr;
-    cuda::launch(ctx, add_norm_kernel, dim3(call.n_tokens), dim3(kNormThreads), 0, p, call.inout2, call.in2, operand(0),
+    cuda::launch(ctx, add_norm_kernel, dim3(call.n_tokens), dim3(norm_threads(p.width)), 0, p, call.inout2, call.in2, operand(0),
                  operand(1), operand(2), operand(3), call.out);
 }
 
@@ -59,7 +59,7 @@ void kcap_cuda_norm(const Stage& stage, const KernelCall& call) {
     p.has_weight = data.operands[0] != nullptr;
     p.has_bias = data.operands[1] != nullptr;
     // Short rows (QK-norm over one head) need fewer threads than a hidden row.
-    const int threads = p.width <= 64 ? 64 : p.width <= 128 ? 128 : kNormThreads;
+    const int threads = norm_threads(p.width);
     cuda::launch(ctx, norm_kernel, dim3(p.rows), dim3(threads), 0, p, call.in, static_cast<const float*>(data.operands[0]),
                  static_cast<const float*>(data.operands[1]), call.out);
 }

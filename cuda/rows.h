@@ -48,7 +48,12 @@ constexpr int kMmaMinTokens = 16;  // fewer tokens take the few-token walk
 // sub-block (kernels/quant_codes.h). F32 and F16 take the exact rows.
 constexpr bool mma_format(Format f) { return f != Format::F32 && f != Format::F16; }
 // Norm: one group per row.
-constexpr int kNormThreads = 256;
+constexpr int kNormThreads = 1024;  // the most; a row of `width` takes norm_threads(width)
+// About four values per thread, so a wide row (4096) is not a long serial walk per thread.
+constexpr int norm_threads(long long width) {
+    const long long t = (width / 4 + 31) / 32 * 32;
+    return int(t < 64 ? 64 : t > kNormThreads ? kNormThreads : t);
+}
 // Attention: one simd group per query head of a KV head; decode splits keys over groups.
 constexpr int kAttnMaxSimds = 8;
 constexpr int kAttnMinChunk = 64;  // fewest keys per decode split (a multiple of 32)

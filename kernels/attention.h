@@ -228,8 +228,12 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
                 o[h][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
         }
-        for (int j = start + int(t.simd); j < end; j += int(t.simds)) {
-            float4 k[KCAP_ATTN_DIM_GROUPS], v[KCAP_ATTN_DIM_GROUPS];
+        // The next key's rows are loaded while this key's scores are reduced (the loop is
+        // otherwise one memory latency per key), and the heads' dot products are reduced
+        // across the lanes together (independent shuffles in flight, not one chain per head).
+        float4 k[KCAP_ATTN_DIM_GROUPS], v[KCAP_ATTN_DIM_GROUPS];
+        int j = start + int(t.simd);
+        if (j < end) {
             if (j == fresh_pos) {
                 kcap_attn_load_fresh(t, k_fresh, p.head_dim, p.kv_f16, k);
                 kcap_attn_load_fresh(t, v_fresh, p.head_dim_v, p.kv_f16, v);
@@ -237,25 +241,45 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
                 kcap_attn_load_row(t, k_cache, kcap_u64(j) * p.k_width + k_head, p.head_dim, p.kv_f16, k);
                 kcap_attn_load_row(t, v_cache, kcap_u64(j) * p.v_width + v_head, p.head_dim_v, p.kv_f16, v);
             }
-            KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
-                if (h >= heads) break;  // uniform over the simd group
-                float dot = 0.0f;
-                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i)
-                    dot += qv[h][i].x * k[i].x + qv[h][i].y * k[i].y + qv[h][i].z * k[i].z + qv[h][i].w * k[i].w;
-                float s = kcap_simd_sum(dot) * p.scale;
-                if (p.softcap > 0.0f) s = p.softcap * kcap_tanh(s / p.softcap);
-                const float m_new = kcap_fmax(m[h], s);
-                const float correction = kcap_exp(m[h] - m_new);  // 0 while m is still -inf
-                const float weight = kcap_exp(s - m_new);
-                l[h] = l[h] * correction + weight;
-                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
-                    o[h][i].x = o[h][i].x * correction + weight * v[i].x;
-                    o[h][i].y = o[h][i].y * correction + weight * v[i].y;
-                    o[h][i].z = o[h][i].z * correction + weight * v[i].z;
-                    o[h][i].w = o[h][i].w * correction + weight * v[i].w;
+        }
+        for (; j < end; j += int(t.simds)) {
+            float4 k_next[KCAP_ATTN_DIM_GROUPS], v_next[KCAP_ATTN_DIM_GROUPS];
+            const int next = j + int(t.simds);
+            if (next < end) {
+                if (next == fresh_pos) {
+                    kcap_attn_load_fresh(t, k_fresh, p.head_dim, p.kv_f16, k_next);
+                    kcap_attn_load_fresh(t, v_fresh, p.head_dim_v, p.kv_f16, v_next);
+                } else {
+                    kcap_attn_load_row(t, k_cache, kcap_u64(next) * p.k_width + k_head, p.head_dim, p.kv_f16, k_next);
+                    kcap_attn_load_row(t, v_cache, kcap_u64(next) * p.v_width + v_head, p.head_dim_v, p.kv_f16, v_next);
                 }
-                m[h] = m_new;
             }
+            float dot[KCAP_ATTN_HEADS_PER_PASS];
+            KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
+                dot[h] = 0.0f;
+                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i)
+                    dot[h] += qv[h][i].x * k[i].x + qv[h][i].y * k[i].y + qv[h][i].z * k[i].z + qv[h][i].w * k[i].w;
+            }
+            KCAP_UNROLL for (int offset = KCAP_SIMD_WIDTH / 2; offset > 0; offset >>= 1)
+                KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) dot[h] += kcap_simd_shuffle_xor(dot[h], offset);
+            KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
+                if (h < heads) {  // uniform over the simd group
+                    float s = dot[h] * p.scale;
+                    if (p.softcap > 0.0f) s = p.softcap * kcap_tanh(s / p.softcap);
+                    const float m_new = kcap_fmax(m[h], s);
+                    const float correction = kcap_exp(m[h] - m_new);  // 0 while m is still -inf
+                    const float weight = kcap_exp(s - m_new);
+                    l[h] = l[h] * correction + weight;
+                    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+                        o[h][i].x = o[h][i].x * correction + weight * v[i].x;
+                        o[h][i].y = o[h][i].y * correction + weight * v[i].y;
+                        o[h][i].z = o[h][i].z * correction + weight * v[i].z;
+                        o[h][i].w = o[h][i].w * correction + weight * v[i].w;
+                    }
+                    m[h] = m_new;
+                }
+            }
+            KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) k[i] = k_next[i], v[i] = v_next[i];
         }
         // Merge the simd groups' states into simd group 0's, one group at a time.
         const int stride = p.head_dim_v + 2;
