@@ -1,30 +1,37 @@
 // Metal entry points of the attention row (metal.attention): kernels/attention.h, the bodies
 // cuda.attention runs.
-//   one token: split-K decode (which also appends the token's K/V), then the combine when the
-//     stage has more than one split (the split count is fixed at load time by the host);
-//   a prefill chunk: append the chunk's K/V, then every token attends to the cache.
+//   one token: flash-decoding decode (split 0 also appends the token's K/V unless the layer
+//     shares another layer's cache, p.append == 0), then the combine when the stage has more
+//     than one split (the split count is fixed at load time by the host; the combine reads the
+//     step to know how many splits had keys);
+//   a prefill chunk: append the chunk's K/V (not for a shared-KV layer), then every token
+//     attends to the cache.
 #include "kernels/attention.h"
 #include "metal/rows.h"
 
 using namespace kcap::metal_rows;
 
-// Grid: x = n_head_kv, y = n_splits; 32 * min(group, kAttnMaxSimds) threads.
+static_assert(kAttnDecodeSimds == KCAP_ATTN_DECODE_SIMDS, "the host launches 32 * kAttnDecodeSimds threads");
+static_assert(kAttnMaxSimds == KCAP_ATTN_MAX_SIMDS, "prefill's q_shared holds kAttnMaxSimds heads");
+
+// Grid: x = n_head_kv, y = n_splits; 32 * kAttnDecodeSimds threads.
 [[host_name(KCAP_METAL_ENTRY(attention_decode))]] kernel void kcap_attention_decode_entry(
     constant KcapAttentionParams& p [[buffer(0)]], device const kcap_i32* step [[buffer(1)]],
     device const float* q [[buffer(2)]], device const float* k_new [[buffer(3)]], device const float* v_new [[buffer(4)]],
     device kcap_u8* k_cache [[buffer(5)]], device kcap_u8* v_cache [[buffer(6)]], device float* partial_o [[buffer(7)]],
     device float* partial_ml [[buffer(8)]], device float* out [[buffer(9)]], KCAP_METAL_THREAD_ARGS) {
-    threadgroup float q_shared[kAttnMaxSimds * KCAP_ATTN_MAX_HEAD_DIM];
+    threadgroup float merge[KCAP_ATTN_DECODE_SHARED_FLOATS];
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_attention_decode(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, q_shared);
+    kcap_attention_decode(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge);
 }
 
 // Grid: x = n_head; kAttnCombineThreads threads (any multiple of 32).
 [[host_name(KCAP_METAL_ENTRY(attention_combine))]] kernel void kcap_attention_combine_entry(
-    constant KcapAttentionParams& p [[buffer(0)]], device const float* partial_o [[buffer(1)]],
-    device const float* partial_ml [[buffer(2)]], device float* out [[buffer(3)]], KCAP_METAL_THREAD_ARGS) {
+    constant KcapAttentionParams& p [[buffer(0)]], device const kcap_i32* step [[buffer(1)]],
+    device const float* partial_o [[buffer(2)]], device const float* partial_ml [[buffer(3)]],
+    device float* out [[buffer(4)]], KCAP_METAL_THREAD_ARGS) {
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_attention_combine(t, p, partial_o, partial_ml, out);
+    kcap_attention_combine(t, p, step, partial_o, partial_ml, out);
 }
 
 // Grid: x = ceil(n_tokens * (k_width + v_width) / kElementwiseThreads).

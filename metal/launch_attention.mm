@@ -1,7 +1,9 @@
 // Metal launcher of the attention row (metal.attention), as cuda/attention.cu: one token runs
-// the split-K decode (which appends the token's K/V) and, with several splits, the combine; a
-// prefill chunk appends its K/V, then every token attends to the cache. The KV cache buffers
-// are the layer's MTLBuffers, bound directly.
+// the flash-decoding decode (which appends the token's K/V) and, with several splits, the
+// combine; a prefill chunk appends its K/V, then every token attends to the cache. A shared-KV
+// layer (stage.params.kv_layer >= 0) binds the cache of layer kv_layer, filled earlier in this
+// same pass, and appends nothing (p.append = 0). The KV cache buffers are the layer's
+// MTLBuffers, bound directly.
 #include "metal/metal_context.h"
 
 namespace kcap {
@@ -25,7 +27,9 @@ void kcap_metal_attention(const Stage& stage, const KernelCall& call) {
     p.kv_f16 = ctx.kv_format == Format::F16;
     p.n_splits = data.attn_splits;
     p.min_chunk = kAttnMinChunk;
-    const metal::KvCache& kv = ctx.kv.at(size_t(stage.layer));
+    const bool shared = s.kv_layer >= 0;
+    p.append = shared ? 0 : 1;
+    const metal::KvCache& kv = ctx.kv.at(size_t(shared ? s.kv_layer : stage.layer));
     const int group = s.n_head / s.n_head_kv;
     const int simds = group < kAttnMaxSimds ? group : kAttnMaxSimds;
     id<MTLComputeCommandEncoder> e = ctx.encoder;
@@ -41,25 +45,28 @@ void kcap_metal_attention(const Stage& stage, const KernelCall& call) {
         metal::bind(ctx, 8, ctx.attn_partial_ml);
         metal::bind(ctx, 9, call.out);
         metal::dispatch(ctx, *data.row, kAttnDecode, MTLSizeMake(NSUInteger(p.n_head_kv), NSUInteger(p.n_splits), 1),
-                        32 * simds);
+                        32 * kAttnDecodeSimds);
         if (p.n_splits > 1) {
             metal::bind_params(ctx, 0, p);
-            metal::bind(ctx, 1, ctx.attn_partial_o);
-            metal::bind(ctx, 2, ctx.attn_partial_ml);
-            metal::bind(ctx, 3, call.out);
+            metal::bind(ctx, 1, ctx.step);
+            metal::bind(ctx, 2, ctx.attn_partial_o);
+            metal::bind(ctx, 3, ctx.attn_partial_ml);
+            metal::bind(ctx, 4, call.out);
             metal::dispatch(ctx, *data.row, kAttnCombine, MTLSizeMake(NSUInteger(p.n_head), 1, 1), kAttnCombineThreads);
         }
         return;
     }
-    const int64_t appended = int64_t(p.n_tokens) * (p.k_width + p.v_width);
-    metal::bind(ctx, 1, ctx.step);
-    metal::bind(ctx, 2, call.in2);
-    metal::bind(ctx, 3, call.in3);
-    [e setBuffer:kv.k offset:0 atIndex:4];
-    [e setBuffer:kv.v offset:0 atIndex:5];
-    metal::dispatch(ctx, *data.row, kAttnAppend, MTLSizeMake(metal::ceil_div(appended, kElementwiseThreads), 1, 1),
-                    kElementwiseThreads);
-    metal::bind_params(ctx, 0, p);
+    if (p.append) {
+        const int64_t appended = int64_t(p.n_tokens) * (p.k_width + p.v_width);
+        metal::bind(ctx, 1, ctx.step);
+        metal::bind(ctx, 2, call.in2);
+        metal::bind(ctx, 3, call.in3);
+        [e setBuffer:kv.k offset:0 atIndex:4];
+        [e setBuffer:kv.v offset:0 atIndex:5];
+        metal::dispatch(ctx, *data.row, kAttnAppend, MTLSizeMake(metal::ceil_div(appended, kElementwiseThreads), 1, 1),
+                        kElementwiseThreads);
+        metal::bind_params(ctx, 0, p);
+    }
     metal::bind(ctx, 1, ctx.step);
     metal::bind(ctx, 2, call.in);
     [e setBuffer:kv.k offset:0 atIndex:3];

@@ -1,5 +1,6 @@
-// Metal launchers of the matmul and embedding rows (metal.matmul.<format>, metal.embed.<format>).
-// Which format: the row (its entry points are that format's instantiations in matmul.metal /
+// Metal launchers of the matmul, gate_up and embedding rows (metal.matmul.<format>,
+// metal.gate_up.<format>, metal.embed.<format>), as cuda/matmul.cu and cuda/embed.cu. Which
+// format: the row (its entry points are that format's instantiations in matmul.metal /
 // embed.metal), so one launcher body serves every format. Geometry: metal/rows.h.
 #include "metal/metal_context.h"
 
@@ -9,56 +10,113 @@ namespace {
 
 using namespace metal_rows;
 
-void run_matmul(const Stage& stage, const KernelCall& call) {
-    const Context& ctx = context(call);
-    const StageData& data = stage_data(call);
+KcapMatmulParams matmul_params(const Stage& stage, const KernelCall& call, const TensorRef& w) {
     KcapMatmulParams p;
     p.k = int(stage.k);
     p.n = int(stage.n);
     p.m = call.n_tokens;
-    p.row_bytes = unsigned(row_bytes(stage.operands[0]->format, stage.k));
-    p.has_bias = data.operands[1] != nullptr;
+    p.row_bytes = unsigned(row_bytes(w.format, stage.k));
+    p.has_bias = 0;
+    return p;
+}
+
+// One token: kcap_matvec_staged with x staged in threadgroup memory (entry `entry` of `row`:
+// the plain matvec or gate_up), teams and parts from metal_rows::matvec_split.
+void encode_matvec(const Context& ctx, const Row& row, int entry, const KcapMatmulParams& p, const void* w0,
+                   const void* w1, const float* x, const void* bias, int activation, float* y) {
+    KcapMetalMatvecArgs a;
+    a.split = matvec_split(p.n);
+    a.chunk_runs = matvec_chunk_runs(p.k);
+    a.activation = activation;
     bind_params(ctx, 0, p);
+    bind_params(ctx, 1, a);
+    bind(ctx, 2, w0);
+    bind(ctx, 3, w1);
+    bind(ctx, 4, x);
+    bind(ctx, 5, bias);
+    bind(ctx, 6, y);
+    // Lengths of threadgroup memory are multiples of 16 bytes (these already are: 36-float runs
+    // and 64 partials, but round anyway).
+    const NSUInteger bytes = (NSUInteger(matvec_shared_floats(p.k)) * 4 + 15) / 16 * 16;
+    [ctx.encoder setThreadgroupMemoryLength:bytes atIndex:0];
+    dispatch(ctx, row, entry, MTLSizeMake(ceil_div(p.n, (kMatvecSimds / a.split) * kMatvecRows), 1, 1),
+             kMatvecSimds * 32);
+}
+
+// Several tokens: the few-token walk, each decoded run of weights serving kTokensPerPass tokens.
+void encode_tokens(const Context& ctx, const Row& row, int entry, const KcapMatmulParams& p, const void* w,
+                   const float* x, const void* bias, float* y) {
+    bind_params(ctx, 0, p);
+    bind(ctx, 1, w);
+    bind(ctx, 2, x);
+    bind(ctx, 3, bias);
+    bind(ctx, 4, y);
+    dispatch(ctx, row, entry, MTLSizeMake(ceil_div(p.n, kTokensSimds * kTokensRows), ceil_div(p.m, kTokensPerPass), 1),
+             kTokensSimds * 32);
+}
+
+void run_matmul(const Stage& stage, const KernelCall& call) {
+    const Context& ctx = context(call);
+    const StageData& data = stage_data(call);
+    KcapMatmulParams p = matmul_params(stage, call, *stage.operands[0]);
+    p.has_bias = data.operands[1] != nullptr;
     if (p.m == 1) {
-        // Decode: a team of `split` simd groups per kMatvecRows rows (matvec_kernel on CUDA).
-        const int split = matvec_split(p.k);
-        bind_params(ctx, 1, split);
-        bind(ctx, 2, data.operands[0]);
-        bind(ctx, 3, call.in);
-        bind(ctx, 4, data.operands[1]);
-        bind(ctx, 5, call.out);
-        dispatch(ctx, *data.row, kMatvec, MTLSizeMake(ceil_div(p.n, (kMatvecSimds / split) * kMatvecRows), 1, 1),
-                 kMatvecSimds * 32);
+        encode_matvec(ctx, *data.row, kMatvec, p, data.operands[0], data.operands[0], call.in, data.operands[1], 0,
+                      call.out);
         return;
     }
-    bind(ctx, 1, data.operands[0]);
-    bind(ctx, 2, call.in);
-    bind(ctx, 3, data.operands[1]);
-    bind(ctx, 4, call.out);
-    dispatch(ctx, *data.row, kMatmulTokens,
-             MTLSizeMake(ceil_div(p.n, kTokensSimds * kTokensRows), ceil_div(p.m, kTokensPerPass), 1), kTokensSimds * 32);
+    encode_tokens(ctx, *data.row, kMatmulTokens, p, data.operands[0], call.in, data.operands[1], call.out);
+}
+
+// gate_up: one token runs the fused matvec (both matrices' rows against one staged x, the
+// activation applied to the sums); a batch runs the few-token walk for each matrix into the
+// plan's gate/up scratch (call.inout2 / inout3), then the gated activation into call.out.
+void run_gate_up(const Stage& stage, const KernelCall& call) {
+    const Context& ctx = context(call);
+    const StageData& data = stage_data(call);
+    const KcapMatmulParams p = matmul_params(stage, call, *stage.operands[0]);  // operand 1 is up, not a bias
+    const int activation = int(stage.params.activation);
+    if (p.m == 1) {
+        encode_matvec(ctx, *data.row, kGateUpMatvec, p, data.operands[0], data.operands[1], call.in, nullptr, activation,
+                      call.out);
+        return;
+    }
+    encode_tokens(ctx, *data.row, kGateUpTokens, p, data.operands[0], call.in, nullptr, call.inout2);
+    encode_tokens(ctx, *data.row, kGateUpTokens, p, data.operands[1], call.in, nullptr, call.inout3);
+    KcapElementwiseParams a;
+    a.count = int(int64_t(call.n_tokens) * stage.n);
+    a.activation = activation;
+    a.gated = 1;
+    a.cap = 0.0f;
+    a.scale = 1.0f;
+    encode_ffn_activation(ctx, *data.row, kGateUpActivation, a, call.inout2, call.inout3, call.out);
 }
 
 void run_embed(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
+    const TensorRef* positions = stage.operands.size() > 1 ? stage.operands[1] : nullptr;
     KcapEmbedParams p;
     p.n_tokens = call.n_tokens;
     p.width = int(stage.n);
     p.row_bytes = unsigned(row_bytes(stage.operands[0]->format, stage.n));
     p.scale = stage.params.scale;
+    p.positions = positions ? (positions->format == Format::F16 ? 2 : 1) : 0;
     bind_params(ctx, 0, p);
     bind(ctx, 1, ctx.tokens);
-    bind(ctx, 2, data.operands[0]);
-    bind(ctx, 3, call.out);
+    bind(ctx, 2, ctx.step);
+    bind(ctx, 3, data.operands[0]);
+    bind(ctx, 4, positions ? data.operands[1] : nullptr);
+    bind(ctx, 5, call.out);
     dispatch(ctx, *data.row, 0, MTLSizeMake(NSUInteger(p.n_tokens), 1, 1), kEmbedThreads);
 }
 
 }  // namespace
 }  // namespace metal
 
-#define KCAP_DEFINE_METAL_FORMAT_LAUNCHERS(NAME, DECODER)                                                        \
-    void kcap_metal_matmul_##NAME(const Stage& stage, const KernelCall& call) { metal::run_matmul(stage, call); } \
+#define KCAP_DEFINE_METAL_FORMAT_LAUNCHERS(NAME, DECODER)                                                          \
+    void kcap_metal_matmul_##NAME(const Stage& stage, const KernelCall& call) { metal::run_matmul(stage, call); }   \
+    void kcap_metal_gate_up_##NAME(const Stage& stage, const KernelCall& call) { metal::run_gate_up(stage, call); } \
     void kcap_metal_embed_##NAME(const Stage& stage, const KernelCall& call) { metal::run_embed(stage, call); }
 KCAP_WEIGHT_FORMATS(KCAP_DEFINE_METAL_FORMAT_LAUNCHERS)
 #undef KCAP_DEFINE_METAL_FORMAT_LAUNCHERS

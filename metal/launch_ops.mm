@@ -1,4 +1,4 @@
-// Metal launchers of the small rows: norm, rope, FFN activation, add/softcap/scale and argmax
+// Metal launchers of the small rows: norm, add_norm, rope, FFN activation, add/softcap/scale and argmax
 // (the .metal entries of the same names). Geometry from metal/rows.h, as cuda/*.cu read
 // cuda/rows.h; every launcher encodes into the backend's open command buffer.
 #include "metal/metal_context.h"
@@ -27,6 +27,30 @@ void kcap_metal_norm(const Stage& stage, const KernelCall& call) {
     metal::dispatch(ctx, *data.row, 0, MTLSizeMake(NSUInteger(p.rows), 1, 1), threads);
 }
 
+// add_norm: operands (post weight, post bias, weight, bias); call.inout2 = the residual (read
+// and written), call.in2 = the branch output, call.out = the normed row (as cuda/norm.cu).
+void kcap_metal_add_norm(const Stage& stage, const KernelCall& call) {
+    const metal::Context& ctx = metal::context(call);
+    const metal::StageData& data = metal::stage_data(call);
+    auto operand = [&](size_t i) -> const void* { return i < stage.operands.size() ? data.operands[i] : nullptr; };
+    KcapAddNormParams p;
+    p.width = int(stage.n);
+    p.eps = stage.params.eps;
+    p.scale = stage.params.scale;
+    p.layer_norm = (stage.features & kLayerNorm) != 0;
+    p.has_post = (stage.features & kPostNorm) != 0;
+    p.has_post_weight = operand(0) != nullptr;
+    p.has_post_bias = operand(1) != nullptr;
+    p.has_weight = operand(2) != nullptr;
+    p.has_bias = operand(3) != nullptr;
+    metal::bind_params(ctx, 0, p);
+    metal::bind(ctx, 1, call.inout2);
+    metal::bind(ctx, 2, call.in2);
+    for (int i = 0; i < 4; ++i) metal::bind(ctx, 3 + i, operand(size_t(i)));
+    metal::bind(ctx, 7, call.out);
+    metal::dispatch(ctx, *data.row, 0, MTLSizeMake(NSUInteger(call.n_tokens), 1, 1), kNormThreads);
+}
+
 void kcap_metal_rope(const Stage& stage, const KernelCall& call) {
     const metal::Context& ctx = metal::context(call);
     const metal::StageData& data = metal::stage_data(call);
@@ -46,20 +70,27 @@ void kcap_metal_rope(const Stage& stage, const KernelCall& call) {
     metal::dispatch(ctx, *data.row, 0, MTLSizeMake(metal::ceil_div(total, kElementwiseThreads), 1, 1), kElementwiseThreads);
 }
 
+namespace metal {
+
+void encode_ffn_activation(const Context& ctx, const Row& row, int entry, const KcapElementwiseParams& p,
+                           const float* gate, const float* up, float* out) {
+    bind_params(ctx, 0, p);
+    bind(ctx, 1, gate);
+    bind(ctx, 2, up ? up : gate);  // unread when not gated
+    bind(ctx, 3, out);
+    dispatch(ctx, row, entry, MTLSizeMake(ceil_div(p.count, kElementwiseThreads), 1, 1), kElementwiseThreads);
+}
+
+}  // namespace metal
+
 void kcap_metal_ffn_activation(const Stage& stage, const KernelCall& call) {
-    const metal::Context& ctx = metal::context(call);
     KcapElementwiseParams p;
     p.count = int(int64_t(call.n_tokens) * stage.n);
     p.activation = int(stage.params.activation);
     p.gated = call.in2 != nullptr;
     p.cap = 0.0f;
     p.scale = 1.0f;
-    metal::bind_params(ctx, 0, p);
-    metal::bind(ctx, 1, call.in);
-    metal::bind(ctx, 2, call.in2 ? call.in2 : call.in);  // unread when not gated
-    metal::bind(ctx, 3, call.out);
-    metal::dispatch(ctx, *metal::stage_data(call).row, 0, MTLSizeMake(metal::ceil_div(p.count, kElementwiseThreads), 1, 1),
-                    kElementwiseThreads);
+    metal::encode_ffn_activation(metal::context(call), *metal::stage_data(call).row, 0, p, call.in, call.in2, call.out);
 }
 
 namespace {

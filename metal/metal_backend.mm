@@ -161,8 +161,9 @@ private:
         if (!argmax_row_) throw RoutingError("model stage 'argmax' (argmax): no metal row fits." + rejected);
     }
 
-    // Every entry of every routed row, compiled now; a row whose declared threadgroup does not
-    // fit the pipeline, or a device whose simd width is not the dialect's, is refused here.
+    // Every entry of every routed row, compiled now; a row whose declared threadgroup (threads
+    // or threadgroup memory) does not fit the pipeline or the device, or a device whose simd
+    // width is not the dialect's, is refused here.
     void build_pipelines() {
         std::vector<const Row*> rows = {argmax_row_};
         for (const RoutedStage& routed : plan_.stages) rows.push_back(routed.row);
@@ -186,6 +187,11 @@ private:
                                                   std::to_string(pipeline.maxTotalThreadsPerThreadgroup) +
                                                   " threads per group; row " + row->kernel + " needs " +
                                                   std::to_string(row->geometry.threads_per_group));
+                if (NSUInteger(row->geometry.shared_bytes) > ctx_.device.maxThreadgroupMemoryLength)
+                    throw BackendUnavailableError("backend 'metal': row " + row->kernel + " needs " +
+                                                  std::to_string(row->geometry.shared_bytes) +
+                                                  " bytes of threadgroup memory; the device gives " +
+                                                  std::to_string(ctx_.device.maxThreadgroupMemoryLength));
                 ctx_.pipelines[{row, int(e)}] = pipeline;
             }
         }
@@ -259,6 +265,7 @@ private:
         ctx_.kv.resize(spec.layers.size());
         for (size_t i = 0; i < spec.layers.size(); ++i) {
             const LayerSpec& layer = spec.layers[i];
+            if (layer.kv_source_layer >= 0) continue;  // kv_shared: reads layer kv_source_layer's cache
             const size_t k = std::max<size_t>(16, size_t(ctx_.n_ctx) * layer.n_head_kv * layer.head_dim * kv_bytes);
             const size_t v = std::max<size_t>(16, size_t(ctx_.n_ctx) * layer.n_head_kv * layer.head_dim_v * kv_bytes);
             ctx_.kv[i].k = [ctx_.device newBufferWithLength:k options:MTLResourceStorageModePrivate];
@@ -283,7 +290,7 @@ private:
             const Stage& stage = plan_.stages[i].stage;
             StageData& data = stage_data_[i];
             data.row = plan_.stages[i].row;
-            for (size_t j = 0; j < stage.operands.size() && j < 2; ++j)
+            for (size_t j = 0; j < stage.operands.size() && j < 4; ++j)
                 if (stage.operands[j]) data.operands[j] = stage.operands[j]->data;
             if (stage.op == Op::Rope) {
                 const TensorRef* factors = stage.operands.empty() ? nullptr : stage.operands[0];
@@ -300,9 +307,14 @@ private:
                 data.operands[0] = nullptr;  // the factors are folded into the table
             }
             if (stage.op == Op::Attention) {
+                // Enough splits that each takes about kAttnMinChunk keys at the longest span,
+                // capped at a few threadgroups per core (kGpuCores stands in for the count
+                // Metal does not report; longer spans: longer splits), as cuda_backend.cu.
                 const int64_t span = std::max<int64_t>(1, stage.max_span);
                 const int64_t by_span = (span + metal_rows::kAttnMinChunk - 1) / metal_rows::kAttnMinChunk;
-                data.attn_splits = int(std::max<int64_t>(1, std::min<int64_t>(by_span, metal_rows::kAttnMaxSplits)));
+                const int64_t cap = std::max<int64_t>(1, int64_t(metal_rows::kAttnSplitsPerCore) * metal_rows::kGpuCores /
+                                                             std::max(1, stage.params.n_head_kv));
+                data.attn_splits = int(std::max<int64_t>(1, std::min(by_span, cap)));
                 const size_t slots = size_t(stage.params.n_head) * size_t(data.attn_splits);
                 partial_o = std::max(partial_o, slots * size_t(stage.params.head_dim_v));
                 partial_ml = std::max(partial_ml, slots * 2);
@@ -370,7 +382,14 @@ private:
                 call.out = buffer(stage.input);
                 call.inout2 = buffer(stage.input2);
             }
-            if (stage.op == Op::Softcap || stage.op == Op::Scale) call.in = logits;
+            // Softcap and Scale read the logits when they follow the LM head; a layer output
+            // scale (Scale on the residual) reads and writes its own buffer.
+            if ((stage.op == Op::Softcap || stage.op == Op::Scale) && stage.input == Buffer::Logits) call.in = logits;
+            if (stage.op == Op::AddNorm) call.inout2 = buffer(stage.input);  // the residual, read and written
+            if (stage.op == Op::GateUp) {  // scratch of the batched path
+                call.inout2 = buffer(stage.input2);
+                call.inout3 = buffer(stage.input3);
+            }
             routed.row->fn(stage, call);
         }
     }

@@ -63,7 +63,7 @@ struct Context {
     float* attn_partial_ml = nullptr;
     Format kv_format = Format::F32;
     int64_t n_ctx = 0;
-    std::vector<KvCache> kv;
+    std::vector<KvCache> kv;  // one per layer (nil for a shared-KV layer: it reads its source's)
 
     // The buffer and offset that hold host address p (throws if p was never registered).
     std::pair<id<MTLBuffer>, size_t> resolve(const void* p) const;
@@ -73,7 +73,7 @@ struct Context {
 // Bound to one stage when the backend is built.
 struct StageData {
     const Row* row = nullptr;
-    const void* operands[2] = {nullptr, nullptr};  // host addresses of the operands (resolve them)
+    const void* operands[4] = {nullptr, nullptr, nullptr, nullptr};  // host addresses of the operands (resolve them)
     const float* rope_table = nullptr;             // rope: [n_ctx][rope_dim / 2] (cos, sin)
     int attn_splits = 1;
 };
@@ -90,6 +90,10 @@ void bind_params(const Context& ctx, int index, const P& params) {
     [ctx.encoder setBytes:&params length:sizeof(P) atIndex:NSUInteger(index)];
 }
 void dispatch(const Context& ctx, const Row& row, int entry, MTLSize groups, int threads);
+// The FFN activation body (kernels/activation.h) as entry `entry` of `row`: metal.ffn_activation's
+// only entry, and the last of metal.gate_up.*'s batched path. `up` may be null (not gated).
+void encode_ffn_activation(const Context& ctx, const Row& row, int entry, const KcapElementwiseParams& p,
+                           const float* gate, const float* up, float* out);
 
 }  // namespace metal
 }  // namespace kcap

@@ -42,16 +42,21 @@ Row make_row(const std::string& kernel, Op op, KernelFn fn, Geometry geometry) {
     return row;
 }
 
-// The decoders walk rows in 32-element runs, so even float formats need K % 32 == 0 (as CUDA).
-int64_t k_multiple(Format format) { return std::max<int64_t>(32, format_info(format).block_elems); }
+bool is_float(Format format) { return format == Format::F32 || format == Format::F16 || format == Format::BF16; }
+
+// As cuda/rows.cpp: the exact bodies (matvec, few-token walk, embed) walk rows in 32-element
+// runs and read a float format's last k % 32 elements one by one (the tail), so float rows
+// take any K that keeps rows and activations 16-byte aligned: a multiple of 4. Block formats
+// need whole blocks.
+int64_t k_multiple(Format format) { return is_float(format) ? 4 : std::max<int64_t>(32, format_info(format).block_elems); }
 
 void add_embed(std::vector<Declared>& out) {
 #define KCAP_EMBED_ROW(NAME, DECODER)                                                                        \
     {                                                                                                        \
         Row row = make_row("metal.embed." + lower(#NAME), Op::Embed, KCAP_METAL_FN(kcap_metal_embed_##NAME), \
                            {kEmbedThreads, 1, 0});                                                           \
-        row.operand_formats = {{Format::NAME}};                                                              \
-        row.features = kEmbedScale;                                                                          \
+        row.operand_formats = {{Format::NAME}, {Format::F32, Format::F16}}; /* table, positions */            \
+        row.features = kEmbedScale | kPositionEmbedding;                                                     \
         row.dims.k_multiple = k_multiple(Format::NAME);                                                      \
         out.push_back({row, {KCAP_METAL_FORMAT_ENTRY(embed, NAME)}});                                        \
     }
@@ -60,12 +65,13 @@ void add_embed(std::vector<Declared>& out) {
 }
 
 void add_matmul(std::vector<Declared>& out) {
-    // Exact rows (f32 activations and sums) for any number of tokens: the bodies of
-    // kernels/matmul.h that cuda.matmul.* runs. Entry order: metal_rows::MatmulEntry.
+    // Exact rows (f32 activations and sums) for any number of tokens: the bodies that
+    // cuda.matmul.* runs (kernels/matvec.h for one token, kernels/matmul.h's few-token walk).
+    // Entry order: metal_rows::MatmulEntry.
 #define KCAP_MATMUL_ROW(NAME, DECODER)                                                                            \
     {                                                                                                             \
         Row row = make_row("metal.matmul." + lower(#NAME), Op::MatMul, KCAP_METAL_FN(kcap_metal_matmul_##NAME),   \
-                           {kMatvecSimds * 32, kMatvecSimds * kMatvecRows, kMatvecSharedFloats * 4});              \
+                           {kMatvecSimds * 32, kMatvecSimds * kMatvecRows, kMatvecSharedBytes});                   \
         row.operand_formats = {{Format::NAME}, {Format::F32}};                                                    \
         row.features = kBias;                                                                                     \
         row.dims.k_multiple = k_multiple(Format::NAME);                                                           \
@@ -73,6 +79,23 @@ void add_matmul(std::vector<Declared>& out) {
     }
     KCAP_WEIGHT_FORMATS(KCAP_MATMUL_ROW)
 #undef KCAP_MATMUL_ROW
+    // Fused gated FFN input (gate and up of one format), as cuda.gate_up.*: one token, both
+    // matrices against one staged x with the activation applied to the sums; a batch, the
+    // format's few-token walk for each matrix into the gate/up scratch, then the activation
+    // (Metal has no tensor-core row to take the batch). Entry order: metal_rows::GateUpEntry.
+#define KCAP_GATE_UP_ROW(NAME, DECODER)                                                                           \
+    {                                                                                                             \
+        Row row = make_row("metal.gate_up." + lower(#NAME), Op::GateUp, KCAP_METAL_FN(kcap_metal_gate_up_##NAME), \
+                           {kMatvecSimds * 32, kMatvecSimds * kMatvecRows, kMatvecSharedBytes});                   \
+        row.operand_formats = {{Format::NAME}, {Format::NAME}};                                                   \
+        row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;                                             \
+        row.dims.k_multiple = k_multiple(Format::NAME);                                                           \
+        out.push_back({row,                                                                                       \
+                       {KCAP_METAL_FORMAT_ENTRY(gate_up, NAME), KCAP_METAL_FORMAT_ENTRY(matmul_tokens, NAME),     \
+                        KCAP_METAL_ENTRY(ffn_activation)}});                                                      \
+    }
+    KCAP_WEIGHT_FORMATS(KCAP_GATE_UP_ROW)
+#undef KCAP_GATE_UP_ROW
 }
 
 void add_norm(std::vector<Declared>& out) {
@@ -80,6 +103,13 @@ void add_norm(std::vector<Declared>& out) {
     row.operand_formats = {{Format::F32}, {Format::F32}};
     row.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm;
     out.push_back({row, {KCAP_METAL_ENTRY(norm)}});
+    // Fused, as cuda.add_norm: [post-norm of the branch] + residual add + the next norm, one
+    // threadgroup per token (kernels/norm.h kcap_add_norm).
+    Row fused = make_row("metal.add_norm", Op::AddNorm, KCAP_METAL_FN(kcap_metal_add_norm),
+                         {kNormThreads, 1, kNormScratchFloats * 4});
+    fused.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}, {Format::F32}};
+    fused.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm | kResidualScale | kPostNorm;
+    out.push_back({fused, {KCAP_METAL_ENTRY(add_norm)}});
 }
 
 void add_rope(std::vector<Declared>& out) {
@@ -90,12 +120,13 @@ void add_rope(std::vector<Declared>& out) {
 }
 
 void add_attention(std::vector<Declared>& out) {
-    // Split-K decode + combine, KV append and batched prefill (kernels/attention.h).
-    // Entry order: metal_rows::AttentionEntry.
+    // Flash-decoding (split-K) decode + combine, KV append and batched prefill
+    // (kernels/attention.h); a shared-KV layer reads its source layer's cache and appends
+    // nothing (kKvShared). Entry order: metal_rows::AttentionEntry.
     Row row = make_row("metal.attention", Op::Attention, KCAP_METAL_FN(kcap_metal_attention),
                        {kAttnMaxSimds * 32, 0, kAttnMaxSimds * 256 * 4});
     row.kv_formats = {Format::F32, Format::F16};
-    row.features = kSlidingWindow | kAttnSoftcap | kGqa;
+    row.features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared;
     row.dims.k_multiple = 4;      // head_dim: K rows are read 4 elements at a time
     row.dims.max_head_dim = 256;  // per-lane value registers (KCAP_ATTN_MAX_HEAD_DIM)
     row.dims.max_span = 0;        // split-K decode: any span up to the context
@@ -117,8 +148,44 @@ void add_elementwise(std::vector<Declared>& out) {
     out.push_back({add, {KCAP_METAL_ENTRY(add)}});
     out.push_back({make_row("metal.softcap", Op::Softcap, KCAP_METAL_FN(kcap_metal_softcap), {kElementwiseThreads, 0, 0}),
                    {KCAP_METAL_ENTRY(softcap)}});
-    out.push_back({make_row("metal.scale", Op::Scale, KCAP_METAL_FN(kcap_metal_scale), {kElementwiseThreads, 0, 0}),
-                   {KCAP_METAL_ENTRY(scale)}});
+    Row scale = make_row("metal.scale", Op::Scale, KCAP_METAL_FN(kcap_metal_scale), {kElementwiseThreads, 0, 0});
+    scale.features = kLayerOutputScale;  // also scales the residual stream after a block
+    out.push_back({scale, {KCAP_METAL_ENTRY(scale)}});
+}
+
+std::vector<Format> weight_formats() {
+    std::vector<Format> formats;
+#define KCAP_LIST_FORMAT(NAME, DECODER) formats.push_back(Format::NAME);
+    KCAP_WEIGHT_FORMATS(KCAP_LIST_FORMAT)
+#undef KCAP_LIST_FORMAT
+    return formats;
+}
+
+void add_ple(std::vector<Declared>& out) {
+    // As cuda.per_layer_embed.*: one row per projection format (its K multiple is the
+    // projection's); the table may be any weight format, so the row lists the combine of each
+    // (entry kPleCombine + ple_combine_index), the norm weight F32.
+    std::vector<std::string> combines;
+#define KCAP_PLE_COMBINE_NAME(NAME, DECODER) combines.push_back(KCAP_METAL_FORMAT_ENTRY(ple_combine, NAME));
+    KCAP_WEIGHT_FORMATS(KCAP_PLE_COMBINE_NAME)
+#undef KCAP_PLE_COMBINE_NAME
+#define KCAP_PLE_ROW(NAME, DECODER)                                                                              \
+    {                                                                                                            \
+        Row row = make_row("metal.per_layer_embed." + lower(#NAME), Op::PerLayerEmbed,                           \
+                           KCAP_METAL_FN(kcap_metal_per_layer_embed_##NAME), {kTokensSimds * 32, kTokensSimds * kTokensRows, 0}); \
+        row.operand_formats = {weight_formats(), {Format::NAME}, {Format::F32}};                                 \
+        row.features = kPerLayerEmbedding | kRmsNorm;                                                            \
+        row.dims.k_multiple = k_multiple(Format::NAME);                                                          \
+        std::vector<std::string> entries = {KCAP_METAL_FORMAT_ENTRY(matmul_tokens, NAME)};                       \
+        entries.insert(entries.end(), combines.begin(), combines.end());                                         \
+        out.push_back({row, entries});                                                                           \
+    }
+    KCAP_WEIGHT_FORMATS(KCAP_PLE_ROW)
+#undef KCAP_PLE_ROW
+    Row gate = make_row("metal.per_layer_gate", Op::PerLayerGate, KCAP_METAL_FN(kcap_metal_per_layer_gate),
+                        {kElementwiseThreads, 0, 0});
+    gate.features = kPerLayerEmbedding | kSilu | kGeluTanh | kGeluErf | kRelu;
+    out.push_back({gate, {KCAP_METAL_ENTRY(ple_gate)}});
 }
 
 void add_argmax(std::vector<Declared>& out) {
@@ -137,6 +204,7 @@ const std::vector<Declared>& declared() {
         add_attention(out);
         add_activation(out);
         add_elementwise(out);
+        add_ple(out);
         add_argmax(out);
         return out;
     }();
@@ -154,6 +222,13 @@ bool metal_device_available() { return false; }  // metal/metal_backend.mm where
 #endif
 
 namespace metal_rows {
+
+int ple_combine_index(Format format) {
+    const std::vector<Format> formats = weight_formats();
+    for (size_t i = 0; i < formats.size(); ++i)
+        if (formats[i] == format) return int(i);
+    return -1;
+}
 
 const std::vector<std::string>& entry_points(const std::string& kernel) {
     static const std::vector<std::string> none;

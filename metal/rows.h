@@ -13,8 +13,11 @@
 //
 // Every Metal row mirrors a CUDA row whose body lives in kernels/ and is exercised on the H200
 // and on the CPU (tests/cpp/test_cuda_kernels_host.cpp); the constants equal cuda/rows.h's
-// where the body's shape depends on them (kMatvecRows, kTokensPerPass), so the exact order of
-// every sum is the order CUDA's tests checked.
+// where the body's shape depends on them (kMatvecRows, kMatvecChunkRuns, kTokensPerPass), so
+// each sum is ordered as in CUDA's tests. One exception: the decode matvec's split into parts
+// is chosen from the output rows and a core count (kGpuCores here, the H200's 132
+// multiprocessors there), so a Metal matvec may add its parts in another grouping than the
+// H200 did for the same shape (still exact f32, within rounding of the CPU).
 #pragma once
 
 #include "kernels/formats_list.h"
@@ -26,20 +29,31 @@ namespace metal_rows {
 // enumerators are plain constants in both languages.
 enum : int {
     kSimdWidth = 32,  // KCAP_SIMD_WIDTH of kernels/dialect.h (static_assert in metal/matmul.metal)
-    // Matmul, exact (f32 activations): the decode matvec and the few-token walk.
-    kMatvecSimds = 4,   // simd groups per threadgroup
-    kMatvecRows = 2,    // weight rows per team (the template argument of kcap_matvec_split)
-    kMatvecSharedFloats = kMatvecSimds * kMatvecRows,  // the teams' partial sums
+    // Metal has no multiprocessor count to ask for: this stands in for cuda's sm_count where a
+    // grid is sized to cover the GPU (matvec teams, decode attention splits). An M-series Max
+    // has 30-40 GPU cores, a base chip 8-10; 32 errs towards more, smaller groups.
+    kGpuCores = 32,
+    // Matmul, exact (f32 activations): the decode matvec (kernels/matvec.h, x staged in
+    // threadgroup memory) and the few-token walk. As cuda_rows.
+    kMatvecSimds = 8,        // simd groups per threadgroup
+    kMatvecRows = 4,         // weight rows per team (the ROWS of kcap_matvec_staged)
+    kMatvecChunkRuns = 128,  // runs of x staged at a time: 128 * 36 * 4 B = 18 KB, under Metal's 32 KB
+    kMatvecRunStride = 36,   // KCAP_MATVEC_RUN_STRIDE (static_assert in metal/matmul.metal)
+    // The most threadgroup memory a matvec takes (staged runs + two partials per row for gate_up).
+    kMatvecSharedBytes = (kMatvecChunkRuns * kMatvecRunStride + kMatvecSimds * kMatvecRows * 2) * 4,
     kTokensSimds = 4,
     kTokensRows = 2,
     kTokensPerPass = 8,  // tokens that reuse one decoded run of weights
-    // Norm: one threadgroup per row.
+    // Norm (and add_norm): one threadgroup per row.
     kNormThreads = 256,
     kNormScratchFloats = 32,  // one per simd group (1024 threads at most)
-    // Attention: one simd group per query head of a KV head; decode splits keys over groups.
+    // Attention: decode is kcap_attention_decode (KCAP_ATTN_DECODE_SIMDS simd groups per
+    // threadgroup, static_assert in metal/attention.metal); prefill one simd group per query
+    // head of a KV head.
+    kAttnDecodeSimds = 4,
     kAttnMaxSimds = 8,  // KCAP_ATTN_MAX_SIMDS
     kAttnMinChunk = 64,
-    kAttnMaxSplits = 64,  // decode splits at the longest span (the GPU has fewer cores than an H200)
+    kAttnSplitsPerCore = 4,  // decode grid: at most this many threadgroups per kGpuCores core
     kAttnCombineThreads = 256,
     // Elementwise, rope, KV append: one thread per value.
     kElementwiseThreads = 256,
@@ -60,6 +74,20 @@ enum : int {
 #define KCAP_METAL_ENTRY(entry) KCAP_METAL_NAME_STR(kcap_metal_##entry)
 #define KCAP_METAL_FORMAT_ENTRY(entry, FORMAT) KCAP_METAL_NAME_STR(kcap_metal_##entry##_##FORMAT)
 
+// A kernel argument in threadgroup memory whose length the host sets
+// (setThreadgroupMemoryLength:atIndex:). Spelled through a macro because `threadgroup` is also
+// the address-space keyword, which the Linux stand-in defines away; it defines this macro too.
+#ifndef KCAP_METAL_THREADGROUP_INDEX
+#define KCAP_METAL_THREADGROUP_INDEX(index) [[threadgroup(index)]]
+#endif
+
+// The matvec's scalar arguments, one setBytes (plain ints: the same bytes in MSL and C++).
+struct KcapMetalMatvecArgs {
+    int split;       // parts per team (metal_rows::matvec_split)
+    int chunk_runs;  // runs of x staged at a time
+    int activation;  // gate_up: kcap_activate's activation; unused by the plain matvec
+};
+
 #if !defined(__METAL_VERSION__)
 #include <string>
 #include <vector>
@@ -73,12 +101,22 @@ struct KernelCall;
 
 namespace metal_rows {
 
-// A long row's runs spread over up to kMatvecSimds simd groups (the same rule as cuda_rows).
-constexpr int matvec_split(long long k) {
-    int split = kMatvecSimds;
-    while (split > 1 && k / 32 < (long long)split * 32) split /= 2;
-    return split;
+// The threadgroup's simd groups form kMatvecSimds / split teams; a team's `split` parts share
+// its rows' runs. cuda_rows::matvec_split with kGpuCores for the multiprocessor count: most
+// teams per group (each staged x serves the most rows) while the grid still covers the cores.
+constexpr int matvec_split(long long n) {
+    int teams = kMatvecSimds;
+    while (teams > 1 && (n + teams * kMatvecRows - 1) / (teams * kMatvecRows) < kGpuCores) teams /= 2;
+    return kMatvecSimds / teams;
 }
+// Threadgroup memory of a matvec over rows of k: the staged runs and the parts' partial sums
+// (cuda_rows::matvec_shared_floats).
+constexpr int matvec_chunk_runs(long long k) { return int(k / 32 < kMatvecChunkRuns ? k / 32 : kMatvecChunkRuns); }
+constexpr int matvec_shared_floats(long long k) {
+    return matvec_chunk_runs(k) * kMatvecRunStride + kMatvecSimds * kMatvecRows * 2;
+}
+static_assert(matvec_shared_floats(1 << 20) * 4 == kMatvecSharedBytes, "the largest matvec takes kMatvecSharedBytes");
+static_assert(kMatvecSharedBytes <= 32768, "Metal gives a threadgroup 32 KB");
 
 // The entry points of a Metal row, in the order its launcher indexes them (the pipeline cache
 // key is (row, index)). Empty for a name that is not a Metal row.
@@ -88,6 +126,13 @@ std::vector<std::pair<std::string, std::vector<std::string>>> all_entry_points()
 
 // Entry indexes of the multi-entry rows.
 enum MatmulEntry { kMatvec = 0, kMatmulTokens = 1 };
+// gate_up: the fused one-token matvec; a batch, the format's few-token walk per matrix, then the activation.
+enum GateUpEntry { kGateUpMatvec = 0, kGateUpTokens = 1, kGateUpActivation = 2 };
+// per_layer_embed: the projection (few-token walk), then the combine of the table's format:
+// entry kPleCombine + the format's index in KCAP_WEIGHT_FORMATS (ple_combine_index).
+enum PerLayerEmbedEntry { kPleProjection = 0, kPleCombine = 1 };
+// The index of a weight format in KCAP_WEIGHT_FORMATS, -1 for any other.
+int ple_combine_index(Format format);
 enum AttentionEntry { kAttnDecode = 0, kAttnCombine = 1, kAttnAppend = 2, kAttnPrefill = 3 };
 enum ArgmaxEntry { kArgmaxPartial = 0, kArgmaxFinal = 1 };
 
@@ -97,11 +142,14 @@ enum ArgmaxEntry { kArgmaxPartial = 0, kArgmaxFinal = 1 };
 // Each encodes its dispatches into the command buffer the backend has open.
 #define KCAP_METAL_DECLARE_FORMAT_LAUNCHERS(NAME, DECODER)                 \
     void kcap_metal_matmul_##NAME(const Stage& stage, const KernelCall& call); \
-    void kcap_metal_embed_##NAME(const Stage& stage, const KernelCall& call);
+    void kcap_metal_embed_##NAME(const Stage& stage, const KernelCall& call);   \
+    void kcap_metal_gate_up_##NAME(const Stage& stage, const KernelCall& call); \
+    void kcap_metal_per_layer_embed_##NAME(const Stage& stage, const KernelCall& call);
 KCAP_WEIGHT_FORMATS(KCAP_METAL_DECLARE_FORMAT_LAUNCHERS)
 #undef KCAP_METAL_DECLARE_FORMAT_LAUNCHERS
 
 void kcap_metal_norm(const Stage& stage, const KernelCall& call);
+void kcap_metal_add_norm(const Stage& stage, const KernelCall& call);
 void kcap_metal_rope(const Stage& stage, const KernelCall& call);
 void kcap_metal_attention(const Stage& stage, const KernelCall& call);
 void kcap_metal_ffn_activation(const Stage& stage, const KernelCall& call);
@@ -109,6 +157,7 @@ void kcap_metal_add(const Stage& stage, const KernelCall& call);
 void kcap_metal_softcap(const Stage& stage, const KernelCall& call);
 void kcap_metal_scale(const Stage& stage, const KernelCall& call);
 void kcap_metal_argmax(const Stage& stage, const KernelCall& call);
+void kcap_metal_per_layer_gate(const Stage& stage, const KernelCall& call);
 
 // Metal rows (metal/rows.cpp), in the table in every build; fn is null unless the Metal
 // backend is compiled in (Apple, KCAP_WITH_METAL), and an Engine on "metal" is then refused.

@@ -3,7 +3,8 @@
 // C++17 (g++ -fsyntax-only) on Linux: scripts/metal_compile_check.sh.
 //
 // What it gives C++: the address-space qualifiers as nothing (device, threadgroup, constant,
-// kernel; `thread` through KCAP_METAL_THREAD_SPACE, see dialect.h), MSL's scalar and vector
+// kernel; `thread` through KCAP_METAL_THREAD_SPACE, see dialect.h; the `[[threadgroup(n)]]`
+// argument attribute through KCAP_METAL_THREADGROUP_INDEX, see metal/rows.h), MSL's scalar and vector
 // types (uchar .. ulong, half, float2/3/4, uint2/3/4 with their x/y/z/w members), as_type,
 // the SIMD-group functions (simd_shuffle_xor, simd_broadcast, simd_sum, simd_max), barriers
 // with mem_flags, the precise:: math the dialect calls, and INFINITY.
@@ -24,6 +25,11 @@
 #define constant
 #define kernel
 #define KCAP_METAL_THREAD_SPACE
+// `[[threadgroup(0)]]` on a kernel argument (metal/rows.h spells it KCAP_METAL_THREADGROUP_INDEX):
+// with `threadgroup` defined away above it would read `[[(0)]]`, so it becomes an attribute
+// C++ ignores (-Wno-attributes), still taking its index expression.
+#undef KCAP_METAL_THREADGROUP_INDEX  // in case metal/rows.h came first
+#define KCAP_METAL_THREADGROUP_INDEX(index) [[kcap_metal_threadgroup(index)]]
 
 namespace metal {
 

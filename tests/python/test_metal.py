@@ -74,7 +74,7 @@ def test_metal_rows_mirror_the_shared_cuda_rows():
     rows = metal_rows()
     ops = {r["op"] for r in rows}
     assert {"embed", "norm", "matmul", "rope", "attention", "ffn_activation", "add", "softcap", "scale",
-            "argmax"} <= ops
+            "argmax", "add_norm", "gate_up", "per_layer_embed", "per_layer_gate"} <= ops
     cuda = {r["kernel"].removeprefix("cuda."): r for r in _core.capability_rows() if r["backend"] == "cuda"}
     for row in rows:
         twin = cuda.get(row["kernel"].removeprefix("metal."))
