@@ -116,10 +116,9 @@ using namespace metal;
 #define KCAP_GLOBAL device
 #define KCAP_SHARED threadgroup
 // The thread address space goes through KCAP_METAL_THREAD_SPACE so the Linux compile check
-// (metal/check/metal_stand_in.h) can spell it as nothing while `thread` stays an identifier
-// there: KcapThread::thread below is one, and `thread` is reserved in MSL, so that member is
-// a known blocker of the real Metal build until it is renamed in every branch and body
-// (metal/check/reserved_words.py reports each use; see README, Metal backend).
+// (metal/check/metal_stand_in.h) can spell it as nothing; `thread` is reserved in MSL, so no
+// name in the bodies may be `thread` (KcapThread's index member is `index`), which
+// metal/check/reserved_words.py enforces.
 #ifndef KCAP_METAL_THREAD_SPACE
 #define KCAP_METAL_THREAD_SPACE thread
 #endif
