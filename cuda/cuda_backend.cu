@@ -13,7 +13,8 @@
 // Prefill: chunks of up to max_batch tokens run the same rows with batched kernels.
 //
 // Environment switches (for measurements): KCAP_CUDA_GRAPH=0 launches the step directly,
-// KCAP_CUDA_PDL=0 turns programmatic dependent launch off. KCAP_CUDA_PROFILE=1 runs decode
+// KCAP_CUDA_PDL=0 turns programmatic dependent launch off, KCAP_MATVEC_ROWS=2|8 changes the
+// decode matvec's rows per team (the row declares cuda_rows::kMatvecRows). KCAP_CUDA_PROFILE=1 runs decode
 // steps without the graph, times every stage with CUDA events (each stage waited for, so the
 // times include each launch's latency) and prints the totals per kernel and per stage name to
 // stderr when the backend is destroyed.
@@ -113,6 +114,8 @@ public:
         ctx.sm_count = props.multiProcessorCount;
         ctx.pdl = props.major >= 9 && env_int("KCAP_CUDA_PDL", 1) != 0;
         use_graph_ = env_int("KCAP_CUDA_GRAPH", 1) != 0;
+        const int rows = env_int("KCAP_MATVEC_ROWS", cuda_rows::kMatvecRows);
+        ctx.matvec_rows = rows == 2 || rows == 8 ? rows : cuda_rows::kMatvecRows;
         profile_ = env_int("KCAP_CUDA_PROFILE", 0) != 0;
         if (profile_) use_graph_ = false;
         KCAP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
@@ -220,8 +223,8 @@ private:
             StageData& data = stage_data_[i];
             for (size_t j = 0; j < stage.operands.size() && j < 4; ++j)
                 if (stage.operands[j]) data.operands[j] = device_weights_.at(stage.operands[j]->data);
-            if (stage.op == Op::Rope) {
-                const TensorRef* factors = stage.operands.empty() ? nullptr : stage.operands[0];
+            if (stage.op == Op::Rope || stage.op == Op::QkNormRope) {
+                const TensorRef* factors = rope_factors(stage);
                 const auto key = std::make_tuple(stage.params.rope_base, stage.params.rope_freq_scale,
                                                  stage.params.rope_dim, factors ? (const void*)factors->data : nullptr);
                 auto found = rope_tables.find(key);
@@ -232,7 +235,7 @@ private:
                     found = rope_tables.emplace(key, device).first;
                 }
                 data.rope_table = found->second;
-                data.operands[0] = nullptr;  // the factors are folded into the table
+                data.operands[stage.op == Op::Rope ? 0 : 2] = nullptr;  // the factors are folded into the table
             }
             if (stage.op == Op::Attention) {
                 // Enough splits that each takes about kAttnMinChunk keys at the longest span,
@@ -316,7 +319,7 @@ private:
                 call.out = logits;
             else if (stage.output != Buffer::None)
                 call.out = buffer(stage.output);
-            if (stage.op == Op::Rope) {
+            if (stage.op == Op::Rope || stage.op == Op::QkNormRope) {
                 call.out = buffer(stage.input);
                 call.inout2 = buffer(stage.input2);
             }

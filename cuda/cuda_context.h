@@ -32,6 +32,7 @@ struct Context {
     int device = 0;
     int sm_count = 0;
     bool pdl = false;  // launch with programmatic dependent launch (sm_90+)
+    int matvec_rows = cuda_rows::kMatvecRows;  // decode matvec rows per team (KCAP_MATVEC_ROWS: 2, 4, 8)
     // Decode-step state in device memory, so one captured graph serves every step:
     // step[0] = position of token 0 of the call, step[1] = tokens generated (history index).
     int32_t* step = nullptr;

@@ -15,30 +15,53 @@ namespace {
 
 using namespace cuda_rows;
 
-template <class F>
+template <class F, int ROWS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     matvec_kernel(KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* w, const float* x, const float* bias,
                   float* y) {
     extern __shared__ float shared[];
     const KcapThread t = kcap_cuda_thread();
-    kcap_matvec_split_prefetch<kMatvecRows>(t, p, split, w);  // weights never change: safe before the wait
+    kcap_matvec_split_prefetch<ROWS>(t, p, split, w);  // weights never change: safe before the wait
     pdl_wait();
     pdl_trigger();
-    kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_PLAIN>(t, p, split, chunk_runs, w, w, x, bias, 0, y, shared);
+    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_PLAIN>(t, p, split, chunk_runs, w, w, x, bias, 0, y, shared);
 }
 
-template <class F>
+template <class F, int ROWS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     gate_up_kernel(KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* gate, const kcap_u8* up,
                    const float* x, int activation, float* y) {
     extern __shared__ float shared[];
     const KcapThread t = kcap_cuda_thread();
-    kcap_matvec_split_prefetch<kMatvecRows>(t, p, split, gate);
-    kcap_matvec_split_prefetch<kMatvecRows>(t, p, split, up);
+    kcap_matvec_split_prefetch<ROWS>(t, p, split, gate);
+    kcap_matvec_split_prefetch<ROWS>(t, p, split, up);
     pdl_wait();
     pdl_trigger();
-    kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_GATE_UP>(t, p, split, chunk_runs, gate, up, x, nullptr, activation,
-                                                           y, shared);
+    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_GATE_UP>(t, p, split, chunk_runs, gate, up, x, nullptr, activation, y,
+                                                    shared);
+}
+
+// One token: the staged matvec (plain or gate_up) with ctx.matvec_rows rows per team.
+template <class F, int ROWS, bool GATE_UP, class... Args>
+void launch_matvec(const Context& ctx, const KcapMatmulParams& p, Args... args) {
+    const int split = matvec_split(p.n, ctx.sm_count, ROWS);
+    const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
+    const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * ROWS)), block(kMatvecSimds * 32);
+    const size_t shared = size_t(matvec_shared_floats(p.k, ROWS)) * 4;
+    if constexpr (GATE_UP)
+        launch(ctx, gate_up_kernel<F, ROWS>, grid, block, shared, p, split, chunk_runs, args...);
+    else
+        launch(ctx, matvec_kernel<F, ROWS>, grid, block, shared, p, split, chunk_runs, args...);
+}
+
+template <class F, bool GATE_UP, class... Args>
+void launch_matvec_rows(const Context& ctx, const KcapMatmulParams& p, Args... args) {
+    if (ctx.matvec_rows == 2)
+        launch_matvec<F, 2, GATE_UP>(ctx, p, args...);
+    else if (ctx.matvec_rows == 8)
+        launch_matvec<F, 8, GATE_UP>(ctx, p, args...);
+    else
+        launch_matvec<F, kMatvecRows, GATE_UP>(ctx, p, args...);
 }
 
 template <class F>
@@ -61,10 +84,7 @@ void run_matmul_exact(const Stage& stage, const KernelCall& call) {
     const auto* bias = static_cast<const float*>(data.operands[1]);
     if (p.m == 1) {
         // Decode: x staged in threadgroup memory, each staged run reused for kMatvecRows rows.
-        const int split = matvec_split(p.n, ctx.sm_count);
-        const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
-        launch(ctx, matvec_kernel<F>, dim3(ceil_div(p.n, (kMatvecSimds / split) * kMatvecRows)), dim3(kMatvecSimds * 32),
-               size_t(matvec_shared_floats(p.k)) * 4, p, split, chunk_runs, w, call.in, bias, call.out);
+        launch_matvec_rows<F, false>(ctx, p, w, call.in, bias, call.out);
         return;
     }
     // Several tokens: each decoded run of weights serves kTokensPerPass of them.
@@ -85,10 +105,7 @@ void run_gate_up(const Stage& stage, const KernelCall& call, KernelFn batched_ma
     const auto* up = static_cast<const kcap_u8*>(data.operands[1]);
     const int activation = int(stage.params.activation);
     if (p.m == 1) {
-        const int split = matvec_split(p.n, ctx.sm_count);
-        const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
-        launch(ctx, gate_up_kernel<F>, dim3(ceil_div(p.n, (kMatvecSimds / split) * kMatvecRows)), dim3(kMatvecSimds * 32),
-               size_t(matvec_shared_floats(p.k)) * 4, p, split, chunk_runs, gate, up, call.in, activation, call.out);
+        launch_matvec_rows<F, true>(ctx, p, gate, up, call.in, activation, call.out);
         return;
     }
     Stage matmul = stage;

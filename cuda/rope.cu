@@ -15,7 +15,35 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     kcap_rope(kcap_cuda_thread(), p, step, cos_sin, q, k);
 }
 
+__global__ void __launch_bounds__(kQkNormRopeSimds * 32)
+    qk_norm_rope_kernel(KcapRopeParams p, float eps, const kcap_i32* step, const float2* cos_sin, const float* q_weight,
+                        const float* k_weight, float* q, float* k) {
+    extern __shared__ float shared[];
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_qk_norm_rope(kcap_cuda_thread(), p, eps, step, cos_sin, q_weight, k_weight, q, k, shared);
+}
+
 }  // namespace
+
+// qk_norm_rope: operands (q_norm weight, k_norm weight, rope factors: folded into the table);
+// out = Q, inout2 = K, both in place.
+void kcap_cuda_qk_norm_rope(const Stage& stage, const KernelCall& call) {
+    const cuda::Context& ctx = cuda::context(call);
+    const cuda::StageData& data = cuda::stage_data(call);
+    KcapRopeParams p;
+    p.n_tokens = call.n_tokens;
+    p.n_head = stage.params.n_head;
+    p.n_head_kv = stage.params.n_head_kv;
+    p.head_dim = stage.params.head_dim;
+    p.rope_dim = stage.params.rope_dim;
+    p.neox = (stage.features & kRopeNeox) != 0;
+    const int64_t rows = int64_t(p.n_tokens) * (p.n_head + p.n_head_kv);
+    cuda::launch(ctx, qk_norm_rope_kernel, dim3(cuda::ceil_div(rows, kQkNormRopeSimds)), dim3(kQkNormRopeSimds * 32),
+                 size_t(kQkNormRopeSimds) * size_t(p.head_dim) * 4, p, stage.params.eps, ctx.step,
+                 reinterpret_cast<const float2*>(data.rope_table), static_cast<const float*>(data.operands[0]),
+                 static_cast<const float*>(data.operands[1]), call.out, call.inout2);
+}
 
 void kcap_cuda_rope(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);

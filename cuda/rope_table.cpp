@@ -6,11 +6,16 @@
 
 namespace kcap {
 
+const TensorRef* rope_factors(const Stage& stage) {
+    const size_t at = stage.op == Op::QkNormRope ? 2 : 0;  // rope: (factors); qk_norm_rope: (q_norm, k_norm, factors)
+    return stage.operands.size() > at ? stage.operands[at] : nullptr;
+}
+
 std::vector<float> rope_cos_sin_table(const Stage& stage, int64_t n_ctx) {
     const StageParams& p = stage.params;
     const int half = p.rope_dim / 2;
-    const float* factors =
-        !stage.operands.empty() && stage.operands[0] ? reinterpret_cast<const float*>(stage.operands[0]->data) : nullptr;
+    const TensorRef* factor_tensor = rope_factors(stage);
+    const float* factors = factor_tensor ? reinterpret_cast<const float*>(factor_tensor->data) : nullptr;
     std::vector<double> inv_freq(static_cast<size_t>(half));
     for (int i = 0; i < half; ++i) {
         inv_freq[size_t(i)] = std::pow(double(p.rope_base), -2.0 * i / double(p.rope_dim));

@@ -10,6 +10,8 @@
 
 namespace kcap {
 
+// The rope frequency factors of a rope or qk_norm_rope stage (null when it has none).
+const TensorRef* rope_factors(const Stage& stage);
 std::vector<float> rope_cos_sin_table(const Stage& rope_stage, int64_t n_ctx);
 
 }  // namespace kcap

@@ -132,6 +132,12 @@ void add_cuda_rope_rows(std::vector<Row>& rows) {
     row.operand_formats = {{Format::F32}};
     row.features = kRopeNormal | kRopeNeox | kPartialRotary | kRopeFreqFactors;
     rows.push_back(row);
+    // Fused QK-norm + rope: one simd group normalizes a head row and rotates it.
+    Row fused = make_row("cuda.qk_norm_rope", Op::QkNormRope, KCAP_CUDA_ENTRY(kcap_cuda_qk_norm_rope),
+                         {cuda_rows::kQkNormRopeSimds * 32, cuda_rows::kQkNormRopeSimds, 0});
+    fused.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}};  // q_norm, k_norm, rope factors
+    fused.features = kRmsNorm | kRopeNormal | kRopeNeox | kPartialRotary | kRopeFreqFactors;
+    rows.push_back(fused);
 }
 
 void add_cuda_attention_rows(std::vector<Row>& rows) {

@@ -24,17 +24,18 @@ constexpr int kMatvecChunkRuns = 128;  // runs of x staged in threadgroup memory
 // The group's simd groups form kMatvecSimds / split teams; a team's `split` parts share its
 // rows' runs. Most teams per group (each staged x serves the most rows) while the grid
 // still covers every multiprocessor; then short rows get no more parts than they have runs.
-constexpr int matvec_split(long long n, int sm_count) {
+constexpr int matvec_split(long long n, int sm_count, int rows = kMatvecRows) {
     int teams = kMatvecSimds;
-    while (teams > 1 && (n + teams * kMatvecRows - 1) / (teams * kMatvecRows) < sm_count) teams /= 2;
+    while (teams > 1 && (n + teams * rows - 1) / (teams * rows) < sm_count) teams /= 2;
     return kMatvecSimds / teams;
 }
 // Threadgroup memory: the staged runs (36 floats each: KCAP_MATVEC_RUN_STRIDE) and the
 // parts' partial sums (two per row for gate_up).
-constexpr int matvec_shared_floats(long long k) {
-    return int((k / 32 < kMatvecChunkRuns ? k / 32 : kMatvecChunkRuns) * 36 + kMatvecSimds * kMatvecRows * 2);
+constexpr int matvec_shared_floats(long long k, int rows = kMatvecRows) {
+    return int((k / 32 < kMatvecChunkRuns ? k / 32 : kMatvecChunkRuns) * 36 + kMatvecSimds * rows * 2);
 }
-constexpr int kMatvecSharedBytes = (kMatvecChunkRuns * 36 + kMatvecSimds * kMatvecRows * 2) * 4;  // the most
+constexpr int kMatvecMaxRows = 8;  // KCAP_MATVEC_ROWS (a measurement switch) may pick 2, 4 or 8
+constexpr int kMatvecSharedBytes = (kMatvecChunkRuns * 36 + kMatvecSimds * kMatvecMaxRows * 2) * 4;  // the most
 constexpr int kTokensSimds = 4;
 constexpr int kTokensRows = 2;
 constexpr int kTokensPerPass = 8;  // tokens that reuse one decoded run of weights
@@ -58,6 +59,8 @@ constexpr int norm_threads(long long width) {
 constexpr int kAttnMaxSimds = 8;
 constexpr int kAttnMinChunk = 64;  // fewest keys per decode split (a multiple of 32)
 constexpr int kAttnSplitsPerSm = 4;  // decode grid: at most this many groups per multiprocessor
+// qk_norm_rope: one simd group per head row.
+constexpr int kQkNormRopeSimds = 4;
 // Elementwise, rope, KV append: one thread per value.
 constexpr int kElementwiseThreads = 256;
 // Argmax: first-pass groups cover this many logits each.
@@ -80,6 +83,7 @@ KCAP_WEIGHT_FORMATS(KCAP_CUDA_DECLARE_FORMAT_LAUNCHERS)
 void kcap_cuda_norm(const Stage& stage, const KernelCall& call);
 void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call);
 void kcap_cuda_rope(const Stage& stage, const KernelCall& call);
+void kcap_cuda_qk_norm_rope(const Stage& stage, const KernelCall& call);
 void kcap_cuda_attention(const Stage& stage, const KernelCall& call);
 void kcap_cuda_ffn_activation(const Stage& stage, const KernelCall& call);
 void kcap_cuda_add(const Stage& stage, const KernelCall& call);

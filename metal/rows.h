@@ -111,7 +111,7 @@ constexpr int matvec_split(long long n) {
 }
 // Threadgroup memory of a matvec over rows of k: the staged runs and the parts' partial sums
 // (cuda_rows::matvec_shared_floats).
-constexpr int matvec_chunk_runs(long long k) { return int(k / 32 < kMatvecChunkRuns ? k / 32 : kMatvecChunkRuns); }
+constexpr int matvec_chunk_runs(long long k) { return int(k / 32 < (long long)kMatvecChunkRuns ? k / 32 : (long long)kMatvecChunkRuns); }
 constexpr int matvec_shared_floats(long long k) {
     return matvec_chunk_runs(k) * kMatvecRunStride + kMatvecSimds * kMatvecRows * 2;
 }

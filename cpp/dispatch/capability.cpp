@@ -42,6 +42,7 @@ const char* op_name(Op op) {
         case Op::PerLayerGate: return "per_layer_gate";
         case Op::AddNorm: return "add_norm";
         case Op::GateUp: return "gate_up";
+        case Op::QkNormRope: return "qk_norm_rope";
     }
     return "?";
 }

@@ -40,6 +40,7 @@ enum class Op {
     // unfused and fused plans compute the same thing.
     AddNorm,          // residual += scale * [post_norm](branch); normed = norm(residual)
     GateUp,           // act(W_gate x) * (W_up x): the gate and up matmuls and the gated activation
+    QkNormRope,       // per-head RMS norm of Q and K (their own weights), then rope of both, in place
 };
 const char* op_name(Op op);
 

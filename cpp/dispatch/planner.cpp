@@ -37,9 +37,11 @@ std::string describe_formats(const Stage& stage) {
         if (!operand) continue;
         static const char* add_norm_roles[] = {"post_weight", "post_bias", "weight", "bias"};
         static const char* gate_up_roles[] = {"W_gate", "W_up"};
+        static const char* qk_norm_rope_roles[] = {"q_norm", "k_norm", "freq_factors"};
         const char* role = stage.op == Op::Norm      ? norm_roles[std::min<size_t>(i, 1)]
                            : stage.op == Op::AddNorm ? add_norm_roles[std::min<size_t>(i, 3)]
                            : stage.op == Op::GateUp  ? gate_up_roles[std::min<size_t>(i, 1)]
+                           : stage.op == Op::QkNormRope ? qk_norm_rope_roles[std::min<size_t>(i, 2)]
                            : stage.op == Op::Rope ? "freq_factors"
                            : stage.op == Op::PerLayerEmbed ? (i == 0 ? "table" : i == 1 ? "proj" : "norm")
                                                   : matmul_roles[std::min<size_t>(i, 1)];
@@ -58,6 +60,7 @@ std::string describe_dims(const Stage& stage) {
         case Op::Norm: out << "n=" << stage.k << " groups=" << stage.groups; break;
         case Op::PerLayerEmbed: out << "K=" << stage.k << " N=" << stage.n << " layers=" << stage.groups; break;
         case Op::Rope:
+        case Op::QkNormRope:
             out << "heads=" << stage.params.n_head << "/" << stage.params.n_head_kv
                 << " head_dim=" << stage.params.head_dim << " rope_dim=" << stage.params.rope_dim;
             break;
@@ -426,7 +429,7 @@ const Row* route(const Stage& stage, const PlanOptions& options) {
 }
 
 // --- Fusion --------------------------------------------------------------------------------
-// A few stage sequences have fused ops (Op::AddNorm, Op::GateUp). A sequence is replaced by
+// A few stage sequences have fused ops (Op::AddNorm, Op::GateUp, Op::QkNormRope). A sequence is replaced by
 // its fused stage only where a row of the plan's backend fits that stage (formats, dims,
 // features, exclusions); elsewhere the stages stay as they are. Both forms compute the same
 // values, so fusing is a choice of kernels, never of semantics; excluding the fused rows
@@ -507,12 +510,38 @@ size_t fuse_gate_up(const std::vector<Stage>& stages, size_t i, const PlanOption
     return 3;
 }
 
+// norm(Q per head) + norm(K per head) + rope(Q, K) -> qk_norm_rope (Gemma 3, Qwen 3).
+size_t fuse_qk_norm_rope(const std::vector<Stage>& stages, size_t i, const PlanOptions& options, Stage& fused) {
+    if (i + 2 >= stages.size()) return 0;
+    const Stage& qn = stages[i];
+    const Stage& kn = stages[i + 1];
+    const Stage& rope = stages[i + 2];
+    if (rope.op != Op::Rope || rope.input != Buffer::Q || rope.input2 != Buffer::K) return 0;
+    auto head_norm = [&](const Stage& s, Buffer b, int heads) {
+        return s.op == Op::Norm && s.input == b && s.output == b && s.groups == heads && s.k == rope.params.head_dim &&
+               (s.features & kRmsNorm) && s.operands.size() > 0 && s.operands[0] &&
+               (s.operands.size() < 2 || !s.operands[1]);
+    };
+    if (!head_norm(qn, Buffer::Q, rope.params.n_head) || !head_norm(kn, Buffer::K, rope.params.n_head_kv) ||
+        qn.params.eps != kn.params.eps)
+        return 0;
+    fused = rope;
+    fused.name = qn.name + "+" + kn.name + "+" + rope.name;
+    fused.op = Op::QkNormRope;
+    fused.operands = {qn.operands[0], kn.operands[0], rope.operands.empty() ? nullptr : rope.operands[0]};
+    fused.params.eps = qn.params.eps;
+    fused.features = rope.features | kRmsNorm;
+    if (!fits(fused, options)) return 0;
+    return 3;
+}
+
 std::vector<Stage> fuse_stages(const std::vector<Stage>& stages, const PlanOptions& options) {
     std::vector<Stage> out;
     for (size_t i = 0; i < stages.size();) {
         Stage fused;
         size_t used = fuse_add_norm(stages, i, options, fused);
         if (!used) used = fuse_gate_up(stages, i, options, fused);
+        if (!used) used = fuse_qk_norm_rope(stages, i, options, fused);
         if (used) {
             out.push_back(std::move(fused));
             i += used;

@@ -297,6 +297,39 @@ inline std::vector<float> cpu_add_norm(const Stage& fused, int tokens, std::vect
     return normed;
 }
 
+// qk_norm_rope: cpu.norm over each head of q and of k (their weights), then cpu.rope; in place.
+// stage: the fused stage (operands q_norm, k_norm, factors; rope params; eps).
+inline void cpu_qk_norm_rope(const Stage& fused, int tokens, int pos0, std::vector<float>& q, std::vector<float>& k,
+                             CpuState& cpu) {
+    KernelCall call;
+    call.n_tokens = tokens;
+    for (int which = 0; which < 2; ++which) {
+        Stage norm;
+        norm.op = Op::Norm;
+        norm.operands = {fused.operands[size_t(which)], nullptr};
+        norm.k = fused.params.head_dim;
+        norm.groups = which == 0 ? fused.params.n_head : fused.params.n_head_kv;
+        norm.n = norm.k * norm.groups;
+        norm.params.eps = fused.params.eps;
+        norm.features = kRmsNorm;
+        std::vector<float>& x = which == 0 ? q : k;
+        std::vector<float> y(x.size());
+        call.in = x.data();
+        call.out = y.data();
+        run_cpu(find_row("cpu.norm"), norm, call, cpu);
+        x = y;
+    }
+    Stage rope = fused;
+    rope.op = Op::Rope;
+    rope.operands = {fused.operands.size() > 2 ? fused.operands[2] : nullptr};
+    rope.features = fused.features & ~uint32_t(kRmsNorm);
+    call.in = nullptr;
+    call.pos0 = pos0;
+    call.out = q.data();
+    call.inout2 = k.data();
+    run_cpu(find_row("cpu.rope"), rope, call, cpu);
+}
+
 // gate_up: act(W_gate x) * (W_up x) through the CPU matmul row of the format and cpu.ffn_activation.
 inline std::vector<float> cpu_gate_up(const Row& cpu_matmul, const TensorRef& gate, const TensorRef& up,
                                       const std::vector<float>& x, int64_t k, int64_t n, int m, Activation act,

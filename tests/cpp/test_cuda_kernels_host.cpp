@@ -453,6 +453,49 @@ void test_rope(std::mt19937& rng, CpuState& cpu) {
     std::printf("rope body: %d cases\n", checked);
 }
 
+void test_qk_norm_rope(std::mt19937& rng, CpuState& cpu) {
+    int checked = 0;
+    for (bool neox : {false, true})
+        for (int rope_dim : {64, 32})
+            for (bool with_factors : {false, true}) {
+                const int tokens = 3, n_head = 4, n_head_kv = 2, head_dim = 64, pos0 = 5;
+                std::vector<float> factor_values = random_floats(rng, size_t(rope_dim / 2));
+                for (auto& f : factor_values) f = 1.0f + std::fabs(f);
+                auto factors = float_vector(factor_values, "rope_freqs");
+                auto qw = float_vector(random_floats(rng, size_t(head_dim)), "q_norm");
+                auto kw = float_vector(random_floats(rng, size_t(head_dim)), "k_norm");
+                Stage stage;
+                stage.op = Op::QkNormRope;
+                stage.operands = {&qw->ref, &kw->ref, with_factors ? &factors->ref : nullptr};
+                stage.params.n_head = n_head, stage.params.n_head_kv = n_head_kv, stage.params.head_dim = head_dim;
+                stage.params.rope_dim = rope_dim, stage.params.rope_base = 10000.0f, stage.params.rope_freq_scale = 0.5f;
+                stage.params.eps = 1e-6f;
+                stage.features = kRmsNorm | (neox ? kRopeNeox : kRopeNormal);
+                const std::vector<float> q0 = random_floats(rng, size_t(tokens * n_head * head_dim), 3.0f);
+                const std::vector<float> k0 = random_floats(rng, size_t(tokens * n_head_kv * head_dim), 3.0f);
+                std::vector<float> q_ref = q0, k_ref = k0, q_got = q0, k_got = k0;
+                cpu_qk_norm_rope(stage, tokens, pos0, q_ref, k_ref, cpu);
+                const std::vector<float> table = rope_cos_sin_table(stage, 64);
+                KcapRopeParams p;
+                p.n_tokens = tokens, p.n_head = n_head, p.n_head_kv = n_head_kv, p.head_dim = head_dim;
+                p.rope_dim = rope_dim, p.neox = neox;
+                const int32_t step[2] = {pos0, 0};
+                const int simds = kcap::cuda_rows::kQkNormRopeSimds;
+                kcap_sim::launch({ceil_div(tokens * (n_head + n_head_kv), simds), 1, 1}, 32 * simds,
+                                 sizeof(float) * simds * head_dim, [&](const KcapThread& t, void* shared) {
+                                     kcap_qk_norm_rope(t, p, 1e-6f, step, reinterpret_cast<const float2*>(table.data()),
+                                                       reinterpret_cast<const float*>(qw->ref.data),
+                                                       reinterpret_cast<const float*>(kw->ref.data), q_got.data(),
+                                                       k_got.data(), static_cast<float*>(shared));
+                                 });
+                const double err = std::max(relative_error(q_got, q_ref), relative_error(k_got, k_ref));
+                KCAP_EXPECT(err <= kExactTolerance, "cuda.qk_norm_rope neox=%d rope_dim=%d factors=%d: error %.3g",
+                            int(neox), rope_dim, int(with_factors), err);
+                ++checked;
+            }
+    std::printf("qk_norm_rope body: %d cases\n", checked);
+}
+
 void test_elementwise(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     const int count = 1000;
@@ -846,6 +889,7 @@ int main() {
     test_add_norm(rng, cpu);
     test_gate_up(rng, cpu);
     test_rope(rng, cpu);
+    test_qk_norm_rope(rng, cpu);
     test_elementwise(rng, cpu);
     test_ple(rng, cpu);
     test_argmax(rng);

@@ -552,6 +552,51 @@ void test_elementwise(std::mt19937& rng, CpuState& cpu) {
 }
 
 // Fused rows against the CPU rows of the stages they replace.
+void test_qk_norm_rope(std::mt19937& rng, CpuState& cpu) {
+    const Row& row = find_row("cuda.qk_norm_rope");
+    for (bool neox : {false, true})
+        for (int head_dim : {64, 128, 256})
+            for (bool partial : {false, true})
+                for (bool with_factors : {false, true}) {
+                    TestContext t;
+                    const int tokens = 5, n_head = 8, n_head_kv = 2, pos0 = 4090;
+                    const int rope_dim = partial ? head_dim / 2 : head_dim;
+                    std::vector<float> factor_values = random_floats(rng, static_cast<size_t>(rope_dim / 2));
+                    for (auto& f : factor_values) f = 1.0f + std::fabs(f);
+                    auto factors = float_vector(factor_values, "rope_freqs");
+                    auto qw = float_vector(random_floats(rng, size_t(head_dim)), "q_norm");
+                    auto kw = float_vector(random_floats(rng, size_t(head_dim)), "k_norm");
+                    Stage stage;
+                    stage.op = Op::QkNormRope;
+                    stage.operands = {&qw->ref, &kw->ref, with_factors ? &factors->ref : nullptr};
+                    stage.params.n_head = n_head, stage.params.n_head_kv = n_head_kv, stage.params.head_dim = head_dim;
+                    stage.params.rope_dim = rope_dim, stage.params.rope_base = 500000.0f, stage.params.eps = 1e-6f;
+                    stage.features = kRmsNorm | (neox ? kRopeNeox : kRopeNormal) | (partial ? kPartialRotary : 0u) |
+                                     (with_factors ? kRopeFreqFactors : 0u);
+                    const std::vector<float> q0 = random_floats(rng, static_cast<size_t>(tokens * n_head * head_dim), 3.0f);
+                    const std::vector<float> k0 = random_floats(rng, static_cast<size_t>(tokens * n_head_kv * head_dim), 3.0f);
+                    std::vector<float> q_ref = q0, k_ref = k0;
+                    cpu_qk_norm_rope(stage, tokens, pos0, q_ref, k_ref, cpu);
+                    StageData data;
+                    data.operands[0] = t.arena.upload_bytes(qw->ref.data, qw->ref.nbytes);
+                    data.operands[1] = t.arena.upload_bytes(kw->ref.data, kw->ref.nbytes);
+                    data.rope_table = t.arena.upload(rope_cos_sin_table(stage, pos0 + tokens));
+                    float* q = t.arena.upload(q0);
+                    float* k = t.arena.upload(k0);
+                    t.set_step(pos0);
+                    KernelCall call;
+                    call.n_tokens = tokens;
+                    call.out = q;
+                    call.inout2 = k;
+                    t.run(row, stage, call, data);
+                    const double err =
+                        std::max(relative_error(download(q, q0.size()), q_ref), relative_error(download(k, k0.size()), k_ref));
+                    KCAP_EXPECT(err <= kExactTolerance, "cuda.qk_norm_rope neox=%d head_dim=%d rope_dim=%d factors=%d: error %.3g",
+                                int(neox), head_dim, rope_dim, int(with_factors), err);
+                    ++g_cases;
+                }
+}
+
 void test_add_norm(std::mt19937& rng, CpuState& cpu) {
     const Row& row = find_row("cuda.add_norm");
     for (int64_t width : {64, 640, 1000, 4096})
@@ -692,6 +737,7 @@ int main() {
     test_elementwise(rng, cpu);
     test_add_norm(rng, cpu);
     test_gate_up(rng, cpu);
+    test_qk_norm_rope(rng, cpu);
     test_ple(rng, cpu);
     test_argmax(rng);
     std::printf("%d cases, %d failures\n", g_cases, failures());

@@ -132,13 +132,14 @@ def test_explain_routes_every_stage_to_cuda(model_files, name, kv_type):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_cuda_plan_fuses_residual_norms_and_gate_up(model_files, name):
-    """The planner forms add_norm and gate_up stages where CUDA has rows for them; excluding
-    those rows gives back the unfused stages, and the CPU plan (no fused rows) is unfused."""
+    """The planner forms add_norm, gate_up and (QK-norm models) qk_norm_rope stages where CUDA
+    has rows for them; excluding those rows gives back the unfused stages, and the CPU plan
+    (no fused rows) is unfused."""
     path, _ = model_files[name]
     cpu = explain_file(path, backend="cpu")
     fused = explain_file(path, backend="cuda")
     n_layer = 1 + max(r["layer"] for r in cpu)
-    assert not {"add_norm", "gate_up"} & {r["op"] for r in cpu}
+    assert not {"add_norm", "gate_up", "qk_norm_rope"} & {r["op"] for r in cpu}
     by_op = {op: [r for r in fused if r["op"] == op] for op in ("add_norm", "gate_up", "add", "ffn_activation")}
     # Every layer's two residual adds become add_norms (the first feeds the FFN norm, the
     # second the next layer's attention norm or the output norm); each gated FFN one gate_up.
@@ -147,14 +148,18 @@ def test_cuda_plan_fuses_residual_norms_and_gate_up(model_files, name):
     assert all(r["kernel"] == "cuda.add_norm" for r in by_op["add_norm"])
     assert all(r["kernel"].startswith("cuda.gate_up.") and "gated" in r["features"] for r in by_op["gate_up"])
     assert by_op["add_norm"][-1]["stage"].endswith("+output_norm")
+    qk_norm = any(r["stage"] == "attn_q_norm" for r in cpu)
+    qk_fused = [r for r in fused if r["op"] == "qk_norm_rope"]
+    assert len(qk_fused) == (n_layer if qk_norm else 0)
+    assert all(r["kernel"] == "cuda.qk_norm_rope" and r["stage"] == "attn_q_norm+attn_k_norm+rope" for r in qk_fused)
     fused_rows = [r["kernel"] for r in _core.capability_rows()
-                  if r["kernel"] == "cuda.add_norm" or r["kernel"].startswith("cuda.gate_up.")]
+                  if r["kernel"] in ("cuda.add_norm", "cuda.qk_norm_rope") or r["kernel"].startswith("cuda.gate_up.")]
     unfused = explain_file(path, backend="cuda", excluded_kernels=fused_rows)
     assert [(r["layer"], r["stage"]) for r in unfused] == [(r["layer"], r["stage"]) for r in cpu]
     # Stages saved per layer: each add_norm replaces 3 stages with a post-norm (Gemma) or 2,
-    # each gate_up replaces 3.
+    # gate_up and qk_norm_rope 3 each.
     merged = 3 if "post_norm" in by_op["add_norm"][0]["features"] else 2
-    assert len(fused) == len(cpu) - n_layer * (2 * (merged - 1) + 2)
+    assert len(fused) == len(cpu) - n_layer * (2 * (merged - 1) + 2 + (2 if qk_norm else 0))
 
 
 def test_explain_cli_json_for_cuda(model_files):
