@@ -1,13 +1,12 @@
 // Quantized matmul bodies with f32 activations and f32 accumulation:
 //   y[m, n] = W[n, :] . x[m, :] (+ bias[n]),  W: [n][k] raw GGUF blocks, x: [m][k], y: [m][n].
 //
-// kcap_matvec (one token, decode): each simd group owns ROWS consecutive weight rows; lane l
-// takes the 32-element runs l, l+32, ... of the row, loads the matching 32 activations once
-// and reuses them for the ROWS rows, then the lanes' partial sums meet in kcap_simd_sum.
-// kcap_matmul_tokens (a few tokens, or the exact prefill fallback): the same walk, but each
-// decoded run of weights is reused for TOKENS tokens instead.
+// kcap_matmul_tokens (a few tokens, or the exact prefill fallback): each simd group owns ROWS
+// consecutive weight rows; lane l takes the 32-element runs l, l+32, ... of the row, and each
+// decoded run of weights is reused for TOKENS tokens; the lanes' partial sums meet in
+// kcap_simd_sum. The decode matvec (one token) is kernels/matvec.h, on the helpers here.
 // Both are exact up to summation order (no activation quantization); the tensor-core prefill
-// rows (CUDA only) trade that for speed and declare a looser tolerance.
+// rows (CUDA only) trade that for speed and declare their own tolerance.
 // Float formats (F32/F16/BF16) take any K that is a multiple of 4 (rows and activations stay
 // 16-byte aligned for the vector loads of whole runs): the k % 32 elements after the last
 // whole run are a tail, one element per lane, read through KcapElem (kcap_matmul_tail*).
@@ -47,19 +46,9 @@ KCAP_FN void kcap_matmul_tail(const KcapThread t, const KcapMatmulParams p, int 
         if (row0 + j < p.n) acc[j] += KcapElem<F>::load(w + kcap_u64(row0 + j) * p.row_bytes, e) * xv;
 }
 
-// Asks for the weight rows this simd group will read (a hint; used before waiting on the
-// previous kernel so the bytes are on their way while it finishes).
-template <int ROWS>
-KCAP_FN void kcap_matvec_prefetch(const KcapThread t, const KcapMatmulParams p, const KCAP_GLOBAL kcap_u8* w) {
-    const int row0 = int(t.group_x * t.simds + t.simd) * ROWS;
-    for (int j = 0; j < ROWS; ++j) {
-        if (row0 + j >= p.n) break;
-        const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(row0 + j) * p.row_bytes;
-        for (unsigned offset = t.lane * 128u; offset < p.row_bytes; offset += 32u * 128u) kcap_prefetch(row + offset);
-    }
-}
-
-// The same hint for kcap_matvec_split's rows and runs.
+// Asks for the weight rows this simd group will read in the staged decode matvec
+// (kernels/matvec.h: teams of `split` parts, ROWS rows per team): a hint, issued before
+// waiting on the previous kernel so the bytes are on their way while it finishes.
 template <int ROWS>
 KCAP_FN void kcap_matvec_split_prefetch(const KcapThread t, const KcapMatmulParams p, int split,
                                         const KCAP_GLOBAL kcap_u8* w) {
@@ -70,95 +59,6 @@ KCAP_FN void kcap_matvec_split_prefetch(const KcapThread t, const KcapMatmulPara
         if (row0 + j >= p.n) break;
         const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(row0 + j) * p.row_bytes;
         for (unsigned offset = first; offset < p.row_bytes; offset += stride) kcap_prefetch(row + offset);
-    }
-}
-
-// Grid: x = ceil(n / (simds * ROWS)), y = m (one token per group row).
-template <class F, int ROWS>
-KCAP_FN void kcap_matvec(const KcapThread t, const KcapMatmulParams p, const KCAP_GLOBAL kcap_u8* w,
-                         const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* bias, KCAP_GLOBAL float* y) {
-    constexpr int kRunsPerBlock = F::block_elems / 32;
-    const int row0 = int(t.group_x * t.simds + t.simd) * ROWS;
-    if (row0 >= p.n) return;  // the whole simd group: no group barrier follows
-    const int token = int(t.group_y);
-    x += kcap_u64(token) * p.k;
-    y += kcap_u64(token) * p.n;
-    const int runs = p.k / 32;
-    float acc[ROWS];
-    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[j] = 0.0f;
-    for (int run = int(t.lane); run < runs; run += KCAP_SIMD_WIDTH) {
-        float xs[32];
-        kcap_load_x32(x + 32 * run, xs);
-        const unsigned block_offset = unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
-        KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
-            if (row0 + j < p.n) {
-                float wv[32];
-                F::decode32(w + kcap_u64(row0 + j) * p.row_bytes + block_offset, run % kRunsPerBlock, wv);
-                acc[j] += kcap_dot32(wv, xs);
-            }
-        }
-    }
-    kcap_matmul_tail<F, ROWS>(t, p, row0, w, x, acc);
-    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[j] = kcap_simd_sum(acc[j]);
-    if (t.lane == 0) {
-        KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
-            if (row0 + j < p.n) y[row0 + j] = p.has_bias ? acc[j] + bias[row0 + j] : acc[j];
-    }
-}
-
-// Decode matvec with the row's runs spread over `split` simd groups (a divisor of simds):
-// the group's simds / split teams each own ROWS consecutive rows; lane l of part s of a team
-// takes runs 32 s + l, 32 s + l + 32 split, ... so a long row keeps split times more loads in
-// flight and its serial chain is split times shorter. Each simd group sums its lanes, then
-// the team's parts meet in shared memory (partials: simds * ROWS floats).
-// Grid: x = ceil(n / ((simds / split) * ROWS)), y = m.
-template <class F, int ROWS>
-KCAP_FN void kcap_matvec_split(const KcapThread t, const KcapMatmulParams p, int split, const KCAP_GLOBAL kcap_u8* w,
-                               const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* bias, KCAP_GLOBAL float* y,
-                               KCAP_SHARED float* partials) {
-    constexpr int kRunsPerBlock = F::block_elems / 32;
-    const int team = int(t.simd) / split, part = int(t.simd) % split;
-    const int teams = int(t.simds) / split;
-    const int row0 = (int(t.group_x) * teams + team) * ROWS;
-    const int token = int(t.group_y);
-    x += kcap_u64(token) * p.k;
-    y += kcap_u64(token) * p.n;
-    const int runs = p.k / 32;
-    const int stride = KCAP_SIMD_WIDTH * split;
-    float acc[ROWS];
-    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[j] = 0.0f;
-    if (row0 < p.n) {
-        for (int run = part * KCAP_SIMD_WIDTH + int(t.lane); run < runs; run += stride) {
-            float xs[32];
-            kcap_load_x32(x + 32 * run, xs);
-            const unsigned block_offset = unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
-            KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
-                if (row0 + j < p.n) {
-                    float wv[32];
-                    F::decode32(w + kcap_u64(row0 + j) * p.row_bytes + block_offset, run % kRunsPerBlock, wv);
-                    acc[j] += kcap_dot32(wv, xs);
-                }
-            }
-        }
-        if (part == 0) kcap_matmul_tail<F, ROWS>(t, p, row0, w, x, acc);
-    }
-    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[j] = kcap_simd_sum(acc[j]);
-    if (split == 1) {
-        if (t.lane == 0) {
-            KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
-                if (row0 + j < p.n) y[row0 + j] = p.has_bias ? acc[j] + bias[row0 + j] : acc[j];
-        }
-        return;  // split is uniform over the group: no barrier below for anyone
-    }
-    if (t.lane == 0) {
-        KCAP_UNROLL for (int j = 0; j < ROWS; ++j) partials[int(t.simd) * ROWS + j] = acc[j];
-    }
-    kcap_barrier();
-    if (part == 0 && int(t.lane) < ROWS && row0 + int(t.lane) < p.n) {
-        const int j = int(t.lane);
-        float total = 0.0f;
-        for (int s = 0; s < split; ++s) total += partials[(team * split + s) * ROWS + j];
-        y[row0 + j] = p.has_bias ? total + bias[row0 + j] : total;
     }
 }
 

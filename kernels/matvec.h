@@ -1,10 +1,10 @@
 // Decode matvec (one token) with the activations staged in threadgroup memory:
 //   y[n] = W[n, :] . x (+ bias[n]),  W: [n][k] raw GGUF blocks, f32 x and accumulation.
 //
-// Why staged: each lane of kcap_matvec_split reads the 32 activations of its own 32-element
-// run straight from global memory, so one load instruction of a simd group touches 32
-// different 128-byte lines; on the H200 that, not DRAM, bounded the 8B model's matvecs
-// (~0.65 TB/s). Here the group first copies a chunk of x into threadgroup memory with
+// Why staged: when each lane reads the 32 activations of its own 32-element run straight
+// from global memory, one load instruction of a simd group touches 32 different 128-byte
+// lines; on the H200 that, not DRAM, bounded the 8B model's matvecs (~0.65 TB/s; staged:
+// about 1.1-1.3 TB/s). Here the group first copies a chunk of x into threadgroup memory with
 // coalesced loads, each run padded to 36 floats so that the 16-byte reads of 8 lanes (one
 // memory wavefront) land in 8 different bank groups, then every simd group reads its runs
 // from there and reuses them for ROWS weight rows.
