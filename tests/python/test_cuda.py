@@ -162,6 +162,19 @@ def test_cuda_plan_fuses_residual_norms_and_gate_up(model_files, name):
     assert len(fused) == len(cpu) - n_layer * (2 * (merged - 1) + 2 + (2 if qk_norm else 0))
 
 
+def test_gate_and_up_of_different_formats_stay_unfused(tiny_path, tmp_path):
+    # gate_up rows decode one format for both matrices: a model whose ffn_up differs from its
+    # ffn_gate keeps the two matmuls and the activation (fusion only where a row fits).
+    mixed = synth.clone_layout(tiny_path, str(tmp_path / "mixed.gguf"),
+                               type_overrides={"blk.0.ffn_up.weight": "Q4_0"})
+    routes = explain_file(mixed, backend="cuda")
+    layer0 = {r["stage"]: r for r in routes if r["layer"] == 0}
+    assert layer0["ffn_up"]["kernel"].endswith(".q4_0") and layer0["ffn_gate"]["kernel"].endswith(".q8_0")
+    assert "ffn_act" in layer0
+    layer1 = [r["op"] for r in routes if r["layer"] == 1]
+    assert "gate_up" in layer1 and "ffn_activation" not in layer1
+
+
 def test_explain_cli_json_for_cuda(model_files):
     path, _ = model_files["gemma3_270m"]
     out = subprocess.run([sys.executable, "-m", "kcap.cli", "explain", path, "--backend", "cuda", "--json"],
