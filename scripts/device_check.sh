@@ -4,7 +4,8 @@
 # in $OUT (logs, results JSON and table); the last lines printed are the results table.
 #   bash scripts/device_check.sh CARRY_DIR
 # CARRY_DIR (carried with the call) holds whl/*.whl (gguf: not in the device image) and
-# llama_cpp_src.tar.gz (bench/pack_llama_cpp.sh). Switches: SKIP_LLAMA=1, SKIP_TESTS=1,
+# llama_cpp_src.tar.gz (bench/pack_llama_cpp.sh); scripts/prepare_device_carry.sh makes it and
+# says how to call. Switches: SKIP_LLAMA=1, SKIP_TESTS=1,
 # SKIP_BENCH=1, BENCH_MODELS=gemma3_270m,smollm2_135m,llama3_8b_q4_k_m.
 set -uo pipefail
 cd "$(dirname "$0")/.."
