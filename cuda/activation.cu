@@ -17,12 +17,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 }  // namespace
 
 void kcap_cuda_ffn_activation(const Stage& stage, const KernelCall& call) {
-    KcapElementwiseParams p;
-    p.count = int(int64_t(call.n_tokens) * stage.n);
-    p.activation = int(stage.params.activation);
-    p.gated = call.in2 != nullptr;
-    p.cap = 0.0f;
-    p.scale = 1.0f;
+    const KcapElementwiseParams p = activation_params(stage, call.n_tokens, call.in2 != nullptr);
     cuda::launch(cuda::context(call), activation_kernel, dim3(cuda::ceil_div(p.count, kElementwiseThreads)),
                  dim3(kElementwiseThreads), 0, p, call.in, call.in2, call.out);
 }

@@ -53,24 +53,10 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
     const StageParams& s = stage.params;
-    KcapAttentionParams p;
-    p.n_tokens = call.n_tokens;
-    p.n_head = s.n_head;
-    p.n_head_kv = s.n_head_kv;
-    p.head_dim = s.head_dim;
-    p.head_dim_v = s.head_dim_v;
-    p.k_width = s.n_head_kv * s.head_dim;
-    p.v_width = s.n_head_kv * s.head_dim_v;
-    p.window = s.sliding_window;
-    p.scale = s.scale;
-    p.softcap = s.softcap;
-    p.kv_f16 = ctx.kv_format == Format::F16;
-    p.n_splits = data.attn_splits;
-    p.min_chunk = kAttnMinChunk;
+    const KcapAttentionParams p = attention_params(stage, call.n_tokens, ctx.kv_format, data.attn_splits, kAttnMinChunk);
     // A shared-KV layer (kv_shared) reads the cache of layer kv_layer, filled earlier in this
     // same pass, and appends nothing (it has no K/V of its own).
     const bool shared = s.kv_layer >= 0;
-    p.append = shared ? 0 : 1;
     const cuda::KvCache& kv = ctx.kv.at(size_t(shared ? s.kv_layer : stage.layer));
     auto* k_cache = static_cast<kcap_u8*>(kv.k);
     auto* v_cache = static_cast<kcap_u8*>(kv.v);

@@ -304,31 +304,12 @@ private:
         for (size_t i = 0; i < plan_.stages.size(); ++i) {
             const RoutedStage& routed = plan_.stages[i];
             const Stage& stage = routed.stage;
-            const bool tail = stage.last_token_only && !all_logits;
-            if (stage.last_token_only && !need_logits) continue;
             KernelCall call;
-            call.n_tokens = int(tail ? 1 : n);
+            if (!bind_stage_buffers(plan_, stage, n, need_logits, all_logits, logits,
+                                    [&](Buffer b) { return buffer(b); }, call))
+                continue;
             call.backend_state = &ctx_;
             call.stage_state = &stage_data_[i];
-            const int64_t in_row = tail && stage.input != Buffer::Logits ? n - 1 : 0;
-            const int64_t in_width = plan_.buffer_widths[size_t(stage.input)];
-            if (stage.input != Buffer::None) call.in = buffer(stage.input) + in_row * in_width;
-            if (stage.input2 != Buffer::None) call.in2 = buffer(stage.input2);
-            if (stage.input3 != Buffer::None) call.in3 = buffer(stage.input3);
-            if (stage.output == Buffer::Logits)
-                call.out = logits;
-            else if (stage.output != Buffer::None)
-                call.out = buffer(stage.output);
-            if (stage.op == Op::Rope || stage.op == Op::QkNormRope) {
-                call.out = buffer(stage.input);
-                call.inout2 = buffer(stage.input2);
-            }
-            if ((stage.op == Op::Softcap || stage.op == Op::Scale) && stage.input == Buffer::Logits) call.in = logits;
-            if (stage.op == Op::AddNorm) call.inout2 = buffer(stage.input);  // the residual, read and written
-            if (stage.op == Op::GateUp) {  // scratch of the batched path
-                call.inout2 = buffer(stage.input2);
-                call.inout3 = buffer(stage.input3);
-            }
             if (profile_ && n == 1) {
                 timed(routed.row->kernel, stage.name, [&] { routed.row->fn(stage, call); });
             } else {

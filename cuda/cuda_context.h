@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda/rows.h"
+#include "dispatch/kernel_params.h"
 #include "dispatch/stage.h"
 #include "kcap/errors.h"
 

@@ -26,15 +26,7 @@ __global__ void __launch_bounds__(kElementwiseThreads) scale_kernel(KcapElementw
     kcap_scale(kcap_cuda_thread(), p, in, out);
 }
 
-KcapElementwiseParams params(const Stage& stage, const KernelCall& call) {
-    KcapElementwiseParams p;
-    p.count = int(int64_t(call.n_tokens) * stage.n);
-    p.activation = 0;
-    p.gated = 0;
-    p.cap = stage.params.softcap;
-    p.scale = stage.params.scale;
-    return p;
-}
+KcapElementwiseParams params(const Stage& stage, const KernelCall& call) { return elementwise_params(stage, call.n_tokens); }
 
 }  // namespace
 

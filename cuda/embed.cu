@@ -24,13 +24,8 @@ __global__ void __launch_bounds__(kEmbedThreads)
 template <class F>
 void run_embed(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
-    KcapEmbedParams p;
-    p.n_tokens = call.n_tokens;
-    p.width = int(stage.n);
-    p.row_bytes = unsigned(row_bytes(stage.operands[0]->format, stage.n));
-    p.scale = stage.params.scale;
-    const TensorRef* positions = stage.operands.size() > 1 ? stage.operands[1] : nullptr;
-    p.positions = positions ? (positions->format == Format::F16 ? 2 : 1) : 0;
+    const KcapEmbedParams p = embed_params(stage, call.n_tokens);
+    const TensorRef* positions = stage_operand(stage, 1);
     const StageData& data = stage_data(call);
     launch(ctx, embed_kernel<F>, dim3(p.n_tokens), dim3(kEmbedThreads), 0, p, static_cast<const kcap_i32*>(ctx.tokens),
            static_cast<const kcap_i32*>(ctx.step), static_cast<const kcap_u8*>(data.operands[0]),

@@ -99,8 +99,7 @@ template <class F>
 void run_gate_up(const Stage& stage, const KernelCall& call, KernelFn batched_matmul) {
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
-    KcapMatmulParams p = matmul_params(stage, call);
-    p.has_bias = 0;  // operand 1 is the up matrix
+    const KcapMatmulParams p = matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
     const auto* gate = static_cast<const kcap_u8*>(data.operands[0]);
     const auto* up = static_cast<const kcap_u8*>(data.operands[1]);
     const int activation = int(stage.params.activation);

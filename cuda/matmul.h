@@ -2,19 +2,13 @@
 #pragma once
 
 #include "cuda/cuda_context.h"
-#include "kernels/params.h"
+#include "dispatch/kernel_params.h"
 
 namespace kcap {
 namespace cuda {
 
 inline KcapMatmulParams matmul_params(const Stage& stage, const KernelCall& call) {
-    KcapMatmulParams p;
-    p.k = int(stage.k);
-    p.n = int(stage.n);
-    p.m = call.n_tokens;
-    p.row_bytes = unsigned(row_bytes(stage.operands[0]->format, stage.k));
-    p.has_bias = stage.operands.size() > 1 && stage.operands[1] != nullptr;
-    return p;
+    return kcap::matmul_params(stage, call.n_tokens);
 }
 
 }  // namespace cuda

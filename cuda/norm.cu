@@ -34,16 +34,7 @@ void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call) {
     auto operand = [&](size_t i) -> const float* {
         return i < stage.operands.size() && stage.operands[i] ? static_cast<const float*>(data.operands[i]) : nullptr;
     };
-    KcapAddNormParams p;
-    p.width = int(stage.n);
-    p.eps = stage.params.eps;
-    p.scale = stage.params.scale;
-    p.layer_norm = (stage.features & kLayerNorm) != 0;
-    p.has_post = (stage.features & kPostNorm) != 0;
-    p.has_post_weight = operand(0) != nullptr;
-    p.has_post_bias = operand(1) != nullptr;
-    p.has_weight = operand(2) != nullptr;
-    p.has_bias = operand(3) != nullptr;
+    const KcapAddNormParams p = add_norm_params(stage);
     cuda::launch(ctx, add_norm_kernel, dim3(call.n_tokens), dim3(norm_threads(p.width)), 0, p, call.inout2, call.in2, operand(0),
                  operand(1), operand(2), operand(3), call.out);
 }
@@ -51,13 +42,7 @@ void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call) {
 void kcap_cuda_norm(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
-    KcapNormParams p;
-    p.width = int(stage.k);
-    p.rows = int(call.n_tokens * stage.groups);
-    p.eps = stage.params.eps;
-    p.layer_norm = (stage.features & kLayerNorm) != 0;
-    p.has_weight = data.operands[0] != nullptr;
-    p.has_bias = data.operands[1] != nullptr;
+    const KcapNormParams p = norm_params(stage, call.n_tokens);
     // Short rows (QK-norm over one head) need fewer threads than a hidden row.
     const int threads = norm_threads(p.width);
     cuda::launch(ctx, norm_kernel, dim3(p.rows), dim3(threads), 0, p, call.in, static_cast<const float*>(data.operands[0]),

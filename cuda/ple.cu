@@ -52,25 +52,12 @@ template <class P>
 void run_per_layer_embed(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
-    KcapMatmulParams mp;
-    mp.k = int(stage.k);
-    mp.n = int(stage.n);
-    mp.m = call.n_tokens;
-    mp.row_bytes = unsigned(row_bytes(stage.operands[1]->format, stage.k));
-    mp.has_bias = 0;
+    const KcapMatmulParams mp = ple_projection_params(stage, call.n_tokens);
     launch(ctx, ple_proj_kernel<P>, dim3(ceil_div(mp.n, kTokensSimds * kTokensRows), ceil_div(mp.m, kTokensPerPass)),
            dim3(kTokensSimds * 32), 0, mp, static_cast<const kcap_u8*>(data.operands[1]), call.in, call.out);
     const int n_layer = int(stage.groups);
-    KcapPleParams p;
-    p.n_tokens = call.n_tokens;
-    p.width = int(stage.n);
-    p.per = int(stage.n / stage.groups);
+    const KcapPleParams p = ple_params(stage, call.n_tokens);
     const Format table_format = stage.operands[0]->format;
-    p.table_row_bytes = unsigned(row_bytes(table_format, stage.n));
-    p.eps = stage.params.eps;
-    p.proj_scale = stage.params.ple_model_proj_scale;
-    p.token_scale = stage.params.ple_token_scale;
-    p.combine_scale = stage.params.ple_combine_scale;
     switch (table_format) {
 #define KCAP_PLE_TABLE_CASE(NAME, DECODER)                                                                    \
     case Format::NAME:                                                                                        \
@@ -92,12 +79,7 @@ KCAP_WEIGHT_FORMATS(KCAP_DEFINE_PLE)
 #undef KCAP_DEFINE_PLE
 
 void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call) {
-    KcapPleGateParams p;
-    p.n_tokens = call.n_tokens;
-    p.per = int(stage.n);
-    p.stride = int(stage.k);
-    p.offset = int(stage.groups * stage.n);
-    p.activation = int(stage.params.activation);
+    const KcapPleGateParams p = ple_gate_params(stage, call.n_tokens);
     const int64_t total = int64_t(p.n_tokens) * p.per;
     cuda::launch(cuda::context(call), cuda::ple_gate_kernel, dim3(cuda::ceil_div(total, cuda_rows::kElementwiseThreads)),
                  dim3(cuda_rows::kElementwiseThreads), 0, p, call.in, call.in2, call.out);

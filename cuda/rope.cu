@@ -31,13 +31,7 @@ __global__ void __launch_bounds__(kQkNormRopeSimds * 32)
 void kcap_cuda_qk_norm_rope(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
-    KcapRopeParams p;
-    p.n_tokens = call.n_tokens;
-    p.n_head = stage.params.n_head;
-    p.n_head_kv = stage.params.n_head_kv;
-    p.head_dim = stage.params.head_dim;
-    p.rope_dim = stage.params.rope_dim;
-    p.neox = (stage.features & kRopeNeox) != 0;
+    const KcapRopeParams p = rope_params(stage, call.n_tokens, true);
     const int64_t rows = int64_t(p.n_tokens) * (p.n_head + p.n_head_kv);
     cuda::launch(ctx, qk_norm_rope_kernel, dim3(cuda::ceil_div(rows, kQkNormRopeSimds)), dim3(kQkNormRopeSimds * 32),
                  size_t(kQkNormRopeSimds) * size_t(p.head_dim) * 4, p, stage.params.eps, ctx.step,
@@ -47,13 +41,7 @@ void kcap_cuda_qk_norm_rope(const Stage& stage, const KernelCall& call) {
 
 void kcap_cuda_rope(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);
-    KcapRopeParams p;
-    p.n_tokens = call.n_tokens;
-    p.n_head = stage.params.n_head;
-    p.n_head_kv = call.inout2 ? stage.params.n_head_kv : 0;  // no K: a shared-KV layer (its source rotated it)
-    p.head_dim = stage.params.head_dim;
-    p.rope_dim = stage.params.rope_dim;
-    p.neox = (stage.features & kRopeNeox) != 0;
+    const KcapRopeParams p = rope_params(stage, call.n_tokens, call.inout2 != nullptr);
     const int64_t total = int64_t(p.n_tokens) * (p.n_head + p.n_head_kv) * (p.rope_dim / 2);
     cuda::launch(ctx, rope_kernel, dim3(cuda::ceil_div(total, kElementwiseThreads)), dim3(kElementwiseThreads), 0, p,
                  ctx.step, reinterpret_cast<const float2*>(cuda::stage_data(call).rope_table), call.out, call.inout2);

@@ -3,8 +3,7 @@
 // plans and `kcap explain --backend cuda` still work and an Engine on cuda is refused.
 #include "cuda/rows.h"
 
-#include <algorithm>
-#include <cctype>
+#include "dispatch/gpu_rows.h"
 
 namespace kcap {
 
@@ -16,38 +15,8 @@ namespace kcap {
 
 namespace {
 
-std::string lower(std::string s) {
-    for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-}
-
 Row make_row(const std::string& kernel, Op op, KernelFn fn, Geometry geometry) {
-    Row row;
-    row.kernel = kernel;
-    row.op = op;
-    row.backend = Backend::CUDA;
-    row.fn = fn;
-    row.geometry = geometry;
-    return row;
-}
-
-bool is_float(Format format) { return format == Format::F32 || format == Format::F16 || format == Format::BF16; }
-
-// The exact bodies (matvec, few-token walk, embed, PLE) walk rows in 32-element runs and read
-// a float format's last k % 32 elements one by one (the tail), so float rows take any K that
-// keeps rows and activations 16-byte aligned for the vector loads: a multiple of 4. Block
-// formats need whole blocks.
-int64_t k_multiple(Format format) { return is_float(format) ? 4 : std::max<int64_t>(32, format_info(format).block_elems); }
-// The tensor-core tiles have no tail: K in whole runs even for float formats (the planner
-// routes other K to the exact rows, which it may: rows are chosen among the legal ones).
-int64_t mma_k_multiple(Format format) { return std::max<int64_t>(32, format_info(format).block_elems); }
-
-std::vector<Format> weight_formats() {
-    std::vector<Format> formats;
-#define KCAP_LIST_FORMAT(NAME, DECODER) formats.push_back(Format::NAME);
-    KCAP_WEIGHT_FORMATS(KCAP_LIST_FORMAT)
-#undef KCAP_LIST_FORMAT
-    return formats;
+    return gpu_row(Backend::CUDA, kernel, op, fn, geometry);
 }
 
 }  // namespace
@@ -55,11 +24,11 @@ std::vector<Format> weight_formats() {
 void add_cuda_embed_rows(std::vector<Row>& rows) {
 #define KCAP_EMBED_ROW(NAME, DECODER)                                                                           \
     {                                                                                                           \
-        Row row = make_row("cuda.embed." + lower(#NAME), Op::Embed, KCAP_CUDA_ENTRY(kcap_cuda_embed_##NAME),     \
+        Row row = make_row("cuda.embed." + lowercase(#NAME), Op::Embed, KCAP_CUDA_ENTRY(kcap_cuda_embed_##NAME),     \
                            {cuda_rows::kEmbedThreads, 1, 0});                                                   \
         row.operand_formats = {{Format::NAME}, {Format::F32, Format::F16}}; /* table, positions */               \
         row.features = kEmbedScale | kPositionEmbedding;                                                        \
-        row.dims.k_multiple = k_multiple(Format::NAME);                                                         \
+        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                         \
         rows.push_back(row);                                                                                    \
     }
     KCAP_WEIGHT_FORMATS(KCAP_EMBED_ROW)
@@ -70,12 +39,12 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
     // Exact rows: f32 activations and accumulation for any number of tokens.
 #define KCAP_MATMUL_ROW(NAME, DECODER)                                                                          \
     {                                                                                                           \
-        Row row = make_row("cuda.matmul." + lower(#NAME), Op::MatMul, KCAP_CUDA_ENTRY(kcap_cuda_matmul_##NAME),  \
+        Row row = make_row("cuda.matmul." + lowercase(#NAME), Op::MatMul, KCAP_CUDA_ENTRY(kcap_cuda_matmul_##NAME),  \
                            {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,         \
                             cuda_rows::kMatvecSharedBytes});                                              \
         row.operand_formats = {{Format::NAME}, {Format::F32}};                                                  \
         row.features = kBias;                                                                                   \
-        row.dims.k_multiple = k_multiple(Format::NAME);                                                         \
+        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                         \
         rows.push_back(row);                                                                                    \
     }
     KCAP_WEIGHT_FORMATS(KCAP_MATMUL_ROW)
@@ -86,12 +55,12 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
     // formats and BF16 only (cuda_rows::mma_format); F32 and F16 prefill on the exact rows.
 #define KCAP_MATMUL_MMA_ROW(NAME, DECODER)                                                                  \
     if (cuda_rows::mma_format(Format::NAME)) {                                                              \
-        Row row = make_row("cuda.matmul_mma." + lower(#NAME), Op::MatMul,                                   \
+        Row row = make_row("cuda.matmul_mma." + lowercase(#NAME), Op::MatMul,                                   \
                            KCAP_CUDA_ENTRY(kcap_cuda_matmul_mma_##NAME),                                    \
                            {cuda_rows::kMmaThreads, cuda_rows::kMmaRows, 0});                               \
         row.operand_formats = {{Format::NAME}, {Format::F32}};                                              \
         row.features = kBias;                                                                               \
-        row.dims.k_multiple = mma_k_multiple(Format::NAME);                                                 \
+        row.dims.k_multiple = run_k_multiple(Format::NAME);                                                 \
         row.priority = 1;                                                                                   \
         rows.push_back(row);                                                                                \
     }
@@ -102,12 +71,12 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
     // for each matrix, then the activation.
 #define KCAP_GATE_UP_ROW(NAME, DECODER)                                                                     \
     {                                                                                                       \
-        Row row = make_row("cuda.gate_up." + lower(#NAME), Op::GateUp, KCAP_CUDA_ENTRY(kcap_cuda_gate_up_##NAME), \
+        Row row = make_row("cuda.gate_up." + lowercase(#NAME), Op::GateUp, KCAP_CUDA_ENTRY(kcap_cuda_gate_up_##NAME), \
                            {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,     \
                             cuda_rows::kMatvecSharedBytes});                                                \
         row.operand_formats = {{Format::NAME}, {Format::NAME}};                                             \
         row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;                                       \
-        row.dims.k_multiple = k_multiple(Format::NAME);                                                     \
+        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                     \
         rows.push_back(row);                                                                                \
     }
     KCAP_WEIGHT_FORMATS(KCAP_GATE_UP_ROW)
@@ -174,12 +143,12 @@ void add_cuda_ple_rows(std::vector<Row>& rows) {
     // any weight format (the combine is instantiated for each), the norm weight F32.
 #define KCAP_PLE_ROW(NAME, DECODER)                                                                           \
     {                                                                                                         \
-        Row row = make_row("cuda.per_layer_embed." + lower(#NAME), Op::PerLayerEmbed,                         \
+        Row row = make_row("cuda.per_layer_embed." + lowercase(#NAME), Op::PerLayerEmbed,                         \
                            KCAP_CUDA_ENTRY(kcap_cuda_per_layer_embed_##NAME),                                 \
                            {cuda_rows::kTokensSimds * 32, cuda_rows::kTokensSimds * cuda_rows::kTokensRows, 0}); \
-        row.operand_formats = {weight_formats(), {Format::NAME}, {Format::F32}};                              \
+        row.operand_formats = {gpu_weight_formats(), {Format::NAME}, {Format::F32}};                              \
         row.features = kPerLayerEmbedding | kRmsNorm;                                                         \
-        row.dims.k_multiple = k_multiple(Format::NAME);                                                       \
+        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                       \
         rows.push_back(row);                                                                                  \
     }
     KCAP_WEIGHT_FORMATS(KCAP_PLE_ROW)

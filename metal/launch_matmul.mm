@@ -10,16 +10,6 @@ namespace {
 
 using namespace metal_rows;
 
-KcapMatmulParams matmul_params(const Stage& stage, const KernelCall& call, const TensorRef& w) {
-    KcapMatmulParams p;
-    p.k = int(stage.k);
-    p.n = int(stage.n);
-    p.m = call.n_tokens;
-    p.row_bytes = unsigned(row_bytes(w.format, stage.k));
-    p.has_bias = 0;
-    return p;
-}
-
 // One token: kcap_matvec_staged with x staged in threadgroup memory (entry `entry` of `row`:
 // the plain matvec or gate_up), teams and parts from metal_rows::matvec_split.
 void encode_matvec(const Context& ctx, const Row& row, int entry, const KcapMatmulParams& p, const void* w0,
@@ -58,8 +48,7 @@ void encode_tokens(const Context& ctx, const Row& row, int entry, const KcapMatm
 void run_matmul(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
-    KcapMatmulParams p = matmul_params(stage, call, *stage.operands[0]);
-    p.has_bias = data.operands[1] != nullptr;
+    const KcapMatmulParams p = kcap::matmul_params(stage, call.n_tokens);
     if (p.m == 1) {
         encode_matvec(ctx, *data.row, kMatvec, p, data.operands[0], data.operands[0], call.in, data.operands[1], 0,
                       call.out);
@@ -74,7 +63,7 @@ void run_matmul(const Stage& stage, const KernelCall& call) {
 void run_gate_up(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
-    const KcapMatmulParams p = matmul_params(stage, call, *stage.operands[0]);  // operand 1 is up, not a bias
+    const KcapMatmulParams p = kcap::matmul_params(stage, call.n_tokens);  // operand 1 is up, not a bias
     const int activation = int(stage.params.activation);
     if (p.m == 1) {
         encode_matvec(ctx, *data.row, kGateUpMatvec, p, data.operands[0], data.operands[1], call.in, nullptr, activation,
@@ -83,25 +72,15 @@ void run_gate_up(const Stage& stage, const KernelCall& call) {
     }
     encode_tokens(ctx, *data.row, kGateUpTokens, p, data.operands[0], call.in, nullptr, call.inout2);
     encode_tokens(ctx, *data.row, kGateUpTokens, p, data.operands[1], call.in, nullptr, call.inout3);
-    KcapElementwiseParams a;
-    a.count = int(int64_t(call.n_tokens) * stage.n);
-    a.activation = activation;
-    a.gated = 1;
-    a.cap = 0.0f;
-    a.scale = 1.0f;
+    const KcapElementwiseParams a = activation_params(stage, call.n_tokens, true);
     encode_ffn_activation(ctx, *data.row, kGateUpActivation, a, call.inout2, call.inout3, call.out);
 }
 
 void run_embed(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
-    const TensorRef* positions = stage.operands.size() > 1 ? stage.operands[1] : nullptr;
-    KcapEmbedParams p;
-    p.n_tokens = call.n_tokens;
-    p.width = int(stage.n);
-    p.row_bytes = unsigned(row_bytes(stage.operands[0]->format, stage.n));
-    p.scale = stage.params.scale;
-    p.positions = positions ? (positions->format == Format::F16 ? 2 : 1) : 0;
+    const TensorRef* positions = stage_operand(stage, 1);
+    const KcapEmbedParams p = embed_params(stage, call.n_tokens);
     bind_params(ctx, 0, p);
     bind(ctx, 1, ctx.tokens);
     bind(ctx, 2, ctx.step);

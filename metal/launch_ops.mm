@@ -10,13 +10,7 @@ using namespace metal_rows;
 void kcap_metal_norm(const Stage& stage, const KernelCall& call) {
     const metal::Context& ctx = metal::context(call);
     const metal::StageData& data = metal::stage_data(call);
-    KcapNormParams p;
-    p.width = int(stage.k);
-    p.rows = int(call.n_tokens * stage.groups);
-    p.eps = stage.params.eps;
-    p.layer_norm = (stage.features & kLayerNorm) != 0;
-    p.has_weight = data.operands[0] != nullptr;
-    p.has_bias = data.operands[1] != nullptr;
+    const KcapNormParams p = norm_params(stage, call.n_tokens);
     // Short rows (QK-norm over one head) need fewer threads than a hidden row (as on CUDA).
     const int threads = p.width <= 64 ? 64 : p.width <= 128 ? 128 : kNormThreads;
     metal::bind_params(ctx, 0, p);
@@ -33,16 +27,7 @@ void kcap_metal_add_norm(const Stage& stage, const KernelCall& call) {
     const metal::Context& ctx = metal::context(call);
     const metal::StageData& data = metal::stage_data(call);
     auto operand = [&](size_t i) -> const void* { return i < stage.operands.size() ? data.operands[i] : nullptr; };
-    KcapAddNormParams p;
-    p.width = int(stage.n);
-    p.eps = stage.params.eps;
-    p.scale = stage.params.scale;
-    p.layer_norm = (stage.features & kLayerNorm) != 0;
-    p.has_post = (stage.features & kPostNorm) != 0;
-    p.has_post_weight = operand(0) != nullptr;
-    p.has_post_bias = operand(1) != nullptr;
-    p.has_weight = operand(2) != nullptr;
-    p.has_bias = operand(3) != nullptr;
+    const KcapAddNormParams p = add_norm_params(stage);
     metal::bind_params(ctx, 0, p);
     metal::bind(ctx, 1, call.inout2);
     metal::bind(ctx, 2, call.in2);
@@ -54,13 +39,8 @@ void kcap_metal_add_norm(const Stage& stage, const KernelCall& call) {
 void kcap_metal_rope(const Stage& stage, const KernelCall& call) {
     const metal::Context& ctx = metal::context(call);
     const metal::StageData& data = metal::stage_data(call);
-    KcapRopeParams p;
-    p.n_tokens = call.n_tokens;
-    p.n_head = stage.params.n_head;
-    p.n_head_kv = stage.params.n_head_kv;
-    p.head_dim = stage.params.head_dim;
-    p.rope_dim = stage.params.rope_dim;
-    p.neox = (stage.features & kRopeNeox) != 0;
+    // No K buffer: a shared-KV layer (its source layer rotated the keys it reads).
+    const KcapRopeParams p = rope_params(stage, call.n_tokens, call.inout2 != nullptr);
     const int64_t total = int64_t(p.n_tokens) * (p.n_head + p.n_head_kv) * (p.rope_dim / 2);
     metal::bind_params(ctx, 0, p);
     metal::bind(ctx, 1, ctx.step);
@@ -84,31 +64,17 @@ void encode_ffn_activation(const Context& ctx, const Row& row, int entry, const 
 }  // namespace metal
 
 void kcap_metal_ffn_activation(const Stage& stage, const KernelCall& call) {
-    KcapElementwiseParams p;
-    p.count = int(int64_t(call.n_tokens) * stage.n);
-    p.activation = int(stage.params.activation);
-    p.gated = call.in2 != nullptr;
-    p.cap = 0.0f;
-    p.scale = 1.0f;
+    const KcapElementwiseParams p = activation_params(stage, call.n_tokens, call.in2 != nullptr);
     metal::encode_ffn_activation(metal::context(call), *metal::stage_data(call).row, 0, p, call.in, call.in2, call.out);
 }
 
 namespace {
 
-KcapElementwiseParams elementwise_params(const Stage& stage, const KernelCall& call) {
-    KcapElementwiseParams p;
-    p.count = int(int64_t(call.n_tokens) * stage.n);
-    p.activation = 0;
-    p.gated = 0;
-    p.cap = stage.params.softcap;
-    p.scale = stage.params.scale;
-    return p;
-}
 
 // One pass over count values: the row's only entry; `b` is bound only for add.
 void run_elementwise(const Stage& stage, const KernelCall& call, bool two_inputs) {
     const metal::Context& ctx = metal::context(call);
-    const KcapElementwiseParams p = elementwise_params(stage, call);
+    const KcapElementwiseParams p = elementwise_params(stage, call.n_tokens);
     metal::bind_params(ctx, 0, p);
     metal::bind(ctx, 1, call.in);
     int next = 2;

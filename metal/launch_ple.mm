@@ -15,12 +15,7 @@ using namespace metal_rows;
 void run_per_layer_embed(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
-    KcapMatmulParams mp;
-    mp.k = int(stage.k);
-    mp.n = int(stage.n);
-    mp.m = call.n_tokens;
-    mp.row_bytes = unsigned(row_bytes(stage.operands[1]->format, stage.k));
-    mp.has_bias = 0;
+    const KcapMatmulParams mp = ple_projection_params(stage, call.n_tokens);
     bind_params(ctx, 0, mp);
     bind(ctx, 1, data.operands[1]);
     bind(ctx, 2, call.in);
@@ -32,15 +27,7 @@ void run_per_layer_embed(const Stage& stage, const KernelCall& call) {
     const int combine = ple_combine_index(table_format);
     if (combine < 0)
         throw Error(std::string("per_layer_embed: no GPU decoder for table format ") + format_name(table_format));
-    KcapPleParams p;
-    p.n_tokens = call.n_tokens;
-    p.width = int(stage.n);
-    p.per = int(stage.n / stage.groups);
-    p.table_row_bytes = unsigned(row_bytes(table_format, stage.n));
-    p.eps = stage.params.eps;
-    p.proj_scale = stage.params.ple_model_proj_scale;
-    p.token_scale = stage.params.ple_token_scale;
-    p.combine_scale = stage.params.ple_combine_scale;
+    const KcapPleParams p = ple_params(stage, call.n_tokens);
     bind_params(ctx, 0, p);
     bind(ctx, 1, ctx.tokens);
     bind(ctx, 2, data.operands[0]);
@@ -65,12 +52,7 @@ KCAP_WEIGHT_FORMATS(KCAP_DEFINE_METAL_PLE)
 void kcap_metal_per_layer_gate(const Stage& stage, const KernelCall& call) {
     using namespace metal_rows;
     const metal::Context& ctx = metal::context(call);
-    KcapPleGateParams p;
-    p.n_tokens = call.n_tokens;
-    p.per = int(stage.n);
-    p.stride = int(stage.k);
-    p.offset = int(stage.groups * stage.n);
-    p.activation = int(stage.params.activation);
+    const KcapPleGateParams p = ple_gate_params(stage, call.n_tokens);
     const int64_t total = int64_t(p.n_tokens) * p.per;
     metal::bind_params(ctx, 0, p);
     metal::bind(ctx, 1, call.in);

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "dispatch/kernel_params.h"
 #include "dispatch/stage.h"
 #include "kcap/errors.h"
 #include "kernels/params.h"

@@ -7,8 +7,7 @@
 // their kernels) and its geometry (metal/rows.h), in one `declare` call.
 #include "metal/rows.h"
 
-#include <algorithm>
-#include <cctype>
+#include "dispatch/gpu_rows.h"
 
 namespace kcap {
 
@@ -27,37 +26,18 @@ struct Declared {
     std::vector<std::string> entries;
 };
 
-std::string lower(std::string s) {
-    for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-}
-
 Row make_row(const std::string& kernel, Op op, KernelFn fn, Geometry geometry) {
-    Row row;
-    row.kernel = kernel;
-    row.op = op;
-    row.backend = Backend::Metal;
-    row.fn = fn;
-    row.geometry = geometry;
-    return row;
+    return gpu_row(Backend::Metal, kernel, op, fn, geometry);
 }
-
-bool is_float(Format format) { return format == Format::F32 || format == Format::F16 || format == Format::BF16; }
-
-// As cuda/rows.cpp: the exact bodies (matvec, few-token walk, embed) walk rows in 32-element
-// runs and read a float format's last k % 32 elements one by one (the tail), so float rows
-// take any K that keeps rows and activations 16-byte aligned: a multiple of 4. Block formats
-// need whole blocks.
-int64_t k_multiple(Format format) { return is_float(format) ? 4 : std::max<int64_t>(32, format_info(format).block_elems); }
 
 void add_embed(std::vector<Declared>& out) {
 #define KCAP_EMBED_ROW(NAME, DECODER)                                                                        \
     {                                                                                                        \
-        Row row = make_row("metal.embed." + lower(#NAME), Op::Embed, KCAP_METAL_FN(kcap_metal_embed_##NAME), \
+        Row row = make_row("metal.embed." + lowercase(#NAME), Op::Embed, KCAP_METAL_FN(kcap_metal_embed_##NAME), \
                            {kEmbedThreads, 1, 0});                                                           \
         row.operand_formats = {{Format::NAME}, {Format::F32, Format::F16}}; /* table, positions */            \
         row.features = kEmbedScale | kPositionEmbedding;                                                     \
-        row.dims.k_multiple = k_multiple(Format::NAME);                                                      \
+        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                      \
         out.push_back({row, {KCAP_METAL_FORMAT_ENTRY(embed, NAME)}});                                        \
     }
     KCAP_WEIGHT_FORMATS(KCAP_EMBED_ROW)
@@ -70,11 +50,11 @@ void add_matmul(std::vector<Declared>& out) {
     // Entry order: metal_rows::MatmulEntry.
 #define KCAP_MATMUL_ROW(NAME, DECODER)                                                                            \
     {                                                                                                             \
-        Row row = make_row("metal.matmul." + lower(#NAME), Op::MatMul, KCAP_METAL_FN(kcap_metal_matmul_##NAME),   \
+        Row row = make_row("metal.matmul." + lowercase(#NAME), Op::MatMul, KCAP_METAL_FN(kcap_metal_matmul_##NAME),   \
                            {kMatvecSimds * 32, kMatvecSimds * kMatvecRows, kMatvecSharedBytes});                   \
         row.operand_formats = {{Format::NAME}, {Format::F32}};                                                    \
         row.features = kBias;                                                                                     \
-        row.dims.k_multiple = k_multiple(Format::NAME);                                                           \
+        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                           \
         out.push_back({row, {KCAP_METAL_FORMAT_ENTRY(matvec, NAME), KCAP_METAL_FORMAT_ENTRY(matmul_tokens, NAME)}}); \
     }
     KCAP_WEIGHT_FORMATS(KCAP_MATMUL_ROW)
@@ -85,11 +65,11 @@ void add_matmul(std::vector<Declared>& out) {
     // (Metal has no tensor-core row to take the batch). Entry order: metal_rows::GateUpEntry.
 #define KCAP_GATE_UP_ROW(NAME, DECODER)                                                                           \
     {                                                                                                             \
-        Row row = make_row("metal.gate_up." + lower(#NAME), Op::GateUp, KCAP_METAL_FN(kcap_metal_gate_up_##NAME), \
+        Row row = make_row("metal.gate_up." + lowercase(#NAME), Op::GateUp, KCAP_METAL_FN(kcap_metal_gate_up_##NAME), \
                            {kMatvecSimds * 32, kMatvecSimds * kMatvecRows, kMatvecSharedBytes});                   \
         row.operand_formats = {{Format::NAME}, {Format::NAME}};                                                   \
         row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;                                             \
-        row.dims.k_multiple = k_multiple(Format::NAME);                                                           \
+        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                           \
         out.push_back({row,                                                                                       \
                        {KCAP_METAL_FORMAT_ENTRY(gate_up, NAME), KCAP_METAL_FORMAT_ENTRY(matmul_tokens, NAME),     \
                         KCAP_METAL_ENTRY(ffn_activation)}});                                                      \
@@ -153,13 +133,6 @@ void add_elementwise(std::vector<Declared>& out) {
     out.push_back({scale, {KCAP_METAL_ENTRY(scale)}});
 }
 
-std::vector<Format> weight_formats() {
-    std::vector<Format> formats;
-#define KCAP_LIST_FORMAT(NAME, DECODER) formats.push_back(Format::NAME);
-    KCAP_WEIGHT_FORMATS(KCAP_LIST_FORMAT)
-#undef KCAP_LIST_FORMAT
-    return formats;
-}
 
 void add_ple(std::vector<Declared>& out) {
     // As cuda.per_layer_embed.*: one row per projection format (its K multiple is the
@@ -171,11 +144,11 @@ void add_ple(std::vector<Declared>& out) {
 #undef KCAP_PLE_COMBINE_NAME
 #define KCAP_PLE_ROW(NAME, DECODER)                                                                              \
     {                                                                                                            \
-        Row row = make_row("metal.per_layer_embed." + lower(#NAME), Op::PerLayerEmbed,                           \
+        Row row = make_row("metal.per_layer_embed." + lowercase(#NAME), Op::PerLayerEmbed,                           \
                            KCAP_METAL_FN(kcap_metal_per_layer_embed_##NAME), {kTokensSimds * 32, kTokensSimds * kTokensRows, 0}); \
-        row.operand_formats = {weight_formats(), {Format::NAME}, {Format::F32}};                                 \
+        row.operand_formats = {gpu_weight_formats(), {Format::NAME}, {Format::F32}};                                 \
         row.features = kPerLayerEmbedding | kRmsNorm;                                                            \
-        row.dims.k_multiple = k_multiple(Format::NAME);                                                          \
+        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                          \
         std::vector<std::string> entries = {KCAP_METAL_FORMAT_ENTRY(matmul_tokens, NAME)};                       \
         entries.insert(entries.end(), combines.begin(), combines.end());                                         \
         out.push_back({row, entries});                                                                           \
@@ -224,7 +197,7 @@ bool metal_device_available() { return false; }  // metal/metal_backend.mm where
 namespace metal_rows {
 
 int ple_combine_index(Format format) {
-    const std::vector<Format> formats = weight_formats();
+    const std::vector<Format> formats = gpu_weight_formats();
     for (size_t i = 0; i < formats.size(); ++i)
         if (formats[i] == format) return int(i);
     return -1;

@@ -51,30 +51,13 @@ private:
                    float* logits) {
         for (const RoutedStage& routed : plan_.stages) {
             const Stage& stage = routed.stage;
-            const bool tail = stage.last_token_only && !all_logits;
-            if (stage.last_token_only && !need_logits) continue;
             KernelCall call;
-            call.n_tokens = int(tail ? 1 : n);
+            if (!bind_stage_buffers(plan_, stage, n, need_logits, all_logits, logits,
+                                    [&](Buffer b) { return buffer(b, n); }, call))
+                continue;
             call.pos0 = int(pos0);
             call.tokens = tokens;
             call.backend_state = &state_;
-            // A tail stage reads the last row of a per-token buffer (the LM head reads the
-            // final position's normed state); Logits itself holds only that row.
-            const int64_t in_row = tail && stage.input != Buffer::Logits ? n - 1 : 0;
-            const int64_t in_width = plan_.buffer_widths[size_t(stage.input)];
-            if (stage.input != Buffer::None) call.in = buffer(stage.input, n) + in_row * in_width;
-            if (stage.input2 != Buffer::None) call.in2 = buffer(stage.input2, n);
-            if (stage.input3 != Buffer::None) call.in3 = buffer(stage.input3, n);
-            if (stage.output == Buffer::Logits) {
-                call.out = logits;
-            } else if (stage.output != Buffer::None) {
-                call.out = buffer(stage.output, n);
-            }
-            if (stage.op == Op::Rope) {
-                call.out = buffer(stage.input, n);
-                call.inout2 = buffer(stage.input2, n);
-            }
-            if ((stage.op == Op::Softcap || stage.op == Op::Scale) && stage.input == Buffer::Logits) call.in = logits;
             routed.row->fn(stage, call);
         }
     }

@@ -35,6 +35,46 @@ struct Plan {
     std::vector<int64_t> buffer_widths;
 };
 
+// Which activation buffers one call of a routed stage reads and writes, for every backend:
+// buffer(b) is the first row of the backend's buffer b, `logits` where this call's logits go
+// (the last position's, or every position's when all_logits). n: tokens of the call. A tail
+// stage (the LM head and what follows it) runs on the last position only unless every
+// position's logits are wanted, and not at all when none are. Returns false when the stage
+// does not run in this call.
+template <class BufferFn>
+bool bind_stage_buffers(const Plan& plan, const Stage& stage, int64_t n, bool need_logits, bool all_logits,
+                        float* logits, BufferFn&& buffer, KernelCall& call) {
+    if (stage.last_token_only && !need_logits) return false;
+    const bool tail = stage.last_token_only && !all_logits;
+    call.n_tokens = int(tail ? 1 : n);
+    // A tail stage reads the last row of a per-token buffer (the LM head reads the final
+    // position's normed state); the logits hold only the rows this call produces.
+    if (stage.input == Buffer::Logits)
+        call.in = logits;  // the stages after the LM head (final softcap, logit scale)
+    else if (stage.input != Buffer::None)
+        call.in = buffer(stage.input) + (tail ? n - 1 : 0) * plan.buffer_widths[size_t(stage.input)];
+    if (stage.input2 != Buffer::None) call.in2 = buffer(stage.input2);
+    if (stage.input3 != Buffer::None) call.in3 = buffer(stage.input3);
+    if (stage.output == Buffer::Logits)
+        call.out = logits;
+    else if (stage.output != Buffer::None)
+        call.out = buffer(stage.output);
+    switch (stage.op) {
+        case Op::Rope:
+        case Op::QkNormRope:  // Q and K in place (no K buffer: a shared-KV layer)
+            call.out = buffer(stage.input);
+            call.inout2 = stage.input2 != Buffer::None ? buffer(stage.input2) : nullptr;
+            break;
+        case Op::AddNorm: call.inout2 = buffer(stage.input); break;  // the residual, read and written
+        case Op::GateUp:  // the batched path's gate and up scratch
+            call.inout2 = buffer(stage.input2);
+            call.inout3 = buffer(stage.input3);
+            break;
+        default: break;
+    }
+    return true;
+}
+
 std::vector<Stage> build_stages(const ModelSpec& spec, const PlanOptions& options);
 Plan make_plan(const ModelSpec& spec, const PlanOptions& options);
 
