@@ -46,8 +46,8 @@ def main() -> int:
 
 
 def profile(paths: list[str]) -> int:
-    """Decode 64 tokens of each model with KCAP_CUDA_PROFILE=1 (stages timed one by one with
-    CUDA events; the backend prints its table to stderr when it is destroyed)."""
+    """Prefill 512 tokens, then decode 64, of each model with KCAP_CUDA_PROFILE=1 (stages timed
+    one by one with CUDA events; the backend prints its tables to stderr when it is destroyed)."""
     import gc
     import os
 
@@ -55,6 +55,9 @@ def profile(paths: list[str]) -> int:
     for path in paths:
         print(f"== profile {path}", file=sys.stderr, flush=True)
         model = kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16")
+        ids = np.random.default_rng(0).integers(0, model.n_vocab, 512).astype(np.int32)
+        model.engine.eval(ids, False)
+        model.engine.reset()
         model.engine.decode_greedy(1, 64)
         del model
         gc.collect()

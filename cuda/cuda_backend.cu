@@ -13,11 +13,13 @@
 // Prefill: chunks of up to max_batch tokens run the same rows with batched kernels.
 //
 // Environment switches (for measurements): KCAP_CUDA_GRAPH=0 launches the step directly,
-// KCAP_CUDA_PDL=0 turns programmatic dependent launch off, KCAP_MATVEC_ROWS=2|8 changes the
-// decode matvec's rows per team (the row declares cuda_rows::kMatvecRows). KCAP_CUDA_PROFILE=1 runs decode
-// steps without the graph, times every stage with CUDA events (each stage waited for, so the
-// times include each launch's latency) and prints the totals per kernel and per stage name to
-// stderr when the backend is destroyed.
+// KCAP_CUDA_PDL=0 turns programmatic dependent launch off, KCAP_MATVEC_ROWS=1|2|8 changes the
+// decode matvec's rows per team (the row declares cuda_rows::kMatvecRows), KCAP_MATVEC_WARPS=N
+// splits its rows' runs over more simd groups until about N per multiprocessor run
+// (cuda_rows::matvec_split). KCAP_CUDA_PROFILE=1 runs decode steps without the graph, times
+// every stage with CUDA events (each stage waited for, so the times include each launch's
+// latency) and prints the totals per kernel and per stage name to stderr when the backend is
+// destroyed; prefill chunks are timed the same way into tables of their own.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -115,7 +117,8 @@ public:
         ctx.pdl = props.major >= 9 && env_int("KCAP_CUDA_PDL", 1) != 0;
         use_graph_ = env_int("KCAP_CUDA_GRAPH", 1) != 0;
         const int rows = env_int("KCAP_MATVEC_ROWS", cuda_rows::kMatvecRows);
-        ctx.matvec_rows = rows == 2 || rows == 8 ? rows : cuda_rows::kMatvecRows;
+        ctx.matvec_rows = rows == 1 || rows == 2 || rows == 8 ? rows : cuda_rows::kMatvecRows;
+        ctx.matvec_warps = env_int("KCAP_MATVEC_WARPS", cuda_rows::kMatvecTargetWarps);
         profile_ = env_int("KCAP_CUDA_PROFILE", 0) != 0;
         if (profile_) use_graph_ = false;
         KCAP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
@@ -151,6 +154,7 @@ public:
             set_step(tokens + start, count, pos0 + start);
             float* device_logits = all_logits ? all_logits_buffer(count) : decode_logits_;
             run_stages(count, need_logits, all_logits, device_logits);
+            if (profile_ && count > 1) ++profile_prefill_chunks_;
             if (need_logits) {
                 const size_t values = size_t(all_logits ? count : 1) * size_t(n_vocab_);
                 KCAP_CUDA_CHECK(cudaMemcpyAsync(host_logits, device_logits, values * sizeof(float),
@@ -310,8 +314,8 @@ private:
                 continue;
             call.backend_state = &ctx_;
             call.stage_state = &stage_data_[i];
-            if (profile_ && n == 1) {
-                timed(routed.row->kernel, stage.name, [&] { routed.row->fn(stage, call); });
+            if (profile_) {
+                timed(routed.row->kernel, stage.name, [&] { routed.row->fn(stage, call); }, n > 1);
             } else {
                 routed.row->fn(stage, call);
             }
@@ -320,7 +324,7 @@ private:
 
     // KCAP_CUDA_PROFILE: one stage, waited for, its time added to its kernel's and name's totals.
     template <class Fn>
-    void timed(const std::string& kernel, const std::string& name, Fn&& fn) {
+    void timed(const std::string& kernel, const std::string& name, Fn&& fn, bool prefill = false) {
         if (!profile_start_) {
             KCAP_CUDA_CHECK(cudaEventCreate(&profile_start_));
             KCAP_CUDA_CHECK(cudaEventCreate(&profile_stop_));
@@ -331,23 +335,31 @@ private:
         KCAP_CUDA_CHECK(cudaEventSynchronize(profile_stop_));
         float ms = 0.0f;
         KCAP_CUDA_CHECK(cudaEventElapsedTime(&ms, profile_start_, profile_stop_));
-        auto& k = profile_kernels_[kernel];
+        auto& k = (prefill ? profile_prefill_kernels_ : profile_kernels_)[kernel];
         k.first += ms, k.second += 1;
         // Stage names without the layer index: "blk.3.attn_q" -> "attn_q".
         std::string key = name;
         const size_t dot = key.rfind('.');
         if (key.rfind("blk.", 0) == 0 && dot != std::string::npos) key = key.substr(dot + 1);
-        auto& st = profile_names_[key];
+        auto& st = (prefill ? profile_prefill_names_ : profile_names_)[key];
         st.first += ms, st.second += 1;
     }
 
     void print_profile() const {
+        print_profile_tables("decode steps", profile_steps_, profile_kernels_, profile_names_);
+        print_profile_tables("prefill chunks", profile_prefill_chunks_, profile_prefill_kernels_, profile_prefill_names_);
+    }
+
+    using ProfileTable = std::map<std::string, std::pair<double, int64_t>>;  // ms, launches
+    static void print_profile_tables(const char* what, int64_t count, const ProfileTable& kernels,
+                                     const ProfileTable& names) {
+        if (count == 0) return;
         double total = 0.0;
-        for (const auto& kv : profile_kernels_) total += kv.second.first;
-        const double steps = profile_steps_ > 0 ? double(profile_steps_) : 1.0;
-        std::fprintf(stderr, "kcap profile: %lld decode steps, %.1f us per step (stages waited for one by one)\n",
-                     (long long)profile_steps_, 1000.0 * total / steps);
-        for (const auto* table : {&profile_kernels_, &profile_names_}) {
+        for (const auto& kv : kernels) total += kv.second.first;
+        const double steps = double(count);
+        std::fprintf(stderr, "kcap profile: %lld %s, %.1f us each (stages waited for one by one)\n", (long long)count,
+                     what, 1000.0 * total / steps);
+        for (const auto* table : {&kernels, &names}) {
             std::vector<std::pair<double, std::string>> sorted;
             for (const auto& kv : *table) sorted.emplace_back(kv.second.first, kv.first);
             std::sort(sorted.rbegin(), sorted.rend());
@@ -448,7 +460,8 @@ private:
     bool profile_ = false;
     cudaEvent_t profile_start_ = nullptr, profile_stop_ = nullptr;
     int64_t profile_steps_ = 0;
-    std::map<std::string, std::pair<double, int64_t>> profile_kernels_, profile_names_;  // ms, launches
+    int64_t profile_prefill_chunks_ = 0;
+    ProfileTable profile_kernels_, profile_names_, profile_prefill_kernels_, profile_prefill_names_;
     PinnedBuffer<int32_t> pinned_step_, pinned_tokens_;
     PinnedBuffer<float> pinned_logits_;
 };

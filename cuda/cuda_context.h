@@ -33,7 +33,8 @@ struct Context {
     int device = 0;
     int sm_count = 0;
     bool pdl = false;  // launch with programmatic dependent launch (sm_90+)
-    int matvec_rows = cuda_rows::kMatvecRows;  // decode matvec rows per team (KCAP_MATVEC_ROWS: 2, 4, 8)
+    int matvec_rows = cuda_rows::kMatvecRows;  // decode matvec rows per team (KCAP_MATVEC_ROWS: 1, 2, 8)
+    int matvec_warps = cuda_rows::kMatvecTargetWarps;  // KCAP_MATVEC_WARPS: the split's simd groups per multiprocessor
     // Decode-step state in device memory, so one captured graph serves every step:
     // step[0] = position of token 0 of the call, step[1] = tokens generated (history index).
     int32_t* step = nullptr;

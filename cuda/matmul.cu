@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
 // One token: the staged matvec (plain or gate_up) with ctx.matvec_rows rows per team.
 template <class F, int ROWS, bool GATE_UP, class... Args>
 void launch_matvec(const Context& ctx, const KcapMatmulParams& p, Args... args) {
-    const int split = matvec_split(p.n, ctx.sm_count, ROWS);
+    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k, ctx.matvec_warps);
     const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
     const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * ROWS)), block(kMatvecSimds * 32);
     const size_t shared = size_t(matvec_shared_floats(p.k, ROWS)) * 4;
@@ -56,7 +56,9 @@ void launch_matvec(const Context& ctx, const KcapMatmulParams& p, Args... args) 
 
 template <class F, bool GATE_UP, class... Args>
 void launch_matvec_rows(const Context& ctx, const KcapMatmulParams& p, Args... args) {
-    if (ctx.matvec_rows == 2)
+    if (ctx.matvec_rows == 1)
+        launch_matvec<F, 1, GATE_UP>(ctx, p, args...);
+    else if (ctx.matvec_rows == 2)
         launch_matvec<F, 2, GATE_UP>(ctx, p, args...);
     else if (ctx.matvec_rows == 8)
         launch_matvec<F, 8, GATE_UP>(ctx, p, args...);

@@ -19,15 +19,30 @@ namespace cuda_rows {
 
 // Matmul, exact (f32 activations): decode matvec (kernels/matvec.h) and the few-token walk.
 constexpr int kMatvecSimds = 8;       // simd groups (warps) per group
-// Weight rows per team: each staged run of x is reused this often. Measured on the H200
-// (tg128, KCAP_MATVEC_ROWS): 2 rows beat 4 and 8 (more groups in flight matter more than
-// reusing x): Llama-3-8B Q4_K_M 202 / 196 / 177 tok/s, Gemma 3 270M layout 793 / 675 / 489.
-constexpr int kMatvecRows = 2;
+// Weight rows per team, and how many simd groups per multiprocessor the split aims at
+// (matvec_split). Measured on the H200 (tg128, bench/cuda_sweep.py, KCAP_MATVEC_ROWS /
+// KCAP_MATVEC_WARPS; one run): from 2 rows and the old "cover the multiprocessors" split,
+// Llama-3-8B Q4_K_M 202 tok/s -> 1 row 214, 2 rows + 32 warps 209, 1 row + 32 warps 232;
+// Gemma 3 270M layout 803 -> 840 / 825 / 850. One row needs 40 registers (two: 80), so twice
+// the groups fit a multiprocessor, and the extra parts put more loads in flight (ncu: the
+// 2-row matvec reached 22% achieved occupancy and 0.8-1.5 TB/s).
+constexpr int kMatvecRows = 1;
+constexpr int kMatvecTargetWarps = 32;
 constexpr int kMatvecChunkRuns = 128;  // runs of x staged in threadgroup memory at a time (4096 values)
 // The group's simd groups form kMatvecSimds / split teams; a team's `split` parts share its
-// rows' runs. Most teams per group (each staged x serves the most rows) while the grid
-// still covers every multiprocessor; then short rows get no more parts than they have runs.
-constexpr int matvec_split(long long n, int sm_count, int rows = kMatvecRows) {
+// rows' runs: the fewest parts that give about target_warps simd groups per multiprocessor,
+// as long as each part keeps at least two runs per lane. target_warps 0 (KCAP_MATVEC_WARPS=0,
+// a measurement switch) is the old rule: most teams per group (each staged x serves the most
+// rows) while the grid still covers every multiprocessor.
+constexpr int matvec_split(long long n, int sm_count, int rows = kMatvecRows, long long k = 0,
+                           int target_warps = kMatvecTargetWarps) {
+    if (target_warps > 0) {
+        const long long teams = (n + rows - 1) / rows;
+        int split = 1;
+        while (split < kMatvecSimds && teams * split < (long long)sm_count * target_warps && k / 32 >= 64LL * split)
+            split *= 2;
+        return split;
+    }
     int teams = kMatvecSimds;
     while (teams > 1 && (n + teams * rows - 1) / (teams * rows) < sm_count) teams /= 2;
     return kMatvecSimds / teams;
@@ -37,7 +52,7 @@ constexpr int matvec_split(long long n, int sm_count, int rows = kMatvecRows) {
 constexpr int matvec_shared_floats(long long k, int rows = kMatvecRows) {
     return int((k / 32 < kMatvecChunkRuns ? k / 32 : kMatvecChunkRuns) * 36 + kMatvecSimds * rows * 2);
 }
-constexpr int kMatvecMaxRows = 8;  // KCAP_MATVEC_ROWS (a measurement switch) may pick 2, 4 or 8
+constexpr int kMatvecMaxRows = 8;  // KCAP_MATVEC_ROWS (a measurement switch) may pick 1, 2 or 8
 constexpr int kMatvecSharedBytes = (kMatvecChunkRuns * 36 + kMatvecSimds * kMatvecMaxRows * 2) * 4;  // the most
 constexpr int kTokensSimds = 4;
 constexpr int kTokensRows = 2;

@@ -36,7 +36,7 @@ enum : int {
     // Matmul, exact (f32 activations): the decode matvec (kernels/matvec.h, x staged in
     // threadgroup memory) and the few-token walk. As cuda_rows.
     kMatvecSimds = 8,        // simd groups per threadgroup
-    kMatvecRows = 2,         // weight rows per team (the ROWS of kcap_matvec_staged; = cuda_rows::kMatvecRows)
+    kMatvecRows = 2,         // weight rows per team (the ROWS of kcap_matvec_staged; CUDA's 1 was measured on an H200, not on Apple GPUs)
     kMatvecChunkRuns = 128,  // runs of x staged at a time: 128 * 36 * 4 B = 18 KB, under Metal's 32 KB
     kMatvecRunStride = 36,   // KCAP_MATVEC_RUN_STRIDE (static_assert in metal/matmul.metal)
     // The most threadgroup memory a matvec takes (staged runs + two partials per row for gate_up).
