@@ -75,6 +75,44 @@ __global__ void __launch_bounds__(kTokensSimds * 32)
     kcap_matmul_tokens<F, kTokensRows, kTokensPerPass>(t, p, w, x, bias, y);
 }
 
+// qkv (cuda.qkv): the Q, K and V matvecs of one token in one launch. The grid's groups are
+// cut into three segments, one per matrix, each with its own format, rows and split; every
+// group stages the shared x and runs the staged matvec of its segment's format (a switch
+// over the formats: one kernel serves any mix, e.g. Gemma's Q5_0 q/k with a Q8_0 v).
+struct QkvSegment {
+    const kcap_u8* w;
+    float* y;
+    KcapMatmulParams p;
+    int format;       // int(Format)
+    int split;        // matvec_split of this segment's rows
+    int first_group;  // the segment's first group in the grid
+};
+struct QkvParams {
+    QkvSegment segment[3];
+    int chunk_runs;
+};
+
+__global__ void __launch_bounds__(kMatvecSimds * 32) qkv_kernel(QkvParams q, const float* x) {
+    extern __shared__ float shared[];
+    KcapThread t = kcap_cuda_thread();
+    const int which = int(t.group_x) >= q.segment[2].first_group ? 2 : int(t.group_x) >= q.segment[1].first_group ? 1 : 0;
+    const QkvSegment s = q.segment[which];
+    t.group_x -= unsigned(s.first_group);
+    switch (s.format) {
+#define KCAP_QKV_CASE(NAME, DECODER)                                                                             \
+    case int(Format::NAME):                                                                                      \
+        kcap_matvec_split_prefetch<kMatvecRows>(t, s.p, s.split, s.w);                                           \
+        pdl_wait();                                                                                              \
+        pdl_trigger();                                                                                           \
+        kcap_matvec_staged<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN>(t, s.p, s.split, q.chunk_runs, s.w, s.w, x,  \
+                                                                    nullptr, 0, s.y, shared);                    \
+        break;
+        KCAP_WEIGHT_FORMATS(KCAP_QKV_CASE)
+#undef KCAP_QKV_CASE
+        default: pdl_wait(); pdl_trigger(); break;
+    }
+}
+
 }  // namespace
 
 template <class F>
@@ -142,5 +180,64 @@ void run_gate_up(const Stage& stage, const KernelCall& call, KernelFn batched_ma
     }
 KCAP_WEIGHT_FORMATS(KCAP_DEFINE_MATMUL)
 #undef KCAP_DEFINE_MATMUL
+
+namespace {
+
+// The row a batch of one of qkv's matrices runs: the format's tensor-core row where its tiles
+// take K, else its exact row (as gate_up).
+KernelFn batched_matmul(Format format, int64_t k) {
+    switch (format) {
+#define KCAP_BATCHED_CASE(NAME, DECODER) \
+    case Format::NAME: return cuda_rows::mma_format(format) && k % 32 == 0 ? &kcap_cuda_matmul_mma_##NAME : &kcap_cuda_matmul_##NAME;
+        KCAP_WEIGHT_FORMATS(KCAP_BATCHED_CASE)
+#undef KCAP_BATCHED_CASE
+        default: throw Error(std::string("cuda.qkv: no matmul row for ") + format_name(format));
+    }
+}
+
+}  // namespace
+
+// qkv: one token runs the three-segment matvec; a batch runs each matrix's batched row.
+void kcap_cuda_qkv(const Stage& stage, const KernelCall& call) {
+    using namespace cuda_rows;
+    const cuda::Context& ctx = cuda::context(call);
+    const cuda::StageData& data = cuda::stage_data(call);
+    float* outputs[3] = {call.out, call.inout2, call.inout3};
+    Stage matmul = stage;
+    matmul.op = Op::MatMul;
+    matmul.features = 0;
+    if (call.n_tokens == 1) {
+        cuda::QkvParams q = {};
+        int groups = 0;
+        for (int which = 0; which < 3; ++which) {
+            const TensorRef* w = stage.operands[size_t(which)];
+            matmul.operands = {w, nullptr};
+            matmul.n = w->n_rows();
+            cuda::QkvSegment& s = q.segment[which];
+            s.w = static_cast<const kcap_u8*>(data.operands[which]);
+            s.y = outputs[which];
+            s.p = cuda::matmul_params(matmul, call);
+            s.format = int(w->format);
+            s.split = matvec_split(s.p.n, ctx.sm_count, kMatvecRows, s.p.k, ctx.matvec_warps);
+            s.first_group = groups;
+            groups += int(cuda::ceil_div(s.p.n, (kMatvecSimds / s.split) * kMatvecRows));
+        }
+        q.chunk_runs = std::min(int(stage.k / 32), kMatvecChunkRuns);
+        const size_t shared = size_t(matvec_shared_floats(stage.k, kMatvecRows)) * 4;
+        cuda::launch(ctx, cuda::qkv_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q, call.in);
+        return;
+    }
+    cuda::StageData matmul_data;
+    KernelCall matmul_call = call;
+    matmul_call.stage_state = &matmul_data;
+    for (int which = 0; which < 3; ++which) {
+        const TensorRef* w = stage.operands[size_t(which)];
+        matmul.operands = {w, nullptr};
+        matmul.n = w->n_rows();
+        matmul_data.operands[0] = data.operands[which];
+        matmul_call.out = outputs[which];
+        batched_matmul(w->format, stage.k)(matmul, matmul_call);
+    }
+}
 
 }  // namespace kcap

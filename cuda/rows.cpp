@@ -81,6 +81,18 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
     }
     KCAP_WEIGHT_FORMATS(KCAP_GATE_UP_ROW)
 #undef KCAP_GATE_UP_ROW
+    // Fused Q, K and V matmuls of one input (no biases), each weight in any format: one token
+    // runs one launch whose groups take the three matrices' rows; a batch, each matrix's
+    // tensor-core (else exact) row. K must suit every operand's format.
+    {
+        Row row = make_row("cuda.qkv", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv),
+                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,
+                            cuda_rows::kMatvecSharedBytes});
+        const std::vector<Format> formats = gpu_weight_formats();
+        row.operand_formats = {formats, formats, formats};
+        row.dims.k_multiple_of = &exact_k_multiple;
+        rows.push_back(row);
+    }
 }
 
 void add_cuda_norm_rows(std::vector<Row>& rows) {

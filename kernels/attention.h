@@ -149,7 +149,7 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
 // Decode (one token at position step[0]), flash-decoding. Grid: x = n_head_kv, y = n_splits;
 // threads 32 * KCAP_ATTN_DECODE_SIMDS; shared: KCAP_ATTN_DECODE_SHARED_FLOATS floats.
 // Split s takes the s-th chunk of the visible keys (kcap_decode_splits); its simd groups take
-// every KCAP_ATTN_DECODE_SIMDS-th key of the chunk. Lanes split the head dims (lane l holds
+// KCAP_ATTN_KEYS_PER_STEP consecutive keys in turn. Lanes split the head dims (lane l holds
 // dims 4 l .. 4 l + 3 of each 128), so every K/V row is read with coalesced 16-byte (f32) or
 // 8-byte (f16) loads, and each key's row serves up to KCAP_ATTN_HEADS_PER_PASS query heads
 // of the KV head at once (more heads: another pass over the chunk). Scores are summed across
@@ -161,8 +161,11 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
 // partial_ml [n_head][n_splits][2] for kcap_attention_combine.
 #define KCAP_ATTN_DECODE_SIMDS 4
 #define KCAP_ATTN_HEADS_PER_PASS 4
+#define KCAP_ATTN_KEYS_PER_STEP 4  // keys a simd group loads and scores at once
 #define KCAP_ATTN_DIM_GROUPS (KCAP_ATTN_MAX_HEAD_DIM / 128)  // 4-dim groups per lane
-#define KCAP_ATTN_DECODE_SHARED_FLOATS (KCAP_ATTN_HEADS_PER_PASS * (KCAP_ATTN_MAX_HEAD_DIM + 2))
+// The states of simd groups 1.. of one pass (max, sum, output per head), merged by group 0.
+#define KCAP_ATTN_DECODE_SHARED_FLOATS \
+    ((KCAP_ATTN_DECODE_SIMDS - 1) * KCAP_ATTN_HEADS_PER_PASS * (KCAP_ATTN_MAX_HEAD_DIM + 2))
 
 // Dims 4 lane + 128 i .. +3 of a row (f32 or f16 elements; zeros past `dim`).
 KCAP_FN void kcap_attn_load_row(const KcapThread t, const KCAP_GLOBAL kcap_u8* cache, kcap_u64 row, int dim, int f16,
@@ -228,79 +231,89 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
                 o[h][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
         }
-        // The next key's rows are loaded while this key's scores are reduced (the loop is
-        // otherwise one memory latency per key), and the heads' dot products are reduced
-        // across the lanes together (independent shuffles in flight, not one chain per head).
-        float4 k[KCAP_ATTN_DIM_GROUPS], v[KCAP_ATTN_DIM_GROUPS];
-        int j = start + int(t.simd);
-        if (j < end) {
-            if (j == fresh_pos) {
-                kcap_attn_load_fresh(t, k_fresh, p.head_dim, p.kv_f16, k);
-                kcap_attn_load_fresh(t, v_fresh, p.head_dim_v, p.kv_f16, v);
-            } else {
-                kcap_attn_load_row(t, k_cache, kcap_u64(j) * p.k_width + k_head, p.head_dim, p.kv_f16, k);
-                kcap_attn_load_row(t, v_cache, kcap_u64(j) * p.v_width + v_head, p.head_dim_v, p.kv_f16, v);
-            }
-        }
-        for (; j < end; j += int(t.simds)) {
-            float4 k_next[KCAP_ATTN_DIM_GROUPS], v_next[KCAP_ATTN_DIM_GROUPS];
-            const int next = j + int(t.simds);
-            if (next < end) {
-                if (next == fresh_pos) {
-                    kcap_attn_load_fresh(t, k_fresh, p.head_dim, p.kv_f16, k_next);
-                    kcap_attn_load_fresh(t, v_fresh, p.head_dim_v, p.kv_f16, v_next);
+        // Each step a simd group loads KCAP_ATTN_KEYS_PER_STEP keys' K and V rows at once (so
+        // that many row loads are in flight, not one memory latency per key), reduces all their
+        // heads' dot products across the lanes together (independent shuffles), then folds the
+        // keys into the online softmax with one rescale.
+        for (int j0 = start + int(t.simd) * KCAP_ATTN_KEYS_PER_STEP; j0 < end;
+             j0 += int(t.simds) * KCAP_ATTN_KEYS_PER_STEP) {
+            float4 k[KCAP_ATTN_KEYS_PER_STEP][KCAP_ATTN_DIM_GROUPS], v[KCAP_ATTN_KEYS_PER_STEP][KCAP_ATTN_DIM_GROUPS];
+            KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) {
+                const int j = j0 + b;
+                if (j < end && j == fresh_pos) {
+                    kcap_attn_load_fresh(t, k_fresh, p.head_dim, p.kv_f16, k[b]);
+                    kcap_attn_load_fresh(t, v_fresh, p.head_dim_v, p.kv_f16, v[b]);
+                } else if (j < end) {
+                    kcap_attn_load_row(t, k_cache, kcap_u64(j) * p.k_width + k_head, p.head_dim, p.kv_f16, k[b]);
+                    kcap_attn_load_row(t, v_cache, kcap_u64(j) * p.v_width + v_head, p.head_dim_v, p.kv_f16, v[b]);
                 } else {
-                    kcap_attn_load_row(t, k_cache, kcap_u64(next) * p.k_width + k_head, p.head_dim, p.kv_f16, k_next);
-                    kcap_attn_load_row(t, v_cache, kcap_u64(next) * p.v_width + v_head, p.head_dim_v, p.kv_f16, v_next);
+                    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i)
+                        k[b][i] = float4{0.0f, 0.0f, 0.0f, 0.0f}, v[b][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
                 }
             }
-            float dot[KCAP_ATTN_HEADS_PER_PASS];
-            KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
-                dot[h] = 0.0f;
+            float dot[KCAP_ATTN_KEYS_PER_STEP][KCAP_ATTN_HEADS_PER_PASS];
+            KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
+                dot[b][h] = 0.0f;
                 KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i)
-                    dot[h] += qv[h][i].x * k[i].x + qv[h][i].y * k[i].y + qv[h][i].z * k[i].z + qv[h][i].w * k[i].w;
+                    dot[b][h] += qv[h][i].x * k[b][i].x + qv[h][i].y * k[b][i].y + qv[h][i].z * k[b][i].z +
+                                 qv[h][i].w * k[b][i].w;
             }
             KCAP_UNROLL for (int offset = KCAP_SIMD_WIDTH / 2; offset > 0; offset >>= 1)
-                KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) dot[h] += kcap_simd_shuffle_xor(dot[h], offset);
+                KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b)
+                    KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h)
+                        dot[b][h] += kcap_simd_shuffle_xor(dot[b][h], offset);
             KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
-                if (h < heads) {  // uniform over the simd group
-                    float s = dot[h] * p.scale;
-                    if (p.softcap > 0.0f) s = p.softcap * kcap_tanh(s / p.softcap);
-                    const float m_new = kcap_fmax(m[h], s);
-                    const float correction = kcap_exp(m[h] - m_new);  // 0 while m is still -inf
-                    const float weight = kcap_exp(s - m_new);
-                    l[h] = l[h] * correction + weight;
-                    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
-                        o[h][i].x = o[h][i].x * correction + weight * v[i].x;
-                        o[h][i].y = o[h][i].y * correction + weight * v[i].y;
-                        o[h][i].z = o[h][i].z * correction + weight * v[i].z;
-                        o[h][i].w = o[h][i].w * correction + weight * v[i].w;
-                    }
-                    m[h] = m_new;
+                if (h >= heads) continue;  // uniform over the simd group
+                float s[KCAP_ATTN_KEYS_PER_STEP];
+                float m_new = m[h];
+                KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) {
+                    s[b] = dot[b][h] * p.scale;
+                    if (p.softcap > 0.0f) s[b] = p.softcap * kcap_tanh(s[b] / p.softcap);
+                    if (j0 + b < end) m_new = kcap_fmax(m_new, s[b]);  // key j0 < end always: m_new is finite
                 }
+                const float correction = kcap_exp(m[h] - m_new);  // 0 while m is still -inf
+                float weight[KCAP_ATTN_KEYS_PER_STEP];
+                float weight_sum = 0.0f;
+                KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) {
+                    weight[b] = j0 + b < end ? kcap_exp(s[b] - m_new) : 0.0f;
+                    weight_sum += weight[b];
+                }
+                l[h] = l[h] * correction + weight_sum;
+                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+                    float4 acc = float4{o[h][i].x * correction, o[h][i].y * correction, o[h][i].z * correction,
+                                        o[h][i].w * correction};
+                    KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) {
+                        acc.x += weight[b] * v[b][i].x;
+                        acc.y += weight[b] * v[b][i].y;
+                        acc.z += weight[b] * v[b][i].z;
+                        acc.w += weight[b] * v[b][i].w;
+                    }
+                    o[h][i] = acc;
+                }
+                m[h] = m_new;
             }
-            KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) k[i] = k_next[i], v[i] = v_next[i];
         }
-        // Merge the simd groups' states into simd group 0's, one group at a time.
+        // Merge the simd groups' states into simd group 0's: the others write theirs to
+        // threadgroup memory, then group 0 folds them in (one barrier, not one per group).
         const int stride = p.head_dim_v + 2;
-        for (int from = 1; from < int(t.simds); ++from) {
-            if (int(t.simd) == from) {
-                KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
-                    if (h >= heads) break;
-                    KCAP_SHARED float* slot = shared + h * stride;
-                    if (t.lane == 0) slot[0] = m[h], slot[1] = l[h];
-                    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
-                        const int d = 4 * int(t.lane) + 128 * i;
-                        if (d < p.head_dim_v)
-                            slot[2 + d] = o[h][i].x, slot[3 + d] = o[h][i].y, slot[4 + d] = o[h][i].z, slot[5 + d] = o[h][i].w;
-                    }
+        if (t.simd != 0) {
+            KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
+                if (h >= heads) break;
+                KCAP_SHARED float* slot = shared + ((int(t.simd) - 1) * KCAP_ATTN_HEADS_PER_PASS + h) * stride;
+                if (t.lane == 0) slot[0] = m[h], slot[1] = l[h];
+                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+                    const int d = 4 * int(t.lane) + 128 * i;
+                    if (d < p.head_dim_v)
+                        slot[2 + d] = o[h][i].x, slot[3 + d] = o[h][i].y, slot[4 + d] = o[h][i].z, slot[5 + d] = o[h][i].w;
                 }
             }
-            kcap_barrier();
-            if (t.simd == 0) {
+        }
+        kcap_barrier();
+        if (t.simd == 0) {
+            for (int from = 1; from < int(t.simds); ++from) {
                 KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
                     if (h >= heads) break;
-                    const KCAP_SHARED float* slot = shared + h * stride;
+                    const KCAP_SHARED float* slot = shared + ((from - 1) * KCAP_ATTN_HEADS_PER_PASS + h) * stride;
                     const float m_other = slot[0], l_other = slot[1];
                     const float m_new = kcap_fmax(m[h], m_other);
                     // A group without keys has m = -inf and l = 0: its scale is 0 (no NaN as long
@@ -319,7 +332,6 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
                     m[h] = m_new;
                 }
             }
-            kcap_barrier();
         }
         if (t.simd == 0) {
             KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {

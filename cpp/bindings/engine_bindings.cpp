@@ -218,6 +218,7 @@ void init_engine(py::module_& m) {
                 d["kv_formats"] = kv;
                 d["features"] = feature_names(row.features);
                 d["k_multiple"] = row.dims.k_multiple;
+                d["k_multiple_of_operand_formats"] = row.dims.k_multiple_of != nullptr;
                 d["k_max"] = row.dims.k_max;
                 d["n_multiple"] = row.dims.n_multiple;
                 d["max_head_dim"] = row.dims.max_head_dim;

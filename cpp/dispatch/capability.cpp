@@ -42,6 +42,7 @@ const char* op_name(Op op) {
         case Op::PerLayerGate: return "per_layer_gate";
         case Op::AddNorm: return "add_norm";
         case Op::GateUp: return "gate_up";
+        case Op::Qkv: return "qkv";
         case Op::QkNormRope: return "qk_norm_rope";
     }
     return "?";
@@ -137,6 +138,14 @@ std::string rejection_reason(const Row& row, const Stage& stage) {
     if (stage.k % dims.k_multiple != 0) {
         why << "K=" << stage.k << " is not a multiple of " << dims.k_multiple;
         return why.str();
+    }
+    if (dims.k_multiple_of) {
+        for (const TensorRef* operand : stage.operands) {
+            if (!operand || stage.k % dims.k_multiple_of(operand->format) == 0) continue;
+            why << "K=" << stage.k << " is not a multiple of " << dims.k_multiple_of(operand->format) << " ("
+                << operand->name << " is " << format_name(operand->format) << ")";
+            return why.str();
+        }
     }
     if (dims.k_max && stage.k > dims.k_max) {
         why << "K=" << stage.k << " exceeds " << dims.k_max;

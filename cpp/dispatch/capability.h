@@ -41,6 +41,7 @@ enum class Op {
     AddNorm,          // residual += scale * [post_norm](branch); normed = norm(residual)
     GateUp,           // act(W_gate x) * (W_up x): the gate and up matmuls and the gated activation
     QkNormRope,       // per-head RMS norm of Q and K (their own weights), then rope of both, in place
+    Qkv,              // the Q, K and V matmuls of one input (each weight its own format), no biases
 };
 const char* op_name(Op op);
 
@@ -81,6 +82,9 @@ struct LegalDims {
     int64_t n_multiple = 1;  // output rows must be a multiple of this
     int max_head_dim = 0;    // 0: unbounded
     int64_t max_span = 0;    // attention keys per query; 0: unbounded (up to the context)
+    // Rows whose weight operands may differ in format (qkv): when set, K must also be a
+    // multiple of k_multiple_of(format) for the format of every weight operand.
+    int64_t (*k_multiple_of)(Format format) = nullptr;
 };
 
 struct Stage;

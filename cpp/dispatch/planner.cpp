@@ -37,10 +37,12 @@ std::string describe_formats(const Stage& stage) {
         if (!operand) continue;
         static const char* add_norm_roles[] = {"post_weight", "post_bias", "weight", "bias"};
         static const char* gate_up_roles[] = {"W_gate", "W_up"};
+        static const char* qkv_roles[] = {"W_q", "W_k", "W_v"};
         static const char* qk_norm_rope_roles[] = {"q_norm", "k_norm", "freq_factors"};
         const char* role = stage.op == Op::Norm      ? norm_roles[std::min<size_t>(i, 1)]
                            : stage.op == Op::AddNorm ? add_norm_roles[std::min<size_t>(i, 3)]
                            : stage.op == Op::GateUp  ? gate_up_roles[std::min<size_t>(i, 1)]
+                           : stage.op == Op::Qkv     ? qkv_roles[std::min<size_t>(i, 2)]
                            : stage.op == Op::QkNormRope ? qk_norm_rope_roles[std::min<size_t>(i, 2)]
                            : stage.op == Op::Rope ? "freq_factors"
                            : stage.op == Op::PerLayerEmbed ? (i == 0 ? "table" : i == 1 ? "proj" : "norm")
@@ -57,6 +59,10 @@ std::string describe_dims(const Stage& stage) {
     switch (stage.op) {
         case Op::MatMul:
         case Op::GateUp: out << "K=" << stage.k << " N=" << stage.n; break;
+        case Op::Qkv:
+            out << "K=" << stage.k << " N=" << stage.n << "/" << stage.operands[1]->n_rows() << "/"
+                << stage.operands[2]->n_rows();
+            break;
         case Op::Norm: out << "n=" << stage.k << " groups=" << stage.groups; break;
         case Op::PerLayerEmbed: out << "K=" << stage.k << " N=" << stage.n << " layers=" << stage.groups; break;
         case Op::Rope:
@@ -429,7 +435,7 @@ const Row* route(const Stage& stage, const PlanOptions& options) {
 }
 
 // --- Fusion --------------------------------------------------------------------------------
-// A few stage sequences have fused ops (Op::AddNorm, Op::GateUp, Op::QkNormRope). A sequence is replaced by
+// A few stage sequences have fused ops (Op::AddNorm, Op::GateUp, Op::QkNormRope, Op::Qkv). A sequence is replaced by
 // its fused stage only where a row of the plan's backend fits that stage (formats, dims,
 // features, exclusions); elsewhere the stages stay as they are. Both forms compute the same
 // values, so fusing is a choice of kernels, never of semantics; excluding the fused rows
@@ -510,6 +516,28 @@ size_t fuse_gate_up(const std::vector<Stage>& stages, size_t i, const PlanOption
     return 3;
 }
 
+// matmul(normed -> q) + matmul(normed -> k) + matmul(normed -> v) -> qkv (no biases; each
+// weight keeps its own format).
+size_t fuse_qkv(const std::vector<Stage>& stages, size_t i, const PlanOptions& options, Stage& fused) {
+    if (i + 2 >= stages.size()) return 0;
+    const Stage& q = stages[i];
+    const Stage& k = stages[i + 1];
+    const Stage& v = stages[i + 2];
+    auto plain = [](const Stage& s, Buffer out) {
+        return s.op == Op::MatMul && s.input == Buffer::Normed && s.output == out && !s.last_token_only &&
+               !s.operands.empty() && s.operands[0] && (s.operands.size() < 2 || !s.operands[1]) && s.features == 0;
+    };
+    if (!plain(q, Buffer::Q) || !plain(k, Buffer::K) || !plain(v, Buffer::V) || q.k != k.k || q.k != v.k) return 0;
+    fused = q;
+    fused.name = q.name + "+" + k.name + "+" + v.name;
+    fused.op = Op::Qkv;
+    fused.operands = {q.operands[0], k.operands[0], v.operands[0]};
+    fused.input2 = Buffer::K;
+    fused.input3 = Buffer::V;
+    if (!fits(fused, options)) return 0;
+    return 3;
+}
+
 // norm(Q per head) + norm(K per head) + rope(Q, K) -> qk_norm_rope (Gemma 3, Qwen 3).
 size_t fuse_qk_norm_rope(const std::vector<Stage>& stages, size_t i, const PlanOptions& options, Stage& fused) {
     if (i + 2 >= stages.size()) return 0;
@@ -542,6 +570,7 @@ std::vector<Stage> fuse_stages(const std::vector<Stage>& stages, const PlanOptio
         size_t used = fuse_add_norm(stages, i, options, fused);
         if (!used) used = fuse_gate_up(stages, i, options, fused);
         if (!used) used = fuse_qk_norm_rope(stages, i, options, fused);
+        if (!used) used = fuse_qkv(stages, i, options, fused);
         if (used) {
             out.push_back(std::move(fused));
             i += used;
@@ -575,9 +604,14 @@ Plan make_plan(const ModelSpec& spec, const PlanOptions& in_options) {
     };
     for (Stage& stage : fuse_stages(build_stages(spec, plan.options), plan.options)) {
         const Row* row = route(stage, plan.options);
-        widen(stage.input, stage.op == Op::MatMul || stage.op == Op::PerLayerEmbed || stage.op == Op::GateUp
+        widen(stage.input, stage.op == Op::MatMul || stage.op == Op::PerLayerEmbed || stage.op == Op::GateUp ||
+                                   stage.op == Op::Qkv
                                ? stage.k
                                : stage.n);
+        if (stage.op == Op::Qkv) {
+            widen(stage.input2, stage.operands[1]->n_rows());
+            widen(stage.input3, stage.operands[2]->n_rows());
+        }
         if (stage.op == Op::Add || stage.op == Op::FfnActivation || stage.op == Op::AddNorm ||
             stage.op == Op::GateUp)
             widen(stage.input2, stage.n);

@@ -679,6 +679,66 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
     }
 }
 
+// cuda.qkv: three matrices of mixed formats against one x, each compared with its CPU
+// matmul row (one token: the three-segment matvec; a batch: each format's batched row).
+void test_qkv(std::mt19937& rng, CpuState& cpu) {
+    const Row& row = find_row("cuda.qkv");
+    struct Mix {
+        Format q, k, v;
+        int64_t width;
+    };
+    const Mix mixes[] = {
+        {Format::Q5_0, Format::Q5_0, Format::Q8_0, 640},   // Gemma 3 270M
+        {Format::Q4_K, Format::Q4_K, Format::Q6_K, 4096},  // Llama-3-8B Q4_K_M
+        {Format::F16, Format::BF16, Format::F32, 100},     // float formats with a K tail
+        {Format::Q4_0, Format::BF16, Format::Q4_1, 96},     // a float format next to block formats
+    };
+    for (const Mix& mix : mixes)
+        for (int m : {1, 3, 17, 67}) {
+            TestContext t;
+            const int64_t k = mix.width, rows[3] = {k * 2 + 7, k / 2 + 3, k / 2 + 3};
+            const Format formats[3] = {mix.q, mix.k, mix.v};
+            const std::vector<float> x = random_floats(rng, size_t(m * k));
+            Stage stage;
+            stage.op = Op::Qkv;
+            stage.k = k;
+            stage.n = rows[0];
+            StageData data;
+            std::vector<std::unique_ptr<Weights>> weights;
+            std::vector<std::vector<float>> refs;
+            float* outs[3];
+            for (int i = 0; i < 3; ++i) {
+                weights.push_back(random_weights(rng, formats[i], k, rows[i]));
+                stage.operands.push_back(&weights.back()->ref);
+                data.operands[i] = t.arena.upload_bytes(weights.back()->ref.data, weights.back()->ref.nbytes);
+                refs.emplace_back(size_t(m * rows[i]));
+                KernelCall cpu_call;
+                cpu_call.n_tokens = m;
+                cpu_call.in = x.data();
+                cpu_call.out = refs.back().data();
+                run_cpu(cpu_matmul_row(formats[i]), matmul_stage(&weights.back()->ref, nullptr, k, rows[i]), cpu_call, cpu);
+                outs[i] = static_cast<float*>(t.arena.alloc(refs.back().size() * 4));
+            }
+            KernelCall call;
+            call.n_tokens = m;
+            call.in = t.arena.upload(x);
+            call.out = outs[0];
+            call.inout2 = outs[1];
+            call.inout3 = outs[2];
+            t.run(row, stage, call, data);
+            for (int i = 0; i < 3; ++i) {
+                const bool mma = m >= cuda_rows::kMmaMinTokens && cuda_rows::mma_format(formats[i]) && k % 32 == 0;
+                const double tolerance = mma ? kMmaTolerance : kExactTolerance;
+                const double err = matmul_error(download(outs[i], refs[size_t(i)].size()), refs[size_t(i)],
+                                                weights[size_t(i)]->ref, x.data(), k, rows[i], m);
+                KCAP_EXPECT(err <= tolerance, "cuda.qkv %s/%s/%s K=%lld M=%d matrix %d: error %.3g > %.1g",
+                            format_name(mix.q), format_name(mix.k), format_name(mix.v), (long long)k, m, i, err,
+                            tolerance);
+                ++g_cases;
+            }
+        }
+}
+
 void test_argmax(std::mt19937& rng) {
     const Row& row = find_row("cuda.argmax");
     for (int count : {1, 4097, 262144})
@@ -737,6 +797,7 @@ int main() {
     test_elementwise(rng, cpu);
     test_add_norm(rng, cpu);
     test_gate_up(rng, cpu);
+    test_qkv(rng, cpu);
     test_qk_norm_rope(rng, cpu);
     test_ple(rng, cpu);
     test_argmax(rng);

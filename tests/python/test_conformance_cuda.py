@@ -11,7 +11,7 @@ test's rule (1e-3 against transformers on the Q8_0-dequantized weights, and no f
 the fp32 model than those weights are plus 1e-3).
 
 The engines exclude the rows whose batched path runs on tensor cores (cuda.matmul_mma.*, and
-cuda.gate_up.*, which runs the mma rows for a batch): they split activations into two bf16
+cuda.gate_up.* and cuda.qkv, which run the mma rows for a batch): they split activations into two bf16
 parts (about 2^-16 relative per product), not exact f32, and this suite holds every backend to
 the exact 1e-3 × std bound; test_cuda.py bounds the tensor-core path on the real models. With
 them excluded every matmul runs the exact f32 rows (cuda.matmul.*).
@@ -30,7 +30,7 @@ from test_conformance import (FAMILIES, FIXTURES, F32_TOLERANCE, Q8_SAME_WEIGHTS
 
 # Rows with a tensor-core batched path (see the docstring).
 MMA_ROWS = [r["kernel"] for r in _core.capability_rows()
-            if r["kernel"].startswith("cuda.matmul_mma.") or r["kernel"].startswith("cuda.gate_up.")]
+            if r["kernel"].startswith(("cuda.matmul_mma.", "cuda.gate_up.")) or r["kernel"] == "cuda.qkv"]
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

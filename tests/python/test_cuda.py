@@ -131,16 +131,17 @@ def test_explain_routes_every_stage_to_cuda(model_files, name, kv_type):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_cuda_plan_fuses_residual_norms_and_gate_up(model_files, name):
-    """The planner forms add_norm, gate_up and (QK-norm models) qk_norm_rope stages where CUDA
-    has rows for them; excluding those rows gives back the unfused stages, and the CPU plan
-    (no fused rows) is unfused."""
+def test_cuda_plan_fuses_residual_norms_qkv_and_gate_up(model_files, name):
+    """The planner forms add_norm, qkv, gate_up and (QK-norm models) qk_norm_rope stages where
+    CUDA has rows for them; excluding those rows gives back the unfused stages, and the CPU
+    plan (no fused rows) is unfused."""
     path, _ = model_files[name]
     cpu = explain_file(path, backend="cpu")
     fused = explain_file(path, backend="cuda")
     n_layer = 1 + max(r["layer"] for r in cpu)
-    assert not {"add_norm", "gate_up", "qk_norm_rope"} & {r["op"] for r in cpu}
-    by_op = {op: [r for r in fused if r["op"] == op] for op in ("add_norm", "gate_up", "add", "ffn_activation")}
+    assert not {"add_norm", "gate_up", "qk_norm_rope", "qkv"} & {r["op"] for r in cpu}
+    by_op = {op: [r for r in fused if r["op"] == op]
+             for op in ("add_norm", "gate_up", "add", "ffn_activation", "qkv", "matmul")}
     # Every layer's two residual adds become add_norms (the first feeds the FFN norm, the
     # second the next layer's attention norm or the output norm); each gated FFN one gate_up.
     assert len(by_op["add_norm"]) == 2 * n_layer and not by_op["add"]
@@ -148,18 +149,37 @@ def test_cuda_plan_fuses_residual_norms_and_gate_up(model_files, name):
     assert all(r["kernel"] == "cuda.add_norm" for r in by_op["add_norm"])
     assert all(r["kernel"].startswith("cuda.gate_up.") and "gated" in r["features"] for r in by_op["gate_up"])
     assert by_op["add_norm"][-1]["stage"].endswith("+output_norm")
+    # Each layer's Q, K and V matmuls (unbiased, any formats each) become one qkv stage; the
+    # matmuls left are attn_output, ffn_down and the LM head.
+    assert len(by_op["qkv"]) == n_layer
+    assert all(r["kernel"] == "cuda.qkv" and r["stage"] == "attn_q+attn_k+attn_v" for r in by_op["qkv"])
+    assert len(by_op["matmul"]) == 2 * n_layer + 1
     qk_norm = any(r["stage"] == "attn_q_norm" for r in cpu)
     qk_fused = [r for r in fused if r["op"] == "qk_norm_rope"]
     assert len(qk_fused) == (n_layer if qk_norm else 0)
     assert all(r["kernel"] == "cuda.qk_norm_rope" and r["stage"] == "attn_q_norm+attn_k_norm+rope" for r in qk_fused)
     fused_rows = [r["kernel"] for r in _core.capability_rows()
-                  if r["kernel"] in ("cuda.add_norm", "cuda.qk_norm_rope") or r["kernel"].startswith("cuda.gate_up.")]
+                  if r["kernel"] in ("cuda.add_norm", "cuda.qk_norm_rope", "cuda.qkv")
+                  or r["kernel"].startswith("cuda.gate_up.")]
     unfused = explain_file(path, backend="cuda", excluded_kernels=fused_rows)
     assert [(r["layer"], r["stage"]) for r in unfused] == [(r["layer"], r["stage"]) for r in cpu]
     # Stages saved per layer: each add_norm replaces 3 stages with a post-norm (Gemma) or 2,
-    # gate_up and qk_norm_rope 3 each.
+    # qkv, gate_up and qk_norm_rope 3 each.
     merged = 3 if "post_norm" in by_op["add_norm"][0]["features"] else 2
-    assert len(fused) == len(cpu) - n_layer * (2 * (merged - 1) + 2 + (2 if qk_norm else 0))
+    assert len(fused) == len(cpu) - n_layer * (2 * (merged - 1) + 2 + 2 + (2 if qk_norm else 0))
+
+
+def test_qkv_fuses_q_k_and_v_of_different_formats(tiny_path, tmp_path):
+    # One qkv stage takes Q, K and V of different formats (Gemma 3's Q5_0 q/k with a Q8_0 v).
+    mixed = synth.clone_layout(tiny_path, str(tmp_path / "mixed.gguf"),
+                               type_overrides={"blk.0.attn_v.weight": "Q4_0", "blk.0.attn_k.weight": "F16"})
+    layer0 = [r for r in explain_file(mixed, backend="cuda") if r["layer"] == 0]
+    qkv = [r for r in layer0 if r["op"] == "qkv"]
+    assert len(qkv) == 1 and qkv[0]["formats"] == "W_q=Q8_0 W_k=F16 W_v=Q4_0"
+    row = next(r for r in _core.capability_rows() if r["kernel"] == "cuda.qkv")
+    assert len(row["operand_formats"]) == 3
+    # K must suit every operand's format (dims.k_multiple_of: each weight's own block multiple).
+    assert row["k_multiple_of_operand_formats"]
 
 
 def test_gate_and_up_of_different_formats_stay_unfused(tiny_path, tmp_path):
@@ -200,7 +220,8 @@ def test_llama3_8b_shape_routes_to_cuda(tmp_path):
     routes = explain_file(path, backend="cuda", kv_type="f16", n_ctx=8192)
     assert {r["backend"] for r in routes} == {"cuda"}
     kernels = {r["stage"]: r["kernel"] for r in routes if r["layer"] == 0}
-    assert kernels["attn_q"] == "cuda.matmul_mma.q4_k"
+    assert kernels["attn_q+attn_k+attn_v"] == "cuda.qkv"
+    assert kernels["attn_output"] == "cuda.matmul_mma.q4_k"
     assert kernels["ffn_down"] == "cuda.matmul_mma.q6_k"  # layer 0: use_more_bits
     assert kernels["attention"] == "cuda.attention"
 
@@ -236,10 +257,10 @@ def engines(model_files, cuda_device):
     for name, (path, _) in model_files.items():
         cpu = kcap.load(path, backend="cpu", n_ctx=1024)
         cuda = kcap.load(path, backend="cuda", n_ctx=1024)
-        # The exact engine: no row with a tensor-core batched path (the mma rows, and gate_up,
-        # which runs them for a batch).
+        # The exact engine: no row with a tensor-core batched path (the mma rows, and gate_up
+        # and qkv, which run them for a batch).
         mma_rows = [r["kernel"] for r in _core.capability_rows()
-                    if r["kernel"].startswith("cuda.matmul_mma.") or r["kernel"].startswith("cuda.gate_up.")]
+                    if r["kernel"].startswith(("cuda.matmul_mma.", "cuda.gate_up.")) or r["kernel"] == "cuda.qkv"]
         exact = kcap.load(path, backend="cuda", n_ctx=1024, excluded_kernels=mma_rows)
         made[name] = (cpu, cuda, exact)
     return made
