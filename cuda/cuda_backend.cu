@@ -133,7 +133,8 @@ public:
 
     ~CudaBackend() override {
         if (profile_) print_profile();
-        if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+        if (greedy_graph_exec_) cudaGraphExecDestroy(greedy_graph_exec_);
+        if (sample_graph_exec_) cudaGraphExecDestroy(sample_graph_exec_);
         if (all_logits_) cudaFree(all_logits_);
         if (ctx_.stream) {
             cudaStreamSynchronize(ctx_.stream);
@@ -165,12 +166,35 @@ public:
     }
 
     void decode_greedy(int32_t token, int64_t n, int64_t pos0, int32_t* out, int64_t) override {
+        decode_on_device(false, token, n, pos0, out);
+    }
+
+    bool samples_on_device() const override { return sample_row_ != nullptr; }
+
+    void decode_sample(int32_t token, int64_t n, int64_t pos0, const SampleSettings& settings, int32_t* out) override {
+        if (!sample_row_) return Backend_::decode_sample(token, n, pos0, settings, out);
+        KcapSampleSettings* staged = pinned_settings_.get(1);
+        *staged = KcapSampleSettings{};
+        staged->temperature = settings.temperature;
+        staged->top_p = settings.top_p;
+        staged->min_p = settings.min_p;
+        staged->seed = settings.seed;
+        staged->top_k = settings.top_k;
+        KCAP_CUDA_CHECK(cudaMemcpyAsync(ctx_.sample_settings, staged, sizeof(KcapSampleSettings),
+                                        cudaMemcpyHostToDevice, ctx_.stream));
+        decode_on_device(true, token, n, pos0, out);
+    }
+
+    // n decode steps from `token` at pos0, each choosing the next token on the device (argmax
+    // or sampler), fed back by the graph itself; out gets the n choices.
+    void decode_on_device(bool sample, int32_t token, int64_t n, int64_t pos0, int32_t* out) {
         if (n <= 0) return;
         set_step(&token, 1, pos0);
-        if (use_graph_ && ensure_graph()) {
-            for (int64_t i = 0; i < n; ++i) KCAP_CUDA_CHECK(cudaGraphLaunch(graph_exec_, ctx_.stream));
+        if (use_graph_ && ensure_graph(sample)) {
+            const cudaGraphExec_t graph = sample ? sample_graph_exec_ : greedy_graph_exec_;
+            for (int64_t i = 0; i < n; ++i) KCAP_CUDA_CHECK(cudaGraphLaunch(graph, ctx_.stream));
         } else {
-            for (int64_t i = 0; i < n; ++i) run_decode_step();
+            for (int64_t i = 0; i < n; ++i) run_decode_step(sample);
         }
         int32_t* staged = pinned_tokens_.get(size_t(n));
         KCAP_CUDA_CHECK(cudaMemcpyAsync(staged, ctx_.history, size_t(n) * sizeof(int32_t), cudaMemcpyDeviceToHost,
@@ -214,6 +238,10 @@ private:
         ctx.argmax_partials = int(ceil_div(n_vocab_, cuda_rows::kArgmaxChunk));
         ctx.argmax_partial_value = arena_.alloc_n<float>(size_t(ctx.argmax_partials));
         ctx.argmax_partial_index = arena_.alloc_n<int32_t>(size_t(ctx.argmax_partials));
+        ctx.sample_settings = static_cast<KcapSampleSettings*>(arena_.alloc(sizeof(KcapSampleSettings)));
+        const size_t candidates = size_t(ceil_div(n_vocab_, KCAP_SAMPLE_CHUNK)) * KCAP_SAMPLE_MAX_TOP_K;
+        ctx.sample_partial_value = arena_.alloc_n<float>(candidates);
+        ctx.sample_partial_index = arena_.alloc_n<int32_t>(candidates);
     }
 
     // What each stage reads besides its activation buffers, fixed now so a token never decides.
@@ -258,25 +286,34 @@ private:
         ctx.attn_partial_ml = arena_.alloc_n<float>(std::max<size_t>(partial_ml, 1));
     }
 
-    // The greedy argmax is a stage of this backend's decode step: routed through the table.
+    // The greedy argmax (and, where a row takes this vocabulary, the sampler) are stages of
+    // this backend's decode steps: routed through the table like the plan's stages.
     void route_argmax() {
-        argmax_stage_.layer = -1;
-        argmax_stage_.name = "argmax";
-        argmax_stage_.op = Op::Argmax;
-        argmax_stage_.input = Buffer::Logits;
-        argmax_stage_.k = argmax_stage_.n = n_vocab_;
-        argmax_stage_.last_token_only = true;
+        argmax_row_ = route_tail(argmax_stage_, Op::Argmax, "argmax", true);
+        sample_row_ = route_tail(sample_stage_, Op::Sample, "sample", false);
+    }
+
+    const Row* route_tail(Stage& stage, Op op, const char* name, bool required) {
+        stage.layer = -1;
+        stage.name = name;
+        stage.op = op;
+        stage.input = Buffer::Logits;
+        stage.k = stage.n = n_vocab_;
+        stage.last_token_only = true;
+        const Row* chosen = nullptr;
         std::string rejected;
         for (const Row& row : capability_table()) {
-            if (row.op != Op::Argmax || row.backend != Backend::CUDA) continue;
+            if (row.op != op || row.backend != Backend::CUDA) continue;
             const auto& excluded = plan_.options.excluded_kernels;
             const std::string why = std::find(excluded.begin(), excluded.end(), row.kernel) != excluded.end()
                                         ? std::string("excluded by the caller")
-                                        : rejection_reason(row, argmax_stage_);
-            if (why.empty() && row.fn && (!argmax_row_ || row.priority > argmax_row_->priority)) argmax_row_ = &row;
+                                        : rejection_reason(row, stage);
+            if (why.empty() && row.fn && (!chosen || row.priority > chosen->priority)) chosen = &row;
             if (!why.empty()) rejected += "\n  " + row.kernel + ": " + why;
         }
-        if (!argmax_row_) throw RoutingError("model stage 'argmax' (argmax): no cuda row fits." + rejected);
+        if (!chosen && required)
+            throw RoutingError(std::string("model stage '") + name + "' (" + op_name(op) + "): no cuda row fits." + rejected);
+        return chosen;
     }
 
     float* buffer(Buffer b) const { return b == Buffer::None ? nullptr : buffers_[size_t(b)]; }
@@ -373,46 +410,52 @@ private:
         }
     }
 
-    void run_argmax(bool advance) {
+    // The decode step's last stage: the greedy argmax, or the sampler (settings in device memory).
+    void run_choice(bool sample, bool advance) {
         KernelCall call;
         call.n_tokens = 1;
         call.backend_state = &ctx_;
         call.in = decode_logits_;
         call.out = reinterpret_cast<float*>(ctx_.argmax_result);
         call.inout2 = advance ? reinterpret_cast<float*>(ctx_.history) : nullptr;
-        argmax_row_->fn(argmax_stage_, call);
+        if (sample)
+            sample_row_->fn(sample_stage_, call);
+        else
+            argmax_row_->fn(argmax_stage_, call);
     }
 
-    void run_decode_step() {
+    void run_decode_step(bool sample) {
         run_stages(1, true, false, decode_logits_);
         if (profile_) {
             ++profile_steps_;
-            timed(argmax_row_->kernel, "argmax", [&] { run_argmax(true); });
+            const Row* row = sample ? sample_row_ : argmax_row_;
+            timed(row->kernel, sample ? "sample" : "argmax", [&] { run_choice(sample, true); });
         } else {
-            run_argmax(true);
+            run_choice(sample, true);
         }
     }
 
-    // Captures the one-token step once. Returns false (and runs steps directly from then on)
+    // Captures the one-token step (greedy or sampling) once. Returns false (and runs steps directly from then on)
     // if this driver cannot capture it; programmatic launch is dropped first if that is why.
-    bool ensure_graph() {
-        if (graph_exec_) return true;
+    bool ensure_graph(bool sample = false) {
+        cudaGraphExec_t& exec = sample ? sample_graph_exec_ : greedy_graph_exec_;
+        if (exec) return true;
         for (int attempt = 0; attempt < 2; ++attempt) {
             cudaGraph_t graph = nullptr;
             KCAP_CUDA_CHECK(cudaStreamBeginCapture(ctx_.stream, cudaStreamCaptureModeThreadLocal));
             std::string failure;
             try {
-                run_decode_step();
+                run_decode_step(sample);
             } catch (const std::exception& e) {
                 failure = e.what();
             }
             const cudaError_t ended = cudaStreamEndCapture(ctx_.stream, &graph);
             cudaError_t made = cudaErrorUnknown;
-            if (failure.empty() && ended == cudaSuccess && graph) made = cudaGraphInstantiate(&graph_exec_, graph, 0);
+            if (failure.empty() && ended == cudaSuccess && graph) made = cudaGraphInstantiate(&exec, graph, 0);
             if (graph) cudaGraphDestroy(graph);
             if (made == cudaSuccess) return true;
             cudaGetLastError();
-            graph_exec_ = nullptr;
+            exec = nullptr;
             std::fprintf(stderr, "kcap: CUDA graph capture failed (%s%s); %s\n",
                          failure.empty() ? cudaGetErrorString(ended != cudaSuccess ? ended : made) : failure.c_str(),
                          ctx_.pdl ? ", with programmatic launch" : "",
@@ -427,9 +470,9 @@ private:
     void decode_step(int32_t token, int64_t pos, float* host_logits) {
         set_step(&token, 1, pos);
         if (ensure_graph())
-            KCAP_CUDA_CHECK(cudaGraphLaunch(graph_exec_, ctx_.stream));
+            KCAP_CUDA_CHECK(cudaGraphLaunch(greedy_graph_exec_, ctx_.stream));
         else
-            run_decode_step();
+            run_decode_step(false);
         if (host_logits) {
             float* staged = pinned_logits_.get(size_t(n_vocab_));
             KCAP_CUDA_CHECK(
@@ -453,10 +496,11 @@ private:
     float* decode_logits_ = nullptr;
     float* all_logits_ = nullptr;
     int64_t all_logits_rows_ = 0;
-    Stage argmax_stage_;
+    Stage argmax_stage_, sample_stage_;
     const Row* argmax_row_ = nullptr;
+    const Row* sample_row_ = nullptr;  // null where no sampling row takes this vocabulary
     bool use_graph_ = true;
-    cudaGraphExec_t graph_exec_ = nullptr;
+    cudaGraphExec_t greedy_graph_exec_ = nullptr, sample_graph_exec_ = nullptr;
     bool profile_ = false;
     cudaEvent_t profile_start_ = nullptr, profile_stop_ = nullptr;
     int64_t profile_steps_ = 0;
@@ -464,6 +508,7 @@ private:
     ProfileTable profile_kernels_, profile_names_, profile_prefill_kernels_, profile_prefill_names_;
     PinnedBuffer<int32_t> pinned_step_, pinned_tokens_;
     PinnedBuffer<float> pinned_logits_;
+    PinnedBuffer<KcapSampleSettings> pinned_settings_;
 };
 
 }  // namespace

@@ -44,6 +44,10 @@ struct Context {
     float* argmax_partial_value = nullptr;
     int32_t* argmax_partial_index = nullptr;
     int argmax_partials = 0;
+    // Sampling (cuda.sample): settings written before each sampling call, first-pass candidates.
+    KcapSampleSettings* sample_settings = nullptr;
+    float* sample_partial_value = nullptr;
+    int32_t* sample_partial_index = nullptr;
     Format kv_format = Format::F32;
     int64_t n_ctx = 0;
     std::vector<KvCache> kv;     // one per layer (null for a shared-KV layer: it reads its source's)

@@ -4,6 +4,7 @@
 #include "cuda/rows.h"
 
 #include "dispatch/gpu_rows.h"
+#include "kernels/params.h"
 
 namespace kcap {
 
@@ -174,6 +175,11 @@ void add_cuda_ple_rows(std::vector<Row>& rows) {
 void add_cuda_argmax_rows(std::vector<Row>& rows) {
     rows.push_back(
         make_row("cuda.argmax", Op::Argmax, KCAP_CUDA_ENTRY(kcap_cuda_argmax), {cuda_rows::kArgmaxThreads, 0, 0}));
+    // Top-k sampling (k <= KCAP_SAMPLE_MAX_TOP_K): the second pass holds every first-pass
+    // group's candidates at once, which bounds the vocabulary (K = N = the vocabulary).
+    Row sample = make_row("cuda.sample", Op::Sample, KCAP_CUDA_ENTRY(kcap_cuda_sample), {KCAP_SAMPLE_THREADS, 0, 0});
+    sample.dims.k_max = int64_t(KCAP_SAMPLE_MAX_PARTIALS) * KCAP_SAMPLE_CHUNK;
+    rows.push_back(sample);
 }
 
 }  // namespace kcap

@@ -109,6 +109,7 @@ void kcap_cuda_softcap(const Stage& stage, const KernelCall& call);
 void kcap_cuda_scale(const Stage& stage, const KernelCall& call);
 void kcap_cuda_argmax(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qkv(const Stage& stage, const KernelCall& call);
+void kcap_cuda_sample(const Stage& stage, const KernelCall& call);
 void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call);
 
 }  // namespace kcap

@@ -121,6 +121,30 @@ struct KcapArgmaxParams {
     int advance;     // second pass: feed the winner back as the next token (decode graph)
 };
 
+// Top-k sampling of one row of logits, in two passes (each group's top k, then one group
+// merges them and draws). The settings that may change per call live in device memory
+// (KcapSampleSettings), so one captured decode graph serves any of them.
+struct KcapSampleParams {
+    int count;       // logits
+    int n_partials;  // groups of the first pass (each KCAP_SAMPLE_CHUNK logits)
+    int advance;     // feed the drawn token back as the next token (decode graph)
+};
+struct KcapSampleSettings {
+    float temperature;  // > 0
+    float top_p;        // (0, 1]; 1 keeps every candidate
+    float min_p;        // [0, 1); 0 keeps every candidate
+    unsigned seed;      // with the position, the draw's counter-based random number
+    int top_k;          // 1 .. KCAP_SAMPLE_MAX_TOP_K
+    int pad[3];
+};
+#define KCAP_SAMPLE_THREADS 256
+#define KCAP_SAMPLE_PER_THREAD 16  // candidates each thread holds in a pass
+#define KCAP_SAMPLE_CHUNK (KCAP_SAMPLE_THREADS * KCAP_SAMPLE_PER_THREAD)  // logits per first-pass group
+#define KCAP_SAMPLE_MAX_TOP_K 64
+// The second pass holds every group's k candidates at once (KCAP_SAMPLE_CHUNK of them), so a
+// vocabulary of at most KCAP_SAMPLE_CHUNK / KCAP_SAMPLE_MAX_TOP_K * KCAP_SAMPLE_CHUNK logits.
+#define KCAP_SAMPLE_MAX_PARTIALS (KCAP_SAMPLE_CHUNK / KCAP_SAMPLE_MAX_TOP_K)
+
 // Upper bounds that size per-thread arrays and shared memory; rows declare them as legal dims.
 #define KCAP_ATTN_MAX_HEAD_DIM 256
 #define KCAP_ATTN_MAX_SIMDS 8

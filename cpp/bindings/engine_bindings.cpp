@@ -241,6 +241,7 @@ void init_engine(py::module_& m) {
             return out;
         },
         "Metal row kernel name -> its entry point names, in the order its launcher uses them.");
+    m.attr("MAX_DEVICE_TOP_K") = kMaxDeviceTopK;
     m.def("metal_device_available", &metal_device_available,
           "True where the Metal backend is built in and a Metal device exists (then the default backend).");
 
@@ -285,6 +286,29 @@ void init_engine(py::module_& m) {
             py::arg("token"), py::arg("n"),
             "Appends token and greedily decodes: returns the n argmax choices (the last not yet appended). "
             "On cuda the whole loop runs on the device (issue 3).")
+        .def(
+            "decode_sample",
+            [](Engine& engine, int32_t token, int64_t n, float temperature, int top_k, float top_p, float min_p,
+               uint32_t seed) {
+                py::array_t<int32_t> out(n > 0 ? n : 0);
+                int32_t* ids = out.mutable_data();
+                SampleSettings settings;
+                settings.temperature = temperature;
+                settings.top_k = top_k;
+                settings.top_p = top_p;
+                settings.min_p = min_p;
+                settings.seed = seed;
+                {
+                    py::gil_scoped_release release;
+                    engine.decode_sample(token, n, settings, ids);
+                }
+                return out;
+            },
+            py::arg("token"), py::arg("n"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p") = 1.0f,
+            py::arg("min_p") = 0.0f, py::arg("seed") = 0u,
+            "As decode_greedy, each choice drawn on the device (top-k <= 64, temperature, top-p, min-p; "
+            "the draw a hash of seed and position). Only where samples_on_device.")
+        .def_property_readonly("samples_on_device", &Engine::samples_on_device)
         .def("reset", &Engine::reset, "Empties the KV cache.")
         .def("truncate", &Engine::truncate, py::arg("n"), "Keeps the first n cached positions.")
         .def_property_readonly("n_past", &Engine::n_past)

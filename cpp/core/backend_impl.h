@@ -17,6 +17,10 @@ public:
     // (see Engine::decode_greedy). This default evaluates step by step and picks the argmax on
     // the host; the CUDA backend replays its captured decode graph with the argmax on device.
     virtual void decode_greedy(int32_t token, int64_t n, int64_t pos0, int32_t* out, int64_t n_vocab);
+    // Sampled decoding with the draw on the device (see Engine::decode_sample); only backends
+    // that have it override these.
+    virtual bool samples_on_device() const { return false; }
+    virtual void decode_sample(int32_t token, int64_t n, int64_t pos0, const SampleSettings& settings, int32_t* out);
 };
 
 std::unique_ptr<Backend_> make_cpu_backend(const ModelSpec& spec, Plan plan, const EngineOptions& options);

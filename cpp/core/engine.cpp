@@ -102,6 +102,30 @@ void Engine::decode_greedy(int32_t token, int64_t n, int32_t* out) {
     n_past_ += n;
 }
 
+void Backend_::decode_sample(int32_t, int64_t, int64_t, const SampleSettings&, int32_t*) {
+    throw BackendUnavailableError("this backend has no device sampling; sample from eval's logits (kcap.sampling)");
+}
+
+bool Engine::samples_on_device() const { return backend_->samples_on_device(); }
+
+void Engine::decode_sample(int32_t token, int64_t n, const SampleSettings& settings, int32_t* out) {
+    if (n <= 0) throw ModelError("decode_sample needs at least one step");
+    if (!(settings.temperature > 0.0f)) throw ModelError("decode_sample: temperature must be > 0 (0 is decode_greedy)");
+    if (settings.top_k < 1 || settings.top_k > kMaxDeviceTopK)
+        throw ModelError("decode_sample: top_k must be in 1.." + std::to_string(kMaxDeviceTopK) + ", got " +
+                         std::to_string(settings.top_k));
+    if (!(settings.top_p > 0.0f && settings.top_p <= 1.0f)) throw ModelError("decode_sample: top_p must be in (0, 1]");
+    if (!(settings.min_p >= 0.0f && settings.min_p < 1.0f)) throw ModelError("decode_sample: min_p must be in [0, 1)");
+    if (n_past_ + n > n_ctx_)
+        throw ContextOverflowError("context overflow: " + std::to_string(n_past_) + " cached + " + std::to_string(n) +
+                                   " new tokens exceed the context length " + std::to_string(n_ctx_));
+    if (token < 0 || token >= spec_->n_vocab)
+        throw ModelError("token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                         std::to_string(spec_->n_vocab) + ")");
+    backend_->decode_sample(token, n, n_past_, settings, out);
+    n_past_ += n;
+}
+
 void Engine::truncate(int64_t n) {
     if (n < 0 || n > n_past_)
         throw ModelError("cannot truncate the cache to " + std::to_string(n) + " positions; it holds " +

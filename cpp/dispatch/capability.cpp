@@ -38,6 +38,7 @@ const char* op_name(Op op) {
         case Op::Softcap: return "softcap";
         case Op::Scale: return "scale";
         case Op::Argmax: return "argmax";
+        case Op::Sample: return "sample";
         case Op::PerLayerEmbed: return "per_layer_embed";
         case Op::PerLayerGate: return "per_layer_gate";
         case Op::AddNorm: return "add_norm";

@@ -33,6 +33,9 @@ enum class Op {
     // last node of a captured decode step. The planner emits no such stage; a GPU backend
     // routes its own argmax stage through the table like any other.
     Argmax,
+    // Top-k sampling of the logits on the device (temperature, top-p, min-p, a seeded draw),
+    // the last node of a sampling decode graph; routed by the backend like Argmax.
+    Sample,
     PerLayerEmbed,    // per-layer embeddings of each token: table rows + normed projection (PLE)
     PerLayerGate,     // act(gate) * this layer's slice of the per-layer embeddings
     // Fused stages (issue 3): the planner forms them from the stages above only where the

@@ -12,20 +12,48 @@ def token_stream(model, prompt_ids: Sequence[int], max_tokens: int = 256, ignore
                  repetition_penalty: float = 1.0, seed: int | None = None) -> Iterator[int]:
     if max_tokens < 0:
         raise ValueError(f"max_tokens must be ≥ 0, got {max_tokens}")
-    sampler = Sampler(SamplerConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                    repetition_penalty=repetition_penalty, seed=seed))
+    config = SamplerConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                           repetition_penalty=repetition_penalty, seed=seed)
+    sampler = Sampler(config)
     history = [int(i) for i in prompt_ids]
     logits = model.prefill(history)
     eos_ids = model.tokenizer.eos_ids if model.tokenizer is not None else set()
+    on_device = device_choice(model, config)
+    token = sampler.sample(logits, history)
     for _ in range(max_tokens):
-        token = sampler.sample(logits, history)
         if token in eos_ids and not ignore_eos:
             return
         history.append(token)
         yield token
         if len(history) >= model.n_ctx:
             return  # the context is full: stop like llama.cpp does at n_ctx, without error
-        logits = model.eval([token])
+        if on_device is not None:
+            token = on_device(token)
+        else:
+            token = sampler.sample(model.eval([token]), history)
+
+
+def device_choice(model, config: SamplerConfig):
+    """Where the engine picks the next token on the device (CUDA: greedy, or top-k sampling
+    with k <= MAX_DEVICE_TOP_K and no repetition penalty), a function token -> next token
+    that appends `token` and returns the device's choice, with no logits copied to the host;
+    else None (the host sampler runs on eval's logits). The device draw is a hash of the seed
+    and the position, so a seeded run repeats, but its numbers differ from the host sampler's
+    generator: same distribution, not the same tokens."""
+    from kcap import _core
+
+    engine = getattr(model, "engine", None)
+    if engine is None or not getattr(engine, "samples_on_device", False) or config.repetition_penalty != 1.0:
+        return None
+    if config.temperature == 0.0 or config.top_k == 1:
+        return lambda token: model.decode_next(token, lambda e: e.decode_greedy(token, 1))
+    if not 1 <= config.top_k <= _core.MAX_DEVICE_TOP_K:
+        return None
+    import secrets
+
+    seed = (config.seed if config.seed is not None else secrets.randbits(32)) & 0xFFFFFFFF
+    return lambda token: model.decode_next(
+        token, lambda e: e.decode_sample(token, 1, config.temperature, config.top_k, config.top_p, config.min_p, seed))
 
 
 class StopMatcher:

@@ -155,6 +155,13 @@ class Model:
         self._cached.extend(ids)
         return logits
 
+    def decode_next(self, token: int, step) -> int:
+        """Appends token through step(engine) (engine.decode_greedy / decode_sample with n=1:
+        the engine evaluates token and chooses the next one on the device); returns the choice."""
+        choice = int(step(self.engine)[0])
+        self._cached.append(int(token))
+        return choice
+
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Logits of the last position after running token_ids from an empty cache: [vocab]."""
         self.reset()

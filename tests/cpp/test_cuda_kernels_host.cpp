@@ -17,6 +17,7 @@
 #include "cuda/rows.h"
 #include "kernels/activation.h"
 #include "kernels/argmax.h"
+#include "kernels/sample.h"
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/embed.h"
@@ -603,6 +604,96 @@ void test_argmax(std::mt19937& rng) {
     std::printf("argmax bodies: 3 cases\n");
 }
 
+// The sampler's reference, written plainly: top-k by (value desc, index asc), softmax at the
+// temperature, top-p (keep through the candidate whose cumulative probability reaches
+// top_p), min-p, then the first candidate whose cumulative kept weight exceeds u * total (u
+// from the same counter-based hash the body uses).
+int reference_sample(const std::vector<float>& logits, const KcapSampleSettings& s, int position) {
+    std::vector<int> order(logits.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = int(i);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
+    order.resize(std::min<size_t>(order.size(), size_t(s.top_k)));
+    // f32 in the body's order: a candidate exactly at the top-p threshold (ties are common
+    // here) is kept or not by the same rounding.
+    const float inv_t = 1.0f / s.temperature;
+    std::vector<float> w;
+    float total = 0.0f;
+    for (int i : order) {
+        w.push_back(std::exp((logits[size_t(i)] - logits[size_t(order[0])]) * inv_t));
+        total += w.back();
+    }
+    size_t kept = 0;
+    float cumulative = 0.0f, kept_total = 0.0f;
+    for (size_t r = 0; r < w.size(); ++r) {
+        const float prob = w[r] / total;
+        if ((r > 0 && cumulative >= s.top_p) || prob < s.min_p * (w[0] / total)) break;
+        cumulative += prob;
+        kept_total += w[r];
+        kept = r + 1;
+    }
+    const float target = kcap_sample_uniform(s.seed, position) * kept_total;
+    float running = 0.0f;
+    for (size_t r = 0; r < kept; ++r) {
+        running += w[r];
+        if (target < running) return order[r];
+    }
+    return order[kept - 1];
+}
+
+void test_sample(std::mt19937& rng) {
+    int cases = 0;
+    for (int count : {7, 5000, 262144})
+        for (int top_k : {1, 5, 40, 64})
+            for (float temperature : {0.7f, 1.0f, 3.0f})
+                for (float top_p : {1.0f, 0.6f})
+                    for (float min_p : {0.0f, 0.2f}) {
+                        if (count == 262144 && (temperature != 1.0f || min_p != 0.0f)) continue;  // keep it quick
+                        // Logits on a coarse grid, so ties happen (lower index first) and the
+                        // weights are not all negligible next to the best one.
+                        std::vector<float> logits(static_cast<size_t>(count));
+                        std::uniform_int_distribution<int> level(0, 40);
+                        for (auto& v : logits) v = 0.1f * float(level(rng));
+                        KcapSampleSettings settings{};
+                        settings.temperature = temperature, settings.top_p = top_p, settings.min_p = min_p;
+                        settings.top_k = top_k, settings.seed = unsigned(rng());
+                        KcapSampleParams p;
+                        p.count = count, p.n_partials = int(ceil_div(count, KCAP_SAMPLE_CHUNK)), p.advance = 1;
+                        std::vector<float> partial_value(size_t(p.n_partials * top_k), NAN);
+                        std::vector<int32_t> partial_index(size_t(p.n_partials * top_k), -1);
+                        const int position = 1000 + cases;
+                        int32_t result = -1, tokens[1] = {-1}, step[2] = {position, 1}, history[3] = {-1, -1, -1};
+                        const size_t shared = (2 * KCAP_SAMPLE_MAX_TOP_K + 2 * 32) * 4;
+                        auto layout = [](void* sh, float** tv, int** ti, float** sv, int** si) {
+                            *tv = static_cast<float*>(sh);
+                            *ti = reinterpret_cast<int*>(*tv + KCAP_SAMPLE_MAX_TOP_K);
+                            *sv = reinterpret_cast<float*>(*ti + KCAP_SAMPLE_MAX_TOP_K);
+                            *si = reinterpret_cast<int*>(*sv + 32);
+                        };
+                        kcap_sim::launch({unsigned(p.n_partials), 1, 1}, KCAP_SAMPLE_THREADS, shared,
+                                         [&](const KcapThread& t, void* sh) {
+                                             float *tv, *sv;
+                                             int *ti, *si;
+                                             layout(sh, &tv, &ti, &sv, &si);
+                                             kcap_sample_partial(t, p, &settings, logits.data(), partial_value.data(),
+                                                                 partial_index.data(), tv, ti, sv, si);
+                                         });
+                        kcap_sim::launch({1, 1, 1}, KCAP_SAMPLE_THREADS, shared, [&](const KcapThread& t, void* sh) {
+                            float *tv, *sv;
+                            int *ti, *si;
+                            layout(sh, &tv, &ti, &sv, &si);
+                            kcap_sample_final(t, p, &settings, partial_value.data(), partial_index.data(), &result, tokens,
+                                              step, history, tv, ti, sv, si);
+                        });
+                        const int expected = reference_sample(logits, settings, position);
+                        KCAP_EXPECT(result == expected && tokens[0] == expected && history[1] == expected &&
+                                        step[0] == position + 1 && step[1] == 2,
+                                    "sample of %d, k=%d T=%.1f top_p=%.1f min_p=%.1f: got %d (token %d), expected %d",
+                                    count, top_k, temperature, top_p, min_p, result, tokens[0], expected);
+                        ++cases;
+                    }
+    std::printf("sample bodies: %d cases\n", cases);
+}
+
 struct AttentionCase {
     int n_head, n_head_kv, head_dim, head_dim_v, window;
     float softcap;
@@ -893,6 +984,7 @@ int main() {
     test_elementwise(rng, cpu);
     test_ple(rng, cpu);
     test_argmax(rng);
+    test_sample(rng);
     test_attention(rng, cpu);
     if (failures()) {
         std::printf("%d failures\n", failures());

@@ -344,3 +344,70 @@ def test_long_context_crosses_the_window_and_splits(model_files, cuda_device):
         got = cuda.eval([token])
         worst = max_relative(got, ref)
         assert worst <= MMA_TOLERANCE, f"decode after a 700-token prefill: max |Δ| = {worst:.3g} × std"
+
+
+# --- sampling on the device ------------------------------------------------------------------
+
+def test_sample_row_takes_the_real_vocabularies():
+    row = next(r for r in _core.capability_rows() if r["kernel"] == "cuda.sample")
+    assert row["op"] == "sample" and row["k_max"] == 262144  # Gemma 3's vocabulary, the largest here
+    assert _core.MAX_DEVICE_TOP_K == 64
+
+
+def test_device_sampling_with_one_candidate_is_greedy(engines, name="smollm2_135m"):
+    _, cuda, _ = engines[name]
+    ids = prompt_ids(cuda.n_vocab, 9, seed=11)
+    cuda.reset()
+    cuda.eval(ids[:-1])
+    greedy = cuda.engine.decode_greedy(ids[-1], 24).tolist()
+    # top_k = 1, and a top_p so small that only the most likely token is kept.
+    for top_k, top_p in ((1, 1.0), (40, 0.01)):
+        cuda.engine.truncate(len(ids) - 1)
+        sampled = cuda.engine.decode_sample(ids[-1], 24, 1.3, top_k, top_p, 0.0, 1234).tolist()
+        assert sampled == greedy, (top_k, top_p)
+
+
+def test_device_sampling_follows_the_top_k_softmax(engines, name="smollm2_135m"):
+    """The token drawn at one position with 800 seeds: only the k most likely tokens (CPU
+    logits) appear, with frequencies that fit the softmax of their logits at the temperature
+    (chi-square, 4 degrees of freedom, bound at p = 0.001)."""
+    cpu, cuda, _ = engines[name]
+    ids = prompt_ids(cpu.n_vocab, 12, seed=9)
+    cpu.reset()
+    ref = cpu.eval(ids).astype(np.float64)
+    k, temperature, draws = 5, 1.5, 800
+    top = np.argsort(-ref, kind="stable")[:k]
+    probs = np.exp((ref[top] - ref[top[0]]) / temperature)
+    probs /= probs.sum()
+    cuda.reset()
+    cuda.eval(ids[:-1])
+    counts = dict.fromkeys(top.tolist(), 0)
+    for seed in range(draws):
+        cuda.engine.truncate(len(ids) - 1)
+        token = int(cuda.engine.decode_sample(ids[-1], 1, temperature, k, 1.0, 0.0, seed)[0])
+        assert token in counts, f"drew {token}, not one of the top {k} {top.tolist()}"
+        counts[token] += 1
+    observed = np.array([counts[t] for t in top.tolist()], dtype=np.float64)
+    chi2 = float((((observed - draws * probs) ** 2) / (draws * probs)).sum())
+    assert chi2 < 18.47, f"observed {observed.tolist()} vs expected {(draws * probs).round(1).tolist()}: chi2 {chi2:.1f}"
+
+
+def test_generate_samples_on_the_device_and_repeats_with_a_seed(engines, name="gemma3_270m"):
+    cpu, cuda, _ = engines[name]
+    from kcap.generate import device_choice
+    from kcap.sampling import SamplerConfig
+
+    config = SamplerConfig(temperature=0.8, top_k=40, top_p=0.95, seed=7)
+    assert device_choice(cuda, config) is not None and device_choice(cpu, config) is None
+    assert device_choice(cuda, SamplerConfig(temperature=0.8, top_k=40, repetition_penalty=1.1)) is None
+    assert device_choice(cuda, SamplerConfig(temperature=0.8, top_k=0)) is None  # the whole vocabulary: host
+    ids = prompt_ids(cuda.n_vocab, 10, seed=12)
+    runs = []
+    for _ in range(2):
+        cuda.reset()
+        runs.append(list(cuda.generate_ids(ids, max_tokens=24, ignore_eos=True, temperature=0.8, top_k=40,
+                                           top_p=0.95, seed=7)))
+    assert runs[0] == runs[1] and len(runs[0]) == 24
+    cuda.reset()
+    other = list(cuda.generate_ids(ids, max_tokens=24, ignore_eos=True, temperature=0.8, top_k=40, top_p=0.95, seed=8))
+    assert other != runs[0]

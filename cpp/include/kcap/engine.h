@@ -35,6 +35,17 @@ std::vector<RouteInfo> explain_routes(const ModelSpec& spec, const EngineOptions
 
 class Backend_;  // implementation detail of each backend
 
+// Sampling on the device (Engine::decode_sample): kcap.sampling's temperature -> top-k -> top-p
+// -> min-p -> draw, with the draw a hash of (seed, position).
+struct SampleSettings {
+    float temperature = 1.0f;  // > 0
+    int top_k = 40;            // 1 .. kMaxDeviceTopK
+    float top_p = 1.0f;        // (0, 1]
+    float min_p = 0.0f;        // [0, 1)
+    uint32_t seed = 0;
+};
+constexpr int kMaxDeviceTopK = 64;  // KCAP_SAMPLE_MAX_TOP_K of kernels/params.h
+
 class Engine {
 public:
     Engine(std::shared_ptr<const ModelSpec> spec, const EngineOptions& options);
@@ -54,6 +65,13 @@ public:
     // last choice, out[n-1], is not yet appended). On CUDA the loop runs on the device: the
     // captured decode graph feeds its own argmax back, with no host round trip per token.
     void decode_greedy(int32_t token, int64_t n, int32_t* out);
+
+    // Sampled decoding on the device: as decode_greedy, each choice drawn by `settings`
+    // (top-k, temperature, top-p, min-p; no repetition penalty). Only where
+    // samples_on_device() (CUDA with a sampling row for this vocabulary); else throws
+    // BackendUnavailableError.
+    bool samples_on_device() const;
+    void decode_sample(int32_t token, int64_t n, const SampleSettings& settings, int32_t* out);
 
     int64_t n_past() const { return n_past_; }
     int64_t n_ctx() const { return n_ctx_; }
