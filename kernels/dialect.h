@@ -229,7 +229,8 @@ KCAP_FN float kcap_simd_max(float v) {
 // Runs of 32-bit words at a 2-byte-aligned address p (blocks of 18, 22, 34, 110, 210 bytes).
 // kcap_load_u32_a2 pays two 16-bit loads per word; these load the 4-aligned words around the
 // run instead and rebuild each word from two neighbours with one funnel shift, chosen by
-// bit 1 of p (uniform code, no branch: only a predicated load differs between the two cases).
+// bit 1 of p (uniform code, no branch: the two cases differ only in the shift amount and in the
+// address or predicate of the one 16-bit load).
 // Neither ever reads a byte outside the range it documents: a block at the end of a weight
 // tensor is the end of a device allocation.
 //
