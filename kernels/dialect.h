@@ -21,6 +21,8 @@
 //   kcap_half_to_float / kcap_float_to_half / kcap_bf16_to_float, kcap_u8_to_float
 //   kcap_load_u16 / kcap_load_u32 (4-byte aligned) / kcap_load_u32_a2 (2-byte aligned) /
 //   kcap_load_u32x4 (16-byte aligned) / kcap_load_f32x4, kcap_as_float (bits -> float)
+//   kcap_load_u32s_a2<N> / kcap_load_u16_u32s_a2<N>: runs of 32-bit words at a 2-byte-aligned
+//   address with about one load per word (see the shared section below)
 //   kcap_exp / kcap_tanh / kcap_erf / kcap_sqrt / kcap_rsqrt, kcap_prefetch (a hint; may be a no-op)
 // Integer types: kcap_u8, kcap_i8, kcap_u16, kcap_u32, kcap_i32, kcap_u64 (Metal has no <cstdint>).
 #pragma once
@@ -98,6 +100,10 @@ KCAP_FN float4 kcap_load_f32x4(const float* p) { return *reinterpret_cast<const 
 KCAP_FN uint4 kcap_load_u32x4(const kcap_u8* p) { return *reinterpret_cast<const uint4*>(p); }
 KCAP_FN float kcap_as_float(kcap_u32 bits) { return __uint_as_float(bits); }
 KCAP_FN void kcap_prefetch(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+// For the a2 word runs below: the low address bits of p, and the 32 bits of hi:lo starting at
+// bit shift (0, 16 or 32; one SHF.R.U32.HI, which clamps a shift of 32 to `hi`).
+KCAP_FN kcap_u32 kcap_address_bits(const kcap_u8* p) { return kcap_u32(reinterpret_cast<unsigned long long>(p)); }
+KCAP_FN kcap_u32 kcap_funnel_r(kcap_u32 lo, kcap_u32 hi, kcap_u32 shift) { return __funnelshift_rc(lo, hi, shift); }
 
 KCAP_FN float kcap_exp(float x) { return expf(x); }
 KCAP_FN float kcap_tanh(float x) { return tanhf(x); }
@@ -219,3 +225,62 @@ KCAP_FN float kcap_simd_max(float v) {
     for (int offset = KCAP_SIMD_WIDTH / 2; offset > 0; offset >>= 1) v = kcap_fmax(v, kcap_simd_shuffle_xor(v, offset));
     return v;
 }
+
+// Runs of 32-bit words at a 2-byte-aligned address p (blocks of 18, 22, 34, 110, 210 bytes).
+// kcap_load_u32_a2 pays two 16-bit loads per word; these load the 4-aligned words around the
+// run instead and rebuild each word from two neighbours with one funnel shift, chosen by
+// bit 1 of p (uniform code, no branch: the two cases differ only in the shift amount and in the
+// address or predicate of the one 16-bit load).
+// Neither ever reads a byte outside the range it documents: a block at the end of a weight
+// tensor is the end of a device allocation.
+//
+// kcap_load_u32s_a2<N>: out[i] = the word at p + 4i, i < N. p % 4 == 0: N loads, exactly the
+// run. p % 4 == 2: N + 1 loads, the 16 bits at p then the N aligned words from p + 2, so it
+// also reads the 2 bytes after the run, [p + 4N, p + 4N + 2): the caller must own them (they
+// must be in the same block).
+// kcap_load_u16_u32s_a2<N>: returns the 16 bits at p and sets out[i] = the word at p + 2 + 4i;
+// reads exactly [p, p + 2 + 4N) with N + 1 loads (N aligned words from whichever of p, p + 2 is
+// 4-aligned and one 16-bit load of the 2 bytes they miss): a whole Q4_0/Q5_0/Q8_0 block.
+#if defined(__METAL_VERSION__)
+// MSL offers no pointer-to-integer conversion to test p's alignment: 16-bit loads as before
+// (the same values, from exactly the bytes of the run).
+template <int N>
+KCAP_FN void kcap_load_u32s_a2(const KCAP_GLOBAL kcap_u8* p, KCAP_PRIVATE kcap_u32* out) {
+    KCAP_UNROLL for (int i = 0; i < N; ++i) out[i] = kcap_load_u32_a2(p + 4 * i);
+}
+template <int N>
+KCAP_FN kcap_u32 kcap_load_u16_u32s_a2(const KCAP_GLOBAL kcap_u8* p, KCAP_PRIVATE kcap_u32* out) {
+    KCAP_UNROLL for (int i = 0; i < N; ++i) out[i] = kcap_load_u32_a2(p + 2 + 4 * i);
+    return kcap_load_u16(p);
+}
+#else
+template <int N>
+KCAP_FN void kcap_load_u32s_a2(const KCAP_GLOBAL kcap_u8* p, KCAP_PRIVATE kcap_u32* out) {
+    const kcap_u32 odd = kcap_address_bits(p) & 2u;  // 2 where p % 4 == 2
+    const KCAP_GLOBAL kcap_u8* a = p + odd;          // the first 4-aligned address at or after p
+    // p % 4 == 2: word i = high half of the aligned word before it : low half of aligned word i,
+    // the "word before" word 0 being the 16 bits at p (loaded only then). p % 4 == 0: word i.
+    kcap_u32 prev = 0u;
+    if (odd) prev = kcap_load_u16(p) << 16;
+    const kcap_u32 shift = odd ? 16u : 32u;
+    KCAP_UNROLL for (int i = 0; i < N; ++i) {
+        const kcap_u32 w = kcap_load_u32(a + 4 * i);
+        out[i] = kcap_funnel_r(prev, w, shift);
+        prev = w;
+    }
+}
+template <int N>
+KCAP_FN kcap_u32 kcap_load_u16_u32s_a2(const KCAP_GLOBAL kcap_u8* p, KCAP_PRIVATE kcap_u32* out) {
+    const kcap_u32 odd = kcap_address_bits(p) & 2u;
+    const KCAP_GLOBAL kcap_u8* a = p + odd;  // 4-aligned: N words cover [a, a + 4N)
+    // The 2 bytes of [p, p + 2 + 4N) that those words miss: the first two, or the last two.
+    const kcap_u32 tail = kcap_load_u16(p + (odd ? 0u : 4u * N));
+    kcap_u32 w[N];
+    KCAP_UNROLL for (int i = 0; i < N; ++i) w[i] = kcap_load_u32(a + 4 * i);
+    // p % 4 == 2: the words are out[] as loaded; p % 4 == 0: out[i] straddles w[i] and w[i + 1]
+    // (for the last word, tail).
+    const kcap_u32 shift = 16u - 8u * odd;
+    KCAP_UNROLL for (int i = 0; i < N; ++i) out[i] = kcap_funnel_r(w[i], i + 1 < N ? w[i + 1] : tail, shift);
+    return odd ? tail : (w[0] & 0xffffu);
+}
+#endif

@@ -235,32 +235,69 @@ inline float kcap_bf16_to_float(kcap_u16 h) { return kcap::bf16_to_f32(h); }
 inline float kcap_u8_to_float(kcap_u32 b) { return float(b); }
 inline float kcap_byte_to_float(kcap_u32 w, int which) { return float((w >> (8 * which)) & 0xffu); }
 
+// Tests may name the only bytes that loads may touch (say, one weight block copied to a buffer
+// of its exact size): kcap_sim::Readable guard(begin, end). The multi-byte loads check it.
+namespace kcap_sim {
+struct ReadableRange {
+    const unsigned char* begin = nullptr;
+    const unsigned char* end = nullptr;
+};
+inline ReadableRange& readable_range() {
+    static thread_local ReadableRange range;
+    return range;
+}
+struct Readable {
+    ReadableRange saved;
+    Readable(const void* begin, const void* end) : saved(readable_range()) {
+        readable_range() = {static_cast<const unsigned char*>(begin), static_cast<const unsigned char*>(end)};
+    }
+    ~Readable() { readable_range() = saved; }
+    Readable(const Readable&) = delete;
+    Readable& operator=(const Readable&) = delete;
+};
+inline void check_readable(const void* p, size_t n, const char* what) {
+    const ReadableRange& r = readable_range();
+    const unsigned char* b = static_cast<const unsigned char*>(p);
+    if (r.begin && (b < r.begin || b + n > r.end)) {
+        char message[160];
+        std::snprintf(message, sizeof message, "%s: bytes [%td, %td) outside the readable [0, %td)", what, b - r.begin,
+                      b + n - r.begin, r.end - r.begin);
+        throw std::runtime_error(message);
+    }
+}
+}  // namespace kcap_sim
+
 inline kcap_u32 kcap_load_u16(const kcap_u8* p) {
     if (reinterpret_cast<uintptr_t>(p) % 2) throw std::runtime_error("kcap_load_u16: misaligned");
+    kcap_sim::check_readable(p, 2, "kcap_load_u16");
     uint16_t v;
     std::memcpy(&v, p, 2);
     return v;
 }
 inline kcap_u32 kcap_load_u32(const kcap_u8* p) {
     if (reinterpret_cast<uintptr_t>(p) % 4) throw std::runtime_error("kcap_load_u32: misaligned");
+    kcap_sim::check_readable(p, 4, "kcap_load_u32");
     uint32_t v;
     std::memcpy(&v, p, 4);
     return v;
 }
 inline kcap_u32 kcap_load_u32_a2(const kcap_u8* p) {
     if (reinterpret_cast<uintptr_t>(p) % 2) throw std::runtime_error("kcap_load_u32_a2: misaligned");
+    kcap_sim::check_readable(p, 4, "kcap_load_u32_a2");
     uint32_t v;
     std::memcpy(&v, p, 4);
     return v;
 }
 inline float4 kcap_load_f32x4(const float* p) {
     if (reinterpret_cast<uintptr_t>(p) % 16) throw std::runtime_error("kcap_load_f32x4: misaligned");
+    kcap_sim::check_readable(p, 16, "kcap_load_f32x4");
     float4 v;
     std::memcpy(&v, p, 16);
     return v;
 }
 inline uint4 kcap_load_u32x4(const kcap_u8* p) {
     if (reinterpret_cast<uintptr_t>(p) % 16) throw std::runtime_error("kcap_load_u32x4: misaligned");
+    kcap_sim::check_readable(p, 16, "kcap_load_u32x4");
     uint4 v;
     std::memcpy(&v, p, 16);
     return v;
@@ -271,6 +308,12 @@ inline float kcap_as_float(kcap_u32 bits) {
     return f;
 }
 inline void kcap_prefetch(const void*) {}
+// The a2 word runs of dialect.h: the same aligned loads as on CUDA (kcap_load_u16/u32 above
+// check their alignment and the readable range), shifts for CUDA's funnel shift.
+inline kcap_u32 kcap_address_bits(const kcap_u8* p) { return kcap_u32(reinterpret_cast<uintptr_t>(p)); }
+inline kcap_u32 kcap_funnel_r(kcap_u32 lo, kcap_u32 hi, kcap_u32 shift) {
+    return shift >= 32 ? hi : kcap_u32(((kcap_u64(hi) << 32) | lo) >> shift);
+}
 
 inline float kcap_exp(float x) { return std::exp(x); }
 inline float kcap_tanh(float x) { return std::tanh(x); }

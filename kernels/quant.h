@@ -8,8 +8,9 @@
 // reference only by summation order. Layouts: ggml-common.h (and cpp/core/formats_blocks.h).
 //
 // Alignment (weights sit in their own device allocation, so a row starts at row * row_bytes):
-// blocks of 18, 22, 34, 110, 210 bytes start at even offsets (16-bit loads, or 32-bit loads
-// built from two), blocks of 20, 24, 84 bytes and float rows at multiples of 4, Q4_K/Q5_K
+// blocks of 18, 22, 34, 110, 210 bytes start at even offsets (their words are read with
+// kcap_load_u16_u32s_a2 / kcap_load_u32s_a2: aligned 32-bit loads, about one per word; each
+// decoder states which bytes of its block those may touch), blocks of 20, 24, 84 bytes and float rows at multiples of 4, Q4_K/Q5_K
 // blocks (144, 176 bytes) at multiples of 16; MXFP4 (17 bytes) is read byte by byte.
 #pragma once
 
@@ -66,9 +67,10 @@ struct KcapQ4_0 {
     static constexpr int block_elems = 32;
     static constexpr int block_bytes = 18;
     static KCAP_FN void decode32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* out) {
-        const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b)));
+        kcap_u32 qs[4];  // the whole block, d then qs: 5 loads
+        const float d = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<4>(b, qs)));
         KCAP_UNROLL for (int w = 0; w < 4; ++w) {
-            const kcap_u32 q = kcap_load_u32_a2(b + 2 + 4 * w);
+            const kcap_u32 q = qs[w];
             const kcap_u32 lo = q & 0x0f0f0f0fu, hi = (q >> 4) & 0x0f0f0f0fu;
             KCAP_UNROLL for (int j = 0; j < 4; ++j) {
                 out[4 * w + j] = d * (kcap_byte_to_float(lo, j) - 8.0f);
@@ -99,10 +101,11 @@ struct KcapQ5_0 {
     static constexpr int block_elems = 32;
     static constexpr int block_bytes = 22;
     static KCAP_FN void decode32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* out) {
-        const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b)));
-        const kcap_u32 qh = kcap_load_u32_a2(b + 2);
+        kcap_u32 words[5];  // the whole block, d then qh, qs[0..15]: 6 loads
+        const float d = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<5>(b, words)));
+        const kcap_u32 qh = words[0];
         KCAP_UNROLL for (int w = 0; w < 4; ++w) {
-            const kcap_u32 q = kcap_load_u32_a2(b + 6 + 4 * w);
+            const kcap_u32 q = words[1 + w];
             // Spread the 4 fifth bits of this word's elements into bit 4 of each byte.
             const kcap_u32 h_lo = qh >> (4 * w), h_hi = qh >> (16 + 4 * w);
             const kcap_u32 spread_lo = ((h_lo & 1u) << 4) | ((h_lo & 2u) << 11) | ((h_lo & 4u) << 18) | ((h_lo & 8u) << 25);
@@ -141,9 +144,10 @@ struct KcapQ8_0 {
     static constexpr int block_elems = 32;
     static constexpr int block_bytes = 34;
     static KCAP_FN void decode32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* out) {
-        const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b)));
+        kcap_u32 qs[8];  // the whole block, d then qs: 9 loads
+        const float d = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<8>(b, qs)));
         KCAP_UNROLL for (int w = 0; w < 8; ++w) {
-            const kcap_u32 q = kcap_load_u32_a2(b + 2 + 4 * w) ^ 0x80808080u;
+            const kcap_u32 q = qs[w] ^ 0x80808080u;
             KCAP_UNROLL for (int j = 0; j < 4; ++j) out[4 * w + j] = (kcap_byte_to_float(q, j) - 128.0f) * d;
         }
     }
@@ -179,18 +183,24 @@ KCAP_FN int kcap_q3_k_scale(const KCAP_GLOBAL kcap_u8* scales, int i) {
 }
 
 // Q3_K: (d * scale) * q, q = two low bits from qs minus 4 unless element's hmask bit is set.
+// Layout: hmask [0, 32), qs [32, 96), scales [96, 108), d [108, 110).
 struct KcapQ3_K {
     static constexpr int block_elems = 256;
     static constexpr int block_bytes = 110;
     static KCAP_FN void decode32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* out) {
         const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b + 108)));
         const int h = run >> 2, s = run & 3;
+        // 32-byte runs of hmask and qs; the 2 bytes after each that kcap_load_u32s_a2 may read
+        // are in the block (at most bytes 96, 97: scales).
+        kcap_u32 hmask[8], qs[8];
+        kcap_load_u32s_a2<8>(b, hmask);
+        kcap_load_u32s_a2<8>(b + 32 + 32 * h, qs);
         KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
             const float a = d * float(kcap_q3_k_scale(b + 96, 2 * run + half16));
             KCAP_UNROLL for (int w = 0; w < 4; ++w) {
                 const int l = 16 * half16 + 4 * w;
-                const kcap_u32 low = (kcap_load_u32_a2(b + 32 + 32 * h + l) >> (2 * s)) & 0x03030303u;
-                const kcap_u32 high = (kcap_load_u32_a2(b + l) >> run) & 0x01010101u;
+                const kcap_u32 low = (qs[l / 4] >> (2 * s)) & 0x03030303u;
+                const kcap_u32 high = (hmask[l / 4] >> run) & 0x01010101u;
                 KCAP_EMIT4(out + l, low | (high << 2), a, -4.0f * a);
             }
         }
@@ -253,7 +263,7 @@ struct KcapQ5_K {
 
 // Q6_K: sixteen runs of 16; element = (d * scale) * (q - 32). In each 128-element half h,
 // element 32s + l takes the low (s < 2) or high nibble of ql[64h + 32(s & 1) + l] and bits
-// 2s..2s+1 of qh[32h + l].
+// 2s..2s+1 of qh[32h + l]. Layout: ql [0, 128), qh [128, 192), scales [192, 208), d [208, 210).
 struct KcapQ6_K {
     static constexpr int block_elems = 256;
     static constexpr int block_bytes = 210;
@@ -261,14 +271,17 @@ struct KcapQ6_K {
         const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b + 208)));
         const int h = run >> 2, s = run & 3;
         const int low_shift = s < 2 ? 0 : 4;
-        const KCAP_GLOBAL kcap_u8* ql = b + 64 * h + 32 * (s & 1);
-        const KCAP_GLOBAL kcap_u8* qh = b + 128 + 32 * h;
+        // 32-byte runs of ql and qh; the 2 bytes after each that kcap_load_u32s_a2 may read are
+        // in the block (at most bytes 192, 193: scales).
+        kcap_u32 ql[8], qh[8];
+        kcap_load_u32s_a2<8>(b + 64 * h + 32 * (s & 1), ql);
+        kcap_load_u32s_a2<8>(b + 128 + 32 * h, qh);
         KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
             const float a = d * float(int(reinterpret_cast<const KCAP_GLOBAL kcap_i8*>(b + 192)[2 * run + half16]));
             KCAP_UNROLL for (int w = 0; w < 4; ++w) {
                 const int l = 16 * half16 + 4 * w;
-                const kcap_u32 low = (kcap_load_u32_a2(ql + l) >> low_shift) & 0x0f0f0f0fu;
-                const kcap_u32 high = (kcap_load_u32_a2(qh + l) >> (2 * s)) & 0x03030303u;
+                const kcap_u32 low = (ql[l / 4] >> low_shift) & 0x0f0f0f0fu;
+                const kcap_u32 high = (qh[l / 4] >> (2 * s)) & 0x03030303u;
                 KCAP_EMIT4(out + l, low | (high << 4), a, -32.0f * a);
             }
         }

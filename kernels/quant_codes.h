@@ -69,10 +69,11 @@ struct KcapCodes<KcapQ4_0> {
     static constexpr bool has_offset = false;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
-        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16(b)));
+        kcap_u32 qs[4];  // the whole block (as KcapQ4_0::decode32)
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<4>(b, qs)));
         offset[0] = offset[1] = 0.0f;
         KCAP_UNROLL for (int w = 0; w < 4; ++w) {
-            const kcap_u32 v = kcap_load_u32_a2(b + 2 + 4 * w);
+            const kcap_u32 v = qs[w];
             KCAP_CODES4(q + 4 * w, v & 0x0f0f0f0fu, 8.0f);
             KCAP_CODES4(q + 16 + 4 * w, (v >> 4) & 0x0f0f0f0fu, 8.0f);
         }
@@ -111,11 +112,12 @@ struct KcapCodes<KcapQ5_0> {
     static constexpr bool has_offset = false;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
-        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16(b)));
+        kcap_u32 words[5];  // the whole block: qh, qs (as KcapQ5_0::decode32)
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<5>(b, words)));
         offset[0] = offset[1] = 0.0f;
-        const kcap_u32 qh = kcap_load_u32_a2(b + 2);
+        const kcap_u32 qh = words[0];
         KCAP_UNROLL for (int w = 0; w < 4; ++w) {
-            const kcap_u32 v = kcap_load_u32_a2(b + 6 + 4 * w);
+            const kcap_u32 v = words[1 + w];
             KCAP_CODES4(q + 4 * w, (v & 0x0f0f0f0fu) | kcap_q5_spread(qh, 4 * w), 16.0f);
             KCAP_CODES4(q + 16 + 4 * w, ((v >> 4) & 0x0f0f0f0fu) | kcap_q5_spread(qh, 16 + 4 * w), 16.0f);
         }
@@ -148,10 +150,11 @@ struct KcapCodes<KcapQ8_0> {
     static constexpr bool has_offset = false;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
-        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16(b)));
+        kcap_u32 qs[8];  // the whole block (as KcapQ8_0::decode32)
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<8>(b, qs)));
         offset[0] = offset[1] = 0.0f;
         KCAP_UNROLL for (int w = 0; w < 8; ++w) {
-            const kcap_u32 v = kcap_load_u32_a2(b + 2 + 4 * w) ^ 0x80808080u;  // signed byte + 128
+            const kcap_u32 v = qs[w] ^ 0x80808080u;  // signed byte + 128
             KCAP_CODES4(q + 4 * w, v, 128.0f);
         }
     }
@@ -189,13 +192,16 @@ struct KcapCodes<KcapQ3_K> {
                                 KCAP_PRIVATE float* offset) {
         const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b + 108)));
         const int h = run >> 2, s = run & 3;
+        kcap_u32 hmask[8], qs[8];  // as KcapQ3_K::decode32 (the 2 bytes read past each are in the block)
+        kcap_load_u32s_a2<8>(b, hmask);
+        kcap_load_u32s_a2<8>(b + 32 + 32 * h, qs);
         KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
             scale[half16] = d * float(kcap_q3_k_scale(b + 96, 2 * run + half16));
             offset[half16] = 0.0f;
             KCAP_UNROLL for (int w = 0; w < 4; ++w) {
                 const int l = 16 * half16 + 4 * w;
-                const kcap_u32 low = (kcap_load_u32_a2(b + 32 + 32 * h + l) >> (2 * s)) & 0x03030303u;
-                const kcap_u32 high = (kcap_load_u32_a2(b + l) >> run) & 0x01010101u;
+                const kcap_u32 low = (qs[l / 4] >> (2 * s)) & 0x03030303u;
+                const kcap_u32 high = (hmask[l / 4] >> run) & 0x01010101u;
                 KCAP_CODES4(q + l, low | (high << 2), 4.0f);
             }
         }
@@ -258,15 +264,16 @@ struct KcapCodes<KcapQ6_K> {
         const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b + 208)));
         const int h = run >> 2, s = run & 3;
         const int low_shift = s < 2 ? 0 : 4;
-        const KCAP_GLOBAL kcap_u8* ql = b + 64 * h + 32 * (s & 1);
-        const KCAP_GLOBAL kcap_u8* qh = b + 128 + 32 * h;
+        kcap_u32 ql[8], qh[8];  // as KcapQ6_K::decode32 (the 2 bytes read past each are in the block)
+        kcap_load_u32s_a2<8>(b + 64 * h + 32 * (s & 1), ql);
+        kcap_load_u32s_a2<8>(b + 128 + 32 * h, qh);
         KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
             scale[half16] = d * float(int(reinterpret_cast<const KCAP_GLOBAL kcap_i8*>(b + 192)[2 * run + half16]));
             offset[half16] = 0.0f;
             KCAP_UNROLL for (int w = 0; w < 4; ++w) {
                 const int l = 16 * half16 + 4 * w;
-                const kcap_u32 low = (kcap_load_u32_a2(ql + l) >> low_shift) & 0x0f0f0f0fu;
-                const kcap_u32 high = (kcap_load_u32_a2(qh + l) >> (2 * s)) & 0x03030303u;
+                const kcap_u32 low = (ql[l / 4] >> low_shift) & 0x0f0f0f0fu;
+                const kcap_u32 high = (qh[l / 4] >> (2 * s)) & 0x03030303u;
                 KCAP_CODES4(q + l, low | (high << 4), 32.0f);
             }
         }

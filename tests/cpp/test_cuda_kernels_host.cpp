@@ -87,6 +87,55 @@ void test_decoders(std::mt19937& rng) {
     }
 }
 
+// Every decoder reads only its own block, at each start alignment its format allows (blocks of
+// 18, 22, 34, 110, 210 bytes at 0 and 2 mod 4, MXFP4 at any byte): each block is copied to a
+// buffer at that offset and decoded with the host loads limited to its exact bytes, and the
+// values must be bit-identical to decoding it in place. A block that ends a weight tensor ends
+// a device allocation, so the aligned-load helpers (kcap_load_u32s_a2 and friends) may not
+// stray past it. codes32 (quant_codes.h) is held to the same.
+void test_decoder_bounds(std::mt19937& rng) {
+    int checked = 0;
+    for (const FormatInfo& info : all_formats()) {
+        with_decoder(info.format, [&](auto decoder) {
+            using F = decltype(decoder);
+            const int step = F::block_bytes % 2 ? 1 : F::block_bytes % 4 ? 2 : 4;  // legal start offsets mod 4
+            const int64_t k = std::max<int64_t>(32, info.block_elems) * 2;
+            const int rows = 3;
+            auto w = random_weights(rng, info.format, k, rows);
+            alignas(16) static kcap_u8 buffer[512];
+            for (int row = 0; row < rows; ++row)
+                for (int run = 0; run < k / 32; ++run) {
+                    const int per_block = F::block_elems / 32;
+                    const kcap_u8* block = w->ref.row(row) + (run / per_block) * F::block_bytes;
+                    float want[32], got[32];
+                    F::decode32(block, run % per_block, want);
+                    for (int offset = 0; offset < 4; offset += step) {
+                        kcap_u8* copy = buffer + offset;
+                        std::memcpy(copy, block, F::block_bytes);
+                        kcap_sim::Readable only(copy, copy + F::block_bytes);
+                        F::decode32(copy, run % per_block, got);
+                        KCAP_EXPECT(std::memcmp(got, want, sizeof got) == 0, "decode32 %s at offset %d: other values",
+                                    info.name, offset);
+                        using C = KcapCodes<F>;
+                        if constexpr (C::factorable) {
+                            float q[32], scale[2], off[2], q_want[32], scale_want[2], off_want[2];
+                            {
+                                kcap_sim::Readable anything(nullptr, nullptr);
+                                C::codes32(block, run % per_block, q_want, scale_want, off_want);
+                            }
+                            C::codes32(copy, run % per_block, q, scale, off);
+                            KCAP_EXPECT(std::memcmp(q, q_want, sizeof q) == 0 && std::memcmp(scale, scale_want, sizeof scale) == 0 &&
+                                            std::memcmp(off, off_want, sizeof off) == 0,
+                                        "codes32 %s at offset %d: other values", info.name, offset);
+                        }
+                        ++checked;
+                    }
+                }
+        });
+    }
+    std::printf("decoder bounds: %d block decodes at every legal start alignment, each within its block\n", checked);
+}
+
 // Ulps between two floats (0 for equal values, +0 and -0 included).
 int64_t ulp_distance(float a, float b) {
     if (a == b) return 0;
@@ -973,6 +1022,7 @@ int main() {
     CpuState cpu(2);
     test_table();
     test_decoders(rng);
+    test_decoder_bounds(rng);
     test_codes(rng);
     test_matmul_rows(rng, cpu);
     test_embed_rows(rng, cpu);
