@@ -1,7 +1,8 @@
 // CUDA entry point of the attention row (cuda.attention): kernels/attention.h.
 //   one token (decode, and every step of the decode graph): split-K decode, which also
 //     appends the token's K/V, then the combine when the stage has more than one split;
-//   a prefill chunk: append the chunk's K/V, then every token attends to the cache.
+//   a prefill chunk: append the chunk's K/V, then every token attends to the cache (tiled:
+//     kernels/attention_prefill.h, geometry in cuda_rows::attn_prefill_*).
 // The split count was fixed at load time from the stage's longest span (cuda_backend.cu),
 // so the captured graph replays at any position; each split's share of keys follows the
 // position read from device memory.
@@ -38,13 +39,19 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     kcap_kv_append(kcap_cuda_thread(), p, step, k_new, v_new, k_cache, v_cache);
 }
 
-__global__ void __launch_bounds__(kAttnMaxSimds * 32)
+static_assert(kAttnPrefillRowsPerSimd == KCAP_ATTN_PREFILL_ROWS && kAttnPrefillMaxSimds == KCAP_ATTN_PREFILL_MAX_SIMDS &&
+                  kAttnPrefillQFloats == KCAP_ATTN_PREFILL_Q_FLOATS &&
+                  kAttnPrefillSharedBytes == KCAP_ATTN_PREFILL_SHARED_FLOATS * 4,
+              "cuda_rows states the prefill body's geometry");
+
+// Tiled prefill: grid x = row tiles of the KV head's query rows, y = n_head_kv.
+__global__ void __launch_bounds__(KCAP_ATTN_PREFILL_MAX_SIMDS * 32)
     prefill_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const kcap_u8* k_cache,
                    const kcap_u8* v_cache, float* out) {
-    __shared__ float q_shared[kAttnMaxSimds * KCAP_ATTN_MAX_HEAD_DIM];
+    __shared__ __align__(16) float shared[KCAP_ATTN_PREFILL_SHARED_FLOATS];
     cuda::pdl_wait();
     cuda::pdl_trigger();
-    kcap_attention_prefill(kcap_cuda_thread(), p, step, q, k_cache, v_cache, out, q_shared);
+    kcap_attention_prefill(kcap_cuda_thread(), p, step, q, k_cache, v_cache, out, shared);
 }
 
 }  // namespace
@@ -60,8 +67,6 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
     const cuda::KvCache& kv = ctx.kv.at(size_t(shared ? s.kv_layer : stage.layer));
     auto* k_cache = static_cast<kcap_u8*>(kv.k);
     auto* v_cache = static_cast<kcap_u8*>(kv.v);
-    const int group = s.n_head / s.n_head_kv;
-    const int simds = group < kAttnMaxSimds ? group : kAttnMaxSimds;
     if (call.n_tokens == 1) {
         cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * KCAP_ATTN_DECODE_SIMDS), 0, p, ctx.step, call.in,
                      call.in2, call.in3, k_cache, v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out);
@@ -75,7 +80,9 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
     if (p.append)
         cuda::launch(ctx, append_kernel, dim3(cuda::ceil_div(appended, kElementwiseThreads)), dim3(kElementwiseThreads), 0,
                      p, ctx.step, call.in2, call.in3, k_cache, v_cache);
-    cuda::launch(ctx, prefill_kernel, dim3(p.n_tokens, p.n_head_kv), dim3(32 * simds), 0, p, ctx.step, call.in,
+    const int64_t query_rows = int64_t(p.n_tokens) * (p.n_head / p.n_head_kv);
+    cuda::launch(ctx, prefill_kernel, dim3(cuda::ceil_div(query_rows, attn_prefill_rows(p.head_dim)), p.n_head_kv),
+                 dim3(32 * attn_prefill_simds(p.head_dim)), 0, p, ctx.step, call.in,
                  static_cast<const kcap_u8*>(k_cache), static_cast<const kcap_u8*>(v_cache), call.out);
 }
 

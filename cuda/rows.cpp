@@ -124,7 +124,7 @@ void add_cuda_rope_rows(std::vector<Row>& rows) {
 
 void add_cuda_attention_rows(std::vector<Row>& rows) {
     Row row = make_row("cuda.attention", Op::Attention, KCAP_CUDA_ENTRY(kcap_cuda_attention),
-                       {cuda_rows::kAttnMaxSimds * 32, 0, cuda_rows::kAttnMaxSimds * 256 * 4});
+                       {cuda_rows::kAttnMaxSimds * 32, 0, cuda_rows::kAttnPrefillSharedBytes});  // prefill's, the most
     row.kv_formats = {Format::F32, Format::F16};
     row.features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared;
     row.dims.k_multiple = 4;     // head_dim: K rows are read 4 elements at a time

@@ -73,8 +73,32 @@ constexpr int norm_threads(long long width) {
     const long long t = (width / 4 + 31) / 32 * 32;
     return int(t < 64 ? 64 : t > kNormThreads ? kNormThreads : t);
 }
-// Attention: one simd group per query head of a KV head; decode splits keys over groups.
-constexpr int kAttnMaxSimds = 8;
+// Attention: decode takes one KV head per group and splits keys over groups.
+constexpr int kAttnMaxSimds = 8;  // the most simd groups of an attention launch (the row's threads)
+// Prefill (kernels/attention_prefill.h, tiled): a group owns 4 * row_simds consecutive query
+// rows of one KV head (token-major, the KV head's query heads adjacent), staged once:
+// rows * head_dim <= kAttnPrefillQFloats, so 32 rows at head_dim 128, 16 at 256. Few rows
+// (head_dim > 204) get a second set of simd groups that takes the other half of each 64-key
+// tile, so a group still has 8 simd groups and the short grid (Gemma 3: one KV head) keeps
+// the multiprocessors busier. The constants equal the body's KCAP_ATTN_PREFILL_* (static_assert
+// in cuda/attention.cu).
+constexpr int kAttnPrefillRowsPerSimd = 4;   // KCAP_ATTN_PREFILL_ROWS
+constexpr int kAttnPrefillMaxSimds = 8;      // KCAP_ATTN_PREFILL_MAX_SIMDS
+constexpr int kAttnPrefillQFloats = 4096;    // KCAP_ATTN_PREFILL_Q_FLOATS
+constexpr int kAttnPrefillSharedBytes = (4096 + 2304 + 8 * 32 * 4) * 4;  // KCAP_ATTN_PREFILL_SHARED_FLOATS: 29 KB
+constexpr int attn_prefill_row_simds(int head_dim) {
+    return kAttnPrefillQFloats / (kAttnPrefillRowsPerSimd * head_dim) < kAttnPrefillMaxSimds
+               ? kAttnPrefillQFloats / (kAttnPrefillRowsPerSimd * head_dim)
+               : kAttnPrefillMaxSimds;
+}
+constexpr int attn_prefill_key_split(int head_dim) {
+    return 2 * attn_prefill_row_simds(head_dim) <= kAttnPrefillMaxSimds ? 2 : 1;
+}
+constexpr int attn_prefill_simds(int head_dim) { return attn_prefill_row_simds(head_dim) * attn_prefill_key_split(head_dim); }
+constexpr int attn_prefill_rows(int head_dim) { return kAttnPrefillRowsPerSimd * attn_prefill_row_simds(head_dim); }
+static_assert(attn_prefill_simds(256) == 8 && attn_prefill_rows(256) == 16 && attn_prefill_simds(128) == 8 &&
+                  attn_prefill_rows(128) == 32 && attn_prefill_simds(64) == 8,
+              "prefill geometry at the common head dims");
 constexpr int kAttnMinChunk = 64;  // fewest keys per decode split (a multiple of 32)
 constexpr int kAttnSplitsPerSm = 4;  // decode grid: at most this many groups per multiprocessor
 // qk_norm_rope: one simd group per head row.

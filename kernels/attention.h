@@ -378,32 +378,5 @@ KCAP_FN void kcap_attention_combine(const KcapThread t, const KcapAttentionParam
     }
 }
 
-// Prefill: every token of the call attends to the cache (appended first by kcap_kv_append).
-// Grid: x = n_tokens, y = n_head_kv; threads 32 * simds; shared: simds * head_dim floats.
-KCAP_FN void kcap_attention_prefill(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
-                                    const KCAP_GLOBAL float* q, const KCAP_GLOBAL kcap_u8* k_cache,
-                                    const KCAP_GLOBAL kcap_u8* v_cache, KCAP_GLOBAL float* out,
-                                    KCAP_SHARED float* q_shared) {
-    const int token = int(t.group_x);
-    const int kv_head = int(t.group_y);
-    const int pos = step[0] + token;
-    const int first = p.window > 0 && pos - p.window + 1 > 0 ? pos - p.window + 1 : 0;
-    const int group = p.n_head / p.n_head_kv;
-    KCAP_SHARED float* qs = q_shared + t.simd * p.head_dim;
-    for (int g0 = 0; g0 < group; g0 += int(t.simds)) {
-        const int g = g0 + int(t.simd);
-        if (g >= group) break;
-        const kcap_u64 head = kcap_u64(token) * p.n_head + kv_head * group + g;
-        for (int d = int(t.lane); d < p.head_dim; d += KCAP_SIMD_WIDTH) qs[d] = q[head * p.head_dim + d];
-        kcap_simd_barrier();
-        float m = KCAP_NEG_INFINITY, l = 0.0f, o[KCAP_ATTN_VALUES_PER_LANE];
-        KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) o[i] = 0.0f;
-        kcap_attend_range(t, p, kv_head, first, pos + 1, -1, qs, k_cache, v_cache, q, q, &m, &l, o);
-        const float inv = 1.0f / l;
-        KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_VALUES_PER_LANE; ++i) {
-            const int d = int(t.lane) + KCAP_SIMD_WIDTH * i;
-            if (d < p.head_dim_v) out[head * p.head_dim_v + d] = o[i] * inv;
-        }
-        kcap_simd_barrier();
-    }
-}
+// Prefill (a chunk of tokens attends to the cache): kernels/attention_prefill.h, tiled.
+#include "kernels/attention_prefill.h"

@@ -5,14 +5,18 @@
 //     than one split (the split count is fixed at load time by the host; the combine reads the
 //     step to know how many splits had keys);
 //   a prefill chunk: append the chunk's K/V (not for a shared-KV layer), then every token
-//     attends to the cache.
+//     attends to the cache (tiled: kernels/attention_prefill.h).
 #include "kernels/attention.h"
 #include "metal/rows.h"
 
 using namespace kcap::metal_rows;
 
 static_assert(kAttnDecodeSimds == KCAP_ATTN_DECODE_SIMDS, "the host launches 32 * kAttnDecodeSimds threads");
-static_assert(kAttnMaxSimds == KCAP_ATTN_MAX_SIMDS, "prefill's q_shared holds kAttnMaxSimds heads");
+static_assert(kAttnMaxSimds == KCAP_ATTN_MAX_SIMDS, "the row's threads: the most simd groups of a launch");
+static_assert(kAttnPrefillRowsPerSimd == KCAP_ATTN_PREFILL_ROWS && kAttnPrefillMaxSimds == KCAP_ATTN_PREFILL_MAX_SIMDS &&
+                  kAttnPrefillQFloats == KCAP_ATTN_PREFILL_Q_FLOATS &&
+                  kAttnPrefillSharedBytes == KCAP_ATTN_PREFILL_SHARED_FLOATS * 4,
+              "metal_rows states the prefill body's geometry");
 
 // Grid: x = n_head_kv, y = n_splits; 32 * kAttnDecodeSimds threads.
 [[host_name(KCAP_METAL_ENTRY(attention_decode))]] kernel void kcap_attention_decode_entry(
@@ -43,12 +47,13 @@ static_assert(kAttnMaxSimds == KCAP_ATTN_MAX_SIMDS, "prefill's q_shared holds kA
     kcap_kv_append(t, p, step, k_new, v_new, k_cache, v_cache);
 }
 
-// Grid: x = n_tokens, y = n_head_kv; 32 * min(group, kAttnMaxSimds) threads.
+// Tiled prefill. Grid: x = ceil(n_tokens * (n_head / n_head_kv) / attn_prefill_rows(head_dim)),
+// y = n_head_kv; 32 * attn_prefill_simds(head_dim) threads (metal_rows).
 [[host_name(KCAP_METAL_ENTRY(attention_prefill))]] kernel void kcap_attention_prefill_entry(
     constant KcapAttentionParams& p [[buffer(0)]], device const kcap_i32* step [[buffer(1)]],
     device const float* q [[buffer(2)]], device const kcap_u8* k_cache [[buffer(3)]],
     device const kcap_u8* v_cache [[buffer(4)]], device float* out [[buffer(5)]], KCAP_METAL_THREAD_ARGS) {
-    threadgroup float q_shared[kAttnMaxSimds * KCAP_ATTN_MAX_HEAD_DIM];
+    threadgroup float4 shared[KCAP_ATTN_PREFILL_SHARED_FLOATS / 4];  // float4: 16-byte aligned
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_attention_prefill(t, p, step, q, k_cache, v_cache, out, q_shared);
+    kcap_attention_prefill(t, p, step, q, k_cache, v_cache, out, reinterpret_cast<threadgroup float*>(shared));
 }

@@ -16,8 +16,6 @@ void kcap_metal_attention(const Stage& stage, const KernelCall& call) {
     const KcapAttentionParams p = attention_params(stage, call.n_tokens, ctx.kv_format, data.attn_splits, kAttnMinChunk);
     const bool shared = s.kv_layer >= 0;
     const metal::KvCache& kv = ctx.kv.at(size_t(shared ? s.kv_layer : stage.layer));
-    const int group = s.n_head / s.n_head_kv;
-    const int simds = group < kAttnMaxSimds ? group : kAttnMaxSimds;
     id<MTLComputeCommandEncoder> e = ctx.encoder;
     metal::bind_params(ctx, 0, p);
     if (call.n_tokens == 1) {
@@ -58,8 +56,11 @@ void kcap_metal_attention(const Stage& stage, const KernelCall& call) {
     [e setBuffer:kv.k offset:0 atIndex:3];
     [e setBuffer:kv.v offset:0 atIndex:4];
     metal::bind(ctx, 5, call.out);
-    metal::dispatch(ctx, *data.row, kAttnPrefill, MTLSizeMake(NSUInteger(p.n_tokens), NSUInteger(p.n_head_kv), 1),
-                    32 * simds);
+    // Tiled prefill (kernels/attention_prefill.h): row tiles of the KV head's query rows.
+    const int64_t query_rows = int64_t(p.n_tokens) * (p.n_head / p.n_head_kv);
+    metal::dispatch(ctx, *data.row, kAttnPrefill,
+                    MTLSizeMake(metal::ceil_div(query_rows, attn_prefill_rows(p.head_dim)), NSUInteger(p.n_head_kv), 1),
+                    32 * attn_prefill_simds(p.head_dim));
 }
 
 }  // namespace kcap

@@ -104,7 +104,7 @@ void add_attention(std::vector<Declared>& out) {
     // (kernels/attention.h); a shared-KV layer reads its source layer's cache and appends
     // nothing (kKvShared). Entry order: metal_rows::AttentionEntry.
     Row row = make_row("metal.attention", Op::Attention, KCAP_METAL_FN(kcap_metal_attention),
-                       {kAttnMaxSimds * 32, 0, kAttnMaxSimds * 256 * 4});
+                       {kAttnMaxSimds * 32, 0, kAttnPrefillSharedBytes});  // prefill's, the most
     row.kv_formats = {Format::F32, Format::F16};
     row.features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared;
     row.dims.k_multiple = 4;      // head_dim: K rows are read 4 elements at a time

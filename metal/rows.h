@@ -48,10 +48,16 @@ enum : int {
     kNormThreads = 256,
     kNormScratchFloats = 32,  // one per simd group (1024 threads at most)
     // Attention: decode is kcap_attention_decode (KCAP_ATTN_DECODE_SIMDS simd groups per
-    // threadgroup, static_assert in metal/attention.metal); prefill one simd group per query
-    // head of a KV head.
+    // threadgroup, static_assert in metal/attention.metal); prefill is the tiled
+    // kcap_attention_prefill (kernels/attention_prefill.h): a threadgroup owns
+    // kAttnPrefillRowsPerSimd * row_simds query rows of one KV head, as cuda_rows
+    // (attn_prefill_* below; static_asserts in metal/attention.metal).
     kAttnDecodeSimds = 4,
-    kAttnMaxSimds = 8,  // KCAP_ATTN_MAX_SIMDS
+    kAttnMaxSimds = 8,  // KCAP_ATTN_MAX_SIMDS: the most simd groups of an attention threadgroup
+    kAttnPrefillRowsPerSimd = 4,                          // KCAP_ATTN_PREFILL_ROWS
+    kAttnPrefillMaxSimds = 8,                             // KCAP_ATTN_PREFILL_MAX_SIMDS
+    kAttnPrefillQFloats = 4096,                           // KCAP_ATTN_PREFILL_Q_FLOATS
+    kAttnPrefillSharedBytes = (4096 + 2304 + 8 * 32 * 4) * 4,  // KCAP_ATTN_PREFILL_SHARED_FLOATS: 29 KB
     kAttnMinChunk = 64,
     kAttnSplitsPerCore = 4,  // decode grid: at most this many threadgroups per kGpuCores core
     kAttnCombineThreads = 256,
@@ -117,6 +123,18 @@ constexpr int matvec_shared_floats(long long k) {
 }
 static_assert(matvec_shared_floats(1 << 20) * 4 == kMatvecSharedBytes, "the largest matvec takes kMatvecSharedBytes");
 static_assert(kMatvecSharedBytes <= 32768, "Metal gives a threadgroup 32 KB");
+// Prefill attention geometry (cuda_rows::attn_prefill_*, the same rule).
+constexpr int attn_prefill_row_simds(int head_dim) {
+    return kAttnPrefillQFloats / (kAttnPrefillRowsPerSimd * head_dim) < kAttnPrefillMaxSimds
+               ? kAttnPrefillQFloats / (kAttnPrefillRowsPerSimd * head_dim)
+               : int(kAttnPrefillMaxSimds);
+}
+constexpr int attn_prefill_key_split(int head_dim) {
+    return 2 * attn_prefill_row_simds(head_dim) <= kAttnPrefillMaxSimds ? 2 : 1;
+}
+constexpr int attn_prefill_simds(int head_dim) { return attn_prefill_row_simds(head_dim) * attn_prefill_key_split(head_dim); }
+constexpr int attn_prefill_rows(int head_dim) { return kAttnPrefillRowsPerSimd * attn_prefill_row_simds(head_dim); }
+static_assert(kAttnPrefillSharedBytes <= 32768, "Metal gives a threadgroup 32 KB");
 
 // The entry points of a Metal row, in the order its launcher indexes them (the pipeline cache
 // key is (row, index)). Empty for a name that is not a Metal row.

@@ -743,6 +743,20 @@ void test_sample(std::mt19937& rng) {
     std::printf("sample bodies: %d cases\n", cases);
 }
 
+// The tiled prefill body with the launch geometry cuda/attention.cu uses (cuda_rows), or with
+// another key split (1 or 2) where the body allows it.
+void run_prefill(const KcapAttentionParams& p, const int32_t* step, const float* q, const uint8_t* k_cache,
+                 const uint8_t* v_cache, float* out, int key_split = 0) {
+    using namespace kcap::cuda_rows;
+    const int row_simds = attn_prefill_row_simds(p.head_dim);
+    const int split = key_split > 0 ? key_split : attn_prefill_key_split(p.head_dim);
+    const int64_t query_rows = int64_t(p.n_tokens) * (p.n_head / p.n_head_kv);
+    kcap_sim::launch({ceil_div(query_rows, kAttnPrefillRowsPerSimd * row_simds), unsigned(p.n_head_kv), 1},
+                     unsigned(32 * row_simds * split), kAttnPrefillSharedBytes, [&](const KcapThread& t, void* shared) {
+                         kcap_attention_prefill(t, p, step, q, k_cache, v_cache, out, static_cast<float*>(shared));
+                     });
+}
+
 struct AttentionCase {
     int n_head, n_head_kv, head_dim, head_dim_v, window;
     float softcap;
@@ -782,7 +796,6 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
         p.append = 1;
         const size_t elem = c.kv == Format::F16 ? 2 : 4;
         std::vector<uint8_t> k_cache(static_cast<size_t>(n_ctx) * p.k_width * elem + 16), v_cache(size_t(n_ctx) * p.v_width * elem + 16);
-        const int simds = std::min(c.n_head / c.n_head_kv, 8);
         std::vector<float> partial_o(static_cast<size_t>(c.n_head) * c.n_splits * c.head_dim_v, NAN);
         std::vector<float> partial_ml(static_cast<size_t>(c.n_head) * c.n_splits * 2, NAN);
         int pos = 0;
@@ -817,11 +830,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                 kcap_sim::launch({ceil_div(appended, 256), 1, 1}, 256, 0, [&](const KcapThread& t, void*) {
                     kcap_kv_append(t, p, step, k.data(), v.data(), k_cache.data(), v_cache.data());
                 });
-                kcap_sim::launch({unsigned(m), unsigned(c.n_head_kv), 1}, 32 * simds, sizeof(float) * simds * c.head_dim,
-                                 [&](const KcapThread& t, void* shared) {
-                                     kcap_attention_prefill(t, p, step, q.data(), k_cache.data(), v_cache.data(),
-                                                            got.data(), static_cast<float*>(shared));
-                                 });
+                run_prefill(p, step, q.data(), k_cache.data(), v_cache.data(), got.data());
             }
             const double err = relative_error(got, ref);
             KCAP_EXPECT(err <= kAttentionTolerance,
@@ -863,11 +872,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                                      [&](const KcapThread& t, void*) {
                                          kcap_kv_append(t, ps, step, nullptr, nullptr, k_cache.data(), v_cache.data());
                                      });
-                    kcap_sim::launch({unsigned(m), unsigned(c.n_head_kv), 1}, 32 * simds, sizeof(float) * simds * c.head_dim,
-                                     [&](const KcapThread& t, void* sh) {
-                                         kcap_attention_prefill(t, ps, step, q2.data(), k_cache.data(), v_cache.data(),
-                                                                got2.data(), static_cast<float*>(sh));
-                                     });
+                    run_prefill(ps, step, q2.data(), k_cache.data(), v_cache.data(), got2.data());
                 }
                 const double err2 = relative_error(got2, ref2);
                 KCAP_EXPECT(err2 <= kAttentionTolerance && k_cache == k_before && v_cache == v_before,
@@ -880,6 +885,105 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
         }
     }
     std::printf("attention bodies: %d calls\n", checked);
+}
+
+// The tiled prefill at the edges of its tiles: several chunks (positions > 0 after earlier
+// tokens), token counts that are no multiple of a row tile, windows shorter than a chunk,
+// softcap, GQA 1/3/4/8/10, head dims 32..256 with head_dim_v != head_dim, f16 and f32 caches;
+// each chunk also as a shared-KV layer (other queries over the same cache, nothing stored).
+struct PrefillCase {
+    int n_head, n_head_kv, head_dim, head_dim_v, window;
+    float softcap;
+    Format kv;
+    std::vector<int> chunks;
+    int key_split;  // 0: the launch's rule
+};
+
+void test_attention_prefill(std::mt19937& rng, CpuState& cpu) {
+    const PrefillCase cases[] = {
+        {4, 1, 256, 256, 0, 0.0f, Format::F16, {37, 29}, 0},     // Gemma 3 heads (two key halves), second chunk at 37
+        {4, 1, 256, 256, 16, 0.0f, Format::F32, {50, 21}, 0},    // window shorter than a chunk and a key tile
+        {4, 1, 256, 256, 40, 0.0f, Format::F16, {70, 3}, 1},     // one key half at head_dim 256
+        {8, 8, 128, 128, 0, 30.0f, Format::F32, {33, 6}, 0},     // GQA 1, softcap
+        {9, 3, 64, 64, 0, 0.0f, Format::F16, {19, 13, 2}, 0},    // GQA 3: row tiles cut through a token's heads
+        {32, 8, 128, 128, 24, 0.0f, Format::F16, {45, 20}, 0},   // Llama-3-8B heads (GQA 4), window
+        {16, 2, 128, 64, 0, 0.0f, Format::F32, {23, 9}, 0},      // GQA 8, head_dim_v < head_dim
+        {10, 1, 32, 48, 7, 0.0f, Format::F16, {11, 5}, 0},       // GQA 10, head_dim_v > head_dim, tiny window
+        {4, 2, 96, 160, 0, 20.0f, Format::F32, {17, 40}, 0},     // dims no multiple of a chunk, softcap
+        {4, 1, 200, 256, 9, 0.0f, Format::F16, {22, 3}, 0},      // 5 simd groups (160 threads), window
+    };
+    int checked = 0;
+    for (const PrefillCase& c : cases) {
+        int n_ctx = 0;
+        for (int m : c.chunks) n_ctx += m;
+        Stage stage;
+        stage.layer = 0;
+        stage.op = Op::Attention;
+        stage.params.n_head = c.n_head, stage.params.n_head_kv = c.n_head_kv;
+        stage.params.head_dim = c.head_dim, stage.params.head_dim_v = c.head_dim_v;
+        stage.params.sliding_window = c.window, stage.params.softcap = c.softcap;
+        stage.params.scale = 1.0f / std::sqrt(float(c.head_dim));
+        stage.kv_format = c.kv;
+        stage.n = int64_t(c.n_head) * c.head_dim_v;
+        cpu.kv.assign(1, KvLayer());
+        cpu.kv[0].format = c.kv;
+        cpu.kv[0].k_width = int64_t(c.n_head_kv) * c.head_dim;
+        cpu.kv[0].v_width = int64_t(c.n_head_kv) * c.head_dim_v;
+        KcapAttentionParams p;
+        p.n_head = c.n_head, p.n_head_kv = c.n_head_kv, p.head_dim = c.head_dim, p.head_dim_v = c.head_dim_v;
+        p.k_width = c.n_head_kv * c.head_dim, p.v_width = c.n_head_kv * c.head_dim_v;
+        p.window = c.window, p.scale = stage.params.scale, p.softcap = c.softcap, p.kv_f16 = c.kv == Format::F16;
+        p.n_splits = 1, p.min_chunk = 32, p.append = 1;
+        const size_t elem = c.kv == Format::F16 ? 2 : 4;
+        std::vector<uint8_t> k_cache(size_t(n_ctx) * p.k_width * elem), v_cache(size_t(n_ctx) * p.v_width * elem);
+        int pos = 0;
+        for (int m : c.chunks) {
+            const std::vector<float> q = random_floats(rng, size_t(m) * c.n_head * c.head_dim, 3.0f);
+            const std::vector<float> k = random_floats(rng, size_t(m) * p.k_width);
+            const std::vector<float> v = random_floats(rng, size_t(m) * p.v_width);
+            std::vector<float> ref(size_t(m) * c.n_head * c.head_dim_v), got = nan_filled(ref.size());
+            KernelCall call;
+            call.n_tokens = m;
+            call.pos0 = pos;
+            call.in = q.data(), call.in2 = k.data(), call.in3 = v.data(), call.out = ref.data();
+            run_cpu(cpu_twin(find_row("cuda.attention")), stage, call, cpu);
+            const int32_t step[2] = {pos, 0};
+            p.n_tokens = m;
+            kcap_sim::launch({ceil_div(int64_t(m) * (p.k_width + p.v_width), 256), 1, 1}, 256, 0,
+                             [&](const KcapThread& t, void*) {
+                                 kcap_kv_append(t, p, step, k.data(), v.data(), k_cache.data(), v_cache.data());
+                             });
+            run_prefill(p, step, q.data(), k_cache.data(), v_cache.data(), got.data(), c.key_split);
+            const double err = relative_error(got, ref);
+            KCAP_EXPECT(err <= kAttentionTolerance,
+                        "prefill heads %d/%d dim %d/%d window %d softcap %g kv %s split %d, %d tokens at %d: error %.3g",
+                        c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.window, double(c.softcap), format_name(c.kv),
+                        c.key_split, m, pos, err);
+            ++checked;
+            Stage shared = stage;
+            shared.layer = 1;
+            shared.params.kv_layer = 0;
+            shared.features = kKvShared;
+            const std::vector<float> q2 = random_floats(rng, size_t(m) * c.n_head * c.head_dim, 3.0f);
+            std::vector<float> ref2(ref.size()), got2 = nan_filled(ref.size());
+            const std::vector<uint8_t> k_before = k_cache, v_before = v_cache;
+            KernelCall call2;
+            call2.n_tokens = m;
+            call2.pos0 = pos;
+            call2.in = q2.data(), call2.out = ref2.data();
+            run_cpu(cpu_twin(find_row("cuda.attention")), shared, call2, cpu);
+            KcapAttentionParams ps = p;
+            ps.append = 0;
+            run_prefill(ps, step, q2.data(), k_cache.data(), v_cache.data(), got2.data(), c.key_split);
+            const double err2 = relative_error(got2, ref2);
+            KCAP_EXPECT(err2 <= kAttentionTolerance && k_cache == k_before && v_cache == v_before,
+                        "shared-KV prefill heads %d/%d dim %d/%d, %d tokens at %d: error %.3g", c.n_head, c.n_head_kv,
+                        c.head_dim, c.head_dim_v, m, pos, err2);
+            ++checked;
+            pos += m;
+        }
+    }
+    std::printf("attention prefill body: %d calls\n", checked);
 }
 
 // Every CUDA row is declared (also where CUDA is not compiled in), and routes are refused
@@ -1036,6 +1140,7 @@ int main() {
     test_argmax(rng);
     test_sample(rng);
     test_attention(rng, cpu);
+    test_attention_prefill(rng, cpu);
     if (failures()) {
         std::printf("%d failures\n", failures());
         return 1;

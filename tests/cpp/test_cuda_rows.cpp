@@ -384,11 +384,15 @@ struct AttentionCase {
     float softcap;
     Format kv;
     int prefill, decode_steps, n_splits;
+    int prefill2 = 0;  // a second prefill chunk (positions after the first), before the decode steps
 };
 
 void test_attention(std::mt19937& rng, CpuState& cpu) {
     const Row& row = find_row("cuda.attention");
     const AttentionCase cases[] = {
+        {4, 1, 256, 256, 512, 0.0f, Format::F16, 517, 2, 8, 300},  // Gemma local layer: a second chunk past the window
+        {32, 8, 128, 128, 0, 0.0f, Format::F16, 333, 1, 16, 179},  // Llama-3-8B heads, f16: two chunks, odd counts
+        {16, 2, 128, 64, 40, 30.0f, Format::F32, 95, 1, 2, 61},    // GQA 8, dv < d, window and softcap
         {4, 1, 256, 256, 0, 0.0f, Format::F32, 700, 3, 11},    // Gemma global layer, 11 splits
         {4, 1, 256, 256, 512, 0.0f, Format::F16, 600, 3, 8},   // Gemma local layer past its window
         {9, 3, 64, 64, 0, 0.0f, Format::F16, 9, 3, 1},         // SmolLM2 heads, one split
@@ -398,7 +402,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
     };
     for (const AttentionCase& c : cases) {
         TestContext t;
-        const int n_ctx = c.prefill + c.decode_steps;
+        const int n_ctx = c.prefill + c.prefill2 + c.decode_steps;
         Stage stage;
         stage.layer = 0;
         stage.op = Op::Attention;
@@ -424,8 +428,9 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
         StageData data;
         data.attn_splits = c.n_splits;
         int pos = 0;
-        for (int call_index = 0; call_index <= c.decode_steps; ++call_index) {
-            const int m = call_index == 0 ? c.prefill : 1;
+        const int prefill_calls = c.prefill2 > 0 ? 2 : 1;
+        for (int call_index = 0; call_index < prefill_calls + c.decode_steps; ++call_index) {
+            const int m = call_index == 0 ? c.prefill : call_index < prefill_calls ? c.prefill2 : 1;
             const std::vector<float> q = random_floats(rng, size_t(m) * c.n_head * c.head_dim);
             const std::vector<float> k = random_floats(rng, size_t(m) * c.n_head_kv * c.head_dim);
             const std::vector<float> v = random_floats(rng, size_t(m) * c.n_head_kv * c.head_dim_v);
