@@ -1,7 +1,6 @@
 // CUDA entry point of the attention row (cuda.attention): kernels/attention.h.
 //   one token (decode, and every step of the decode graph): split-K decode, which also
-//     appends the token's K/V; with more than one active split, the last split of each KV
-//     head to finish combines them (one launch);
+//     appends the token's K/V, then the combine when the stage has more than one split;
 //   a prefill chunk: append the chunk's K/V, then every token attends to the cache (tiled:
 //     kernels/attention_prefill.h, geometry in cuda_rows::attn_prefill_*).
 // The split count was fixed at load time from the stage's longest span (cuda_backend.cu),
@@ -15,27 +14,21 @@ namespace {
 
 using namespace cuda_rows;
 
-// Decode; with several active splits, the last split of each KV head to finish merges the
-// splits of that head's query heads (kcap_attention_combine) instead of a second launch.
 __global__ void __launch_bounds__(KCAP_ATTN_DECODE_SIMDS * 32)
     decode_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new, const float* v_new,
-                  kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out,
-                  unsigned* counters) {
+                  kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out) {
     __shared__ float merge[KCAP_ATTN_DECODE_SHARED_FLOATS];
-    __shared__ int last;
     cuda::pdl_wait();
     cuda::pdl_trigger();
-    const KcapThread t = kcap_cuda_thread();
-    kcap_attention_decode(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge);
-    const int active = kcap_decode_splits(p, step[0]).active;
-    if (active == 1 || int(t.group_y) >= active) return;  // one split wrote out; past the keys: no part
-    if (!cuda::last_group(counters + t.group_x, unsigned(active), &last)) return;
-    const int group = p.n_head / p.n_head_kv;
-    for (int h = 0; h < group; ++h) {
-        KcapThread head = t;
-        head.group_x = t.group_x * unsigned(group) + unsigned(h);
-        kcap_attention_combine(head, p, step, partial_o, partial_ml, out);
-    }
+    kcap_attention_decode(kcap_cuda_thread(), p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out,
+                          merge);
+}
+
+__global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, const kcap_i32* step, const float* partial_o,
+                                                      const float* partial_ml, float* out) {
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_attention_combine(kcap_cuda_thread(), p, step, partial_o, partial_ml, out);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -75,9 +68,12 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
     auto* k_cache = static_cast<kcap_u8*>(kv.k);
     auto* v_cache = static_cast<kcap_u8*>(kv.v);
     if (call.n_tokens == 1) {
-        if (p.n_head_kv > ctx.n_counters) throw Error("cuda.attention: more KV heads than the context counts");
         cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * KCAP_ATTN_DECODE_SIMDS), 0, p, ctx.step, call.in,
-                     call.in2, call.in3, k_cache, v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out, ctx.counters);
+                     call.in2, call.in3, k_cache, v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out);
+        if (p.n_splits > 1)
+            cuda::launch(ctx, combine_kernel, dim3(p.n_head), dim3(p.head_dim_v <= 128 ? 128 : 256), 0, p, ctx.step,
+                         static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml),
+                         call.out);
         return;
     }
     const int64_t appended = int64_t(p.n_tokens) * (p.k_width + p.v_width);

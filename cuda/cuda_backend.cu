@@ -232,10 +232,6 @@ private:
             ctx.kv[i].v = arena_.alloc(size_t(ctx.n_ctx) * layer.n_head_kv * layer.head_dim_v * kv_bytes);
         }
         ctx.step = arena_.alloc_n<int32_t>(2);
-        ctx.n_counters = 1;  // one per KV head (the decode attention's combine); matmul_add_norm uses [0]
-        for (const LayerSpec& layer : spec.layers) ctx.n_counters = std::max(ctx.n_counters, layer.n_head_kv);
-        ctx.counters = static_cast<unsigned*>(arena_.alloc(size_t(ctx.n_counters) * sizeof(unsigned)));
-        KCAP_CUDA_CHECK(cudaMemset(ctx.counters, 0, size_t(ctx.n_counters) * sizeof(unsigned)));
         ctx.tokens = arena_.alloc_n<int32_t>(size_t(max_batch_));
         ctx.history = arena_.alloc_n<int32_t>(size_t(ctx.n_ctx) + 1);
         ctx.argmax_result = arena_.alloc_n<int32_t>(1);
@@ -257,7 +253,7 @@ private:
         for (size_t i = 0; i < plan_.stages.size(); ++i) {
             const Stage& stage = plan_.stages[i].stage;
             StageData& data = stage_data_[i];
-            for (size_t j = 0; j < stage.operands.size() && j < 6; ++j)
+            for (size_t j = 0; j < stage.operands.size() && j < 4; ++j)
                 if (stage.operands[j]) data.operands[j] = device_weights_.at(stage.operands[j]->data);
             if (stage.op == Op::Rope || stage.op == Op::QkNormRope) {
                 const TensorRef* factors = rope_factors(stage);

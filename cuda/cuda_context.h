@@ -51,17 +51,13 @@ struct Context {
     Format kv_format = Format::F32;
     int64_t n_ctx = 0;
     std::vector<KvCache> kv;     // one per layer (null for a shared-KV layer: it reads its source's)
-    // Arrival counters of "the last group finishes the stage" launches (matmul_add_norm, the
-    // decode attention's combine): zero before a launch, and the last group sets its back to zero.
-    unsigned* counters = nullptr;
-    int n_counters = 0;
     float* attn_partial_o = nullptr;   // split-K decode partials
     float* attn_partial_ml = nullptr;
 };
 
 // Bound to one stage when the backend is built.
 struct StageData {
-    const void* operands[6] = {};  // device copies of the stage's operands
+    const void* operands[4] = {nullptr, nullptr, nullptr, nullptr};  // device copies of the stage's operands
     const float* rope_table = nullptr;             // rope: [n_ctx][rope_dim / 2] (cos, sin)
     int attn_splits = 1;                           // attention: decode key-range splits
 };
@@ -101,27 +97,6 @@ __device__ __forceinline__ void pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-
-#if defined(__CUDACC__)
-// True in every thread of the one group that arrives last at *counter of the `groups` groups
-// of a launch: the others' global writes before they arrived are visible to it, and it sets
-// *counter back to 0 for the next launch. A stage whose last step needs every group's output
-// (the norm over a matvec's rows, the combine of attention splits) finishes in that group
-// instead of a launch of its own. Every thread of the group must call it; flag: one shared int.
-__device__ __forceinline__ bool last_group(unsigned* counter, unsigned groups, int* flag) {
-    __threadfence();  // this thread's writes, before the group's arrival is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const bool last = atomicAdd(counter, 1u) == groups - 1;
-        if (last) *counter = 0;
-        *flag = last ? 1 : 0;
-    }
-    __syncthreads();
-    const bool last = *flag != 0;
-    if (last) __threadfence();
-    return last;
-}
-#endif
 
 }  // namespace cuda
 }  // namespace kcap

@@ -8,7 +8,6 @@
 
 #include "kernels/matmul.h"
 #include "kernels/matvec.h"
-#include "kernels/norm.h"
 
 namespace kcap {
 namespace cuda {
@@ -42,26 +41,6 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
                                                     shared);
 }
 
-// matmul_add_norm, one token: the staged matvec writes the branch rows, then the group that
-// finishes last runs add_norm over the whole branch (post-norm, residual add, next norm).
-template <class F>
-__global__ void __launch_bounds__(kMatvecSimds * 32)
-    matvec_add_norm_kernel(KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* w, const float* x,
-                           float* branch, KcapAddNormParams an, float* residual, const float* post_weight,
-                           const float* post_bias, const float* weight, const float* bias, float* normed,
-                           unsigned* counter) {
-    extern __shared__ float shared[];
-    __shared__ int last;
-    KcapThread t = kcap_cuda_thread();
-    kcap_matvec_split_prefetch<kMatvecRows>(t, p, split, w);
-    pdl_wait();
-    pdl_trigger();
-    kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_PLAIN>(t, p, split, chunk_runs, w, w, x, nullptr, 0, branch, shared);
-    if (!last_group(counter, gridDim.x, &last)) return;
-    t.group_x = 0;  // token 0 of add_norm
-    kcap_add_norm(t, an, residual, branch, post_weight, post_bias, weight, bias, normed, shared);
-}
-
 // One token: the staged matvec (plain or gate_up) with ctx.matvec_rows rows per team.
 template <class F, int ROWS, bool GATE_UP, class... Args>
 void launch_matvec(const Context& ctx, const KcapMatmulParams& p, Args... args) {
@@ -85,18 +64,6 @@ void launch_matvec_rows(const Context& ctx, const KcapMatmulParams& p, Args... a
         launch_matvec<F, 8, GATE_UP>(ctx, p, args...);
     else
         launch_matvec<F, kMatvecRows, GATE_UP>(ctx, p, args...);
-}
-
-template <class F>
-void launch_matvec_add_norm(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, const float* x,
-                            float* branch, const KcapAddNormParams& an, float* residual, const float* const* norm_operands,
-                            float* normed) {
-    const int split = matvec_split(p.n, ctx.sm_count, kMatvecRows, p.k, ctx.matvec_warps);
-    const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
-    const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * kMatvecRows)), block(kMatvecSimds * 32);
-    const size_t shared = size_t(std::max(matvec_shared_floats(p.k, kMatvecRows), 32)) * 4;
-    launch(ctx, matvec_add_norm_kernel<F>, grid, block, shared, p, split, chunk_runs, w, x, branch, an, residual,
-           norm_operands[0], norm_operands[1], norm_operands[2], norm_operands[3], normed, ctx.counters);
 }
 
 template <class F>
@@ -165,45 +132,6 @@ void run_matmul_exact(const Stage& stage, const KernelCall& call) {
            dim3(kTokensSimds * 32), 0, p, w, call.in, bias, call.out);
 }
 
-// matmul_add_norm (cuda.matmul_add_norm.<format>): operands (W, post weight, post bias,
-// weight, bias); in = x, inout2 = the branch (the matmul's output), inout3 = the residual
-// (read and written), out = the normed row. One token: one launch (the matvec, then add_norm
-// in its last group); a batch: the format's batched matmul row into the branch, then add_norm.
-template <class F>
-void run_matmul_add_norm(const Stage& stage, const KernelCall& call, KernelFn batched_matmul) {
-    const Context& ctx = context(call);
-    const StageData& data = stage_data(call);
-    Stage matmul = stage;
-    matmul.op = Op::MatMul;
-    matmul.operands = {stage.operands[0], nullptr};
-    matmul.features = 0;
-    Stage add_norm = stage;
-    add_norm.op = Op::AddNorm;
-    add_norm.operands.assign(stage.operands.begin() + 1, stage.operands.end());
-    add_norm.k = add_norm.n = stage.n;
-    const float* norm_operands[4];
-    for (int i = 0; i < 4; ++i) norm_operands[i] = static_cast<const float*>(data.operands[i + 1]);
-    if (call.n_tokens == 1) {
-        launch_matvec_add_norm<F>(ctx, matmul_params(matmul, call), static_cast<const kcap_u8*>(data.operands[0]),
-                                  call.in, call.inout2, add_norm_params(add_norm), call.inout3, norm_operands, call.out);
-        return;
-    }
-    StageData part;
-    part.operands[0] = data.operands[0];
-    KernelCall matmul_call = call;
-    matmul_call.stage_state = &part;
-    matmul_call.out = call.inout2;
-    batched_matmul(matmul, matmul_call);
-    StageData norm_part;
-    for (int i = 0; i < 4; ++i) norm_part.operands[i] = data.operands[i + 1];
-    KernelCall norm_call = call;
-    norm_call.stage_state = &norm_part;
-    norm_call.in = call.inout3;
-    norm_call.in2 = call.inout2;
-    norm_call.inout2 = call.inout3;
-    kcap_cuda_add_norm(add_norm, norm_call);
-}
-
 // gate_up (cuda.gate_up.<format>): one token runs the fused matvec (both matrices' rows
 // against one staged x, the activation applied to the sums); a batch runs the format's
 // tensor-core matmul row for each matrix into the plan's gate/up scratch, then the activation.
@@ -249,11 +177,6 @@ void run_gate_up(const Stage& stage, const KernelCall& call, KernelFn batched_ma
     void kcap_cuda_gate_up_##NAME(const Stage& stage, const KernelCall& call) {                                      \
         const bool tiles = cuda_rows::mma_format(Format::NAME) && stage.k % 32 == 0;                                 \
         cuda::run_gate_up<DECODER>(stage, call, tiles ? &kcap_cuda_matmul_mma_##NAME : &kcap_cuda_matmul_##NAME);    \
-    }                                                                                                                \
-    void kcap_cuda_matmul_add_norm_##NAME(const Stage& stage, const KernelCall& call) {                              \
-        const bool tiles = cuda_rows::mma_format(Format::NAME) && stage.k % 32 == 0;                                 \
-        cuda::run_matmul_add_norm<DECODER>(stage, call,                                                              \
-                                           tiles ? &kcap_cuda_matmul_mma_##NAME : &kcap_cuda_matmul_##NAME);         \
     }
 KCAP_WEIGHT_FORMATS(KCAP_DEFINE_MATMUL)
 #undef KCAP_DEFINE_MATMUL

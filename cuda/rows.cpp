@@ -82,21 +82,6 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
     }
     KCAP_WEIGHT_FORMATS(KCAP_GATE_UP_ROW)
 #undef KCAP_GATE_UP_ROW
-    // Fused matmul (no bias) into the branch + add_norm of that branch: one token is one launch
-    // whose last group to finish runs add_norm; a batch, the format's batched row then add_norm.
-#define KCAP_MATMUL_ADD_NORM_ROW(NAME, DECODER)                                                                 \
-    {                                                                                                           \
-        Row row = make_row("cuda.matmul_add_norm." + lowercase(#NAME), Op::MatMulAddNorm,                       \
-                           KCAP_CUDA_ENTRY(kcap_cuda_matmul_add_norm_##NAME),                                   \
-                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,         \
-                            cuda_rows::kMatvecSharedBytes});                                                    \
-        row.operand_formats = {{Format::NAME}, {Format::F32}, {Format::F32}, {Format::F32}, {Format::F32}};     \
-        row.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm | kResidualScale | kPostNorm;         \
-        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                   \
-        rows.push_back(row);                                                                                    \
-    }
-    KCAP_WEIGHT_FORMATS(KCAP_MATMUL_ADD_NORM_ROW)
-#undef KCAP_MATMUL_ADD_NORM_ROW
     // Fused Q, K and V matmuls of one input (no biases), each weight in any format: one token
     // runs one launch whose groups take the three matrices' rows; a batch, each matrix's
     // tensor-core (else exact) row. K must suit every operand's format.

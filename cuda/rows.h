@@ -118,7 +118,6 @@ constexpr int kEmbedThreads = 128;
     void kcap_cuda_matmul_mma_##NAME(const Stage& stage, const KernelCall& call); \
     void kcap_cuda_embed_##NAME(const Stage& stage, const KernelCall& call);         \
     void kcap_cuda_gate_up_##NAME(const Stage& stage, const KernelCall& call);       \
-    void kcap_cuda_matmul_add_norm_##NAME(const Stage& stage, const KernelCall& call); \
     void kcap_cuda_per_layer_embed_##NAME(const Stage& stage, const KernelCall& call);
 KCAP_WEIGHT_FORMATS(KCAP_CUDA_DECLARE_FORMAT_LAUNCHERS)
 #undef KCAP_CUDA_DECLARE_FORMAT_LAUNCHERS

@@ -84,24 +84,20 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, in
         if (kMats == 2) kcap_matmul_tail<F, ROWS>(t, p, row0, w1, x, acc[kMats - 1]);
     }
     KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = kcap_simd_sum(acc[mat][j]);
-    // No thread returns early: a caller may go on with the whole group (a fused tail).
-    bool writer = t.lane == 0;
     if (split > 1) {  // uniform over the group: every thread reaches the barrier or none does
         if (t.lane == 0) {
             KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
                 partials[(int(t.simd) * kMats + mat) * ROWS + j] = acc[mat][j];
         }
         kcap_barrier();
-        writer = writer && part == 0;
-        if (writer) {
-            KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
-                float total = 0.0f;
-                for (int s = 0; s < split; ++s) total += partials[((team * split + s) * kMats + mat) * ROWS + j];
-                acc[mat][j] = total;
-            }
+        if (part != 0) return;
+        KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+            float total = 0.0f;
+            for (int s = 0; s < split; ++s) total += partials[((team * split + s) * kMats + mat) * ROWS + j];
+            acc[mat][j] = total;
         }
     }
-    if (!writer) return;
+    if (t.lane != 0) return;
     KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
         if (row0 + j >= p.n) continue;
         if (MODE == KCAP_MATVEC_GATE_UP)

@@ -44,7 +44,6 @@ const char* op_name(Op op) {
         case Op::AddNorm: return "add_norm";
         case Op::GateUp: return "gate_up";
         case Op::Qkv: return "qkv";
-        case Op::MatMulAddNorm: return "matmul_add_norm";
         case Op::QkNormRope: return "qk_norm_rope";
     }
     return "?";

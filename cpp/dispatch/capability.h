@@ -45,7 +45,6 @@ enum class Op {
     GateUp,           // act(W_gate x) * (W_up x): the gate and up matmuls and the gated activation
     QkNormRope,       // per-head RMS norm of Q and K (their own weights), then rope of both, in place
     Qkv,              // the Q, K and V matmuls of one input (each weight its own format), no biases
-    MatMulAddNorm,    // a matmul into the branch (no bias), then add_norm of that branch
 };
 const char* op_name(Op op);
 

@@ -38,13 +38,11 @@ std::string describe_formats(const Stage& stage) {
         static const char* add_norm_roles[] = {"post_weight", "post_bias", "weight", "bias"};
         static const char* gate_up_roles[] = {"W_gate", "W_up"};
         static const char* qkv_roles[] = {"W_q", "W_k", "W_v"};
-        static const char* matmul_add_norm_roles[] = {"W", "post_weight", "post_bias", "weight", "bias"};
         static const char* qk_norm_rope_roles[] = {"q_norm", "k_norm", "freq_factors"};
         const char* role = stage.op == Op::Norm      ? norm_roles[std::min<size_t>(i, 1)]
                            : stage.op == Op::AddNorm ? add_norm_roles[std::min<size_t>(i, 3)]
                            : stage.op == Op::GateUp  ? gate_up_roles[std::min<size_t>(i, 1)]
                            : stage.op == Op::Qkv     ? qkv_roles[std::min<size_t>(i, 2)]
-                           : stage.op == Op::MatMulAddNorm ? matmul_add_norm_roles[std::min<size_t>(i, 4)]
                            : stage.op == Op::QkNormRope ? qk_norm_rope_roles[std::min<size_t>(i, 2)]
                            : stage.op == Op::Rope ? "freq_factors"
                            : stage.op == Op::PerLayerEmbed ? (i == 0 ? "table" : i == 1 ? "proj" : "norm")
@@ -60,8 +58,7 @@ std::string describe_dims(const Stage& stage) {
     std::ostringstream out;
     switch (stage.op) {
         case Op::MatMul:
-        case Op::GateUp:
-        case Op::MatMulAddNorm: out << "K=" << stage.k << " N=" << stage.n; break;
+        case Op::GateUp: out << "K=" << stage.k << " N=" << stage.n; break;
         case Op::Qkv:
             out << "K=" << stage.k << " N=" << stage.n << "/" << stage.operands[1]->n_rows() << "/"
                 << stage.operands[2]->n_rows();
@@ -438,7 +435,7 @@ const Row* route(const Stage& stage, const PlanOptions& options) {
 }
 
 // --- Fusion --------------------------------------------------------------------------------
-// A few stage sequences have fused ops (Op::AddNorm, Op::GateUp, Op::QkNormRope, Op::Qkv, Op::MatMulAddNorm). A sequence is replaced by
+// A few stage sequences have fused ops (Op::AddNorm, Op::GateUp, Op::QkNormRope, Op::Qkv). A sequence is replaced by
 // its fused stage only where a row of the plan's backend fits that stage (formats, dims,
 // features, exclusions); elsewhere the stages stay as they are. Both forms compute the same
 // values, so fusing is a choice of kernels, never of semantics; excluding the fused rows
@@ -566,33 +563,6 @@ size_t fuse_qk_norm_rope(const std::vector<Stage>& stages, size_t i, const PlanO
     return 3;
 }
 
-// matmul(x -> proj) + add_norm(residual, proj -> normed) -> matmul_add_norm: a second pass,
-// over stages the first pass fused (add_norm exists only after it).
-size_t fuse_matmul_add_norm(const std::vector<Stage>& stages, size_t i, const PlanOptions& options, Stage& fused) {
-    if (i + 1 >= stages.size()) return 0;
-    const Stage& matmul = stages[i];
-    const Stage& add_norm = stages[i + 1];
-    if (matmul.op != Op::MatMul || matmul.output != Buffer::Proj || matmul.last_token_only || matmul.features != 0 ||
-        matmul.operands.empty() || !matmul.operands[0] || (matmul.operands.size() > 1 && matmul.operands[1]))
-        return 0;
-    if (add_norm.op != Op::AddNorm || add_norm.input2 != Buffer::Proj || add_norm.n != matmul.n ||
-        add_norm.input == matmul.input)
-        return 0;
-    fused = add_norm;
-    fused.name = matmul.name + "+" + add_norm.name;
-    fused.op = Op::MatMulAddNorm;
-    fused.operands = {matmul.operands[0]};
-    for (const TensorRef* operand : add_norm.operands) fused.operands.push_back(operand);
-    fused.operands.resize(5, nullptr);
-    fused.input = matmul.input;
-    fused.input2 = Buffer::Proj;
-    fused.input3 = add_norm.input;  // the residual
-    fused.k = matmul.k;
-    fused.n = matmul.n;
-    if (!fits(fused, options)) return 0;
-    return 2;
-}
-
 std::vector<Stage> fuse_stages(const std::vector<Stage>& stages, const PlanOptions& options) {
     std::vector<Stage> out;
     for (size_t i = 0; i < stages.size();) {
@@ -608,18 +578,7 @@ std::vector<Stage> fuse_stages(const std::vector<Stage>& stages, const PlanOptio
             out.push_back(stages[i++]);
         }
     }
-    std::vector<Stage> second;
-    for (size_t i = 0; i < out.size();) {
-        Stage fused;
-        const size_t used = fuse_matmul_add_norm(out, i, options, fused);
-        if (used) {
-            second.push_back(std::move(fused));
-            i += used;
-        } else {
-            second.push_back(out[i++]);
-        }
-    }
-    return second;
+    return out;
 }
 
 }  // namespace
@@ -646,13 +605,9 @@ Plan make_plan(const ModelSpec& spec, const PlanOptions& in_options) {
     for (Stage& stage : fuse_stages(build_stages(spec, plan.options), plan.options)) {
         const Row* row = route(stage, plan.options);
         widen(stage.input, stage.op == Op::MatMul || stage.op == Op::PerLayerEmbed || stage.op == Op::GateUp ||
-                                   stage.op == Op::Qkv || stage.op == Op::MatMulAddNorm
+                                   stage.op == Op::Qkv
                                ? stage.k
                                : stage.n);
-        if (stage.op == Op::MatMulAddNorm) {
-            widen(stage.input2, stage.n);
-            widen(stage.input3, stage.n);
-        }
         if (stage.op == Op::Qkv) {
             widen(stage.input2, stage.operands[1]->n_rows());
             widen(stage.input3, stage.operands[2]->n_rows());

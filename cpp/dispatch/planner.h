@@ -68,7 +68,6 @@ bool bind_stage_buffers(const Plan& plan, const Stage& stage, int64_t n, bool ne
         case Op::AddNorm: call.inout2 = buffer(stage.input); break;  // the residual, read and written
         case Op::GateUp:  // the batched path's gate and up scratch
         case Op::Qkv:     // the K and V outputs (Q is out)
-        case Op::MatMulAddNorm:  // the branch (the matmul's output) and the residual (read and written)
             call.inout2 = buffer(stage.input2);
             call.inout3 = buffer(stage.input3);
             break;

@@ -11,7 +11,7 @@ test's rule (1e-3 against transformers on the Q8_0-dequantized weights, and no f
 the fp32 model than those weights are plus 1e-3).
 
 The engines exclude the rows whose batched path runs on tensor cores (cuda.matmul_mma.*, and
-cuda.gate_up.*, cuda.qkv and cuda.matmul_add_norm.*, which run the mma rows for a batch): they split activations into two bf16
+cuda.gate_up.* and cuda.qkv, which run the mma rows for a batch): they split activations into two bf16
 parts (about 2^-16 relative per product), not exact f32, and this suite holds every backend to
 the exact 1e-3 × std bound; test_cuda.py bounds the tensor-core path on the real models. With
 them excluded every matmul runs the exact f32 rows (cuda.matmul.*).
@@ -30,8 +30,7 @@ from test_conformance import (FAMILIES, FIXTURES, F32_TOLERANCE, Q8_SAME_WEIGHTS
 
 # Rows with a tensor-core batched path (see the docstring).
 MMA_ROWS = [r["kernel"] for r in _core.capability_rows()
-            if r["kernel"].startswith(("cuda.matmul_mma.", "cuda.gate_up.", "cuda.matmul_add_norm."))
-            or r["kernel"] == "cuda.qkv"]
+            if r["kernel"].startswith(("cuda.matmul_mma.", "cuda.gate_up.")) or r["kernel"] == "cuda.qkv"]
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -75,15 +74,10 @@ def test_explain_shows_feature_bearing_stages_on_cuda(family):
 def test_float_matmul_with_k_off_the_tile_takes_the_exact_row():
     # granite's ffn_down has K = 200, not a whole number of 32-element runs: the exact f32 row
     # (K a multiple of 4) takes it; the quantized fixture's blocks keep K at multiples of 32.
-    # (On CUDA it is fused with the residual add and the next norm: matmul_add_norm, whose F32
-    # row runs the same exact matvec / few-token walk.)
     routes = explain_file(str(FIXTURES / "granite-f32.gguf"), backend="cuda")
-    down = next(r for r in routes if r["layer"] == 0 and r["stage"].split("+")[0] == "ffn_down")
-    assert down["kernel"] == "cuda.matmul_add_norm.f32" and "K=200" in down["dims"]
-    unfused = explain_file(str(FIXTURES / "granite-f32.gguf"), backend="cuda",
-                           excluded_kernels=[r["kernel"] for r in _core.capability_rows()
-                                             if r["kernel"].startswith("cuda.matmul_add_norm.")])
-    assert next(r["kernel"] for r in unfused if r["layer"] == 0 and r["stage"] == "ffn_down") == "cuda.matmul.f32"
+    kernels = {r["stage"]: r["kernel"] for r in routes if r["layer"] == 0}
+    assert kernels["ffn_down"] == "cuda.matmul.f32"
+    assert "K=200" in next(r["dims"] for r in routes if r["layer"] == 0 and r["stage"] == "ffn_down")
 
 
 @pytest.mark.parametrize("fixture,excluded,stage", [

@@ -132,43 +132,41 @@ def test_explain_routes_every_stage_to_cuda(model_files, name, kv_type):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_cuda_plan_fuses_residual_norms_qkv_and_gate_up(model_files, name):
-    """The planner forms add_norm (then matmul_add_norm with the matmul before it), qkv,
-    gate_up and (QK-norm models) qk_norm_rope stages where CUDA has rows for them; excluding
-    those rows gives back the unfused stages, and the CPU plan (no fused rows) is unfused."""
+    """The planner forms add_norm, qkv, gate_up and (QK-norm models) qk_norm_rope stages where
+    CUDA has rows for them; excluding those rows gives back the unfused stages, and the CPU
+    plan (no fused rows) is unfused."""
     path, _ = model_files[name]
     cpu = explain_file(path, backend="cpu")
     fused = explain_file(path, backend="cuda")
     n_layer = 1 + max(r["layer"] for r in cpu)
-    assert not {"add_norm", "gate_up", "qk_norm_rope", "qkv", "matmul_add_norm"} & {r["op"] for r in cpu}
+    assert not {"add_norm", "gate_up", "qk_norm_rope", "qkv"} & {r["op"] for r in cpu}
     by_op = {op: [r for r in fused if r["op"] == op]
-             for op in ("add_norm", "gate_up", "add", "ffn_activation", "qkv", "matmul", "matmul_add_norm")}
+             for op in ("add_norm", "gate_up", "add", "ffn_activation", "qkv", "matmul")}
     # Every layer's two residual adds become add_norms (the first feeds the FFN norm, the
-    # second the next layer's attention norm or the output norm), each joined with the matmul
-    # whose output it adds (attn_output, ffn_down); each gated FFN one gate_up.
-    assert len(by_op["matmul_add_norm"]) == 2 * n_layer and not by_op["add_norm"] and not by_op["add"]
+    # second the next layer's attention norm or the output norm); each gated FFN one gate_up.
+    assert len(by_op["add_norm"]) == 2 * n_layer and not by_op["add"]
     assert len(by_op["gate_up"]) == n_layer and not by_op["ffn_activation"]
-    assert all(r["kernel"].startswith("cuda.matmul_add_norm.") for r in by_op["matmul_add_norm"])
-    assert [r["stage"].split("+")[0] for r in by_op["matmul_add_norm"]] == ["attn_output", "ffn_down"] * n_layer
+    assert all(r["kernel"] == "cuda.add_norm" for r in by_op["add_norm"])
     assert all(r["kernel"].startswith("cuda.gate_up.") and "gated" in r["features"] for r in by_op["gate_up"])
-    assert by_op["matmul_add_norm"][-1]["stage"].endswith("+output_norm")
+    assert by_op["add_norm"][-1]["stage"].endswith("+output_norm")
     # Each layer's Q, K and V matmuls (unbiased, any formats each) become one qkv stage; the
-    # one matmul left is the LM head.
+    # matmuls left are attn_output, ffn_down and the LM head.
     assert len(by_op["qkv"]) == n_layer
     assert all(r["kernel"] == "cuda.qkv" and r["stage"] == "attn_q+attn_k+attn_v" for r in by_op["qkv"])
-    assert len(by_op["matmul"]) == 1
+    assert len(by_op["matmul"]) == 2 * n_layer + 1
     qk_norm = any(r["stage"] == "attn_q_norm" for r in cpu)
     qk_fused = [r for r in fused if r["op"] == "qk_norm_rope"]
     assert len(qk_fused) == (n_layer if qk_norm else 0)
     assert all(r["kernel"] == "cuda.qk_norm_rope" and r["stage"] == "attn_q_norm+attn_k_norm+rope" for r in qk_fused)
     fused_rows = [r["kernel"] for r in _core.capability_rows()
                   if r["kernel"] in ("cuda.add_norm", "cuda.qk_norm_rope", "cuda.qkv")
-                  or r["kernel"].startswith(("cuda.gate_up.", "cuda.matmul_add_norm."))]
+                  or r["kernel"].startswith("cuda.gate_up.")]
     unfused = explain_file(path, backend="cuda", excluded_kernels=fused_rows)
     assert [(r["layer"], r["stage"]) for r in unfused] == [(r["layer"], r["stage"]) for r in cpu]
     # Stages saved per layer: each add_norm replaces 3 stages with a post-norm (Gemma) or 2,
-    # and takes in its matmul (one more); qkv, gate_up and qk_norm_rope 3 each.
-    merged = 3 if "post_norm" in by_op["matmul_add_norm"][0]["features"] else 2
-    assert len(fused) == len(cpu) - n_layer * (2 * merged + 2 + 2 + (2 if qk_norm else 0))
+    # qkv, gate_up and qk_norm_rope 3 each.
+    merged = 3 if "post_norm" in by_op["add_norm"][0]["features"] else 2
+    assert len(fused) == len(cpu) - n_layer * (2 * (merged - 1) + 2 + 2 + (2 if qk_norm else 0))
 
 
 def test_qkv_fuses_q_k_and_v_of_different_formats(tiny_path, tmp_path):
@@ -223,8 +221,8 @@ def test_llama3_8b_shape_routes_to_cuda(tmp_path):
     assert {r["backend"] for r in routes} == {"cuda"}
     kernels = {r["stage"]: r["kernel"] for r in routes if r["layer"] == 0}
     assert kernels["attn_q+attn_k+attn_v"] == "cuda.qkv"
-    assert kernels["attn_output+attn_residual+ffn_norm"] == "cuda.matmul_add_norm.q4_k"
-    assert kernels["ffn_down+ffn_residual+output_norm"] == "cuda.matmul_add_norm.q6_k"  # layer 0: use_more_bits
+    assert kernels["attn_output"] == "cuda.matmul_mma.q4_k"
+    assert kernels["ffn_down"] == "cuda.matmul_mma.q6_k"  # layer 0: use_more_bits
     assert kernels["attention"] == "cuda.attention"
 
 
@@ -259,11 +257,10 @@ def engines(model_files, cuda_device):
     for name, (path, _) in model_files.items():
         cpu = kcap.load(path, backend="cpu", n_ctx=1024)
         cuda = kcap.load(path, backend="cuda", n_ctx=1024)
-        # The exact engine: no row with a tensor-core batched path (the mma rows, and gate_up,
-        # qkv and matmul_add_norm, which run them for a batch).
+        # The exact engine: no row with a tensor-core batched path (the mma rows, and gate_up
+        # and qkv, which run them for a batch).
         mma_rows = [r["kernel"] for r in _core.capability_rows()
-                    if r["kernel"].startswith(("cuda.matmul_mma.", "cuda.gate_up.", "cuda.matmul_add_norm."))
-                    or r["kernel"] == "cuda.qkv"]
+                    if r["kernel"].startswith(("cuda.matmul_mma.", "cuda.gate_up.")) or r["kernel"] == "cuda.qkv"]
         exact = kcap.load(path, backend="cuda", n_ctx=1024, excluded_kernels=mma_rows)
         made[name] = (cpu, cuda, exact)
     return made
