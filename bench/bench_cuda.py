@@ -109,20 +109,25 @@ def timed(fn, repeats: int) -> list[float]:
     return out
 
 
-def bench_kcap(path: str, name: str, env: dict | None = None, full: bool = True) -> dict:
+def load_cuda(path: str, env: dict | None = None):
+    """The model on CUDA with a 4352-token context and an f16 KV cache (llama.cpp's default),
+    built with the environment switches `env` set (the backend reads them when it is built)."""
     import kcap
 
     saved = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     try:
-        # f16 KV cache, as llama.cpp's default
-        model = kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16")
+        return kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16")
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def bench_kcap(path: str, name: str, env: dict | None = None, full: bool = True) -> dict:
+    model = load_cuda(path, env)
     engine = model.engine
     rng = np.random.default_rng(0)
     ids = rng.integers(0, model.n_vocab, 4096).astype(np.int32)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 import sys
 import time
@@ -22,22 +21,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cuda import make_models  # noqa: E402
+from bench_cuda import load_cuda, make_models  # noqa: E402
 
 
 def tg128(path: str, env: dict[str, str], repeats: int, depth: int) -> float:
-    import kcap
-
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        model = kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    model = load_cuda(path, env)
     engine = model.engine
     ids = np.random.default_rng(0).integers(0, model.n_vocab, max(depth, 1)).astype(np.int32)
     if depth:

@@ -90,14 +90,19 @@ void Backend_::decode_greedy(int32_t token, int64_t n, int64_t pos0, int32_t* ou
     }
 }
 
-void Engine::decode_greedy(int32_t token, int64_t n, int32_t* out) {
-    if (n <= 0) throw ModelError("decode_greedy needs at least one step");
+// What decode_greedy and decode_sample check before their n steps from `token`.
+void Engine::check_decode(const char* what, int32_t token, int64_t n) const {
+    if (n <= 0) throw ModelError(std::string(what) + " needs at least one step");
     if (n_past_ + n > n_ctx_)
         throw ContextOverflowError("context overflow: " + std::to_string(n_past_) + " cached + " + std::to_string(n) +
                                    " new tokens exceed the context length " + std::to_string(n_ctx_));
     if (token < 0 || token >= spec_->n_vocab)
         throw ModelError("token id " + std::to_string(token) + " is outside the vocabulary [0, " +
                          std::to_string(spec_->n_vocab) + ")");
+}
+
+void Engine::decode_greedy(int32_t token, int64_t n, int32_t* out) {
+    check_decode("decode_greedy", token, n);
     backend_->decode_greedy(token, n, n_past_, out, spec_->n_vocab);
     n_past_ += n;
 }
@@ -109,19 +114,13 @@ void Backend_::decode_sample(int32_t, int64_t, int64_t, const SampleSettings&, i
 bool Engine::samples_on_device() const { return backend_->samples_on_device(); }
 
 void Engine::decode_sample(int32_t token, int64_t n, const SampleSettings& settings, int32_t* out) {
-    if (n <= 0) throw ModelError("decode_sample needs at least one step");
+    check_decode("decode_sample", token, n);
     if (!(settings.temperature > 0.0f)) throw ModelError("decode_sample: temperature must be > 0 (0 is decode_greedy)");
     if (settings.top_k < 1 || settings.top_k > kMaxDeviceTopK)
         throw ModelError("decode_sample: top_k must be in 1.." + std::to_string(kMaxDeviceTopK) + ", got " +
                          std::to_string(settings.top_k));
     if (!(settings.top_p > 0.0f && settings.top_p <= 1.0f)) throw ModelError("decode_sample: top_p must be in (0, 1]");
     if (!(settings.min_p >= 0.0f && settings.min_p < 1.0f)) throw ModelError("decode_sample: min_p must be in [0, 1)");
-    if (n_past_ + n > n_ctx_)
-        throw ContextOverflowError("context overflow: " + std::to_string(n_past_) + " cached + " + std::to_string(n) +
-                                   " new tokens exceed the context length " + std::to_string(n_ctx_));
-    if (token < 0 || token >= spec_->n_vocab)
-        throw ModelError("token id " + std::to_string(token) + " is outside the vocabulary [0, " +
-                         std::to_string(spec_->n_vocab) + ")");
     backend_->decode_sample(token, n, n_past_, settings, out);
     n_past_ += n;
 }

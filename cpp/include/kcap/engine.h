@@ -81,6 +81,8 @@ public:
     void truncate(int64_t n);
 
 private:
+    void check_decode(const char* what, int32_t token, int64_t n) const;
+
     std::shared_ptr<const ModelSpec> spec_;
     std::vector<RouteInfo> routes_;
     std::unique_ptr<Backend_> backend_;
