@@ -1,10 +1,11 @@
 // Attention bodies: KV append, split-K decode (flash-decoding) with its combine, and batched
 // prefill. Causal, optional sliding window and score softcap, any GQA ratio, f32 or f16 cache.
 //
-// Every body walks keys with the same online softmax (kcap_attend_range): lanes take one key
-// each for the scores (a whole q.k dot per lane, so no reduction per key), then share the
-// weights by broadcast while lanes take head dims for the values. One simd group per query
-// head; the query heads of one KV head share a group, so they read the same K/V rows.
+// Decode (kcap_attention_decode): lanes over head dims, several keys and query heads of one
+// KV head per simd step, an online softmax per head. Prefill (kernels/attention_prefill.h):
+// query rows and K/V tiles staged in threadgroup memory. kcap_attend_range, the per-token
+// walk both once used (lanes over keys for the scores, over dims for the values), stays for
+// bench/cuda_attention_prefill.cu, which times the tiled prefill against it.
 //
 // No span ceiling: decode splits the visible keys over n_splits groups (chosen at load time
 // from the longest span the stage can see) whose partial (max, sum, output) meet in
