@@ -757,6 +757,29 @@ void run_prefill(const KcapAttentionParams& p, const int32_t* step, const float*
                      });
 }
 
+// One attention layer's stage (CPU reference), its one-layer CPU KV cache and the body's
+// parameters, for the decode and prefill cases below.
+void attention_setup(int n_head, int n_head_kv, int head_dim, int head_dim_v, int window, float softcap, Format kv,
+                     CpuState& cpu, Stage& stage, KcapAttentionParams& p) {
+    stage = Stage();
+    stage.layer = 0;
+    stage.op = Op::Attention;
+    stage.params.n_head = n_head, stage.params.n_head_kv = n_head_kv;
+    stage.params.head_dim = head_dim, stage.params.head_dim_v = head_dim_v;
+    stage.params.sliding_window = window, stage.params.softcap = softcap;
+    stage.params.scale = 1.0f / std::sqrt(float(head_dim));
+    stage.kv_format = kv;
+    stage.n = int64_t(n_head) * head_dim_v;
+    cpu.kv.assign(1, KvLayer());
+    cpu.kv[0].format = kv;
+    cpu.kv[0].k_width = int64_t(n_head_kv) * head_dim;
+    cpu.kv[0].v_width = int64_t(n_head_kv) * head_dim_v;
+    p = KcapAttentionParams();
+    p.n_head = n_head, p.n_head_kv = n_head_kv, p.head_dim = head_dim, p.head_dim_v = head_dim_v;
+    p.k_width = n_head_kv * head_dim, p.v_width = n_head_kv * head_dim_v;
+    p.window = window, p.scale = stage.params.scale, p.softcap = softcap, p.kv_f16 = kv == Format::F16;
+}
+
 struct AttentionCase {
     int n_head, n_head_kv, head_dim, head_dim_v, window;
     float softcap;
@@ -776,22 +799,8 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
     for (const AttentionCase& c : cases) {
         const int n_ctx = c.prefill + c.decode_steps;
         Stage stage;
-        stage.layer = 0;
-        stage.op = Op::Attention;
-        stage.params.n_head = c.n_head, stage.params.n_head_kv = c.n_head_kv;
-        stage.params.head_dim = c.head_dim, stage.params.head_dim_v = c.head_dim_v;
-        stage.params.sliding_window = c.window, stage.params.softcap = c.softcap;
-        stage.params.scale = 1.0f / std::sqrt(float(c.head_dim));
-        stage.kv_format = c.kv;
-        stage.n = int64_t(c.n_head) * c.head_dim_v;
-        cpu.kv.assign(1, KvLayer());
-        cpu.kv[0].format = c.kv;
-        cpu.kv[0].k_width = int64_t(c.n_head_kv) * c.head_dim;
-        cpu.kv[0].v_width = int64_t(c.n_head_kv) * c.head_dim_v;
         KcapAttentionParams p;
-        p.n_head = c.n_head, p.n_head_kv = c.n_head_kv, p.head_dim = c.head_dim, p.head_dim_v = c.head_dim_v;
-        p.k_width = c.n_head_kv * c.head_dim, p.v_width = c.n_head_kv * c.head_dim_v;
-        p.window = c.window, p.scale = stage.params.scale, p.softcap = c.softcap, p.kv_f16 = c.kv == Format::F16;
+        attention_setup(c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.window, c.softcap, c.kv, cpu, stage, p);
         p.min_chunk = 32;
         p.append = 1;
         const size_t elem = c.kv == Format::F16 ? 2 : 4;
@@ -917,22 +926,8 @@ void test_attention_prefill(std::mt19937& rng, CpuState& cpu) {
         int n_ctx = 0;
         for (int m : c.chunks) n_ctx += m;
         Stage stage;
-        stage.layer = 0;
-        stage.op = Op::Attention;
-        stage.params.n_head = c.n_head, stage.params.n_head_kv = c.n_head_kv;
-        stage.params.head_dim = c.head_dim, stage.params.head_dim_v = c.head_dim_v;
-        stage.params.sliding_window = c.window, stage.params.softcap = c.softcap;
-        stage.params.scale = 1.0f / std::sqrt(float(c.head_dim));
-        stage.kv_format = c.kv;
-        stage.n = int64_t(c.n_head) * c.head_dim_v;
-        cpu.kv.assign(1, KvLayer());
-        cpu.kv[0].format = c.kv;
-        cpu.kv[0].k_width = int64_t(c.n_head_kv) * c.head_dim;
-        cpu.kv[0].v_width = int64_t(c.n_head_kv) * c.head_dim_v;
         KcapAttentionParams p;
-        p.n_head = c.n_head, p.n_head_kv = c.n_head_kv, p.head_dim = c.head_dim, p.head_dim_v = c.head_dim_v;
-        p.k_width = c.n_head_kv * c.head_dim, p.v_width = c.n_head_kv * c.head_dim_v;
-        p.window = c.window, p.scale = stage.params.scale, p.softcap = c.softcap, p.kv_f16 = c.kv == Format::F16;
+        attention_setup(c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.window, c.softcap, c.kv, cpu, stage, p);
         p.n_splits = 1, p.min_chunk = 32, p.append = 1;
         const size_t elem = c.kv == Format::F16 ? 2 : 4;
         std::vector<uint8_t> k_cache(size_t(n_ctx) * p.k_width * elem), v_cache(size_t(n_ctx) * p.v_width * elem);
