@@ -518,19 +518,4 @@ std::unique_ptr<Backend_> make_cuda_backend(const ModelSpec& spec, Plan plan, co
     return std::make_unique<cuda::CudaBackend>(spec, std::move(plan), options);
 }
 
-// The CudaBackend constructor's own checks (a device, sm_80 or newer), without building one.
-bool cuda_device_available() {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-        cudaGetLastError();
-        return false;
-    }
-    cudaDeviceProp props;
-    if (cudaGetDeviceProperties(&props, 0) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    return props.major >= 8;
-}
-
 }  // namespace kcap

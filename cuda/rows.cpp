@@ -22,10 +22,6 @@ Row make_row(const std::string& kernel, Op op, KernelFn fn, Geometry geometry) {
 
 }  // namespace
 
-#if !defined(KCAP_WITH_CUDA)
-bool cuda_device_available() { return false; }  // cuda/cuda_backend.cu where it is built
-#endif
-
 void add_cuda_embed_rows(std::vector<Row>& rows) {
 #define KCAP_EMBED_ROW(NAME, DECODER)                                                                           \
     {                                                                                                           \

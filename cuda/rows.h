@@ -133,10 +133,6 @@ void kcap_cuda_softcap(const Stage& stage, const KernelCall& call);
 void kcap_cuda_scale(const Stage& stage, const KernelCall& call);
 void kcap_cuda_argmax(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qkv(const Stage& stage, const KernelCall& call);
-
-// True where the CUDA backend is built in and a device it can run on (sm_80 or newer) is
-// present: then the default backend off a Mac (kcap.default_backend).
-bool cuda_device_available();
 void kcap_cuda_sample(const Stage& stage, const KernelCall& call);
 void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call);
 

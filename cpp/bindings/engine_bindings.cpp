@@ -6,7 +6,6 @@
 #include "dispatch/capability.h"
 #include "kcap/engine.h"
 #include "kcap/errors.h"
-#include "cuda/rows.h"
 #include "metal/rows.h"
 
 namespace py = pybind11;
@@ -243,8 +242,6 @@ void init_engine(py::module_& m) {
         },
         "Metal row kernel name -> its entry point names, in the order its launcher uses them.");
     m.attr("MAX_DEVICE_TOP_K") = kMaxDeviceTopK;
-    m.def("cuda_device_available", &cuda_device_available,
-          "True where the CUDA backend is built in and a CUDA device (sm_80+) exists (then the default backend off a Mac).");
     m.def("metal_device_available", &metal_device_available,
           "True where the Metal backend is built in and a Metal device exists (then the default backend).");
 

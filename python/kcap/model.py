@@ -233,18 +233,14 @@ def _step(bar, name: str) -> None:
 
 
 def default_backend() -> str:
-    """The GPU where the build has its backend and the machine a device: "metal" on a Mac with a
-    Metal device, "cuda" with a CUDA device (sm_80 or newer); "cpu" otherwise."""
-    if sys.platform == "darwin" and _core.metal_device_available():
-        return "metal"
-    if _core.cuda_device_available():
-        return "cuda"
-    return "cpu"
+    """"metal" on a Mac whose build has the Metal backend and a Metal device; "cpu" otherwise
+    (CUDA is never picked implicitly)."""
+    return "metal" if sys.platform == "darwin" and _core.metal_device_available() else "cpu"
 
 
 def load(path: str | os.PathLike, backend: str | None = None, **options) -> Model:
     """Loads a GGUF model and plans it on a backend ("cpu"; "cuda" and "metal" where built;
-    default: default_backend(), i.e. the GPU where there is one, else "cpu").
+    default: default_backend(), i.e. "metal" on a Mac with a Metal device, else "cpu").
 
     Options: n_ctx (default: the model's context length), n_threads, kv_type ("f32"/"f16"),
     max_batch, excluded_kernels, progress (show a loading bar)."""

@@ -226,15 +226,6 @@ def test_llama3_8b_shape_routes_to_cuda(tmp_path):
     assert kernels["attention"] == "cuda.attention"
 
 
-def test_default_backend_is_cuda_where_a_device_is(tiny_path):
-    # cuda_device_available() makes the checks the backend makes when it is built, without
-    # building one; with a device (off a Mac with Metal) CUDA is the default backend.
-    present = device_present(tiny_path)
-    assert _core.cuda_device_available() is present
-    if sys.platform != "darwin":
-        assert kcap.default_backend() == ("cuda" if present else "cpu")
-
-
 def test_cuda_backend_refused_without_device(tiny_path):
     if device_present(tiny_path):
         pytest.skip("a CUDA device is present: the refusal path cannot be reached here")
