@@ -128,7 +128,7 @@ public:
         upload_weights();
         allocate_buffers(spec);
         bind_stages();
-        route_argmax();
+        route_decode_choices();
     }
 
     ~CudaBackend() override {
@@ -173,15 +173,20 @@ public:
 
     void decode_sample(int32_t token, int64_t n, int64_t pos0, const SampleSettings& settings, int32_t* out) override {
         if (!sample_row_) return Backend_::decode_sample(token, n, pos0, settings, out);
-        KcapSampleSettings* staged = pinned_settings_.get(1);
-        *staged = KcapSampleSettings{};
-        staged->temperature = settings.temperature;
-        staged->top_p = settings.top_p;
-        staged->min_p = settings.min_p;
-        staged->seed = settings.seed;
-        staged->top_k = settings.top_k;
-        KCAP_CUDA_CHECK(cudaMemcpyAsync(ctx_.sample_settings, staged, sizeof(KcapSampleSettings),
-                                        cudaMemcpyHostToDevice, ctx_.stream));
+        KcapSampleSettings wanted{};
+        wanted.temperature = settings.temperature;
+        wanted.top_p = settings.top_p;
+        wanted.min_p = settings.min_p;
+        wanted.seed = settings.seed;
+        wanted.top_k = settings.top_k;
+        // generate calls this once per token with the same settings: copy them only when they change.
+        if (!settings_on_device_ || std::memcmp(&wanted, &device_settings_, sizeof(wanted)) != 0) {
+            KcapSampleSettings* staged = pinned_settings_.get(1);
+            *staged = device_settings_ = wanted;
+            KCAP_CUDA_CHECK(cudaMemcpyAsync(ctx_.sample_settings, staged, sizeof(KcapSampleSettings),
+                                            cudaMemcpyHostToDevice, ctx_.stream));
+            settings_on_device_ = true;
+        }
         decode_on_device(true, token, n, pos0, out);
     }
 
@@ -288,32 +293,20 @@ private:
 
     // The greedy argmax (and, where a row takes this vocabulary, the sampler) are stages of
     // this backend's decode steps: routed through the table like the plan's stages.
-    void route_argmax() {
-        argmax_row_ = route_tail(argmax_stage_, Op::Argmax, "argmax", true);
-        sample_row_ = route_tail(sample_stage_, Op::Sample, "sample", false);
+    void route_decode_choices() {
+        argmax_row_ = route(logits_stage(argmax_stage_, Op::Argmax, "argmax"), plan_.options);
+        sample_row_ = find_route(logits_stage(sample_stage_, Op::Sample, "sample"), plan_.options);
     }
 
-    const Row* route_tail(Stage& stage, Op op, const char* name, bool required) {
+    // A stage of the decode step that reads the last position's logits (k = n = the vocabulary).
+    const Stage& logits_stage(Stage& stage, Op op, const char* name) const {
         stage.layer = -1;
         stage.name = name;
         stage.op = op;
         stage.input = Buffer::Logits;
         stage.k = stage.n = n_vocab_;
         stage.last_token_only = true;
-        const Row* chosen = nullptr;
-        std::string rejected;
-        for (const Row& row : capability_table()) {
-            if (row.op != op || row.backend != Backend::CUDA) continue;
-            const auto& excluded = plan_.options.excluded_kernels;
-            const std::string why = std::find(excluded.begin(), excluded.end(), row.kernel) != excluded.end()
-                                        ? std::string("excluded by the caller")
-                                        : rejection_reason(row, stage);
-            if (why.empty() && row.fn && (!chosen || row.priority > chosen->priority)) chosen = &row;
-            if (!why.empty()) rejected += "\n  " + row.kernel + ": " + why;
-        }
-        if (!chosen && required)
-            throw RoutingError(std::string("model stage '") + name + "' (" + op_name(op) + "): no cuda row fits." + rejected);
-        return chosen;
+        return stage;
     }
 
     float* buffer(Buffer b) const { return b == Buffer::None ? nullptr : buffers_[size_t(b)]; }
@@ -509,6 +502,8 @@ private:
     PinnedBuffer<int32_t> pinned_step_, pinned_tokens_;
     PinnedBuffer<float> pinned_logits_;
     PinnedBuffer<KcapSampleSettings> pinned_settings_;
+    KcapSampleSettings device_settings_{};  // what ctx_.sample_settings holds, once settings_on_device_
+    bool settings_on_device_ = false;
 };
 
 }  // namespace

@@ -148,17 +148,7 @@ private:
         argmax_stage_.input = Buffer::Logits;
         argmax_stage_.k = argmax_stage_.n = n_vocab_;
         argmax_stage_.last_token_only = true;
-        std::string rejected;
-        for (const Row& row : capability_table()) {
-            if (row.op != Op::Argmax || row.backend != Backend::Metal) continue;
-            const auto& excluded = plan_.options.excluded_kernels;
-            const std::string why = std::find(excluded.begin(), excluded.end(), row.kernel) != excluded.end()
-                                        ? std::string("excluded by the caller")
-                                        : rejection_reason(row, argmax_stage_);
-            if (why.empty() && row.fn && (!argmax_row_ || row.priority > argmax_row_->priority)) argmax_row_ = &row;
-            if (!why.empty()) rejected += "\n  " + row.kernel + ": " + why;
-        }
-        if (!argmax_row_) throw RoutingError("model stage 'argmax' (argmax): no metal row fits." + rejected);
+        argmax_row_ = route(argmax_stage_, plan_.options);
     }
 
     // Every entry of every routed row, compiled now; a row whose declared threadgroup (threads

@@ -421,18 +421,6 @@ const Row* best_row(const Stage& stage, const PlanOptions& options, std::ostring
     return best;
 }
 
-const Row* route(const Stage& stage, const PlanOptions& options) {
-    std::ostringstream rejections;
-    if (const Row* best = best_row(stage, options, rejections)) return best;
-    std::ostringstream message;
-    message << (stage.layer >= 0 ? "layer " + std::to_string(stage.layer) : std::string("model")) << " stage '"
-            << stage.name << "' (" << op_name(stage.op) << "): no " << backend_name(options.backend)
-            << " row fits; formats [" << describe_formats(stage) << "], dims [" << describe_dims(stage)
-            << "], features [" << feature_names(stage.features) << "]. Candidates:";
-    std::string listed = rejections.str();
-    message << (listed.empty() ? std::string("\n  (no row implements this op on this backend)") : listed);
-    throw RoutingError(message.str());
-}
 
 // --- Fusion --------------------------------------------------------------------------------
 // A few stage sequences have fused ops (Op::AddNorm, Op::GateUp, Op::QkNormRope, Op::Qkv). A sequence is replaced by
@@ -485,17 +473,19 @@ size_t fuse_add_norm(const std::vector<Stage>& stages, size_t i, const PlanOptio
     return j + 2 - i;
 }
 
+// A matmul of the normed row into `out`, no bias, on every position: what gate_up and qkv fuse.
+bool is_plain_matmul(const Stage& s, Buffer out) {
+    return s.op == Op::MatMul && s.input == Buffer::Normed && s.output == out && !s.last_token_only &&
+           !s.operands.empty() && s.operands[0] && (s.operands.size() < 2 || !s.operands[1]);
+}
+
 // matmul(normed -> gate) + matmul(normed -> up) + gated activation(gate, up -> act) -> gate_up.
 size_t fuse_gate_up(const std::vector<Stage>& stages, size_t i, const PlanOptions& options, Stage& fused) {
     if (i + 2 >= stages.size()) return 0;
     const Stage& gate = stages[i];
     const Stage& up = stages[i + 1];
     const Stage& act = stages[i + 2];
-    auto plain_matmul = [](const Stage& s, Buffer out) {
-        return s.op == Op::MatMul && s.input == Buffer::Normed && s.output == out && !s.last_token_only &&
-               (s.operands.size() < 2 || !s.operands[1]);
-    };
-    if (!plain_matmul(gate, Buffer::Gate) || !plain_matmul(up, Buffer::Up)) return 0;
+    if (!is_plain_matmul(gate, Buffer::Gate) || !is_plain_matmul(up, Buffer::Up)) return 0;
     if (act.op != Op::FfnActivation || !(act.features & kGated) || act.input != Buffer::Gate ||
         act.input2 != Buffer::Up || gate.k != up.k || gate.n != up.n || act.n != gate.n)
         return 0;
@@ -523,11 +513,9 @@ size_t fuse_qkv(const std::vector<Stage>& stages, size_t i, const PlanOptions& o
     const Stage& q = stages[i];
     const Stage& k = stages[i + 1];
     const Stage& v = stages[i + 2];
-    auto plain = [](const Stage& s, Buffer out) {
-        return s.op == Op::MatMul && s.input == Buffer::Normed && s.output == out && !s.last_token_only &&
-               !s.operands.empty() && s.operands[0] && (s.operands.size() < 2 || !s.operands[1]) && s.features == 0;
-    };
-    if (!plain(q, Buffer::Q) || !plain(k, Buffer::K) || !plain(v, Buffer::V) || q.k != k.k || q.k != v.k) return 0;
+    if (!is_plain_matmul(q, Buffer::Q) || !is_plain_matmul(k, Buffer::K) || !is_plain_matmul(v, Buffer::V) ||
+        q.k != k.k || q.k != v.k)
+        return 0;
     fused = q;
     fused.name = q.name + "+" + k.name + "+" + v.name;
     fused.op = Op::Qkv;
@@ -582,6 +570,24 @@ std::vector<Stage> fuse_stages(const std::vector<Stage>& stages, const PlanOptio
 }
 
 }  // namespace
+
+const Row* route(const Stage& stage, const PlanOptions& options) {
+    std::ostringstream rejections;
+    if (const Row* best = best_row(stage, options, rejections)) return best;
+    std::ostringstream message;
+    message << (stage.layer >= 0 ? "layer " + std::to_string(stage.layer) : std::string("model")) << " stage '"
+            << stage.name << "' (" << op_name(stage.op) << "): no " << backend_name(options.backend)
+            << " row fits; formats [" << describe_formats(stage) << "], dims [" << describe_dims(stage)
+            << "], features [" << feature_names(stage.features) << "]. Candidates:";
+    std::string listed = rejections.str();
+    message << (listed.empty() ? std::string("\n  (no row implements this op on this backend)") : listed);
+    throw RoutingError(message.str());
+}
+
+const Row* find_route(const Stage& stage, const PlanOptions& options) {
+    std::ostringstream ignored;
+    return best_row(stage, options, ignored);
+}
 
 std::vector<Stage> build_stages(const ModelSpec& spec, const PlanOptions& options) {
     return StageBuilder(spec, options).build();

@@ -79,4 +79,11 @@ bool bind_stage_buffers(const Plan& plan, const Stage& stage, int64_t n, bool ne
 std::vector<Stage> build_stages(const ModelSpec& spec, const PlanOptions& options);
 Plan make_plan(const ModelSpec& spec, const PlanOptions& options);
 
+// The row of options.backend a stage runs on: the highest-priority row whose formats, dims and
+// features fit and that the caller did not exclude. route throws RoutingError listing every
+// candidate's reason; find_route returns null. make_plan routes the plan's stages with it, a
+// backend its own stages (the decode step's argmax or sampler).
+const Row* route(const Stage& stage, const PlanOptions& options);
+const Row* find_route(const Stage& stage, const PlanOptions& options);
+
 }  // namespace kcap
