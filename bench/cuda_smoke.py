@@ -4,7 +4,7 @@ device, each against the CPU backend. scripts/device_check.sh runs it first (und
 debugger, so a crash prints a native backtrace) before the long tests and benchmarks.
 
     python bench/cuda_smoke.py
-    python bench/cuda_smoke.py --profile MODEL.gguf ...   (per-stage decode times, KCAP_CUDA_PROFILE)
+    python bench/cuda_smoke.py --profile [--at=POSITION] MODEL.gguf ...   (per-stage times, KCAP_CUDA_PROFILE)
 """
 from __future__ import annotations
 
@@ -45,9 +45,10 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def profile(paths: list[str]) -> int:
-    """Prefill 512 tokens, then decode 64, of each model with KCAP_CUDA_PROFILE=1 (stages timed
-    one by one with CUDA events; the backend prints its tables to stderr when it is destroyed)."""
+def profile(paths: list[str], at: int = 0) -> int:
+    """Prefill 512 tokens, then decode 64 from position `at` (after a prefill of `at` tokens), of
+    each model with KCAP_CUDA_PROFILE=1 (stages timed one by one with CUDA events; the backend
+    prints its tables to stderr when it is destroyed: the prefill table then covers both prefills)."""
     import gc
     import os
 
@@ -55,9 +56,11 @@ def profile(paths: list[str]) -> int:
     for path in paths:
         print(f"== profile {path}", file=sys.stderr, flush=True)
         model = kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16")
-        ids = np.random.default_rng(0).integers(0, model.n_vocab, 512).astype(np.int32)
-        model.engine.eval(ids, False)
+        ids = np.random.default_rng(0).integers(0, model.n_vocab, max(512, at)).astype(np.int32)
+        model.engine.eval(ids[:512], False)
         model.engine.reset()
+        if at:
+            model.engine.eval(ids[:at], False)
         model.engine.decode_greedy(1, 64)
         del model
         gc.collect()
@@ -66,5 +69,9 @@ def profile(paths: list[str]) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--profile":
-        sys.exit(profile(sys.argv[2:]))
+        args = sys.argv[2:]
+        at = 0
+        if args[0].startswith("--at="):
+            at, args = int(args[0].removeprefix("--at=")), args[1:]
+        sys.exit(profile(args, at))
     sys.exit(main())

@@ -6,7 +6,7 @@
 // The split count was fixed at load time from the stage's longest span (cuda_backend.cu),
 // so the captured graph replays at any position; each split's share of keys follows the
 // position read from device memory.
-#include "cuda/cuda_context.h"
+#include "cuda/attention.h"
 #include "kernels/attention.h"
 
 namespace kcap {
@@ -56,34 +56,44 @@ __global__ void __launch_bounds__(KCAP_ATTN_PREFILL_MAX_SIMDS * 32)
 
 }  // namespace
 
+namespace cuda {
+
+AttentionCall attention_call(const Stage& stage, const KernelCall& call) {
+    const Context& ctx = context(call);
+    const StageData& data = stage_data(call);
+    const StageParams& s = stage.params;
+    const KvCache& kv = ctx.kv.at(size_t(s.kv_layer >= 0 ? s.kv_layer : stage.layer));
+    return {attention_params(stage, call.n_tokens, ctx.kv_format, data.attn_splits, cuda_rows::kAttnMinChunk),
+            static_cast<kcap_u8*>(kv.k), static_cast<kcap_u8*>(kv.v)};
+}
+
+void append_kv(const Context& ctx, const AttentionCall& a, const KernelCall& call) {
+    if (!a.p.append) return;
+    const int64_t appended = int64_t(a.p.n_tokens) * (a.p.k_width + a.p.v_width);
+    launch(ctx, append_kernel, dim3(ceil_div(appended, cuda_rows::kElementwiseThreads)), dim3(cuda_rows::kElementwiseThreads), 0, a.p, ctx.step,
+           call.in2, call.in3, a.k_cache, a.v_cache);
+}
+
+}  // namespace cuda
+
 void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);
-    const cuda::StageData& data = cuda::stage_data(call);
-    const StageParams& s = stage.params;
-    const KcapAttentionParams p = attention_params(stage, call.n_tokens, ctx.kv_format, data.attn_splits, kAttnMinChunk);
-    // A shared-KV layer (kv_shared) reads the cache of layer kv_layer, filled earlier in this
-    // same pass, and appends nothing (it has no K/V of its own).
-    const bool shared = s.kv_layer >= 0;
-    const cuda::KvCache& kv = ctx.kv.at(size_t(shared ? s.kv_layer : stage.layer));
-    auto* k_cache = static_cast<kcap_u8*>(kv.k);
-    auto* v_cache = static_cast<kcap_u8*>(kv.v);
+    const cuda::AttentionCall a = cuda::attention_call(stage, call);
+    const KcapAttentionParams& p = a.p;
     if (call.n_tokens == 1) {
         cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * KCAP_ATTN_DECODE_SIMDS), 0, p, ctx.step, call.in,
-                     call.in2, call.in3, k_cache, v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out);
+                     call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out);
         if (p.n_splits > 1)
             cuda::launch(ctx, combine_kernel, dim3(p.n_head), dim3(p.head_dim_v <= 128 ? 128 : 256), 0, p, ctx.step,
                          static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml),
                          call.out);
         return;
     }
-    const int64_t appended = int64_t(p.n_tokens) * (p.k_width + p.v_width);
-    if (p.append)
-        cuda::launch(ctx, append_kernel, dim3(cuda::ceil_div(appended, kElementwiseThreads)), dim3(kElementwiseThreads), 0,
-                     p, ctx.step, call.in2, call.in3, k_cache, v_cache);
+    cuda::append_kv(ctx, a, call);
     const int64_t query_rows = int64_t(p.n_tokens) * (p.n_head / p.n_head_kv);
     cuda::launch(ctx, prefill_kernel, dim3(cuda::ceil_div(query_rows, attn_prefill_rows(p.head_dim)), p.n_head_kv),
                  dim3(32 * attn_prefill_simds(p.head_dim)), 0, p, ctx.step, call.in,
-                 static_cast<const kcap_u8*>(k_cache), static_cast<const kcap_u8*>(v_cache), call.out);
+                 static_cast<const kcap_u8*>(a.k_cache), static_cast<const kcap_u8*>(a.v_cache), call.out);
 }
 
 }  // namespace kcap

@@ -99,6 +99,24 @@ constexpr int attn_prefill_rows(int head_dim) { return kAttnPrefillRowsPerSimd *
 static_assert(attn_prefill_simds(256) == 8 && attn_prefill_rows(256) == 16 && attn_prefill_simds(128) == 8 &&
                   attn_prefill_rows(128) == 32 && attn_prefill_simds(64) == 8,
               "prefill geometry at the common head dims");
+// Prefill on the tensor cores (cuda/attention_mma.cu, row cuda.attention_mma, f16 KV cache):
+// a group of kAttnMmaWarps simd groups owns kAttnMmaRows consecutive query rows of one KV head
+// (16 per simd group, the same token-major numbering as the tiled body) and walks the keys in
+// tiles staged by cp.async, two tiles in flight. Head dims with a tensor-core body: 64, 128,
+// 256, with head_dim_v == head_dim; other shapes run the tiled SIMT body of cuda.attention.
+constexpr int kAttnMmaWarps = 4;
+constexpr int kAttnMmaRows = 16 * kAttnMmaWarps;
+constexpr bool attn_mma_dims(int head_dim, int head_dim_v) {
+    return head_dim == head_dim_v && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+}
+constexpr int attn_mma_keys(int head_dim) { return head_dim >= 256 ? 32 : 64; }  // keys per staged tile
+// Threadgroup memory: queries (hi and lo halves) and two K and two V tiles, rows padded by 8
+// halves (16 bytes: the 8 rows one ldmatrix phase reads fall in distinct banks), row scales.
+constexpr int attn_mma_shared_bytes(int head_dim) {
+    return (2 * kAttnMmaRows + 4 * attn_mma_keys(head_dim)) * (head_dim + 8) * 2 + kAttnMmaRows * 4;
+}
+static_assert(attn_mma_shared_bytes(256) == 135424 && attn_mma_shared_bytes(128) == 104704,
+              "one group per multiprocessor at head_dim 256, two at 128");
 constexpr int kAttnMinChunk = 64;  // fewest keys per decode split (a multiple of 32)
 constexpr int kAttnSplitsPerSm = 4;  // decode grid: at most this many groups per multiprocessor
 // qk_norm_rope: one simd group per head row.
@@ -127,6 +145,7 @@ void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call);
 void kcap_cuda_rope(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qk_norm_rope(const Stage& stage, const KernelCall& call);
 void kcap_cuda_attention(const Stage& stage, const KernelCall& call);
+void kcap_cuda_attention_mma(const Stage& stage, const KernelCall& call);
 void kcap_cuda_ffn_activation(const Stage& stage, const KernelCall& call);
 void kcap_cuda_add(const Stage& stage, const KernelCall& call);
 void kcap_cuda_softcap(const Stage& stage, const KernelCall& call);

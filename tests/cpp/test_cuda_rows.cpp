@@ -387,8 +387,11 @@ struct AttentionCase {
     int prefill2 = 0;  // a second prefill chunk (positions after the first), before the decode steps
 };
 
-void test_attention(std::mt19937& rng, CpuState& cpu) {
-    const Row& row = find_row("cuda.attention");
+// cuda.attention (SIMT bodies) and cuda.attention_mma (f16 caches: tensor-core prefill, the
+// SIMT decode), each on every case its kv_formats admit; a case with a cache type the row
+// lacks must be refused by the row.
+void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
+    const Row& row = find_row(kernel);
     const AttentionCase cases[] = {
         {4, 1, 256, 256, 512, 0.0f, Format::F16, 517, 2, 8, 300},  // Gemma local layer: a second chunk past the window
         {32, 8, 128, 128, 0, 0.0f, Format::F16, 333, 1, 16, 179},  // Llama-3-8B heads, f16: two chunks, odd counts
@@ -399,6 +402,9 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
         {32, 8, 128, 128, 0, 0.0f, Format::F32, 1100, 2, 64},  // Llama-3-8B heads, empty splits
         {8, 8, 128, 128, 0, 30.0f, Format::F32, 40, 2, 4},     // no GQA, softcap
         {10, 1, 32, 48, 7, 0.0f, Format::F16, 5, 9, 2},        // 10 query heads per KV head, dv != d, tiny window
+        {8, 2, 64, 64, 20, 30.0f, Format::F16, 150, 1, 2, 77},  // f16: window inside key tiles, softcap, GQA 4
+        {6, 6, 128, 128, 0, 0.0f, Format::F16, 70, 1, 2},      // f16, no GQA, a partial row tile
+        {4, 1, 256, 256, 0, 0.0f, Format::F16, 1, 1, 1, 3},    // f16, a one-token chunk then three
     };
     for (const AttentionCase& c : cases) {
         TestContext t;
@@ -413,6 +419,11 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
         stage.kv_format = c.kv;
         stage.k = c.head_dim;
         stage.n = int64_t(c.n_head) * c.head_dim_v;
+        if (std::find(row.kv_formats.begin(), row.kv_formats.end(), c.kv) == row.kv_formats.end()) {
+            KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s takes a %s cache", kernel, format_name(c.kv));
+            ++g_cases;
+            continue;
+        }
         cpu.kv.assign(1, KvLayer());
         cpu.kv[0].format = c.kv;
         cpu.kv[0].k_width = int64_t(c.n_head_kv) * c.head_dim;
@@ -446,9 +457,9 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
             t.run(row, stage, call, data);
             const double err = relative_error(download(out, ref.size()), ref);
             KCAP_EXPECT(err <= kAttentionTolerance,
-                        "cuda.attention heads %d/%d dim %d/%d window %d softcap %g kv %s, %s of %d at %d (splits %d): "
+                        "%s heads %d/%d dim %d/%d window %d softcap %g kv %s, %s of %d at %d (splits %d): "
                         "error %.3g",
-                        c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.window, double(c.softcap), format_name(c.kv),
+                        kernel, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.window, double(c.softcap), format_name(c.kv),
                         m == 1 ? "decode" : "prefill", m, pos, c.n_splits, err);
             ++g_cases;
             // A shared-KV layer at the same positions: other queries over the cache this call
@@ -458,7 +469,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                 shared.layer = 1;
                 shared.params.kv_layer = 0;
                 shared.features = kKvShared;
-                KCAP_EXPECT(rejection_reason(row, shared).empty(), "cuda.attention refuses kv_shared");
+                KCAP_EXPECT(rejection_reason(row, shared).empty(), "%s refuses kv_shared", kernel);
                 const std::vector<float> q2 = random_floats(rng, size_t(m) * c.n_head * c.head_dim);
                 std::vector<float> ref2(ref.size());
                 KernelCall call2;
@@ -474,7 +485,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                 const double err2 = relative_error(download(out2, ref2.size()), ref2);
                 const bool untouched = download(static_cast<const uint8_t*>(t.ctx.kv[0].k), k_bytes) == k_before;
                 KCAP_EXPECT(err2 <= kAttentionTolerance && untouched,
-                            "cuda.attention kv_shared heads %d/%d, %s of %d at %d: error %.3g, cache %s", c.n_head,
+                            "%s kv_shared heads %d/%d, %s of %d at %d: error %.3g, cache %s", kernel, c.n_head,
                             c.n_head_kv, m == 1 ? "decode" : "prefill", m, pos, err2, untouched ? "untouched" : "written");
                 ++g_cases;
             }
@@ -798,7 +809,8 @@ int main() {
     test_embed(rng, cpu);
     test_norm(rng, cpu);
     test_rope(rng, cpu);
-    test_attention(rng, cpu);
+    test_attention(rng, cpu, "cuda.attention");
+    test_attention(rng, cpu, "cuda.attention_mma");
     test_elementwise(rng, cpu);
     test_add_norm(rng, cpu);
     test_gate_up(rng, cpu);

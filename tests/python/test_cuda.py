@@ -223,7 +223,7 @@ def test_llama3_8b_shape_routes_to_cuda(tmp_path):
     assert kernels["attn_q+attn_k+attn_v"] == "cuda.qkv"
     assert kernels["attn_output"] == "cuda.matmul_mma.q4_k"
     assert kernels["ffn_down"] == "cuda.matmul_mma.q6_k"  # layer 0: use_more_bits
-    assert kernels["attention"] == "cuda.attention"
+    assert kernels["attention"] == "cuda.attention_mma"  # the f16 cache's tensor-core prefill
 
 
 def test_cuda_backend_refused_without_device(tiny_path):
@@ -344,6 +344,30 @@ def test_long_context_crosses_the_window_and_splits(model_files, cuda_device):
         got = cuda.eval([token])
         worst = max_relative(got, ref)
         assert worst <= MMA_TOLERANCE, f"decode after a 700-token prefill: max |Δ| = {worst:.3g} × std"
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_f16_cache_prefill_takes_the_tensor_core_attention(model_files, cuda_device, name):
+    # With an f16 cache attention routes to cuda.attention_mma (prefill on the tensor cores;
+    # test_cuda_rows holds it to the CPU at 1e-5). Whole model: 600 prompt tokens (Gemma's local
+    # layers past their 512-key window) against the same model on cuda.attention (SIMT) and on
+    # the CPU, all with f16 caches. As in test_decode_steps_match_cpu, f32 values a few ulps
+    # apart may round to neighbouring halves in the cache, so each comparison must be within
+    # the tolerance or closer than the CPU with an f32 cache is.
+    path, _ = model_files[name]
+    routes = explain_file(path, backend="cuda", kv_type="f16")
+    assert {r["kernel"] for r in routes if r["stage"] == "attention"} == {"cuda.attention_mma"}
+    mma = kcap.load(path, backend="cuda", n_ctx=1024, kv_type="f16")
+    simt = kcap.load(path, backend="cuda", n_ctx=1024, kv_type="f16", excluded_kernels=["cuda.attention_mma"])
+    cpu16 = kcap.load(path, backend="cpu", n_ctx=1024, kv_type="f16")
+    cpu32 = kcap.load(path, backend="cpu", n_ctx=1024, kv_type="f32")
+    ids = prompt_ids(mma.n_vocab, 600, seed=8)
+    got, simt_logits, ref = mma.eval(ids), simt.eval(ids), cpu16.eval(ids)
+    to_f32 = max_relative(got, cpu32.eval(ids))
+    for other, label in ((simt_logits, "cuda.attention"), (ref, "the CPU")):
+        worst = max_relative(got, other)
+        assert worst <= MMA_TOLERANCE or worst < to_f32, (
+            f"{name}: max |Δ| to {label} (f16 caches) {worst:.3g} × std, to the CPU's f32 cache {to_f32:.3g}")
 
 
 # --- sampling on the device ------------------------------------------------------------------

@@ -1,0 +1,24 @@
+// Host helpers shared by the two CUDA attention entry files (attention.cu: decode and the tiled
+// SIMT prefill; attention_mma.cu: the tensor-core prefill).
+#pragma once
+
+#include "cuda/cuda_context.h"
+#include "kernels/dialect.h"
+
+namespace kcap {
+namespace cuda {
+
+// One attention call's parameters and the KV cache it reads: a shared-KV layer (kv_shared)
+// reads the cache of layer kv_layer, filled earlier in this same pass, and appends nothing.
+struct AttentionCall {
+    KcapAttentionParams p;
+    kcap_u8* k_cache;
+    kcap_u8* v_cache;
+};
+AttentionCall attention_call(const Stage& stage, const KernelCall& call);
+
+// A prefill chunk's K/V into the cache (when p.append), before any of its tokens attends.
+void append_kv(const Context& ctx, const AttentionCall& a, const KernelCall& call);
+
+}  // namespace cuda
+}  // namespace kcap
