@@ -7,9 +7,17 @@
 //             elements, q_k a small integer, exact in bf16 (kernels/quant_codes.h, checked
 //             against decode32 on the host). Each K step of kStepK = 64, every thread decodes
 //             one 32-element run of one weight row: its codes go to shared memory as bf16
-//             pairs, its (scale, offset) pairs to per-(sub-block, row) f32 arrays.
+//             pairs, its (scale, offset) pairs to per-(sub-block, row) f32 arrays. It decodes
+//             from a shared copy of the raw GGUF bytes (RawChunk below): all 256 threads copy
+//             the tile's 128 rows there with cp.async, one chunk of K at a time (a 256-element
+//             super-block for the K-quants, 64 elements = two blocks otherwise), consecutive
+//             threads on consecutive words of a row (coalesced; decoding straight from global
+//             had every load instruction touch 16 rows), double-buffered: chunk c + 1 is in
+//             flight while chunk c is decoded and multiplied.
 //   x         split as x_hi = bf16(x), x_lo = bf16(x - x_hi), both staged as bf16 pairs; for
 //             formats with offsets the per-(sub-block, token) sum of x_hi + x_lo (f32) beside them.
+//             Loaded coalesced (16 lanes x float4 per token: 256 contiguous bytes) into
+//             registers one step ahead: step k + 1's loads are in flight during step k's mma.
 //   products  per sub-block, T = sum_k x_lo q + sum_k x_hi q on the tensor cores (products of
 //             bf16 values are exact; f32 accumulation), then per output
 //             acc += scale * T (+ offset * xsum) in f32 FMAs.
@@ -29,10 +37,14 @@
 // Tile: kMmaTokens = 64 tokens x kMmaRows = 128 rows, 8 warps in a 2 (tokens) x 4 (rows) grid,
 // each warp 32 tokens x 32 rows = 2 x 4 mma tiles of 16 x 8. Shared rows are kStride = 36
 // words (36 = 4 mod 32), so the 8 rows one ldmatrix phase (or one plain 32-bit fragment
-// load) reads fall in distinct banks. Grid: x = row tiles, y = token tiles.
+// load) reads fall in distinct banks. Grid: x = row tiles, y = token tiles. Shared memory:
+// the static tiles (Shared, 41 KB) plus the dynamic raw double buffer (RawChunk::bytes, up to
+// 55 KB for Q6_K), at most 96 KB per block so two blocks fit a multiprocessor (228 KB).
 // Build with -DKCAP_MMA_LDMATRIX=0 to load the fragments with plain 32-bit shared loads
 // instead of ldmatrix (the same layouts spelled out lane by lane; for diagnosis).
 #include <cuda_bf16.h>
+
+#include <atomic>
 
 #include "cuda/matmul.h"
 #include "kernels/matmul.h"
@@ -56,7 +68,7 @@ constexpr int kWarpTokens = 32, kWarpRows = 32;
 constexpr int kMt = kWarpTokens / 16, kNt = kWarpRows / 8;  // mma tiles per warp
 static_assert(kMmaThreads == 256 && kMmaTokens == 64 && kMmaRows == 128, "the warp layout below assumes these");
 static_assert(kMmaThreads == 2 * kMmaRows, "weights: each thread decodes one run of one row per step");
-static_assert(kMmaThreads == 4 * kMmaTokens, "activations: each thread stages 16 values of one token per step");
+static_assert(kMmaThreads * 16 == kMmaTokens * kStepK && kStepK == 64, "activations: each thread stages 4 float4 (of 4 tokens) per step");
 static_assert(kStride % 32 == 4 && kStride % 4 == 0, "conflict-free fragment loads, 16-byte aligned rows");
 
 struct alignas(16) Shared {
@@ -121,36 +133,165 @@ __device__ __forceinline__ void load_b2(unsigned (&b)[4], const unsigned* tile, 
 #endif
 }
 
+// cp.async: global -> shared without registers; the copies of one commit group complete together.
+// 4-byte copies go through L1 (.ca, the only kind for 4 bytes), 16-byte ones bypass it (.cg).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(address), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// The raw GGUF bytes of one chunk of K for the tile's kMmaRows weight rows, in shared memory
+// (dynamic; two buffers). A chunk is one 256-element super-block (the K-quants: one chunk
+// serves 4 steps) or kStepK = 64 elements = two 32-element blocks (one step); the last chunk
+// of a 32-element format may hold one block (K a multiple of 32 only).
+//   Alignment: the decoders read words at the block's real alignment (kernels/quant.h: blocks
+// of 18, 22, 34, 110, 210 bytes at even offsets through the a2 paths, which test the address
+// bits; MXFP4 byte by byte; Q4_K 16-byte loads), so a row's shared copy has the same address
+// mod 4 as in global memory: the copy is the 4-aligned window of words covering the chunk's
+// bytes, and the chunk starts `lead` = (global address mod 4) bytes into it. Formats whose
+// blocks are a multiple of 16 bytes (BF16, Q4_K, Q5_K) start every chunk 16-aligned (weights
+// sit in their own allocation, so a row starts at row * row_bytes): lead 0, the shared rows
+// 16-aligned too, and 16-byte copies.
+//   Shared row strides: 16-byte rows take stride = 4 mod 8 words, so the 4 rows one quarter
+// warp reads with 16-byte loads (lane pairs share a row) fall in distinct bank quads; the
+// others an odd stride, so the 16 rows of a warp's 32-bit loads at one offset hit 16 banks.
+template <class F>
+struct RawChunk {
+    static constexpr int k = F::block_elems > kStepK ? F::block_elems : kStepK;  // elements: 256 or 64
+    static constexpr int blocks = k / F::block_elems;                           // per row: 1 or 2
+    static constexpr int runs = k / 32;
+    static constexpr int bytes_per_row = blocks * F::block_bytes;
+    static constexpr bool vec16 = F::block_bytes % 16 == 0;
+    static constexpr int unit = vec16 ? 16 : 4;  // bytes per cp.async
+    // Copies per row: the chunk's bytes, plus (4-byte windows) up to 3 bytes of lead and 3 of tail.
+    static constexpr int units = vec16 ? bytes_per_row / 16 : (bytes_per_row + 3 + 3) / 4;
+    static constexpr int words = units * unit / 4;
+    static constexpr int stride = vec16 ? (words + 3) / 8 * 8 + 4 : words | 1;  // words per shared row
+    static constexpr int buffer_words = kMmaRows * stride;
+    static constexpr size_t bytes = 2 * size_t(buffer_words) * 4;  // double-buffered
+    static_assert(!vec16 || bytes_per_row % 16 == 0, "16-byte copies cover the chunk exactly");
+    static_assert(stride >= words && (!vec16 || stride % 8 == 4), "windows fit the padded rows");
+};
+
+// Bytes into a row's shared window where chunk `chunk` starts: its global address mod 4 (0 for
+// 16-byte formats). `row` is the row's first byte in global memory.
+template <class F>
+__device__ __forceinline__ unsigned raw_lead(const kcap_u8* row, int chunk) {
+    if (RawChunk<F>::vec16) return 0u;
+    return kcap_address_bits(row + unsigned(chunk) * unsigned(RawChunk<F>::bytes_per_row)) & 3u;
+}
+
+// All threads: issue the cp.async copies of chunk `chunk` of rows row_base .. row_base + 127
+// (those < N) into `buf`. Thread i of the flat (row, unit) order copies unit i % units of row
+// i / units, so a warp's 32 copies are consecutive words (or 16-byte pieces) of one or two rows.
+// A 4-byte window may take up to 3 bytes of the neighbouring rows (never read back; w is 4-aligned,
+// so no window starts before it). The word holding the tensor's last byte may stick out past
+// its end (the last row of a 4-byte format whose size is not a multiple of 4): that one word
+// is read byte by byte instead, so no copy leaves [w, w_end).
+template <class F>
+__device__ __forceinline__ void stage_chunk(unsigned* buf, const kcap_u8* w, const kcap_u8* w_end,
+                                            const KcapMatmulParams& p, int row_base, int chunk, int tid) {
+    using R = RawChunk<F>;
+    const int blocks = min(R::blocks, int(p.k / F::block_elems) - chunk * R::blocks);  // 1 in a short last chunk
+    const int bytes = blocks * F::block_bytes;
+    constexpr int kCopies = kMmaRows * R::units;
+#pragma unroll 4
+    for (int i0 = 0; i0 < kCopies; i0 += kMmaThreads) {
+        const int i = i0 + tid;
+        if (kCopies % kMmaThreads != 0 && i >= kCopies) break;
+        const int r = i / R::units, u = i - r * R::units;
+        if (row_base + r >= p.n) continue;
+        const kcap_u8* row = w + kcap_u64(row_base + r) * p.row_bytes;
+        kcap_u8* dst = reinterpret_cast<kcap_u8*>(buf + r * R::stride) + R::unit * u;
+        if (R::vec16) {
+            const kcap_u8* src = row + unsigned(chunk) * unsigned(R::bytes_per_row) + 16 * u;
+            if (16 * u < bytes) cp_async16(dst, src);
+        } else {
+            const unsigned lead = raw_lead<F>(row, chunk);
+            const kcap_u8* src = row + unsigned(chunk) * unsigned(R::bytes_per_row) - lead + 4 * u;  // 4-aligned
+            if (4 * u < int(lead) + bytes) {
+                if (src + 4 <= w_end) {
+                    cp_async4(dst, src);
+                } else {
+                    unsigned word = 0u;
+#pragma unroll 1
+                    for (int j = 0; src + j < w_end; ++j) word |= unsigned(src[j]) << (8 * j);
+                    *reinterpret_cast<unsigned*>(dst) = word;  // a plain store: visible after the barrier
+                }
+            }
+        }
+    }
+}
+
+// Activations of one step: thread (token xt + 16 i, i < 4; float4 column xc) of the tile's 64
+// tokens x 64 values; zeros past M or K (K is a multiple of 32, so a float4 is all in or all out).
+__device__ __forceinline__ void load_x(float4 (&v)[4], const float* x, const KcapMatmulParams& p, int token_base,
+                                       int xt, int xc, int k0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int token = token_base + xt + 16 * i;
+        v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (token < p.m && k0 + 4 * xc < p.k) v[i] = *reinterpret_cast<const float4*>(x + kcap_u64(token) * p.k + k0 + 4 * xc);
+    }
+}
+
 template <class F>
 __global__ void __launch_bounds__(kMmaThreads, 2)
     mma_kernel(KcapMatmulParams p, const kcap_u8* w, const float* x, const float* bias, float* y) {
     using C = KcapCodes<F>;
+    using R = RawChunk<F>;
     constexpr int kSub = C::sub;                 // elements per sub-block: 16 or 32
     constexpr int kSubs = kStepK / kSub;         // sub-blocks per step
     constexpr int kRunsPerBlock = F::block_elems / 32;
     static_assert(kSub == 16 || kSub == 32, "sub-blocks of 16 or 32 elements");
     __shared__ Shared sh;
+    extern __shared__ __align__(16) unsigned raw[];  // RawChunk<F>: two buffers of buffer_words
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tg = lane & 3;
     const int row_base = blockIdx.x * kMmaRows, token_base = blockIdx.y * kMmaTokens;
     const int warp_tokens = kWarpTokens * (warp / kWarpsRows), warp_rows = kWarpRows * (warp % kWarpsRows);
-    // Staging roles: weight row dr, run dhalf of each step; token xt, values 16 xq .. 16 xq + 15.
+    // Decoding role: weight row dr, run dhalf of each step. Activation role: float4 column xc
+    // (values 4 xc .. 4 xc + 3 of the step) of tokens xt + 16 i, i < 4.
     const int dr = tid >> 1, dhalf = tid & 1;
-    const int xt = tid >> 2, xq = tid & 3;
-    const bool row_valid = row_base + dr < p.n, token_valid = token_base + xt < p.m;
+    const int xt = tid >> 4, xc = tid & 15;
+    const bool row_valid = row_base + dr < p.n;
     const kcap_u8* wrow = w + kcap_u64(row_valid ? row_base + dr : 0) * p.row_bytes;
-    const float* xrow = x + kcap_u64(token_valid ? token_base + xt : 0) * p.k + 16 * xq;
+    const kcap_u8* w_end = w + kcap_u64(p.n) * p.row_bytes;
     pdl_wait();
     pdl_trigger();
     float acc[kMt][kNt][4] = {};
     const int runs = p.k / 32;
+    const int chunks = (p.k + R::k - 1) / R::k;
+    stage_chunk<F>(raw, w, w_end, p, row_base, 0, tid);
+    cp_async_commit();
+    float4 xv[4];
+    load_x(xv, x, p, token_base, xt, xc, 0);
     for (int k0 = 0; k0 < p.k; k0 += kStepK) {
+        const int chunk = k0 / R::k;
+        const bool chunk_start = k0 % R::k == 0;
+        if (chunk_start) cp_async_wait_all();  // this thread's copies of chunk `chunk` have landed
+        // Everyone's copies are visible; the previous step's tiles are no longer read.
+        __syncthreads();
+        // Prefetch the next chunk into the other buffer: its last reader was the decode of the
+        // previous chunk's last step, before that step's second barrier.
+        if (chunk_start && chunk + 1 < chunks) {
+            stage_chunk<F>(raw + ((chunk + 1) & 1) * R::buffer_words, w, w_end, p, row_base, chunk + 1, tid);
+            cp_async_commit();
+        }
         // Weights: codes as bf16 pairs, (scale, offset) per sub-block; zeros past N or K.
         {
             const int run = k0 / 32 + dhalf;
             float q[32], sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
             if (row_valid && run < runs) {
-                C::codes32(wrow + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock, q, sc, off);
+                const kcap_u8* b = reinterpret_cast<const kcap_u8*>(raw + (chunk & 1) * R::buffer_words + dr * R::stride) +
+                                   raw_lead<F>(wrow, chunk) + unsigned(run % R::runs / kRunsPerBlock) * unsigned(F::block_bytes);
+                C::codes32(b, run % kRunsPerBlock, q, sc, off);
             } else {
 #pragma unroll
                 for (int i = 0; i < 32; ++i) q[i] = 0.0f;
@@ -168,45 +309,31 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                 if (C::has_offset) sh.offset[dhalf][dr] = off[0];
             }
         }
-        // Activations: 16 values of one token, split into bf16 hi and lo; zeros past M or K.
-        {
-            float v[16];
-            if (token_valid && k0 + 16 * xq < p.k) {
+        // Activations (loaded a step ahead): split into bf16 hi and lo; zeros past M or K.
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float4 f = *reinterpret_cast<const float4*>(xrow + k0 + 4 * i);
-                    v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
-                }
-            } else {
+        for (int i = 0; i < 4; ++i) {
+            const float v[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
+            float hi[4], lo[4], sum = 0.0f;
 #pragma unroll
-                for (int i = 0; i < 16; ++i) v[i] = 0.0f;
+            for (int j = 0; j < 4; ++j) {
+                hi[j] = bf16_round(v[j]);
+                lo[j] = bf16_round(v[j] - hi[j]);  // v - hi is exact in f32
+                if (C::has_offset) sum += hi[j] + lo[j];
             }
-            float hi[16], lo[16], sum = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 16; ++i) {
-                hi[i] = bf16_round(v[i]);
-                lo[i] = bf16_round(v[i] - hi[i]);  // v - hi is exact in f32
-                if (C::has_offset) sum += hi[i] + lo[i];
-            }
-            uint4* dhi = reinterpret_cast<uint4*>(sh.xhi + xt * kStride + 8 * xq);
-            uint4* dlo = reinterpret_cast<uint4*>(sh.xlo + xt * kStride + 8 * xq);
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                dhi[u] = make_uint4(pack_bf16(hi[8 * u], hi[8 * u + 1]), pack_bf16(hi[8 * u + 2], hi[8 * u + 3]),
-                                    pack_bf16(hi[8 * u + 4], hi[8 * u + 5]), pack_bf16(hi[8 * u + 6], hi[8 * u + 7]));
-                dlo[u] = make_uint4(pack_bf16(lo[8 * u], lo[8 * u + 1]), pack_bf16(lo[8 * u + 2], lo[8 * u + 3]),
-                                    pack_bf16(lo[8 * u + 4], lo[8 * u + 5]), pack_bf16(lo[8 * u + 6], lo[8 * u + 7]));
-            }
+            const int t = xt + 16 * i;
+            *reinterpret_cast<uint2*>(sh.xhi + t * kStride + 2 * xc) = make_uint2(pack_bf16(hi[0], hi[1]), pack_bf16(hi[2], hi[3]));
+            *reinterpret_cast<uint2*>(sh.xlo + t * kStride + 2 * xc) = make_uint2(pack_bf16(lo[0], lo[1]), pack_bf16(lo[2], lo[3]));
             if (C::has_offset) {
-                if (kSub == 16) {
-                    sh.xsum[xq][xt] = sum;
-                } else {
-                    sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // the token's other 16 of the sub-block
-                    if ((xq & 1) == 0) sh.xsum[xq >> 1][xt] = sum;
-                }
+                // The sub-block's kSub / 4 lanes (aligned groups of the 16 lanes of token t).
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                if (kSub == 32) sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+                if ((xc & (kSub / 4 - 1)) == 0) sh.xsum[xc / (kSub / 4)][t] = sum;
             }
         }
         __syncthreads();
+        // The next step's activations: in flight during this step's products.
+        if (k0 + kStepK < p.k) load_x(xv, x, p, token_base, xt, xc, k0 + kStepK);
 #pragma unroll 1
         for (int s = 0; s < kSubs; ++s) {
             float t[kMt][kNt][4] = {};
@@ -255,7 +382,6 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                 }
             }
         }
-        __syncthreads();
     }
 #pragma unroll
     for (int mt = 0; mt < kMt; ++mt)
@@ -283,7 +409,19 @@ void run_matmul_mma(const Stage& stage, const KernelCall& call, void (*exact)(co
         const Context& ctx = context(call);
         const StageData& data = stage_data(call);
         const KcapMatmulParams p = matmul_params(stage, call);
-        launch(ctx, mma_kernel<F>, dim3(ceil_div(p.n, kMmaRows), ceil_div(p.m, kMmaTokens)), dim3(kMmaThreads), 0, p,
+        // The raw double buffer is dynamic shared memory (with the static tiles over 48 KB for
+        // most formats): allow it once per device, and ask for the largest shared carveout so
+        // two blocks fit a multiprocessor (the carveout is a hint; the default may pick less).
+        constexpr size_t raw_bytes = RawChunk<F>::bytes;
+        static std::atomic<unsigned long long> configured{0};  // bit d: done on device d
+        const unsigned long long bit = ctx.device < 64 ? 1ull << ctx.device : 0ull;
+        if (!bit || !(configured.load(std::memory_order_relaxed) & bit)) {
+            KCAP_CUDA_CHECK(cudaFuncSetAttribute(mma_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(raw_bytes)));
+            KCAP_CUDA_CHECK(cudaFuncSetAttribute(mma_kernel<F>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                 int(cudaSharedmemCarveoutMaxShared)));
+            configured.fetch_or(bit, std::memory_order_relaxed);
+        }
+        launch(ctx, mma_kernel<F>, dim3(ceil_div(p.n, kMmaRows), ceil_div(p.m, kMmaTokens)), dim3(kMmaThreads), raw_bytes, p,
                static_cast<const kcap_u8*>(data.operands[0]), call.in, static_cast<const float*>(data.operands[1]),
                call.out);
     }
