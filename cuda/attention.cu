@@ -14,7 +14,9 @@ namespace {
 
 using namespace cuda_rows;
 
-__global__ void __launch_bounds__(KCAP_ATTN_DECODE_SIMDS * 32)
+static_assert(cuda_rows::kAttnDecodeSimds == KCAP_ATTN_DECODE_SIMDS, "cuda_rows states the decode body's default");
+
+__global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32)
     decode_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new, const float* v_new,
                   kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out) {
     __shared__ float merge[KCAP_ATTN_DECODE_SHARED_FLOATS];
@@ -26,9 +28,10 @@ __global__ void __launch_bounds__(KCAP_ATTN_DECODE_SIMDS * 32)
 
 __global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, const kcap_i32* step, const float* partial_o,
                                                       const float* partial_ml, float* out) {
+    __shared__ float shared[KCAP_ATTN_COMBINE_SHARED_FLOATS];
     cuda::pdl_wait();
     cuda::pdl_trigger();
-    kcap_attention_combine(kcap_cuda_thread(), p, step, partial_o, partial_ml, out);
+    kcap_attention_combine(kcap_cuda_thread(), p, step, partial_o, partial_ml, out, shared);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -63,7 +66,7 @@ AttentionCall attention_call(const Stage& stage, const KernelCall& call) {
     const StageData& data = stage_data(call);
     const StageParams& s = stage.params;
     const KvCache& kv = ctx.kv.at(size_t(s.kv_layer >= 0 ? s.kv_layer : stage.layer));
-    return {attention_params(stage, call.n_tokens, ctx.kv_format, data.attn_splits, cuda_rows::kAttnMinChunk),
+    return {attention_params(stage, call.n_tokens, ctx.kv_format, data.attn_splits, ctx.attn_min_chunk),
             static_cast<kcap_u8*>(kv.k), static_cast<kcap_u8*>(kv.v)};
 }
 
@@ -81,10 +84,10 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
     const cuda::AttentionCall a = cuda::attention_call(stage, call);
     const KcapAttentionParams& p = a.p;
     if (call.n_tokens == 1) {
-        cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * KCAP_ATTN_DECODE_SIMDS), 0, p, ctx.step, call.in,
+        cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * ctx.attn_decode_simds), 0, p, ctx.step, call.in,
                      call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out);
         if (p.n_splits > 1)
-            cuda::launch(ctx, combine_kernel, dim3(p.n_head), dim3(p.head_dim_v <= 128 ? 128 : 256), 0, p, ctx.step,
+            cuda::launch(ctx, combine_kernel, dim3(p.n_head), dim3(attn_combine_threads(p.head_dim_v)), 0, p, ctx.step,
                          static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml),
                          call.out);
         return;

@@ -16,7 +16,8 @@
 // KCAP_CUDA_PDL=0 turns programmatic dependent launch off, KCAP_MATVEC_ROWS=1|2|8 changes the
 // decode matvec's rows per team (the row declares cuda_rows::kMatvecRows), KCAP_MATVEC_WARPS=N
 // splits its rows' runs over more simd groups until about N per multiprocessor run
-// (cuda_rows::matvec_split). KCAP_CUDA_PROFILE=1 runs decode steps without the graph, times
+// (cuda_rows::matvec_split); KCAP_ATTN_DECODE_SIMDS=4|8, KCAP_ATTN_MIN_CHUNK=N (a multiple of
+// 32) and KCAP_ATTN_SPLITS_PER_SM=N change the decode attention's groups. KCAP_CUDA_PROFILE=1 runs decode steps without the graph, times
 // every stage with CUDA events (each stage waited for, so the times include each launch's
 // latency) and prints the totals per kernel and per stage name to stderr when the backend is
 // destroyed; prefill chunks are timed the same way into tables of their own.
@@ -119,6 +120,10 @@ public:
         const int rows = env_int("KCAP_MATVEC_ROWS", cuda_rows::kMatvecRows);
         ctx.matvec_rows = rows == 1 || rows == 2 || rows == 8 ? rows : cuda_rows::kMatvecRows;
         ctx.matvec_warps = env_int("KCAP_MATVEC_WARPS", cuda_rows::kMatvecTargetWarps);
+        ctx.attn_decode_simds = env_int("KCAP_ATTN_DECODE_SIMDS", cuda_rows::kAttnDecodeSimds) == 8 ? 8 : cuda_rows::kAttnDecodeSimds;
+        const int min_chunk = env_int("KCAP_ATTN_MIN_CHUNK", cuda_rows::kAttnMinChunk);
+        ctx.attn_min_chunk = min_chunk >= 32 && min_chunk % 32 == 0 ? min_chunk : cuda_rows::kAttnMinChunk;
+        ctx.attn_splits_per_sm = std::max(1, env_int("KCAP_ATTN_SPLITS_PER_SM", cuda_rows::kAttnSplitsPerSm));
         profile_ = env_int("KCAP_CUDA_PROFILE", 0) != 0;
         if (profile_) use_graph_ = false;
         KCAP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
@@ -278,8 +283,8 @@ private:
                 // Enough splits that each takes about kAttnMinChunk keys at the longest span,
                 // capped at a few groups per multiprocessor (longer spans: longer splits).
                 const int64_t span = std::max<int64_t>(1, stage.max_span);
-                const int64_t by_span = (span + cuda_rows::kAttnMinChunk - 1) / cuda_rows::kAttnMinChunk;
-                const int64_t cap = std::max<int64_t>(1, int64_t(cuda_rows::kAttnSplitsPerSm) * ctx.sm_count /
+                const int64_t by_span = (span + ctx.attn_min_chunk - 1) / ctx.attn_min_chunk;
+                const int64_t cap = std::max<int64_t>(1, int64_t(ctx.attn_splits_per_sm) * ctx.sm_count /
                                                              std::max(1, stage.params.n_head_kv));
                 data.attn_splits = int(std::max<int64_t>(1, std::min(by_span, cap)));
                 const size_t slots = size_t(stage.params.n_head) * size_t(data.attn_splits);

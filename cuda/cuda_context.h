@@ -35,6 +35,11 @@ struct Context {
     bool pdl = false;  // launch with programmatic dependent launch (sm_90+)
     int matvec_rows = cuda_rows::kMatvecRows;  // decode matvec rows per team (KCAP_MATVEC_ROWS: 1, 2, 8)
     int matvec_warps = cuda_rows::kMatvecTargetWarps;  // KCAP_MATVEC_WARPS: the split's simd groups per multiprocessor
+    // Decode attention (KCAP_ATTN_DECODE_SIMDS, KCAP_ATTN_MIN_CHUNK, KCAP_ATTN_SPLITS_PER_SM):
+    // simd groups per group, fewest keys per split, most groups per multiprocessor.
+    int attn_decode_simds = cuda_rows::kAttnDecodeSimds;
+    int attn_min_chunk = cuda_rows::kAttnMinChunk;
+    int attn_splits_per_sm = cuda_rows::kAttnSplitsPerSm;
     // Decode-step state in device memory, so one captured graph serves every step:
     // step[0] = position of token 0 of the call, step[1] = tokens generated (history index).
     int32_t* step = nullptr;

@@ -117,6 +117,9 @@ constexpr int attn_mma_shared_bytes(int head_dim) {
 }
 static_assert(attn_mma_shared_bytes(256) == 135424 && attn_mma_shared_bytes(128) == 104704,
               "one group per multiprocessor at head_dim 256, two at 128");
+// Combine of the decode splits: one thread per output dim (kernels/attention.h).
+constexpr int attn_combine_threads(int head_dim_v) { return head_dim_v <= 128 ? 128 : 256; }
+constexpr int kAttnDecodeSimds = 4;  // KCAP_ATTN_DECODE_SIMDS: simd groups of a decode group
 constexpr int kAttnMinChunk = 64;  // fewest keys per decode split (a multiple of 32)
 constexpr int kAttnSplitsPerSm = 4;  // decode grid: at most this many groups per multiprocessor
 // qk_norm_rope: one simd group per head row.

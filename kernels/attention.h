@@ -148,7 +148,7 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
 }
 
 // Decode (one token at position step[0]), flash-decoding. Grid: x = n_head_kv, y = n_splits;
-// threads 32 * KCAP_ATTN_DECODE_SIMDS; shared: KCAP_ATTN_DECODE_SHARED_FLOATS floats.
+// threads 32 * simd groups (KCAP_ATTN_DECODE_SIMDS, at most KCAP_ATTN_DECODE_MAX_SIMDS); shared: KCAP_ATTN_DECODE_SHARED_FLOATS floats.
 // Split s takes the s-th chunk of the visible keys (kcap_decode_splits); its simd groups take
 // KCAP_ATTN_KEYS_PER_STEP consecutive keys in turn. Lanes split the head dims (lane l holds
 // dims 4 l .. 4 l + 3 of each 128), so every K/V row is read with coalesced 16-byte (f32) or
@@ -160,13 +160,14 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
 // as the cache stores it); a shared-KV layer (p.append == 0) reads it from the cache.
 // One active split writes out; several write partial_o [n_head][n_splits][head_dim_v] and
 // partial_ml [n_head][n_splits][2] for kcap_attention_combine.
-#define KCAP_ATTN_DECODE_SIMDS 4
+#define KCAP_ATTN_DECODE_SIMDS 4      // the default launch (CUDA: KCAP_ATTN_DECODE_SIMDS=8 for a measurement)
+#define KCAP_ATTN_DECODE_MAX_SIMDS 8  // the most simd groups a launch may have (threadgroup memory)
 #define KCAP_ATTN_HEADS_PER_PASS 4
 #define KCAP_ATTN_KEYS_PER_STEP 4  // keys a simd group loads and scores at once
 #define KCAP_ATTN_DIM_GROUPS (KCAP_ATTN_MAX_HEAD_DIM / 128)  // 4-dim groups per lane
 // The states of simd groups 1.. of one pass (max, sum, output per head), merged by group 0.
 #define KCAP_ATTN_DECODE_SHARED_FLOATS \
-    ((KCAP_ATTN_DECODE_SIMDS - 1) * KCAP_ATTN_HEADS_PER_PASS * (KCAP_ATTN_MAX_HEAD_DIM + 2))
+    ((KCAP_ATTN_DECODE_MAX_SIMDS - 1) * KCAP_ATTN_HEADS_PER_PASS * (KCAP_ATTN_MAX_HEAD_DIM + 2))
 
 // Dims 4 lane + 128 i .. +3 of a row (f32 or f16 elements; zeros past `dim`).
 KCAP_FN void kcap_attn_load_row(const KcapThread t, const KCAP_GLOBAL kcap_u8* cache, kcap_u64 row, int dim, int f16,
@@ -360,23 +361,65 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
 
 // Merges the active splits of kcap_attention_decode (none to merge when one split covered
 // every key: it wrote the output itself). Grid: x = n_head; any multiple of 32 threads.
+// Threadgroup memory of the combine: the weights of a chunk of splits, and one slot per simd
+// group for the block reductions.
+#define KCAP_ATTN_COMBINE_CHUNK 256
+#define KCAP_ATTN_COMBINE_SHARED_FLOATS (KCAP_ATTN_COMBINE_CHUNK + 32)
+
+// Max (sum = 0) or sum (sum = 1) of v over the group's threads, in every thread. `reduce`:
+// one float per simd group; the caller puts a barrier between two uses of it.
+KCAP_FN float kcap_attn_group_reduce(const KcapThread t, float v, int sum, KCAP_SHARED float* reduce) {
+    v = sum ? kcap_simd_sum(v) : kcap_simd_max(v);
+    if (t.lane == 0) reduce[t.simd] = v;
+    kcap_barrier();
+    float r = reduce[0];
+    for (int i = 1; i < int(t.simds); ++i) r = sum ? r + reduce[i] : kcap_fmax(r, reduce[i]);
+    return r;
+}
+
+// Grid: x = n_head; threads >= head_dim_v (a multiple of 32, at most 1024); shared:
+// KCAP_ATTN_COMBINE_SHARED_FLOATS floats. The threads take the splits in turn for the max and
+// the weights exp(m_s - m) (staged a chunk at a time), then each thread one output dim, with
+// four splits' partial outputs loaded at once: at long spans a head has dozens of splits, and
+// one dependent load per split was most of the decode attention's time.
 KCAP_FN void kcap_attention_combine(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
                                     const KCAP_GLOBAL float* partial_o, const KCAP_GLOBAL float* partial_ml,
-                                    KCAP_GLOBAL float* out) {
+                                    KCAP_GLOBAL float* out, KCAP_SHARED float* shared) {
     const int active = kcap_decode_splits(p, step[0]).active;
     if (active == 1) return;
     const kcap_u64 head = t.group_x;
     const KCAP_GLOBAL float* ml = partial_ml + head * p.n_splits * 2;
+    KCAP_SHARED float* weight = shared;                            // [chunk]
+    KCAP_SHARED float* reduce = shared + KCAP_ATTN_COMBINE_CHUNK;  // [simds]
     float m = KCAP_NEG_INFINITY;
-    for (int s = 0; s < active; ++s) m = kcap_fmax(m, ml[2 * s]);
-    float l = 0.0f;
-    for (int s = 0; s < active; ++s) l += ml[2 * s + 1] * kcap_exp(ml[2 * s] - m);
-    const float inv = 1.0f / l;
-    for (int d = int(t.index); d < p.head_dim_v; d += int(t.threads)) {
-        float acc = 0.0f;
-        for (int s = 0; s < active; ++s) acc += partial_o[(head * p.n_splits + s) * p.head_dim_v + d] * kcap_exp(ml[2 * s] - m);
-        out[head * p.head_dim_v + d] = acc * inv;
+    for (int s = int(t.index); s < active; s += int(t.threads)) m = kcap_fmax(m, ml[2 * s]);
+    m = kcap_attn_group_reduce(t, m, 0, reduce);  // every active split saw keys: m is finite
+    const int d = int(t.index);
+    const int dv = p.head_dim_v;
+    float l = 0.0f, acc = 0.0f;
+    for (int c0 = 0; c0 < active; c0 += KCAP_ATTN_COMBINE_CHUNK) {
+        const int n = active - c0 < KCAP_ATTN_COMBINE_CHUNK ? active - c0 : KCAP_ATTN_COMBINE_CHUNK;
+        kcap_barrier();  // the previous chunk's weights (and the reduction slots) are consumed
+        for (int i = int(t.index); i < n; i += int(t.threads)) {
+            const float w = kcap_exp(ml[2 * (c0 + i)] - m);
+            weight[i] = w;
+            l += ml[2 * (c0 + i) + 1] * w;
+        }
+        kcap_barrier();
+        if (d < dv) {
+            const KCAP_GLOBAL float* po = partial_o + (head * p.n_splits + kcap_u64(c0)) * dv + kcap_u64(d);
+            int i = 0;
+            for (; i + 4 <= n; i += 4) {
+                const float a = po[kcap_u64(i) * dv], b = po[kcap_u64(i + 1) * dv];
+                const float c = po[kcap_u64(i + 2) * dv], e = po[kcap_u64(i + 3) * dv];
+                acc += a * weight[i] + b * weight[i + 1] + c * weight[i + 2] + e * weight[i + 3];
+            }
+            for (; i < n; ++i) acc += po[kcap_u64(i) * dv] * weight[i];
+        }
     }
+    kcap_barrier();  // the reduction slots are free again
+    l = kcap_attn_group_reduce(t, l, 1, reduce);
+    if (d < dv) out[head * dv + kcap_u64(d)] = acc * (1.0f / l);
 }
 
 // Prefill (a chunk of tokens attends to the cache): kernels/attention_prefill.h, tiled.

@@ -29,13 +29,14 @@ static_assert(kAttnPrefillRowsPerSimd == KCAP_ATTN_PREFILL_ROWS && kAttnPrefillM
     kcap_attention_decode(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge);
 }
 
-// Grid: x = n_head; kAttnCombineThreads threads (any multiple of 32).
+// Grid: x = n_head; kAttnCombineThreads threads (a multiple of 32, at least head_dim_v).
 [[host_name(KCAP_METAL_ENTRY(attention_combine))]] kernel void kcap_attention_combine_entry(
     constant KcapAttentionParams& p [[buffer(0)]], device const kcap_i32* step [[buffer(1)]],
     device const float* partial_o [[buffer(2)]], device const float* partial_ml [[buffer(3)]],
     device float* out [[buffer(4)]], KCAP_METAL_THREAD_ARGS) {
+    threadgroup float shared[KCAP_ATTN_COMBINE_SHARED_FLOATS];
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_attention_combine(t, p, step, partial_o, partial_ml, out);
+    kcap_attention_combine(t, p, step, partial_o, partial_ml, out, shared);
 }
 
 // Grid: x = ceil(n_tokens * (k_width + v_width) / kElementwiseThreads).

@@ -831,8 +831,9 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                                                            static_cast<float*>(shared));
                                  });
                 if (c.n_splits > 1)
-                    kcap_sim::launch({unsigned(c.n_head), 1, 1}, 64, 0, [&](const KcapThread& t, void*) {
-                        kcap_attention_combine(t, p, step, partial_o.data(), partial_ml.data(), got.data());
+                    kcap_sim::launch({unsigned(c.n_head), 1, 1}, cuda_rows::attn_combine_threads(c.head_dim_v),
+                                     sizeof(float) * KCAP_ATTN_COMBINE_SHARED_FLOATS, [&](const KcapThread& t, void* sh) {
+                        kcap_attention_combine(t, p, step, partial_o.data(), partial_ml.data(), got.data(), static_cast<float*>(sh));
                     });
             } else {
                 const int64_t appended = int64_t(m) * (p.k_width + p.v_width);
@@ -873,8 +874,10 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                                                                got2.data(), static_cast<float*>(sh));
                                      });
                     if (c.n_splits > 1)
-                        kcap_sim::launch({unsigned(c.n_head), 1, 1}, 64, 0, [&](const KcapThread& t, void*) {
-                            kcap_attention_combine(t, ps, step, partial_o.data(), partial_ml.data(), got2.data());
+                        kcap_sim::launch({unsigned(c.n_head), 1, 1}, cuda_rows::attn_combine_threads(c.head_dim_v),
+                                     sizeof(float) * KCAP_ATTN_COMBINE_SHARED_FLOATS, [&](const KcapThread& t, void* sh) {
+                            kcap_attention_combine(t, ps, step, partial_o.data(), partial_ml.data(), got2.data(),
+                                                   static_cast<float*>(sh));
                         });
                 } else {
                     kcap_sim::launch({ceil_div(int64_t(m) * (p.k_width + p.v_width), 256), 1, 1}, 256, 0,

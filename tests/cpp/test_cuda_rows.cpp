@@ -405,6 +405,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
         {8, 2, 64, 64, 20, 30.0f, Format::F16, 150, 1, 2, 77},  // f16: window inside key tiles, softcap, GQA 4
         {6, 6, 128, 128, 0, 0.0f, Format::F16, 70, 1, 2},      // f16, no GQA, a partial row tile
         {4, 1, 256, 256, 0, 0.0f, Format::F16, 1, 1, 1, 3},    // f16, a one-token chunk then three
+        {2, 1, 64, 64, 0, 0.0f, Format::F16, 16500, 1, 300},   // 258 active splits: the combine's chunk loop
     };
     for (const AttentionCase& c : cases) {
         TestContext t;
