@@ -5,7 +5,8 @@ process: how a tuning constant was chosen (e.g. cuda_rows::kMatvecRows, the matv
         --variant base= --variant rows1=KCAP_MATVEC_ROWS=1 --variant warps32=KCAP_MATVEC_WARPS=32
 
 Each variant loads the model with its environment (the backend reads the switches when it is
-built), warms up, and times tg128 (decode_greedy: the captured graph) as the median of
+built), warms up, and times tg128 (decode_greedy: the captured graph; --depth N after N tokens
+of context) or, with --pp, pp512 (one 512-token prefill) as the median of
 --repeats runs; the base variant is timed first and last, so the spread of one setting shows
 next to the differences between settings. Prints one table row per variant.
 """
@@ -24,14 +25,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cuda import load_cuda, make_models  # noqa: E402
 
 
-def tg128(path: str, env: dict[str, str], repeats: int, depth: int) -> float:
+def rate(path: str, env: dict[str, str], repeats: int, depth: int, pp: bool) -> float:
+    """tg128 (after `depth` tokens of context), or pp512 with pp."""
     model = load_cuda(path, env)
     engine = model.engine
-    ids = np.random.default_rng(0).integers(0, model.n_vocab, max(depth, 1)).astype(np.int32)
-    if depth:
-        engine.eval(ids, False)
+    ids = np.random.default_rng(0).integers(0, model.n_vocab, max(depth, 512)).astype(np.int32)
+    if depth and not pp:
+        engine.eval(ids[:depth], False)
 
     def run(n=128):
+        if pp:
+            engine.reset()
+            engine.eval(ids[:512], False)
+            return
         engine.truncate(depth) if depth else engine.reset()
         engine.decode_greedy(int(ids[0]), n)
 
@@ -43,7 +49,7 @@ def tg128(path: str, env: dict[str, str], repeats: int, depth: int) -> float:
         times.append(time.perf_counter() - start)
     del engine, model
     gc.collect()
-    return 128 / statistics.median(times)
+    return (512 if pp else 128) / statistics.median(times)
 
 
 def main() -> int:
@@ -53,6 +59,7 @@ def main() -> int:
     parser.add_argument("--variant", action="append", default=[], help="NAME=VAR=VALUE[,VAR=VALUE]")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--depth", type=int, default=0, help="tokens of context before the 128 timed ones")
+    parser.add_argument("--pp", action="store_true", help="time pp512 (a 512-token prefill) instead of tg128")
     args = parser.parse_args()
     variants = [("base", {})]
     for spec in args.variant:
@@ -65,14 +72,15 @@ def main() -> int:
     rows = []
     for model, path in paths.items():
         for name, env in variants:
-            rate = tg128(path, env, args.repeats, args.depth)
-            rows.append((model, name, rate))
-            print(f"{model:20s} {name:14s} {rate:8.1f} tok/s", flush=True)
-    print(f"\n| model | variant | tg128{'@' + str(args.depth) if args.depth else ''} tok/s | vs base |")
+            r = rate(path, env, args.repeats, args.depth, args.pp)
+            rows.append((model, name, r))
+            print(f"{model:20s} {name:14s} {r:8.1f} tok/s", flush=True)
+    what = "pp512" if args.pp else f"tg128{'@' + str(args.depth) if args.depth else ''}"
+    print(f"\n| model | variant | {what} tok/s | vs base |")
     print("| --- | --- | --- | --- |")
-    for model, name, rate in rows:
-        base = next(r for m, n, r in rows if m == model and n == "base")
-        print(f"| {model} | {name} | {rate:.1f} | {rate / base:.3f} |")
+    for model, name, r in rows:
+        base = next(b for m, n, b in rows if m == model and n == "base")
+        print(f"| {model} | {name} | {r:.1f} | {r / base:.3f} |")
     return 0
 
 

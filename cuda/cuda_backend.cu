@@ -17,7 +17,8 @@
 // decode matvec's rows per team (the row declares cuda_rows::kMatvecRows), KCAP_MATVEC_WARPS=N
 // splits its rows' runs over more simd groups until about N per multiprocessor run
 // (cuda_rows::matvec_split); KCAP_ATTN_DECODE_SIMDS=4|8, KCAP_ATTN_MIN_CHUNK=N (a multiple of
-// 32) and KCAP_ATTN_SPLITS_PER_SM=N change the decode attention's groups. KCAP_CUDA_PROFILE=1 runs decode steps without the graph, times
+// 32) and KCAP_ATTN_SPLITS_PER_SM=N change the decode attention's groups; KCAP_MMA_STAGED=0|1
+// turns the prefill matmuls' shared-memory weight staging off or on for every format. KCAP_CUDA_PROFILE=1 runs decode steps without the graph, times
 // every stage with CUDA events (each stage waited for, so the times include each launch's
 // latency) and prints the totals per kernel and per stage name to stderr when the backend is
 // destroyed; prefill chunks are timed the same way into tables of their own.
@@ -124,6 +125,7 @@ public:
         const int min_chunk = env_int("KCAP_ATTN_MIN_CHUNK", cuda_rows::kAttnMinChunk);
         ctx.attn_min_chunk = min_chunk >= 32 && min_chunk % 32 == 0 ? min_chunk : cuda_rows::kAttnMinChunk;
         ctx.attn_splits_per_sm = std::max(1, env_int("KCAP_ATTN_SPLITS_PER_SM", cuda_rows::kAttnSplitsPerSm));
+        ctx.mma_staged = env_int("KCAP_MMA_STAGED", -1);
         profile_ = env_int("KCAP_CUDA_PROFILE", 0) != 0;
         if (profile_) use_graph_ = false;
         KCAP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));

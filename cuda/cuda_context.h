@@ -40,6 +40,7 @@ struct Context {
     int attn_decode_simds = cuda_rows::kAttnDecodeSimds;
     int attn_min_chunk = cuda_rows::kAttnMinChunk;
     int attn_splits_per_sm = cuda_rows::kAttnSplitsPerSm;
+    int mma_staged = -1;  // KCAP_MMA_STAGED: prefill matmul weights staged in shared memory (1), not (0), per format (-1)
     // Decode-step state in device memory, so one captured graph serves every step:
     // step[0] = position of token 0 of the call, step[1] = tokens generated (history index).
     int32_t* step = nullptr;

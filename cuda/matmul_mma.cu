@@ -45,6 +45,7 @@
 #include <cuda_bf16.h>
 
 #include <atomic>
+#include <type_traits>
 
 #include "cuda/matmul.h"
 #include "kernels/matmul.h"
@@ -241,7 +242,10 @@ __device__ __forceinline__ void load_x(float4 (&v)[4], const float* x, const Kca
     }
 }
 
-template <class F>
+// STAGED: the weights' raw chunks go through shared memory (stage_chunk); else each thread
+// decodes its run straight from global memory (the kernel before the staging, kept because on
+// the H200 it was faster for one format: kStagedByDefault).
+template <class F, bool STAGED>
 __global__ void __launch_bounds__(kMmaThreads, 2)
     mma_kernel(KcapMatmulParams p, const kcap_u8* w, const float* x, const float* bias, float* y) {
     using C = KcapCodes<F>;
@@ -268,19 +272,21 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     float acc[kMt][kNt][4] = {};
     const int runs = p.k / 32;
     const int chunks = (p.k + R::k - 1) / R::k;
-    stage_chunk<F>(raw, w, w_end, p, row_base, 0, tid);
-    cp_async_commit();
+    if (STAGED) {
+        stage_chunk<F>(raw, w, w_end, p, row_base, 0, tid);
+        cp_async_commit();
+    }
     float4 xv[4];
     load_x(xv, x, p, token_base, xt, xc, 0);
     for (int k0 = 0; k0 < p.k; k0 += kStepK) {
         const int chunk = k0 / R::k;
         const bool chunk_start = k0 % R::k == 0;
-        if (chunk_start) cp_async_wait_all();  // this thread's copies of chunk `chunk` have landed
+        if (STAGED && chunk_start) cp_async_wait_all();  // this thread's copies of chunk `chunk` have landed
         // Everyone's copies are visible; the previous step's tiles are no longer read.
         __syncthreads();
         // Prefetch the next chunk into the other buffer: its last reader was the decode of the
         // previous chunk's last step, before that step's second barrier.
-        if (chunk_start && chunk + 1 < chunks) {
+        if (STAGED && chunk_start && chunk + 1 < chunks) {
             stage_chunk<F>(raw + ((chunk + 1) & 1) * R::buffer_words, w, w_end, p, row_base, chunk + 1, tid);
             cp_async_commit();
         }
@@ -289,8 +295,10 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             const int run = k0 / 32 + dhalf;
             float q[32], sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
             if (row_valid && run < runs) {
-                const kcap_u8* b = reinterpret_cast<const kcap_u8*>(raw + (chunk & 1) * R::buffer_words + dr * R::stride) +
-                                   raw_lead<F>(wrow, chunk) + unsigned(run % R::runs / kRunsPerBlock) * unsigned(F::block_bytes);
+                const kcap_u8* b =
+                    STAGED ? reinterpret_cast<const kcap_u8*>(raw + (chunk & 1) * R::buffer_words + dr * R::stride) +
+                                 raw_lead<F>(wrow, chunk) + unsigned(run % R::runs / kRunsPerBlock) * unsigned(F::block_bytes)
+                           : wrow + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
                 C::codes32(b, run % kRunsPerBlock, q, sc, off);
             } else {
 #pragma unroll
@@ -398,6 +406,34 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 
 }  // namespace
 
+// Staged weights by default, except Q6_K: at the 8B's ffn_down (K 14336, N 4096, one wave of
+// groups) staging made it 36% slower on the H200 (971 -> 1325 us per 512-token call) while
+// Q4_K's matmuls got 10-15% faster (KCAP_MMA_STAGED=0|1 overrides, for measurements).
+template <class F>
+constexpr bool kStagedByDefault = !std::is_same<F, KcapQ6_K>::value;
+
+template <class F, bool STAGED>
+void launch_mma(const Context& ctx, const KcapMatmulParams& p, const StageData& data, const KernelCall& call) {
+    // The raw double buffer is dynamic shared memory (with the static tiles over 48 KB for
+    // most formats): allow it once per device, and ask for the largest shared carveout so
+    // two blocks fit a multiprocessor (the carveout is a hint; the default may pick less).
+    constexpr size_t raw_bytes = STAGED ? RawChunk<F>::bytes : 0;
+    if (STAGED) {
+        static std::atomic<unsigned long long> configured{0};  // bit d: done on device d
+        const unsigned long long bit = ctx.device < 64 ? 1ull << ctx.device : 0ull;
+        if (!bit || !(configured.load(std::memory_order_relaxed) & bit)) {
+            KCAP_CUDA_CHECK(cudaFuncSetAttribute(mma_kernel<F, STAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 int(raw_bytes)));
+            KCAP_CUDA_CHECK(cudaFuncSetAttribute(mma_kernel<F, STAGED>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                 int(cudaSharedmemCarveoutMaxShared)));
+            configured.fetch_or(bit, std::memory_order_relaxed);
+        }
+    }
+    launch(ctx, mma_kernel<F, STAGED>, dim3(ceil_div(p.n, kMmaRows), ceil_div(p.m, kMmaTokens)), dim3(kMmaThreads),
+           raw_bytes, p, static_cast<const kcap_u8*>(data.operands[0]), call.in,
+           static_cast<const float*>(data.operands[1]), call.out);
+}
+
 template <class F>
 void run_matmul_mma(const Stage& stage, const KernelCall& call, void (*exact)(const Stage&, const KernelCall&)) {
     // Decode and short batches: the exact kernels (tensor-core tiles would be mostly padding).
@@ -409,21 +445,11 @@ void run_matmul_mma(const Stage& stage, const KernelCall& call, void (*exact)(co
         const Context& ctx = context(call);
         const StageData& data = stage_data(call);
         const KcapMatmulParams p = matmul_params(stage, call);
-        // The raw double buffer is dynamic shared memory (with the static tiles over 48 KB for
-        // most formats): allow it once per device, and ask for the largest shared carveout so
-        // two blocks fit a multiprocessor (the carveout is a hint; the default may pick less).
-        constexpr size_t raw_bytes = RawChunk<F>::bytes;
-        static std::atomic<unsigned long long> configured{0};  // bit d: done on device d
-        const unsigned long long bit = ctx.device < 64 ? 1ull << ctx.device : 0ull;
-        if (!bit || !(configured.load(std::memory_order_relaxed) & bit)) {
-            KCAP_CUDA_CHECK(cudaFuncSetAttribute(mma_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(raw_bytes)));
-            KCAP_CUDA_CHECK(cudaFuncSetAttribute(mma_kernel<F>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                 int(cudaSharedmemCarveoutMaxShared)));
-            configured.fetch_or(bit, std::memory_order_relaxed);
-        }
-        launch(ctx, mma_kernel<F>, dim3(ceil_div(p.n, kMmaRows), ceil_div(p.m, kMmaTokens)), dim3(kMmaThreads), raw_bytes, p,
-               static_cast<const kcap_u8*>(data.operands[0]), call.in, static_cast<const float*>(data.operands[1]),
-               call.out);
+        const bool staged = ctx.mma_staged < 0 ? kStagedByDefault<F> : ctx.mma_staged != 0;
+        if (staged)
+            launch_mma<F, true>(ctx, p, data, call);
+        else
+            launch_mma<F, false>(ctx, p, data, call);
     }
 }
 
