@@ -45,7 +45,6 @@
 #include <cuda_bf16.h>
 
 #include <atomic>
-#include <type_traits>
 
 #include "cuda/matmul.h"
 #include "kernels/matmul.h"
@@ -243,8 +242,7 @@ __device__ __forceinline__ void load_x(float4 (&v)[4], const float* x, const Kca
 }
 
 // STAGED: the weights' raw chunks go through shared memory (stage_chunk); else each thread
-// decodes its run straight from global memory (the kernel before the staging, kept because on
-// the H200 it was faster for one format: kStagedByDefault).
+// decodes its run straight from global memory (faster at short K: kStagedMinK).
 template <class F, bool STAGED>
 __global__ void __launch_bounds__(kMmaThreads, 2)
     mma_kernel(KcapMatmulParams p, const kcap_u8* w, const float* x, const float* bias, float* y) {
@@ -406,11 +404,11 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 
 }  // namespace
 
-// Staged weights by default, except Q6_K: at the 8B's ffn_down (K 14336, N 4096, one wave of
-// groups) staging made it 36% slower on the H200 (971 -> 1325 us per 512-token call) while
-// Q4_K's matmuls got 10-15% faster (KCAP_MMA_STAGED=0|1 overrides, for measurements).
-template <class F>
-constexpr bool kStagedByDefault = !std::is_same<F, KcapQ6_K>::value;
+// Staged weights for long rows only: on the H200 (bench/cuda_sweep.py --pp, pp512, KCAP_MMA_STAGED
+// forcing one kernel for every matmul) staging all matmuls took the 8B Q4_K_M file (K 4096 and
+// 14336) from 4586 to 5293 tok/s, while Gemma 3 270M (K 640 and 2048: a chunk or two per row,
+// small grids) went from 78186 to 72110: at short K the copies cannot get ahead of the decode.
+constexpr int64_t kStagedMinK = 4096;
 
 template <class F, bool STAGED>
 void launch_mma(const Context& ctx, const KcapMatmulParams& p, const StageData& data, const KernelCall& call) {
@@ -445,7 +443,7 @@ void run_matmul_mma(const Stage& stage, const KernelCall& call, void (*exact)(co
         const Context& ctx = context(call);
         const StageData& data = stage_data(call);
         const KcapMatmulParams p = matmul_params(stage, call);
-        const bool staged = ctx.mma_staged < 0 ? kStagedByDefault<F> : ctx.mma_staged != 0;
+        const bool staged = ctx.mma_staged < 0 ? p.k >= kStagedMinK : ctx.mma_staged != 0;
         if (staged)
             launch_mma<F, true>(ctx, p, data, call);
         else

@@ -120,8 +120,13 @@ static_assert(attn_mma_shared_bytes(256) == 135424 && attn_mma_shared_bytes(128)
 // Combine of the decode splits: one thread per output dim (kernels/attention.h).
 constexpr int attn_combine_threads(int head_dim_v) { return head_dim_v <= 128 ? 128 : 256; }
 constexpr int kAttnDecodeSimds = 4;  // KCAP_ATTN_DECODE_SIMDS: simd groups of a decode group
-constexpr int kAttnMinChunk = 64;  // fewest keys per decode split (a multiple of 32)
-constexpr int kAttnSplitsPerSm = 4;  // decode grid: at most this many groups per multiprocessor
+// Decode splits (bench/cuda_sweep.py, tg128 on the H200): 32-key chunks at short spans took
+// Gemma 3 270M from 874 to 1038 tok/s and the 8B from 242 to 254 (64-key chunks before); at
+// 4096 tokens of context the 8B did best with fewer, longer splits (34 splits: 187 -> 195
+// tok/s) and Gemma (one KV head) with more (136 splits: 765 -> 944). At most 2 groups per
+// multiprocessor gives both: 33 splits for the 8B's 8 KV heads, 136 for Gemma's one.
+constexpr int kAttnMinChunk = 32;    // fewest keys per decode split (a multiple of 32)
+constexpr int kAttnSplitsPerSm = 2;  // decode grid: at most this many groups per multiprocessor
 // qk_norm_rope: one simd group per head row.
 constexpr int kQkNormRopeSimds = 4;
 // Elementwise, rope, KV append: one thread per value.
