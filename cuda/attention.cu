@@ -84,7 +84,8 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
     const cuda::AttentionCall a = cuda::attention_call(stage, call);
     const KcapAttentionParams& p = a.p;
     if (call.n_tokens == 1) {
-        cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * ctx.attn_decode_simds), 0, p, ctx.step, call.in,
+        const int simds = ctx.attn_decode_simds ? ctx.attn_decode_simds : attn_decode_simds(p.n_head_kv);
+        cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * simds), 0, p, ctx.step, call.in,
                      call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out);
         if (p.n_splits > 1)
             cuda::launch(ctx, combine_kernel, dim3(p.n_head), dim3(attn_combine_threads(p.head_dim_v)), 0, p, ctx.step,

@@ -1,7 +1,9 @@
 // CUDA-only attention row on the tensor cores (cuda.attention_mma, f16 KV cache only): a
 // prefill chunk's attention as flash attention on f16 mma.sync (m16n8k16, f32 accumulation).
-// One token (decode) and shapes without a tensor-core body (head_dim not 64/128/256, or
-// head_dim_v != head_dim) run cuda.attention's kernels unchanged (cuda/attention.cu).
+// One token (decode), shapes without a tensor-core body (head_dim not 64/128/256, or
+// head_dim_v != head_dim) and devices with too little threadgroup memory per group for the
+// tiles (133 KB at head_dim 256: sm_86/sm_89 parts have 99 KB) run cuda.attention's kernels
+// unchanged (cuda/attention.cu).
 //
 // Numerics: the result is the tiled SIMT body's up to f32 summation order, because every
 // tensor-core product is exact:
@@ -30,12 +32,14 @@
 #include <cuda_fp16.h>
 
 #include "cuda/attention.h"
+#include "cuda/mma_ptx.h"
 #include "kernels/attention.h"
 
 namespace kcap {
 namespace {
 
 using namespace cuda_rows;
+using namespace cuda;
 
 __device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);  // .x (lo) in the low 16 bits
@@ -48,41 +52,6 @@ __device__ __forceinline__ void split_half2(float v0, float v1, unsigned& hi, un
     const __half2 h = __halves2half2(h0, h1);
     hi = *reinterpret_cast<const unsigned*>(&h);
     lo = pack_half2(v0 - __half2float(h0), v1 - __half2float(h1));  // the differences are exact in f32
-}
-
-// Registers only: not volatile, so the compiler may schedule it.
-__device__ __forceinline__ void mma_f16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const __half* p) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address)
-                 : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const __half* p) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address)
-                 : "memory");
-}
-
-// 16 bytes global -> shared, asynchronously; zeros when !valid (no bytes are read).
-__device__ __forceinline__ void cp_async16(__half* dst, const __half* src, bool valid) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(address), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 template <int D>
@@ -121,9 +90,9 @@ __global__ void __launch_bounds__(kAttnMmaWarps * 32)
             const int key = c / (D / 8), piece = 8 * (c % (D / 8));
             const bool valid = kb + key <= pos_hi;
             const kcap_u64 row = kcap_u64(valid ? kb + key : 0);
-            cp_async16(k_tiles + b * kTileHalves + key * kStride + piece,
+            cp_async16_or_zero(k_tiles + b * kTileHalves + key * kStride + piece,
                        k_cache + row * kcap_u64(p.k_width) + kcap_u64(kv_head * D + piece), valid);
-            cp_async16(v_tiles + b * kTileHalves + key * kStride + piece,
+            cp_async16_or_zero(v_tiles + b * kTileHalves + key * kStride + piece,
                        v_cache + row * kcap_u64(p.v_width) + kcap_u64(kv_head * D + piece), valid);
         }
         cp_async_commit();
@@ -328,7 +297,9 @@ void launch_prefill_mma(const cuda::Context& ctx, const cuda::AttentionCall& a, 
 void kcap_cuda_attention_mma(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);
     const int d = int(stage.params.head_dim), dv = int(stage.params.head_dim_v);
-    if (call.n_tokens == 1 || ctx.kv_format != Format::F16 || !attn_mma_dims(d, dv)) return kcap_cuda_attention(stage, call);
+    if (call.n_tokens == 1 || ctx.kv_format != Format::F16 || !attn_mma_dims(d, dv) ||
+        attn_mma_shared_bytes(d) > cuda::shared_optin_bytes(ctx.device))
+        return kcap_cuda_attention(stage, call);
     const cuda::AttentionCall a = cuda::attention_call(stage, call);
     cuda::append_kv(ctx, a, call);
     switch (d) {

@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -43,6 +44,20 @@ void check(cudaError_t status, const char* what) {
     if (status != cudaSuccess)
         throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(status) + " (" +
                     cudaGetErrorString(status) + ")");
+}
+
+int shared_optin_bytes(int device) {
+    static std::mutex mutex;
+    static std::map<int, int> bytes;  // per device, queried once
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = bytes.find(device);
+    if (found == bytes.end()) {
+        int value = 0;
+        check(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+              "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+        found = bytes.emplace(device, value).first;
+    }
+    return found->second;
 }
 
 namespace {
@@ -121,7 +136,8 @@ public:
         const int rows = env_int("KCAP_MATVEC_ROWS", cuda_rows::kMatvecRows);
         ctx.matvec_rows = rows == 1 || rows == 2 || rows == 8 ? rows : cuda_rows::kMatvecRows;
         ctx.matvec_warps = env_int("KCAP_MATVEC_WARPS", cuda_rows::kMatvecTargetWarps);
-        ctx.attn_decode_simds = env_int("KCAP_ATTN_DECODE_SIMDS", cuda_rows::kAttnDecodeSimds) == 8 ? 8 : cuda_rows::kAttnDecodeSimds;
+        const int decode_simds = env_int("KCAP_ATTN_DECODE_SIMDS", 0);
+        ctx.attn_decode_simds = decode_simds == 4 || decode_simds == 8 ? decode_simds : 0;
         const int min_chunk = env_int("KCAP_ATTN_MIN_CHUNK", cuda_rows::kAttnMinChunk);
         ctx.attn_min_chunk = min_chunk >= 32 && min_chunk % 32 == 0 ? min_chunk : cuda_rows::kAttnMinChunk;
         ctx.attn_splits_per_sm = std::max(1, env_int("KCAP_ATTN_SPLITS_PER_SM", cuda_rows::kAttnSplitsPerSm));

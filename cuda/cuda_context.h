@@ -22,6 +22,11 @@ namespace cuda {
 void check(cudaError_t status, const char* what);
 #define KCAP_CUDA_CHECK(expr) ::kcap::cuda::check((expr), #expr)
 
+// The most threadgroup memory one group of a kernel may opt in to on `device` (bytes): 227 KB
+// on the H200, 99 KB on sm_86/sm_89 parts. Rows whose fast kernels need more run their other
+// kernel there (cuda.attention_mma, the staged matmul_mma).
+int shared_optin_bytes(int device);
+
 // One layer's KV cache in device memory: [n_ctx][k_width] and [n_ctx][v_width] elements.
 struct KvCache {
     void* k = nullptr;
@@ -37,7 +42,7 @@ struct Context {
     int matvec_warps = cuda_rows::kMatvecTargetWarps;  // KCAP_MATVEC_WARPS: the split's simd groups per multiprocessor
     // Decode attention (KCAP_ATTN_DECODE_SIMDS, KCAP_ATTN_MIN_CHUNK, KCAP_ATTN_SPLITS_PER_SM):
     // simd groups per group, fewest keys per split, most groups per multiprocessor.
-    int attn_decode_simds = cuda_rows::kAttnDecodeSimds;
+    int attn_decode_simds = 0;  // 0: cuda_rows::attn_decode_simds(n_head_kv)
     int attn_min_chunk = cuda_rows::kAttnMinChunk;
     int attn_splits_per_sm = cuda_rows::kAttnSplitsPerSm;
     int mma_staged = -1;  // KCAP_MMA_STAGED: prefill matmul weights staged in shared memory (1), not (0), per format (-1)

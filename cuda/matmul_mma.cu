@@ -47,6 +47,7 @@
 #include <atomic>
 
 #include "cuda/matmul.h"
+#include "cuda/mma_ptx.h"
 #include "kernels/matmul.h"
 #include "kernels/quant_codes.h"
 
@@ -87,22 +88,6 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 
 __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-// Registers only (no memory, no side effects): not volatile, so the compiler may schedule it.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned* p) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address)
-                 : "memory");
-}
-
 // A fragment (16 tokens x 16 k) of m16n8k16 from rows [token][k / 2] starting at `tile`
 // (token 0, word kw): a0 (token g, k 2tg..2tg+1), a1 (g + 8, same k), a2 (g, k + 8), a3 (g + 8, k + 8).
 __device__ __forceinline__ void load_a(unsigned (&a)[4], const unsigned* tile, int lane) {
@@ -132,19 +117,6 @@ __device__ __forceinline__ void load_b2(unsigned (&b)[4], const unsigned* tile, 
     b[3] = p[8 * kStride + 4];
 #endif
 }
-
-// cp.async: global -> shared without registers; the copies of one commit group complete together.
-// 4-byte copies go through L1 (.ca, the only kind for 4 bytes), 16-byte ones bypass it (.cg).
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(address), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 // The raw GGUF bytes of one chunk of K for the tile's kMmaRows weight rows, in shared memory
 // (dynamic; two buffers). A chunk is one 256-element super-block (the K-quants: one chunk
@@ -279,7 +251,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     for (int k0 = 0; k0 < p.k; k0 += kStepK) {
         const int chunk = k0 / R::k;
         const bool chunk_start = k0 % R::k == 0;
-        if (STAGED && chunk_start) cp_async_wait_all();  // this thread's copies of chunk `chunk` have landed
+        if (STAGED && chunk_start) cp_async_wait<0>();  // this thread's copies of chunk `chunk` have landed
         // Everyone's copies are visible; the previous step's tiles are no longer read.
         __syncthreads();
         // Prefetch the next chunk into the other buffer: its last reader was the decode of the
@@ -443,7 +415,8 @@ void run_matmul_mma(const Stage& stage, const KernelCall& call, void (*exact)(co
         const Context& ctx = context(call);
         const StageData& data = stage_data(call);
         const KcapMatmulParams p = matmul_params(stage, call);
-        const bool staged = ctx.mma_staged < 0 ? p.k >= kStagedMinK : ctx.mma_staged != 0;
+        const bool fits = sizeof(Shared) + RawChunk<F>::bytes <= size_t(shared_optin_bytes(ctx.device));
+        const bool staged = fits && (ctx.mma_staged < 0 ? p.k >= kStagedMinK : ctx.mma_staged != 0);
         if (staged)
             launch_mma<F, true>(ctx, p, data, call);
         else

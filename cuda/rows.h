@@ -120,6 +120,10 @@ static_assert(attn_mma_shared_bytes(256) == 135424 && attn_mma_shared_bytes(128)
 // Combine of the decode splits: one thread per output dim (kernels/attention.h).
 constexpr int attn_combine_threads(int head_dim_v) { return head_dim_v <= 128 ? 128 : 256; }
 constexpr int kAttnDecodeSimds = 4;  // KCAP_ATTN_DECODE_SIMDS: simd groups of a decode group
+// Stages with few KV heads have few decode groups (Gemma 3: one KV head): give each 8 simd
+// groups, so a split's keys take fewer serial steps (KCAP_ATTN_DECODE_SIMDS=4|8 overrides).
+constexpr int kAttnFewKvHeads = 4;
+constexpr int attn_decode_simds(int n_head_kv) { return n_head_kv <= kAttnFewKvHeads ? 8 : kAttnDecodeSimds; }
 // Decode splits (bench/cuda_sweep.py, tg128 on the H200): 32-key chunks at short spans took
 // Gemma 3 270M from 874 to 1038 tok/s and the 8B from 242 to 254 (64-key chunks before); at
 // 4096 tokens of context the 8B did best with fewer, longer splits (34 splits: 187 -> 195

@@ -160,7 +160,7 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
 // as the cache stores it); a shared-KV layer (p.append == 0) reads it from the cache.
 // One active split writes out; several write partial_o [n_head][n_splits][head_dim_v] and
 // partial_ml [n_head][n_splits][2] for kcap_attention_combine.
-#define KCAP_ATTN_DECODE_SIMDS 4      // the default launch (CUDA: KCAP_ATTN_DECODE_SIMDS=8 for a measurement)
+#define KCAP_ATTN_DECODE_SIMDS 4      // Metal's launch; CUDA: 4 or 8 (cuda_rows::attn_decode_simds)
 #define KCAP_ATTN_DECODE_MAX_SIMDS 8  // the most simd groups a launch may have (threadgroup memory)
 #define KCAP_ATTN_HEADS_PER_PASS 4
 #define KCAP_ATTN_KEYS_PER_STEP 4  // keys a simd group loads and scores at once

@@ -824,7 +824,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
             if (m == 1) {
                 p.n_splits = c.n_splits;
                 std::fill(partial_o.begin(), partial_o.end(), NAN);
-                kcap_sim::launch({unsigned(c.n_head_kv), unsigned(c.n_splits), 1}, 32 * KCAP_ATTN_DECODE_SIMDS,
+                kcap_sim::launch({unsigned(c.n_head_kv), unsigned(c.n_splits), 1}, 32 * kcap::cuda_rows::attn_decode_simds(c.n_head_kv),
                                  sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS, [&](const KcapThread& t, void* shared) {
                                      kcap_attention_decode(t, p, step, q.data(), k.data(), v.data(), k_cache.data(),
                                                            v_cache.data(), partial_o.data(), partial_ml.data(), got.data(),
@@ -867,7 +867,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                 ps.append = 0;
                 if (m == 1) {
                     ps.n_splits = c.n_splits;
-                    kcap_sim::launch({unsigned(c.n_head_kv), unsigned(c.n_splits), 1}, 32 * KCAP_ATTN_DECODE_SIMDS,
+                    kcap_sim::launch({unsigned(c.n_head_kv), unsigned(c.n_splits), 1}, 32 * kcap::cuda_rows::attn_decode_simds(c.n_head_kv),
                                      sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS, [&](const KcapThread& t, void* sh) {
                                          kcap_attention_decode(t, ps, step, q2.data(), nullptr, nullptr, k_cache.data(),
                                                                v_cache.data(), partial_o.data(), partial_ml.data(),
