@@ -127,9 +127,12 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
         for (int64_t k : k_edges(row, 14336))
             for (int64_t n : {1, 7, 130})
                 for (int m : {1, 2, 17, 67, 130})
+                    for (int staged : {0, 1})  // the tensor-core tiles with weights staged in shared memory or not
                     for (bool with_bias : {false, true}) {
                         if (with_bias && n == 7) continue;
+                        if (staged && !(mma && m >= cuda_rows::kMmaMinTokens)) continue;
                         TestContext t;
+                        t.ctx.mma_staged = staged;
                         auto w = random_weights(rng, f, k, n);
                         auto bias = float_vector(random_floats(rng, static_cast<size_t>(n)), "bias");
                         const Stage stage = matmul_stage(&w->ref, with_bias ? &bias->ref : nullptr, k, n);
@@ -149,8 +152,8 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                         t.run(row, stage, call, data);
                         const double err = matmul_error(download(y, ref.size()), ref, w->ref, x.data(), k, n, m);
                         const double tolerance = mma && m >= cuda_rows::kMmaMinTokens ? kMmaTolerance : kExactTolerance;
-                        KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d bias=%d: error %.3g > %.1g", row.kernel.c_str(),
-                                    (long long)k, (long long)n, m, int(with_bias), err, tolerance);
+                        KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d bias=%d staged=%d: error %.3g > %.1g",
+                                    row.kernel.c_str(), (long long)k, (long long)n, m, int(with_bias), staged, err, tolerance);
                         ++g_cases;
                     }
     }
