@@ -5,8 +5,8 @@
 // tiles (133 KB at head_dim 256: sm_86/sm_89 parts have 99 KB) run cuda.attention's kernels
 // unchanged (cuda/attention.cu).
 //
-// Numerics: the result is the tiled SIMT body's up to f32 summation order, because every
-// tensor-core product is exact:
+// Numerics: every tensor-core product is exact, so the result is the tiled SIMT body's up to
+// the order and the rounding of the f32 sums:
 //   K, V    the cache's f16 values, used as they are (why the row takes f16 caches only).
 //   Q       per query row, q' = q * 2^e with e chosen so max |q'| < 2^15 (a power of two: exact,
 //           and no f16 overflow), split q' = hi + lo with hi = f16(q'), lo = f16(q' - hi); the
@@ -15,8 +15,12 @@
 //   P       the softmax weights exp(s - m) in [0, 1], split the same way (hi + lo, 2^-22
 //           relative, plus at most 2^-25 absolute for weights below f16's normal range).
 //   exp, softcap, the online max/sum and the final 1/l are f32, as in kernels/attention.h.
-// So each output errs from exact f32 attention by about 2^-22 of its terms plus f32
-// summation: the parity tests hold this row to the SIMT rows' 1e-5.
+// The sums: the tensor cores add each mma's products into the f32 accumulators with
+// truncation rather than round-to-nearest, one ulp (2^-23) at most per accumulation and all
+// in the same direction, so an output over n keys (2 accumulations per 16 keys: hi and lo
+// weights) may drift by up to n / 8 ulps where the SIMT body's round-to-nearest sums drift as
+// a random walk. test_cuda_rows states the bound (1e-5 + (2 n / 16 + head_dim / 8) 2^-23
+// relative); measured on the H200: within 1e-5 up to ~1100 keys, 1.04e-5 at 16500.
 //
 // Geometry (cuda_rows::kAttnMma*): a group of 4 simd groups owns 64 consecutive query rows of
 // one KV head (rows token-major: row = token * group + query head of the KV head, so the query

@@ -132,7 +132,8 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
     row.dims.max_span = 0;        // split-K decode: any span up to the context
     rows.push_back(row);
     // Preferred where the cache is f16: prefill on the tensor cores (f16 mma.sync, queries and
-    // weights split hi + lo, exact products: the SIMT rows' results up to f32 summation order).
+    // weights split hi + lo, exact products: the SIMT rows' results up to the f32 sums, which
+    // the tensor cores truncate; bound in test_cuda_rows).
     // One token, and head dims without a tensor-core body (cuda_rows::attn_mma_dims), run the
     // kernels of cuda.attention, so the row claims the same features and dims.
     Row mma = make_row("cuda.attention_mma", Op::Attention, KCAP_CUDA_ENTRY(kcap_cuda_attention_mma),

@@ -122,7 +122,10 @@ constexpr int attn_combine_threads(int head_dim_v) { return head_dim_v <= 128 ? 
 constexpr int kAttnDecodeSimds = 4;  // KCAP_ATTN_DECODE_SIMDS: simd groups of a decode group
 // Stages with few KV heads have few decode groups (Gemma 3: one KV head): give each 8 simd
 // groups, so a split's keys take fewer serial steps (KCAP_ATTN_DECODE_SIMDS=4|8 overrides).
-constexpr int kAttnFewKvHeads = 4;
+// Measured on the H200 (bench/results/cuda_h200_sweeps.md), 8 vs 4: Gemma 3 270M (1 KV head)
+// tg128 1137 vs 1058 tok/s, at 4096 context 1047 vs 960; SmolLM2 (3 KV heads, head_dim 64)
+// 1070 vs 1005 but 584 vs 653 at 4096 context, so it keeps 4.
+constexpr int kAttnFewKvHeads = 2;
 constexpr int attn_decode_simds(int n_head_kv) { return n_head_kv <= kAttnFewKvHeads ? 8 : kAttnDecodeSimds; }
 // Decode splits (bench/cuda_sweep.py, tg128 on the H200): 32-key chunks at short spans took
 // Gemma 3 270M from 874 to 1038 tok/s and the 8B from 242 to 254 (64-key chunks before); at
