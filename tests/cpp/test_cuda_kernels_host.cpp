@@ -899,6 +899,68 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
     std::printf("attention bodies: %d calls\n", checked);
 }
 
+// The decode combine alone, on random split states, against an f64 merge: many splits (more
+// than one chunk of KCAP_ATTN_COMBINE_CHUNK staged weights), head dims off the thread count,
+// and splits past `active` (a graph captured at another position) poisoned so a read of one fails.
+void test_attention_combine(std::mt19937& rng) {
+    struct Case {
+        int n_head, head_dim_v, n_splits, pos;
+    };
+    const Case cases[] = {
+        {3, 64, 600, 600 * 32 - 1},  // 600 active splits of 32 keys: three chunks of weights
+        {2, 256, 40, 33 * 32 - 5},   // 33 active of 40 (the rest poisoned), 256 dims
+        {4, 48, 300, 257 * 32 - 1},  // 257 active: one split into a second chunk
+    };
+    std::uniform_real_distribution<float> score(-30.0f, 5.0f), sum(1.0f, 40.0f);
+    int checked = 0;
+    for (const Case& c : cases) {
+        KcapAttentionParams p = {};
+        p.n_head = c.n_head, p.n_head_kv = 1, p.head_dim = c.head_dim_v, p.head_dim_v = c.head_dim_v;
+        p.n_splits = c.n_splits, p.min_chunk = 32, p.n_tokens = 1;
+        const int active = kcap_decode_splits(p, c.pos).active;
+        std::vector<float> partial_o = random_floats(rng, size_t(c.n_head) * c.n_splits * c.head_dim_v);
+        std::vector<float> partial_ml(size_t(c.n_head) * c.n_splits * 2);
+        for (int h = 0; h < c.n_head; ++h)
+            for (int s = 0; s < c.n_splits; ++s) {
+                float* ml = &partial_ml[(size_t(h) * c.n_splits + s) * 2];
+                ml[0] = s < active ? score(rng) : NAN;
+                ml[1] = s < active ? sum(rng) : NAN;
+                if (s >= active)
+                    std::fill_n(&partial_o[(size_t(h) * c.n_splits + s) * c.head_dim_v], c.head_dim_v, NAN);
+            }
+        std::vector<float> got = nan_filled(size_t(c.n_head) * c.head_dim_v);
+        std::vector<double> want(got.size());
+        for (int h = 0; h < c.n_head; ++h) {
+            double m = -INFINITY, l = 0.0;
+            for (int s = 0; s < active; ++s) m = std::max(m, double(partial_ml[(size_t(h) * c.n_splits + s) * 2]));
+            for (int s = 0; s < active; ++s) {
+                const float* ml = &partial_ml[(size_t(h) * c.n_splits + s) * 2];
+                l += double(ml[1]) * std::exp(double(ml[0]) - m);
+            }
+            for (int d = 0; d < c.head_dim_v; ++d) {
+                double acc = 0.0;
+                for (int s = 0; s < active; ++s)
+                    acc += double(partial_o[(size_t(h) * c.n_splits + s) * c.head_dim_v + d]) *
+                           std::exp(double(partial_ml[(size_t(h) * c.n_splits + s) * 2]) - m);
+                want[size_t(h) * c.head_dim_v + d] = acc / l;
+            }
+        }
+        const int32_t step[2] = {c.pos, 0};
+        kcap_sim::launch({unsigned(c.n_head), 1, 1}, cuda_rows::attn_combine_threads(c.head_dim_v),
+                         sizeof(float) * KCAP_ATTN_COMBINE_SHARED_FLOATS, [&](const KcapThread& t, void* sh) {
+                             kcap_attention_combine(t, p, step, partial_o.data(), partial_ml.data(), got.data(),
+                                                    static_cast<float*>(sh));
+                         });
+        double worst = 0.0, scale = 0.0;
+        for (size_t i = 0; i < got.size(); ++i) scale = std::max(scale, std::fabs(want[i]));
+        for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - want[i]) / scale);
+        KCAP_EXPECT(std::isfinite(worst) && worst <= 1e-5, "combine of %d splits (%d active), %d dims: error %.3g",
+                    c.n_splits, active, c.head_dim_v, worst);
+        ++checked;
+    }
+    std::printf("attention combine: %d cases\n", checked);
+}
+
 // The tiled prefill at the edges of its tiles: several chunks (positions > 0 after earlier
 // tokens), token counts that are no multiple of a row tile, windows shorter than a chunk,
 // softcap, GQA 1/3/4/8/10, head dims 32..256 with head_dim_v != head_dim, f16 and f32 caches;
@@ -1138,6 +1200,7 @@ int main() {
     test_argmax(rng);
     test_sample(rng);
     test_attention(rng, cpu);
+    test_attention_combine(rng);
     test_attention_prefill(rng, cpu);
     if (failures()) {
         std::printf("%d failures\n", failures());
