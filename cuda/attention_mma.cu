@@ -1,9 +1,8 @@
-// CUDA-only attention row on the tensor cores (cuda.attention_mma, f16 KV cache only): a
-// prefill chunk's attention as flash attention on f16 mma.sync (m16n8k16, f32 accumulation).
-// One token (decode), shapes without a tensor-core body (head_dim not 64/128/256, or
-// head_dim_v != head_dim) and devices with too little threadgroup memory per group for the
-// tiles (133 KB at head_dim 256: sm_86/sm_89 parts have 99 KB) run cuda.attention's kernels
-// unchanged (cuda/attention.cu).
+// CUDA-only attention row on the tensor cores (cuda.attention_mma: f16 KV cache, head_dim ==
+// head_dim_v in {64, 128, 256}, declared in its row): a prefill chunk's attention as flash
+// attention on f16 mma.sync (m16n8k16, f32 accumulation). One token (decode), and devices with
+// too little threadgroup memory per group for the tiles (133 KB at head_dim 256: sm_86/sm_89
+// parts have 99 KB), run cuda.attention's kernels unchanged (cuda/attention.cu).
 //
 // Numerics: every tensor-core product is exact, so the result is the tiled SIMT body's up to
 // the order and the rounding of the f32 sums:

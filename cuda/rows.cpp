@@ -131,16 +131,16 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
     row.dims.max_head_dim = 256;  // per-lane value registers (KCAP_ATTN_MAX_HEAD_DIM)
     row.dims.max_span = 0;        // split-K decode: any span up to the context
     rows.push_back(row);
-    // Preferred where the cache is f16: prefill on the tensor cores (f16 mma.sync, queries and
-    // weights split hi + lo, exact products: the SIMT rows' results up to the f32 sums, which
-    // the tensor cores truncate; bound in test_cuda_rows).
-    // One token, and head dims without a tensor-core body (cuda_rows::attn_mma_dims), run the
-    // kernels of cuda.attention, so the row claims the same features and dims.
+    // Preferred where the cache is f16 and the head dims have a tensor-core body: prefill on
+    // the tensor cores (f16 mma.sync, queries and weights split hi + lo, exact products: the
+    // SIMT rows' results up to the f32 sums, which the tensor cores truncate; bound in
+    // test_cuda_rows). One token (decode) runs cuda.attention's decode kernels.
     Row mma = make_row("cuda.attention_mma", Op::Attention, KCAP_CUDA_ENTRY(kcap_cuda_attention_mma),
                        {cuda_rows::kAttnMmaWarps * 32, cuda_rows::kAttnMmaRows, cuda_rows::attn_mma_shared_bytes(256)});
     mma.kv_formats = {Format::F16};
     mma.features = row.features;
     mma.dims = row.dims;
+    mma.dims.head_dims = {64, 128, 256};  // cuda_rows::attn_mma_dims
     mma.priority = 1;
     rows.push_back(mma);
 }

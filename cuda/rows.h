@@ -102,8 +102,8 @@ static_assert(attn_prefill_simds(256) == 8 && attn_prefill_rows(256) == 16 && at
 // Prefill on the tensor cores (cuda/attention_mma.cu, row cuda.attention_mma, f16 KV cache):
 // a group of kAttnMmaWarps simd groups owns kAttnMmaRows consecutive query rows of one KV head
 // (16 per simd group, the same token-major numbering as the tiled body) and walks the keys in
-// tiles staged by cp.async, two tiles in flight. Head dims with a tensor-core body: 64, 128,
-// 256, with head_dim_v == head_dim; other shapes run the tiled SIMT body of cuda.attention.
+// tiles staged by cp.async, two tiles in flight. Head dims with a tensor-core body (the row's
+// LegalDims::head_dims): 64, 128, 256, with head_dim_v == head_dim.
 constexpr int kAttnMmaWarps = 4;
 constexpr int kAttnMmaRows = 16 * kAttnMmaWarps;
 constexpr bool attn_mma_dims(int head_dim, int head_dim_v) {

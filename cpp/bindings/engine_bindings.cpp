@@ -222,6 +222,7 @@ void init_engine(py::module_& m) {
                 d["k_max"] = row.dims.k_max;
                 d["n_multiple"] = row.dims.n_multiple;
                 d["max_head_dim"] = row.dims.max_head_dim;
+                d["head_dims"] = row.dims.head_dims;
                 d["max_span"] = row.dims.max_span;
                 d["priority"] = row.priority;
                 d["compiled"] = row.fn != nullptr;

@@ -162,6 +162,14 @@ std::string rejection_reason(const Row& row, const Stage& stage) {
             << dims.max_head_dim;
         return why.str();
     }
+    if (!dims.head_dims.empty() &&
+        (stage.params.head_dim != stage.params.head_dim_v ||
+         std::find(dims.head_dims.begin(), dims.head_dims.end(), stage.params.head_dim) == dims.head_dims.end())) {
+        why << "head_dim " << stage.params.head_dim << "/" << stage.params.head_dim_v << " is not one of ";
+        for (size_t i = 0; i < dims.head_dims.size(); ++i) why << (i ? ", " : "") << dims.head_dims[i];
+        why << " (with head_dim_v == head_dim)";
+        return why.str();
+    }
     if (dims.max_span && stage.max_span > dims.max_span) {
         why << "attention span " << stage.max_span << " exceeds " << dims.max_span;
         return why.str();

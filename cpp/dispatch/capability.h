@@ -84,6 +84,9 @@ struct LegalDims {
     int64_t k_max = 0;       // 0: unbounded
     int64_t n_multiple = 1;  // output rows must be a multiple of this
     int max_head_dim = 0;    // 0: unbounded
+    // Attention rows with a body for a few head dims only (head_dim == head_dim_v, one of
+    // these); empty: any up to max_head_dim.
+    std::vector<int> head_dims;
     int64_t max_span = 0;    // attention keys per query; 0: unbounded (up to the context)
     // Rows whose weight operands may differ in format (qkv): when set, K must also be a
     // multiple of k_multiple_of(format) for the format of every weight operand.

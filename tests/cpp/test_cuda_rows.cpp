@@ -404,9 +404,9 @@ struct AttentionCase {
     int prefill2 = 0;  // a second prefill chunk (positions after the first), before the decode steps
 };
 
-// cuda.attention (SIMT bodies) and cuda.attention_mma (f16 caches: tensor-core prefill, the
-// SIMT decode), each on every case its kv_formats admit; a case with a cache type the row
-// lacks must be refused by the row.
+// cuda.attention (SIMT bodies) and cuda.attention_mma (f16 caches, head dims 64/128/256:
+// tensor-core prefill, the SIMT decode), each on every case its kv_formats and head dims admit;
+// a case the row lacks must be refused by the row.
 void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
     const Row& row = find_row(kernel);
     const AttentionCase cases[] = {
@@ -437,11 +437,18 @@ void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
         stage.kv_format = c.kv;
         stage.k = c.head_dim;
         stage.n = int64_t(c.n_head) * c.head_dim_v;
-        if (std::find(row.kv_formats.begin(), row.kv_formats.end(), c.kv) == row.kv_formats.end()) {
-            KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s takes a %s cache", kernel, format_name(c.kv));
+        const bool kv_taken = std::find(row.kv_formats.begin(), row.kv_formats.end(), c.kv) != row.kv_formats.end();
+        const bool dims_taken = row.dims.head_dims.empty() ||
+                                (c.head_dim == c.head_dim_v && std::find(row.dims.head_dims.begin(), row.dims.head_dims.end(),
+                                                                         c.head_dim) != row.dims.head_dims.end());
+        if (!kv_taken || !dims_taken) {
+            KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s takes a %s cache at head_dim %d/%d", kernel,
+                        format_name(c.kv), c.head_dim, c.head_dim_v);
             ++g_cases;
             continue;
         }
+        KCAP_EXPECT(rejection_reason(row, stage).empty(), "%s refuses heads %d/%d dim %d/%d kv %s: %s", kernel, c.n_head,
+                    c.n_head_kv, c.head_dim, c.head_dim_v, format_name(c.kv), rejection_reason(row, stage).c_str());
         cpu.kv.assign(1, KvLayer());
         cpu.kv[0].format = c.kv;
         cpu.kv[0].k_width = int64_t(c.n_head_kv) * c.head_dim;

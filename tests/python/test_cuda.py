@@ -226,6 +226,20 @@ def test_llama3_8b_shape_routes_to_cuda(tmp_path):
     assert kernels["attention"] == "cuda.attention_mma"  # the f16 cache's tensor-core prefill
 
 
+def test_tensor_core_attention_takes_only_its_head_dims(tmp_path):
+    # cuda.attention_mma has tensor-core bodies for head dims 64, 128 and 256 (head_dim_v the
+    # same): head_dim 32 with an f16 cache takes the SIMT row, and without it the stage is
+    # refused with the reason; head_dim 64 takes the tensor-core row.
+    narrow = synth.tiny_llama(str(tmp_path / "d32.gguf"), n_embd=128, n_head=4, n_head_kv=2, n_ff=64)
+    routes = explain_file(narrow, backend="cuda", kv_type="f16")
+    assert {r["kernel"] for r in routes if r["stage"] == "attention"} == {"cuda.attention"}
+    with pytest.raises(kcap.RoutingError, match=r"head_dim 32/32 is not one of 64, 128, 256"):
+        explain_file(narrow, backend="cuda", kv_type="f16", excluded_kernels=["cuda.attention"])
+    wide = synth.tiny_llama(str(tmp_path / "d64.gguf"), n_embd=256, n_head=4, n_head_kv=2, n_ff=64)
+    routes = explain_file(wide, backend="cuda", kv_type="f16")
+    assert {r["kernel"] for r in routes if r["stage"] == "attention"} == {"cuda.attention_mma"}
+
+
 def test_cuda_backend_refused_without_device(tiny_path):
     if device_present(tiny_path):
         pytest.skip("a CUDA device is present: the refusal path cannot be reached here")
