@@ -13,7 +13,9 @@
 //             super-block for the K-quants, 64 elements = two blocks otherwise), consecutive
 //             threads on consecutive words of a row (coalesced; decoding straight from global
 //             had every load instruction touch 16 rows), double-buffered: chunk c + 1 is in
-//             flight while chunk c is decoded and multiplied.
+//             flight while chunk c is decoded and multiplied. Rows of K >= kStagedMinK only:
+//             at short K (Gemma 3's 640 and 2048) decoding straight from global memory was
+//             faster on the H200 (kStagedMinK below; KCAP_MMA_STAGED=0|1 forces either).
 //   x         split as x_hi = bf16(x), x_lo = bf16(x - x_hi), both staged as bf16 pairs; for
 //             formats with offsets the per-(sub-block, token) sum of x_hi + x_lo (f32) beside them.
 //             Loaded coalesced (16 lanes x float4 per token: 256 contiguous bytes) into
