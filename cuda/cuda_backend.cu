@@ -18,8 +18,8 @@
 // splits its rows' runs over more simd groups until about N per multiprocessor run
 // (cuda_rows::matvec_split); KCAP_ATTN_DECODE_SIMDS=4|8, KCAP_ATTN_MIN_CHUNK=N (a multiple of
 // 32) and KCAP_ATTN_SPLITS_PER_SM=N change the decode attention's groups; KCAP_MMA_STAGED=0|1
-// turns the prefill matmuls' shared-memory weight staging off or on for every format. KCAP_CUDA_PROFILE=1 runs decode steps without the graph, times
-// every stage with CUDA events (each stage waited for, so the times include each launch's
+// turns the prefill matmuls' shared-memory weight staging off or on for every K.
+// KCAP_CUDA_PROFILE=1 runs decode steps without the graph, times every stage with CUDA events (each stage waited for, so the times include each launch's
 // latency) and prints the totals per kernel and per stage name to stderr when the backend is
 // destroyed; prefill chunks are timed the same way into tables of their own.
 #include <algorithm>

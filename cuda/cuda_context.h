@@ -45,7 +45,7 @@ struct Context {
     int attn_decode_simds = 0;  // 0: cuda_rows::attn_decode_simds(n_head_kv)
     int attn_min_chunk = cuda_rows::kAttnMinChunk;
     int attn_splits_per_sm = cuda_rows::kAttnSplitsPerSm;
-    int mma_staged = -1;  // KCAP_MMA_STAGED: prefill matmul weights staged in shared memory (1), not (0), per format (-1)
+    int mma_staged = -1;  // KCAP_MMA_STAGED: prefill matmul weights staged in shared memory (1), not (0), by K (-1)
     // Decode-step state in device memory, so one captured graph serves every step:
     // step[0] = position of token 0 of the call, step[1] = tokens generated (history index).
     int32_t* step = nullptr;

@@ -3,6 +3,8 @@
 // plans and `kcap explain --backend cuda` still work and an Engine on cuda is refused.
 #include "cuda/rows.h"
 
+#include <iterator>
+
 #include "dispatch/gpu_rows.h"
 #include "kernels/params.h"
 
@@ -140,7 +142,7 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
     mma.kv_formats = {Format::F16};
     mma.features = row.features;
     mma.dims = row.dims;
-    mma.dims.head_dims = {64, 128, 256};  // cuda_rows::attn_mma_dims
+    mma.dims.head_dims.assign(std::begin(cuda_rows::kAttnMmaHeadDims), std::end(cuda_rows::kAttnMmaHeadDims));
     mma.priority = 1;
     rows.push_back(mma);
 }

@@ -106,8 +106,12 @@ static_assert(attn_prefill_simds(256) == 8 && attn_prefill_rows(256) == 16 && at
 // LegalDims::head_dims): 64, 128, 256, with head_dim_v == head_dim.
 constexpr int kAttnMmaWarps = 4;
 constexpr int kAttnMmaRows = 16 * kAttnMmaWarps;
+inline constexpr int kAttnMmaHeadDims[] = {64, 128, 256};  // the row's LegalDims::head_dims
 constexpr bool attn_mma_dims(int head_dim, int head_dim_v) {
-    return head_dim == head_dim_v && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+    if (head_dim != head_dim_v) return false;
+    for (int d : kAttnMmaHeadDims)
+        if (head_dim == d) return true;
+    return false;
 }
 constexpr int attn_mma_keys(int head_dim) { return head_dim >= 256 ? 32 : 64; }  // keys per staged tile
 // Threadgroup memory: queries (hi and lo halves) and two K and two V tiles, rows padded by 8

@@ -15,6 +15,7 @@
 
 #include "kernels/params.h"
 #include "kernels/dialect.h"
+#include "kernels/group.h"
 
 #define KCAP_ATTN_VALUES_PER_LANE (KCAP_ATTN_MAX_HEAD_DIM / KCAP_SIMD_WIDTH)
 
@@ -366,17 +367,6 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
 #define KCAP_ATTN_COMBINE_CHUNK 256
 #define KCAP_ATTN_COMBINE_SHARED_FLOATS (KCAP_ATTN_COMBINE_CHUNK + 32)
 
-// Max (sum = 0) or sum (sum = 1) of v over the group's threads, in every thread. `reduce`:
-// one float per simd group; the caller puts a barrier between two uses of it.
-KCAP_FN float kcap_attn_group_reduce(const KcapThread t, float v, int sum, KCAP_SHARED float* reduce) {
-    v = sum ? kcap_simd_sum(v) : kcap_simd_max(v);
-    if (t.lane == 0) reduce[t.simd] = v;
-    kcap_barrier();
-    float r = reduce[0];
-    for (int i = 1; i < int(t.simds); ++i) r = sum ? r + reduce[i] : kcap_fmax(r, reduce[i]);
-    return r;
-}
-
 // Grid: x = n_head; threads >= head_dim_v (a multiple of 32, at most 1024); shared:
 // KCAP_ATTN_COMBINE_SHARED_FLOATS floats. The threads take the splits in turn for the max and
 // the weights exp(m_s - m) (staged a chunk at a time), then each thread one output dim, with
@@ -393,13 +383,13 @@ KCAP_FN void kcap_attention_combine(const KcapThread t, const KcapAttentionParam
     KCAP_SHARED float* reduce = shared + KCAP_ATTN_COMBINE_CHUNK;  // [simds]
     float m = KCAP_NEG_INFINITY;
     for (int s = int(t.index); s < active; s += int(t.threads)) m = kcap_fmax(m, ml[2 * s]);
-    m = kcap_attn_group_reduce(t, m, 0, reduce);  // every active split saw keys: m is finite
+    m = kcap_group_max(t, m, reduce);  // every active split saw keys: m is finite
     const int d = int(t.index);
     const int dv = p.head_dim_v;
     float l = 0.0f, acc = 0.0f;
     for (int c0 = 0; c0 < active; c0 += KCAP_ATTN_COMBINE_CHUNK) {
         const int n = active - c0 < KCAP_ATTN_COMBINE_CHUNK ? active - c0 : KCAP_ATTN_COMBINE_CHUNK;
-        kcap_barrier();  // the previous chunk's weights (and the reduction slots) are consumed
+        if (c0 > 0) kcap_barrier();  // the previous chunk's weights are consumed
         for (int i = int(t.index); i < n; i += int(t.threads)) {
             const float w = kcap_exp(ml[2 * (c0 + i)] - m);
             weight[i] = w;
@@ -417,8 +407,7 @@ KCAP_FN void kcap_attention_combine(const KcapThread t, const KcapAttentionParam
             for (; i < n; ++i) acc += po[kcap_u64(i) * dv] * weight[i];
         }
     }
-    kcap_barrier();  // the reduction slots are free again
-    l = kcap_attn_group_reduce(t, l, 1, reduce);
+    l = kcap_group_sum(t, l, reduce);
     if (d < dv) out[head * dv + kcap_u64(d)] = acc * (1.0f / l);
 }
 

@@ -5,18 +5,7 @@
 
 #include "kernels/params.h"
 #include "kernels/dialect.h"
-
-// Sum of one value per thread over the group; every thread gets the total. `scratch` holds
-// one float per simd group and is free again when this returns.
-KCAP_FN float kcap_group_sum(const KcapThread t, float v, KCAP_SHARED float* scratch) {
-    v = kcap_simd_sum(v);
-    if (t.lane == 0) scratch[t.simd] = v;
-    kcap_barrier();
-    float total = 0.0f;
-    for (unsigned i = 0; i < t.simds; ++i) total += scratch[i];
-    kcap_barrier();
-    return total;
-}
+#include "kernels/group.h"
 
 // Grid: x = rows. scratch: one float per simd group.
 KCAP_FN void kcap_norm(const KcapThread t, const KcapNormParams p, const KCAP_GLOBAL float* x,

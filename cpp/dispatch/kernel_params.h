@@ -10,16 +10,22 @@
 
 namespace kcap {
 
-// y = W x (+ bias): the bias is operand 1 of a MatMul stage (a gate_up stage's operand 1 is
-// its up matrix, never a bias).
-inline KcapMatmulParams matmul_params(const Stage& stage, int n_tokens) {
+// The stage's K x N matmul of n_tokens rows with the weights of operand `weight`.
+inline KcapMatmulParams matmul_params_of(const Stage& stage, size_t weight, int n_tokens, bool has_bias) {
     KcapMatmulParams p;
     p.k = int(stage.k);
     p.n = int(stage.n);
     p.m = n_tokens;
-    p.row_bytes = unsigned(row_bytes(stage.operands[0]->format, stage.k));
-    p.has_bias = stage.op == Op::MatMul && stage.operands.size() > 1 && stage.operands[1] != nullptr;
+    p.row_bytes = unsigned(row_bytes(stage.operands[weight]->format, stage.k));
+    p.has_bias = has_bias;
     return p;
+}
+
+// y = W x (+ bias): the bias is operand 1 of a MatMul stage (a gate_up stage's operand 1 is
+// its up matrix, never a bias).
+inline KcapMatmulParams matmul_params(const Stage& stage, int n_tokens) {
+    return matmul_params_of(stage, 0, n_tokens,
+                            stage.op == Op::MatMul && stage.operands.size() > 1 && stage.operands[1] != nullptr);
 }
 
 // Table rows (operand 0) times the embedding scale, plus learned positions (operand 1) if any.
@@ -125,13 +131,7 @@ inline KcapElementwiseParams activation_params(const Stage& stage, int n_tokens,
 
 // Per-layer embeddings: the projection is a matmul of operand 1 (no bias) over the stage's K.
 inline KcapMatmulParams ple_projection_params(const Stage& stage, int n_tokens) {
-    KcapMatmulParams p;
-    p.k = int(stage.k);
-    p.n = int(stage.n);
-    p.m = n_tokens;
-    p.row_bytes = unsigned(row_bytes(stage.operands[1]->format, stage.k));
-    p.has_bias = 0;
-    return p;
+    return matmul_params_of(stage, 1, n_tokens, false);
 }
 
 inline KcapPleParams ple_params(const Stage& stage, int n_tokens) {
