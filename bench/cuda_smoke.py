@@ -4,7 +4,7 @@ device, each against the CPU backend. scripts/device_check.sh runs it first (und
 debugger, so a crash prints a native backtrace) before the long tests and benchmarks.
 
     python bench/cuda_smoke.py
-    python bench/cuda_smoke.py --profile [--at=POSITION] MODEL.gguf ...   (per-stage times, KCAP_CUDA_PROFILE)
+    python bench/cuda_smoke.py --profile [--at=POSITION] [--activations=q8_1] MODEL.gguf ...   (per-stage times, KCAP_CUDA_PROFILE)
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def profile(paths: list[str], at: int = 0) -> int:
+def profile(paths: list[str], at: int = 0, activations: str = "f32") -> int:
     """Prefill 512 tokens, then decode 64 from position `at` (after a prefill of `at` tokens), of
     each model with KCAP_CUDA_PROFILE=1 (stages timed one by one with CUDA events; the backend
     prints its tables to stderr when it is destroyed: the prefill table then covers both prefills)."""
@@ -55,7 +55,7 @@ def profile(paths: list[str], at: int = 0) -> int:
     os.environ["KCAP_CUDA_PROFILE"] = "1"
     for path in paths:
         print(f"== profile {path}", file=sys.stderr, flush=True)
-        model = kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16")
+        model = kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16", activations=activations)
         ids = np.random.default_rng(0).integers(0, model.n_vocab, max(512, at)).astype(np.int32)
         model.engine.eval(ids[:512], False)
         model.engine.reset()
@@ -70,8 +70,12 @@ def profile(paths: list[str], at: int = 0) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--profile":
         args = sys.argv[2:]
-        at = 0
-        if args[0].startswith("--at="):
-            at, args = int(args[0].removeprefix("--at=")), args[1:]
-        sys.exit(profile(args, at))
+        at, activations = 0, "f32"
+        while args[0].startswith("--"):
+            if args[0].startswith("--at="):
+                at = int(args[0].removeprefix("--at="))
+            elif args[0].startswith("--activations="):
+                activations = args[0].removeprefix("--activations=")
+            args = args[1:]
+        sys.exit(profile(args, at, activations))
     sys.exit(main())

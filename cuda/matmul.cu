@@ -75,23 +75,7 @@ __global__ void __launch_bounds__(kTokensSimds * 32)
     kcap_matmul_tokens<F, kTokensRows, kTokensPerPass>(t, p, w, x, bias, y);
 }
 
-// qkv (cuda.qkv): the Q, K and V matvecs of one token in one launch. The grid's groups are
-// cut into three segments, one per matrix, each with its own format, rows and split; every
-// group stages the shared x and runs the staged matvec of its segment's format (a switch
-// over the formats: one kernel serves any mix, e.g. Gemma's Q5_0 q/k with a Q8_0 v).
-struct QkvSegment {
-    const kcap_u8* w;
-    float* y;
-    KcapMatmulParams p;
-    int format;       // int(Format)
-    int split;        // matvec_split of this segment's rows
-    int first_group;  // the segment's first group in the grid
-};
-struct QkvParams {
-    QkvSegment segment[3];
-    int chunk_runs;
-};
-
+// qkv (cuda.qkv): the Q, K and V matvecs of one token in one launch (segments: cuda/matmul.h).
 __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_kernel(QkvParams q, const float* x) {
     extern __shared__ float shared[];
     KcapThread t = kcap_cuda_thread();
@@ -168,6 +152,32 @@ void run_gate_up(const Stage& stage, const KernelCall& call, KernelFn batched_ma
     kcap_cuda_ffn_activation(act, act_call);
 }
 
+QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int* groups) {
+    const Context& ctx = context(call);
+    const StageData& data = stage_data(call);
+    float* outputs[3] = {call.out, call.inout2, call.inout3};
+    Stage matmul = stage;
+    matmul.op = Op::MatMul;
+    matmul.features = 0;
+    QkvParams q = {};
+    *groups = 0;
+    for (int which = 0; which < 3; ++which) {
+        const TensorRef* w = stage.operands[size_t(which)];
+        matmul.operands = {w, nullptr};
+        matmul.n = w->n_rows();
+        QkvSegment& s = q.segment[which];
+        s.w = static_cast<const kcap_u8*>(data.operands[which]);
+        s.y = outputs[which];
+        s.p = matmul_params(matmul, call);
+        s.format = int(w->format);
+        s.split = matvec_split(s.p.n, ctx.sm_count, kMatvecRows, s.p.k, ctx.matvec_warps);
+        s.first_group = *groups;
+        *groups += int(ceil_div(s.p.n, (kMatvecSimds / s.split) * kMatvecRows));
+    }
+    q.chunk_runs = std::min(int(stage.k / 32), kMatvecChunkRuns);
+    return q;
+}
+
 }  // namespace cuda
 
 // A batch of gate_up runs the format's tensor-core row where that row exists and its tiles
@@ -207,22 +217,8 @@ void kcap_cuda_qkv(const Stage& stage, const KernelCall& call) {
     matmul.op = Op::MatMul;
     matmul.features = 0;
     if (call.n_tokens == 1) {
-        cuda::QkvParams q = {};
         int groups = 0;
-        for (int which = 0; which < 3; ++which) {
-            const TensorRef* w = stage.operands[size_t(which)];
-            matmul.operands = {w, nullptr};
-            matmul.n = w->n_rows();
-            cuda::QkvSegment& s = q.segment[which];
-            s.w = static_cast<const kcap_u8*>(data.operands[which]);
-            s.y = outputs[which];
-            s.p = cuda::matmul_params(matmul, call);
-            s.format = int(w->format);
-            s.split = matvec_split(s.p.n, ctx.sm_count, kMatvecRows, s.p.k, ctx.matvec_warps);
-            s.first_group = groups;
-            groups += int(cuda::ceil_div(s.p.n, (kMatvecSimds / s.split) * kMatvecRows));
-        }
-        q.chunk_runs = std::min(int(stage.k / 32), kMatvecChunkRuns);
+        const cuda::QkvParams q = cuda::qkv_segments(stage, call, &groups);
         const size_t shared = size_t(matvec_shared_floats(stage.k, kMatvecRows)) * 4;
         cuda::launch(ctx, cuda::qkv_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q, call.in);
         return;

@@ -1,8 +1,9 @@
-// Host helpers shared by the two CUDA matmul entry files (matmul.cu, matmul_mma.cu).
+// Host helpers shared by the CUDA matmul entry files (matmul.cu, matmul_mma.cu, matmul_q8.cu).
 #pragma once
 
 #include "cuda/cuda_context.h"
 #include "dispatch/kernel_params.h"
+#include "kernels/dialect.h"
 
 namespace kcap {
 namespace cuda {
@@ -10,6 +11,26 @@ namespace cuda {
 inline KcapMatmulParams matmul_params(const Stage& stage, const KernelCall& call) {
     return kcap::matmul_params(stage, call.n_tokens);
 }
+
+// qkv (cuda.qkv, cuda.qkv_q8) for one token: one launch whose grid's groups are cut into
+// three segments, one per matrix, each with its own format, rows and split; every group stages
+// the shared x and runs the matvec of its segment's format (a switch over the formats: one
+// kernel serves any mix, e.g. Gemma's Q5_0 q/k with a Q8_0 v).
+struct QkvSegment {
+    const kcap_u8* w;
+    float* y;
+    KcapMatmulParams p;
+    int format;       // int(Format)
+    int split;        // matvec_split of this segment's rows
+    int first_group;  // the segment's first group in the grid
+};
+struct QkvParams {
+    QkvSegment segment[3];
+    int chunk_runs;
+};
+
+// The three segments of a qkv stage for one token; *groups: the grid's groups in all.
+QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int* groups);
 
 }  // namespace cuda
 }  // namespace kcap

@@ -46,34 +46,19 @@
 // instead of ldmatrix (the same layouts spelled out lane by lane; for diagnosis).
 #include <cuda_bf16.h>
 
-#include <atomic>
-
 #include "cuda/matmul.h"
-#include "cuda/mma_ptx.h"
-#include "kernels/matmul.h"
+#include "cuda/mma_tiles.h"
 #include "kernels/quant_codes.h"
-
-#ifndef KCAP_MMA_LDMATRIX
-#define KCAP_MMA_LDMATRIX 1
-#endif
 
 namespace kcap {
 namespace cuda {
 namespace {
 
 using namespace cuda_rows;
+using namespace mma_tiles;
 
-constexpr int kStepK = 64;                 // K elements staged per step: two 32-element runs per row
 constexpr int kStride = kStepK / 2 + 4;    // words (bf16 pairs) per shared row, padded
-constexpr int kSubs16 = kStepK / 16;       // 16-element sub-blocks per step
-constexpr int kWarpsRows = 4;              // warp grid: 2 (tokens) x 4 (rows)
-constexpr int kWarpTokens = 32, kWarpRows = 32;
-constexpr int kMt = kWarpTokens / 16, kNt = kWarpRows / 8;  // mma tiles per warp
-static_assert(kMmaThreads == 256 && kMmaTokens == 64 && kMmaRows == 128, "the warp layout below assumes these");
-static_assert(kMmaThreads == 2 * kMmaRows, "weights: each thread decodes one run of one row per step");
-static_assert(kMmaThreads * 16 == kMmaTokens * kStepK && kStepK == 64, "activations: each thread stages 4 float4 (of 4 tokens) per step");
 static_assert(kStride % 32 == 4 && kStride % 4 == 0, "conflict-free fragment loads, 16-byte aligned rows");
-
 struct alignas(16) Shared {
     unsigned w[kMmaRows * kStride];      // codes, [row][k / 2] as bf16 pairs (low half = even k)
     unsigned xhi[kMmaTokens * kStride];  // x_hi, [token][k / 2]
@@ -89,131 +74,6 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 }
 
 __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
-
-// A fragment (16 tokens x 16 k) of m16n8k16 from rows [token][k / 2] starting at `tile`
-// (token 0, word kw): a0 (token g, k 2tg..2tg+1), a1 (g + 8, same k), a2 (g, k + 8), a3 (g + 8, k + 8).
-__device__ __forceinline__ void load_a(unsigned (&a)[4], const unsigned* tile, int lane) {
-#if KCAP_MMA_LDMATRIX
-    // Lane l addresses row l % 16, k 8 * (l / 16) of the tile: matrices 0..3 = a0..a3.
-    ldmatrix_x4(a, tile + (lane & 15) * kStride + 4 * (lane >> 4));
-#else
-    const unsigned* p = tile + (lane >> 2) * kStride + (lane & 3);
-    a[0] = p[0];
-    a[1] = p[8 * kStride];
-    a[2] = p[4];
-    a[3] = p[8 * kStride + 4];
-#endif
-}
-
-// B fragments of two neighbouring n8 tiles (rows 0..7 and 8..15 from `tile`, [row][k / 2]):
-// b[0], b[1] of the first (row g, k 2tg..2tg+1 and k + 8), b[2], b[3] of the second.
-__device__ __forceinline__ void load_b2(unsigned (&b)[4], const unsigned* tile, int lane) {
-#if KCAP_MMA_LDMATRIX
-    // Lane l addresses row l % 8 + 8 * (l / 16), k 8 * ((l / 8) % 2): matrices = b[0..3].
-    ldmatrix_x4(b, tile + ((lane & 7) + 8 * (lane >> 4)) * kStride + 4 * ((lane >> 3) & 1));
-#else
-    const unsigned* p = tile + (lane >> 2) * kStride + (lane & 3);
-    b[0] = p[0];
-    b[1] = p[4];
-    b[2] = p[8 * kStride];
-    b[3] = p[8 * kStride + 4];
-#endif
-}
-
-// The raw GGUF bytes of one chunk of K for the tile's kMmaRows weight rows, in shared memory
-// (dynamic; two buffers). A chunk is one 256-element super-block (the K-quants: one chunk
-// serves 4 steps) or kStepK = 64 elements = two 32-element blocks (one step); the last chunk
-// of a 32-element format may hold one block (K a multiple of 32 only).
-//   Alignment: the decoders read words at the block's real alignment (kernels/quant.h: blocks
-// of 18, 22, 34, 110, 210 bytes at even offsets through the a2 paths, which test the address
-// bits; MXFP4 byte by byte; Q4_K 16-byte loads), so a row's shared copy has the same address
-// mod 4 as in global memory: the copy is the 4-aligned window of words covering the chunk's
-// bytes, and the chunk starts `lead` = (global address mod 4) bytes into it. Formats whose
-// blocks are a multiple of 16 bytes (BF16, Q4_K, Q5_K) start every chunk 16-aligned (weights
-// sit in their own allocation, so a row starts at row * row_bytes): lead 0, the shared rows
-// 16-aligned too, and 16-byte copies.
-//   Shared row strides: 16-byte rows take stride = 4 mod 8 words, so the 4 rows one quarter
-// warp reads with 16-byte loads (lane pairs share a row) fall in distinct bank quads; the
-// others an odd stride, so the 16 rows of a warp's 32-bit loads at one offset hit 16 banks.
-template <class F>
-struct RawChunk {
-    static constexpr int k = F::block_elems > kStepK ? F::block_elems : kStepK;  // elements: 256 or 64
-    static constexpr int blocks = k / F::block_elems;                           // per row: 1 or 2
-    static constexpr int runs = k / 32;
-    static constexpr int bytes_per_row = blocks * F::block_bytes;
-    static constexpr bool vec16 = F::block_bytes % 16 == 0;
-    static constexpr int unit = vec16 ? 16 : 4;  // bytes per cp.async
-    // Copies per row: the chunk's bytes, plus (4-byte windows) up to 3 bytes of lead and 3 of tail.
-    static constexpr int units = vec16 ? bytes_per_row / 16 : (bytes_per_row + 3 + 3) / 4;
-    static constexpr int words = units * unit / 4;
-    static constexpr int stride = vec16 ? (words + 3) / 8 * 8 + 4 : words | 1;  // words per shared row
-    static constexpr int buffer_words = kMmaRows * stride;
-    static constexpr size_t bytes = 2 * size_t(buffer_words) * 4;  // double-buffered
-    static_assert(!vec16 || bytes_per_row % 16 == 0, "16-byte copies cover the chunk exactly");
-    static_assert(stride >= words && (!vec16 || stride % 8 == 4), "windows fit the padded rows");
-};
-
-// Bytes into a row's shared window where chunk `chunk` starts: its global address mod 4 (0 for
-// 16-byte formats). `row` is the row's first byte in global memory.
-template <class F>
-__device__ __forceinline__ unsigned raw_lead(const kcap_u8* row, int chunk) {
-    if (RawChunk<F>::vec16) return 0u;
-    return kcap_address_bits(row + unsigned(chunk) * unsigned(RawChunk<F>::bytes_per_row)) & 3u;
-}
-
-// All threads: issue the cp.async copies of chunk `chunk` of rows row_base .. row_base + 127
-// (those < N) into `buf`. Thread i of the flat (row, unit) order copies unit i % units of row
-// i / units, so a warp's 32 copies are consecutive words (or 16-byte pieces) of one or two rows.
-// A 4-byte window may take up to 3 bytes of the neighbouring rows (never read back; w is 4-aligned,
-// so no window starts before it). The word holding the tensor's last byte may stick out past
-// its end (the last row of a 4-byte format whose size is not a multiple of 4): that one word
-// is read byte by byte instead, so no copy leaves [w, w_end).
-template <class F>
-__device__ __forceinline__ void stage_chunk(unsigned* buf, const kcap_u8* w, const kcap_u8* w_end,
-                                            const KcapMatmulParams& p, int row_base, int chunk, int tid) {
-    using R = RawChunk<F>;
-    const int blocks = min(R::blocks, int(p.k / F::block_elems) - chunk * R::blocks);  // 1 in a short last chunk
-    const int bytes = blocks * F::block_bytes;
-    constexpr int kCopies = kMmaRows * R::units;
-#pragma unroll 4
-    for (int i0 = 0; i0 < kCopies; i0 += kMmaThreads) {
-        const int i = i0 + tid;
-        if (kCopies % kMmaThreads != 0 && i >= kCopies) break;
-        const int r = i / R::units, u = i - r * R::units;
-        if (row_base + r >= p.n) continue;
-        const kcap_u8* row = w + kcap_u64(row_base + r) * p.row_bytes;
-        kcap_u8* dst = reinterpret_cast<kcap_u8*>(buf + r * R::stride) + R::unit * u;
-        if (R::vec16) {
-            const kcap_u8* src = row + unsigned(chunk) * unsigned(R::bytes_per_row) + 16 * u;
-            if (16 * u < bytes) cp_async16(dst, src);
-        } else {
-            const unsigned lead = raw_lead<F>(row, chunk);
-            const kcap_u8* src = row + unsigned(chunk) * unsigned(R::bytes_per_row) - lead + 4 * u;  // 4-aligned
-            if (4 * u < int(lead) + bytes) {
-                if (src + 4 <= w_end) {
-                    cp_async4(dst, src);
-                } else {
-                    unsigned word = 0u;
-#pragma unroll 1
-                    for (int j = 0; src + j < w_end; ++j) word |= unsigned(src[j]) << (8 * j);
-                    *reinterpret_cast<unsigned*>(dst) = word;  // a plain store: visible after the barrier
-                }
-            }
-        }
-    }
-}
-
-// Activations of one step: thread (token xt + 16 i, i < 4; float4 column xc) of the tile's 64
-// tokens x 64 values; zeros past M or K (K is a multiple of 32, so a float4 is all in or all out).
-__device__ __forceinline__ void load_x(float4 (&v)[4], const float* x, const KcapMatmulParams& p, int token_base,
-                                       int xt, int xc, int k0) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int token = token_base + xt + 16 * i;
-        v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (token < p.m && k0 + 4 * xc < p.k) v[i] = *reinterpret_cast<const float4*>(x + kcap_u64(token) * p.k + k0 + 4 * xc);
-    }
-}
 
 // STAGED: the weights' raw chunks go through shared memory (stage_chunk); else each thread
 // decodes its run straight from global memory (faster at short K: kStagedMinK).
@@ -323,11 +183,11 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                 unsigned ahi[kMt][4], alo[kMt][4], b[kNt / 2][4];
 #pragma unroll
                 for (int mt = 0; mt < kMt; ++mt) {
-                    load_a(ahi[mt], sh.xhi + (warp_tokens + 16 * mt) * kStride + kw, lane);
-                    load_a(alo[mt], sh.xlo + (warp_tokens + 16 * mt) * kStride + kw, lane);
+                    load_a<kStride>(ahi[mt], sh.xhi + (warp_tokens + 16 * mt) * kStride + kw, lane);
+                    load_a<kStride>(alo[mt], sh.xlo + (warp_tokens + 16 * mt) * kStride + kw, lane);
                 }
 #pragma unroll
-                for (int np = 0; np < kNt / 2; ++np) load_b2(b[np], sh.w + (warp_rows + 16 * np) * kStride + kw, lane);
+                for (int np = 0; np < kNt / 2; ++np) load_b2<kStride>(b[np], sh.w + (warp_rows + 16 * np) * kStride + kw, lane);
 #pragma unroll
                 for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
@@ -378,29 +238,10 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 
 }  // namespace
 
-// Staged weights for long rows only: on the H200 (bench/cuda_sweep.py --pp, pp512, KCAP_MMA_STAGED
-// forcing one kernel for every matmul) staging all matmuls took the 8B Q4_K_M file (K 4096 and
-// 14336) from 4586 to 5293 tok/s, while Gemma 3 270M (K 640 and 2048: a chunk or two per row,
-// small grids) went from 78186 to 72110: at short K the copies cannot get ahead of the decode.
-constexpr int64_t kStagedMinK = 4096;
-
 template <class F, bool STAGED>
 void launch_mma(const Context& ctx, const KcapMatmulParams& p, const StageData& data, const KernelCall& call) {
-    // The raw double buffer is dynamic shared memory (with the static tiles over 48 KB for
-    // most formats): allow it once per device, and ask for the largest shared carveout so
-    // two blocks fit a multiprocessor (the carveout is a hint; the default may pick less).
     constexpr size_t raw_bytes = STAGED ? RawChunk<F>::bytes : 0;
-    if (STAGED) {
-        static std::atomic<unsigned long long> configured{0};  // bit d: done on device d
-        const unsigned long long bit = ctx.device < 64 ? 1ull << ctx.device : 0ull;
-        if (!bit || !(configured.load(std::memory_order_relaxed) & bit)) {
-            KCAP_CUDA_CHECK(cudaFuncSetAttribute(mma_kernel<F, STAGED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 int(raw_bytes)));
-            KCAP_CUDA_CHECK(cudaFuncSetAttribute(mma_kernel<F, STAGED>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                 int(cudaSharedmemCarveoutMaxShared)));
-            configured.fetch_or(bit, std::memory_order_relaxed);
-        }
-    }
+    if (STAGED) allow_dynamic_shared<mma_kernel<F, STAGED>>(ctx, raw_bytes);
     launch(ctx, mma_kernel<F, STAGED>, dim3(ceil_div(p.n, kMmaRows), ceil_div(p.m, kMmaTokens)), dim3(kMmaThreads),
            raw_bytes, p, static_cast<const kcap_u8*>(data.operands[0]), call.in,
            static_cast<const float*>(data.operands[1]), call.out);
@@ -417,9 +258,7 @@ void run_matmul_mma(const Stage& stage, const KernelCall& call, void (*exact)(co
         const Context& ctx = context(call);
         const StageData& data = stage_data(call);
         const KcapMatmulParams p = matmul_params(stage, call);
-        const bool fits = sizeof(Shared) + RawChunk<F>::bytes <= size_t(shared_optin_bytes(ctx.device));
-        const bool staged = fits && (ctx.mma_staged < 0 ? p.k >= kStagedMinK : ctx.mma_staged != 0);
-        if (staged)
+        if (use_staged(ctx, p, sizeof(Shared) + RawChunk<F>::bytes))
             launch_mma<F, true>(ctx, p, data, call);
         else
             launch_mma<F, false>(ctx, p, data, call);

@@ -1,5 +1,5 @@
 // PTX wrappers shared by the CUDA-only tensor-core kernels (matmul_mma.cu, attention_mma.cu):
-// mma.sync m16n8k16 with f32 accumulation, ldmatrix, cp.async. sm_80 and newer.
+// mma.sync m16n8k16 with f32 accumulation, int8 mma.sync, ldmatrix, cp.async. sm_80 and newer.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,6 +18,21 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const unsigned (&a)[4], u
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += a b on signed int8 fragments, exact int32 accumulation (the q8_1 rows, matmul_mma_q8.cu).
+// k32: a[0..3] and b0, b1 hold the same word positions as the 16-bit k16 fragments (4 int8 per
+// word where those hold 2 halves), so the same ldmatrix loads serve both. k16: the first half of
+// those fragments (a[0], a[1] and b0), or the second (a[2], a[3] and b1).
+__device__ __forceinline__ void mma_s8_k32(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_s8_k16(int (&c)[4], unsigned a0, unsigned a1, unsigned b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
 }
 
 // Four 8x8 matrices of 16-bit elements from shared memory (lanes 8i .. 8i + 7 address the rows

@@ -84,6 +84,36 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
     }
     KCAP_WEIGHT_FORMATS(KCAP_GATE_UP_ROW)
 #undef KCAP_GATE_UP_ROW
+    // q8_1 activations (opt-in: allowed only where the plan's activations are q8_1; preferred
+    // there): x rounded to int8 per 32-element run, integer products (dp4a for few tokens, int8
+    // mma.sync tiles for a batch), f32 scales. W . q8_1(x) to the exact rows' 1e-5 (test_cuda_rows).
+#define KCAP_MATMUL_Q8_ROW(NAME, DECODER)                                                                     \
+    {                                                                                                         \
+        Row row = make_row("cuda.matmul_q8." + lowercase(#NAME), Op::MatMul,                                  \
+                           KCAP_CUDA_ENTRY(kcap_cuda_matmul_q8_##NAME),                                       \
+                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,   \
+                            cuda_rows::kMatvecQ8SharedBytes});                                                \
+        row.operand_formats = {{Format::NAME}, {Format::F32}};                                                \
+        row.features = kBias;                                                                                 \
+        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                 \
+        row.input_encoding = Encoding::Q8_1;                                                                  \
+        row.priority = 2;                                                                                     \
+        rows.push_back(row);                                                                                  \
+    }                                                                                                         \
+    {                                                                                                         \
+        Row row = make_row("cuda.gate_up_q8." + lowercase(#NAME), Op::GateUp,                                 \
+                           KCAP_CUDA_ENTRY(kcap_cuda_gate_up_q8_##NAME),                                      \
+                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,   \
+                            cuda_rows::kMatvecQ8SharedBytes});                                                \
+        row.operand_formats = {{Format::NAME}, {Format::NAME}};                                               \
+        row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;                                         \
+        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                 \
+        row.input_encoding = Encoding::Q8_1;                                                                  \
+        row.priority = 1;                                                                                     \
+        rows.push_back(row);                                                                                  \
+    }
+    KCAP_Q8_WEIGHT_FORMATS(KCAP_MATMUL_Q8_ROW)
+#undef KCAP_MATMUL_Q8_ROW
     // Fused Q, K and V matmuls of one input (no biases), each weight in any format: one token
     // runs one launch whose groups take the three matrices' rows; a batch, each matrix's
     // tensor-core (else exact) row. K must suit every operand's format.
@@ -94,6 +124,20 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
         const std::vector<Format> formats = gpu_weight_formats();
         row.operand_formats = {formats, formats, formats};
         row.dims.k_multiple_of = &exact_k_multiple;
+        rows.push_back(row);
+    }
+    {  // the same on q8_1 activations (opt-in, preferred there): every weight in a q8_1 format
+        Row row = make_row("cuda.qkv_q8", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8),
+                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,
+                            cuda_rows::kMatvecQ8SharedBytes});
+        std::vector<Format> formats;
+#define KCAP_Q8_FORMAT(NAME, DECODER) formats.push_back(Format::NAME);
+        KCAP_Q8_WEIGHT_FORMATS(KCAP_Q8_FORMAT)
+#undef KCAP_Q8_FORMAT
+        row.operand_formats = {formats, formats, formats};
+        row.dims.k_multiple_of = &exact_k_multiple;
+        row.input_encoding = Encoding::Q8_1;
+        row.priority = 1;
         rows.push_back(row);
     }
 }

@@ -66,6 +66,20 @@ constexpr int kMmaMinTokens = 16;  // fewer tokens take the few-token walk
 // Formats with an mma row: those whose weights are scale x bf16-exact code + offset per
 // sub-block (kernels/quant_codes.h). F32 and F16 take the exact rows.
 constexpr bool mma_format(Format f) { return f != Format::F32 && f != Format::F16; }
+// Formats with q8_1-activation rows: KCAP_Q8_WEIGHT_FORMATS (kernels/formats_list.h).
+constexpr bool q8_format(Format f) {
+#define KCAP_IS_Q8(NAME, DECODER) f == Format::NAME ||
+    return KCAP_Q8_WEIGHT_FORMATS(KCAP_IS_Q8) false;
+#undef KCAP_IS_Q8
+}
+// Matmul with q8_1 activations (opt-in: EngineOptions::activations = "q8_1"; cuda/matmul_q8.cu):
+// up to kMmaMinTokens - 1 tokens the dp4a matvec (kernels/matvec_q8.h, the exact matvec's teams
+// and splits, one grid row per token), more the int8 tensor-core tiles (cuda/matmul_mma_q8.cu).
+// Threadgroup memory: 13 words per staged run (a 12-word record and its scale) and the partials.
+constexpr int matvec_q8_shared_words(long long k, int rows = kMatvecRows) {
+    return int((k / 32 < kMatvecChunkRuns ? k / 32 : kMatvecChunkRuns) * 13 + kMatvecSimds * rows * 2);
+}
+constexpr int kMatvecQ8SharedBytes = (kMatvecChunkRuns * 13 + kMatvecSimds * kMatvecMaxRows * 2) * 4;
 // Norm: one group per row.
 constexpr int kNormThreads = 1024;  // the most; a row of `width` takes norm_threads(width)
 // About four values per thread, so a wide row (4096) is not a long serial walk per thread.
@@ -158,6 +172,11 @@ constexpr int kEmbedThreads = 128;
     void kcap_cuda_per_layer_embed_##NAME(const Stage& stage, const KernelCall& call);
 KCAP_WEIGHT_FORMATS(KCAP_CUDA_DECLARE_FORMAT_LAUNCHERS)
 #undef KCAP_CUDA_DECLARE_FORMAT_LAUNCHERS
+#define KCAP_CUDA_DECLARE_Q8_LAUNCHERS(NAME, DECODER)                                 \
+    void kcap_cuda_matmul_q8_##NAME(const Stage& stage, const KernelCall& call);  \
+    void kcap_cuda_gate_up_q8_##NAME(const Stage& stage, const KernelCall& call);
+KCAP_Q8_WEIGHT_FORMATS(KCAP_CUDA_DECLARE_Q8_LAUNCHERS)
+#undef KCAP_CUDA_DECLARE_Q8_LAUNCHERS
 
 void kcap_cuda_norm(const Stage& stage, const KernelCall& call);
 void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call);
@@ -171,6 +190,7 @@ void kcap_cuda_softcap(const Stage& stage, const KernelCall& call);
 void kcap_cuda_scale(const Stage& stage, const KernelCall& call);
 void kcap_cuda_argmax(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qkv(const Stage& stage, const KernelCall& call);
+void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call);
 void kcap_cuda_sample(const Stage& stage, const KernelCall& call);
 void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call);
 

@@ -24,6 +24,8 @@
 //   kcap_load_u32s_a2<N> / kcap_load_u16_u32s_a2<N>: runs of 32-bit words at a 2-byte-aligned
 //   address with about one load per word (see the shared section below)
 //   kcap_exp / kcap_tanh / kcap_erf / kcap_sqrt / kcap_rsqrt, kcap_prefetch (a hint; may be a no-op)
+//   kcap_dot4_i8(a, b, acc): acc + the dot product of the four signed bytes of a and b (dp4a)
+//   kcap_round_to_int: round to nearest, ties to even (the q8_1 activation rows' rounding)
 // Integer types: kcap_u8, kcap_i8, kcap_u16, kcap_u32, kcap_i32, kcap_u64 (Metal has no <cstdint>).
 #pragma once
 
@@ -111,6 +113,8 @@ KCAP_FN float kcap_erf(float x) { return erff(x); }
 KCAP_FN float kcap_sqrt(float x) { return sqrtf(x); }
 KCAP_FN float kcap_rsqrt(float x) { return 1.0f / sqrtf(x); }
 KCAP_FN float kcap_fmax(float a, float b) { return fmaxf(a, b); }
+KCAP_FN int kcap_dot4_i8(int a, int b, int acc) { return __dp4a(a, b, acc); }
+KCAP_FN int kcap_round_to_int(float x) { return __float2int_rn(x); }
 #define KCAP_NEG_INFINITY (-__int_as_float(0x7f800000))
 
 #elif defined(__METAL_VERSION__)
@@ -208,6 +212,11 @@ KCAP_FN float kcap_erf(float x) {
 KCAP_FN float kcap_sqrt(float x) { return precise::sqrt(x); }
 KCAP_FN float kcap_rsqrt(float x) { return 1.0f / precise::sqrt(x); }
 KCAP_FN float kcap_fmax(float a, float b) { return fmax(a, b); }
+KCAP_FN int kcap_dot4_i8(int a, int b, int acc) {  // Metal has no dp4a instruction
+    for (int i = 0; i < 32; i += 8) acc += ((a << (24 - i)) >> 24) * ((b << (24 - i)) >> 24);  // signed bytes
+    return acc;
+}
+KCAP_FN int kcap_round_to_int(float x) { return int(rint(x)); }
 #define KCAP_NEG_INFINITY (-INFINITY)
 
 #else

@@ -321,4 +321,9 @@ inline float kcap_erf(float x) { return std::erf(x); }
 inline float kcap_sqrt(float x) { return std::sqrt(x); }
 inline float kcap_rsqrt(float x) { return 1.0f / std::sqrt(x); }
 inline float kcap_fmax(float a, float b) { return std::fmax(a, b); }
+inline int kcap_dot4_i8(int a, int b, int acc) {
+    for (int i = 0; i < 4; ++i) acc += int(int8_t(uint32_t(a) >> (8 * i))) * int(int8_t(uint32_t(b) >> (8 * i)));
+    return acc;
+}
+inline int kcap_round_to_int(float x) { return int(std::nearbyint(x)); }  // the default mode: ties to even
 #define KCAP_NEG_INFINITY (-HUGE_VALF)

@@ -29,6 +29,41 @@ KCAP_FN int kcap_matvec_staged_floats(int chunk_runs, int simds, int sums) {
 #define KCAP_MATVEC_PLAIN 0
 #define KCAP_MATVEC_GATE_UP 1
 
+// The end of a staged matvec, whatever the activation encoding: each lane holds its runs' partial
+// sums acc[mat][j]; the simd group sums them, the parts of a team meet in `partials` (uniform
+// over the group: every thread reaches the barrier or none does) and lane 0 of part 0 writes the
+// team's rows: y = acc (+ bias), or act(gate) * up.
+template <int ROWS, int MODE>
+KCAP_FN void kcap_matvec_finish(const KcapThread t, const KcapMatmulParams p, int split, int row0,
+                                KCAP_PRIVATE float (&acc)[MODE == KCAP_MATVEC_GATE_UP ? 2 : 1][ROWS],
+                                KCAP_SHARED float* partials, const KCAP_GLOBAL float* bias, int activation,
+                                KCAP_GLOBAL float* y) {
+    constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
+    const int team = int(t.simd) / split, part = int(t.simd) % split;
+    KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = kcap_simd_sum(acc[mat][j]);
+    if (split > 1) {
+        if (t.lane == 0) {
+            KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
+                partials[(int(t.simd) * kMats + mat) * ROWS + j] = acc[mat][j];
+        }
+        kcap_barrier();
+        if (part != 0) return;
+        KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+            float total = 0.0f;
+            for (int s = 0; s < split; ++s) total += partials[((team * split + s) * kMats + mat) * ROWS + j];
+            acc[mat][j] = total;
+        }
+    }
+    if (t.lane != 0) return;
+    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+        if (row0 + j >= p.n) continue;
+        if (MODE == KCAP_MATVEC_GATE_UP)
+            y[row0 + j] = kcap_activate(activation, acc[0][j]) * acc[kMats - 1][j];
+        else
+            y[row0 + j] = p.has_bias ? acc[0][j] + bias[row0 + j] : acc[0][j];
+    }
+}
+
 // Grid: x = ceil(n / ((simds / split) * ROWS)), y = 1. chunk_runs: runs staged at a time.
 // MODE KCAP_MATVEC_PLAIN: w0 and bias; KCAP_MATVEC_GATE_UP: w0 = gate, w1 = up (same row
 // bytes), `activation` as in kcap_activate. shared: kcap_matvec_staged_floats(chunk_runs,
@@ -83,26 +118,5 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, in
         kcap_matmul_tail<F, ROWS>(t, p, row0, w0, x, acc[0]);
         if (kMats == 2) kcap_matmul_tail<F, ROWS>(t, p, row0, w1, x, acc[kMats - 1]);
     }
-    KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = kcap_simd_sum(acc[mat][j]);
-    if (split > 1) {  // uniform over the group: every thread reaches the barrier or none does
-        if (t.lane == 0) {
-            KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
-                partials[(int(t.simd) * kMats + mat) * ROWS + j] = acc[mat][j];
-        }
-        kcap_barrier();
-        if (part != 0) return;
-        KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
-            float total = 0.0f;
-            for (int s = 0; s < split; ++s) total += partials[((team * split + s) * kMats + mat) * ROWS + j];
-            acc[mat][j] = total;
-        }
-    }
-    if (t.lane != 0) return;
-    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
-        if (row0 + j >= p.n) continue;
-        if (MODE == KCAP_MATVEC_GATE_UP)
-            y[row0 + j] = kcap_activate(activation, acc[0][j]) * acc[kMats - 1][j];
-        else
-            y[row0 + j] = p.has_bias ? acc[0][j] + bias[row0 + j] : acc[0][j];
-    }
+    kcap_matvec_finish<ROWS, MODE>(t, p, split, row0, acc, partials, bias, activation, y);
 }

@@ -28,6 +28,13 @@
 //   Q6_K              6 bits - 32      (-32..31)    d * sc           0               16
 //   MXFP4             2 x e2m1 value   (-12..12)    e8m0 scale / 2   0               32
 //   BF16              the value        (bf16)       1                0               32
+//
+// codes8 (the q8_1 activation rows: dp4a decode, int8 tensor-core prefill) gives the same run as
+// eight words of four bytes each, element 4w + j in byte j of u[w], with the same scale and
+// offset pairs: the bytes are the codes plus `bias` (the unbiased bit fields, 0..63, read as
+// signed bytes they are the same numbers), except Q8_0 and MXFP4, whose bytes are the signed
+// codes themselves (bias 0). So q = byte - bias, and a dot product of codes with int8
+// activations x is sum(byte * x) - bias * sum(x), exact in int32. BF16 has no codes8.
 // F32 and F16 have no such form (their values need more than bf16's 8 significant bits):
 // KcapCodes<F>::factorable is false and no bf16 tensor-core row exists for them.
 #pragma once
@@ -38,6 +45,7 @@
 template <class F>
 struct KcapCodes {
     static constexpr bool factorable = false;
+    static constexpr bool has_codes8 = false;
 };
 
 // Four bytes of a word (masked to small integers), minus bias, into q[0..3].
@@ -52,6 +60,7 @@ struct KcapCodes {
 template <>
 struct KcapCodes<KcapBF16> {
     static constexpr bool factorable = true;
+    static constexpr bool has_codes8 = false;  // bf16 values, not small integers
     static constexpr int sub = 32;
     static constexpr bool has_offset = false;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
@@ -67,6 +76,8 @@ struct KcapCodes<KcapQ4_0> {
     static constexpr bool factorable = true;
     static constexpr int sub = 32;
     static constexpr bool has_offset = false;
+    static constexpr bool has_codes8 = true;
+    static constexpr int bias = 8;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         kcap_u32 qs[4];  // the whole block (as KcapQ4_0::decode32)
@@ -78,6 +89,16 @@ struct KcapCodes<KcapQ4_0> {
             KCAP_CODES4(q + 16 + 4 * w, (v >> 4) & 0x0f0f0f0fu, 8.0f);
         }
     }
+    static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
+                               KCAP_PRIVATE float* offset) {
+        kcap_u32 qs[4];
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<4>(b, qs)));
+        offset[0] = offset[1] = 0.0f;
+        KCAP_UNROLL for (int w = 0; w < 4; ++w) {
+            u[w] = qs[w] & 0x0f0f0f0fu;
+            u[4 + w] = (qs[w] >> 4) & 0x0f0f0f0fu;
+        }
+    }
 };
 
 template <>
@@ -85,6 +106,8 @@ struct KcapCodes<KcapQ4_1> {
     static constexpr bool factorable = true;
     static constexpr int sub = 32;
     static constexpr bool has_offset = true;
+    static constexpr bool has_codes8 = true;
+    static constexpr int bias = 0;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         const kcap_u32 dm = kcap_load_u32(b);
@@ -94,6 +117,17 @@ struct KcapCodes<KcapQ4_1> {
             const kcap_u32 v = kcap_load_u32(b + 4 + 4 * w);
             KCAP_CODES4(q + 4 * w, v & 0x0f0f0f0fu, 0.0f);
             KCAP_CODES4(q + 16 + 4 * w, (v >> 4) & 0x0f0f0f0fu, 0.0f);
+        }
+    }
+    static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
+                               KCAP_PRIVATE float* offset) {
+        const kcap_u32 dm = kcap_load_u32(b);
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(dm & 0xffffu));
+        offset[0] = offset[1] = kcap_half_to_float(kcap_u16(dm >> 16));
+        KCAP_UNROLL for (int w = 0; w < 4; ++w) {
+            const kcap_u32 v = kcap_load_u32(b + 4 + 4 * w);
+            u[w] = v & 0x0f0f0f0fu;
+            u[4 + w] = (v >> 4) & 0x0f0f0f0fu;
         }
     }
 };
@@ -110,6 +144,8 @@ struct KcapCodes<KcapQ5_0> {
     static constexpr bool factorable = true;
     static constexpr int sub = 32;
     static constexpr bool has_offset = false;
+    static constexpr bool has_codes8 = true;
+    static constexpr int bias = 16;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         kcap_u32 words[5];  // the whole block: qh, qs (as KcapQ5_0::decode32)
@@ -122,6 +158,17 @@ struct KcapCodes<KcapQ5_0> {
             KCAP_CODES4(q + 16 + 4 * w, ((v >> 4) & 0x0f0f0f0fu) | kcap_q5_spread(qh, 16 + 4 * w), 16.0f);
         }
     }
+    static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
+                               KCAP_PRIVATE float* offset) {
+        kcap_u32 words[5];
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<5>(b, words)));
+        offset[0] = offset[1] = 0.0f;
+        KCAP_UNROLL for (int w = 0; w < 4; ++w) {
+            const kcap_u32 v = words[1 + w];
+            u[w] = (v & 0x0f0f0f0fu) | kcap_q5_spread(words[0], 4 * w);
+            u[4 + w] = ((v >> 4) & 0x0f0f0f0fu) | kcap_q5_spread(words[0], 16 + 4 * w);
+        }
+    }
 };
 
 template <>
@@ -129,6 +176,8 @@ struct KcapCodes<KcapQ5_1> {
     static constexpr bool factorable = true;
     static constexpr int sub = 32;
     static constexpr bool has_offset = true;
+    static constexpr bool has_codes8 = true;
+    static constexpr int bias = 0;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         const kcap_u32 dm = kcap_load_u32(b);
@@ -141,6 +190,18 @@ struct KcapCodes<KcapQ5_1> {
             KCAP_CODES4(q + 16 + 4 * w, ((v >> 4) & 0x0f0f0f0fu) | kcap_q5_spread(qh, 16 + 4 * w), 0.0f);
         }
     }
+    static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
+                               KCAP_PRIVATE float* offset) {
+        const kcap_u32 dm = kcap_load_u32(b);
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(dm & 0xffffu));
+        offset[0] = offset[1] = kcap_half_to_float(kcap_u16(dm >> 16));
+        const kcap_u32 qh = kcap_load_u32(b + 4);
+        KCAP_UNROLL for (int w = 0; w < 4; ++w) {
+            const kcap_u32 v = kcap_load_u32(b + 8 + 4 * w);
+            u[w] = (v & 0x0f0f0f0fu) | kcap_q5_spread(qh, 4 * w);
+            u[4 + w] = ((v >> 4) & 0x0f0f0f0fu) | kcap_q5_spread(qh, 16 + 4 * w);
+        }
+    }
 };
 
 template <>
@@ -148,6 +209,8 @@ struct KcapCodes<KcapQ8_0> {
     static constexpr bool factorable = true;
     static constexpr int sub = 32;
     static constexpr bool has_offset = false;
+    static constexpr bool has_codes8 = true;
+    static constexpr int bias = 0;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         kcap_u32 qs[8];  // the whole block (as KcapQ8_0::decode32)
@@ -158,6 +221,11 @@ struct KcapCodes<KcapQ8_0> {
             KCAP_CODES4(q + 4 * w, v, 128.0f);
         }
     }
+    static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
+                               KCAP_PRIVATE float* offset) {
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<8>(b, u)));  // the signed bytes as they are
+        offset[0] = offset[1] = 0.0f;
+    }
 };
 
 template <>
@@ -165,6 +233,8 @@ struct KcapCodes<KcapQ2_K> {
     static constexpr bool factorable = true;
     static constexpr int sub = 16;
     static constexpr bool has_offset = true;
+    static constexpr bool has_codes8 = true;
+    static constexpr int bias = 0;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         const kcap_u32 dd = kcap_load_u32(b + 80);
@@ -181,6 +251,20 @@ struct KcapCodes<KcapQ2_K> {
             }
         }
     }
+    static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
+                               KCAP_PRIVATE float* offset) {
+        const kcap_u32 dd = kcap_load_u32(b + 80);
+        const float d = kcap_half_to_float(kcap_u16(dd & 0xffffu));
+        const float dmin = kcap_half_to_float(kcap_u16(dd >> 16));
+        const int h = run >> 2, s = run & 3;
+        KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
+            const kcap_u32 sc = b[2 * run + half16];
+            scale[half16] = d * float(sc & 0xfu);
+            offset[half16] = -(dmin * float(sc >> 4));
+            KCAP_UNROLL for (int w = 0; w < 4; ++w)
+                u[4 * half16 + w] = (kcap_load_u32(b + 16 + 32 * h + 16 * half16 + 4 * w) >> (2 * s)) & 0x03030303u;
+        }
+    }
 };
 
 template <>
@@ -188,6 +272,8 @@ struct KcapCodes<KcapQ3_K> {
     static constexpr bool factorable = true;
     static constexpr int sub = 16;
     static constexpr bool has_offset = false;
+    static constexpr bool has_codes8 = true;
+    static constexpr int bias = 4;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b + 108)));
@@ -206,6 +292,20 @@ struct KcapCodes<KcapQ3_K> {
             }
         }
     }
+    static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
+                               KCAP_PRIVATE float* offset) {
+        const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b + 108)));
+        const int h = run >> 2, s = run & 3;
+        kcap_u32 hmask[8], qs[8];
+        kcap_load_u32s_a2<8>(b, hmask);
+        kcap_load_u32s_a2<8>(b + 32 + 32 * h, qs);
+        KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
+            scale[half16] = d * float(kcap_q3_k_scale(b + 96, 2 * run + half16));
+            offset[half16] = 0.0f;
+        }
+        KCAP_UNROLL for (int w = 0; w < 8; ++w)
+            u[w] = ((qs[w] >> (2 * s)) & 0x03030303u) | (((hmask[w] >> run) & 0x01010101u) << 2);
+    }
 };
 
 template <>
@@ -213,6 +313,8 @@ struct KcapCodes<KcapQ4_K> {
     static constexpr bool factorable = true;
     static constexpr int sub = 32;
     static constexpr bool has_offset = true;
+    static constexpr bool has_codes8 = true;
+    static constexpr int bias = 0;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         const kcap_u32 dd = kcap_load_u32(b);
@@ -230,6 +332,23 @@ struct KcapCodes<KcapQ4_K> {
             KCAP_CODES4(q + 16 * v + 12, (w.w >> shift) & 0x0f0f0f0fu, 0.0f);
         }
     }
+    static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
+                               KCAP_PRIVATE float* offset) {
+        const kcap_u32 dd = kcap_load_u32(b);
+        int sc, m;
+        kcap_k4_scale_min(b + 4, run, &sc, &m);
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(dd & 0xffffu)) * float(sc);
+        offset[0] = offset[1] = -(kcap_half_to_float(kcap_u16(dd >> 16)) * float(m));
+        const int shift = 4 * (run & 1);
+        const KCAP_GLOBAL kcap_u8* qs = b + 16 + 32 * (run >> 1);
+        KCAP_UNROLL for (int v = 0; v < 2; ++v) {
+            const uint4 w = kcap_load_u32x4(qs + 16 * v);
+            u[4 * v] = (w.x >> shift) & 0x0f0f0f0fu;
+            u[4 * v + 1] = (w.y >> shift) & 0x0f0f0f0fu;
+            u[4 * v + 2] = (w.z >> shift) & 0x0f0f0f0fu;
+            u[4 * v + 3] = (w.w >> shift) & 0x0f0f0f0fu;
+        }
+    }
 };
 
 template <>
@@ -237,6 +356,8 @@ struct KcapCodes<KcapQ5_K> {
     static constexpr bool factorable = true;
     static constexpr int sub = 32;
     static constexpr bool has_offset = true;
+    static constexpr bool has_codes8 = true;
+    static constexpr int bias = 0;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         const kcap_u32 dd = kcap_load_u32(b);
@@ -252,6 +373,18 @@ struct KcapCodes<KcapQ5_K> {
             KCAP_CODES4(q + 4 * w, low | (high << 4), 0.0f);
         }
     }
+    static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
+                               KCAP_PRIVATE float* offset) {
+        const kcap_u32 dd = kcap_load_u32(b);
+        int sc, m;
+        kcap_k4_scale_min(b + 4, run, &sc, &m);
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(dd & 0xffffu)) * float(sc);
+        offset[0] = offset[1] = -(kcap_half_to_float(kcap_u16(dd >> 16)) * float(m));
+        const int shift = 4 * (run & 1);
+        const KCAP_GLOBAL kcap_u8* qs = b + 48 + 32 * (run >> 1);
+        KCAP_UNROLL for (int w = 0; w < 8; ++w)
+            u[w] = ((kcap_load_u32(qs + 4 * w) >> shift) & 0x0f0f0f0fu) | (((kcap_load_u32(b + 16 + 4 * w) >> run) & 0x01010101u) << 4);
+    }
 };
 
 template <>
@@ -259,6 +392,8 @@ struct KcapCodes<KcapQ6_K> {
     static constexpr bool factorable = true;
     static constexpr int sub = 16;
     static constexpr bool has_offset = false;
+    static constexpr bool has_codes8 = true;
+    static constexpr int bias = 32;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b + 208)));
@@ -278,6 +413,20 @@ struct KcapCodes<KcapQ6_K> {
             }
         }
     }
+    static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
+                               KCAP_PRIVATE float* offset) {
+        const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b + 208)));
+        const int h = run >> 2, s = run & 3;
+        const int low_shift = s < 2 ? 0 : 4;
+        kcap_u32 ql[8], qh[8];
+        kcap_load_u32s_a2<8>(b + 64 * h + 32 * (s & 1), ql);
+        kcap_load_u32s_a2<8>(b + 128 + 32 * h, qh);
+        KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
+            scale[half16] = d * float(int(reinterpret_cast<const KCAP_GLOBAL kcap_i8*>(b + 192)[2 * run + half16]));
+            offset[half16] = 0.0f;
+        }
+        KCAP_UNROLL for (int w = 0; w < 8; ++w) u[w] = ((ql[w] >> low_shift) & 0x0f0f0f0fu) | (((qh[w] >> (2 * s)) & 0x03030303u) << 4);
+    }
 };
 
 template <>
@@ -285,6 +434,8 @@ struct KcapCodes<KcapMXFP4> {
     static constexpr bool factorable = true;
     static constexpr int sub = 32;
     static constexpr bool has_offset = false;
+    static constexpr bool has_codes8 = true;
+    static constexpr int bias = 0;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         const kcap_u32 e = b[0];
@@ -295,6 +446,18 @@ struct KcapCodes<KcapMXFP4> {
             const kcap_u32 v = b[1 + i];
             q[i] = kcap_mxfp4_doubled(v & 0x0fu);
             q[16 + i] = kcap_mxfp4_doubled(v >> 4);
+        }
+    }
+    static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
+                               KCAP_PRIVATE float* offset) {
+        const kcap_u32 e = b[0];
+        scale[0] = scale[1] = kcap_as_float(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
+        offset[0] = offset[1] = 0.0f;
+        KCAP_UNROLL for (int w = 0; w < 8; ++w) u[w] = 0u;
+        KCAP_UNROLL for (int i = 0; i < 16; ++i) {  // the doubled e2m1 values as signed bytes
+            const kcap_u32 v = b[1 + i];
+            u[i / 4] |= (kcap_u32(int(kcap_mxfp4_doubled(v & 0x0fu))) & 0xffu) << (8 * (i % 4));
+            u[4 + i / 4] |= (kcap_u32(int(kcap_mxfp4_doubled(v >> 4))) & 0xffu) << (8 * (i % 4));
         }
     }
 };

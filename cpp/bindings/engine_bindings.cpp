@@ -33,10 +33,12 @@ py::list routes_to_list(const std::vector<RouteInfo>& routes) {
 }
 
 EngineOptions make_options(const std::string& backend, const std::string& kv_type, int64_t n_ctx, int n_threads,
-                           int max_batch, const std::vector<std::string>& excluded) {
+                           int max_batch, const std::vector<std::string>& excluded,
+                           const std::string& activations) {
     EngineOptions options;
     options.backend = backend;
     options.kv_type = kv_type;
+    options.activations = activations;
     options.n_ctx = n_ctx;
     options.n_threads = n_threads;
     options.max_batch = max_batch;
@@ -190,11 +192,12 @@ void init_engine(py::module_& m) {
     m.def(
         "explain_routes",
         [](const ModelSpec& spec, const std::string& backend, const std::string& kv_type, int64_t n_ctx,
-           const std::vector<std::string>& excluded) {
-            return routes_to_list(explain_routes(spec, make_options(backend, kv_type, n_ctx, 0, 512, excluded)));
+           const std::vector<std::string>& excluded, const std::string& activations) {
+            return routes_to_list(
+                explain_routes(spec, make_options(backend, kv_type, n_ctx, 0, 512, excluded, activations)));
         },
         py::arg("spec"), py::arg("backend") = "cpu", py::arg("kv_type") = "f32", py::arg("n_ctx") = 0,
-        py::arg("excluded_kernels") = std::vector<std::string>{},
+        py::arg("excluded_kernels") = std::vector<std::string>{}, py::arg("activations") = "f32",
         "Plans the model on a backend without running it; returns one dict per stage.");
 
     m.def(
@@ -216,6 +219,7 @@ void init_engine(py::module_& m) {
                 py::list kv;
                 for (Format f : row.kv_formats) kv.append(format_name(f));
                 d["kv_formats"] = kv;
+                d["input_encoding"] = encoding_name(row.input_encoding);
                 d["features"] = feature_names(row.features);
                 d["k_multiple"] = row.dims.k_multiple;
                 d["k_multiple_of_operand_formats"] = row.dims.k_multiple_of != nullptr;
@@ -248,14 +252,16 @@ void init_engine(py::module_& m) {
 
     py::class_<Engine>(m, "Engine", "A planned model with its KV cache on one backend.")
         .def(py::init([](const ModelSpec& spec, const std::string& backend, const std::string& kv_type, int64_t n_ctx,
-                         int n_threads, int max_batch, const std::vector<std::string>& excluded) {
+                         int n_threads, int max_batch, const std::vector<std::string>& excluded,
+                         const std::string& activations) {
                  // The engine keeps its own copy of the spec (tensor refs and their owners).
-                 return std::make_unique<Engine>(std::make_shared<const ModelSpec>(spec),
-                                                 make_options(backend, kv_type, n_ctx, n_threads, max_batch, excluded));
+                 return std::make_unique<Engine>(
+                     std::make_shared<const ModelSpec>(spec),
+                     make_options(backend, kv_type, n_ctx, n_threads, max_batch, excluded, activations));
              }),
              py::arg("spec"), py::arg("backend") = "cpu", py::arg("kv_type") = "f32", py::arg("n_ctx") = 0,
              py::arg("n_threads") = 0, py::arg("max_batch") = 512,
-             py::arg("excluded_kernels") = std::vector<std::string>{})
+             py::arg("excluded_kernels") = std::vector<std::string>{}, py::arg("activations") = "f32")
         .def(
             "eval",
             [](Engine& engine, py::array_t<int32_t, py::array::c_style | py::array::forcecast> tokens,

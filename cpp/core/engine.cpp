@@ -21,6 +21,7 @@ PlanOptions plan_options(const EngineOptions& options) {
     PlanOptions plan;
     plan.backend = backend_from_name(options.backend);
     plan.kv_format = kv_format_from_name(options.kv_type);
+    plan.activations = encoding_from_name(options.activations);
     plan.n_ctx = options.n_ctx;
     plan.excluded_kernels = options.excluded_kernels;
     return plan;

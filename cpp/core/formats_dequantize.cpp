@@ -12,6 +12,8 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -86,6 +88,17 @@ void dequantize_row(Format format, const void* src, float* dst, int64_t n_elems)
             return dequantize_blocks<BlockQ6_K, decode_q6_k>(src, dst, n_qk_k, kQK_K);
     }
     throw FormatError("dequantize_row: " + std::string(format_name(format)) + " has no decoder");
+}
+
+void round_q8_1(const float* x, int64_t n, float* out) {
+    if (n % 32 != 0) throw FormatError("q8_1 rounding needs whole runs of 32 values, got " + std::to_string(n));
+    for (int64_t r = 0; r < n; r += 32) {
+        float amax = 0.0f;
+        for (int64_t i = r; i < r + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float d = amax / 127.0f;
+        const float id = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int64_t i = r; i < r + 32; ++i) out[i] = d * std::nearbyint(x[i] * id);
+    }
 }
 
 }  // namespace kcap

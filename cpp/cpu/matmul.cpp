@@ -8,7 +8,9 @@
 #include <cctype>
 
 #include "cpu/cpu_state.h"
+#include "dispatch/gpu_rows.h"
 #include "dispatch/stage.h"
+#include "kernels/formats_list.h"
 
 namespace kcap {
 
@@ -106,6 +108,18 @@ void matmul_kernel(const Stage& stage, const KernelCall& call) {
     });
 }
 
+// q8_1 activations (EngineOptions::activations = "q8_1"): the exact matmul of round_q8_1(x).
+// The reference of the GPU rows that round their input the same way (cuda.matmul_q8.* and
+// the fused rows built on them), so a CPU plan with activations="q8_1" computes what they do;
+// not faster (the rounding is the point).
+void matmul_q8_kernel(const Stage& stage, const KernelCall& call) {
+    std::vector<float> rounded(size_t(call.n_tokens) * size_t(stage.k));
+    round_q8_1(call.in, int64_t(rounded.size()), rounded.data());
+    KernelCall exact = call;
+    exact.in = rounded.data();
+    matmul_kernel(stage, exact);
+}
+
 }  // namespace
 
 void add_cpu_matmul_rows(std::vector<Row>& rows) {
@@ -121,6 +135,24 @@ void add_cpu_matmul_rows(std::vector<Row>& rows) {
         row.fn = matmul_kernel;
         rows.push_back(row);
     }
+    // The formats the GPUs have q8_1 rows for (KCAP_Q8_WEIGHT_FORMATS): preferred where the plan
+    // allows q8_1 activations, so both backends round the same matmul inputs.
+#define KCAP_CPU_Q8_ROW(NAME, DECODER)                                          \
+    {                                                                           \
+        Row row;                                                                \
+        row.kernel = "cpu.matmul_q8." + lowercase(#NAME);                       \
+        row.op = Op::MatMul;                                                    \
+        row.backend = Backend::CPU;                                             \
+        row.operand_formats = {{Format::NAME}, {Format::F32}};                  \
+        row.features = kBias;                                                   \
+        row.dims.k_multiple = format_info(Format::NAME).block_elems;            \
+        row.input_encoding = Encoding::Q8_1;                                    \
+        row.priority = 1;                                                       \
+        row.fn = matmul_q8_kernel;                                              \
+        rows.push_back(row);                                                    \
+    }
+    KCAP_Q8_WEIGHT_FORMATS(KCAP_CPU_Q8_ROW)
+#undef KCAP_CPU_Q8_ROW
 }
 
 }  // namespace kcap

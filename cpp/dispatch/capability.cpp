@@ -26,6 +26,14 @@ Backend backend_from_name(const std::string& name) {
     throw BackendUnavailableError("unknown backend '" + name + "' (known: cpu, cuda, metal)");
 }
 
+const char* encoding_name(Encoding encoding) { return encoding == Encoding::Q8_1 ? "q8_1" : "f32"; }
+
+Encoding encoding_from_name(const std::string& name) {
+    if (name == "f32") return Encoding::F32;
+    if (name == "q8_1") return Encoding::Q8_1;
+    throw FormatError("unsupported activation encoding '" + name + "' (supported: f32, q8_1)");
+}
+
 const char* op_name(Op op) {
     switch (op) {
         case Op::Embed: return "embed";
@@ -131,6 +139,12 @@ std::string rejection_reason(const Row& row, const Stage& stage) {
     if (stage.op == Op::Attention &&
         std::find(row.kv_formats.begin(), row.kv_formats.end(), stage.kv_format) == row.kv_formats.end()) {
         why << "KV cache type " << format_name(stage.kv_format) << " not in " << format_list(row.kv_formats);
+        return why.str();
+    }
+    if (row.input_encoding != Encoding::F32 && row.input_encoding != stage.input_encoding) {
+        why << "rounds its input to " << encoding_name(row.input_encoding) << "; the plan keeps "
+            << encoding_name(stage.input_encoding) << " activations (activations=" << encoding_name(stage.input_encoding)
+            << ")";
         return why.str();
     }
     uint32_t missing = stage.features & ~row.features;

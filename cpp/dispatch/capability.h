@@ -48,6 +48,14 @@ enum class Op {
 };
 const char* op_name(Op op);
 
+// The encoding a matmul row computes with its activation input in. F32: the values as they are.
+// Q8_1: each 32-element run rounded to int8 times an f32 scale (amax / 127), llama.cpp's q8_1,
+// which its mmvq/mmq kernels use; a row that declares it is chosen only where the plan allows it
+// (EngineOptions::activations = "q8_1"), and an F32 row always fits (it is the more precise).
+enum class Encoding { F32, Q8_1 };
+const char* encoding_name(Encoding encoding);
+Encoding encoding_from_name(const std::string& name);  // throws FormatError
+
 // Features a stage may require. A row that lacks one of its stage's features is rejected:
 // a fallback preserves the feature set or refuses, it never drops one.
 enum Feature : uint32_t {
@@ -111,6 +119,7 @@ struct Row {
     // Allowed exact formats per weight operand position, in the op's operand order.
     std::vector<std::vector<Format>> operand_formats;
     std::vector<Format> kv_formats;  // attention rows: KV cache element types
+    Encoding input_encoding = Encoding::F32;  // matmul rows: how the activation input is rounded
     uint32_t features = 0;
     LegalDims dims;
     Geometry geometry;

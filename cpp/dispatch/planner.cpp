@@ -157,6 +157,7 @@ private:
         stage.k = k;
         stage.n = n;
         stage.features = b ? uint32_t(kBias) : 0u;
+        stage.input_encoding = options_.activations;
     }
 
     void add_embedding() {
@@ -502,6 +503,7 @@ size_t fuse_gate_up(const std::vector<Stage>& stages, size_t i, const PlanOption
     fused.n = gate.n;
     fused.params.activation = act.params.activation;
     fused.features = act.features;
+    fused.input_encoding = gate.input_encoding;
     if (!fits(fused, options)) return 0;
     return 3;
 }

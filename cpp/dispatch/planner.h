@@ -17,6 +17,8 @@ namespace kcap {
 struct PlanOptions {
     Backend backend = Backend::CPU;
     Format kv_format = Format::F32;  // the KV cache element type is a plan parameter
+    // Activations of the matmul stages: F32, or Q8_1 to allow rows that round them to q8_1.
+    Encoding activations = Encoding::F32;
     int64_t n_ctx = 0;               // context length the engine serves (≤ the model's)
     // Kernels the planner may not choose, e.g. to prove a refusal when a feature's only row
     // is unavailable. Names as in Row::kernel.

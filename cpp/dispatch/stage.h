@@ -56,6 +56,8 @@ struct Stage {
     uint32_t features = 0;
     StageParams params;
     Format kv_format = Format::F32;  // attention: the KV cache element type
+    // Matmul stages (MatMul, GateUp, Qkv): the coarsest activation encoding the plan allows.
+    Encoding input_encoding = Encoding::F32;
     int64_t max_span = 0;            // attention: most keys one query can see
     // Runs on the last position only (the LM head and what follows it): the first such
     // stage reads the final row of its per-token input.

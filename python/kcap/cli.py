@@ -29,6 +29,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None,
                    help="cpu, cuda or metal (default: metal on a Mac with a Metal device, else cpu)")
     p.add_argument("--kv-type", default="f32", choices=["f32", "f16"], help="KV cache element type")
+    p.add_argument("--activations", default="f32", choices=["f32", "q8_1"],
+                   help="matmul activations: f32 (exact) or q8_1 (int8 per 32 values, as llama.cpp; CUDA rows)")
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
 
 
@@ -38,7 +40,7 @@ def cmd_run(args) -> int:
     path = str(args.model or default_model_path())
     prompt = args.prompt if args.prompt is not None else (args.prompt_positional or DEFAULT_PROMPT)
     model = kcap.load(path, backend=args.backend, n_ctx=args.ctx, n_threads=args.threads, kv_type=args.kv_type,
-                      progress=not args.quiet)
+                      activations=args.activations, progress=not args.quiet)
     if args.chat:
         if not model.tokenizer.chat_template:
             raise SystemExit(f"kcap: {path} has no chat template; run without --chat")
@@ -59,7 +61,8 @@ def cmd_explain(args) -> int:
     from kcap.explain import explain_file, format_table
 
     backend = args.backend or kcap.default_backend()
-    routes = explain_file(str(args.model), backend=backend, kv_type=args.kv_type, n_ctx=args.ctx)
+    routes = explain_file(str(args.model), backend=backend, kv_type=args.kv_type, n_ctx=args.ctx,
+                          activations=args.activations)
     if args.json:
         json.dump(routes, sys.stdout, indent=1)
         print()

@@ -9,12 +9,12 @@ from kcap.model import register_tensors
 
 
 def explain_file(path: str, backend: str = "cpu", kv_type: str = "f32", n_ctx: int | None = None,
-                 excluded_kernels=()) -> list[dict]:
+                 excluded_kernels=(), activations: str = "f32") -> list[dict]:
     gguf = GGUFFile(path)
     spec = build_spec(gguf)
     register_tensors(spec, gguf)
     return _core.explain_routes(spec, backend=backend, kv_type=kv_type, n_ctx=int(n_ctx or 0),
-                                excluded_kernels=list(excluded_kernels))
+                                excluded_kernels=list(excluded_kernels), activations=activations)
 
 
 def format_table(routes: list[dict]) -> str:

@@ -77,6 +77,7 @@ class Model:
         n_ctx: int | None = None,
         n_threads: int | None = None,
         kv_type: str = "f32",
+        activations: str = "f32",
         max_batch: int = 512,
         excluded_kernels: Sequence[str] = (),
         progress: bool = False,
@@ -104,6 +105,7 @@ class Model:
             self.spec,
             backend=backend,
             kv_type=kv_type,
+            activations=activations,
             n_ctx=int(n_ctx or 0),
             n_threads=int(n_threads or 0),
             max_batch=max_batch,
@@ -243,5 +245,7 @@ def load(path: str | os.PathLike, backend: str | None = None, **options) -> Mode
     default: default_backend(), i.e. "metal" on a Mac with a Metal device, else "cpu").
 
     Options: n_ctx (default: the model's context length), n_threads, kv_type ("f32"/"f16"),
-    max_batch, excluded_kernels, progress (show a loading bar)."""
+    activations ("f32", exact, the default; "q8_1": matmuls may round their input to int8 per
+    32 values as llama.cpp does, where the backend has such rows: CUDA), max_batch,
+    excluded_kernels, progress (show a loading bar)."""
     return Model(path, backend=backend, **options)

@@ -2,6 +2,7 @@
 // everywhere): random weights in any GGUF format, stages, the CPU reference rows, and errors.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -198,10 +199,11 @@ inline const Row& find_row(const std::string& kernel) {
     throw std::runtime_error("no row " + kernel);
 }
 
-// The CPU reference row of the same op that decodes the same operand formats.
+// The CPU reference row of the same op that decodes the same operand formats with the same
+// activation encoding (a q8_1 row's twin rounds x itself: cpu.matmul_q8.*).
 inline const Row& cpu_twin(const Row& cuda_row) {
     for (const Row& row : capability_table()) {
-        if (row.backend != Backend::CPU || row.op != cuda_row.op) continue;
+        if (row.backend != Backend::CPU || row.op != cuda_row.op || row.input_encoding != cuda_row.input_encoding) continue;
         if (!cuda_row.operand_formats.empty() && !row.operand_formats.empty() &&
             row.operand_formats[0] != cuda_row.operand_formats[0])
             continue;
@@ -210,10 +212,11 @@ inline const Row& cpu_twin(const Row& cuda_row) {
     throw std::runtime_error("no CPU twin for " + cuda_row.kernel);
 }
 
-// The CPU matmul row of a weight format.
+// The exact (f32-activation) CPU matmul row of a weight format.
 inline const Row& cpu_matmul_row(Format f) {
     for (const Row& row : capability_table())
-        if (row.backend == Backend::CPU && row.op == Op::MatMul && row.operand_formats.at(0) == std::vector<Format>{f})
+        if (row.backend == Backend::CPU && row.op == Op::MatMul && row.input_encoding == Encoding::F32 &&
+            row.operand_formats.at(0) == std::vector<Format>{f})
             return row;
     throw std::runtime_error(std::string("no CPU matmul row for ") + format_name(f));
 }
@@ -234,6 +237,22 @@ inline std::vector<int64_t> k_edges(const Row& row, int64_t longest) {
         if (big - m > 25 * m) ks.push_back(big - m);
     }
     return ks;
+}
+
+// The values a q8_1 row multiplies (the reference of cuda.matmul_q8.* / cuda.gate_up_q8.*): each
+// 32-element run of x as d * q, d = amax / 127 in f32, q = x * (1 / d) rounded to nearest (ties
+// to even), 0 where d = 0. kernels/matvec_q8.h's rounding restated; the host test holds the
+// kernel's kcap_q8_quantize_run to this bit for bit. K must be a multiple of 32.
+inline std::vector<float> q8_1_values(const std::vector<float>& x) {
+    std::vector<float> out(x.size());
+    for (size_t r = 0; r + 32 <= x.size(); r += 32) {
+        float amax = 0.0f;
+        for (size_t i = r; i < r + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float d = amax / 127.0f;
+        const float id = d > 0.0f ? 1.0f / d : 0.0f;
+        for (size_t i = r; i < r + 32; ++i) out[i] = d * std::nearbyint(x[i] * id);
+    }
+    return out;
 }
 
 inline Stage matmul_stage(const TensorRef* w, const TensorRef* bias, int64_t k, int64_t n) {

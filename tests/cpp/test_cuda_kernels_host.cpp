@@ -23,6 +23,7 @@
 #include "kernels/embed.h"
 #include "kernels/matmul.h"
 #include "kernels/matvec.h"
+#include "kernels/matvec_q8.h"
 #include "kernels/norm.h"
 #include "kernels/ple.h"
 #include "kernels/quant_codes.h"
@@ -203,6 +204,85 @@ void test_codes(std::mt19937& rng) {
         });
     }
     KCAP_EXPECT(formats == 12, "codes32 checked for %d formats, expected 12", formats);
+}
+
+// KcapCodes<F>::codes8 (the q8_1 rows' weights) against codes32: byte - bias (read signed) is the
+// code, with the same (scale, offset) pairs; and the formats that have it are those of
+// KCAP_Q8_WEIGHT_FORMATS, the list the q8_1 rows are declared from.
+void test_codes8(std::mt19937& rng) {
+    int formats = 0, listed = 0;
+#define KCAP_COUNT_Q8(NAME, DECODER) ++listed;
+    KCAP_Q8_WEIGHT_FORMATS(KCAP_COUNT_Q8)
+#undef KCAP_COUNT_Q8
+    for (const FormatInfo& info : all_formats()) {
+        with_decoder(info.format, [&](auto decoder) {
+            using F = decltype(decoder);
+            using C = KcapCodes<F>;
+            if constexpr (C::has_codes8) {
+                ++formats;
+                const int64_t k = std::max<int64_t>(32, info.block_elems) * 3;
+                auto w = random_weights(rng, info.format, k, 8);
+                for (int row = 0; row < 8; ++row)
+                    for (int run = 0; run < k / 32; ++run) {
+                        const int per_block = F::block_elems / 32;
+                        const kcap_u8* block = w->ref.row(row) + (run / per_block) * F::block_bytes;
+                        float q[32], scale[2], offset[2], scale8[2] = {NAN, NAN}, offset8[2] = {NAN, NAN};
+                        kcap_u32 u[8];
+                        C::codes32(block, run % per_block, q, scale, offset);
+                        C::codes8(block, run % per_block, u, scale8, offset8);
+                        for (int h = 0; h < 2; ++h)
+                            KCAP_EXPECT(scale8[h] == scale[h] && offset8[h] == offset[h],
+                                        "codes8 %s run %d: scale/offset %g/%g, codes32 %g/%g", info.name, run, scale8[h],
+                                        offset8[h], scale[h], offset[h]);
+                        for (int i = 0; i < 32; ++i) {
+                            const int byte = int(int8_t(uint8_t(u[i / 4] >> (8 * (i % 4)))));
+                            KCAP_EXPECT(float(byte - C::bias) == q[i], "codes8 %s run %d elem %d: %d - %d, codes32 %g",
+                                        info.name, run, i, byte, C::bias, q[i]);
+                        }
+                    }
+            }
+        });
+    }
+    KCAP_EXPECT(formats == listed && formats == 11, "codes8 in %d formats, %d listed", formats, listed);
+    std::printf("codes8: %d formats\n", formats);
+}
+
+// The kernels' q8_1 rounding (kcap_q8_quantize_run, and kcap_q8_stage_runs in a group) and the
+// CPU rows' (round_q8_1) against
+// the tests' restatement (q8_1_values), bit for bit, on runs with ties, zeros and wide ranges.
+void test_q8_rounding(std::mt19937& rng) {
+    const int runs = 64;
+    std::vector<float> x = random_floats(rng, size_t(runs * 32));
+    for (int i = 0; i < 32; ++i) x[size_t(i)] = 0.0f;                      // run 0: all zeros
+    for (int i = 0; i < 32; ++i) x[size_t(32 + i)] = float(i - 16) * 0.5f;  // run 1: halves (ties at amax 8)
+    for (int i = 0; i < 32; ++i) x[size_t(64 + i)] *= i == 5 ? 1e4f : 1e-3f;  // run 2: one large value
+    const std::vector<float> want = q8_1_values(x);
+    std::vector<float> core(x.size());  // the CPU rows' rounding (cpu.matmul_q8.*)
+    kcap::round_q8_1(x.data(), int64_t(x.size()), core.data());
+    KCAP_EXPECT(core == want, "round_q8_1 differs from the restated q8_1 rounding");
+    std::vector<kcap_i32> records(size_t(runs * KCAP_Q8_RUN_WORDS));
+    std::vector<float> scales(static_cast<size_t>(runs));
+    kcap_sim::launch({1, 1, 1}, 96, 0, [&](const KcapThread& t, void*) {  // 3 simd groups: 12 runs a round
+        kcap_q8_stage_runs(t, x.data(), runs, records.data(), scales.data());
+    });
+    for (int r = 0; r < runs; ++r) {
+        float xr[32];
+        int q[32];
+        for (int i = 0; i < 32; ++i) xr[i] = x[size_t(32 * r + i)];
+        const float d = kcap_q8_quantize_run(xr, q);
+        int sums[2] = {0, 0};
+        for (int i = 0; i < 32; ++i) {
+            KCAP_EXPECT(d * float(q[i]) == want[size_t(32 * r + i)], "q8_1 run %d elem %d: %g * %d, want %g", r, i, d,
+                        q[i], want[size_t(32 * r + i)]);
+            const int staged = int(int8_t(uint8_t(uint32_t(records[size_t(r * KCAP_Q8_RUN_WORDS + i / 4)]) >> (8 * (i % 4)))));
+            KCAP_EXPECT(staged == q[i], "q8_1 staged run %d elem %d: %d, want %d", r, i, staged, q[i]);
+            sums[i / 16] += q[i];
+        }
+        KCAP_EXPECT(scales[size_t(r)] == d, "q8_1 staged run %d: d %g, want %g", r, scales[size_t(r)], d);
+        KCAP_EXPECT(records[size_t(r * KCAP_Q8_RUN_WORDS + 8)] == sums[0] && records[size_t(r * KCAP_Q8_RUN_WORDS + 9)] == sums[1],
+                    "q8_1 staged run %d: half sums", r);
+    }
+    std::printf("q8_1 rounding: %d runs\n", runs);
 }
 
 void test_matmul_rows(std::mt19937& rng, CpuState& cpu) {
@@ -1088,6 +1168,73 @@ void test_add_norm(std::mt19937& rng, CpuState& cpu) {
     std::printf("add_norm body: %d cases\n", checked);
 }
 
+// The q8_1 matvec body (cuda.matmul_q8.* and cuda.gate_up_q8.* below kMmaMinTokens; their
+// int8 tiles are CUDA-only and checked on the device) against the CPU rows on q8_1(x), at every
+// split the launcher may pick and with x staged in chunks, for one and several tokens.
+void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
+    int checked = 0;
+    for (const Row& row : capability_table()) {
+        if (row.backend != Backend::CUDA || row.input_encoding != Encoding::Q8_1 || row.op == Op::Qkv) continue;
+        const Format f = row_format(row);
+        const bool gate_up = row.op == Op::GateUp;
+        with_decoder(f, [&](auto decoder) {
+            using F = decltype(decoder);
+            if constexpr (KcapCodes<F>::has_codes8) {
+                for (int64_t k : k_edges(row, 4096))
+                    for (int m : {1, 3}) {
+                        const int64_t n = 9;
+                        auto w0 = random_weights(rng, f, k, n);
+                        auto w1 = random_weights(rng, f, k, n);
+                        auto bias = float_vector(random_floats(rng, size_t(n)), "bias");
+                        const std::vector<float> x = random_floats(rng, size_t(m * k));
+                        const std::vector<float> xr = q8_1_values(x);
+                        std::vector<float> ref(size_t(m * n));
+                        if (gate_up) {
+                            ref = cpu_gate_up(cpu_matmul_row(f), w0->ref, w1->ref, xr, k, n, m, Activation::SiLU, cpu);
+                        } else {
+                            KernelCall call;
+                            call.n_tokens = m;
+                            call.in = xr.data();
+                            call.out = ref.data();
+                            run_cpu(cpu_matmul_row(f), matmul_stage(&w0->ref, &bias->ref, k, n), call, cpu);
+                        }
+                        KcapMatmulParams p;
+                        p.k = int(k), p.n = int(n), p.m = m;
+                        p.row_bytes = unsigned(row_bytes(f, k));
+                        p.has_bias = !gate_up;
+                        for (int split = 1; split <= kMatvecSimds; split *= 4) {
+                            std::vector<float> got = nan_filled(size_t(m * n));
+                            const int runs = int(k / 32);
+                            const int chunk = std::min(runs, split == 4 ? 32 : kcap::cuda_rows::kMatvecChunkRuns);
+                            kcap_sim::launch({ceil_div(n, (kMatvecSimds / split) * kMatvecRows), unsigned(m), 1},
+                                             kMatvecSimds * 32, kcap::cuda_rows::kMatvecQ8SharedBytes,
+                                             [&](const KcapThread& t, void* shared) {
+                                                 auto* words = static_cast<kcap_i32*>(shared);
+                                                 if (gate_up)
+                                                     kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_GATE_UP>(
+                                                         t, p, split, chunk, w0->ref.data, w1->ref.data, x.data(),
+                                                         nullptr, int(Activation::SiLU), got.data(), words);
+                                                 else
+                                                     kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_PLAIN>(
+                                                         t, p, split, chunk, w0->ref.data, w0->ref.data, x.data(),
+                                                         reinterpret_cast<const float*>(bias->ref.data), 0, got.data(),
+                                                         words);
+                                             });
+                            const double err = gate_up ? gate_up_error(got, ref, w0->ref, w1->ref, xr.data(), k, n, m,
+                                                                       Activation::SiLU)
+                                                       : matmul_error(got, ref, w0->ref, xr.data(), k, n, m);
+                            KCAP_EXPECT(err <= kMatmulTolerance, "%s K=%lld M=%d split=%d: error %.3g", row.kernel.c_str(),
+                                        (long long)k, m, split, err);
+                            ++checked;
+                        }
+                    }
+            }
+        });
+    }
+    KCAP_EXPECT(checked > 0, "no q8_1 rows");
+    std::printf("q8_1 matvec bodies: %d cases\n", checked);
+}
+
 void test_gate_up(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     for (const Row& row : capability_table()) {
@@ -1140,9 +1287,17 @@ void test_table() {
             w.ref.format = row_format(row);
             const int64_t k = row.dims.k_multiple;
             Stage legal = matmul_stage(&w.ref, nullptr, k, 7);
+            if (row.input_encoding == Encoding::Q8_1) {
+                // Only where the plan allows q8_1 activations; the reason names the option.
+                const std::string why = rejection_reason(row, legal);
+                KCAP_EXPECT(why.find("activations=f32") != std::string::npos, "%s on an f32 plan: '%s'",
+                            row.kernel.c_str(), why.c_str());
+                legal.input_encoding = Encoding::Q8_1;
+            }
             KCAP_EXPECT(rejection_reason(row, legal).empty(), "%s refuses legal K=%lld", row.kernel.c_str(), (long long)k);
             const int64_t bad = k + k / 2;  // half a block (or half of 4) short of the next multiple
             Stage illegal = matmul_stage(&w.ref, nullptr, bad, 7);
+            illegal.input_encoding = legal.input_encoding;
             KCAP_EXPECT(!rejection_reason(row, illegal).empty(), "%s accepts K=%lld", row.kernel.c_str(), (long long)bad);
             // Float formats: the exact rows take K = 100 (three runs and a tail), the tensor-core
             // rows refuse it, so the planner routes such stages to the exact rows.
@@ -1188,6 +1343,9 @@ int main() {
     test_decoders(rng);
     test_decoder_bounds(rng);
     test_codes(rng);
+    test_codes8(rng);
+    test_q8_rounding(rng);
+    test_matvec_q8(rng, cpu);
     test_matmul_rows(rng, cpu);
     test_embed_rows(rng, cpu);
     test_norm(rng, cpu);

@@ -11,6 +11,8 @@
 //       exact (scale x bf16-exact code + offset, f32 scale and offset) and x = x_hi + x_lo + e with
 //       |e| <= 2^-16 |x| (two bf16 roundings), products exact, f32 accumulation; so each output
 //       errs by <= 2^-16 sum |w x| (1.5e-5 of the scale) plus f32 summation (the exact rows' 1e-5).
+//   cuda.matmul_q8.* and cuda.gate_up_q8.* (q8_1 activations)       1e-5 against the CPU row on q8_1(x)
+//       (q8_1_values): the integer products are exact; f32 scales per sub-block and the f32 sums.
 //   attention (online softmax, f32 exp)                            1e-5
 //   cuda.attention_mma's tensor-core prefill                       1e-5 + (2 ceil(span / 16) + head_dim / 8) 2^-23,
 //       derived: the products are exact (f16 K/V, queries and weights split hi + lo: 2^-22), but
@@ -137,7 +139,9 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
         if (row.backend != Backend::CUDA || row.op != Op::MatMul) continue;
         const Format f = row_format(row);
         const Row& reference = cpu_twin(row);
-        const bool mma = row.kernel.rfind("cuda.matmul_mma.", 0) == 0;
+        // q8_1 rows have tensor-core tiles too; they are held to the exact rows' bound on q8_1(x).
+        const bool q8 = row.input_encoding == Encoding::Q8_1;
+        const bool mma = q8 || row.kernel.rfind("cuda.matmul_mma.", 0) == 0;
         for (int64_t k : k_edges(row, 14336))
             for (int64_t n : {1, 7, 130})
                 for (int m : {1, 2, 17, 67, 130})
@@ -149,12 +153,16 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                         t.ctx.mma_staged = staged;
                         auto w = random_weights(rng, f, k, n);
                         auto bias = float_vector(random_floats(rng, static_cast<size_t>(n)), "bias");
-                        const Stage stage = matmul_stage(&w->ref, with_bias ? &bias->ref : nullptr, k, n);
+                        Stage stage = matmul_stage(&w->ref, with_bias ? &bias->ref : nullptr, k, n);
+                        stage.input_encoding = row.input_encoding;
+                        KCAP_EXPECT(rejection_reason(row, stage).empty(), "%s refuses K=%lld", row.kernel.c_str(),
+                                    (long long)k);
                         const std::vector<float> x = random_floats(rng, static_cast<size_t>(m * k));
+                        const std::vector<float> xr = q8 ? q8_1_values(x) : x;  // what the row multiplies
                         std::vector<float> ref(static_cast<size_t>(m * n));
                         KernelCall call;
                         call.n_tokens = m;
-                        call.in = x.data();
+                        call.in = x.data();  // a q8_1 row's twin (cpu.matmul_q8.*) rounds it itself
                         call.out = ref.data();
                         run_cpu(reference, stage, call, cpu);
                         StageData data;
@@ -164,8 +172,9 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                         call.in = t.arena.upload(x);
                         call.out = y;
                         t.run(row, stage, call, data);
-                        const double err = matmul_error(download(y, ref.size()), ref, w->ref, x.data(), k, n, m);
-                        const double tolerance = mma && m >= cuda_rows::kMmaMinTokens ? kMmaTolerance : kExactTolerance;
+                        const double err = matmul_error(download(y, ref.size()), ref, w->ref, xr.data(), k, n, m);
+                        const double tolerance =
+                            !q8 && mma && m >= cuda_rows::kMmaMinTokens ? kMmaTolerance : kExactTolerance;
                         KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d bias=%d staged=%d: error %.3g > %.1g",
                                     row.kernel.c_str(), (long long)k, (long long)n, m, int(with_bias), staged, err, tolerance);
                         ++g_cases;
@@ -687,6 +696,7 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
     for (const Row& row : capability_table()) {
         if (row.backend != Backend::CUDA || row.op != Op::GateUp) continue;
         const Format f = row_format(row);
+        const bool q8 = row.input_encoding == Encoding::Q8_1;
         for (int64_t k : k_edges(row, 4096))
             for (int64_t n : {7, 130})
                 for (int m : {1, 3, 17, 67}) {
@@ -694,9 +704,11 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
                     auto gate = random_weights(rng, f, k, n);
                     auto up = random_weights(rng, f, k, n);
                     const std::vector<float> x = random_floats(rng, size_t(m * k));
+                    const std::vector<float> xr = q8 ? q8_1_values(x) : x;  // what the row multiplies
                     const std::vector<float> ref =
-                        cpu_gate_up(cpu_matmul_row(f), gate->ref, up->ref, x, k, n, m, Activation::SiLU, cpu);
+                        cpu_gate_up(cpu_matmul_row(f), gate->ref, up->ref, xr, k, n, m, Activation::SiLU, cpu);
                     Stage stage;
+                    stage.input_encoding = row.input_encoding;
                     stage.op = Op::GateUp;
                     stage.operands = {&gate->ref, &up->ref};
                     stage.k = k;
@@ -714,9 +726,9 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
                     call.inout2 = static_cast<float*>(t.arena.alloc(ref.size() * 4));
                     call.inout3 = static_cast<float*>(t.arena.alloc(ref.size() * 4));
                     t.run(row, stage, call, data);
-                    const double tolerance = m >= cuda_rows::kMmaMinTokens ? kMmaTolerance : kExactTolerance;
+                    const double tolerance = !q8 && m >= cuda_rows::kMmaMinTokens ? kMmaTolerance : kExactTolerance;
                     const double err =
-                        gate_up_error(download(out, ref.size()), ref, gate->ref, up->ref, x.data(), k, n, m, Activation::SiLU);
+                        gate_up_error(download(out, ref.size()), ref, gate->ref, up->ref, xr.data(), k, n, m, Activation::SiLU);
                     KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d: error %.3g > %.1g", row.kernel.c_str(),
                                 (long long)k, (long long)n, m, err, tolerance);
                     ++g_cases;
@@ -727,7 +739,9 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
 // cuda.qkv: three matrices of mixed formats against one x, each compared with its CPU
 // matmul row (one token: the three-segment matvec; a batch: each format's batched row).
 void test_qkv(std::mt19937& rng, CpuState& cpu) {
-    const Row& row = find_row("cuda.qkv");
+  for (const char* kernel : {"cuda.qkv", "cuda.qkv_q8"}) {
+    const Row& row = find_row(kernel);
+    const bool q8 = row.input_encoding == Encoding::Q8_1;  // against the CPU rows on q8_1(x)
     struct Mix {
         Format q, k, v;
         int64_t width;
@@ -740,12 +754,16 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
     };
     for (const Mix& mix : mixes)
         for (int m : {1, 3, 17, 67}) {
+            const Format formats[3] = {mix.q, mix.k, mix.v};
+            if (q8 && (!cuda_rows::q8_format(mix.q) || !cuda_rows::q8_format(mix.k) || !cuda_rows::q8_format(mix.v)))
+                continue;
             TestContext t;
             const int64_t k = mix.width, rows[3] = {k * 2 + 7, k / 2 + 3, k / 2 + 3};
-            const Format formats[3] = {mix.q, mix.k, mix.v};
             const std::vector<float> x = random_floats(rng, size_t(m * k));
+            const std::vector<float> xr = q8 ? q8_1_values(x) : x;  // what the row multiplies
             Stage stage;
             stage.op = Op::Qkv;
+            stage.input_encoding = row.input_encoding;
             stage.k = k;
             stage.n = rows[0];
             StageData data;
@@ -759,7 +777,7 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
                 refs.emplace_back(size_t(m * rows[i]));
                 KernelCall cpu_call;
                 cpu_call.n_tokens = m;
-                cpu_call.in = x.data();
+                cpu_call.in = xr.data();
                 cpu_call.out = refs.back().data();
                 run_cpu(cpu_matmul_row(formats[i]), matmul_stage(&weights.back()->ref, nullptr, k, rows[i]), cpu_call, cpu);
                 outs[i] = static_cast<float*>(t.arena.alloc(refs.back().size() * 4));
@@ -770,18 +788,20 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
             call.out = outs[0];
             call.inout2 = outs[1];
             call.inout3 = outs[2];
+            KCAP_EXPECT(rejection_reason(row, stage).empty(), "%s refuses its mix", kernel);
             t.run(row, stage, call, data);
             for (int i = 0; i < 3; ++i) {
-                const bool mma = m >= cuda_rows::kMmaMinTokens && cuda_rows::mma_format(formats[i]) && k % 32 == 0;
+                const bool mma = !q8 && m >= cuda_rows::kMmaMinTokens && cuda_rows::mma_format(formats[i]) && k % 32 == 0;
                 const double tolerance = mma ? kMmaTolerance : kExactTolerance;
                 const double err = matmul_error(download(outs[i], refs[size_t(i)].size()), refs[size_t(i)],
-                                                weights[size_t(i)]->ref, x.data(), k, rows[i], m);
-                KCAP_EXPECT(err <= tolerance, "cuda.qkv %s/%s/%s K=%lld M=%d matrix %d: error %.3g > %.1g",
+                                                weights[size_t(i)]->ref, xr.data(), k, rows[i], m);
+                KCAP_EXPECT(err <= tolerance, "%s %s/%s/%s K=%lld M=%d matrix %d: error %.3g > %.1g", kernel,
                             format_name(mix.q), format_name(mix.k), format_name(mix.v), (long long)k, m, i, err,
                             tolerance);
                 ++g_cases;
             }
         }
+  }
 }
 
 void test_argmax(std::mt19937& rng) {

@@ -19,9 +19,12 @@ def test_table_rows_are_unique_and_complete():
     assert len(names) == len(set(names))
     cpu = [r for r in rows if r["backend"] == "cpu"]
     assert all(r["compiled"] for r in cpu)
-    # One exact-format matmul row per format kcap decodes, never a family row.
-    matmul_formats = sorted(r["operand_formats"][0][0] for r in cpu if r["op"] == "matmul")
+    # One exact-format matmul row per format kcap decodes, never a family row; the q8_1 rows
+    # (activations="q8_1") for every quantized format, none for the float formats.
+    matmul_formats = sorted(r["operand_formats"][0][0] for r in cpu if r["op"] == "matmul" and r["input_encoding"] == "f32")
     assert matmul_formats == sorted(_core.supported_formats())
+    q8_formats = sorted(r["operand_formats"][0][0] for r in cpu if r["op"] == "matmul" and r["input_encoding"] == "q8_1")
+    assert q8_formats == sorted(set(_core.supported_formats()) - {"F32", "F16", "BF16"})
     assert all(len(r["operand_formats"][0]) == 1 for r in cpu if r["op"] == "matmul")
 
 

@@ -18,6 +18,9 @@ namespace kcap {
 struct EngineOptions {
     std::string backend = "cpu";
     std::string kv_type = "f32";   // KV cache element type: f32 or f16
+    // Matmul activations: "f32" (exact rows only) or "q8_1" (rows may round them to int8 per
+    // 32 values, as llama.cpp does; faster on CUDA, not exact). Stages without such a row keep f32.
+    std::string activations = "f32";
     int64_t n_ctx = 0;             // 0: the model's context length
     int n_threads = 0;             // 0: all hardware threads
     int max_batch = 512;           // prefill chunk: tokens per pass through the layers

@@ -58,6 +58,11 @@ void dequantize_row(Format format, const void* src, float* dst, int64_t n_elems)
 // the dequantized row. This is the exact decode matvec inner loop of the CPU backend.
 float dot_row(Format format, const void* src, const float* x, int64_t n_elems);
 
+// q8_1 rounding of activations (EngineOptions::activations = "q8_1"): each 32-value run of x
+// becomes d * q with d = amax / 127 (f32) and q = x * (1 / d) rounded to nearest, ties to even
+// (q = 0 where d = 0). out may be x. n must be a multiple of 32.
+void round_q8_1(const float* x, int64_t n, float* out);
+
 // Half-precision helpers shared by formats and the KV cache.
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);

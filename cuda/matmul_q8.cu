@@ -1,0 +1,328 @@
+// CUDA entry points of the q8_1-activation rows (cuda.matmul_q8.<format>, cuda.gate_up_q8.<format>;
+// opt-in through EngineOptions::activations = "q8_1"). Both compute W . q8_1(x): x rounded per
+// 32-element run to int8 codes q times d = amax / 127 (kernels/matvec_q8.h), the weights as
+// int8 codes (KcapCodes<F>::codes8), integer products summed exactly in int32 per sub-block,
+// then the f32 scales: what llama.cpp's mmvq / mmq compute.
+//   fewer than kMmaMinTokens tokens: the dp4a matvec (kernels/matvec_q8.h), one grid row per token;
+//   a batch: int8 tensor-core tiles below, the bf16 rows' tile, warp layout and raw weight staging
+//   (cuda/mma_tiles.h) on mma.sync m16n8k32 (sub-blocks of 32) or m16n8k16 (of 16) s8 x s8 -> s32.
+//
+// The tile step: as in matmul_mma.cu, each thread decodes one 32-element run of one weight row
+// (codes8: eight words of code bytes, straight into shared memory, no conversion) and quantizes
+// one float4 of four tokens' activations: the 8 lanes of a run meet by shuffles for amax and
+// the per-16 sums of q. Then per run of the step and per sub-block, T = sum(byte * q) on the
+// tensor cores and
+//   acc += d_x * (scale * (T - bias * sum q) + offset * sum q)
+// per (token, row) in f32. Bound as the matvec's: the integer sums are exact, the f32 epilogue
+// adds a few roundings per sub-block (test_cuda_rows holds both to the exact rows' 1e-5 against
+// the CPU row on q8_1(x)).
+#include <algorithm>
+
+#include "cuda/matmul.h"
+#include "cuda/mma_tiles.h"
+#include "kernels/matvec_q8.h"
+#include "kernels/quant_codes.h"
+
+namespace kcap {
+namespace cuda {
+namespace {
+
+using namespace cuda_rows;
+using namespace mma_tiles;
+
+#define KCAP_CHECK_Q8_LIST(NAME, DECODER) \
+    static_assert(KcapCodes<DECODER>::has_codes8, #NAME " is in KCAP_Q8_WEIGHT_FORMATS but has no codes8");
+KCAP_Q8_WEIGHT_FORMATS(KCAP_CHECK_Q8_LIST)
+#undef KCAP_CHECK_Q8_LIST
+
+// ------------------------------------------------------------------------- dp4a matvec
+template <class F, bool GATE_UP>
+__global__ void __launch_bounds__(kMatvecSimds * 32)
+    matvec_q8_kernel(KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* w0, const kcap_u8* w1,
+                     const float* x, const float* bias, int activation, float* y) {
+    extern __shared__ kcap_i32 q8_shared[];
+    const KcapThread t = kcap_cuda_thread();
+    if (t.group_y == 0) {  // weights never change: safe before the wait; one token's groups suffice
+        kcap_matvec_split_prefetch<kMatvecRows>(t, p, split, w0);
+        if (GATE_UP) kcap_matvec_split_prefetch<kMatvecRows>(t, p, split, w1);
+    }
+    pdl_wait();
+    pdl_trigger();
+    kcap_matvec_q8<F, kMatvecRows, GATE_UP ? KCAP_MATVEC_GATE_UP : KCAP_MATVEC_PLAIN>(
+        t, p, split, chunk_runs, w0, w1, x, bias, activation, y, q8_shared);
+}
+
+template <class F, bool GATE_UP>
+void launch_matvec_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w0, const kcap_u8* w1,
+                      const float* x, const float* bias, int activation, float* y) {
+    const int split = matvec_split(p.n, ctx.sm_count, kMatvecRows, p.k, ctx.matvec_warps);
+    const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
+    const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * kMatvecRows), unsigned(p.m)), block(kMatvecSimds * 32);
+    const size_t shared = size_t(matvec_q8_shared_words(p.k, kMatvecRows)) * 4;
+    launch(ctx, matvec_q8_kernel<F, GATE_UP>, grid, block, shared, p, split, chunk_runs, w0, w1, x, bias, activation, y);
+}
+
+// ------------------------------------------------------------------------- int8 tiles
+constexpr int kStrideQ8 = kStepK / 4 + 4;  // words (int8 quads) per shared row, padded
+static_assert(kStrideQ8 % 8 == 4, "the 8 rows of an ldmatrix phase (16 bytes each) fall in distinct bank quads");
+
+struct alignas(16) SharedQ8 {
+    unsigned w[kMmaRows * kStrideQ8];    // code bytes, [row][k / 4]
+    unsigned x[kMmaTokens * kStrideQ8];  // activation codes q, [token][k / 4]
+    float scale[kSubs16][kMmaRows];      // [sub-block of the step][row] (kStepK / sub used)
+    float offset[kSubs16][kMmaRows];
+    int qsum[kSubs16][kMmaTokens];       // [16-element half of the step][token]: sum of q
+    float d[kStepK / 32][kMmaTokens];    // [run of the step][token]: the run's scale
+};
+
+template <class F, bool STAGED>
+__global__ void __launch_bounds__(kMmaThreads, 2)
+    mma_q8_kernel(KcapMatmulParams p, const kcap_u8* w, const float* x, const float* bias, float* y) {
+    using C = KcapCodes<F>;
+    using R = RawChunk<F>;
+    constexpr int kSub = C::sub;  // elements per sub-block: 16 or 32
+    constexpr int kRunsPerBlock = F::block_elems / 32;
+    static_assert(kSub == 16 || kSub == 32, "sub-blocks of 16 or 32 elements");
+    __shared__ SharedQ8 sh;
+    extern __shared__ __align__(16) unsigned raw_q8[];  // RawChunk<F>: two buffers of buffer_words
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tg = lane & 3;
+    const int row_base = blockIdx.x * kMmaRows, token_base = blockIdx.y * kMmaTokens;
+    const int warp_tokens = kWarpTokens * (warp / kWarpsRows), warp_rows = kWarpRows * (warp % kWarpsRows);
+    // Decoding role: weight row dr, run dhalf of each step. Activation role: float4 column xc
+    // (values 4 xc .. 4 xc + 3 of the step: run xc / 8) of tokens xt + 16 i, i < 4.
+    const int dr = tid >> 1, dhalf = tid & 1;
+    const int xt = tid >> 4, xc = tid & 15;
+    const bool row_valid = row_base + dr < p.n;
+    const kcap_u8* wrow = w + kcap_u64(row_valid ? row_base + dr : 0) * p.row_bytes;
+    const kcap_u8* w_end = w + kcap_u64(p.n) * p.row_bytes;
+    pdl_wait();
+    pdl_trigger();
+    float acc[kMt][kNt][4] = {};
+    const int runs = p.k / 32;
+    const int chunks = (p.k + R::k - 1) / R::k;
+    if (STAGED) {
+        stage_chunk<F>(raw_q8, w, w_end, p, row_base, 0, tid);
+        cp_async_commit();
+    }
+    float4 xv[4];
+    load_x(xv, x, p, token_base, xt, xc, 0);
+    for (int k0 = 0; k0 < p.k; k0 += kStepK) {
+        const int chunk = k0 / R::k;
+        const bool chunk_start = k0 % R::k == 0;
+        if (STAGED && chunk_start) cp_async_wait<0>();  // this thread's copies of chunk `chunk` have landed
+        __syncthreads();  // everyone's copies are visible; the previous step's tiles are no longer read
+        if (STAGED && chunk_start && chunk + 1 < chunks) {
+            stage_chunk<F>(raw_q8 + ((chunk + 1) & 1) * R::buffer_words, w, w_end, p, row_base, chunk + 1, tid);
+            cp_async_commit();
+        }
+        // Weights: code bytes, (scale, offset) per sub-block; zeros past N or K.
+        {
+            const int run = k0 / 32 + dhalf;
+            kcap_u32 u[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+            float sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
+            if (row_valid && run < runs) {
+                const kcap_u8* b =
+                    STAGED ? reinterpret_cast<const kcap_u8*>(raw_q8 + (chunk & 1) * R::buffer_words + dr * R::stride) +
+                                 raw_lead<F>(wrow, chunk) + unsigned(run % R::runs / kRunsPerBlock) * unsigned(F::block_bytes)
+                           : wrow + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
+                C::codes8(b, run % kRunsPerBlock, u, sc, off);
+            }
+            uint4* dst = reinterpret_cast<uint4*>(sh.w + dr * kStrideQ8 + 8 * dhalf);
+            dst[0] = make_uint4(u[0], u[1], u[2], u[3]);
+            dst[1] = make_uint4(u[4], u[5], u[6], u[7]);
+            if (kSub == 16) {
+                sh.scale[2 * dhalf][dr] = sc[0], sh.scale[2 * dhalf + 1][dr] = sc[1];
+                if (C::has_offset) sh.offset[2 * dhalf][dr] = off[0], sh.offset[2 * dhalf + 1][dr] = off[1];
+            } else {
+                sh.scale[dhalf][dr] = sc[0];
+                if (C::has_offset) sh.offset[dhalf][dr] = off[0];
+            }
+        }
+        // Activations (loaded a step ahead): q8_1 per run (the 8 lanes xc / 8 of a token row); zeros past M or K.
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const KcapQ8Quad q = kcap_q8_quantize_quad(xv[i]);
+            const int t = xt + 16 * i;
+            sh.x[t * kStrideQ8 + xc] = q.codes;
+            if ((xc & 3) == 0) sh.qsum[xc / 4][t] = q.half_sum;
+            if ((xc & 7) == 0) sh.d[xc / 8][t] = q.d;
+        }
+        __syncthreads();
+        if (k0 + kStepK < p.k) load_x(xv, x, p, token_base, xt, xc, k0 + kStepK);  // in flight during the products
+#pragma unroll
+        for (int r = 0; r < kStepK / 32; ++r) {
+            unsigned a[kMt][4], b[kNt / 2][4];
+#pragma unroll
+            for (int mt = 0; mt < kMt; ++mt) load_a<kStrideQ8>(a[mt], sh.x + (warp_tokens + 16 * mt) * kStrideQ8 + 8 * r, lane);
+#pragma unroll
+            for (int np = 0; np < kNt / 2; ++np) load_b2<kStrideQ8>(b[np], sh.w + (warp_rows + 16 * np) * kStrideQ8 + 8 * r, lane);
+            // t[h]: the products of sub-block h of the run (one for 32-element sub-blocks).
+            constexpr int kHalves = kSub == 16 ? 2 : 1;
+            int t[kHalves][kMt][kNt][4] = {};
+#pragma unroll
+            for (int mt = 0; mt < kMt; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNt; ++nt) {
+                    const unsigned b0 = b[nt >> 1][2 * (nt & 1)], b1 = b[nt >> 1][2 * (nt & 1) + 1];
+                    if (kSub == 32) {
+                        mma_s8_k32(t[0][mt][nt], a[mt], b0, b1);
+                    } else {
+                        mma_s8_k16(t[0][mt][nt], a[mt][0], a[mt][1], b0);
+                        mma_s8_k16(t[kHalves - 1][mt][nt], a[mt][2], a[mt][3], b1);
+                    }
+                }
+            // C fragment: [0], [1] at (token g, rows 2tg, 2tg + 1); [2], [3] at token g + 8.
+#pragma unroll
+            for (int mt = 0; mt < kMt; ++mt) {
+                const int ta = warp_tokens + 16 * mt + g, tb = ta + 8;
+                const float da = sh.d[r][ta], db = sh.d[r][tb];
+#pragma unroll
+                for (int h = 0; h < kHalves; ++h) {
+                    const int s = kSub == 16 ? 2 * r + h : r;  // the sub-block's index in the step
+                    const int qa = kSub == 16 ? sh.qsum[s][ta] : sh.qsum[2 * r][ta] + sh.qsum[2 * r + 1][ta];
+                    const int qb = kSub == 16 ? sh.qsum[s][tb] : sh.qsum[2 * r][tb] + sh.qsum[2 * r + 1][tb];
+#pragma unroll
+                    for (int nt = 0; nt < kNt; ++nt) {
+                        const int row = warp_rows + 8 * nt + 2 * tg;
+                        const float s0 = sh.scale[s][row], s1 = sh.scale[s][row + 1];
+                        const int* tt = t[h][mt][nt];
+                        float v0 = s0 * float(tt[0] - C::bias * qa), v1 = s1 * float(tt[1] - C::bias * qa);
+                        float v2 = s0 * float(tt[2] - C::bias * qb), v3 = s1 * float(tt[3] - C::bias * qb);
+                        if (C::has_offset) {
+                            const float o0 = sh.offset[s][row], o1 = sh.offset[s][row + 1];
+                            v0 = fmaf(o0, float(qa), v0), v1 = fmaf(o1, float(qa), v1);
+                            v2 = fmaf(o0, float(qb), v2), v3 = fmaf(o1, float(qb), v3);
+                        }
+                        float* out = acc[mt][nt];
+                        out[0] = fmaf(da, v0, out[0]);
+                        out[1] = fmaf(da, v1, out[1]);
+                        out[2] = fmaf(db, v2, out[2]);
+                        out[3] = fmaf(db, v3, out[3]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int token = token_base + warp_tokens + 16 * mt + g + 8 * (e >> 1);
+                const int row = row_base + warp_rows + 8 * nt + 2 * tg + (e & 1);
+                if (token < p.m && row < p.n)
+                    y[kcap_u64(token) * p.n + row] = p.has_bias ? acc[mt][nt][e] + bias[row] : acc[mt][nt][e];
+            }
+}
+
+template <class F, bool STAGED>
+void launch_mma_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, const float* x, const float* bias,
+                   float* y) {
+    constexpr size_t raw_bytes = STAGED ? RawChunk<F>::bytes : 0;
+    if (STAGED) allow_dynamic_shared<mma_q8_kernel<F, STAGED>>(ctx, raw_bytes);
+    launch(ctx, mma_q8_kernel<F, STAGED>, dim3(ceil_div(p.n, kMmaRows), ceil_div(p.m, kMmaTokens)), dim3(kMmaThreads),
+           raw_bytes, p, w, x, bias, y);
+}
+
+// y = W . q8_1(x) for p.m tokens: the matvec below kMmaMinTokens, else the int8 tiles.
+template <class F>
+void matmul_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, const float* x, const float* bias,
+               float* y) {
+    if (p.m < kMmaMinTokens) return launch_matvec_q8<F, false>(ctx, p, w, w, x, bias, 0, y);
+    if (use_staged(ctx, p, sizeof(SharedQ8) + RawChunk<F>::bytes))
+        launch_mma_q8<F, true>(ctx, p, w, x, bias, y);
+    else
+        launch_mma_q8<F, false>(ctx, p, w, x, bias, y);
+}
+
+template <class F>
+void run_matmul_q8(const Stage& stage, const KernelCall& call) {
+    const StageData& data = stage_data(call);
+    matmul_q8<F>(context(call), matmul_params(stage, call), static_cast<const kcap_u8*>(data.operands[0]), call.in,
+                 static_cast<const float*>(data.operands[1]), call.out);
+}
+
+// gate_up: below kMmaMinTokens the fused matvec (both matrices against one staged x, the
+// activation applied to the sums); a batch, the int8 tiles for each matrix into the plan's
+// gate / up scratch, then the activation.
+template <class F>
+void run_gate_up_q8(const Stage& stage, const KernelCall& call) {
+    const Context& ctx = context(call);
+    const StageData& data = stage_data(call);
+    const KcapMatmulParams p = matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
+    const auto* gate = static_cast<const kcap_u8*>(data.operands[0]);
+    const auto* up = static_cast<const kcap_u8*>(data.operands[1]);
+    if (p.m < kMmaMinTokens)
+        return launch_matvec_q8<F, true>(ctx, p, gate, up, call.in, nullptr, int(stage.params.activation), call.out);
+    matmul_q8<F>(ctx, p, gate, call.in, nullptr, call.inout2);
+    matmul_q8<F>(ctx, p, up, call.in, nullptr, call.inout3);
+    Stage act = stage;
+    act.op = Op::FfnActivation;
+    KernelCall act_call = call;
+    act_call.in = call.inout2;
+    act_call.in2 = call.inout3;
+    kcap_cuda_ffn_activation(act, act_call);
+}
+
+// qkv for one token: the three-segment launch of cuda.qkv (cuda/matmul.h), each segment on the
+// q8_1 matvec of its format.
+__global__ void __launch_bounds__(kMatvecSimds * 32) qkv_q8_kernel(QkvParams q, const float* x) {
+    extern __shared__ kcap_i32 q8_shared[];
+    KcapThread t = kcap_cuda_thread();
+    const int which = int(t.group_x) >= q.segment[2].first_group ? 2 : int(t.group_x) >= q.segment[1].first_group ? 1 : 0;
+    const QkvSegment s = q.segment[which];
+    t.group_x -= unsigned(s.first_group);
+    switch (s.format) {
+#define KCAP_QKV_Q8_CASE(NAME, DECODER)                                                                           \
+    case int(Format::NAME):                                                                                       \
+        kcap_matvec_split_prefetch<kMatvecRows>(t, s.p, s.split, s.w);                                            \
+        pdl_wait();                                                                                               \
+        pdl_trigger();                                                                                            \
+        kcap_matvec_q8<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN>(t, s.p, s.split, q.chunk_runs, s.w, s.w, x, nullptr, \
+                                                                 0, s.y, q8_shared);                              \
+        break;
+        KCAP_Q8_WEIGHT_FORMATS(KCAP_QKV_Q8_CASE)
+#undef KCAP_QKV_Q8_CASE
+        default: pdl_wait(); pdl_trigger(); break;
+    }
+}
+
+// The q8_1 matmul of one matrix of any q8_1 format (qkv's batches).
+void matmul_q8_any(const Context& ctx, Format format, const KcapMatmulParams& p, const kcap_u8* w, const float* x,
+                   float* y) {
+    switch (format) {
+#define KCAP_MATMUL_Q8_CASE(NAME, DECODER) \
+    case Format::NAME: return matmul_q8<DECODER>(ctx, p, w, x, nullptr, y);
+        KCAP_Q8_WEIGHT_FORMATS(KCAP_MATMUL_Q8_CASE)
+#undef KCAP_MATMUL_Q8_CASE
+        default: throw Error(std::string("cuda.qkv_q8: no q8_1 body for ") + format_name(format));
+    }
+}
+
+}  // namespace
+}  // namespace cuda
+
+// qkv_q8: one token runs the three-segment q8_1 matvec; more, each matrix's q8_1 matmul.
+void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call) {
+    using namespace cuda_rows;
+    const cuda::Context& ctx = cuda::context(call);
+    int groups = 0;
+    const cuda::QkvParams q = cuda::qkv_segments(stage, call, &groups);
+    if (call.n_tokens == 1) {
+        const size_t shared = size_t(matvec_q8_shared_words(stage.k, kMatvecRows)) * 4;
+        cuda::launch(ctx, cuda::qkv_q8_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q, call.in);
+        return;
+    }
+    for (const cuda::QkvSegment& s : q.segment)
+        cuda::matmul_q8_any(ctx, Format(s.format), s.p, s.w, call.in, s.y);
+}
+
+#define KCAP_DEFINE_MATMUL_Q8(NAME, DECODER)                                                                              \
+    void kcap_cuda_matmul_q8_##NAME(const Stage& stage, const KernelCall& call) { cuda::run_matmul_q8<DECODER>(stage, call); } \
+    void kcap_cuda_gate_up_q8_##NAME(const Stage& stage, const KernelCall& call) { cuda::run_gate_up_q8<DECODER>(stage, call); }
+KCAP_Q8_WEIGHT_FORMATS(KCAP_DEFINE_MATMUL_Q8)
+#undef KCAP_DEFINE_MATMUL_Q8
+
+}  // namespace kcap
