@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cuda import load_cuda, make_models  # noqa: E402
 
 
-def rate(path: str, env: dict[str, str], repeats: int, depth: int, pp: bool) -> float:
+def rate(path: str, env: dict[str, str], repeats: int, depth: int, pp: bool, activations: str = "f32") -> float:
     """tg128 (after `depth` tokens of context), or pp512 with pp."""
-    model = load_cuda(path, env)
+    model = load_cuda(path, env, activations)
     engine = model.engine
     ids = np.random.default_rng(0).integers(0, model.n_vocab, max(depth, 512)).astype(np.int32)
     if depth and not pp:
@@ -60,6 +60,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--depth", type=int, default=0, help="tokens of context before the 128 timed ones")
     parser.add_argument("--pp", action="store_true", help="time pp512 (a 512-token prefill) instead of tg128")
+    parser.add_argument("--activations", default="f32", help="f32 or q8_1 (the int8-activation rows)")
     args = parser.parse_args()
     variants = [("base", {})]
     for spec in args.variant:
@@ -72,7 +73,7 @@ def main() -> int:
     rows = []
     for model, path in paths.items():
         for name, env in variants:
-            r = rate(path, env, args.repeats, args.depth, args.pp)
+            r = rate(path, env, args.repeats, args.depth, args.pp, args.activations)
             rows.append((model, name, r))
             print(f"{model:20s} {name:14s} {r:8.1f} tok/s", flush=True)
     what = "pp512" if args.pp else f"tg128{'@' + str(args.depth) if args.depth else ''}"

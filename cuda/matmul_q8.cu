@@ -36,30 +36,41 @@ KCAP_Q8_WEIGHT_FORMATS(KCAP_CHECK_Q8_LIST)
 #undef KCAP_CHECK_Q8_LIST
 
 // ------------------------------------------------------------------------- dp4a matvec
-template <class F, bool GATE_UP>
+template <class F, int ROWS, bool GATE_UP>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     matvec_q8_kernel(KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* w0, const kcap_u8* w1,
                      const float* x, const float* bias, int activation, float* y) {
     extern __shared__ kcap_i32 q8_shared[];
     const KcapThread t = kcap_cuda_thread();
     if (t.group_y == 0) {  // weights never change: safe before the wait; one token's groups suffice
-        kcap_matvec_split_prefetch<kMatvecRows>(t, p, split, w0);
-        if (GATE_UP) kcap_matvec_split_prefetch<kMatvecRows>(t, p, split, w1);
+        kcap_matvec_split_prefetch<ROWS>(t, p, split, w0);
+        if (GATE_UP) kcap_matvec_split_prefetch<ROWS>(t, p, split, w1);
     }
     pdl_wait();
     pdl_trigger();
-    kcap_matvec_q8<F, kMatvecRows, GATE_UP ? KCAP_MATVEC_GATE_UP : KCAP_MATVEC_PLAIN>(
+    kcap_matvec_q8<F, ROWS, GATE_UP ? KCAP_MATVEC_GATE_UP : KCAP_MATVEC_PLAIN>(
         t, p, split, chunk_runs, w0, w1, x, bias, activation, y, q8_shared);
 }
 
+template <class F, int ROWS, bool GATE_UP>
+void launch_matvec_q8_rows(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w0, const kcap_u8* w1,
+                           const float* x, const float* bias, int activation, float* y) {
+    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k, ctx.matvec_warps);
+    const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
+    const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * ROWS), unsigned(p.m)), block(kMatvecSimds * 32);
+    const size_t shared = size_t(matvec_q8_shared_words(p.k, ROWS)) * 4;
+    launch(ctx, matvec_q8_kernel<F, ROWS, GATE_UP>, grid, block, shared, p, split, chunk_runs, w0, w1, x, bias,
+           activation, y);
+}
+
+// kMatvecRows rows per team, or 2 where KCAP_MATVEC_ROWS=2 (a measurement switch).
 template <class F, bool GATE_UP>
 void launch_matvec_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w0, const kcap_u8* w1,
                       const float* x, const float* bias, int activation, float* y) {
-    const int split = matvec_split(p.n, ctx.sm_count, kMatvecRows, p.k, ctx.matvec_warps);
-    const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
-    const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * kMatvecRows), unsigned(p.m)), block(kMatvecSimds * 32);
-    const size_t shared = size_t(matvec_q8_shared_words(p.k, kMatvecRows)) * 4;
-    launch(ctx, matvec_q8_kernel<F, GATE_UP>, grid, block, shared, p, split, chunk_runs, w0, w1, x, bias, activation, y);
+    if (ctx.matvec_rows == 2)
+        launch_matvec_q8_rows<F, 2, GATE_UP>(ctx, p, w0, w1, x, bias, activation, y);
+    else
+        launch_matvec_q8_rows<F, kMatvecRows, GATE_UP>(ctx, p, w0, w1, x, bias, activation, y);
 }
 
 // ------------------------------------------------------------------------- int8 tiles
