@@ -312,6 +312,14 @@ private:
         }
         ctx.attn_partial_o = arena_.alloc_n<float>(std::max<size_t>(partial_o, 1));
         ctx.attn_partial_ml = arena_.alloc_n<float>(std::max<size_t>(partial_ml, 1));
+        // The q8_1 rows' batch activations: the widest K of any stage routed to one.
+        int64_t q8_k = 0;
+        for (const RoutedStage& routed : plan_.stages)
+            if (routed.row->input_encoding == Encoding::Q8_1) q8_k = std::max<int64_t>(q8_k, routed.stage.k);
+        if (q8_k > 0) {
+            ctx.q8_rows_capacity = size_t(cuda_rows::q8_rows_bytes(max_batch_, q8_k));
+            ctx.q8_rows = arena_.alloc(ctx.q8_rows_capacity);
+        }
     }
 
     // The greedy argmax (and, where a row takes this vocabulary, the sampler) are stages of

@@ -64,6 +64,10 @@ struct Context {
     std::vector<KvCache> kv;     // one per layer (null for a shared-KV layer: it reads its source's)
     float* attn_partial_o = nullptr;   // split-K decode partials
     float* attn_partial_ml = nullptr;
+    // q8_1 activations of a batch (cuda/matmul_q8.cu): codes, run scales and half sums of up
+    // to q8_rows_capacity bytes (cuda_rows::q8_rows_bytes); null where no q8_1 row is planned.
+    void* q8_rows = nullptr;
+    size_t q8_rows_capacity = 0;
 };
 
 // Bound to one stage when the backend is built.

@@ -7,10 +7,11 @@
 //   a batch: int8 tensor-core tiles below, the bf16 rows' tile, warp layout and raw weight staging
 //   (cuda/mma_tiles.h) on mma.sync m16n8k32 (sub-blocks of 32) or m16n8k16 (of 16) s8 x s8 -> s32.
 //
-// The tile step: as in matmul_mma.cu, each thread decodes one 32-element run of one weight row
-// (codes8: eight words of code bytes, straight into shared memory, no conversion) and quantizes
-// one float4 of four tokens' activations: the 8 lanes of a run meet by shuffles for amax and
-// the per-16 sums of q. Then per run of the step and per sub-block, T = sum(byte * q) on the
+// The activations of a batch are quantized once (kcap_q8_quantize_rows, into the backend's q8_1
+// scratch) for every tile and every matrix that reads them (qkv's three, gate_up's two). The
+// tile step: as in matmul_mma.cu, each thread decodes one 32-element run of one weight row
+// (codes8: eight words of code bytes, straight into shared memory, no conversion) and stores 16
+// activation codes, a half sum and (half the threads) a run scale, loaded a step ahead. Then per run of the step and per sub-block, T = sum(byte * q) on the
 // tensor cores and
 //   acc += d_x * (scale * (T - bias * sum q) + offset * sum q)
 // per (token, row) in f32. Bound as the matvec's: the integer sums are exact, the f32 epilogue
@@ -86,9 +87,36 @@ struct alignas(16) SharedQ8 {
     float d[kStepK / 32][kMmaTokens];    // [run of the step][token]: the run's scale
 };
 
+// A batch's activations, quantized once (kcap_q8_quantize_rows) for every tile that reads them.
+struct Q8Rows {
+    const kcap_u32* codes;     // [m][k / 4] words of 4 signed bytes
+    const float* d;            // [m][k / 32]
+    const kcap_i32* half_sums; // [m][k / 16]
+};
+
+__global__ void __launch_bounds__(kQ8QuantizeThreads)
+    quantize_rows_kernel(const float* x, int m, int k, kcap_u32* codes, float* d, kcap_i32* half_sums) {
+    pdl_wait();
+    pdl_trigger();
+    kcap_q8_quantize_rows(kcap_cuda_thread(), x, m, k, codes, d, half_sums);
+}
+
+Q8Rows quantize_rows(const Context& ctx, int m, int k, const float* x) {
+    const size_t bytes = size_t(q8_rows_bytes(m, k));
+    if (!ctx.q8_rows || bytes > ctx.q8_rows_capacity)
+        throw Error("q8_1 activations of " + std::to_string(m) + " x " + std::to_string(k) +
+                    " exceed the backend's scratch (" + std::to_string(ctx.q8_rows_capacity) + " bytes)");
+    auto* codes = static_cast<kcap_u32*>(ctx.q8_rows);
+    auto* d = reinterpret_cast<float*>(static_cast<kcap_u8*>(ctx.q8_rows) + size_t(m) * size_t(k));
+    auto* half_sums = reinterpret_cast<kcap_i32*>(d + size_t(m) * size_t(k / 32));
+    launch(ctx, quantize_rows_kernel, dim3(ceil_div(int64_t(m) * (k / 4), kQ8QuantizeThreads)), dim3(kQ8QuantizeThreads),
+           0, x, m, k, codes, d, half_sums);
+    return {codes, d, half_sums};
+}
+
 template <class F, bool STAGED>
 __global__ void __launch_bounds__(kMmaThreads, 2)
-    mma_q8_kernel(KcapMatmulParams p, const kcap_u8* w, const float* x, const float* bias, float* y) {
+    mma_q8_kernel(KcapMatmulParams p, const kcap_u8* w, Q8Rows x, const float* bias, float* y) {
     using C = KcapCodes<F>;
     using R = RawChunk<F>;
     constexpr int kSub = C::sub;  // elements per sub-block: 16 or 32
@@ -100,10 +128,13 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     const int g = lane >> 2, tg = lane & 3;
     const int row_base = blockIdx.x * kMmaRows, token_base = blockIdx.y * kMmaTokens;
     const int warp_tokens = kWarpTokens * (warp / kWarpsRows), warp_rows = kWarpRows * (warp % kWarpsRows);
-    // Decoding role: weight row dr, run dhalf of each step. Activation role: float4 column xc
-    // (values 4 xc .. 4 xc + 3 of the step: run xc / 8) of tokens xt + 16 i, i < 4.
+    // Decoding role: weight row dr, run dhalf of each step. Activation role: 16 codes (piece xp
+    // of the step's 64) and half sum xp of token xt; for the first 128 threads also the scale of
+    // run xr of token xdt.
     const int dr = tid >> 1, dhalf = tid & 1;
-    const int xt = tid >> 4, xc = tid & 15;
+    const int xt = tid >> 2, xp = tid & 3;
+    const int xdt = tid >> 1, xr = tid & 1;
+    const int k_words = p.k / 4, k_runs = p.k / 32, k_halves = p.k / 16;
     const bool row_valid = row_base + dr < p.n;
     const kcap_u8* wrow = w + kcap_u64(row_valid ? row_base + dr : 0) * p.row_bytes;
     const kcap_u8* w_end = w + kcap_u64(p.n) * p.row_bytes;
@@ -116,8 +147,21 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         stage_chunk<F>(raw_q8, w, w_end, p, row_base, 0, tid);
         cp_async_commit();
     }
-    float4 xv[4];
-    load_x(xv, x, p, token_base, xt, xc, 0);
+    // This step's activations, loaded a step ahead (zeros past M or K).
+    uint4 xv;
+    float dv;
+    int sv;
+    const auto load_step = [&](int k0) {
+        const bool token_in = token_base + xt < p.m;
+        xv = make_uint4(0u, 0u, 0u, 0u);
+        if (token_in && k0 + 16 * xp < p.k)
+            xv = *reinterpret_cast<const uint4*>(x.codes + kcap_u64(token_base + xt) * k_words + k0 / 4 + 4 * xp);
+        sv = token_in && k0 + 16 * xp < p.k ? x.half_sums[kcap_u64(token_base + xt) * k_halves + k0 / 16 + xp] : 0;
+        dv = 0.0f;
+        if (tid < 2 * kMmaTokens && token_base + xdt < p.m && k0 + 32 * xr < p.k)
+            dv = x.d[kcap_u64(token_base + xdt) * k_runs + k0 / 32 + xr];
+    };
+    load_step(0);
     for (int k0 = 0; k0 < p.k; k0 += kStepK) {
         const int chunk = k0 / R::k;
         const bool chunk_start = k0 % R::k == 0;
@@ -150,17 +194,12 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                 if (C::has_offset) sh.offset[dhalf][dr] = off[0];
             }
         }
-        // Activations (loaded a step ahead): q8_1 per run (the 8 lanes xc / 8 of a token row); zeros past M or K.
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const KcapQ8Quad q = kcap_q8_quantize_quad(xv[i]);
-            const int t = xt + 16 * i;
-            sh.x[t * kStrideQ8 + xc] = q.codes;
-            if ((xc & 3) == 0) sh.qsum[xc / 4][t] = q.half_sum;
-            if ((xc & 7) == 0) sh.d[xc / 8][t] = q.d;
-        }
+        // Activations (loaded a step ahead): codes, half sums, run scales.
+        *reinterpret_cast<uint4*>(sh.x + xt * kStrideQ8 + 4 * xp) = xv;
+        sh.qsum[xp][xt] = sv;
+        if (tid < 2 * kMmaTokens) sh.d[xr][xdt] = dv;
         __syncthreads();
-        if (k0 + kStepK < p.k) load_x(xv, x, p, token_base, xt, xc, k0 + kStepK);  // in flight during the products
+        if (k0 + kStepK < p.k) load_step(k0 + kStepK);  // in flight during the products
 #pragma unroll
         for (int r = 0; r < kStepK / 32; ++r) {
             unsigned a[kMt][4], b[kNt / 2][4];
@@ -229,7 +268,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 }
 
 template <class F, bool STAGED>
-void launch_mma_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, const float* x, const float* bias,
+void launch_mma_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, const Q8Rows& x, const float* bias,
                    float* y) {
     constexpr size_t raw_bytes = STAGED ? RawChunk<F>::bytes : 0;
     if (STAGED) allow_dynamic_shared<mma_q8_kernel<F, STAGED>>(ctx, raw_bytes);
@@ -237,15 +276,22 @@ void launch_mma_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8*
            raw_bytes, p, w, x, bias, y);
 }
 
+// The int8 tiles on activations quantized by quantize_rows (p.m >= kMmaMinTokens).
+template <class F>
+void mma_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, const Q8Rows& x, const float* bias,
+            float* y) {
+    if (use_staged(ctx, p, sizeof(SharedQ8) + RawChunk<F>::bytes))
+        launch_mma_q8<F, true>(ctx, p, w, x, bias, y);
+    else
+        launch_mma_q8<F, false>(ctx, p, w, x, bias, y);
+}
+
 // y = W . q8_1(x) for p.m tokens: the matvec below kMmaMinTokens, else the int8 tiles.
 template <class F>
 void matmul_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, const float* x, const float* bias,
                float* y) {
     if (p.m < kMmaMinTokens) return launch_matvec_q8<F, false>(ctx, p, w, w, x, bias, 0, y);
-    if (use_staged(ctx, p, sizeof(SharedQ8) + RawChunk<F>::bytes))
-        launch_mma_q8<F, true>(ctx, p, w, x, bias, y);
-    else
-        launch_mma_q8<F, false>(ctx, p, w, x, bias, y);
+    mma_q8<F>(ctx, p, w, quantize_rows(ctx, p.m, p.k, x), bias, y);
 }
 
 template <class F>
@@ -267,8 +313,9 @@ void run_gate_up_q8(const Stage& stage, const KernelCall& call) {
     const auto* up = static_cast<const kcap_u8*>(data.operands[1]);
     if (p.m < kMmaMinTokens)
         return launch_matvec_q8<F, true>(ctx, p, gate, up, call.in, nullptr, int(stage.params.activation), call.out);
-    matmul_q8<F>(ctx, p, gate, call.in, nullptr, call.inout2);
-    matmul_q8<F>(ctx, p, up, call.in, nullptr, call.inout3);
+    const Q8Rows x = quantize_rows(ctx, p.m, p.k, call.in);  // once for both matrices
+    mma_q8<F>(ctx, p, gate, x, nullptr, call.inout2);
+    mma_q8<F>(ctx, p, up, x, nullptr, call.inout3);
     Stage act = stage;
     act.op = Op::FfnActivation;
     KernelCall act_call = call;
@@ -300,12 +347,15 @@ __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_q8_kernel(QkvParams q, 
     }
 }
 
-// The q8_1 matmul of one matrix of any q8_1 format (qkv's batches).
+// The q8_1 matmul of one matrix of any q8_1 format (qkv's batches): the matvec for a few
+// tokens, else the int8 tiles on `rows` (quantized once for the three matrices).
 void matmul_q8_any(const Context& ctx, Format format, const KcapMatmulParams& p, const kcap_u8* w, const float* x,
-                   float* y) {
+                   const Q8Rows* rows, float* y) {
     switch (format) {
-#define KCAP_MATMUL_Q8_CASE(NAME, DECODER) \
-    case Format::NAME: return matmul_q8<DECODER>(ctx, p, w, x, nullptr, y);
+#define KCAP_MATMUL_Q8_CASE(NAME, DECODER)                                                           \
+    case Format::NAME:                                                                               \
+        return rows ? mma_q8<DECODER>(ctx, p, w, *rows, nullptr, y)                                  \
+                    : launch_matvec_q8<DECODER, false>(ctx, p, w, w, x, nullptr, 0, y);
         KCAP_Q8_WEIGHT_FORMATS(KCAP_MATMUL_Q8_CASE)
 #undef KCAP_MATMUL_Q8_CASE
         default: throw Error(std::string("cuda.qkv_q8: no q8_1 body for ") + format_name(format));
@@ -326,8 +376,11 @@ void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call) {
         cuda::launch(ctx, cuda::qkv_q8_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q, call.in);
         return;
     }
+    cuda::Q8Rows rows = {};
+    const bool tiles = call.n_tokens >= kMmaMinTokens;
+    if (tiles) rows = cuda::quantize_rows(ctx, call.n_tokens, int(stage.k), call.in);  // once for Q, K and V
     for (const cuda::QkvSegment& s : q.segment)
-        cuda::matmul_q8_any(ctx, Format(s.format), s.p, s.w, call.in, s.y);
+        cuda::matmul_q8_any(ctx, Format(s.format), s.p, s.w, call.in, tiles ? &rows : nullptr, s.y);
 }
 
 #define KCAP_DEFINE_MATMUL_Q8(NAME, DECODER)                                                                              \

@@ -79,6 +79,10 @@ constexpr bool q8_format(Format f) {
 constexpr int matvec_q8_shared_words(long long k, int rows = kMatvecRows) {
     return int((k / 32 < kMatvecChunkRuns ? k / 32 : kMatvecChunkRuns) * 13 + kMatvecSimds * rows * 2);
 }
+// A batch's q8_1 activations for the int8 tiles: m x k codes, m x k / 32 scales and m x k / 16
+// half sums (4 bytes each).
+constexpr long long q8_rows_bytes(long long m, long long k) { return m * k + m * (k / 32) * 4 + m * (k / 16) * 4; }
+constexpr int kQ8QuantizeThreads = 256;
 constexpr int kMatvecQ8SharedBytes = (kMatvecChunkRuns * 13 + kMatvecSimds * kMatvecMaxRows * 2) * 4;
 // Norm: one group per row.
 constexpr int kNormThreads = 1024;  // the most; a row of `width` takes norm_threads(width)

@@ -89,6 +89,24 @@ KCAP_FN void kcap_q8_stage_runs(const KcapThread t, const KCAP_GLOBAL float* x, 
     }
 }
 
+// q8_1 of m rows of k values (k a multiple of 32) into separate arrays, for the int8 tensor-core
+// tiles (cuda/matmul_q8.cu), which then load codes rather than quantize each tile again:
+// codes [m][k] signed bytes (as words), d [m][k / 32], half_sums [m][k / 16] (sum of q over each
+// 16 values). Grid: x = ceil(m * k / 4 / threads), a float4 per thread (threads a multiple of 32).
+KCAP_FN void kcap_q8_quantize_rows(const KcapThread t, const KCAP_GLOBAL float* x, int m, int k,
+                                   KCAP_GLOBAL kcap_u32* codes, KCAP_GLOBAL float* d, KCAP_GLOBAL kcap_i32* half_sums) {
+    const int n4 = m * (k / 4);
+    const int i = int(t.group_x * t.threads + t.index);
+    const bool in = i < n4;  // whole runs: the 8 lanes of a run are all in or all out
+    float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (in) v = kcap_load_f32x4(x + 4 * kcap_u64(i));
+    const KcapQ8Quad q = kcap_q8_quantize_quad(v);  // every lane takes part
+    if (!in) return;
+    codes[i] = q.codes;
+    if (i % 4 == 0) half_sums[i / 4] = q.half_sum;
+    if (i % 8 == 0) d[i / 8] = q.d;
+}
+
 // One run of weights (run `run` of the block at `block`) against a staged record with scale d.
 template <class F>
 KCAP_FN float kcap_q8_run_dot(const KCAP_GLOBAL kcap_u8* block, int run, const KCAP_SHARED kcap_i32* record, float d) {

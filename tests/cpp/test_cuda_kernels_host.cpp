@@ -265,6 +265,13 @@ void test_q8_rounding(std::mt19937& rng) {
     kcap_sim::launch({1, 1, 1}, 96, 0, [&](const KcapThread& t, void*) {  // 3 simd groups: 12 runs a round
         kcap_q8_stage_runs(t, x.data(), runs, records.data(), scales.data());
     });
+    // The batch form (kcap_q8_quantize_rows: 2 rows of 1024 values, the int8 tiles' input).
+    std::vector<kcap_u32> codes(x.size() / 4, 0xdeadbeefu);
+    std::vector<float> row_d(size_t(runs), NAN);
+    std::vector<kcap_i32> half_sums(size_t(2 * runs), -7777);
+    kcap_sim::launch({unsigned((x.size() / 4 + 127) / 128), 1, 1}, 128, 0, [&](const KcapThread& t, void*) {
+        kcap_q8_quantize_rows(t, x.data(), 2, int(x.size() / 2), codes.data(), row_d.data(), half_sums.data());
+    });
     for (int r = 0; r < runs; ++r) {
         float xr[32];
         int q[32];
@@ -279,6 +286,10 @@ void test_q8_rounding(std::mt19937& rng) {
             sums[i / 16] += q[i];
         }
         KCAP_EXPECT(scales[size_t(r)] == d, "q8_1 staged run %d: d %g, want %g", r, scales[size_t(r)], d);
+        KCAP_EXPECT(row_d[size_t(r)] == d && half_sums[size_t(2 * r)] == sums[0] && half_sums[size_t(2 * r + 1)] == sums[1],
+                    "q8_1 rows run %d: scale or half sums", r);
+        for (int i = 0; i < 32; ++i)
+            KCAP_EXPECT(int(int8_t(uint8_t(codes[size_t(8 * r + i / 4)] >> (8 * (i % 4))))) == q[i], "q8_1 rows run %d elem %d", r, i);
         KCAP_EXPECT(records[size_t(r * KCAP_Q8_RUN_WORDS + 8)] == sums[0] && records[size_t(r * KCAP_Q8_RUN_WORDS + 9)] == sums[1],
                     "q8_1 staged run %d: half sums", r);
     }

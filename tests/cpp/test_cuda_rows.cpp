@@ -117,6 +117,9 @@ struct TestContext {
         ctx.argmax_partials = 1024;
         ctx.argmax_partial_value = static_cast<float*>(arena.alloc(4 * 1024));
         ctx.argmax_partial_index = static_cast<int32_t*>(arena.alloc(4 * 1024));
+        // The q8_1 rows' batch activations: up to 256 tokens of 16384 values (the widest case).
+        ctx.q8_rows_capacity = size_t(cuda_rows::q8_rows_bytes(256, 16384));
+        ctx.q8_rows = arena.alloc(ctx.q8_rows_capacity);
     }
     ~TestContext() { cudaStreamDestroy(ctx.stream); }
     void set_step(int pos, int generated = 0) {
