@@ -79,9 +79,7 @@ __global__ void __launch_bounds__(kTokensSimds * 32)
 __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_kernel(QkvParams q, const float* x) {
     extern __shared__ float shared[];
     KcapThread t = kcap_cuda_thread();
-    const int which = int(t.group_x) >= q.segment[2].first_group ? 2 : int(t.group_x) >= q.segment[1].first_group ? 1 : 0;
-    const QkvSegment s = q.segment[which];
-    t.group_x -= unsigned(s.first_group);
+    const QkvSegment s = qkv_segment(q, t);
     switch (s.format) {
 #define KCAP_QKV_CASE(NAME, DECODER)                                                                             \
     case int(Format::NAME):                                                                                      \

@@ -32,5 +32,12 @@ struct QkvParams {
 // The three segments of a qkv stage for one token; *groups: the grid's groups in all.
 QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int* groups);
 
+// In the kernel: the segment of group t.group_x, which becomes the group's index in the segment.
+__device__ __forceinline__ QkvSegment qkv_segment(const QkvParams& q, KcapThread& t) {
+    const int which = int(t.group_x) >= q.segment[2].first_group ? 2 : int(t.group_x) >= q.segment[1].first_group ? 1 : 0;
+    t.group_x -= unsigned(q.segment[which].first_group);
+    return q.segment[which];
+}
+
 }  // namespace cuda
 }  // namespace kcap

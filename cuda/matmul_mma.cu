@@ -127,11 +127,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             const int run = k0 / 32 + dhalf;
             float q[32], sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
             if (row_valid && run < runs) {
-                const kcap_u8* b =
-                    STAGED ? reinterpret_cast<const kcap_u8*>(raw + (chunk & 1) * R::buffer_words + dr * R::stride) +
-                                 raw_lead<F>(wrow, chunk) + unsigned(run % R::runs / kRunsPerBlock) * unsigned(F::block_bytes)
-                           : wrow + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
-                C::codes32(b, run % kRunsPerBlock, q, sc, off);
+                C::codes32(run_block<F, STAGED>(raw, wrow, dr, run, chunk), run % kRunsPerBlock, q, sc, off);
             } else {
 #pragma unroll
                 for (int i = 0; i < 32; ++i) q[i] = 0.0f;
@@ -223,17 +219,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             }
         }
     }
-#pragma unroll
-    for (int mt = 0; mt < kMt; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int token = token_base + warp_tokens + 16 * mt + g + 8 * (e >> 1);
-                const int row = row_base + warp_rows + 8 * nt + 2 * tg + (e & 1);
-                if (token < p.m && row < p.n)
-                    y[kcap_u64(token) * p.n + row] = p.has_bias ? acc[mt][nt][e] + bias[row] : acc[mt][nt][e];
-            }
+    store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, bias, y);
 }
 
 }  // namespace

@@ -177,11 +177,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             kcap_u32 u[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
             float sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
             if (row_valid && run < runs) {
-                const kcap_u8* b =
-                    STAGED ? reinterpret_cast<const kcap_u8*>(raw_q8 + (chunk & 1) * R::buffer_words + dr * R::stride) +
-                                 raw_lead<F>(wrow, chunk) + unsigned(run % R::runs / kRunsPerBlock) * unsigned(F::block_bytes)
-                           : wrow + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
-                C::codes8(b, run % kRunsPerBlock, u, sc, off);
+                C::codes8(run_block<F, STAGED>(raw_q8, wrow, dr, run, chunk), run % kRunsPerBlock, u, sc, off);
             }
             uint4* dst = reinterpret_cast<uint4*>(sh.w + dr * kStrideQ8 + 8 * dhalf);
             dst[0] = make_uint4(u[0], u[1], u[2], u[3]);
@@ -254,17 +250,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             }
         }
     }
-#pragma unroll
-    for (int mt = 0; mt < kMt; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int token = token_base + warp_tokens + 16 * mt + g + 8 * (e >> 1);
-                const int row = row_base + warp_rows + 8 * nt + 2 * tg + (e & 1);
-                if (token < p.m && row < p.n)
-                    y[kcap_u64(token) * p.n + row] = p.has_bias ? acc[mt][nt][e] + bias[row] : acc[mt][nt][e];
-            }
+    store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, bias, y);
 }
 
 template <class F, bool STAGED>
@@ -329,9 +315,7 @@ void run_gate_up_q8(const Stage& stage, const KernelCall& call) {
 __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_q8_kernel(QkvParams q, const float* x) {
     extern __shared__ kcap_i32 q8_shared[];
     KcapThread t = kcap_cuda_thread();
-    const int which = int(t.group_x) >= q.segment[2].first_group ? 2 : int(t.group_x) >= q.segment[1].first_group ? 1 : 0;
-    const QkvSegment s = q.segment[which];
-    t.group_x -= unsigned(s.first_group);
+    const QkvSegment s = qkv_segment(q, t);
     switch (s.format) {
 #define KCAP_QKV_Q8_CASE(NAME, DECODER)                                                                           \
     case int(Format::NAME):                                                                                       \

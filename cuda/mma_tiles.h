@@ -159,6 +159,35 @@ __device__ __forceinline__ void load_x(float4 (&v)[4], const float* x, const Kca
     }
 }
 
+// The bytes of the block holding run `run` of weight row dr (its first byte in global memory:
+// wrow): the shared copy of chunk `chunk` (STAGED), or global memory.
+template <class F, bool STAGED>
+__device__ __forceinline__ const kcap_u8* run_block(const unsigned* raw, const kcap_u8* wrow, int dr, int run, int chunk) {
+    using R = RawChunk<F>;
+    constexpr int kRunsPerBlock = F::block_elems / 32;
+    if (!STAGED) return wrow + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
+    return reinterpret_cast<const kcap_u8*>(raw + (chunk & 1) * R::buffer_words + dr * R::stride) + raw_lead<F>(wrow, chunk) +
+           unsigned(run % R::runs / kRunsPerBlock) * unsigned(F::block_bytes);
+}
+
+// A warp's outputs (C fragments: [mt][nt][0], [1] at token g, rows 2tg, 2tg + 1; [2], [3] at
+// token g + 8) from its first token and row, plus the bias, where token < m and row < n.
+__device__ __forceinline__ void store_tile(const float (&acc)[kMt][kNt][4], const KcapMatmulParams& p, int token0,
+                                           int row0, int lane, const float* bias, float* y) {
+    const int g = lane >> 2, tg = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int token = token0 + 16 * mt + g + 8 * (e >> 1);
+                const int row = row0 + 8 * nt + 2 * tg + (e & 1);
+                if (token < p.m && row < p.n)
+                    y[kcap_u64(token) * p.n + row] = p.has_bias ? acc[mt][nt][e] + bias[row] : acc[mt][nt][e];
+            }
+}
+
 // Staged weights for long rows only: on the H200 (bench/cuda_sweep.py --pp, pp512, KCAP_MMA_STAGED
 // forcing one kernel for every matmul) staging all matmuls took the 8B Q4_K_M file (K 4096 and
 // 14336) from 4586 to 5293 tok/s, while Gemma 3 270M (K 640 and 2048: a chunk or two per row,

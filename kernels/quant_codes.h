@@ -29,7 +29,8 @@
 //   MXFP4             2 x e2m1 value   (-12..12)    e8m0 scale / 2   0               32
 //   BF16              the value        (bf16)       1                0               32
 //
-// codes8 (the q8_1 activation rows: dp4a decode, int8 tensor-core prefill) gives the same run as
+// codes8 (the q8_1 activation rows: dp4a decode, int8 tensor-core prefill; codes32 is derived
+// from it, kcap_codes32_from_codes8, for every format but BF16) gives the same run as
 // eight words of four bytes each, element 4w + j in byte j of u[w], with the same scale and
 // offset pairs: the bytes are the codes plus `bias` (the unbiased bit fields, 0..63, read as
 // signed bytes they are the same numbers), except Q8_0 and MXFP4, whose bytes are the signed
@@ -57,6 +58,16 @@ struct KcapCodes {
         (q)[3] = kcap_byte_to_float((word), 3) - (bias);       \
     } while (0)
 
+// codes32 of a format with codes8 (C = its KcapCodes): the code bytes less their bias, as floats
+// (byte ^ 0x80 reads a signed byte as byte + 128, so one subtraction serves both kinds).
+template <class C>
+KCAP_FN void kcap_codes32_from_codes8(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q,
+                                      KCAP_PRIVATE float* scale, KCAP_PRIVATE float* offset) {
+    kcap_u32 u[8];
+    C::codes8(b, run, u, scale, offset);
+    KCAP_UNROLL for (int w = 0; w < 8; ++w) KCAP_CODES4(q + 4 * w, u[w] ^ 0x80808080u, float(128 + C::bias));
+}
+
 template <>
 struct KcapCodes<KcapBF16> {
     static constexpr bool factorable = true;
@@ -78,16 +89,9 @@ struct KcapCodes<KcapQ4_0> {
     static constexpr bool has_offset = false;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 8;
-    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
-        kcap_u32 qs[4];  // the whole block (as KcapQ4_0::decode32)
-        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<4>(b, qs)));
-        offset[0] = offset[1] = 0.0f;
-        KCAP_UNROLL for (int w = 0; w < 4; ++w) {
-            const kcap_u32 v = qs[w];
-            KCAP_CODES4(q + 4 * w, v & 0x0f0f0f0fu, 8.0f);
-            KCAP_CODES4(q + 16 + 4 * w, (v >> 4) & 0x0f0f0f0fu, 8.0f);
-        }
+        kcap_codes32_from_codes8<KcapCodes<KcapQ4_0>>(b, run, q, scale, offset);
     }
     static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
                                KCAP_PRIVATE float* offset) {
@@ -108,16 +112,9 @@ struct KcapCodes<KcapQ4_1> {
     static constexpr bool has_offset = true;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 0;
-    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
-        const kcap_u32 dm = kcap_load_u32(b);
-        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(dm & 0xffffu));
-        offset[0] = offset[1] = kcap_half_to_float(kcap_u16(dm >> 16));
-        KCAP_UNROLL for (int w = 0; w < 4; ++w) {
-            const kcap_u32 v = kcap_load_u32(b + 4 + 4 * w);
-            KCAP_CODES4(q + 4 * w, v & 0x0f0f0f0fu, 0.0f);
-            KCAP_CODES4(q + 16 + 4 * w, (v >> 4) & 0x0f0f0f0fu, 0.0f);
-        }
+        kcap_codes32_from_codes8<KcapCodes<KcapQ4_1>>(b, run, q, scale, offset);
     }
     static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
                                KCAP_PRIVATE float* offset) {
@@ -146,17 +143,9 @@ struct KcapCodes<KcapQ5_0> {
     static constexpr bool has_offset = false;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 16;
-    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
-        kcap_u32 words[5];  // the whole block: qh, qs (as KcapQ5_0::decode32)
-        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<5>(b, words)));
-        offset[0] = offset[1] = 0.0f;
-        const kcap_u32 qh = words[0];
-        KCAP_UNROLL for (int w = 0; w < 4; ++w) {
-            const kcap_u32 v = words[1 + w];
-            KCAP_CODES4(q + 4 * w, (v & 0x0f0f0f0fu) | kcap_q5_spread(qh, 4 * w), 16.0f);
-            KCAP_CODES4(q + 16 + 4 * w, ((v >> 4) & 0x0f0f0f0fu) | kcap_q5_spread(qh, 16 + 4 * w), 16.0f);
-        }
+        kcap_codes32_from_codes8<KcapCodes<KcapQ5_0>>(b, run, q, scale, offset);
     }
     static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
                                KCAP_PRIVATE float* offset) {
@@ -178,17 +167,9 @@ struct KcapCodes<KcapQ5_1> {
     static constexpr bool has_offset = true;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 0;
-    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
-        const kcap_u32 dm = kcap_load_u32(b);
-        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(dm & 0xffffu));
-        offset[0] = offset[1] = kcap_half_to_float(kcap_u16(dm >> 16));
-        const kcap_u32 qh = kcap_load_u32(b + 4);
-        KCAP_UNROLL for (int w = 0; w < 4; ++w) {
-            const kcap_u32 v = kcap_load_u32(b + 8 + 4 * w);
-            KCAP_CODES4(q + 4 * w, (v & 0x0f0f0f0fu) | kcap_q5_spread(qh, 4 * w), 0.0f);
-            KCAP_CODES4(q + 16 + 4 * w, ((v >> 4) & 0x0f0f0f0fu) | kcap_q5_spread(qh, 16 + 4 * w), 0.0f);
-        }
+        kcap_codes32_from_codes8<KcapCodes<KcapQ5_1>>(b, run, q, scale, offset);
     }
     static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
                                KCAP_PRIVATE float* offset) {
@@ -211,15 +192,9 @@ struct KcapCodes<KcapQ8_0> {
     static constexpr bool has_offset = false;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 0;
-    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
-        kcap_u32 qs[8];  // the whole block (as KcapQ8_0::decode32)
-        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<8>(b, qs)));
-        offset[0] = offset[1] = 0.0f;
-        KCAP_UNROLL for (int w = 0; w < 8; ++w) {
-            const kcap_u32 v = qs[w] ^ 0x80808080u;  // signed byte + 128
-            KCAP_CODES4(q + 4 * w, v, 128.0f);
-        }
+        kcap_codes32_from_codes8<KcapCodes<KcapQ8_0>>(b, run, q, scale, offset);
     }
     static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
                                KCAP_PRIVATE float* offset) {
@@ -237,19 +212,7 @@ struct KcapCodes<KcapQ2_K> {
     static constexpr int bias = 0;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
-        const kcap_u32 dd = kcap_load_u32(b + 80);
-        const float d = kcap_half_to_float(kcap_u16(dd & 0xffffu));
-        const float dmin = kcap_half_to_float(kcap_u16(dd >> 16));
-        const int h = run >> 2, s = run & 3;
-        KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
-            const kcap_u32 sc = b[2 * run + half16];
-            scale[half16] = d * float(sc & 0xfu);
-            offset[half16] = -(dmin * float(sc >> 4));
-            KCAP_UNROLL for (int w = 0; w < 4; ++w) {
-                const kcap_u32 v = (kcap_load_u32(b + 16 + 32 * h + 16 * half16 + 4 * w) >> (2 * s)) & 0x03030303u;
-                KCAP_CODES4(q + 16 * half16 + 4 * w, v, 0.0f);
-            }
-        }
+        kcap_codes32_from_codes8<KcapCodes<KcapQ2_K>>(b, run, q, scale, offset);
     }
     static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
                                KCAP_PRIVATE float* offset) {
@@ -276,21 +239,7 @@ struct KcapCodes<KcapQ3_K> {
     static constexpr int bias = 4;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
-        const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b + 108)));
-        const int h = run >> 2, s = run & 3;
-        kcap_u32 hmask[8], qs[8];  // as KcapQ3_K::decode32 (the 2 bytes read past each are in the block)
-        kcap_load_u32s_a2<8>(b, hmask);
-        kcap_load_u32s_a2<8>(b + 32 + 32 * h, qs);
-        KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
-            scale[half16] = d * float(kcap_q3_k_scale(b + 96, 2 * run + half16));
-            offset[half16] = 0.0f;
-            KCAP_UNROLL for (int w = 0; w < 4; ++w) {
-                const int l = 16 * half16 + 4 * w;
-                const kcap_u32 low = (qs[l / 4] >> (2 * s)) & 0x03030303u;
-                const kcap_u32 high = (hmask[l / 4] >> run) & 0x01010101u;
-                KCAP_CODES4(q + l, low | (high << 2), 4.0f);
-            }
-        }
+        kcap_codes32_from_codes8<KcapCodes<KcapQ3_K>>(b, run, q, scale, offset);
     }
     static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
                                KCAP_PRIVATE float* offset) {
@@ -317,20 +266,7 @@ struct KcapCodes<KcapQ4_K> {
     static constexpr int bias = 0;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
-        const kcap_u32 dd = kcap_load_u32(b);
-        int sc, m;
-        kcap_k4_scale_min(b + 4, run, &sc, &m);
-        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(dd & 0xffffu)) * float(sc);
-        offset[0] = offset[1] = -(kcap_half_to_float(kcap_u16(dd >> 16)) * float(m));
-        const int shift = 4 * (run & 1);
-        const KCAP_GLOBAL kcap_u8* qs = b + 16 + 32 * (run >> 1);
-        KCAP_UNROLL for (int v = 0; v < 2; ++v) {
-            const uint4 w = kcap_load_u32x4(qs + 16 * v);
-            KCAP_CODES4(q + 16 * v, (w.x >> shift) & 0x0f0f0f0fu, 0.0f);
-            KCAP_CODES4(q + 16 * v + 4, (w.y >> shift) & 0x0f0f0f0fu, 0.0f);
-            KCAP_CODES4(q + 16 * v + 8, (w.z >> shift) & 0x0f0f0f0fu, 0.0f);
-            KCAP_CODES4(q + 16 * v + 12, (w.w >> shift) & 0x0f0f0f0fu, 0.0f);
-        }
+        kcap_codes32_from_codes8<KcapCodes<KcapQ4_K>>(b, run, q, scale, offset);
     }
     static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
                                KCAP_PRIVATE float* offset) {
@@ -360,18 +296,7 @@ struct KcapCodes<KcapQ5_K> {
     static constexpr int bias = 0;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
-        const kcap_u32 dd = kcap_load_u32(b);
-        int sc, m;
-        kcap_k4_scale_min(b + 4, run, &sc, &m);
-        scale[0] = scale[1] = kcap_half_to_float(kcap_u16(dd & 0xffffu)) * float(sc);
-        offset[0] = offset[1] = -(kcap_half_to_float(kcap_u16(dd >> 16)) * float(m));
-        const int shift = 4 * (run & 1);
-        const KCAP_GLOBAL kcap_u8* qs = b + 48 + 32 * (run >> 1);
-        KCAP_UNROLL for (int w = 0; w < 8; ++w) {
-            const kcap_u32 low = (kcap_load_u32(qs + 4 * w) >> shift) & 0x0f0f0f0fu;
-            const kcap_u32 high = (kcap_load_u32(b + 16 + 4 * w) >> run) & 0x01010101u;
-            KCAP_CODES4(q + 4 * w, low | (high << 4), 0.0f);
-        }
+        kcap_codes32_from_codes8<KcapCodes<KcapQ5_K>>(b, run, q, scale, offset);
     }
     static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
                                KCAP_PRIVATE float* offset) {
@@ -396,22 +321,7 @@ struct KcapCodes<KcapQ6_K> {
     static constexpr int bias = 32;
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
-        const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b + 208)));
-        const int h = run >> 2, s = run & 3;
-        const int low_shift = s < 2 ? 0 : 4;
-        kcap_u32 ql[8], qh[8];  // as KcapQ6_K::decode32 (the 2 bytes read past each are in the block)
-        kcap_load_u32s_a2<8>(b + 64 * h + 32 * (s & 1), ql);
-        kcap_load_u32s_a2<8>(b + 128 + 32 * h, qh);
-        KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
-            scale[half16] = d * float(int(reinterpret_cast<const KCAP_GLOBAL kcap_i8*>(b + 192)[2 * run + half16]));
-            offset[half16] = 0.0f;
-            KCAP_UNROLL for (int w = 0; w < 4; ++w) {
-                const int l = 16 * half16 + 4 * w;
-                const kcap_u32 low = (ql[l / 4] >> low_shift) & 0x0f0f0f0fu;
-                const kcap_u32 high = (qh[l / 4] >> (2 * s)) & 0x03030303u;
-                KCAP_CODES4(q + l, low | (high << 4), 32.0f);
-            }
-        }
+        kcap_codes32_from_codes8<KcapCodes<KcapQ6_K>>(b, run, q, scale, offset);
     }
     static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
                                KCAP_PRIVATE float* offset) {
@@ -436,17 +346,9 @@ struct KcapCodes<KcapMXFP4> {
     static constexpr bool has_offset = false;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 0;
-    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
+    static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
-        const kcap_u32 e = b[0];
-        // e8m0 2^(e - 127), halved because the codes are the doubled e2m1 values (as decode32).
-        scale[0] = scale[1] = kcap_as_float(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
-        offset[0] = offset[1] = 0.0f;
-        KCAP_UNROLL for (int i = 0; i < 16; ++i) {
-            const kcap_u32 v = b[1 + i];
-            q[i] = kcap_mxfp4_doubled(v & 0x0fu);
-            q[16 + i] = kcap_mxfp4_doubled(v >> 4);
-        }
+        kcap_codes32_from_codes8<KcapCodes<KcapMXFP4>>(b, run, q, scale, offset);
     }
     static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
                                KCAP_PRIVATE float* offset) {
