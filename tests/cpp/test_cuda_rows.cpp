@@ -846,6 +846,7 @@ void test_argmax(std::mt19937& rng) {
 }  // namespace
 
 int main() {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a run cut short by a time limit keeps what it printed
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
         std::printf("SKIP: no CUDA device\n");
