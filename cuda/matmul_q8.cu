@@ -1,5 +1,5 @@
-// CUDA entry points of the q8_1-activation rows (cuda.matmul_q8.<format>, cuda.gate_up_q8.<format>;
-// opt-in through EngineOptions::activations = "q8_1"). Both compute W . q8_1(x): x rounded per
+// CUDA entry points of the q8_1-activation rows (cuda.matmul_q8.<format>, cuda.gate_up_q8.<format>,
+// cuda.qkv_q8; opt-in through EngineOptions::activations = "q8_1"). All compute W . q8_1(x): x rounded per
 // 32-element run to int8 codes q times d = amax / 127 (kernels/matvec_q8.h), the weights as
 // int8 codes (KcapCodes<F>::codes8), integer products summed exactly in int32 per sub-block,
 // then the f32 scales: what llama.cpp's mmvq / mmq compute.
@@ -11,8 +11,8 @@
 // scratch) for every tile and every matrix that reads them (qkv's three, gate_up's two). The
 // tile step: as in matmul_mma.cu, each thread decodes one 32-element run of one weight row
 // (codes8: eight words of code bytes, straight into shared memory, no conversion) and stores 16
-// activation codes, a half sum and (half the threads) a run scale, loaded a step ahead. Then per run of the step and per sub-block, T = sum(byte * q) on the
-// tensor cores and
+// activation codes, a half sum and (half the threads) a run scale, loaded a step ahead. Then per
+// run of the step and per sub-block, T = sum(byte * q) on the tensor cores and
 //   acc += d_x * (scale * (T - bias * sum q) + offset * sum q)
 // per (token, row) in f32. Bound as the matvec's: the integer sums are exact, the f32 epilogue
 // adds a few roundings per sub-block (test_cuda_rows holds both to the exact rows' 1e-5 against

@@ -20,7 +20,7 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const unsigned (&a)[4], u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// c += a b on signed int8 fragments, exact int32 accumulation (the q8_1 rows, matmul_mma_q8.cu).
+// c += a b on signed int8 fragments, exact int32 accumulation (the q8_1 rows, matmul_q8.cu).
 // k32: a[0..3] and b0, b1 hold the same word positions as the 16-bit k16 fragments (4 int8 per
 // word where those hold 2 halves), so the same ldmatrix loads serve both. k16: the first half of
 // those fragments (a[0], a[1] and b0), or the second (a[2], a[3] and b1).

@@ -1,5 +1,5 @@
 // Pieces shared by the tensor-core matmul kernels (matmul_mma.cu: bf16 tiles on split
-// activations; matmul_mma_q8.cu: int8 tiles on q8_1 activations): the tile and warp layout,
+// activations; matmul_q8.cu: int8 tiles on q8_1 activations): the tile and warp layout,
 // the fragment loads, the raw weight chunks staged by cp.async, the activation loads. Both
 // kernels take kMmaTokens tokens x kMmaRows weight rows per group, K in steps of kStepK, each
 // thread decoding one 32-element run of one row per step (see matmul_mma.cu's header).

@@ -74,7 +74,7 @@ constexpr bool q8_format(Format f) {
 }
 // Matmul with q8_1 activations (opt-in: EngineOptions::activations = "q8_1"; cuda/matmul_q8.cu):
 // up to kMmaMinTokens - 1 tokens the dp4a matvec (kernels/matvec_q8.h, the exact matvec's teams
-// and splits, one grid row per token), more the int8 tensor-core tiles (cuda/matmul_mma_q8.cu).
+// and splits, one grid row per token), more the int8 tensor-core tiles (cuda/matmul_q8.cu).
 // Threadgroup memory: 13 words per staged run (a 12-word record and its scale) and the partials.
 constexpr int matvec_q8_shared_words(long long k, int rows = kMatvecRows) {
     return int((k / 32 < kMatvecChunkRuns ? k / 32 : kMatvecChunkRuns) * 13 + kMatvecSimds * rows * 2);

@@ -2,8 +2,9 @@
 // activations = "q8_1"): y[n] = W[n, :] . q8_1(x), what llama.cpp's mmvq computes.
 //
 // q8_1(x): every 32-element run of x becomes d * q, d = amax / 127 (f32), q = round(x / d) as
-// int8 (x * (1 / d), ties to even; d = 0 gives q = 0). kcap_q8_quantize_run is that rounding for
-// one run (the tests' reference quantizes with it); kcap_q8_stage_runs does the same in a group.
+// int8 (x * (1 / d), ties to even; d = 0 gives q = 0): round_q8_1 of kcap/formats.h, the CPU
+// rows' rounding. kcap_q8_quantize_run is it for one run, kcap_q8_quantize_quad for a run spread
+// over 8 lanes (the host test holds both to round_q8_1 bit for bit).
 //
 // Weights are read as codes (KcapCodes<F>::codes8, kernels/quant_codes.h): w = scale * (byte -
 // bias) + offset per 16- or 32-element sub-block. Per run and sub-block, sum(byte * q) comes from
@@ -17,8 +18,8 @@
 // int8 records, and its teams of `split` parts walk their ROWS rows' runs one lane per run. A
 // record is KCAP_Q8_RUN_WORDS words: the 32 codes in 8 words, then sum(q) of elements 0..15 and
 // 16..31, then 2 words of padding (48 bytes: the 16-byte reads of 8 lanes, one per record, fall in
-// 8 different bank groups); each run's d sits in a float array after the records. y = 1 group
-// row per token: grid y = m takes m tokens (few-token batches run this same body).
+// 8 different bank groups); each run's d sits in a float array after the records. Grid y = m:
+// one row of groups per token (few-token batches run this same body).
 #pragma once
 
 #include "kernels/matvec.h"
@@ -31,7 +32,7 @@ KCAP_FN int kcap_matvec_q8_words(int chunk_runs, int simds, int sums) {
     return chunk_runs * (KCAP_Q8_RUN_WORDS + 1) + simds * sums;
 }
 
-// q8_1 of one 32-element run: q[0..31] and returns d (the reference the rows are tested against).
+// q8_1 of one 32-element run: q[0..31], and returns d.
 KCAP_FN float kcap_q8_quantize_run(const KCAP_PRIVATE float* x, KCAP_PRIVATE int* q) {
     float amax = 0.0f;
     for (int i = 0; i < 32; ++i) amax = kcap_fmax(amax, x[i] < 0.0f ? -x[i] : x[i]);

@@ -213,6 +213,11 @@ def test_explain_cli_json_for_cuda(model_files):
                          capture_output=True, text=True, check=True).stdout
     routes = json.loads(out)
     assert routes and {r["backend"] for r in routes} == {"cuda"}
+    # --activations q8_1: the Gemma layout's quantized matmuls (Q5_0, Q8_0, Q4_K, Q6_K) on the int8 rows.
+    out = subprocess.run([sys.executable, "-m", "kcap.cli", "explain", path, "--backend", "cuda", "--activations",
+                          "q8_1", "--json"], capture_output=True, text=True, check=True).stdout
+    kernels = {r["kernel"] for r in json.loads(out) if r["op"] in ("matmul", "gate_up", "qkv")}
+    assert kernels and all("_q8" in k for k in kernels), kernels
 
 
 def test_llama3_8b_q4_k_m_mix_follows_llama_cpp():
