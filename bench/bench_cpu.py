@@ -145,12 +145,12 @@ class LlamaCppEngine:
 class KcapEngine:
     name = "kcap"
 
-    def __init__(self, path: Path, n_threads: int):
+    def __init__(self, path: Path, n_threads: int, activations: str = "f32"):
         import kcap
 
         self.version = getattr(kcap, "__version__", "?")
         self.file = getattr(kcap, "__file__", None)  # which kcap build was measured
-        self.m = kcap.load(str(path), backend="cpu", n_threads=n_threads)
+        self.m = kcap.load(str(path), backend="cpu", n_threads=n_threads, activations=activations)
 
     def reset(self) -> None:
         self.m.reset()
@@ -231,7 +231,7 @@ def markdown_table(model: str, path: Path, summ: dict, info: dict) -> str:
     kc = summ.get("kcap")
     lines = [
         f"### CPU: {model} (`{path.name}`), {info['threads']} threads, "
-        f"median of {info['runs']} runs",
+        f"median of {info['runs']} runs, kcap activations {info.get('kcap_activations', 'f32')}",
         "",
         "| metric | kcap | llama.cpp | kcap / llama.cpp |",
         "|---|---:|---:|---:|",
@@ -260,6 +260,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for both engines")
     ap.add_argument("--gen", type=int, default=64, help="tokens generated in the decode test")
     ap.add_argument("--no-kcap", action="store_true", help="measure llama.cpp only")
+    ap.add_argument("--activations", default="f32",
+                    help="kcap's matmul activations: f32 (exact) or q8_1 (int8 per 32 values, as llama.cpp)")
     ap.add_argument("--out-dir", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)
 
@@ -282,7 +284,7 @@ def main(argv=None) -> int:
     kc = None
     if not args.no_kcap:
         try:
-            kc = KcapEngine(path, args.threads)
+            kc = KcapEngine(path, args.threads, args.activations)
             kc.reset()
             lg = kc.eval(ids128[:4])
             if np.asarray(lg).shape != (ll.n_vocab,):
@@ -332,6 +334,7 @@ def main(argv=None) -> int:
         "model_path": str(path),
         "model_bytes": path.stat().st_size,
         "threads": args.threads,
+        "kcap_activations": args.activations,
         "runs": args.runs,
         "gen": args.gen,
         "prompt_len": PROMPT_LEN,

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/formats_blocks.h"
 #include "kcap/errors.h"
@@ -90,15 +91,31 @@ void dequantize_row(Format format, const void* src, float* dst, int64_t n_elems)
     throw FormatError("dequantize_row: " + std::string(format_name(format)) + " has no decoder");
 }
 
-void round_q8_1(const float* x, int64_t n, float* out) {
+void quantize_q8_1(const float* x, int64_t n, int8_t* q, float* d, int32_t* sum16) {
     if (n % 32 != 0) throw FormatError("q8_1 rounding needs whole runs of 32 values, got " + std::to_string(n));
     for (int64_t r = 0; r < n; r += 32) {
         float amax = 0.0f;
         for (int64_t i = r; i < r + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
-        const float d = amax / 127.0f;
-        const float id = d > 0.0f ? 1.0f / d : 0.0f;
-        for (int64_t i = r; i < r + 32; ++i) out[i] = d * std::nearbyint(x[i] * id);
+        const float scale = amax / 127.0f;
+        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+        d[r / 32] = scale;
+        for (int half = 0; half < 2; ++half) {
+            int32_t sum = 0;
+            for (int64_t i = r + 16 * half; i < r + 16 * half + 16; ++i) {
+                q[i] = static_cast<int8_t>(std::nearbyint(x[i] * inverse));
+                sum += q[i];
+            }
+            sum16[r / 16 + half] = sum;
+        }
     }
+}
+
+void round_q8_1(const float* x, int64_t n, float* out) {
+    std::vector<int8_t> q(static_cast<size_t>(std::max<int64_t>(n, 0)));
+    std::vector<float> d(q.size() / 32);
+    std::vector<int32_t> sum16(q.size() / 16);
+    quantize_q8_1(x, n, q.data(), d.data(), sum16.data());
+    for (int64_t i = 0; i < n; ++i) out[i] = d[size_t(i / 32)] * static_cast<float>(q[size_t(i)]);
 }
 
 }  // namespace kcap

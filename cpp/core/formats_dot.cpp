@@ -8,6 +8,7 @@
 // multiply-adds overlap (one running sum would serialise every element) and keep each
 // rounding chain short (n/64 additions per lane, then a fixed pairwise fold). Plain loops over
 // fixed-size arrays, which gcc/clang -O3 vectorize for whatever the target offers.
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -157,6 +158,19 @@ float dot_row(Format format, const void* src, const float* x, int64_t n_elems) {
     throw FormatError("dot_row: " + std::string(format_name(format)) + " has no kernel");
 }
 
+// q8_1 activations: the values d * q, 256 at a time, through the f32 dot_row above.
+float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems) {
+    const auto* bytes = static_cast<const uint8_t*>(src);
+    alignas(64) float values[256];
+    float sum = 0.0f;
+    for (int64_t e = 0; e < n_elems; e += 256) {
+        const int64_t count = std::min<int64_t>(256, n_elems - e);
+        for (int64_t i = 0; i < count; ++i) values[i] = x.d[(e + i) / 32] * static_cast<float>(x.q[e + i]);
+        sum += portable::dot_row(format, bytes + row_bytes(format, e), values, count);
+    }
+    return sum;
+}
+
 }  // namespace portable
 
 float dot_row(Format format, const void* src, const float* x, int64_t n_elems) {
@@ -165,6 +179,18 @@ float dot_row(Format format, const void* src, const float* x, int64_t n_elems) {
     return avx2::dot_row(format, src, x, n_elems);
 #else
     return portable::dot_row(format, src, x, n_elems);
+#endif
+}
+
+float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems) {
+    row_bytes(format, n_elems);
+    if (format == Format::F32 || format == Format::F16 || format == Format::BF16)
+        throw FormatError(std::string("dot_row_q8_1: ") + format_name(format) + " is a float format (no q8_1 path)");
+    if (n_elems % 32 != 0) throw FormatError("dot_row_q8_1: " + std::to_string(n_elems) + " is not whole 32-value runs");
+#if defined(KCAP_DOT_AVX2)
+    return avx2::dot_row_q8_1(format, src, x, n_elems);
+#else
+    return portable::dot_row_q8_1(format, src, x, n_elems);
 #endif
 }
 

@@ -24,6 +24,9 @@ bool compiled() { return false; }
 float dot_row(Format, const void*, const float*, int64_t) {
     throw Error("kcap was compiled without AVX2+FMA: avx2::dot_row is not available");
 }
+float dot_row_q8_1(Format, const void*, Q8View, int64_t) {
+    throw Error("kcap was compiled without AVX2+FMA: avx2::dot_row_q8_1 is not available");
+}
 }  // namespace avx2
 }  // namespace kcap
 
@@ -43,14 +46,22 @@ using namespace blocks;
 
 struct Accumulators {
     __m256 lane[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float offsets = 0.0f;  // q8_1: the offset terms, one per run (sum of q times offset)
 
     float total() const {
         const __m256 sum = _mm256_add_ps(_mm256_add_ps(lane[0], lane[1]), _mm256_add_ps(lane[2], lane[3]));
         __m128 half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
         half = _mm_add_ps(half, _mm_movehl_ps(half, half));
         half = _mm_add_ss(half, _mm_movehdup_ps(half));
-        return _mm_cvtss_f32(half);
+        return _mm_cvtss_f32(half) + offsets;
     }
+};
+
+// q8_1 activations as the format loops see them: x + e is the view from element e on (every
+// call advances by whole 32-element runs).
+struct Q8Run {
+    Q8View v;
+    Q8Run operator+(int64_t e) const { return {{v.q + e, v.d + e / 32, v.sum16 + e / 16}}; }
 };
 
 inline __m256 unsigned_bytes_to_float(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
@@ -73,9 +84,27 @@ inline void accumulate_32(__m256i codes, float scale_low, float offset_low, floa
     }
 }
 
-// One scale and offset for all 32 codes.
+// The same for q8_1 activations x = d * q: per 16 values, sum(code * q) in int32 (maddubs on
+// the unsigned codes, or on |code| with q's signs moved for signed ones; pairs stay within
+// int16: 2 * 128 * 127), times d * scale; the offsets take d * offset * sum(q) per 16 values.
+// Each 16-value half lands in 4 lanes of lane[0] (run after run: the lanes sum n/32 terms).
 template <bool kSigned = false>
-inline void accumulate_32(__m256i codes, float scale, float offset, const float* x, Accumulators& acc) {
+inline void accumulate_32(__m256i codes, float scale_low, float offset_low, float scale_high, float offset_high,
+                          Q8Run x, Accumulators& acc) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.v.q));
+    const __m256i pairs = kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(codes, codes), _mm256_sign_epi8(q, codes))
+                                  : _mm256_maddubs_epi16(codes, q);
+    const __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));  // lanes 0-3: values 0-15; 4-7: 16-31
+    const float d = x.v.d[0];
+    const __m256 scale = _mm256_setr_ps(d * scale_low, d * scale_low, d * scale_low, d * scale_low, d * scale_high,
+                                        d * scale_high, d * scale_high, d * scale_high);
+    acc.lane[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(quads), scale, acc.lane[0]);
+    acc.offsets += d * (offset_low * static_cast<float>(x.v.sum16[0]) + offset_high * static_cast<float>(x.v.sum16[1]));
+}
+
+// One scale and offset for all 32 codes.
+template <bool kSigned = false, class X>
+inline void accumulate_32(__m256i codes, float scale, float offset, X x, Accumulators& acc) {
     accumulate_32<kSigned>(codes, scale, offset, scale, offset, x, acc);
 }
 
@@ -110,7 +139,8 @@ inline __m256i fifth_bits(const uint8_t* qh_bytes) {
     return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-float dot_q4_0(const BlockQ4_0* blocks, const float* x, int64_t n_blocks) {
+template <class X>
+float dot_q4_0(const BlockQ4_0* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const float d = load_half(blocks[b].d);
@@ -119,7 +149,8 @@ float dot_q4_0(const BlockQ4_0* blocks, const float* x, int64_t n_blocks) {
     return acc.total();
 }
 
-float dot_q4_1(const BlockQ4_1* blocks, const float* x, int64_t n_blocks) {
+template <class X>
+float dot_q4_1(const BlockQ4_1* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const float d = load_half(blocks[b].d), m = load_half(blocks[b].m);
@@ -128,7 +159,8 @@ float dot_q4_1(const BlockQ4_1* blocks, const float* x, int64_t n_blocks) {
     return acc.total();
 }
 
-float dot_q5_0(const BlockQ5_0* blocks, const float* x, int64_t n_blocks) {
+template <class X>
+float dot_q5_0(const BlockQ5_0* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const float d = load_half(blocks[b].d);
@@ -138,7 +170,8 @@ float dot_q5_0(const BlockQ5_0* blocks, const float* x, int64_t n_blocks) {
     return acc.total();
 }
 
-float dot_q5_1(const BlockQ5_1* blocks, const float* x, int64_t n_blocks) {
+template <class X>
+float dot_q5_1(const BlockQ5_1* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const __m256i codes = _mm256_or_si256(legacy_nibbles(blocks[b].qs), fifth_bits(blocks[b].qh));
@@ -147,7 +180,8 @@ float dot_q5_1(const BlockQ5_1* blocks, const float* x, int64_t n_blocks) {
     return acc.total();
 }
 
-float dot_q8_0(const BlockQ8_0* blocks, const float* x, int64_t n_blocks) {
+template <class X>
+float dot_q8_0(const BlockQ8_0* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blocks[b].qs));
@@ -156,7 +190,8 @@ float dot_q8_0(const BlockQ8_0* blocks, const float* x, int64_t n_blocks) {
     return acc.total();
 }
 
-float dot_mxfp4(const BlockMXFP4* blocks, const float* x, int64_t n_blocks) {
+template <class X>
+float dot_mxfp4(const BlockMXFP4* blocks, X x, int64_t n_blocks) {
     const __m128i doubled_values = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMXFP4DoubledValues));
     const __m256i table = _mm256_broadcastsi128_si256(doubled_values);
     Accumulators acc;
@@ -167,12 +202,13 @@ float dot_mxfp4(const BlockMXFP4* blocks, const float* x, int64_t n_blocks) {
     return acc.total();
 }
 
-float dot_q2_k(const BlockQ2_K* blocks, const float* x, int64_t n_blocks) {
+template <class X>
+float dot_q2_k(const BlockQ2_K* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const BlockQ2_K& block = blocks[b];
         const float d = load_half(block.d), dmin = load_half(block.dmin);
-        const float* xb = x + kQK_K * b;
+        const X xb = x + kQK_K * b;
         for (int half = 0; half < 2; ++half) {
             const __m256i packed = load_256(block.qs + 32 * half);
             for (int shift = 0; shift < 4; ++shift) {
@@ -190,12 +226,13 @@ float dot_q2_k(const BlockQ2_K* blocks, const float* x, int64_t n_blocks) {
     return acc.total();
 }
 
-float dot_q3_k(const BlockQ3_K* blocks, const float* x, int64_t n_blocks) {
+template <class X>
+float dot_q3_k(const BlockQ3_K* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const BlockQ3_K& block = blocks[b];
         const float d = load_half(block.d);
-        const float* xb = x + kQK_K * b;
+        const X xb = x + kQK_K * b;
         const __m256i hmask = load_256(block.hmask);
         for (int half = 0; half < 2; ++half) {
             const __m256i packed = load_256(block.qs + 32 * half);
@@ -216,13 +253,13 @@ float dot_q3_k(const BlockQ3_K* blocks, const float* x, int64_t n_blocks) {
 }
 
 // Q4_K and Q5_K share everything but the fifth bit.
-template <typename Block, bool kFifthBit>
-float dot_k4(const Block* blocks, const float* x, int64_t n_blocks) {
+template <typename Block, bool kFifthBit, class X>
+float dot_k4(const Block* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const Block& block = blocks[b];
         const float d = load_half(block.d), dmin = load_half(block.dmin);
-        const float* xb = x + kQK_K * b;
+        const X xb = x + kQK_K * b;
         __m256i qh = _mm256_setzero_si256();
         if constexpr (kFifthBit) qh = load_256(block.qh);
         for (int j = 0; j < 4; ++j) {
@@ -243,12 +280,13 @@ float dot_k4(const Block* blocks, const float* x, int64_t n_blocks) {
     return acc.total();
 }
 
-float dot_q6_k(const BlockQ6_K* blocks, const float* x, int64_t n_blocks) {
+template <class X>
+float dot_q6_k(const BlockQ6_K* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const BlockQ6_K& block = blocks[b];
         const float d = load_half(block.d);
-        const float* xb = x + kQK_K * b;
+        const X xb = x + kQK_K * b;
         for (int half = 0; half < 2; ++half) {
             const __m256i ql[2] = {load_256(block.ql + 64 * half), load_256(block.ql + 64 * half + 32)};
             const __m256i qh = load_256(block.qh + 32 * half);
@@ -350,6 +388,26 @@ float dot_row(Format format, const void* src, const float* x, int64_t n_elems) {
         case Format::Q6_K: return dot_q6_k(static_cast<const BlockQ6_K*>(src), x, n_qk_k);
     }
     return 0.0f;  // unreachable: the caller validated the format
+}
+
+float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems) {
+    const Q8Run run{x};
+    const int64_t n_qk = n_elems / kQK, n_qk_k = n_elems / kQK_K;
+    switch (format) {
+        case Format::Q4_0: return dot_q4_0(static_cast<const BlockQ4_0*>(src), run, n_qk);
+        case Format::Q4_1: return dot_q4_1(static_cast<const BlockQ4_1*>(src), run, n_qk);
+        case Format::Q5_0: return dot_q5_0(static_cast<const BlockQ5_0*>(src), run, n_qk);
+        case Format::Q5_1: return dot_q5_1(static_cast<const BlockQ5_1*>(src), run, n_qk);
+        case Format::Q8_0: return dot_q8_0(static_cast<const BlockQ8_0*>(src), run, n_qk);
+        case Format::MXFP4: return dot_mxfp4(static_cast<const BlockMXFP4*>(src), run, n_qk);
+        case Format::Q2_K: return dot_q2_k(static_cast<const BlockQ2_K*>(src), run, n_qk_k);
+        case Format::Q3_K: return dot_q3_k(static_cast<const BlockQ3_K*>(src), run, n_qk_k);
+        case Format::Q4_K: return dot_k4<BlockQ4_K, false>(static_cast<const BlockQ4_K*>(src), run, n_qk_k);
+        case Format::Q5_K: return dot_k4<BlockQ5_K, true>(static_cast<const BlockQ5_K*>(src), run, n_qk_k);
+        case Format::Q6_K: return dot_q6_k(static_cast<const BlockQ6_K*>(src), run, n_qk_k);
+        default: break;
+    }
+    throw FormatError(std::string("dot_row_q8_1: ") + format_name(format) + " has no q8_1 path");
 }
 
 }  // namespace avx2

@@ -18,6 +18,7 @@ namespace kcap {
 namespace portable {
 // dot_row for a format and a length already validated by the caller (formats_dot.cpp).
 float dot_row(Format format, const void* src, const float* x, int64_t n_elems);
+float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems);
 }  // namespace portable
 
 namespace avx2 {
@@ -26,6 +27,8 @@ bool compiled();
 // The same as portable::dot_row, with AVX2+FMA (formats_dot_avx2.cpp); throws kcap::Error
 // when !compiled().
 float dot_row(Format format, const void* src, const float* x, int64_t n_elems);
+// dot_row_q8_1: the same code extraction, integer products (maddubs) per 16 values.
+float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems);
 }  // namespace avx2
 
 }  // namespace kcap

@@ -108,13 +108,37 @@ void matmul_kernel(const Stage& stage, const KernelCall& call) {
     });
 }
 
-// q8_1 activations (EngineOptions::activations = "q8_1"): the exact matmul of round_q8_1(x).
-// The reference of the GPU rows that round their input the same way (cuda.matmul_q8.* and
-// the fused rows built on them), so a CPU plan with activations="q8_1" computes what they do;
-// not faster (the rounding is the point).
+// q8_1 activations (EngineOptions::activations = "q8_1"): W . q8_1(x), what the GPU rows that
+// round their input the same way compute (cuda.matmul_q8.* and the fused rows built on them), so
+// a CPU plan with activations="q8_1" is their reference. One token: integer products per 16
+// values (dot_row_q8_1, maddubs on AVX2), as llama.cpp's CPU decode does; more: the exact
+// matmul of round_q8_1(x).
 void matmul_q8_kernel(const Stage& stage, const KernelCall& call) {
-    std::vector<float> rounded(size_t(call.n_tokens) * size_t(stage.k));
-    round_q8_1(call.in, int64_t(rounded.size()), rounded.data());
+    if (call.n_tokens == 1) {
+        const TensorRef& w = *stage.operands[0];
+        const float* bias = stage.operands.size() > 1 && stage.operands[1]
+                                ? reinterpret_cast<const float*>(stage.operands[1]->data)
+                                : nullptr;
+        const int64_t K = stage.k;
+        std::vector<int8_t> q(static_cast<size_t>(K));
+        std::vector<float> d(q.size() / 32);
+        std::vector<int32_t> sum16(q.size() / 16);
+        quantize_q8_1(call.in, K, q.data(), d.data(), sum16.data());
+        const Q8View x{q.data(), d.data(), sum16.data()};
+        const size_t row_stride = row_bytes(w.format, K);
+        cpu_state(call.backend_state).pool.parallel_for(stage.n, [&](int64_t begin, int64_t end) {
+            for (int64_t n = begin; n < end; ++n) {
+                const float y = dot_row_q8_1(w.format, w.data + n * row_stride, x, K);
+                call.out[n] = bias ? y + bias[n] : y;
+            }
+        });
+        return;
+    }
+    const int64_t K = stage.k;
+    std::vector<float> rounded(size_t(call.n_tokens) * size_t(K));
+    cpu_state(call.backend_state).pool.parallel_for(call.n_tokens, [&](int64_t begin, int64_t end) {
+        round_q8_1(call.in + begin * K, (end - begin) * K, rounded.data() + begin * K);
+    });
     KernelCall exact = call;
     exact.in = rounded.data();
     matmul_kernel(stage, exact);

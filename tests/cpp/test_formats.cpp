@@ -274,6 +274,63 @@ void test_dot_against_dequantize(const char* build, DotFunction dot) {
     std::printf("%s: largest error as a fraction of the tolerance:%s\n", build, worst_summary.c_str());
 }
 
+// dot_row_q8_1 (q8_1 activations: the CPU's cpu.matmul_q8.* decode rows) against an f64 sum of
+// dequantize_row times the rounded values d * q. Bound: dot_tolerance times 8. The integer
+// products are exact, but each run's result is scale * sum(code * q) + offset * sum(q) with the
+// format's bias folded into the offset (Q6_K: offset = -32 scale against codes 0..63), so those
+// two f32 terms can be several times the run's |w x| before they cancel: 8 covers a factor 4
+// of cancellation with the rounding of d * scale on top.
+using DotQ8Function = float (*)(Format, const void*, kcap::Q8View, int64_t);
+
+void test_dot_q8_1(const char* build, DotQ8Function dot) {
+    std::mt19937 rng(4321);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::string summary;
+    int formats = 0;
+    for (const kcap::FormatInfo& info : kcap::all_formats()) {
+        if (info.format == Format::F32 || info.format == Format::F16 || info.format == Format::BF16) continue;
+        ++formats;
+        double worst_ratio = 0.0;
+        int failures_here = 0;
+        for (int64_t n : {int64_t(info.block_elems) * 3, int64_t(640 / info.block_elems) * info.block_elems, int64_t(4096)}) {
+            if (n == 0) continue;
+            for (int trial = 0; trial < 8; ++trial) {
+                const std::vector<uint8_t> row = random_row(info.format, n, rng);
+                std::vector<float> x(n), w(n), xr(n);
+                for (float& v : x) v = normal(rng);
+                if (trial == 0)
+                    for (int64_t i = 0; i < 32; ++i) x[i] = 0.0f;  // a run of zeros: d = 0
+                std::vector<int8_t> q(n);
+                std::vector<float> d(n / 32);
+                std::vector<int32_t> sum16(n / 16);
+                kcap::quantize_q8_1(x.data(), n, q.data(), d.data(), sum16.data());
+                kcap::round_q8_1(x.data(), n, xr.data());
+                kcap::dequantize_row(info.format, row.data(), w.data(), n);
+                double reference = 0.0, magnitude = 0.0;
+                for (int64_t i = 0; i < n; ++i) {
+                    check(xr[i] == d[i / 32] * static_cast<float>(q[i]), "round_q8_1 is d * q of quantize_q8_1");
+                    reference += static_cast<double>(w[i]) * xr[i];
+                    magnitude += std::fabs(static_cast<double>(w[i]) * xr[i]);
+                }
+                const double got = dot(info.format, row.data(), {q.data(), d.data(), sum16.data()}, n);
+                const double error = std::fabs(got - reference), tolerance = 8.0 * dot_tolerance(n, magnitude);
+                if (tolerance > 0) worst_ratio = std::max(worst_ratio, error / tolerance);
+                if (!(error <= tolerance)) {
+                    ++failures_here;
+                    std::printf("  %s %s n=%lld: got %.9g, f64 %.9g, error %.3g > %.3g\n", build, info.name,
+                                static_cast<long long>(n), got, reference, error, tolerance);
+                }
+            }
+        }
+        check(failures_here == 0, std::string(build) + " " + info.name + " q8_1 within tolerance");
+        char ratio[32];
+        std::snprintf(ratio, sizeof ratio, " %s %.3f", info.name, worst_ratio);
+        summary += ratio;
+    }
+    check(formats == 11, "dot_row_q8_1 covers the 11 quantized formats");
+    std::printf("%s: largest error as a fraction of the tolerance:%s\n", build, summary.c_str());
+}
+
 // dot_row with x = e_i (one-hot) is exactly w_i: every other product is a zero and the sum
 // of one value and zeros is exact. This pins the fused decode of every element to
 // dequantize_row's value bit for bit (the scale * code products of these formats are exact
@@ -347,9 +404,12 @@ int main() {
     test_half_conversions();
     test_format_table();
     test_dot_against_dequantize("portable::dot_row", kcap::portable::dot_row);
+    test_dot_q8_1("portable::dot_row_q8_1", kcap::portable::dot_row_q8_1);
+    test_dot_q8_1("kcap::dot_row_q8_1", kcap::dot_row_q8_1);
     test_dot_one_hot_recovers_weights("portable::dot_row", kcap::portable::dot_row);
     if (kcap::avx2::compiled()) {
         test_dot_against_dequantize("avx2::dot_row", kcap::avx2::dot_row);
+        test_dot_q8_1("avx2::dot_row_q8_1", kcap::avx2::dot_row_q8_1);
         test_dot_one_hot_recovers_weights("avx2::dot_row", kcap::avx2::dot_row);
     } else {
         std::printf("note: this build has no AVX2 dot_row; only the portable one is tested\n");

@@ -60,8 +60,23 @@ float dot_row(Format format, const void* src, const float* x, int64_t n_elems);
 
 // q8_1 rounding of activations (EngineOptions::activations = "q8_1"): each 32-value run of x
 // becomes d * q with d = amax / 127 (f32) and q = x * (1 / d) rounded to nearest, ties to even
-// (q = 0 where d = 0). out may be x. n must be a multiple of 32.
+// (q = 0 where d = 0). n must be a multiple of 32.
+//   quantize_q8_1: q [n], d [n / 32] and sum16 [n / 16] (the sum of q over each 16 values)
+//   round_q8_1:    the values d * q as f32 (out may be x)
+void quantize_q8_1(const float* x, int64_t n, int8_t* q, float* d, int32_t* sum16);
 void round_q8_1(const float* x, int64_t n, float* out);
+
+// A row of q8_1 activations (quantize_q8_1's arrays).
+struct Q8View {
+    const int8_t* q;
+    const float* d;
+    const int32_t* sum16;
+};
+
+// dot(dequantize(src), d * q) over n_elems elements, with integer products (the CPU's
+// cpu.matmul_q8.* decode rows): W . q8_1(x) up to the f32 roundings of the per-run scales and
+// of the sum. Every quantized format; F32, F16, BF16 throw FormatError.
+float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems);
 
 // Half-precision helpers shared by formats and the KV cache.
 float f16_to_f32(uint16_t h);
