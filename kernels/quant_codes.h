@@ -59,13 +59,17 @@ struct KcapCodes {
     } while (0)
 
 // codes32 of a format with codes8 (C = its KcapCodes): the code bytes less their bias, as floats
-// (byte ^ 0x80 reads a signed byte as byte + 128, so one subtraction serves both kinds).
+// (signed bytes, Q8_0 and MXFP4: byte ^ 0x80 reads them as byte + 128).
 template <class C>
 KCAP_FN void kcap_codes32_from_codes8(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q,
                                       KCAP_PRIVATE float* scale, KCAP_PRIVATE float* offset) {
     kcap_u32 u[8];
     C::codes8(b, run, u, scale, offset);
-    KCAP_UNROLL for (int w = 0; w < 8; ++w) KCAP_CODES4(q + 4 * w, u[w] ^ 0x80808080u, float(128 + C::bias));
+    if (C::signed_codes) {  // read as byte + 128
+        KCAP_UNROLL for (int w = 0; w < 8; ++w) KCAP_CODES4(q + 4 * w, u[w] ^ 0x80808080u, float(128 + C::bias));
+    } else {
+        KCAP_UNROLL for (int w = 0; w < 8; ++w) KCAP_CODES4(q + 4 * w, u[w], float(C::bias));
+    }
 }
 
 template <>
@@ -89,6 +93,7 @@ struct KcapCodes<KcapQ4_0> {
     static constexpr bool has_offset = false;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 8;
+    static constexpr bool signed_codes = false;  // bytes 0..127: code + bias
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         kcap_codes32_from_codes8<KcapCodes<KcapQ4_0>>(b, run, q, scale, offset);
@@ -112,6 +117,7 @@ struct KcapCodes<KcapQ4_1> {
     static constexpr bool has_offset = true;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 0;
+    static constexpr bool signed_codes = false;  // bytes 0..127: code + bias
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         kcap_codes32_from_codes8<KcapCodes<KcapQ4_1>>(b, run, q, scale, offset);
@@ -143,6 +149,7 @@ struct KcapCodes<KcapQ5_0> {
     static constexpr bool has_offset = false;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 16;
+    static constexpr bool signed_codes = false;  // bytes 0..127: code + bias
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         kcap_codes32_from_codes8<KcapCodes<KcapQ5_0>>(b, run, q, scale, offset);
@@ -167,6 +174,7 @@ struct KcapCodes<KcapQ5_1> {
     static constexpr bool has_offset = true;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 0;
+    static constexpr bool signed_codes = false;  // bytes 0..127: code + bias
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         kcap_codes32_from_codes8<KcapCodes<KcapQ5_1>>(b, run, q, scale, offset);
@@ -192,6 +200,7 @@ struct KcapCodes<KcapQ8_0> {
     static constexpr bool has_offset = false;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 0;
+    static constexpr bool signed_codes = true;  // the bytes are signed codes
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         kcap_codes32_from_codes8<KcapCodes<KcapQ8_0>>(b, run, q, scale, offset);
@@ -210,6 +219,7 @@ struct KcapCodes<KcapQ2_K> {
     static constexpr bool has_offset = true;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 0;
+    static constexpr bool signed_codes = false;  // bytes 0..127: code + bias
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         kcap_codes32_from_codes8<KcapCodes<KcapQ2_K>>(b, run, q, scale, offset);
@@ -237,6 +247,7 @@ struct KcapCodes<KcapQ3_K> {
     static constexpr bool has_offset = false;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 4;
+    static constexpr bool signed_codes = false;  // bytes 0..127: code + bias
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         kcap_codes32_from_codes8<KcapCodes<KcapQ3_K>>(b, run, q, scale, offset);
@@ -264,6 +275,7 @@ struct KcapCodes<KcapQ4_K> {
     static constexpr bool has_offset = true;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 0;
+    static constexpr bool signed_codes = false;  // bytes 0..127: code + bias
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         kcap_codes32_from_codes8<KcapCodes<KcapQ4_K>>(b, run, q, scale, offset);
@@ -294,6 +306,7 @@ struct KcapCodes<KcapQ5_K> {
     static constexpr bool has_offset = true;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 0;
+    static constexpr bool signed_codes = false;  // bytes 0..127: code + bias
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         kcap_codes32_from_codes8<KcapCodes<KcapQ5_K>>(b, run, q, scale, offset);
@@ -319,6 +332,7 @@ struct KcapCodes<KcapQ6_K> {
     static constexpr bool has_offset = false;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 32;
+    static constexpr bool signed_codes = false;  // bytes 0..127: code + bias
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         kcap_codes32_from_codes8<KcapCodes<KcapQ6_K>>(b, run, q, scale, offset);
@@ -346,6 +360,7 @@ struct KcapCodes<KcapMXFP4> {
     static constexpr bool has_offset = false;
     static constexpr bool has_codes8 = true;
     static constexpr int bias = 0;
+    static constexpr bool signed_codes = true;  // the bytes are signed codes
     static KCAP_FN void codes32(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q, KCAP_PRIVATE float* scale,
                                 KCAP_PRIVATE float* offset) {
         kcap_codes32_from_codes8<KcapCodes<KcapMXFP4>>(b, run, q, scale, offset);

@@ -236,6 +236,8 @@ void test_codes8(std::mt19937& rng) {
                                         offset8[h], scale[h], offset[h]);
                         for (int i = 0; i < 32; ++i) {
                             const int byte = int(int8_t(uint8_t(u[i / 4] >> (8 * (i % 4)))));
+                            KCAP_EXPECT(C::signed_codes || byte >= 0, "codes8 %s: byte %d of a format with unsigned codes",
+                                        info.name, byte);
                             KCAP_EXPECT(float(byte - C::bias) == q[i], "codes8 %s run %d elem %d: %d - %d, codes32 %g",
                                         info.name, run, i, byte, C::bias, q[i]);
                         }
