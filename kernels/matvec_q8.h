@@ -2,7 +2,7 @@
 // activations = "q8_1"): y[n] = W[n, :] . q8_1(x), what llama.cpp's mmvq computes.
 //
 // q8_1(x): every 32-element run of x becomes d * q, d = amax / 127 (f32), q = round(x / d) as
-// int8 (x * (1 / d), ties to even; d = 0 gives q = 0): round_q8_1 of kcap/formats.h, the CPU
+// int8 (x * (1 / d), ties to even; q = 0 where d is 0 or subnormal): round_q8_1 of kcap/formats.h, the CPU
 // rows' rounding. kcap_q8_quantize_run is it for one run, kcap_q8_quantize_quad for a run spread
 // over 8 lanes (the host test holds both to round_q8_1 bit for bit).
 //
@@ -26,6 +26,9 @@
 #include "kernels/quant_codes.h"
 
 #define KCAP_Q8_RUN_WORDS 12
+// Below this d (FLT_MIN, the smallest normal float) 1 / d would overflow: such a run (amax under
+// 1.5e-36) takes q = 0, as in round_q8_1.
+#define KCAP_Q8_MIN_SCALE 1.17549435e-38f
 
 // Words of threadgroup memory for chunks of chunk_runs runs and simds * sums partials.
 KCAP_FN int kcap_matvec_q8_words(int chunk_runs, int simds, int sums) {
@@ -37,7 +40,7 @@ KCAP_FN float kcap_q8_quantize_run(const KCAP_PRIVATE float* x, KCAP_PRIVATE int
     float amax = 0.0f;
     for (int i = 0; i < 32; ++i) amax = kcap_fmax(amax, x[i] < 0.0f ? -x[i] : x[i]);
     const float d = amax / 127.0f;
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    const float id = d >= KCAP_Q8_MIN_SCALE ? 1.0f / d : 0.0f;
     for (int i = 0; i < 32; ++i) q[i] = kcap_round_to_int(x[i] * id);
     return d;
 }
@@ -58,7 +61,7 @@ KCAP_FN KcapQ8Quad kcap_q8_quantize_quad(const float4 v) {
     amax = kcap_fmax(amax, kcap_simd_shuffle_xor(amax, 4));
     KcapQ8Quad out;
     out.d = amax / 127.0f;
-    const float id = out.d > 0.0f ? 1.0f / out.d : 0.0f;
+    const float id = out.d >= KCAP_Q8_MIN_SCALE ? 1.0f / out.d : 0.0f;
     const int q0 = kcap_round_to_int(v.x * id), q1 = kcap_round_to_int(v.y * id);
     const int q2 = kcap_round_to_int(v.z * id), q3 = kcap_round_to_int(v.w * id);
     int sum = q0 + q1 + q2 + q3;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -97,7 +98,7 @@ void quantize_q8_1(const float* x, int64_t n, int8_t* q, float* d, int32_t* sum1
         float amax = 0.0f;
         for (int64_t i = r; i < r + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
         const float scale = amax / 127.0f;
-        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+        const float inverse = scale >= std::numeric_limits<float>::min() ? 1.0f / scale : 0.0f;
         d[r / 32] = scale;
         for (int half = 0; half < 2; ++half) {
             int32_t sum = 0;

@@ -439,6 +439,20 @@ bool fits(const Stage& stage, const PlanOptions& options) {
     return best_row(stage, options, ignored) != nullptr;
 }
 
+// A fused matmul stage keeps the activation encoding of the stages it replaces: its row must
+// round its input as each of theirs would (an exact cuda.qkv for a Q/K/V mix with a float
+// format must not replace q8_1 rows for the quantized ones; that would change the numbers).
+bool fits_keeping_encoding(const Stage& fused, const std::vector<const Stage*>& parts, const PlanOptions& options) {
+    std::ostringstream ignored;
+    const Row* row = best_row(fused, options, ignored);
+    if (!row) return false;
+    for (const Stage* part : parts) {
+        const Row* alone = best_row(*part, options, ignored);
+        if (alone && alone->input_encoding != row->input_encoding) return false;
+    }
+    return true;
+}
+
 uint32_t norm_kind_features(const Stage& norm) { return norm.features & (kRmsNorm | kLayerNorm); }
 
 // [post_norm(proj -> proj)] + add(residual += scale * proj) + norm(residual -> normed)
@@ -504,7 +518,7 @@ size_t fuse_gate_up(const std::vector<Stage>& stages, size_t i, const PlanOption
     fused.params.activation = act.params.activation;
     fused.features = act.features;
     fused.input_encoding = gate.input_encoding;
-    if (!fits(fused, options)) return 0;
+    if (!fits_keeping_encoding(fused, {&gate, &up}, options)) return 0;
     return 3;
 }
 
@@ -524,7 +538,7 @@ size_t fuse_qkv(const std::vector<Stage>& stages, size_t i, const PlanOptions& o
     fused.operands = {q.operands[0], k.operands[0], v.operands[0]};
     fused.input2 = Buffer::K;
     fused.input3 = Buffer::V;
-    if (!fits(fused, options)) return 0;
+    if (!fits_keeping_encoding(fused, {&q, &k, &v}, options)) return 0;
     return 3;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -241,7 +242,7 @@ inline std::vector<int64_t> k_edges(const Row& row, int64_t longest) {
 
 // The values a q8_1 row multiplies (the reference of cuda.matmul_q8.* / cuda.gate_up_q8.*): each
 // 32-element run of x as d * q, d = amax / 127 in f32, q = x * (1 / d) rounded to nearest (ties
-// to even), 0 where d = 0. kernels/matvec_q8.h's rounding restated; the host test holds the
+// to even), 0 where d is 0 or subnormal. kernels/matvec_q8.h's rounding restated; the host test holds the
 // kernel's kcap_q8_quantize_run to this bit for bit. K must be a multiple of 32.
 inline std::vector<float> q8_1_values(const std::vector<float>& x) {
     std::vector<float> out(x.size());
@@ -249,7 +250,7 @@ inline std::vector<float> q8_1_values(const std::vector<float>& x) {
         float amax = 0.0f;
         for (size_t i = r; i < r + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
         const float d = amax / 127.0f;
-        const float id = d > 0.0f ? 1.0f / d : 0.0f;
+        const float id = d >= std::numeric_limits<float>::min() ? 1.0f / d : 0.0f;
         for (size_t i = r; i < r + 32; ++i) out[i] = d * std::nearbyint(x[i] * id);
     }
     return out;

@@ -279,6 +279,23 @@ def test_q8_1_activations_route_matmuls_to_the_int8_rows(tmp_path):
                      excluded_kernels=["cuda.matmul.q4_k", "cuda.matmul_mma.q4_k"])
 
 
+def test_q8_1_fusion_keeps_each_matmuls_encoding(tmp_path):
+    # A Q/K/V mix with a float format: cuda.qkv_q8 has no F16 body, and the exact cuda.qkv would
+    # take the three matmuls off q8_1 (Q and K have q8_1 rows alone), so the planner does not
+    # fuse them: Q and K round their input, V (F16, no q8_1 row) stays exact. Where every format
+    # has a q8_1 row the fused row is cuda.qkv_q8.
+    mixed = synth.tiny_llama(str(tmp_path / "mixed.gguf"), n_layer=1, tensor_types={"blk.0.attn_v.weight": "F16"})
+    kernels = {r["stage"]: r["kernel"] for r in explain_file(mixed, backend="cuda", activations="q8_1") if r["layer"] == 0}
+    assert kernels["attn_q"] == "cuda.matmul_q8.q8_0" and kernels["attn_k"] == "cuda.matmul_q8.q8_0"
+    assert kernels["attn_v"].startswith("cuda.matmul_mma.f16") or kernels["attn_v"] == "cuda.matmul.f16", kernels
+    assert kernels["ffn_gate+ffn_up+ffn_act"] == "cuda.gate_up_q8.q8_0"
+    exact = {r["stage"]: r["kernel"] for r in explain_file(mixed, backend="cuda") if r["layer"] == 0}
+    assert exact["attn_q+attn_k+attn_v"] == "cuda.qkv"  # without q8_1 the mix fuses as before
+    plain = synth.tiny_llama(str(tmp_path / "plain.gguf"), n_layer=1)
+    kernels = {r["stage"]: r["kernel"] for r in explain_file(plain, backend="cuda", activations="q8_1") if r["layer"] == 0}
+    assert kernels["attn_q+attn_k+attn_v"] == "cuda.qkv_q8"
+
+
 def test_tensor_core_attention_takes_only_its_head_dims(tmp_path):
     # cuda.attention_mma has tensor-core bodies for head dims 64, 128 and 256 (head_dim_v the
     # same): head_dim 32 with an f16 cache takes the SIMT row, and without it the stage is

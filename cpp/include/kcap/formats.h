@@ -60,7 +60,7 @@ float dot_row(Format format, const void* src, const float* x, int64_t n_elems);
 
 // q8_1 rounding of activations (EngineOptions::activations = "q8_1"): each 32-value run of x
 // becomes d * q with d = amax / 127 (f32) and q = x * (1 / d) rounded to nearest, ties to even
-// (q = 0 where d = 0). n must be a multiple of 32.
+// (q = 0 where d is 0 or subnormal). n must be a multiple of 32.
 //   quantize_q8_1: q [n], d [n / 32] and sum16 [n / 16] (the sum of q over each 16 values)
 //   round_q8_1:    the values d * q as f32 (out may be x)
 void quantize_q8_1(const float* x, int64_t n, int8_t* q, float* d, int32_t* sum16);

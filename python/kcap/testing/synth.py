@@ -185,8 +185,9 @@ def llama_tensor_shapes(n_layer: int, n_embd: int, n_head: int, n_head_kv: int, 
 
 def tiny_llama(path: str, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 96,
                n_vocab: int = 256, weight_type: str = "Q8_0", context_length: int = 256, tied: bool = True,
-               seed: int = 0, extra_metadata: dict | None = None) -> str:
-    """A small random Llama-layout model with no tokenizer ("no_vocab"): drive it by ids."""
+               seed: int = 0, extra_metadata: dict | None = None, tensor_types: dict | None = None) -> str:
+    """A small random Llama-layout model with no tokenizer ("no_vocab"): drive it by ids.
+    tensor_types: a type for some tensors by name (e.g. {"blk.0.attn_v.weight": "F16"})."""
     rng = np.random.default_rng(seed)
     head_dim = n_embd // n_head
     meta = {
@@ -205,7 +206,7 @@ def tiny_llama(path: str, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n
     meta.update(extra_metadata or {})
     tensors = []
     for name, shape in llama_tensor_shapes(n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, tied):
-        type_name = "F32" if len(shape) == 1 else weight_type
+        type_name = (tensor_types or {}).get(name, "F32" if len(shape) == 1 else weight_type)
         tensors.append((name, type_name, shape, plausible_weights(type_name, shape, rng)))
     return write_gguf(path, "llama", meta, tensors)
 
