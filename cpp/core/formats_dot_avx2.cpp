@@ -67,16 +67,19 @@ struct Q8Run {
 inline __m256 unsigned_bytes_to_float(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
 inline __m256 signed_bytes_to_float(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)); }
 
-// acc[k] += (code[8k..8k+7] * scale + offset) * x[8k..8k+7] for the 32 codes (bytes, signed
-// or not); the first 16 use (scale_low, offset_low), the last 16 (scale_high, offset_high).
-template <bool kSigned = false>
+// acc[k] += ((code[8k..8k+7] - kBias) * scale + offset) * x[8k..8k+7] for the 32 codes (bytes,
+// signed or not); the first 16 use (scale_low, offset_low), the last 16 (scale_high,
+// offset_high). The bias (a power of two) goes into the FMA's addend: offset - kBias * scale is
+// exact (the formats with a bias have no offset).
+template <bool kSigned = false, int kBias = 0>
 inline void accumulate_32(__m256i codes, float scale_low, float offset_low, float scale_high, float offset_high,
                           const float* x, Accumulators& acc) {
     const __m128i low = _mm256_castsi256_si128(codes);
     const __m128i high = _mm256_extracti128_si256(codes, 1);
     const __m128i parts[4] = {low, _mm_unpackhi_epi64(low, low), high, _mm_unpackhi_epi64(high, high)};
     const __m256 scale[2] = {_mm256_set1_ps(scale_low), _mm256_set1_ps(scale_high)};
-    const __m256 offset[2] = {_mm256_set1_ps(offset_low), _mm256_set1_ps(offset_high)};
+    const __m256 offset[2] = {_mm256_set1_ps(offset_low - float(kBias) * scale_low),
+                              _mm256_set1_ps(offset_high - float(kBias) * scale_high)};
     for (int k = 0; k < 4; ++k) {
         const __m256 code = kSigned ? signed_bytes_to_float(parts[k]) : unsigned_bytes_to_float(parts[k]);
         const __m256 weight = _mm256_fmadd_ps(code, scale[k / 2], offset[k / 2]);
@@ -84,17 +87,23 @@ inline void accumulate_32(__m256i codes, float scale_low, float offset_low, floa
     }
 }
 
-// The same for q8_1 activations x = d * q: per 16 values, sum(code * q) in int32 (maddubs on
-// the unsigned codes, or on |code| with q's signs moved for signed ones; pairs stay within
-// int16: 2 * 128 * 127), times d * scale; the offsets take d * offset * sum(q) per 16 values.
-// Each 16-value half lands in 4 lanes of lane[0] (run after run: the lanes sum n/32 terms).
-template <bool kSigned = false>
+// The same for q8_1 activations x = d * q: per 16 values, sum((code - kBias) * q) in int32
+// (maddubs on the unsigned codes, or on |code| with q's signs moved for signed ones; pairs stay
+// within int16: 2 * 128 * 127; the bias times sum(q) subtracted in int32, so nothing cancels in
+// f32), times d * scale; the offsets take d * offset * sum(q) per 16 values. Each 16-value half
+// lands in 4 lanes of lane[0] (run after run: the lanes sum n/32 terms).
+template <bool kSigned = false, int kBias = 0>
 inline void accumulate_32(__m256i codes, float scale_low, float offset_low, float scale_high, float offset_high,
                           Q8Run x, Accumulators& acc) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.v.q));
+    const __m256i ones = _mm256_set1_epi16(1);
     const __m256i pairs = kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(codes, codes), _mm256_sign_epi8(q, codes))
                                   : _mm256_maddubs_epi16(codes, q);
-    const __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));  // lanes 0-3: values 0-15; 4-7: 16-31
+    __m256i quads = _mm256_madd_epi16(pairs, ones);  // lanes 0-3: values 0-15; 4-7: 16-31
+    if (kBias != 0) {
+        const __m256i q_quads = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), ones);
+        quads = _mm256_sub_epi32(quads, _mm256_mullo_epi32(q_quads, _mm256_set1_epi32(kBias)));
+    }
     const float d = x.v.d[0];
     const __m256 scale = _mm256_setr_ps(d * scale_low, d * scale_low, d * scale_low, d * scale_low, d * scale_high,
                                         d * scale_high, d * scale_high, d * scale_high);
@@ -103,9 +112,9 @@ inline void accumulate_32(__m256i codes, float scale_low, float offset_low, floa
 }
 
 // One scale and offset for all 32 codes.
-template <bool kSigned = false, class X>
+template <bool kSigned = false, int kBias = 0, class X>
 inline void accumulate_32(__m256i codes, float scale, float offset, X x, Accumulators& acc) {
-    accumulate_32<kSigned>(codes, scale, offset, scale, offset, x, acc);
+    accumulate_32<kSigned, kBias>(codes, scale, offset, scale, offset, x, acc);
 }
 
 inline __m256i load_256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -144,7 +153,7 @@ float dot_q4_0(const BlockQ4_0* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const float d = load_half(blocks[b].d);
-        accumulate_32(legacy_nibbles(blocks[b].qs), d, -8.0f * d, x + kQK * b, acc);
+        accumulate_32<false, 8>(legacy_nibbles(blocks[b].qs), d, 0.0f, x + kQK * b, acc);
     }
     return acc.total();
 }
@@ -165,7 +174,7 @@ float dot_q5_0(const BlockQ5_0* blocks, X x, int64_t n_blocks) {
     for (int64_t b = 0; b < n_blocks; ++b) {
         const float d = load_half(blocks[b].d);
         const __m256i codes = _mm256_or_si256(legacy_nibbles(blocks[b].qs), fifth_bits(blocks[b].qh));
-        accumulate_32(codes, d, -16.0f * d, x + kQK * b, acc);
+        accumulate_32<false, 16>(codes, d, 0.0f, x + kQK * b, acc);
     }
     return acc.total();
 }
@@ -244,7 +253,7 @@ float dot_q3_k(const BlockQ3_K* blocks, X x, int64_t n_blocks) {
                 const __m256i codes = _mm256_or_si256(shift_mask(packed, 2 * shift, 0x03), high);
                 const float scale_low = d * static_cast<float>(q3_k_scale(block.scales, run));
                 const float scale_high = d * static_cast<float>(q3_k_scale(block.scales, run + 1));
-                accumulate_32(codes, scale_low, -4.0f * scale_low, scale_high, -4.0f * scale_high,
+                accumulate_32<false, 4>(codes, scale_low, 0.0f, scale_high, 0.0f,
                               xb + 128 * half + 32 * shift, acc);
             }
         }
@@ -297,8 +306,8 @@ float dot_q6_k(const BlockQ6_K* blocks, X x, int64_t n_blocks) {
                 const __m256i high = _mm256_slli_epi16(shift_mask(qh, 2 * s, 0x03), 4);
                 const float scale_low = d * static_cast<float>(block.scales[run]);
                 const float scale_high = d * static_cast<float>(block.scales[run + 1]);
-                accumulate_32(_mm256_or_si256(low, high), scale_low, -32.0f * scale_low, scale_high,
-                              -32.0f * scale_high, xb + 128 * half + 32 * s, acc);
+                accumulate_32<false, 32>(_mm256_or_si256(low, high), scale_low, 0.0f, scale_high, 0.0f,
+                                         xb + 128 * half + 32 * s, acc);
             }
         }
     }

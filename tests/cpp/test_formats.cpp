@@ -276,10 +276,10 @@ void test_dot_against_dequantize(const char* build, DotFunction dot) {
 
 // dot_row_q8_1 (q8_1 activations: the CPU's cpu.matmul_q8.* decode rows) against an f64 sum of
 // dequantize_row times the rounded values d * q. Bound: dot_tolerance times 8. The integer
-// products are exact, but each run's result is scale * sum(code * q) + offset * sum(q) with the
-// format's bias folded into the offset (Q6_K: offset = -32 scale against codes 0..63), so those
-// two f32 terms can be several times the run's |w x| before they cancel: 8 covers a factor 4
-// of cancellation with the rounding of d * scale on top.
+// products are exact (the formats' biases subtracted in int32 too), but a run's result is
+// scale * sum(code * q) + offset * sum(q) for the formats with offsets (the K-quants' mins), and
+// those two f32 terms can be several times the run's |w x| before they cancel: 8 covers a
+// factor 4 of cancellation with the rounding of d * scale on top.
 using DotQ8Function = float (*)(Format, const void*, kcap::Q8View, int64_t);
 
 void test_dot_q8_1(const char* build, DotQ8Function dot) {
@@ -300,6 +300,8 @@ void test_dot_q8_1(const char* build, DotQ8Function dot) {
                 for (float& v : x) v = normal(rng);
                 if (trial == 0)
                     for (int64_t i = 0; i < 32; ++i) x[i] = 0.0f;  // a run of zeros: d = 0
+                if (trial == 1)
+                    for (float& v : x) v = std::fabs(v);  // one sign: a bias folded into f32 would cancel
                 std::vector<int8_t> q(n);
                 std::vector<float> d(n / 32);
                 std::vector<int32_t> sum16(n / 16);
