@@ -3,8 +3,8 @@
 //
 // q8_1(x): every 32-element run of x becomes d * q, d = amax / 127 (f32), q = round(x / d) as
 // int8 (x * (1 / d), ties to even; q = 0 where d is 0 or subnormal): round_q8_1 of kcap/formats.h, the CPU
-// rows' rounding. kcap_q8_quantize_run is it for one run, kcap_q8_quantize_quad for a run spread
-// over 8 lanes (the host test holds both to round_q8_1 bit for bit).
+// rows' rounding. kcap_q8_quantize_quad is it for a run spread over 8 lanes, used by the staged
+// matvec and the batch form (the host test holds both to round_q8_1 bit for bit).
 //
 // Weights are read as codes (KcapCodes<F>::codes8, kernels/quant_codes.h): w = scale * (byte -
 // bias) + offset per 16- or 32-element sub-block. Per run and sub-block, sum(byte * q) comes from
@@ -30,24 +30,9 @@
 // 1.5e-36) takes q = 0, as in round_q8_1.
 #define KCAP_Q8_MIN_SCALE 1.17549435e-38f
 
-// Words of threadgroup memory for chunks of chunk_runs runs and simds * sums partials.
-KCAP_FN int kcap_matvec_q8_words(int chunk_runs, int simds, int sums) {
-    return chunk_runs * (KCAP_Q8_RUN_WORDS + 1) + simds * sums;
-}
-
-// q8_1 of one 32-element run: q[0..31], and returns d.
-KCAP_FN float kcap_q8_quantize_run(const KCAP_PRIVATE float* x, KCAP_PRIVATE int* q) {
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = kcap_fmax(amax, x[i] < 0.0f ? -x[i] : x[i]);
-    const float d = amax / 127.0f;
-    const float id = d >= KCAP_Q8_MIN_SCALE ? 1.0f / d : 0.0f;
-    for (int i = 0; i < 32; ++i) q[i] = kcap_round_to_int(x[i] * id);
-    return d;
-}
-
 // q8_1 of one float4 of a run whose 8 float4 are held by 8 aligned consecutive lanes of a simd
 // group (every lane of the simd group calls it): the run's d, v's four codes packed as bytes, and
-// the sum of q over v's 16-element half (its 4 aligned lanes). Equal to kcap_q8_quantize_run.
+// the sum of q over v's 16-element half (its 4 aligned lanes).
 struct KcapQ8Quad {
     kcap_u32 codes;
     int half_sum;
@@ -135,8 +120,8 @@ KCAP_FN float kcap_q8_run_dot(const KCAP_GLOBAL kcap_u8* block, int run, const K
 }
 
 // Grid: x = ceil(n / ((simds / split) * ROWS)), y = tokens. MODE and operands as
-// kcap_matvec_staged; x and y are token group_y's rows. shared: kcap_matvec_q8_words(chunk_runs,
-// simds, ROWS * (MODE == KCAP_MATVEC_GATE_UP ? 2 : 1)) words.
+// kcap_matvec_staged; x and y are token group_y's rows. shared: chunk_runs * (KCAP_Q8_RUN_WORDS + 1)
+// + simds * ROWS * (MODE == KCAP_MATVEC_GATE_UP ? 2 : 1) words (cuda_rows::matvec_q8_shared_words).
 template <class F, int ROWS, int MODE>
 KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, int split, int chunk_runs,
                             const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1, const KCAP_GLOBAL float* x,

@@ -17,7 +17,6 @@
 #include <cstring>
 #include <limits>
 #include <string>
-#include <vector>
 
 #include "core/formats_blocks.h"
 #include "kcap/errors.h"
@@ -112,11 +111,14 @@ void quantize_q8_1(const float* x, int64_t n, int8_t* q, float* d, int32_t* sum1
 }
 
 void round_q8_1(const float* x, int64_t n, float* out) {
-    std::vector<int8_t> q(static_cast<size_t>(std::max<int64_t>(n, 0)));
-    std::vector<float> d(q.size() / 32);
-    std::vector<int32_t> sum16(q.size() / 16);
-    quantize_q8_1(x, n, q.data(), d.data(), sum16.data());
-    for (int64_t i = 0; i < n; ++i) out[i] = d[size_t(i / 32)] * static_cast<float>(q[size_t(i)]);
+    if (n % 32 != 0) throw FormatError("q8_1 rounding needs whole runs of 32 values, got " + std::to_string(n));
+    for (int64_t r = 0; r < n; r += 32) {  // a run at a time: no allocation (out may be x)
+        int8_t q[32];
+        float d;
+        int32_t sum16[2];
+        quantize_q8_1(x + r, 32, q, &d, sum16);
+        for (int i = 0; i < 32; ++i) out[r + i] = d * static_cast<float>(q[i]);
+    }
 }
 
 }  // namespace kcap

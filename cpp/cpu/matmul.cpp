@@ -120,9 +120,10 @@ void matmul_q8_kernel(const Stage& stage, const KernelCall& call) {
                                 ? reinterpret_cast<const float*>(stage.operands[1]->data)
                                 : nullptr;
         const int64_t K = stage.k;
-        std::vector<int8_t> q(static_cast<size_t>(K));
-        std::vector<float> d(q.size() / 32);
-        std::vector<int32_t> sum16(q.size() / 16);
+        thread_local std::vector<int8_t> q;  // reused token after token: no allocation per matmul
+        thread_local std::vector<float> d;
+        thread_local std::vector<int32_t> sum16;
+        q.resize(size_t(K)), d.resize(size_t(K / 32)), sum16.resize(size_t(K / 16));
         quantize_q8_1(call.in, K, q.data(), d.data(), sum16.data());
         const Q8View x{q.data(), d.data(), sum16.data()};
         const size_t row_stride = row_bytes(w.format, K);

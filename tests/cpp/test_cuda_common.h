@@ -243,7 +243,7 @@ inline std::vector<int64_t> k_edges(const Row& row, int64_t longest) {
 // The values a q8_1 row multiplies (the reference of cuda.matmul_q8.* / cuda.gate_up_q8.*): each
 // 32-element run of x as d * q, d = amax / 127 in f32, q = x * (1 / d) rounded to nearest (ties
 // to even), 0 where d is 0 or subnormal. kernels/matvec_q8.h's rounding restated; the host test holds the
-// kernel's kcap_q8_quantize_run to this bit for bit. K must be a multiple of 32.
+// kernels' rounding (kernels/matvec_q8.h) to this bit for bit. K must be a multiple of 32.
 inline std::vector<float> q8_1_values(const std::vector<float>& x) {
     std::vector<float> out(x.size());
     for (size_t r = 0; r + 32 <= x.size(); r += 32) {
