@@ -18,7 +18,8 @@
 // splits its rows' runs over more simd groups until about N per multiprocessor run
 // (cuda_rows::matvec_split); KCAP_ATTN_DECODE_SIMDS=4|8, KCAP_ATTN_MIN_CHUNK=N (a multiple of
 // 32) and KCAP_ATTN_SPLITS_PER_SM=N change the decode attention's groups; KCAP_MMA_STAGED=0|1
-// turns the prefill matmuls' shared-memory weight staging off or on for every K.
+// turns the prefill matmuls' shared-memory weight staging off or on for every K; KCAP_Q8_PREQUANT=0
+// has every q8_1 matvec's groups quantize x themselves instead of taking it quantized once.
 // KCAP_CUDA_PROFILE=1 runs decode steps without the graph, times every stage with CUDA events (each stage waited for, so the times include each launch's
 // latency) and prints the totals per kernel and per stage name to stderr when the backend is
 // destroyed; prefill chunks are timed the same way into tables of their own.
@@ -142,6 +143,7 @@ public:
         ctx.attn_min_chunk = min_chunk >= 32 && min_chunk % 32 == 0 ? min_chunk : cuda_rows::kAttnMinChunk;
         ctx.attn_splits_per_sm = std::max(1, env_int("KCAP_ATTN_SPLITS_PER_SM", cuda_rows::kAttnSplitsPerSm));
         ctx.mma_staged = env_int("KCAP_MMA_STAGED", -1);
+        ctx.q8_prequantize = env_int("KCAP_Q8_PREQUANT", 1);
         profile_ = env_int("KCAP_CUDA_PROFILE", 0) != 0;
         if (profile_) use_graph_ = false;
         KCAP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
@@ -366,6 +368,7 @@ private:
     // Every routed stage for n tokens, as the CPU backend walks them: tail stages (the LM head)
     // run on the last token only unless every position's logits are wanted.
     void run_stages(int64_t n, bool need_logits, bool all_logits, float* logits) {
+        ctx_.q8_rows_next = {};
         for (size_t i = 0; i < plan_.stages.size(); ++i) {
             const RoutedStage& routed = plan_.stages[i];
             const Stage& stage = routed.stage;
@@ -375,6 +378,9 @@ private:
                 continue;
             call.backend_state = &ctx_;
             call.stage_state = &stage_data_[i];
+            // What the previous stage quantized into q8_rows holds for this stage only.
+            ctx_.q8_rows_of = ctx_.q8_rows_next;
+            ctx_.q8_rows_next = {};
             if (profile_) {
                 timed(routed.row->kernel, stage.name, [&] { routed.row->fn(stage, call); }, n > 1);
             } else {

@@ -45,6 +45,7 @@ struct Context {
     int attn_decode_simds = 0;  // 0: cuda_rows::attn_decode_simds(n_head_kv)
     int attn_min_chunk = cuda_rows::kAttnMinChunk;
     int attn_splits_per_sm = cuda_rows::kAttnSplitsPerSm;
+    int q8_prequantize = 1;  // KCAP_Q8_PREQUANT=0: the q8_1 matvec's groups quantize x themselves (a measurement switch)
     int mma_staged = -1;  // KCAP_MMA_STAGED: prefill matmul weights staged in shared memory (1), not (0), by K (-1)
     // Decode-step state in device memory, so one captured graph serves every step:
     // step[0] = position of token 0 of the call, step[1] = tokens generated (history index).
@@ -64,11 +65,38 @@ struct Context {
     std::vector<KvCache> kv;     // one per layer (null for a shared-KV layer: it reads its source's)
     float* attn_partial_o = nullptr;   // split-K decode partials
     float* attn_partial_ml = nullptr;
-    // q8_1 activations of a batch (cuda/matmul_q8.cu): codes, run scales and half sums of up
-    // to q8_rows_capacity bytes (cuda_rows::q8_rows_bytes); null where no q8_1 row is planned.
+    // q8_1 activations of a matmul's input (cuda/matmul_q8.cu): codes, run scales and half sums
+    // of up to q8_rows_capacity bytes (cuda_rows::q8_rows_bytes); null where no q8_1 row is planned.
     void* q8_rows = nullptr;
     size_t q8_rows_capacity = 0;
+    // What q8_rows holds for the stage now running: q8_1 of the f32 buffer q8_rows_of.x (m x k),
+    // written by the stage before it (cuda.add_norm quantizes its output there when the plan has
+    // q8_1 rows), so a q8_1 matmul of that x skips its quantize launch. A stage that writes
+    // q8_rows sets q8_rows_next; run_stages moves it to q8_rows_of before each stage (so it holds
+    // for exactly the next stage) and clears it.
+    struct Q8Source {
+        const float* x = nullptr;
+        int m = 0, k = 0;
+    };
+    Q8Source q8_rows_of, q8_rows_next;
 };
+
+// m x k q8_1 values in a context's q8_rows (the form of kcap_q8_quantize_rows).
+struct Q8Rows {
+    uint32_t* codes;     // [m][k / 4] words of 4 signed bytes
+    float* d;            // [m][k / 32]
+    int32_t* half_sums;  // [m][k / 16]
+};
+inline Q8Rows q8_rows_layout(const Context& ctx, int m, int k) {
+    const size_t bytes = size_t(cuda_rows::q8_rows_bytes(m, k));
+    if (!ctx.q8_rows || bytes > ctx.q8_rows_capacity)
+        throw Error("q8_1 activations of " + std::to_string(m) + " x " + std::to_string(k) +
+                    " exceed the backend's scratch (" + std::to_string(ctx.q8_rows_capacity) + " bytes)");
+    auto* codes = static_cast<uint32_t*>(ctx.q8_rows);
+    auto* d = reinterpret_cast<float*>(static_cast<uint8_t*>(ctx.q8_rows) + size_t(m) * size_t(k));
+    auto* half_sums = reinterpret_cast<int32_t*>(d + size_t(m) * size_t(k / 32));
+    return {codes, d, half_sums};
+}
 
 // Bound to one stage when the backend is built.
 struct StageData {

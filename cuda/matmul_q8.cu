@@ -7,9 +7,9 @@
 //   a batch: int8 tensor-core tiles below, the bf16 rows' tile, warp layout and raw weight staging
 //   (cuda/mma_tiles.h) on mma.sync m16n8k32 (sub-blocks of 32) or m16n8k16 (of 16) s8 x s8 -> s32.
 //
-// The activations of a batch are quantized once (kcap_q8_quantize_rows, into the backend's q8_1
-// scratch) for every tile and every matrix that reads them (qkv's three, gate_up's two). The
-// tile step: as in matmul_mma.cu, each thread decodes one 32-element run of one weight row
+// The activations of every matmul, one token or a batch, are quantized once (kcap_q8_quantize_rows,
+// into the backend's q8_1 scratch) for every group, tile and matrix that reads them (qkv's three,
+// gate_up's two); the matvec's groups copy runs of it into shared memory. The tile step: as in matmul_mma.cu, each thread decodes one 32-element run of one weight row
 // (codes8: eight words of code bytes, straight into shared memory, no conversion) and stores 16
 // activation codes, a half sum and (half the threads) a run scale, loaded a step ahead. Then per
 // run of the step and per sub-block, T = sum(byte * q) on the tensor cores and
@@ -36,11 +36,37 @@ using namespace mma_tiles;
 KCAP_Q8_WEIGHT_FORMATS(KCAP_CHECK_Q8_LIST)
 #undef KCAP_CHECK_Q8_LIST
 
+__global__ void __launch_bounds__(kQ8QuantizeThreads)
+    quantize_rows_kernel(const float* x, int m, int k, kcap_u32* codes, float* d, kcap_i32* half_sums) {
+    pdl_wait();
+    pdl_trigger();
+    kcap_q8_quantize_rows(kcap_cuda_thread(), x, m, k, codes, d, half_sums);
+}
+
+// x quantized once into the context's q8_rows (one launch).
+Q8Rows quantize_rows(const Context& ctx, int m, int k, const float* x) {
+    const Q8Rows rows = q8_rows_layout(ctx, m, k);
+    launch(ctx, quantize_rows_kernel, dim3(ceil_div(int64_t(m) * (k / 4), kQ8QuantizeThreads)), dim3(kQ8QuantizeThreads),
+           0, x, m, k, rows.codes, rows.d, rows.half_sums);
+    return rows;
+}
+
+// The q8_1 input of a matmul of m tokens of k values: what q8_rows already holds where the stage
+// before quantized this x (Context::q8_rows_of: no launch), else x quantized once (quantize_rows).
+// Measured on the H200 (tg128, bench/cuda_sweep.py, q8_1): quantizing in every group instead
+// (KCAP_Q8_PREQUANT=0, a measurement switch; a batch is always quantized once) was slower on
+// both benchmark layouts: Llama-3-8B Q4_K_M 248 vs 308 tok/s, Gemma 3 270M 1122 vs 1162.
+Q8Rows q8_input(const Context& ctx, int m, int k, const float* x) {
+    if (ctx.q8_prequantize == 0 && m < kMmaMinTokens) return {nullptr, nullptr, nullptr};
+    if (ctx.q8_rows_of.x == x && ctx.q8_rows_of.m == m && ctx.q8_rows_of.k == k) return q8_rows_layout(ctx, m, k);
+    return quantize_rows(ctx, m, k, x);
+}
+
 // ------------------------------------------------------------------------- dp4a matvec
 template <class F, int ROWS, bool GATE_UP>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     matvec_q8_kernel(KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* w0, const kcap_u8* w1,
-                     const float* x, const float* bias, int activation, float* y) {
+                     const float* x, Q8Rows rows, const float* bias, int activation, float* y) {
     extern __shared__ kcap_i32 q8_shared[];
     const KcapThread t = kcap_cuda_thread();
     if (t.group_y == 0) {  // weights never change: safe before the wait; one token's groups suffice
@@ -50,28 +76,28 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
     pdl_wait();
     pdl_trigger();
     kcap_matvec_q8<F, ROWS, GATE_UP ? KCAP_MATVEC_GATE_UP : KCAP_MATVEC_PLAIN>(
-        t, p, split, chunk_runs, w0, w1, x, bias, activation, y, q8_shared);
+        t, p, split, chunk_runs, w0, w1, x, rows.codes, rows.d, rows.half_sums, bias, activation, y, q8_shared);
 }
 
 template <class F, int ROWS, bool GATE_UP>
 void launch_matvec_q8_rows(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w0, const kcap_u8* w1,
-                           const float* x, const float* bias, int activation, float* y) {
+                           const float* x, const Q8Rows& rows, const float* bias, int activation, float* y) {
     const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k, ctx.matvec_warps);
-    const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
+    const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
     const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * ROWS), unsigned(p.m)), block(kMatvecSimds * 32);
     const size_t shared = size_t(matvec_q8_shared_words(p.k, ROWS)) * 4;
-    launch(ctx, matvec_q8_kernel<F, ROWS, GATE_UP>, grid, block, shared, p, split, chunk_runs, w0, w1, x, bias,
+    launch(ctx, matvec_q8_kernel<F, ROWS, GATE_UP>, grid, block, shared, p, split, chunk_runs, w0, w1, x, rows, bias,
            activation, y);
 }
 
 // kMatvecRows rows per team, or 2 where KCAP_MATVEC_ROWS=2 (a measurement switch).
 template <class F, bool GATE_UP>
 void launch_matvec_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w0, const kcap_u8* w1,
-                      const float* x, const float* bias, int activation, float* y) {
+                      const float* x, const Q8Rows& rows, const float* bias, int activation, float* y) {
     if (ctx.matvec_rows == 2)
-        launch_matvec_q8_rows<F, 2, GATE_UP>(ctx, p, w0, w1, x, bias, activation, y);
+        launch_matvec_q8_rows<F, 2, GATE_UP>(ctx, p, w0, w1, x, rows, bias, activation, y);
     else
-        launch_matvec_q8_rows<F, kMatvecRows, GATE_UP>(ctx, p, w0, w1, x, bias, activation, y);
+        launch_matvec_q8_rows<F, kMatvecRows, GATE_UP>(ctx, p, w0, w1, x, rows, bias, activation, y);
 }
 
 // ------------------------------------------------------------------------- int8 tiles
@@ -86,33 +112,6 @@ struct alignas(16) SharedQ8 {
     int qsum[kSubs16][kMmaTokens];       // [16-element half of the step][token]: sum of q
     float d[kStepK / 32][kMmaTokens];    // [run of the step][token]: the run's scale
 };
-
-// A batch's activations, quantized once (kcap_q8_quantize_rows) for every tile that reads them.
-struct Q8Rows {
-    const kcap_u32* codes;     // [m][k / 4] words of 4 signed bytes
-    const float* d;            // [m][k / 32]
-    const kcap_i32* half_sums; // [m][k / 16]
-};
-
-__global__ void __launch_bounds__(kQ8QuantizeThreads)
-    quantize_rows_kernel(const float* x, int m, int k, kcap_u32* codes, float* d, kcap_i32* half_sums) {
-    pdl_wait();
-    pdl_trigger();
-    kcap_q8_quantize_rows(kcap_cuda_thread(), x, m, k, codes, d, half_sums);
-}
-
-Q8Rows quantize_rows(const Context& ctx, int m, int k, const float* x) {
-    const size_t bytes = size_t(q8_rows_bytes(m, k));
-    if (!ctx.q8_rows || bytes > ctx.q8_rows_capacity)
-        throw Error("q8_1 activations of " + std::to_string(m) + " x " + std::to_string(k) +
-                    " exceed the backend's scratch (" + std::to_string(ctx.q8_rows_capacity) + " bytes)");
-    auto* codes = static_cast<kcap_u32*>(ctx.q8_rows);
-    auto* d = reinterpret_cast<float*>(static_cast<kcap_u8*>(ctx.q8_rows) + size_t(m) * size_t(k));
-    auto* half_sums = reinterpret_cast<kcap_i32*>(d + size_t(m) * size_t(k / 32));
-    launch(ctx, quantize_rows_kernel, dim3(ceil_div(int64_t(m) * (k / 4), kQ8QuantizeThreads)), dim3(kQ8QuantizeThreads),
-           0, x, m, k, codes, d, half_sums);
-    return {codes, d, half_sums};
-}
 
 template <class F, bool STAGED>
 __global__ void __launch_bounds__(kMmaThreads, 2)
@@ -272,24 +271,29 @@ void mma_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, con
         launch_mma_q8<F, false>(ctx, p, w, x, bias, y);
 }
 
-// y = W . q8_1(x) for p.m tokens: the matvec below kMmaMinTokens, else the int8 tiles.
+// y = W . q8_1(x) for p.m tokens (rows: x as q8_input gives it): the matvec below kMmaMinTokens,
+// else the int8 tiles.
 template <class F>
-void matmul_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, const float* x, const float* bias,
-               float* y) {
-    if (p.m < kMmaMinTokens) return launch_matvec_q8<F, false>(ctx, p, w, w, x, bias, 0, y);
-    mma_q8<F>(ctx, p, w, quantize_rows(ctx, p.m, p.k, x), bias, y);
+void matmul_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, const float* x, const Q8Rows& rows,
+               const float* bias, float* y) {
+    if (p.m < kMmaMinTokens) return launch_matvec_q8<F, false>(ctx, p, w, w, x, rows, bias, 0, y);
+    mma_q8<F>(ctx, p, w, rows, bias, y);
 }
+
 
 template <class F>
 void run_matmul_q8(const Stage& stage, const KernelCall& call) {
     const StageData& data = stage_data(call);
-    matmul_q8<F>(context(call), matmul_params(stage, call), static_cast<const kcap_u8*>(data.operands[0]), call.in,
-                 static_cast<const float*>(data.operands[1]), call.out);
+    const Context& ctx = context(call);
+    const KcapMatmulParams p = matmul_params(stage, call);
+    matmul_q8<F>(ctx, p, static_cast<const kcap_u8*>(data.operands[0]), call.in,
+                 q8_input(ctx, p.m, p.k, call.in), static_cast<const float*>(data.operands[1]),
+                 call.out);
 }
 
-// gate_up: below kMmaMinTokens the fused matvec (both matrices against one staged x, the
-// activation applied to the sums); a batch, the int8 tiles for each matrix into the plan's
-// gate / up scratch, then the activation.
+// gate_up (x quantized once for both matrices): below kMmaMinTokens the fused matvec (both
+// matrices against one staged x, the activation applied to the sums); a batch, the int8 tiles
+// for each matrix into the plan's gate / up scratch, then the activation.
 template <class F>
 void run_gate_up_q8(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
@@ -297,9 +301,9 @@ void run_gate_up_q8(const Stage& stage, const KernelCall& call) {
     const KcapMatmulParams p = matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
     const auto* gate = static_cast<const kcap_u8*>(data.operands[0]);
     const auto* up = static_cast<const kcap_u8*>(data.operands[1]);
+    const Q8Rows x = q8_input(ctx, p.m, p.k, call.in);
     if (p.m < kMmaMinTokens)
-        return launch_matvec_q8<F, true>(ctx, p, gate, up, call.in, nullptr, int(stage.params.activation), call.out);
-    const Q8Rows x = quantize_rows(ctx, p.m, p.k, call.in);  // once for both matrices
+        return launch_matvec_q8<F, true>(ctx, p, gate, up, call.in, x, nullptr, int(stage.params.activation), call.out);
     mma_q8<F>(ctx, p, gate, x, nullptr, call.inout2);
     mma_q8<F>(ctx, p, up, x, nullptr, call.inout3);
     Stage act = stage;
@@ -312,7 +316,7 @@ void run_gate_up_q8(const Stage& stage, const KernelCall& call) {
 
 // qkv for one token: the three-segment launch of cuda.qkv (cuda/matmul.h), each segment on the
 // q8_1 matvec of its format.
-__global__ void __launch_bounds__(kMatvecSimds * 32) qkv_q8_kernel(QkvParams q, const float* x) {
+__global__ void __launch_bounds__(kMatvecSimds * 32) qkv_q8_kernel(QkvParams q, const float* x, Q8Rows rows) {
     extern __shared__ kcap_i32 q8_shared[];
     KcapThread t = kcap_cuda_thread();
     const QkvSegment s = qkv_segment(q, t);
@@ -322,8 +326,8 @@ __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_q8_kernel(QkvParams q, 
         kcap_matvec_split_prefetch<kMatvecRows>(t, s.p, s.split, s.w);                                            \
         pdl_wait();                                                                                               \
         pdl_trigger();                                                                                            \
-        kcap_matvec_q8<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN>(t, s.p, s.split, q.chunk_runs, s.w, s.w, x, nullptr, \
-                                                                 0, s.y, q8_shared);                              \
+        kcap_matvec_q8<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN>(t, s.p, s.split, q.chunk_runs, s.w, s.w, x, rows.codes, \
+                                                                 rows.d, rows.half_sums, nullptr, 0, s.y, q8_shared); \
         break;
         KCAP_Q8_WEIGHT_FORMATS(KCAP_QKV_Q8_CASE)
 #undef KCAP_QKV_Q8_CASE
@@ -331,15 +335,14 @@ __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_q8_kernel(QkvParams q, 
     }
 }
 
-// The q8_1 matmul of one matrix of any q8_1 format (qkv's batches): the matvec for a few
-// tokens, else the int8 tiles on `rows` (quantized once for the three matrices).
+// The q8_1 matmul of one matrix of any q8_1 format (qkv's batches) on `x` (quantized once for
+// the three matrices).
 void matmul_q8_any(const Context& ctx, Format format, const KcapMatmulParams& p, const kcap_u8* w, const float* x,
-                   const Q8Rows* rows, float* y) {
+                   const Q8Rows& rows, float* y) {
     switch (format) {
 #define KCAP_MATMUL_Q8_CASE(NAME, DECODER)                                                           \
     case Format::NAME:                                                                               \
-        return rows ? mma_q8<DECODER>(ctx, p, w, *rows, nullptr, y)                                  \
-                    : launch_matvec_q8<DECODER, false>(ctx, p, w, w, x, nullptr, 0, y);
+        return matmul_q8<DECODER>(ctx, p, w, x, rows, nullptr, y);
         KCAP_Q8_WEIGHT_FORMATS(KCAP_MATMUL_Q8_CASE)
 #undef KCAP_MATMUL_Q8_CASE
         default: throw Error(std::string("cuda.qkv_q8: no q8_1 body for ") + format_name(format));
@@ -354,17 +357,16 @@ void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call) {
     using namespace cuda_rows;
     const cuda::Context& ctx = cuda::context(call);
     int groups = 0;
-    const cuda::QkvParams q = cuda::qkv_segments(stage, call, &groups);
+    cuda::QkvParams q = cuda::qkv_segments(stage, call, &groups);
+    q.chunk_runs = std::min(int(stage.k / 32), kMatvecQ8ChunkRuns);  // the q8_1 matvec's chunks
+    // Once for Q, K and V.
+    const cuda::Q8Rows rows = cuda::q8_input(ctx, call.n_tokens, int(stage.k), call.in);
     if (call.n_tokens == 1) {
         const size_t shared = size_t(matvec_q8_shared_words(stage.k, kMatvecRows)) * 4;
-        cuda::launch(ctx, cuda::qkv_q8_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q, call.in);
+        cuda::launch(ctx, cuda::qkv_q8_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q, call.in, rows);
         return;
     }
-    cuda::Q8Rows rows = {};
-    const bool tiles = call.n_tokens >= kMmaMinTokens;
-    if (tiles) rows = cuda::quantize_rows(ctx, call.n_tokens, int(stage.k), call.in);  // once for Q, K and V
-    for (const cuda::QkvSegment& s : q.segment)
-        cuda::matmul_q8_any(ctx, Format(s.format), s.p, s.w, call.in, tiles ? &rows : nullptr, s.y);
+    for (const cuda::QkvSegment& s : q.segment) cuda::matmul_q8_any(ctx, Format(s.format), s.p, s.w, call.in, rows, s.y);
 }
 
 #define KCAP_DEFINE_MATMUL_Q8(NAME, DECODER)                                                                              \

@@ -1,5 +1,6 @@
 // CUDA entry point of the norm row (cuda.norm): kernels/norm.h, one group per row.
 #include "cuda/cuda_context.h"
+#include "kernels/matvec_q8.h"
 #include "kernels/norm.h"
 
 namespace kcap {
@@ -17,26 +18,41 @@ __global__ void __launch_bounds__(kNormThreads)
 
 __global__ void __launch_bounds__(kNormThreads)
     add_norm_kernel(KcapAddNormParams p, float* residual, const float* branch, const float* post_weight,
-                    const float* post_bias, const float* weight, const float* bias, float* normed) {
+                    const float* post_bias, const float* weight, const float* bias, float* normed, cuda::Q8Rows q8) {
     __shared__ float scratch[32];
     cuda::pdl_wait();
     cuda::pdl_trigger();
-    kcap_add_norm(kcap_cuda_thread(), p, residual, branch, post_weight, post_bias, weight, bias, normed, scratch);
+    const KcapThread t = kcap_cuda_thread();
+    kcap_add_norm(t, p, residual, branch, post_weight, post_bias, weight, bias, normed, scratch);
+    if (q8.codes) {  // the row's q8_1, for the next stage's q8_1 matmul
+        __syncthreads();  // the group's writes of the normed row are visible to it
+        const kcap_u64 row = blockIdx.x;
+        kcap_q8_quantize_row(t, normed + row * kcap_u64(p.width), p.width, q8.codes + row * kcap_u64(p.width / 4),
+                             q8.d + row * kcap_u64(p.width / 32), q8.half_sums + row * kcap_u64(p.width / 16));
+    }
 }
 
 }  // namespace
 
 // add_norm: operands (post weight, post bias, weight, bias); in = the residual (call.inout2,
-// read and written), in2 = the branch output, out = the normed row.
+// read and written), in2 = the branch output, out = the normed row. Where the plan has q8_1 rows,
+// the normed rows are also quantized into the context's q8_rows for the next stage (its q8_1
+// matmul then skips its quantize launch: Context::q8_rows_of).
 void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call) {
-    const cuda::Context& ctx = cuda::context(call);
+    cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
     auto operand = [&](size_t i) -> const float* {
         return i < stage.operands.size() && stage.operands[i] ? static_cast<const float*>(data.operands[i]) : nullptr;
     };
     const KcapAddNormParams p = add_norm_params(stage);
+    cuda::Q8Rows q8 = {nullptr, nullptr, nullptr};
+    if (ctx.q8_rows && p.width % 32 == 0 && ctx.q8_prequantize != 0 &&
+        size_t(q8_rows_bytes(call.n_tokens, p.width)) <= ctx.q8_rows_capacity) {
+        q8 = cuda::q8_rows_layout(ctx, call.n_tokens, p.width);
+        ctx.q8_rows_next = {call.out, call.n_tokens, p.width};
+    }
     cuda::launch(ctx, add_norm_kernel, dim3(call.n_tokens), dim3(norm_threads(p.width)), 0, p, call.inout2, call.in2, operand(0),
-                 operand(1), operand(2), operand(3), call.out);
+                 operand(1), operand(2), operand(3), call.out, q8);
 }
 
 void kcap_cuda_norm(const Stage& stage, const KernelCall& call) {

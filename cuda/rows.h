@@ -76,14 +76,18 @@ constexpr bool q8_format(Format f) {
 // up to kMmaMinTokens - 1 tokens the dp4a matvec (kernels/matvec_q8.h, the exact matvec's teams
 // and splits, one grid row per token), more the int8 tensor-core tiles (cuda/matmul_q8.cu).
 // Threadgroup memory: 13 words per staged run (a 12-word record and its scale) and the partials.
+// Runs staged at a time: 512 (16384 values, 26 KB), so the 8B model's 14336-wide down projection
+// is one chunk: with 128-run chunks each lane had one unit per chunk between barriers, and its
+// Q6_K matvec reached 1.4 TB/s against gate_up's 2.5 (ncu, bench/results/cuda_h200_profile.txt).
+constexpr int kMatvecQ8ChunkRuns = 512;
 constexpr int matvec_q8_shared_words(long long k, int rows = kMatvecRows) {
-    return int((k / 32 < kMatvecChunkRuns ? k / 32 : kMatvecChunkRuns) * 13 + kMatvecSimds * rows * 2);
+    return int((k / 32 < kMatvecQ8ChunkRuns ? k / 32 : kMatvecQ8ChunkRuns) * 13 + kMatvecSimds * rows * 2);
 }
 // A batch's q8_1 activations for the int8 tiles: m x k codes, m x k / 32 scales and m x k / 16
 // half sums (4 bytes each).
 constexpr long long q8_rows_bytes(long long m, long long k) { return m * k + m * (k / 32) * 4 + m * (k / 16) * 4; }
 constexpr int kQ8QuantizeThreads = 256;
-constexpr int kMatvecQ8SharedBytes = (kMatvecChunkRuns * 13 + kMatvecSimds * kMatvecMaxRows * 2) * 4;
+constexpr int kMatvecQ8SharedBytes = (kMatvecQ8ChunkRuns * 13 + kMatvecSimds * kMatvecMaxRows * 2) * 4;
 // Norm: one group per row.
 constexpr int kNormThreads = 1024;  // the most; a row of `width` takes norm_threads(width)
 // About four values per thread, so a wide row (4096) is not a long serial walk per thread.

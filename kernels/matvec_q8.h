@@ -3,8 +3,12 @@
 //
 // q8_1(x): every 32-element run of x becomes d * q, d = amax / 127 (f32), q = round(x / d) as
 // int8 (x * (1 / d), ties to even; q = 0 where d is 0 or subnormal): round_q8_1 of kcap/formats.h, the CPU
-// rows' rounding. kcap_q8_quantize_quad is it for a run spread over 8 lanes, used by the staged
-// matvec and the batch form (the host test holds both to round_q8_1 bit for bit).
+// rows' rounding. kcap_q8_quantize_quad is it for a run spread over 8 lanes, used by the groups of
+// the matvec that quantize x themselves (kcap_q8_stage_runs) and by kcap_q8_quantize_rows, which
+// quantizes a matmul's input once into the backend's q8_1 scratch (the host test holds both to
+// round_q8_1 bit for bit). The matvec takes either: x quantized in every group costs no launch,
+// but its instructions are repeated by every group (for the 8B model's 4096-row matrices, as
+// many as the products'); quantized once, the groups only copy runs of it. The launcher picks.
 //
 // Weights are read as codes (KcapCodes<F>::codes8, kernels/quant_codes.h): w = scale * (byte -
 // bias) + offset per 16- or 32-element sub-block. Per run and sub-block, sum(byte * q) comes from
@@ -14,8 +18,8 @@
 // against the CPU row on q8_1(x) with the exact rows' 1e-5 (test_cuda_rows); how far q8_1(x) is
 // from x is the option's numerics, stated in the whole-model tests.
 //
-// Layout as kcap_matvec_staged (kernels/matvec.h): the group stages a chunk of runs, now as
-// int8 records, and its teams of `split` parts walk their ROWS rows' runs one lane per run. A
+// Layout as kcap_matvec_staged (kernels/matvec.h): the group stages a chunk of runs, now
+// copied as int8 records, and its teams of `split` parts walk their ROWS rows' runs one lane per run. A
 // record is KCAP_Q8_RUN_WORDS words: the 32 codes in 8 words, then sum(q) of elements 0..15 and
 // 16..31, then 2 words of padding (48 bytes: the 16-byte reads of 8 lanes, one per record, fall in
 // 8 different bank groups); each run's d sits in a float array after the records. Grid y = m:
@@ -57,6 +61,24 @@ KCAP_FN KcapQ8Quad kcap_q8_quantize_quad(const float4 v) {
     return out;
 }
 
+// q8_1 of m rows of k values (k a multiple of 32) into separate arrays, the input of the dp4a
+// matvec below and of the int8 tensor-core tiles (cuda/matmul_q8.cu), which then load codes:
+// codes [m][k] signed bytes (as words), d [m][k / 32], half_sums [m][k / 16] (sum of q over each
+// 16 values). Grid: x = ceil(m * k / 4 / threads), a float4 per thread (threads a multiple of 32).
+KCAP_FN void kcap_q8_quantize_rows(const KcapThread t, const KCAP_GLOBAL float* x, int m, int k,
+                                   KCAP_GLOBAL kcap_u32* codes, KCAP_GLOBAL float* d, KCAP_GLOBAL kcap_i32* half_sums) {
+    const int n4 = m * (k / 4);
+    const int i = int(t.group_x * t.threads + t.index);
+    const bool in = i < n4;  // whole runs: the 8 lanes of a run are all in or all out
+    float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (in) v = kcap_load_f32x4(x + 4 * kcap_u64(i));
+    const KcapQ8Quad q = kcap_q8_quantize_quad(v);  // every lane takes part
+    if (!in) return;
+    codes[i] = q.codes;
+    if (i % 4 == 0) half_sums[i / 4] = q.half_sum;
+    if (i % 8 == 0) d[i / 8] = q.d;
+}
+
 // All threads of the group: q8_1 of runs [0, n_runs) of x into records (and d) in shared memory,
 // a float4 per thread (so lanes 8r .. 8r + 7 of a simd group hold one run), every lane of a simd
 // group in every round.
@@ -78,22 +100,41 @@ KCAP_FN void kcap_q8_stage_runs(const KcapThread t, const KCAP_GLOBAL float* x, 
     }
 }
 
-// q8_1 of m rows of k values (k a multiple of 32) into separate arrays, for the int8 tensor-core
-// tiles (cuda/matmul_q8.cu), which then load codes rather than quantize each tile again:
-// codes [m][k] signed bytes (as words), d [m][k / 32], half_sums [m][k / 16] (sum of q over each
-// 16 values). Grid: x = ceil(m * k / 4 / threads), a float4 per thread (threads a multiple of 32).
-KCAP_FN void kcap_q8_quantize_rows(const KcapThread t, const KCAP_GLOBAL float* x, int m, int k,
-                                   KCAP_GLOBAL kcap_u32* codes, KCAP_GLOBAL float* d, KCAP_GLOBAL kcap_i32* half_sums) {
-    const int n4 = m * (k / 4);
-    const int i = int(t.group_x * t.threads + t.index);
-    const bool in = i < n4;  // whole runs: the 8 lanes of a run are all in or all out
-    float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (in) v = kcap_load_f32x4(x + 4 * kcap_u64(i));
-    const KcapQ8Quad q = kcap_q8_quantize_quad(v);  // every lane takes part
-    if (!in) return;
-    codes[i] = q.codes;
-    if (i % 4 == 0) half_sums[i / 4] = q.half_sum;
-    if (i % 8 == 0) d[i / 8] = q.d;
+// All threads of the group: runs [0, n_runs) of one token's q8_1 rows (kcap_q8_quantize_rows:
+// codes, d and half_sums from that token's run 0) into the matvec's records and scales, two
+// threads per run (16 code bytes and a half sum each; the first also the run's d).
+KCAP_FN void kcap_q8_copy_runs(const KcapThread t, const KCAP_GLOBAL kcap_u32* codes, const KCAP_GLOBAL float* d,
+                               const KCAP_GLOBAL kcap_i32* half_sums, int n_runs, KCAP_SHARED kcap_i32* records,
+                               KCAP_SHARED float* scales) {
+    for (int i = int(t.index); i < 2 * n_runs; i += int(t.threads)) {
+        const int run = i / 2, half = i % 2;
+        const uint4 c = kcap_load_u32x4(reinterpret_cast<const KCAP_GLOBAL kcap_u8*>(codes + 8 * run + 4 * half));
+        KCAP_SHARED kcap_i32* record = records + run * KCAP_Q8_RUN_WORDS;
+        record[4 * half] = kcap_i32(c.x), record[4 * half + 1] = kcap_i32(c.y);
+        record[4 * half + 2] = kcap_i32(c.z), record[4 * half + 3] = kcap_i32(c.w);
+        record[8 + half] = half_sums[2 * run + half];
+        if (half == 0) scales[run] = d[run];
+    }
+}
+
+// All threads of a group (a multiple of 8): q8_1 of one row of k values (k a multiple of 32) into
+// that row's codes, d and half_sums (kcap_q8_quantize_rows' form), a float4 per thread a round.
+// The epilogue of a stage whose output is a q8_1 matmul's input (cuda.add_norm).
+KCAP_FN void kcap_q8_quantize_row(const KcapThread t, const KCAP_GLOBAL float* x, int k, KCAP_GLOBAL kcap_u32* codes,
+                                  KCAP_GLOBAL float* d, KCAP_GLOBAL kcap_i32* half_sums) {
+    const int n4 = k / 4;
+    for (int base = 0; base < n4; base += int(t.threads)) {
+        const int i = base + int(t.index);
+        const bool in = i < n4;  // whole runs: the 8 lanes of a run are all in or all out
+        float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (in) v = kcap_load_f32x4(x + 4 * kcap_u64(i));
+        const KcapQ8Quad q = kcap_q8_quantize_quad(v);  // every lane takes part
+        if (in) {
+            codes[i] = q.codes;
+            if (i % 4 == 0) half_sums[i / 4] = q.half_sum;
+            if (i % 8 == 0) d[i / 8] = q.d;
+        }
+    }
 }
 
 // One run of weights (run `run` of the block at `block`) against a staged record with scale d.
@@ -119,20 +160,105 @@ KCAP_FN float kcap_q8_run_dot(const KCAP_GLOBAL kcap_u8* block, int run, const K
     return d * s;
 }
 
+// How a lane walks a block of weights: a unit at a time. By default a unit is one 32-element run
+// (kcap_q8_run_dot). Where runs share bytes (Q4_K: two runs share each qs byte, low and high
+// nibble; Q6_K: two runs each ql byte, four each qh byte), a run-at-a-time walk loads those bytes
+// two or four times; there a unit is the same 16 positions of every run that shares them, so each
+// byte is loaded once, by one lane. records and scales: the block's first run's staged record and d.
+template <class F>
+struct KcapQ8Units {
+    static constexpr int per_block = F::block_elems / 32;
+    static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* block, int unit, const KCAP_SHARED kcap_i32* records,
+                             const KCAP_SHARED float* scales) {
+        return kcap_q8_run_dot<F>(block, unit, records + unit * KCAP_Q8_RUN_WORDS, scales[unit]);
+    }
+};
+
+// Q4_K unit (pair j, half i): qs bytes [32j + 16i, +16) hold elements 16i .. 16i + 15 of run 2j
+// (low nibbles) and of run 2j + 1 (high nibbles). Codes 0..15, scale d * sc, offset -dmin * m.
+template <>
+struct KcapQ8Units<KcapQ4_K> {
+    static constexpr int per_block = 8;
+    static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* b, int unit, const KCAP_SHARED kcap_i32* records,
+                             const KCAP_SHARED float* scales) {
+        const int j = unit >> 1, i = unit & 1;
+        const uint4 q = kcap_load_u32x4(b + 16 + 32 * j + 16 * i);
+        const kcap_u32 dd = kcap_load_u32(b);
+        const kcap_u32 words[4] = {q.x, q.y, q.z, q.w};
+        float sum = 0.0f;
+        KCAP_UNROLL for (int r = 0; r < 2; ++r) {
+            const int run = 2 * j + r;
+            const KCAP_SHARED kcap_i32* record = records + run * KCAP_Q8_RUN_WORDS;
+            int dot = 0;
+            KCAP_UNROLL for (int w = 0; w < 4; ++w)
+                dot = kcap_dot4_i8(int((words[w] >> (4 * r)) & 0x0f0f0f0fu), record[4 * i + w], dot);
+            int sc, m;
+            kcap_k4_scale_min(b + 4, run, &sc, &m);
+            const float scale = kcap_half_to_float(kcap_u16(dd & 0xffffu)) * float(sc);
+            const float offset = -(kcap_half_to_float(kcap_u16(dd >> 16)) * float(m));
+            sum += scales[run] * (scale * float(dot) + offset * float(record[8 + i]));
+        }
+        return sum;
+    }
+};
+
+// Q6_K unit (half h, half i): elements 16i .. 16i + 15 of runs 4h + s, s = 0..3: ql bytes
+// [64h + 16i, +16) (low nibbles: s = 0, high: s = 2), [64h + 32 + 16i, +16) (s = 1, 3), qh
+// bytes [128 + 32h + 16i, +16) (bits 2s, 2s + 1), scale byte 8h + 2s + i. Codes 0..63, bias 32.
+template <>
+struct KcapQ8Units<KcapQ6_K> {
+    static constexpr int per_block = 4;
+    static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* b, int unit, const KCAP_SHARED kcap_i32* records,
+                             const KCAP_SHARED float* scales) {
+        const int h = unit >> 1, i = unit & 1;
+        kcap_u32 ql[2][4], qh[4], sc[2];
+        kcap_load_u32s_a2<4>(b + 64 * h + 16 * i, ql[0]);
+        kcap_load_u32s_a2<4>(b + 64 * h + 32 + 16 * i, ql[1]);
+        kcap_load_u32s_a2<4>(b + 128 + 32 * h + 16 * i, qh);
+        kcap_load_u32s_a2<2>(b + 192 + 8 * h, sc);  // scale bytes 8h .. 8h + 7 (reads at most to 210)
+        const float d = kcap_half_to_float(kcap_u16(kcap_load_u16(b + 208)));
+        float sum = 0.0f;
+        KCAP_UNROLL for (int s = 0; s < 4; ++s) {
+            const KCAP_SHARED kcap_i32* record = records + (4 * h + s) * KCAP_Q8_RUN_WORDS;
+            int dot = 0;
+            KCAP_UNROLL for (int w = 0; w < 4; ++w) {
+                const kcap_u32 code = ((ql[s & 1][w] >> (4 * (s >> 1))) & 0x0f0f0f0fu) |
+                                      (((qh[w] >> (2 * s)) & 0x03030303u) << 4);
+                dot = kcap_dot4_i8(int(code), record[4 * i + w], dot);
+            }
+            dot -= 32 * record[8 + i];
+            const int byte = 2 * s + i;  // of the scales: word byte / 4, byte byte % 4, signed
+            const int scale = kcap_i32(sc[byte >> 2] << (8 * (3 - (byte & 3)))) >> 24;
+            sum += scales[4 * h + s] * (float(scale) * float(dot));
+        }
+        return d * sum;
+    }
+};
+
 // Grid: x = ceil(n / ((simds / split) * ROWS)), y = tokens. MODE and operands as
-// kcap_matvec_staged; x and y are token group_y's rows. shared: chunk_runs * (KCAP_Q8_RUN_WORDS + 1)
+// kcap_matvec_staged; x is either f32 (x_codes null: every group quantizes it) or the tokens'
+// q8_1 rows (x_codes, x_d, x_half_sums from kcap_q8_quantize_rows; x unused); y is token group_y's row. shared: chunk_runs * (KCAP_Q8_RUN_WORDS + 1)
 // + simds * ROWS * (MODE == KCAP_MATVEC_GATE_UP ? 2 : 1) words (cuda_rows::matvec_q8_shared_words).
 template <class F, int ROWS, int MODE>
 KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, int split, int chunk_runs,
-                            const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1, const KCAP_GLOBAL float* x,
-                            const KCAP_GLOBAL float* bias, int activation, KCAP_GLOBAL float* y,
-                            KCAP_SHARED kcap_i32* shared) {
+                            const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
+                            const KCAP_GLOBAL float* x, const KCAP_GLOBAL kcap_u32* x_codes, const KCAP_GLOBAL float* x_d,
+                            const KCAP_GLOBAL kcap_i32* x_half_sums, const KCAP_GLOBAL float* bias, int activation,
+                            KCAP_GLOBAL float* y, KCAP_SHARED kcap_i32* shared) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
+    constexpr int kUnits = KcapQ8Units<F>::per_block;
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
     KCAP_SHARED kcap_i32* records = shared;
     KCAP_SHARED float* scales = reinterpret_cast<KCAP_SHARED float*>(shared + chunk_runs * KCAP_Q8_RUN_WORDS);
     KCAP_SHARED float* partials = scales + chunk_runs;
-    x += kcap_u64(t.group_y) * kcap_u64(p.k);
+    const bool quantized = x_codes != nullptr;
+    if (quantized) {
+        x_codes += kcap_u64(t.group_y) * kcap_u64(p.k / 4);
+        x_d += kcap_u64(t.group_y) * kcap_u64(p.k / 32);
+        x_half_sums += kcap_u64(t.group_y) * kcap_u64(p.k / 16);
+    } else {
+        x += kcap_u64(t.group_y) * kcap_u64(p.k);
+    }
     y += kcap_u64(t.group_y) * kcap_u64(p.n);
     const int team = int(t.simd) / split, part = int(t.simd) % split;
     const int teams = int(t.simds) / split;
@@ -143,20 +269,26 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, int sp
     for (int chunk0 = 0; chunk0 < runs; chunk0 += chunk_runs) {
         const int chunk_end = chunk0 + chunk_runs < runs ? chunk0 + chunk_runs : runs;
         if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
-        kcap_q8_stage_runs(t, x + kcap_u64(chunk0) * 32, chunk_end - chunk0, records, scales);
+        if (quantized)
+            kcap_q8_copy_runs(t, x_codes + 8 * chunk0, x_d + chunk0, x_half_sums + 2 * chunk0, chunk_end - chunk0,
+                              records, scales);
+        else
+            kcap_q8_stage_runs(t, x + kcap_u64(chunk0) * 32, chunk_end - chunk0, records, scales);
         kcap_barrier();
         if (row0 < p.n) {
-            for (int run = chunk0 + part * KCAP_SIMD_WIDTH + int(t.lane); run < chunk_end;
-                 run += KCAP_SIMD_WIDTH * split) {
-                const KCAP_SHARED kcap_i32* record = records + (run - chunk0) * KCAP_Q8_RUN_WORDS;
-                const float d = scales[run - chunk0];
-                const unsigned block_offset = unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
+            // Units of the chunk's blocks (chunk0 and chunk_end are multiples of kRunsPerBlock).
+            const int unit_end = chunk_end / kRunsPerBlock * kUnits;
+            for (int unit = chunk0 / kRunsPerBlock * kUnits + part * KCAP_SIMD_WIDTH + int(t.lane); unit < unit_end;
+                 unit += KCAP_SIMD_WIDTH * split) {
+                const int block = unit / kUnits, block_run = block * kRunsPerBlock - chunk0;
+                const KCAP_SHARED kcap_i32* block_records = records + block_run * KCAP_Q8_RUN_WORDS;
+                const unsigned block_offset = unsigned(block) * unsigned(F::block_bytes);
                 KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) {
                     const KCAP_GLOBAL kcap_u8* w = mat == 0 ? w0 : w1;
                     KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
                         if (row0 + j < p.n)
-                            acc[mat][j] += kcap_q8_run_dot<F>(w + kcap_u64(row0 + j) * p.row_bytes + block_offset,
-                                                              run % kRunsPerBlock, record, d);
+                            acc[mat][j] += KcapQ8Units<F>::dot(w + kcap_u64(row0 + j) * p.row_bytes + block_offset,
+                                                               unit % kUnits, block_records, scales + block_run);
                     }
                 }
             }

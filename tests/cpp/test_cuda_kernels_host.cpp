@@ -245,9 +245,10 @@ void test_codes8(std::mt19937& rng) {
     std::printf("codes8: %d formats\n", formats);
 }
 
-// The kernels' q8_1 rounding (kcap_q8_stage_runs in a group, kcap_q8_quantize_rows for a batch) and the
-// CPU rows' (round_q8_1) against
-// the tests' restatement (q8_1_values), bit for bit, on runs with ties, zeros and wide ranges.
+// The kernels' q8_1 rounding (kcap_q8_quantize_rows, a matmul's input quantized once, and
+// kcap_q8_stage_runs, the matvec's groups quantizing x themselves) and the CPU rows' (round_q8_1)
+// against the tests' restatement (q8_1_values), bit for bit, on runs with ties, zeros and wide
+// ranges; and the matvec's copy of quantized rows into its records (kcap_q8_copy_runs).
 void test_q8_rounding(std::mt19937& rng) {
     const int runs = 64;
     std::vector<float> x = random_floats(rng, size_t(runs * 32));
@@ -263,20 +264,32 @@ void test_q8_rounding(std::mt19937& rng) {
     std::vector<float> core(x.size());  // the CPU rows' rounding (cpu.matmul_q8.*)
     kcap::round_q8_1(x.data(), int64_t(x.size()), core.data());
     KCAP_EXPECT(core == want, "round_q8_1 differs from the restated q8_1 rounding");
-    std::vector<kcap_i32> records(size_t(runs * KCAP_Q8_RUN_WORDS));
-    std::vector<float> scales(static_cast<size_t>(runs));
-    kcap_sim::launch({1, 1, 1}, 96, 0, [&](const KcapThread& t, void*) {  // 3 simd groups: 12 runs a round
-        kcap_q8_stage_runs(t, x.data(), runs, records.data(), scales.data());
-    });
-    // The batch form (kcap_q8_quantize_rows: 2 rows of 1024 values, the int8 tiles' input).
+    // The batch form: 2 rows of 1024 values.
     std::vector<kcap_u32> codes(x.size() / 4, 0xdeadbeefu);
     std::vector<float> row_d(size_t(runs), NAN);
     std::vector<kcap_i32> half_sums(size_t(2 * runs), -7777);
     kcap_sim::launch({unsigned((x.size() / 4 + 127) / 128), 1, 1}, 128, 0, [&](const KcapThread& t, void*) {
         kcap_q8_quantize_rows(t, x.data(), 2, int(x.size() / 2), codes.data(), row_d.data(), half_sums.data());
     });
+    // The matvec's copy (3 simd groups: 48 runs a round), into poisoned records.
+    std::vector<kcap_i32> records(size_t(runs * KCAP_Q8_RUN_WORDS), -7777);
+    std::vector<float> scales(static_cast<size_t>(runs), NAN);
+    kcap_sim::launch({1, 1, 1}, 96, 0, [&](const KcapThread& t, void*) {
+        kcap_q8_copy_runs(t, codes.data(), row_d.data(), half_sums.data(), runs, records.data(), scales.data());
+    });
+    // The groups' own rounding (3 simd groups: 12 runs a round) gives the same records.
+    std::vector<kcap_i32> staged(records.size(), -7777);
+    std::vector<float> staged_scales(scales.size(), NAN);
+    kcap_sim::launch({1, 1, 1}, 96, 0, [&](const KcapThread& t, void*) {
+        kcap_q8_stage_runs(t, x.data(), runs, staged.data(), staged_scales.data());
+    });
+    for (int r = 0; r < runs; ++r)
+        for (int i = 0; i < 10; ++i)  // the 8 code words and 2 half sums (the 2 padding words are not written)
+            KCAP_EXPECT(staged[size_t(r * KCAP_Q8_RUN_WORDS + i)] == records[size_t(r * KCAP_Q8_RUN_WORDS + i)] &&
+                            staged_scales[size_t(r)] == scales[size_t(r)],
+                        "q8_1 run %d: the groups' rounding differs from the quantized rows' (word %d)", r, i);
     for (int r = 0; r < runs; ++r) {
-        // The staged records' codes and scale against the restated values.
+        // The copied records' codes and scale against the restated values.
         int q[32];
         const float d = scales[size_t(r)];
         int sums[2] = {0, 0};
@@ -1186,7 +1199,8 @@ void test_add_norm(std::mt19937& rng, CpuState& cpu) {
 
 // The q8_1 matvec body (cuda.matmul_q8.* and cuda.gate_up_q8.* below kMmaMinTokens; their
 // int8 tiles are CUDA-only and checked on the device) against the CPU rows on q8_1(x), at every
-// split the launcher may pick and with x staged in chunks, for one and several tokens.
+// split the launcher may pick and with x staged in chunks, for one and several tokens, with x
+// quantized by the groups and quantized once (kcap_q8_quantize_rows).
 void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     for (const Row& row : capability_table()) {
@@ -1204,6 +1218,13 @@ void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
                         auto bias = float_vector(random_floats(rng, size_t(n)), "bias");
                         const std::vector<float> x = random_floats(rng, size_t(m * k));
                         const std::vector<float> xr = q8_1_values(x);
+                        // The kernels' input: x quantized by kcap_q8_quantize_rows (as the launchers do).
+                        std::vector<kcap_u32> codes(size_t(m * k / 4));
+                        std::vector<float> x_d(size_t(m * k / 32));
+                        std::vector<kcap_i32> half_sums(size_t(m * k / 16));
+                        kcap_sim::launch({unsigned((m * k / 4 + 127) / 128), 1, 1}, 128, 0, [&](const KcapThread& t, void*) {
+                            kcap_q8_quantize_rows(t, x.data(), m, int(k), codes.data(), x_d.data(), half_sums.data());
+                        });
                         std::vector<float> ref(size_t(m * n));
                         if (gate_up) {
                             ref = cpu_gate_up(cpu_matmul_row(f), w0->ref, w1->ref, xr, k, n, m, Activation::SiLU, cpu);
@@ -1218,10 +1239,11 @@ void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
                         p.k = int(k), p.n = int(n), p.m = m;
                         p.row_bytes = unsigned(row_bytes(f, k));
                         p.has_bias = !gate_up;
-                        for (int split = 1; split <= kMatvecSimds; split *= 2) {
+                        for (int split = 1; split <= kMatvecSimds; split *= 2)
+                        for (bool quantized : {false, true}) {  // x quantized by the groups, or once
                             std::vector<float> got = nan_filled(size_t(m * n));
                             const int runs = int(k / 32);
-                            const int chunk = std::min(runs, split == 4 ? 32 : kcap::cuda_rows::kMatvecChunkRuns);
+                            const int chunk = std::min(runs, split == 4 ? 32 : kcap::cuda_rows::kMatvecQ8ChunkRuns);
                             kcap_sim::launch({ceil_div(n, (kMatvecSimds / split) * kMatvecRows), unsigned(m), 1},
                                              kMatvecSimds * 32, kcap::cuda_rows::kMatvecQ8SharedBytes,
                                              [&](const KcapThread& t, void* shared) {
@@ -1229,18 +1251,20 @@ void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
                                                  if (gate_up)
                                                      kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_GATE_UP>(
                                                          t, p, split, chunk, w0->ref.data, w1->ref.data, x.data(),
+                                                         quantized ? codes.data() : nullptr, x_d.data(), half_sums.data(),
                                                          nullptr, int(Activation::SiLU), got.data(), words);
                                                  else
                                                      kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_PLAIN>(
                                                          t, p, split, chunk, w0->ref.data, w0->ref.data, x.data(),
+                                                         quantized ? codes.data() : nullptr, x_d.data(), half_sums.data(),
                                                          reinterpret_cast<const float*>(bias->ref.data), 0, got.data(),
                                                          words);
                                              });
                             const double err = gate_up ? gate_up_error(got, ref, w0->ref, w1->ref, xr.data(), k, n, m,
                                                                        Activation::SiLU)
                                                        : matmul_error(got, ref, w0->ref, xr.data(), k, n, m);
-                            KCAP_EXPECT(err <= kMatmulTolerance, "%s K=%lld M=%d split=%d: error %.3g", row.kernel.c_str(),
-                                        (long long)k, m, split, err);
+                            KCAP_EXPECT(err <= kMatmulTolerance, "%s K=%lld M=%d split=%d quantized=%d: error %.3g",
+                                        row.kernel.c_str(), (long long)k, m, split, int(quantized), err);
                             ++checked;
                         }
                     }

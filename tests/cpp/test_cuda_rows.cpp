@@ -148,12 +148,16 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
         for (int64_t k : k_edges(row, 14336))
             for (int64_t n : {1, 7, 130})
                 for (int m : {1, 2, 17, 67, 130})
-                    for (int staged : {0, 1})  // the tensor-core tiles with weights staged in shared memory or not
+                    // variant: the tensor-core tiles with weights staged in shared memory (1) or not (0);
+                    // the q8_1 matvec with x quantized once (1) or by its groups (0)
+                    for (int variant : {0, 1})
                     for (bool with_bias : {false, true}) {
                         if (with_bias && n == 7) continue;
-                        if (staged && !(mma && m >= cuda_rows::kMmaMinTokens)) continue;
+                        const bool tiles = mma && m >= cuda_rows::kMmaMinTokens;
+                        if (variant && !tiles && !q8) continue;
                         TestContext t;
-                        t.ctx.mma_staged = staged;
+                        if (tiles) t.ctx.mma_staged = variant;
+                        else t.ctx.q8_prequantize = variant;
                         auto w = random_weights(rng, f, k, n);
                         auto bias = float_vector(random_floats(rng, static_cast<size_t>(n)), "bias");
                         Stage stage = matmul_stage(&w->ref, with_bias ? &bias->ref : nullptr, k, n);
@@ -178,8 +182,9 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                         const double err = matmul_error(download(y, ref.size()), ref, w->ref, xr.data(), k, n, m);
                         const double tolerance =
                             !q8 && mma && m >= cuda_rows::kMmaMinTokens ? kMmaTolerance : kExactTolerance;
-                        KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d bias=%d staged=%d: error %.3g > %.1g",
-                                    row.kernel.c_str(), (long long)k, (long long)n, m, int(with_bias), staged, err, tolerance);
+                        KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d bias=%d %s=%d: error %.3g > %.1g",
+                                    row.kernel.c_str(), (long long)k, (long long)n, m, int(with_bias),
+                                    tiles ? "staged" : "prequantized", variant, err, tolerance);
                         ++g_cases;
                     }
     }
@@ -686,11 +691,37 @@ void test_add_norm(std::mt19937& rng, CpuState& cpu) {
                     call.inout2 = d_residual;
                     call.in2 = t.arena.upload(branch);
                     call.out = out;
+                    CHECK(cudaMemset(t.ctx.q8_rows, 0xff, t.ctx.q8_rows_capacity));  // poison: d = NaN
                     t.run(row, stage, call, data);
-                    const double err = std::max(relative_error(download(out, ref.size()), ref),
+                    const std::vector<float> normed = download(out, ref.size());
+                    const double err = std::max(relative_error(normed, ref),
                                                 relative_error(download(d_residual, residual.size()), residual));
                     KCAP_EXPECT(err <= kExactTolerance, "cuda.add_norm width=%lld tokens=%d layer=%d post=%d: error %.3g",
                                 (long long)width, tokens, int(layer), int(post), err);
+                    // With q8_1 rows in the plan (TestContext has them), the normed rows' q8_1 for the
+                    // next stage: bit for bit the rounding of what was written, and announced.
+                    if (width % 32 == 0) {
+                        const cuda::Context::Q8Source& next = t.ctx.q8_rows_next;
+                        KCAP_EXPECT(next.x == out && next.m == tokens && next.k == int(width),
+                                    "cuda.add_norm width=%lld: q8_1 rows not announced", (long long)width);
+                        const cuda::Q8Rows rows = cuda::q8_rows_layout(t.ctx, tokens, int(width));
+                        const std::vector<uint32_t> codes = download(rows.codes, normed.size() / 4);
+                        const std::vector<float> d = download(rows.d, normed.size() / 32);
+                        const std::vector<int32_t> half_sums = download(rows.half_sums, normed.size() / 16);
+                        const std::vector<float> want = q8_1_values(normed);
+                        int bad = 0;
+                        for (size_t i = 0; i < normed.size(); ++i) {
+                            const int q = int(int8_t(uint8_t(codes[i / 4] >> (8 * (i % 4)))));
+                            if (d[i / 32] * float(q) != want[i]) ++bad;
+                        }
+                        for (size_t h = 0; h < half_sums.size(); ++h) {
+                            int sum = 0;
+                            for (size_t i = 16 * h; i < 16 * h + 16; ++i) sum += int(int8_t(uint8_t(codes[i / 4] >> (8 * (i % 4)))));
+                            if (sum != half_sums[h]) ++bad;
+                        }
+                        KCAP_EXPECT(bad == 0, "cuda.add_norm width=%lld tokens=%d: %d q8_1 values or half sums differ",
+                                    (long long)width, tokens, bad);
+                    }
                     ++g_cases;
                 }
 }
@@ -702,8 +733,11 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
         const bool q8 = row.input_encoding == Encoding::Q8_1;
         for (int64_t k : k_edges(row, 4096))
             for (int64_t n : {7, 130})
-                for (int m : {1, 3, 17, 67}) {
+                for (int m : {1, 3, 17, 67})
+                for (int pre : {0, 1}) {  // the q8_1 matvec's x quantized by its groups or once
+                    if (pre && !(q8 && m < cuda_rows::kMmaMinTokens)) continue;
                     TestContext t;
+                    t.ctx.q8_prequantize = pre;
                     auto gate = random_weights(rng, f, k, n);
                     auto up = random_weights(rng, f, k, n);
                     const std::vector<float> x = random_floats(rng, size_t(m * k));
@@ -732,8 +766,8 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
                     const double tolerance = !q8 && m >= cuda_rows::kMmaMinTokens ? kMmaTolerance : kExactTolerance;
                     const double err =
                         gate_up_error(download(out, ref.size()), ref, gate->ref, up->ref, xr.data(), k, n, m, Activation::SiLU);
-                    KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d: error %.3g > %.1g", row.kernel.c_str(),
-                                (long long)k, (long long)n, m, err, tolerance);
+                    KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d prequantized=%d: error %.3g > %.1g",
+                                row.kernel.c_str(), (long long)k, (long long)n, m, pre, err, tolerance);
                     ++g_cases;
                 }
     }
@@ -756,11 +790,14 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
         {Format::Q4_0, Format::BF16, Format::Q4_1, 96},     // a float format next to block formats
     };
     for (const Mix& mix : mixes)
-        for (int m : {1, 3, 17, 67}) {
+        for (int m : {1, 3, 17, 67})
+        for (int pre : {0, 1}) {  // the q8_1 matvec's x quantized by its groups or once
             const Format formats[3] = {mix.q, mix.k, mix.v};
             if (q8 && (!cuda_rows::q8_format(mix.q) || !cuda_rows::q8_format(mix.k) || !cuda_rows::q8_format(mix.v)))
                 continue;
+            if (pre && !(q8 && m < cuda_rows::kMmaMinTokens)) continue;
             TestContext t;
+            t.ctx.q8_prequantize = pre;
             const int64_t k = mix.width, rows[3] = {k * 2 + 7, k / 2 + 3, k / 2 + 3};
             const std::vector<float> x = random_floats(rng, size_t(m * k));
             const std::vector<float> xr = q8 ? q8_1_values(x) : x;  // what the row multiplies
@@ -798,9 +835,9 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
                 const double tolerance = mma ? kMmaTolerance : kExactTolerance;
                 const double err = matmul_error(download(outs[i], refs[size_t(i)].size()), refs[size_t(i)],
                                                 weights[size_t(i)]->ref, xr.data(), k, rows[i], m);
-                KCAP_EXPECT(err <= tolerance, "%s %s/%s/%s K=%lld M=%d matrix %d: error %.3g > %.1g", kernel,
-                            format_name(mix.q), format_name(mix.k), format_name(mix.v), (long long)k, m, i, err,
-                            tolerance);
+                KCAP_EXPECT(err <= tolerance, "%s %s/%s/%s K=%lld M=%d prequantized=%d matrix %d: error %.3g > %.1g",
+                            kernel, format_name(mix.q), format_name(mix.k), format_name(mix.v), (long long)k, m, pre, i,
+                            err, tolerance);
                 ++g_cases;
             }
         }
