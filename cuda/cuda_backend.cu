@@ -18,8 +18,9 @@
 // splits its rows' runs over more simd groups until about N per multiprocessor run
 // (cuda_rows::matvec_split); KCAP_ATTN_DECODE_SIMDS=4|8, KCAP_ATTN_MIN_CHUNK=N (a multiple of
 // 32) and KCAP_ATTN_SPLITS_PER_SM=N change the decode attention's groups; KCAP_MMA_STAGED=0|1
-// turns the prefill matmuls' shared-memory weight staging off or on for every K; KCAP_Q8_PREQUANT=0
-// has every q8_1 matvec's groups quantize x themselves instead of taking it quantized once.
+// turns the prefill matmuls' shared-memory weight staging off or on for every K; KCAP_Q8_PREQUANT=K
+// quantizes a q8_1 matvec's x by its own launch for rows of K values or more (0: never, and no
+// add_norm epilogue; cuda_rows::kQ8QuantizeMinK).
 // KCAP_CUDA_PROFILE=1 runs decode steps without the graph, times every stage with CUDA events (each stage waited for, so the times include each launch's
 // latency) and prints the totals per kernel and per stage name to stderr when the backend is
 // destroyed; prefill chunks are timed the same way into tables of their own.
@@ -143,7 +144,7 @@ public:
         ctx.attn_min_chunk = min_chunk >= 32 && min_chunk % 32 == 0 ? min_chunk : cuda_rows::kAttnMinChunk;
         ctx.attn_splits_per_sm = std::max(1, env_int("KCAP_ATTN_SPLITS_PER_SM", cuda_rows::kAttnSplitsPerSm));
         ctx.mma_staged = env_int("KCAP_MMA_STAGED", -1);
-        ctx.q8_prequantize = env_int("KCAP_Q8_PREQUANT", 1);
+        ctx.q8_prequantize = env_int("KCAP_Q8_PREQUANT", cuda_rows::kQ8QuantizeMinK);
         profile_ = env_int("KCAP_CUDA_PROFILE", 0) != 0;
         if (profile_) use_graph_ = false;
         KCAP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));

@@ -45,7 +45,10 @@ struct Context {
     int attn_decode_simds = 0;  // 0: cuda_rows::attn_decode_simds(n_head_kv)
     int attn_min_chunk = cuda_rows::kAttnMinChunk;
     int attn_splits_per_sm = cuda_rows::kAttnSplitsPerSm;
-    int q8_prequantize = 1;  // KCAP_Q8_PREQUANT=0: the q8_1 matvec's groups quantize x themselves (a measurement switch)
+    // The q8_1 matvec's x: quantized by its own launch for k >= q8_prequantize (unless the stage
+    // before did it), else by its groups; 0: always by its groups, and no add_norm epilogue
+    // (KCAP_Q8_PREQUANT, a measurement switch; cuda_rows::kQ8QuantizeMinK).
+    int q8_prequantize = cuda_rows::kQ8QuantizeMinK;
     int mma_staged = -1;  // KCAP_MMA_STAGED: prefill matmul weights staged in shared memory (1), not (0), by K (-1)
     // Decode-step state in device memory, so one captured graph serves every step:
     // step[0] = position of token 0 of the call, step[1] = tokens generated (history index).

@@ -52,13 +52,12 @@ Q8Rows quantize_rows(const Context& ctx, int m, int k, const float* x) {
 }
 
 // The q8_1 input of a matmul of m tokens of k values: what q8_rows already holds where the stage
-// before quantized this x (Context::q8_rows_of: no launch), else x quantized once (quantize_rows).
-// Measured on the H200 (tg128, bench/cuda_sweep.py, q8_1): quantizing in every group instead
-// (KCAP_Q8_PREQUANT=0, a measurement switch; a batch is always quantized once) was slower on
-// both benchmark layouts: Llama-3-8B Q4_K_M 248 vs 308 tok/s, Gemma 3 270M 1122 vs 1162.
+// before quantized this x (Context::q8_rows_of: no launch); else x quantized once (quantize_rows)
+// for a batch or a row of at least Context::q8_prequantize values (cuda_rows::kQ8QuantizeMinK);
+// else empty (codes null): the matvec's groups quantize x themselves.
 Q8Rows q8_input(const Context& ctx, int m, int k, const float* x) {
-    if (ctx.q8_prequantize == 0 && m < kMmaMinTokens) return {nullptr, nullptr, nullptr};
     if (ctx.q8_rows_of.x == x && ctx.q8_rows_of.m == m && ctx.q8_rows_of.k == k) return q8_rows_layout(ctx, m, k);
+    if (m < kMmaMinTokens && (ctx.q8_prequantize == 0 || k < ctx.q8_prequantize)) return {nullptr, nullptr, nullptr};
     return quantize_rows(ctx, m, k, x);
 }
 

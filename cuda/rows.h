@@ -87,6 +87,13 @@ constexpr int matvec_q8_shared_words(long long k, int rows = kMatvecRows) {
 // half sums (4 bytes each).
 constexpr long long q8_rows_bytes(long long m, long long k) { return m * k + m * (k / 32) * 4 + m * (k / 16) * 4; }
 constexpr int kQ8QuantizeThreads = 256;
+// The q8_1 matvec's x (one token, or a few): quantized once by its own launch for rows of at
+// least kQ8QuantizeMinK values, else by each of the matvec's groups (no launch), unless the
+// stage before already quantized it (cuda.add_norm's epilogue). Measured on the H200 (tg128,
+// q8_1, bench/cuda_sweep.py, KCAP_Q8_PREQUANT=K): always launching (K = 1) / never (0, and no
+// add_norm epilogue) / K = 1024 / 2048: Llama-3-8B Q4_K_M 308 / 248 / - / - (every K >= 4096),
+// Gemma 3 270M layout 1170 / 1126 / 1172 / 1181, SmolLM2-135M layout 987 / 1037 / 1003 / 1016.
+constexpr int kQ8QuantizeMinK = 2048;
 constexpr int kMatvecQ8SharedBytes = (kMatvecQ8ChunkRuns * 13 + kMatvecSimds * kMatvecMaxRows * 2) * 4;
 // Norm: one group per row.
 constexpr int kNormThreads = 1024;  // the most; a row of `width` takes norm_threads(width)
