@@ -315,7 +315,7 @@ private:
         }
         ctx.attn_partial_o = arena_.alloc_n<float>(std::max<size_t>(partial_o, 1));
         ctx.attn_partial_ml = arena_.alloc_n<float>(std::max<size_t>(partial_ml, 1));
-        // The q8_1 rows' batch activations: the widest K of any stage routed to one.
+        // The q8_1 rows' input (one token or a batch): the widest K of any stage routed to one.
         int64_t q8_k = 0;
         for (const RoutedStage& routed : plan_.stages)
             if (routed.row->input_encoding == Encoding::Q8_1) q8_k = std::max<int64_t>(q8_k, routed.stage.k);
@@ -379,7 +379,7 @@ private:
                 continue;
             call.backend_state = &ctx_;
             call.stage_state = &stage_data_[i];
-            // What the previous stage quantized into q8_rows holds for this stage only.
+            // What the previous stage that ran quantized into q8_rows holds for this stage only.
             ctx_.q8_rows_of = ctx_.q8_rows_next;
             ctx_.q8_rows_next = {};
             if (profile_) {

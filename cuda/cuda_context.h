@@ -76,7 +76,7 @@ struct Context {
     // written by the stage before it (cuda.add_norm quantizes its output there when the plan has
     // q8_1 rows), so a q8_1 matmul of that x skips its quantize launch. A stage that writes
     // q8_rows sets q8_rows_next; run_stages moves it to q8_rows_of before each stage (so it holds
-    // for exactly the next stage) and clears it.
+    // for exactly the next stage that runs) and clears it.
     struct Q8Source {
         const float* x = nullptr;
         int m = 0, k = 0;

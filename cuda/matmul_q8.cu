@@ -7,9 +7,10 @@
 //   a batch: int8 tensor-core tiles below, the bf16 rows' tile, warp layout and raw weight staging
 //   (cuda/mma_tiles.h) on mma.sync m16n8k32 (sub-blocks of 32) or m16n8k16 (of 16) s8 x s8 -> s32.
 //
-// The activations of every matmul, one token or a batch, are quantized once (kcap_q8_quantize_rows,
-// into the backend's q8_1 scratch) for every group, tile and matrix that reads them (qkv's three,
-// gate_up's two); the matvec's groups copy runs of it into shared memory. The tile step: as in matmul_mma.cu, each thread decodes one 32-element run of one weight row
+// A batch's activations, and a token's of 2048 values or more (q8_input), are quantized once
+// (kcap_q8_quantize_rows, into the backend's q8_1 scratch, or by the add_norm before) for every
+// group, tile and matrix that reads them (qkv's three, gate_up's two); the matvec's groups copy
+// runs of it into shared memory, or quantize a shorter x themselves. The tile step: as in matmul_mma.cu, each thread decodes one 32-element run of one weight row
 // (codes8: eight words of code bytes, straight into shared memory, no conversion) and stores 16
 // activation codes, a half sum and (half the threads) a run scale, loaded a step ahead. Then per
 // run of the step and per sub-block, T = sum(byte * q) on the tensor cores and

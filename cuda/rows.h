@@ -83,8 +83,8 @@ constexpr int kMatvecQ8ChunkRuns = 512;
 constexpr int matvec_q8_shared_words(long long k, int rows = kMatvecRows) {
     return int((k / 32 < kMatvecQ8ChunkRuns ? k / 32 : kMatvecQ8ChunkRuns) * 13 + kMatvecSimds * rows * 2);
 }
-// A batch's q8_1 activations for the int8 tiles: m x k codes, m x k / 32 scales and m x k / 16
-// half sums (4 bytes each).
+// A matmul's q8_1 input (one token or a batch; the matvec and the int8 tiles read it): m x k
+// codes, m x k / 32 scales and m x k / 16 half sums (4 bytes each).
 constexpr long long q8_rows_bytes(long long m, long long k) { return m * k + m * (k / 32) * 4 + m * (k / 16) * 4; }
 constexpr int kQ8QuantizeThreads = 256;
 // The q8_1 matvec's x (one token, or a few): quantized once by its own launch for rows of at

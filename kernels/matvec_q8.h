@@ -18,8 +18,9 @@
 // against the CPU row on q8_1(x) with the exact rows' 1e-5 (test_cuda_rows); how far q8_1(x) is
 // from x is the option's numerics, stated in the whole-model tests.
 //
-// Layout as kcap_matvec_staged (kernels/matvec.h): the group stages a chunk of runs, now
-// copied as int8 records, and its teams of `split` parts walk their ROWS rows' runs one lane per run. A
+// Layout as kcap_matvec_staged (kernels/matvec.h): the group stages a chunk of runs as int8
+// records, and its teams of `split` parts walk their ROWS rows' blocks one lane per unit (a run,
+// or for Q4_K and Q6_K the same 16 positions of the runs that share bytes: KcapQ8Units). A
 // record is KCAP_Q8_RUN_WORDS words: the 32 codes in 8 words, then sum(q) of elements 0..15 and
 // 16..31, then 2 words of padding (48 bytes: the 16-byte reads of 8 lanes, one per record, fall in
 // 8 different bank groups); each run's d sits in a float array after the records. Grid y = m:

@@ -311,7 +311,30 @@ void test_q8_rounding(std::mt19937& rng) {
         KCAP_EXPECT(records[size_t(r * KCAP_Q8_RUN_WORDS + 8)] == sums[0] && records[size_t(r * KCAP_Q8_RUN_WORDS + 9)] == sums[1],
                     "q8_1 staged run %d: half sums", r);
     }
-    std::printf("q8_1 rounding: %d runs\n", runs);
+    // One group's row quantization (kcap_q8_quantize_row, cuda.add_norm's epilogue), several rounds
+    // per thread at the wide widths, against kcap_q8_quantize_rows, bit for bit.
+    int rows_checked = 0;
+    for (int width : {640, 4096, 14336})
+        for (unsigned threads : {160u, 1024u}) {
+            const std::vector<float> row = random_floats(rng, size_t(width));
+            std::vector<kcap_u32> want_codes(size_t(width / 4));
+            std::vector<float> want_d(size_t(width / 32));
+            std::vector<kcap_i32> want_sums(size_t(width / 16));
+            kcap_sim::launch({unsigned((width / 4 + 127) / 128), 1, 1}, 128, 0, [&](const KcapThread& t, void*) {
+                kcap_q8_quantize_rows(t, row.data(), 1, width, want_codes.data(), want_d.data(), want_sums.data());
+            });
+            std::vector<kcap_u32> got_codes(want_codes.size(), 0xdeadbeefu);
+            std::vector<float> got_d(want_d.size(), NAN);
+            std::vector<kcap_i32> got_sums(want_sums.size(), -7777);
+            kcap_sim::launch({1, 1, 1}, threads, 0, [&](const KcapThread& t, void*) {
+                kcap_q8_quantize_row(t, row.data(), width, got_codes.data(), got_d.data(), got_sums.data());
+            });
+            KCAP_EXPECT(got_codes == want_codes && got_sums == want_sums &&
+                            std::memcmp(got_d.data(), want_d.data(), want_d.size() * 4) == 0,
+                        "kcap_q8_quantize_row width %d, %u threads: differs from kcap_q8_quantize_rows", width, threads);
+            ++rows_checked;
+        }
+    std::printf("q8_1 rounding: %d runs, %d group rows\n", runs, rows_checked);
 }
 
 void test_matmul_rows(std::mt19937& rng, CpuState& cpu) {
@@ -1243,20 +1266,25 @@ void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
                         for (bool quantized : {false, true}) {  // x quantized by the groups, or once
                             std::vector<float> got = nan_filled(size_t(m * n));
                             const int runs = int(k / 32);
-                            const int chunk = std::min(runs, split == 4 ? 32 : kcap::cuda_rows::kMatvecQ8ChunkRuns);
+                            // Chunks of 40 runs leave a ragged last chunk (K = 4096: 40, 40, 40, 8).
+                            const int chunk = std::min(runs, split == 2   ? 40
+                                                             : split == 4 ? 32
+                                                                          : kcap::cuda_rows::kMatvecQ8ChunkRuns);
                             kcap_sim::launch({ceil_div(n, (kMatvecSimds / split) * kMatvecRows), unsigned(m), 1},
                                              kMatvecSimds * 32, kcap::cuda_rows::kMatvecQ8SharedBytes,
                                              [&](const KcapThread& t, void* shared) {
                                                  auto* words = static_cast<kcap_i32*>(shared);
                                                  if (gate_up)
                                                      kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_GATE_UP>(
-                                                         t, p, split, chunk, w0->ref.data, w1->ref.data, x.data(),
-                                                         quantized ? codes.data() : nullptr, x_d.data(), half_sums.data(),
-                                                         nullptr, int(Activation::SiLU), got.data(), words);
+                                                         t, p, split, chunk, w0->ref.data, w1->ref.data,
+                                                         quantized ? nullptr : x.data(), quantized ? codes.data() : nullptr,
+                                                         x_d.data(), half_sums.data(), nullptr, int(Activation::SiLU),
+                                                         got.data(), words);
                                                  else
                                                      kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_PLAIN>(
-                                                         t, p, split, chunk, w0->ref.data, w0->ref.data, x.data(),
-                                                         quantized ? codes.data() : nullptr, x_d.data(), half_sums.data(),
+                                                         t, p, split, chunk, w0->ref.data, w0->ref.data,
+                                                         quantized ? nullptr : x.data(), quantized ? codes.data() : nullptr,
+                                                         x_d.data(), half_sums.data(),
                                                          reinterpret_cast<const float*>(bias->ref.data), 0, got.data(),
                                                          words);
                                              });
