@@ -150,7 +150,7 @@ void run_gate_up(const Stage& stage, const KernelCall& call, KernelFn batched_ma
     kcap_cuda_ffn_activation(act, act_call);
 }
 
-QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int* groups) {
+QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_runs_max, int* groups) {
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
     float* outputs[3] = {call.out, call.inout2, call.inout3};
@@ -172,7 +172,7 @@ QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int* groups) 
         s.first_group = *groups;
         *groups += int(ceil_div(s.p.n, (kMatvecSimds / s.split) * kMatvecRows));
     }
-    q.chunk_runs = std::min(int(stage.k / 32), kMatvecChunkRuns);
+    q.chunk_runs = std::min(int(stage.k / 32), chunk_runs_max);
     return q;
 }
 
@@ -216,7 +216,7 @@ void kcap_cuda_qkv(const Stage& stage, const KernelCall& call) {
     matmul.features = 0;
     if (call.n_tokens == 1) {
         int groups = 0;
-        const cuda::QkvParams q = cuda::qkv_segments(stage, call, &groups);
+        const cuda::QkvParams q = cuda::qkv_segments(stage, call, kMatvecChunkRuns, &groups);
         const size_t shared = size_t(matvec_shared_floats(stage.k, kMatvecRows)) * 4;
         cuda::launch(ctx, cuda::qkv_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q, call.in);
         return;

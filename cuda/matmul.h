@@ -30,7 +30,8 @@ struct QkvParams {
 };
 
 // The three segments of a qkv stage for one token; *groups: the grid's groups in all.
-QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int* groups);
+// chunk_runs_max: the runs of x the matvec stages at a time (kMatvecChunkRuns, kMatvecQ8ChunkRuns).
+QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_runs_max, int* groups);
 
 // In the kernel: the segment of group t.group_x, which becomes the group's index in the segment.
 __device__ __forceinline__ QkvSegment qkv_segment(const QkvParams& q, KcapThread& t) {

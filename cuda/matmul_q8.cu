@@ -357,8 +357,7 @@ void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call) {
     using namespace cuda_rows;
     const cuda::Context& ctx = cuda::context(call);
     int groups = 0;
-    cuda::QkvParams q = cuda::qkv_segments(stage, call, &groups);
-    q.chunk_runs = std::min(int(stage.k / 32), kMatvecQ8ChunkRuns);  // the q8_1 matvec's chunks
+    const cuda::QkvParams q = cuda::qkv_segments(stage, call, kMatvecQ8ChunkRuns, &groups);
     // Once for Q, K and V.
     const cuda::Q8Rows rows = cuda::q8_input(ctx, call.n_tokens, int(stage.k), call.in);
     if (call.n_tokens == 1) {
