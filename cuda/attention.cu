@@ -8,6 +8,7 @@
 // position read from device memory.
 #include "cuda/attention.h"
 #include "kernels/attention.h"
+#include "kernels/matvec_q8.h"
 
 namespace kcap {
 namespace {
@@ -18,20 +19,36 @@ static_assert(cuda_rows::kAttnDecodeSimds == KCAP_ATTN_DECODE_SIMDS, "cuda_rows 
 
 __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32)
     decode_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new, const float* v_new,
-                  kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out) {
+                  kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out, cuda::Q8Rows q8) {
     __shared__ float merge[KCAP_ATTN_DECODE_SHARED_FLOATS];
     cuda::pdl_wait();
     cuda::pdl_trigger();
-    kcap_attention_decode(kcap_cuda_thread(), p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out,
-                          merge);
+    const KcapThread t = kcap_cuda_thread();
+    kcap_attention_decode(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge);
+    // One split covered every key: this group wrote its query heads' outputs (contiguous), so
+    // it also writes their q8_1 for the output projection.
+    if (q8.codes && blockIdx.y == 0 && kcap_decode_splits(p, step[0]).active == 1) {
+        const int group = p.n_head / p.n_head_kv;
+        __syncthreads();  // the group's writes of the output are visible to it
+        const kcap_u64 base = kcap_u64(blockIdx.x) * group * p.head_dim_v;
+        kcap_q8_quantize_row(t, out + base, group * p.head_dim_v, q8.codes + base / 4, q8.d + base / 32,
+                             q8.half_sums + base / 16);
+    }
 }
 
 __global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, const kcap_i32* step, const float* partial_o,
-                                                      const float* partial_ml, float* out) {
+                                                      const float* partial_ml, float* out, cuda::Q8Rows q8) {
     __shared__ float shared[KCAP_ATTN_COMBINE_SHARED_FLOATS];
     cuda::pdl_wait();
     cuda::pdl_trigger();
-    kcap_attention_combine(kcap_cuda_thread(), p, step, partial_o, partial_ml, out, shared);
+    const KcapThread t = kcap_cuda_thread();
+    const float v = kcap_attention_combine(t, p, step, partial_o, partial_ml, out, shared);
+    // The merged head's q8_1 for the output projection, from the registers: thread d holds dim d,
+    // so a simd group holds one 32-value run (head_dim_v % 32 == 0; groups past it hold none).
+    if (q8.codes && kcap_decode_splits(p, step[0]).active > 1 && int(t.simd) * 32 < p.head_dim_v) {
+        const kcap_u64 e = kcap_u64(blockIdx.x) * p.head_dim_v + t.index;  // the value's index in the row
+        kcap_q8_quantize_lane(t, v, e, q8.codes, q8.d, q8.half_sums);
+    }
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -80,17 +97,26 @@ void append_kv(const Context& ctx, const AttentionCall& a, const KernelCall& cal
 }  // namespace cuda
 
 void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
-    const cuda::Context& ctx = cuda::context(call);
+    cuda::Context& ctx = cuda::context(call);
     const cuda::AttentionCall a = cuda::attention_call(stage, call);
     const KcapAttentionParams& p = a.p;
     if (call.n_tokens == 1) {
+        // With q8_1 rows in the plan, the token's output is also written as q8_1 for the output
+        // projection (as cuda.add_norm does for qkv and gate_up): no quantize launch there.
+        cuda::Q8Rows q8 = {nullptr, nullptr, nullptr};
+        const int width = p.n_head * p.head_dim_v;
+        if (ctx.q8_rows && ctx.q8_prequantize != 0 && p.head_dim_v % 32 == 0 &&
+            size_t(q8_rows_bytes(1, width)) <= ctx.q8_rows_capacity) {
+            q8 = cuda::q8_rows_layout(ctx, 1, width);
+            ctx.q8_rows_next = {call.out, 1, width};
+        }
         const int simds = ctx.attn_decode_simds ? ctx.attn_decode_simds : attn_decode_simds(p.n_head_kv);
         cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * simds), 0, p, ctx.step, call.in,
-                     call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out);
+                     call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out, q8);
         if (p.n_splits > 1)
             cuda::launch(ctx, combine_kernel, dim3(p.n_head), dim3(attn_combine_threads(p.head_dim_v)), 0, p, ctx.step,
                          static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml),
-                         call.out);
+                         call.out, q8);
         return;
     }
     cuda::append_kv(ctx, a, call);

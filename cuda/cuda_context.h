@@ -49,6 +49,7 @@ struct Context {
     // before did it), else by its groups; 0: always by its groups, and no add_norm epilogue
     // (KCAP_Q8_PREQUANT, a measurement switch; cuda_rows::kQ8QuantizeMinK).
     int q8_prequantize = cuda_rows::kQ8QuantizeMinK;
+    bool add_norm_vec = true;  // KCAP_ADD_NORM_VEC=0 (a measurement switch): add_norm walks the row, not registers
     int mma_staged = -1;  // KCAP_MMA_STAGED: prefill matmul weights staged in shared memory (1), not (0), by K (-1)
     // Decode-step state in device memory, so one captured graph serves every step:
     // step[0] = position of token 0 of the call, step[1] = tokens generated (history index).
@@ -73,8 +74,9 @@ struct Context {
     void* q8_rows = nullptr;
     size_t q8_rows_capacity = 0;
     // What q8_rows holds for the stage now running: q8_1 of the f32 buffer q8_rows_of.x (m x k),
-    // written by the stage before it (cuda.add_norm quantizes its output there when the plan has
-    // q8_1 rows), so a q8_1 matmul of that x skips its quantize launch. A stage that writes
+    // written by the stage before it (cuda.add_norm, and cuda.attention for a decode token, quantize
+    // their output there when the plan has q8_1 rows), so a q8_1 matmul of that x skips its
+    // quantize launch. A stage that writes
     // q8_rows sets q8_rows_next; run_stages moves it to q8_rows_of before each stage (so it holds
     // for exactly the next stage that runs) and clears it.
     struct Q8Source {

@@ -32,6 +32,33 @@ __global__ void __launch_bounds__(kNormThreads)
     }
 }
 
+// The same with the row in registers (kcap_add_norm_vec: V float4 per thread); the q8_1 epilogue
+// quantizes the registers (lanes 8r .. 8r + 7 hold a run), not a re-read of the written row.
+template <int V>
+__global__ void __launch_bounds__(kNormThreads)
+    add_norm_vec_kernel(KcapAddNormParams p, float* residual, const float* branch, const float* post_weight,
+                        const float* post_bias, const float* weight, const float* bias, float* normed, cuda::Q8Rows q8) {
+    __shared__ float scratch[32];
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    const KcapThread t = kcap_cuda_thread();
+    float4 v[V];
+    kcap_add_norm_vec<V>(t, p, residual, branch, post_weight, post_bias, weight, bias, normed, scratch, v);
+    if (!q8.codes) return;
+    const kcap_u64 row = blockIdx.x;
+    const int n4 = p.width / 4;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const int i = int(t.index) + k * int(t.threads);
+        const KcapQ8Quad q = kcap_q8_quantize_quad(v[k]);  // every lane takes part (zeros past the row)
+        if (i < n4) {
+            q8.codes[row * kcap_u64(n4) + i] = q.codes;
+            if (i % 4 == 0) q8.half_sums[row * kcap_u64(p.width / 16) + i / 4] = q.half_sum;
+            if (i % 8 == 0) q8.d[row * kcap_u64(p.width / 32) + i / 8] = q.d;
+        }
+    }
+}
+
 }  // namespace
 
 // add_norm: operands (post weight, post bias, weight, bias); in = the residual (call.inout2,
@@ -51,8 +78,15 @@ void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call) {
         q8 = cuda::q8_rows_layout(ctx, call.n_tokens, p.width);
         ctx.q8_rows_next = {call.out, call.n_tokens, p.width};
     }
-    cuda::launch(ctx, add_norm_kernel, dim3(call.n_tokens), dim3(norm_threads(p.width)), 0, p, call.inout2, call.in2, operand(0),
-                 operand(1), operand(2), operand(3), call.out, q8);
+    const int threads = norm_threads(p.width);
+    const int per_thread = (p.width / 4 + threads - 1) / threads;  // float4s
+    const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+    const bool vec = ctx.add_norm_vec && p.width % 4 == 0 && per_thread <= kAddNormVecMax && aligned(call.inout2) &&
+                     aligned(call.in2) && aligned(call.out) && aligned(operand(0)) && aligned(operand(1)) &&
+                     aligned(operand(2)) && aligned(operand(3));
+    auto* kernel = !vec ? add_norm_kernel : per_thread == 1 ? add_norm_vec_kernel<1> : add_norm_vec_kernel<2>;
+    cuda::launch(ctx, kernel, dim3(call.n_tokens), dim3(threads), 0, p, call.inout2, call.in2, operand(0), operand(1),
+                 operand(2), operand(3), call.out, q8);
 }
 
 void kcap_cuda_norm(const Stage& stage, const KernelCall& call) {

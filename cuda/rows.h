@@ -102,6 +102,9 @@ constexpr int norm_threads(long long width) {
     const long long t = (width / 4 + 31) / 32 * 32;
     return int(t < 64 ? 64 : t > kNormThreads ? kNormThreads : t);
 }
+// add_norm holds the row in registers (kcap_add_norm_vec) up to this many float4 per thread: rows
+// of up to 8192 values at kNormThreads.
+constexpr int kAddNormVecMax = 2;
 // Attention: decode takes one KV head per group and splits keys over groups.
 constexpr int kAttnMaxSimds = 8;  // the most simd groups of an attention launch (the row's threads)
 // Prefill (kernels/attention_prefill.h, tiled): a group owns 4 * row_simds consecutive query

@@ -368,24 +368,51 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
 #define KCAP_ATTN_COMBINE_SHARED_FLOATS (KCAP_ATTN_COMBINE_CHUNK + 32)
 
 // Grid: x = n_head; threads >= head_dim_v (a multiple of 32, at most 1024); shared:
-// KCAP_ATTN_COMBINE_SHARED_FLOATS floats. The threads take the splits in turn for the max and
-// the weights exp(m_s - m) (staged a chunk at a time), then each thread one output dim, with
-// four splits' partial outputs loaded at once: at long spans a head has dozens of splits, and
-// one dependent load per split was most of the decode attention's time.
-KCAP_FN void kcap_attention_combine(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
-                                    const KCAP_GLOBAL float* partial_o, const KCAP_GLOBAL float* partial_ml,
-                                    KCAP_GLOBAL float* out, KCAP_SHARED float* shared) {
+// KCAP_ATTN_COMBINE_SHARED_FLOATS floats. Returns the value the thread wrote (dim t.index of
+// the head; 0 where it wrote none), for an epilogue.
+// Up to KCAP_SIMD_WIDTH active splits (decode at short spans), every simd group takes the max
+// and sum of all of them, one split per lane, and each thread its dim: no barrier, two rounds
+// of loads. More: the threads take the splits in turn for the max and the weights exp(m_s - m)
+// (staged a chunk at a time), then each thread one output dim, with four splits' partial
+// outputs loaded at once: at long spans a head has dozens of splits, and one dependent load per
+// split was most of the decode attention's time.
+KCAP_FN float kcap_attention_combine(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
+                                     const KCAP_GLOBAL float* partial_o, const KCAP_GLOBAL float* partial_ml,
+                                     KCAP_GLOBAL float* out, KCAP_SHARED float* shared) {
     const int active = kcap_decode_splits(p, step[0]).active;
-    if (active == 1) return;
+    if (active == 1) return 0.0f;
     const kcap_u64 head = t.group_x;
     const KCAP_GLOBAL float* ml = partial_ml + head * p.n_splits * 2;
+    const int d = int(t.index);
+    const int dv = p.head_dim_v;
+    const KCAP_GLOBAL float* po = partial_o + head * p.n_splits * dv + kcap_u64(d < dv ? d : 0);
+    if (active <= KCAP_SIMD_WIDTH) {
+        const int s = int(t.lane);
+        const float m_s = s < active ? ml[2 * s] : KCAP_NEG_INFINITY;
+        const float l_s = s < active ? ml[2 * s + 1] : 0.0f;
+        const float m = kcap_simd_max(m_s);  // every active split saw keys: m is finite
+        const float w_s = s < active ? kcap_exp(m_s - m) : 0.0f;
+        const float l = kcap_simd_sum(l_s * w_s);
+        float acc = 0.0f;
+        int i = 0;
+        for (; i + 4 <= active; i += 4) {
+            const float w0 = kcap_simd_broadcast(w_s, i), w1 = kcap_simd_broadcast(w_s, i + 1);
+            const float w2 = kcap_simd_broadcast(w_s, i + 2), w3 = kcap_simd_broadcast(w_s, i + 3);
+            const float a = po[kcap_u64(i) * dv], b = po[kcap_u64(i + 1) * dv];
+            const float c = po[kcap_u64(i + 2) * dv], e = po[kcap_u64(i + 3) * dv];
+            acc += a * w0 + b * w1 + c * w2 + e * w3;
+        }
+        for (; i < active; ++i) acc += po[kcap_u64(i) * dv] * kcap_simd_broadcast(w_s, i);
+        if (d >= dv) return 0.0f;
+        const float v = acc * (1.0f / l);
+        out[head * dv + kcap_u64(d)] = v;
+        return v;
+    }
     KCAP_SHARED float* weight = shared;                            // [chunk]
     KCAP_SHARED float* reduce = shared + KCAP_ATTN_COMBINE_CHUNK;  // [simds]
     float m = KCAP_NEG_INFINITY;
     for (int s = int(t.index); s < active; s += int(t.threads)) m = kcap_fmax(m, ml[2 * s]);
     m = kcap_group_max(t, m, reduce);  // every active split saw keys: m is finite
-    const int d = int(t.index);
-    const int dv = p.head_dim_v;
     float l = 0.0f, acc = 0.0f;
     for (int c0 = 0; c0 < active; c0 += KCAP_ATTN_COMBINE_CHUNK) {
         const int n = active - c0 < KCAP_ATTN_COMBINE_CHUNK ? active - c0 : KCAP_ATTN_COMBINE_CHUNK;
@@ -397,18 +424,21 @@ KCAP_FN void kcap_attention_combine(const KcapThread t, const KcapAttentionParam
         }
         kcap_barrier();
         if (d < dv) {
-            const KCAP_GLOBAL float* po = partial_o + (head * p.n_splits + kcap_u64(c0)) * dv + kcap_u64(d);
+            const KCAP_GLOBAL float* pc = po + kcap_u64(c0) * dv;
             int i = 0;
             for (; i + 4 <= n; i += 4) {
-                const float a = po[kcap_u64(i) * dv], b = po[kcap_u64(i + 1) * dv];
-                const float c = po[kcap_u64(i + 2) * dv], e = po[kcap_u64(i + 3) * dv];
+                const float a = pc[kcap_u64(i) * dv], b = pc[kcap_u64(i + 1) * dv];
+                const float c = pc[kcap_u64(i + 2) * dv], e = pc[kcap_u64(i + 3) * dv];
                 acc += a * weight[i] + b * weight[i + 1] + c * weight[i + 2] + e * weight[i + 3];
             }
-            for (; i < n; ++i) acc += po[kcap_u64(i) * dv] * weight[i];
+            for (; i < n; ++i) acc += pc[kcap_u64(i) * dv] * weight[i];
         }
     }
     l = kcap_group_sum(t, l, reduce);
-    if (d < dv) out[head * dv + kcap_u64(d)] = acc * (1.0f / l);
+    if (d >= dv) return 0.0f;
+    const float v = acc * (1.0f / l);
+    out[head * dv + kcap_u64(d)] = v;
+    return v;
 }
 
 // Prefill (a chunk of tokens attends to the cache): kernels/attention_prefill.h, tiled.

@@ -20,7 +20,7 @@
 //   kcap_simd_sum/max, kcap_simd_shuffle_xor, kcap_simd_broadcast   (all 32 lanes take part)
 //   kcap_half_to_float / kcap_float_to_half / kcap_bf16_to_float, kcap_u8_to_float
 //   kcap_load_u16 / kcap_load_u32 (4-byte aligned) / kcap_load_u32_a2 (2-byte aligned) /
-//   kcap_load_u32x4 (16-byte aligned) / kcap_load_f32x4, kcap_as_float (bits -> float)
+//   kcap_load_u32x4 (16-byte aligned) / kcap_load_f32x4 / kcap_store_f32x4, kcap_as_float (bits -> float)
 //   kcap_load_u32s_a2<N> / kcap_load_u16_u32s_a2<N>: runs of 32-bit words at a 2-byte-aligned
 //   address with about one load per word (see the shared section below)
 //   kcap_exp / kcap_tanh / kcap_erf / kcap_sqrt / kcap_rsqrt, kcap_prefetch (a hint; may be a no-op)
@@ -99,6 +99,7 @@ KCAP_FN kcap_u32 kcap_load_u32_a2(const kcap_u8* p) {
     return unsigned(h[0]) | (unsigned(h[1]) << 16);
 }
 KCAP_FN float4 kcap_load_f32x4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+KCAP_FN void kcap_store_f32x4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 KCAP_FN uint4 kcap_load_u32x4(const kcap_u8* p) { return *reinterpret_cast<const uint4*>(p); }
 KCAP_FN float kcap_as_float(kcap_u32 bits) { return __uint_as_float(bits); }
 KCAP_FN void kcap_prefetch(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
@@ -194,6 +195,7 @@ KCAP_FN kcap_u32 kcap_load_u32_a2(const device kcap_u8* p) {
     return uint(h[0]) | (uint(h[1]) << 16);
 }
 KCAP_FN float4 kcap_load_f32x4(const device float* p) { return *reinterpret_cast<const device float4*>(p); }
+KCAP_FN void kcap_store_f32x4(device float* p, float4 v) { *reinterpret_cast<device float4*>(p) = v; }
 KCAP_FN uint4 kcap_load_u32x4(const device kcap_u8* p) { return *reinterpret_cast<const device uint4*>(p); }
 KCAP_FN float kcap_as_float(kcap_u32 bits) { return as_type<float>(bits); }
 KCAP_FN void kcap_prefetch(const device void*) {}

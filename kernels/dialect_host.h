@@ -295,6 +295,10 @@ inline float4 kcap_load_f32x4(const float* p) {
     std::memcpy(&v, p, 16);
     return v;
 }
+inline void kcap_store_f32x4(float* p, float4 v) {
+    if (reinterpret_cast<uintptr_t>(p) % 16) throw std::runtime_error("kcap_store_f32x4: misaligned");
+    std::memcpy(p, &v, 16);
+}
 inline uint4 kcap_load_u32x4(const kcap_u8* p) {
     if (reinterpret_cast<uintptr_t>(p) % 16) throw std::runtime_error("kcap_load_u32x4: misaligned");
     kcap_sim::check_readable(p, 16, "kcap_load_u32x4");

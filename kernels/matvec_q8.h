@@ -138,6 +138,25 @@ KCAP_FN void kcap_q8_quantize_row(const KcapThread t, const KCAP_GLOBAL float* x
     }
 }
 
+// q8_1 of one value per lane where a simd group holds one 32-value run (lane i: value i of the
+// run, element e of the row, e % 32 == i), every lane calling: the run's code words (lanes 4k),
+// half sums (lanes 16k) and d (lane 0), in kcap_q8_quantize_rows' form and bit for bit its
+// rounding (max and integer sums are exact in any order). The epilogue of the decode combine.
+KCAP_FN void kcap_q8_quantize_lane(const KcapThread t, float v, kcap_u64 e, KCAP_GLOBAL kcap_u32* codes,
+                                   KCAP_GLOBAL float* d, KCAP_GLOBAL kcap_i32* half_sums) {
+    const float amax = kcap_simd_max(v < 0.0f ? -v : v);
+    const float scale = amax / 127.0f;
+    const float id = scale >= KCAP_Q8_MIN_SCALE ? 1.0f / scale : 0.0f;
+    const int q = kcap_round_to_int(v * id);
+    int sum = q;
+    KCAP_UNROLL for (int mask = 1; mask < 16; mask <<= 1) sum += kcap_simd_shuffle_xor(sum, mask);
+    const int byte = q & 0xff;
+    const int b1 = kcap_simd_shuffle_xor(byte, 1), b2 = kcap_simd_shuffle_xor(byte, 2), b3 = kcap_simd_shuffle_xor(byte, 3);
+    if (t.lane % 4 == 0) codes[e / 4] = kcap_u32(byte) | (kcap_u32(b1) << 8) | (kcap_u32(b2) << 16) | (kcap_u32(b3) << 24);
+    if (t.lane % 16 == 0) half_sums[e / 16] = sum;
+    if (t.lane == 0) d[e / 32] = scale;
+}
+
 // One run of weights (run `run` of the block at `block`) against a staged record with scale d.
 template <class F>
 KCAP_FN float kcap_q8_run_dot(const KCAP_GLOBAL kcap_u8* block, int run, const KCAP_SHARED kcap_i32* record, float d) {

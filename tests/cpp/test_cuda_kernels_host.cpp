@@ -11,7 +11,9 @@
 // 2e-6 for embed/elementwise/norm/rope, 1e-5 for attention (exp and online softmax).
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <functional>
+#include <type_traits>
 
 #include "cuda/rope_table.h"
 #include "cuda/rows.h"
@@ -332,6 +334,18 @@ void test_q8_rounding(std::mt19937& rng) {
             KCAP_EXPECT(got_codes == want_codes && got_sums == want_sums &&
                             std::memcmp(got_d.data(), want_d.data(), want_d.size() * 4) == 0,
                         "kcap_q8_quantize_row width %d, %u threads: differs from kcap_q8_quantize_rows", width, threads);
+            ++rows_checked;
+            // The one-value-per-lane form (kcap_q8_quantize_lane, the decode combine's epilogue).
+            std::fill(got_codes.begin(), got_codes.end(), 0xdeadbeefu);
+            std::fill(got_d.begin(), got_d.end(), NAN);
+            std::fill(got_sums.begin(), got_sums.end(), -7777);
+            kcap_sim::launch({1, 1, 1}, threads, 0, [&](const KcapThread& t, void*) {
+                for (unsigned e = t.index; e < unsigned(width); e += t.threads)
+                    kcap_q8_quantize_lane(t, row[e], e, got_codes.data(), got_d.data(), got_sums.data());
+            });
+            KCAP_EXPECT(got_codes == want_codes && got_sums == want_sums &&
+                            std::memcmp(got_d.data(), want_d.data(), want_d.size() * 4) == 0,
+                        "kcap_q8_quantize_lane width %d, %u threads: differs from kcap_q8_quantize_rows", width, threads);
             ++rows_checked;
         }
     std::printf("q8_1 rounding: %d runs, %d group rows\n", runs, rows_checked);
@@ -1042,6 +1056,10 @@ void test_attention_combine(std::mt19937& rng) {
         {3, 64, 600, 600 * 32 - 1},  // 600 active splits of 32 keys: three chunks of weights
         {2, 256, 40, 33 * 32 - 5},   // 33 active of 40 (the rest poisoned), 256 dims
         {4, 48, 300, 257 * 32 - 1},  // 257 active: one split into a second chunk
+        // Up to 32 active splits: the simd-group path (a split per lane, no barrier).
+        {2, 128, 33, 4 * 32 - 1},    // 4 active of 33, the 8B's head dim
+        {3, 48, 40, 32 * 32 - 1},    // exactly 32 active, dims off the thread count
+        {1, 256, 10, 7 * 32 - 3},    // 7 active: past the 4-split loads, Gemma's head dim
     };
     std::uniform_real_distribution<float> score(-30.0f, 5.0f), sum(1.0f, 40.0f);
     int checked = 0;
@@ -1078,11 +1096,19 @@ void test_attention_combine(std::mt19937& rng) {
             }
         }
         const int32_t step[2] = {c.pos, 0};
+        int returned_wrong = 0;
         kcap_sim::launch({unsigned(c.n_head), 1, 1}, cuda_rows::attn_combine_threads(c.head_dim_v),
                          sizeof(float) * KCAP_ATTN_COMBINE_SHARED_FLOATS, [&](const KcapThread& t, void* sh) {
-                             kcap_attention_combine(t, p, step, partial_o.data(), partial_ml.data(), got.data(),
-                                                    static_cast<float*>(sh));
+                             const float v = kcap_attention_combine(t, p, step, partial_o.data(), partial_ml.data(),
+                                                                    got.data(), static_cast<float*>(sh));
+                             // It returns what it wrote (the combine's q8_1 epilogue quantizes it).
+                             const float wrote = int(t.index) < c.head_dim_v
+                                                     ? got[size_t(t.group_x) * c.head_dim_v + t.index]
+                                                     : 0.0f;
+                             if (std::memcmp(&v, &wrote, 4) != 0) ++returned_wrong;
                          });
+        KCAP_EXPECT(returned_wrong == 0, "combine of %d splits (%d active): %d threads returned another value than they wrote",
+                    c.n_splits, active, returned_wrong);
         double worst = 0.0, scale = 0.0;
         for (size_t i = 0; i < got.size(); ++i) scale = std::max(scale, std::fabs(want[i]));
         for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - want[i]) / scale);
@@ -1202,6 +1228,7 @@ void test_add_norm(std::mt19937& rng, CpuState& cpu) {
                     std::vector<float> residual = random_floats(rng, size_t(tokens * width), 8.0f);
                     const std::vector<float> branch = random_floats(rng, size_t(tokens * width), 3.0f);
                     std::vector<float> got_residual = residual, got = nan_filled(residual.size());
+                    const std::vector<float> residual_before = residual;
                     const std::vector<float> ref = cpu_add_norm(stage, tokens, residual, branch, cpu);
                     KcapAddNormParams p;
                     p.width = int(width), p.eps = 1e-6f, p.scale = scale, p.layer_norm = layer, p.has_post = post;
@@ -1215,6 +1242,36 @@ void test_add_norm(std::mt19937& rng, CpuState& cpu) {
                     const double err = std::max(relative_error(got, ref), relative_error(got_residual, residual));
                     KCAP_EXPECT(err <= kExactTolerance, "cuda.add_norm width=%lld layer=%d post=%d scale=%g: error %.3g",
                                 (long long)width, int(layer), int(post), double(scale), err);
+                    ++checked;
+                    // The register form (kcap_add_norm_vec), 128 threads: V = 1 (64) or 2 float4 per
+                    // thread (640, 1000: the last round ragged); its normed registers must be the row it wrote.
+                    std::vector<float> vec_residual = residual_before, vec_got = nan_filled(residual.size());
+                    std::vector<float> vec_regs = nan_filled(residual.size());
+                    const int n4 = int(width / 4), threads = 128;
+                    const auto vec_body = [&](auto v_tag) {
+                        constexpr int V = decltype(v_tag)::value;
+                        kcap_sim::launch({unsigned(tokens), 1, 1}, threads, 32 * 4, [&](const KcapThread& t, void* shared) {
+                            float4 regs[V];
+                            kcap_add_norm_vec<V>(t, p, vec_residual.data(), branch.data(),
+                                                 reinterpret_cast<const float*>(post_w->ref.data), nullptr,
+                                                 reinterpret_cast<const float*>(w->ref.data),
+                                                 reinterpret_cast<const float*>(b->ref.data), vec_got.data(),
+                                                 static_cast<float*>(shared), regs);
+                            for (int k = 0; k < V; ++k) {
+                                const int i = int(t.index) + k * threads;
+                                if (i < n4) std::memcpy(&vec_regs[size_t(t.group_x) * width + 4 * i], &regs[k], 16);
+                            }
+                        });
+                    };
+                    if ((n4 + threads - 1) / threads == 1)
+                        vec_body(std::integral_constant<int, 1>());
+                    else
+                        vec_body(std::integral_constant<int, 2>());
+                    const double vec_err = std::max(relative_error(vec_got, ref), relative_error(vec_residual, residual));
+                    KCAP_EXPECT(vec_err <= kExactTolerance && vec_regs == vec_got,
+                                "cuda.add_norm (registers) width=%lld layer=%d post=%d scale=%g: error %.3g%s",
+                                (long long)width, int(layer), int(post), double(scale), vec_err,
+                                vec_regs == vec_got ? "" : ", registers differ from the written row");
                     ++checked;
                 }
     std::printf("add_norm body: %d cases\n", checked);

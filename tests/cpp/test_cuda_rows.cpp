@@ -424,6 +424,31 @@ struct AttentionCase {
 // cuda.attention (SIMT bodies) and cuda.attention_mma (f16 caches, head dims 64/128/256:
 // tensor-core prefill, the SIMT decode), each on every case its kv_formats and head dims admit;
 // a case the row lacks must be refused by the row.
+// A stage that quantizes its output for the next stage's q8_1 matmul (cuda.add_norm, cuda.attention
+// at one token): it announced q8_rows_next = (out, m, k), and the q8_1 rows hold, bit for bit, the
+// rounding of what it wrote (the caller poisoned them with NaN before the run).
+void expect_q8_rows_of(TestContext& t, const float* out, const std::vector<float>& written, int m, int k,
+                       const std::string& what) {
+    const cuda::Context::Q8Source& next = t.ctx.q8_rows_next;
+    KCAP_EXPECT(next.x == out && next.m == m && next.k == k, "%s m=%d k=%d: q8_1 rows not announced", what.c_str(), m, k);
+    const cuda::Q8Rows rows = cuda::q8_rows_layout(t.ctx, m, k);
+    const std::vector<uint32_t> codes = download(rows.codes, written.size() / 4);
+    const std::vector<float> d = download(rows.d, written.size() / 32);
+    const std::vector<int32_t> half_sums = download(rows.half_sums, written.size() / 16);
+    const std::vector<float> want = q8_1_values(written);
+    int bad = 0;
+    for (size_t i = 0; i < written.size(); ++i) {
+        const int q = int(int8_t(uint8_t(codes[i / 4] >> (8 * (i % 4)))));
+        if (d[i / 32] * float(q) != want[i]) ++bad;
+    }
+    for (size_t h = 0; h < half_sums.size(); ++h) {
+        int sum = 0;
+        for (size_t i = 16 * h; i < 16 * h + 16; ++i) sum += int(int8_t(uint8_t(codes[i / 4] >> (8 * (i % 4)))));
+        if (sum != half_sums[h]) ++bad;
+    }
+    KCAP_EXPECT(bad == 0, "%s m=%d k=%d: %d q8_1 values or half sums differ", what.c_str(), m, k, bad);
+}
+
 void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
     const Row& row = find_row(kernel);
     const AttentionCase cases[] = {
@@ -496,8 +521,16 @@ void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
             float* out = static_cast<float*>(t.arena.alloc(ref.size() * 4));
             call.in = t.arena.upload(q), call.in2 = t.arena.upload(k), call.in3 = t.arena.upload(v), call.out = out;
             t.set_step(pos);
+            CHECK(cudaMemset(t.ctx.q8_rows, 0xff, t.ctx.q8_rows_capacity));  // poison: d = NaN
+            t.ctx.q8_rows_next = {};
             t.run(row, stage, call, data);
-            const double err = relative_error(download(out, ref.size()), ref);
+            const std::vector<float> got = download(out, ref.size());
+            const double err = relative_error(got, ref);
+            // A decode token's output also comes as q8_1 for the output projection (one split:
+            // the decode groups write it; several: the combine).
+            if (m == 1 && c.head_dim_v % 32 == 0)
+                expect_q8_rows_of(t, out, got, 1, c.n_head * c.head_dim_v,
+                                  std::string(kernel) + " decode at " + std::to_string(pos));
             const bool tensor_cores = std::string(kernel) == "cuda.attention_mma" && m > 1 &&
                                       cuda_rows::attn_mma_dims(c.head_dim, c.head_dim_v);
             const int span = c.window > 0 ? std::min(c.window, pos + m) : pos + m;
@@ -661,11 +694,15 @@ void test_qk_norm_rope(std::mt19937& rng, CpuState& cpu) {
 
 void test_add_norm(std::mt19937& rng, CpuState& cpu) {
     const Row& row = find_row("cuda.add_norm");
-    for (int64_t width : {64, 640, 1000, 4096})
+    // 1001: the row walk (not a multiple of 4); 8192: two float4 per thread in registers.
+    for (int64_t width : {64, 640, 1000, 1001, 4096, 5120, 8192})
         for (int tokens : {1, 5})
             for (bool layer : {false, true})
-                for (bool post : {false, true}) {
+                for (bool post : {false, true})
+                for (bool vec : {false, true}) {  // rows in registers (kcap_add_norm_vec) or walked
+                    if (vec && width % 4 != 0) continue;
                     TestContext t;
+                    t.ctx.add_norm_vec = vec;
                     auto post_w = float_vector(random_floats(rng, size_t(width)), "pw");
                     auto w = float_vector(random_floats(rng, size_t(width)), "w");
                     auto b = float_vector(random_floats(rng, size_t(width)), "b");
@@ -696,32 +733,11 @@ void test_add_norm(std::mt19937& rng, CpuState& cpu) {
                     const std::vector<float> normed = download(out, ref.size());
                     const double err = std::max(relative_error(normed, ref),
                                                 relative_error(download(d_residual, residual.size()), residual));
-                    KCAP_EXPECT(err <= kExactTolerance, "cuda.add_norm width=%lld tokens=%d layer=%d post=%d: error %.3g",
-                                (long long)width, tokens, int(layer), int(post), err);
+                    KCAP_EXPECT(err <= kExactTolerance, "cuda.add_norm width=%lld tokens=%d layer=%d post=%d vec=%d: error %.3g",
+                                (long long)width, tokens, int(layer), int(post), int(vec), err);
                     // With q8_1 rows in the plan (TestContext has them), the normed rows' q8_1 for the
                     // next stage: bit for bit the rounding of what was written, and announced.
-                    if (width % 32 == 0) {
-                        const cuda::Context::Q8Source& next = t.ctx.q8_rows_next;
-                        KCAP_EXPECT(next.x == out && next.m == tokens && next.k == int(width),
-                                    "cuda.add_norm width=%lld: q8_1 rows not announced", (long long)width);
-                        const cuda::Q8Rows rows = cuda::q8_rows_layout(t.ctx, tokens, int(width));
-                        const std::vector<uint32_t> codes = download(rows.codes, normed.size() / 4);
-                        const std::vector<float> d = download(rows.d, normed.size() / 32);
-                        const std::vector<int32_t> half_sums = download(rows.half_sums, normed.size() / 16);
-                        const std::vector<float> want = q8_1_values(normed);
-                        int bad = 0;
-                        for (size_t i = 0; i < normed.size(); ++i) {
-                            const int q = int(int8_t(uint8_t(codes[i / 4] >> (8 * (i % 4)))));
-                            if (d[i / 32] * float(q) != want[i]) ++bad;
-                        }
-                        for (size_t h = 0; h < half_sums.size(); ++h) {
-                            int sum = 0;
-                            for (size_t i = 16 * h; i < 16 * h + 16; ++i) sum += int(int8_t(uint8_t(codes[i / 4] >> (8 * (i % 4)))));
-                            if (sum != half_sums[h]) ++bad;
-                        }
-                        KCAP_EXPECT(bad == 0, "cuda.add_norm width=%lld tokens=%d: %d q8_1 values or half sums differ",
-                                    (long long)width, tokens, bad);
-                    }
+                    if (width % 32 == 0) expect_q8_rows_of(t, out, normed, tokens, int(width), "cuda.add_norm");
                     ++g_cases;
                 }
 }
