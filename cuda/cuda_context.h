@@ -76,9 +76,8 @@ struct Context {
     // What q8_rows holds for the stage now running: q8_1 of the f32 buffer q8_rows_of.x (m x k),
     // written by the stage before it (cuda.add_norm, and cuda.attention for a decode token, quantize
     // their output there when the plan has q8_1 rows), so a q8_1 matmul of that x skips its
-    // quantize launch. A stage that writes
-    // q8_rows sets q8_rows_next; run_stages moves it to q8_rows_of before each stage (so it holds
-    // for exactly the next stage that runs) and clears it.
+    // quantize launch. A stage that writes q8_rows sets q8_rows_next; run_stages moves it to
+    // q8_rows_of before each stage (so it holds for exactly the next stage that runs) and clears it.
     struct Q8Source {
         const float* x = nullptr;
         int m = 0, k = 0;
