@@ -96,6 +96,18 @@ KCAP_FN void kcap_add_norm(const KcapThread t, const KcapAddNormParams p, KCAP_G
     }
 }
 
+// This thread's sum of (x - mean)^2 over its V float4s of a row of n4 float4s (kcap_add_norm_vec's layout).
+template <int V>
+KCAP_FN float kcap_sum_sq_dev4(const KcapThread t, const KCAP_PRIVATE float4* x, float mean, int n4) {
+    float sq = 0.0f;
+    KCAP_UNROLL for (int k = 0; k < V; ++k) {
+        if (int(t.index) + k * int(t.threads) >= n4) continue;
+        const float x0 = x[k].x - mean, x1 = x[k].y - mean, x2 = x[k].z - mean, x3 = x[k].w - mean;
+        sq += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
+    }
+    return sq;
+}
+
 // add_norm with the row held in registers: V float4 per thread (value index 4 (index + r threads)
 // .. +3, r < V; width % 4 == 0 and width <= 4 V threads), every operand loaded in one batch and
 // the row read once, so a token's add_norm is one memory round trip and two group reductions
@@ -133,12 +145,7 @@ KCAP_FN void kcap_add_norm_vec(const KcapThread t, const KcapAddNormParams p, KC
             KCAP_UNROLL for (int k = 0; k < V; ++k) s += b[k].x + b[k].y + b[k].z + b[k].w;
             post_mean = kcap_group_sum(t, s, scratch) / width;
         }
-        float sq = 0.0f;
-        KCAP_UNROLL for (int k = 0; k < V; ++k) {
-            if (int(t.index) + k * int(t.threads) >= n4) continue;
-            const float x0 = b[k].x - post_mean, x1 = b[k].y - post_mean, x2 = b[k].z - post_mean, x3 = b[k].w - post_mean;
-            sq += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
-        }
+        const float sq = kcap_sum_sq_dev4<V>(t, b, post_mean, n4);
         const float post_inv = kcap_rsqrt(kcap_group_sum(t, sq, scratch) / width + p.eps);
         KCAP_UNROLL for (int k = 0; k < V; ++k) {
             float4 v = float4{(b[k].x - post_mean) * post_inv, (b[k].y - post_mean) * post_inv,
@@ -165,12 +172,7 @@ KCAP_FN void kcap_add_norm_vec(const KcapThread t, const KcapAddNormParams p, KC
     float mean = 0.0f;
     if (p.layer_norm) {
         mean = kcap_group_sum(t, s, scratch) / width;
-        sq = 0.0f;
-        KCAP_UNROLL for (int k = 0; k < V; ++k) {
-            if (int(t.index) + k * int(t.threads) >= n4) continue;
-            const float x0 = r[k].x - mean, x1 = r[k].y - mean, x2 = r[k].z - mean, x3 = r[k].w - mean;
-            sq += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3;
-        }
+        sq = kcap_sum_sq_dev4<V>(t, r, mean, n4);
     }
     const float inv = kcap_rsqrt(kcap_group_sum(t, sq, scratch) / width + p.eps);
     KCAP_UNROLL for (int k = 0; k < V; ++k) {
