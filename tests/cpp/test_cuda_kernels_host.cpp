@@ -314,11 +314,13 @@ void test_q8_rounding(std::mt19937& rng) {
                     "q8_1 staged run %d: half sums", r);
     }
     // One group's row quantization (kcap_q8_quantize_row, cuda.add_norm's epilogue), several rounds
-    // per thread at the wide widths, against kcap_q8_quantize_rows, bit for bit.
+    // per thread at the wide widths, against kcap_q8_quantize_rows, bit for bit; the row starts with
+    // the special runs above.
     int rows_checked = 0;
     for (int width : {640, 4096, 14336})
         for (unsigned threads : {160u, 1024u}) {
-            const std::vector<float> row = random_floats(rng, size_t(width));
+            std::vector<float> row = random_floats(rng, size_t(width));
+            std::copy(x.begin(), x.begin() + 5 * 32, row.begin());  // runs 0-4 above: zeros, ties, subnormal d
             std::vector<kcap_u32> want_codes(size_t(width / 4));
             std::vector<float> want_d(size_t(width / 32));
             std::vector<kcap_i32> want_sums(size_t(width / 16));
@@ -1215,11 +1217,14 @@ void test_add_norm(std::mt19937& rng, CpuState& cpu) {
                 for (float scale : {1.0f, 0.3f}) {
                     const int tokens = 3;
                     auto post_w = float_vector(random_floats(rng, size_t(width)), "pw");
+                    auto post_b = float_vector(random_floats(rng, size_t(width)), "pb");
                     auto w = float_vector(random_floats(rng, size_t(width)), "w");
                     auto b = float_vector(random_floats(rng, size_t(width)), "b");
+                    const bool post_bias = post && layer;  // a Layer post-norm with its bias
                     Stage stage;
                     stage.op = Op::AddNorm;
-                    stage.operands = {post ? &post_w->ref : nullptr, nullptr, &w->ref, layer ? &b->ref : nullptr};
+                    stage.operands = {post ? &post_w->ref : nullptr, post_bias ? &post_b->ref : nullptr, &w->ref,
+                                      layer ? &b->ref : nullptr};
                     stage.k = stage.n = width;
                     stage.params.eps = 1e-6f;
                     stage.params.scale = scale;
@@ -1232,10 +1237,11 @@ void test_add_norm(std::mt19937& rng, CpuState& cpu) {
                     const std::vector<float> ref = cpu_add_norm(stage, tokens, residual, branch, cpu);
                     KcapAddNormParams p;
                     p.width = int(width), p.eps = 1e-6f, p.scale = scale, p.layer_norm = layer, p.has_post = post;
-                    p.has_post_weight = post, p.has_post_bias = 0, p.has_weight = 1, p.has_bias = layer;
+                    p.has_post_weight = post, p.has_post_bias = post_bias, p.has_weight = 1, p.has_bias = layer;
                     kcap_sim::launch({unsigned(tokens), 1, 1}, 256, 32 * 8, [&](const KcapThread& t, void* shared) {
                         kcap_add_norm(t, p, got_residual.data(), branch.data(),
-                                      reinterpret_cast<const float*>(post_w->ref.data), nullptr,
+                                      reinterpret_cast<const float*>(post_w->ref.data),
+                                      reinterpret_cast<const float*>(post_b->ref.data),
                                       reinterpret_cast<const float*>(w->ref.data),
                                       reinterpret_cast<const float*>(b->ref.data), got.data(), static_cast<float*>(shared));
                     });
@@ -1253,7 +1259,8 @@ void test_add_norm(std::mt19937& rng, CpuState& cpu) {
                         kcap_sim::launch({unsigned(tokens), 1, 1}, threads, 32 * 4, [&](const KcapThread& t, void* shared) {
                             float4 regs[V];
                             kcap_add_norm_vec<V>(t, p, vec_residual.data(), branch.data(),
-                                                 reinterpret_cast<const float*>(post_w->ref.data), nullptr,
+                                                 reinterpret_cast<const float*>(post_w->ref.data),
+                                                 reinterpret_cast<const float*>(post_b->ref.data),
                                                  reinterpret_cast<const float*>(w->ref.data),
                                                  reinterpret_cast<const float*>(b->ref.data), vec_got.data(),
                                                  static_cast<float*>(shared), regs);

@@ -531,6 +531,9 @@ void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
             if (m == 1 && c.head_dim_v % 32 == 0)
                 expect_q8_rows_of(t, out, got, 1, c.n_head * c.head_dim_v,
                                   std::string(kernel) + " decode at " + std::to_string(pos));
+            else  // runs would straddle heads (or a batch): nothing announced
+                KCAP_EXPECT(t.ctx.q8_rows_next.x == nullptr, "%s %s of %d at %d, head_dim_v %d: q8_1 rows announced",
+                            kernel, m == 1 ? "decode" : "prefill", m, pos, c.head_dim_v);
             const bool tensor_cores = std::string(kernel) == "cuda.attention_mma" && m > 1 &&
                                       cuda_rows::attn_mma_dims(c.head_dim, c.head_dim_v);
             const int span = c.window > 0 ? std::min(c.window, pos + m) : pos + m;
@@ -704,11 +707,14 @@ void test_add_norm(std::mt19937& rng, CpuState& cpu) {
                     TestContext t;
                     t.ctx.add_norm_vec = vec;
                     auto post_w = float_vector(random_floats(rng, size_t(width)), "pw");
+                    auto post_b = float_vector(random_floats(rng, size_t(width)), "pb");
                     auto w = float_vector(random_floats(rng, size_t(width)), "w");
                     auto b = float_vector(random_floats(rng, size_t(width)), "b");
+                    const bool post_bias = post && layer;  // a Layer post-norm with its bias
                     Stage stage;
                     stage.op = Op::AddNorm;
-                    stage.operands = {post ? &post_w->ref : nullptr, nullptr, &w->ref, layer ? &b->ref : nullptr};
+                    stage.operands = {post ? &post_w->ref : nullptr, post_bias ? &post_b->ref : nullptr, &w->ref,
+                                      layer ? &b->ref : nullptr};
                     stage.k = stage.n = width;
                     stage.params.eps = 1e-6f;
                     stage.params.scale = layer ? 0.4f : 1.0f;
@@ -719,6 +725,7 @@ void test_add_norm(std::mt19937& rng, CpuState& cpu) {
                     const std::vector<float> ref = cpu_add_norm(stage, tokens, residual, branch, cpu);
                     StageData data;
                     data.operands[0] = post ? t.arena.upload_bytes(post_w->ref.data, post_w->ref.nbytes) : nullptr;
+                    data.operands[1] = post_bias ? t.arena.upload_bytes(post_b->ref.data, post_b->ref.nbytes) : nullptr;
                     data.operands[2] = t.arena.upload_bytes(w->ref.data, w->ref.nbytes);
                     data.operands[3] = layer ? t.arena.upload_bytes(b->ref.data, b->ref.nbytes) : nullptr;
                     float* out = static_cast<float*>(t.arena.alloc(ref.size() * 4));
