@@ -917,20 +917,32 @@ int main() {
     // Every CUDA row must be compiled in and covered below.
     for (const Row& row : capability_table())
         if (row.backend == Backend::CUDA) KCAP_EXPECT(row.fn != nullptr, "%s has no kernel", row.kernel.c_str());
-    test_matmul(rng, cpu);
-    std::printf("matmul rows done (%d cases)\n", g_cases);
-    test_embed(rng, cpu);
-    test_norm(rng, cpu);
-    test_rope(rng, cpu);
-    test_attention(rng, cpu, "cuda.attention");
-    test_attention(rng, cpu, "cuda.attention_mma");
-    test_elementwise(rng, cpu);
-    test_add_norm(rng, cpu);
-    test_gate_up(rng, cpu);
-    test_qkv(rng, cpu);
-    test_qk_norm_rope(rng, cpu);
-    test_ple(rng, cpu);
-    test_argmax(rng);
+    // KCAP_TEST_ROWS=name,name runs only those groups (a short device call); unset, all of them.
+    const char* only = std::getenv("KCAP_TEST_ROWS");
+    const auto wanted = [&](const char* name) {
+        if (!only || !*only) return true;
+        const std::string list = std::string(",") + only + ",";
+        return list.find(std::string(",") + name + ",") != std::string::npos;
+    };
+    if (wanted("matmul")) {
+        test_matmul(rng, cpu);
+        std::printf("matmul rows done (%d cases)\n", g_cases);
+    }
+    if (wanted("embed")) test_embed(rng, cpu);
+    if (wanted("norm")) test_norm(rng, cpu);
+    if (wanted("rope")) test_rope(rng, cpu);
+    if (wanted("attention")) {
+        test_attention(rng, cpu, "cuda.attention");
+        test_attention(rng, cpu, "cuda.attention_mma");
+    }
+    if (wanted("elementwise")) test_elementwise(rng, cpu);
+    if (wanted("add_norm")) test_add_norm(rng, cpu);
+    if (wanted("gate_up")) test_gate_up(rng, cpu);
+    if (wanted("qkv")) test_qkv(rng, cpu);
+    if (wanted("qk_norm_rope")) test_qk_norm_rope(rng, cpu);
+    if (wanted("ple")) test_ple(rng, cpu);
+    if (wanted("argmax")) test_argmax(rng);
+    if (only && *only) std::printf("only %s (KCAP_TEST_ROWS)\n", only);
     std::printf("%d cases, %d failures\n", g_cases, failures());
     return failures() ? 1 : 0;
 }
