@@ -103,13 +103,9 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
     if (call.n_tokens == 1) {
         // With q8_1 rows in the plan, the token's output is also written as q8_1 for the output
         // projection (as cuda.add_norm does for qkv and gate_up): no quantize launch there.
-        cuda::Q8Rows q8 = {nullptr, nullptr, nullptr};
-        const int width = p.n_head * p.head_dim_v;
-        if (ctx.q8_rows && ctx.q8_prequantize != 0 && p.head_dim_v % 32 == 0 &&
-            size_t(q8_rows_bytes(1, width)) <= ctx.q8_rows_capacity) {
-            q8 = cuda::q8_rows_layout(ctx, 1, width);
-            ctx.q8_rows_next = {call.out, 1, width};
-        }
+        // A run must not straddle two heads (the groups and the combine quantize whole heads).
+        const cuda::Q8Rows q8 = p.head_dim_v % 32 == 0 ? cuda::q8_output_rows(ctx, call.out, 1, p.n_head * p.head_dim_v)
+                                                       : cuda::Q8Rows{nullptr, nullptr, nullptr};
         const int simds = ctx.attn_decode_simds ? ctx.attn_decode_simds : attn_decode_simds(p.n_head_kv);
         cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * simds), 0, p, ctx.step, call.in,
                      call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out, q8);

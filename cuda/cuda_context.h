@@ -102,6 +102,17 @@ inline Q8Rows q8_rows_layout(const Context& ctx, int m, int k) {
     return {codes, d, half_sums};
 }
 
+// For a stage whose output (m x k, at out) is the next stage's q8_1 matmul input: where the plan
+// has q8_1 rows (and KCAP_Q8_PREQUANT is not 0), the rows to quantize it into, announced in
+// Context::q8_rows_next; else empty (codes null: write none). k must be a multiple of 32.
+inline Q8Rows q8_output_rows(Context& ctx, const float* out, int m, int k) {
+    if (!ctx.q8_rows || ctx.q8_prequantize == 0 || k % 32 != 0 ||
+        size_t(cuda_rows::q8_rows_bytes(m, k)) > ctx.q8_rows_capacity)
+        return {nullptr, nullptr, nullptr};
+    ctx.q8_rows_next = {out, m, k};
+    return q8_rows_layout(ctx, m, k);
+}
+
 // Bound to one stage when the backend is built.
 struct StageData {
     const void* operands[4] = {nullptr, nullptr, nullptr, nullptr};  // device copies of the stage's operands

@@ -51,11 +51,9 @@ __global__ void __launch_bounds__(kNormThreads)
     for (int k = 0; k < V; ++k) {
         const int i = int(t.index) + k * int(t.threads);
         const KcapQ8Quad q = kcap_q8_quantize_quad(v[k]);  // every lane takes part (zeros past the row)
-        if (i < n4) {
-            q8.codes[row * kcap_u64(n4) + i] = q.codes;
-            if (i % 4 == 0) q8.half_sums[row * kcap_u64(p.width / 16) + i / 4] = q.half_sum;
-            if (i % 8 == 0) q8.d[row * kcap_u64(p.width / 32) + i / 8] = q.d;
-        }
+        if (i < n4)
+            kcap_q8_store_quad(q, i, q8.codes + row * kcap_u64(n4), q8.d + row * kcap_u64(p.width / 32),
+                               q8.half_sums + row * kcap_u64(p.width / 16));
     }
 }
 
@@ -72,12 +70,7 @@ void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call) {
         return i < stage.operands.size() && stage.operands[i] ? static_cast<const float*>(data.operands[i]) : nullptr;
     };
     const KcapAddNormParams p = add_norm_params(stage);
-    cuda::Q8Rows q8 = {nullptr, nullptr, nullptr};
-    if (ctx.q8_rows && p.width % 32 == 0 && ctx.q8_prequantize != 0 &&
-        size_t(q8_rows_bytes(call.n_tokens, p.width)) <= ctx.q8_rows_capacity) {
-        q8 = cuda::q8_rows_layout(ctx, call.n_tokens, p.width);
-        ctx.q8_rows_next = {call.out, call.n_tokens, p.width};
-    }
+    const cuda::Q8Rows q8 = cuda::q8_output_rows(ctx, call.out, call.n_tokens, p.width);
     const int threads = norm_threads(p.width);
     const int per_thread = (p.width / 4 + threads - 1) / threads;  // float4s
     const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };

@@ -386,14 +386,14 @@ KCAP_FN float kcap_attention_combine(const KcapThread t, const KcapAttentionPara
     const int d = int(t.index);
     const int dv = p.head_dim_v;
     const KCAP_GLOBAL float* po = partial_o + head * p.n_splits * dv + kcap_u64(d < dv ? d : 0);
+    float l = 0.0f, acc = 0.0f;
     if (active <= KCAP_SIMD_WIDTH) {
         const int s = int(t.lane);
         const float m_s = s < active ? ml[2 * s] : KCAP_NEG_INFINITY;
         const float l_s = s < active ? ml[2 * s + 1] : 0.0f;
         const float m = kcap_simd_max(m_s);  // every active split saw keys: m is finite
         const float w_s = s < active ? kcap_exp(m_s - m) : 0.0f;
-        const float l = kcap_simd_sum(l_s * w_s);
-        float acc = 0.0f;
+        l = kcap_simd_sum(l_s * w_s);
         int i = 0;
         for (; i + 4 <= active; i += 4) {
             const float w0 = kcap_simd_broadcast(w_s, i), w1 = kcap_simd_broadcast(w_s, i + 1);
@@ -403,38 +403,34 @@ KCAP_FN float kcap_attention_combine(const KcapThread t, const KcapAttentionPara
             acc += a * w0 + b * w1 + c * w2 + e * w3;
         }
         for (; i < active; ++i) acc += po[kcap_u64(i) * dv] * kcap_simd_broadcast(w_s, i);
-        if (d >= dv) return 0.0f;
-        const float v = acc * (1.0f / l);
-        out[head * dv + kcap_u64(d)] = v;
-        return v;
-    }
-    KCAP_SHARED float* weight = shared;                            // [chunk]
-    KCAP_SHARED float* reduce = shared + KCAP_ATTN_COMBINE_CHUNK;  // [simds]
-    float m = KCAP_NEG_INFINITY;
-    for (int s = int(t.index); s < active; s += int(t.threads)) m = kcap_fmax(m, ml[2 * s]);
-    m = kcap_group_max(t, m, reduce);  // every active split saw keys: m is finite
-    float l = 0.0f, acc = 0.0f;
-    for (int c0 = 0; c0 < active; c0 += KCAP_ATTN_COMBINE_CHUNK) {
-        const int n = active - c0 < KCAP_ATTN_COMBINE_CHUNK ? active - c0 : KCAP_ATTN_COMBINE_CHUNK;
-        if (c0 > 0) kcap_barrier();  // the previous chunk's weights are consumed
-        for (int i = int(t.index); i < n; i += int(t.threads)) {
-            const float w = kcap_exp(ml[2 * (c0 + i)] - m);
-            weight[i] = w;
-            l += ml[2 * (c0 + i) + 1] * w;
-        }
-        kcap_barrier();
-        if (d < dv) {
-            const KCAP_GLOBAL float* pc = po + kcap_u64(c0) * dv;
-            int i = 0;
-            for (; i + 4 <= n; i += 4) {
-                const float a = pc[kcap_u64(i) * dv], b = pc[kcap_u64(i + 1) * dv];
-                const float c = pc[kcap_u64(i + 2) * dv], e = pc[kcap_u64(i + 3) * dv];
-                acc += a * weight[i] + b * weight[i + 1] + c * weight[i + 2] + e * weight[i + 3];
+    } else {
+        KCAP_SHARED float* weight = shared;                            // [chunk]
+        KCAP_SHARED float* reduce = shared + KCAP_ATTN_COMBINE_CHUNK;  // [simds]
+        float m = KCAP_NEG_INFINITY;
+        for (int s = int(t.index); s < active; s += int(t.threads)) m = kcap_fmax(m, ml[2 * s]);
+        m = kcap_group_max(t, m, reduce);  // every active split saw keys: m is finite
+        for (int c0 = 0; c0 < active; c0 += KCAP_ATTN_COMBINE_CHUNK) {
+            const int n = active - c0 < KCAP_ATTN_COMBINE_CHUNK ? active - c0 : KCAP_ATTN_COMBINE_CHUNK;
+            if (c0 > 0) kcap_barrier();  // the previous chunk's weights are consumed
+            for (int i = int(t.index); i < n; i += int(t.threads)) {
+                const float w = kcap_exp(ml[2 * (c0 + i)] - m);
+                weight[i] = w;
+                l += ml[2 * (c0 + i) + 1] * w;
             }
-            for (; i < n; ++i) acc += pc[kcap_u64(i) * dv] * weight[i];
+            kcap_barrier();
+            if (d < dv) {
+                const KCAP_GLOBAL float* pc = po + kcap_u64(c0) * dv;
+                int i = 0;
+                for (; i + 4 <= n; i += 4) {
+                    const float a = pc[kcap_u64(i) * dv], b = pc[kcap_u64(i + 1) * dv];
+                    const float c = pc[kcap_u64(i + 2) * dv], e = pc[kcap_u64(i + 3) * dv];
+                    acc += a * weight[i] + b * weight[i + 1] + c * weight[i + 2] + e * weight[i + 3];
+                }
+                for (; i < n; ++i) acc += pc[kcap_u64(i) * dv] * weight[i];
+            }
         }
+        l = kcap_group_sum(t, l, reduce);
     }
-    l = kcap_group_sum(t, l, reduce);
     if (d >= dv) return 0.0f;
     const float v = acc * (1.0f / l);
     out[head * dv + kcap_u64(d)] = v;

@@ -62,6 +62,15 @@ KCAP_FN KcapQ8Quad kcap_q8_quantize_quad(const float4 v) {
     return out;
 }
 
+// Stores quad i (values 4i .. 4i + 3) of a row in kcap_q8_quantize_rows' form: its code word, and
+// from the first quad of a half / run the half sum / d.
+KCAP_FN void kcap_q8_store_quad(const KcapQ8Quad q, int i, KCAP_GLOBAL kcap_u32* codes, KCAP_GLOBAL float* d,
+                                KCAP_GLOBAL kcap_i32* half_sums) {
+    codes[i] = q.codes;
+    if (i % 4 == 0) half_sums[i / 4] = q.half_sum;
+    if (i % 8 == 0) d[i / 8] = q.d;
+}
+
 // q8_1 of m rows of k values (k a multiple of 32) into separate arrays, the input of the dp4a
 // matvec below and of the int8 tensor-core tiles (cuda/matmul_q8.cu), which then load codes:
 // codes [m][k] signed bytes (as words), d [m][k / 32], half_sums [m][k / 16] (sum of q over each
@@ -74,10 +83,7 @@ KCAP_FN void kcap_q8_quantize_rows(const KcapThread t, const KCAP_GLOBAL float* 
     float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
     if (in) v = kcap_load_f32x4(x + 4 * kcap_u64(i));
     const KcapQ8Quad q = kcap_q8_quantize_quad(v);  // every lane takes part
-    if (!in) return;
-    codes[i] = q.codes;
-    if (i % 4 == 0) half_sums[i / 4] = q.half_sum;
-    if (i % 8 == 0) d[i / 8] = q.d;
+    if (in) kcap_q8_store_quad(q, i, codes, d, half_sums);
 }
 
 // All threads of the group: q8_1 of runs [0, n_runs) of x into records (and d) in shared memory,
@@ -130,11 +136,7 @@ KCAP_FN void kcap_q8_quantize_row(const KcapThread t, const KCAP_GLOBAL float* x
         float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
         if (in) v = kcap_load_f32x4(x + 4 * kcap_u64(i));
         const KcapQ8Quad q = kcap_q8_quantize_quad(v);  // every lane takes part
-        if (in) {
-            codes[i] = q.codes;
-            if (i % 4 == 0) half_sums[i / 4] = q.half_sum;
-            if (i % 8 == 0) d[i / 8] = q.d;
-        }
+        if (in) kcap_q8_store_quad(q, i, codes, d, half_sums);
     }
 }
 
