@@ -19,12 +19,14 @@ static_assert(cuda_rows::kAttnDecodeSimds == KCAP_ATTN_DECODE_SIMDS, "cuda_rows 
 
 __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32)
     decode_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new, const float* v_new,
-                  kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out, cuda::Q8Rows q8) {
+                  kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out, cuda::Q8Rows q8,
+                  const float2* cos_sin, const float* q_norm, const float* k_norm) {
     __shared__ float merge[KCAP_ATTN_DECODE_SHARED_FLOATS];
     cuda::pdl_wait();
     cuda::pdl_trigger();
     const KcapThread t = kcap_cuda_thread();
-    kcap_attention_decode(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge);
+    kcap_attention_decode(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge, cos_sin,
+                          q_norm, k_norm);
     // One split covered every key: this group wrote its query heads' outputs (contiguous), so
     // it also writes their q8_1 for the output projection.
     if (q8.codes && blockIdx.y == 0 && kcap_decode_splits(p, step[0]).active == 1) {
@@ -87,20 +89,43 @@ AttentionCall attention_call(const Stage& stage, const KernelCall& call) {
             static_cast<kcap_u8*>(kv.k), static_cast<kcap_u8*>(kv.v)};
 }
 
-void append_kv(const Context& ctx, const AttentionCall& a, const KernelCall& call) {
-    if (!a.p.append) return;
-    const int64_t appended = int64_t(a.p.n_tokens) * (a.p.k_width + a.p.v_width);
-    launch(ctx, append_kernel, dim3(ceil_div(appended, cuda_rows::kElementwiseThreads)), dim3(cuda_rows::kElementwiseThreads), 0, a.p, ctx.step,
-           call.in2, call.in3, a.k_cache, a.v_cache);
+// Q and K (call.in, call.in2: the stage's own buffers) rotated in place, as the rope or
+// qk_norm_rope stage the planner folded into this one would have.
+void rotate_in_place(const Stage& stage, const KernelCall& call) {
+    KernelCall rope = call;
+    rope.out = const_cast<float*>(call.in);
+    rope.inout2 = const_cast<float*>(call.in2);
+    if (stage.features & kRmsNorm)
+        kcap_cuda_qk_norm_rope(stage, rope);
+    else
+        kcap_cuda_rope(stage, rope);
+}
+
+AttentionCall prefill_call(const Stage& stage, const KernelCall& call) {
+    const Context& ctx = context(call);
+    AttentionCall a = attention_call(stage, call);
+    if (a.p.rope) rotate_in_place(stage, call);
+    a.p.rope = a.p.qk_norm = 0;
+    if (a.p.append) {
+        const int64_t appended = int64_t(a.p.n_tokens) * (a.p.k_width + a.p.v_width);
+        launch(ctx, append_kernel, dim3(ceil_div(appended, cuda_rows::kElementwiseThreads)),
+               dim3(cuda_rows::kElementwiseThreads), 0, a.p, ctx.step, call.in2, call.in3, a.k_cache, a.v_cache);
+    }
+    return a;
 }
 
 }  // namespace cuda
 
 void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
     cuda::Context& ctx = cuda::context(call);
-    const cuda::AttentionCall a = cuda::attention_call(stage, call);
-    const KcapAttentionParams& p = a.p;
     if (call.n_tokens == 1) {
+        cuda::AttentionCall a = cuda::attention_call(stage, call);
+        KcapAttentionParams& p = a.p;
+        if (p.rope && !ctx.attn_own_rope) {  // measurement switch: the rope launch the fusion saves
+            cuda::rotate_in_place(stage, call);
+            p.rope = p.qk_norm = 0;
+        }
+        const cuda::StageData& data = cuda::stage_data(call);
         // With q8_1 rows in the plan, the token's output is also written as q8_1 for the output
         // projection (as cuda.add_norm does for qkv and gate_up): no quantize launch there.
         // A run must not straddle two heads (the groups and the combine quantize whole heads).
@@ -108,14 +133,17 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
                                                        : cuda::Q8Rows{nullptr, nullptr, nullptr};
         const int simds = ctx.attn_decode_simds ? ctx.attn_decode_simds : attn_decode_simds(p.n_head_kv);
         cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * simds), 0, p, ctx.step, call.in,
-                     call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out, q8);
+                     call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out, q8,
+                     reinterpret_cast<const float2*>(data.rope_table), static_cast<const float*>(data.operands[0]),
+                     static_cast<const float*>(data.operands[1]));
         if (p.n_splits > 1)
             cuda::launch(ctx, combine_kernel, dim3(p.n_head), dim3(attn_combine_threads(p.head_dim_v)), 0, p, ctx.step,
                          static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml),
                          call.out, q8);
         return;
     }
-    cuda::append_kv(ctx, a, call);
+    const cuda::AttentionCall a = cuda::prefill_call(stage, call);
+    const KcapAttentionParams& p = a.p;
     const int64_t query_rows = int64_t(p.n_tokens) * (p.n_head / p.n_head_kv);
     cuda::launch(ctx, prefill_kernel, dim3(cuda::ceil_div(query_rows, attn_prefill_rows(p.head_dim)), p.n_head_kv),
                  dim3(32 * attn_prefill_simds(p.head_dim)), 0, p, ctx.step, call.in,

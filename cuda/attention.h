@@ -17,8 +17,11 @@ struct AttentionCall {
 };
 AttentionCall attention_call(const Stage& stage, const KernelCall& call);
 
-// A prefill chunk's K/V into the cache (when p.append), before any of its tokens attends.
-void append_kv(const Context& ctx, const AttentionCall& a, const KernelCall& call);
+// A prefill chunk's attention call, its K/V in the cache (when p.append) before any of its
+// tokens attends. A stage that owns its rope (planner: rope + attention fused, p.rope) first
+// has Q and K rotated in place by the rope (or qk_norm_rope) row's kernel: only the one-token
+// decode rotates them itself. The returned p.rope is 0 (Q and K arrive rotated).
+AttentionCall prefill_call(const Stage& stage, const KernelCall& call);
 
 }  // namespace cuda
 }  // namespace kcap

@@ -303,8 +303,7 @@ void kcap_cuda_attention_mma(const Stage& stage, const KernelCall& call) {
     if (call.n_tokens == 1 || ctx.kv_format != Format::F16 || !attn_mma_dims(d, dv) ||
         attn_mma_shared_bytes(d) > cuda::shared_optin_bytes(ctx.device))
         return kcap_cuda_attention(stage, call);
-    const cuda::AttentionCall a = cuda::attention_call(stage, call);
-    cuda::append_kv(ctx, a, call);
+    const cuda::AttentionCall a = cuda::prefill_call(stage, call);
     switch (d) {
         case 64: return launch_prefill_mma<64>(ctx, a, call);
         case 128: return launch_prefill_mma<128>(ctx, a, call);

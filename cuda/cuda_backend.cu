@@ -137,12 +137,15 @@ public:
         use_graph_ = env_int("KCAP_CUDA_GRAPH", 1) != 0;
         const int rows = env_int("KCAP_MATVEC_ROWS", cuda_rows::kMatvecRows);
         ctx.matvec_rows = rows == 1 || rows == 2 || rows == 8 ? rows : cuda_rows::kMatvecRows;
+        const int wide_rows = env_int("KCAP_MATVEC_WIDE_ROWS", cuda_rows::kMatvecWideRows);
+        ctx.matvec_wide_rows = wide_rows == 1 || wide_rows == 2 ? wide_rows : cuda_rows::kMatvecWideRows;
         ctx.matvec_warps = env_int("KCAP_MATVEC_WARPS", cuda_rows::kMatvecTargetWarps);
         const int decode_simds = env_int("KCAP_ATTN_DECODE_SIMDS", 0);
         ctx.attn_decode_simds = decode_simds == 4 || decode_simds == 8 ? decode_simds : 0;
         const int min_chunk = env_int("KCAP_ATTN_MIN_CHUNK", cuda_rows::kAttnMinChunk);
         ctx.attn_min_chunk = min_chunk >= 32 && min_chunk % 32 == 0 ? min_chunk : cuda_rows::kAttnMinChunk;
         ctx.attn_splits_per_sm = std::max(1, env_int("KCAP_ATTN_SPLITS_PER_SM", cuda_rows::kAttnSplitsPerSm));
+        ctx.attn_own_rope = env_int("KCAP_ATTN_OWN_ROPE", 1) != 0;
         ctx.mma_staged = env_int("KCAP_MMA_STAGED", -1);
         ctx.add_norm_vec = env_int("KCAP_ADD_NORM_VEC", 1) != 0;
         ctx.q8_prequantize = env_int("KCAP_Q8_PREQUANT", cuda_rows::kQ8QuantizeMinK);
@@ -287,7 +290,7 @@ private:
             StageData& data = stage_data_[i];
             for (size_t j = 0; j < stage.operands.size() && j < 4; ++j)
                 if (stage.operands[j]) data.operands[j] = device_weights_.at(stage.operands[j]->data);
-            if (stage.op == Op::Rope || stage.op == Op::QkNormRope) {
+            if (stage.op == Op::Rope || stage.op == Op::QkNormRope || stage_owns_rope(stage)) {
                 const TensorRef* factors = rope_factors(stage);
                 const auto key = std::make_tuple(stage.params.rope_base, stage.params.rope_freq_scale,
                                                  stage.params.rope_dim, factors ? (const void*)factors->data : nullptr);

@@ -39,12 +39,16 @@ struct Context {
     int sm_count = 0;
     bool pdl = false;  // launch with programmatic dependent launch (sm_90+)
     int matvec_rows = cuda_rows::kMatvecRows;  // decode matvec rows per team (KCAP_MATVEC_ROWS: 1, 2, 8)
+    int matvec_wide_rows = cuda_rows::kMatvecWideRows;  // ... of a wide matrix (KCAP_MATVEC_WIDE_ROWS: 1, 2)
     int matvec_warps = cuda_rows::kMatvecTargetWarps;  // KCAP_MATVEC_WARPS: the split's simd groups per multiprocessor
     // Decode attention (KCAP_ATTN_DECODE_SIMDS, KCAP_ATTN_MIN_CHUNK, KCAP_ATTN_SPLITS_PER_SM):
     // simd groups per group, fewest keys per split, most groups per multiprocessor.
     int attn_decode_simds = 0;  // 0: cuda_rows::attn_decode_simds(n_head_kv)
     int attn_min_chunk = cuda_rows::kAttnMinChunk;
     int attn_splits_per_sm = cuda_rows::kAttnSplitsPerSm;
+    // A stage that owns its rope (planner: rope + attention fused) rotates in its decode kernel;
+    // false (KCAP_ATTN_OWN_ROPE=0, a measurement switch): a rope launch before the decode.
+    bool attn_own_rope = true;
     // The q8_1 matvec's x: quantized by its own launch for k >= q8_prequantize (unless the stage
     // before did it), else by its groups; 0: always by its groups, and no add_norm epilogue
     // (KCAP_Q8_PREQUANT, a measurement switch; cuda_rows::kQ8QuantizeMinK).

@@ -56,11 +56,12 @@ void launch_matvec(const Context& ctx, const KcapMatmulParams& p, Args... args) 
 
 template <class F, bool GATE_UP, class... Args>
 void launch_matvec_rows(const Context& ctx, const KcapMatmulParams& p, Args... args) {
-    if (ctx.matvec_rows == 1)
+    const int rows = matvec_rows_for(p.n, ctx.matvec_rows, ctx.matvec_wide_rows);
+    if (rows == 1)
         launch_matvec<F, 1, GATE_UP>(ctx, p, args...);
-    else if (ctx.matvec_rows == 2)
+    else if (rows == 2)
         launch_matvec<F, 2, GATE_UP>(ctx, p, args...);
-    else if (ctx.matvec_rows == 8)
+    else if (rows == 8)
         launch_matvec<F, 8, GATE_UP>(ctx, p, args...);
     else
         launch_matvec<F, kMatvecRows, GATE_UP>(ctx, p, args...);

@@ -90,11 +90,12 @@ void launch_matvec_q8_rows(const Context& ctx, const KcapMatmulParams& p, const 
            activation, y);
 }
 
-// kMatvecRows rows per team, or 2 where KCAP_MATVEC_ROWS=2 (a measurement switch).
+// kMatvecRows rows per team, or 2 where KCAP_MATVEC_ROWS=2 (a measurement switch) and for a wide
+// matrix (matvec_rows_for; KCAP_MATVEC_WIDE_ROWS=1 keeps one row there).
 template <class F, bool GATE_UP>
 void launch_matvec_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w0, const kcap_u8* w1,
                       const float* x, const Q8Rows& rows, const float* bias, int activation, float* y) {
-    if (ctx.matvec_rows == 2)
+    if (matvec_rows_for(p.n, ctx.matvec_rows, ctx.matvec_wide_rows) == 2)
         launch_matvec_q8_rows<F, 2, GATE_UP>(ctx, p, w0, w1, x, rows, bias, activation, y);
     else
         launch_matvec_q8_rows<F, kMatvecRows, GATE_UP>(ctx, p, w0, w1, x, rows, bias, activation, y);

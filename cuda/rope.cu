@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kQkNormRopeSimds * 32)
 void kcap_cuda_qk_norm_rope(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
-    const KcapRopeParams p = rope_params(stage, call.n_tokens, true);
+    const KcapRopeParams p = rope_params(stage, call.n_tokens, call.inout2 != nullptr);
     const int64_t rows = int64_t(p.n_tokens) * (p.n_head + p.n_head_kv);
     cuda::launch(ctx, qk_norm_rope_kernel, dim3(cuda::ceil_div(rows, kQkNormRopeSimds)), dim3(kQkNormRopeSimds * 32),
                  size_t(kQkNormRopeSimds) * size_t(p.head_dim) * 4, p, stage.params.eps, ctx.step,

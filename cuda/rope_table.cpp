@@ -6,8 +6,13 @@
 
 namespace kcap {
 
+bool stage_owns_rope(const Stage& stage) {
+    return stage.op == Op::Attention && (stage.features & (kRopeNormal | kRopeNeox));
+}
+
 const TensorRef* rope_factors(const Stage& stage) {
-    const size_t at = stage.op == Op::QkNormRope ? 2 : 0;  // rope: (factors); qk_norm_rope: (q_norm, k_norm, factors)
+    // rope: (factors); qk_norm_rope and an attention that owns its rope: (q_norm, k_norm, factors)
+    const size_t at = stage.op == Op::Rope ? 0 : 2;
     return stage.operands.size() > at ? stage.operands[at] : nullptr;
 }
 

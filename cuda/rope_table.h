@@ -10,7 +10,10 @@
 
 namespace kcap {
 
-// The rope frequency factors of a rope or qk_norm_rope stage (null when it has none).
+// An attention stage the planner folded a rope (or qk_norm_rope) stage into.
+bool stage_owns_rope(const Stage& stage);
+// The rope frequency factors of a rope, qk_norm_rope or rope-owning attention stage (null when
+// it has none).
 const TensorRef* rope_factors(const Stage& stage);
 std::vector<float> rope_cos_sin_table(const Stage& rope_stage, int64_t n_ctx);
 

@@ -189,6 +189,22 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
     mma.dims.head_dims.assign(std::begin(cuda_rows::kAttnMmaHeadDims), std::end(cuda_rows::kAttnMmaHeadDims));
     mma.priority = 1;
     rows.push_back(mma);
+    // The same two with the rope (or QK-norm + rope) the planner folds into the stage before
+    // them: the decode rotates the query heads and the new K itself, one launch fewer per
+    // layer; a prefill chunk runs the rope (qk_norm_rope) row's kernel in place first. Whole
+    // rotary dims only (no kPartialRotary); NeoX pairs halves across lanes, so power-of-two
+    // head dims. Operands: q_norm, k_norm, rope frequency factors. Only stages that own a
+    // rope fit them (below the plain rows' priorities, which win any stage both fit).
+    const uint32_t rope = kRopeNormal | kRopeNeox | kRopeFreqFactors | kRmsNorm;
+    for (const Row* base : {&row, &mma}) {
+        Row owned = *base;
+        owned.kernel = base->kernel + "_rope";
+        owned.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}};
+        owned.features = base->features | rope;
+        owned.dims.neox_head_dims = {8, 16, 32, 64, 128, 256};
+        owned.priority = base->priority - 2;
+        rows.push_back(owned);
+    }
 }
 
 void add_cuda_activation_rows(std::vector<Row>& rows) {

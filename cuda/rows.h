@@ -28,6 +28,13 @@ constexpr int kMatvecSimds = 8;       // simd groups (warps) per group
 // 2-row matvec reached 22% achieved occupancy and 0.8-1.5 TB/s).
 constexpr int kMatvecRows = 1;
 constexpr int kMatvecTargetWarps = 32;
+// Wide matrices (the LM heads: Gemma 3 270M's 262144 rows of 640 values) take 2 rows per team
+// (KCAP_MATVEC_WIDE_ROWS: 1 or 2): with one, a group stages its x, reads 8 short rows and
+// ends, and the launch is rounds of such groups (ncu: Gemma's Q8_0 LM head at 1.9 TB/s).
+constexpr long long kMatvecWideN = 32768;
+constexpr int kMatvecWideRows = 2;
+// The rows per team of a launch: `rows` (KCAP_MATVEC_ROWS), or wide_rows for a wide matrix.
+constexpr int matvec_rows_for(long long n, int rows, int wide_rows) { return n >= kMatvecWideN ? wide_rows : rows; }
 constexpr int kMatvecChunkRuns = 128;  // runs of x staged in threadgroup memory at a time (4096 values)
 // The group's simd groups form kMatvecSimds / split teams; a team's `split` parts share its
 // rows' runs: the fewest parts that give about target_warps simd groups per multiprocessor,

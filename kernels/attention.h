@@ -156,9 +156,12 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
 // 8-byte (f16) loads, and each key's row serves up to KCAP_ATTN_HEADS_PER_PASS query heads
 // of the KV head at once (more heads: another pass over the chunk). Scores are summed across
 // the lanes; each simd group keeps an online softmax (max, sum, output) per head, and the
-// groups merge theirs in threadgroup memory. Split 0 appends this token's K/V to the cache
-// (no group of this launch reads cache[pos]: the key at pos comes from the new K/V, rounded
-// as the cache stores it); a shared-KV layer (p.append == 0) reads it from the cache.
+// groups merge theirs in threadgroup memory. The split holding pos appends this token's K/V
+// to the cache (no group of this launch reads cache[pos]: the key at pos comes from the new
+// K/V, rounded as the cache stores it); a shared-KV layer (p.append == 0) reads it from the
+// cache. With p.rope the decode rotates the query heads and the new K itself (cos_sin: the
+// stage's table; q_norm / k_norm: the QK-norm weights when p.qk_norm), so no rope launch
+// precedes it; else cos_sin, q_norm and k_norm are unused (null).
 // One active split writes out; several write partial_o [n_head][n_splits][head_dim_v] and
 // partial_ml [n_head][n_splits][2] for kcap_attention_combine.
 #define KCAP_ATTN_DECODE_SIMDS 4      // Metal's launch; CUDA: 4 or 8 (cuda_rows::attn_decode_simds)
@@ -166,9 +169,10 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
 #define KCAP_ATTN_HEADS_PER_PASS 4
 #define KCAP_ATTN_KEYS_PER_STEP 4  // keys a simd group loads and scores at once
 #define KCAP_ATTN_DIM_GROUPS (KCAP_ATTN_MAX_HEAD_DIM / 128)  // 4-dim groups per lane
-// The states of simd groups 1.. of one pass (max, sum, output per head), merged by group 0.
-#define KCAP_ATTN_DECODE_SHARED_FLOATS \
-    ((KCAP_ATTN_DECODE_MAX_SIMDS - 1) * KCAP_ATTN_HEADS_PER_PASS * (KCAP_ATTN_MAX_HEAD_DIM + 2))
+// The states of one pass's simd groups (max, sum, output per head), merged by every thread;
+// a launch of `simds` simd groups needs KCAP_ATTN_DECODE_SHARED_FLOATS_FOR(simds) floats.
+#define KCAP_ATTN_DECODE_SHARED_FLOATS_FOR(simds) ((simds) * KCAP_ATTN_HEADS_PER_PASS * (KCAP_ATTN_MAX_HEAD_DIM + 2))
+#define KCAP_ATTN_DECODE_SHARED_FLOATS KCAP_ATTN_DECODE_SHARED_FLOATS_FOR(KCAP_ATTN_DECODE_MAX_SIMDS)
 
 // Dims 4 lane + 128 i .. +3 of a row (f32 or f16 elements; zeros past `dim`).
 KCAP_FN void kcap_attn_load_row(const KcapThread t, const KCAP_GLOBAL kcap_u8* cache, kcap_u64 row, int dim, int f16,
@@ -179,26 +183,99 @@ KCAP_FN void kcap_attn_load_row(const KcapThread t, const KCAP_GLOBAL kcap_u8* c
     }
 }
 
+// The same dims of this token's new K or V (f32), unrounded.
+KCAP_FN void kcap_attn_load_fresh_raw(const KcapThread t, const KCAP_GLOBAL float* fresh, int dim,
+                                      KCAP_PRIVATE float4* out) {
+    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+        const int d = 4 * int(t.lane) + 128 * i;
+        out[i] = d < dim ? kcap_load_f32x4(fresh + d) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+    }
+}
+
+// Rounds a row held as the lanes hold it as the cache stores it.
+KCAP_FN void kcap_attn_round_row(int f16, KCAP_PRIVATE float4* x) {
+    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+        x[i].x = kcap_kv_round(x[i].x, f16), x[i].y = kcap_kv_round(x[i].y, f16);
+        x[i].z = kcap_kv_round(x[i].z, f16), x[i].w = kcap_kv_round(x[i].w, f16);
+    }
+}
+
 // The same dims of this token's new K or V (f32), rounded as the cache would store them.
 KCAP_FN void kcap_attn_load_fresh(const KcapThread t, const KCAP_GLOBAL float* fresh, int dim, int f16,
                                   KCAP_PRIVATE float4* out) {
-    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
-        const int d = 4 * int(t.lane) + 128 * i;
-        float4 v = float4{0.0f, 0.0f, 0.0f, 0.0f};
-        if (d < dim) {
-            v = kcap_load_f32x4(fresh + d);
-            v.x = kcap_kv_round(v.x, f16), v.y = kcap_kv_round(v.y, f16);
-            v.z = kcap_kv_round(v.z, f16), v.w = kcap_kv_round(v.w, f16);
+    kcap_attn_load_fresh_raw(t, fresh, dim, out);
+    kcap_attn_round_row(f16, out);
+}
+
+// The decode's own rope (p.rope, rope_dim == head_dim): one head held as the lanes hold it
+// (dims 4 lane + 128 i), RMS-normed with `norm` first when p.qk_norm, then rotated by the
+// position's row of the cos/sin table, as kcap_qk_norm_rope and kcap_rope compute it. Every
+// lane of the simd group takes part (the norm's sum; NeoX's partner dims, which lie in lane
+// lane ^ (head_dim / 8), or in the lane's other dim group at head_dim 256).
+#if KCAP_ATTN_DIM_GROUPS != 2
+#error "kcap_attn_rope_head pairs NeoX halves across two dim groups at head_dim 256"
+#endif
+KCAP_FN void kcap_attn_rope_head(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL float2* cs_row,
+                                 const KCAP_GLOBAL float* norm, KCAP_PRIVATE float4* x) {
+    if (p.qk_norm) {
+        float sq = 0.0f;
+        KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i)
+            sq += x[i].x * x[i].x + x[i].y * x[i].y + x[i].z * x[i].z + x[i].w * x[i].w;  // zeros past head_dim
+        const float inv = kcap_rsqrt(kcap_simd_sum(sq) / float(p.head_dim) + p.qk_norm_eps);
+        KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+            const int d = 4 * int(t.lane) + 128 * i;
+            if (d < p.head_dim) {
+                x[i].x = x[i].x * inv * norm[d], x[i].y = x[i].y * inv * norm[d + 1];
+                x[i].z = x[i].z * inv * norm[d + 2], x[i].w = x[i].w * inv * norm[d + 3];
+            }
         }
-        out[i] = v;
     }
+    if (p.rope == 1) {  // normal: pairs (d, d + 1) lie in one lane's quad
+        KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+            const int d = 4 * int(t.lane) + 128 * i;
+            if (d >= p.head_dim) continue;
+            const float2 c0 = cs_row[d / 2], c1 = cs_row[d / 2 + 1];
+            const float4 v = x[i];
+            x[i] = float4{v.x * c0.x - v.y * c0.y, v.x * c0.y + v.y * c0.x, v.z * c1.x - v.w * c1.y,
+                          v.z * c1.y + v.w * c1.x};
+        }
+        return;
+    }
+    const int half_dim = p.head_dim / 2;  // NeoX: pairs (d, d + half_dim)
+    if (half_dim == 128) {
+        const float4 lo = x[0], hi = x[1];
+        const int d = 4 * int(t.lane);
+        const float2 c0 = cs_row[d], c1 = cs_row[d + 1], c2 = cs_row[d + 2], c3 = cs_row[d + 3];
+        x[0] = float4{lo.x * c0.x - hi.x * c0.y, lo.y * c1.x - hi.y * c1.y, lo.z * c2.x - hi.z * c2.y,
+                      lo.w * c3.x - hi.w * c3.y};
+        x[1] = float4{lo.x * c0.y + hi.x * c0.x, lo.y * c1.y + hi.y * c1.x, lo.z * c2.y + hi.z * c2.x,
+                      lo.w * c3.y + hi.w * c3.x};
+        return;
+    }
+    const int mask = half_dim / 4;  // the partner lane's offset (head_dim a power of two, at most 128)
+    const float4 v = x[0];
+    const float4 other = float4{kcap_simd_shuffle_xor(v.x, mask), kcap_simd_shuffle_xor(v.y, mask),
+                                kcap_simd_shuffle_xor(v.z, mask), kcap_simd_shuffle_xor(v.w, mask)};
+    const int d = 4 * int(t.lane);
+    if (d >= p.head_dim) return;
+    const bool low = (int(t.lane) & mask) == 0;
+    const int pair = low ? d : d - half_dim;
+    const float2 c0 = cs_row[pair], c1 = cs_row[pair + 1], c2 = cs_row[pair + 2], c3 = cs_row[pair + 3];
+    if (low)
+        x[0] = float4{v.x * c0.x - other.x * c0.y, v.y * c1.x - other.y * c1.y, v.z * c2.x - other.z * c2.y,
+                      v.w * c3.x - other.w * c3.y};
+    else
+        x[0] = float4{other.x * c0.y + v.x * c0.x, other.y * c1.y + v.y * c1.x, other.z * c2.y + v.z * c2.x,
+                      other.w * c3.y + v.w * c3.x};
 }
 
 KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
                                    const KCAP_GLOBAL float* q, const KCAP_GLOBAL float* k_new,
                                    const KCAP_GLOBAL float* v_new, KCAP_GLOBAL kcap_u8* k_cache,
                                    KCAP_GLOBAL kcap_u8* v_cache, KCAP_GLOBAL float* partial_o,
-                                   KCAP_GLOBAL float* partial_ml, KCAP_GLOBAL float* out, KCAP_SHARED float* shared) {
+                                   KCAP_GLOBAL float* partial_ml, KCAP_GLOBAL float* out, KCAP_SHARED float* shared,
+                                   const KCAP_GLOBAL float2* cos_sin, const KCAP_GLOBAL float* q_norm,
+                                   const KCAP_GLOBAL float* k_norm) {
     const int kv_head = int(t.group_x);
     const int split = int(t.group_y);
     const int pos = step[0];
@@ -206,15 +283,32 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
     if (split >= splits.active) return;  // the whole group: past the keys at this position
     const int start = splits.first + split * splits.chunk;
     const int end = start + splits.chunk < pos + 1 ? start + splits.chunk : pos + 1;
-    const KCAP_GLOBAL float* k_fresh = k_new + kcap_u64(kv_head) * p.head_dim;
     const KCAP_GLOBAL float* v_fresh = v_new + kcap_u64(kv_head) * p.head_dim_v;
+    const KCAP_GLOBAL float2* cs_row = cos_sin + (p.rope ? kcap_u64(pos) * (p.head_dim / 2) : 0);
+    // The last split holds the new key (pos): its simd groups hold the new K row, rotated when
+    // the decode owns the rope and rounded as the cache stores it, and simd group 0 appends
+    // the new K and V to the cache (no group of this launch reads cache[pos]).
     const int fresh_pos = p.append ? pos : -1;
-    if (split == 0 && p.append) {
-        for (int d = int(t.index); d < p.head_dim; d += int(t.threads))
-            kcap_kv_store(k_cache, kcap_u64(pos) * p.k_width + kcap_u64(kv_head) * p.head_dim + d, k_fresh[d], p.kv_f16);
-        for (int d = int(t.index); d < p.head_dim_v; d += int(t.threads))
-            kcap_kv_store(v_cache, kcap_u64(pos) * p.v_width + kcap_u64(kv_head) * p.head_dim_v + d, v_fresh[d],
-                          p.kv_f16);
+    float4 k_fresh[KCAP_ATTN_DIM_GROUPS];
+    if (p.append && split == splits.active - 1) {
+        kcap_attn_load_fresh_raw(t, k_new + kcap_u64(kv_head) * p.head_dim, p.head_dim, k_fresh);
+        if (p.rope) kcap_attn_rope_head(t, p, cs_row, k_norm, k_fresh);
+        kcap_attn_round_row(p.kv_f16, k_fresh);
+        if (t.simd == 0) {
+            const kcap_u64 k_row = kcap_u64(pos) * p.k_width + kcap_u64(kv_head) * p.head_dim;
+            KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+                const int d = 4 * int(t.lane) + 128 * i;
+                if (d < p.head_dim) {
+                    kcap_kv_store(k_cache, k_row + d, k_fresh[i].x, p.kv_f16);
+                    kcap_kv_store(k_cache, k_row + d + 1, k_fresh[i].y, p.kv_f16);
+                    kcap_kv_store(k_cache, k_row + d + 2, k_fresh[i].z, p.kv_f16);
+                    kcap_kv_store(k_cache, k_row + d + 3, k_fresh[i].w, p.kv_f16);
+                }
+            }
+            for (int d = int(t.lane); d < p.head_dim_v; d += KCAP_SIMD_WIDTH)
+                kcap_kv_store(v_cache, kcap_u64(pos) * p.v_width + kcap_u64(kv_head) * p.head_dim_v + d, v_fresh[d],
+                              p.kv_f16);
+        }
     }
     const int group = p.n_head / p.n_head_kv;
     const kcap_u64 k_head = kcap_u64(kv_head) * p.head_dim;
@@ -233,6 +327,7 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
                 qv[h][i] = d < p.head_dim ? kcap_load_f32x4(q + kcap_u64(head) * p.head_dim + d) : float4{0.0f, 0.0f, 0.0f, 0.0f};
                 o[h][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
+            if (p.rope) kcap_attn_rope_head(t, p, cs_row, q_norm, qv[h]);
         }
         // Each step a simd group loads KCAP_ATTN_KEYS_PER_STEP keys' K and V rows at once (so
         // that many row loads are in flight, not one memory latency per key), reduces all their
@@ -244,7 +339,7 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
             KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) {
                 const int j = j0 + b;
                 if (j < end && j == fresh_pos) {
-                    kcap_attn_load_fresh(t, k_fresh, p.head_dim, p.kv_f16, k[b]);
+                    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) k[b][i] = k_fresh[i];
                     kcap_attn_load_fresh(t, v_fresh, p.head_dim_v, p.kv_f16, v[b]);
                 } else if (j < end) {
                     kcap_attn_load_row(t, k_cache, kcap_u64(j) * p.k_width + k_head, p.head_dim, p.kv_f16, k[b]);
@@ -296,64 +391,48 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
                 m[h] = m_new;
             }
         }
-        // Merge the simd groups' states into simd group 0's: the others write theirs to
-        // threadgroup memory, then group 0 folds them in (one barrier, not one per group).
-        const int stride = p.head_dim_v + 2;
-        if (t.simd != 0) {
-            KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
-                if (h >= heads) break;
-                KCAP_SHARED float* slot = shared + ((int(t.simd) - 1) * KCAP_ATTN_HEADS_PER_PASS + h) * stride;
-                if (t.lane == 0) slot[0] = m[h], slot[1] = l[h];
-                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
-                    const int d = 4 * int(t.lane) + 128 * i;
-                    if (d < p.head_dim_v)
-                        slot[2 + d] = o[h][i].x, slot[3 + d] = o[h][i].y, slot[4 + d] = o[h][i].z, slot[5 + d] = o[h][i].w;
-                }
+        // Merge the simd groups' states: each writes its (max, sum) and output per head to
+        // threadgroup memory, then every thread merges output dims of every head (one barrier;
+        // a single simd group folding the others in was most of the decode's time at short spans).
+        KCAP_SHARED float* shared_ml = shared;                                                // [simds][heads][2]
+        KCAP_SHARED float* shared_o = shared + int(t.simds) * KCAP_ATTN_HEADS_PER_PASS * 2;  // [simds][heads][dv]
+        KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
+            if (h >= heads) break;
+            const int state = int(t.simd) * KCAP_ATTN_HEADS_PER_PASS + h;
+            if (t.lane == 0) shared_ml[2 * state] = m[h], shared_ml[2 * state + 1] = l[h];
+            KCAP_SHARED float* slot = shared_o + state * p.head_dim_v;
+            KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+                const int d = 4 * int(t.lane) + 128 * i;
+                if (d < p.head_dim_v)
+                    slot[d] = o[h][i].x, slot[d + 1] = o[h][i].y, slot[d + 2] = o[h][i].z, slot[d + 3] = o[h][i].w;
             }
         }
         kcap_barrier();
-        if (t.simd == 0) {
-            for (int from = 1; from < int(t.simds); ++from) {
-                KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
-                    if (h >= heads) break;
-                    const KCAP_SHARED float* slot = shared + ((from - 1) * KCAP_ATTN_HEADS_PER_PASS + h) * stride;
-                    const float m_other = slot[0], l_other = slot[1];
-                    const float m_new = kcap_fmax(m[h], m_other);
-                    // A group without keys has m = -inf and l = 0: its scale is 0 (no NaN as long
-                    // as one side has keys; simd group 0 always has the chunk's first key).
-                    const float a = kcap_exp(m[h] - m_new), b = l_other > 0.0f ? kcap_exp(m_other - m_new) : 0.0f;
-                    l[h] = l[h] * a + l_other * b;
-                    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
-                        const int d = 4 * int(t.lane) + 128 * i;
-                        if (d < p.head_dim_v) {
-                            o[h][i].x = o[h][i].x * a + slot[2 + d] * b;
-                            o[h][i].y = o[h][i].y * a + slot[3 + d] * b;
-                            o[h][i].z = o[h][i].z * a + slot[4 + d] * b;
-                            o[h][i].w = o[h][i].w * a + slot[5 + d] * b;
-                        }
-                    }
-                    m[h] = m_new;
-                }
+        const bool whole = splits.active == 1;
+        for (int h = 0; h < heads; ++h) {
+            // Lane s holds simd group s's weight exp(m_s - m): a group without keys has m = -inf
+            // and l = 0, weight 0 (simd group 0 always has the chunk's first key: m is finite).
+            const int s = int(t.lane) < int(t.simds) ? int(t.lane) : 0;
+            const float m_s = shared_ml[2 * (s * KCAP_ATTN_HEADS_PER_PASS + h)];
+            const float l_s = int(t.lane) < int(t.simds) ? shared_ml[2 * (s * KCAP_ATTN_HEADS_PER_PASS + h) + 1] : 0.0f;
+            const float m_all = kcap_simd_max(l_s > 0.0f ? m_s : KCAP_NEG_INFINITY);
+            const float w_s = l_s > 0.0f ? kcap_exp(m_s - m_all) : 0.0f;
+            const float l_all = kcap_simd_sum(l_s * w_s);
+            const int head = kv_head * group + g0 + h;
+            const kcap_u64 slot = kcap_u64(head) * p.n_splits + split;
+            KCAP_GLOBAL float* to = whole ? out + kcap_u64(head) * p.head_dim_v : partial_o + slot * p.head_dim_v;
+            const float scale = whole ? 1.0f / l_all : 1.0f;
+            float w[KCAP_ATTN_DECODE_MAX_SIMDS];  // every lane takes part in the broadcasts
+            KCAP_UNROLL for (int g = 0; g < KCAP_ATTN_DECODE_MAX_SIMDS; ++g) w[g] = kcap_simd_broadcast(w_s, g);
+            for (int d = int(t.index); d < p.head_dim_v; d += int(t.threads)) {
+                float acc = 0.0f;
+                KCAP_UNROLL for (int g = 0; g < KCAP_ATTN_DECODE_MAX_SIMDS; ++g)
+                    if (g < int(t.simds)) acc += w[g] * shared_o[(g * KCAP_ATTN_HEADS_PER_PASS + h) * p.head_dim_v + d];
+                to[d] = acc * scale;
             }
-        }
-        if (t.simd == 0) {
-            KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
-                if (h >= heads) break;
-                const int head = kv_head * group + g0 + h;
-                const bool whole = splits.active == 1;
-                const float inv = whole ? 1.0f / l[h] : 1.0f;
-                const kcap_u64 slot = kcap_u64(head) * p.n_splits + split;
-                KCAP_GLOBAL float* to = whole ? out + kcap_u64(head) * p.head_dim_v : partial_o + slot * p.head_dim_v;
-                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
-                    const int d = 4 * int(t.lane) + 128 * i;
-                    if (d < p.head_dim_v)
-                        to[d] = o[h][i].x * inv, to[d + 1] = o[h][i].y * inv, to[d + 2] = o[h][i].z * inv,
-                        to[d + 3] = o[h][i].w * inv;
-                }
-                if (!whole && t.lane == 0) {
-                    partial_ml[2 * slot] = m[h];
-                    partial_ml[2 * slot + 1] = l[h];
-                }
+            if (!whole && t.index == 0) {
+                partial_ml[2 * slot] = m_all;
+                partial_ml[2 * slot + 1] = l_all;
             }
         }
         kcap_barrier();  // shared is reused by the next pass

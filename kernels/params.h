@@ -69,6 +69,12 @@ struct KcapAttentionParams {
     int min_chunk;   // decode: fewest keys one split takes (a multiple of 32)
     int append;      // 1: store the new K/V in the cache; 0: a shared-KV layer (kv_shared) reads
                      // the cache another layer filled in this pass and stores nothing
+    // Decode of a stage that owns the rope (planner: rope + attention fused): the decode rotates
+    // the query heads and the new K itself (rope_dim == head_dim), after an RMS norm of each head
+    // with the q_norm / k_norm weights when qk_norm is set. 0: Q and K arrive rotated.
+    int rope;         // 0 none, 1 normal (adjacent pairs), 2 NeoX (halves)
+    int qk_norm;      // 1: RMS-norm each head of Q and the new K first (eps below)
+    float qk_norm_eps;
 };
 
 // Elementwise stages over n_tokens * n values.

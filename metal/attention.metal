@@ -24,9 +24,11 @@ static_assert(kAttnPrefillRowsPerSimd == KCAP_ATTN_PREFILL_ROWS && kAttnPrefillM
     device const float* q [[buffer(2)]], device const float* k_new [[buffer(3)]], device const float* v_new [[buffer(4)]],
     device kcap_u8* k_cache [[buffer(5)]], device kcap_u8* v_cache [[buffer(6)]], device float* partial_o [[buffer(7)]],
     device float* partial_ml [[buffer(8)]], device float* out [[buffer(9)]], KCAP_METAL_THREAD_ARGS) {
-    threadgroup float merge[KCAP_ATTN_DECODE_SHARED_FLOATS];
+    threadgroup float merge[KCAP_ATTN_DECODE_SHARED_FLOATS_FOR(KCAP_ATTN_DECODE_SIMDS)];
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_attention_decode(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge);
+    // No Metal row owns a rope (p.rope == 0): no table, no QK-norm weights.
+    kcap_attention_decode(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge, nullptr,
+                          nullptr, nullptr);
 }
 
 // Grid: x = n_head; kAttnCombineThreads threads (a multiple of 32, at least head_dim_v).

@@ -184,6 +184,14 @@ std::string rejection_reason(const Row& row, const Stage& stage) {
         why << " (with head_dim_v == head_dim)";
         return why.str();
     }
+    if (stage.op == Op::Attention && (stage.features & kRopeNeox) && !dims.neox_head_dims.empty() &&
+        std::find(dims.neox_head_dims.begin(), dims.neox_head_dims.end(), stage.params.head_dim) ==
+            dims.neox_head_dims.end()) {
+        why << "its NeoX rope pairs the halves of head_dim ";
+        for (size_t i = 0; i < dims.neox_head_dims.size(); ++i) why << (i ? ", " : "") << dims.neox_head_dims[i];
+        why << " only, not " << stage.params.head_dim;
+        return why.str();
+    }
     if (dims.max_span && stage.max_span > dims.max_span) {
         why << "attention span " << stage.max_span << " exceeds " << dims.max_span;
         return why.str();

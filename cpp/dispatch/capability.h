@@ -96,6 +96,9 @@ struct LegalDims {
     // these); empty: any up to max_head_dim.
     std::vector<int> head_dims;
     int64_t max_span = 0;    // attention keys per query; 0: unbounded (up to the context)
+    // Attention rows that apply a NeoX rope themselves (kRopeNeox in their features): the head
+    // dims whose halves their bodies pair; empty: any.
+    std::vector<int> neox_head_dims;
     // Rows whose weight operands may differ in format (qkv): when set, K must also be a
     // multiple of k_multiple_of(format) for the format of every weight operand.
     int64_t (*k_multiple_of)(Format format) = nullptr;

@@ -104,6 +104,9 @@ inline KcapAttentionParams attention_params(const Stage& stage, int n_tokens, Fo
     p.n_splits = n_splits;
     p.min_chunk = min_chunk;
     p.append = s.kv_layer >= 0 ? 0 : 1;
+    p.rope = (stage.features & kRopeNeox) ? 2 : (stage.features & kRopeNormal) ? 1 : 0;
+    p.qk_norm = p.rope && (stage.features & kRmsNorm) ? 1 : 0;
+    p.qk_norm_eps = s.eps;
     return p;
 }
 

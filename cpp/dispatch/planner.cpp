@@ -43,14 +43,15 @@ std::string describe_formats(const Stage& stage) {
                            : stage.op == Op::AddNorm ? add_norm_roles[std::min<size_t>(i, 3)]
                            : stage.op == Op::GateUp  ? gate_up_roles[std::min<size_t>(i, 1)]
                            : stage.op == Op::Qkv     ? qkv_roles[std::min<size_t>(i, 2)]
-                           : stage.op == Op::QkNormRope ? qk_norm_rope_roles[std::min<size_t>(i, 2)]
+                           : stage.op == Op::QkNormRope || stage.op == Op::Attention
+                               ? qk_norm_rope_roles[std::min<size_t>(i, 2)]
                            : stage.op == Op::Rope ? "freq_factors"
                            : stage.op == Op::PerLayerEmbed ? (i == 0 ? "table" : i == 1 ? "proj" : "norm")
                                                   : matmul_roles[std::min<size_t>(i, 1)];
         if (out.tellp() > 0) out << " ";
         out << role << "=" << format_name(operand->format);
     }
-    if (stage.op == Op::Attention) out << "kv=" << format_name(stage.kv_format);
+    if (stage.op == Op::Attention) out << (out.tellp() > 0 ? " " : "") << "kv=" << format_name(stage.kv_format);
     return out.str();
 }
 
@@ -75,6 +76,7 @@ std::string describe_dims(const Stage& stage) {
                 << " head_dim=" << stage.params.head_dim << "/" << stage.params.head_dim_v
                 << " span=" << stage.max_span;
             if (stage.params.sliding_window) out << " window=" << stage.params.sliding_window;
+            if (stage.features & (kRopeNormal | kRopeNeox)) out << " rope_dim=" << stage.params.rope_dim;
             break;
         default: out << "n=" << stage.n; break;
     }
@@ -424,7 +426,8 @@ const Row* best_row(const Stage& stage, const PlanOptions& options, std::ostring
 
 
 // --- Fusion --------------------------------------------------------------------------------
-// A few stage sequences have fused ops (Op::AddNorm, Op::GateUp, Op::QkNormRope, Op::Qkv). A sequence is replaced by
+// A few stage sequences have fused ops (Op::AddNorm, Op::GateUp, Op::QkNormRope, Op::Qkv, and an
+// Op::Attention that owns the rope before it). A sequence is replaced by
 // its fused stage only where a row of the plan's backend fits that stage (formats, dims,
 // features, exclusions); elsewhere the stages stay as they are. Both forms compute the same
 // values, so fusing is a choice of kernels, never of semantics; excluding the fused rows
@@ -567,7 +570,37 @@ size_t fuse_qk_norm_rope(const std::vector<Stage>& stages, size_t i, const PlanO
     return 3;
 }
 
-std::vector<Stage> fuse_stages(const std::vector<Stage>& stages, const PlanOptions& options) {
+// rope(Q, K) or qk_norm_rope(Q, K) + attention(Q, K, V) -> attention that owns the rope: its
+// decode rotates (and QK-norms) the query heads and the new K itself, one launch fewer per
+// layer; a prefill chunk still rotates Q and K in place first (cuda/attention.cu). Operands:
+// (q_norm, k_norm, freq_factors), absent ones null; features: the attention's and the rope's
+// (kRmsNorm: the QK-norm). Not for a shared-KV layer (its rope has no K).
+size_t fuse_rope_attention(const std::vector<Stage>& stages, size_t i, const PlanOptions& options, Stage& fused) {
+    if (i + 1 >= stages.size()) return 0;
+    const Stage& rope = stages[i];
+    const Stage& attn = stages[i + 1];
+    if ((rope.op != Op::Rope && rope.op != Op::QkNormRope) || rope.input != Buffer::Q || rope.input2 != Buffer::K)
+        return 0;
+    if (attn.op != Op::Attention || attn.input != Buffer::Q || attn.input2 != Buffer::K || (attn.features & kKvShared) ||
+        attn.params.head_dim != rope.params.head_dim || attn.params.n_head != rope.params.n_head ||
+        attn.params.n_head_kv != rope.params.n_head_kv)
+        return 0;
+    fused = attn;
+    fused.name = rope.name + "+" + attn.name;
+    const bool qk_norm = rope.op == Op::QkNormRope;
+    const TensorRef* factors = qk_norm ? (rope.operands.size() > 2 ? rope.operands[2] : nullptr)
+                                       : (rope.operands.empty() ? nullptr : rope.operands[0]);
+    fused.operands = {qk_norm ? rope.operands[0] : nullptr, qk_norm ? rope.operands[1] : nullptr, factors};
+    fused.params.rope_dim = rope.params.rope_dim;
+    fused.params.rope_base = rope.params.rope_base;
+    fused.params.rope_freq_scale = rope.params.rope_freq_scale;
+    if (qk_norm) fused.params.eps = rope.params.eps;
+    fused.features = attn.features | rope.features;
+    if (!fits(fused, options)) return 0;
+    return 2;
+}
+
+std::vector<Stage> fuse_pairs_and_triples(const std::vector<Stage>& stages, const PlanOptions& options) {
     std::vector<Stage> out;
     for (size_t i = 0; i < stages.size();) {
         Stage fused;
@@ -583,6 +616,22 @@ std::vector<Stage> fuse_stages(const std::vector<Stage>& stages, const PlanOptio
         }
     }
     return out;
+}
+
+std::vector<Stage> fuse_stages(const std::vector<Stage>& stages, const PlanOptions& options) {
+    std::vector<Stage> out = fuse_pairs_and_triples(stages, options);
+    // A second pass: the rope stage may itself be the qk_norm_rope just fused.
+    std::vector<Stage> second;
+    for (size_t i = 0; i < out.size();) {
+        Stage fused;
+        if (const size_t used = fuse_rope_attention(out, i, options, fused)) {
+            second.push_back(std::move(fused));
+            i += used;
+        } else {
+            second.push_back(out[i++]);
+        }
+    }
+    return second;
 }
 
 }  // namespace

@@ -350,6 +350,36 @@ inline void cpu_qk_norm_rope(const Stage& fused, int tokens, int pos0, std::vect
     run_cpu(find_row("cpu.rope"), rope, call, cpu);
 }
 
+// What an attention stage that owns its rope (planner: rope or qk_norm_rope + attention; operands
+// q_norm, k_norm, factors) applies to Q and the new K before attending: cpu_qk_norm_rope when it
+// has the QK-norm (kRmsNorm), else cpu.rope; in place.
+inline void cpu_owned_rope(const Stage& attn, int tokens, int pos0, std::vector<float>& q, std::vector<float>& k,
+                           CpuState& cpu) {
+    Stage rope = attn;
+    rope.features = attn.features & (kRopeNormal | kRopeNeox | kRopeFreqFactors | kPartialRotary | kRmsNorm);
+    if (attn.features & kRmsNorm) {
+        rope.op = Op::QkNormRope;
+        cpu_qk_norm_rope(rope, tokens, pos0, q, k, cpu);
+        return;
+    }
+    rope.op = Op::Rope;
+    rope.operands = {attn.operands.size() > 2 ? attn.operands[2] : nullptr};
+    KernelCall call;
+    call.n_tokens = tokens;
+    call.pos0 = pos0;
+    call.out = q.data();
+    call.inout2 = k.data();
+    run_cpu(find_row("cpu.rope"), rope, call, cpu);
+}
+
+// The attention stage without the rope it owns (what the CPU reference attends with).
+inline Stage without_rope(const Stage& attn) {
+    Stage plain = attn;
+    plain.features &= ~uint32_t(kRopeNormal | kRopeNeox | kRopeFreqFactors | kPartialRotary | kRmsNorm);
+    plain.operands.clear();
+    return plain;
+}
+
 // gate_up: act(W_gate x) * (W_up x) through the CPU matmul row of the format and cpu.ffn_activation.
 inline std::vector<float> cpu_gate_up(const Row& cpu_matmul, const TensorRef& gate, const TensorRef& up,
                                       const std::vector<float>& x, int64_t k, int64_t n, int m, Activation act,

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "cuda/rope_table.h"
+#include "dispatch/kernel_params.h"
 #include "cuda/rows.h"
 #include "kernels/activation.h"
 #include "kernels/argmax.h"
@@ -947,7 +948,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
     for (const AttentionCase& c : cases) {
         const int n_ctx = c.prefill + c.decode_steps;
         Stage stage;
-        KcapAttentionParams p;
+        KcapAttentionParams p = {};
         attention_setup(c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.window, c.softcap, c.kv, cpu, stage, p);
         p.min_chunk = 32;
         p.append = 1;
@@ -976,7 +977,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                                  sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS, [&](const KcapThread& t, void* shared) {
                                      kcap_attention_decode(t, p, step, q.data(), k.data(), v.data(), k_cache.data(),
                                                            v_cache.data(), partial_o.data(), partial_ml.data(), got.data(),
-                                                           static_cast<float*>(shared));
+                                                           static_cast<float*>(shared), nullptr, nullptr, nullptr);
                                  });
                 if (c.n_splits > 1)
                     kcap_sim::launch({unsigned(c.n_head), 1, 1}, cuda_rows::attn_combine_threads(c.head_dim_v),
@@ -1019,7 +1020,8 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                                      sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS, [&](const KcapThread& t, void* sh) {
                                          kcap_attention_decode(t, ps, step, q2.data(), nullptr, nullptr, k_cache.data(),
                                                                v_cache.data(), partial_o.data(), partial_ml.data(),
-                                                               got2.data(), static_cast<float*>(sh));
+                                                               got2.data(), static_cast<float*>(sh), nullptr, nullptr,
+                                                               nullptr);
                                      });
                     if (c.n_splits > 1)
                         kcap_sim::launch({unsigned(c.n_head), 1, 1}, cuda_rows::attn_combine_threads(c.head_dim_v),
@@ -1045,6 +1047,119 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
         }
     }
     std::printf("attention bodies: %d calls\n", checked);
+}
+
+// The decode of a stage that owns its rope (p.rope; planner: rope or qk_norm_rope + attention):
+// raw Q and new K in, the decode rotates (and QK-norms) them itself. Reference: the CPU rope
+// (or QK-norm + rope), then the CPU attention. Also checks the appended cache row: the rotated
+// K as the cache rounds it, V as it came. Head dims 32..256 take every NeoX pairing (lane xor
+// 4, 8, 16; the other dim group at 256); group 6 takes two passes of query heads.
+void test_attention_own_rope(std::mt19937& rng, CpuState& cpu) {
+    struct Case {
+        int n_head, n_head_kv, head_dim;
+        bool neox, qk_norm, factors;
+        Format kv;
+        int prefill, decode_steps, n_splits;
+    };
+    const Case cases[] = {
+        {4, 1, 256, true, true, false, Format::F16, 40, 3, 2},    // Gemma 3-like
+        {8, 2, 128, false, false, true, Format::F32, 33, 2, 3},   // Llama 3-like: normal pairs, factors
+        {6, 3, 64, true, false, false, Format::F16, 10, 2, 1},    // SmolLM2-like, one split
+        {4, 4, 32, true, true, true, Format::F32, 5, 2, 2},       // no GQA, every option
+        {12, 2, 128, true, true, false, Format::F16, 20, 2, 2},   // Qwen 3-like: two passes of heads
+        {4, 2, 64, false, true, false, Format::F32, 3, 2, 1},     // normal pairs with the QK-norm
+    };
+    int checked = 0;
+    for (const Case& c : cases) {
+        const int n_ctx = c.prefill + c.decode_steps;
+        Stage stage;
+        KcapAttentionParams p = {};
+        attention_setup(c.n_head, c.n_head_kv, c.head_dim, c.head_dim, 0, 0.0f, c.kv, cpu, stage, p);
+        std::vector<float> factor_values = random_floats(rng, size_t(c.head_dim / 2));
+        for (auto& f : factor_values) f = 1.0f + std::fabs(f);
+        auto factors = float_vector(factor_values, "rope_freqs");
+        auto qw = float_vector(random_floats(rng, size_t(c.head_dim)), "q_norm");
+        auto kw = float_vector(random_floats(rng, size_t(c.head_dim)), "k_norm");
+        stage.operands = {c.qk_norm ? &qw->ref : nullptr, c.qk_norm ? &kw->ref : nullptr, c.factors ? &factors->ref : nullptr};
+        stage.params.rope_dim = c.head_dim, stage.params.rope_base = 10000.0f, stage.params.rope_freq_scale = 0.5f;
+        stage.params.eps = 1e-6f;
+        stage.features |= (c.neox ? kRopeNeox : kRopeNormal) | (c.qk_norm ? uint32_t(kRmsNorm) : 0u) |
+                          (c.factors ? uint32_t(kRopeFreqFactors) : 0u) | (c.n_head != c.n_head_kv ? uint32_t(kGqa) : 0u);
+        const KcapAttentionParams owned = attention_params(stage, 1, c.kv, c.n_splits, 32);
+        KCAP_EXPECT(owned.rope == (c.neox ? 2 : 1) && owned.qk_norm == int(c.qk_norm),
+                    "attention_params: rope %d qk_norm %d", owned.rope, owned.qk_norm);
+        const Stage plain = without_rope(stage);
+        const std::vector<float> table = rope_cos_sin_table(stage, n_ctx);
+        const size_t elem = c.kv == Format::F16 ? 2 : 4;
+        std::vector<uint8_t> k_cache(size_t(n_ctx) * p.k_width * elem + 16), v_cache(size_t(n_ctx) * p.v_width * elem + 16);
+        std::vector<float> partial_o(size_t(c.n_head) * c.n_splits * c.head_dim, NAN);
+        std::vector<float> partial_ml(size_t(c.n_head) * c.n_splits * 2, NAN);
+        int pos = 0;
+        for (int call_index = 0; call_index <= c.decode_steps; ++call_index) {
+            const int m = call_index == 0 ? c.prefill : 1;
+            const std::vector<float> q = random_floats(rng, size_t(m) * c.n_head * c.head_dim, 2.0f);
+            const std::vector<float> k = random_floats(rng, size_t(m) * p.k_width, 2.0f);
+            const std::vector<float> v = random_floats(rng, size_t(m) * p.v_width);
+            std::vector<float> q_rot = q, k_rot = k;
+            cpu_owned_rope(stage, m, pos, q_rot, k_rot, cpu);
+            std::vector<float> ref(size_t(m) * c.n_head * c.head_dim), got = nan_filled(ref.size());
+            KernelCall call;
+            call.n_tokens = m;
+            call.pos0 = pos;
+            call.in = q_rot.data(), call.in2 = k_rot.data(), call.in3 = v.data(), call.out = ref.data();
+            run_cpu(cpu_twin(find_row("cuda.attention")), plain, call, cpu);
+            const int32_t step[2] = {pos, 0};
+            if (m > 1) {  // the prefill: the rotated rows into the cache (the rope row's kernel, then append)
+                KcapAttentionParams pa = p;
+                pa.n_tokens = m, pa.append = 1;
+                kcap_sim::launch({ceil_div(int64_t(m) * (p.k_width + p.v_width), 256), 1, 1}, 256, 0,
+                                 [&](const KcapThread& t, void*) {
+                                     kcap_kv_append(t, pa, step, k_rot.data(), v.data(), k_cache.data(), v_cache.data());
+                                 });
+                pos += m;
+                continue;
+            }
+            KcapAttentionParams pd = owned;
+            std::fill(partial_o.begin(), partial_o.end(), NAN);
+            kcap_sim::launch({unsigned(c.n_head_kv), unsigned(c.n_splits), 1}, 32 * kcap::cuda_rows::attn_decode_simds(c.n_head_kv),
+                             sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS, [&](const KcapThread& t, void* shared) {
+                                 kcap_attention_decode(t, pd, step, q.data(), k.data(), v.data(), k_cache.data(),
+                                                       v_cache.data(), partial_o.data(), partial_ml.data(), got.data(),
+                                                       static_cast<float*>(shared),
+                                                       reinterpret_cast<const float2*>(table.data()),
+                                                       reinterpret_cast<const float*>(qw->ref.data),
+                                                       reinterpret_cast<const float*>(kw->ref.data));
+                             });
+            if (c.n_splits > 1)
+                kcap_sim::launch({unsigned(c.n_head), 1, 1}, cuda_rows::attn_combine_threads(c.head_dim),
+                                 sizeof(float) * KCAP_ATTN_COMBINE_SHARED_FLOATS, [&](const KcapThread& t, void* sh) {
+                                     kcap_attention_combine(t, pd, step, partial_o.data(), partial_ml.data(), got.data(),
+                                                            static_cast<float*>(sh));
+                                 });
+            const double err = relative_error(got, ref);
+            // The appended row: K rotated as the reference rotated it, rounded as the cache
+            // stores it (a value may land on the neighbouring half: the order of the norm's sum
+            // differs); V exactly as it came.
+            std::vector<float> k_row(size_t(p.k_width)), k_want(size_t(p.k_width));
+            bool v_exact = true;
+            for (int e = 0; e < p.k_width; ++e) {
+                k_row[size_t(e)] = kcap_kv_load(k_cache.data(), kcap_u64(pos) * p.k_width + e, p.kv_f16);
+                k_want[size_t(e)] = kcap_kv_round(k_rot[size_t(e)], p.kv_f16);
+            }
+            for (int e = 0; e < p.v_width; ++e)
+                v_exact = v_exact && kcap_kv_load(v_cache.data(), kcap_u64(pos) * p.v_width + e, p.kv_f16) ==
+                                         kcap_kv_round(v[size_t(e)], p.kv_f16);
+            const double k_err = relative_error(k_row, k_want);
+            KCAP_EXPECT(err <= kAttentionTolerance && k_err <= (p.kv_f16 ? 1e-3 : kExactTolerance) && v_exact,
+                        "own-rope decode heads %d/%d dim %d neox %d qk_norm %d factors %d kv %s at %d (splits %d): "
+                        "error %.3g, appended K error %.3g, V %s",
+                        c.n_head, c.n_head_kv, c.head_dim, int(c.neox), int(c.qk_norm), int(c.factors),
+                        format_name(c.kv), pos, c.n_splits, err, k_err, v_exact ? "exact" : "differs");
+            ++checked;
+            pos += m;
+        }
+    }
+    std::printf("attention decode owning its rope: %d calls\n", checked);
 }
 
 // The decode combine alone, on random split states, against an f64 merge: many splits (more
@@ -1151,7 +1266,7 @@ void test_attention_prefill(std::mt19937& rng, CpuState& cpu) {
         int n_ctx = 0;
         for (int m : c.chunks) n_ctx += m;
         Stage stage;
-        KcapAttentionParams p;
+        KcapAttentionParams p = {};
         attention_setup(c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.window, c.softcap, c.kv, cpu, stage, p);
         p.n_splits = 1, p.min_chunk = 32, p.append = 1;
         const size_t elem = c.kv == Format::F16 ? 2 : 4;
@@ -1490,6 +1605,7 @@ int main() {
     test_argmax(rng);
     test_sample(rng);
     test_attention(rng, cpu);
+    test_attention_own_rope(rng, cpu);
     test_attention_combine(rng);
     test_attention_prefill(rng, cpu);
     if (failures()) {

@@ -151,13 +151,17 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                     // variant: the tensor-core tiles with weights staged in shared memory (1) or not (0);
                     // the q8_1 matvec with x quantized once (1) or by its groups (0)
                     for (int variant : {0, 1})
+                    // the decode matvec with 1 or 2 rows per team (a wide matrix's: matvec_rows_for)
+                    for (int team_rows : {1, 2})
                     for (bool with_bias : {false, true}) {
                         if (with_bias && n == 7) continue;
                         const bool tiles = mma && m >= cuda_rows::kMmaMinTokens;
                         if (variant && !tiles && !q8) continue;
+                        if (team_rows == 2 && (tiles || m > 2 || with_bias)) continue;
                         TestContext t;
                         if (tiles) t.ctx.mma_staged = variant;
                         else t.ctx.q8_prequantize = variant;
+                        t.ctx.matvec_rows = team_rows;
                         auto w = random_weights(rng, f, k, n);
                         auto bias = float_vector(random_floats(rng, static_cast<size_t>(n)), "bias");
                         Stage stage = matmul_stage(&w->ref, with_bias ? &bias->ref : nullptr, k, n);
@@ -182,9 +186,9 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                         const double err = matmul_error(download(y, ref.size()), ref, w->ref, xr.data(), k, n, m);
                         const double tolerance =
                             !q8 && mma && m >= cuda_rows::kMmaMinTokens ? kMmaTolerance : kExactTolerance;
-                        KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d bias=%d %s=%d: error %.3g > %.1g",
+                        KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d bias=%d %s=%d rows=%d: error %.3g > %.1g",
                                     row.kernel.c_str(), (long long)k, (long long)n, m, int(with_bias),
-                                    tiles ? "staged" : "prequantized", variant, err, tolerance);
+                                    tiles ? "staged" : "prequantized", variant, team_rows, err, tolerance);
                         ++g_cases;
                     }
     }
@@ -466,7 +470,14 @@ void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
         {4, 1, 256, 256, 0, 0.0f, Format::F16, 1, 1, 1, 3},    // f16, a one-token chunk then three
         {2, 1, 64, 64, 0, 0.0f, Format::F16, 16500, 1, 300},   // 258 active splits: the combine's chunk loop
     };
+    // The _rope rows own the rope (and QK-norm) of the stage before them: each case then takes
+    // raw Q and K with a rope of its own (NeoX or normal, with or without QK-norm and frequency
+    // factors, in turn); the reference rotates them on the CPU first. Every other such case
+    // runs with the measurement switch off (a rope launch before a plain decode).
+    const bool owns_rope = std::string(kernel).size() > 5 && std::string(kernel).substr(std::string(kernel).size() - 5) == "_rope";
+    int case_index = -1;
     for (const AttentionCase& c : cases) {
+        ++case_index;
         TestContext t;
         const int n_ctx = c.prefill + c.prefill2 + c.decode_steps;
         Stage stage;
@@ -505,6 +516,31 @@ void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
         t.ctx.attn_partial_ml = static_cast<float*>(t.arena.alloc(size_t(c.n_head) * c.n_splits * 2 * 4));
         StageData data;
         data.attn_splits = c.n_splits;
+        std::vector<float> factor_values = random_floats(rng, size_t(c.head_dim / 2));
+        for (auto& f : factor_values) f = 1.0f + std::fabs(f);
+        const auto factors = float_vector(factor_values, "rope_freqs");
+        const auto q_norm = float_vector(random_floats(rng, size_t(c.head_dim)), "q_norm");
+        const auto k_norm = float_vector(random_floats(rng, size_t(c.head_dim)), "k_norm");
+        if (owns_rope) {
+            const bool neox = case_index % 2 == 0, qk_norm = case_index % 3 != 1, with_factors = case_index % 4 == 1;
+            stage.operands = {qk_norm ? &q_norm->ref : nullptr, qk_norm ? &k_norm->ref : nullptr,
+                              with_factors ? &factors->ref : nullptr};
+            stage.params.rope_dim = c.head_dim, stage.params.rope_base = 10000.0f, stage.params.rope_freq_scale = 1.0f;
+            stage.params.eps = 1e-6f;
+            stage.features |= (neox ? kRopeNeox : kRopeNormal) | (qk_norm ? uint32_t(kRmsNorm) : 0u) |
+                              (with_factors ? uint32_t(kRopeFreqFactors) : 0u);
+            KCAP_EXPECT(rejection_reason(row, stage).empty(), "%s refuses its rope: %s", kernel,
+                        rejection_reason(row, stage).c_str());
+            if (qk_norm) {
+                data.operands[0] = t.arena.upload(std::vector<float>(reinterpret_cast<const float*>(q_norm->ref.data),
+                                                                     reinterpret_cast<const float*>(q_norm->ref.data) + c.head_dim));
+                data.operands[1] = t.arena.upload(std::vector<float>(reinterpret_cast<const float*>(k_norm->ref.data),
+                                                                     reinterpret_cast<const float*>(k_norm->ref.data) + c.head_dim));
+            }
+            data.rope_table = t.arena.upload(rope_cos_sin_table(stage, n_ctx));  // the factors are folded in
+            t.ctx.attn_own_rope = case_index % 2 == 0 || case_index % 4 == 1;
+        }
+        const Stage plain = owns_rope ? without_rope(stage) : stage;
         int pos = 0;
         const int prefill_calls = c.prefill2 > 0 ? 2 : 1;
         for (int call_index = 0; call_index < prefill_calls + c.decode_steps; ++call_index) {
@@ -513,11 +549,13 @@ void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
             const std::vector<float> k = random_floats(rng, size_t(m) * c.n_head_kv * c.head_dim);
             const std::vector<float> v = random_floats(rng, size_t(m) * c.n_head_kv * c.head_dim_v);
             std::vector<float> ref(size_t(m) * c.n_head * c.head_dim_v);
+            std::vector<float> q_rot = q, k_rot = k;
+            if (owns_rope) cpu_owned_rope(stage, m, pos, q_rot, k_rot, cpu);
             KernelCall call;
             call.n_tokens = m;
             call.pos0 = pos;
-            call.in = q.data(), call.in2 = k.data(), call.in3 = v.data(), call.out = ref.data();
-            run_cpu(cpu_twin(row), stage, call, cpu);
+            call.in = q_rot.data(), call.in2 = k_rot.data(), call.in3 = v.data(), call.out = ref.data();
+            run_cpu(cpu_twin(row), plain, call, cpu);
             float* out = static_cast<float*>(t.arena.alloc(ref.size() * 4));
             call.in = t.arena.upload(q), call.in2 = t.arena.upload(k), call.in3 = t.arena.upload(v), call.out = out;
             t.set_step(pos);
@@ -534,15 +572,16 @@ void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
             else  // runs would straddle heads (or a batch): nothing announced
                 KCAP_EXPECT(t.ctx.q8_rows_next.x == nullptr, "%s %s of %d at %d, head_dim_v %d: q8_1 rows announced",
                             kernel, m == 1 ? "decode" : "prefill", m, pos, c.head_dim_v);
-            const bool tensor_cores = std::string(kernel) == "cuda.attention_mma" && m > 1 &&
+            const bool tensor_cores = std::string(kernel).rfind("cuda.attention_mma", 0) == 0 && m > 1 &&
                                       cuda_rows::attn_mma_dims(c.head_dim, c.head_dim_v);
             const int span = c.window > 0 ? std::min(c.window, pos + m) : pos + m;
             const double tolerance = attention_tolerance(tensor_cores, span, c.head_dim);
             KCAP_EXPECT(err <= tolerance,
-                        "%s heads %d/%d dim %d/%d window %d softcap %g kv %s, %s of %d at %d (splits %d): "
-                        "error %.3g > %.3g",
+                        "%s heads %d/%d dim %d/%d window %d softcap %g kv %s features %s own rope %d, %s of %d at %d "
+                        "(splits %d): error %.3g > %.3g",
                         kernel, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.window, double(c.softcap), format_name(c.kv),
-                        m == 1 ? "decode" : "prefill", m, pos, c.n_splits, err, tolerance);
+                        feature_names(stage.features).c_str(), int(t.ctx.attn_own_rope), m == 1 ? "decode" : "prefill", m,
+                        pos, c.n_splits, err, tolerance);
             ++g_cases;
             // A shared-KV layer at the same positions: other queries over the cache this call
             // filled, no K/V of its own; the cache must be left as it was.
@@ -573,6 +612,27 @@ void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
             }
             pos += m;
         }
+    }
+    if (owns_rope) {  // just outside what the rows' rope takes: refused, not computed
+        Stage stage;
+        stage.op = Op::Attention;
+        stage.params.n_head = 4, stage.params.n_head_kv = 2, stage.params.head_dim = stage.params.head_dim_v = 128;
+        stage.params.rope_dim = 64;
+        stage.kv_format = Format::F16;
+        stage.k = 128;
+        stage.features = kRopeNormal | kPartialRotary | kGqa;
+        KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s takes a partial rotary rope", kernel);
+        stage.params.head_dim = stage.params.head_dim_v = stage.params.rope_dim = 96;
+        stage.k = 96;
+        stage.features = kRopeNeox | kGqa;
+        const std::string why = rejection_reason(row, stage);
+        KCAP_EXPECT(why.find("NeoX") != std::string::npos || !row.dims.head_dims.empty(),
+                    "%s takes a NeoX rope at head_dim 96 (%s)", kernel, why.c_str());
+        KCAP_EXPECT(!why.empty(), "%s takes a NeoX rope at head_dim 96", kernel);
+        stage.features = kRopeNormal | kGqa;  // normal pairs lie in one lane's quad: any head_dim % 4
+        KCAP_EXPECT(rejection_reason(row, stage).empty() == row.dims.head_dims.empty(),
+                    "%s at head_dim 96 with a normal rope: %s", kernel, rejection_reason(row, stage).c_str());
+        g_cases += 3;
     }
 }
 
@@ -934,6 +994,8 @@ int main() {
     if (wanted("attention")) {
         test_attention(rng, cpu, "cuda.attention");
         test_attention(rng, cpu, "cuda.attention_mma");
+        test_attention(rng, cpu, "cuda.attention_rope");
+        test_attention(rng, cpu, "cuda.attention_mma_rope");
     }
     if (wanted("elementwise")) test_elementwise(rng, cpu);
     if (wanted("add_norm")) test_add_norm(rng, cpu);

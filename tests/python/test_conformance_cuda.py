@@ -82,14 +82,15 @@ def test_float_matmul_with_k_off_the_tile_takes_the_exact_row():
 
 @pytest.mark.parametrize("fixture,excluded,stage", [
     ("gemma2", ["cuda.softcap"], "final_softcap"),
-    ("gemma2", ["cuda.attention", "cuda.attention_mma"], "attention"),
+    ("gemma2", ["cuda.attention", "cuda.attention_mma", "cuda.attention_rope", "cuda.attention_mma_rope"], "attention"),
     ("granite", ["cuda.scale"], "logit_scale"),
     ("gpt2", ["cuda.embed.f32"], "token_embd"),
     ("gemma4", [r["kernel"] for r in _core.capability_rows() if r["kernel"].startswith("cuda.per_layer_embed.")],
      "per_layer_embd"),
     ("gemma4", ["cuda.per_layer_gate"], "ple_act"),
     ("gemma4", ["cuda.scale"], "layer_output_scale"),
-    ("gemma4-kvshare", ["cuda.attention", "cuda.attention_mma"], "attention"),
+    ("gemma4-kvshare", ["cuda.attention", "cuda.attention_mma", "cuda.attention_rope", "cuda.attention_mma_rope"],
+     "attention"),
 ])
 def test_feature_without_a_cuda_row_is_refused(fixture, excluded, stage):
     with pytest.raises(kcap.RoutingError, match=f"stage '{stage}'.*no cuda row fits"):

@@ -145,17 +145,20 @@ def test_explain_routes_every_stage_to_cuda(model_files, name, kv_type):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_cuda_plan_fuses_residual_norms_qkv_and_gate_up(model_files, name):
+def test_cuda_plan_fuses_residual_norms_qkv_gate_up_and_rope(model_files, name):
     """The planner forms add_norm, qkv, gate_up and (QK-norm models) qk_norm_rope stages where
-    CUDA has rows for them; excluding those rows gives back the unfused stages, and the CPU
-    plan (no fused rows) is unfused."""
+    CUDA has rows for them, then folds each layer's rope (or qk_norm_rope) into its attention
+    (cuda.attention_rope / cuda.attention_mma_rope: the decode rotates Q and K itself);
+    excluding those rows gives back the unfused stages, and the CPU plan (no fused rows) is
+    unfused."""
     path, _ = model_files[name]
     cpu = explain_file(path, backend="cpu")
     fused = explain_file(path, backend="cuda")
     n_layer = 1 + max(r["layer"] for r in cpu)
     assert not {"add_norm", "gate_up", "qk_norm_rope", "qkv"} & {r["op"] for r in cpu}
     by_op = {op: [r for r in fused if r["op"] == op]
-             for op in ("add_norm", "gate_up", "add", "ffn_activation", "qkv", "matmul")}
+             for op in ("add_norm", "gate_up", "add", "ffn_activation", "qkv", "matmul", "attention", "rope",
+                        "qk_norm_rope")}
     # Every layer's two residual adds become add_norms (the first feeds the FFN norm, the
     # second the next layer's attention norm or the output norm); each gated FFN one gate_up.
     assert len(by_op["add_norm"]) == 2 * n_layer and not by_op["add"]
@@ -168,19 +171,51 @@ def test_cuda_plan_fuses_residual_norms_qkv_and_gate_up(model_files, name):
     assert len(by_op["qkv"]) == n_layer
     assert all(r["kernel"] == "cuda.qkv" and r["stage"] == "attn_q+attn_k+attn_v" for r in by_op["qkv"])
     assert len(by_op["matmul"]) == 2 * n_layer + 1
+    # Each layer's attention owns its rope (with the QK-norm where the model has one).
     qk_norm = any(r["stage"] == "attn_q_norm" for r in cpu)
-    qk_fused = [r for r in fused if r["op"] == "qk_norm_rope"]
-    assert len(qk_fused) == (n_layer if qk_norm else 0)
-    assert all(r["kernel"] == "cuda.qk_norm_rope" and r["stage"] == "attn_q_norm+attn_k_norm+rope" for r in qk_fused)
+    rope_features = {f for r in cpu if r["op"] == "rope" for f in r["features"].split(",") if f}
+    assert not by_op["rope"] and not by_op["qk_norm_rope"]
+    assert len(by_op["attention"]) == n_layer
+    for r in by_op["attention"]:
+        assert r["stage"] == ("attn_q_norm+attn_k_norm+rope+attention" if qk_norm else "rope+attention"), r
+        assert r["kernel"] == "cuda.attention_rope" and rope_features <= set(r["features"].split(",")), r
+        assert ("rms_norm" in r["features"].split(",")) == qk_norm
     fused_rows = [r["kernel"] for r in _core.capability_rows()
-                  if r["kernel"] in ("cuda.add_norm", "cuda.qk_norm_rope", "cuda.qkv")
+                  if r["kernel"] in ("cuda.add_norm", "cuda.qk_norm_rope", "cuda.qkv", "cuda.attention_rope",
+                                     "cuda.attention_mma_rope")
                   or r["kernel"].startswith("cuda.gate_up.")]
     unfused = explain_file(path, backend="cuda", excluded_kernels=fused_rows)
     assert [(r["layer"], r["stage"]) for r in unfused] == [(r["layer"], r["stage"]) for r in cpu]
+    # Without the rope-owning rows alone, the qk_norm_rope (or rope) stage stays before attention.
+    kept = explain_file(path, backend="cuda", excluded_kernels=["cuda.attention_rope", "cuda.attention_mma_rope"])
+    assert len([r for r in kept if r["op"] == ("qk_norm_rope" if qk_norm else "rope")]) == n_layer
+    assert {r["stage"] for r in kept if r["op"] == "attention"} == {"attention"}
     # Stages saved per layer: each add_norm replaces 3 stages with a post-norm (Gemma) or 2,
-    # qkv, gate_up and qk_norm_rope 3 each.
+    # qkv, gate_up and qk_norm_rope 3 each, and the attention takes the rope stage in.
     merged = 3 if "post_norm" in by_op["add_norm"][0]["features"] else 2
-    assert len(fused) == len(cpu) - n_layer * (2 * (merged - 1) + 2 + 2 + (2 if qk_norm else 0))
+    assert len(fused) == len(cpu) - n_layer * (2 * (merged - 1) + 2 + 2 + (2 if qk_norm else 0) + 1)
+
+
+def test_attention_owns_only_a_whole_rotary_rope_it_can_pair(tmp_path):
+    # The rope-owning rows rotate whole heads (rope_dim == head_dim) and pair NeoX halves across
+    # lanes (power-of-two head dims): a partial rotary rope, or a NeoX head of 48 dims, stays a
+    # stage of its own before cuda.attention, and explain says why a rope-owning stage was
+    # refused when only those rows are left.
+    partial = synth.tiny_llama(str(tmp_path / "partial.gguf"), n_embd=128, n_head=4, n_head_kv=2, n_ff=64,
+                               extra_metadata={"llama.rope.dimension_count": 16})
+    routes = explain_file(partial, backend="cuda")
+    assert [r["kernel"] for r in routes if r["op"] == "rope"] == ["cuda.rope"] * 2
+    assert {r["kernel"] for r in routes if r["op"] == "attention"} == {"cuda.attention"}
+    whole = synth.tiny_llama(str(tmp_path / "whole.gguf"), n_embd=128, n_head=4, n_head_kv=2, n_ff=64)
+    assert {r["kernel"] for r in explain_file(whole, backend="cuda") if r["op"] == "attention"} == {"cuda.attention_rope"}
+    odd = synth.tiny_gemma3(str(tmp_path / "g48.gguf"), n_embd=96, n_head=2, n_head_kv=1, head_dim=48)
+    routes = explain_file(odd, backend="cuda")
+    assert len([r for r in routes if r["op"] == "qk_norm_rope"]) == 3
+    assert {r["kernel"] for r in routes if r["op"] == "attention"} == {"cuda.attention"}
+    even = synth.tiny_gemma3(str(tmp_path / "g32.gguf"), n_embd=96, n_head=2, n_head_kv=1, head_dim=32)
+    assert {r["kernel"] for r in explain_file(even, backend="cuda") if r["op"] == "attention"} == {"cuda.attention_rope"}
+    row = next(r for r in _core.capability_rows() if r["kernel"] == "cuda.attention_rope")
+    assert "rope_neox" in row["features"] and "partial_rotary" not in row["features"]
 
 
 def test_qkv_fuses_q_k_and_v_of_different_formats(tiny_path, tmp_path):
@@ -242,7 +277,7 @@ def test_llama3_8b_shape_routes_to_cuda(tmp_path):
     assert kernels["attn_q+attn_k+attn_v"] == "cuda.qkv"
     assert kernels["attn_output"] == "cuda.matmul_mma.q4_k"
     assert kernels["ffn_down"] == "cuda.matmul_mma.q6_k"  # layer 0: use_more_bits
-    assert kernels["attention"] == "cuda.attention_mma"  # the f16 cache's tensor-core prefill
+    assert kernels["rope+attention"] == "cuda.attention_mma_rope"  # the f16 cache's tensor-core prefill
 
 
 def test_q8_1_activations_route_matmuls_to_the_int8_rows(tmp_path):
@@ -300,14 +335,15 @@ def test_tensor_core_attention_takes_only_its_head_dims(tmp_path):
     # cuda.attention_mma has tensor-core bodies for head dims 64, 128 and 256 (head_dim_v the
     # same): head_dim 32 with an f16 cache takes the SIMT row, and without it the stage is
     # refused with the reason; head_dim 64 takes the tensor-core row.
+    # (The attention stages own their rope here: the _rope rows, same bodies and dims.)
     narrow = synth.tiny_llama(str(tmp_path / "d32.gguf"), n_embd=128, n_head=4, n_head_kv=2, n_ff=64)
     routes = explain_file(narrow, backend="cuda", kv_type="f16")
-    assert {r["kernel"] for r in routes if r["stage"] == "attention"} == {"cuda.attention"}
+    assert {r["kernel"] for r in routes if r["op"] == "attention"} == {"cuda.attention_rope"}
     with pytest.raises(kcap.RoutingError, match=r"head_dim 32/32 is not one of 64, 128, 256"):
-        explain_file(narrow, backend="cuda", kv_type="f16", excluded_kernels=["cuda.attention"])
+        explain_file(narrow, backend="cuda", kv_type="f16", excluded_kernels=["cuda.attention", "cuda.attention_rope"])
     wide = synth.tiny_llama(str(tmp_path / "d64.gguf"), n_embd=256, n_head=4, n_head_kv=2, n_ff=64)
     routes = explain_file(wide, backend="cuda", kv_type="f16")
-    assert {r["kernel"] for r in routes if r["stage"] == "attention"} == {"cuda.attention_mma"}
+    assert {r["kernel"] for r in routes if r["op"] == "attention"} == {"cuda.attention_mma_rope"}
 
 
 def test_cuda_backend_refused_without_device(tiny_path):
@@ -440,9 +476,10 @@ def test_f16_cache_prefill_takes_the_tensor_core_attention(model_files, cuda_dev
     # the tolerance or closer than the CPU with an f32 cache is.
     path, _ = model_files[name]
     routes = explain_file(path, backend="cuda", kv_type="f16")
-    assert {r["kernel"] for r in routes if r["stage"] == "attention"} == {"cuda.attention_mma"}
+    assert {r["kernel"] for r in routes if r["op"] == "attention"} == {"cuda.attention_mma_rope"}
     mma = kcap.load(path, backend="cuda", n_ctx=1024, kv_type="f16")
-    simt = kcap.load(path, backend="cuda", n_ctx=1024, kv_type="f16", excluded_kernels=["cuda.attention_mma"])
+    simt = kcap.load(path, backend="cuda", n_ctx=1024, kv_type="f16",
+                     excluded_kernels=["cuda.attention_mma", "cuda.attention_mma_rope"])
     cpu16 = kcap.load(path, backend="cpu", n_ctx=1024, kv_type="f16")
     cpu32 = kcap.load(path, backend="cpu", n_ctx=1024, kv_type="f32")
     ids = prompt_ids(mma.n_vocab, 600, seed=8)
