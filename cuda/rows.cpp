@@ -194,15 +194,16 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
     // layer; a prefill chunk runs the rope (qk_norm_rope) row's kernel in place first. Whole
     // rotary dims only (no kPartialRotary); NeoX pairs halves across lanes, so power-of-two
     // head dims. Operands: q_norm, k_norm, rope frequency factors. Only stages that own a
-    // rope fit them (below the plain rows' priorities, which win any stage both fit).
+    // rope fit them (requires_any); excluding cuda.attention_mma leaves its _rope twin.
     const uint32_t rope = kRopeNormal | kRopeNeox | kRopeFreqFactors | kRmsNorm;
     for (const Row* base : {&row, &mma}) {
         Row owned = *base;
         owned.kernel = base->kernel + "_rope";
         owned.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}};
-        owned.features = base->features | rope;
+        owned.features = (base->features & ~uint32_t(kKvShared)) | rope;  // a shared-KV layer keeps its rope stage
+        owned.requires_any = kRopeNormal | kRopeNeox;
         owned.dims.neox_head_dims = {8, 16, 32, 64, 128, 256};
-        owned.priority = base->priority - 2;
+        owned.priority = base->priority;
         rows.push_back(owned);
     }
 }

@@ -149,6 +149,8 @@ std::string rejection_reason(const Row& row, const Stage& stage) {
     }
     uint32_t missing = stage.features & ~row.features;
     if (missing) return "lacks features: " + feature_names(missing);
+    if (row.requires_any && !(stage.features & row.requires_any))
+        return "takes only stages with one of: " + feature_names(row.requires_any);
     const LegalDims& dims = row.dims;
     if (stage.k % dims.k_multiple != 0) {
         why << "K=" << stage.k << " is not a multiple of " << dims.k_multiple;
@@ -182,6 +184,13 @@ std::string rejection_reason(const Row& row, const Stage& stage) {
         why << "head_dim " << stage.params.head_dim << "/" << stage.params.head_dim_v << " is not one of ";
         for (size_t i = 0; i < dims.head_dims.size(); ++i) why << (i ? ", " : "") << dims.head_dims[i];
         why << " (with head_dim_v == head_dim)";
+        return why.str();
+    }
+    // An attention that owns its rope rotates whole heads from a table of head_dim / 2 pairs.
+    if (stage.op == Op::Attention && (stage.features & (kRopeNormal | kRopeNeox)) &&
+        stage.params.rope_dim != stage.params.head_dim) {
+        why << "its rope rotates whole heads: rope_dim " << stage.params.rope_dim << " != head_dim "
+            << stage.params.head_dim;
         return why.str();
     }
     if (stage.op == Op::Attention && (stage.features & kRopeNeox) && !dims.neox_head_dims.empty() &&

@@ -126,6 +126,9 @@ struct Row {
     uint32_t features = 0;
     LegalDims dims;
     Geometry geometry;
+    // Features a stage must have one of (0: none): the rope-owning attention rows take only the
+    // stages the planner folded a rope into, so a plain stage never lands on them.
+    uint32_t requires_any = 0;
     int priority = 0;  // the highest-priority row that fits wins
     KernelFn fn = nullptr;  // null where the backend is declared but not compiled in
 };

@@ -430,8 +430,10 @@ const Row* best_row(const Stage& stage, const PlanOptions& options, std::ostring
 // Op::Attention that owns the rope before it). A sequence is replaced by
 // its fused stage only where a row of the plan's backend fits that stage (formats, dims,
 // features, exclusions); elsewhere the stages stay as they are. Both forms compute the same
-// values, so fusing is a choice of kernels, never of semantics; excluding the fused rows
-// (PlanOptions::excluded_kernels) gives the unfused plan.
+// values up to float rounding (an order of summation; for the rope an attention owns, an f16
+// cache may then store a K value as the neighbouring half), so fusing is a choice of kernels,
+// never of semantics; excluding the fused rows (PlanOptions::excluded_kernels) gives the
+// unfused plan.
 
 bool is_row_norm(const Stage& s, Buffer in, Buffer out) {
     return s.op == Op::Norm && s.groups == 1 && s.input == in && s.output == out;
@@ -596,7 +598,9 @@ size_t fuse_rope_attention(const std::vector<Stage>& stages, size_t i, const Pla
     fused.params.rope_freq_scale = rope.params.rope_freq_scale;
     if (qk_norm) fused.params.eps = rope.params.eps;
     fused.features = attn.features | rope.features;
-    if (!fits(fused, options)) return 0;
+    // A prefill chunk of the fused stage runs the rope stage's kernel: it must have a row too
+    // (an excluded cuda.rope / cuda.qk_norm_rope keeps the stages apart).
+    if (!fits(rope, options) || !fits(fused, options)) return 0;
     return 2;
 }
 

@@ -1060,6 +1060,8 @@ void test_attention_own_rope(std::mt19937& rng, CpuState& cpu) {
         bool neox, qk_norm, factors;
         Format kv;
         int prefill, decode_steps, n_splits;
+        int window = 0;
+        float softcap = 0.0f;
     };
     const Case cases[] = {
         {4, 1, 256, true, true, false, Format::F16, 40, 3, 2},    // Gemma 3-like
@@ -1068,13 +1070,16 @@ void test_attention_own_rope(std::mt19937& rng, CpuState& cpu) {
         {4, 4, 32, true, true, true, Format::F32, 5, 2, 2},       // no GQA, every option
         {12, 2, 128, true, true, false, Format::F16, 20, 2, 2},   // Qwen 3-like: two passes of heads
         {4, 2, 64, false, true, false, Format::F32, 3, 2, 1},     // normal pairs with the QK-norm
+        {8, 2, 16, true, false, true, Format::F32, 12, 3, 2, 7, 20.0f},  // NeoX lane xor 2, window, softcap
+        {2, 1, 8, true, true, false, Format::F16, 6, 2, 1, 4, 0.0f},     // NeoX lane xor 1, window
     };
     int checked = 0;
     for (const Case& c : cases) {
         const int n_ctx = c.prefill + c.decode_steps;
         Stage stage;
         KcapAttentionParams p = {};
-        attention_setup(c.n_head, c.n_head_kv, c.head_dim, c.head_dim, 0, 0.0f, c.kv, cpu, stage, p);
+        attention_setup(c.n_head, c.n_head_kv, c.head_dim, c.head_dim, c.window, c.softcap, c.kv, cpu, stage, p);
+        stage.features |= (c.window ? uint32_t(kSlidingWindow) : 0u) | (c.softcap > 0.0f ? uint32_t(kAttnSoftcap) : 0u);
         std::vector<float> factor_values = random_floats(rng, size_t(c.head_dim / 2));
         for (auto& f : factor_values) f = 1.0f + std::fabs(f);
         auto factors = float_vector(factor_values, "rope_freqs");
@@ -1151,10 +1156,10 @@ void test_attention_own_rope(std::mt19937& rng, CpuState& cpu) {
                                          kcap_kv_round(v[size_t(e)], p.kv_f16);
             const double k_err = relative_error(k_row, k_want);
             KCAP_EXPECT(err <= kAttentionTolerance && k_err <= (p.kv_f16 ? 1e-3 : kExactTolerance) && v_exact,
-                        "own-rope decode heads %d/%d dim %d neox %d qk_norm %d factors %d kv %s at %d (splits %d): "
-                        "error %.3g, appended K error %.3g, V %s",
-                        c.n_head, c.n_head_kv, c.head_dim, int(c.neox), int(c.qk_norm), int(c.factors),
-                        format_name(c.kv), pos, c.n_splits, err, k_err, v_exact ? "exact" : "differs");
+                        "own-rope decode heads %d/%d dim %d neox %d qk_norm %d factors %d window %d softcap %g kv %s "
+                        "at %d (splits %d): error %.3g, appended K error %.3g, V %s",
+                        c.n_head, c.n_head_kv, c.head_dim, int(c.neox), int(c.qk_norm), int(c.factors), c.window,
+                        double(c.softcap), format_name(c.kv), pos, c.n_splits, err, k_err, v_exact ? "exact" : "differs");
             ++checked;
             pos += m;
         }
@@ -1563,21 +1568,32 @@ void test_table() {
             stage.k = 256;
             stage.max_span = 131072;
             stage.features = kSlidingWindow | kAttnSoftcap | kGqa;
+            if (row.requires_any) {  // the rope-owning rows: a stage that owns its rope (whole heads)
+                stage.features |= kRopeNeox;
+                stage.params.rope_dim = 256;
+            }
             KCAP_EXPECT(rejection_reason(row, stage).empty(), "%s refuses head_dim 256, span 131072: %s",
                         row.kernel.c_str(), rejection_reason(row, stage).c_str());
             stage.params.head_dim = stage.params.head_dim_v = 260;
+            if (row.requires_any) stage.params.rope_dim = 260;
             stage.k = 260;
             KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s accepts head_dim 260", row.kernel.c_str());
             stage.params.head_dim = stage.params.head_dim_v = 126;
+            if (row.requires_any) stage.params.rope_dim = 126;
             stage.k = 126;
             KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s accepts head_dim 126", row.kernel.c_str());
             stage.k = 128;
             stage.params.head_dim = stage.params.head_dim_v = 128;
+            if (row.requires_any) stage.params.rope_dim = 128;
             stage.kv_format = Format::BF16;
             KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s accepts a BF16 cache", row.kernel.c_str());
         }
     }
     KCAP_EXPECT(rows >= 35, "only %d CUDA rows", rows);
+    // The decode matvec's rows per team: the wide matrices (LM heads) take wide_rows.
+    static_assert(cuda_rows::matvec_rows_for(262144, 1, 2) == 2 && cuda_rows::matvec_rows_for(32768, 1, 2) == 2 &&
+                      cuda_rows::matvec_rows_for(32767, 1, 2) == 1 && cuda_rows::matvec_rows_for(14336, 2, 1) == 2,
+                  "wide matrices: n >= kMatvecWideN");
     std::printf("table: %d CUDA rows\n", rows);
 }
 

@@ -157,7 +157,7 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                         if (with_bias && n == 7) continue;
                         const bool tiles = mma && m >= cuda_rows::kMmaMinTokens;
                         if (variant && !tiles && !q8) continue;
-                        if (team_rows == 2 && (tiles || m > 2 || with_bias)) continue;
+                        if (team_rows == 2 && (tiles || (m > 1 && !q8) || with_bias)) continue;
                         TestContext t;
                         if (tiles) t.ctx.mma_staged = variant;
                         else t.ctx.q8_prequantize = variant;
@@ -609,8 +609,15 @@ void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
                         pos, c.n_splits, err, tolerance);
             ++g_cases;
             // A shared-KV layer at the same positions: other queries over the cache this call
-            // filled, no K/V of its own; the cache must be left as it was.
-            {
+            // filled, no K/V of its own; the cache must be left as it was. (The rope-owning rows
+            // take no shared-KV stage: the planner leaves such a layer's rope stage apart.)
+            if (owns_rope) {
+                Stage shared = stage;
+                shared.params.kv_layer = 0;
+                shared.features |= kKvShared;
+                KCAP_EXPECT(!rejection_reason(row, shared).empty(), "%s takes a shared-KV stage", kernel);
+                ++g_cases;
+            } else {
                 Stage shared = stage;
                 shared.layer = 1;
                 shared.params.kv_layer = 0;
@@ -647,6 +654,11 @@ void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
         stage.k = 128;
         stage.features = kRopeNormal | kPartialRotary | kGqa;
         KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s takes a partial rotary rope", kernel);
+        stage.features = kRopeNormal | kGqa;  // the same without the flag: rope_dim is checked too
+        KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s takes rope_dim 64 of head_dim 128", kernel);
+        stage.params.rope_dim = 128;
+        stage.features = kGqa;  // no rope to own: the plain rows' stage
+        KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s takes a stage that owns no rope", kernel);
         stage.params.head_dim = stage.params.head_dim_v = stage.params.rope_dim = 96;
         stage.k = 96;
         stage.features = kRopeNeox | kGqa;
@@ -657,7 +669,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
         stage.features = kRopeNormal | kGqa;  // normal pairs lie in one lane's quad: any head_dim % 4
         KCAP_EXPECT(rejection_reason(row, stage).empty() == row.dims.head_dims.empty(),
                     "%s at head_dim 96 with a normal rope: %s", kernel, rejection_reason(row, stage).c_str());
-        g_cases += 3;
+        g_cases += 5;
     }
 }
 
@@ -842,10 +854,13 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
         for (int64_t k : k_edges(row, 4096))
             for (int64_t n : {7, 130})
                 for (int m : {1, 3, 17, 67})
-                for (int pre : {0, 1}) {  // the q8_1 matvec's x quantized by its groups or once
+                for (int pre : {0, 1})  // the q8_1 matvec's x quantized by its groups or once
+                for (int team_rows : {1, 2}) {  // rows per team of the matvec (2: a wide matrix's)
                     if (pre && !(q8 && m < cuda_rows::kMmaMinTokens)) continue;
+                    if (team_rows == 2 && !(m == 1 || (q8 && m < cuda_rows::kMmaMinTokens))) continue;
                     TestContext t;
                     t.ctx.q8_prequantize = pre;
+                    t.ctx.matvec_rows = team_rows;
                     auto gate = random_weights(rng, f, k, n);
                     auto up = random_weights(rng, f, k, n);
                     const std::vector<float> x = random_floats(rng, size_t(m * k));
@@ -874,8 +889,8 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
                     const double tolerance = !q8 && m >= cuda_rows::kMmaMinTokens ? kMmaTolerance : kExactTolerance;
                     const double err =
                         gate_up_error(download(out, ref.size()), ref, gate->ref, up->ref, xr.data(), k, n, m, Activation::SiLU);
-                    KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d prequantized=%d: error %.3g > %.1g",
-                                row.kernel.c_str(), (long long)k, (long long)n, m, pre, err, tolerance);
+                    KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d prequantized=%d rows=%d: error %.3g > %.1g",
+                                row.kernel.c_str(), (long long)k, (long long)n, m, pre, team_rows, err, tolerance);
                     ++g_cases;
                 }
     }

@@ -216,6 +216,19 @@ def test_attention_owns_only_a_whole_rotary_rope_it_can_pair(tmp_path):
     assert {r["kernel"] for r in explain_file(even, backend="cuda") if r["op"] == "attention"} == {"cuda.attention_rope"}
     row = next(r for r in _core.capability_rows() if r["kernel"] == "cuda.attention_rope")
     assert "rope_neox" in row["features"] and "partial_rotary" not in row["features"]
+    # The rope-owning rows take only stages that own a rope: with the plain rows excluded, the
+    # partial-rotary model's plain attention is refused, with the reason.
+    with pytest.raises(kcap.RoutingError, match=r"cuda.attention_rope: takes only stages with one of"):
+        explain_file(partial, backend="cuda", excluded_kernels=["cuda.attention", "cuda.attention_mma"])
+    # The fused stage's prefill runs the rope stage's kernel, so that stage must have a row: with
+    # cuda.rope excluded nothing is fused and the rope stage is refused; with cuda.qk_norm_rope
+    # excluded the QK-norms stay apart and the attention owns the plain rope.
+    with pytest.raises(kcap.RoutingError, match=r"stage 'rope'.*no cuda row fits"):
+        explain_file(whole, backend="cuda", excluded_kernels=["cuda.rope"])
+    kept = explain_file(even, backend="cuda", excluded_kernels=["cuda.qk_norm_rope"])
+    assert {r["stage"] for r in kept if r["op"] == "attention"} == {"rope+attention"}
+    assert {r["kernel"] for r in kept if r["op"] == "attention"} == {"cuda.attention_rope"}
+    assert len([r for r in kept if r["stage"] in ("attn_q_norm", "attn_k_norm")]) == 6
 
 
 def test_qkv_fuses_q_k_and_v_of_different_formats(tiny_path, tmp_path):
