@@ -203,7 +203,6 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
         owned.features = (base->features & ~uint32_t(kKvShared)) | rope;  // a shared-KV layer keeps its rope stage
         owned.requires_any = kRopeNormal | kRopeNeox;
         owned.dims.neox_head_dims = {8, 16, 32, 64, 128, 256};
-        owned.priority = base->priority;
         rows.push_back(owned);
     }
 }

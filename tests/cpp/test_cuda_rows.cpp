@@ -474,7 +474,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu, const char* kernel) {
     // raw Q and K with a rope of its own (NeoX or normal, with or without QK-norm and frequency
     // factors, in turn); the reference rotates them on the CPU first. Every other such case
     // runs with the measurement switch off (a rope launch before a plain decode).
-    const bool owns_rope = std::string(kernel).size() > 5 && std::string(kernel).substr(std::string(kernel).size() - 5) == "_rope";
+    const bool owns_rope = row.requires_any != 0;  // the _rope rows take only stages that own a rope
     int case_index = -1;
     for (const AttentionCase& c : cases) {
         ++case_index;
