@@ -147,6 +147,7 @@ public:
         ctx.attn_splits_per_sm = std::max(1, env_int("KCAP_ATTN_SPLITS_PER_SM", cuda_rows::kAttnSplitsPerSm));
         ctx.attn_own_rope = env_int("KCAP_ATTN_OWN_ROPE", 1) != 0;
         ctx.mma_staged = env_int("KCAP_MMA_STAGED", -1);
+        ctx.mma_group = env_int("KCAP_MMA_GROUP", 1) != 0;
         ctx.add_norm_vec = env_int("KCAP_ADD_NORM_VEC", 1) != 0;
         ctx.q8_prequantize = env_int("KCAP_Q8_PREQUANT", cuda_rows::kQ8QuantizeMinK);
         profile_ = env_int("KCAP_CUDA_PROFILE", 0) != 0;

@@ -55,6 +55,7 @@ struct Context {
     int q8_prequantize = cuda_rows::kQ8QuantizeMinK;
     bool add_norm_vec = true;  // KCAP_ADD_NORM_VEC=0 (a measurement switch): add_norm walks the row, not registers
     int mma_staged = -1;  // KCAP_MMA_STAGED: prefill matmul weights staged in shared memory (1), not (0), by K (-1)
+    bool mma_group = true;  // KCAP_MMA_GROUP=0 (a measurement switch): a batch's qkv / gate_up tiles one launch per matrix
     // Decode-step state in device memory, so one captured graph serves every step:
     // step[0] = position of token 0 of the call, step[1] = tokens generated (history index).
     int32_t* step = nullptr;

@@ -13,12 +13,14 @@
 // runs of it into shared memory, or quantize a shorter x themselves. The tile step: as in matmul_mma.cu, each thread decodes one 32-element run of one weight row
 // (codes8: eight words of code bytes, straight into shared memory, no conversion) and stores 16
 // activation codes, a half sum and (half the threads) a run scale, loaded a step ahead. Then per
-// run of the step and per sub-block, T = sum(byte * q) on the tensor cores and
-//   acc += d_x * (scale * (T - bias * sum q) + offset * sum q)
+// run of the step and per sub-block, T = sum((byte - bias) * q) on the tensor cores (the bias
+// taken off the code bytes at decode) and
+//   acc += d_x * (scale * T + offset * sum q)
 // per (token, row) in f32. Bound as the matvec's: the integer sums are exact, the f32 epilogue
 // adds a few roundings per sub-block (test_cuda_rows holds both to the exact rows' 1e-5 against
 // the CPU row on q8_1(x)).
 #include <algorithm>
+#include <climits>
 
 #include "cuda/matmul.h"
 #include "cuda/mma_tiles.h"
@@ -114,9 +116,43 @@ struct alignas(16) SharedQ8 {
     float d[kStepK / 32][kMmaTokens];    // [run of the step][token]: the run's scale
 };
 
+// Up to three matrices of one format on the same x (qkv's, gate_up's) in one launch: the grid's
+// row tiles run through the matrices in turn, so a small matrix (K, V: 8 row tiles of 128 rows
+// against 132 multiprocessors) shares its wave with the others, and a grid's last, partial wave
+// comes once per stage instead of once per matrix.
+struct MmaGroup {
+    KcapMatmulParams p[3];  // the same k and m; n, row_bytes, has_bias their own
+    const kcap_u8* w[3];
+    const float* bias[3];
+    float* y[3];
+    int tiles_end[3];  // grid x: matrix i's row tiles end here (INT_MAX past the last matrix)
+    int count;
+};
+
+MmaGroup mma_group(const KcapMatmulParams& p, const kcap_u8* w, const float* bias, float* y) {
+    MmaGroup g{};
+    g.tiles_end[0] = g.tiles_end[1] = g.tiles_end[2] = INT_MAX;
+    g.p[0] = p, g.w[0] = w, g.bias[0] = bias, g.y[0] = y;
+    g.tiles_end[0] = ceil_div(p.n, kMmaRows);
+    g.count = 1;
+    return g;
+}
+
+void mma_group_add(MmaGroup& g, const KcapMatmulParams& p, const kcap_u8* w, const float* bias, float* y) {
+    const int i = g.count++;
+    if (i >= 3 || p.k != g.p[0].k || p.m != g.p[0].m) throw Error("mma_group_add: at most three matrices of one k and m");
+    g.p[i] = p, g.w[i] = w, g.bias[i] = bias, g.y[i] = y;
+    g.tiles_end[i] = g.tiles_end[i - 1] + ceil_div(p.n, kMmaRows);
+}
+
 template <class F, bool STAGED>
-__global__ void __launch_bounds__(kMmaThreads, 2)
-    mma_q8_kernel(KcapMatmulParams p, const kcap_u8* w, Q8Rows x, const float* bias, float* y) {
+__global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, Q8Rows x) {
+    // This group's matrix (constant indices only: the parameters stay in the constant bank).
+    const int bx = blockIdx.x;
+    const int which = bx >= group.tiles_end[1] ? 2 : bx >= group.tiles_end[0] ? 1 : 0;
+    const KcapMatmulParams p = which == 0 ? group.p[0] : which == 1 ? group.p[1] : group.p[2];
+    const kcap_u8* w = which == 0 ? group.w[0] : which == 1 ? group.w[1] : group.w[2];
+    const int tile = bx - (which == 0 ? 0 : which == 1 ? group.tiles_end[0] : group.tiles_end[1]);
     using C = KcapCodes<F>;
     using R = RawChunk<F>;
     constexpr int kSub = C::sub;  // elements per sub-block: 16 or 32
@@ -126,7 +162,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     extern __shared__ __align__(16) unsigned raw_q8[];  // RawChunk<F>: two buffers of buffer_words
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tg = lane & 3;
-    const int row_base = blockIdx.x * kMmaRows, token_base = blockIdx.y * kMmaTokens;
+    const int row_base = tile * kMmaRows, token_base = blockIdx.y * kMmaTokens;
     const int warp_tokens = kWarpTokens * (warp / kWarpsRows), warp_rows = kWarpRows * (warp % kWarpsRows);
     // Decoding role: weight row dr, run dhalf of each step. Activation role: 16 codes (piece xp
     // of the step's 64) and half sum xp of token xt; for the first 128 threads also the scale of
@@ -178,6 +214,12 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             float sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
             if (row_valid && run < runs) {
                 C::codes8(run_block<F, STAGED>(raw_q8, wrow, dr, run, chunk), run % kRunsPerBlock, u, sc, off);
+                // Signed codes for the s8 products: byte - bias in two's complement, so the
+                // epilogue needs no "- bias * sum q" per output and sub-block. Bytes are 0..127,
+                // so byte + 128 - bias stays below 256 (no carry into the next byte), and the
+                // xor takes the 128 back off modulo 256.
+                if (C::bias != 0)
+                    KCAP_UNROLL for (int i = 0; i < 8; ++i) u[i] = (u[i] + kcap_u32(128 - C::bias) * 0x01010101u) ^ 0x80808080u;
             }
             uint4* dst = reinterpret_cast<uint4*>(sh.w + dr * kStrideQ8 + 8 * dhalf);
             dst[0] = make_uint4(u[0], u[1], u[2], u[3]);
@@ -233,8 +275,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                         const int row = warp_rows + 8 * nt + 2 * tg;
                         const float s0 = sh.scale[s][row], s1 = sh.scale[s][row + 1];
                         const int* tt = t[h][mt][nt];
-                        float v0 = s0 * float(tt[0] - C::bias * qa), v1 = s1 * float(tt[1] - C::bias * qa);
-                        float v2 = s0 * float(tt[2] - C::bias * qb), v3 = s1 * float(tt[3] - C::bias * qb);
+                        float v0 = s0 * float(tt[0]), v1 = s1 * float(tt[1]);  // codes debiased at decode
+                        float v2 = s0 * float(tt[2]), v3 = s1 * float(tt[3]);
                         if (C::has_offset) {
                             const float o0 = sh.offset[s][row], o1 = sh.offset[s][row + 1];
                             v0 = fmaf(o0, float(qa), v0), v1 = fmaf(o1, float(qa), v1);
@@ -250,26 +292,32 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             }
         }
     }
+    // Picked here, not at the start: no registers held through the loop.
+    const float* bias = which == 0 ? group.bias[0] : which == 1 ? group.bias[1] : group.bias[2];
+    float* y = which == 0 ? group.y[0] : which == 1 ? group.y[1] : group.y[2];
     store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, bias, y);
 }
 
 template <class F, bool STAGED>
-void launch_mma_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, const Q8Rows& x, const float* bias,
-                   float* y) {
+void launch_mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
     constexpr size_t raw_bytes = STAGED ? RawChunk<F>::bytes : 0;
     if (STAGED) allow_dynamic_shared<mma_q8_kernel<F, STAGED>>(ctx, raw_bytes);
-    launch(ctx, mma_q8_kernel<F, STAGED>, dim3(ceil_div(p.n, kMmaRows), ceil_div(p.m, kMmaTokens)), dim3(kMmaThreads),
-           raw_bytes, p, w, x, bias, y);
+    launch(ctx, mma_q8_kernel<F, STAGED>, dim3(g.tiles_end[g.count - 1], ceil_div(g.p[0].m, kMmaTokens)),
+           dim3(kMmaThreads), raw_bytes, g, x);
 }
 
-// The int8 tiles on activations quantized by quantize_rows (p.m >= kMmaMinTokens).
+// The int8 tiles on activations quantized by quantize_rows (p.m >= kMmaMinTokens), for the
+// matrices of `g` in one launch (KCAP_MMA_GROUP=0, a measurement switch: one launch each).
 template <class F>
-void mma_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, const Q8Rows& x, const float* bias,
-            float* y) {
-    if (use_staged(ctx, p, sizeof(SharedQ8) + RawChunk<F>::bytes))
-        launch_mma_q8<F, true>(ctx, p, w, x, bias, y);
+void mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
+    if (!ctx.mma_group && g.count > 1) {
+        for (int i = 0; i < g.count; ++i) mma_q8<F>(ctx, mma_group(g.p[i], g.w[i], g.bias[i], g.y[i]), x);
+        return;
+    }
+    if (use_staged(ctx, g.p[0], sizeof(SharedQ8) + RawChunk<F>::bytes))
+        launch_mma_q8<F, true>(ctx, g, x);
     else
-        launch_mma_q8<F, false>(ctx, p, w, x, bias, y);
+        launch_mma_q8<F, false>(ctx, g, x);
 }
 
 // y = W . q8_1(x) for p.m tokens (rows: x as q8_input gives it): the matvec below kMmaMinTokens,
@@ -278,7 +326,7 @@ template <class F>
 void matmul_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, const float* x, const Q8Rows& rows,
                const float* bias, float* y) {
     if (p.m < kMmaMinTokens) return launch_matvec_q8<F, false>(ctx, p, w, w, x, rows, bias, 0, y);
-    mma_q8<F>(ctx, p, w, rows, bias, y);
+    mma_q8<F>(ctx, mma_group(p, w, bias, y), rows);
 }
 
 
@@ -305,8 +353,9 @@ void run_gate_up_q8(const Stage& stage, const KernelCall& call) {
     const Q8Rows x = q8_input(ctx, p.m, p.k, call.in);
     if (p.m < kMmaMinTokens)
         return launch_matvec_q8<F, true>(ctx, p, gate, up, call.in, x, nullptr, int(stage.params.activation), call.out);
-    mma_q8<F>(ctx, p, gate, x, nullptr, call.inout2);
-    mma_q8<F>(ctx, p, up, x, nullptr, call.inout3);
+    MmaGroup g = mma_group(p, gate, nullptr, call.inout2);
+    mma_group_add(g, p, up, nullptr, call.inout3);
+    mma_q8<F>(ctx, g, x);
     Stage act = stage;
     act.op = Op::FfnActivation;
     KernelCall act_call = call;
@@ -336,8 +385,8 @@ __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_q8_kernel(QkvParams q, 
     }
 }
 
-// The q8_1 matmul of one matrix of any q8_1 format (qkv's batches) on `x` (quantized once for
-// the three matrices).
+// The q8_1 matmul of one matrix of any q8_1 format (qkv's batches below kMmaMinTokens) on `x`
+// (quantized once for the three matrices).
 void matmul_q8_any(const Context& ctx, Format format, const KcapMatmulParams& p, const kcap_u8* w, const float* x,
                    const Q8Rows& rows, float* y) {
     switch (format) {
@@ -346,6 +395,18 @@ void matmul_q8_any(const Context& ctx, Format format, const KcapMatmulParams& p,
         return matmul_q8<DECODER>(ctx, p, w, x, rows, nullptr, y);
         KCAP_Q8_WEIGHT_FORMATS(KCAP_MATMUL_Q8_CASE)
 #undef KCAP_MATMUL_Q8_CASE
+        default: throw Error(std::string("cuda.qkv_q8: no q8_1 body for ") + format_name(format));
+    }
+}
+
+// The int8 tiles of a group of matrices of one format (qkv's batches).
+void mma_q8_any(const Context& ctx, Format format, const MmaGroup& g, const Q8Rows& rows) {
+    switch (format) {
+#define KCAP_MMA_Q8_CASE(NAME, DECODER) \
+    case Format::NAME:                  \
+        return mma_q8<DECODER>(ctx, g, rows);
+        KCAP_Q8_WEIGHT_FORMATS(KCAP_MMA_Q8_CASE)
+#undef KCAP_MMA_Q8_CASE
         default: throw Error(std::string("cuda.qkv_q8: no q8_1 body for ") + format_name(format));
     }
 }
@@ -366,7 +427,23 @@ void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call) {
         cuda::launch(ctx, cuda::qkv_q8_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q, call.in, rows);
         return;
     }
-    for (const cuda::QkvSegment& s : q.segment) cuda::matmul_q8_any(ctx, Format(s.format), s.p, s.w, call.in, rows, s.y);
+    if (call.n_tokens < kMmaMinTokens) {
+        for (const cuda::QkvSegment& s : q.segment) cuda::matmul_q8_any(ctx, Format(s.format), s.p, s.w, call.in, rows, s.y);
+        return;
+    }
+    // A batch: the int8 tiles, one launch per format (all three where Q, K and V share one).
+    bool done[3] = {false, false, false};
+    for (int i = 0; i < 3; ++i) {
+        if (done[i]) continue;
+        const cuda::QkvSegment& first = q.segment[i];
+        cuda::MmaGroup g = cuda::mma_group(first.p, first.w, nullptr, first.y);
+        for (int j = i + 1; j < 3; ++j)
+            if (!done[j] && q.segment[j].format == first.format) {
+                cuda::mma_group_add(g, q.segment[j].p, q.segment[j].w, nullptr, q.segment[j].y);
+                done[j] = true;
+            }
+        cuda::mma_q8_any(ctx, Format(first.format), g, rows);
+    }
 }
 
 #define KCAP_DEFINE_MATMUL_Q8(NAME, DECODER)                                                                              \
