@@ -4,6 +4,7 @@
 // which prefetches its weight rows into L2 before waiting on the previous kernel; more tokens: the
 // few-token walk (each decoded run of weights reused for kTokensPerPass tokens).
 #include "cuda/matmul.h"
+#include "cuda/mma_tiles.h"
 #include <algorithm>
 
 #include "kernels/matmul.h"
@@ -115,21 +116,10 @@ void run_matmul_exact(const Stage& stage, const KernelCall& call) {
            dim3(kTokensSimds * 32), 0, p, w, call.in, bias, call.out);
 }
 
-// gate_up (cuda.gate_up.<format>): one token runs the fused matvec (both matrices' rows
-// against one staged x, the activation applied to the sums); a batch runs the format's
-// tensor-core matmul row for each matrix into the plan's gate/up scratch, then the activation.
-template <class F>
-void run_gate_up(const Stage& stage, const KernelCall& call, KernelFn batched_matmul) {
-    const Context& ctx = context(call);
+// The gate and up matmuls of a batch one at a time, on the given row (the exact rows, or tiles
+// where KCAP_MMA_GROUP does not apply), into the plan's gate / up scratch.
+void run_gate_up_matmuls(const Stage& stage, const KernelCall& call, KernelFn batched_matmul) {
     const StageData& data = stage_data(call);
-    const KcapMatmulParams p = matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
-    const auto* gate = static_cast<const kcap_u8*>(data.operands[0]);
-    const auto* up = static_cast<const kcap_u8*>(data.operands[1]);
-    const int activation = int(stage.params.activation);
-    if (p.m == 1) {
-        launch_matvec_rows<F, true>(ctx, p, gate, up, call.in, activation, call.out);
-        return;
-    }
     Stage matmul = stage;
     matmul.op = Op::MatMul;
     matmul.operands = {stage.operands[0], nullptr};
@@ -142,6 +132,31 @@ void run_gate_up(const Stage& stage, const KernelCall& call, KernelFn batched_ma
         matmul_data.operands[0] = data.operands[which];
         matmul_call.out = which == 0 ? call.inout2 : call.inout3;
         batched_matmul(matmul, matmul_call);
+    }
+}
+
+// gate_up (cuda.gate_up.<format>): one token runs the fused matvec (both matrices' rows
+// against one staged x, the activation applied to the sums); a batch runs the format's
+// tensor-core tiles for both matrices in one launch (`tiles`: the format has them and they take
+// K), else its exact row for each matrix, into the plan's gate/up scratch, then the activation.
+template <class F>
+void run_gate_up(const Stage& stage, const KernelCall& call, Format format, bool tiles, KernelFn batched_matmul) {
+    const Context& ctx = context(call);
+    const StageData& data = stage_data(call);
+    const KcapMatmulParams p = matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
+    const auto* gate = static_cast<const kcap_u8*>(data.operands[0]);
+    const auto* up = static_cast<const kcap_u8*>(data.operands[1]);
+    const int activation = int(stage.params.activation);
+    if (p.m == 1) {
+        launch_matvec_rows<F, true>(ctx, p, gate, up, call.in, activation, call.out);
+        return;
+    }
+    if (tiles && p.m >= kMmaMinTokens) {  // both matrices' tiles in one launch
+        mma_tiles::MmaGroup g = mma_tiles::mma_group(p, gate, nullptr, call.inout2);
+        mma_tiles::mma_group_add(g, p, up, nullptr, call.inout3);
+        mma_tiles::mma_group_bf16(ctx, format, g, call.in);
+    } else {
+        run_gate_up_matmuls(stage, call, batched_matmul);
     }
     Stage act = stage;
     act.op = Op::FfnActivation;
@@ -185,7 +200,8 @@ QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_run
     void kcap_cuda_matmul_##NAME(const Stage& stage, const KernelCall& call) { cuda::run_matmul_exact<DECODER>(stage, call); } \
     void kcap_cuda_gate_up_##NAME(const Stage& stage, const KernelCall& call) {                                      \
         const bool tiles = cuda_rows::mma_format(Format::NAME) && stage.k % 32 == 0;                                 \
-        cuda::run_gate_up<DECODER>(stage, call, tiles ? &kcap_cuda_matmul_mma_##NAME : &kcap_cuda_matmul_##NAME);    \
+        cuda::run_gate_up<DECODER>(stage, call, Format::NAME, tiles,                                                   \
+                                   tiles ? &kcap_cuda_matmul_mma_##NAME : &kcap_cuda_matmul_##NAME);                 \
     }
 KCAP_WEIGHT_FORMATS(KCAP_DEFINE_MATMUL)
 #undef KCAP_DEFINE_MATMUL
@@ -225,8 +241,32 @@ void kcap_cuda_qkv(const Stage& stage, const KernelCall& call) {
     cuda::StageData matmul_data;
     KernelCall matmul_call = call;
     matmul_call.stage_state = &matmul_data;
+    // A batch: the matrices whose format has tiles that take K run them, one launch per format
+    // (all three where Q, K and V share one); the others their exact rows.
+    const auto tiled = [&](int which) {
+        return call.n_tokens >= kMmaMinTokens && mma_format(stage.operands[size_t(which)]->format) && stage.k % 32 == 0;
+    };
+    const auto params = [&](int which) {
+        matmul.operands = {stage.operands[size_t(which)], nullptr};
+        matmul.n = stage.operands[size_t(which)]->n_rows();
+        return cuda::matmul_params(matmul, call);
+    };
+    bool done[3] = {false, false, false};
     for (int which = 0; which < 3; ++which) {
+        if (done[which]) continue;
         const TensorRef* w = stage.operands[size_t(which)];
+        if (tiled(which)) {
+            auto g = cuda::mma_tiles::mma_group(params(which), static_cast<const kcap_u8*>(data.operands[which]), nullptr,
+                                                outputs[which]);
+            for (int other = which + 1; other < 3; ++other)
+                if (!done[other] && stage.operands[size_t(other)]->format == w->format) {
+                    cuda::mma_tiles::mma_group_add(g, params(other), static_cast<const kcap_u8*>(data.operands[other]),
+                                                   nullptr, outputs[other]);
+                    done[other] = true;
+                }
+            cuda::mma_tiles::mma_group_bf16(ctx, w->format, g, call.in);
+            continue;
+        }
         matmul.operands = {w, nullptr};
         matmul.n = w->n_rows();
         matmul_data.operands[0] = data.operands[which];

@@ -79,7 +79,10 @@ __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(_
 // decodes its run straight from global memory (faster at short K: kStagedMinK).
 template <class F, bool STAGED>
 __global__ void __launch_bounds__(kMmaThreads, 2)
-    mma_kernel(KcapMatmulParams p, const kcap_u8* w, const float* x, const float* bias, float* y) {
+    mma_kernel(MmaGroup group, const float* x) {
+    const int which = mma_group_member(group), tile = mma_group_tile(group, which);
+    const KcapMatmulParams p = mma_group_pick(group.p, which);
+    const kcap_u8* w = mma_group_pick(group.w, which);
     using C = KcapCodes<F>;
     using R = RawChunk<F>;
     constexpr int kSub = C::sub;                 // elements per sub-block: 16 or 32
@@ -90,7 +93,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     extern __shared__ __align__(16) unsigned raw[];  // RawChunk<F>: two buffers of buffer_words
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tg = lane & 3;
-    const int row_base = blockIdx.x * kMmaRows, token_base = blockIdx.y * kMmaTokens;
+    const int row_base = tile * kMmaRows, token_base = blockIdx.y * kMmaTokens;
     const int warp_tokens = kWarpTokens * (warp / kWarpsRows), warp_rows = kWarpRows * (warp % kWarpsRows);
     // Decoding role: weight row dr, run dhalf of each step. Activation role: float4 column xc
     // (values 4 xc .. 4 xc + 3 of the step) of tokens xt + 16 i, i < 4.
@@ -219,18 +222,46 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             }
         }
     }
-    store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, bias, y);
+    store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, mma_group_pick(group.bias, which),
+               mma_group_pick(group.y, which));
 }
 
 }  // namespace
 
 template <class F, bool STAGED>
-void launch_mma(const Context& ctx, const KcapMatmulParams& p, const StageData& data, const KernelCall& call) {
+void launch_mma(const Context& ctx, const MmaGroup& g, const float* x) {
     constexpr size_t raw_bytes = STAGED ? RawChunk<F>::bytes : 0;
     if (STAGED) allow_dynamic_shared<mma_kernel<F, STAGED>>(ctx, raw_bytes);
-    launch(ctx, mma_kernel<F, STAGED>, dim3(ceil_div(p.n, kMmaRows), ceil_div(p.m, kMmaTokens)), dim3(kMmaThreads),
-           raw_bytes, p, static_cast<const kcap_u8*>(data.operands[0]), call.in,
-           static_cast<const float*>(data.operands[1]), call.out);
+    launch(ctx, mma_kernel<F, STAGED>, mma_group_grid(g), dim3(kMmaThreads), raw_bytes, g, x);
+}
+
+// The tiles of the matrices of `g` in one launch (mma_tiles.h), or one launch each where
+// KCAP_MMA_GROUP=0.
+template <class F>
+void mma_group_tiles(const Context& ctx, const MmaGroup& g, const float* x) {
+    if (!ctx.mma_group && g.count > 1) {
+        for (int i = 0; i < g.count; ++i) mma_group_tiles<F>(ctx, mma_group(g.p[i], g.w[i], g.bias[i], g.y[i]), x);
+        return;
+    }
+    if (use_staged(ctx, g.p[0], sizeof(Shared) + RawChunk<F>::bytes))
+        launch_mma<F, true>(ctx, g, x);
+    else
+        launch_mma<F, false>(ctx, g, x);
+}
+
+void mma_tiles::mma_group_bf16(const Context& ctx, Format format, const MmaGroup& g, const float* x) {
+    if (!cuda_rows::mma_format(format) || g.p[0].k % 32 != 0 || g.p[0].m < kMmaMinTokens)
+        throw Error(std::string("mma_group_bf16: no tiles for ") + format_name(format) + " at this k and m");
+    switch (format) {
+#define KCAP_MMA_GROUP_CASE(NAME, DECODER)                                         \
+    case Format::NAME:                                                             \
+        if constexpr (KcapCodes<DECODER>::factorable) return mma_group_tiles<DECODER>(ctx, g, x); \
+        break;
+        KCAP_WEIGHT_FORMATS(KCAP_MMA_GROUP_CASE)
+#undef KCAP_MMA_GROUP_CASE
+        default: break;
+    }
+    throw Error(std::string("mma_group_bf16: no tiles for ") + format_name(format));
 }
 
 template <class F>
@@ -241,13 +272,11 @@ void run_matmul_mma(const Stage& stage, const KernelCall& call, void (*exact)(co
         return exact(stage, call);
     } else {
         if (call.n_tokens < kMmaMinTokens) return exact(stage, call);
-        const Context& ctx = context(call);
         const StageData& data = stage_data(call);
-        const KcapMatmulParams p = matmul_params(stage, call);
-        if (use_staged(ctx, p, sizeof(Shared) + RawChunk<F>::bytes))
-            launch_mma<F, true>(ctx, p, data, call);
-        else
-            launch_mma<F, false>(ctx, p, data, call);
+        mma_group_tiles<F>(context(call),
+                           mma_group(matmul_params(stage, call), static_cast<const kcap_u8*>(data.operands[0]),
+                                     static_cast<const float*>(data.operands[1]), call.out),
+                           call.in);
     }
 }
 

@@ -20,7 +20,6 @@
 // adds a few roundings per sub-block (test_cuda_rows holds both to the exact rows' 1e-5 against
 // the CPU row on q8_1(x)).
 #include <algorithm>
-#include <climits>
 
 #include "cuda/matmul.h"
 #include "cuda/mma_tiles.h"
@@ -116,43 +115,11 @@ struct alignas(16) SharedQ8 {
     float d[kStepK / 32][kMmaTokens];    // [run of the step][token]: the run's scale
 };
 
-// Up to three matrices of one format on the same x (qkv's, gate_up's) in one launch: the grid's
-// row tiles run through the matrices in turn, so a small matrix (K, V: 8 row tiles of 128 rows
-// against 132 multiprocessors) shares its wave with the others, and a grid's last, partial wave
-// comes once per stage instead of once per matrix.
-struct MmaGroup {
-    KcapMatmulParams p[3];  // the same k and m; n, row_bytes, has_bias their own
-    const kcap_u8* w[3];
-    const float* bias[3];
-    float* y[3];
-    int tiles_end[3];  // grid x: matrix i's row tiles end here (INT_MAX past the last matrix)
-    int count;
-};
-
-MmaGroup mma_group(const KcapMatmulParams& p, const kcap_u8* w, const float* bias, float* y) {
-    MmaGroup g{};
-    g.tiles_end[0] = g.tiles_end[1] = g.tiles_end[2] = INT_MAX;
-    g.p[0] = p, g.w[0] = w, g.bias[0] = bias, g.y[0] = y;
-    g.tiles_end[0] = ceil_div(p.n, kMmaRows);
-    g.count = 1;
-    return g;
-}
-
-void mma_group_add(MmaGroup& g, const KcapMatmulParams& p, const kcap_u8* w, const float* bias, float* y) {
-    const int i = g.count++;
-    if (i >= 3 || p.k != g.p[0].k || p.m != g.p[0].m) throw Error("mma_group_add: at most three matrices of one k and m");
-    g.p[i] = p, g.w[i] = w, g.bias[i] = bias, g.y[i] = y;
-    g.tiles_end[i] = g.tiles_end[i - 1] + ceil_div(p.n, kMmaRows);
-}
-
 template <class F, bool STAGED>
 __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, Q8Rows x) {
-    // This group's matrix (constant indices only: the parameters stay in the constant bank).
-    const int bx = blockIdx.x;
-    const int which = bx >= group.tiles_end[1] ? 2 : bx >= group.tiles_end[0] ? 1 : 0;
-    const KcapMatmulParams p = which == 0 ? group.p[0] : which == 1 ? group.p[1] : group.p[2];
-    const kcap_u8* w = which == 0 ? group.w[0] : which == 1 ? group.w[1] : group.w[2];
-    const int tile = bx - (which == 0 ? 0 : which == 1 ? group.tiles_end[0] : group.tiles_end[1]);
+    const int which = mma_group_member(group), tile = mma_group_tile(group, which);
+    const KcapMatmulParams p = mma_group_pick(group.p, which);
+    const kcap_u8* w = mma_group_pick(group.w, which);
     using C = KcapCodes<F>;
     using R = RawChunk<F>;
     constexpr int kSub = C::sub;  // elements per sub-block: 16 or 32
@@ -293,21 +260,19 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, 
         }
     }
     // Picked here, not at the start: no registers held through the loop.
-    const float* bias = which == 0 ? group.bias[0] : which == 1 ? group.bias[1] : group.bias[2];
-    float* y = which == 0 ? group.y[0] : which == 1 ? group.y[1] : group.y[2];
-    store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, bias, y);
+    store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, mma_group_pick(group.bias, which),
+               mma_group_pick(group.y, which));
 }
 
 template <class F, bool STAGED>
 void launch_mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
     constexpr size_t raw_bytes = STAGED ? RawChunk<F>::bytes : 0;
     if (STAGED) allow_dynamic_shared<mma_q8_kernel<F, STAGED>>(ctx, raw_bytes);
-    launch(ctx, mma_q8_kernel<F, STAGED>, dim3(g.tiles_end[g.count - 1], ceil_div(g.p[0].m, kMmaTokens)),
-           dim3(kMmaThreads), raw_bytes, g, x);
+    launch(ctx, mma_q8_kernel<F, STAGED>, mma_group_grid(g), dim3(kMmaThreads), raw_bytes, g, x);
 }
 
 // The int8 tiles on activations quantized by quantize_rows (p.m >= kMmaMinTokens), for the
-// matrices of `g` in one launch (KCAP_MMA_GROUP=0, a measurement switch: one launch each).
+// matrices of `g` in one launch (mma_tiles.h).
 template <class F>
 void mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
     if (!ctx.mma_group && g.count > 1) {

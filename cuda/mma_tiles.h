@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <climits>
 
 #include "cuda/cuda_context.h"
 #include "cuda/mma_ptx.h"
@@ -187,6 +188,59 @@ __device__ __forceinline__ void store_tile(const float (&acc)[kMt][kNt][4], cons
                     y[kcap_u64(token) * p.n + row] = p.has_bias ? acc[mt][nt][e] + bias[row] : acc[mt][nt][e];
             }
 }
+
+// Up to three matrices of one format on the same x (qkv's, gate_up's) in one launch: the grid's
+// row tiles run through the matrices in turn, so a small matrix (K, V: 8 row tiles of 128 rows
+// against 132 multiprocessors) shares its wave with the others, and a grid's last, partial wave
+// comes once per stage instead of once per matrix. KCAP_MMA_GROUP=0 (Context::mma_group, a
+// measurement switch): one launch per matrix.
+struct MmaGroup {
+    KcapMatmulParams p[3];  // the same k and m; n, row_bytes, has_bias their own
+    const kcap_u8* w[3];
+    const float* bias[3];
+    float* y[3];
+    int tiles_end[3];  // grid x: matrix i's row tiles end here (INT_MAX past the last matrix)
+    int count;
+};
+
+inline MmaGroup mma_group(const KcapMatmulParams& p, const kcap_u8* w, const float* bias, float* y) {
+    MmaGroup g{};
+    g.tiles_end[0] = g.tiles_end[1] = g.tiles_end[2] = INT_MAX;
+    g.p[0] = p, g.w[0] = w, g.bias[0] = bias, g.y[0] = y;
+    g.tiles_end[0] = int(ceil_div(p.n, kMmaRows));
+    g.count = 1;
+    return g;
+}
+
+inline void mma_group_add(MmaGroup& g, const KcapMatmulParams& p, const kcap_u8* w, const float* bias, float* y) {
+    const int i = g.count++;
+    if (i >= 3 || p.k != g.p[0].k || p.m != g.p[0].m) throw Error("mma_group_add: at most three matrices of one k and m");
+    g.p[i] = p, g.w[i] = w, g.bias[i] = bias, g.y[i] = y;
+    g.tiles_end[i] = g.tiles_end[i - 1] + int(ceil_div(p.n, kMmaRows));
+}
+
+// The grid: every matrix's row tiles along x, token tiles along y.
+inline dim3 mma_group_grid(const MmaGroup& g) {
+    return dim3(unsigned(g.tiles_end[g.count - 1]), unsigned(ceil_div(g.p[0].m, kMmaTokens)));
+}
+
+// In the kernel: which matrix this group's row tile belongs to, and the tile's index in it. The
+// members are read with constant indices only, so the parameters stay in the constant bank.
+__device__ __forceinline__ int mma_group_member(const MmaGroup& g) {
+    const int bx = int(blockIdx.x);
+    return bx >= g.tiles_end[1] ? 2 : bx >= g.tiles_end[0] ? 1 : 0;
+}
+__device__ __forceinline__ int mma_group_tile(const MmaGroup& g, int which) {
+    return int(blockIdx.x) - (which == 0 ? 0 : which == 1 ? g.tiles_end[0] : g.tiles_end[1]);
+}
+template <class T>
+__device__ __forceinline__ T mma_group_pick(const T (&v)[3], int which) {
+    return which == 0 ? v[0] : which == 1 ? v[1] : v[2];
+}
+
+// The bf16 tiles (matmul_mma.cu) of a group of matrices of one tile format (mma_format, K a
+// multiple of 32) on f32 activations x, p.m >= kMmaMinTokens.
+void mma_group_bf16(const Context& ctx, Format format, const MmaGroup& g, const float* x);
 
 // Staged weights for long rows only: on the H200 (bench/cuda_sweep.py --pp, pp512, KCAP_MMA_STAGED
 // forcing one kernel for every matmul) staging all matmuls took the 8B Q4_K_M file (K 4096 and
