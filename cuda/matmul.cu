@@ -116,9 +116,9 @@ void run_matmul_exact(const Stage& stage, const KernelCall& call) {
            dim3(kTokensSimds * 32), 0, p, w, call.in, bias, call.out);
 }
 
-// The gate and up matmuls of a batch one at a time, on the given row (the exact rows, or tiles
-// where KCAP_MMA_GROUP does not apply), into the plan's gate / up scratch.
-void run_gate_up_matmuls(const Stage& stage, const KernelCall& call, KernelFn batched_matmul) {
+// The gate and up matmuls of a batch one at a time on the format's exact row (fewer than
+// kMmaMinTokens tokens, or a format or K without tiles), into the plan's gate / up scratch.
+void run_gate_up_matmuls(const Stage& stage, const KernelCall& call, KernelFn exact_matmul) {
     const StageData& data = stage_data(call);
     Stage matmul = stage;
     matmul.op = Op::MatMul;
@@ -131,7 +131,7 @@ void run_gate_up_matmuls(const Stage& stage, const KernelCall& call, KernelFn ba
         matmul.operands[0] = stage.operands[size_t(which)];
         matmul_data.operands[0] = data.operands[which];
         matmul_call.out = which == 0 ? call.inout2 : call.inout3;
-        batched_matmul(matmul, matmul_call);
+        exact_matmul(matmul, matmul_call);
     }
 }
 
@@ -140,7 +140,7 @@ void run_gate_up_matmuls(const Stage& stage, const KernelCall& call, KernelFn ba
 // tensor-core tiles for both matrices in one launch (`tiles`: the format has them and they take
 // K), else its exact row for each matrix, into the plan's gate/up scratch, then the activation.
 template <class F>
-void run_gate_up(const Stage& stage, const KernelCall& call, Format format, bool tiles, KernelFn batched_matmul) {
+void run_gate_up(const Stage& stage, const KernelCall& call, Format format, bool tiles, KernelFn exact_matmul) {
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
     const KcapMatmulParams p = matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
@@ -156,7 +156,7 @@ void run_gate_up(const Stage& stage, const KernelCall& call, Format format, bool
         mma_tiles::mma_group_add(g, p, up, nullptr, call.inout3);
         mma_tiles::mma_group_bf16(ctx, format, g, call.in);
     } else {
-        run_gate_up_matmuls(stage, call, batched_matmul);
+        run_gate_up_matmuls(stage, call, exact_matmul);
     }
     Stage act = stage;
     act.op = Op::FfnActivation;
@@ -200,8 +200,7 @@ QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_run
     void kcap_cuda_matmul_##NAME(const Stage& stage, const KernelCall& call) { cuda::run_matmul_exact<DECODER>(stage, call); } \
     void kcap_cuda_gate_up_##NAME(const Stage& stage, const KernelCall& call) {                                      \
         const bool tiles = cuda_rows::mma_format(Format::NAME) && stage.k % 32 == 0;                                 \
-        cuda::run_gate_up<DECODER>(stage, call, Format::NAME, tiles,                                                   \
-                                   tiles ? &kcap_cuda_matmul_mma_##NAME : &kcap_cuda_matmul_##NAME);                 \
+        cuda::run_gate_up<DECODER>(stage, call, Format::NAME, tiles, &kcap_cuda_matmul_##NAME);                      \
     }
 KCAP_WEIGHT_FORMATS(KCAP_DEFINE_MATMUL)
 #undef KCAP_DEFINE_MATMUL
@@ -222,7 +221,8 @@ KernelFn batched_matmul(Format format, int64_t k) {
 
 }  // namespace
 
-// qkv: one token runs the three-segment matvec; a batch runs each matrix's batched row.
+// qkv: one token runs the three-segment matvec; a batch, each format's tiles in one launch (or
+// its exact row: batched_matmul).
 void kcap_cuda_qkv(const Stage& stage, const KernelCall& call) {
     using namespace cuda_rows;
     const cuda::Context& ctx = cuda::context(call);

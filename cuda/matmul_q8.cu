@@ -110,7 +110,8 @@ static_assert(kStrideQ8 % 8 == 4, "the 8 rows of an ldmatrix phase (16 bytes eac
 // The products T start at kProductBiasBits (the mma's c operand), so their int32 bits read as
 // the float kProductBias + T, exactly while |T| < 2^22 (at most 32 * 128 * 128 = 2^19 here):
 // scale * T is then fma(scale, float_bits(T), -kProductBias * scale), one rounding like the
-// product of scale and float(T) it replaces (the same bits), without the int-to-float
+// product of scale and float(T) it replaces (the same bits for finite scales; an infinite f16
+// scale gives NaN instead of an infinity), without the int-to-float
 // conversion per output: 5-10% fewer instructions per K step (Q4_K 666 -> 630, Q8_0 353 ->
 // 316 in the sm_90 SASS). -kProductBias * scale is exact: the sub-block scales of the formats
 // that take it are an f16 times an integer of at most 8 bits (at most 19 significant bits), and
@@ -238,16 +239,16 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, 
 #pragma unroll
                 for (int nt = 0; nt < kNt; ++nt) {
                     const unsigned b0 = b[nt >> 1][2 * (nt & 1)], b1 = b[nt >> 1][2 * (nt & 1) + 1];
-                    if (kBiasedProducts) {
+                    if constexpr (kBiasedProducts) {
                         mma_s8_k32_from(t[0][mt][nt], a[mt], b0, b1, bias_quad);
-                    } else if (kSub == 32) {
-                        t[0][mt][nt][0] = t[0][mt][nt][1] = t[0][mt][nt][2] = t[0][mt][nt][3] = 0;
-                        mma_s8_k32(t[0][mt][nt], a[mt], b0, b1);
                     } else {
-                        t[0][mt][nt][0] = t[0][mt][nt][1] = t[0][mt][nt][2] = t[0][mt][nt][3] = 0;
-                        t[1][mt][nt][0] = t[1][mt][nt][1] = t[1][mt][nt][2] = t[1][mt][nt][3] = 0;
-                        mma_s8_k16(t[0][mt][nt], a[mt][0], a[mt][1], b0);
-                        mma_s8_k16(t[kHalves - 1][mt][nt], a[mt][2], a[mt][3], b1);
+                        for (int h = 0; h < kHalves; ++h) t[h][mt][nt][0] = t[h][mt][nt][1] = t[h][mt][nt][2] = t[h][mt][nt][3] = 0;
+                        if constexpr (kSub == 32) {
+                            mma_s8_k32(t[0][mt][nt], a[mt], b0, b1);
+                        } else {
+                            mma_s8_k16(t[0][mt][nt], a[mt][0], a[mt][1], b0);
+                            mma_s8_k16(t[kHalves - 1][mt][nt], a[mt][2], a[mt][3], b1);
+                        }
                     }
                 }
             // C fragment: [0], [1] at (token g, rows 2tg, 2tg + 1); [2], [3] at token g + 8.
@@ -266,7 +267,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, 
                         const float s0 = sh.scale[s][row], s1 = sh.scale[s][row + 1];
                         const int* tt = t[h][mt][nt];
                         float v0, v1, v2, v3;  // scale * T
-                        if (kBiasedProducts) {
+                        if constexpr (kBiasedProducts) {
                             const float c0 = -kProductBias * s0, c1 = -kProductBias * s1;  // exact
                             v0 = fmaf(s0, __int_as_float(tt[0]), c0), v1 = fmaf(s1, __int_as_float(tt[1]), c1);
                             v2 = fmaf(s0, __int_as_float(tt[2]), c0), v3 = fmaf(s1, __int_as_float(tt[3]), c1);
@@ -337,7 +338,7 @@ void run_matmul_q8(const Stage& stage, const KernelCall& call) {
 
 // gate_up (x quantized once for both matrices): below kMmaMinTokens the fused matvec (both
 // matrices against one staged x, the activation applied to the sums); a batch, the int8 tiles
-// for each matrix into the plan's gate / up scratch, then the activation.
+// of both matrices in one launch into the plan's gate / up scratch, then the activation.
 template <class F>
 void run_gate_up_q8(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
@@ -409,7 +410,8 @@ void mma_q8_any(const Context& ctx, Format format, const MmaGroup& g, const Q8Ro
 }  // namespace
 }  // namespace cuda
 
-// qkv_q8: one token runs the three-segment q8_1 matvec; more, each matrix's q8_1 matmul.
+// qkv_q8: one token runs the three-segment q8_1 matvec; up to kMmaMinTokens, each matrix's q8_1
+// matvec; a batch, the int8 tiles, one launch per format.
 void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call) {
     using namespace cuda_rows;
     const cuda::Context& ctx = cuda::context(call);

@@ -34,18 +34,13 @@ __device__ __forceinline__ void mma_s8_k16(int (&c)[4], unsigned a0, unsigned a1
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a0), "r"(a1), "r"(b0));
 }
-// d = a b + c (c apart from d, read only): the int8 tiles start every product at the same
-// float-conversion bias (matmul_q8.cu), one register quad for all of them.
+// d = a b + c (c apart from d, read only): the int8 tiles start every product of a 32-element
+// sub-block at the same float-conversion bias (matmul_q8.cu), one register quad for all.
 __device__ __forceinline__ void mma_s8_k32_from(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1,
                                                 const int (&c)[4]) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
-}
-__device__ __forceinline__ void mma_s8_k16_from(int (&d)[4], unsigned a0, unsigned a1, unsigned b0, const int (&c)[4]) {
-    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%9,%10};"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(b0), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
 }
 
 // Four 8x8 matrices of 16-bit elements from shared memory (lanes 8i .. 8i + 7 address the rows

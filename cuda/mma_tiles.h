@@ -212,9 +212,12 @@ inline MmaGroup mma_group(const KcapMatmulParams& p, const kcap_u8* w, const flo
     return g;
 }
 
+// The kernel is one format's: the callers add only matrices of the first one's format (equal k
+// and row bytes follow; checked here).
 inline void mma_group_add(MmaGroup& g, const KcapMatmulParams& p, const kcap_u8* w, const float* bias, float* y) {
+    if (g.count >= 3 || p.k != g.p[0].k || p.m != g.p[0].m || p.row_bytes != g.p[0].row_bytes)
+        throw Error("mma_group_add: at most three matrices of one format, k and m");
     const int i = g.count++;
-    if (i >= 3 || p.k != g.p[0].k || p.m != g.p[0].m) throw Error("mma_group_add: at most three matrices of one k and m");
     g.p[i] = p, g.w[i] = w, g.bias[i] = bias, g.y[i] = y;
     g.tiles_end[i] = g.tiles_end[i - 1] + int(ceil_div(p.n, kMmaRows));
 }

@@ -864,6 +864,7 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
                     TestContext t;
                     t.ctx.q8_prequantize = pre;
                     t.ctx.matvec_rows = team_rows;
+                    t.ctx.mma_group = n != 7 || m != 17;  // also a batch of one tile launch per matrix
                     auto gate = random_weights(rng, f, k, n);
                     auto up = random_weights(rng, f, k, n);
                     const std::vector<float> x = random_floats(rng, size_t(m * k));
@@ -900,7 +901,8 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
 }
 
 // cuda.qkv: three matrices of mixed formats against one x, each compared with its CPU
-// matmul row (one token: the three-segment matvec; a batch: each format's batched row).
+// matmul row (one token: the three-segment matvec; a batch: the tiles of each format in one
+// launch, else each format's batched row).
 void test_qkv(std::mt19937& rng, CpuState& cpu) {
   for (const char* kernel : {"cuda.qkv", "cuda.qkv_q8"}) {
     const Row& row = find_row(kernel);
@@ -914,7 +916,7 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
         {Format::Q4_K, Format::Q4_K, Format::Q6_K, 4096},  // Llama-3-8B Q4_K_M
         {Format::F16, Format::BF16, Format::F32, 100},     // float formats with a K tail
         {Format::Q4_0, Format::BF16, Format::Q4_1, 96},     // a float format next to block formats
-        // The q8_1 batch groups the matrices of one format into one launch (cuda/matmul_q8.cu):
+        // A batch groups the matrices of one format into one launch (cuda/mma_tiles.h, MmaGroup):
         {Format::Q4_K, Format::Q4_K, Format::Q4_K, 512},   // all three in one grid
         {Format::Q8_0, Format::Q4_0, Format::Q8_0, 128},   // Q with V, K alone
     };
@@ -927,6 +929,7 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
             if (pre && !(q8 && m < cuda_rows::kMmaMinTokens)) continue;
             TestContext t;
             t.ctx.q8_prequantize = pre;
+            t.ctx.mma_group = m != 17;  // 17 tokens: the tiles one launch per matrix (KCAP_MMA_GROUP=0)
             const int64_t k = mix.width, rows[3] = {k * 2 + 7, k / 2 + 3, k / 2 + 3};
             const std::vector<float> x = random_floats(rng, size_t(m * k));
             const std::vector<float> xr = q8 ? q8_1_values(x) : x;  // what the row multiplies
