@@ -238,35 +238,22 @@ void kcap_cuda_qkv(const Stage& stage, const KernelCall& call) {
         cuda::launch(ctx, cuda::qkv_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q, call.in);
         return;
     }
+    // A batch: the formats with tiles that take K run them, one launch per format (all three
+    // matrices where Q, K and V share one); the others their exact rows.
+    const auto tiled = [&](Format format) {
+        return call.n_tokens >= kMmaMinTokens && mma_format(format) && stage.k % 32 == 0;
+    };
+    int groups = 0;
+    const cuda::mma_tiles::MmaFormatGroups by_format =
+        cuda::mma_tiles::mma_groups_by_format(cuda::qkv_segments(stage, call, kMatvecChunkRuns, &groups));
+    for (int i = 0; i < by_format.count; ++i)
+        if (tiled(by_format.format[i])) cuda::mma_tiles::mma_group_bf16(ctx, by_format.format[i], by_format.group[i], call.in);
     cuda::StageData matmul_data;
     KernelCall matmul_call = call;
     matmul_call.stage_state = &matmul_data;
-    // A batch: the matrices whose format has tiles that take K run them, one launch per format
-    // (all three where Q, K and V share one); the others their exact rows.
-    const auto tiled = [&](int which) {
-        return call.n_tokens >= kMmaMinTokens && mma_format(stage.operands[size_t(which)]->format) && stage.k % 32 == 0;
-    };
-    const auto params = [&](int which) {
-        matmul.operands = {stage.operands[size_t(which)], nullptr};
-        matmul.n = stage.operands[size_t(which)]->n_rows();
-        return cuda::matmul_params(matmul, call);
-    };
-    bool done[3] = {false, false, false};
     for (int which = 0; which < 3; ++which) {
-        if (done[which]) continue;
         const TensorRef* w = stage.operands[size_t(which)];
-        if (tiled(which)) {
-            auto g = cuda::mma_tiles::mma_group(params(which), static_cast<const kcap_u8*>(data.operands[which]), nullptr,
-                                                outputs[which]);
-            for (int other = which + 1; other < 3; ++other)
-                if (!done[other] && stage.operands[size_t(other)]->format == w->format) {
-                    cuda::mma_tiles::mma_group_add(g, params(other), static_cast<const kcap_u8*>(data.operands[other]),
-                                                   nullptr, outputs[other]);
-                    done[other] = true;
-                }
-            cuda::mma_tiles::mma_group_bf16(ctx, w->format, g, call.in);
-            continue;
-        }
+        if (tiled(w->format)) continue;
         matmul.operands = {w, nullptr};
         matmul.n = w->n_rows();
         matmul_data.operands[0] = data.operands[which];

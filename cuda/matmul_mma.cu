@@ -235,18 +235,12 @@ void launch_mma(const Context& ctx, const MmaGroup& g, const float* x) {
     launch(ctx, mma_kernel<F, STAGED>, mma_group_grid(g), dim3(kMmaThreads), raw_bytes, g, x);
 }
 
-// The tiles of the matrices of `g` in one launch (mma_tiles.h), or one launch each where
-// KCAP_MMA_GROUP=0.
+// The tiles of the matrices of `g` (mma_tiles.h: launch_mma_group).
 template <class F>
 void mma_group_tiles(const Context& ctx, const MmaGroup& g, const float* x) {
-    if (!ctx.mma_group && g.count > 1) {
-        for (int i = 0; i < g.count; ++i) mma_group_tiles<F>(ctx, mma_group(g.p[i], g.w[i], g.bias[i], g.y[i]), x);
-        return;
-    }
-    if (use_staged(ctx, g.p[0], sizeof(Shared) + RawChunk<F>::bytes))
-        launch_mma<F, true>(ctx, g, x);
-    else
-        launch_mma<F, false>(ctx, g, x);
+    launch_mma_group(ctx, g, sizeof(Shared) + RawChunk<F>::bytes, [&](const MmaGroup& group, bool staged) {
+        staged ? launch_mma<F, true>(ctx, group, x) : launch_mma<F, false>(ctx, group, x);
+    });
 }
 
 void mma_tiles::mma_group_bf16(const Context& ctx, Format format, const MmaGroup& g, const float* x) {

@@ -303,17 +303,12 @@ void launch_mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
 }
 
 // The int8 tiles on activations quantized by quantize_rows (p.m >= kMmaMinTokens), for the
-// matrices of `g` in one launch (mma_tiles.h).
+// matrices of `g` (mma_tiles.h: launch_mma_group).
 template <class F>
 void mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
-    if (!ctx.mma_group && g.count > 1) {
-        for (int i = 0; i < g.count; ++i) mma_q8<F>(ctx, mma_group(g.p[i], g.w[i], g.bias[i], g.y[i]), x);
-        return;
-    }
-    if (use_staged(ctx, g.p[0], sizeof(SharedQ8) + RawChunk<F>::bytes))
-        launch_mma_q8<F, true>(ctx, g, x);
-    else
-        launch_mma_q8<F, false>(ctx, g, x);
+    launch_mma_group(ctx, g, sizeof(SharedQ8) + RawChunk<F>::bytes, [&](const MmaGroup& group, bool staged) {
+        staged ? launch_mma_q8<F, true>(ctx, group, x) : launch_mma_q8<F, false>(ctx, group, x);
+    });
 }
 
 // y = W . q8_1(x) for p.m tokens (rows: x as q8_input gives it): the matvec below kMmaMinTokens,
@@ -429,18 +424,8 @@ void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call) {
         return;
     }
     // A batch: the int8 tiles, one launch per format (all three where Q, K and V share one).
-    bool done[3] = {false, false, false};
-    for (int i = 0; i < 3; ++i) {
-        if (done[i]) continue;
-        const cuda::QkvSegment& first = q.segment[i];
-        cuda::MmaGroup g = cuda::mma_group(first.p, first.w, nullptr, first.y);
-        for (int j = i + 1; j < 3; ++j)
-            if (!done[j] && q.segment[j].format == first.format) {
-                cuda::mma_group_add(g, q.segment[j].p, q.segment[j].w, nullptr, q.segment[j].y);
-                done[j] = true;
-            }
-        cuda::mma_q8_any(ctx, Format(first.format), g, rows);
-    }
+    const cuda::MmaFormatGroups by_format = cuda::mma_groups_by_format(q);
+    for (int i = 0; i < by_format.count; ++i) cuda::mma_q8_any(ctx, by_format.format[i], by_format.group[i], rows);
 }
 
 #define KCAP_DEFINE_MATMUL_Q8(NAME, DECODER)                                                                              \

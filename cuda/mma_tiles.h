@@ -9,6 +9,7 @@
 #include <climits>
 
 #include "cuda/cuda_context.h"
+#include "cuda/matmul.h"
 #include "cuda/mma_ptx.h"
 #include "kernels/matmul.h"
 
@@ -241,6 +242,28 @@ __device__ __forceinline__ T mma_group_pick(const T (&v)[3], int which) {
     return which == 0 ? v[0] : which == 1 ? v[1] : v[2];
 }
 
+// qkv's three matrices (a batch's QkvParams) grouped by format, in order of first appearance:
+// one group for Q, K and V of one format, two or three for a mix.
+struct MmaFormatGroups {
+    Format format[3];
+    MmaGroup group[3];
+    int count = 0;
+};
+inline MmaFormatGroups mma_groups_by_format(const QkvParams& q) {
+    MmaFormatGroups out;
+    for (const QkvSegment& s : q.segment) {
+        int i = 0;
+        while (i < out.count && out.format[i] != Format(s.format)) ++i;
+        if (i == out.count) {
+            out.format[out.count++] = Format(s.format);
+            out.group[i] = mma_group(s.p, s.w, nullptr, s.y);
+        } else {
+            mma_group_add(out.group[i], s.p, s.w, nullptr, s.y);
+        }
+    }
+    return out;
+}
+
 // The bf16 tiles (matmul_mma.cu) of a group of matrices of one tile format (mma_format, K a
 // multiple of 32) on f32 activations x, p.m >= kMmaMinTokens.
 void mma_group_bf16(const Context& ctx, Format format, const MmaGroup& g, const float* x);
@@ -254,6 +277,16 @@ constexpr int64_t kStagedMinK = 4096;
 inline bool use_staged(const Context& ctx, const KcapMatmulParams& p, size_t shared_bytes) {
     const bool fits = shared_bytes <= size_t(shared_optin_bytes(ctx.device));
     return fits && (ctx.mma_staged < 0 ? p.k >= kStagedMinK : ctx.mma_staged != 0);
+}
+
+// Runs launch(group, staged) for the matrices of g: one launch for all of them, or one per
+// matrix where KCAP_MMA_GROUP=0 (Context::mma_group); staged as use_staged decides for a kernel
+// of staged_shared_bytes (the members share k, so one answer serves all).
+template <class Launch>
+void launch_mma_group(const Context& ctx, const MmaGroup& g, size_t staged_shared_bytes, Launch&& launch) {
+    const bool staged = use_staged(ctx, g.p[0], staged_shared_bytes);
+    if (ctx.mma_group || g.count == 1) return launch(g, staged);
+    for (int i = 0; i < g.count; ++i) launch(mma_group(g.p[i], g.w[i], g.bias[i], g.y[i]), staged);
 }
 
 // The raw double buffer is dynamic shared memory (with the static tiles over 48 KB for most

@@ -936,6 +936,17 @@ struct AttentionCase {
     int prefill, decode_steps, n_splits;
 };
 
+// The CPU row's attention of m tokens from position pos into out (k and v null for a shared-KV
+// stage): the reference the attention bodies are held to.
+void cpu_attention(const Stage& stage, int m, int pos, const float* q, const float* k, const float* v, float* out,
+                   CpuState& cpu) {
+    KernelCall call;
+    call.n_tokens = m;
+    call.pos0 = pos;
+    call.in = q, call.in2 = k, call.in3 = v, call.out = out;
+    run_cpu(cpu_twin(find_row("cuda.attention")), stage, call, cpu);
+}
+
 void test_attention(std::mt19937& rng, CpuState& cpu) {
     const AttentionCase cases[] = {
         {4, 1, 256, 256, 0, 0.0f, Format::F32, 70, 3, 3},   // Gemma-like heads, three splits
@@ -963,11 +974,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
             const std::vector<float> k = random_floats(rng, size_t(m) * p.k_width);
             const std::vector<float> v = random_floats(rng, size_t(m) * p.v_width);
             std::vector<float> ref(static_cast<size_t>(m) * c.n_head * c.head_dim_v), got = nan_filled(ref.size());
-            KernelCall call;
-            call.n_tokens = m;
-            call.pos0 = pos;
-            call.in = q.data(), call.in2 = k.data(), call.in3 = v.data(), call.out = ref.data();
-            run_cpu(cpu_twin(find_row("cuda.attention")), stage, call, cpu);
+            cpu_attention(stage, m, pos, q.data(), k.data(), v.data(), ref.data(), cpu);
             const int32_t step[2] = {pos, 0};
             p.n_tokens = m;
             if (m == 1) {
@@ -1007,11 +1014,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                 const std::vector<float> q2 = random_floats(rng, size_t(m) * c.n_head * c.head_dim);
                 std::vector<float> ref2(ref.size()), got2 = nan_filled(ref.size());
                 const std::vector<uint8_t> k_before = k_cache, v_before = v_cache;
-                KernelCall call2;
-                call2.n_tokens = m;
-                call2.pos0 = pos;
-                call2.in = q2.data(), call2.out = ref2.data();
-                run_cpu(cpu_twin(find_row("cuda.attention")), shared, call2, cpu);
+                cpu_attention(shared, m, pos, q2.data(), nullptr, nullptr, ref2.data(), cpu);
                 KcapAttentionParams ps = p;
                 ps.append = 0;
                 if (m == 1) {
@@ -1108,11 +1111,7 @@ void test_attention_own_rope(std::mt19937& rng, CpuState& cpu) {
             std::vector<float> q_rot = q, k_rot = k;
             cpu_owned_rope(stage, m, pos, q_rot, k_rot, cpu);
             std::vector<float> ref(size_t(m) * c.n_head * c.head_dim), got = nan_filled(ref.size());
-            KernelCall call;
-            call.n_tokens = m;
-            call.pos0 = pos;
-            call.in = q_rot.data(), call.in2 = k_rot.data(), call.in3 = v.data(), call.out = ref.data();
-            run_cpu(cpu_twin(find_row("cuda.attention")), plain, call, cpu);
+            cpu_attention(plain, m, pos, q_rot.data(), k_rot.data(), v.data(), ref.data(), cpu);
             const int32_t step[2] = {pos, 0};
             if (m > 1) {  // the prefill: the rotated rows into the cache (the rope row's kernel, then append)
                 KcapAttentionParams pa = p;
@@ -1282,11 +1281,7 @@ void test_attention_prefill(std::mt19937& rng, CpuState& cpu) {
             const std::vector<float> k = random_floats(rng, size_t(m) * p.k_width);
             const std::vector<float> v = random_floats(rng, size_t(m) * p.v_width);
             std::vector<float> ref(size_t(m) * c.n_head * c.head_dim_v), got = nan_filled(ref.size());
-            KernelCall call;
-            call.n_tokens = m;
-            call.pos0 = pos;
-            call.in = q.data(), call.in2 = k.data(), call.in3 = v.data(), call.out = ref.data();
-            run_cpu(cpu_twin(find_row("cuda.attention")), stage, call, cpu);
+            cpu_attention(stage, m, pos, q.data(), k.data(), v.data(), ref.data(), cpu);
             const int32_t step[2] = {pos, 0};
             p.n_tokens = m;
             kcap_sim::launch({ceil_div(int64_t(m) * (p.k_width + p.v_width), 256), 1, 1}, 256, 0,
@@ -1307,11 +1302,7 @@ void test_attention_prefill(std::mt19937& rng, CpuState& cpu) {
             const std::vector<float> q2 = random_floats(rng, size_t(m) * c.n_head * c.head_dim, 3.0f);
             std::vector<float> ref2(ref.size()), got2 = nan_filled(ref.size());
             const std::vector<uint8_t> k_before = k_cache, v_before = v_cache;
-            KernelCall call2;
-            call2.n_tokens = m;
-            call2.pos0 = pos;
-            call2.in = q2.data(), call2.out = ref2.data();
-            run_cpu(cpu_twin(find_row("cuda.attention")), shared, call2, cpu);
+            cpu_attention(shared, m, pos, q2.data(), nullptr, nullptr, ref2.data(), cpu);
             KcapAttentionParams ps = p;
             ps.append = 0;
             run_prefill(ps, step, q2.data(), k_cache.data(), v_cache.data(), got2.data(), c.key_split);
