@@ -10,16 +10,19 @@
 // A batch's activations, and a token's of 2048 values or more (q8_input), are quantized once
 // (kcap_q8_quantize_rows, into the backend's q8_1 scratch, or by the add_norm before) for every
 // group, tile and matrix that reads them (qkv's three, gate_up's two); the matvec's groups copy
-// runs of it into shared memory, or quantize a shorter x themselves. The tile step: as in matmul_mma.cu, each thread decodes one 32-element run of one weight row
-// (codes8: eight words of code bytes, straight into shared memory, no conversion) and stores 16
-// activation codes, a half sum and (half the threads) a run scale, loaded a step ahead. Then per
-// run of the step and per sub-block, T = sum((byte - bias) * q) on the tensor cores (the bias
-// taken off the code bytes at decode) and
-//   acc += d_x * (scale * T + offset * sum q)
+// runs of it into shared memory, or quantize a shorter x themselves. The tile step: as in
+// matmul_mma.cu, each thread decodes one 32-element run of one weight row (codes8: eight words
+// of code bytes, straight into shared memory, no conversion); the activations (codes, half
+// sums, run scales) are copied into shared memory by cp.async. Both go into the other of two
+// step buffers while the tensor cores work on this one (one barrier per step). Then per run of
+// the step and per sub-block, T = sum((byte - bias) * q) on the tensor cores (the bias taken
+// off the code bytes at decode) and
+//   acc += d_x * sum over the run's sub-blocks of (scale * T + offset * sum q)
 // per (token, row) in f32. Bound as the matvec's: the integer sums are exact, the f32 epilogue
 // adds a few roundings per sub-block (test_cuda_rows holds both to the exact rows' 1e-5 against
 // the CPU row on q8_1(x)).
 #include <algorithm>
+#include <cstddef>
 #include <type_traits>
 
 #include "cuda/matmul.h"
@@ -119,14 +122,21 @@ static_assert(kStrideQ8 % 8 == 4, "the 8 rows of an ldmatrix phase (16 bytes eac
 constexpr int kProductBiasBits = 0x4b400000;
 constexpr float kProductBias = 12582912.0f;  // 1.5 * 2^23
 
-struct alignas(16) SharedQ8 {
+// One K step's tiles. Two of them: a step's products read one while the next step's weights
+// are decoded into the other and its activations copied there (cp.async), so a step takes one
+// barrier, and warps drift between decoding and products instead of waiting at a second one.
+struct alignas(16) SharedQ8Step {
     unsigned w[kMmaRows * kStrideQ8];    // code bytes, [row][k / 4]
     unsigned x[kMmaTokens * kStrideQ8];  // activation codes q, [token][k / 4]
-    float scale[kSubs16][kMmaRows];      // [sub-block of the step][row] (kStepK / sub used)
-    float offset[kSubs16][kMmaRows];
+    // [run of the step][row * halves + half]: the sub-block scales (and offsets) of a run, one
+    // per 32-element sub-block, two (halves) per 16-element pair, adjacent for the epilogue's
+    // vector loads.
+    float scale[kStepK / 32][2 * kMmaRows];
+    float offset[kStepK / 32][2 * kMmaRows];
     int qsum[kSubs16][kMmaTokens];       // [16-element half of the step][token]: sum of q
     float d[kStepK / 32][kMmaTokens];    // [run of the step][token]: the run's scale
 };
+static_assert(2 * sizeof(SharedQ8Step) <= 48 * 1024, "both steps' tiles fit the static shared memory");
 
 template <class F, bool STAGED>
 __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, Q8Rows x) {
@@ -136,14 +146,20 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, 
     using C = KcapCodes<F>;
     using R = RawChunk<F>;
     constexpr int kSub = C::sub;  // elements per sub-block: 16 or 32
+    constexpr int kHalves = kSub == 16 ? 2 : 1;  // sub-blocks per 32-element run
     constexpr int kRunsPerBlock = F::block_elems / 32;
+    constexpr int kStepsPerChunk = R::k / kStepK;  // 4 (256-element chunks) or 1
     static_assert(kSub == 16 || kSub == 32, "sub-blocks of 16 or 32 elements");
     // Products started at the conversion bias (kProductBias): 32-element sub-blocks whose scale
     // comes from an f16 (below 2^16 * 2^8, so scale * (kProductBias + T) stays finite); not
     // MXFP4 (a power-of-two scale up to 2^127) nor the 16-element sub-blocks (their second
     // product per run kept another quad live through the loop: spills in the H200 build).
     constexpr bool kBiasedProducts = kSub == 32 && !std::is_same<F, KcapMXFP4>::value;
-    __shared__ SharedQ8 sh;
+    // cp.async groups: every step commits two (its activations, then its weight chunk or none).
+    // Waiting for a step's activations leaves the newest group (the chunk staged the step
+    // before) in flight, except with one-step chunks, where the next step decodes that chunk.
+    constexpr int kPendingGroups = STAGED && kStepsPerChunk == 1 ? 0 : 1;
+    __shared__ SharedQ8Step sh[2];
     extern __shared__ __align__(16) unsigned raw_q8[];  // RawChunk<F>: two buffers of buffer_words
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tg = lane & 3;
@@ -159,86 +175,80 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, 
     const bool row_valid = row_base + dr < p.n;
     const kcap_u8* wrow = w + kcap_u64(row_valid ? row_base + dr : 0) * p.row_bytes;
     const kcap_u8* w_end = w + kcap_u64(p.n) * p.row_bytes;
-    pdl_wait();
-    pdl_trigger();
+    const int runs = p.k / 32;
+    const int steps = (p.k + kStepK - 1) / kStepK;
+    const int chunks = (p.k + R::k - 1) / R::k;
+    const bool x_token = token_base + xt < p.m, d_token = token_base + xdt < p.m;
+    const kcap_u64 x_row = kcap_u64(x_token ? token_base + xt : 0), d_row = kcap_u64(d_token ? token_base + xdt : 0);
+
+    // Raw weight chunk c into its buffer (STAGED; nothing past the last chunk).
+    const auto stage = [&](int c) {
+        if (STAGED && c < chunks) stage_chunk<F>(raw_q8 + (c & 1) * R::buffer_words, w, w_end, p, row_base, c, tid);
+    };
+    const unsigned sh_address = shared_address(sh);
+    const unsigned x_offset = unsigned(offsetof(SharedQ8Step, x) + 4 * (xt * kStrideQ8 + 4 * xp));
+    const unsigned qsum_offset = unsigned(offsetof(SharedQ8Step, qsum) + 4 * (xp * kMmaTokens + xt));
+    const unsigned d_offset = unsigned(offsetof(SharedQ8Step, d) + 4 * (xr * kMmaTokens + xdt));
+    // Step s's activations into sh[s & 1]: codes, half sums (formats with offsets), run
+    // scales; zeros past M or K (a zero-length copy reads nothing, so the address is any valid one).
+    const auto copy_x = [&](int s) {
+        if (s >= steps) return;
+        const unsigned b = sh_address + unsigned(s & 1) * unsigned(sizeof(SharedQ8Step));
+        const int k0 = s * kStepK;
+        const bool in = x_token && k0 + 16 * xp < p.k;
+        cp_async16_or_zero(b + x_offset, x.codes + (in ? x_row * k_words + k0 / 4 + 4 * xp : 0), in);
+        if (C::has_offset) cp_async4_or_zero(b + qsum_offset, x.half_sums + (in ? x_row * k_halves + k0 / 16 + xp : 0), in);
+        if (tid < 2 * kMmaTokens) {
+            const bool d_in = d_token && k0 + 32 * xr < p.k;
+            cp_async4_or_zero(b + d_offset, x.d + (d_in ? d_row * k_runs + k0 / 32 + xr : 0), d_in);
+        }
+    };
+    // Step s's weights into sh[s & 1]: code bytes, (scale, offset) per sub-block; zeros past N or K.
+    const auto decode = [&](int s) {
+        SharedQ8Step& b = sh[s & 1];
+        const int run = 2 * s + dhalf;
+        kcap_u32 u[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        float sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
+        if (row_valid && run < runs) {
+            C::codes8(run_block<F, STAGED>(raw_q8, wrow, dr, run, s / kStepsPerChunk), run % kRunsPerBlock, u, sc, off);
+            // Signed codes for the s8 products: byte - bias in two's complement, so the
+            // epilogue needs no "- bias * sum q" per output and sub-block. Bytes are 0..127,
+            // so byte + 128 - bias stays below 256 (no carry into the next byte), and the
+            // xor takes the 128 back off modulo 256.
+            if (C::bias != 0)
+                KCAP_UNROLL for (int i = 0; i < 8; ++i) u[i] = (u[i] + kcap_u32(128 - C::bias) * 0x01010101u) ^ 0x80808080u;
+        }
+        uint4* dst = reinterpret_cast<uint4*>(b.w + dr * kStrideQ8 + 8 * dhalf);
+        dst[0] = make_uint4(u[0], u[1], u[2], u[3]);
+        dst[1] = make_uint4(u[4], u[5], u[6], u[7]);
+        if constexpr (kHalves == 2) {
+            *reinterpret_cast<float2*>(&b.scale[dhalf][2 * dr]) = make_float2(sc[0], sc[1]);
+            if (C::has_offset) *reinterpret_cast<float2*>(&b.offset[dhalf][2 * dr]) = make_float2(off[0], off[1]);
+        } else {
+            b.scale[dhalf][dr] = sc[0];
+            if (C::has_offset) b.offset[dhalf][dr] = off[0];
+        }
+    };
     float acc[kMt][kNt][4] = {};
     const int bias_quad[4] = {kProductBiasBits, kProductBiasBits, kProductBiasBits, kProductBiasBits};
-    const int runs = p.k / 32;
-    const int chunks = (p.k + R::k - 1) / R::k;
-    if (STAGED) {
-        stage_chunk<F>(raw_q8, w, w_end, p, row_base, 0, tid);
-        cp_async_commit();
-    }
-    // This step's activations, loaded a step ahead (zeros past M or K).
-    uint4 xv;
-    float dv;
-    int sv;
-    const auto load_step = [&](int k0) {
-        const bool token_in = token_base + xt < p.m;
-        xv = make_uint4(0u, 0u, 0u, 0u);
-        if (token_in && k0 + 16 * xp < p.k)
-            xv = *reinterpret_cast<const uint4*>(x.codes + kcap_u64(token_base + xt) * k_words + k0 / 4 + 4 * xp);
-        sv = token_in && k0 + 16 * xp < p.k ? x.half_sums[kcap_u64(token_base + xt) * k_halves + k0 / 16 + xp] : 0;
-        dv = 0.0f;
-        if (tid < 2 * kMmaTokens && token_base + xdt < p.m && k0 + 32 * xr < p.k)
-            dv = x.d[kcap_u64(token_base + xdt) * k_runs + k0 / 32 + xr];
-    };
-    load_step(0);
-    for (int k0 = 0; k0 < p.k; k0 += kStepK) {
-        const int chunk = k0 / R::k;
-        const bool chunk_start = k0 % R::k == 0;
-        if (STAGED && chunk_start) cp_async_wait<0>();  // this thread's copies of chunk `chunk` have landed
-        __syncthreads();  // everyone's copies are visible; the previous step's tiles are no longer read
-        if (STAGED && chunk_start && chunk + 1 < chunks) {
-            stage_chunk<F>(raw_q8 + ((chunk + 1) & 1) * R::buffer_words, w, w_end, p, row_base, chunk + 1, tid);
-            cp_async_commit();
-        }
-        // Weights: code bytes, (scale, offset) per sub-block; zeros past N or K.
-        {
-            const int run = k0 / 32 + dhalf;
-            kcap_u32 u[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
-            float sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
-            if (row_valid && run < runs) {
-                C::codes8(run_block<F, STAGED>(raw_q8, wrow, dr, run, chunk), run % kRunsPerBlock, u, sc, off);
-                // Signed codes for the s8 products: byte - bias in two's complement, so the
-                // epilogue needs no "- bias * sum q" per output and sub-block. Bytes are 0..127,
-                // so byte + 128 - bias stays below 256 (no carry into the next byte), and the
-                // xor takes the 128 back off modulo 256.
-                if (C::bias != 0)
-                    KCAP_UNROLL for (int i = 0; i < 8; ++i) u[i] = (u[i] + kcap_u32(128 - C::bias) * 0x01010101u) ^ 0x80808080u;
-            }
-            uint4* dst = reinterpret_cast<uint4*>(sh.w + dr * kStrideQ8 + 8 * dhalf);
-            dst[0] = make_uint4(u[0], u[1], u[2], u[3]);
-            dst[1] = make_uint4(u[4], u[5], u[6], u[7]);
-            if (kSub == 16) {
-                sh.scale[2 * dhalf][dr] = sc[0], sh.scale[2 * dhalf + 1][dr] = sc[1];
-                if (C::has_offset) sh.offset[2 * dhalf][dr] = off[0], sh.offset[2 * dhalf + 1][dr] = off[1];
-            } else {
-                sh.scale[dhalf][dr] = sc[0];
-                if (C::has_offset) sh.offset[dhalf][dr] = off[0];
-            }
-        }
-        // Activations (loaded a step ahead): codes, half sums, run scales.
-        *reinterpret_cast<uint4*>(sh.x + xt * kStrideQ8 + 4 * xp) = xv;
-        sh.qsum[xp][xt] = sv;
-        if (tid < 2 * kMmaTokens) sh.d[xr][xdt] = dv;
-        __syncthreads();
-        if (k0 + kStepK < p.k) load_step(k0 + kStepK);  // in flight during the products
+    // Step s's products from sh[s & 1]: per run and sub-block T = sum((byte - bias) * q) on the
+    // tensor cores, then acc += d_x * (sum over the run's sub-blocks of scale * T + offset * sum q).
+    const auto products = [&](int s) {
+        const SharedQ8Step& b = sh[s & 1];
 #pragma unroll
         for (int r = 0; r < kStepK / 32; ++r) {
-            unsigned a[kMt][4], b[kNt / 2][4];
+            unsigned a[kMt][4], bw[kNt / 2][4];
 #pragma unroll
-            for (int mt = 0; mt < kMt; ++mt) load_a<kStrideQ8>(a[mt], sh.x + (warp_tokens + 16 * mt) * kStrideQ8 + 8 * r, lane);
+            for (int mt = 0; mt < kMt; ++mt) load_a<kStrideQ8>(a[mt], b.x + (warp_tokens + 16 * mt) * kStrideQ8 + 8 * r, lane);
 #pragma unroll
-            for (int np = 0; np < kNt / 2; ++np) load_b2<kStrideQ8>(b[np], sh.w + (warp_rows + 16 * np) * kStrideQ8 + 8 * r, lane);
-            // t[h]: the products of sub-block h of the run (one for 32-element sub-blocks).
-            constexpr int kHalves = kSub == 16 ? 2 : 1;
+            for (int np = 0; np < kNt / 2; ++np) load_b2<kStrideQ8>(bw[np], b.w + (warp_rows + 16 * np) * kStrideQ8 + 8 * r, lane);
+            // t[h]: the products of sub-block h of the run.
             int t[kHalves][kMt][kNt][4];  // kProductBiasBits + T where kBiasedProducts, else T
 #pragma unroll
             for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
                 for (int nt = 0; nt < kNt; ++nt) {
-                    const unsigned b0 = b[nt >> 1][2 * (nt & 1)], b1 = b[nt >> 1][2 * (nt & 1) + 1];
+                    const unsigned b0 = bw[nt >> 1][2 * (nt & 1)], b1 = bw[nt >> 1][2 * (nt & 1) + 1];
                     if constexpr (kBiasedProducts) {
                         mma_s8_k32_from(t[0][mt][nt], a[mt], b0, b1, bias_quad);
                     } else {
@@ -255,40 +265,87 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, 
 #pragma unroll
             for (int mt = 0; mt < kMt; ++mt) {
                 const int ta = warp_tokens + 16 * mt + g, tb = ta + 8;
-                const float da = sh.d[r][ta], db = sh.d[r][tb];
+                const float da = b.d[r][ta], db = b.d[r][tb];
+                // Sum of q per sub-block of the run (formats with offsets).
+                float qa[kHalves], qb[kHalves];
 #pragma unroll
                 for (int h = 0; h < kHalves; ++h) {
-                    const int s = kSub == 16 ? 2 * r + h : r;  // the sub-block's index in the step
-                    const int qa = kSub == 16 ? sh.qsum[s][ta] : sh.qsum[2 * r][ta] + sh.qsum[2 * r + 1][ta];
-                    const int qb = kSub == 16 ? sh.qsum[s][tb] : sh.qsum[2 * r][tb] + sh.qsum[2 * r + 1][tb];
+                    qa[h] = qb[h] = 0.0f;
+                    if (C::has_offset) {
+                        qa[h] = float(kHalves == 2 ? b.qsum[2 * r + h][ta] : b.qsum[2 * r][ta] + b.qsum[2 * r + 1][ta]);
+                        qb[h] = float(kHalves == 2 ? b.qsum[2 * r + h][tb] : b.qsum[2 * r][tb] + b.qsum[2 * r + 1][tb]);
+                    }
+                }
 #pragma unroll
-                    for (int nt = 0; nt < kNt; ++nt) {
-                        const int row = warp_rows + 8 * nt + 2 * tg;
-                        const float s0 = sh.scale[s][row], s1 = sh.scale[s][row + 1];
-                        const int* tt = t[h][mt][nt];
-                        float v0, v1, v2, v3;  // scale * T
+                for (int nt = 0; nt < kNt; ++nt) {
+                    const int row = warp_rows + 8 * nt + 2 * tg;
+                    float v0, v1, v2, v3;  // the run's sum of scale * T (+ offset * sum q)
+                    if constexpr (kHalves == 2) {
+                        // (row h0, row h1, row+1 h0, row+1 h1): the halves summed before the
+                        // activation scale, one multiply-add per output and run saved.
+                        const float4 s = *reinterpret_cast<const float4*>(&b.scale[r][2 * row]);
+                        const int(&t0)[4] = t[0][mt][nt];
+                        const int(&t1)[4] = t[1][mt][nt];
+                        v0 = fmaf(s.y, float(t1[0]), s.x * float(t0[0])), v1 = fmaf(s.w, float(t1[1]), s.z * float(t0[1]));
+                        v2 = fmaf(s.y, float(t1[2]), s.x * float(t0[2])), v3 = fmaf(s.w, float(t1[3]), s.z * float(t0[3]));
+                        if (C::has_offset) {
+                            const float4 o = *reinterpret_cast<const float4*>(&b.offset[r][2 * row]);
+                            v0 = fmaf(o.y, qa[1], fmaf(o.x, qa[0], v0)), v1 = fmaf(o.w, qa[1], fmaf(o.z, qa[0], v1));
+                            v2 = fmaf(o.y, qb[1], fmaf(o.x, qb[0], v2)), v3 = fmaf(o.w, qb[1], fmaf(o.z, qb[0], v3));
+                        }
+                    } else {
+                        const float2 s = *reinterpret_cast<const float2*>(&b.scale[r][row]);
+                        const int(&tt)[4] = t[0][mt][nt];
                         if constexpr (kBiasedProducts) {
-                            const float c0 = -kProductBias * s0, c1 = -kProductBias * s1;  // exact
-                            v0 = fmaf(s0, __int_as_float(tt[0]), c0), v1 = fmaf(s1, __int_as_float(tt[1]), c1);
-                            v2 = fmaf(s0, __int_as_float(tt[2]), c0), v3 = fmaf(s1, __int_as_float(tt[3]), c1);
+                            const float c0 = -kProductBias * s.x, c1 = -kProductBias * s.y;  // exact
+                            v0 = fmaf(s.x, __int_as_float(tt[0]), c0), v1 = fmaf(s.y, __int_as_float(tt[1]), c1);
+                            v2 = fmaf(s.x, __int_as_float(tt[2]), c0), v3 = fmaf(s.y, __int_as_float(tt[3]), c1);
                         } else {
-                            v0 = s0 * float(tt[0]), v1 = s1 * float(tt[1]);
-                            v2 = s0 * float(tt[2]), v3 = s1 * float(tt[3]);
+                            v0 = s.x * float(tt[0]), v1 = s.y * float(tt[1]);
+                            v2 = s.x * float(tt[2]), v3 = s.y * float(tt[3]);
                         }
                         if (C::has_offset) {
-                            const float o0 = sh.offset[s][row], o1 = sh.offset[s][row + 1];
-                            v0 = fmaf(o0, float(qa), v0), v1 = fmaf(o1, float(qa), v1);
-                            v2 = fmaf(o0, float(qb), v2), v3 = fmaf(o1, float(qb), v3);
+                            const float2 o = *reinterpret_cast<const float2*>(&b.offset[r][row]);
+                            v0 = fmaf(o.x, qa[0], v0), v1 = fmaf(o.y, qa[0], v1);
+                            v2 = fmaf(o.x, qb[0], v2), v3 = fmaf(o.y, qb[0], v3);
                         }
-                        float* out = acc[mt][nt];
-                        out[0] = fmaf(da, v0, out[0]);
-                        out[1] = fmaf(da, v1, out[1]);
-                        out[2] = fmaf(db, v2, out[2]);
-                        out[3] = fmaf(db, v3, out[3]);
                     }
+                    float* out = acc[mt][nt];
+                    out[0] = fmaf(da, v0, out[0]);
+                    out[1] = fmaf(da, v1, out[1]);
+                    out[2] = fmaf(db, v2, out[2]);
+                    out[3] = fmaf(db, v3, out[3]);
                 }
             }
         }
+    };
+
+    pdl_wait();
+    pdl_trigger();
+    // The pipeline. Before step s's products: its weights decoded and activations landed in
+    // sh[s & 1]; the raw chunks of steps s + 1 (and, with 4-step chunks, the next chunk) staged.
+    // Iteration s decodes step s + 1, multiplies step s, waits for step s + 1's activations and
+    // (one-step chunks) step s + 2's chunk, then one barrier; then step s + 2's activations go to
+    // the tiles step s just freed, and where step s + 2 starts a chunk, the chunk after it to the
+    // raw buffer whose last step was just decoded.
+    stage(0);
+    cp_async_commit();
+    copy_x(0);
+    cp_async_commit();
+    stage(1);
+    cp_async_commit();
+    cp_async_wait<2>();  // this thread's copies of chunk 0
+    __syncthreads();
+    for (int s = -1; s < steps; ++s) {
+        if (s + 1 < steps) decode(s + 1);
+        if (s >= 0) products(s);
+        if (s + 1 == steps) break;  // uniform: no copies left to wait for
+        cp_async_wait<kPendingGroups>();
+        __syncthreads();  // step s + 1's tiles visible; step s's no longer read
+        copy_x(s + 2);
+        cp_async_commit();
+        if ((s + 2) % kStepsPerChunk == 0) stage((s + 2) / kStepsPerChunk + 1);
+        cp_async_commit();
     }
     // Picked here, not at the start: no registers held through the loop.
     store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, mma_group_pick(group.bias, which),
@@ -298,7 +355,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, 
 template <class F, bool STAGED>
 void launch_mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
     constexpr size_t raw_bytes = STAGED ? RawChunk<F>::bytes : 0;
-    if (STAGED) allow_dynamic_shared<mma_q8_kernel<F, STAGED>>(ctx, raw_bytes);
+    allow_dynamic_shared<mma_q8_kernel<F, STAGED>>(ctx, raw_bytes);  // also the carveout for two groups' static tiles
     launch(ctx, mma_q8_kernel<F, STAGED>, mma_group_grid(g), dim3(kMmaThreads), raw_bytes, g, x);
 }
 
@@ -306,7 +363,7 @@ void launch_mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
 // matrices of `g` (mma_tiles.h: launch_mma_group).
 template <class F>
 void mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
-    launch_mma_group(ctx, g, sizeof(SharedQ8) + RawChunk<F>::bytes, [&](const MmaGroup& group, bool staged) {
+    launch_mma_group(ctx, g, 2 * sizeof(SharedQ8Step) + RawChunk<F>::bytes, [&](const MmaGroup& group, bool staged) {
         staged ? launch_mma_q8<F, true>(ctx, group, x) : launch_mma_q8<F, false>(ctx, group, x);
     });
 }

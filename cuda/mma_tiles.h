@@ -121,6 +121,7 @@ __device__ __forceinline__ void stage_chunk(unsigned* buf, const kcap_u8* w, con
     const int blocks = min(R::blocks, int(p.k / F::block_elems) - chunk * R::blocks);  // 1 in a short last chunk
     const int bytes = blocks * F::block_bytes;
     constexpr int kCopies = kMmaRows * R::units;
+    const unsigned buf_address = shared_address(buf);
 #pragma unroll 4
     for (int i0 = 0; i0 < kCopies; i0 += kMmaThreads) {
         const int i = i0 + tid;
@@ -128,7 +129,7 @@ __device__ __forceinline__ void stage_chunk(unsigned* buf, const kcap_u8* w, con
         const int r = i / R::units, u = i - r * R::units;
         if (row_base + r >= p.n) continue;
         const kcap_u8* row = w + kcap_u64(row_base + r) * p.row_bytes;
-        kcap_u8* dst = reinterpret_cast<kcap_u8*>(buf + r * R::stride) + R::unit * u;
+        const unsigned dst = buf_address + unsigned(4 * r * R::stride + R::unit * u);
         if (R::vec16) {
             const kcap_u8* src = row + unsigned(chunk) * unsigned(R::bytes_per_row) + 16 * u;
             if (16 * u < bytes) cp_async16(dst, src);
@@ -142,7 +143,7 @@ __device__ __forceinline__ void stage_chunk(unsigned* buf, const kcap_u8* w, con
                     unsigned word = 0u;
 #pragma unroll 1
                     for (int j = 0; src + j < w_end; ++j) word |= unsigned(src[j]) << (8 * j);
-                    *reinterpret_cast<unsigned*>(dst) = word;  // a plain store: visible after the barrier
+                    buf[r * R::stride + u] = word;  // a plain store: visible after the barrier
                 }
             }
         }
