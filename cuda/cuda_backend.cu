@@ -18,7 +18,9 @@
 // splits its rows' runs over more simd groups until about N per multiprocessor run
 // (cuda_rows::matvec_split); KCAP_ATTN_DECODE_SIMDS=4|8, KCAP_ATTN_MIN_CHUNK=N (a multiple of
 // 32) and KCAP_ATTN_SPLITS_PER_SM=N change the decode attention's groups; KCAP_MMA_STAGED=0|1
-// turns the prefill matmuls' shared-memory weight staging off or on for every K; KCAP_Q8_PREQUANT=K
+// turns the prefill matmuls' shared-memory weight staging off or on for every K;
+// KCAP_MMA_Q8_TOKENS=64|128 gives the int8 prefill tiles that many tokens per group for every
+// batch (cuda/matmul_q8.cu: q8_tile_tokens); KCAP_Q8_PREQUANT=K
 // quantizes a q8_1 matvec's x by its own launch for rows of K values or more (0: never, and no
 // add_norm epilogue; cuda_rows::kQ8QuantizeMinK).
 // KCAP_CUDA_PROFILE=1 runs decode steps without the graph, times every stage with CUDA events (each stage waited for, so the times include each launch's
@@ -148,6 +150,8 @@ public:
         ctx.attn_own_rope = env_int("KCAP_ATTN_OWN_ROPE", 1) != 0;
         ctx.mma_staged = env_int("KCAP_MMA_STAGED", -1);
         ctx.mma_group = env_int("KCAP_MMA_GROUP", 1) != 0;
+        const int q8_tokens = env_int("KCAP_MMA_Q8_TOKENS", 0);
+        ctx.mma_q8_tokens = q8_tokens == 64 || q8_tokens == 128 ? q8_tokens : 0;
         ctx.add_norm_vec = env_int("KCAP_ADD_NORM_VEC", 1) != 0;
         ctx.q8_prequantize = env_int("KCAP_Q8_PREQUANT", cuda_rows::kQ8QuantizeMinK);
         profile_ = env_int("KCAP_CUDA_PROFILE", 0) != 0;

@@ -56,6 +56,7 @@ struct Context {
     bool add_norm_vec = true;  // KCAP_ADD_NORM_VEC=0 (a measurement switch): add_norm walks the row, not registers
     int mma_staged = -1;  // KCAP_MMA_STAGED: prefill matmul weights staged in shared memory (1), not (0), by K (-1)
     bool mma_group = true;  // KCAP_MMA_GROUP=0 (a measurement switch): a batch's qkv / gate_up tiles one launch per matrix
+    int mma_q8_tokens = 0;  // KCAP_MMA_Q8_TOKENS=64|128: the int8 tiles' tokens per group for every batch (0: by the grid)
     // Decode-step state in device memory, so one captured graph serves every step:
     // step[0] = position of token 0 of the call, step[1] = tokens generated (history index).
     int32_t* step = nullptr;

@@ -122,24 +122,38 @@ static_assert(kStrideQ8 % 8 == 4, "the 8 rows of an ldmatrix phase (16 bytes eac
 constexpr int kProductBiasBits = 0x4b400000;
 constexpr float kProductBias = 12582912.0f;  // 1.5 * 2^23
 
-// One K step's tiles. Two of them: a step's products read one while the next step's weights
-// are decoded into the other and its activations copied there (cp.async), so a step takes one
-// barrier, and warps drift between decoding and products instead of waiting at a second one.
+// One K step's tiles for groups of TOKENS tokens. Two of them: a step's products read one while
+// the next step's weights are decoded into the other and its activations copied there
+// (cp.async), so a step takes one barrier, and warps drift between decoding and products
+// instead of waiting at a second one.
+template <int TOKENS>
 struct alignas(16) SharedQ8Step {
-    unsigned w[kMmaRows * kStrideQ8];    // code bytes, [row][k / 4]
-    unsigned x[kMmaTokens * kStrideQ8];  // activation codes q, [token][k / 4]
+    unsigned w[kMmaRows * kStrideQ8];  // code bytes, [row][k / 4]
+    unsigned x[TOKENS * kStrideQ8];    // activation codes q, [token][k / 4]
     // [run of the step][row * halves + half]: the sub-block scales (and offsets) of a run, one
     // per 32-element sub-block, two (halves) per 16-element pair, adjacent for the epilogue's
     // vector loads.
     float scale[kStepK / 32][2 * kMmaRows];
     float offset[kStepK / 32][2 * kMmaRows];
-    int qsum[kSubs16][kMmaTokens];       // [16-element half of the step][token]: sum of q
-    float d[kStepK / 32][kMmaTokens];    // [run of the step][token]: the run's scale
+    int qsum[kSubs16][TOKENS];         // [16-element half of the step][token]: sum of q
+    float d[kStepK / 32][TOKENS];      // [run of the step][token]: the run's scale
 };
-static_assert(2 * sizeof(SharedQ8Step) <= 48 * 1024, "both steps' tiles fit the static shared memory");
 
-template <class F, bool STAGED>
-__global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, Q8Rows x) {
+// Tokens per group: 64, or 128 (a warp takes 64 tokens x 32 rows, so every decoded weight run
+// and scale serves twice the products). The warp grid is 2 (tokens) x 4 (rows) for both. Groups
+// per multiprocessor: two (128 registers), except 128 tokens on 16-element sub-blocks: one (up to
+// 255 registers; two spilled inside the loop). Measured on the H200 (ncu, Llama-3-8B Q4_K_M shape,
+// 512 tokens): Q4_K gate+up 911 us (64 tokens) / 862 (128, two groups) / 968 (128, one group);
+// Q6_K ffn_down 695-701 (64) / 704 (128, two groups, spills) / 579 (128, one group).
+template <class F, int TOKENS>
+constexpr int kQ8GroupsPerSm = TOKENS == 128 && KcapCodes<F>::sub == 16 ? 1 : 2;
+
+template <class F, bool STAGED, int TOKENS>
+__global__ void __launch_bounds__(kMmaThreads, kQ8GroupsPerSm<F, TOKENS>) mma_q8_kernel(MmaGroup group, Q8Rows x) {
+    static_assert(TOKENS == 64 || TOKENS == 128, "64 or 128 tokens per group");
+    using Step = SharedQ8Step<TOKENS>;
+    constexpr int kWarpTokensQ8 = TOKENS / 2, kMtQ8 = kWarpTokensQ8 / 16;
+    constexpr int kTokenPasses = TOKENS / 64;  // activation copies per thread and step: 64 tokens each
     const int which = mma_group_member(group), tile = mma_group_tile(group, which);
     const KcapMatmulParams p = mma_group_pick(group.p, which);
     const kcap_u8* w = mma_group_pick(group.w, which);
@@ -159,15 +173,18 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, 
     // Waiting for a step's activations leaves the newest group (the chunk staged the step
     // before) in flight, except with one-step chunks, where the next step decodes that chunk.
     constexpr int kPendingGroups = STAGED && kStepsPerChunk == 1 ? 0 : 1;
-    __shared__ SharedQ8Step sh[2];
-    extern __shared__ __align__(16) unsigned raw_q8[];  // RawChunk<F>: two buffers of buffer_words
+    // Dynamic shared memory: the two steps' tiles, then (STAGED) the raw chunks, RawChunk<F>:
+    // two buffers of buffer_words.
+    extern __shared__ __align__(16) unsigned char q8_shared_bytes[];
+    Step* sh = reinterpret_cast<Step*>(q8_shared_bytes);
+    unsigned* raw_q8 = reinterpret_cast<unsigned*>(q8_shared_bytes + 2 * sizeof(Step));
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tg = lane & 3;
-    const int row_base = tile * kMmaRows, token_base = blockIdx.y * kMmaTokens;
-    const int warp_tokens = kWarpTokens * (warp / kWarpsRows), warp_rows = kWarpRows * (warp % kWarpsRows);
+    const int row_base = tile * kMmaRows, token_base = blockIdx.y * TOKENS;
+    const int warp_tokens = kWarpTokensQ8 * (warp / kWarpsRows), warp_rows = kWarpRows * (warp % kWarpsRows);
     // Decoding role: weight row dr, run dhalf of each step. Activation role: 16 codes (piece xp
-    // of the step's 64) and half sum xp of token xt; for the first 128 threads also the scale of
-    // run xr of token xdt.
+    // of the step's 64) and half sum xp of tokens xt + 64 i; for the first 2 * TOKENS threads
+    // also the scale of run xr of token xdt.
     const int dr = tid >> 1, dhalf = tid & 1;
     const int xt = tid >> 2, xp = tid & 3;
     const int xdt = tid >> 1, xr = tid & 1;
@@ -178,34 +195,41 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, 
     const int runs = p.k / 32;
     const int steps = (p.k + kStepK - 1) / kStepK;
     const int chunks = (p.k + R::k - 1) / R::k;
-    const bool x_token = token_base + xt < p.m, d_token = token_base + xdt < p.m;
-    const kcap_u64 x_row = kcap_u64(x_token ? token_base + xt : 0), d_row = kcap_u64(d_token ? token_base + xdt : 0);
+    const bool d_token = token_base + xdt < p.m;
+    const kcap_u64 d_row = kcap_u64(d_token ? token_base + xdt : 0);
 
     // Raw weight chunk c into its buffer (STAGED; nothing past the last chunk).
     const auto stage = [&](int c) {
         if (STAGED && c < chunks) stage_chunk<F>(raw_q8 + (c & 1) * R::buffer_words, w, w_end, p, row_base, c, tid);
     };
     const unsigned sh_address = shared_address(sh);
-    const unsigned x_offset = unsigned(offsetof(SharedQ8Step, x) + 4 * (xt * kStrideQ8 + 4 * xp));
-    const unsigned qsum_offset = unsigned(offsetof(SharedQ8Step, qsum) + 4 * (xp * kMmaTokens + xt));
-    const unsigned d_offset = unsigned(offsetof(SharedQ8Step, d) + 4 * (xr * kMmaTokens + xdt));
+    const unsigned x_offset = unsigned(offsetof(Step, x) + 4 * (xt * kStrideQ8 + 4 * xp));
+    const unsigned qsum_offset = unsigned(offsetof(Step, qsum) + 4 * (xp * TOKENS + xt));
+    const unsigned d_offset = unsigned(offsetof(Step, d) + 4 * (xr * TOKENS + xdt));
     // Step s's activations into sh[s & 1]: codes, half sums (formats with offsets), run
     // scales; zeros past M or K (a zero-length copy reads nothing, so the address is any valid one).
     const auto copy_x = [&](int s) {
         if (s >= steps) return;
-        const unsigned b = sh_address + unsigned(s & 1) * unsigned(sizeof(SharedQ8Step));
+        const unsigned b = sh_address + unsigned(s & 1) * unsigned(sizeof(Step));
         const int k0 = s * kStepK;
-        const bool in = x_token && k0 + 16 * xp < p.k;
-        cp_async16_or_zero(b + x_offset, x.codes + (in ? x_row * k_words + k0 / 4 + 4 * xp : 0), in);
-        if (C::has_offset) cp_async4_or_zero(b + qsum_offset, x.half_sums + (in ? x_row * k_halves + k0 / 16 + xp : 0), in);
-        if (tid < 2 * kMmaTokens) {
+#pragma unroll
+        for (int i = 0; i < kTokenPasses; ++i) {
+            const int token = token_base + xt + 64 * i;
+            const bool in = token < p.m && k0 + 16 * xp < p.k;
+            const kcap_u64 row = kcap_u64(in ? token : 0);
+            cp_async16_or_zero(b + x_offset + unsigned(4 * 64 * kStrideQ8 * i),
+                               x.codes + (in ? row * k_words + k0 / 4 + 4 * xp : 0), in);
+            if (C::has_offset)
+                cp_async4_or_zero(b + qsum_offset + unsigned(4 * 64 * i), x.half_sums + (in ? row * k_halves + k0 / 16 + xp : 0), in);
+        }
+        if (tid < 2 * TOKENS) {
             const bool d_in = d_token && k0 + 32 * xr < p.k;
             cp_async4_or_zero(b + d_offset, x.d + (d_in ? d_row * k_runs + k0 / 32 + xr : 0), d_in);
         }
     };
     // Step s's weights into sh[s & 1]: code bytes, (scale, offset) per sub-block; zeros past N or K.
     const auto decode = [&](int s) {
-        SharedQ8Step& b = sh[s & 1];
+        Step& b = sh[s & 1];
         const int run = 2 * s + dhalf;
         kcap_u32 u[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
         float sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
@@ -229,41 +253,41 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, 
             if (C::has_offset) b.offset[dhalf][dr] = off[0];
         }
     };
-    float acc[kMt][kNt][4] = {};
+    float acc[kMtQ8][kNt][4] = {};
     const int bias_quad[4] = {kProductBiasBits, kProductBiasBits, kProductBiasBits, kProductBiasBits};
     // Step s's products from sh[s & 1]: per run and sub-block T = sum((byte - bias) * q) on the
     // tensor cores, then acc += d_x * (sum over the run's sub-blocks of scale * T + offset * sum q).
     const auto products = [&](int s) {
-        const SharedQ8Step& b = sh[s & 1];
+        const Step& b = sh[s & 1];
 #pragma unroll
         for (int r = 0; r < kStepK / 32; ++r) {
-            unsigned a[kMt][4], bw[kNt / 2][4];
-#pragma unroll
-            for (int mt = 0; mt < kMt; ++mt) load_a<kStrideQ8>(a[mt], b.x + (warp_tokens + 16 * mt) * kStrideQ8 + 8 * r, lane);
+            unsigned bw[kNt / 2][4];
 #pragma unroll
             for (int np = 0; np < kNt / 2; ++np) load_b2<kStrideQ8>(bw[np], b.w + (warp_rows + 16 * np) * kStrideQ8 + 8 * r, lane);
-            // t[h]: the products of sub-block h of the run.
-            int t[kHalves][kMt][kNt][4];  // kProductBiasBits + T where kBiasedProducts, else T
+            // One m16 tile of tokens at a time: its products, then their epilogue (the products
+            // of one tile live at a time: 16 or 32 registers).
 #pragma unroll
-            for (int mt = 0; mt < kMt; ++mt)
+            for (int mt = 0; mt < kMtQ8; ++mt) {
+                unsigned a[4];
+                load_a<kStrideQ8>(a, b.x + (warp_tokens + 16 * mt) * kStrideQ8 + 8 * r, lane);
+                // t[h]: the products of sub-block h of the run.
+                int t[kHalves][kNt][4];  // kProductBiasBits + T where kBiasedProducts, else T
 #pragma unroll
                 for (int nt = 0; nt < kNt; ++nt) {
                     const unsigned b0 = bw[nt >> 1][2 * (nt & 1)], b1 = bw[nt >> 1][2 * (nt & 1) + 1];
                     if constexpr (kBiasedProducts) {
-                        mma_s8_k32_from(t[0][mt][nt], a[mt], b0, b1, bias_quad);
+                        mma_s8_k32_from(t[0][nt], a, b0, b1, bias_quad);
                     } else {
-                        for (int h = 0; h < kHalves; ++h) t[h][mt][nt][0] = t[h][mt][nt][1] = t[h][mt][nt][2] = t[h][mt][nt][3] = 0;
+                        for (int h = 0; h < kHalves; ++h) t[h][nt][0] = t[h][nt][1] = t[h][nt][2] = t[h][nt][3] = 0;
                         if constexpr (kSub == 32) {
-                            mma_s8_k32(t[0][mt][nt], a[mt], b0, b1);
+                            mma_s8_k32(t[0][nt], a, b0, b1);
                         } else {
-                            mma_s8_k16(t[0][mt][nt], a[mt][0], a[mt][1], b0);
-                            mma_s8_k16(t[kHalves - 1][mt][nt], a[mt][2], a[mt][3], b1);
+                            mma_s8_k16(t[0][nt], a[0], a[1], b0);
+                            mma_s8_k16(t[kHalves - 1][nt], a[2], a[3], b1);
                         }
                     }
                 }
-            // C fragment: [0], [1] at (token g, rows 2tg, 2tg + 1); [2], [3] at token g + 8.
-#pragma unroll
-            for (int mt = 0; mt < kMt; ++mt) {
+                // C fragment: [0], [1] at (token g, rows 2tg, 2tg + 1); [2], [3] at token g + 8.
                 const int ta = warp_tokens + 16 * mt + g, tb = ta + 8;
                 const float da = b.d[r][ta], db = b.d[r][tb];
                 // Sum of q per sub-block of the run (formats with offsets).
@@ -284,8 +308,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, 
                         // (row h0, row h1, row+1 h0, row+1 h1): the halves summed before the
                         // activation scale, one multiply-add per output and run saved.
                         const float4 s = *reinterpret_cast<const float4*>(&b.scale[r][2 * row]);
-                        const int(&t0)[4] = t[0][mt][nt];
-                        const int(&t1)[4] = t[1][mt][nt];
+                        const int(&t0)[4] = t[0][nt];
+                        const int(&t1)[4] = t[1][nt];
                         v0 = fmaf(s.y, float(t1[0]), s.x * float(t0[0])), v1 = fmaf(s.w, float(t1[1]), s.z * float(t0[1]));
                         v2 = fmaf(s.y, float(t1[2]), s.x * float(t0[2])), v3 = fmaf(s.w, float(t1[3]), s.z * float(t0[3]));
                         if (C::has_offset) {
@@ -295,7 +319,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, 
                         }
                     } else {
                         const float2 s = *reinterpret_cast<const float2*>(&b.scale[r][row]);
-                        const int(&tt)[4] = t[0][mt][nt];
+                        const int(&tt)[4] = t[0][nt];
                         if constexpr (kBiasedProducts) {
                             const float c0 = -kProductBias * s.x, c1 = -kProductBias * s.y;  // exact
                             v0 = fmaf(s.x, __int_as_float(tt[0]), c0), v1 = fmaf(s.y, __int_as_float(tt[1]), c1);
@@ -352,20 +376,45 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_kernel(MmaGroup group, 
                mma_group_pick(group.y, which));
 }
 
-template <class F, bool STAGED>
+// Dynamic shared bytes of mma_q8_kernel<F, STAGED, TOKENS>: the two steps' tiles, the raw chunks.
+template <class F, int TOKENS>
+constexpr size_t q8_tile_shared_bytes(bool staged) {
+    return 2 * sizeof(SharedQ8Step<TOKENS>) + (staged ? RawChunk<F>::bytes : 0);
+}
+
+template <class F, bool STAGED, int TOKENS>
 void launch_mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
-    constexpr size_t raw_bytes = STAGED ? RawChunk<F>::bytes : 0;
-    allow_dynamic_shared<mma_q8_kernel<F, STAGED>>(ctx, raw_bytes);  // also the carveout for two groups' static tiles
-    launch(ctx, mma_q8_kernel<F, STAGED>, mma_group_grid(g), dim3(kMmaThreads), raw_bytes, g, x);
+    constexpr size_t bytes = q8_tile_shared_bytes<F, TOKENS>(STAGED);
+    allow_dynamic_shared<mma_q8_kernel<F, STAGED, TOKENS>>(ctx, bytes);
+    launch(ctx, mma_q8_kernel<F, STAGED, TOKENS>, mma_group_grid(g, TOKENS), dim3(kMmaThreads), bytes, g, x);
+}
+
+template <class F, int TOKENS>
+void mma_q8_tokens(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
+    launch_mma_group(ctx, g, q8_tile_shared_bytes<F, TOKENS>(true), [&](const MmaGroup& group, bool staged) {
+        staged ? launch_mma_q8<F, true, TOKENS>(ctx, group, x) : launch_mma_q8<F, false, TOKENS>(ctx, group, x);
+    });
+}
+
+// Tokens per group: 128 where the 128-token groups fill at least 90% of one wave (kQ8GroupsPerSm
+// per multiprocessor), else 64 (small grids: more, smaller groups); KCAP_MMA_Q8_TOKENS=64|128
+// forces either. On the 8B file at 512 tokens: gate+up (896 groups of 128) and the Q6_K ffn_down
+// (128 groups, one per multiprocessor) take 128; q, o, K and V keep 64 (o: 137 us vs 189 with
+// 128); pp512 7772 (64 everywhere) / 7964 (gate+up at 128) / 6311 (128 everywhere) tok/s.
+template <class F>
+int q8_tile_tokens(const Context& ctx, const MmaGroup& g) {
+    if (ctx.mma_q8_tokens != 0) return ctx.mma_q8_tokens;
+    const long long groups = (long long)g.tiles_end[g.count - 1] * ceil_div(g.p[0].m, 128);
+    const long long slots = (long long)kQ8GroupsPerSm<F, 128> * ctx.sm_count;
+    return 10 * groups >= 9 * slots ? 128 : 64;
 }
 
 // The int8 tiles on activations quantized by quantize_rows (p.m >= kMmaMinTokens), for the
 // matrices of `g` (mma_tiles.h: launch_mma_group).
 template <class F>
 void mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
-    launch_mma_group(ctx, g, 2 * sizeof(SharedQ8Step) + RawChunk<F>::bytes, [&](const MmaGroup& group, bool staged) {
-        staged ? launch_mma_q8<F, true>(ctx, group, x) : launch_mma_q8<F, false>(ctx, group, x);
-    });
+    if (q8_tile_tokens<F>(ctx, g) == 128) return mma_q8_tokens<F, 128>(ctx, g, x);
+    mma_q8_tokens<F, 64>(ctx, g, x);
 }
 
 // y = W . q8_1(x) for p.m tokens (rows: x as q8_input gives it): the matvec below kMmaMinTokens,

@@ -175,11 +175,12 @@ __device__ __forceinline__ const kcap_u8* run_block(const unsigned* raw, const k
 
 // A warp's outputs (C fragments: [mt][nt][0], [1] at token g, rows 2tg, 2tg + 1; [2], [3] at
 // token g + 8) from its first token and row, plus the bias, where token < m and row < n.
-__device__ __forceinline__ void store_tile(const float (&acc)[kMt][kNt][4], const KcapMatmulParams& p, int token0,
+template <int MT>
+__device__ __forceinline__ void store_tile(const float (&acc)[MT][kNt][4], const KcapMatmulParams& p, int token0,
                                            int row0, int lane, const float* bias, float* y) {
     const int g = lane >> 2, tg = lane & 3;
 #pragma unroll
-    for (int mt = 0; mt < kMt; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
@@ -224,9 +225,9 @@ inline void mma_group_add(MmaGroup& g, const KcapMatmulParams& p, const kcap_u8*
     g.tiles_end[i] = g.tiles_end[i - 1] + int(ceil_div(p.n, kMmaRows));
 }
 
-// The grid: every matrix's row tiles along x, token tiles along y.
-inline dim3 mma_group_grid(const MmaGroup& g) {
-    return dim3(unsigned(g.tiles_end[g.count - 1]), unsigned(ceil_div(g.p[0].m, kMmaTokens)));
+// The grid: every matrix's row tiles along x, token tiles of `tokens` along y.
+inline dim3 mma_group_grid(const MmaGroup& g, int tokens = kMmaTokens) {
+    return dim3(unsigned(g.tiles_end[g.count - 1]), unsigned(ceil_div(g.p[0].m, tokens)));
 }
 
 // In the kernel: which matrix this group's row tile belongs to, and the tile's index in it. The

@@ -153,12 +153,17 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                     for (int variant : {0, 1})
                     // the decode matvec with 1 or 2 rows per team (a wide matrix's: matvec_rows_for)
                     for (int team_rows : {1, 2})
-                    for (bool with_bias : {false, true}) {
+                    for (bool with_bias : {false, true})
+                    // the int8 tiles' tokens per group (q8_1 rows, 67 or 130 tokens: one partial
+                    // 128-token group, or a full one and two tokens)
+                    for (int q8_tokens : {64, 128}) {
                         if (with_bias && n == 7) continue;
                         const bool tiles = mma && m >= cuda_rows::kMmaMinTokens;
                         if (variant && !tiles && !q8) continue;
                         if (team_rows == 2 && (tiles || (m > 1 && !q8) || with_bias)) continue;
+                        if (q8_tokens == 128 && !(q8 && tiles && m >= 67)) continue;
                         TestContext t;
+                        t.ctx.mma_q8_tokens = q8_tokens;
                         if (tiles) t.ctx.mma_staged = variant;
                         else t.ctx.q8_prequantize = variant;
                         t.ctx.matvec_rows = team_rows;
@@ -186,9 +191,10 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                         const double err = matmul_error(download(y, ref.size()), ref, w->ref, xr.data(), k, n, m);
                         const double tolerance =
                             !q8 && mma && m >= cuda_rows::kMmaMinTokens ? kMmaTolerance : kExactTolerance;
-                        KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d bias=%d %s=%d rows=%d: error %.3g > %.1g",
+                        KCAP_EXPECT(err <= tolerance,
+                                    "%s K=%lld N=%lld M=%d bias=%d %s=%d rows=%d q8_tokens=%d: error %.3g > %.1g",
                                     row.kernel.c_str(), (long long)k, (long long)n, m, int(with_bias),
-                                    tiles ? "staged" : "prequantized", variant, team_rows, err, tolerance);
+                                    tiles ? "staged" : "prequantized", variant, team_rows, q8_tokens, err, tolerance);
                         ++g_cases;
                     }
     }
@@ -865,6 +871,7 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
                     t.ctx.q8_prequantize = pre;
                     t.ctx.matvec_rows = team_rows;
                     t.ctx.mma_group = n != 7 || m != 17;  // also a batch of one tile launch per matrix
+                    t.ctx.mma_q8_tokens = m == 67 ? 128 : 64;  // the int8 tiles' tokens per group
                     auto gate = random_weights(rng, f, k, n);
                     auto up = random_weights(rng, f, k, n);
                     const std::vector<float> x = random_floats(rng, size_t(m * k));
@@ -930,6 +937,7 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
             TestContext t;
             t.ctx.q8_prequantize = pre;
             t.ctx.mma_group = m != 17;  // 17 tokens: the tiles one launch per matrix (KCAP_MMA_GROUP=0)
+            t.ctx.mma_q8_tokens = m == 67 ? 128 : 64;  // the int8 tiles' tokens per group
             const int64_t k = mix.width, rows[3] = {k * 2 + 7, k / 2 + 3, k / 2 + 3};
             const std::vector<float> x = random_floats(rng, size_t(m * k));
             const std::vector<float> xr = q8 ? q8_1_values(x) : x;  // what the row multiplies
