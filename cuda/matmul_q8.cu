@@ -4,8 +4,9 @@
 // int8 codes (KcapCodes<F>::codes8), integer products summed exactly in int32 per sub-block,
 // then the f32 scales: what llama.cpp's mmvq / mmq compute.
 //   fewer than kMmaMinTokens tokens: the dp4a matvec (kernels/matvec_q8.h), one grid row per token;
-//   a batch: int8 tensor-core tiles below, the bf16 rows' tile, warp layout and raw weight staging
-//   (cuda/mma_tiles.h) on mma.sync m16n8k32 (sub-blocks of 32) or m16n8k16 (of 16) s8 x s8 -> s32.
+//   a batch: int8 tensor-core tiles below, the bf16 rows' row tiles, warp grid and raw weight
+//   staging (cuda/mma_tiles.h), 64 or 128 tokens per group, on mma.sync m16n8k32 (sub-blocks of
+//   32) or m16n8k16 (of 16) s8 x s8 -> s32.
 //
 // A batch's activations, and a token's of 2048 values or more (q8_input), are quantized once
 // (kcap_q8_quantize_rows, into the backend's q8_1 scratch, or by the add_norm before) for every
@@ -141,10 +142,12 @@ struct alignas(16) SharedQ8Step {
 
 // Tokens per group: 64, or 128 (a warp takes 64 tokens x 32 rows, so every decoded weight run
 // and scale serves twice the products). The warp grid is 2 (tokens) x 4 (rows) for both. Groups
-// per multiprocessor: two (128 registers), except 128 tokens on 16-element sub-blocks: one (up to
-// 255 registers; two spilled inside the loop). Measured on the H200 (ncu, Llama-3-8B Q4_K_M shape,
-// 512 tokens): Q4_K gate+up 911 us (64 tokens) / 862 (128, two groups) / 968 (128, one group);
-// Q6_K ffn_down 695-701 (64) / 704 (128, two groups, spills) / 579 (128, one group).
+// per multiprocessor: two (128 registers; at 128 tokens the K step spills a few registers,
+// 11-12 spill instructions per step for Q4_K in the sm_90 build), except 128 tokens on 16-element
+// sub-blocks: one (up to 255 registers, no spills; two spilled 28 per step). Measured on the
+// H200 (ncu, Llama-3-8B Q4_K_M shape, 512 tokens): Q4_K gate+up 911 us (64 tokens) / 862 (128,
+// two groups) / 968 (128, one group); Q6_K ffn_down 695-701 (64) / 704 (128, two groups) / 579
+// (128, one group).
 template <class F, int TOKENS>
 constexpr int kQ8GroupsPerSm = TOKENS == 128 && KcapCodes<F>::sub == 16 ? 1 : 2;
 
@@ -172,6 +175,8 @@ __global__ void __launch_bounds__(kMmaThreads, kQ8GroupsPerSm<F, TOKENS>) mma_q8
     // cp.async groups: every step commits two (its activations, then its weight chunk or none).
     // Waiting for a step's activations leaves the newest group (the chunk staged the step
     // before) in flight, except with one-step chunks, where the next step decodes that chunk.
+    // Groups complete in order, so a 4-step chunk staged at iteration 4j - 2 is waited for at
+    // iteration 4j (two steps of lead; the tiles before this pipeline gave it four).
     constexpr int kPendingGroups = STAGED && kStepsPerChunk == 1 ? 0 : 1;
     // Dynamic shared memory: the two steps' tiles, then (STAGED) the raw chunks, RawChunk<F>:
     // two buffers of buffer_words.
@@ -396,14 +401,16 @@ void mma_q8_tokens(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
     });
 }
 
-// Tokens per group: 128 where the 128-token groups fill at least 90% of one wave (kQ8GroupsPerSm
-// per multiprocessor), else 64 (small grids: more, smaller groups); KCAP_MMA_Q8_TOKENS=64|128
+// Tokens per group: 128 where the batch has more than 64 tokens and the 128-token groups fill at
+// least 90% of one wave (kQ8GroupsPerSm per multiprocessor), else 64 (small grids: more,
+// smaller groups); KCAP_MMA_Q8_TOKENS=64|128
 // forces either. On the 8B file at 512 tokens: gate+up (896 groups of 128) and the Q6_K ffn_down
 // (128 groups, one per multiprocessor) take 128; q, o, K and V keep 64 (o: 137 us vs 189 with
 // 128); pp512 7772 (64 everywhere) / 7964 (gate+up at 128) / 6311 (128 everywhere) tok/s.
 template <class F>
 int q8_tile_tokens(const Context& ctx, const MmaGroup& g) {
     if (ctx.mma_q8_tokens != 0) return ctx.mma_q8_tokens;
+    if (g.p[0].m <= 64) return 64;  // as many groups either way: 128 would compute zeros
     const long long groups = (long long)g.tiles_end[g.count - 1] * ceil_div(g.p[0].m, 128);
     const long long slots = (long long)kQ8GroupsPerSm<F, 128> * ctx.sm_count;
     return 10 * groups >= 9 * slots ? 128 : 64;

@@ -1,8 +1,10 @@
 // Pieces shared by the tensor-core matmul kernels (matmul_mma.cu: bf16 tiles on split
 // activations; matmul_q8.cu: int8 tiles on q8_1 activations): the tile and warp layout,
 // the fragment loads, the raw weight chunks staged by cp.async, the activation loads. Both
-// kernels take kMmaTokens tokens x kMmaRows weight rows per group, K in steps of kStepK, each
-// thread decoding one 32-element run of one row per step (see matmul_mma.cu's header).
+// kernels take kMmaRows weight rows per group, K in steps of kStepK, each thread decoding one
+// 32-element run of one row per step (see matmul_mma.cu's header); the bf16 kernel takes
+// kMmaTokens tokens per group (warps of kWarpTokens x kWarpRows), the int8 one 64 or 128
+// (matmul_q8.cu: warps of 32 or 64 tokens x kWarpRows).
 #pragma once
 
 #include <atomic>
@@ -26,8 +28,8 @@ using namespace cuda_rows;
 constexpr int kStepK = 64;                 // K elements staged per step: two 32-element runs per row
 constexpr int kSubs16 = kStepK / 16;       // 16-element sub-blocks per step
 constexpr int kWarpsRows = 4;              // warp grid: 2 (tokens) x 4 (rows)
-constexpr int kWarpTokens = 32, kWarpRows = 32;
-constexpr int kMt = kWarpTokens / 16, kNt = kWarpRows / 8;  // mma tiles per warp
+constexpr int kWarpTokens = 32, kWarpRows = 32;          // the bf16 kernel's warp tile
+constexpr int kMt = kWarpTokens / 16, kNt = kWarpRows / 8;  // mma tiles per warp (kNt: both kernels)
 static_assert(kMmaThreads == 256 && kMmaTokens == 64 && kMmaRows == 128, "the warp layout assumes these");
 static_assert(kMmaThreads == 2 * kMmaRows, "weights: each thread decodes one run of one row per step");
 static_assert(kMmaThreads * 16 == kMmaTokens * kStepK && kStepK == 64, "activations: each thread stages 4 float4 (of 4 tokens) per step");
@@ -291,9 +293,10 @@ void launch_mma_group(const Context& ctx, const MmaGroup& g, size_t staged_share
     for (int i = 0; i < g.count; ++i) launch(mma_group(g.p[i], g.w[i], g.bias[i], g.y[i]), staged);
 }
 
-// The raw double buffer is dynamic shared memory (with the static tiles over 48 KB for most
-// formats): allow it once per device and kernel, and ask for the largest shared carveout so two
-// groups fit a multiprocessor (the carveout is a hint; the default may pick less).
+// Dynamic shared memory (the bf16 kernel's raw double buffer, with its static tiles over 48 KB
+// for most formats; all of the int8 kernel's, staged or not): allow it once per device and
+// kernel, and ask for the largest shared carveout so two groups fit a multiprocessor (the
+// carveout is a hint; the default may pick less).
 template <auto KERNEL>
 void allow_dynamic_shared(const Context& ctx, size_t bytes) {
     static std::atomic<unsigned long long> configured{0};  // bit d: done on device d

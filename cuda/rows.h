@@ -66,9 +66,9 @@ constexpr int kTokensRows = 2;
 constexpr int kTokensPerPass = 8;  // tokens that reuse one decoded run of weights
 // Matmul, tensor cores (bf16 mma.sync on scale-factored weights and split activations, CUDA
 // only; cuda/matmul_mma.cu): prefill tiles.
-constexpr int kMmaTokens = 64;     // tokens per tile
+constexpr int kMmaTokens = 64;     // tokens per tile (int8 tiles: 64 or 128, cuda/matmul_q8.cu)
 constexpr int kMmaRows = 128;      // weight rows per tile
-constexpr int kMmaThreads = 256;   // 8 warps (2 x 4), each 32 tokens x 32 rows
+constexpr int kMmaThreads = 256;   // 8 warps (2 x 4), each 32 tokens x 32 rows (int8 tiles: also 64 x 32)
 constexpr int kMmaMinTokens = 16;  // fewer tokens take the few-token walk
 // Formats with an mma row: those whose weights are scale x bf16-exact code + offset per
 // sub-block (kernels/quant_codes.h). F32 and F16 take the exact rows.

@@ -145,7 +145,11 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
         // q8_1 rows have tensor-core tiles too; they are held to the exact rows' bound on q8_1(x).
         const bool q8 = row.input_encoding == Encoding::Q8_1;
         const bool mma = q8 || row.kernel.rfind("cuda.matmul_mma.", 0) == 0;
-        for (int64_t k : k_edges(row, 14336))
+        std::vector<int64_t> ks = k_edges(row, 14336);
+        // Five multiples: with 32-element blocks an odd number of 64-element raw chunks, the last
+        // of one block (the tiles' staging, cuda/mma_tiles.h), with 256-element blocks five chunks.
+        ks.push_back(5 * row.dims.k_multiple);
+        for (int64_t k : ks)
             for (int64_t n : {1, 7, 130})
                 for (int m : {1, 2, 17, 67, 130})
                     // variant: the tensor-core tiles with weights staged in shared memory (1) or not (0);
@@ -154,14 +158,14 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                     // the decode matvec with 1 or 2 rows per team (a wide matrix's: matvec_rows_for)
                     for (int team_rows : {1, 2})
                     for (bool with_bias : {false, true})
-                    // the int8 tiles' tokens per group (q8_1 rows, 67 or 130 tokens: one partial
-                    // 128-token group, or a full one and two tokens)
+                    // the int8 tiles' tokens per group (q8_1 rows; 17, 67 or 130 tokens: one
+                    // partial 128-token group, or a full one and two tokens)
                     for (int q8_tokens : {64, 128}) {
                         if (with_bias && n == 7) continue;
                         const bool tiles = mma && m >= cuda_rows::kMmaMinTokens;
                         if (variant && !tiles && !q8) continue;
                         if (team_rows == 2 && (tiles || (m > 1 && !q8) || with_bias)) continue;
-                        if (q8_tokens == 128 && !(q8 && tiles && m >= 67)) continue;
+                        if (q8_tokens == 128 && !(q8 && tiles)) continue;
                         TestContext t;
                         t.ctx.mma_q8_tokens = q8_tokens;
                         if (tiles) t.ctx.mma_staged = variant;
