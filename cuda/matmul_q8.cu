@@ -197,7 +197,6 @@ __global__ void __launch_bounds__(kMmaThreads, kQ8GroupsPerSm<F, TOKENS>) mma_q8
     const bool row_valid = row_base + dr < p.n;
     const kcap_u8* wrow = w + kcap_u64(row_valid ? row_base + dr : 0) * p.row_bytes;
     const kcap_u8* w_end = w + kcap_u64(p.n) * p.row_bytes;
-    const int runs = p.k / 32;
     const int steps = (p.k + kStepK - 1) / kStepK;
     const int chunks = (p.k + R::k - 1) / R::k;
     const bool d_token = token_base + xdt < p.m;
@@ -238,7 +237,7 @@ __global__ void __launch_bounds__(kMmaThreads, kQ8GroupsPerSm<F, TOKENS>) mma_q8
         const int run = 2 * s + dhalf;
         kcap_u32 u[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
         float sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
-        if (row_valid && run < runs) {
+        if (row_valid && run < k_runs) {
             C::codes8(run_block<F, STAGED>(raw_q8, wrow, dr, run, s / kStepsPerChunk), run % kRunsPerBlock, u, sc, off);
             // Signed codes for the s8 products: byte - bias in two's complement, so the
             // epilogue needs no "- bias * sum q" per output and sub-block. Bytes are 0..127,

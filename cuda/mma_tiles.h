@@ -200,7 +200,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[MT][kNt][4], const
 // comes once per stage instead of once per matrix. KCAP_MMA_GROUP=0 (Context::mma_group, a
 // measurement switch): one launch per matrix.
 struct MmaGroup {
-    KcapMatmulParams p[3];  // the same k and m; n, row_bytes, has_bias their own
+    KcapMatmulParams p[3];  // the same k, m and row_bytes (mma_group_add); n and has_bias their own
     const kcap_u8* w[3];
     const float* bias[3];
     float* y[3];
@@ -221,7 +221,7 @@ inline MmaGroup mma_group(const KcapMatmulParams& p, const kcap_u8* w, const flo
 // and row bytes follow; checked here).
 inline void mma_group_add(MmaGroup& g, const KcapMatmulParams& p, const kcap_u8* w, const float* bias, float* y) {
     if (g.count >= 3 || p.k != g.p[0].k || p.m != g.p[0].m || p.row_bytes != g.p[0].row_bytes)
-        throw Error("mma_group_add: at most three matrices of one format, k and m");
+        throw Error("mma_group_add: at most three matrices of one format, k, m and row bytes");
     const int i = g.count++;
     g.p[i] = p, g.w[i] = w, g.bias[i] = bias, g.y[i] = y;
     g.tiles_end[i] = g.tiles_end[i - 1] + int(ceil_div(p.n, kMmaRows));
