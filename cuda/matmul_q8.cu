@@ -151,13 +151,14 @@ struct alignas(16) SharedQ8Step {
 template <class F, int TOKENS>
 constexpr int kQ8GroupsPerSm = TOKENS == 128 && KcapCodes<F>::sub == 16 ? 1 : 2;
 
+// One group's tile: row tile bx of `group` (a grid column), token tile blockIdx.y.
 template <class F, bool STAGED, int TOKENS>
-__global__ void __launch_bounds__(kMmaThreads, kQ8GroupsPerSm<F, TOKENS>) mma_q8_kernel(MmaGroup group, Q8Rows x) {
+__device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const Q8Rows& x) {
     static_assert(TOKENS == 64 || TOKENS == 128, "64 or 128 tokens per group");
     using Step = SharedQ8Step<TOKENS>;
     constexpr int kWarpTokensQ8 = TOKENS / 2, kMtQ8 = kWarpTokensQ8 / 16;
     constexpr int kTokenPasses = TOKENS / 64;  // activation copies per thread and step: 64 tokens each
-    const int which = mma_group_member(group), tile = mma_group_tile(group, which);
+    const int which = mma_group_member(group, bx), tile = mma_group_tile(group, which, bx);
     const KcapMatmulParams p = mma_group_pick(group.p, which);
     const kcap_u8* w = mma_group_pick(group.w, which);
     using C = KcapCodes<F>;
@@ -380,6 +381,26 @@ __global__ void __launch_bounds__(kMmaThreads, kQ8GroupsPerSm<F, TOKENS>) mma_q8
                mma_group_pick(group.y, which));
 }
 
+template <class F, bool STAGED, int TOKENS>
+__global__ void __launch_bounds__(kMmaThreads, kQ8GroupsPerSm<F, TOKENS>) mma_q8_kernel(MmaGroup group, Q8Rows x) {
+    mma_q8_tile<F, STAGED, TOKENS>(group, int(blockIdx.x), x);
+}
+
+// Two groups of matrices of two formats on the same x in one grid (qkv's Q and K in one format,
+// V in another: Llama-3-8B Q4_K_M's Q4_K / Q6_K layers). The first group's row tiles, then the
+// second's: V's 64 groups (8 row tiles, 64 tokens each at 512 tokens) share the last wave of
+// Q and K's 320 instead of taking a wave of their own. ncu on the H200, 8B layer at 512
+// tokens: 285 us in one launch, against 211 us (Q+K) + 137 us (V) in two; a Q4_K layer's
+// Q, K and V (384 groups of one format) take 211 us. 64 tokens per group: both formats'
+// kernels fit two groups per multiprocessor there.
+template <class F0, class F1, bool STAGED>
+__global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_pair_kernel(MmaGroup g0, MmaGroup g1, Q8Rows x) {
+    static_assert(kQ8GroupsPerSm<F0, 64> == 2 && kQ8GroupsPerSm<F1, 64> == 2, "both fit two groups per multiprocessor");
+    const int tiles0 = g0.tiles_end[g0.count - 1];
+    if (int(blockIdx.x) < tiles0) mma_q8_tile<F0, STAGED, 64>(g0, int(blockIdx.x), x);
+    else mma_q8_tile<F1, STAGED, 64>(g1, int(blockIdx.x) - tiles0, x);
+}
+
 // Dynamic shared bytes of mma_q8_kernel<F, STAGED, TOKENS>: the two steps' tiles, the raw chunks.
 template <class F, int TOKENS>
 constexpr size_t q8_tile_shared_bytes(bool staged) {
@@ -414,6 +435,34 @@ int q8_tile_tokens(const Context& ctx, const MmaGroup& g) {
     const long long slots = (long long)kQ8GroupsPerSm<F, 128> * ctx.sm_count;
     return 10 * groups >= 9 * slots ? 128 : 64;
 }
+
+// The two-format launch (mma_q8_pair_kernel) of groups g0 (format F0) and g1 (F1), 64 tokens
+// per group.
+template <class F0, class F1, bool STAGED>
+void launch_mma_q8_pair(const Context& ctx, const MmaGroup& g0, const MmaGroup& g1, const Q8Rows& x) {
+    constexpr size_t bytes = std::max(q8_tile_shared_bytes<F0, 64>(STAGED), q8_tile_shared_bytes<F1, 64>(STAGED));
+    allow_dynamic_shared<mma_q8_pair_kernel<F0, F1, STAGED>>(ctx, bytes);
+    const dim3 grid(unsigned(g0.tiles_end[g0.count - 1] + g1.tiles_end[g1.count - 1]), unsigned(ceil_div(g0.p[0].m, 64)));
+    launch(ctx, mma_q8_pair_kernel<F0, F1, STAGED>, grid, dim3(kMmaThreads), bytes, g0, g1, x);
+}
+
+// g0 and g1 in one two-format launch where each alone would take 64-token groups (so the pair
+// computes what the two launches would) and the matrices share one grid (Context::mma_group);
+// false: nothing launched.
+template <class F0, class F1>
+bool mma_q8_pair(const Context& ctx, const MmaGroup& g0, const MmaGroup& g1, const Q8Rows& x) {
+    if (!ctx.mma_group || q8_tile_tokens<F0>(ctx, g0) != 64 || q8_tile_tokens<F1>(ctx, g1) != 64) return false;
+    constexpr size_t staged_bytes = std::max(q8_tile_shared_bytes<F0, 64>(true), q8_tile_shared_bytes<F1, 64>(true));
+    if (use_staged(ctx, g0.p[0], staged_bytes)) launch_mma_q8_pair<F0, F1, true>(ctx, g0, g1, x);
+    else launch_mma_q8_pair<F0, F1, false>(ctx, g0, g1, x);
+    return true;
+}
+
+// The format pairs with a two-format launch (each pair is two more tile kernels to compile):
+// llama.cpp's K-quant mixes, a Q6_K V next to Q4_K or Q5_K Q and K (Q4_K_M, Q5_K_M).
+#define KCAP_Q8_TILE_PAIRS(X) \
+    X(Q4_K, KcapQ4_K, Q6_K, KcapQ6_K) \
+    X(Q5_K, KcapQ5_K, Q6_K, KcapQ6_K)
 
 // The int8 tiles on activations quantized by quantize_rows (p.m >= kMmaMinTokens), for the
 // matrices of `g` (mma_tiles.h: launch_mma_group).
@@ -502,6 +551,21 @@ void matmul_q8_any(const Context& ctx, Format format, const KcapMatmulParams& p,
     }
 }
 
+// Groups of two formats (qkv's batches) in one launch where KCAP_Q8_TILE_PAIRS has the pair
+// (either order) and mma_q8_pair takes it; false: nothing launched.
+bool mma_q8_pair_any(const Context& ctx, const MmaFormatGroups& by_format, const Q8Rows& rows) {
+    if (by_format.count != 2) return false;
+    const Format f0 = by_format.format[0], f1 = by_format.format[1];
+#define KCAP_MMA_Q8_PAIR_CASE(NAME0, DECODER0, NAME1, DECODER1)                                      \
+    if (f0 == Format::NAME0 && f1 == Format::NAME1)                                                  \
+        return mma_q8_pair<DECODER0, DECODER1>(ctx, by_format.group[0], by_format.group[1], rows);  \
+    if (f0 == Format::NAME1 && f1 == Format::NAME0)                                                  \
+        return mma_q8_pair<DECODER0, DECODER1>(ctx, by_format.group[1], by_format.group[0], rows);
+    KCAP_Q8_TILE_PAIRS(KCAP_MMA_Q8_PAIR_CASE)
+#undef KCAP_MMA_Q8_PAIR_CASE
+    return false;
+}
+
 // The int8 tiles of a group of matrices of one format (qkv's batches).
 void mma_q8_any(const Context& ctx, Format format, const MmaGroup& g, const Q8Rows& rows) {
     switch (format) {
@@ -518,7 +582,7 @@ void mma_q8_any(const Context& ctx, Format format, const MmaGroup& g, const Q8Ro
 }  // namespace cuda
 
 // qkv_q8: one token runs the three-segment q8_1 matvec; up to kMmaMinTokens, each matrix's q8_1
-// matvec; a batch, the int8 tiles, one launch per format.
+// matvec; a batch, the int8 tiles, one launch per format or per pair of formats.
 void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call) {
     using namespace cuda_rows;
     const cuda::Context& ctx = cuda::context(call);
@@ -535,8 +599,10 @@ void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call) {
         for (const cuda::QkvSegment& s : q.segment) cuda::matmul_q8_any(ctx, Format(s.format), s.p, s.w, call.in, rows, s.y);
         return;
     }
-    // A batch: the int8 tiles, one launch per format (all three where Q, K and V share one).
+    // A batch: the int8 tiles, one launch per format (all three where Q, K and V share one), or
+    // one for two formats (mma_q8_pair_any).
     const cuda::MmaFormatGroups by_format = cuda::mma_groups_by_format(q);
+    if (cuda::mma_q8_pair_any(ctx, by_format, rows)) return;
     for (int i = 0; i < by_format.count; ++i) cuda::mma_q8_any(ctx, by_format.format[i], by_format.group[i], rows);
 }
 

@@ -234,12 +234,13 @@ inline dim3 mma_group_grid(const MmaGroup& g, int tokens = kMmaTokens) {
 
 // In the kernel: which matrix this group's row tile belongs to, and the tile's index in it. The
 // members are read with constant indices only, so the parameters stay in the constant bank.
-__device__ __forceinline__ int mma_group_member(const MmaGroup& g) {
-    const int bx = int(blockIdx.x);
+// bx: the group's row tile in the grid (blockIdx.x, or less the tiles of a launch's first
+// group: matmul_q8.cu's two-format launch).
+__device__ __forceinline__ int mma_group_member(const MmaGroup& g, int bx = int(blockIdx.x)) {
     return bx >= g.tiles_end[1] ? 2 : bx >= g.tiles_end[0] ? 1 : 0;
 }
-__device__ __forceinline__ int mma_group_tile(const MmaGroup& g, int which) {
-    return int(blockIdx.x) - (which == 0 ? 0 : which == 1 ? g.tiles_end[0] : g.tiles_end[1]);
+__device__ __forceinline__ int mma_group_tile(const MmaGroup& g, int which, int bx = int(blockIdx.x)) {
+    return bx - (which == 0 ? 0 : which == 1 ? g.tiles_end[0] : g.tiles_end[1]);
 }
 template <class T>
 __device__ __forceinline__ T mma_group_pick(const T (&v)[3], int which) {
