@@ -395,13 +395,15 @@ __global__ void __launch_bounds__(kMmaThreads, kQ8GroupsPerSm<F, TOKENS>) mma_q8
 // kernels fit two groups per multiprocessor there.
 template <class F0, class F1, bool STAGED>
 __global__ void __launch_bounds__(kMmaThreads, 2) mma_q8_pair_kernel(MmaGroup g0, MmaGroup g1, Q8Rows x) {
+    // Guards the launch bounds against a change of either format's groups per multiprocessor.
     static_assert(kQ8GroupsPerSm<F0, 64> == 2 && kQ8GroupsPerSm<F1, 64> == 2, "both fit two groups per multiprocessor");
     const int tiles0 = g0.tiles_end[g0.count - 1];
     if (int(blockIdx.x) < tiles0) mma_q8_tile<F0, STAGED, 64>(g0, int(blockIdx.x), x);
     else mma_q8_tile<F1, STAGED, 64>(g1, int(blockIdx.x) - tiles0, x);
 }
 
-// Dynamic shared bytes of mma_q8_kernel<F, STAGED, TOKENS>: the two steps' tiles, the raw chunks.
+// Dynamic shared bytes of mma_q8_tile<F, STAGED, TOKENS>: the two steps' tiles, the raw chunks
+// (a two-format launch takes the larger of its formats').
 template <class F, int TOKENS>
 constexpr size_t q8_tile_shared_bytes(bool staged) {
     return 2 * sizeof(SharedQ8Step<TOKENS>) + (staged ? RawChunk<F>::bytes : 0);

@@ -115,8 +115,9 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
     KCAP_Q8_WEIGHT_FORMATS(KCAP_MATMUL_Q8_ROW)
 #undef KCAP_MATMUL_Q8_ROW
     // Fused Q, K and V matmuls of one input (no biases), each weight in any format: one token
-    // runs one launch whose groups take the three matrices' rows; a batch, each matrix's
-    // tensor-core (else exact) row. K must suit every operand's format.
+    // runs one launch whose groups take the three matrices' rows; a batch, the tensor-core
+    // tiles of the matrices of one format in one launch (else each matrix's exact row). K must
+    // suit every operand's format.
     {
         Row row = make_row("cuda.qkv", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv),
                            {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,

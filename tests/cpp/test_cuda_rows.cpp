@@ -913,7 +913,7 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
 
 // cuda.qkv: three matrices of mixed formats against one x, each compared with its CPU
 // matmul row (one token: the three-segment matvec; a batch: the tiles of each format in one
-// launch, else each format's batched row).
+// launch, or of two formats in one (cuda.qkv_q8), else each format's batched row).
 void test_qkv(std::mt19937& rng, CpuState& cpu) {
   for (const char* kernel : {"cuda.qkv", "cuda.qkv_q8"}) {
     const Row& row = find_row(kernel);
@@ -930,22 +930,26 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
         // A batch groups the matrices of one format into one launch (cuda/mma_tiles.h, MmaGroup):
         {Format::Q4_K, Format::Q4_K, Format::Q4_K, 512},   // all three in one grid
         {Format::Q8_0, Format::Q4_0, Format::Q8_0, 128},   // Q with V, K alone
-        // Two formats in one launch (cuda.qkv_q8, matmul_q8.cu: KCAP_Q8_TILE_PAIRS): at 40
-        // tokens the Q4_K / Q6_K mix above (staged weights, K 4096) and this one (the pair in
-        // the other order, weights read from global memory).
+        // Two formats in one launch (cuda.qkv_q8, matmul_q8.cu: KCAP_Q8_TILE_PAIRS), at 40 and
+        // 100 tokens: the Q4_K / Q6_K mix above and this one (the pair in the other order; K
+        // and V one group of two matrices).
         {Format::Q6_K, Format::Q5_K, Format::Q5_K, 256},
     };
     for (const Mix& mix : mixes)
-        for (int m : {1, 3, 17, 40, 67})
-        for (int pre : {0, 1}) {  // the q8_1 matvec's x quantized by its groups or once
+        for (int m : {1, 3, 17, 40, 67, 100})
+        // Fewer than kMmaMinTokens tokens (q8_1): the matvec's x quantized by its groups or once
+        // (q8_prequantize); 100 tokens (two token tiles of 64, the second partial): the tiles'
+        // weights read from global memory or staged (mma_staged).
+        for (int pre : {0, 1}) {
             const Format formats[3] = {mix.q, mix.k, mix.v};
             if (q8 && (!cuda_rows::q8_format(mix.q) || !cuda_rows::q8_format(mix.k) || !cuda_rows::q8_format(mix.v)))
                 continue;
-            if (pre && !(q8 && m < cuda_rows::kMmaMinTokens)) continue;
+            if (pre && !(q8 && m < cuda_rows::kMmaMinTokens) && m != 100) continue;
             TestContext t;
-            t.ctx.q8_prequantize = pre;
+            if (m == 100) t.ctx.mma_staged = pre;
+            else t.ctx.q8_prequantize = pre;
             t.ctx.mma_group = m != 17;  // 17 tokens: the tiles one launch per matrix (KCAP_MMA_GROUP=0)
-            t.ctx.mma_q8_tokens = m == 67 ? 128 : 64;  // the int8 tiles' tokens per group (40: two-format pairs)
+            t.ctx.mma_q8_tokens = m == 67 ? 128 : 64;  // the int8 tiles' tokens per group (40, 100: two-format pairs)
             const int64_t k = mix.width, rows[3] = {k * 2 + 7, k / 2 + 3, k / 2 + 3};
             const std::vector<float> x = random_floats(rng, size_t(m * k));
             const std::vector<float> xr = q8 ? q8_1_values(x) : x;  // what the row multiplies
