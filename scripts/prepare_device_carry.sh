@@ -16,6 +16,8 @@
 #   cp -r tests/goldens/conformance CARRY/src/tests/goldens/ && cd CARRY/src &&
 #   BUDGET_S=495 bash scripts/device_check.sh .. > $OUT/check.txt 2>&1; tail -14 $OUT/check.txt
 # (SKIP_LLAMA=1 skips llama.cpp; the full run with llama.cpp takes about 7 of the 10 minutes.)
+# BASE_REV=<rev> also writes CARRY_DIR/base/: that revision's sources, the same way, for an A/B
+# of a change against it in one device call (scripts/device_ab.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 carry=${1:-.kcap_cuda_carry}
@@ -23,6 +25,11 @@ mkdir -p "$carry/whl"
 rm -rf "$carry/src" && mkdir -p "$carry/src"
 git ls-files -co --exclude-standard | grep -v -E "^tests/goldens/|^tests/fixtures/conformance/|^build/|^${carry}/" |
     tar -cf - -T - | tar -xf - -C "$carry/src"
+rm -rf "$carry/base"
+if [ -n "${BASE_REV:-}" ]; then
+    mkdir -p "$carry/base"
+    git archive "$BASE_REV" | tar -xf - -C "$carry/base" --exclude=tests/goldens --exclude=tests/fixtures/conformance
+fi
 if ! ls "$carry"/whl/gguf-*.whl > /dev/null 2>&1; then
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$carry/whl" gguf
 fi
