@@ -1,26 +1,45 @@
 #!/usr/bin/env bash
-# An A/B measurement of a kernel change in one device call: the carried working tree (CARRY/src)
-# against a base revision (CARRY/base), both built at once, then
+# An A/B measurement of a kernel change in one device call, "base" against "new":
+#   - two trees: the carried working tree (CARRY/src, new) against a base revision (CARRY/base,
+#     made by BASE_REV=<rev> scripts/prepare_device_carry.sh), both built at once; or
+#   - one tree under two environments: without CARRY/base, AB_NEW_ENV (e.g.
+#     "KCAP_MMA_Q8_STEP=128") is what "new" sets on top of the carried tree's build.
+# Then
 #   1. Nsight Compute per launch (time, instructions, issue, registers) of one prefill and its
-#      decode steps (bench/cuda_ncu_step.py), both builds side by side (bench/ncu_compare.py);
+#      decode steps (bench/cuda_ncu_step.py), base and new side by side (bench/ncu_compare.py);
 #   2. pp512 (AB_TG=1: and tg128) from bench/cuda_sweep.py, alternating base, new, base, new, so
-#      drift between rounds shows next to the difference.
+#      drift between rounds shows next to the difference;
+#   3. with AB_ROWS=group,group (KCAP_TEST_ROWS names), the new tree's test_cuda_rows for those
+#      groups (a build of the test too; the switches of AB_NEW_ENV do not apply: the test sets
+#      its own).
 # The same machine, clocks and files for both, which separate calls do not give (llama.cpp's
 # figures move by 10-20% between calls; kcap's by a few %).
 #
-# Here:    BASE_REV=HEAD bash scripts/prepare_device_carry.sh .kcap_cuda_carry
-# Device:  (carry [".kcap_cuda_carry"])  cd .kcap_cuda_carry/src && bash scripts/device_ab.sh .. > $OUT/ab.txt 2>&1
-# About 2.5 minutes warm. Settings (environment):
+# Here:    BASE_REV=HEAD bash scripts/prepare_device_carry.sh .kcap_cuda_carry   (two trees)
+#          bash scripts/prepare_device_carry.sh .kcap_cuda_carry                  (one tree)
+# Device:  (carry [".kcap_cuda_carry"])
+#          cd .kcap_cuda_carry/src && [AB_NEW_ENV=...] bash scripts/device_ab.sh .. > $OUT/ab.txt 2>&1
+# About 2.5 minutes warm (two trees). Settings (environment):
+#   AB_NEW_ENV      one tree: the new run's environment, space-separated VAR=VALUE
 #   AB_MODELS       synthetic files to make and time (bench/bench_cuda.py make_models names),
 #                   default llama3_8b_q4_k_m,gemma3_270m,smollm2_135m; ncu runs on the first
 #   AB_ACTIVATIONS  f32 or q8_1 (default q8_1)
 #   AB_KERNELS      ncu kernel regex (default mma_q8: the int8 tiles); AB_LAUNCHES (default 24)
 #   AB_ROUNDS       sweep rounds (default 2); AB_TG=1 also times tg128
+#   AB_ROWS         test_cuda_rows groups to run on the new tree (none by default)
 set -uo pipefail
 CARRY=$(cd "${1:-..}" && pwd)
 SRC="$CARRY/src"
 BASE="$CARRY/base"
-[ -d "$BASE" ] || { echo "no $BASE: run BASE_REV=<rev> scripts/prepare_device_carry.sh first"; exit 1; }
+NEW_ENV=()
+if [ -d "$BASE" ]; then
+    BASE_TREE=$BASE
+    [ -n "${AB_NEW_ENV:-}" ] && { echo "AB_NEW_ENV is for one tree; $BASE exists"; exit 1; }
+else
+    [ -n "${AB_NEW_ENV:-}" ] || { echo "no $BASE (BASE_REV=<rev> scripts/prepare_device_carry.sh) and no AB_NEW_ENV"; exit 1; }
+    BASE_TREE=$SRC
+    read -r -a NEW_ENV <<< "$AB_NEW_ENV"
+fi
 MODELS=${AB_MODELS:-llama3_8b_q4_k_m,gemma3_270m,smollm2_135m}
 ACTIVATIONS=${AB_ACTIVATIONS:-q8_1}
 T0=$(date +%s)
@@ -29,21 +48,32 @@ step() { echo "== $* (+$(( $(date +%s) - T0 ))s)"; }
 step wheels
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$CARRY"/whl/*.whl
 
-step build base and new
-JOBS=$(( $(nproc) / 2 ))
-for tree in "$BASE" "$SRC"; do
-    (
-        name=$(basename "$tree")
-        cd "$tree" &&
-            cmake -S . -B "/tmp/ab_build_$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKCAP_CUDA=ON -DKCAP_BUILD_PYTHON=ON \
-                -DKCAP_BUILD_TESTS=OFF -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" > "/tmp/ab_build_$name.log" 2>&1 &&
-            cmake --build "/tmp/ab_build_$name" -j "$JOBS" --target _core >> "/tmp/ab_build_$name.log" 2>&1 &&
-            cp "/tmp/ab_build_$name"/_core*.so python/kcap/ && echo "built $name" ||
-            { echo "build $name failed"; grep -E " error|Error" -A3 "/tmp/ab_build_$name.log" | head -20; }
-    ) &
-done
-wait
-ls "$BASE"/python/kcap/_core*.so "$SRC"/python/kcap/_core*.so > /dev/null || exit 1
+# build TREE TARGETS...: the tree's build in /tmp/ab_build_<tree name>, _core copied into its python/kcap.
+build() {
+    local tree=$1 name
+    shift
+    name=$(basename "$tree")
+    (cd "$tree" &&
+        cmake -S . -B "/tmp/ab_build_$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKCAP_CUDA=ON -DKCAP_BUILD_PYTHON=ON \
+            -DKCAP_BUILD_TESTS="$([ -n "${AB_ROWS:-}" ] && [ "$tree" = "$SRC" ] && echo ON || echo OFF)" \
+            -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" > "/tmp/ab_build_$name.log" 2>&1 &&
+        cmake --build "/tmp/ab_build_$name" -j "$JOBS" --target "$@" >> "/tmp/ab_build_$name.log" 2>&1 &&
+        cp "/tmp/ab_build_$name"/_core*.so python/kcap/ && echo "built $name" ||
+        { echo "build $name failed"; grep -E " error|Error" -A3 "/tmp/ab_build_$name.log" | head -20; })
+}
+step build
+targets=(_core)
+[ -n "${AB_ROWS:-}" ] && targets+=(test_cuda_rows)
+if [ "$BASE_TREE" != "$SRC" ]; then
+    JOBS=$(( $(nproc) / 2 ))
+    build "$BASE" _core &
+    build "$SRC" "${targets[@]}" &
+    wait
+else
+    JOBS=$(nproc)
+    build "$SRC" "${targets[@]}"
+fi
+ls "$BASE_TREE"/python/kcap/_core*.so "$SRC"/python/kcap/_core*.so > /dev/null || exit 1
 
 step models
 PYTHONPATH="$SRC/python:/tmp/site" python3 -c "
@@ -51,30 +81,48 @@ import sys; sys.path.insert(0, '$SRC/bench')
 from bench_cuda import make_models; from pathlib import Path
 make_models(Path('/tmp/kcap_models'), '$MODELS'.split(','))" 2>&1 | tail -3
 
+# tree NAME: base's or new's tree. run NAME COMMAND...: COMMAND with that tree on PYTHONPATH
+# (and, for new, AB_NEW_ENV).
+tree() { if [ "$1" = new ]; then echo "$SRC"; else echo "$BASE_TREE"; fi; }
+run() {
+    local name=$1
+    shift
+    if [ "$name" = new ]; then
+        env PYTHONPATH="$SRC/python:/tmp/site" "${NEW_ENV[@]}" "$@"
+    else
+        env PYTHONPATH="$BASE_TREE/python:/tmp/site" "$@"
+    fi
+}
+
 FIRST=/tmp/kcap_models/${MODELS%%,*}.gguf
 METRICS=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size
-for tree in "$BASE" "$SRC"; do
-    name=$(basename "$tree")
+for name in base new; do
     step "ncu $name"
-    PYTHONPATH="$tree/python:/tmp/site" KCAP_CUDA_GRAPH=0 timeout 120 ncu --clock-control none -k "regex:${AB_KERNELS:-mma_q8}" \
+    run "$name" KCAP_CUDA_GRAPH=0 timeout 120 ncu --clock-control none -k "regex:${AB_KERNELS:-mma_q8}" \
         --launch-count "${AB_LAUNCHES:-24}" --csv --page raw --metrics "$METRICS" \
-        python3 "$tree/bench/cuda_ncu_step.py" "$FIRST" "$ACTIVATIONS" > "/tmp/ab_ncu_$name.csv" 2> "/tmp/ab_ncu_$name.err" ||
+        python3 "$(tree "$name")/bench/cuda_ncu_step.py" "$FIRST" "$ACTIVATIONS" > "/tmp/ab_ncu_$name.csv" 2> "/tmp/ab_ncu_$name.err" ||
         tail -5 "/tmp/ab_ncu_$name.err"
 done
-python3 "$SRC/bench/ncu_compare.py" /tmp/ab_ncu_base.csv /tmp/ab_ncu_src.csv --names base,new
+python3 "$SRC/bench/ncu_compare.py" /tmp/ab_ncu_base.csv /tmp/ab_ncu_new.csv --names base,new
 
 for round in $(seq "${AB_ROUNDS:-2}"); do
-    for tree in "$BASE" "$SRC"; do
-        name=$(basename "$tree")
-        [ "$name" = src ] && name=new
+    for name in base new; do
         for mode in pp512 ${AB_TG:+tg128}; do
             step "$mode $name round $round"
             flags=()
             [ "$mode" = pp512 ] && flags=(--pp)
-            PYTHONPATH="$tree/python:/tmp/site" timeout 200 python3 "$tree/bench/cuda_sweep.py" "${flags[@]}" \
+            run "$name" timeout 200 python3 "$(tree "$name")/bench/cuda_sweep.py" "${flags[@]}" \
                 --activations "$ACTIVATIONS" --models /tmp/kcap_models --which "$MODELS" --repeats 1 2>&1 |
                 grep -E "^\| [a-z0-9]" | grep -v "^| model" | sed "s/^/$name /"
         done
     done
 done
+
+if [ -n "${AB_ROWS:-}" ]; then
+    step "test_cuda_rows $AB_ROWS"
+    KCAP_TEST_ROWS=$AB_ROWS timeout 300 /tmp/ab_build_src/test_cuda_rows > /tmp/ab_rows.log 2>&1
+    echo "test_cuda_rows rc=$?"
+    grep FAIL /tmp/ab_rows.log | head -20
+    tail -n 1 /tmp/ab_rows.log
+fi
 step "done"
