@@ -32,16 +32,24 @@ def number(text: str) -> float | None:
         return None
 
 
+US_PER_UNIT = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+
+
 def read(path: str) -> list[dict]:
-    """The launches of one `ncu --csv --page raw` output: name, grid and the metrics found."""
+    """The launches of one `ncu --csv --page raw` output: name, grid, time in us (the row after
+    the header gives the duration's unit) and the other metrics found."""
     lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
         sys.exit(f"{path}: no ncu CSV header (a line starting with \"ID\")")
+    rows = list(csv.DictReader(lines[start:]))
+    unit = (rows[0].get(TIME) or "").strip() if rows else ""
+    if unit not in US_PER_UNIT:
+        sys.exit(f"{path}: unknown unit {unit!r} for {TIME}")
     launches = []
-    for row in csv.DictReader(lines[start:]):
+    for row in rows[1:]:
         duration = number(row.get(TIME, ""))
-        if duration is None:  # the units row, or a launch without figures
+        if duration is None:  # a launch without figures
             continue
         name = re.sub(r"\(anonymous namespace\)::|<unnamed>::|kcap::|cuda::|mma_tiles::|void ", "", row.get("Kernel Name", "?"))
         name = re.sub(r"\((?:bool|int)\)", "", name)
@@ -49,7 +57,7 @@ def read(path: str) -> list[dict]:
         launches.append({
             "name": name,
             "grid": row.get(GRID) or row.get("Grid Size", ""),
-            "us": duration,  # in the file's unit until main converts it (units)
+            "us": duration * US_PER_UNIT[unit],
             "minst": (number(row.get(INSTRUCTIONS, "")) or 0.0) / 1e6,
             "issue": number(row.get(ISSUE, "")) or 0.0,
             "regs": int(number(row.get(REGISTERS, "")) or 0),
@@ -57,19 +65,9 @@ def read(path: str) -> list[dict]:
     return launches
 
 
-def units(path: str) -> str:
-    """The unit of the duration column (the row after the header): ns, us or ms."""
-    lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
-    rows = list(csv.DictReader(lines[start:start + 2])) if start is not None else []
-    return (rows[0].get(TIME) or "ns").strip() if rows else "ns"
-
-
-def to_us(value: float, unit: str) -> float:
-    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
-    if unit not in scale:
-        sys.exit(f"unknown unit {unit!r} for {TIME}")
-    return value * scale[unit]
+def pair(x: dict | None, y: dict | None, key: str, fmt: str) -> str:
+    """One metric of both builds' launch, 'base / new' ('-' for a launch one run lacks)."""
+    return " / ".join(fmt.format(r[key]) if r else "-" for r in (x, y))
 
 
 def main() -> int:
@@ -79,14 +77,7 @@ def main() -> int:
     parser.add_argument("--names", default="base,new", help="the two builds' names")
     args = parser.parse_args()
     name_a, name_b = args.names.split(",")
-    runs = []
-    for path in (args.base, args.new):
-        unit = units(path)
-        launches = read(path)
-        for launch in launches:
-            launch["us"] = to_us(launch["us"], unit)
-        runs.append(launches)
-    a, b = runs
+    a, b = read(args.base), read(args.new)
     print(f"| # | kernel | grid | {name_a} us | {name_b} us | {name_b}/{name_a} | M instr | issue % | regs |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- |")
     for i in range(max(len(a), len(b))):
@@ -96,9 +87,8 @@ def main() -> int:
         if x and y and x["name"] != y["name"]:
             name = f"{x['name']} / {y['name']} (DIFFERENT)"
         ratio = f"{y['us'] / x['us']:.3f}" if x and y and x["us"] > 0 else "-"
-        cell = lambda key, fmt: " / ".join(fmt.format(r[key]) if r else "-" for r in (x, y))  # noqa: E731
         print(f"| {i} | {name} | {(x or y)['grid']} | {x['us'] if x else 0:.1f} | {y['us'] if y else 0:.1f} | {ratio} | "
-              f"{cell('minst', '{:.1f}')} | {cell('issue', '{:.1f}')} | {cell('regs', '{}')} |")
+              f"{pair(x, y, 'minst', '{:.1f}')} | {pair(x, y, 'issue', '{:.1f}')} | {pair(x, y, 'regs', '{}')} |")
     total_a, total_b = sum(r["us"] for r in a), sum(r["us"] for r in b)
     print(f"| | total | | {total_a:.1f} | {total_b:.1f} | {total_b / total_a if total_a else 0:.3f} | | | |")
     return 0
