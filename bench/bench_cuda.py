@@ -9,7 +9,9 @@ Llama-3-8B shape in llama.cpp's Q4_K_M mix. Random weights run the same kernels 
 bytes as trained ones; token ids are random (the files have no vocabulary).
 
 Engines: kcap with exact f32 activations (the default), kcap with activations="q8_1" (matmuls
-on int8-rounded activations, as llama.cpp's CUDA backend computes them), llama.cpp.
+on int8-rounded activations, as llama.cpp's CUDA backend computes them), kcap with
+activations="bf16" (a prefill's matmuls dequantized to bf16 and run on cuBLAS; tg128 and pp512
+only: its decode is the exact one), llama.cpp.
 Measured, for each engine and model:
   tg128   tokens/s generating 128 tokens from an empty context (kcap: decode_greedy, the
           captured decode graph replayed with the argmax on the device; llama.cpp: llama-bench -n 128)
@@ -129,7 +131,8 @@ def load_cuda(path: str, env: dict | None = None, activations: str = "f32"):
                 os.environ[k] = v
 
 
-def bench_kcap(path: str, name: str, env: dict | None = None, full: bool = True, activations: str = "f32") -> dict:
+def bench_kcap(path: str, name: str, env: dict | None = None, full: bool = True, activations: str = "f32",
+               prefill_only: bool = False) -> dict:
     model = load_cuda(path, env, activations)
     engine = model.engine
     rng = np.random.default_rng(0)
@@ -152,8 +155,9 @@ def bench_kcap(path: str, name: str, env: dict | None = None, full: bool = True,
         for _ in range(n):
             token = int(np.argmax(engine.eval(np.array([token], dtype=np.int32), False)))
 
-    eval_loop(8)
-    result["tg128_eval_host_logits"] = 128 / statistics.median(timed(eval_loop, 3))
+    if not prefill_only:
+        eval_loop(8)
+        result["tg128_eval_host_logits"] = 128 / statistics.median(timed(eval_loop, 3))
 
     def pp(n=512):
         engine.reset()
@@ -161,6 +165,8 @@ def bench_kcap(path: str, name: str, env: dict | None = None, full: bool = True,
 
     pp()
     result["pp512"] = 512 / statistics.median(timed(pp, 5))
+    if prefill_only:
+        return result
 
     engine.reset()
     start = time.perf_counter()
@@ -208,8 +214,10 @@ def bench_llama(llama_bench: str, path: str, timeout: int = 240) -> dict:
 
 
 # kcap: exact f32 activations (the default); kcap_q8_1: activations="q8_1", the int8-activation
-# rows, the numerics llama.cpp's CUDA matmuls use (x rounded to q8_1 per 32 values).
-ENGINES = ("kcap", "kcap_q8_1", "llama.cpp")
+# rows, the numerics llama.cpp's CUDA matmuls use (x rounded to q8_1 per 32 values); kcap_bf16:
+# activations="bf16", a prefill's matmuls on cuBLAS with weights and input rounded to bf16 (its
+# decode runs the exact rows: tg128 and pp512 only).
+ENGINES = ("kcap", "kcap_q8_1", "kcap_bf16", "llama.cpp")
 
 
 def table(results: dict) -> str:
@@ -226,9 +234,11 @@ def table(results: dict) -> str:
             bw = "-"
             if engine in per and copy and isinstance(r.get("tg128"), (int, float)):
                 b0 = per["bytes_per_token"]["context_0"] * r["tg128"] / 1e9
-                b1 = (per["bytes_per_token"]["context_4096"] * r["tg128_at_4096"] / 1e9
-                      if isinstance(r.get("tg128_at_4096"), (int, float)) else float("nan"))
-                bw = f"{b0:,.0f} / {b1:,.0f} GB/s ({b0 / copy:.0%} / {b1 / copy:.0%} of copy)"
+                if isinstance(r.get("tg128_at_4096"), (int, float)):
+                    b1 = per["bytes_per_token"]["context_4096"] * r["tg128_at_4096"] / 1e9
+                    bw = f"{b0:,.0f} / {b1:,.0f} GB/s ({b0 / copy:.0%} / {b1 / copy:.0%} of copy)"
+                else:
+                    bw = f"{b0:,.0f} GB/s ({b0 / copy:.0%} of copy) / -"
             lines.append(f"| {name} | {engine} | {f('tg128')} | {f('pp512')} | {f('tg128_at_4096')} | {bw} |")
         l = per.get("llama.cpp", {})
         for engine in ENGINES[:-1]:
@@ -289,9 +299,11 @@ def main(argv=None) -> int:
             try:
                 per["kcap"] = bench_kcap(path, name)
                 per["kcap_q8_1"] = bench_kcap(path, name, activations="q8_1")
+                per["kcap_bf16"] = bench_kcap(path, name, activations="bf16", prefill_only=True)
             except Exception as exc:  # keep measuring the other engine and models
                 per["kcap_error"] = repr(exc)
-            log(name, "kcap", per.get("kcap"), "q8_1", per.get("kcap_q8_1"), per.get("kcap_error", ""))
+            log(name, "kcap", per.get("kcap"), "q8_1", per.get("kcap_q8_1"), "bf16", per.get("kcap_bf16"),
+                per.get("kcap_error", ""))
             save()
     if args.llama_bench and Path(args.llama_bench).exists():
         for name, path in paths.items():

@@ -25,18 +25,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cuda import load_cuda, make_models  # noqa: E402
 
 
-def rate(path: str, env: dict[str, str], repeats: int, depth: int, pp: bool, activations: str = "f32") -> float:
-    """tg128 (after `depth` tokens of context), or pp512 with pp."""
+def rate(path: str, env: dict[str, str], repeats: int, depth: int, pp: bool, activations: str = "f32",
+         pp_tokens: int = 512) -> float:
+    """tg128 (after `depth` tokens of context), or with pp a prefill of pp_tokens (pp512)."""
     model = load_cuda(path, env, activations)
     engine = model.engine
-    ids = np.random.default_rng(0).integers(0, model.n_vocab, max(depth, 512)).astype(np.int32)
+    ids = np.random.default_rng(0).integers(0, model.n_vocab, max(depth, pp_tokens, 512)).astype(np.int32)
     if depth and not pp:
         engine.eval(ids[:depth], False)
 
     def run(n=128):
         if pp:
             engine.reset()
-            engine.eval(ids[:512], False)
+            engine.eval(ids[:pp_tokens], False)
             return
         engine.truncate(depth) if depth else engine.reset()
         engine.decode_greedy(int(ids[0]), n)
@@ -49,7 +50,7 @@ def rate(path: str, env: dict[str, str], repeats: int, depth: int, pp: bool, act
         times.append(time.perf_counter() - start)
     del engine, model
     gc.collect()
-    return (512 if pp else 128) / statistics.median(times)
+    return (pp_tokens if pp else 128) / statistics.median(times)
 
 
 def main() -> int:
@@ -60,7 +61,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--depth", type=int, default=0, help="tokens of context before the 128 timed ones")
     parser.add_argument("--pp", action="store_true", help="time pp512 (a 512-token prefill) instead of tg128")
-    parser.add_argument("--activations", default="f32", help="f32 or q8_1 (the int8-activation rows)")
+    parser.add_argument("--pp-tokens", type=int, default=512, help="with --pp: the prefill's tokens (512: pp512)")
+    parser.add_argument("--activations", default="f32", help="f32, q8_1 (the int8-activation rows) or bf16 (the GEMM rows)")
     args = parser.parse_args()
     variants = [("base", {})]
     for spec in args.variant:
@@ -73,10 +75,10 @@ def main() -> int:
     rows = []
     for model, path in paths.items():
         for name, env in variants:
-            r = rate(path, env, args.repeats, args.depth, args.pp, args.activations)
+            r = rate(path, env, args.repeats, args.depth, args.pp, args.activations, args.pp_tokens)
             rows.append((model, name, r))
             print(f"{model:20s} {name:14s} {r:8.1f} tok/s", flush=True)
-    what = "pp512" if args.pp else f"tg128{'@' + str(args.depth) if args.depth else ''}"
+    what = f"pp{args.pp_tokens}" if args.pp else f"tg128{'@' + str(args.depth) if args.depth else ''}"
     print(f"\n| model | variant | {what} tok/s | vs base |")
     print("| --- | --- | --- | --- |")
     for model, name, r in rows:

@@ -23,6 +23,8 @@
 // batch (cuda/matmul_q8.cu: q8_tile_tokens); KCAP_Q8_PREQUANT=K
 // quantizes a q8_1 matvec's x by its own launch for rows of K values or more (0: never, and no
 // add_norm epilogue; cuda_rows::kQ8QuantizeMinK).
+// KCAP_GEMM_MIN_TOKENS=N moves the batch size from which the bf16 rows (activations="bf16") use
+// their GEMM (cuda_rows::kGemmMinTokens); KCAP_CUBLAS_LIBRARY names the cuBLAS they load.
 // KCAP_CUDA_PROFILE=1 runs decode steps without the graph, times every stage with CUDA events (each stage waited for, so the times include each launch's
 // latency) and prints the totals per kernel and per stage name to stderr when the backend is
 // destroyed; prefill chunks are timed the same way into tables of their own.
@@ -154,6 +156,7 @@ public:
         ctx.mma_q8_tokens = q8_tokens == 64 || q8_tokens == 128 ? q8_tokens : 0;
         ctx.add_norm_vec = env_int("KCAP_ADD_NORM_VEC", 1) != 0;
         ctx.q8_prequantize = env_int("KCAP_Q8_PREQUANT", cuda_rows::kQ8QuantizeMinK);
+        ctx.gemm_min_tokens = std::max(1, env_int("KCAP_GEMM_MIN_TOKENS", cuda_rows::kGemmMinTokens));
         profile_ = env_int("KCAP_CUDA_PROFILE", 0) != 0;
         if (profile_) use_graph_ = false;
         KCAP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
@@ -171,10 +174,9 @@ public:
         if (greedy_graph_exec_) cudaGraphExecDestroy(greedy_graph_exec_);
         if (sample_graph_exec_) cudaGraphExecDestroy(sample_graph_exec_);
         if (all_logits_) cudaFree(all_logits_);
-        if (ctx_.stream) {
-            cudaStreamSynchronize(ctx_.stream);
-            cudaStreamDestroy(ctx_.stream);
-        }
+        if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
+        gemm_destroy(ctx_.gemm);
+        if (ctx_.stream) cudaStreamDestroy(ctx_.stream);
     }
 
     void eval(const int32_t* tokens, int64_t n, int64_t pos0, float* logits, bool all_logits) override {
@@ -332,6 +334,20 @@ private:
             ctx.q8_rows_capacity = size_t(cuda_rows::q8_rows_bytes(max_batch_, q8_k));
             ctx.q8_rows = arena_.alloc(ctx.q8_rows_capacity);
         }
+        // The bf16 rows' GEMM, where a batch can reach it: scratch for the largest matrix they
+        // multiply (bigger than kGemmMaxScratchValues: in chunks of rows) and the widest input.
+        size_t gemm_weights = 0, gemm_input = 0;
+        for (const RoutedStage& routed : plan_.stages) {
+            const Stage& stage = routed.stage;
+            if (routed.row->input_encoding != Encoding::BF16) continue;
+            const size_t matrices = stage.op == Op::MatMul ? 1 : stage.operands.size();
+            for (size_t j = 0; j < matrices; ++j)
+                gemm_weights = std::max(gemm_weights, size_t(stage.operands[j]->n_rows()) * size_t(stage.k));
+            gemm_input = std::max(gemm_input, size_t(max_batch_) * size_t(stage.k));
+        }
+        if (gemm_weights > 0 && max_batch_ >= ctx.gemm_min_tokens)
+            ctx.gemm = gemm_create(ctx.stream, std::min<size_t>(gemm_weights, size_t(cuda_rows::kGemmMaxScratchValues)),
+                                   gemm_input);
     }
 
     // The greedy argmax (and, where a row takes this vocabulary, the sampler) are stages of

@@ -27,6 +27,16 @@ void check(cudaError_t status, const char* what);
 // kernel there (cuda.attention_mma, the staged matmul_mma).
 int shared_optin_bytes(int device);
 
+// The bf16 rows' GEMM (cuda/matmul_gemm.cu): cuBLAS, loaded at run time, with its handle on one
+// stream, its workspace, and the bf16 scratch for a weight matrix (or a chunk of its rows) and a
+// batch of inputs.
+struct Gemm;
+// weight_values: the scratch for one matrix (or chunk); input_values: for the widest input of a
+// batch. Throws Error naming what failed (cuBLAS not found: which names were tried, and
+// KCAP_CUBLAS_LIBRARY to point at it).
+Gemm* gemm_create(cudaStream_t stream, size_t weight_values, size_t input_values);
+void gemm_destroy(Gemm* gemm);
+
 // One layer's KV cache in device memory: [n_ctx][k_width] and [n_ctx][v_width] elements.
 struct KvCache {
     void* k = nullptr;
@@ -57,6 +67,10 @@ struct Context {
     int mma_staged = -1;  // KCAP_MMA_STAGED: prefill matmul weights staged in shared memory (1), not (0), by K (-1)
     bool mma_group = true;  // KCAP_MMA_GROUP=0 (a measurement switch): a batch's qkv / gate_up tiles one launch per matrix
     int mma_q8_tokens = 0;  // KCAP_MMA_Q8_TOKENS=64|128: the int8 tiles' tokens per group for every batch (0: by the grid)
+    // The bf16 rows (activations="bf16"): their GEMM, null where none is planned, and the batch
+    // size from which they use it (KCAP_GEMM_MIN_TOKENS, a measurement switch).
+    Gemm* gemm = nullptr;
+    int gemm_min_tokens = cuda_rows::kGemmMinTokens;
     // Decode-step state in device memory, so one captured graph serves every step:
     // step[0] = position of token 0 of the call, step[1] = tokens generated (history index).
     int32_t* step = nullptr;

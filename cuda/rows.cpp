@@ -114,6 +114,39 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
     }
     KCAP_Q8_WEIGHT_FORMATS(KCAP_MATMUL_Q8_ROW)
 #undef KCAP_MATMUL_Q8_ROW
+    // bf16 activations (opt-in: allowed only where the plan's activations are bf16; preferred
+    // there): a batch of kGemmMinTokens or more dequantizes each weight matrix to bf16 and runs
+    // cuBLAS's bf16 GEMM on bf16(x) with f32 sums (cuda/matmul_gemm.cu); fewer tokens run the
+    // format's exact kernels (the tensor-core row's launcher, which forwards to the exact matvec,
+    // walk or split-bf16 tiles). bf16(W) . bf16(x) to the f32 sums' bound (test_cuda_rows).
+    // Whole 32-value runs of every weight format (the dequantize writes runs).
+#define KCAP_MATMUL_BF16_ROW(NAME, DECODER)                                                                   \
+    {                                                                                                         \
+        Row row = make_row("cuda.matmul_bf16." + lowercase(#NAME), Op::MatMul,                                \
+                           KCAP_CUDA_ENTRY(kcap_cuda_matmul_bf16_##NAME),                                     \
+                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,   \
+                            cuda_rows::kMatvecSharedBytes});                                                  \
+        row.operand_formats = {{Format::NAME}, {Format::F32}};                                                \
+        row.features = kBias;                                                                                 \
+        row.dims.k_multiple = run_k_multiple(Format::NAME);                                                   \
+        row.input_encoding = Encoding::BF16;                                                                  \
+        row.priority = 2;                                                                                     \
+        rows.push_back(row);                                                                                  \
+    }                                                                                                         \
+    {                                                                                                         \
+        Row row = make_row("cuda.gate_up_bf16." + lowercase(#NAME), Op::GateUp,                               \
+                           KCAP_CUDA_ENTRY(kcap_cuda_gate_up_bf16_##NAME),                                    \
+                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,   \
+                            cuda_rows::kMatvecSharedBytes});                                                  \
+        row.operand_formats = {{Format::NAME}, {Format::NAME}};                                               \
+        row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;                                         \
+        row.dims.k_multiple = run_k_multiple(Format::NAME);                                                   \
+        row.input_encoding = Encoding::BF16;                                                                  \
+        row.priority = 1;                                                                                     \
+        rows.push_back(row);                                                                                  \
+    }
+    KCAP_WEIGHT_FORMATS(KCAP_MATMUL_BF16_ROW)
+#undef KCAP_MATMUL_BF16_ROW
     // Fused Q, K and V matmuls of one input (no biases), each weight in any format: one token
     // runs one launch whose groups take the three matrices' rows; a batch, the tensor-core
     // tiles of the matrices of one format in one launch (else each matrix's exact row). K must
@@ -138,6 +171,17 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
         row.operand_formats = {formats, formats, formats};
         row.dims.k_multiple_of = &exact_k_multiple;
         row.input_encoding = Encoding::Q8_1;
+        row.priority = 1;
+        rows.push_back(row);
+    }
+    {  // the same on bf16 activations (opt-in, preferred there): cuda.qkv below kGemmMinTokens
+        Row row = make_row("cuda.qkv_bf16", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv_bf16),
+                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,
+                            cuda_rows::kMatvecSharedBytes});
+        const std::vector<Format> formats = gpu_weight_formats();
+        row.operand_formats = {formats, formats, formats};
+        row.dims.k_multiple_of = &run_k_multiple;
+        row.input_encoding = Encoding::BF16;
         row.priority = 1;
         rows.push_back(row);
     }

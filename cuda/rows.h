@@ -102,6 +102,22 @@ constexpr int kQ8QuantizeThreads = 256;
 // Gemma 3 270M layout 1170 / 1126 / 1172 / 1181, SmolLM2-135M layout 987 / 1037 / 1003 / 1016.
 constexpr int kQ8QuantizeMinK = 2048;
 constexpr int kMatvecQ8SharedBytes = (kMatvecQ8ChunkRuns * 13 + kMatvecSimds * kMatvecMaxRows * 2) * 4;
+// Matmul with bf16 activations (opt-in: EngineOptions::activations = "bf16"; cuda/matmul_gemm.cu):
+// below kGemmMinTokens tokens the exact rows (matvec, few-token walk); from there each weight
+// matrix is dequantized from its GGUF blocks into a bf16 scratch and multiplied by cuBLAS
+// (cublasGemmEx, bf16 x bf16, f32 sums and output) with the input rounded to bf16.
+// KCAP_GEMM_MIN_TOKENS (a measurement switch) moves the threshold. Measured on the H200
+// (bench/cuda_sweep.py --pp --pp-tokens N, activations bf16), the GEMM against the exact
+// split-bf16 tiles: Llama-3-8B Q4_K_M 16 tokens 985 vs 473 tok/s, 32: 1947 vs 937, 64: 4026 vs
+// 1814; Gemma 3 270M layout 5435 vs 4119, 11498 vs 8038, 27679 vs 15829. A prefill of any size
+// pays about 15 ms on the 8B model to write and read every weight in bf16, so a few tokens
+// (the walk reads the raw blocks once) stay below it; one token (decode, the LM head after a
+// prefill) never reaches it.
+constexpr int kGemmMinTokens = 16;
+// The weight scratch holds at most this many values (256 MB of bf16); a bigger matrix (an LM head
+// for every position's logits) is dequantized and multiplied in chunks of rows.
+constexpr long long kGemmMaxScratchValues = 128LL << 20;
+constexpr int kGemmThreads = 256;  // dequantize: one thread per 32-value run; convert: 8 values per thread
 // Norm: one group per row.
 constexpr int kNormThreads = 1024;  // the most; a row of `width` takes norm_threads(width)
 // About four values per thread, so a wide row (4096) is not a long serial walk per thread.
@@ -202,6 +218,11 @@ KCAP_WEIGHT_FORMATS(KCAP_CUDA_DECLARE_FORMAT_LAUNCHERS)
     void kcap_cuda_gate_up_q8_##NAME(const Stage& stage, const KernelCall& call);
 KCAP_Q8_WEIGHT_FORMATS(KCAP_CUDA_DECLARE_Q8_LAUNCHERS)
 #undef KCAP_CUDA_DECLARE_Q8_LAUNCHERS
+#define KCAP_CUDA_DECLARE_BF16_LAUNCHERS(NAME, DECODER)                             \
+    void kcap_cuda_matmul_bf16_##NAME(const Stage& stage, const KernelCall& call); \
+    void kcap_cuda_gate_up_bf16_##NAME(const Stage& stage, const KernelCall& call);
+KCAP_WEIGHT_FORMATS(KCAP_CUDA_DECLARE_BF16_LAUNCHERS)
+#undef KCAP_CUDA_DECLARE_BF16_LAUNCHERS
 
 void kcap_cuda_norm(const Stage& stage, const KernelCall& call);
 void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call);
@@ -216,6 +237,7 @@ void kcap_cuda_scale(const Stage& stage, const KernelCall& call);
 void kcap_cuda_argmax(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qkv(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call);
+void kcap_cuda_qkv_bf16(const Stage& stage, const KernelCall& call);
 void kcap_cuda_sample(const Stage& stage, const KernelCall& call);
 void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call);
 

@@ -26,12 +26,19 @@ Backend backend_from_name(const std::string& name) {
     throw BackendUnavailableError("unknown backend '" + name + "' (known: cpu, cuda, metal)");
 }
 
-const char* encoding_name(Encoding encoding) { return encoding == Encoding::Q8_1 ? "q8_1" : "f32"; }
+const char* encoding_name(Encoding encoding) {
+    switch (encoding) {
+        case Encoding::Q8_1: return "q8_1";
+        case Encoding::BF16: return "bf16";
+        default: return "f32";
+    }
+}
 
 Encoding encoding_from_name(const std::string& name) {
     if (name == "f32") return Encoding::F32;
     if (name == "q8_1") return Encoding::Q8_1;
-    throw FormatError("unsupported activation encoding '" + name + "' (supported: f32, q8_1)");
+    if (name == "bf16") return Encoding::BF16;
+    throw FormatError("unsupported activation encoding '" + name + "' (supported: f32, q8_1, bf16)");
 }
 
 const char* op_name(Op op) {

@@ -52,7 +52,11 @@ const char* op_name(Op op);
 // Q8_1: each 32-element run rounded to int8 times an f32 scale (amax / 127), llama.cpp's q8_1,
 // which its mmvq/mmq kernels use; a row that declares it is chosen only where the plan allows it
 // (EngineOptions::activations = "q8_1"), and an F32 row always fits (it is the more precise).
-enum class Encoding { F32, Q8_1 };
+// BF16: a batch's matmul rounds its input and its dequantized weights to bf16 (round to nearest
+// even) and multiplies them on the tensor cores with f32 sums, the numerics of a bf16 model in
+// PyTorch or of vLLM's GGUF prefill (dequantize, then GEMM); allowed only where the plan's
+// activations are "bf16". Rows that declare it run their exact kernels below a token count.
+enum class Encoding { F32, Q8_1, BF16 };
 const char* encoding_name(Encoding encoding);
 Encoding encoding_from_name(const std::string& name);  // throws FormatError
 

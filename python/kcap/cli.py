@@ -29,8 +29,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None,
                    help="cpu, cuda or metal (default: metal on a Mac with a Metal device, else cpu)")
     p.add_argument("--kv-type", default="f32", choices=["f32", "f16"], help="KV cache element type")
-    p.add_argument("--activations", default="f32", choices=["f32", "q8_1"],
-                   help="matmul activations: f32 (exact) or q8_1 (int8 per 32 values, as llama.cpp; CUDA rows)")
+    p.add_argument("--activations", default="f32", choices=["f32", "q8_1", "bf16"],
+                   help="matmul activations: f32 (exact), q8_1 (int8 per 32 values, as llama.cpp; CUDA rows) or "
+                        "bf16 (a batch's weights and input rounded to bf16, multiplied by cuBLAS; CUDA rows)")
     p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's)")
 
 

@@ -101,6 +101,8 @@ class Model:
         _step(bar, "planning")
         backend = backend or default_backend()
         self.backend = backend
+        if backend == "cuda" and activations == "bf16":
+            locate_cublas()
         self.engine = _core.Engine(
             self.spec,
             backend=backend,
@@ -240,12 +242,39 @@ def default_backend() -> str:
     return "metal" if sys.platform == "darwin" and _core.metal_device_available() else "cpu"
 
 
+def locate_cublas() -> None:
+    """The CUDA bf16 rows load cuBLAS at run time (cuda/matmul_gemm.cu) by its soname, from the
+    CUDA toolkit, or from KCAP_CUBLAS_LIBRARY. Where the loader finds none of those but pip's
+    NVIDIA package has it (nvidia-cublas, which PyTorch installs: nvidia/cu13/lib or
+    nvidia/cublas/lib), KCAP_CUBLAS_LIBRARY is pointed at that copy."""
+    import ctypes
+    import glob
+    import importlib.util
+
+    if os.environ.get("KCAP_CUBLAS_LIBRARY"):
+        return
+    for name in ("libcublas.so.13", "libcublas.so.12", "/usr/local/cuda/lib64/libcublas.so"):
+        try:
+            ctypes.CDLL(name)
+            return
+        except OSError:
+            pass
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        found = sorted(glob.glob(os.path.join(base, "*", "lib", "libcublas.so.*")), reverse=True)
+        if found:
+            os.environ["KCAP_CUBLAS_LIBRARY"] = found[0]
+            return
+
+
 def load(path: str | os.PathLike, backend: str | None = None, **options) -> Model:
     """Loads a GGUF model and plans it on a backend ("cpu"; "cuda" and "metal" where built;
     default: default_backend(), i.e. "metal" on a Mac with a Metal device, else "cpu").
 
     Options: n_ctx (default: the model's context length), n_threads, kv_type ("f32"/"f16"),
     activations ("f32", exact, the default; "q8_1": matmuls may round their input to int8 per
-    32 values as llama.cpp does, where the backend has such rows: CUDA), max_batch,
+    32 values as llama.cpp does, where the backend has such rows: CUDA; "bf16": a prefill batch's
+    matmuls round their weights and input to bf16 and run on cuBLAS, as a bf16 model in PyTorch
+    computes; decode stays exact; CUDA, needs libcublas), max_batch,
     excluded_kernels, progress (show a loading bar)."""
     return Model(path, backend=backend, **options)

@@ -240,6 +240,32 @@ inline std::vector<int64_t> k_edges(const Row& row, int64_t longest) {
     return ks;
 }
 
+// v rounded to bf16 (nearest even, as __float2bfloat16_rn) for finite v.
+inline float bf16_round(float v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    std::memcpy(&v, &bits, 4);
+    return v;
+}
+
+// What a bf16 row multiplies: x rounded to bf16 (the reference of cuda.*_bf16 from the GEMM's
+// batch size on).
+inline std::vector<float> bf16_values(std::vector<float> x) {
+    for (float& v : x) v = bf16_round(v);
+    return x;
+}
+
+// ... and its weights: each row dequantized (gguf's values, dequantize_row) and rounded to
+// bf16, as an F32 matrix of the same shape.
+inline std::unique_ptr<Weights> bf16_weights(const TensorRef& w, int64_t k, int64_t rows) {
+    std::vector<float> values(size_t(k * rows));
+    for (int64_t j = 0; j < rows; ++j) dequantize_row(w.format, w.row(j), values.data() + j * k, k);
+    auto out = float_vector(bf16_values(values), w.name + ".bf16");
+    out->ref.shape = {k, rows};
+    return out;
+}
+
 // The values a q8_1 row multiplies (the reference of cuda.matmul_q8.* / cuda.gate_up_q8.*): each
 // 32-element run of x as d * q, d = amax / 127 in f32, q = x * (1 / d) rounded to nearest (ties
 // to even), 0 where d is 0 or subnormal. kernels/matvec_q8.h's rounding restated; the host test holds the

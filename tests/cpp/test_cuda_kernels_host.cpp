@@ -1530,12 +1530,12 @@ void test_table() {
             w.ref.format = row_format(row);
             const int64_t k = row.dims.k_multiple;
             Stage legal = matmul_stage(&w.ref, nullptr, k, 7);
-            if (row.input_encoding == Encoding::Q8_1) {
-                // Only where the plan allows q8_1 activations; the reason names the option.
+            if (row.input_encoding != Encoding::F32) {
+                // Only where the plan allows q8_1 (bf16) activations; the reason names the option.
                 const std::string why = rejection_reason(row, legal);
                 KCAP_EXPECT(why.find("activations=f32") != std::string::npos, "%s on an f32 plan: '%s'",
                             row.kernel.c_str(), why.c_str());
-                legal.input_encoding = Encoding::Q8_1;
+                legal.input_encoding = row.input_encoding;
             }
             KCAP_EXPECT(rejection_reason(row, legal).empty(), "%s refuses legal K=%lld", row.kernel.c_str(), (long long)k);
             const int64_t bad = k + k / 2;  // half a block (or half of 4) short of the next multiple
@@ -1543,11 +1543,13 @@ void test_table() {
             illegal.input_encoding = legal.input_encoding;
             KCAP_EXPECT(!rejection_reason(row, illegal).empty(), "%s accepts K=%lld", row.kernel.c_str(), (long long)bad);
             // Float formats: the exact rows take K = 100 (three runs and a tail), the tensor-core
-            // rows refuse it, so the planner routes such stages to the exact rows.
+            // and bf16 rows refuse it, so the planner routes such stages to the exact rows.
             const Format f = row_format(row);
             if (f == Format::F32 || f == Format::F16 || f == Format::BF16) {
-                const bool mma = row.kernel.rfind("cuda.matmul_mma.", 0) == 0;
-                const std::string why = rejection_reason(row, matmul_stage(&w.ref, nullptr, 100, 7));
+                const bool mma = row.kernel.rfind("cuda.matmul_mma.", 0) == 0 || row.input_encoding == Encoding::BF16;
+                Stage tail = matmul_stage(&w.ref, nullptr, 100, 7);
+                tail.input_encoding = legal.input_encoding;
+                const std::string why = rejection_reason(row, tail);
                 KCAP_EXPECT(why.empty() != mma, "%s on K=100: '%s'", row.kernel.c_str(), why.c_str());
             }
         }

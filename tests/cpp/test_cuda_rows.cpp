@@ -13,6 +13,11 @@
 //       errs by <= 2^-16 sum |w x| (1.5e-5 of the scale) plus f32 summation (the exact rows' 1e-5).
 //   cuda.matmul_q8.* and cuda.gate_up_q8.* (q8_1 activations)       1e-5 against the CPU row on q8_1(x)
 //       (q8_1_values): the integer products are exact; f32 scales per sub-block and the f32 sums.
+//   cuda.matmul_bf16.*, cuda.gate_up_bf16.*, cuda.qkv_bf16 from kGemmMinTokens tokens (dequantize +
+//       cuBLAS) against the exact CPU row on bf16(W) and bf16(x) (bf16_weights, bf16_values):
+//       1e-5 + ceil(K / 8) 2^-23, derived: products of two bf16 values are exact in f32, and the
+//       tensor cores' f32 sums truncate (below), one ulp per mma step of at least 8 values of K.
+//       Fewer tokens: the exact rows' launchers and their bounds.
 //   attention (online softmax, f32 exp)                            1e-5
 //   cuda.attention_mma's tensor-core prefill                       1e-5 + (2 ceil(span / 16) + head_dim / 8) 2^-23,
 //       derived: the products are exact (f16 K/V, queries and weights split hi + lo: 2^-22), but
@@ -51,6 +56,12 @@ namespace {
 constexpr double kExactTolerance = 1e-5;
 constexpr double kMmaTolerance = 3e-5;  // split-bf16 tiles: 2^-16 + the exact rows' 1e-5 (header)
 constexpr double kAttentionTolerance = 1e-5;
+
+// The bf16 rows' GEMM against bf16(W) . bf16(x) (header): the products of two bf16 values are
+// exact in f32, so only the f32 sums err: the exact rows' 1e-5, plus the tensor cores'
+// truncating accumulation (one f32 ulp per mma step, all in one direction, as for the attention
+// below), allowed one per 8 values of K (the shortest bf16 mma step).
+double gemm_tolerance(int64_t k) { return kExactTolerance + double((k + 7) / 8) * std::ldexp(1.0, -23); }
 
 // The bound of one attention call (header): the SIMT bodies' 1e-5, plus for the tensor-core
 // prefill the truncating accumulations of its longest row (`span` keys).
@@ -121,7 +132,15 @@ struct TestContext {
         ctx.q8_rows_capacity = size_t(cuda_rows::q8_rows_bytes(256, 16384));
         ctx.q8_rows = arena.alloc(ctx.q8_rows_capacity);
     }
-    ~TestContext() { cudaStreamDestroy(ctx.stream); }
+    ~TestContext() {
+        kcap::cuda::gemm_destroy(ctx.gemm);
+        cudaStreamDestroy(ctx.stream);
+    }
+    // The bf16 rows' GEMM (cuBLAS): a weight scratch of weight_values (fewer values than a
+    // matrix has make it go in chunks of rows) and inputs of up to 256 x 16384 values.
+    void use_gemm(size_t weight_values = size_t(1) << 22) {
+        ctx.gemm = kcap::cuda::gemm_create(ctx.stream, weight_values, size_t(256) * 16384);
+    }
     void set_step(int pos, int generated = 0) {
         const int32_t step[2] = {pos, generated};
         CHECK(cudaMemcpy(ctx.step, step, 8, cudaMemcpyHostToDevice));
@@ -141,10 +160,13 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
     for (const Row& row : capability_table()) {
         if (row.backend != Backend::CUDA || row.op != Op::MatMul) continue;
         const Format f = row_format(row);
-        const Row& reference = cpu_twin(row);
         // q8_1 rows have tensor-core tiles too; they are held to the exact rows' bound on q8_1(x).
         const bool q8 = row.input_encoding == Encoding::Q8_1;
-        const bool mma = q8 || row.kernel.rfind("cuda.matmul_mma.", 0) == 0;
+        // bf16 rows: below kGemmMinTokens the tensor-core row's launcher (its bound), from there
+        // the GEMM, against the exact CPU row on bf16(W) and bf16(x).
+        const bool bf16 = row.input_encoding == Encoding::BF16;
+        const Row& reference = bf16 ? cpu_matmul_row(Format::F32) : cpu_twin(row);
+        const bool mma = q8 || ((bf16 || row.kernel.rfind("cuda.matmul_mma.", 0) == 0) && cuda_rows::mma_format(f));
         std::vector<int64_t> ks = k_edges(row, 14336);
         // Five multiples: with 32-element blocks an odd number of 64-element raw chunks, the last
         // of one block (the tiles' staging, cuda/mma_tiles.h), with 256-element blocks five chunks.
@@ -153,7 +175,8 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
             for (int64_t n : {1, 7, 130})
                 for (int m : {1, 2, 17, 67, 130})
                     // variant: the tensor-core tiles with weights staged in shared memory (1) or not (0);
-                    // the q8_1 matvec with x quantized once (1) or by its groups (0)
+                    // the q8_1 matvec with x quantized once (1) or by its groups (0);
+                    // the bf16 GEMM with the whole matrix in its scratch (0) or in chunks of 64 rows (1)
                     for (int variant : {0, 1})
                     // the decode matvec with 1 or 2 rows per team (a wide matrix's: matvec_rows_for)
                     for (int team_rows : {1, 2})
@@ -162,8 +185,9 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                     // partial 128-token group, or a full one and two tokens)
                     for (int q8_tokens : {64, 128}) {
                         if (with_bias && n == 7) continue;
-                        const bool tiles = mma && m >= cuda_rows::kMmaMinTokens;
-                        if (variant && !tiles && !q8) continue;
+                        const bool gemm = bf16 && m >= cuda_rows::kGemmMinTokens;
+                        const bool tiles = mma && !gemm && m >= cuda_rows::kMmaMinTokens;
+                        if (variant && !tiles && !q8 && !gemm) continue;
                         if (team_rows == 2 && (tiles || (m > 1 && !q8) || with_bias)) continue;
                         if (q8_tokens == 128 && !(q8 && tiles)) continue;
                         TestContext t;
@@ -171,6 +195,7 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                         if (tiles) t.ctx.mma_staged = variant;
                         else t.ctx.q8_prequantize = variant;
                         t.ctx.matvec_rows = team_rows;
+                        if (gemm) t.use_gemm(variant ? size_t(64 * k) : size_t(1) << 22);
                         auto w = random_weights(rng, f, k, n);
                         auto bias = float_vector(random_floats(rng, static_cast<size_t>(n)), "bias");
                         Stage stage = matmul_stage(&w->ref, with_bias ? &bias->ref : nullptr, k, n);
@@ -178,13 +203,18 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                         KCAP_EXPECT(rejection_reason(row, stage).empty(), "%s refuses K=%lld", row.kernel.c_str(),
                                     (long long)k);
                         const std::vector<float> x = random_floats(rng, static_cast<size_t>(m * k));
-                        const std::vector<float> xr = q8 ? q8_1_values(x) : x;  // what the row multiplies
+                        // What the row multiplies.
+                        const std::vector<float> xr = q8 ? q8_1_values(x) : gemm ? bf16_values(x) : x;
+                        const auto wr = gemm ? bf16_weights(w->ref, k, n) : nullptr;
+                        const TensorRef& w_ref = gemm ? wr->ref : w->ref;
                         std::vector<float> ref(static_cast<size_t>(m * n));
                         KernelCall call;
                         call.n_tokens = m;
-                        call.in = x.data();  // a q8_1 row's twin (cpu.matmul_q8.*) rounds it itself
+                        call.in = gemm ? xr.data() : x.data();  // a q8_1 row's twin (cpu.matmul_q8.*) rounds it itself
                         call.out = ref.data();
-                        run_cpu(reference, stage, call, cpu);
+                        Stage ref_stage = stage;
+                        if (bf16) ref_stage.operands[0] = &w_ref, ref_stage.input_encoding = Encoding::F32;
+                        run_cpu(bf16 && !gemm ? cpu_matmul_row(f) : reference, ref_stage, call, cpu);
                         StageData data;
                         data.operands[0] = t.arena.upload_bytes(w->ref.data, w->ref.nbytes);
                         data.operands[1] = with_bias ? t.arena.upload_bytes(bias->ref.data, bias->ref.nbytes) : nullptr;
@@ -192,13 +222,15 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                         call.in = t.arena.upload(x);
                         call.out = y;
                         t.run(row, stage, call, data);
-                        const double err = matmul_error(download(y, ref.size()), ref, w->ref, xr.data(), k, n, m);
-                        const double tolerance =
-                            !q8 && mma && m >= cuda_rows::kMmaMinTokens ? kMmaTolerance : kExactTolerance;
+                        const double err = matmul_error(download(y, ref.size()), ref, w_ref, xr.data(), k, n, m);
+                        const double tolerance = gemm ? gemm_tolerance(k)
+                                                 : !q8 && mma && m >= cuda_rows::kMmaMinTokens ? kMmaTolerance
+                                                                                               : kExactTolerance;
                         KCAP_EXPECT(err <= tolerance,
-                                    "%s K=%lld N=%lld M=%d bias=%d %s=%d rows=%d q8_tokens=%d: error %.3g > %.1g",
+                                    "%s K=%lld N=%lld M=%d bias=%d %s=%d rows=%d q8_tokens=%d: error %.3g > %.2g",
                                     row.kernel.c_str(), (long long)k, (long long)n, m, int(with_bias),
-                                    tiles ? "staged" : "prequantized", variant, team_rows, q8_tokens, err, tolerance);
+                                    gemm ? "chunked" : tiles ? "staged" : "prequantized", variant, team_rows, q8_tokens,
+                                    err, tolerance);
                         ++g_cases;
                     }
     }
@@ -864,6 +896,7 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
         if (row.backend != Backend::CUDA || row.op != Op::GateUp) continue;
         const Format f = row_format(row);
         const bool q8 = row.input_encoding == Encoding::Q8_1;
+        const bool bf16 = row.input_encoding == Encoding::BF16;  // the GEMM from kGemmMinTokens on
         for (int64_t k : k_edges(row, 4096))
             for (int64_t n : {7, 130})
                 for (int m : {1, 3, 17, 67})
@@ -876,12 +909,19 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
                     t.ctx.matvec_rows = team_rows;
                     t.ctx.mma_group = n != 7 || m != 17;  // also a batch of one tile launch per matrix
                     t.ctx.mma_q8_tokens = m == 67 ? 128 : 64;  // the int8 tiles' tokens per group
+                    const bool gemm = bf16 && m >= cuda_rows::kGemmMinTokens;
+                    if (gemm) t.use_gemm(n == 7 ? size_t(1) << 22 : size_t(64 * k));  // n = 130: in chunks
                     auto gate = random_weights(rng, f, k, n);
                     auto up = random_weights(rng, f, k, n);
                     const std::vector<float> x = random_floats(rng, size_t(m * k));
-                    const std::vector<float> xr = q8 ? q8_1_values(x) : x;  // what the row multiplies
-                    const std::vector<float> ref =
-                        cpu_gate_up(cpu_matmul_row(f), gate->ref, up->ref, xr, k, n, m, Activation::SiLU, cpu);
+                    // What the row multiplies.
+                    const std::vector<float> xr = q8 ? q8_1_values(x) : gemm ? bf16_values(x) : x;
+                    const auto gate_r = gemm ? bf16_weights(gate->ref, k, n) : nullptr;
+                    const auto up_r = gemm ? bf16_weights(up->ref, k, n) : nullptr;
+                    const TensorRef& gate_ref = gemm ? gate_r->ref : gate->ref;
+                    const TensorRef& up_ref = gemm ? up_r->ref : up->ref;
+                    const std::vector<float> ref = cpu_gate_up(cpu_matmul_row(gemm ? Format::F32 : f), gate_ref, up_ref,
+                                                               xr, k, n, m, Activation::SiLU, cpu);
                     Stage stage;
                     stage.input_encoding = row.input_encoding;
                     stage.op = Op::GateUp;
@@ -901,10 +941,12 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
                     call.inout2 = static_cast<float*>(t.arena.alloc(ref.size() * 4));
                     call.inout3 = static_cast<float*>(t.arena.alloc(ref.size() * 4));
                     t.run(row, stage, call, data);
-                    const double tolerance = !q8 && m >= cuda_rows::kMmaMinTokens ? kMmaTolerance : kExactTolerance;
+                    const double tolerance = gemm                                       ? gemm_tolerance(k)
+                                             : !q8 && m >= cuda_rows::kMmaMinTokens ? kMmaTolerance
+                                                                                    : kExactTolerance;
                     const double err =
-                        gate_up_error(download(out, ref.size()), ref, gate->ref, up->ref, xr.data(), k, n, m, Activation::SiLU);
-                    KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d prequantized=%d rows=%d: error %.3g > %.1g",
+                        gate_up_error(download(out, ref.size()), ref, gate_ref, up_ref, xr.data(), k, n, m, Activation::SiLU);
+                    KCAP_EXPECT(err <= tolerance, "%s K=%lld N=%lld M=%d prequantized=%d rows=%d: error %.3g > %.2g",
                                 row.kernel.c_str(), (long long)k, (long long)n, m, pre, team_rows, err, tolerance);
                     ++g_cases;
                 }
@@ -915,9 +957,10 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
 // matmul row (one token: the three-segment matvec; a batch: the tiles of each format in one
 // launch, or of two formats in one (cuda.qkv_q8), else each format's batched row).
 void test_qkv(std::mt19937& rng, CpuState& cpu) {
-  for (const char* kernel : {"cuda.qkv", "cuda.qkv_q8"}) {
+  for (const char* kernel : {"cuda.qkv", "cuda.qkv_q8", "cuda.qkv_bf16"}) {
     const Row& row = find_row(kernel);
     const bool q8 = row.input_encoding == Encoding::Q8_1;  // against the CPU rows on q8_1(x)
+    const bool bf16 = row.input_encoding == Encoding::BF16;  // from kGemmMinTokens on: on bf16(W), bf16(x)
     struct Mix {
         Format q, k, v;
         int64_t width;
@@ -945,33 +988,40 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
             if (q8 && (!cuda_rows::q8_format(mix.q) || !cuda_rows::q8_format(mix.k) || !cuda_rows::q8_format(mix.v)))
                 continue;
             if (pre && !(q8 && m < cuda_rows::kMmaMinTokens) && m != 100) continue;
+            if (bf16 && mix.width % 32 != 0) continue;  // whole runs only (the row refuses a tail: host test)
+            const bool gemm = bf16 && m >= cuda_rows::kGemmMinTokens;
+            if (gemm && pre) continue;
             TestContext t;
+            if (gemm) t.use_gemm(m == 100 ? size_t(64 * mix.width) : size_t(1) << 22);  // 100 tokens: in chunks
             if (m == 100) t.ctx.mma_staged = pre;
             else t.ctx.q8_prequantize = pre;
             t.ctx.mma_group = m != 17;  // 17 tokens: the tiles one launch per matrix (KCAP_MMA_GROUP=0)
             t.ctx.mma_q8_tokens = m == 67 ? 128 : 64;  // the int8 tiles' tokens per group (40, 100: two-format pairs)
             const int64_t k = mix.width, rows[3] = {k * 2 + 7, k / 2 + 3, k / 2 + 3};
             const std::vector<float> x = random_floats(rng, size_t(m * k));
-            const std::vector<float> xr = q8 ? q8_1_values(x) : x;  // what the row multiplies
+            const std::vector<float> xr = q8 ? q8_1_values(x) : gemm ? bf16_values(x) : x;  // what the row multiplies
             Stage stage;
             stage.op = Op::Qkv;
             stage.input_encoding = row.input_encoding;
             stage.k = k;
             stage.n = rows[0];
             StageData data;
-            std::vector<std::unique_ptr<Weights>> weights;
+            std::vector<std::unique_ptr<Weights>> weights, rounded;
             std::vector<std::vector<float>> refs;
             float* outs[3];
             for (int i = 0; i < 3; ++i) {
                 weights.push_back(random_weights(rng, formats[i], k, rows[i]));
                 stage.operands.push_back(&weights.back()->ref);
                 data.operands[i] = t.arena.upload_bytes(weights.back()->ref.data, weights.back()->ref.nbytes);
+                // The GEMM's reference: the exact F32 row on bf16(W) (and bf16(x): xr).
+                rounded.push_back(gemm ? bf16_weights(weights.back()->ref, k, rows[i]) : nullptr);
+                const TensorRef& w_ref = gemm ? rounded.back()->ref : weights.back()->ref;
                 refs.emplace_back(size_t(m * rows[i]));
                 KernelCall cpu_call;
                 cpu_call.n_tokens = m;
                 cpu_call.in = xr.data();
                 cpu_call.out = refs.back().data();
-                run_cpu(cpu_matmul_row(formats[i]), matmul_stage(&weights.back()->ref, nullptr, k, rows[i]), cpu_call, cpu);
+                run_cpu(cpu_matmul_row(gemm ? Format::F32 : formats[i]), matmul_stage(&w_ref, nullptr, k, rows[i]), cpu_call, cpu);
                 outs[i] = static_cast<float*>(t.arena.alloc(refs.back().size() * 4));
             }
             KernelCall call;
@@ -984,10 +1034,11 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
             t.run(row, stage, call, data);
             for (int i = 0; i < 3; ++i) {
                 const bool mma = !q8 && m >= cuda_rows::kMmaMinTokens && cuda_rows::mma_format(formats[i]) && k % 32 == 0;
-                const double tolerance = mma ? kMmaTolerance : kExactTolerance;
+                const double tolerance = gemm ? gemm_tolerance(k) : mma ? kMmaTolerance : kExactTolerance;
                 const double err = matmul_error(download(outs[i], refs[size_t(i)].size()), refs[size_t(i)],
-                                                weights[size_t(i)]->ref, xr.data(), k, rows[i], m);
-                KCAP_EXPECT(err <= tolerance, "%s %s/%s/%s K=%lld M=%d prequantized=%d matrix %d: error %.3g > %.1g",
+                                                gemm ? rounded[size_t(i)]->ref : weights[size_t(i)]->ref, xr.data(), k,
+                                                rows[i], m);
+                KCAP_EXPECT(err <= tolerance, "%s %s/%s/%s K=%lld M=%d prequantized=%d matrix %d: error %.3g > %.2g",
                             kernel, format_name(mix.q), format_name(mix.k), format_name(mix.v), (long long)k, m, pre, i,
                             err, tolerance);
                 ++g_cases;

@@ -1,0 +1,346 @@
+// Matmuls of a batch on bf16 activations (rows cuda.matmul_bf16.*, cuda.gate_up_bf16.*,
+// cuda.qkv_bf16; opt-in: EngineOptions::activations = "bf16"), CUDA only:
+//   1. the weight matrix (or a chunk of its rows) is dequantized from its GGUF blocks into a
+//      bf16 scratch: each 32-value run by the format's decoder (kernels/quant.h, the exact values
+//      the other rows multiply), then rounded to nearest even;
+//   2. the input x (m tokens of k f32 values) is rounded to bf16 the same way, once per stage;
+//   3. cuBLAS multiplies them on the tensor cores (cublasGemmEx: bf16 x bf16, f32 compute and
+//      output), y = bf16(W) . bf16(x) with f32 sums, written straight into the stage's output.
+// The weights stay on the device as their raw blocks (the scratch is one matrix at a time), so
+// a prefill pays one dequantize per matrix per chunk of tokens: at 512 tokens of the 8B model's
+// gate and up (2 x 14336 x 4096) about 0.3 GB written, against 120 GFLOP of products. The
+// int8 tiles (cuda/matmul_q8.cu) decode every weight again for every 64 or 128 tokens inside
+// their loops and are bound by those instructions; a GEMM library is not.
+//
+// Fewer than Context::gemm_min_tokens tokens run the format's exact kernels instead (decode
+// and short batches are bound by reading the weights, where the raw blocks are fastest).
+//
+// cuBLAS is loaded at run time (dlopen), not linked: the package builds and imports without it
+// (CI compiles this file on machines with nvcc but no cuBLAS), and only a plan with bf16 rows
+// needs it; such a backend refuses to start without it, naming the library it looked for.
+#include <cuda_bf16.h>
+#include <dlfcn.h>
+#include <library_types.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cuda/cuda_context.h"
+#include "cuda/matmul.h"
+#include "kernels/quant.h"
+
+namespace kcap {
+namespace cuda {
+namespace {
+
+// --- cuBLAS, loaded at run time ------------------------------------------------------------------
+// The few entry points used here, declared as cublas_api.h declares them (C ABI, stable since
+// cuBLAS 11: enums are ints, the handle an opaque pointer); the constants are cublas_api.h's.
+using CublasHandle = void*;
+constexpr int kCublasSuccess = 0;
+constexpr int kCublasOpN = 0, kCublasOpT = 1;  // cublasOperation_t
+constexpr int kCublasCompute32F = 68;          // cublasComputeType_t CUBLAS_COMPUTE_32F
+constexpr int kCublasGemmDefault = -1;         // cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
+// NVIDIA's recommended cuBLAS workspace on Hopper; given up front so no GEMM allocates.
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+
+struct CublasApi {
+    std::string library;  // the file loaded
+    int (*create)(CublasHandle*) = nullptr;
+    int (*destroy)(CublasHandle) = nullptr;
+    int (*set_stream)(CublasHandle, cudaStream_t) = nullptr;
+    int (*set_workspace)(CublasHandle, void*, size_t) = nullptr;
+    int (*gemm_ex)(CublasHandle, int transa, int transb, int m, int n, int k, const void* alpha, const void* a,
+                   cudaDataType a_type, int lda, const void* b, cudaDataType b_type, int ldb, const void* beta, void* c,
+                   cudaDataType c_type, int ldc, int compute_type, int algo) = nullptr;
+    const char* (*status_string)(int) = nullptr;
+};
+
+// The library, loaded once per process: KCAP_CUBLAS_LIBRARY if set, else the sonames of cuBLAS 13
+// and 12 (the dynamic loader's search path) and the CUDA toolkit's lib64.
+const CublasApi& cublas() {
+    static std::mutex mutex;
+    static CublasApi api;
+    static std::string failure;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (api.gemm_ex) return api;
+    if (!failure.empty()) throw Error(failure);
+    std::vector<std::string> names;
+    const char* chosen = std::getenv("KCAP_CUBLAS_LIBRARY");
+    if (chosen && *chosen) {
+        names = {chosen};
+    } else {
+        names = {"libcublas.so.13", "libcublas.so.12", "libcublas.so", "/usr/local/cuda/lib64/libcublas.so.13",
+                 "/usr/local/cuda/lib64/libcublas.so.12", "/usr/local/cuda/lib64/libcublas.so"};
+    }
+    std::string tried;
+    for (const std::string& name : names) {
+        void* library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (!library) {
+            const char* why = dlerror();
+            tried += "\n  " + name + ": " + (why ? why : "not found");
+            continue;
+        }
+        CublasApi found;
+        found.library = name;
+        bool complete = true;
+        const auto bind = [&](auto& fn, const char* symbol) {
+            fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(library, symbol));
+            if (!fn) complete = false;
+        };
+        bind(found.create, "cublasCreate_v2");
+        bind(found.destroy, "cublasDestroy_v2");
+        bind(found.set_stream, "cublasSetStream_v2");
+        bind(found.set_workspace, "cublasSetWorkspace_v2");
+        bind(found.gemm_ex, "cublasGemmEx");
+        bind(found.status_string, "cublasGetStatusString");
+        if (!complete) {
+            tried += "\n  " + name + ": loaded, but lacks cublasGemmEx / cublasSetWorkspace_v2 (cuBLAS 11.4 or newer is needed)";
+            dlclose(library);
+            continue;
+        }
+        api = found;
+        return api;
+    }
+    failure = "activations='bf16': the bf16 matmul rows multiply through cuBLAS, which could not be loaded:" + tried +
+              "\nInstall cuBLAS (the CUDA toolkit, or pip's nvidia-cublas) and set KCAP_CUBLAS_LIBRARY to its "
+              "libcublas.so, or use activations='f32' or 'q8_1'";
+    throw Error(failure);
+}
+
+void check_cublas(int status, const char* what) {
+    if (status != kCublasSuccess)
+        throw Error(std::string("cuBLAS error in ") + what + ": " + cublas().status_string(status) + " (" +
+                    std::to_string(status) + ")");
+}
+
+// --- kernels -------------------------------------------------------------------------------------
+
+// Rounds 32 decoded values to bf16 (nearest even) and stores them as 64 contiguous bytes.
+__device__ __forceinline__ void store_bf16_run(const float* v, __nv_bfloat16* out) {
+    uint4 words[4];
+    auto* pairs = reinterpret_cast<__nv_bfloat162*>(words);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) pairs[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    auto* dst = reinterpret_cast<uint4*>(out);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dst[i] = words[i];
+}
+
+// out[r][0..k) = bf16(W[r]) for `rows` weight rows of k values (row_bytes each): one thread per
+// 32-value run, consecutive threads on consecutive runs of a row (a warp writes 2 KB in a row).
+template <class F>
+__global__ void __launch_bounds__(cuda_rows::kGemmThreads)
+    dequantize_bf16_kernel(const kcap_u8* w, unsigned row_bytes, int runs_per_row, long long runs, __nv_bfloat16* out) {
+    // The scratch may still be read by the GEMM before this launch: wait for it (and anything
+    // earlier) to finish before writing.
+    pdl_wait();
+    const long long run = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (run >= runs) return;
+    constexpr int kRunsPerBlock = F::block_elems / 32;
+    const long long row = run / runs_per_row;
+    const int in_row = int(run - row * runs_per_row);
+    float v[32];
+    F::decode32(w + (unsigned long long)row * row_bytes + (unsigned long long)(in_row / kRunsPerBlock) * F::block_bytes,
+                in_row % kRunsPerBlock, v);
+    store_bf16_run(v, out + run * 32);
+}
+
+// out = bf16(x), 8 values per thread (count a multiple of 8: k is a multiple of 32).
+__global__ void __launch_bounds__(cuda_rows::kGemmThreads)
+    convert_bf16_kernel(const float* x, long long count, __nv_bfloat16* out) {
+    pdl_wait();
+    const long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (i >= count) return;
+    const float4 a = *reinterpret_cast<const float4*>(x + i);
+    const float4 b = *reinterpret_cast<const float4*>(x + i + 4);
+    uint4 word;
+    auto* pairs = reinterpret_cast<__nv_bfloat162*>(&word);
+    pairs[0] = __floats2bfloat162_rn(a.x, a.y);
+    pairs[1] = __floats2bfloat162_rn(a.z, a.w);
+    pairs[2] = __floats2bfloat162_rn(b.x, b.y);
+    pairs[3] = __floats2bfloat162_rn(b.z, b.w);
+    *reinterpret_cast<uint4*>(out + i) = word;
+}
+
+// y[t][j] += bias[j] for m tokens of n outputs.
+__global__ void __launch_bounds__(cuda_rows::kGemmThreads) add_bias_kernel(float* y, const float* bias, int n, long long count) {
+    pdl_wait();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) y[i] += bias[i % n];
+}
+
+}  // namespace
+
+struct Gemm {
+    const CublasApi* api = nullptr;
+    CublasHandle handle = nullptr;
+    void* workspace = nullptr;
+    __nv_bfloat16* weights = nullptr;  // weight_values
+    __nv_bfloat16* input = nullptr;    // input_values
+    size_t weight_values = 0, input_values = 0;
+};
+
+Gemm* gemm_create(cudaStream_t stream, size_t weight_values, size_t input_values) {
+    auto* g = new Gemm;
+    try {
+        g->api = &cublas();
+        g->weight_values = weight_values;
+        g->input_values = input_values;
+        KCAP_CUDA_CHECK(cudaMalloc(&g->workspace, kCublasWorkspaceBytes));
+        KCAP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&g->weights), std::max<size_t>(weight_values, 32) * 2));
+        KCAP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&g->input), std::max<size_t>(input_values, 32) * 2));
+        check_cublas(g->api->create(&g->handle), "cublasCreate");
+        check_cublas(g->api->set_stream(g->handle, stream), "cublasSetStream");
+        check_cublas(g->api->set_workspace(g->handle, g->workspace, kCublasWorkspaceBytes), "cublasSetWorkspace");
+    } catch (...) {
+        gemm_destroy(g);
+        throw;
+    }
+    return g;
+}
+
+void gemm_destroy(Gemm* g) {
+    if (!g) return;
+    if (g->handle) g->api->destroy(g->handle);
+    cudaFree(g->workspace);
+    cudaFree(g->weights);
+    cudaFree(g->input);
+    delete g;
+}
+
+namespace {
+
+Gemm& gemm_of(const Context& ctx) {
+    if (!ctx.gemm) throw Error("a bf16 matmul row ran on a backend without its GEMM (no bf16 row was planned)");
+    return *ctx.gemm;
+}
+
+// bf16(x) of m tokens of k values in the GEMM's input scratch.
+const __nv_bfloat16* convert_input(const Context& ctx, const float* x, int m, int k) {
+    Gemm& g = gemm_of(ctx);
+    const long long count = (long long)m * k;
+    if (size_t(count) > g.input_values)
+        throw Error("bf16 input of " + std::to_string(m) + " x " + std::to_string(k) + " exceeds the GEMM's scratch (" +
+                    std::to_string(g.input_values) + " values)");
+    launch(ctx, convert_bf16_kernel, dim3(ceil_div(count / 8, cuda_rows::kGemmThreads)), dim3(cuda_rows::kGemmThreads),
+           0, x, count, g.input);
+    return g.input;
+}
+
+template <class F>
+void launch_dequantize(const Context& ctx, const kcap_u8* w, unsigned row_bytes, int k, int rows, __nv_bfloat16* out) {
+    const long long runs = (long long)rows * (k / 32);
+    launch(ctx, dequantize_bf16_kernel<F>, dim3(ceil_div(runs, cuda_rows::kGemmThreads)), dim3(cuda_rows::kGemmThreads),
+           0, w, row_bytes, k / 32, runs, out);
+}
+
+void dequantize(const Context& ctx, Format format, const kcap_u8* w, unsigned row_bytes, int k, int rows,
+                __nv_bfloat16* out) {
+    switch (format) {
+#define KCAP_DEQUANTIZE_CASE(NAME, DECODER) \
+    case Format::NAME: return launch_dequantize<DECODER>(ctx, w, row_bytes, k, rows, out);
+        KCAP_WEIGHT_FORMATS(KCAP_DEQUANTIZE_CASE)
+#undef KCAP_DEQUANTIZE_CASE
+        default: throw Error(std::string("bf16 matmul: no decoder for ") + format_name(format));
+    }
+}
+
+// y (m x n, row-major f32) = bf16(W) . x for x already in bf16 (convert_input), W of `format`:
+// the matrix in chunks of rows that fit the weight scratch, each dequantized, then one GEMM
+// into its columns of y; then the bias, if any.
+void gemm_matmul(const Context& ctx, Format format, const KcapMatmulParams& p, const kcap_u8* w,
+                 const __nv_bfloat16* x, const float* bias, float* y) {
+    Gemm& g = gemm_of(ctx);
+    // Chunks of a multiple of 8 rows keep every chunk's output columns 32-byte aligned.
+    const long long fit = (long long)(g.weight_values / size_t(p.k)) / 8 * 8;
+    if (fit < 8 && fit < p.n)
+        throw Error("bf16 matmul: K=" + std::to_string(p.k) + " exceeds the GEMM's weight scratch (" +
+                    std::to_string(g.weight_values) + " values)");
+    const long long chunk = std::min<long long>(p.n, fit);
+    const float alpha = 1.0f, beta = 0.0f;
+    for (long long row0 = 0; row0 < p.n; row0 += chunk) {
+        const int rows = int(std::min<long long>(chunk, p.n - row0));
+        dequantize(ctx, format, w + (unsigned long long)row0 * p.row_bytes, p.row_bytes, p.k, rows, g.weights);
+        // Column-major, as cuBLAS sees it: C (rows x m, ldc n) = A^T (A: k x rows, the row-major
+        // weights) . B (k x m, the row-major tokens); C is y's row-major m x n.
+        check_cublas(g.api->gemm_ex(g.handle, kCublasOpT, kCublasOpN, rows, p.m, p.k, &alpha, g.weights, CUDA_R_16BF,
+                                    p.k, x, CUDA_R_16BF, p.k, &beta, y + row0, CUDA_R_32F, p.n, kCublasCompute32F,
+                                    kCublasGemmDefault),
+                     "cublasGemmEx");
+    }
+    if (bias) {
+        const long long count = (long long)p.m * p.n;
+        launch(ctx, add_bias_kernel, dim3(ceil_div(count, cuda_rows::kGemmThreads)), dim3(cuda_rows::kGemmThreads), 0, y,
+               bias, p.n, count);
+    }
+}
+
+// cuda.matmul_bf16.<format>: `exact` (the format's tensor-core row, which forwards to the exact
+// kernels where it has no tiles) below gemm_min_tokens, else the GEMM.
+void run_matmul_bf16(const Stage& stage, const KernelCall& call, Format format, KernelFn exact) {
+    const Context& ctx = context(call);
+    if (call.n_tokens < ctx.gemm_min_tokens) return exact(stage, call);
+    const StageData& data = stage_data(call);
+    const KcapMatmulParams p = matmul_params(stage, call);
+    gemm_matmul(ctx, format, p, static_cast<const kcap_u8*>(data.operands[0]), convert_input(ctx, call.in, p.m, p.k),
+                static_cast<const float*>(data.operands[1]), call.out);
+}
+
+// cuda.gate_up_bf16.<format>: `exact` (cuda.gate_up.<format>) below gemm_min_tokens; else x
+// converted once, each matrix's GEMM into the plan's gate / up scratch, then the activation.
+void run_gate_up_bf16(const Stage& stage, const KernelCall& call, Format format, KernelFn exact) {
+    const Context& ctx = context(call);
+    if (call.n_tokens < ctx.gemm_min_tokens) return exact(stage, call);
+    const StageData& data = stage_data(call);
+    KcapMatmulParams p = matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
+    p.has_bias = 0;
+    const __nv_bfloat16* x = convert_input(ctx, call.in, p.m, p.k);
+    gemm_matmul(ctx, format, p, static_cast<const kcap_u8*>(data.operands[0]), x, nullptr, call.inout2);
+    gemm_matmul(ctx, format, p, static_cast<const kcap_u8*>(data.operands[1]), x, nullptr, call.inout3);
+    Stage act = stage;
+    act.op = Op::FfnActivation;
+    KernelCall act_call = call;
+    act_call.in = call.inout2;
+    act_call.in2 = call.inout3;
+    kcap_cuda_ffn_activation(act, act_call);
+}
+
+}  // namespace
+}  // namespace cuda
+
+// cuda.qkv_bf16: cuda.qkv below gemm_min_tokens; else x converted once and each matrix (its own
+// format) through the GEMM into its output.
+void kcap_cuda_qkv_bf16(const Stage& stage, const KernelCall& call) {
+    const cuda::Context& ctx = cuda::context(call);
+    if (call.n_tokens < ctx.gemm_min_tokens) return kcap_cuda_qkv(stage, call);
+    const cuda::StageData& data = cuda::stage_data(call);
+    const __nv_bfloat16* x = cuda::convert_input(ctx, call.in, call.n_tokens, int(stage.k));
+    float* outputs[3] = {call.out, call.inout2, call.inout3};
+    Stage matmul = stage;
+    matmul.op = Op::MatMul;
+    matmul.features = 0;
+    for (int which = 0; which < 3; ++which) {
+        const TensorRef* w = stage.operands[size_t(which)];
+        matmul.operands = {w, nullptr};
+        matmul.n = w->n_rows();
+        cuda::gemm_matmul(ctx, w->format, cuda::matmul_params(matmul, call), static_cast<const kcap_u8*>(data.operands[which]),
+                          x, nullptr, outputs[which]);
+    }
+}
+
+#define KCAP_DEFINE_MATMUL_BF16(NAME, DECODER)                                         \
+    void kcap_cuda_matmul_bf16_##NAME(const Stage& stage, const KernelCall& call) {   \
+        cuda::run_matmul_bf16(stage, call, Format::NAME, &kcap_cuda_matmul_mma_##NAME); \
+    }                                                                                  \
+    void kcap_cuda_gate_up_bf16_##NAME(const Stage& stage, const KernelCall& call) {  \
+        cuda::run_gate_up_bf16(stage, call, Format::NAME, &kcap_cuda_gate_up_##NAME);   \
+    }
+KCAP_WEIGHT_FORMATS(KCAP_DEFINE_MATMUL_BF16)
+#undef KCAP_DEFINE_MATMUL_BF16
+
+}  // namespace kcap
