@@ -158,6 +158,10 @@ void run_gate_up(const Stage& stage, const KernelCall& call, Format format, bool
     } else {
         run_gate_up_matmuls(stage, call, exact_matmul);
     }
+    gate_up_activation(stage, call);
+}
+
+void gate_up_activation(const Stage& stage, const KernelCall& call) {
     Stage act = stage;
     act.op = Op::FfnActivation;
     KernelCall act_call = call;

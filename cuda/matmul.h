@@ -12,6 +12,10 @@ inline KcapMatmulParams matmul_params(const Stage& stage, const KernelCall& call
     return kcap::matmul_params(stage, call.n_tokens);
 }
 
+// A batch of gate_up after its gate and up matmuls: the gated activation of the plan's gate /
+// up scratch (call.inout2, call.inout3) into call.out (cuda.ffn_activation's kernel).
+void gate_up_activation(const Stage& stage, const KernelCall& call);
+
 // qkv (cuda.qkv, cuda.qkv_q8) for one token: one launch whose grid's groups are cut into
 // three segments, one per matrix, each with its own format, rows and split; every group stages
 // the shared x and runs the matvec of its segment's format (a switch over the formats: one

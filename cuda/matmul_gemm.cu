@@ -302,12 +302,7 @@ void run_gate_up_bf16(const Stage& stage, const KernelCall& call, Format format,
     const __nv_bfloat16* x = convert_input(ctx, call.in, p.m, p.k);
     gemm_matmul(ctx, format, p, static_cast<const kcap_u8*>(data.operands[0]), x, nullptr, call.inout2);
     gemm_matmul(ctx, format, p, static_cast<const kcap_u8*>(data.operands[1]), x, nullptr, call.inout3);
-    Stage act = stage;
-    act.op = Op::FfnActivation;
-    KernelCall act_call = call;
-    act_call.in = call.inout2;
-    act_call.in2 = call.inout3;
-    kcap_cuda_ffn_activation(act, act_call);
+    gate_up_activation(stage, call);
 }
 
 }  // namespace

@@ -510,12 +510,7 @@ void run_gate_up_q8(const Stage& stage, const KernelCall& call) {
     MmaGroup g = mma_group(p, gate, nullptr, call.inout2);
     mma_group_add(g, p, up, nullptr, call.inout3);
     mma_q8<F>(ctx, g, x);
-    Stage act = stage;
-    act.op = Op::FfnActivation;
-    KernelCall act_call = call;
-    act_call.in = call.inout2;
-    act_call.in2 = call.inout3;
-    kcap_cuda_ffn_activation(act, act_call);
+    gate_up_activation(stage, call);
 }
 
 // qkv for one token: the three-segment launch of cuda.qkv (cuda/matmul.h), each segment on the
