@@ -34,6 +34,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -175,7 +176,8 @@ public:
         if (sample_graph_exec_) cudaGraphExecDestroy(sample_graph_exec_);
         if (all_logits_) cudaFree(all_logits_);
         if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
-        gemm_destroy(ctx_.gemm);
+        gemm_.reset();  // before its stream goes
+        ctx_.gemm = nullptr;
         if (ctx_.stream) cudaStreamDestroy(ctx_.stream);
     }
 
@@ -334,20 +336,26 @@ private:
             ctx.q8_rows_capacity = size_t(cuda_rows::q8_rows_bytes(max_batch_, q8_k));
             ctx.q8_rows = arena_.alloc(ctx.q8_rows_capacity);
         }
-        // The bf16 rows' GEMM, where a batch can reach it: scratch for the largest matrix they
-        // multiply (bigger than kGemmMaxScratchValues: in chunks of rows) and the widest input.
+        // The bf16 rows' GEMM, where a batch can reach it: scratch for the largest matrix of the
+        // layers (bigger than kGemmMaxScratchValues: in chunks of rows) and the widest input. A
+        // tail stage (the LM head) reaches the GEMM only for every position's logits: it goes in
+        // chunks of the layers' scratch, at least 128 rows each.
         size_t gemm_weights = 0, gemm_input = 0;
         for (const RoutedStage& routed : plan_.stages) {
             const Stage& stage = routed.stage;
             if (routed.row->input_encoding != Encoding::BF16) continue;
             const size_t matrices = stage.op == Op::MatMul ? 1 : stage.operands.size();
-            for (size_t j = 0; j < matrices; ++j)
-                gemm_weights = std::max(gemm_weights, size_t(stage.operands[j]->n_rows()) * size_t(stage.k));
+            for (size_t j = 0; j < matrices; ++j) {
+                const size_t values = size_t(stage.operands[j]->n_rows()) * size_t(stage.k);
+                gemm_weights = std::max(gemm_weights, stage.last_token_only ? std::min(values, 128 * size_t(stage.k)) : values);
+            }
             gemm_input = std::max(gemm_input, size_t(max_batch_) * size_t(stage.k));
         }
-        if (gemm_weights > 0 && max_batch_ >= ctx.gemm_min_tokens)
-            ctx.gemm = gemm_create(ctx.stream, std::min<size_t>(gemm_weights, size_t(cuda_rows::kGemmMaxScratchValues)),
-                                   gemm_input);
+        if (gemm_weights > 0 && max_batch_ >= ctx.gemm_min_tokens) {
+            gemm_.reset(gemm_create(ctx.stream, std::min<size_t>(gemm_weights, size_t(cuda_rows::kGemmMaxScratchValues)),
+                                    gemm_input));
+            ctx.gemm = gemm_.get();
+        }
     }
 
     // The greedy argmax (and, where a row takes this vocabulary, the sampler) are stages of
@@ -544,6 +552,9 @@ private:
     int max_batch_;
     int64_t n_vocab_;
     Context ctx_;
+    // The bf16 rows' GEMM (ctx_.gemm); owned here so a constructor that throws after making it
+    // still frees it.
+    std::unique_ptr<Gemm, void (*)(Gemm*)> gemm_{nullptr, &gemm_destroy};
     DeviceArena arena_;
     std::unordered_map<const void*, void*> device_weights_;  // host bytes -> device copy
     size_t weight_bytes_ = 0;

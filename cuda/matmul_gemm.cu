@@ -6,6 +6,10 @@
 //   2. the input x (m tokens of k f32 values) is rounded to bf16 the same way, once per stage;
 //   3. cuBLAS multiplies them on the tensor cores (cublasGemmEx: bf16 x bf16, f32 compute and
 //      output), y = bf16(W) . bf16(x) with f32 sums, written straight into the stage's output.
+// The dequantize is compiled without contracting a multiply and an add into an FMA (CMakeLists:
+// -fmad=false for this file), so its f32 values are kernels/quant.h's products in formats.h's
+// order, rounded as the CPU's dequantize_row rounds them, before the bf16 rounding: bf16(W) here is
+// bf16 of gguf's dequantized values bit for bit (test_cuda_rows compares with exactly that).
 // The weights stay on the device as their raw blocks (the scratch is one matrix at a time), so
 // a prefill pays one dequantize per matrix per chunk of tokens: at 512 tokens of the 8B model's
 // gate and up (2 x 14336 x 4096) about 0.3 GB written, against 120 GFLOP of products. The
@@ -87,10 +91,10 @@ const CublasApi& cublas() {
         }
         CublasApi found;
         found.library = name;
-        bool complete = true;
+        std::string missing;
         const auto bind = [&](auto& fn, const char* symbol) {
             fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(library, symbol));
-            if (!fn) complete = false;
+            if (!fn) missing += std::string(missing.empty() ? "" : ", ") + symbol;
         };
         bind(found.create, "cublasCreate_v2");
         bind(found.destroy, "cublasDestroy_v2");
@@ -98,8 +102,8 @@ const CublasApi& cublas() {
         bind(found.set_workspace, "cublasSetWorkspace_v2");
         bind(found.gemm_ex, "cublasGemmEx");
         bind(found.status_string, "cublasGetStatusString");
-        if (!complete) {
-            tried += "\n  " + name + ": loaded, but lacks cublasGemmEx / cublasSetWorkspace_v2 (cuBLAS 11.4 or newer is needed)";
+        if (!missing.empty()) {
+            tried += "\n  " + name + ": loaded, but lacks " + missing + " (cuBLAS 11.4 or newer is needed)";
             dlclose(library);
             continue;
         }
@@ -256,9 +260,11 @@ void dequantize(const Context& ctx, Format format, const kcap_u8* w, unsigned ro
 void gemm_matmul(const Context& ctx, Format format, const KcapMatmulParams& p, const kcap_u8* w,
                  const __nv_bfloat16* x, const float* bias, float* y) {
     Gemm& g = gemm_of(ctx);
-    // Chunks of a multiple of 8 rows keep every chunk's output columns 32-byte aligned.
-    const long long fit = (long long)(g.weight_values / size_t(p.k)) / 8 * 8;
-    if (fit < 8 && fit < p.n)
+    // The whole matrix where it fits, else chunks of a multiple of 8 rows (every chunk's output
+    // columns stay 32-byte aligned).
+    long long fit = (long long)(g.weight_values / size_t(p.k));
+    if (fit < p.n) fit = fit / 8 * 8;
+    if (fit < 1)
         throw Error("bf16 matmul: K=" + std::to_string(p.k) + " exceeds the GEMM's weight scratch (" +
                     std::to_string(g.weight_values) + " values)");
     const long long chunk = std::min<long long>(p.n, fit);

@@ -259,12 +259,15 @@ def locate_cublas() -> None:
             return
         except OSError:
             pass
+    def major(path: str) -> int:  # libcublas.so.13 -> 13
+        version = path.rsplit(".so.", 1)[-1].split(".")[0]
+        return int(version) if version.isdigit() else 0
+
     spec = importlib.util.find_spec("nvidia")
-    for base in (spec.submodule_search_locations or []) if spec else []:
-        found = sorted(glob.glob(os.path.join(base, "*", "lib", "libcublas.so.*")), reverse=True)
-        if found:
-            os.environ["KCAP_CUBLAS_LIBRARY"] = found[0]
-            return
+    found = [path for base in ((spec.submodule_search_locations or []) if spec else [])
+             for path in glob.glob(os.path.join(base, "*", "lib", "libcublas.so.*"))]
+    if found:
+        os.environ["KCAP_CUBLAS_LIBRARY"] = max(found, key=major)  # the newest cuBLAS
 
 
 def load(path: str | os.PathLike, backend: str | None = None, **options) -> Model:
