@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -352,6 +353,35 @@ def test_bf16_activations_route_matmuls_to_the_gemm_rows(tmp_path):
     mixed = synth.tiny_llama(str(tmp_path / "mixed.gguf"), n_layer=1, tensor_types={"blk.0.attn_v.weight": "F16"})
     kernels = {r["stage"]: r["kernel"] for r in explain_file(mixed, backend="cuda", activations="bf16") if r["layer"] == 0}
     assert kernels["attn_q+attn_k+attn_v"] == "cuda.qkv_bf16", kernels
+
+
+def test_locate_cublas_takes_the_newest_pip_copy_when_the_loader_finds_none(tmp_path, monkeypatch):
+    # The bf16 rows dlopen cuBLAS (cuda/matmul_gemm.cu). Where neither the loader's path nor the
+    # toolkit has it, kcap.load points KCAP_CUBLAS_LIBRARY at pip's NVIDIA package: cuBLAS 13
+    # (nvidia/cu13/lib) before 12 (nvidia/cublas/lib), though "cublas" sorts after "cu13".
+    import ctypes
+    import importlib.util
+    from kcap import model as model_module
+
+    for folder, name in (("cu13", "libcublas.so.13"), ("cublas", "libcublas.so.12"), ("cublas", "libcublasLt.so.12")):
+        (tmp_path / "nvidia" / folder / "lib").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "nvidia" / folder / "lib" / name).write_bytes(b"")
+    spec = importlib.util.spec_from_loader("nvidia", loader=None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path / "nvidia")]
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "nvidia" else real_find_spec(name, *a))
+
+    def no_library(name, *args, **kwargs):
+        raise OSError(f"{name}: not found")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_library)
+    monkeypatch.delenv("KCAP_CUBLAS_LIBRARY", raising=False)
+    model_module.locate_cublas()
+    assert os.environ["KCAP_CUBLAS_LIBRARY"] == str(tmp_path / "nvidia" / "cu13" / "lib" / "libcublas.so.13")
+    # A library the caller named is kept.
+    monkeypatch.setenv("KCAP_CUBLAS_LIBRARY", "/opt/mine/libcublas.so")
+    model_module.locate_cublas()
+    assert os.environ["KCAP_CUBLAS_LIBRARY"] == "/opt/mine/libcublas.so"
 
 
 def test_q8_1_fusion_keeps_each_matmuls_encoding(tmp_path):
