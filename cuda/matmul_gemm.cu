@@ -303,8 +303,7 @@ void run_gate_up_bf16(const Stage& stage, const KernelCall& call, Format format,
     const Context& ctx = context(call);
     if (call.n_tokens < ctx.gemm_min_tokens) return exact(stage, call);
     const StageData& data = stage_data(call);
-    KcapMatmulParams p = matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
-    p.has_bias = 0;
+    const KcapMatmulParams p = matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
     const __nv_bfloat16* x = convert_input(ctx, call.in, p.m, p.k);
     gemm_matmul(ctx, format, p, static_cast<const kcap_u8*>(data.operands[0]), x, nullptr, call.inout2);
     gemm_matmul(ctx, format, p, static_cast<const kcap_u8*>(data.operands[1]), x, nullptr, call.inout3);

@@ -165,7 +165,9 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
         // bf16 rows: below kGemmMinTokens the tensor-core row's launcher (its bound), from there
         // the GEMM, against the exact CPU row on bf16(W) and bf16(x).
         const bool bf16 = row.input_encoding == Encoding::BF16;
-        const Row& reference = bf16 ? cpu_matmul_row(Format::F32) : cpu_twin(row);
+        // The reference below the GEMM (a bf16 row's: its format's exact row); the GEMM's is the
+        // exact F32 row on bf16(W) and bf16(x).
+        const Row& twin = bf16 ? cpu_matmul_row(f) : cpu_twin(row);
         const bool mma = q8 || ((bf16 || row.kernel.rfind("cuda.matmul_mma.", 0) == 0) && cuda_rows::mma_format(f));
         std::vector<int64_t> ks = k_edges(row, 14336);
         // Five multiples: with 32-element blocks an odd number of 64-element raw chunks, the last
@@ -214,7 +216,7 @@ void test_matmul(std::mt19937& rng, CpuState& cpu) {
                         call.out = ref.data();
                         Stage ref_stage = stage;
                         if (bf16) ref_stage.operands[0] = &w_ref, ref_stage.input_encoding = Encoding::F32;
-                        run_cpu(bf16 && !gemm ? cpu_matmul_row(f) : reference, ref_stage, call, cpu);
+                        run_cpu(gemm ? cpu_matmul_row(Format::F32) : twin, ref_stage, call, cpu);
                         StageData data;
                         data.operands[0] = t.arena.upload_bytes(w->ref.data, w->ref.nbytes);
                         data.operands[1] = with_bias ? t.arena.upload_bytes(bias->ref.data, bias->ref.nbytes) : nullptr;
