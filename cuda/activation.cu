@@ -1,5 +1,7 @@
-// CUDA entry point of the FFN activation row (cuda.ffn_activation): kernels/activation.h.
+// CUDA entry point of the FFN activation row (cuda.ffn_activation): kernels/activation.h. The
+// gate_up rows that end in the same kernel launch it through cuda::run_ffn_activation.
 #include "cuda/cuda_context.h"
+#include "cuda/matmul.h"
 #include "kernels/activation.h"
 
 namespace kcap {
@@ -16,10 +18,16 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 
 }  // namespace
 
-void kcap_cuda_ffn_activation(const Stage& stage, const KernelCall& call) {
+namespace cuda {
+
+void run_ffn_activation(const Stage& stage, const KernelCall& call) {
     const KcapElementwiseParams p = activation_params(stage, call.n_tokens, call.in2 != nullptr);
-    cuda::launch(cuda::context(call), activation_kernel, dim3(cuda::ceil_div(p.count, kElementwiseThreads)),
-                 dim3(kElementwiseThreads), 0, p, call.in, call.in2, call.out);
+    launch(context(call), activation_kernel, dim3(ceil_div(p.count, kElementwiseThreads)), dim3(kElementwiseThreads), 0,
+           p, call.in, call.in2, call.out);
 }
+
+}  // namespace cuda
+
+void kcap_cuda_ffn_activation(const Stage& stage, const KernelCall& call) { cuda::run_ffn_activation(stage, call); }
 
 }  // namespace kcap

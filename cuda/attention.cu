@@ -1,8 +1,10 @@
-// CUDA entry point of the attention row (cuda.attention): kernels/attention.h.
-//   one token (decode, and every step of the decode graph): split-K decode, which also
-//     appends the token's K/V, then the combine when the stage has more than one split;
-//   a prefill chunk: append the chunk's K/V, then every token attends to the cache (tiled:
-//     kernels/attention_prefill.h, geometry in cuda_rows::attn_prefill_*).
+// CUDA entry points of the attention rows: kernels/attention.h.
+//   cuda.attention_decode* (one token: decode, and every step of the decode graph): split-K
+//     decode, which also appends the token's K/V, then the combine when the stage has more than
+//     one split;
+//   cuda.attention_prefill* (a prefill chunk): append the chunk's K/V, then every token attends
+//     to the cache (tiled: kernels/attention_prefill.h, geometry in cuda_rows::attn_prefill_*);
+//   cuda.attention_mma* (cuda/attention_mma.cu): the same on the tensor cores.
 // The split count was fixed at load time from the stage's longest span (cuda_backend.cu),
 // so the captured graph replays at any position; each split's share of keys follows the
 // position read from device memory.
@@ -85,26 +87,25 @@ AttentionCall attention_call(const Stage& stage, const KernelCall& call) {
     const StageData& data = stage_data(call);
     const StageParams& s = stage.params;
     const KvCache& kv = ctx.kv.at(size_t(s.kv_layer >= 0 ? s.kv_layer : stage.layer));
-    return {attention_params(stage, call.n_tokens, ctx.kv_format, data.attn_splits, ctx.attn_min_chunk),
+    return {attention_params(stage, call.n_tokens, ctx.kv_format, data.attn_splits, cuda_rows::kAttnMinChunk),
             static_cast<kcap_u8*>(kv.k), static_cast<kcap_u8*>(kv.v)};
 }
 
-// Q and K (call.in, call.in2: the stage's own buffers) rotated in place, as the rope or
-// qk_norm_rope stage the planner folded into this one would have.
-void rotate_in_place(const Stage& stage, const KernelCall& call) {
-    KernelCall rope = call;
-    rope.out = const_cast<float*>(call.in);
-    rope.inout2 = const_cast<float*>(call.in2);
-    if (stage.features & kRmsNorm)
-        kcap_cuda_qk_norm_rope(stage, rope);
-    else
-        kcap_cuda_rope(stage, rope);
-}
-
+template <AttnRope ROPE>
 AttentionCall prefill_call(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
     AttentionCall a = attention_call(stage, call);
-    if (a.p.rope) rotate_in_place(stage, call);
+    if constexpr (ROPE != AttnRope::None) {
+        // Q and K (call.in, call.in2: the stage's own buffers) rotated in place, as the rope or
+        // qk_norm_rope stage the planner folded into this one would have.
+        KernelCall rope = call;
+        rope.out = const_cast<float*>(call.in);
+        rope.inout2 = const_cast<float*>(call.in2);
+        if constexpr (ROPE == AttnRope::QkNormRope)
+            run_qk_norm_rope(stage, rope);
+        else
+            run_rope(stage, rope);
+    }
     a.p.rope = a.p.qk_norm = 0;
     if (a.p.append) {
         const int64_t appended = int64_t(a.p.n_tokens) * (a.p.k_width + a.p.v_width);
@@ -113,41 +114,69 @@ AttentionCall prefill_call(const Stage& stage, const KernelCall& call) {
     }
     return a;
 }
+template AttentionCall prefill_call<AttnRope::None>(const Stage&, const KernelCall&);
+template AttentionCall prefill_call<AttnRope::Rope>(const Stage&, const KernelCall&);
+template AttentionCall prefill_call<AttnRope::QkNormRope>(const Stage&, const KernelCall&);
 
-}  // namespace cuda
+namespace {
 
-void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
-    cuda::Context& ctx = cuda::context(call);
-    if (call.n_tokens == 1) {
-        cuda::AttentionCall a = cuda::attention_call(stage, call);
-        KcapAttentionParams& p = a.p;
-        if (p.rope && !ctx.attn_own_rope) {  // measurement switch: the rope launch the fusion saves
-            cuda::rotate_in_place(stage, call);
-            p.rope = p.qk_norm = 0;
-        }
-        const cuda::StageData& data = cuda::stage_data(call);
-        // With q8_1 rows in the plan, the token's output is also written as q8_1 for the output
-        // projection (as cuda.add_norm does for qkv and gate_up): no quantize launch there.
-        // A run must not straddle two heads (the groups and the combine quantize whole heads).
-        const cuda::Q8Rows q8 = p.head_dim_v % 32 == 0 ? cuda::q8_output_rows(ctx, call.out, 1, p.n_head * p.head_dim_v)
-                                                       : cuda::Q8Rows{nullptr, nullptr, nullptr};
-        const int simds = ctx.attn_decode_simds ? ctx.attn_decode_simds : attn_decode_simds(p.n_head_kv);
-        cuda::launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * simds), 0, p, ctx.step, call.in,
-                     call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out, q8,
-                     reinterpret_cast<const float2*>(data.rope_table), static_cast<const float*>(data.operands[0]),
-                     static_cast<const float*>(data.operands[1]));
-        if (p.n_splits > 1)
-            cuda::launch(ctx, combine_kernel, dim3(p.n_head), dim3(attn_combine_threads(p.head_dim_v)), 0, p, ctx.step,
-                         static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml),
-                         call.out, q8);
-        return;
-    }
-    const cuda::AttentionCall a = cuda::prefill_call(stage, call);
+// cuda.attention_decode[_rope][_q8]: one token. With Q8 the token's output is also written as
+// q8_1 for the output projection (as cuda.add_norm_q8 does for qkv and gate_up): by the decode's
+// groups where one split covered every key, else by the combine (whole heads: head_dim_v % 32).
+template <bool Q8>
+void run_attention_decode(const Stage& stage, const KernelCall& call) {
+    const Context& ctx = context(call);
+    const AttentionCall a = attention_call(stage, call);
+    const KcapAttentionParams& p = a.p;
+    const StageData& data = stage_data(call);
+    const Q8Rows q8 = Q8 ? q8_rows_layout(ctx, 1, p.n_head * p.head_dim_v) : Q8Rows{nullptr, nullptr, nullptr};
+    launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * cuda_rows::attn_decode_simds(p.n_head_kv)), 0, p,
+           ctx.step, call.in, call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out,
+           q8, reinterpret_cast<const float2*>(data.rope_table), static_cast<const float*>(data.operands[0]),
+           static_cast<const float*>(data.operands[1]));
+    if (p.n_splits > 1)
+        launch(ctx, combine_kernel, dim3(p.n_head), dim3(cuda_rows::attn_combine_threads(p.head_dim_v)), 0, p, ctx.step,
+               static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml), call.out,
+               q8);
+}
+
+// cuda.attention_prefill[_rope|_qk_norm_rope][_q8]: a prefill chunk, tiled SIMT.
+template <AttnRope ROPE, bool Q8>
+void run_attention_prefill(const Stage& stage, const KernelCall& call) {
+    const Context& ctx = context(call);
+    const AttentionCall a = prefill_call<ROPE>(stage, call);
     const KcapAttentionParams& p = a.p;
     const int64_t query_rows = int64_t(p.n_tokens) * (p.n_head / p.n_head_kv);
-    cuda::launch(ctx, prefill_kernel, dim3(cuda::ceil_div(query_rows, attn_prefill_rows(p.head_dim)), p.n_head_kv),
-                 dim3(32 * attn_prefill_simds(p.head_dim)), 0, p, ctx.step, call.in,
-                 static_cast<const kcap_u8*>(a.k_cache), static_cast<const kcap_u8*>(a.v_cache), call.out);
+    launch(ctx, prefill_kernel, dim3(ceil_div(query_rows, cuda_rows::attn_prefill_rows(p.head_dim)), p.n_head_kv),
+           dim3(32 * cuda_rows::attn_prefill_simds(p.head_dim)), 0, p, ctx.step, call.in,
+           static_cast<const kcap_u8*>(a.k_cache), static_cast<const kcap_u8*>(a.v_cache), call.out);
+    if constexpr (Q8) quantize_into_scratch(ctx, call.n_tokens, p.n_head * p.head_dim_v, call.out);
 }
+
+}  // namespace
+}  // namespace cuda
+
+template <AttnKind KIND, AttnRope ROPE, bool Q8>
+void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
+    if constexpr (KIND == AttnKind::Decode)
+        cuda::run_attention_decode<Q8>(stage, call);
+    else if constexpr (KIND == AttnKind::Prefill)
+        cuda::run_attention_prefill<ROPE, Q8>(stage, call);
+    else
+        cuda::run_attention_mma<ROPE, Q8>(stage, call);
+}
+
+#define KCAP_INSTANTIATE_ATTENTION(KIND, ROPE)                                                             \
+    template void kcap_cuda_attention<AttnKind::KIND, AttnRope::ROPE, false>(const Stage&, const KernelCall&); \
+    template void kcap_cuda_attention<AttnKind::KIND, AttnRope::ROPE, true>(const Stage&, const KernelCall&);
+KCAP_INSTANTIATE_ATTENTION(Decode, None)
+KCAP_INSTANTIATE_ATTENTION(Decode, Rope)
+KCAP_INSTANTIATE_ATTENTION(Prefill, None)
+KCAP_INSTANTIATE_ATTENTION(Prefill, Rope)
+KCAP_INSTANTIATE_ATTENTION(Prefill, QkNormRope)
+KCAP_INSTANTIATE_ATTENTION(PrefillMma, None)
+KCAP_INSTANTIATE_ATTENTION(PrefillMma, Rope)
+KCAP_INSTANTIATE_ATTENTION(PrefillMma, QkNormRope)
+#undef KCAP_INSTANTIATE_ATTENTION
 
 }  // namespace kcap

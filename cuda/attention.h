@@ -18,10 +18,23 @@ struct AttentionCall {
 AttentionCall attention_call(const Stage& stage, const KernelCall& call);
 
 // A prefill chunk's attention call, its K/V in the cache (when p.append) before any of its
-// tokens attends. A stage that owns its rope (planner: rope + attention fused, p.rope) first
-// has Q and K rotated in place by the rope (or qk_norm_rope) row's kernel: only the one-token
-// decode rotates them itself. The returned p.rope is 0 (Q and K arrive rotated).
+// tokens attends. ROPE: the stage owns its rope (planner: rope + attention fused), so Q and K are
+// first rotated in place by the rope (or qk_norm_rope) kernel: only the one-token decode
+// rotates them itself. The returned p.rope is 0 (Q and K arrive rotated).
+template <AttnRope ROPE>
 AttentionCall prefill_call(const Stage& stage, const KernelCall& call);
+
+// The tensor-core prefill of cuda.attention_mma* (cuda/attention_mma.cu).
+template <AttnRope ROPE, bool Q8>
+void run_attention_mma(const Stage& stage, const KernelCall& call);
+
+// The rope kernels (cuda/rope.cu) on a call's Q (call.out) and K (call.inout2), in place.
+void run_rope(const Stage& stage, const KernelCall& call);
+void run_qk_norm_rope(const Stage& stage, const KernelCall& call);
+
+// The q8_1 of a prefill chunk's attention output (m x k at x) into the q8_1 scratch, for the
+// output projection after it (cuda/matmul_q8.cu's quantize kernel).
+void quantize_into_scratch(const Context& ctx, int m, int k, const float* x);
 
 }  // namespace cuda
 }  // namespace kcap

@@ -297,18 +297,30 @@ void launch_prefill_mma(const cuda::Context& ctx, const cuda::AttentionCall& a, 
 
 }  // namespace
 
-void kcap_cuda_attention_mma(const Stage& stage, const KernelCall& call) {
-    const cuda::Context& ctx = cuda::context(call);
-    const int d = int(stage.params.head_dim), dv = int(stage.params.head_dim_v);
-    if (call.n_tokens == 1 || ctx.kv_format != Format::F16 || !attn_mma_dims(d, dv) ||
-        attn_mma_shared_bytes(d) > cuda::shared_optin_bytes(ctx.device))
-        return kcap_cuda_attention(stage, call);
-    const cuda::AttentionCall a = cuda::prefill_call(stage, call);
-    switch (d) {
-        case 64: return launch_prefill_mma<64>(ctx, a, call);
-        case 128: return launch_prefill_mma<128>(ctx, a, call);
-        default: return launch_prefill_mma<256>(ctx, a, call);
+namespace cuda {
+
+// cuda.attention_mma[_rope|_qk_norm_rope][_q8]: a prefill chunk on the tensor cores (the row's
+// legal dims: f16 cache, head dims with a body, the device's threadgroup memory).
+template <AttnRope ROPE, bool Q8>
+void run_attention_mma(const Stage& stage, const KernelCall& call) {
+    const Context& ctx = context(call);
+    const AttentionCall a = prefill_call<ROPE>(stage, call);
+    switch (stage.params.head_dim) {
+        case 64: launch_prefill_mma<64>(ctx, a, call); break;
+        case 128: launch_prefill_mma<128>(ctx, a, call); break;
+        case 256: launch_prefill_mma<256>(ctx, a, call); break;
+        default: throw Error("cuda.attention_mma: no tensor-core body for head_dim " + std::to_string(stage.params.head_dim));
     }
+    if constexpr (Q8) quantize_into_scratch(ctx, call.n_tokens, a.p.n_head * a.p.head_dim_v, call.out);
 }
 
+#define KCAP_INSTANTIATE_ATTENTION_MMA(ROPE)                                               \
+    template void run_attention_mma<AttnRope::ROPE, false>(const Stage&, const KernelCall&); \
+    template void run_attention_mma<AttnRope::ROPE, true>(const Stage&, const KernelCall&);
+KCAP_INSTANTIATE_ATTENTION_MMA(None)
+KCAP_INSTANTIATE_ATTENTION_MMA(Rope)
+KCAP_INSTANTIATE_ATTENTION_MMA(QkNormRope)
+#undef KCAP_INSTANTIATE_ATTENTION_MMA
+
+}  // namespace cuda
 }  // namespace kcap

@@ -12,22 +12,11 @@
 // the step in and the logits out around one replay.
 // Prefill: chunks of up to max_batch tokens run the same rows with batched kernels.
 //
-// Environment switches (for measurements): KCAP_CUDA_GRAPH=0 launches the step directly,
-// KCAP_CUDA_PDL=0 turns programmatic dependent launch off, KCAP_MATVEC_ROWS=1|2|8 changes the
-// decode matvec's rows per team (the row declares cuda_rows::kMatvecRows), KCAP_MATVEC_WARPS=N
-// splits its rows' runs over more simd groups until about N per multiprocessor run
-// (cuda_rows::matvec_split); KCAP_ATTN_DECODE_SIMDS=4|8, KCAP_ATTN_MIN_CHUNK=N (a multiple of
-// 32) and KCAP_ATTN_SPLITS_PER_SM=N change the decode attention's groups; KCAP_MMA_STAGED=0|1
-// turns the prefill matmuls' shared-memory weight staging off or on for every K;
-// KCAP_MMA_Q8_TOKENS=64|128 gives the int8 prefill tiles that many tokens per group for every
-// batch (cuda/matmul_q8.cu: q8_tile_tokens); KCAP_Q8_PREQUANT=K
-// quantizes a q8_1 matvec's x by its own launch for rows of K values or more (0: never, and no
-// add_norm epilogue; cuda_rows::kQ8QuantizeMinK).
-// KCAP_GEMM_MIN_TOKENS=N moves the batch size from which the bf16 rows (activations="bf16") use
-// their GEMM (cuda_rows::kGemmMinTokens); KCAP_CUBLAS_LIBRARY names the cuBLAS they load.
-// KCAP_CUDA_PROFILE=1 runs decode steps without the graph, times every stage with CUDA events (each stage waited for, so the times include each launch's
-// latency) and prints the totals per kernel and per stage name to stderr when the backend is
-// destroyed; prefill chunks are timed the same way into tables of their own.
+// Which row runs each stage for a call's token count is the plan's (Executor): a launcher runs
+// its row's kernels only. EngineOptions::profile runs decode steps without the graph, times every
+// stage with CUDA events (each stage waited for, so the times include each launch's latency) and
+// prints the totals per kernel and per stage name to stderr when the backend is destroyed;
+// prefill chunks are timed the same way into tables of their own.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -42,6 +31,7 @@
 
 #include "core/backend_impl.h"
 #include "cuda/cuda_context.h"
+#include "dispatch/executor.h"
 #include "cuda/rope_table.h"
 
 namespace kcap {
@@ -68,11 +58,6 @@ int shared_optin_bytes(int device) {
 }
 
 namespace {
-
-int env_int(const char* name, int fallback) {
-    const char* value = std::getenv(name);
-    return value && *value ? std::atoi(value) : fallback;
-}
 
 // Device allocations owned by one backend, freed together.
 class DeviceArena {
@@ -120,45 +105,14 @@ private:
 class CudaBackend final : public Backend_ {
 public:
     CudaBackend(const ModelSpec& spec, Plan plan, const EngineOptions& options)
-        : plan_(std::move(plan)), max_batch_(std::max(1, options.max_batch)), n_vocab_(spec.n_vocab) {
-        int devices = 0;
-        const cudaError_t status = cudaGetDeviceCount(&devices);
-        if (status != cudaSuccess || devices == 0) {
-            cudaGetLastError();
-            throw BackendUnavailableError(
-                std::string("backend 'cuda': no CUDA device is available on this machine (") +
-                (status != cudaSuccess ? std::string(cudaGetErrorString(status)) : std::string("0 devices")) +
-                "); use backend='cpu'");
-        }
+        : plan_(std::move(plan)), executor_(plan_), max_batch_(std::max(1, options.max_batch)), n_vocab_(spec.n_vocab) {
         Context& ctx = ctx_;
+        ctx.sm_count = cuda_device_info().sm_count;  // checks the device: sm_80 or newer
         KCAP_CUDA_CHECK(cudaSetDevice(0));
         cudaDeviceProp props;
         KCAP_CUDA_CHECK(cudaGetDeviceProperties(&props, 0));
-        if (props.major < 8)
-            throw BackendUnavailableError(std::string("backend 'cuda': ") + props.name + " is sm_" +
-                                          std::to_string(props.major * 10 + props.minor) + "; kcap needs sm_80 or newer");
-        ctx.sm_count = props.multiProcessorCount;
-        ctx.pdl = props.major >= 9 && env_int("KCAP_CUDA_PDL", 1) != 0;
-        use_graph_ = env_int("KCAP_CUDA_GRAPH", 1) != 0;
-        const int rows = env_int("KCAP_MATVEC_ROWS", cuda_rows::kMatvecRows);
-        ctx.matvec_rows = rows == 1 || rows == 2 || rows == 8 ? rows : cuda_rows::kMatvecRows;
-        const int wide_rows = env_int("KCAP_MATVEC_WIDE_ROWS", cuda_rows::kMatvecWideRows);
-        ctx.matvec_wide_rows = wide_rows == 1 || wide_rows == 2 ? wide_rows : cuda_rows::kMatvecWideRows;
-        ctx.matvec_warps = env_int("KCAP_MATVEC_WARPS", cuda_rows::kMatvecTargetWarps);
-        const int decode_simds = env_int("KCAP_ATTN_DECODE_SIMDS", 0);
-        ctx.attn_decode_simds = decode_simds == 4 || decode_simds == 8 ? decode_simds : 0;
-        const int min_chunk = env_int("KCAP_ATTN_MIN_CHUNK", cuda_rows::kAttnMinChunk);
-        ctx.attn_min_chunk = min_chunk >= 32 && min_chunk % 32 == 0 ? min_chunk : cuda_rows::kAttnMinChunk;
-        ctx.attn_splits_per_sm = std::max(1, env_int("KCAP_ATTN_SPLITS_PER_SM", cuda_rows::kAttnSplitsPerSm));
-        ctx.attn_own_rope = env_int("KCAP_ATTN_OWN_ROPE", 1) != 0;
-        ctx.mma_staged = env_int("KCAP_MMA_STAGED", -1);
-        ctx.mma_group = env_int("KCAP_MMA_GROUP", 1) != 0;
-        const int q8_tokens = env_int("KCAP_MMA_Q8_TOKENS", 0);
-        ctx.mma_q8_tokens = q8_tokens == 64 || q8_tokens == 128 ? q8_tokens : 0;
-        ctx.add_norm_vec = env_int("KCAP_ADD_NORM_VEC", 1) != 0;
-        ctx.q8_prequantize = env_int("KCAP_Q8_PREQUANT", cuda_rows::kQ8QuantizeMinK);
-        ctx.gemm_min_tokens = std::max(1, env_int("KCAP_GEMM_MIN_TOKENS", cuda_rows::kGemmMinTokens));
-        profile_ = env_int("KCAP_CUDA_PROFILE", 0) != 0;
+        ctx.pdl = props.major >= 9;
+        profile_ = options.profile;
         if (profile_) use_graph_ = false;
         KCAP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
         ctx.kv_format = plan_.options.kv_format;
@@ -170,10 +124,12 @@ public:
         route_decode_choices();
     }
 
+    void attach_trace(std::vector<TraceEntry>* trace) override { executor_.attach_trace(trace); }
+
     ~CudaBackend() override {
         if (profile_) print_profile();
-        if (greedy_graph_exec_) cudaGraphExecDestroy(greedy_graph_exec_);
-        if (sample_graph_exec_) cudaGraphExecDestroy(sample_graph_exec_);
+        for (cudaGraphExec_t exec : graph_exec_)
+            if (exec) cudaGraphExecDestroy(exec);
         if (all_logits_) cudaFree(all_logits_);
         if (ctx_.stream) cudaStreamSynchronize(ctx_.stream);
         gemm_.reset();  // before its stream goes
@@ -191,6 +147,8 @@ public:
                 decode_step(tokens[start], pos0 + start, need_logits ? host_logits : nullptr);
                 continue;
             }
+            // A chunk that wants no logits (not the last) skips the LM head: the plan's walk
+            // leaves out the stages that run on the last position only.
             set_step(tokens + start, count, pos0 + start);
             float* device_logits = all_logits ? all_logits_buffer(count) : decode_logits_;
             run_stages(count, need_logits, all_logits, device_logits);
@@ -234,11 +192,11 @@ public:
     void decode_on_device(bool sample, int32_t token, int64_t n, int64_t pos0, int32_t* out) {
         if (n <= 0) return;
         set_step(&token, 1, pos0);
-        if (use_graph_ && ensure_graph(sample)) {
-            const cudaGraphExec_t graph = sample ? sample_graph_exec_ : greedy_graph_exec_;
-            for (int64_t i = 0; i < n; ++i) KCAP_CUDA_CHECK(cudaGraphLaunch(graph, ctx_.stream));
+        const StepKind kind = sample ? StepKind::Sample : StepKind::Greedy;
+        if (use_graph_ && ensure_graph(kind)) {
+            for (int64_t i = 0; i < n; ++i) replay(kind);
         } else {
-            for (int64_t i = 0; i < n; ++i) run_decode_step(sample);
+            for (int64_t i = 0; i < n; ++i) run_decode_step(kind);
         }
         int32_t* staged = pinned_tokens_.get(size_t(n));
         KCAP_CUDA_CHECK(cudaMemcpyAsync(staged, ctx_.history, size_t(n) * sizeof(int32_t), cudaMemcpyDeviceToHost,
@@ -317,8 +275,8 @@ private:
                 // Enough splits that each takes about kAttnMinChunk keys at the longest span,
                 // capped at a few groups per multiprocessor (longer spans: longer splits).
                 const int64_t span = std::max<int64_t>(1, stage.max_span);
-                const int64_t by_span = (span + ctx.attn_min_chunk - 1) / ctx.attn_min_chunk;
-                const int64_t cap = std::max<int64_t>(1, int64_t(ctx.attn_splits_per_sm) * ctx.sm_count /
+                const int64_t by_span = (span + cuda_rows::kAttnMinChunk - 1) / cuda_rows::kAttnMinChunk;
+                const int64_t cap = std::max<int64_t>(1, int64_t(cuda_rows::kAttnSplitsPerSm) * ctx.sm_count /
                                                              std::max(1, stage.params.n_head_kv));
                 data.attn_splits = int(std::max<int64_t>(1, std::min(by_span, cap)));
                 const size_t slots = size_t(stage.params.n_head) * size_t(data.attn_splits);
@@ -328,22 +286,28 @@ private:
         }
         ctx.attn_partial_o = arena_.alloc_n<float>(std::max<size_t>(partial_o, 1));
         ctx.attn_partial_ml = arena_.alloc_n<float>(std::max<size_t>(partial_ml, 1));
-        // The q8_1 rows' input (one token or a batch): the widest K of any stage routed to one.
+        // The q8_1 rows' input (one token or a batch): the widest K of any stage routed to one, or
+        // output of a stage that writes one for them.
         int64_t q8_k = 0;
-        for (const RoutedStage& routed : plan_.stages)
-            if (routed.row->input_encoding == Encoding::Q8_1) q8_k = std::max<int64_t>(q8_k, routed.stage.k);
+        for (const RoutedStage& routed : plan_.stages) {
+            for (const Route& route : routed.routes)
+                if (route.row->input_encoding == Encoding::Q8_1) q8_k = std::max<int64_t>(q8_k, routed.stage.k);
+            if (routed.stage.features & kQ8Output) q8_k = std::max<int64_t>(q8_k, routed.stage.n);
+        }
         if (q8_k > 0) {
             ctx.q8_rows_capacity = size_t(cuda_rows::q8_rows_bytes(max_batch_, q8_k));
             ctx.q8_rows = arena_.alloc(ctx.q8_rows_capacity);
         }
-        // The bf16 rows' GEMM, where a batch can reach it: scratch for the largest matrix of the
-        // layers (bigger than kGemmMaxScratchValues: in chunks of rows) and the widest input. A
-        // tail stage (the LM head) reaches the GEMM only for every position's logits: it goes in
-        // chunks of the layers' scratch, at least 128 rows each.
+        // The bf16 rows' GEMM, where the plan routes a stage to one: scratch for the largest
+        // matrix of the layers (bigger than kGemmMaxScratchValues: in chunks of rows) and the
+        // widest input. A tail stage (the LM head) reaches the GEMM only for every position's
+        // logits: it goes in chunks of the layers' scratch, at least 128 rows each.
         size_t gemm_weights = 0, gemm_input = 0;
         for (const RoutedStage& routed : plan_.stages) {
             const Stage& stage = routed.stage;
-            if (routed.row->input_encoding != Encoding::BF16) continue;
+            bool bf16 = false;
+            for (const Route& route : routed.routes) bf16 = bf16 || route.row->input_encoding == Encoding::BF16;
+            if (!bf16) continue;
             const size_t matrices = stage.op == Op::MatMul ? 1 : stage.operands.size();
             for (size_t j = 0; j < matrices; ++j) {
                 const size_t values = size_t(stage.operands[j]->n_rows()) * size_t(stage.k);
@@ -351,7 +315,7 @@ private:
             }
             gemm_input = std::max(gemm_input, size_t(max_batch_) * size_t(stage.k));
         }
-        if (gemm_weights > 0 && max_batch_ >= ctx.gemm_min_tokens) {
+        if (gemm_weights > 0) {
             gemm_.reset(gemm_create(ctx.stream, std::min<size_t>(gemm_weights, size_t(cuda_rows::kGemmMaxScratchValues)),
                                     gemm_input));
             ctx.gemm = gemm_.get();
@@ -361,8 +325,8 @@ private:
     // The greedy argmax (and, where a row takes this vocabulary, the sampler) are stages of
     // this backend's decode steps: routed through the table like the plan's stages.
     void route_decode_choices() {
-        argmax_row_ = route(logits_stage(argmax_stage_, Op::Argmax, "argmax"), plan_.options);
-        sample_row_ = find_route(logits_stage(sample_stage_, Op::Sample, "sample"), plan_.options);
+        argmax_row_ = route(logits_stage(argmax_stage_, Op::Argmax, "argmax"), plan_.options, 1);
+        sample_row_ = find_route(logits_stage(sample_stage_, Op::Sample, "sample"), plan_.options, 1);
     }
 
     // A stage of the decode step that reads the last position's logits (k = n = the vocabulary).
@@ -399,31 +363,21 @@ private:
             cudaMemcpyAsync(ctx_.tokens, staged + 2, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, ctx_.stream));
     }
 
-    // Every routed stage for n tokens, as the CPU backend walks them: tail stages (the LM head)
-    // run on the last token only unless every position's logits are wanted.
+    // Every routed stage for n tokens (the plan's walk, Executor): tail stages (the LM head) run
+    // on the last token only unless every position's logits are wanted.
     void run_stages(int64_t n, bool need_logits, bool all_logits, float* logits) {
-        ctx_.q8_rows_next = {};
-        for (size_t i = 0; i < plan_.stages.size(); ++i) {
-            const RoutedStage& routed = plan_.stages[i];
-            const Stage& stage = routed.stage;
-            KernelCall call;
-            if (!bind_stage_buffers(plan_, stage, n, need_logits, all_logits, logits,
-                                    [&](Buffer b) { return buffer(b); }, call))
-                continue;
-            call.backend_state = &ctx_;
-            call.stage_state = &stage_data_[i];
-            // What the previous stage that ran quantized into q8_rows holds for this stage only.
-            ctx_.q8_rows_of = ctx_.q8_rows_next;
-            ctx_.q8_rows_next = {};
-            if (profile_) {
-                timed(routed.row->kernel, stage.name, [&] { routed.row->fn(stage, call); }, n > 1);
-            } else {
-                routed.row->fn(stage, call);
-            }
-        }
+        executor_.run(
+            n, 0, nullptr, need_logits, all_logits, logits, &ctx_, [&](Buffer b) { return buffer(b); },
+            [&](size_t i) { return static_cast<const void*>(&stage_data_[i]); },
+            [&](const Row& row, const Stage& stage, const KernelCall& call) {
+                if (profile_)
+                    timed(row.kernel, stage.name, [&] { row.fn(stage, call); }, n > 1);
+                else
+                    row.fn(stage, call);
+            });
     }
 
-    // KCAP_CUDA_PROFILE: one stage, waited for, its time added to its kernel's and name's totals.
+    // EngineOptions::profile: one stage, waited for, its time added to its kernel's and name's totals.
     template <class Fn>
     void timed(const std::string& kernel, const std::string& name, Fn&& fn, bool prefill = false) {
         if (!profile_start_) {
@@ -488,8 +442,14 @@ private:
             argmax_row_->fn(argmax_stage_, call);
     }
 
-    void run_decode_step(bool sample) {
+    // A one-token step: every stage, then for greedy / sampled decoding the choice of the next
+    // token on the device (fed back through device memory).
+    enum class StepKind { Logits = 0, Greedy = 1, Sample = 2 };
+
+    void run_decode_step(StepKind kind) {
         run_stages(1, true, false, decode_logits_);
+        if (kind == StepKind::Logits) return;
+        const bool sample = kind == StepKind::Sample;
         if (profile_) {
             ++profile_steps_;
             const Row* row = sample ? sample_row_ : argmax_row_;
@@ -499,20 +459,32 @@ private:
         }
     }
 
-    // Captures the one-token step (greedy or sampling) once. Returns false (and runs steps directly from then on)
-    // if this driver cannot capture it; programmatic launch is dropped first if that is why.
-    bool ensure_graph(bool sample = false) {
-        cudaGraphExec_t& exec = sample ? sample_graph_exec_ : greedy_graph_exec_;
+    // Replays the captured step; what it runs is what the capture's walk recorded.
+    void replay(StepKind kind) {
+        KCAP_CUDA_CHECK(cudaGraphLaunch(graph_exec_[int(kind)], ctx_.stream));
+        if (std::vector<TraceEntry>* trace = executor_.trace())
+            trace->insert(trace->end(), graph_trace_[int(kind)].begin(), graph_trace_[int(kind)].end());
+    }
+
+    // Captures the one-token step of a kind once, recording the stages it runs. Returns false (and
+    // runs steps directly from then on) if this driver cannot capture it; programmatic launch is
+    // dropped first if that is why.
+    bool ensure_graph(StepKind kind) {
+        cudaGraphExec_t& exec = graph_exec_[int(kind)];
         if (exec) return true;
+        std::vector<TraceEntry>* outer = executor_.trace();
         for (int attempt = 0; attempt < 2; ++attempt) {
             cudaGraph_t graph = nullptr;
+            graph_trace_[int(kind)].clear();
+            executor_.attach_trace(&graph_trace_[int(kind)]);
             KCAP_CUDA_CHECK(cudaStreamBeginCapture(ctx_.stream, cudaStreamCaptureModeThreadLocal));
             std::string failure;
             try {
-                run_decode_step(sample);
+                run_decode_step(kind);
             } catch (const std::exception& e) {
                 failure = e.what();
             }
+            executor_.attach_trace(outer);
             const cudaError_t ended = cudaStreamEndCapture(ctx_.stream, &graph);
             cudaError_t made = cudaErrorUnknown;
             if (failure.empty() && ended == cudaSuccess && graph) made = cudaGraphInstantiate(&exec, graph, 0);
@@ -533,10 +505,10 @@ private:
 
     void decode_step(int32_t token, int64_t pos, float* host_logits) {
         set_step(&token, 1, pos);
-        if (ensure_graph())
-            KCAP_CUDA_CHECK(cudaGraphLaunch(greedy_graph_exec_, ctx_.stream));
+        if (ensure_graph(StepKind::Logits))
+            replay(StepKind::Logits);
         else
-            run_decode_step(false);
+            run_decode_step(StepKind::Logits);
         if (host_logits) {
             float* staged = pinned_logits_.get(size_t(n_vocab_));
             KCAP_CUDA_CHECK(
@@ -549,6 +521,7 @@ private:
     }
 
     Plan plan_;
+    Executor executor_;
     int max_batch_;
     int64_t n_vocab_;
     Context ctx_;
@@ -567,7 +540,8 @@ private:
     const Row* argmax_row_ = nullptr;
     const Row* sample_row_ = nullptr;  // null where no sampling row takes this vocabulary
     bool use_graph_ = true;
-    cudaGraphExec_t greedy_graph_exec_ = nullptr, sample_graph_exec_ = nullptr;
+    cudaGraphExec_t graph_exec_[3] = {nullptr, nullptr, nullptr};  // by StepKind
+    std::vector<TraceEntry> graph_trace_[3];                         // what each captured step runs
     bool profile_ = false;
     cudaEvent_t profile_start_ = nullptr, profile_stop_ = nullptr;
     int64_t profile_steps_ = 0;
@@ -582,6 +556,29 @@ private:
 
 }  // namespace
 }  // namespace cuda
+
+DeviceInfo cuda_device_info() {
+    int devices = 0;
+    const cudaError_t status = cudaGetDeviceCount(&devices);
+    if (status != cudaSuccess || devices == 0) {
+        cudaGetLastError();
+        throw BackendUnavailableError(
+            std::string("backend 'cuda': no CUDA device is available on this machine (") +
+            (status != cudaSuccess ? std::string(cudaGetErrorString(status)) : std::string("0 devices")) +
+            "); use backend='cpu'");
+    }
+    cudaDeviceProp props;
+    KCAP_CUDA_CHECK(cudaGetDeviceProperties(&props, 0));
+    if (props.major < 8)
+        throw BackendUnavailableError(std::string("backend 'cuda': ") + props.name + " is sm_" +
+                                      std::to_string(props.major * 10 + props.minor) + "; kcap needs sm_80 or newer");
+    DeviceInfo info;
+    info.name = props.name;
+    info.reference = false;
+    info.sm_count = props.multiProcessorCount;
+    info.shared_optin_bytes = cuda::shared_optin_bytes(0);
+    return info;
+}
 
 std::unique_ptr<Backend_> make_cuda_backend(const ModelSpec& spec, Plan plan, const EngineOptions& options) {
     return std::make_unique<cuda::CudaBackend>(spec, std::move(plan), options);

@@ -48,29 +48,8 @@ struct Context {
     int device = 0;
     int sm_count = 0;
     bool pdl = false;  // launch with programmatic dependent launch (sm_90+)
-    int matvec_rows = cuda_rows::kMatvecRows;  // decode matvec rows per team (KCAP_MATVEC_ROWS: 1, 2, 8)
-    int matvec_wide_rows = cuda_rows::kMatvecWideRows;  // ... of a wide matrix (KCAP_MATVEC_WIDE_ROWS: 1, 2)
-    int matvec_warps = cuda_rows::kMatvecTargetWarps;  // KCAP_MATVEC_WARPS: the split's simd groups per multiprocessor
-    // Decode attention (KCAP_ATTN_DECODE_SIMDS, KCAP_ATTN_MIN_CHUNK, KCAP_ATTN_SPLITS_PER_SM):
-    // simd groups per group, fewest keys per split, most groups per multiprocessor.
-    int attn_decode_simds = 0;  // 0: cuda_rows::attn_decode_simds(n_head_kv)
-    int attn_min_chunk = cuda_rows::kAttnMinChunk;
-    int attn_splits_per_sm = cuda_rows::kAttnSplitsPerSm;
-    // A stage that owns its rope (planner: rope + attention fused) rotates in its decode kernel;
-    // false (KCAP_ATTN_OWN_ROPE=0, a measurement switch): a rope launch before the decode.
-    bool attn_own_rope = true;
-    // The q8_1 matvec's x: quantized by its own launch for k >= q8_prequantize (unless the stage
-    // before did it), else by its groups; 0: always by its groups, and no add_norm epilogue
-    // (KCAP_Q8_PREQUANT, a measurement switch; cuda_rows::kQ8QuantizeMinK).
-    int q8_prequantize = cuda_rows::kQ8QuantizeMinK;
-    bool add_norm_vec = true;  // KCAP_ADD_NORM_VEC=0 (a measurement switch): add_norm walks the row, not registers
-    int mma_staged = -1;  // KCAP_MMA_STAGED: prefill matmul weights staged in shared memory (1), not (0), by K (-1)
-    bool mma_group = true;  // KCAP_MMA_GROUP=0 (a measurement switch): a batch's qkv / gate_up tiles one launch per matrix
-    int mma_q8_tokens = 0;  // KCAP_MMA_Q8_TOKENS=64|128: the int8 tiles' tokens per group for every batch (0: by the grid)
-    // The bf16 rows (activations="bf16"): their GEMM, null where none is planned, and the batch
-    // size from which they use it (KCAP_GEMM_MIN_TOKENS, a measurement switch).
+    // The bf16 rows' GEMM, null where none is planned.
     Gemm* gemm = nullptr;
-    int gemm_min_tokens = cuda_rows::kGemmMinTokens;
     // Decode-step state in device memory, so one captured graph serves every step:
     // step[0] = position of token 0 of the call, step[1] = tokens generated (history index).
     int32_t* step = nullptr;
@@ -90,19 +69,12 @@ struct Context {
     float* attn_partial_o = nullptr;   // split-K decode partials
     float* attn_partial_ml = nullptr;
     // q8_1 activations of a matmul's input (cuda/matmul_q8.cu): codes, run scales and half sums
-    // of up to q8_rows_capacity bytes (cuda_rows::q8_rows_bytes); null where no q8_1 row is planned.
+    // of up to q8_rows_capacity bytes (cuda_rows::q8_rows_bytes); null where no q8_1 row is
+    // planned. A q8_1 row with its own quantize launch writes it and reads it back; a stage the
+    // planner linked to the q8_1 matmuls after it (kQ8Output: cuda.add_norm_q8, the attention
+    // rows' _q8 forms) writes it and they read it (kQ8Input).
     void* q8_rows = nullptr;
     size_t q8_rows_capacity = 0;
-    // What q8_rows holds for the stage now running: q8_1 of the f32 buffer q8_rows_of.x (m x k),
-    // written by the stage before it (cuda.add_norm, and cuda.attention for a decode token, quantize
-    // their output there when the plan has q8_1 rows), so a q8_1 matmul of that x skips its
-    // quantize launch. A stage that writes q8_rows sets q8_rows_next; run_stages moves it to
-    // q8_rows_of before each stage (so it holds for exactly the next stage that runs) and clears it.
-    struct Q8Source {
-        const float* x = nullptr;
-        int m = 0, k = 0;
-    };
-    Q8Source q8_rows_of, q8_rows_next;
 };
 
 // m x k q8_1 values in a context's q8_rows (the form of kcap_q8_quantize_rows).
@@ -122,15 +94,13 @@ inline Q8Rows q8_rows_layout(const Context& ctx, int m, int k) {
     return {codes, d, half_sums};
 }
 
-// For a stage whose output (m x k, at out) is the next stage's q8_1 matmul input: where the plan
-// has q8_1 rows (and KCAP_Q8_PREQUANT is not 0), the rows to quantize it into, announced in
-// Context::q8_rows_next; else empty (codes null: write none). k must be a multiple of 32.
-inline Q8Rows q8_output_rows(Context& ctx, const float* out, int m, int k) {
-    if (!ctx.q8_rows || ctx.q8_prequantize == 0 || k % 32 != 0 ||
-        size_t(cuda_rows::q8_rows_bytes(m, k)) > ctx.q8_rows_capacity)
-        return {nullptr, nullptr, nullptr};
-    ctx.q8_rows_next = {out, m, k};
-    return q8_rows_layout(ctx, m, k);
+// The q8_1 scratch of a call's input: the rows of all `rows` tokens of the buffer the stage
+// before wrote (KernelCall::buffer_rows), from row `first` on (a stage that runs on the last
+// position only reads the last row).
+inline Q8Rows q8_rows_at(const Context& ctx, int rows, int k, int first) {
+    const Q8Rows all = q8_rows_layout(ctx, rows, k);
+    const size_t r = size_t(first);
+    return {all.codes + r * size_t(k / 4), all.d + r * size_t(k / 32), all.half_sums + r * size_t(k / 16)};
 }
 
 // Bound to one stage when the backend is built.

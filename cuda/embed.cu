@@ -2,6 +2,7 @@
 // Token ids come from the context's device token buffer (the decode graph's argmax feeds it),
 // positions (for a learned position embedding, operand 1) from the device step.
 #include "cuda/cuda_context.h"
+#include "cuda/decoders.h"
 #include "kernels/embed.h"
 
 namespace kcap {
@@ -34,9 +35,12 @@ void run_embed(const Stage& stage, const KernelCall& call) {
 
 }  // namespace cuda
 
-#define KCAP_DEFINE_EMBED(NAME, DECODER) \
-    void kcap_cuda_embed_##NAME(const Stage& stage, const KernelCall& call) { cuda::run_embed<DECODER>(stage, call); }
-KCAP_WEIGHT_FORMATS(KCAP_DEFINE_EMBED)
-#undef KCAP_DEFINE_EMBED
+template <Format FORMAT>
+void kcap_cuda_embed(const Stage& stage, const KernelCall& call) {
+    cuda::run_embed<cuda::Decoder<FORMAT>>(stage, call);
+}
+#define KCAP_INSTANTIATE_EMBED(NAME, DECODER) template void kcap_cuda_embed<Format::NAME>(const Stage&, const KernelCall&);
+KCAP_WEIGHT_FORMATS(KCAP_INSTANTIATE_EMBED)
+#undef KCAP_INSTANTIATE_EMBED
 
 }  // namespace kcap

@@ -1,8 +1,9 @@
-// CUDA entry points of the exact matmul rows (cuda.matmul.<format>): kernels/matmul.h bodies
-// launched with the geometry declared in cuda/rows.h. One token: the decode matvec with x
-// staged in threadgroup memory (kernels/matvec.h; teams and parts from cuda_rows::matvec_split),
-// which prefetches its weight rows into L2 before waiting on the previous kernel; more tokens: the
-// few-token walk (each decoded run of weights reused for kTokensPerPass tokens).
+// CUDA entry points of the exact matmul rows: kernels/matmul.h bodies launched with the geometry
+// declared in cuda/rows.h. cuda.matvec.<format> (one token): the decode matvec with x staged in
+// threadgroup memory (kernels/matvec.h; teams and parts from cuda_rows::matvec_split), which
+// prefetches its weight rows into L2 before waiting on the previous kernel;
+// cuda.matmul_tokens.<format> (any tokens): the few-token walk (each decoded run of weights
+// reused for kTokensPerPass tokens); the gate_up and qkv forms of both.
 #include "cuda/matmul.h"
 #include "cuda/mma_tiles.h"
 #include <algorithm>
@@ -42,10 +43,10 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
                                                     shared);
 }
 
-// One token: the staged matvec (plain or gate_up) with ctx.matvec_rows rows per team.
+// One token: the staged matvec (plain or gate_up) with ROWS rows per team.
 template <class F, int ROWS, bool GATE_UP, class... Args>
 void launch_matvec(const Context& ctx, const KcapMatmulParams& p, Args... args) {
-    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k, ctx.matvec_warps);
+    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k);
     const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
     const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * ROWS)), block(kMatvecSimds * 32);
     const size_t shared = size_t(matvec_shared_floats(p.k, ROWS)) * 4;
@@ -55,15 +56,12 @@ void launch_matvec(const Context& ctx, const KcapMatmulParams& p, Args... args) 
         launch(ctx, matvec_kernel<F, ROWS>, grid, block, shared, p, split, chunk_runs, args...);
 }
 
+// The rows per team follow the matrix's height (matvec_rows_for), fixed per stage.
 template <class F, bool GATE_UP, class... Args>
 void launch_matvec_rows(const Context& ctx, const KcapMatmulParams& p, Args... args) {
-    const int rows = matvec_rows_for(p.n, ctx.matvec_rows, ctx.matvec_wide_rows);
-    if (rows == 1)
-        launch_matvec<F, 1, GATE_UP>(ctx, p, args...);
-    else if (rows == 2)
-        launch_matvec<F, 2, GATE_UP>(ctx, p, args...);
-    else if (rows == 8)
-        launch_matvec<F, 8, GATE_UP>(ctx, p, args...);
+    static_assert(kMatvecRows == 1 && kMatvecWideRows == 2, "the instantiations below");
+    if (matvec_rows_for(p.n) == kMatvecWideRows)
+        launch_matvec<F, kMatvecWideRows, GATE_UP>(ctx, p, args...);
     else
         launch_matvec<F, kMatvecRows, GATE_UP>(ctx, p, args...);
 }
@@ -99,65 +97,51 @@ __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_kernel(QkvParams q, con
 
 }  // namespace
 
+// cuda.matvec.<format>: one token, x staged in threadgroup memory.
 template <class F>
-void run_matmul_exact(const Stage& stage, const KernelCall& call) {
+void run_matvec(const Stage& stage, const KernelCall& call) {
+    const StageData& data = stage_data(call);
+    launch_matvec_rows<F, false>(context(call), matmul_params(stage, call), static_cast<const kcap_u8*>(data.operands[0]),
+                                 call.in, static_cast<const float*>(data.operands[1]), call.out);
+}
+
+// The few-token walk of one matrix w (rows p.n) into y: each decoded run of weights serves
+// kTokensPerPass tokens.
+template <class F>
+void launch_tokens(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, const float* x, const float* bias,
+                   float* y) {
+    launch(ctx, tokens_kernel<F>, dim3(ceil_div(p.n, kTokensSimds * kTokensRows), ceil_div(p.m, kTokensPerPass)),
+           dim3(kTokensSimds * 32), 0, p, w, x, bias, y);
+}
+
+// cuda.matmul_tokens.<format>: the few-token walk, any number of tokens.
+template <class F>
+void run_matmul_tokens(const Stage& stage, const KernelCall& call) {
+    const StageData& data = stage_data(call);
+    launch_tokens<F>(context(call), matmul_params(stage, call), static_cast<const kcap_u8*>(data.operands[0]), call.in,
+                     static_cast<const float*>(data.operands[1]), call.out);
+}
+
+// cuda.gate_up.<format>: one token, the fused matvec (both matrices' rows against one staged x,
+// the activation applied to the sums).
+template <class F>
+void run_gate_up(const Stage& stage, const KernelCall& call) {
+    const StageData& data = stage_data(call);
+    const KcapMatmulParams p = matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
+    launch_matvec_rows<F, true>(context(call), p, static_cast<const kcap_u8*>(data.operands[0]),
+                                static_cast<const kcap_u8*>(data.operands[1]), call.in, int(stage.params.activation),
+                                call.out);
+}
+
+// cuda.gate_up_tokens.<format>: the walk for the gate and the up matrix into the plan's gate / up
+// scratch, then the gated activation.
+template <class F>
+void run_gate_up_tokens(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
     const KcapMatmulParams p = matmul_params(stage, call);
-    const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
-    const auto* bias = static_cast<const float*>(data.operands[1]);
-    if (p.m == 1) {
-        // Decode: x staged in threadgroup memory, each staged run reused for kMatvecRows rows.
-        launch_matvec_rows<F, false>(ctx, p, w, call.in, bias, call.out);
-        return;
-    }
-    // Several tokens: each decoded run of weights serves kTokensPerPass of them.
-    launch(ctx, tokens_kernel<F>, dim3(ceil_div(p.n, kTokensSimds * kTokensRows), ceil_div(p.m, kTokensPerPass)),
-           dim3(kTokensSimds * 32), 0, p, w, call.in, bias, call.out);
-}
-
-// The gate and up matmuls of a batch one at a time on the format's exact row (fewer than
-// kMmaMinTokens tokens, or a format or K without tiles), into the plan's gate / up scratch.
-void run_gate_up_matmuls(const Stage& stage, const KernelCall& call, KernelFn exact_matmul) {
-    const StageData& data = stage_data(call);
-    Stage matmul = stage;
-    matmul.op = Op::MatMul;
-    matmul.operands = {stage.operands[0], nullptr};
-    matmul.features = 0;
-    StageData matmul_data;
-    KernelCall matmul_call = call;
-    matmul_call.stage_state = &matmul_data;
-    for (int which = 0; which < 2; ++which) {
-        matmul.operands[0] = stage.operands[size_t(which)];
-        matmul_data.operands[0] = data.operands[which];
-        matmul_call.out = which == 0 ? call.inout2 : call.inout3;
-        exact_matmul(matmul, matmul_call);
-    }
-}
-
-// gate_up (cuda.gate_up.<format>): one token runs the fused matvec (both matrices' rows
-// against one staged x, the activation applied to the sums); a batch runs the format's
-// tensor-core tiles for both matrices in one launch (`tiles`: the format has them and they take
-// K), else its exact row for each matrix, into the plan's gate/up scratch, then the activation.
-template <class F>
-void run_gate_up(const Stage& stage, const KernelCall& call, Format format, bool tiles, KernelFn exact_matmul) {
-    const Context& ctx = context(call);
-    const StageData& data = stage_data(call);
-    const KcapMatmulParams p = matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
-    const auto* gate = static_cast<const kcap_u8*>(data.operands[0]);
-    const auto* up = static_cast<const kcap_u8*>(data.operands[1]);
-    const int activation = int(stage.params.activation);
-    if (p.m == 1) {
-        launch_matvec_rows<F, true>(ctx, p, gate, up, call.in, activation, call.out);
-        return;
-    }
-    if (tiles && p.m >= kMmaMinTokens) {  // both matrices' tiles in one launch
-        mma_tiles::MmaGroup g = mma_tiles::mma_group(p, gate, nullptr, call.inout2);
-        mma_tiles::mma_group_add(g, p, up, nullptr, call.inout3);
-        mma_tiles::mma_group_bf16(ctx, format, g, call.in);
-    } else {
-        run_gate_up_matmuls(stage, call, exact_matmul);
-    }
+    launch_tokens<F>(ctx, p, static_cast<const kcap_u8*>(data.operands[0]), call.in, nullptr, call.inout2);
+    launch_tokens<F>(ctx, p, static_cast<const kcap_u8*>(data.operands[1]), call.in, nullptr, call.inout3);
     gate_up_activation(stage, call);
 }
 
@@ -167,7 +151,7 @@ void gate_up_activation(const Stage& stage, const KernelCall& call) {
     KernelCall act_call = call;
     act_call.in = call.inout2;
     act_call.in2 = call.inout3;
-    kcap_cuda_ffn_activation(act, act_call);
+    run_ffn_activation(act, act_call);
 }
 
 QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_runs_max, int* groups) {
@@ -188,7 +172,7 @@ QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_run
         s.y = outputs[which];
         s.p = matmul_params(matmul, call);
         s.format = int(w->format);
-        s.split = matvec_split(s.p.n, ctx.sm_count, kMatvecRows, s.p.k, ctx.matvec_warps);
+        s.split = matvec_split(s.p.n, ctx.sm_count, kMatvecRows, s.p.k);
         s.first_group = *groups;
         *groups += int(ceil_div(s.p.n, (kMatvecSimds / s.split) * kMatvecRows));
     }
@@ -198,71 +182,54 @@ QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_run
 
 }  // namespace cuda
 
-// A batch of gate_up runs the format's tensor-core row where that row exists and its tiles
-// take K (whole 32-element runs), else the exact row (float formats with a K tail).
-#define KCAP_DEFINE_MATMUL(NAME, DECODER)                                                                            \
-    void kcap_cuda_matmul_##NAME(const Stage& stage, const KernelCall& call) { cuda::run_matmul_exact<DECODER>(stage, call); } \
-    void kcap_cuda_gate_up_##NAME(const Stage& stage, const KernelCall& call) {                                      \
-        const bool tiles = cuda_rows::mma_format(Format::NAME) && stage.k % 32 == 0;                                 \
-        cuda::run_gate_up<DECODER>(stage, call, Format::NAME, tiles, &kcap_cuda_matmul_##NAME);                      \
-    }
-KCAP_WEIGHT_FORMATS(KCAP_DEFINE_MATMUL)
-#undef KCAP_DEFINE_MATMUL
-
-namespace {
-
-// The row a batch of one of qkv's matrices runs: the format's tensor-core row where its tiles
-// take K, else its exact row (as gate_up).
-KernelFn batched_matmul(Format format, int64_t k) {
-    switch (format) {
-#define KCAP_BATCHED_CASE(NAME, DECODER) \
-    case Format::NAME: return cuda_rows::mma_format(format) && k % 32 == 0 ? &kcap_cuda_matmul_mma_##NAME : &kcap_cuda_matmul_##NAME;
-        KCAP_WEIGHT_FORMATS(KCAP_BATCHED_CASE)
-#undef KCAP_BATCHED_CASE
-        default: throw Error(std::string("cuda.qkv: no matmul row for ") + format_name(format));
-    }
+template <Format FORMAT>
+void kcap_cuda_matvec(const Stage& stage, const KernelCall& call) {
+    cuda::run_matvec<cuda::Decoder<FORMAT>>(stage, call);
 }
+template <Format FORMAT>
+void kcap_cuda_matmul_tokens(const Stage& stage, const KernelCall& call) {
+    cuda::run_matmul_tokens<cuda::Decoder<FORMAT>>(stage, call);
+}
+template <Format FORMAT>
+void kcap_cuda_gate_up(const Stage& stage, const KernelCall& call) {
+    cuda::run_gate_up<cuda::Decoder<FORMAT>>(stage, call);
+}
+template <Format FORMAT>
+void kcap_cuda_gate_up_tokens(const Stage& stage, const KernelCall& call) {
+    cuda::run_gate_up_tokens<cuda::Decoder<FORMAT>>(stage, call);
+}
+#define KCAP_INSTANTIATE_EXACT(NAME, DECODER)                                                   \
+    template void kcap_cuda_matvec<Format::NAME>(const Stage&, const KernelCall&);             \
+    template void kcap_cuda_matmul_tokens<Format::NAME>(const Stage&, const KernelCall&);      \
+    template void kcap_cuda_gate_up<Format::NAME>(const Stage&, const KernelCall&);            \
+    template void kcap_cuda_gate_up_tokens<Format::NAME>(const Stage&, const KernelCall&);
+KCAP_WEIGHT_FORMATS(KCAP_INSTANTIATE_EXACT)
+#undef KCAP_INSTANTIATE_EXACT
 
-}  // namespace
-
-// qkv: one token runs the three-segment matvec; a batch, each format's tiles in one launch (or
-// its exact row: batched_matmul).
+// cuda.qkv: one token, the three-segment matvec (each segment its own format).
 void kcap_cuda_qkv(const Stage& stage, const KernelCall& call) {
     using namespace cuda_rows;
-    const cuda::Context& ctx = cuda::context(call);
-    const cuda::StageData& data = cuda::stage_data(call);
-    float* outputs[3] = {call.out, call.inout2, call.inout3};
-    Stage matmul = stage;
-    matmul.op = Op::MatMul;
-    matmul.features = 0;
-    if (call.n_tokens == 1) {
-        int groups = 0;
-        const cuda::QkvParams q = cuda::qkv_segments(stage, call, kMatvecChunkRuns, &groups);
-        const size_t shared = size_t(matvec_shared_floats(stage.k, kMatvecRows)) * 4;
-        cuda::launch(ctx, cuda::qkv_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q, call.in);
-        return;
-    }
-    // A batch: the formats with tiles that take K run them, one launch per format (all three
-    // matrices where Q, K and V share one); the others their exact rows.
-    const auto tiled = [&](Format format) {
-        return call.n_tokens >= kMmaMinTokens && mma_format(format) && stage.k % 32 == 0;
-    };
     int groups = 0;
-    const cuda::mma_tiles::MmaFormatGroups by_format =
-        cuda::mma_tiles::mma_groups_by_format(cuda::qkv_segments(stage, call, kMatvecChunkRuns, &groups));
-    for (int i = 0; i < by_format.count; ++i)
-        if (tiled(by_format.format[i])) cuda::mma_tiles::mma_group_bf16(ctx, by_format.format[i], by_format.group[i], call.in);
-    cuda::StageData matmul_data;
-    KernelCall matmul_call = call;
-    matmul_call.stage_state = &matmul_data;
-    for (int which = 0; which < 3; ++which) {
-        const TensorRef* w = stage.operands[size_t(which)];
-        if (tiled(w->format)) continue;
-        matmul.operands = {w, nullptr};
-        matmul.n = w->n_rows();
-        matmul_data.operands[0] = data.operands[which];
-        matmul_call.out = outputs[which];
-        batched_matmul(w->format, stage.k)(matmul, matmul_call);
+    const cuda::QkvParams q = cuda::qkv_segments(stage, call, kMatvecChunkRuns, &groups);
+    const size_t shared = size_t(matvec_shared_floats(stage.k, kMatvecRows)) * 4;
+    cuda::launch(cuda::context(call), cuda::qkv_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q,
+                 call.in);
+}
+
+// cuda.qkv_tokens: the walk of each matrix in its own format.
+void kcap_cuda_qkv_tokens(const Stage& stage, const KernelCall& call) {
+    int groups = 0;
+    const cuda::QkvParams q = cuda::qkv_segments(stage, call, cuda_rows::kMatvecChunkRuns, &groups);
+    for (const cuda::QkvSegment& s : q.segment) {
+        switch (Format(s.format)) {
+#define KCAP_QKV_TOKENS_CASE(NAME, DECODER)                                                        \
+    case Format::NAME:                                                                             \
+        cuda::launch_tokens<DECODER>(cuda::context(call), s.p, s.w, call.in, nullptr, s.y);       \
+        break;
+            KCAP_WEIGHT_FORMATS(KCAP_QKV_TOKENS_CASE)
+#undef KCAP_QKV_TOKENS_CASE
+            default: throw Error(std::string("cuda.qkv_tokens: no body for ") + format_name(Format(s.format)));
+        }
     }
 }
 

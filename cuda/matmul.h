@@ -3,6 +3,7 @@
 
 #include "cuda/cuda_context.h"
 #include "dispatch/kernel_params.h"
+#include "cuda/decoders.h"
 #include "kernels/dialect.h"
 
 namespace kcap {
@@ -15,6 +16,8 @@ inline KcapMatmulParams matmul_params(const Stage& stage, const KernelCall& call
 // A batch of gate_up after its gate and up matmuls: the gated activation of the plan's gate /
 // up scratch (call.inout2, call.inout3) into call.out (cuda.ffn_activation's kernel).
 void gate_up_activation(const Stage& stage, const KernelCall& call);
+// The FFN activation kernel of a stage's call (cuda/activation.cu).
+void run_ffn_activation(const Stage& stage, const KernelCall& call);
 
 // qkv (cuda.qkv, cuda.qkv_q8) for one token: one launch whose grid's groups are cut into
 // three segments, one per matrix, each with its own format, rows and split; every group stages

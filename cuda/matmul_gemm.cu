@@ -286,38 +286,44 @@ void gemm_matmul(const Context& ctx, Format format, const KcapMatmulParams& p, c
     }
 }
 
-// cuda.matmul_bf16.<format>: `exact` (the format's tensor-core row, which forwards to the exact
-// kernels where it has no tiles) below gemm_min_tokens, else the GEMM.
-void run_matmul_bf16(const Stage& stage, const KernelCall& call, Format format, KernelFn exact) {
-    const Context& ctx = context(call);
-    if (call.n_tokens < ctx.gemm_min_tokens) return exact(stage, call);
-    const StageData& data = stage_data(call);
-    const KcapMatmulParams p = matmul_params(stage, call);
-    gemm_matmul(ctx, format, p, static_cast<const kcap_u8*>(data.operands[0]), convert_input(ctx, call.in, p.m, p.k),
-                static_cast<const float*>(data.operands[1]), call.out);
-}
-
-// cuda.gate_up_bf16.<format>: `exact` (cuda.gate_up.<format>) below gemm_min_tokens; else x
-// converted once, each matrix's GEMM into the plan's gate / up scratch, then the activation.
-void run_gate_up_bf16(const Stage& stage, const KernelCall& call, Format format, KernelFn exact) {
-    const Context& ctx = context(call);
-    if (call.n_tokens < ctx.gemm_min_tokens) return exact(stage, call);
-    const StageData& data = stage_data(call);
-    const KcapMatmulParams p = matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
-    const __nv_bfloat16* x = convert_input(ctx, call.in, p.m, p.k);
-    gemm_matmul(ctx, format, p, static_cast<const kcap_u8*>(data.operands[0]), x, nullptr, call.inout2);
-    gemm_matmul(ctx, format, p, static_cast<const kcap_u8*>(data.operands[1]), x, nullptr, call.inout3);
-    gate_up_activation(stage, call);
-}
-
 }  // namespace
 }  // namespace cuda
 
-// cuda.qkv_bf16: cuda.qkv below gemm_min_tokens; else x converted once and each matrix (its own
-// format) through the GEMM into its output.
+// cuda.matmul_bf16.<format> (kGemmMinTokens tokens and more): x converted to bf16, the weights
+// dequantized to bf16 (in chunks of rows where the scratch is smaller), cuBLAS's GEMM, the bias.
+template <Format FORMAT>
+void kcap_cuda_matmul_bf16(const Stage& stage, const KernelCall& call) {
+    const cuda::Context& ctx = cuda::context(call);
+    const cuda::StageData& data = cuda::stage_data(call);
+    const KcapMatmulParams p = cuda::matmul_params(stage, call);
+    cuda::gemm_matmul(ctx, FORMAT, p, static_cast<const kcap_u8*>(data.operands[0]),
+                      cuda::convert_input(ctx, call.in, p.m, p.k), static_cast<const float*>(data.operands[1]),
+                      call.out);
+}
+
+// cuda.gate_up_bf16.<format>: x converted once, each matrix's GEMM into the plan's gate / up
+// scratch, then the activation.
+template <Format FORMAT>
+void kcap_cuda_gate_up_bf16(const Stage& stage, const KernelCall& call) {
+    const cuda::Context& ctx = cuda::context(call);
+    const cuda::StageData& data = cuda::stage_data(call);
+    const KcapMatmulParams p = cuda::matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
+    const __nv_bfloat16* x = cuda::convert_input(ctx, call.in, p.m, p.k);
+    cuda::gemm_matmul(ctx, FORMAT, p, static_cast<const kcap_u8*>(data.operands[0]), x, nullptr, call.inout2);
+    cuda::gemm_matmul(ctx, FORMAT, p, static_cast<const kcap_u8*>(data.operands[1]), x, nullptr, call.inout3);
+    cuda::gate_up_activation(stage, call);
+}
+
+#define KCAP_INSTANTIATE_BF16(NAME, DECODER)                                                 \
+    template void kcap_cuda_matmul_bf16<Format::NAME>(const Stage&, const KernelCall&);     \
+    template void kcap_cuda_gate_up_bf16<Format::NAME>(const Stage&, const KernelCall&);
+KCAP_WEIGHT_FORMATS(KCAP_INSTANTIATE_BF16)
+#undef KCAP_INSTANTIATE_BF16
+
+// cuda.qkv_bf16: x converted once and each matrix (its own format) through the GEMM into its
+// output.
 void kcap_cuda_qkv_bf16(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);
-    if (call.n_tokens < ctx.gemm_min_tokens) return kcap_cuda_qkv(stage, call);
     const cuda::StageData& data = cuda::stage_data(call);
     const __nv_bfloat16* x = cuda::convert_input(ctx, call.in, call.n_tokens, int(stage.k));
     float* outputs[3] = {call.out, call.inout2, call.inout3};
@@ -332,15 +338,5 @@ void kcap_cuda_qkv_bf16(const Stage& stage, const KernelCall& call) {
                           x, nullptr, outputs[which]);
     }
 }
-
-#define KCAP_DEFINE_MATMUL_BF16(NAME, DECODER)                                         \
-    void kcap_cuda_matmul_bf16_##NAME(const Stage& stage, const KernelCall& call) {   \
-        cuda::run_matmul_bf16(stage, call, Format::NAME, &kcap_cuda_matmul_mma_##NAME); \
-    }                                                                                  \
-    void kcap_cuda_gate_up_bf16_##NAME(const Stage& stage, const KernelCall& call) {  \
-        cuda::run_gate_up_bf16(stage, call, Format::NAME, &kcap_cuda_gate_up_##NAME);   \
-    }
-KCAP_WEIGHT_FORMATS(KCAP_DEFINE_MATMUL_BF16)
-#undef KCAP_DEFINE_MATMUL_BF16
 
 }  // namespace kcap

@@ -1,7 +1,6 @@
-// CUDA-only matmul rows on the tensor cores (cuda.matmul_mma.<format>), the preferred rows:
-// one token runs the exact decode matvec and up to kMmaMinTokens tokens the exact few-token
-// walk (both in matmul.cu); a prefill chunk runs tiles of kMmaTokens tokens x kMmaRows weight
-// rows on bf16 mma.sync (m16n8k16, f32 accumulation), scale-factored and with split activations:
+// CUDA-only matmul rows on the tensor cores (cuda.matmul_mma.<format>, cuda.gate_up_mma.<format>,
+// cuda.qkv_mma), which take kMmaMinTokens tokens and more (fewer run the exact rows of
+// matmul.cu): tiles of kMmaTokens tokens x kMmaRows weight rows on bf16 mma.sync (m16n8k16, f32 accumulation), scale-factored and with split activations:
 //
 //   weights   every format here is w_k = scale_s * q_k + offset_s over sub-blocks s of 16 or 32
 //             elements, q_k a small integer, exact in bf16 (kernels/quant_codes.h, checked
@@ -15,7 +14,7 @@
 //             had every load instruction touch 16 rows), double-buffered: chunk c + 1 is in
 //             flight while chunk c is decoded and multiplied. Rows of K >= kStagedMinK only:
 //             at short K (Gemma 3's 640 and 2048) decoding straight from global memory was
-//             faster on the H200 (kStagedMinK below; KCAP_MMA_STAGED=0|1 forces either).
+//             faster on the H200 (kStagedMinK in cuda/mma_tiles.h).
 //   x         split as x_hi = bf16(x), x_lo = bf16(x - x_hi), both staged as bf16 pairs; for
 //             formats with offsets the per-(sub-block, token) sum of x_hi + x_lo (f32) beside them.
 //             Loaded coalesced (16 lanes x float4 per token: 256 contiguous bytes) into
@@ -33,8 +32,7 @@
 // planner gives them the exact rows. The TF32 tiles these rows replace (10 mantissa bits of
 // both operands) missed the suite's 1e-2 whole-model bound on Gemma 3 270M (0.0131 x std, its
 // quantized weights rounded to TF32) and would do no better on float weights; a faithful
-// tensor-core path for F32/F16 would split the weights too (2-3x the mma work). Their
-// launchers below exist for the declarations in cuda/rows.h and only forward to the exact rows.
+// tensor-core path for F32/F16 would split the weights too (2-3x the mma work).
 //
 // Tile: kMmaTokens = 64 tokens x kMmaRows = 128 rows, 8 warps in a 2 (tokens) x 4 (rows) grid,
 // each warp 32 tokens x 32 rows = 2 x 4 mma tiles of 16 x 8. Shared rows are kStride = 36
@@ -258,29 +256,45 @@ void mma_tiles::mma_group_bf16(const Context& ctx, Format format, const MmaGroup
     throw Error(std::string("mma_group_bf16: no tiles for ") + format_name(format));
 }
 
-template <class F>
-void run_matmul_mma(const Stage& stage, const KernelCall& call, void (*exact)(const Stage&, const KernelCall&)) {
-    // Decode and short batches: the exact kernels (tensor-core tiles would be mostly padding).
-    // Unfactorable formats (F32, F16) have no mma row; their launchers only forward.
-    if constexpr (!KcapCodes<F>::factorable) {
-        return exact(stage, call);
-    } else {
-        if (call.n_tokens < kMmaMinTokens) return exact(stage, call);
-        const StageData& data = stage_data(call);
-        mma_group_tiles<F>(context(call),
-                           mma_group(matmul_params(stage, call), static_cast<const kcap_u8*>(data.operands[0]),
-                                     static_cast<const float*>(data.operands[1]), call.out),
-                           call.in);
-    }
-}
-
 }  // namespace cuda
 
-#define KCAP_DEFINE_MATMUL_MMA(NAME, DECODER)                                       \
-    void kcap_cuda_matmul_mma_##NAME(const Stage& stage, const KernelCall& call) { \
-        cuda::run_matmul_mma<DECODER>(stage, call, &kcap_cuda_matmul_##NAME);      \
-    }
-KCAP_WEIGHT_FORMATS(KCAP_DEFINE_MATMUL_MMA)
-#undef KCAP_DEFINE_MATMUL_MMA
+template <Format FORMAT>
+void kcap_cuda_matmul_mma(const Stage& stage, const KernelCall& call) {
+    const cuda::StageData& data = cuda::stage_data(call);
+    cuda::mma_tiles::mma_group_bf16(cuda::context(call), FORMAT,
+                                    cuda::mma_tiles::mma_group(cuda::matmul_params(stage, call),
+                                                               static_cast<const kcap_u8*>(data.operands[0]),
+                                                               static_cast<const float*>(data.operands[1]), call.out),
+                                    call.in);
+}
+
+// gate_up: both matrices' tiles in one launch into the plan's gate / up scratch, then the
+// gated activation.
+template <Format FORMAT>
+void kcap_cuda_gate_up_mma(const Stage& stage, const KernelCall& call) {
+    const cuda::StageData& data = cuda::stage_data(call);
+    const KcapMatmulParams p = cuda::matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
+    cuda::mma_tiles::MmaGroup g =
+        cuda::mma_tiles::mma_group(p, static_cast<const kcap_u8*>(data.operands[0]), nullptr, call.inout2);
+    cuda::mma_tiles::mma_group_add(g, p, static_cast<const kcap_u8*>(data.operands[1]), nullptr, call.inout3);
+    cuda::mma_tiles::mma_group_bf16(cuda::context(call), FORMAT, g, call.in);
+    cuda::gate_up_activation(stage, call);
+}
+
+#define KCAP_INSTANTIATE_MMA(NAME, DECODER)                                                  \
+    template void kcap_cuda_matmul_mma<Format::NAME>(const Stage&, const KernelCall&);      \
+    template void kcap_cuda_gate_up_mma<Format::NAME>(const Stage&, const KernelCall&);
+KCAP_WEIGHT_FORMATS(KCAP_INSTANTIATE_MMA)
+#undef KCAP_INSTANTIATE_MMA
+
+// qkv: the tiles of the matrices of one format in one launch, per format (every weight has a tile
+// format).
+void kcap_cuda_qkv_mma(const Stage& stage, const KernelCall& call) {
+    int groups = 0;
+    const cuda::mma_tiles::MmaFormatGroups by_format = cuda::mma_tiles::mma_groups_by_format(
+        cuda::qkv_segments(stage, call, cuda_rows::kMatvecChunkRuns, &groups));
+    for (int i = 0; i < by_format.count; ++i)
+        cuda::mma_tiles::mma_group_bf16(cuda::context(call), by_format.format[i], by_format.group[i], call.in);
+}
 
 }  // namespace kcap

@@ -1,17 +1,18 @@
-// CUDA entry points of the q8_1-activation rows (cuda.matmul_q8.<format>, cuda.gate_up_q8.<format>,
-// cuda.qkv_q8; opt-in through EngineOptions::activations = "q8_1"). All compute W . q8_1(x): x rounded per
+// CUDA entry points of the q8_1-activation rows (cuda.matvec_q8.*, cuda.matmul_q8_mma*.*,
+// cuda.gate_up_q8*.*, cuda.qkv_q8*; opt-in through EngineOptions::activations = "q8_1"). All compute W . q8_1(x): x rounded per
 // 32-element run to int8 codes q times d = amax / 127 (kernels/matvec_q8.h), the weights as
 // int8 codes (KcapCodes<F>::codes8), integer products summed exactly in int32 per sub-block,
 // then the f32 scales: what llama.cpp's mmvq / mmq compute.
-//   fewer than kMmaMinTokens tokens: the dp4a matvec (kernels/matvec_q8.h), one grid row per token;
-//   a batch: int8 tensor-core tiles below, the bf16 rows' row tiles, warp grid and raw weight
+//   fewer than kMmaMinTokens tokens (the matvec rows): the dp4a matvec (kernels/matvec_q8.h), one
+//   grid row per token;
+//   a batch (the _mma rows): int8 tensor-core tiles below, the bf16 rows' row tiles, warp grid and raw weight
 //   staging (cuda/mma_tiles.h), 64 or 128 tokens per group, on mma.sync m16n8k32 (sub-blocks of
 //   32) or m16n8k16 (of 16) s8 x s8 -> s32.
 //
-// A batch's activations, and a token's of 2048 values or more (q8_input), are quantized once
-// (kcap_q8_quantize_rows, into the backend's q8_1 scratch, or by the add_norm before) for every
-// group, tile and matrix that reads them (qkv's three, gate_up's two); the matvec's groups copy
-// runs of it into shared memory, or quantize a shorter x themselves. The tile step: as in
+// A batch's activations, and a token's of 2048 values or more, are quantized once (kcap_q8_quantize_rows,
+// into the backend's q8_1 scratch, or by the stage before where the planner linked them: the
+// rows' Q8Source) for every group, tile and matrix that reads them (qkv's three, gate_up's two);
+// the matvec's groups copy runs of it into shared memory, or quantize a shorter x themselves. The tile step: as in
 // matmul_mma.cu, each thread decodes one 32-element run of one weight row (codes8: eight words
 // of code bytes, straight into shared memory, no conversion); the activations (codes, half
 // sums, run scales) are copied into shared memory by cp.async. Both go into the other of two
@@ -58,14 +59,14 @@ Q8Rows quantize_rows(const Context& ctx, int m, int k, const float* x) {
     return rows;
 }
 
-// The q8_1 input of a matmul of m tokens of k values: what q8_rows already holds where the stage
-// before quantized this x (Context::q8_rows_of: no launch); else x quantized once (quantize_rows)
-// for a batch or a row of at least Context::q8_prequantize values (cuda_rows::kQ8QuantizeMinK);
-// else empty (codes null): the matvec's groups quantize x themselves.
-Q8Rows q8_input(const Context& ctx, int m, int k, const float* x) {
-    if (ctx.q8_rows_of.x == x && ctx.q8_rows_of.m == m && ctx.q8_rows_of.k == k) return q8_rows_layout(ctx, m, k);
-    if (m < kMmaMinTokens && (ctx.q8_prequantize == 0 || k < ctx.q8_prequantize)) return {nullptr, nullptr, nullptr};
-    return quantize_rows(ctx, m, k, x);
+// The q8_1 input of a call of k-value rows (SOURCE, cuda/rows.h): none (codes null: the matvec's
+// groups round x themselves), x rounded once by a launch of its own, or the rows the stage before
+// wrote into the scratch (for a call on the last position only, its last row).
+template <Q8Source SOURCE>
+Q8Rows q8_input(const Context& ctx, const KernelCall& call, int k) {
+    if constexpr (SOURCE == Q8Source::Groups) return {nullptr, nullptr, nullptr};
+    else if constexpr (SOURCE == Q8Source::Scratch) return q8_rows_at(ctx, call.buffer_rows, k, call.row_offset);
+    else return quantize_rows(ctx, call.n_tokens, k, call.in);
 }
 
 // ------------------------------------------------------------------------- dp4a matvec
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
 template <class F, int ROWS, bool GATE_UP>
 void launch_matvec_q8_rows(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w0, const kcap_u8* w1,
                            const float* x, const Q8Rows& rows, const float* bias, int activation, float* y) {
-    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k, ctx.matvec_warps);
+    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k);
     const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
     const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * ROWS), unsigned(p.m)), block(kMatvecSimds * 32);
     const size_t shared = size_t(matvec_q8_shared_words(p.k, ROWS)) * 4;
@@ -96,12 +97,11 @@ void launch_matvec_q8_rows(const Context& ctx, const KcapMatmulParams& p, const 
            activation, y);
 }
 
-// kMatvecRows rows per team, or 2 where KCAP_MATVEC_ROWS=2 (a measurement switch) and for a wide
-// matrix (matvec_rows_for; KCAP_MATVEC_WIDE_ROWS=1 keeps one row there).
+// kMatvecRows rows per team, 2 for a wide matrix (matvec_rows_for), fixed per stage.
 template <class F, bool GATE_UP>
 void launch_matvec_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w0, const kcap_u8* w1,
                       const float* x, const Q8Rows& rows, const float* bias, int activation, float* y) {
-    if (matvec_rows_for(p.n, ctx.matvec_rows, ctx.matvec_wide_rows) == 2)
+    if (matvec_rows_for(p.n) == 2)
         launch_matvec_q8_rows<F, 2, GATE_UP>(ctx, p, w0, w1, x, rows, bias, activation, y);
     else
         launch_matvec_q8_rows<F, kMatvecRows, GATE_UP>(ctx, p, w0, w1, x, rows, bias, activation, y);
@@ -423,20 +423,12 @@ void mma_q8_tokens(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
     });
 }
 
-// Tokens per group: 128 where the batch has more than 64 tokens and the 128-token groups fill at
-// least 90% of one wave (kQ8GroupsPerSm per multiprocessor), else 64 (small grids: more,
-// smaller groups); KCAP_MMA_Q8_TOKENS=64|128
-// forces either. On the 8B file at 512 tokens: gate+up (896 groups of 128) and the Q6_K ffn_down
-// (128 groups, one per multiprocessor) take 128; q, o, K and V keep 64 (o: 137 us vs 189 with
-// 128); pp512 7772 (64 everywhere) / 7964 (gate+up at 128) / 6311 (128 everywhere) tok/s.
-template <class F>
-int q8_tile_tokens(const Context& ctx, const MmaGroup& g) {
-    if (ctx.mma_q8_tokens != 0) return ctx.mma_q8_tokens;
-    if (g.p[0].m <= 64) return 64;  // as many groups either way: 128 would compute zeros
-    const long long groups = (long long)g.tiles_end[g.count - 1] * ceil_div(g.p[0].m, 128);
-    const long long slots = (long long)kQ8GroupsPerSm<F, 128> * ctx.sm_count;
-    return 10 * groups >= 9 * slots ? 128 : 64;
-}
+static_assert(q8_groups_per_sm(Format::Q6_K, 128) == kQ8GroupsPerSm<KcapQ6_K, 128> &&
+                  q8_groups_per_sm(Format::Q4_K, 128) == kQ8GroupsPerSm<KcapQ4_K, 128> &&
+                  q8_groups_per_sm(Format::Q2_K, 128) == kQ8GroupsPerSm<KcapQ2_K, 128> &&
+                  q8_groups_per_sm(Format::Q3_K, 128) == kQ8GroupsPerSm<KcapQ3_K, 128> &&
+                  q8_groups_per_sm(Format::Q8_0, 128) == kQ8GroupsPerSm<KcapQ8_0, 128>,
+              "cuda_rows::q8_groups_per_sm (which the 128-token rows' ranges follow) states the kernel's occupancy");
 
 // The two-format launch (mma_q8_pair_kernel) of groups g0 (format F0) and g1 (F1), 64 tokens
 // per group.
@@ -448,12 +440,9 @@ void launch_mma_q8_pair(const Context& ctx, const MmaGroup& g0, const MmaGroup& 
     launch(ctx, mma_q8_pair_kernel<F0, F1, STAGED>, grid, dim3(kMmaThreads), bytes, g0, g1, x);
 }
 
-// g0 and g1 in one two-format launch where each alone would take 64-token groups (so the pair
-// computes what the two launches would) and the matrices share one grid (Context::mma_group);
-// false: nothing launched.
+// g0 and g1 in one two-format launch of 64-token groups (what qkv's tiles take).
 template <class F0, class F1>
 bool mma_q8_pair(const Context& ctx, const MmaGroup& g0, const MmaGroup& g1, const Q8Rows& x) {
-    if (!ctx.mma_group || q8_tile_tokens<F0>(ctx, g0) != 64 || q8_tile_tokens<F1>(ctx, g1) != 64) return false;
     constexpr size_t staged_bytes = std::max(q8_tile_shared_bytes<F0, 64>(true), q8_tile_shared_bytes<F1, 64>(true));
     if (use_staged(ctx, g0.p[0], staged_bytes)) launch_mma_q8_pair<F0, F1, true>(ctx, g0, g1, x);
     else launch_mma_q8_pair<F0, F1, false>(ctx, g0, g1, x);
@@ -466,50 +455,53 @@ bool mma_q8_pair(const Context& ctx, const MmaGroup& g0, const MmaGroup& g1, con
     X(Q4_K, KcapQ4_K, Q6_K, KcapQ6_K) \
     X(Q5_K, KcapQ5_K, Q6_K, KcapQ6_K)
 
-// The int8 tiles on activations quantized by quantize_rows (p.m >= kMmaMinTokens), for the
-// matrices of `g` (mma_tiles.h: launch_mma_group).
-template <class F>
-void mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
-    if (q8_tile_tokens<F>(ctx, g) == 128) return mma_q8_tokens<F, 128>(ctx, g, x);
-    mma_q8_tokens<F, 64>(ctx, g, x);
-}
-
-// y = W . q8_1(x) for p.m tokens (rows: x as q8_input gives it): the matvec below kMmaMinTokens,
-// else the int8 tiles.
-template <class F>
-void matmul_q8(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w, const float* x, const Q8Rows& rows,
-               const float* bias, float* y) {
-    if (p.m < kMmaMinTokens) return launch_matvec_q8<F, false>(ctx, p, w, w, x, rows, bias, 0, y);
-    mma_q8<F>(ctx, mma_group(p, w, bias, y), rows);
-}
-
-
-template <class F>
-void run_matmul_q8(const Stage& stage, const KernelCall& call) {
+// cuda.matvec_q8.<format>[_quant|_in]: up to kMmaMinTokens - 1 tokens, one grid row per token.
+template <class F, Q8Source SOURCE>
+void run_matvec_q8(const Stage& stage, const KernelCall& call) {
     const StageData& data = stage_data(call);
     const Context& ctx = context(call);
     const KcapMatmulParams p = matmul_params(stage, call);
-    matmul_q8<F>(ctx, p, static_cast<const kcap_u8*>(data.operands[0]), call.in,
-                 q8_input(ctx, p.m, p.k, call.in), static_cast<const float*>(data.operands[1]),
-                 call.out);
+    const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
+    launch_matvec_q8<F, false>(ctx, p, w, w, call.in, q8_input<SOURCE>(ctx, call, p.k),
+                               static_cast<const float*>(data.operands[1]), 0, call.out);
 }
 
-// gate_up (x quantized once for both matrices): below kMmaMinTokens the fused matvec (both
-// matrices against one staged x, the activation applied to the sums); a batch, the int8 tiles
-// of both matrices in one launch into the plan's gate / up scratch, then the activation.
-template <class F>
+// cuda.matmul_q8_mma[128].<format>[_in]: a batch on the int8 tiles, TOKENS per group.
+template <class F, Q8Source SOURCE, int TOKENS>
+void run_matmul_q8_mma(const Stage& stage, const KernelCall& call) {
+    const StageData& data = stage_data(call);
+    const Context& ctx = context(call);
+    const KcapMatmulParams p = matmul_params(stage, call);
+    const Q8Rows rows = q8_input<SOURCE>(ctx, call, p.k);
+    mma_q8_tokens<F, TOKENS>(ctx,
+                             mma_group(p, static_cast<const kcap_u8*>(data.operands[0]),
+                                       static_cast<const float*>(data.operands[1]), call.out),
+                             rows);
+}
+
+// cuda.gate_up_q8.<format>[_quant|_in]: the fused matvec (both matrices against one staged x,
+// the activation applied to the sums), one grid row per token.
+template <class F, Q8Source SOURCE>
 void run_gate_up_q8(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
     const KcapMatmulParams p = matmul_params(stage, call);  // operand 1 is the up matrix, not a bias
-    const auto* gate = static_cast<const kcap_u8*>(data.operands[0]);
-    const auto* up = static_cast<const kcap_u8*>(data.operands[1]);
-    const Q8Rows x = q8_input(ctx, p.m, p.k, call.in);
-    if (p.m < kMmaMinTokens)
-        return launch_matvec_q8<F, true>(ctx, p, gate, up, call.in, x, nullptr, int(stage.params.activation), call.out);
-    MmaGroup g = mma_group(p, gate, nullptr, call.inout2);
-    mma_group_add(g, p, up, nullptr, call.inout3);
-    mma_q8<F>(ctx, g, x);
+    launch_matvec_q8<F, true>(ctx, p, static_cast<const kcap_u8*>(data.operands[0]),
+                              static_cast<const kcap_u8*>(data.operands[1]), call.in, q8_input<SOURCE>(ctx, call, p.k),
+                              nullptr, int(stage.params.activation), call.out);
+}
+
+// cuda.gate_up_q8_mma[128].<format>[_in]: both matrices' int8 tiles in one launch into the plan's
+// gate / up scratch, then the activation.
+template <class F, Q8Source SOURCE, int TOKENS>
+void run_gate_up_q8_mma(const Stage& stage, const KernelCall& call) {
+    const Context& ctx = context(call);
+    const StageData& data = stage_data(call);
+    const KcapMatmulParams p = matmul_params(stage, call);
+    const Q8Rows x = q8_input<SOURCE>(ctx, call, p.k);
+    MmaGroup g = mma_group(p, static_cast<const kcap_u8*>(data.operands[0]), nullptr, call.inout2);
+    mma_group_add(g, p, static_cast<const kcap_u8*>(data.operands[1]), nullptr, call.inout3);
+    mma_q8_tokens<F, TOKENS>(ctx, g, x);
     gate_up_activation(stage, call);
 }
 
@@ -534,14 +526,14 @@ __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_q8_kernel(QkvParams q, 
     }
 }
 
-// The q8_1 matmul of one matrix of any q8_1 format (qkv's batches below kMmaMinTokens) on `x`
-// (quantized once for the three matrices).
-void matmul_q8_any(const Context& ctx, Format format, const KcapMatmulParams& p, const kcap_u8* w, const float* x,
+// The q8_1 matvec of one matrix of any q8_1 format (qkv's few-token calls) on `x` (its q8_1 in
+// `rows` where the call has it, else rounded by the groups).
+void matvec_q8_any(const Context& ctx, Format format, const KcapMatmulParams& p, const kcap_u8* w, const float* x,
                    const Q8Rows& rows, float* y) {
     switch (format) {
 #define KCAP_MATMUL_Q8_CASE(NAME, DECODER)                                                           \
     case Format::NAME:                                                                               \
-        return matmul_q8<DECODER>(ctx, p, w, x, rows, nullptr, y);
+        return launch_matvec_q8<DECODER, false>(ctx, p, w, w, x, rows, nullptr, 0, y);
         KCAP_Q8_WEIGHT_FORMATS(KCAP_MATMUL_Q8_CASE)
 #undef KCAP_MATMUL_Q8_CASE
         default: throw Error(std::string("cuda.qkv_q8: no q8_1 body for ") + format_name(format));
@@ -549,7 +541,7 @@ void matmul_q8_any(const Context& ctx, Format format, const KcapMatmulParams& p,
 }
 
 // Groups of two formats (qkv's batches) in one launch where KCAP_Q8_TILE_PAIRS has the pair
-// (either order) and mma_q8_pair takes it; false: nothing launched.
+// (either order); false: nothing launched.
 bool mma_q8_pair_any(const Context& ctx, const MmaFormatGroups& by_format, const Q8Rows& rows) {
     if (by_format.count != 2) return false;
     const Format f0 = by_format.format[0], f1 = by_format.format[1];
@@ -563,12 +555,12 @@ bool mma_q8_pair_any(const Context& ctx, const MmaFormatGroups& by_format, const
     return false;
 }
 
-// The int8 tiles of a group of matrices of one format (qkv's batches).
+// The int8 tiles of a group of matrices of one format (qkv's batches), 64 tokens per group.
 void mma_q8_any(const Context& ctx, Format format, const MmaGroup& g, const Q8Rows& rows) {
     switch (format) {
 #define KCAP_MMA_Q8_CASE(NAME, DECODER) \
     case Format::NAME:                  \
-        return mma_q8<DECODER>(ctx, g, rows);
+        return mma_q8_tokens<DECODER, 64>(ctx, g, rows);
         KCAP_Q8_WEIGHT_FORMATS(KCAP_MMA_Q8_CASE)
 #undef KCAP_MMA_Q8_CASE
         default: throw Error(std::string("cuda.qkv_q8: no q8_1 body for ") + format_name(format));
@@ -576,37 +568,89 @@ void mma_q8_any(const Context& ctx, Format format, const MmaGroup& g, const Q8Ro
 }
 
 }  // namespace
+
+void quantize_into_scratch(const Context& ctx, int m, int k, const float* x) { quantize_rows(ctx, m, k, x); }
+
 }  // namespace cuda
 
-// qkv_q8: one token runs the three-segment q8_1 matvec; up to kMmaMinTokens, each matrix's q8_1
-// matvec; a batch, the int8 tiles, one launch per format or per pair of formats.
+// cuda.qkv_q8[_quant|_in]: one token, the three-segment q8_1 matvec (x rounded once for the three).
+template <Q8Source SOURCE>
 void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call) {
     using namespace cuda_rows;
     const cuda::Context& ctx = cuda::context(call);
     int groups = 0;
     const cuda::QkvParams q = cuda::qkv_segments(stage, call, kMatvecQ8ChunkRuns, &groups);
-    // Once for Q, K and V.
-    const cuda::Q8Rows rows = cuda::q8_input(ctx, call.n_tokens, int(stage.k), call.in);
-    if (call.n_tokens == 1) {
-        const size_t shared = size_t(matvec_q8_shared_words(stage.k, kMatvecRows)) * 4;
-        cuda::launch(ctx, cuda::qkv_q8_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q, call.in, rows);
-        return;
-    }
-    if (call.n_tokens < kMmaMinTokens) {
-        for (const cuda::QkvSegment& s : q.segment) cuda::matmul_q8_any(ctx, Format(s.format), s.p, s.w, call.in, rows, s.y);
-        return;
-    }
-    // A batch: the int8 tiles, one launch per format (all three where Q, K and V share one), or
-    // one for two formats (mma_q8_pair_any).
+    const cuda::Q8Rows rows = cuda::q8_input<SOURCE>(ctx, call, int(stage.k));
+    const size_t shared = size_t(matvec_q8_shared_words(stage.k, kMatvecRows)) * 4;
+    cuda::launch(ctx, cuda::qkv_q8_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q, call.in, rows);
+}
+
+// cuda.qkv_q8_tokens[_quant|_in]: up to kMmaMinTokens - 1 tokens, each matrix's q8_1 matvec.
+template <Q8Source SOURCE>
+void kcap_cuda_qkv_q8_tokens(const Stage& stage, const KernelCall& call) {
+    const cuda::Context& ctx = cuda::context(call);
+    int groups = 0;
+    const cuda::QkvParams q = cuda::qkv_segments(stage, call, cuda_rows::kMatvecQ8ChunkRuns, &groups);
+    const cuda::Q8Rows rows = cuda::q8_input<SOURCE>(ctx, call, int(stage.k));
+    for (const cuda::QkvSegment& s : q.segment) cuda::matvec_q8_any(ctx, Format(s.format), s.p, s.w, call.in, rows, s.y);
+}
+
+// cuda.qkv_q8_mma[_in]: a batch on the int8 tiles, one launch per format or per pair of formats.
+template <Q8Source SOURCE>
+void kcap_cuda_qkv_q8_mma(const Stage& stage, const KernelCall& call) {
+    const cuda::Context& ctx = cuda::context(call);
+    int groups = 0;
+    const cuda::QkvParams q = cuda::qkv_segments(stage, call, cuda_rows::kMatvecQ8ChunkRuns, &groups);
+    const cuda::Q8Rows rows = cuda::q8_input<SOURCE>(ctx, call, int(stage.k));
     const cuda::MmaFormatGroups by_format = cuda::mma_groups_by_format(q);
     if (cuda::mma_q8_pair_any(ctx, by_format, rows)) return;
     for (int i = 0; i < by_format.count; ++i) cuda::mma_q8_any(ctx, by_format.format[i], by_format.group[i], rows);
 }
 
-#define KCAP_DEFINE_MATMUL_Q8(NAME, DECODER)                                                                              \
-    void kcap_cuda_matmul_q8_##NAME(const Stage& stage, const KernelCall& call) { cuda::run_matmul_q8<DECODER>(stage, call); } \
-    void kcap_cuda_gate_up_q8_##NAME(const Stage& stage, const KernelCall& call) { cuda::run_gate_up_q8<DECODER>(stage, call); }
-KCAP_Q8_WEIGHT_FORMATS(KCAP_DEFINE_MATMUL_Q8)
-#undef KCAP_DEFINE_MATMUL_Q8
+#define KCAP_INSTANTIATE_QKV_Q8(SOURCE)                                                                \
+    template void kcap_cuda_qkv_q8<Q8Source::SOURCE>(const Stage&, const KernelCall&);                \
+    template void kcap_cuda_qkv_q8_tokens<Q8Source::SOURCE>(const Stage&, const KernelCall&);
+KCAP_INSTANTIATE_QKV_Q8(Groups)
+KCAP_INSTANTIATE_QKV_Q8(Quantize)
+KCAP_INSTANTIATE_QKV_Q8(Scratch)
+#undef KCAP_INSTANTIATE_QKV_Q8
+template void kcap_cuda_qkv_q8_mma<Q8Source::Quantize>(const Stage&, const KernelCall&);
+template void kcap_cuda_qkv_q8_mma<Q8Source::Scratch>(const Stage&, const KernelCall&);
+
+template <Format FORMAT, Q8Source SOURCE>
+void kcap_cuda_matvec_q8(const Stage& stage, const KernelCall& call) {
+    cuda::run_matvec_q8<cuda::Decoder<FORMAT>, SOURCE>(stage, call);
+}
+template <Format FORMAT, Q8Source SOURCE, int TOKENS>
+void kcap_cuda_matmul_q8_mma(const Stage& stage, const KernelCall& call) {
+    cuda::run_matmul_q8_mma<cuda::Decoder<FORMAT>, SOURCE, TOKENS>(stage, call);
+}
+template <Format FORMAT, Q8Source SOURCE>
+void kcap_cuda_gate_up_q8(const Stage& stage, const KernelCall& call) {
+    cuda::run_gate_up_q8<cuda::Decoder<FORMAT>, SOURCE>(stage, call);
+}
+template <Format FORMAT, Q8Source SOURCE, int TOKENS>
+void kcap_cuda_gate_up_q8_mma(const Stage& stage, const KernelCall& call) {
+    cuda::run_gate_up_q8_mma<cuda::Decoder<FORMAT>, SOURCE, TOKENS>(stage, call);
+}
+
+#define KCAP_INSTANTIATE_Q8_SOURCE(NAME, SOURCE)                                                                  \
+    template void kcap_cuda_matvec_q8<Format::NAME, Q8Source::SOURCE>(const Stage&, const KernelCall&);          \
+    template void kcap_cuda_gate_up_q8<Format::NAME, Q8Source::SOURCE>(const Stage&, const KernelCall&);
+#define KCAP_INSTANTIATE_Q8_TILES(NAME, SOURCE, TOKENS)                                                          \
+    template void kcap_cuda_matmul_q8_mma<Format::NAME, Q8Source::SOURCE, TOKENS>(const Stage&, const KernelCall&); \
+    template void kcap_cuda_gate_up_q8_mma<Format::NAME, Q8Source::SOURCE, TOKENS>(const Stage&, const KernelCall&);
+#define KCAP_INSTANTIATE_Q8(NAME, DECODER)         \
+    KCAP_INSTANTIATE_Q8_SOURCE(NAME, Groups)       \
+    KCAP_INSTANTIATE_Q8_SOURCE(NAME, Quantize)     \
+    KCAP_INSTANTIATE_Q8_SOURCE(NAME, Scratch)      \
+    KCAP_INSTANTIATE_Q8_TILES(NAME, Quantize, 64)  \
+    KCAP_INSTANTIATE_Q8_TILES(NAME, Scratch, 64)   \
+    KCAP_INSTANTIATE_Q8_TILES(NAME, Quantize, 128) \
+    KCAP_INSTANTIATE_Q8_TILES(NAME, Scratch, 128)
+KCAP_Q8_WEIGHT_FORMATS(KCAP_INSTANTIATE_Q8)
+#undef KCAP_INSTANTIATE_Q8
+#undef KCAP_INSTANTIATE_Q8_TILES
+#undef KCAP_INSTANTIATE_Q8_SOURCE
 
 }  // namespace kcap

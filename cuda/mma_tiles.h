@@ -197,8 +197,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[MT][kNt][4], const
 // Up to three matrices of one format on the same x (qkv's, gate_up's) in one launch: the grid's
 // row tiles run through the matrices in turn, so a small matrix (K, V: 8 row tiles of 128 rows
 // against 132 multiprocessors) shares its wave with the others, and a grid's last, partial wave
-// comes once per stage instead of once per matrix. KCAP_MMA_GROUP=0 (Context::mma_group, a
-// measurement switch): one launch per matrix.
+// comes once per stage instead of once per matrix.
 struct MmaGroup {
     KcapMatmulParams p[3];  // the same k, m and row_bytes (mma_group_add); n and has_bias their own
     const kcap_u8* w[3];
@@ -273,25 +272,22 @@ inline MmaFormatGroups mma_groups_by_format(const QkvParams& q) {
 // multiple of 32) on f32 activations x, p.m >= kMmaMinTokens.
 void mma_group_bf16(const Context& ctx, Format format, const MmaGroup& g, const float* x);
 
-// Staged weights for long rows only: on the H200 (bench/cuda_sweep.py --pp, pp512, KCAP_MMA_STAGED
-// forcing one kernel for every matmul) staging all matmuls took the 8B Q4_K_M file (K 4096 and
-// 14336) from 4586 to 5293 tok/s, while Gemma 3 270M (K 640 and 2048: a chunk or two per row,
-// small grids) went from 78186 to 72110: at short K the copies cannot get ahead of the decode.
+// Staged weights for long rows only: on the H200 (bench/cuda_sweep.py --pp, pp512, with one
+// kernel forced for every matmul) staging all matmuls took the 8B Q4_K_M file (K 4096 and 14336)
+// from 4586 to 5293 tok/s, while Gemma 3 270M (K 640 and 2048: a chunk or two per row, small
+// grids) went from 78186 to 72110: at short K the copies cannot get ahead of the decode. A fixed
+// function of the stage's K and the device (its threadgroup memory), the same for every call.
 constexpr int64_t kStagedMinK = 4096;
 
 inline bool use_staged(const Context& ctx, const KcapMatmulParams& p, size_t shared_bytes) {
-    const bool fits = shared_bytes <= size_t(shared_optin_bytes(ctx.device));
-    return fits && (ctx.mma_staged < 0 ? p.k >= kStagedMinK : ctx.mma_staged != 0);
+    return shared_bytes <= size_t(shared_optin_bytes(ctx.device)) && p.k >= kStagedMinK;
 }
 
-// Runs launch(group, staged) for the matrices of g: one launch for all of them, or one per
-// matrix where KCAP_MMA_GROUP=0 (Context::mma_group); staged as use_staged decides for a kernel
-// of staged_shared_bytes (the members share k, so one answer serves all).
+// Runs launch(group, staged) once for all the matrices of g; staged as use_staged decides for
+// a kernel of staged_shared_bytes (the members share k, so one answer serves all).
 template <class Launch>
 void launch_mma_group(const Context& ctx, const MmaGroup& g, size_t staged_shared_bytes, Launch&& launch) {
-    const bool staged = use_staged(ctx, g.p[0], staged_shared_bytes);
-    if (ctx.mma_group || g.count == 1) return launch(g, staged);
-    for (int i = 0; i < g.count; ++i) launch(mma_group(g.p[i], g.w[i], g.bias[i], g.y[i]), staged);
+    launch(g, use_staged(ctx, g.p[0], staged_shared_bytes));
 }
 
 // Dynamic shared memory (the bf16 kernel's raw double buffer, with its static tiles over 48 KB

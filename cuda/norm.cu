@@ -60,27 +60,32 @@ __global__ void __launch_bounds__(kNormThreads)
 }  // namespace
 
 // add_norm: operands (post weight, post bias, weight, bias); in = the residual (call.inout2,
-// read and written), in2 = the branch output, out = the normed row. Where the plan has q8_1 rows,
-// the normed rows are also quantized into the context's q8_rows for the next stage (its q8_1
-// matmul then skips its quantize launch: Context::q8_rows_of).
+// read and written), in2 = the branch output, out = the normed row. cuda.add_norm_q8 (Q8) also
+// writes the normed rows' q8_1 into the context's scratch for the q8_1 matmuls the planner linked
+// to it (kQ8Output / kQ8Input), which then need no quantize launch. The row held in registers
+// (add_norm_vec_kernel) where the width and the buffers allow, a fixed function of the stage.
+template <bool Q8>
 void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call) {
-    cuda::Context& ctx = cuda::context(call);
+    const cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
     auto operand = [&](size_t i) -> const float* {
         return i < stage.operands.size() && stage.operands[i] ? static_cast<const float*>(data.operands[i]) : nullptr;
     };
     const KcapAddNormParams p = add_norm_params(stage);
-    const cuda::Q8Rows q8 = cuda::q8_output_rows(ctx, call.out, call.n_tokens, p.width);
+    const cuda::Q8Rows q8 = Q8 ? cuda::q8_rows_layout(ctx, call.n_tokens, p.width) : cuda::Q8Rows{nullptr, nullptr, nullptr};
     const int threads = norm_threads(p.width);
     const int per_thread = (p.width / 4 + threads - 1) / threads;  // float4s
     const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-    const bool vec = ctx.add_norm_vec && p.width % 4 == 0 && per_thread <= kAddNormVecMax && aligned(call.inout2) &&
+    const bool vec = p.width % 4 == 0 && per_thread <= kAddNormVecMax && aligned(call.inout2) &&
                      aligned(call.in2) && aligned(call.out) && aligned(operand(0)) && aligned(operand(1)) &&
                      aligned(operand(2)) && aligned(operand(3));
     auto* kernel = !vec ? add_norm_kernel : per_thread == 1 ? add_norm_vec_kernel<1> : add_norm_vec_kernel<2>;
     cuda::launch(ctx, kernel, dim3(call.n_tokens), dim3(threads), 0, p, call.inout2, call.in2, operand(0), operand(1),
                  operand(2), operand(3), call.out, q8);
 }
+
+template void kcap_cuda_add_norm<false>(const Stage&, const KernelCall&);
+template void kcap_cuda_add_norm<true>(const Stage&, const KernelCall&);
 
 void kcap_cuda_norm(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);

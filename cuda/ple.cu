@@ -6,6 +6,7 @@
 //   cuda.per_layer_gate: act(gate) * this layer's slice.
 // Token ids come from the context's device token buffer, as for the embedding rows.
 #include "cuda/cuda_context.h"
+#include "cuda/decoders.h"
 #include "kernels/matmul.h"
 #include "kernels/ple.h"
 
@@ -71,12 +72,14 @@ void run_per_layer_embed(const Stage& stage, const KernelCall& call) {
 
 }  // namespace cuda
 
-#define KCAP_DEFINE_PLE(NAME, DECODER)                                                  \
-    void kcap_cuda_per_layer_embed_##NAME(const Stage& stage, const KernelCall& call) { \
-        cuda::run_per_layer_embed<DECODER>(stage, call);                                \
-    }
-KCAP_WEIGHT_FORMATS(KCAP_DEFINE_PLE)
-#undef KCAP_DEFINE_PLE
+template <Format FORMAT>
+void kcap_cuda_per_layer_embed(const Stage& stage, const KernelCall& call) {
+    cuda::run_per_layer_embed<cuda::Decoder<FORMAT>>(stage, call);
+}
+#define KCAP_INSTANTIATE_PLE(NAME, DECODER) \
+    template void kcap_cuda_per_layer_embed<Format::NAME>(const Stage&, const KernelCall&);
+KCAP_WEIGHT_FORMATS(KCAP_INSTANTIATE_PLE)
+#undef KCAP_INSTANTIATE_PLE
 
 void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call) {
     const KcapPleGateParams p = ple_gate_params(stage, call.n_tokens);

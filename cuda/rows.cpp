@@ -1,302 +1,543 @@
-// The CUDA rows of the capability table (declarations in cuda/rows.h). Compiled in every
-// build: where CUDA is not compiled in (KCAP_WITH_CUDA undefined) each row's fn is null, so
-// plans and `kcap explain --backend cuda` still work and an Engine on cuda is refused.
+// The CUDA rows of the capability table (launchers and geometry in cuda/rows.h). Compiled in
+// every build: where CUDA is not compiled in (KCAP_WITH_CUDA undefined) each row's fn is null,
+// so plans and `kcap explain --backend cuda` still work and an Engine on cuda is refused.
+//
+// Every row names the token counts it takes and the kernels one call launches. The planner
+// routes each stage once per range of tokens per call; the priorities below order the rows that
+// take the same token counts:
+//   matmul, gate_up, qkv   one token: the decode matvec (1) over the few-token walk (0); from
+//                          kMmaMinTokens: the split-bf16 tensor-core tiles (2); where the plan's
+//                          activations allow, the q8_1 rows (3, 128-token tiles 4) and the bf16
+//                          GEMM rows (5), which take only the token counts they are fast at.
+//   attention              one token: the flash-decoding decode; more: the tiled prefill, or the
+//                          tensor-core prefill (1) where the cache is f16 and the head dims fit.
 #include "cuda/rows.h"
 
 #include <iterator>
 
 #include "dispatch/gpu_rows.h"
+#include "dispatch/stage.h"
 #include "kernels/params.h"
 
 namespace kcap {
 
 #if defined(KCAP_WITH_CUDA)
-#define KCAP_CUDA_ENTRY(launcher) (&launcher)
+#define KCAP_CUDA_ENTRY(...) (&__VA_ARGS__)
 #else
-#define KCAP_CUDA_ENTRY(launcher) nullptr
+#define KCAP_CUDA_ENTRY(...) nullptr
 #endif
 
 namespace {
 
-Row make_row(const std::string& kernel, Op op, KernelFn fn, Geometry geometry) {
-    return gpu_row(Backend::CUDA, kernel, op, fn, geometry);
+using namespace cuda_rows;
+
+constexpr uint32_t kActivations = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;
+constexpr TokenRange kOneToken = {1, 1};
+constexpr TokenRange kAnyTokens = {1, 0};
+constexpr TokenRange kFewTokens = {1, kMmaMinTokens - 1};  // the q8_1 matvec takes up to 15
+constexpr TokenRange kTileTokens = {kMmaMinTokens, 0};
+constexpr TokenRange kBatchTokens = {2, 0};
+
+Row make_row(const std::string& kernel, Op op, KernelFn fn, Geometry geometry, TokenRange tokens,
+             std::vector<std::string> launches) {
+    Row row = gpu_row(Backend::CUDA, kernel, op, fn, geometry);
+    row.tokens = tokens;
+    row.launches = std::move(launches);
+    return row;
 }
+
+const Geometry kMatvecGeometry = {kMatvecSimds * 32, kMatvecSimds * kMatvecRows, kMatvecSharedBytes};
+const Geometry kMatvecQ8Geometry = {kMatvecSimds * 32, kMatvecSimds * kMatvecRows, kMatvecQ8SharedBytes};
+const Geometry kTokensGeometry = {kTokensSimds * 32, kTokensSimds * kTokensRows, 0};
+const Geometry kMmaGeometry = {kMmaThreads, kMmaRows, 0};
+
+std::vector<Format> q8_formats() {
+    std::vector<Format> formats;
+#define KCAP_Q8_FORMAT(NAME, DECODER) formats.push_back(Format::NAME);
+    KCAP_Q8_WEIGHT_FORMATS(KCAP_Q8_FORMAT)
+#undef KCAP_Q8_FORMAT
+    return formats;
+}
+
+std::vector<Format> mma_formats() {
+    std::vector<Format> formats;
+    for (Format f : gpu_weight_formats())
+        if (mma_format(f)) formats.push_back(f);
+    return formats;
+}
+
+// The row tiles of a matmul-type stage: its matrices' rows in tiles of kMmaRows.
+long long stage_row_tiles(const Stage& stage) {
+    const long long tiles = (stage.n + kMmaRows - 1) / kMmaRows;
+    return stage.op == Op::GateUp ? 2 * tiles : tiles;
+}
+
+// 128-token int8 tiles pay off from the batch that fills a wave with them (q8_tile128_min_tokens).
+template <Format FORMAT>
+int q8_tile128_tokens(const Stage& stage, const DeviceInfo& device) {
+    return q8_tile128_min_tokens(stage_row_tiles(stage), FORMAT, device.sm_count);
+}
+
+// The q8_1 rows of one family in each of their three input sources: Groups for rows of fewer
+// than kQ8QuantizeMinK values (the matvec; batches always quantize), Quantize for longer rows and
+// batches, Scratch where the stage before wrote the q8_1 input (kQ8Input).
+void set_q8_source(Row& row, Q8Source source, bool batch) {
+    row.input_encoding = Encoding::Q8_1;
+    if (source == Q8Source::Scratch) {
+        row.features |= kQ8Input;
+        row.requires_all = kQ8Input;
+        row.kernel += "_in";
+    } else if (source == Q8Source::Quantize && !batch) {
+        row.dims.k_min = kQ8QuantizeMinK;
+        row.kernel += "_quant";
+        row.launches.insert(row.launches.begin(), "q8_quantize_rows");
+    } else if (source == Q8Source::Quantize) {
+        row.launches.insert(row.launches.begin(), "q8_quantize_rows");
+    } else {
+        row.dims.k_max = kQ8QuantizeMinK - 1;
+    }
+}
+
+std::string lower(Format f) { return lowercase(format_name(f)); }
 
 }  // namespace
 
 void add_cuda_embed_rows(std::vector<Row>& rows) {
-#define KCAP_EMBED_ROW(NAME, DECODER)                                                                           \
-    {                                                                                                           \
-        Row row = make_row("cuda.embed." + lowercase(#NAME), Op::Embed, KCAP_CUDA_ENTRY(kcap_cuda_embed_##NAME),     \
-                           {cuda_rows::kEmbedThreads, 1, 0});                                                   \
-        row.operand_formats = {{Format::NAME}, {Format::F32, Format::F16}}; /* table, positions */               \
-        row.features = kEmbedScale | kPositionEmbedding;                                                        \
-        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                         \
-        rows.push_back(row);                                                                                    \
+#define KCAP_EMBED_ROW(NAME, DECODER)                                                                         \
+    {                                                                                                         \
+        Row row = make_row("cuda.embed." + lowercase(#NAME), Op::Embed,                                       \
+                           KCAP_CUDA_ENTRY(kcap_cuda_embed<Format::NAME>), {kEmbedThreads, 1, 0}, kAnyTokens, \
+                           {"embed"});                                                                        \
+        row.operand_formats = {{Format::NAME}, {Format::F32, Format::F16}}; /* table, positions */            \
+        row.features = kEmbedScale | kPositionEmbedding;                                                      \
+        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                 \
+        rows.push_back(row);                                                                                  \
     }
     KCAP_WEIGHT_FORMATS(KCAP_EMBED_ROW)
 #undef KCAP_EMBED_ROW
 }
 
 void add_cuda_matmul_rows(std::vector<Row>& rows) {
-    // Exact rows: f32 activations and accumulation for any number of tokens.
-#define KCAP_MATMUL_ROW(NAME, DECODER)                                                                          \
-    {                                                                                                           \
-        Row row = make_row("cuda.matmul." + lowercase(#NAME), Op::MatMul, KCAP_CUDA_ENTRY(kcap_cuda_matmul_##NAME),  \
-                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,         \
-                            cuda_rows::kMatvecSharedBytes});                                              \
-        row.operand_formats = {{Format::NAME}, {Format::F32}};                                                  \
-        row.features = kBias;                                                                                   \
-        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                         \
-        rows.push_back(row);                                                                                    \
+    // Exact rows (f32 activations and sums) of every format: the decode matvec (kernels/matvec.h,
+    // x staged in threadgroup memory) for one token, the few-token walk (kernels/matmul.h, each
+    // decoded run of weights serving kTokensPerPass tokens) for any count; the fused gate_up
+    // (both matrices against one staged x, the activation applied to the sums) and its walk.
+    // Tensor-core rows (CUDA only, cuda/matmul_mma.cu) from kMmaMinTokens: tiles of bf16
+    // mma.sync on scale-factored weights and split (hi + lo) activations, f32 sums: within 2^-16
+    // of exact per product; quantized formats and BF16 (mma_format), whole 32-value runs.
+#define KCAP_EXACT_ROWS(NAME, DECODER)                                                                        \
+    {                                                                                                         \
+        const Format f = Format::NAME;                                                                        \
+        Row matvec = make_row("cuda.matvec." + lower(f), Op::MatMul, KCAP_CUDA_ENTRY(kcap_cuda_matvec<f>),    \
+                              kMatvecGeometry, kOneToken, {"matvec"});                                        \
+        matvec.operand_formats = {{f}, {Format::F32}};                                                        \
+        matvec.features = kBias;                                                                              \
+        matvec.dims.k_multiple = exact_k_multiple(f);                                                         \
+        matvec.priority = 1;                                                                                  \
+        rows.push_back(matvec);                                                                               \
+        Row walk = make_row("cuda.matmul_tokens." + lower(f), Op::MatMul,                                     \
+                            KCAP_CUDA_ENTRY(kcap_cuda_matmul_tokens<f>), kTokensGeometry, kAnyTokens,        \
+                            {"matmul_tokens"});                                                               \
+        walk.operand_formats = matvec.operand_formats;                                                        \
+        walk.features = kBias;                                                                                \
+        walk.dims = matvec.dims;                                                                              \
+        rows.push_back(walk);                                                                                 \
+        Row gate_up = make_row("cuda.gate_up." + lower(f), Op::GateUp, KCAP_CUDA_ENTRY(kcap_cuda_gate_up<f>), \
+                               kMatvecGeometry, kOneToken, {"gate_up_matvec"});                               \
+        gate_up.operand_formats = {{f}, {f}};                                                                 \
+        gate_up.features = kActivations;                                                                      \
+        gate_up.dims.k_multiple = exact_k_multiple(f);                                                        \
+        gate_up.priority = 1;                                                                                 \
+        rows.push_back(gate_up);                                                                              \
+        Row gate_up_walk = make_row("cuda.gate_up_tokens." + lower(f), Op::GateUp,                            \
+                                    KCAP_CUDA_ENTRY(kcap_cuda_gate_up_tokens<f>), kTokensGeometry, kAnyTokens, \
+                                    {"matmul_tokens", "matmul_tokens", "ffn_activation"});                    \
+        gate_up_walk.operand_formats = gate_up.operand_formats;                                               \
+        gate_up_walk.features = kActivations;                                                                 \
+        gate_up_walk.dims = gate_up.dims;                                                                     \
+        rows.push_back(gate_up_walk);                                                                         \
+        if (mma_format(f)) {                                                                                  \
+            Row mma = make_row("cuda.matmul_mma." + lower(f), Op::MatMul,                                     \
+                               KCAP_CUDA_ENTRY(kcap_cuda_matmul_mma<f>), kMmaGeometry, kTileTokens,           \
+                               {"mma_tiles"});                                                                \
+            mma.operand_formats = {{f}, {Format::F32}};                                                       \
+            mma.features = kBias;                                                                             \
+            mma.dims.k_multiple = run_k_multiple(f);                                                          \
+            mma.priority = 2;                                                                                 \
+            rows.push_back(mma);                                                                              \
+            Row gate_up_mma = make_row("cuda.gate_up_mma." + lower(f), Op::GateUp,                            \
+                                       KCAP_CUDA_ENTRY(kcap_cuda_gate_up_mma<f>), kMmaGeometry, kTileTokens,  \
+                                       {"mma_tiles", "ffn_activation"});                                      \
+            gate_up_mma.operand_formats = {{f}, {f}};                                                         \
+            gate_up_mma.features = kActivations;                                                              \
+            gate_up_mma.dims.k_multiple = run_k_multiple(f);                                                  \
+            gate_up_mma.priority = 2;                                                                         \
+            rows.push_back(gate_up_mma);                                                                      \
+        }                                                                                                     \
     }
-    KCAP_WEIGHT_FORMATS(KCAP_MATMUL_ROW)
-#undef KCAP_MATMUL_ROW
-    // Tensor-core rows (preferred): the same matvec for one token and the few-token walk
-    // below kMmaMinTokens; prefill tiles on bf16 mma.sync with scale-factored weights and
-    // split (hi + lo) activations, f32 sums: within 2^-16 of exact per product. Quantized
-    // formats and BF16 only (cuda_rows::mma_format); F32 and F16 prefill on the exact rows.
-#define KCAP_MATMUL_MMA_ROW(NAME, DECODER)                                                                  \
-    if (cuda_rows::mma_format(Format::NAME)) {                                                              \
-        Row row = make_row("cuda.matmul_mma." + lowercase(#NAME), Op::MatMul,                                   \
-                           KCAP_CUDA_ENTRY(kcap_cuda_matmul_mma_##NAME),                                    \
-                           {cuda_rows::kMmaThreads, cuda_rows::kMmaRows, 0});                               \
-        row.operand_formats = {{Format::NAME}, {Format::F32}};                                              \
-        row.features = kBias;                                                                               \
-        row.dims.k_multiple = run_k_multiple(Format::NAME);                                                 \
-        row.priority = 1;                                                                                   \
-        rows.push_back(row);                                                                                \
-    }
-    KCAP_WEIGHT_FORMATS(KCAP_MATMUL_MMA_ROW)
-#undef KCAP_MATMUL_MMA_ROW
-    // Fused gated FFN input (gate and up of one format): one token, both matrices against one
-    // staged x with the activation applied to the sums; a batch, the format's tensor-core row
-    // for each matrix, then the activation.
-#define KCAP_GATE_UP_ROW(NAME, DECODER)                                                                     \
-    {                                                                                                       \
-        Row row = make_row("cuda.gate_up." + lowercase(#NAME), Op::GateUp, KCAP_CUDA_ENTRY(kcap_cuda_gate_up_##NAME), \
-                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,     \
-                            cuda_rows::kMatvecSharedBytes});                                                \
-        row.operand_formats = {{Format::NAME}, {Format::NAME}};                                             \
-        row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;                                       \
-        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                     \
-        rows.push_back(row);                                                                                \
-    }
-    KCAP_WEIGHT_FORMATS(KCAP_GATE_UP_ROW)
-#undef KCAP_GATE_UP_ROW
+    KCAP_WEIGHT_FORMATS(KCAP_EXACT_ROWS)
+#undef KCAP_EXACT_ROWS
+
     // q8_1 activations (opt-in: allowed only where the plan's activations are q8_1; preferred
-    // there): x rounded to int8 per 32-element run, integer products (dp4a for few tokens, int8
-    // mma.sync tiles for a batch), f32 scales. W . q8_1(x) to the exact rows' 1e-5 (test_cuda_rows).
-#define KCAP_MATMUL_Q8_ROW(NAME, DECODER)                                                                     \
-    {                                                                                                         \
-        Row row = make_row("cuda.matmul_q8." + lowercase(#NAME), Op::MatMul,                                  \
-                           KCAP_CUDA_ENTRY(kcap_cuda_matmul_q8_##NAME),                                       \
-                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,   \
-                            cuda_rows::kMatvecQ8SharedBytes});                                                \
-        row.operand_formats = {{Format::NAME}, {Format::F32}};                                                \
-        row.features = kBias;                                                                                 \
-        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                 \
-        row.input_encoding = Encoding::Q8_1;                                                                  \
-        row.priority = 2;                                                                                     \
-        rows.push_back(row);                                                                                  \
-    }                                                                                                         \
-    {                                                                                                         \
-        Row row = make_row("cuda.gate_up_q8." + lowercase(#NAME), Op::GateUp,                                 \
-                           KCAP_CUDA_ENTRY(kcap_cuda_gate_up_q8_##NAME),                                      \
-                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,   \
-                            cuda_rows::kMatvecQ8SharedBytes});                                                \
-        row.operand_formats = {{Format::NAME}, {Format::NAME}};                                               \
-        row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;                                         \
-        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                 \
-        row.input_encoding = Encoding::Q8_1;                                                                  \
-        row.priority = 1;                                                                                     \
-        rows.push_back(row);                                                                                  \
+    // there): x rounded to int8 per 32-element run, integer products (dp4a for up to 15 tokens,
+    // int8 mma.sync tiles from 16: 64 tokens per group, or 128 from the batch that fills a wave),
+    // f32 scales. W . q8_1(x) to the exact rows' 1e-5 (test_cuda_rows). Each in three input
+    // sources (set_q8_source).
+#define KCAP_Q8_ROWS(NAME, DECODER)                                                                           \
+    for (const Q8Source source : {Q8Source::Groups, Q8Source::Quantize, Q8Source::Scratch}) {                \
+        const Format f = Format::NAME;                                                                        \
+        const auto fn = [&](KernelFn groups, KernelFn quantize, KernelFn scratch) {                           \
+            return source == Q8Source::Groups ? groups : source == Q8Source::Quantize ? quantize : scratch;   \
+        };                                                                                                    \
+        Row matvec = make_row("cuda.matvec_q8." + lower(f), Op::MatMul,                                       \
+                              fn(KCAP_CUDA_ENTRY(kcap_cuda_matvec_q8<f, Q8Source::Groups>),                   \
+                                 KCAP_CUDA_ENTRY(kcap_cuda_matvec_q8<f, Q8Source::Quantize>),                 \
+                                 KCAP_CUDA_ENTRY(kcap_cuda_matvec_q8<f, Q8Source::Scratch>)),                 \
+                              kMatvecQ8Geometry, kFewTokens, {"matvec_q8"});                                  \
+        matvec.operand_formats = {{f}, {Format::F32}};                                                        \
+        matvec.features = kBias;                                                                              \
+        matvec.dims.k_multiple = exact_k_multiple(f);                                                         \
+        matvec.priority = 3;                                                                                  \
+        set_q8_source(matvec, source, false);                                                                 \
+        rows.push_back(matvec);                                                                               \
+        Row gate_up = make_row("cuda.gate_up_q8." + lower(f), Op::GateUp,                                     \
+                               fn(KCAP_CUDA_ENTRY(kcap_cuda_gate_up_q8<f, Q8Source::Groups>),                 \
+                                  KCAP_CUDA_ENTRY(kcap_cuda_gate_up_q8<f, Q8Source::Quantize>),               \
+                                  KCAP_CUDA_ENTRY(kcap_cuda_gate_up_q8<f, Q8Source::Scratch>)),               \
+                               kMatvecQ8Geometry, kFewTokens, {"gate_up_matvec_q8"});                         \
+        gate_up.operand_formats = {{f}, {f}};                                                                 \
+        gate_up.features = kActivations;                                                                      \
+        gate_up.dims.k_multiple = exact_k_multiple(f);                                                        \
+        gate_up.priority = 3;                                                                                 \
+        set_q8_source(gate_up, source, false);                                                                \
+        rows.push_back(gate_up);                                                                              \
+        if (source == Q8Source::Groups) continue; /* a batch's x is always quantized once */                  \
+        for (const int tokens : {64, 128}) {                                                                  \
+            const std::string size = tokens == 128 ? "128" : "";                                              \
+            const bool in = source == Q8Source::Scratch;                                                      \
+            Row mma = make_row("cuda.matmul_q8_mma" + size + "." + lower(f), Op::MatMul,                      \
+                               tokens == 128 ? (in ? KCAP_CUDA_ENTRY(kcap_cuda_matmul_q8_mma<f, Q8Source::Scratch, 128>) \
+                                                   : KCAP_CUDA_ENTRY(kcap_cuda_matmul_q8_mma<f, Q8Source::Quantize, 128>)) \
+                                             : (in ? KCAP_CUDA_ENTRY(kcap_cuda_matmul_q8_mma<f, Q8Source::Scratch, 64>) \
+                                                   : KCAP_CUDA_ENTRY(kcap_cuda_matmul_q8_mma<f, Q8Source::Quantize, 64>)), \
+                               kMmaGeometry, kTileTokens, {"mma_q8_tiles"});                                  \
+            mma.operand_formats = {{f}, {Format::F32}};                                                       \
+            mma.features = kBias;                                                                             \
+            mma.dims.k_multiple = exact_k_multiple(f);                                                        \
+            mma.priority = tokens == 128 ? 4 : 3;                                                             \
+            if (tokens == 128) mma.tokens_min_of = &q8_tile128_tokens<f>;                                     \
+            set_q8_source(mma, source, true);                                                                 \
+            rows.push_back(mma);                                                                              \
+            Row gate_up_mma =                                                                                 \
+                make_row("cuda.gate_up_q8_mma" + size + "." + lower(f), Op::GateUp,                           \
+                         tokens == 128 ? (in ? KCAP_CUDA_ENTRY(kcap_cuda_gate_up_q8_mma<f, Q8Source::Scratch, 128>) \
+                                             : KCAP_CUDA_ENTRY(kcap_cuda_gate_up_q8_mma<f, Q8Source::Quantize, 128>)) \
+                                       : (in ? KCAP_CUDA_ENTRY(kcap_cuda_gate_up_q8_mma<f, Q8Source::Scratch, 64>) \
+                                             : KCAP_CUDA_ENTRY(kcap_cuda_gate_up_q8_mma<f, Q8Source::Quantize, 64>)), \
+                         kMmaGeometry, kTileTokens, {"mma_q8_tiles", "ffn_activation"});                      \
+            gate_up_mma.operand_formats = {{f}, {f}};                                                         \
+            gate_up_mma.features = kActivations;                                                              \
+            gate_up_mma.dims.k_multiple = exact_k_multiple(f);                                                \
+            gate_up_mma.priority = tokens == 128 ? 4 : 3;                                                     \
+            if (tokens == 128) gate_up_mma.tokens_min_of = &q8_tile128_tokens<f>;                             \
+            set_q8_source(gate_up_mma, source, true);                                                         \
+            rows.push_back(gate_up_mma);                                                                      \
+        }                                                                                                     \
     }
-    KCAP_Q8_WEIGHT_FORMATS(KCAP_MATMUL_Q8_ROW)
-#undef KCAP_MATMUL_Q8_ROW
+    KCAP_Q8_WEIGHT_FORMATS(KCAP_Q8_ROWS)
+#undef KCAP_Q8_ROWS
+
     // bf16 activations (opt-in: allowed only where the plan's activations are bf16; preferred
-    // there): a batch of kGemmMinTokens or more dequantizes each weight matrix to bf16 and runs
+    // there) from kGemmMinTokens: each weight matrix dequantized to bf16 and multiplied by
     // cuBLAS's bf16 GEMM on bf16(x) with f32 sums (cuda/matmul_gemm.cu); fewer tokens run the
-    // format's exact kernels (the tensor-core row's launcher, which forwards to the exact matvec,
-    // walk or split-bf16 tiles). bf16(W) . bf16(x) to the f32 sums' bound (test_cuda_rows).
-    // Whole 32-value runs of every weight format (the dequantize writes runs).
-#define KCAP_MATMUL_BF16_ROW(NAME, DECODER)                                                                   \
+    // exact rows. bf16(W) . bf16(x) to the f32 sums' bound (test_cuda_rows). Whole 32-value
+    // runs of every weight format (the dequantize writes runs).
+#define KCAP_BF16_ROWS(NAME, DECODER)                                                                         \
     {                                                                                                         \
-        Row row = make_row("cuda.matmul_bf16." + lowercase(#NAME), Op::MatMul,                                \
-                           KCAP_CUDA_ENTRY(kcap_cuda_matmul_bf16_##NAME),                                     \
-                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,   \
-                            cuda_rows::kMatvecSharedBytes});                                                  \
-        row.operand_formats = {{Format::NAME}, {Format::F32}};                                                \
-        row.features = kBias;                                                                                 \
-        row.dims.k_multiple = run_k_multiple(Format::NAME);                                                   \
-        row.input_encoding = Encoding::BF16;                                                                  \
-        row.priority = 2;                                                                                     \
-        rows.push_back(row);                                                                                  \
-    }                                                                                                         \
-    {                                                                                                         \
-        Row row = make_row("cuda.gate_up_bf16." + lowercase(#NAME), Op::GateUp,                               \
-                           KCAP_CUDA_ENTRY(kcap_cuda_gate_up_bf16_##NAME),                                    \
-                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,   \
-                            cuda_rows::kMatvecSharedBytes});                                                  \
-        row.operand_formats = {{Format::NAME}, {Format::NAME}};                                               \
-        row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;                                         \
-        row.dims.k_multiple = run_k_multiple(Format::NAME);                                                   \
-        row.input_encoding = Encoding::BF16;                                                                  \
-        row.priority = 1;                                                                                     \
-        rows.push_back(row);                                                                                  \
+        const Format f = Format::NAME;                                                                        \
+        Row matmul = make_row("cuda.matmul_bf16." + lower(f), Op::MatMul,                                     \
+                              KCAP_CUDA_ENTRY(kcap_cuda_matmul_bf16<f>), {kGemmThreads, 0, 0}, {kGemmMinTokens, 0}, \
+                              {"bf16_convert", "bf16_dequantize", "cublas_gemm", "(add_bias)"});              \
+        matmul.operand_formats = {{f}, {Format::F32}};                                                        \
+        matmul.features = kBias;                                                                              \
+        matmul.dims.k_multiple = run_k_multiple(f);                                                           \
+        matmul.input_encoding = Encoding::BF16;                                                               \
+        matmul.priority = 5;                                                                                  \
+        rows.push_back(matmul);                                                                               \
+        Row gate_up = make_row("cuda.gate_up_bf16." + lower(f), Op::GateUp,                                   \
+                               KCAP_CUDA_ENTRY(kcap_cuda_gate_up_bf16<f>), {kGemmThreads, 0, 0},              \
+                               {kGemmMinTokens, 0},                                                           \
+                               {"bf16_convert", "bf16_dequantize", "cublas_gemm", "bf16_dequantize",          \
+                                "cublas_gemm", "ffn_activation"});                                            \
+        gate_up.operand_formats = {{f}, {f}};                                                                 \
+        gate_up.features = kActivations;                                                                      \
+        gate_up.dims.k_multiple = run_k_multiple(f);                                                          \
+        gate_up.input_encoding = Encoding::BF16;                                                              \
+        gate_up.priority = 5;                                                                                 \
+        rows.push_back(gate_up);                                                                              \
     }
-    KCAP_WEIGHT_FORMATS(KCAP_MATMUL_BF16_ROW)
-#undef KCAP_MATMUL_BF16_ROW
+    KCAP_WEIGHT_FORMATS(KCAP_BF16_ROWS)
+#undef KCAP_BF16_ROWS
+
     // Fused Q, K and V matmuls of one input (no biases), each weight in any format: one token
-    // runs one launch whose groups take the three matrices' rows; a batch, the tensor-core
-    // tiles of the matrices of one format in one launch (else each matrix's exact row). K must
-    // suit every operand's format.
+    // runs one launch whose groups take the three matrices' rows (cuda.qkv), a few tokens the
+    // walk for each matrix, a batch the tensor-core tiles of the matrices of one format in one
+    // launch (every weight in a tile format). K must suit every operand's format.
+    const std::vector<Format> all = gpu_weight_formats();
     {
-        Row row = make_row("cuda.qkv", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv),
-                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,
-                            cuda_rows::kMatvecSharedBytes});
-        const std::vector<Format> formats = gpu_weight_formats();
-        row.operand_formats = {formats, formats, formats};
+        Row row = make_row("cuda.qkv", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv), kMatvecGeometry, kOneToken,
+                           {"qkv_matvec"});
+        row.operand_formats = {all, all, all};
         row.dims.k_multiple_of = &exact_k_multiple;
-        rows.push_back(row);
-    }
-    {  // the same on q8_1 activations (opt-in, preferred there): every weight in a q8_1 format
-        Row row = make_row("cuda.qkv_q8", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8),
-                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,
-                            cuda_rows::kMatvecQ8SharedBytes});
-        std::vector<Format> formats;
-#define KCAP_Q8_FORMAT(NAME, DECODER) formats.push_back(Format::NAME);
-        KCAP_Q8_WEIGHT_FORMATS(KCAP_Q8_FORMAT)
-#undef KCAP_Q8_FORMAT
-        row.operand_formats = {formats, formats, formats};
-        row.dims.k_multiple_of = &exact_k_multiple;
-        row.input_encoding = Encoding::Q8_1;
         row.priority = 1;
         rows.push_back(row);
+        Row walk = make_row("cuda.qkv_tokens", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv_tokens), kTokensGeometry,
+                            kAnyTokens, {"matmul_tokens", "matmul_tokens", "matmul_tokens"});
+        walk.operand_formats = row.operand_formats;
+        walk.dims.k_multiple_of = &exact_k_multiple;
+        rows.push_back(walk);
+        const std::vector<Format> tiles = mma_formats();
+        Row mma = make_row("cuda.qkv_mma", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv_mma), kMmaGeometry, kTileTokens,
+                           {"mma_tiles", "(mma_tiles)", "(mma_tiles)"});  // one launch per format
+        mma.operand_formats = {tiles, tiles, tiles};
+        mma.dims.k_multiple_of = &run_k_multiple;
+        mma.priority = 2;
+        rows.push_back(mma);
     }
-    {  // the same on bf16 activations (opt-in, preferred there): cuda.qkv below kGemmMinTokens
-        Row row = make_row("cuda.qkv_bf16", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv_bf16),
-                           {cuda_rows::kMatvecSimds * 32, cuda_rows::kMatvecSimds * cuda_rows::kMatvecRows,
-                            cuda_rows::kMatvecSharedBytes});
-        const std::vector<Format> formats = gpu_weight_formats();
-        row.operand_formats = {formats, formats, formats};
+    {  // q8_1 (every weight in a q8_1 format): one token, a few, a batch; each in its input sources
+        const std::vector<Format> formats = q8_formats();
+        for (const Q8Source source : {Q8Source::Groups, Q8Source::Quantize, Q8Source::Scratch}) {
+            const auto pick = [&](KernelFn groups, KernelFn quantize, KernelFn scratch) {
+                return source == Q8Source::Groups ? groups : source == Q8Source::Quantize ? quantize : scratch;
+            };
+            Row one = make_row("cuda.qkv_q8", Op::Qkv,
+                               pick(KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8<Q8Source::Groups>),
+                                    KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8<Q8Source::Quantize>),
+                                    KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8<Q8Source::Scratch>)),
+                               kMatvecQ8Geometry, kOneToken, {"qkv_matvec_q8"});
+            one.operand_formats = {formats, formats, formats};
+            one.dims.k_multiple_of = &exact_k_multiple;
+            one.priority = 4;
+            set_q8_source(one, source, false);
+            rows.push_back(one);
+            Row few = make_row("cuda.qkv_q8_tokens", Op::Qkv,
+                               pick(KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8_tokens<Q8Source::Groups>),
+                                    KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8_tokens<Q8Source::Quantize>),
+                                    KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8_tokens<Q8Source::Scratch>)),
+                               kMatvecQ8Geometry, kFewTokens, {"matvec_q8", "matvec_q8", "matvec_q8"});
+            few.operand_formats = one.operand_formats;
+            few.dims.k_multiple_of = &exact_k_multiple;
+            few.priority = 3;
+            set_q8_source(few, source, false);
+            rows.push_back(few);
+            if (source == Q8Source::Groups) continue;
+            Row batch = make_row("cuda.qkv_q8_mma", Op::Qkv,
+                                 source == Q8Source::Quantize ? KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8_mma<Q8Source::Quantize>)
+                                                              : KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8_mma<Q8Source::Scratch>),
+                                 kMmaGeometry, kTileTokens, {"mma_q8_tiles", "(mma_q8_tiles)", "(mma_q8_tiles)"});
+            batch.operand_formats = one.operand_formats;
+            batch.dims.k_multiple_of = &exact_k_multiple;
+            batch.priority = 3;
+            set_q8_source(batch, source, true);
+            rows.push_back(batch);
+        }
+    }
+    {  // bf16 from kGemmMinTokens (the exact qkv rows below)
+        Row row = make_row("cuda.qkv_bf16", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv_bf16), {kGemmThreads, 0, 0},
+                           {kGemmMinTokens, 0},
+                           {"bf16_convert", "bf16_dequantize", "cublas_gemm", "bf16_dequantize", "cublas_gemm",
+                            "bf16_dequantize", "cublas_gemm"});
+        row.operand_formats = {all, all, all};
         row.dims.k_multiple_of = &run_k_multiple;
         row.input_encoding = Encoding::BF16;
-        row.priority = 1;
+        row.priority = 5;
         rows.push_back(row);
     }
 }
 
 void add_cuda_norm_rows(std::vector<Row>& rows) {
-    Row row = make_row("cuda.norm", Op::Norm, KCAP_CUDA_ENTRY(kcap_cuda_norm), {cuda_rows::kNormThreads, 1, 0});
+    Row row = make_row("cuda.norm", Op::Norm, KCAP_CUDA_ENTRY(kcap_cuda_norm), {kNormThreads, 1, 0}, kAnyTokens,
+                       {"norm"});
     row.operand_formats = {{Format::F32}, {Format::F32}};
     row.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm;
     rows.push_back(row);
-    // Fused: [post-norm of the branch] + residual add + the next norm, one group per token.
-    Row fused = make_row("cuda.add_norm", Op::AddNorm, KCAP_CUDA_ENTRY(kcap_cuda_add_norm),
-                         {cuda_rows::kNormThreads, 1, 0});
-    fused.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}, {Format::F32}};
-    fused.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm | kResidualScale | kPostNorm;
-    rows.push_back(fused);
+    // Fused: [post-norm of the branch] + residual add + the next norm, one group per token; the
+    // _q8 form also writes the normed row's q8_1 for the q8_1 matmuls after it (kQ8Output),
+    // whole 32-value runs.
+    for (const bool q8 : {false, true}) {
+        Row fused = make_row(q8 ? "cuda.add_norm_q8" : "cuda.add_norm", Op::AddNorm,
+                             q8 ? KCAP_CUDA_ENTRY(kcap_cuda_add_norm<true>) : KCAP_CUDA_ENTRY(kcap_cuda_add_norm<false>),
+                             {kNormThreads, 1, 0}, kAnyTokens, {q8 ? "add_norm_q8" : "add_norm"});
+        fused.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}, {Format::F32}};
+        fused.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm | kResidualScale | kPostNorm;
+        if (q8) {
+            fused.features |= kQ8Output;
+            fused.requires_all = kQ8Output;
+            fused.dims.k_multiple = 32;
+        }
+        rows.push_back(fused);
+    }
 }
 
 void add_cuda_rope_rows(std::vector<Row>& rows) {
-    Row row = make_row("cuda.rope", Op::Rope, KCAP_CUDA_ENTRY(kcap_cuda_rope), {cuda_rows::kElementwiseThreads, 0, 0});
+    Row row = make_row("cuda.rope", Op::Rope, KCAP_CUDA_ENTRY(kcap_cuda_rope), {kElementwiseThreads, 0, 0},
+                       kAnyTokens, {"rope"});
     row.operand_formats = {{Format::F32}};
     row.features = kRopeNormal | kRopeNeox | kPartialRotary | kRopeFreqFactors;
     rows.push_back(row);
     // Fused QK-norm + rope: one simd group normalizes a head row and rotates it.
     Row fused = make_row("cuda.qk_norm_rope", Op::QkNormRope, KCAP_CUDA_ENTRY(kcap_cuda_qk_norm_rope),
-                         {cuda_rows::kQkNormRopeSimds * 32, cuda_rows::kQkNormRopeSimds, 0});
+                         {kQkNormRopeSimds * 32, kQkNormRopeSimds, 0}, kAnyTokens, {"qk_norm_rope"});
     fused.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}};  // q_norm, k_norm, rope factors
     fused.features = kRmsNorm | kRopeNormal | kRopeNeox | kPartialRotary | kRopeFreqFactors;
     rows.push_back(fused);
 }
 
+namespace {
+
+int attention_mma_shared_bytes(const Stage& stage) { return attn_mma_shared_bytes(stage.params.head_dim); }
+
+template <AttnKind KIND, AttnRope ROPE, bool Q8>
+KernelFn attention_launcher() {
+    return KCAP_CUDA_ENTRY(kcap_cuda_attention<KIND, ROPE, Q8>);
+}
+
+}  // namespace
+
 void add_cuda_attention_rows(std::vector<Row>& rows) {
-    Row row = make_row("cuda.attention", Op::Attention, KCAP_CUDA_ENTRY(kcap_cuda_attention),
-                       {cuda_rows::kAttnMaxSimds * 32, 0, cuda_rows::kAttnPrefillSharedBytes});  // prefill's, the most
-    row.kv_formats = {Format::F32, Format::F16};
-    row.features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared;
-    row.dims.k_multiple = 4;     // head_dim: K rows are read 4 elements at a time
-    row.dims.max_head_dim = 256;  // per-lane value registers (KCAP_ATTN_MAX_HEAD_DIM)
-    row.dims.max_span = 0;        // split-K decode: any span up to the context
-    rows.push_back(row);
-    // Preferred where the cache is f16 and the head dims have a tensor-core body: prefill on
-    // the tensor cores (f16 mma.sync, queries and weights split hi + lo, exact products: the
-    // SIMT rows' results up to the f32 sums, which the tensor cores truncate; bound in
-    // test_cuda_rows). One token (decode) runs cuda.attention's decode kernels.
-    Row mma = make_row("cuda.attention_mma", Op::Attention, KCAP_CUDA_ENTRY(kcap_cuda_attention_mma),
-                       {cuda_rows::kAttnMmaWarps * 32, cuda_rows::kAttnMmaRows, cuda_rows::attn_mma_shared_bytes(256)});
-    mma.kv_formats = {Format::F16};
-    mma.features = row.features;
-    mma.dims = row.dims;
-    mma.dims.head_dims.assign(std::begin(cuda_rows::kAttnMmaHeadDims), std::end(cuda_rows::kAttnMmaHeadDims));
-    mma.priority = 1;
-    rows.push_back(mma);
-    // The same two with the rope (or QK-norm + rope) the planner folds into the stage before
-    // them: the decode rotates the query heads and the new K itself, one launch fewer per
-    // layer; a prefill chunk runs the rope (qk_norm_rope) row's kernel in place first. Whole
-    // rotary dims only (no kPartialRotary); NeoX pairs halves across lanes, so power-of-two
-    // head dims. Operands: q_norm, k_norm, rope frequency factors. Only stages that own a
-    // rope fit them (requires_any); excluding cuda.attention_mma leaves its _rope twin.
-    const uint32_t rope = kRopeNormal | kRopeNeox | kRopeFreqFactors | kRmsNorm;
-    for (const Row* base : {&row, &mma}) {
-        Row owned = *base;
-        owned.kernel = base->kernel + "_rope";
-        owned.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}};
-        owned.features = (base->features & ~uint32_t(kKvShared)) | rope;  // a shared-KV layer keeps its rope stage
-        owned.requires_any = kRopeNormal | kRopeNeox;
-        owned.dims.neox_head_dims = {8, 16, 32, 64, 128, 256};
-        rows.push_back(owned);
-    }
+    // cuda.attention_decode (one token: flash-decoding over key splits, which also appends the
+    // token's K/V, then the combine where the stage's longest span takes more than one split),
+    // cuda.attention_prefill (the chunk's K/V appended, then every token attends: tiled SIMT) and
+    // cuda.attention_mma (the same on the tensor cores: f16 mma.sync, queries and weights split
+    // hi + lo, exact products, the tensor cores' truncating f32 sums bound in test_cuda_rows;
+    // preferred where the cache is f16, the head dims have a body and the device has the
+    // threadgroup memory). A shared-KV layer reads its source layer's cache and appends nothing.
+    //
+    // The rope-owning forms take the stages the planner folded a rope (or QK-norm + rope) into:
+    // the decode rotates the query heads and the new K itself, a prefill chunk launches the rope
+    // (qk_norm_rope) kernel first. Whole rotary dims only; NeoX pairs halves across lanes, so
+    // power-of-two head dims; no shared-KV layer (it keeps its rope stage). Operands: q_norm,
+    // k_norm, rope frequency factors. The _q8 forms also write the output's q8_1 for the output
+    // projection (kQ8Output): the decode from its registers, a prefill chunk by a launch.
+    struct Kind {
+        AttnKind kind;
+        const char* name;
+        std::vector<std::string> launches;
+    };
+    const Kind kinds[] = {
+        {AttnKind::Decode, "cuda.attention_decode", {"attention_decode", "(attention_combine)"}},
+        {AttnKind::Prefill, "cuda.attention_prefill", {"(kv_append)", "attention_prefill"}},
+        {AttnKind::PrefillMma, "cuda.attention_mma", {"(kv_append)", "attention_mma"}},
+    };
+    const uint32_t base_features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared;
+    for (const Kind& k : kinds)
+        for (const AttnRope rope : {AttnRope::None, AttnRope::Rope, AttnRope::QkNormRope})
+            for (const bool q8 : {false, true}) {
+                // One decode kernel serves both rope forms (its QK-norm is a flag of the stage).
+                if (k.kind == AttnKind::Decode && rope == AttnRope::QkNormRope) continue;
+                std::string name = k.name;
+                if (rope == AttnRope::Rope) name += k.kind == AttnKind::Decode ? "_rope" : "_rope";
+                if (rope == AttnRope::QkNormRope) name += "_qk_norm_rope";
+                if (q8) name += "_q8";
+                std::vector<std::string> launches = k.launches;
+                if (rope != AttnRope::None && k.kind != AttnKind::Decode)
+                    launches.insert(launches.begin(), rope == AttnRope::QkNormRope ? "qk_norm_rope" : "rope");
+                if (q8 && k.kind != AttnKind::Decode) launches.push_back("q8_quantize_rows");
+                KernelFn fn = nullptr;
+#define KCAP_PICK_ATTENTION(KIND, ROPE)                                                                   \
+    if (k.kind == AttnKind::KIND && rope == AttnRope::ROPE)                                               \
+        fn = q8 ? attention_launcher<AttnKind::KIND, AttnRope::ROPE, true>()                              \
+                : attention_launcher<AttnKind::KIND, AttnRope::ROPE, false>();
+                KCAP_PICK_ATTENTION(Decode, None)
+                KCAP_PICK_ATTENTION(Decode, Rope)
+                KCAP_PICK_ATTENTION(Prefill, None)
+                KCAP_PICK_ATTENTION(Prefill, Rope)
+                KCAP_PICK_ATTENTION(Prefill, QkNormRope)
+                KCAP_PICK_ATTENTION(PrefillMma, None)
+                KCAP_PICK_ATTENTION(PrefillMma, Rope)
+                KCAP_PICK_ATTENTION(PrefillMma, QkNormRope)
+#undef KCAP_PICK_ATTENTION
+                const Geometry geometry =
+                    k.kind == AttnKind::PrefillMma
+                        ? Geometry{kAttnMmaWarps * 32, kAttnMmaRows, attn_mma_shared_bytes(256)}
+                        : Geometry{kAttnMaxSimds * 32, 0, kAttnPrefillSharedBytes};
+                Row row = make_row(name, Op::Attention, fn, geometry,
+                                   k.kind == AttnKind::Decode ? kOneToken : kBatchTokens, launches);
+                row.kv_formats = k.kind == AttnKind::PrefillMma ? std::vector<Format>{Format::F16}
+                                                                : std::vector<Format>{Format::F32, Format::F16};
+                row.features = base_features;
+                row.dims.k_multiple = 4;      // head_dim: K rows are read 4 elements at a time
+                row.dims.max_head_dim = 256;  // per-lane value registers (KCAP_ATTN_MAX_HEAD_DIM)
+                if (k.kind == AttnKind::PrefillMma) {
+                    row.dims.head_dims.assign(std::begin(kAttnMmaHeadDims), std::end(kAttnMmaHeadDims));
+                    row.dims.shared_bytes_of = &attention_mma_shared_bytes;
+                    row.priority = 1;
+                }
+                if (rope != AttnRope::None) {
+                    row.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}};
+                    row.features = (base_features & ~uint32_t(kKvShared)) | kRopeNormal | kRopeNeox | kRopeFreqFactors;
+                    if (rope == AttnRope::QkNormRope || k.kind == AttnKind::Decode) row.features |= kRmsNorm;
+                    if (rope == AttnRope::QkNormRope) row.requires_all = kRmsNorm;
+                    row.requires_any = kRopeNormal | kRopeNeox;
+                    row.dims.neox_head_dims = {8, 16, 32, 64, 128, 256};
+                }
+                if (q8) {
+                    row.features |= kQ8Output;
+                    row.requires_all |= kQ8Output;
+                    row.dims.head_dim_v_multiple = 32;  // a q8_1 run never straddles two heads
+                }
+                rows.push_back(row);
+            }
 }
 
 void add_cuda_activation_rows(std::vector<Row>& rows) {
     Row row = make_row("cuda.ffn_activation", Op::FfnActivation, KCAP_CUDA_ENTRY(kcap_cuda_ffn_activation),
-                       {cuda_rows::kElementwiseThreads, 0, 0});
-    row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;
+                       {kElementwiseThreads, 0, 0}, kAnyTokens, {"ffn_activation"});
+    row.features = kActivations;
     rows.push_back(row);
 }
 
 void add_cuda_elementwise_rows(std::vector<Row>& rows) {
-    Row add = make_row("cuda.add", Op::Add, KCAP_CUDA_ENTRY(kcap_cuda_add), {cuda_rows::kElementwiseThreads, 0, 0});
+    Row add = make_row("cuda.add", Op::Add, KCAP_CUDA_ENTRY(kcap_cuda_add), {kElementwiseThreads, 0, 0}, kAnyTokens,
+                       {"add"});
     add.features = kResidualScale;
     rows.push_back(add);
-    rows.push_back(
-        make_row("cuda.softcap", Op::Softcap, KCAP_CUDA_ENTRY(kcap_cuda_softcap), {cuda_rows::kElementwiseThreads, 0, 0}));
-    Row scale = make_row("cuda.scale", Op::Scale, KCAP_CUDA_ENTRY(kcap_cuda_scale), {cuda_rows::kElementwiseThreads, 0, 0});
+    rows.push_back(make_row("cuda.softcap", Op::Softcap, KCAP_CUDA_ENTRY(kcap_cuda_softcap), {kElementwiseThreads, 0, 0},
+                            kAnyTokens, {"softcap"}));
+    Row scale = make_row("cuda.scale", Op::Scale, KCAP_CUDA_ENTRY(kcap_cuda_scale), {kElementwiseThreads, 0, 0},
+                         kAnyTokens, {"scale"});
     scale.features = kLayerOutputScale;  // also scales the residual stream after a block
     rows.push_back(scale);
 }
 
 void add_cuda_ple_rows(std::vector<Row>& rows) {
-    // One row per projection format (its K multiple is the projection's); the table may be
-    // any weight format (the combine is instantiated for each), the norm weight F32.
+    // One row per projection format (its K multiple is the projection's); the table may be any
+    // weight format (the combine is instantiated for each), the norm weight F32.
 #define KCAP_PLE_ROW(NAME, DECODER)                                                                           \
     {                                                                                                         \
-        Row row = make_row("cuda.per_layer_embed." + lowercase(#NAME), Op::PerLayerEmbed,                         \
-                           KCAP_CUDA_ENTRY(kcap_cuda_per_layer_embed_##NAME),                                 \
-                           {cuda_rows::kTokensSimds * 32, cuda_rows::kTokensSimds * cuda_rows::kTokensRows, 0}); \
-        row.operand_formats = {gpu_weight_formats(), {Format::NAME}, {Format::F32}};                              \
+        Row row = make_row("cuda.per_layer_embed." + lowercase(#NAME), Op::PerLayerEmbed,                     \
+                           KCAP_CUDA_ENTRY(kcap_cuda_per_layer_embed<Format::NAME>), kTokensGeometry,         \
+                           kAnyTokens, {"matmul_tokens", "ple_combine"});                                     \
+        row.operand_formats = {gpu_weight_formats(), {Format::NAME}, {Format::F32}};                          \
         row.features = kPerLayerEmbedding | kRmsNorm;                                                         \
-        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                       \
+        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                 \
         rows.push_back(row);                                                                                  \
     }
     KCAP_WEIGHT_FORMATS(KCAP_PLE_ROW)
 #undef KCAP_PLE_ROW
     Row gate = make_row("cuda.per_layer_gate", Op::PerLayerGate, KCAP_CUDA_ENTRY(kcap_cuda_per_layer_gate),
-                        {cuda_rows::kElementwiseThreads, 0, 0});
+                        {kElementwiseThreads, 0, 0}, kAnyTokens, {"ple_gate"});
     gate.features = kPerLayerEmbedding | kSilu | kGeluTanh | kGeluErf | kRelu;
     rows.push_back(gate);
 }
 
 void add_cuda_argmax_rows(std::vector<Row>& rows) {
-    rows.push_back(
-        make_row("cuda.argmax", Op::Argmax, KCAP_CUDA_ENTRY(kcap_cuda_argmax), {cuda_rows::kArgmaxThreads, 0, 0}));
+    rows.push_back(make_row("cuda.argmax", Op::Argmax, KCAP_CUDA_ENTRY(kcap_cuda_argmax), {kArgmaxThreads, 0, 0},
+                            kOneToken, {"argmax_partial", "argmax_final"}));
     // Top-k sampling (k <= KCAP_SAMPLE_MAX_TOP_K): the second pass holds every first-pass
     // group's candidates at once, which bounds the vocabulary (K = N = the vocabulary).
-    Row sample = make_row("cuda.sample", Op::Sample, KCAP_CUDA_ENTRY(kcap_cuda_sample), {KCAP_SAMPLE_THREADS, 0, 0});
+    Row sample = make_row("cuda.sample", Op::Sample, KCAP_CUDA_ENTRY(kcap_cuda_sample), {KCAP_SAMPLE_THREADS, 0, 0},
+                          kOneToken, {"sample_partial", "sample_final"});
     sample.dims.k_max = int64_t(KCAP_SAMPLE_MAX_PARTIALS) * KCAP_SAMPLE_CHUNK;
     rows.push_back(sample);
 }

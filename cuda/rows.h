@@ -1,10 +1,14 @@
 // The CUDA backend's capability rows, declared once.
 //
-// Each kernel is one line in a list below. cuda/rows.cpp (plain C++, compiled in every build)
-// expands the lists into capability rows, so any machine can plan and explain for CUDA; the
-// .cu entry files expand the same lists into the launchers the rows point at. The tuning
-// constants (geometry) sit here too, and both the rows and the launchers read them, so a
-// row's declared geometry is the geometry its launcher uses.
+// cuda/rows.cpp (plain C++, compiled in every build) declares the rows from the format lists of
+// kernels/formats_list.h, so any machine can plan and explain for CUDA; the .cu entry files
+// define the launchers declared at the end of this header, which the rows point at. Each
+// launcher runs one fixed sequence of kernels (the row's `launches`) for the token counts its
+// row takes: which row runs a call is the plan's choice, made at load time. The tuning
+// constants (geometry) sit here too, and both the rows and the launchers read them, so a row's
+// declared geometry is the geometry its launcher uses. Geometry that follows from a stage's
+// dims or the device (a wide matrix's rows per team, the decode attention's splits, whether a
+// tile stages its weights) is a fixed function of them, never of the call.
 #pragma once
 
 #include "dispatch/capability.h"
@@ -28,38 +32,30 @@ constexpr int kMatvecSimds = 8;       // simd groups (warps) per group
 // 2-row matvec reached 22% achieved occupancy and 0.8-1.5 TB/s).
 constexpr int kMatvecRows = 1;
 constexpr int kMatvecTargetWarps = 32;
-// Wide matrices (the LM heads: Gemma 3 270M's 262144 rows of 640 values) take 2 rows per team
-// (KCAP_MATVEC_WIDE_ROWS: 1 or 2): with one, a group stages its x, reads 8 short rows and
-// ends, and the launch is rounds of such groups (ncu: Gemma's Q8_0 LM head at 1.9 TB/s).
+// Wide matrices (the LM heads: Gemma 3 270M's 262144 rows of 640 values) take 2 rows per team:
+// with one, a group stages its x, reads 8 short rows and ends, and the launch is rounds of such
+// groups (ncu: Gemma's Q8_0 LM head at 1.9 TB/s).
 constexpr long long kMatvecWideN = 32768;
 constexpr int kMatvecWideRows = 2;
-// The rows per team of a launch: `rows` (KCAP_MATVEC_ROWS), or wide_rows for a wide matrix.
-constexpr int matvec_rows_for(long long n, int rows, int wide_rows) { return n >= kMatvecWideN ? wide_rows : rows; }
+// The rows per team of a matrix of n rows.
+constexpr int matvec_rows_for(long long n) { return n >= kMatvecWideN ? kMatvecWideRows : kMatvecRows; }
 constexpr int kMatvecChunkRuns = 128;  // runs of x staged in threadgroup memory at a time (4096 values)
 // The group's simd groups form kMatvecSimds / split teams; a team's `split` parts share its
 // rows' runs: the fewest parts that give about target_warps simd groups per multiprocessor,
-// as long as each part keeps at least two runs per lane. target_warps 0 (KCAP_MATVEC_WARPS=0,
-// a measurement switch) is the old rule: most teams per group (each staged x serves the most
-// rows) while the grid still covers every multiprocessor.
-constexpr int matvec_split(long long n, int sm_count, int rows = kMatvecRows, long long k = 0,
-                           int target_warps = kMatvecTargetWarps) {
-    if (target_warps > 0) {
-        const long long teams = (n + rows - 1) / rows;
-        int split = 1;
-        while (split < kMatvecSimds && teams * split < (long long)sm_count * target_warps && k / 32 >= 64LL * split)
-            split *= 2;
-        return split;
-    }
-    int teams = kMatvecSimds;
-    while (teams > 1 && (n + teams * rows - 1) / (teams * rows) < sm_count) teams /= 2;
-    return kMatvecSimds / teams;
+// as long as each part keeps at least two runs per lane.
+constexpr int matvec_split(long long n, int sm_count, int rows = kMatvecRows, long long k = 0) {
+    const long long teams = (n + rows - 1) / rows;
+    int split = 1;
+    while (split < kMatvecSimds && teams * split < (long long)sm_count * kMatvecTargetWarps && k / 32 >= 64LL * split)
+        split *= 2;
+    return split;
 }
 // Threadgroup memory: the staged runs (36 floats each: KCAP_MATVEC_RUN_STRIDE) and the
 // parts' partial sums (two per row for gate_up).
 constexpr int matvec_shared_floats(long long k, int rows = kMatvecRows) {
     return int((k / 32 < kMatvecChunkRuns ? k / 32 : kMatvecChunkRuns) * 36 + kMatvecSimds * rows * 2);
 }
-constexpr int kMatvecMaxRows = 8;  // KCAP_MATVEC_ROWS (a measurement switch) may pick 1, 2 or 8
+constexpr int kMatvecMaxRows = kMatvecWideRows;  // the most rows per team of any matvec
 constexpr int kMatvecSharedBytes = (kMatvecChunkRuns * 36 + kMatvecSimds * kMatvecMaxRows * 2) * 4;  // the most
 constexpr int kTokensSimds = 4;
 constexpr int kTokensRows = 2;
@@ -69,7 +65,7 @@ constexpr int kTokensPerPass = 8;  // tokens that reuse one decoded run of weigh
 constexpr int kMmaTokens = 64;     // tokens per tile (int8 tiles: 64 or 128, cuda/matmul_q8.cu)
 constexpr int kMmaRows = 128;      // weight rows per tile
 constexpr int kMmaThreads = 256;   // 8 warps (2 x 4), each 32 tokens x 32 rows (int8 tiles: also 64 x 32)
-constexpr int kMmaMinTokens = 16;  // fewer tokens take the few-token walk
+constexpr int kMmaMinTokens = 16;  // the tiles' rows take 16 tokens and more; fewer run the few-token walk
 // Formats with an mma row: those whose weights are scale x bf16-exact code + offset per
 // sub-block (kernels/quant_codes.h). F32 and F16 take the exact rows.
 constexpr bool mma_format(Format f) { return f != Format::F32 && f != Format::F16; }
@@ -94,19 +90,20 @@ constexpr int matvec_q8_shared_words(long long k, int rows = kMatvecRows) {
 // codes, m x k / 32 scales and m x k / 16 half sums (4 bytes each).
 constexpr long long q8_rows_bytes(long long m, long long k) { return m * k + m * (k / 32) * 4 + m * (k / 16) * 4; }
 constexpr int kQ8QuantizeThreads = 256;
-// The q8_1 matvec's x (one token, or a few): quantized once by its own launch for rows of at
-// least kQ8QuantizeMinK values, else by each of the matvec's groups (no launch), unless the
-// stage before already quantized it (cuda.add_norm's epilogue). Measured on the H200 (tg128,
-// q8_1, bench/cuda_sweep.py, KCAP_Q8_PREQUANT=K): always launching (K = 1) / never (0, and no
-// add_norm epilogue) / K = 1024 / 2048: Llama-3-8B Q4_K_M 308 / 248 / - / - (every K >= 4096),
+// The q8_1 matvec's x (one token, or a few): the stage before wrote it into the q8_1 scratch
+// where the planner linked them (cuda.add_norm_q8, the attention rows' _q8 forms: the matvec's
+// _in rows), else it is quantized once by its own launch for rows of at least kQ8QuantizeMinK
+// values (the _quant rows), else by each of the matvec's groups (no launch). Measured on the
+// H200 (tg128, q8_1, bench/cuda_sweep.py, with the threshold as a switch): always launching (K =
+// 1) / never (0, and no add_norm epilogue) / K = 1024 / 2048: Llama-3-8B Q4_K_M 308 / 248 / - / - (every K >= 4096),
 // Gemma 3 270M layout 1170 / 1126 / 1172 / 1181, SmolLM2-135M layout 987 / 1037 / 1003 / 1016.
 constexpr int kQ8QuantizeMinK = 2048;
 constexpr int kMatvecQ8SharedBytes = (kMatvecQ8ChunkRuns * 13 + kMatvecSimds * kMatvecMaxRows * 2) * 4;
 // Matmul with bf16 activations (opt-in: EngineOptions::activations = "bf16"; cuda/matmul_gemm.cu):
-// below kGemmMinTokens tokens the exact rows (matvec, few-token walk); from there each weight
-// matrix is dequantized from its GGUF blocks into a bf16 scratch and multiplied by cuBLAS
-// (cublasGemmEx, bf16 x bf16, f32 sums and output) with the input rounded to bf16.
-// KCAP_GEMM_MIN_TOKENS (a measurement switch) moves the threshold. Measured on the H200
+// the bf16 rows take kGemmMinTokens tokens and more, so the plan runs the exact rows (matvec,
+// few-token walk) below; from there each weight matrix is dequantized from its GGUF blocks into
+// a bf16 scratch and multiplied by cuBLAS (cublasGemmEx, bf16 x bf16, f32 sums and output) with
+// the input rounded to bf16. Measured on the H200
 // (bench/cuda_sweep.py --pp --pp-tokens N, activations bf16), the GEMM against the exact
 // split-bf16 tiles: Llama-3-8B Q4_K_M 16 tokens 985 vs 473 tok/s, 32: 1947 vs 937, 64: 4026 vs
 // 1814; Gemma 3 270M layout 5435 vs 4119, 11498 vs 8038, 27679 vs 15829. A prefill of any size
@@ -202,42 +199,74 @@ constexpr int kArgmaxThreads = 256;
 constexpr int kArgmaxChunk = 4096;
 constexpr int kEmbedThreads = 128;
 
+// The int8 tiles' tokens per group (cuda/matmul_q8.cu): 64, or 128 where the batch has more than
+// 64 tokens and the 128-token groups fill at least 90% of one wave (q8_groups_per_sm of them per
+// multiprocessor); small grids keep more, smaller groups. On the 8B file at 512 tokens: gate+up
+// (896 groups of 128) and the Q6_K ffn_down (128 groups, one per multiprocessor) take 128; q, o,
+// K and V keep 64 (o: 137 us vs 189 with 128); pp512 7772 (64 everywhere) / 7964 (gate+up at
+// 128) / 6311 (128 everywhere) tok/s. qkv's tiles keep 64 (its two-format launch takes 64).
+constexpr bool q8_sub16(Format f) { return f == Format::Q2_K || f == Format::Q3_K || f == Format::Q6_K; }
+constexpr int q8_groups_per_sm(Format f, int tokens) { return tokens == 128 && q8_sub16(f) ? 1 : 2; }
+// The fewest tokens from which the tiles of `tiles` row tiles (of kMmaRows rows) take 128 tokens.
+constexpr int q8_tile128_min_tokens(long long tiles, Format f, int sm_count) {
+    const long long slots = (long long)q8_groups_per_sm(f, 128) * sm_count;
+    const long long waves = (9 * slots + 10 * tiles - 1) / (10 * tiles);  // 128-token groups per row tile needed
+    const long long m = (waves - 1) * 128 + 1;
+    return int(m > 65 ? m : 65);
+}
+
 }  // namespace cuda_rows
 
-// Launchers, one per row (defined in cuda/*.cu; absent where CUDA is not compiled in).
-#define KCAP_CUDA_DECLARE_FORMAT_LAUNCHERS(NAME, DECODER)                   \
-    void kcap_cuda_matmul_##NAME(const Stage& stage, const KernelCall& call);     \
-    void kcap_cuda_matmul_mma_##NAME(const Stage& stage, const KernelCall& call); \
-    void kcap_cuda_embed_##NAME(const Stage& stage, const KernelCall& call);         \
-    void kcap_cuda_gate_up_##NAME(const Stage& stage, const KernelCall& call);       \
-    void kcap_cuda_per_layer_embed_##NAME(const Stage& stage, const KernelCall& call);
-KCAP_WEIGHT_FORMATS(KCAP_CUDA_DECLARE_FORMAT_LAUNCHERS)
-#undef KCAP_CUDA_DECLARE_FORMAT_LAUNCHERS
-#define KCAP_CUDA_DECLARE_Q8_LAUNCHERS(NAME, DECODER)                                 \
-    void kcap_cuda_matmul_q8_##NAME(const Stage& stage, const KernelCall& call);  \
-    void kcap_cuda_gate_up_q8_##NAME(const Stage& stage, const KernelCall& call);
-KCAP_Q8_WEIGHT_FORMATS(KCAP_CUDA_DECLARE_Q8_LAUNCHERS)
-#undef KCAP_CUDA_DECLARE_Q8_LAUNCHERS
-#define KCAP_CUDA_DECLARE_BF16_LAUNCHERS(NAME, DECODER)                             \
-    void kcap_cuda_matmul_bf16_##NAME(const Stage& stage, const KernelCall& call); \
-    void kcap_cuda_gate_up_bf16_##NAME(const Stage& stage, const KernelCall& call);
-KCAP_WEIGHT_FORMATS(KCAP_CUDA_DECLARE_BF16_LAUNCHERS)
-#undef KCAP_CUDA_DECLARE_BF16_LAUNCHERS
+// Launchers, one per row (defined in cuda/*.cu; absent where CUDA is not compiled in). A
+// launcher takes the token counts of its row only (the plan routes the others elsewhere).
+//
+// Where a q8_1 row gets the q8_1 form of its input: Groups, each of its matvec's groups rounds
+// the x it stages (rows of fewer than kQ8QuantizeMinK values); Quantize, a launch of its own
+// rounds x once into the q8_1 scratch first (longer rows, and every batch); Scratch, the stage
+// before it wrote it there (the planner linked them: kQ8Input).
+enum class Q8Source { Groups, Quantize, Scratch };
+// Attention launchers: the kernels of a decode (one token) or a prefill chunk; Rope: the
+// rope, or the QK-norm and rope, the planner folded into the stage (a decode applies it in its
+// kernel, a prefill chunk launches the rope kernel first); Q8: also writes the output's q8_1
+// form for the output projection (kQ8Output).
+enum class AttnKind { Decode, Prefill, PrefillMma };
+enum class AttnRope { None, Rope, QkNormRope };
 
+template <Format FORMAT> void kcap_cuda_embed(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_per_layer_embed(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_matvec(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_matmul_tokens(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_matmul_mma(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_gate_up(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_gate_up_tokens(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_gate_up_mma(const Stage& stage, const KernelCall& call);
+template <Format FORMAT, Q8Source SOURCE> void kcap_cuda_matvec_q8(const Stage& stage, const KernelCall& call);
+template <Format FORMAT, Q8Source SOURCE, int TOKENS>
+void kcap_cuda_matmul_q8_mma(const Stage& stage, const KernelCall& call);
+template <Format FORMAT, Q8Source SOURCE> void kcap_cuda_gate_up_q8(const Stage& stage, const KernelCall& call);
+template <Format FORMAT, Q8Source SOURCE, int TOKENS>
+void kcap_cuda_gate_up_q8_mma(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_matmul_bf16(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_gate_up_bf16(const Stage& stage, const KernelCall& call);
+template <AttnKind KIND, AttnRope ROPE, bool Q8>
+void kcap_cuda_attention(const Stage& stage, const KernelCall& call);
+template <Q8Source SOURCE> void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call);
+template <Q8Source SOURCE> void kcap_cuda_qkv_q8_tokens(const Stage& stage, const KernelCall& call);
+template <Q8Source SOURCE> void kcap_cuda_qkv_q8_mma(const Stage& stage, const KernelCall& call);
+template <bool Q8> void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call);
+
+void kcap_cuda_qkv(const Stage& stage, const KernelCall& call);
+void kcap_cuda_qkv_tokens(const Stage& stage, const KernelCall& call);
+void kcap_cuda_qkv_mma(const Stage& stage, const KernelCall& call);
+void kcap_cuda_qkv_bf16(const Stage& stage, const KernelCall& call);
 void kcap_cuda_norm(const Stage& stage, const KernelCall& call);
-void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call);
 void kcap_cuda_rope(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qk_norm_rope(const Stage& stage, const KernelCall& call);
-void kcap_cuda_attention(const Stage& stage, const KernelCall& call);
-void kcap_cuda_attention_mma(const Stage& stage, const KernelCall& call);
 void kcap_cuda_ffn_activation(const Stage& stage, const KernelCall& call);
 void kcap_cuda_add(const Stage& stage, const KernelCall& call);
 void kcap_cuda_softcap(const Stage& stage, const KernelCall& call);
 void kcap_cuda_scale(const Stage& stage, const KernelCall& call);
 void kcap_cuda_argmax(const Stage& stage, const KernelCall& call);
-void kcap_cuda_qkv(const Stage& stage, const KernelCall& call);
-void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call);
-void kcap_cuda_qkv_bf16(const Stage& stage, const KernelCall& call);
 void kcap_cuda_sample(const Stage& stage, const KernelCall& call);
 void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call);
 

@@ -23,6 +23,8 @@ py::dict route_to_dict(const RouteInfo& r) {
     d["features"] = r.features;
     d["kernel"] = r.kernel;
     d["backend"] = r.backend;
+    d["tokens_min"] = r.tokens_min;
+    d["tokens_max"] = r.tokens_max ? py::object(py::int_(r.tokens_max)) : py::object(py::none());
     return d;
 }
 
@@ -34,8 +36,9 @@ py::list routes_to_list(const std::vector<RouteInfo>& routes) {
 
 EngineOptions make_options(const std::string& backend, const std::string& kv_type, int64_t n_ctx, int n_threads,
                            int max_batch, const std::vector<std::string>& excluded,
-                           const std::string& activations) {
+                           const std::string& activations, bool profile = false) {
     EngineOptions options;
+    options.profile = profile;
     options.backend = backend;
     options.kv_type = kv_type;
     options.activations = activations;
@@ -192,13 +195,28 @@ void init_engine(py::module_& m) {
     m.def(
         "explain_routes",
         [](const ModelSpec& spec, const std::string& backend, const std::string& kv_type, int64_t n_ctx,
-           const std::vector<std::string>& excluded, const std::string& activations) {
+           const std::vector<std::string>& excluded, const std::string& activations, int max_batch) {
             return routes_to_list(
-                explain_routes(spec, make_options(backend, kv_type, n_ctx, 0, 512, excluded, activations)));
+                explain_routes(spec, make_options(backend, kv_type, n_ctx, 0, max_batch, excluded, activations)));
         },
         py::arg("spec"), py::arg("backend") = "cpu", py::arg("kv_type") = "f32", py::arg("n_ctx") = 0,
         py::arg("excluded_kernels") = std::vector<std::string>{}, py::arg("activations") = "f32",
-        "Plans the model on a backend without running it; returns one dict per stage.");
+        py::arg("max_batch") = 512,
+        "Plans the model on a backend without running it; returns one dict per route of each stage "
+        "(tokens_min .. tokens_max tokens per call, tokens_max None for no bound).");
+    m.def(
+        "explain_summary",
+        [](const std::string& backend, int max_batch) {
+            const PlanSummary s = explain_summary(make_options(backend, "f32", 0, 0, max_batch, {}, "f32"));
+            py::dict d;
+            d["max_batch"] = s.max_batch;
+            d["device"] = s.device;
+            d["sm_count"] = s.sm_count;
+            d["shared_optin_bytes"] = s.shared_optin_bytes;
+            return d;
+        },
+        py::arg("backend") = "cpu", py::arg("max_batch") = 512,
+        "What explain_routes assumes: the most tokens per call and the device a GPU plan is made for.");
 
     m.def(
         "capability_rows",
@@ -223,12 +241,19 @@ void init_engine(py::module_& m) {
                 d["features"] = feature_names(row.features);
                 d["k_multiple"] = row.dims.k_multiple;
                 d["k_multiple_of_operand_formats"] = row.dims.k_multiple_of != nullptr;
+                d["k_min"] = row.dims.k_min;
                 d["k_max"] = row.dims.k_max;
                 d["n_multiple"] = row.dims.n_multiple;
                 d["max_head_dim"] = row.dims.max_head_dim;
                 d["head_dims"] = row.dims.head_dims;
                 d["max_span"] = row.dims.max_span;
                 d["priority"] = row.priority;
+                d["tokens_min"] = row.tokens.min;
+                d["tokens_max"] = row.tokens.max ? py::object(py::int_(row.tokens.max)) : py::object(py::none());
+                d["tokens_min_by_stage"] = row.tokens_min_of != nullptr;
+                d["requires_any"] = feature_names(row.requires_any);
+                d["requires_all"] = feature_names(row.requires_all);
+                d["launches"] = row.launches;
                 d["compiled"] = row.fn != nullptr;
                 out.append(d);
             }
@@ -236,8 +261,8 @@ void init_engine(py::module_& m) {
         },
         "Every row of the capability table.");
 
-    // Added for the Metal backend (issue 4): each Metal row's entry points, as declared with the
-    // row in metal/rows.cpp; tests check every name against the kernels in metal/*.metal.
+    // Each Metal row's entry points, as declared with the row in metal/rows.cpp; tests check
+    // every name against the kernels in metal/*.metal.
     m.def(
         "metal_entry_points",
         [] {
@@ -253,15 +278,16 @@ void init_engine(py::module_& m) {
     py::class_<Engine>(m, "Engine", "A planned model with its KV cache on one backend.")
         .def(py::init([](const ModelSpec& spec, const std::string& backend, const std::string& kv_type, int64_t n_ctx,
                          int n_threads, int max_batch, const std::vector<std::string>& excluded,
-                         const std::string& activations) {
+                         const std::string& activations, bool profile) {
                  // The engine keeps its own copy of the spec (tensor refs and their owners).
                  return std::make_unique<Engine>(
                      std::make_shared<const ModelSpec>(spec),
-                     make_options(backend, kv_type, n_ctx, n_threads, max_batch, excluded, activations));
+                     make_options(backend, kv_type, n_ctx, n_threads, max_batch, excluded, activations, profile));
              }),
              py::arg("spec"), py::arg("backend") = "cpu", py::arg("kv_type") = "f32", py::arg("n_ctx") = 0,
              py::arg("n_threads") = 0, py::arg("max_batch") = 512,
-             py::arg("excluded_kernels") = std::vector<std::string>{}, py::arg("activations") = "f32")
+             py::arg("excluded_kernels") = std::vector<std::string>{}, py::arg("activations") = "f32",
+             py::arg("profile") = false)
         .def(
             "eval",
             [](Engine& engine, py::array_t<int32_t, py::array::c_style | py::array::forcecast> tokens,
@@ -292,7 +318,7 @@ void init_engine(py::module_& m) {
             },
             py::arg("token"), py::arg("n"),
             "Appends token and greedily decodes: returns the n argmax choices (the last not yet appended). "
-            "On cuda the whole loop runs on the device (issue 3).")
+            "On cuda the whole loop runs on the device.")
         .def(
             "decode_sample",
             [](Engine& engine, int32_t token, int64_t n, float temperature, int top_k, float top_p, float min_p,
@@ -321,5 +347,31 @@ void init_engine(py::module_& m) {
         .def_property_readonly("n_past", &Engine::n_past)
         .def_property_readonly("n_ctx", &Engine::n_ctx)
         .def_property_readonly("n_vocab", &Engine::n_vocab)
-        .def("routes", [](const Engine& engine) { return routes_to_list(engine.routes()); });
+        .def("routes", [](const Engine& engine) { return routes_to_list(engine.routes()); })
+        .def(
+            "trace",
+            [](Engine& engine, py::array_t<int32_t, py::array::c_style | py::array::forcecast> tokens) {
+                const int64_t n = tokens.size();
+                py::array_t<float> logits(engine.n_vocab());
+                const int32_t* ids = tokens.data();
+                float* out = logits.mutable_data();
+                std::vector<TraceEntry> ran;
+                {
+                    py::gil_scoped_release release;
+                    ran = engine.trace(ids, n, out);
+                }
+                py::list entries;
+                for (const TraceEntry& e : ran) {
+                    py::dict d;
+                    d["layer"] = e.layer;
+                    d["stage"] = e.stage;
+                    d["kernel"] = e.kernel;
+                    d["n_tokens"] = e.n_tokens;
+                    entries.append(d);
+                }
+                return py::make_tuple(entries, logits);
+            },
+            py::arg("tokens"),
+            "Empties the cache, evaluates tokens as eval does, and returns (what ran: one dict per stage "
+            "call with layer, stage, kernel, n_tokens; the last position's logits).");
 }

@@ -17,13 +17,21 @@ Format kv_format_from_name(const std::string& name) {
     throw FormatError("unsupported KV cache type '" + name + "' (supported: f32, f16)");
 }
 
-PlanOptions plan_options(const EngineOptions& options) {
+// `device`: plan for the engine's own device (queried) rather than the reference device.
+PlanOptions plan_options(const EngineOptions& options, bool device) {
     PlanOptions plan;
     plan.backend = backend_from_name(options.backend);
     plan.kv_format = kv_format_from_name(options.kv_type);
     plan.activations = encoding_from_name(options.activations);
     plan.n_ctx = options.n_ctx;
+    if (options.max_batch < 1) throw ModelError("max_batch must be at least 1, got " + std::to_string(options.max_batch));
+    plan.max_batch = options.max_batch;
     plan.excluded_kernels = options.excluded_kernels;
+#if defined(KCAP_WITH_CUDA)
+    if (device && plan.backend == Backend::CUDA) plan.device = cuda_device_info();
+#else
+    (void)device;
+#endif
     return plan;
 }
 
@@ -31,8 +39,10 @@ std::vector<RouteInfo> describe(const Plan& plan) {
     std::vector<RouteInfo> routes;
     for (const RoutedStage& routed : plan.stages) {
         const Stage& s = routed.stage;
-        routes.push_back({s.layer, s.name, op_name(s.op), describe_formats(s), describe_dims(s),
-                          feature_names(s.features), routed.row->kernel, backend_name(routed.row->backend)});
+        for (const Route& route : routed.routes)
+            routes.push_back({s.layer, s.name, op_name(s.op), describe_formats(s), describe_dims(s),
+                              feature_names(s.features), route.row->kernel, backend_name(route.row->backend),
+                              route.tokens.min, route.tokens.max});
     }
     return routes;
 }
@@ -40,24 +50,30 @@ std::vector<RouteInfo> describe(const Plan& plan) {
 }  // namespace
 
 std::vector<RouteInfo> explain_routes(const ModelSpec& spec, const EngineOptions& options) {
-    return describe(make_plan(spec, plan_options(options)));
+    return describe(make_plan(spec, plan_options(options, false)));
+}
+
+PlanSummary explain_summary(const EngineOptions& options) {
+    const PlanOptions plan = plan_options(options, false);
+    return {plan.max_batch, plan.device.name, plan.device.sm_count, plan.device.shared_optin_bytes};
 }
 
 Engine::Engine(std::shared_ptr<const ModelSpec> spec, const EngineOptions& options) : spec_(std::move(spec)) {
-    Plan plan = make_plan(*spec_, plan_options(options));
+    Plan plan = make_plan(*spec_, plan_options(options, true));
     routes_ = describe(plan);
     n_ctx_ = plan.options.n_ctx;
     for (const RoutedStage& routed : plan.stages)
-        if (!routed.row->fn)
-            throw BackendUnavailableError("backend '" + options.backend + "' is not compiled into this build (row " +
-                                          routed.row->kernel + " has no kernel)");
+        for (const Route& route : routed.routes)
+            if (!route.row->fn)
+                throw BackendUnavailableError("backend '" + options.backend + "' is not compiled into this build (row " +
+                                              route.row->kernel + " has no kernel)");
     switch (plan.options.backend) {
         case Backend::CPU: backend_ = make_cpu_backend(*spec_, std::move(plan), options); break;
 #if defined(KCAP_WITH_CUDA)
-        case Backend::CUDA: backend_ = make_cuda_backend(*spec_, std::move(plan), options); break;  // issue 3
+        case Backend::CUDA: backend_ = make_cuda_backend(*spec_, std::move(plan), options); break;
 #endif
 #if defined(KCAP_WITH_METAL)
-        case Backend::Metal: backend_ = make_metal_backend(*spec_, std::move(plan), options); break;  // issue 4
+        case Backend::Metal: backend_ = make_metal_backend(*spec_, std::move(plan), options); break;
 #endif
         default:
             throw BackendUnavailableError("backend '" + options.backend + "' is not available in this build");
@@ -79,7 +95,7 @@ void Engine::eval(const int32_t* tokens, int64_t n, float* logits, bool all_logi
     n_past_ += n;
 }
 
-// Added for issue 3 (greedy decoding on the device); see engine.h.
+// Greedy decoding on the host from eval's logits, for backends without a device argmax.
 void Backend_::decode_greedy(int32_t token, int64_t n, int64_t pos0, int32_t* out, int64_t n_vocab) {
     std::vector<float> logits(static_cast<size_t>(n_vocab));
     for (int64_t i = 0; i < n; ++i) {
@@ -124,6 +140,20 @@ void Engine::decode_sample(int32_t token, int64_t n, const SampleSettings& setti
     if (!(settings.min_p >= 0.0f && settings.min_p < 1.0f)) throw ModelError("decode_sample: min_p must be in [0, 1)");
     backend_->decode_sample(token, n, n_past_, settings, out);
     n_past_ += n;
+}
+
+std::vector<TraceEntry> Engine::trace(const int32_t* tokens, int64_t n, float* logits) {
+    std::vector<TraceEntry> ran;
+    reset();
+    backend_->attach_trace(&ran);
+    try {
+        eval(tokens, n, logits, false);
+    } catch (...) {
+        backend_->attach_trace(nullptr);
+        throw;
+    }
+    backend_->attach_trace(nullptr);
+    return ran;
 }
 
 void Engine::truncate(int64_t n) {

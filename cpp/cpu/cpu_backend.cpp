@@ -7,6 +7,7 @@
 
 #include "core/backend_impl.h"
 #include "cpu/cpu_state.h"
+#include "dispatch/executor.h"
 
 namespace kcap {
 
@@ -16,6 +17,7 @@ class CpuBackend : public Backend_ {
 public:
     CpuBackend(const ModelSpec& spec, Plan plan, const EngineOptions& options)
         : plan_(std::move(plan)),
+          executor_(plan_),
           state_(options.n_threads > 0 ? options.n_threads : int(std::max(1u, std::thread::hardware_concurrency()))),
           max_batch_(std::max(1, options.max_batch)),
           n_vocab_(spec.n_vocab) {
@@ -28,6 +30,8 @@ public:
         }
         buffers_.resize(plan_.buffer_widths.size());
     }
+
+    void attach_trace(std::vector<TraceEntry>* trace) override { executor_.attach_trace(trace); }
 
     void eval(const int32_t* tokens, int64_t n, int64_t pos0, float* logits, bool all_logits) override {
         for (int64_t start = 0; start < n; start += max_batch_) {
@@ -49,20 +53,13 @@ private:
 
     void run_chunk(const int32_t* tokens, int64_t n, int64_t pos0, bool need_logits, bool all_logits,
                    float* logits) {
-        for (const RoutedStage& routed : plan_.stages) {
-            const Stage& stage = routed.stage;
-            KernelCall call;
-            if (!bind_stage_buffers(plan_, stage, n, need_logits, all_logits, logits,
-                                    [&](Buffer b) { return buffer(b, n); }, call))
-                continue;
-            call.pos0 = int(pos0);
-            call.tokens = tokens;
-            call.backend_state = &state_;
-            routed.row->fn(stage, call);
-        }
+        executor_.run(
+            n, pos0, tokens, need_logits, all_logits, logits, &state_, [&](Buffer b) { return buffer(b, n); },
+            [](size_t) { return nullptr; }, [](const Row& row, const Stage& stage, const KernelCall& call) { row.fn(stage, call); });
     }
 
     Plan plan_;
+    Executor executor_;
     CpuState state_;
     int max_batch_;
     int64_t n_vocab_;

@@ -109,12 +109,12 @@ void matmul_kernel(const Stage& stage, const KernelCall& call) {
 }
 
 // q8_1 activations (EngineOptions::activations = "q8_1"): W . q8_1(x), what the GPU rows that
-// round their input the same way compute (cuda.matmul_q8.* and the fused rows built on them), so
-// a CPU plan with activations="q8_1" is their reference. One token: integer products per 16
-// values (dot_row_q8_1, maddubs on AVX2), as llama.cpp's CPU decode does; more: the exact
-// matmul of round_q8_1(x).
-void matmul_q8_kernel(const Stage& stage, const KernelCall& call) {
-    if (call.n_tokens == 1) {
+// round their input the same way compute (cuda.matvec_q8.*, cuda.matmul_q8_mma.* and the fused
+// rows built on them), so a CPU plan with activations="q8_1" is their reference.
+// cpu.matvec_q8 (one token): integer products per 16 values (dot_row_q8_1, maddubs on AVX2), as
+// llama.cpp's CPU decode does. cpu.matmul_q8 (any tokens): the exact matmul of round_q8_1(x).
+void matvec_q8_kernel(const Stage& stage, const KernelCall& call) {
+    {
         const TensorRef& w = *stage.operands[0];
         const float* bias = stage.operands.size() > 1 && stage.operands[1]
                                 ? reinterpret_cast<const float*>(stage.operands[1]->data)
@@ -133,8 +133,10 @@ void matmul_q8_kernel(const Stage& stage, const KernelCall& call) {
                 call.out[n] = bias ? y + bias[n] : y;
             }
         });
-        return;
     }
+}
+
+void matmul_q8_kernel(const Stage& stage, const KernelCall& call) {
     const int64_t K = stage.k;
     std::vector<float> rounded(size_t(call.n_tokens) * size_t(K));
     cpu_state(call.backend_state).pool.parallel_for(call.n_tokens, [&](int64_t begin, int64_t end) {
@@ -162,18 +164,20 @@ void add_cpu_matmul_rows(std::vector<Row>& rows) {
     }
     // The formats the GPUs have q8_1 rows for (KCAP_Q8_WEIGHT_FORMATS): preferred where the plan
     // allows q8_1 activations, so both backends round the same matmul inputs.
+    // cpu.matvec_q8 takes one token (priority over cpu.matmul_q8 there), cpu.matmul_q8 any.
 #define KCAP_CPU_Q8_ROW(NAME, DECODER)                                          \
-    {                                                                           \
+    for (const bool one_token : {true, false}) {                                \
         Row row;                                                                \
-        row.kernel = "cpu.matmul_q8." + lowercase(#NAME);                       \
+        row.kernel = (one_token ? "cpu.matvec_q8." : "cpu.matmul_q8.") + lowercase(#NAME); \
         row.op = Op::MatMul;                                                    \
         row.backend = Backend::CPU;                                             \
         row.operand_formats = {{Format::NAME}, {Format::F32}};                  \
         row.features = kBias;                                                   \
         row.dims.k_multiple = format_info(Format::NAME).block_elems;            \
         row.input_encoding = Encoding::Q8_1;                                    \
-        row.priority = 1;                                                       \
-        row.fn = matmul_q8_kernel;                                              \
+        row.tokens = {1, one_token ? 1 : 0};                                    \
+        row.priority = one_token ? 2 : 1;                                       \
+        row.fn = one_token ? matvec_q8_kernel : matmul_q8_kernel;               \
         rows.push_back(row);                                                    \
     }
     KCAP_Q8_WEIGHT_FORMATS(KCAP_CPU_Q8_ROW)

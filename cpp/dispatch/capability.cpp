@@ -66,18 +66,9 @@ const char* op_name(Op op) {
 
 std::string feature_names(uint32_t features) {
     static const std::pair<uint32_t, const char*> names[] = {
-        {kRmsNorm, "rms_norm"},         {kLayerNorm, "layer_norm"},
-        {kBias, "bias"},                {kRopeNormal, "rope_normal"},
-        {kRopeNeox, "rope_neox"},       {kPartialRotary, "partial_rotary"},
-        {kRopeFreqFactors, "rope_freq_factors"}, {kSlidingWindow, "sliding_window"},
-        {kAttnSoftcap, "softcap"},      {kSinks, "sinks"},
-        {kGqa, "gqa"},                  {kSilu, "silu"},
-        {kGeluTanh, "gelu_tanh"},       {kGeluErf, "gelu_erf"},
-        {kRelu, "relu"},                {kGated, "gated"},
-        {kEmbedScale, "embed_scale"},   {kPositionEmbedding, "position_embedding"},
-        {kResidualScale, "residual_scale"}, {kParameterFreeNorm, "parameter_free_norm"},
-        {kPerLayerEmbedding, "per_layer_embedding"}, {kLayerOutputScale, "layer_output_scale"},
-        {kKvShared, "kv_shared"},       {kPostNorm, "post_norm"},
+#define KCAP_FEATURE_NAME(NAME, TEXT) {k##NAME, #TEXT},
+        KCAP_FEATURES(KCAP_FEATURE_NAME)
+#undef KCAP_FEATURE_NAME
     };
     std::string out;
     for (const auto& [bit, name] : names) {
@@ -87,6 +78,12 @@ std::string feature_names(uint32_t features) {
         }
     }
     return out;
+}
+
+TokenRange row_tokens(const Row& row, const Stage& stage, const DeviceInfo& device) {
+    TokenRange range = row.tokens;
+    if (row.tokens_min_of) range.min = std::max(range.min, row.tokens_min_of(stage, device));
+    return range;
 }
 
 const std::vector<Row>& capability_table() {
@@ -100,7 +97,7 @@ const std::vector<Row>& capability_table() {
         add_cpu_activation_rows(rows);
         add_cpu_elementwise_rows(rows);
         add_cpu_ple_rows(rows);
-        // CUDA (issue 3): declared whether or not the backend is compiled in.
+        // CUDA: declared whether or not the backend is compiled in.
         add_cuda_embed_rows(rows);
         add_cuda_norm_rows(rows);
         add_cuda_matmul_rows(rows);
@@ -110,7 +107,7 @@ const std::vector<Row>& capability_table() {
         add_cuda_elementwise_rows(rows);
         add_cuda_argmax_rows(rows);
         add_cuda_ple_rows(rows);
-        // Metal (issue 4): declared in every build, compiled only on Apple (metal/rows.cpp).
+        // Metal: declared in every build, compiled only on Apple (metal/rows.cpp).
         add_metal_rows(rows);
         return rows;
     }();
@@ -126,7 +123,7 @@ static std::string format_list(const std::vector<Format>& formats) {
     return out + "}";
 }
 
-std::string rejection_reason(const Row& row, const Stage& stage) {
+std::string rejection_reason(const Row& row, const Stage& stage, const DeviceInfo& device) {
     std::ostringstream why;
     if (row.op != stage.op) return std::string("op ") + op_name(row.op) + " != " + op_name(stage.op);
     for (size_t i = 0; i < stage.operands.size(); ++i) {
@@ -158,6 +155,8 @@ std::string rejection_reason(const Row& row, const Stage& stage) {
     if (missing) return "lacks features: " + feature_names(missing);
     if (row.requires_any && !(stage.features & row.requires_any))
         return "takes only stages with one of: " + feature_names(row.requires_any);
+    if ((stage.features & row.requires_all) != row.requires_all)
+        return "takes only stages with: " + feature_names(row.requires_all);
     const LegalDims& dims = row.dims;
     if (stage.k % dims.k_multiple != 0) {
         why << "K=" << stage.k << " is not a multiple of " << dims.k_multiple;
@@ -171,6 +170,10 @@ std::string rejection_reason(const Row& row, const Stage& stage) {
             return why.str();
         }
     }
+    if (stage.k < dims.k_min) {
+        why << "K=" << stage.k << " is below " << dims.k_min;
+        return why.str();
+    }
     if (dims.k_max && stage.k > dims.k_max) {
         why << "K=" << stage.k << " exceeds " << dims.k_max;
         return why.str();
@@ -183,6 +186,10 @@ std::string rejection_reason(const Row& row, const Stage& stage) {
                               stage.params.head_dim_v > dims.max_head_dim)) {
         why << "head_dim " << stage.params.head_dim << "/" << stage.params.head_dim_v << " exceeds "
             << dims.max_head_dim;
+        return why.str();
+    }
+    if (stage.op == Op::Attention && stage.params.head_dim_v % dims.head_dim_v_multiple != 0) {
+        why << "head_dim_v " << stage.params.head_dim_v << " is not a multiple of " << dims.head_dim_v_multiple;
         return why.str();
     }
     if (!dims.head_dims.empty() &&
@@ -210,6 +217,11 @@ std::string rejection_reason(const Row& row, const Stage& stage) {
     }
     if (dims.max_span && stage.max_span > dims.max_span) {
         why << "attention span " << stage.max_span << " exceeds " << dims.max_span;
+        return why.str();
+    }
+    if (dims.shared_bytes_of && dims.shared_bytes_of(stage) > device.shared_optin_bytes) {
+        why << "needs " << dims.shared_bytes_of(stage) << " bytes of threadgroup memory; " << device.name << " allows "
+            << device.shared_optin_bytes;
         return why.str();
     }
     return "";

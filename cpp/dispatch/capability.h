@@ -29,16 +29,16 @@ enum class Op {
     Add,              // residual add: out = in + in2
     Softcap,          // cap * tanh(x / cap), the final logit softcap
     Scale,            // out = in * scale (Granite's logit scaling)
-    // Added for the CUDA backend (issue 3): greedy argmax of the logits on the device, the
-    // last node of a captured decode step. The planner emits no such stage; a GPU backend
-    // routes its own argmax stage through the table like any other.
+    // Greedy argmax of the logits on the device, the last node of a captured decode step. The
+    // planner emits no such stage; a GPU backend routes its own argmax stage through the table
+    // like any other.
     Argmax,
     // Top-k sampling of the logits on the device (temperature, top-p, min-p, a seeded draw),
     // the last node of a sampling decode graph; routed by the backend like Argmax.
     Sample,
     PerLayerEmbed,    // per-layer embeddings of each token: table rows + normed projection (PLE)
     PerLayerGate,     // act(gate) * this layer's slice of the per-layer embeddings
-    // Fused stages (issue 3): the planner forms them from the stages above only where the
+    // Fused stages: the planner forms them from the stages above only where the
     // backend has a row for the fused op (it never fuses for a backend that lacks one), so the
     // unfused and fused plans compute the same thing.
     AddNorm,          // residual += scale * [post_norm](branch); normed = norm(residual)
@@ -61,41 +61,65 @@ const char* encoding_name(Encoding encoding);
 Encoding encoding_from_name(const std::string& name);  // throws FormatError
 
 // Features a stage may require. A row that lacks one of its stage's features is rejected:
-// a fallback preserves the feature set or refuses, it never drops one.
+// a fallback preserves the feature set or refuses, it never drops one. One list: the enum and
+// the names that explain prints come from it. X(enumerator suffix, name).
+#define KCAP_FEATURES(X)                                                                           \
+    X(RmsNorm, rms_norm)                                                                           \
+    X(LayerNorm, layer_norm)                                                                       \
+    X(Bias, bias)                                                                                  \
+    X(RopeNormal, rope_normal)                                                                     \
+    X(RopeNeox, rope_neox)                                                                         \
+    X(PartialRotary, partial_rotary)                                                               \
+    X(RopeFreqFactors, rope_freq_factors)                                                          \
+    X(SlidingWindow, sliding_window)                                                               \
+    X(AttnSoftcap, softcap)                                                                        \
+    X(Sinks, sinks)                                                                                \
+    X(Gqa, gqa)                                                                                    \
+    X(Silu, silu)                                                                                  \
+    X(GeluTanh, gelu_tanh)                                                                         \
+    X(GeluErf, gelu_erf)                                                                           \
+    X(Relu, relu)                                                                                  \
+    X(Gated, gated)                                                                                \
+    X(EmbedScale, embed_scale)                                                                     \
+    X(PositionEmbedding, position_embedding)                                                       \
+    X(ResidualScale, residual_scale)                                                               \
+    X(ParameterFreeNorm, parameter_free_norm)                                                      \
+    X(PerLayerEmbedding, per_layer_embedding)                                                      \
+    X(LayerOutputScale, layer_output_scale)                                                        \
+    /* attention reads another layer's KV cache and stores none */                                 \
+    X(KvShared, kv_shared)                                                                         \
+    /* add_norm: the branch output is normed (own weight) before the add */                        \
+    X(PostNorm, post_norm)                                                                         \
+    /* a q8_1 matmul whose input the stage before it already rounded into the q8_1 scratch */      \
+    X(Q8Input, q8_input)                                                                           \
+    /* a stage that also writes its output's q8_1 form for the q8_1 matmuls after it */            \
+    X(Q8Output, q8_output)
+
+enum FeatureIndex : int {
+#define KCAP_FEATURE_INDEX(NAME, TEXT) kFeatureIndex##NAME,
+    KCAP_FEATURES(KCAP_FEATURE_INDEX)
+#undef KCAP_FEATURE_INDEX
+    kFeatureCount
+};
+static_assert(kFeatureCount <= 32, "features are bits of a uint32_t");
 enum Feature : uint32_t {
-    kRmsNorm = 1u << 0,
-    kLayerNorm = 1u << 1,
-    kBias = 1u << 2,
-    kRopeNormal = 1u << 3,
-    kRopeNeox = 1u << 4,
-    kPartialRotary = 1u << 5,
-    kRopeFreqFactors = 1u << 6,
-    kSlidingWindow = 1u << 7,
-    kAttnSoftcap = 1u << 8,
-    kSinks = 1u << 9,
-    kGqa = 1u << 10,
-    kSilu = 1u << 11,
-    kGeluTanh = 1u << 12,
-    kGeluErf = 1u << 13,
-    kRelu = 1u << 14,
-    kGated = 1u << 15,
-    kEmbedScale = 1u << 16,
-    kPositionEmbedding = 1u << 17,
-    kResidualScale = 1u << 18,
-    kParameterFreeNorm = 1u << 19,
-    kPerLayerEmbedding = 1u << 20,
-    kLayerOutputScale = 1u << 21,
-    kKvShared = 1u << 22,  // attention reads another layer's KV cache and stores none
-    kPostNorm = 1u << 23,  // add_norm: the branch output is normed (own weight) before the add
+#define KCAP_FEATURE_BIT(NAME, TEXT) k##NAME = 1u << kFeatureIndex##NAME,
+    KCAP_FEATURES(KCAP_FEATURE_BIT)
+#undef KCAP_FEATURE_BIT
 };
 std::string feature_names(uint32_t features);  // "sliding_window,softcap"
+
+struct Stage;
+struct KernelCall;
 
 // Dims a row accepts; the planner checks each at plan time, never at token time.
 struct LegalDims {
     int64_t k_multiple = 1;  // the inner dimension must be a multiple of this
+    int64_t k_min = 0;       // the inner dimension must be at least this
     int64_t k_max = 0;       // 0: unbounded
     int64_t n_multiple = 1;  // output rows must be a multiple of this
     int max_head_dim = 0;    // 0: unbounded
+    int head_dim_v_multiple = 1;  // attention rows that write whole 32-value runs of each head
     // Attention rows with a body for a few head dims only (head_dim == head_dim_v, one of
     // these); empty: any up to max_head_dim.
     std::vector<int> head_dims;
@@ -106,10 +130,28 @@ struct LegalDims {
     // Rows whose weight operands may differ in format (qkv): when set, K must also be a
     // multiple of k_multiple_of(format) for the format of every weight operand.
     int64_t (*k_multiple_of)(Format format) = nullptr;
+    // Rows whose kernels take more threadgroup memory than every device allows: the bytes one
+    // group of the stage needs, checked against the plan's device (DeviceInfo).
+    int (*shared_bytes_of)(const Stage& stage) = nullptr;
 };
 
-struct Stage;
-struct KernelCall;
+// What the planner knows of the device a plan is for: the rows whose legality or token ranges
+// depend on it read this. A CUDA engine plans for its own device; `kcap explain` without one
+// plans for the reference device below, and says so.
+struct DeviceInfo {
+    std::string name = "NVIDIA H200 (reference)";
+    bool reference = true;             // not a device that was queried
+    int sm_count = 132;                // multiprocessors
+    int shared_optin_bytes = 232448;   // threadgroup memory one group may opt in to
+};
+
+// Tokens per call of one route: [min, max], max 0 for no upper bound.
+struct TokenRange {
+    int min = 1;
+    int max = 0;
+    bool contains(int64_t n) const { return n >= min && (max == 0 || n <= max); }
+};
+
 using KernelFn = void (*)(const Stage& stage, const KernelCall& call);
 
 // Launch geometry travels with the row; a dispatch site never restates it.
@@ -133,15 +175,32 @@ struct Row {
     // Features a stage must have one of (0: none): the rope-owning attention rows take only the
     // stages the planner folded a rope into, so a plain stage never lands on them.
     uint32_t requires_any = 0;
+    // Features a stage must have all of (0: none): the rows whose kernels read a q8_1 input
+    // another stage wrote, or that write one, take only the stages the planner linked so.
+    uint32_t requires_all = 0;
+    // Tokens per call the row's kernels take. The planner routes each stage once per range of
+    // tokens per call, at load time; nothing decides a kernel at token time. tokens_min_of,
+    // where set, computes the lower bound from the stage and the device instead (a tile shape
+    // that pays off only once a batch fills the device).
+    TokenRange tokens;
+    int (*tokens_min_of)(const Stage& stage, const DeviceInfo& device) = nullptr;
+    // The kernels one call of the row launches, in order: what the row's launcher runs, no
+    // more and no other (a kernel in parentheses runs only where the stage's geometry needs
+    // it, e.g. the combine of a decode attention split over key ranges).
+    std::vector<std::string> launches;
     int priority = 0;  // the highest-priority row that fits wins
     KernelFn fn = nullptr;  // null where the backend is declared but not compiled in
 };
+
+// The token range of a row for a stage on a device (Row::tokens, or tokens_min_of's bound).
+TokenRange row_tokens(const Row& row, const Stage& stage, const DeviceInfo& device);
 
 // Every row of every backend, in declaration order.
 const std::vector<Row>& capability_table();
 
 // Empty when the row can run the stage; otherwise the reason it cannot.
-std::string rejection_reason(const Row& row, const Stage& stage);
+// Token counts aside (the planner splits those into ranges), against the plan's device.
+std::string rejection_reason(const Row& row, const Stage& stage, const DeviceInfo& device = DeviceInfo());
 
 // Each backend family file contributes its rows through one of these.
 void add_cpu_embed_rows(std::vector<Row>& rows);

@@ -403,10 +403,25 @@ private:
     std::vector<Stage> stages_;
 };
 
-// The highest-priority row of the backend that fits the stage, or null; each rejected
-// candidate's reason goes to `rejections`.
-const Row* best_row(const Stage& stage, const PlanOptions& options, std::ostringstream& rejections) {
-    const Row* best = nullptr;
+std::string describe_tokens(const TokenRange& range) {
+    if (range.max == range.min) return std::to_string(range.min);
+    return std::to_string(range.min) + "-" + (range.max ? std::to_string(range.max) : std::string());
+}
+
+// The routes of a stage: each candidate row (formats, dims, features fit; not excluded) covers
+// its token range clipped to 1 .. max_batch; every elementary interval between the ranges'
+// ends takes its highest-priority covering row (the first declared on a tie), and intervals
+// with the same row merge. Rejected candidates' reasons go to `rejections`, token counts no
+// row takes to `gaps`.
+std::vector<Route> plan_routes(const Stage& stage, const PlanOptions& options, std::ostringstream& rejections,
+                               std::vector<TokenRange>& gaps) {
+    struct Candidate {
+        const Row* row;
+        TokenRange tokens;
+    };
+    const int64_t max_batch = std::max(1, options.max_batch);
+    std::vector<Candidate> candidates;
+    std::vector<int64_t> starts = {1};
     for (const Row& row : capability_table()) {
         if (row.op != stage.op || row.backend != options.backend) continue;
         std::string why;
@@ -414,16 +429,72 @@ const Row* best_row(const Stage& stage, const PlanOptions& options, std::ostring
             options.excluded_kernels.end())
             why = "excluded by the caller";
         else
-            why = rejection_reason(row, stage);
-        if (why.empty()) {
-            if (!best || row.priority > best->priority) best = &row;
-        } else {
+            why = rejection_reason(row, stage, options.device);
+        if (!why.empty()) {
             rejections << "\n  " << row.kernel << ": " << why;
+            continue;
+        }
+        const TokenRange tokens = row_tokens(row, stage, options.device);
+        if (tokens.min > max_batch || (tokens.max && tokens.max < tokens.min)) {
+            rejections << "\n  " << row.kernel << ": takes " << describe_tokens(tokens)
+                       << " tokens per call; calls here have at most " << max_batch;
+            continue;
+        }
+        candidates.push_back({&row, tokens});
+        starts.push_back(tokens.min);
+        if (tokens.max && tokens.max < max_batch) starts.push_back(tokens.max + 1);
+    }
+    std::sort(starts.begin(), starts.end());
+    starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+    std::vector<Route> routes;
+    for (size_t i = 0; i < starts.size(); ++i) {
+        const int64_t lo = starts[i], hi = i + 1 < starts.size() ? starts[i + 1] - 1 : max_batch;
+        const Candidate* best = nullptr;
+        for (const Candidate& c : candidates)
+            if (c.tokens.contains(lo) && (!best || c.row->priority > best->row->priority)) best = &c;
+        if (!best) {
+            gaps.push_back({int(lo), int(hi)});
+            continue;
+        }
+        if (!routes.empty() && routes.back().row == best->row && routes.back().tokens.max == lo - 1) {
+            routes.back().tokens.max = int(hi);
+        } else {
+            routes.push_back({{int(lo), int(hi)}, best->row});
         }
     }
-    return best;
+    // The last route reaches past max_batch where its row has no bound.
+    if (!routes.empty() && gaps.empty()) {
+        const Route& last = routes.back();
+        for (const Candidate& c : candidates)
+            if (c.row == last.row && c.tokens.max == 0) routes.back().tokens.max = 0;
+    }
+    return routes;
 }
 
+// The routes when every token count has a row, else empty.
+std::vector<Route> full_routes(const Stage& stage, const PlanOptions& options) {
+    std::ostringstream ignored;
+    std::vector<TokenRange> gaps;
+    std::vector<Route> routes = plan_routes(stage, options, ignored, gaps);
+    if (!gaps.empty()) routes.clear();
+    return routes;
+}
+
+const Row* row_in(const std::vector<Route>& routes, int64_t n) {
+    for (const Route& route : routes)
+        if (route.tokens.contains(n)) return route.row;
+    return nullptr;
+}
+
+// Every token count where some route of `lists` changes row: the first of each route.
+std::vector<int64_t> route_starts(const std::vector<const std::vector<Route>*>& lists) {
+    std::vector<int64_t> starts;
+    for (const auto* routes : lists)
+        for (const Route& route : *routes) starts.push_back(route.tokens.min);
+    std::sort(starts.begin(), starts.end());
+    starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+    return starts;
+}
 
 // --- Fusion --------------------------------------------------------------------------------
 // A few stage sequences have fused ops (Op::AddNorm, Op::GateUp, Op::QkNormRope, Op::Qkv, and an
@@ -439,22 +510,26 @@ bool is_row_norm(const Stage& s, Buffer in, Buffer out) {
     return s.op == Op::Norm && s.groups == 1 && s.input == in && s.output == out;
 }
 
-bool fits(const Stage& stage, const PlanOptions& options) {
-    std::ostringstream ignored;
-    return best_row(stage, options, ignored) != nullptr;
-}
+// A fused stage replaces its parts only where it has a row for every token count.
+bool fits(const Stage& stage, const PlanOptions& options) { return !full_routes(stage, options).empty(); }
 
-// A fused matmul stage keeps the activation encoding of the stages it replaces: its row must
-// round its input as each of theirs would (an exact cuda.qkv for a Q/K/V mix with a float
-// format must not replace q8_1 rows for the quantized ones; that would change the numbers).
+// A fused matmul stage keeps the activation encoding of the stages it replaces at every token
+// count: its row must round its input as each of theirs would (an exact cuda.qkv for a Q/K/V
+// mix with a float format must not replace q8_1 rows for the quantized ones; that would change
+// the numbers).
 bool fits_keeping_encoding(const Stage& fused, const std::vector<const Stage*>& parts, const PlanOptions& options) {
-    std::ostringstream ignored;
-    const Row* row = best_row(fused, options, ignored);
-    if (!row) return false;
-    for (const Stage* part : parts) {
-        const Row* alone = best_row(*part, options, ignored);
-        if (alone && alone->input_encoding != row->input_encoding) return false;
-    }
+    const std::vector<Route> routes = full_routes(fused, options);
+    if (routes.empty()) return false;
+    std::vector<std::vector<Route>> alone;
+    std::vector<const std::vector<Route>*> lists = {&routes};
+    alone.reserve(parts.size());
+    for (const Stage* part : parts) alone.push_back(full_routes(*part, options));
+    for (const auto& part : alone) lists.push_back(&part);
+    for (const int64_t n : route_starts(lists))
+        for (const auto& part : alone) {
+            const Row* part_row = row_in(part, n);
+            if (part_row && part_row->input_encoding != row_in(routes, n)->input_encoding) return false;
+        }
     return true;
 }
 
@@ -638,24 +713,79 @@ std::vector<Stage> fuse_stages(const std::vector<Stage>& stages, const PlanOptio
     return second;
 }
 
+bool is_matmul_op(Op op) { return op == Op::MatMul || op == Op::GateUp || op == Op::Qkv; }
+
+bool all_q8(const std::vector<Route>& routes) {
+    if (routes.empty()) return false;
+    for (const Route& route : routes)
+        if (route.row->input_encoding != Encoding::Q8_1) return false;
+    return true;
+}
+
+// In a q8_1 plan, a stage whose output feeds q8_1 matmuls right after it also writes that
+// output's q8_1 form (kQ8Output) into the backend's q8_1 scratch, which those matmuls then read
+// (kQ8Input) instead of rounding the same values again: where the producer has a row that
+// writes it and each consumer a q8_1 row that reads it, at every token count. The scratch holds
+// one such input at a time, so the consumers are the stages right after the producer that read
+// its output, and the rows that read it write no scratch of their own.
+void link_q8_inputs(std::vector<Stage>& stages, const PlanOptions& options) {
+    if (options.activations != Encoding::Q8_1) return;
+    for (size_t i = 0; i + 1 < stages.size(); ++i) {
+        const Buffer out = stages[i].output;
+        if (out == Buffer::None || out == Buffer::Logits) continue;
+        size_t end = i + 1;
+        while (end < stages.size() && stages[end].input == out && is_matmul_op(stages[end].op)) ++end;
+        if (end == i + 1) continue;
+        std::vector<Stage> linked(stages.begin() + long(i), stages.begin() + long(end));
+        linked[0].features |= kQ8Output;
+        bool ok = fits(linked[0], options);
+        for (size_t j = 1; ok && j < linked.size(); ++j) {
+            linked[j].features |= kQ8Input;
+            ok = all_q8(full_routes(stages[i + j], options)) && all_q8(full_routes(linked[j], options));
+        }
+        if (ok) std::copy(linked.begin(), linked.end(), stages.begin() + long(i));
+    }
+}
+
 }  // namespace
 
-const Row* route(const Stage& stage, const PlanOptions& options) {
+std::vector<Route> route_stage(const Stage& stage, const PlanOptions& options) {
     std::ostringstream rejections;
-    if (const Row* best = best_row(stage, options, rejections)) return best;
+    std::vector<TokenRange> gaps;
+    std::vector<Route> routes = plan_routes(stage, options, rejections, gaps);
+    if (gaps.empty()) return routes;
     std::ostringstream message;
     message << (stage.layer >= 0 ? "layer " + std::to_string(stage.layer) : std::string("model")) << " stage '"
-            << stage.name << "' (" << op_name(stage.op) << "): no " << backend_name(options.backend)
-            << " row fits; formats [" << describe_formats(stage) << "], dims [" << describe_dims(stage)
-            << "], features [" << feature_names(stage.features) << "]. Candidates:";
+            << stage.name << "' (" << op_name(stage.op) << "): no " << backend_name(options.backend) << " row fits";
+    if (!routes.empty()) {  // some token counts have rows: name those that do not
+        message << " calls of";
+        for (size_t i = 0; i < gaps.size(); ++i) message << (i ? "," : "") << " " << describe_tokens(gaps[i]);
+        message << " tokens";
+    }
+    message << "; formats [" << describe_formats(stage) << "], dims [" << describe_dims(stage) << "], features ["
+            << feature_names(stage.features) << "]. Candidates:";
+    for (const Route& route : routes)
+        rejections << "\n  " << route.row->kernel << ": fits calls of " << describe_tokens(route.tokens) << " tokens";
     std::string listed = rejections.str();
     message << (listed.empty() ? std::string("\n  (no row implements this op on this backend)") : listed);
     throw RoutingError(message.str());
 }
 
-const Row* find_route(const Stage& stage, const PlanOptions& options) {
+std::vector<Route> find_routes(const Stage& stage, const PlanOptions& options) { return full_routes(stage, options); }
+
+const Row* route(const Stage& stage, const PlanOptions& options, int64_t n) {
+    PlanOptions one = options;
+    one.max_batch = int(std::max<int64_t>(n, 1));
+    return row_in(route_stage(stage, one), n);
+}
+
+const Row* find_route(const Stage& stage, const PlanOptions& options, int64_t n) {
+    PlanOptions one = options;
+    one.max_batch = int(std::max<int64_t>(n, 1));
     std::ostringstream ignored;
-    return best_row(stage, options, ignored);
+    std::vector<TokenRange> gaps;
+    const std::vector<Route> routes = plan_routes(stage, one, ignored, gaps);
+    return row_in(routes, n);
 }
 
 std::vector<Stage> build_stages(const ModelSpec& spec, const PlanOptions& options) {
@@ -677,8 +807,11 @@ Plan make_plan(const ModelSpec& spec, const PlanOptions& in_options) {
         auto& width = plan.buffer_widths[static_cast<size_t>(b)];
         width = std::max(width, w);
     };
-    for (Stage& stage : fuse_stages(build_stages(spec, plan.options), plan.options)) {
-        const Row* row = route(stage, plan.options);
+    if (plan.options.max_batch < 1) throw ModelError("max_batch must be at least 1");
+    std::vector<Stage> stages = fuse_stages(build_stages(spec, plan.options), plan.options);
+    link_q8_inputs(stages, plan.options);
+    for (Stage& stage : stages) {
+        std::vector<Route> routes = route_stage(stage, plan.options);
         widen(stage.input, stage.op == Op::MatMul || stage.op == Op::PerLayerEmbed || stage.op == Op::GateUp ||
                                    stage.op == Op::Qkv
                                ? stage.k
@@ -693,7 +826,7 @@ Plan make_plan(const ModelSpec& spec, const PlanOptions& in_options) {
         if (stage.op == Op::GateUp) widen(stage.input3, stage.n);
         if (stage.op == Op::PerLayerGate) widen(stage.input2, stage.k);
         widen(stage.output, stage.n);
-        plan.stages.push_back({std::move(stage), row});
+        plan.stages.push_back({std::move(stage), std::move(routes)});
     }
     // Q/K/V widths come from the heads of every layer (rope and attention read them).
     for (const auto& layer : spec.layers) {

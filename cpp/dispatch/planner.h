@@ -1,7 +1,10 @@
 // The planner: turns a ModelSpec into the ordered stage list of one forward pass and routes
-// every stage, once, at load time, to the highest-priority capability row that fits it.
-// If no row fits a stage, planning fails with a RoutingError that names the layer, the
-// stage, its operand formats, dims and features, and why each candidate row was rejected.
+// every stage, once, at load time: for each range of tokens per call (1 .. max_batch, split
+// where the rows' token ranges begin and end), the highest-priority capability row that fits.
+// If a token count has no row, planning fails with a RoutingError that names the layer, the
+// stage, its operand formats, dims and features, the tokens, and why each candidate was
+// rejected. Executing never re-decides: the executor looks the call's token count up in the
+// stage's routes.
 #pragma once
 
 #include <cstdint>
@@ -20,14 +23,28 @@ struct PlanOptions {
     // Activations of the matmul stages: F32, or Q8_1 to allow rows that round them to q8_1.
     Encoding activations = Encoding::F32;
     int64_t n_ctx = 0;               // context length the engine serves (≤ the model's)
+    int max_batch = 512;             // the most tokens one call of a stage runs (a prefill chunk)
+    DeviceInfo device;               // the device the plan is for (GPU rows' limits and ranges)
     // Kernels the planner may not choose, e.g. to prove a refusal when a feature's only row
     // is unavailable. Names as in Row::kernel.
     std::vector<std::string> excluded_kernels;
 };
 
+// One row for the calls of a stage whose token count is in `tokens`.
+struct Route {
+    TokenRange tokens;
+    const Row* row = nullptr;
+};
+
 struct RoutedStage {
     Stage stage;
-    const Row* row = nullptr;
+    std::vector<Route> routes;  // ascending, covering 1 .. max_batch exactly once
+    // The row that runs a call of n tokens (n in 1 .. max_batch).
+    const Row* row_for(int64_t n) const {
+        for (const Route& route : routes)
+            if (route.tokens.contains(n)) return route.row;
+        return nullptr;
+    }
 };
 
 struct Plan {
@@ -49,6 +66,8 @@ bool bind_stage_buffers(const Plan& plan, const Stage& stage, int64_t n, bool ne
     if (stage.last_token_only && !need_logits) return false;
     const bool tail = stage.last_token_only && !all_logits;
     call.n_tokens = int(tail ? 1 : n);
+    call.buffer_rows = int(n);
+    call.row_offset = int(tail ? n - 1 : 0);
     // A tail stage reads the last row of a per-token buffer (the LM head reads the final
     // position's normed state); the logits hold only the rows this call produces.
     if (stage.input == Buffer::Logits)
@@ -81,11 +100,15 @@ bool bind_stage_buffers(const Plan& plan, const Stage& stage, int64_t n, bool ne
 std::vector<Stage> build_stages(const ModelSpec& spec, const PlanOptions& options);
 Plan make_plan(const ModelSpec& spec, const PlanOptions& options);
 
-// The row of options.backend a stage runs on: the highest-priority row whose formats, dims and
-// features fit and that the caller did not exclude. route throws RoutingError listing every
-// candidate's reason; find_route returns null. make_plan routes the plan's stages with it, a
-// backend its own stages (the decode step's argmax or sampler).
-const Row* route(const Stage& stage, const PlanOptions& options);
-const Row* find_route(const Stage& stage, const PlanOptions& options);
+// The routes of a stage on options.backend: for every token count 1 .. options.max_batch, the
+// highest-priority row whose formats, dims, features and token range fit and that the caller
+// did not exclude, merged into ranges. route_stage throws RoutingError listing every
+// candidate's reason; find_routes returns an empty list instead. make_plan routes the plan's
+// stages with it, a backend its own stages (the decode step's argmax or sampler).
+std::vector<Route> route_stage(const Stage& stage, const PlanOptions& options);
+std::vector<Route> find_routes(const Stage& stage, const PlanOptions& options);
+// The row for calls of n tokens of a stage outside a plan (a backend's own one-token stages).
+const Row* route(const Stage& stage, const PlanOptions& options, int64_t n);
+const Row* find_route(const Stage& stage, const PlanOptions& options, int64_t n);
 
 }  // namespace kcap

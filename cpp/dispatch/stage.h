@@ -80,10 +80,15 @@ struct KernelCall {
     float* inout2 = nullptr;  // rope: the K buffer rotated alongside Q; add_norm: the residual
                               // (read and written); gate_up: gate scratch
     float* inout3 = nullptr;  // gate_up: up scratch
+    // The per-token buffers of this call hold buffer_rows rows (the call's tokens); a stage
+    // that runs on the last position only reads from row row_offset (buffer_rows - 1) of them.
+    int buffer_rows = 0;
+    int row_offset = 0;
     void* backend_state = nullptr;  // the backend's own context (thread pool, KV cache)
-    // Added for the CUDA backend (issue 3): what the backend bound to this stage at load time
-    // (device copies of its operands, a rope table, the attention split count); null on cpu.
+    // What the backend bound to this stage at load time (device copies of its operands, a rope
+    // table, the attention split count); null on cpu.
     const void* stage_state = nullptr;
+    const Row* row = nullptr;  // the row this call runs (the executor's route for n_tokens)
 };
 
 }  // namespace kcap

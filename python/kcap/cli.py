@@ -59,15 +59,16 @@ def cmd_run(args) -> int:
 
 def cmd_explain(args) -> int:
     import kcap
-    from kcap.explain import explain_file, format_table
+    from kcap.explain import explain_file, format_header, format_table
 
     backend = args.backend or kcap.default_backend()
     routes = explain_file(str(args.model), backend=backend, kv_type=args.kv_type, n_ctx=args.ctx,
-                          activations=args.activations)
+                          activations=args.activations, max_batch=args.max_batch)
     if args.json:
         json.dump(routes, sys.stdout, indent=1)
         print()
     else:
+        print(format_header(backend, args.activations, args.kv_type, args.max_batch))
         print(format_table(routes))
     return 0
 
@@ -96,7 +97,10 @@ def main(argv=None) -> int:
 
     explain = sub.add_parser("explain", help="print the kernel route of every stage of every layer")
     explain.add_argument("model", help="GGUF file")
-    explain.add_argument("--json", action="store_true", help="a JSON list, one object per stage")
+    explain.add_argument("--json", action="store_true",
+                         help="a JSON list, one object per route of each stage (with tokens_min, tokens_max)")
+    explain.add_argument("--max-batch", type=int, default=512,
+                         help="the most tokens per call the plan covers (default: 512, as kcap.load)")
     _add_model_options(explain)
     explain.set_defaults(func=cmd_explain)
 

@@ -81,6 +81,7 @@ class Model:
         max_batch: int = 512,
         excluded_kernels: Sequence[str] = (),
         progress: bool = False,
+        profile: bool = False,
     ):
         from kcap.tokenizer import load_tokenizer
 
@@ -112,6 +113,7 @@ class Model:
             n_threads=int(n_threads or 0),
             max_batch=max_batch,
             excluded_kernels=list(excluded_kernels),
+            profile=profile,
         )
         if bar is not None:
             bar.update(1)
@@ -172,8 +174,22 @@ class Model:
         return self.eval(token_ids)
 
     def explain(self) -> list[dict]:
-        """The route of every stage: layer, stage, op, formats, dims, features, kernel, backend."""
+        """The engine's plan, one dict per route of each stage: layer, stage, op, formats, dims,
+        features, kernel, backend, and the tokens per call it takes (tokens_min .. tokens_max,
+        None for no bound). A stage's routes cover 1 .. max_batch exactly once."""
         return self.engine.routes()
+
+    def trace(self, token_ids: Sequence[int]) -> list[dict]:
+        """Evaluates token_ids from an empty cache in one call, as eval does, and returns what
+        ran: one dict per stage call (layer, stage, kernel, n_tokens), in order. Each kernel is
+        the route explain() lists for that stage and n_tokens. The cache then holds token_ids."""
+        ids = [int(i) for i in token_ids]
+        if not ids:
+            raise ValueError("trace needs at least one token id")
+        self._cached = []
+        ran, _ = self.engine.trace(np.asarray(ids, dtype=np.int32))
+        self._cached = ids
+        return ran
 
     # --- generation -----------------------------------------------------------------
     def prefill(self, prompt_ids: Sequence[int]) -> np.ndarray:
@@ -278,6 +294,8 @@ def load(path: str | os.PathLike, backend: str | None = None, **options) -> Mode
     activations ("f32", exact, the default; "q8_1": matmuls may round their input to int8 per
     32 values as llama.cpp does, where the backend has such rows: CUDA; "bf16": a prefill batch's
     matmuls round their weights and input to bf16 and run on cuBLAS, as a bf16 model in PyTorch
-    computes; decode stays exact; CUDA, needs libcublas), max_batch,
-    excluded_kernels, progress (show a loading bar)."""
+    computes; decode stays exact; CUDA, needs libcublas), max_batch (the most tokens per call;
+    kcap explain shows the plan's routes per range of tokens per call), excluded_kernels,
+    progress (show a loading bar), profile (CUDA: per-stage times on stderr when the model is
+    freed)."""
     return Model(path, backend=backend, **options)

@@ -82,9 +82,10 @@ Q8_1_COST_TOLERANCE = 0.35
 @pytest.mark.parametrize("name", sorted(MODEL_PATHS))
 def test_q8_1_activations_stay_near_the_reference(name):
     model = load_model(name, activations="q8_1")
+    quantized = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "mxfp4")
     assert {r["kernel"] for r in model.engine.routes() if r["op"] == "matmul"} <= {
-        f"cpu.matmul_q8.{f}" for f in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k",
-                                         "q6_k", "mxfp4")} | {"cpu.matmul.f32", "cpu.matmul.f16", "cpu.matmul.bf16"}
+        f"cpu.{row}_q8.{f}" for row in ("matmul", "matvec") for f in quantized} | {
+        "cpu.matmul.f32", "cpu.matmul.f16", "cpu.matmul.bf16"}
     g = goldens(name)
     worst, same = 0.0, 0
     for i in range(n_prompts(g)):

@@ -23,8 +23,11 @@ def test_table_rows_are_unique_and_complete():
     # (activations="q8_1") for every quantized format, none for the float formats.
     matmul_formats = sorted(r["operand_formats"][0][0] for r in cpu if r["op"] == "matmul" and r["input_encoding"] == "f32")
     assert matmul_formats == sorted(_core.supported_formats())
-    q8_formats = sorted(r["operand_formats"][0][0] for r in cpu if r["op"] == "matmul" and r["input_encoding"] == "q8_1")
-    assert q8_formats == sorted(set(_core.supported_formats()) - {"F32", "F16", "BF16"})
+    quantized = sorted(set(_core.supported_formats()) - {"F32", "F16", "BF16"})
+    for prefix, tokens in (("cpu.matmul_q8.", (1, None)), ("cpu.matvec_q8.", (1, 1))):
+        q8 = [r for r in cpu if r["kernel"].startswith(prefix)]
+        assert sorted(r["operand_formats"][0][0] for r in q8) == quantized
+        assert all(r["input_encoding"] == "q8_1" and (r["tokens_min"], r["tokens_max"]) == tokens for r in q8)
     assert all(len(r["operand_formats"][0]) == 1 for r in cpu if r["op"] == "matmul")
 
 

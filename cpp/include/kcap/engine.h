@@ -23,18 +23,44 @@ struct EngineOptions {
     std::string activations = "f32";
     int64_t n_ctx = 0;             // 0: the model's context length
     int n_threads = 0;             // 0: all hardware threads
-    int max_batch = 512;           // prefill chunk: tokens per pass through the layers
+    int max_batch = 512;           // prefill chunk: tokens per pass through the layers (the most per call)
     std::vector<std::string> excluded_kernels;  // rows the planner may not choose
+    // CUDA: time every stage with events (decode steps without the graph) and print the totals
+    // per kernel and stage to stderr when the engine is destroyed. Changes no kernel.
+    bool profile = false;
 };
 
-// One routed stage, as `kcap explain` prints it.
+// One route of a stage, as `kcap explain` prints it: the row that runs the stage's calls of
+// tokens_min .. tokens_max tokens (tokens_max 0: no upper bound). A stage's routes cover 1 ..
+// max_batch exactly once.
 struct RouteInfo {
     int layer;
     std::string stage, op, formats, dims, features, kernel, backend;
+    int tokens_min = 1;
+    int tokens_max = 0;
 };
 
-// Plans without executing: works for any backend on any machine (the table is data).
+// One stage that ran in a traced call (Engine::trace): its row and the tokens of its call.
+struct TraceEntry {
+    int layer;
+    std::string stage;
+    std::string kernel;
+    int n_tokens;
+};
+
+// Plans without executing: works for any backend on any machine (the table is data). A GPU
+// plan is made for a reference device there (explain_summary names it); an Engine plans for
+// its own device.
 std::vector<RouteInfo> explain_routes(const ModelSpec& spec, const EngineOptions& options);
+
+// What a plan made by explain_routes assumed: the most tokens per call and the device.
+struct PlanSummary {
+    int max_batch;
+    std::string device;
+    int sm_count;
+    int shared_optin_bytes;
+};
+PlanSummary explain_summary(const EngineOptions& options);
 
 class Backend_;  // implementation detail of each backend
 
@@ -63,7 +89,7 @@ public:
     // ContextOverflowError past n_ctx and ModelError for a token id outside the vocabulary.
     void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits);
 
-    // Greedy decoding (added for issue 3): appends `token`, then each greedy choice in turn,
+    // Greedy decoding: appends `token`, then each greedy choice in turn,
     // n tokens in all; out[i] is the argmax of the logits after the i-th appended token (the
     // last choice, out[n-1], is not yet appended). On CUDA the loop runs on the device: the
     // captured decode graph feeds its own argmax back, with no host round trip per token.
@@ -75,6 +101,10 @@ public:
     // BackendUnavailableError.
     bool samples_on_device() const;
     void decode_sample(int32_t token, int64_t n, const SampleSettings& settings, int32_t* out);
+
+    // Evaluates n tokens from an empty cache, as eval does (last position's logits into
+    // `logits`), and returns every stage that ran: its row and its call's tokens, in order.
+    std::vector<TraceEntry> trace(const int32_t* tokens, int64_t n, float* logits);
 
     int64_t n_past() const { return n_past_; }
     int64_t n_ctx() const { return n_ctx_; }
