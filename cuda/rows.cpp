@@ -36,7 +36,6 @@ constexpr TokenRange kOneToken = {1, 1};
 constexpr TokenRange kAnyTokens = {1, 0};
 constexpr TokenRange kFewTokens = {1, kMmaMinTokens - 1};  // the q8_1 matvec takes up to 15
 constexpr TokenRange kTileTokens = {kMmaMinTokens, 0};
-constexpr TokenRange kBatchTokens = {2, 0};
 
 Row make_row(const std::string& kernel, Op op, KernelFn fn, Geometry geometry, TokenRange tokens,
              std::vector<std::string> launches) {
@@ -81,15 +80,21 @@ int q8_tile128_tokens(const Stage& stage, const DeviceInfo& device) {
 // The q8_1 rows of one family in each of their three input sources: Groups for rows of fewer
 // than kQ8QuantizeMinK values (the matvec; batches always quantize), Quantize for longer rows and
 // batches, Scratch where the stage before wrote the q8_1 input (kQ8Input).
+// "cuda.matvec_q8.q4_k" -> "cuda.matvec_q8_in.q4_k"; "cuda.qkv_q8" -> "cuda.qkv_q8_in".
+void name_source(Row& row, const char* suffix) {
+    const size_t format = row.kernel.find('.', 5);  // after "cuda."
+    row.kernel.insert(format == std::string::npos ? row.kernel.size() : format, suffix);
+}
+
 void set_q8_source(Row& row, Q8Source source, bool batch) {
     row.input_encoding = Encoding::Q8_1;
     if (source == Q8Source::Scratch) {
         row.features |= kQ8Input;
         row.requires_all = kQ8Input;
-        row.kernel += "_in";
+        name_source(row, "_in");
     } else if (source == Q8Source::Quantize && !batch) {
         row.dims.k_min = kQ8QuantizeMinK;
-        row.kernel += "_quant";
+        name_source(row, "_quant");
         row.launches.insert(row.launches.begin(), "q8_quantize_rows");
     } else if (source == Q8Source::Quantize) {
         row.launches.insert(row.launches.begin(), "q8_quantize_rows");
@@ -103,16 +108,9 @@ std::string lower(Format f) { return lowercase(format_name(f)); }
 }  // namespace
 
 void add_cuda_embed_rows(std::vector<Row>& rows) {
-#define KCAP_EMBED_ROW(NAME, DECODER)                                                                         \
-    {                                                                                                         \
-        Row row = make_row("cuda.embed." + lowercase(#NAME), Op::Embed,                                       \
-                           KCAP_CUDA_ENTRY(kcap_cuda_embed<Format::NAME>), {kEmbedThreads, 1, 0}, kAnyTokens, \
-                           {"embed"});                                                                        \
-        row.operand_formats = {{Format::NAME}, {Format::F32, Format::F16}}; /* table, positions */            \
-        row.features = kEmbedScale | kPositionEmbedding;                                                      \
-        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                 \
-        rows.push_back(row);                                                                                  \
-    }
+#define KCAP_EMBED_ROW(NAME, DECODER)                                                                  \
+    rows.push_back(gpu_family_row(GpuFamily::Embed, Backend::CUDA, Format::NAME,                       \
+                                  KCAP_CUDA_ENTRY(kcap_cuda_embed<Format::NAME>), {kEmbedThreads, 1, 0}));
     KCAP_WEIGHT_FORMATS(KCAP_EMBED_ROW)
 #undef KCAP_EMBED_ROW
 }
@@ -128,34 +126,14 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
 #define KCAP_EXACT_ROWS(NAME, DECODER)                                                                        \
     {                                                                                                         \
         const Format f = Format::NAME;                                                                        \
-        Row matvec = make_row("cuda.matvec." + lower(f), Op::MatMul, KCAP_CUDA_ENTRY(kcap_cuda_matvec<f>),    \
-                              kMatvecGeometry, kOneToken, {"matvec"});                                        \
-        matvec.operand_formats = {{f}, {Format::F32}};                                                        \
-        matvec.features = kBias;                                                                              \
-        matvec.dims.k_multiple = exact_k_multiple(f);                                                         \
-        matvec.priority = 1;                                                                                  \
-        rows.push_back(matvec);                                                                               \
-        Row walk = make_row("cuda.matmul_tokens." + lower(f), Op::MatMul,                                     \
-                            KCAP_CUDA_ENTRY(kcap_cuda_matmul_tokens<f>), kTokensGeometry, kAnyTokens,        \
-                            {"matmul_tokens"});                                                               \
-        walk.operand_formats = matvec.operand_formats;                                                        \
-        walk.features = kBias;                                                                                \
-        walk.dims = matvec.dims;                                                                              \
-        rows.push_back(walk);                                                                                 \
-        Row gate_up = make_row("cuda.gate_up." + lower(f), Op::GateUp, KCAP_CUDA_ENTRY(kcap_cuda_gate_up<f>), \
-                               kMatvecGeometry, kOneToken, {"gate_up_matvec"});                               \
-        gate_up.operand_formats = {{f}, {f}};                                                                 \
-        gate_up.features = kActivations;                                                                      \
-        gate_up.dims.k_multiple = exact_k_multiple(f);                                                        \
-        gate_up.priority = 1;                                                                                 \
-        rows.push_back(gate_up);                                                                              \
-        Row gate_up_walk = make_row("cuda.gate_up_tokens." + lower(f), Op::GateUp,                            \
-                                    KCAP_CUDA_ENTRY(kcap_cuda_gate_up_tokens<f>), kTokensGeometry, kAnyTokens, \
-                                    {"matmul_tokens", "matmul_tokens", "ffn_activation"});                    \
-        gate_up_walk.operand_formats = gate_up.operand_formats;                                               \
-        gate_up_walk.features = kActivations;                                                                 \
-        gate_up_walk.dims = gate_up.dims;                                                                     \
-        rows.push_back(gate_up_walk);                                                                         \
+        rows.push_back(gpu_family_row(GpuFamily::Matvec, Backend::CUDA, f, KCAP_CUDA_ENTRY(kcap_cuda_matvec<f>), \
+                                      kMatvecGeometry));                                                      \
+        rows.push_back(gpu_family_row(GpuFamily::MatmulTokens, Backend::CUDA, f,                              \
+                                      KCAP_CUDA_ENTRY(kcap_cuda_matmul_tokens<f>), kTokensGeometry));         \
+        rows.push_back(gpu_family_row(GpuFamily::GateUp, Backend::CUDA, f, KCAP_CUDA_ENTRY(kcap_cuda_gate_up<f>), \
+                                      kMatvecGeometry));                                                      \
+        rows.push_back(gpu_family_row(GpuFamily::GateUpTokens, Backend::CUDA, f,                              \
+                                      KCAP_CUDA_ENTRY(kcap_cuda_gate_up_tokens<f>), kTokensGeometry));        \
         if (mma_format(f)) {                                                                                  \
             Row mma = make_row("cuda.matmul_mma." + lower(f), Op::MatMul,                                     \
                                KCAP_CUDA_ENTRY(kcap_cuda_matmul_mma<f>), kMmaGeometry, kTileTokens,           \
@@ -204,7 +182,7 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
                                fn(KCAP_CUDA_ENTRY(kcap_cuda_gate_up_q8<f, Q8Source::Groups>),                 \
                                   KCAP_CUDA_ENTRY(kcap_cuda_gate_up_q8<f, Q8Source::Quantize>),               \
                                   KCAP_CUDA_ENTRY(kcap_cuda_gate_up_q8<f, Q8Source::Scratch>)),               \
-                               kMatvecQ8Geometry, kFewTokens, {"gate_up_matvec_q8"});                         \
+                               kMatvecQ8Geometry, kFewTokens, {"gate_up_q8"});                         \
         gate_up.operand_formats = {{f}, {f}};                                                                 \
         gate_up.features = kActivations;                                                                      \
         gate_up.dims.k_multiple = exact_k_multiple(f);                                                        \
@@ -356,35 +334,26 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
 }
 
 void add_cuda_norm_rows(std::vector<Row>& rows) {
-    Row row = make_row("cuda.norm", Op::Norm, KCAP_CUDA_ENTRY(kcap_cuda_norm), {kNormThreads, 1, 0}, kAnyTokens,
-                       {"norm"});
-    row.operand_formats = {{Format::F32}, {Format::F32}};
-    row.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm;
-    rows.push_back(row);
+    rows.push_back(
+        gpu_family_row(GpuFamily::Norm, Backend::CUDA, Format::F32, KCAP_CUDA_ENTRY(kcap_cuda_norm), {kNormThreads, 1, 0}));
     // Fused: [post-norm of the branch] + residual add + the next norm, one group per token; the
     // _q8 form also writes the normed row's q8_1 for the q8_1 matmuls after it (kQ8Output),
     // whole 32-value runs.
-    for (const bool q8 : {false, true}) {
-        Row fused = make_row(q8 ? "cuda.add_norm_q8" : "cuda.add_norm", Op::AddNorm,
-                             q8 ? KCAP_CUDA_ENTRY(kcap_cuda_add_norm<true>) : KCAP_CUDA_ENTRY(kcap_cuda_add_norm<false>),
-                             {kNormThreads, 1, 0}, kAnyTokens, {q8 ? "add_norm_q8" : "add_norm"});
-        fused.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}, {Format::F32}};
-        fused.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm | kResidualScale | kPostNorm;
-        if (q8) {
-            fused.features |= kQ8Output;
-            fused.requires_all = kQ8Output;
-            fused.dims.k_multiple = 32;
-        }
-        rows.push_back(fused);
-    }
+    Row fused = gpu_family_row(GpuFamily::AddNorm, Backend::CUDA, Format::F32,
+                               KCAP_CUDA_ENTRY(kcap_cuda_add_norm<false>), {kNormThreads, 1, 0});
+    rows.push_back(fused);
+    fused.kernel = "cuda.add_norm_q8";
+    fused.fn = KCAP_CUDA_ENTRY(kcap_cuda_add_norm<true>);
+    fused.launches = {"add_norm_q8"};
+    fused.features |= kQ8Output;
+    fused.requires_all = kQ8Output;
+    fused.dims.k_multiple = 32;
+    rows.push_back(fused);
 }
 
 void add_cuda_rope_rows(std::vector<Row>& rows) {
-    Row row = make_row("cuda.rope", Op::Rope, KCAP_CUDA_ENTRY(kcap_cuda_rope), {kElementwiseThreads, 0, 0},
-                       kAnyTokens, {"rope"});
-    row.operand_formats = {{Format::F32}};
-    row.features = kRopeNormal | kRopeNeox | kPartialRotary | kRopeFreqFactors;
-    rows.push_back(row);
+    rows.push_back(gpu_family_row(GpuFamily::Rope, Backend::CUDA, Format::F32, KCAP_CUDA_ENTRY(kcap_cuda_rope),
+                                  {kElementwiseThreads, 0, 0}));
     // Fused QK-norm + rope: one simd group normalizes a head row and rotates it.
     Row fused = make_row("cuda.qk_norm_rope", Op::QkNormRope, KCAP_CUDA_ENTRY(kcap_cuda_qk_norm_rope),
                          {kQkNormRopeSimds * 32, kQkNormRopeSimds, 0}, kAnyTokens, {"qk_norm_rope"});
@@ -421,29 +390,36 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
     // projection (kQ8Output): the decode from its registers, a prefill chunk by a launch.
     struct Kind {
         AttnKind kind;
-        const char* name;
-        std::vector<std::string> launches;
+        Row base;  // the shared family row (decode, prefill); the tensor-core prefill is CUDA's own
     };
-    const Kind kinds[] = {
-        {AttnKind::Decode, "cuda.attention_decode", {"attention_decode", "(attention_combine)"}},
-        {AttnKind::Prefill, "cuda.attention_prefill", {"(kv_append)", "attention_prefill"}},
-        {AttnKind::PrefillMma, "cuda.attention_mma", {"(kv_append)", "attention_mma"}},
-    };
-    const uint32_t base_features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared;
+    const Geometry prefill_geometry = {kAttnMaxSimds * 32, 0, kAttnPrefillSharedBytes};  // prefill's, the most
+    const Row decode = gpu_family_row(GpuFamily::AttentionDecode, Backend::CUDA, Format::F32, nullptr, prefill_geometry);
+    const Row prefill = gpu_family_row(GpuFamily::AttentionPrefill, Backend::CUDA, Format::F32, nullptr, prefill_geometry);
+    Row mma = prefill;
+    mma.kernel = "cuda.attention_mma";
+    mma.launches = {"(kv_append)", "attention_mma"};
+    mma.geometry = {kAttnMmaWarps * 32, kAttnMmaRows, attn_mma_shared_bytes(256)};
+    mma.kv_formats = {Format::F16};
+    mma.dims.head_dims.assign(std::begin(kAttnMmaHeadDims), std::end(kAttnMmaHeadDims));
+    mma.dims.shared_bytes_of = &attention_mma_shared_bytes;
+    mma.priority = 1;
+    const Kind kinds[] = {{AttnKind::Decode, decode}, {AttnKind::Prefill, prefill}, {AttnKind::PrefillMma, mma}};
+    const uint32_t base_features = decode.features;
     for (const Kind& k : kinds)
         for (const AttnRope rope : {AttnRope::None, AttnRope::Rope, AttnRope::QkNormRope})
             for (const bool q8 : {false, true}) {
                 // One decode kernel serves both rope forms (its QK-norm is a flag of the stage).
                 if (k.kind == AttnKind::Decode && rope == AttnRope::QkNormRope) continue;
-                std::string name = k.name;
-                if (rope == AttnRope::Rope) name += k.kind == AttnKind::Decode ? "_rope" : "_rope";
+                Row row = k.base;
+                std::string& name = row.kernel;
+                if (rope == AttnRope::Rope) name += "_rope";
                 if (rope == AttnRope::QkNormRope) name += "_qk_norm_rope";
                 if (q8) name += "_q8";
-                std::vector<std::string> launches = k.launches;
+                std::vector<std::string>& launches = row.launches;
                 if (rope != AttnRope::None && k.kind != AttnKind::Decode)
                     launches.insert(launches.begin(), rope == AttnRope::QkNormRope ? "qk_norm_rope" : "rope");
                 if (q8 && k.kind != AttnKind::Decode) launches.push_back("q8_quantize_rows");
-                KernelFn fn = nullptr;
+                KernelFn& fn = row.fn;
 #define KCAP_PICK_ATTENTION(KIND, ROPE)                                                                   \
     if (k.kind == AttnKind::KIND && rope == AttnRope::ROPE)                                               \
         fn = q8 ? attention_launcher<AttnKind::KIND, AttnRope::ROPE, true>()                              \
@@ -457,22 +433,6 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
                 KCAP_PICK_ATTENTION(PrefillMma, Rope)
                 KCAP_PICK_ATTENTION(PrefillMma, QkNormRope)
 #undef KCAP_PICK_ATTENTION
-                const Geometry geometry =
-                    k.kind == AttnKind::PrefillMma
-                        ? Geometry{kAttnMmaWarps * 32, kAttnMmaRows, attn_mma_shared_bytes(256)}
-                        : Geometry{kAttnMaxSimds * 32, 0, kAttnPrefillSharedBytes};
-                Row row = make_row(name, Op::Attention, fn, geometry,
-                                   k.kind == AttnKind::Decode ? kOneToken : kBatchTokens, launches);
-                row.kv_formats = k.kind == AttnKind::PrefillMma ? std::vector<Format>{Format::F16}
-                                                                : std::vector<Format>{Format::F32, Format::F16};
-                row.features = base_features;
-                row.dims.k_multiple = 4;      // head_dim: K rows are read 4 elements at a time
-                row.dims.max_head_dim = 256;  // per-lane value registers (KCAP_ATTN_MAX_HEAD_DIM)
-                if (k.kind == AttnKind::PrefillMma) {
-                    row.dims.head_dims.assign(std::begin(kAttnMmaHeadDims), std::end(kAttnMmaHeadDims));
-                    row.dims.shared_bytes_of = &attention_mma_shared_bytes;
-                    row.priority = 1;
-                }
                 if (rope != AttnRope::None) {
                     row.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}};
                     row.features = (base_features & ~uint32_t(kKvShared)) | kRopeNormal | kRopeNeox | kRopeFreqFactors;
@@ -491,49 +451,33 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
 }
 
 void add_cuda_activation_rows(std::vector<Row>& rows) {
-    Row row = make_row("cuda.ffn_activation", Op::FfnActivation, KCAP_CUDA_ENTRY(kcap_cuda_ffn_activation),
-                       {kElementwiseThreads, 0, 0}, kAnyTokens, {"ffn_activation"});
-    row.features = kActivations;
-    rows.push_back(row);
+    rows.push_back(gpu_family_row(GpuFamily::FfnActivation, Backend::CUDA, Format::F32,
+                                  KCAP_CUDA_ENTRY(kcap_cuda_ffn_activation), {kElementwiseThreads, 0, 0}));
 }
 
 void add_cuda_elementwise_rows(std::vector<Row>& rows) {
-    Row add = make_row("cuda.add", Op::Add, KCAP_CUDA_ENTRY(kcap_cuda_add), {kElementwiseThreads, 0, 0}, kAnyTokens,
-                       {"add"});
-    add.features = kResidualScale;
-    rows.push_back(add);
-    rows.push_back(make_row("cuda.softcap", Op::Softcap, KCAP_CUDA_ENTRY(kcap_cuda_softcap), {kElementwiseThreads, 0, 0},
-                            kAnyTokens, {"softcap"}));
-    Row scale = make_row("cuda.scale", Op::Scale, KCAP_CUDA_ENTRY(kcap_cuda_scale), {kElementwiseThreads, 0, 0},
-                         kAnyTokens, {"scale"});
-    scale.features = kLayerOutputScale;  // also scales the residual stream after a block
-    rows.push_back(scale);
+    const Geometry geometry = {kElementwiseThreads, 0, 0};
+    rows.push_back(gpu_family_row(GpuFamily::Add, Backend::CUDA, Format::F32, KCAP_CUDA_ENTRY(kcap_cuda_add), geometry));
+    rows.push_back(
+        gpu_family_row(GpuFamily::Softcap, Backend::CUDA, Format::F32, KCAP_CUDA_ENTRY(kcap_cuda_softcap), geometry));
+    rows.push_back(gpu_family_row(GpuFamily::Scale, Backend::CUDA, Format::F32, KCAP_CUDA_ENTRY(kcap_cuda_scale), geometry));
 }
 
 void add_cuda_ple_rows(std::vector<Row>& rows) {
     // One row per projection format (its K multiple is the projection's); the table may be any
     // weight format (the combine is instantiated for each), the norm weight F32.
-#define KCAP_PLE_ROW(NAME, DECODER)                                                                           \
-    {                                                                                                         \
-        Row row = make_row("cuda.per_layer_embed." + lowercase(#NAME), Op::PerLayerEmbed,                     \
-                           KCAP_CUDA_ENTRY(kcap_cuda_per_layer_embed<Format::NAME>), kTokensGeometry,         \
-                           kAnyTokens, {"matmul_tokens", "ple_combine"});                                     \
-        row.operand_formats = {gpu_weight_formats(), {Format::NAME}, {Format::F32}};                          \
-        row.features = kPerLayerEmbedding | kRmsNorm;                                                         \
-        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                 \
-        rows.push_back(row);                                                                                  \
-    }
+#define KCAP_PLE_ROW(NAME, DECODER)                                                                    \
+    rows.push_back(gpu_family_row(GpuFamily::PerLayerEmbed, Backend::CUDA, Format::NAME,               \
+                                  KCAP_CUDA_ENTRY(kcap_cuda_per_layer_embed<Format::NAME>), kTokensGeometry));
     KCAP_WEIGHT_FORMATS(KCAP_PLE_ROW)
 #undef KCAP_PLE_ROW
-    Row gate = make_row("cuda.per_layer_gate", Op::PerLayerGate, KCAP_CUDA_ENTRY(kcap_cuda_per_layer_gate),
-                        {kElementwiseThreads, 0, 0}, kAnyTokens, {"ple_gate"});
-    gate.features = kPerLayerEmbedding | kSilu | kGeluTanh | kGeluErf | kRelu;
-    rows.push_back(gate);
+    rows.push_back(gpu_family_row(GpuFamily::PerLayerGate, Backend::CUDA, Format::F32,
+                                  KCAP_CUDA_ENTRY(kcap_cuda_per_layer_gate), {kElementwiseThreads, 0, 0}));
 }
 
 void add_cuda_argmax_rows(std::vector<Row>& rows) {
-    rows.push_back(make_row("cuda.argmax", Op::Argmax, KCAP_CUDA_ENTRY(kcap_cuda_argmax), {kArgmaxThreads, 0, 0},
-                            kOneToken, {"argmax_partial", "argmax_final"}));
+    rows.push_back(
+        gpu_family_row(GpuFamily::Argmax, Backend::CUDA, Format::F32, KCAP_CUDA_ENTRY(kcap_cuda_argmax), {kArgmaxThreads, 0, 0}));
     // Top-k sampling (k <= KCAP_SAMPLE_MAX_TOP_K): the second pass holds every first-pass
     // group's candidates at once, which bounds the vocabulary (K = N = the vocabulary).
     Row sample = make_row("cuda.sample", Op::Sample, KCAP_CUDA_ENTRY(kcap_cuda_sample), {KCAP_SAMPLE_THREADS, 0, 0},

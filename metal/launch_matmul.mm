@@ -1,5 +1,6 @@
-// Metal launchers of the matmul, gate_up and embedding rows (metal.matmul.<format>,
-// metal.gate_up.<format>, metal.embed.<format>), as cuda/matmul.cu and cuda/embed.cu. Which
+// Metal launchers of the matmul, gate_up and embedding rows (metal.matvec.<format>,
+// metal.matmul_tokens.<format>, metal.gate_up[_tokens].<format>, metal.embed.<format>), as
+// cuda/matmul.cu and cuda/embed.cu. Which
 // format: the row (its entry points are that format's instantiations in matmul.metal /
 // embed.metal), so one launcher body serves every format. Geometry: metal/rows.h.
 #include "metal/metal_context.h"
@@ -45,35 +46,39 @@ void encode_tokens(const Context& ctx, const Row& row, int entry, const KcapMatm
              kTokensSimds * 32);
 }
 
-void run_matmul(const Stage& stage, const KernelCall& call) {
+// metal.matvec.<format>: one token.
+void run_matvec(const Stage& stage, const KernelCall& call) {
+    const StageData& data = stage_data(call);
+    encode_matvec(context(call), *call.row, 0, kcap::matmul_params(stage, call.n_tokens), data.operands[0],
+                  data.operands[0], call.in, data.operands[1], 0, call.out);
+}
+
+// metal.matmul_tokens.<format>: the few-token walk, any number of tokens.
+void run_matmul_tokens(const Stage& stage, const KernelCall& call) {
+    const StageData& data = stage_data(call);
+    encode_tokens(context(call), *call.row, 0, kcap::matmul_params(stage, call.n_tokens), data.operands[0], call.in,
+                  data.operands[1], call.out);
+}
+
+// metal.gate_up.<format>: one token, the fused matvec (both matrices' rows against one staged x,
+// the activation applied to the sums).
+void run_gate_up(const Stage& stage, const KernelCall& call) {
+    const StageData& data = stage_data(call);
+    const KcapMatmulParams p = kcap::matmul_params(stage, call.n_tokens);  // operand 1 is up, not a bias
+    encode_matvec(context(call), *call.row, 0, p, data.operands[0], data.operands[1], call.in, nullptr,
+                  int(stage.params.activation), call.out);
+}
+
+// metal.gate_up_tokens.<format>: the few-token walk for each matrix into the plan's gate/up
+// scratch (call.inout2 / inout3), then the gated activation into call.out.
+void run_gate_up_tokens(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
     const KcapMatmulParams p = kcap::matmul_params(stage, call.n_tokens);
-    if (p.m == 1) {
-        encode_matvec(ctx, *data.row, kMatvec, p, data.operands[0], data.operands[0], call.in, data.operands[1], 0,
-                      call.out);
-        return;
-    }
-    encode_tokens(ctx, *data.row, kMatmulTokens, p, data.operands[0], call.in, data.operands[1], call.out);
-}
-
-// gate_up: one token runs the fused matvec (both matrices' rows against one staged x, the
-// activation applied to the sums); a batch runs the few-token walk for each matrix into the
-// plan's gate/up scratch (call.inout2 / inout3), then the gated activation into call.out.
-void run_gate_up(const Stage& stage, const KernelCall& call) {
-    const Context& ctx = context(call);
-    const StageData& data = stage_data(call);
-    const KcapMatmulParams p = kcap::matmul_params(stage, call.n_tokens);  // operand 1 is up, not a bias
-    const int activation = int(stage.params.activation);
-    if (p.m == 1) {
-        encode_matvec(ctx, *data.row, kGateUpMatvec, p, data.operands[0], data.operands[1], call.in, nullptr, activation,
-                      call.out);
-        return;
-    }
-    encode_tokens(ctx, *data.row, kGateUpTokens, p, data.operands[0], call.in, nullptr, call.inout2);
-    encode_tokens(ctx, *data.row, kGateUpTokens, p, data.operands[1], call.in, nullptr, call.inout3);
+    encode_tokens(ctx, *call.row, kGateUpTokens, p, data.operands[0], call.in, nullptr, call.inout2);
+    encode_tokens(ctx, *call.row, kGateUpTokens + 1, p, data.operands[1], call.in, nullptr, call.inout3);
     const KcapElementwiseParams a = activation_params(stage, call.n_tokens, true);
-    encode_ffn_activation(ctx, *data.row, kGateUpActivation, a, call.inout2, call.inout3, call.out);
+    encode_ffn_activation(ctx, *call.row, kGateUpActivation, a, call.inout2, call.inout3, call.out);
 }
 
 void run_embed(const Stage& stage, const KernelCall& call) {
@@ -87,15 +92,17 @@ void run_embed(const Stage& stage, const KernelCall& call) {
     bind(ctx, 3, data.operands[0]);
     bind(ctx, 4, positions ? data.operands[1] : nullptr);
     bind(ctx, 5, call.out);
-    dispatch(ctx, *data.row, 0, MTLSizeMake(NSUInteger(p.n_tokens), 1, 1), kEmbedThreads);
+    dispatch(ctx, *call.row, 0, MTLSizeMake(NSUInteger(p.n_tokens), 1, 1), kEmbedThreads);
 }
 
 }  // namespace
 }  // namespace metal
 
-#define KCAP_DEFINE_METAL_FORMAT_LAUNCHERS(NAME, DECODER)                                                          \
-    void kcap_metal_matmul_##NAME(const Stage& stage, const KernelCall& call) { metal::run_matmul(stage, call); }   \
-    void kcap_metal_gate_up_##NAME(const Stage& stage, const KernelCall& call) { metal::run_gate_up(stage, call); } \
+#define KCAP_DEFINE_METAL_FORMAT_LAUNCHERS(NAME, DECODER)                                                                \
+    void kcap_metal_matvec_##NAME(const Stage& stage, const KernelCall& call) { metal::run_matvec(stage, call); }         \
+    void kcap_metal_matmul_tokens_##NAME(const Stage& stage, const KernelCall& call) { metal::run_matmul_tokens(stage, call); } \
+    void kcap_metal_gate_up_##NAME(const Stage& stage, const KernelCall& call) { metal::run_gate_up(stage, call); }       \
+    void kcap_metal_gate_up_tokens_##NAME(const Stage& stage, const KernelCall& call) { metal::run_gate_up_tokens(stage, call); } \
     void kcap_metal_embed_##NAME(const Stage& stage, const KernelCall& call) { metal::run_embed(stage, call); }
 KCAP_WEIGHT_FORMATS(KCAP_DEFINE_METAL_FORMAT_LAUNCHERS)
 #undef KCAP_DEFINE_METAL_FORMAT_LAUNCHERS

@@ -18,7 +18,7 @@ void kcap_metal_norm(const Stage& stage, const KernelCall& call) {
     metal::bind(ctx, 2, data.operands[0]);
     metal::bind(ctx, 3, data.operands[1]);
     metal::bind(ctx, 4, call.out);
-    metal::dispatch(ctx, *data.row, 0, MTLSizeMake(NSUInteger(p.rows), 1, 1), threads);
+    metal::dispatch(ctx, *call.row, 0, MTLSizeMake(NSUInteger(p.rows), 1, 1), threads);
 }
 
 // add_norm: operands (post weight, post bias, weight, bias); call.inout2 = the residual (read
@@ -33,7 +33,7 @@ void kcap_metal_add_norm(const Stage& stage, const KernelCall& call) {
     metal::bind(ctx, 2, call.in2);
     for (int i = 0; i < 4; ++i) metal::bind(ctx, 3 + i, operand(size_t(i)));
     metal::bind(ctx, 7, call.out);
-    metal::dispatch(ctx, *data.row, 0, MTLSizeMake(NSUInteger(call.n_tokens), 1, 1), kNormThreads);
+    metal::dispatch(ctx, *call.row, 0, MTLSizeMake(NSUInteger(call.n_tokens), 1, 1), kNormThreads);
 }
 
 void kcap_metal_rope(const Stage& stage, const KernelCall& call) {
@@ -47,7 +47,7 @@ void kcap_metal_rope(const Stage& stage, const KernelCall& call) {
     metal::bind(ctx, 2, data.rope_table);
     metal::bind(ctx, 3, call.out);
     metal::bind(ctx, 4, call.inout2);
-    metal::dispatch(ctx, *data.row, 0, MTLSizeMake(metal::ceil_div(total, kElementwiseThreads), 1, 1), kElementwiseThreads);
+    metal::dispatch(ctx, *call.row, 0, MTLSizeMake(metal::ceil_div(total, kElementwiseThreads), 1, 1), kElementwiseThreads);
 }
 
 namespace metal {

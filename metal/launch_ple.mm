@@ -21,7 +21,7 @@ void run_per_layer_embed(const Stage& stage, const KernelCall& call) {
     bind(ctx, 2, call.in);
     bind(ctx, 3, nullptr);
     bind(ctx, 4, call.out);
-    dispatch(ctx, *data.row, kPleProjection,
+    dispatch(ctx, *call.row, kPleProjection,
              MTLSizeMake(ceil_div(mp.n, kTokensSimds * kTokensRows), ceil_div(mp.m, kTokensPerPass), 1), kTokensSimds * 32);
     const Format table_format = stage.operands[0]->format;
     const int combine = ple_combine_index(table_format);
@@ -33,7 +33,7 @@ void run_per_layer_embed(const Stage& stage, const KernelCall& call) {
     bind(ctx, 2, data.operands[0]);
     bind(ctx, 3, data.operands[2]);
     bind(ctx, 4, call.out);
-    dispatch(ctx, *data.row, kPleCombine + combine, MTLSizeMake(NSUInteger(p.n_tokens), NSUInteger(stage.groups), 1),
+    dispatch(ctx, *call.row, kPleCombine + combine, MTLSizeMake(NSUInteger(p.n_tokens), NSUInteger(stage.groups), 1),
              kSimdWidth);
 }
 

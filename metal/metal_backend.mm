@@ -13,7 +13,7 @@
 // that feeds the next token back) is encoded into one command buffer and waited for once; a
 // prefill chunk of up to max_batch tokens is one command buffer of the batched kernels.
 //
-// Nothing here has run: no Apple GPU exists where it was written (see README, Metal backend).
+// Nothing here has run: no Apple GPU exists where it was written (see docs/metal.md).
 #import <Foundation/Foundation.h>
 #import <Metal/Metal.h>
 
@@ -28,6 +28,7 @@
 #include <tuple>
 
 #include "core/backend_impl.h"
+#include "dispatch/executor.h"
 #include "cuda/rope_table.h"
 #include "metal/metal_context.h"
 
@@ -82,7 +83,7 @@ std::string metallib_path() {
 class MetalBackend final : public Backend_ {
 public:
     MetalBackend(const ModelSpec& spec, Plan plan, const EngineOptions& options)
-        : plan_(std::move(plan)), max_batch_(std::max(1, options.max_batch)), n_vocab_(spec.n_vocab) {
+        : plan_(std::move(plan)), executor_(plan_), max_batch_(std::max(1, options.max_batch)), n_vocab_(spec.n_vocab) {
         @autoreleasepool {
             ctx_.device = MTLCreateSystemDefaultDevice();
             if (!ctx_.device)
@@ -139,6 +140,8 @@ public:
         std::memcpy(out, ctx_.history, size_t(n) * sizeof(int32_t));
     }
 
+    void attach_trace(std::vector<TraceEntry>* trace) override { executor_.attach_trace(trace); }
+
 private:
     // The backend's own argmax stage, routed through the table like any other (as on CUDA).
     void route_argmax() {
@@ -148,7 +151,7 @@ private:
         argmax_stage_.input = Buffer::Logits;
         argmax_stage_.k = argmax_stage_.n = n_vocab_;
         argmax_stage_.last_token_only = true;
-        argmax_row_ = route(argmax_stage_, plan_.options);
+        argmax_row_ = route(argmax_stage_, plan_.options, 1);
     }
 
     // Every entry of every routed row, compiled now; a row whose declared threadgroup (threads
@@ -156,7 +159,8 @@ private:
     // width is not the dialect's, is refused here.
     void build_pipelines() {
         std::vector<const Row*> rows = {argmax_row_};
-        for (const RoutedStage& routed : plan_.stages) rows.push_back(routed.row);
+        for (const RoutedStage& routed : plan_.stages)
+            for (const Route& route : routed.routes) rows.push_back(route.row);
         for (const Row* row : rows) {
             const auto& entries = metal_rows::entry_points(row->kernel);
             if (entries.empty()) throw Error("metal: row " + row->kernel + " declares no entry points");
@@ -279,7 +283,6 @@ private:
         for (size_t i = 0; i < plan_.stages.size(); ++i) {
             const Stage& stage = plan_.stages[i].stage;
             StageData& data = stage_data_[i];
-            data.row = plan_.stages[i].row;
             for (size_t j = 0; j < stage.operands.size() && j < 4; ++j)
                 if (stage.operands[j]) data.operands[j] = stage.operands[j]->data;
             if (stage.op == Op::Rope) {
@@ -348,25 +351,18 @@ private:
         if (failed) throw Error("metal: command buffer failed: " + std::string(error ? error.localizedDescription.UTF8String : "?"));
     }
 
-    // Every routed stage for n tokens, as cuda_backend.cu walks them.
+    // Every routed stage for n tokens: the plan's walk (Executor), as cuda_backend.cu runs it.
     void run_stages(int64_t n, bool need_logits, bool all_logits, float* logits) {
-        for (size_t i = 0; i < plan_.stages.size(); ++i) {
-            const RoutedStage& routed = plan_.stages[i];
-            const Stage& stage = routed.stage;
-            KernelCall call;
-            if (!bind_stage_buffers(plan_, stage, n, need_logits, all_logits, logits,
-                                    [&](Buffer b) { return buffer(b); }, call))
-                continue;
-            call.backend_state = &ctx_;
-            call.stage_state = &stage_data_[i];
-            routed.row->fn(stage, call);
-        }
+        executor_.run(
+            n, 0, nullptr, need_logits, all_logits, logits, &ctx_, [&](Buffer b) { return buffer(b); },
+            [&](size_t i) { return static_cast<const void*>(&stage_data_[i]); },
+            [](const Row& row, const Stage& stage, const KernelCall& call) { row.fn(stage, call); });
     }
 
     void run_argmax(bool advance) {
         StageData data;
-        data.row = argmax_row_;
         KernelCall call;
+        call.row = argmax_row_;
         call.n_tokens = 1;
         call.backend_state = &ctx_;
         call.stage_state = &data;
@@ -377,6 +373,7 @@ private:
     }
 
     Plan plan_;
+    Executor executor_;
     int max_batch_;
     int64_t n_vocab_;
     Context ctx_;

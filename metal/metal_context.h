@@ -73,7 +73,6 @@ struct Context {
 
 // Bound to one stage when the backend is built.
 struct StageData {
-    const Row* row = nullptr;
     const void* operands[4] = {nullptr, nullptr, nullptr, nullptr};  // host addresses of the operands (resolve them)
     const float* rope_table = nullptr;             // rope: [n_ctx][rope_dim / 2] (cos, sin)
     int attn_splits = 1;

@@ -3,8 +3,9 @@
 // but an Apple build) each row's fn is null, so plans and `kcap explain --backend metal` work
 // on any machine and an Engine on "metal" is refused.
 //
-// Each row is declared once, together with its entry points (the names metal/*.metal give
-// their kernels) and its geometry (metal/rows.h), in one `declare` call.
+// Each row comes from its family's shared declaration (dispatch/gpu_rows.h: the same as the
+// CUDA row over the same kernel body), with this backend's launcher and geometry (metal/rows.h);
+// its entry points (the names metal/*.metal give their kernels) follow from its launches.
 #include "metal/rows.h"
 
 #include "dispatch/gpu_rows.h"
@@ -26,159 +27,67 @@ struct Declared {
     std::vector<std::string> entries;
 };
 
-Row make_row(const std::string& kernel, Op op, KernelFn fn, Geometry geometry) {
-    return gpu_row(Backend::Metal, kernel, op, fn, geometry);
-}
-
-void add_embed(std::vector<Declared>& out) {
-#define KCAP_EMBED_ROW(NAME, DECODER)                                                                        \
-    {                                                                                                        \
-        Row row = make_row("metal.embed." + lowercase(#NAME), Op::Embed, KCAP_METAL_FN(kcap_metal_embed_##NAME), \
-                           {kEmbedThreads, 1, 0});                                                           \
-        row.operand_formats = {{Format::NAME}, {Format::F32, Format::F16}}; /* table, positions */            \
-        row.features = kEmbedScale | kPositionEmbedding;                                                     \
-        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                      \
-        out.push_back({row, {KCAP_METAL_FORMAT_ENTRY(embed, NAME)}});                                        \
+// The kernel names of a row's launches in the metallib: "kcap_metal_<kernel>", with the weight
+// format for the kernels instantiated per format (matmul.metal, embed.metal, ple.metal); a
+// per-layer embedding row lists the combine of every table format (entry kPleCombine + the
+// table format's index).
+std::vector<std::string> entries_of(const Row& row) {
+    std::vector<std::string> entries;
+    for (const std::string& kernel : launched_kernels(row)) {
+        const bool ple = row.op == Op::PerLayerEmbed;
+        if (kernel == "ple_combine") {
+            for (Format f : gpu_weight_formats()) entries.push_back("kcap_metal_ple_combine_" + std::string(format_name(f)));
+        } else if (kernel == "embed" || kernel == "matvec" || kernel == "gate_up" || kernel == "matmul_tokens") {
+            const Format f = row.operand_formats[ple ? 1 : 0][0];
+            entries.push_back("kcap_metal_" + kernel + "_" + format_name(f));
+        } else {
+            entries.push_back("kcap_metal_" + kernel);
+        }
     }
-    KCAP_WEIGHT_FORMATS(KCAP_EMBED_ROW)
-#undef KCAP_EMBED_ROW
+    return entries;
 }
 
-void add_matmul(std::vector<Declared>& out) {
-    // Exact rows (f32 activations and sums) for any number of tokens: the bodies that
-    // cuda.matmul.* runs (kernels/matvec.h for one token, kernels/matmul.h's few-token walk).
-    // Entry order: metal_rows::MatmulEntry.
-#define KCAP_MATMUL_ROW(NAME, DECODER)                                                                            \
-    {                                                                                                             \
-        Row row = make_row("metal.matmul." + lowercase(#NAME), Op::MatMul, KCAP_METAL_FN(kcap_metal_matmul_##NAME),   \
-                           {kMatvecSimds * 32, kMatvecSimds * kMatvecRows, kMatvecSharedBytes});                   \
-        row.operand_formats = {{Format::NAME}, {Format::F32}};                                                    \
-        row.features = kBias;                                                                                     \
-        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                           \
-        out.push_back({row, {KCAP_METAL_FORMAT_ENTRY(matvec, NAME), KCAP_METAL_FORMAT_ENTRY(matmul_tokens, NAME)}}); \
-    }
-    KCAP_WEIGHT_FORMATS(KCAP_MATMUL_ROW)
-#undef KCAP_MATMUL_ROW
-    // Fused gated FFN input (gate and up of one format), as cuda.gate_up.*: one token, both
-    // matrices against one staged x with the activation applied to the sums; a batch, the
-    // format's few-token walk for each matrix into the gate/up scratch, then the activation
-    // (Metal has no tensor-core row to take the batch). Entry order: metal_rows::GateUpEntry.
-#define KCAP_GATE_UP_ROW(NAME, DECODER)                                                                           \
-    {                                                                                                             \
-        Row row = make_row("metal.gate_up." + lowercase(#NAME), Op::GateUp, KCAP_METAL_FN(kcap_metal_gate_up_##NAME), \
-                           {kMatvecSimds * 32, kMatvecSimds * kMatvecRows, kMatvecSharedBytes});                   \
-        row.operand_formats = {{Format::NAME}, {Format::NAME}};                                                   \
-        row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;                                             \
-        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                           \
-        out.push_back({row,                                                                                       \
-                       {KCAP_METAL_FORMAT_ENTRY(gate_up, NAME), KCAP_METAL_FORMAT_ENTRY(matmul_tokens, NAME),     \
-                        KCAP_METAL_ENTRY(ffn_activation)}});                                                      \
-    }
-    KCAP_WEIGHT_FORMATS(KCAP_GATE_UP_ROW)
-#undef KCAP_GATE_UP_ROW
-}
-
-void add_norm(std::vector<Declared>& out) {
-    Row row = make_row("metal.norm", Op::Norm, KCAP_METAL_FN(kcap_metal_norm), {kNormThreads, 1, kNormScratchFloats * 4});
-    row.operand_formats = {{Format::F32}, {Format::F32}};
-    row.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm;
-    out.push_back({row, {KCAP_METAL_ENTRY(norm)}});
-    // Fused, as cuda.add_norm: [post-norm of the branch] + residual add + the next norm, one
-    // threadgroup per token (kernels/norm.h kcap_add_norm).
-    Row fused = make_row("metal.add_norm", Op::AddNorm, KCAP_METAL_FN(kcap_metal_add_norm),
-                         {kNormThreads, 1, kNormScratchFloats * 4});
-    fused.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}, {Format::F32}};
-    fused.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm | kResidualScale | kPostNorm;
-    out.push_back({fused, {KCAP_METAL_ENTRY(add_norm)}});
-}
-
-void add_rope(std::vector<Declared>& out) {
-    Row row = make_row("metal.rope", Op::Rope, KCAP_METAL_FN(kcap_metal_rope), {kElementwiseThreads, 0, 0});
-    row.operand_formats = {{Format::F32}};
-    row.features = kRopeNormal | kRopeNeox | kPartialRotary | kRopeFreqFactors;
-    out.push_back({row, {KCAP_METAL_ENTRY(rope)}});
-}
-
-void add_attention(std::vector<Declared>& out) {
-    // Flash-decoding (split-K) decode + combine, KV append and batched prefill
-    // (kernels/attention.h); a shared-KV layer reads its source layer's cache and appends
-    // nothing (kKvShared). Entry order: metal_rows::AttentionEntry.
-    Row row = make_row("metal.attention", Op::Attention, KCAP_METAL_FN(kcap_metal_attention),
-                       {kAttnMaxSimds * 32, 0, kAttnPrefillSharedBytes});  // prefill's, the most
-    row.kv_formats = {Format::F32, Format::F16};
-    row.features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared;
-    row.dims.k_multiple = 4;      // head_dim: K rows are read 4 elements at a time
-    row.dims.max_head_dim = 256;  // per-lane value registers (KCAP_ATTN_MAX_HEAD_DIM)
-    row.dims.max_span = 0;        // split-K decode: any span up to the context
-    out.push_back({row,
-                   {KCAP_METAL_ENTRY(attention_decode), KCAP_METAL_ENTRY(attention_combine),
-                    KCAP_METAL_ENTRY(kv_append), KCAP_METAL_ENTRY(attention_prefill)}});
-}
-
-void add_activation(std::vector<Declared>& out) {
-    Row row = make_row("metal.ffn_activation", Op::FfnActivation, KCAP_METAL_FN(kcap_metal_ffn_activation),
-                       {kElementwiseThreads, 0, 0});
-    row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;
-    out.push_back({row, {KCAP_METAL_ENTRY(ffn_activation)}});
-}
-
-void add_elementwise(std::vector<Declared>& out) {
-    Row add = make_row("metal.add", Op::Add, KCAP_METAL_FN(kcap_metal_add), {kElementwiseThreads, 0, 0});
-    add.features = kResidualScale;
-    out.push_back({add, {KCAP_METAL_ENTRY(add)}});
-    out.push_back({make_row("metal.softcap", Op::Softcap, KCAP_METAL_FN(kcap_metal_softcap), {kElementwiseThreads, 0, 0}),
-                   {KCAP_METAL_ENTRY(softcap)}});
-    Row scale = make_row("metal.scale", Op::Scale, KCAP_METAL_FN(kcap_metal_scale), {kElementwiseThreads, 0, 0});
-    scale.features = kLayerOutputScale;  // also scales the residual stream after a block
-    out.push_back({scale, {KCAP_METAL_ENTRY(scale)}});
-}
-
-
-void add_ple(std::vector<Declared>& out) {
-    // As cuda.per_layer_embed.*: one row per projection format (its K multiple is the
-    // projection's); the table may be any weight format, so the row lists the combine of each
-    // (entry kPleCombine + ple_combine_index), the norm weight F32.
-    std::vector<std::string> combines;
-#define KCAP_PLE_COMBINE_NAME(NAME, DECODER) combines.push_back(KCAP_METAL_FORMAT_ENTRY(ple_combine, NAME));
-    KCAP_WEIGHT_FORMATS(KCAP_PLE_COMBINE_NAME)
-#undef KCAP_PLE_COMBINE_NAME
-#define KCAP_PLE_ROW(NAME, DECODER)                                                                              \
-    {                                                                                                            \
-        Row row = make_row("metal.per_layer_embed." + lowercase(#NAME), Op::PerLayerEmbed,                           \
-                           KCAP_METAL_FN(kcap_metal_per_layer_embed_##NAME), {kTokensSimds * 32, kTokensSimds * kTokensRows, 0}); \
-        row.operand_formats = {gpu_weight_formats(), {Format::NAME}, {Format::F32}};                                 \
-        row.features = kPerLayerEmbedding | kRmsNorm;                                                            \
-        row.dims.k_multiple = exact_k_multiple(Format::NAME);                                                          \
-        std::vector<std::string> entries = {KCAP_METAL_FORMAT_ENTRY(matmul_tokens, NAME)};                       \
-        entries.insert(entries.end(), combines.begin(), combines.end());                                         \
-        out.push_back({row, entries});                                                                           \
-    }
-    KCAP_WEIGHT_FORMATS(KCAP_PLE_ROW)
-#undef KCAP_PLE_ROW
-    Row gate = make_row("metal.per_layer_gate", Op::PerLayerGate, KCAP_METAL_FN(kcap_metal_per_layer_gate),
-                        {kElementwiseThreads, 0, 0});
-    gate.features = kPerLayerEmbedding | kSilu | kGeluTanh | kGeluErf | kRelu;
-    out.push_back({gate, {KCAP_METAL_ENTRY(ple_gate)}});
-}
-
-void add_argmax(std::vector<Declared>& out) {
-    // Entry order: metal_rows::ArgmaxEntry.
-    out.push_back({make_row("metal.argmax", Op::Argmax, KCAP_METAL_FN(kcap_metal_argmax), {kArgmaxThreads, 0, 0}),
-                   {KCAP_METAL_ENTRY(argmax_partial), KCAP_METAL_ENTRY(argmax_final)}});
+void add(std::vector<Declared>& out, GpuFamily family, Format format, KernelFn fn, Geometry geometry) {
+    Row row = gpu_family_row(family, Backend::Metal, format, fn, geometry);
+    out.push_back({row, entries_of(row)});
 }
 
 const std::vector<Declared>& declared() {
     static const std::vector<Declared> rows = [] {
         std::vector<Declared> out;
-        add_embed(out);
-        add_norm(out);
-        add_matmul(out);
-        add_rope(out);
-        add_attention(out);
-        add_activation(out);
-        add_elementwise(out);
-        add_ple(out);
-        add_argmax(out);
+        const Geometry matvec = {kMatvecSimds * 32, kMatvecSimds * kMatvecRows, kMatvecSharedBytes};
+        const Geometry tokens = {kTokensSimds * 32, kTokensSimds * kTokensRows, 0};
+        const Geometry elementwise = {kElementwiseThreads, 0, 0};
+        // Per format: embed, the exact matmul rows (the decode matvec of kernels/matvec.h for one
+        // token, x in host-sized threadgroup memory; the few-token walk of kernels/matmul.h for
+        // any count), gate_up (fused for one token; the walk of each matrix and the activation
+        // for more) and the per-layer embeddings of each projection format. Metal has no
+        // tensor-core row: its batches run the walk.
+#define KCAP_METAL_FORMAT_ROWS(NAME, DECODER)                                                                      \
+        add(out, GpuFamily::Embed, Format::NAME, KCAP_METAL_FN(kcap_metal_embed_##NAME), {kEmbedThreads, 1, 0});   \
+        add(out, GpuFamily::Matvec, Format::NAME, KCAP_METAL_FN(kcap_metal_matvec_##NAME), matvec);               \
+        add(out, GpuFamily::MatmulTokens, Format::NAME, KCAP_METAL_FN(kcap_metal_matmul_tokens_##NAME), tokens);  \
+        add(out, GpuFamily::GateUp, Format::NAME, KCAP_METAL_FN(kcap_metal_gate_up_##NAME), matvec);              \
+        add(out, GpuFamily::GateUpTokens, Format::NAME, KCAP_METAL_FN(kcap_metal_gate_up_tokens_##NAME), tokens); \
+        add(out, GpuFamily::PerLayerEmbed, Format::NAME, KCAP_METAL_FN(kcap_metal_per_layer_embed_##NAME), tokens);
+        KCAP_WEIGHT_FORMATS(KCAP_METAL_FORMAT_ROWS)
+#undef KCAP_METAL_FORMAT_ROWS
+        const Geometry norm = {kNormThreads, 1, kNormScratchFloats * 4};
+        add(out, GpuFamily::Norm, Format::F32, KCAP_METAL_FN(kcap_metal_norm), norm);
+        add(out, GpuFamily::AddNorm, Format::F32, KCAP_METAL_FN(kcap_metal_add_norm), norm);
+        add(out, GpuFamily::Rope, Format::F32, KCAP_METAL_FN(kcap_metal_rope), elementwise);
+        // Attention (kernels/attention.h): the flash-decoding decode and its combine for one
+        // token, the KV append and the tiled prefill for a chunk; a shared-KV layer reads its
+        // source layer's cache and appends nothing.
+        const Geometry attention = {kAttnMaxSimds * 32, 0, kAttnPrefillSharedBytes};  // prefill's, the most
+        add(out, GpuFamily::AttentionDecode, Format::F32, KCAP_METAL_FN(kcap_metal_attention_decode), attention);
+        add(out, GpuFamily::AttentionPrefill, Format::F32, KCAP_METAL_FN(kcap_metal_attention_prefill), attention);
+        add(out, GpuFamily::FfnActivation, Format::F32, KCAP_METAL_FN(kcap_metal_ffn_activation), elementwise);
+        add(out, GpuFamily::Add, Format::F32, KCAP_METAL_FN(kcap_metal_add), elementwise);
+        add(out, GpuFamily::Softcap, Format::F32, KCAP_METAL_FN(kcap_metal_softcap), elementwise);
+        add(out, GpuFamily::Scale, Format::F32, KCAP_METAL_FN(kcap_metal_scale), elementwise);
+        add(out, GpuFamily::PerLayerGate, Format::F32, KCAP_METAL_FN(kcap_metal_per_layer_gate), elementwise);
+        add(out, GpuFamily::Argmax, Format::F32, KCAP_METAL_FN(kcap_metal_argmax), {kArgmaxThreads, 0, 0});
         return out;
     }();
     return rows;

@@ -142,26 +142,28 @@ const std::vector<std::string>& entry_points(const std::string& kernel);
 // Every Metal row's kernel name with its entry points (tests check them against the .metal sources).
 std::vector<std::pair<std::string, std::vector<std::string>>> all_entry_points();
 
-// Entry indexes of the multi-entry rows.
-enum MatmulEntry { kMatvec = 0, kMatmulTokens = 1 };
-// gate_up: the fused one-token matvec; a batch, the format's few-token walk per matrix, then the activation.
-enum GateUpEntry { kGateUpMatvec = 0, kGateUpTokens = 1, kGateUpActivation = 2 };
+// Entry indexes of the multi-entry rows (the order of their launches, dispatch/gpu_rows.cpp).
+// gate_up_tokens: the format's few-token walk per matrix, then the activation.
+enum GateUpTokensEntry { kGateUpTokens = 0, kGateUpActivation = 2 };
 // per_layer_embed: the projection (few-token walk), then the combine of the table's format:
 // entry kPleCombine + the format's index in KCAP_WEIGHT_FORMATS (ple_combine_index).
 enum PerLayerEmbedEntry { kPleProjection = 0, kPleCombine = 1 };
 // The index of a weight format in KCAP_WEIGHT_FORMATS, -1 for any other.
 int ple_combine_index(Format format);
-enum AttentionEntry { kAttnDecode = 0, kAttnCombine = 1, kAttnAppend = 2, kAttnPrefill = 3 };
+enum AttentionDecodeEntry { kAttnDecode = 0, kAttnCombine = 1 };
+enum AttentionPrefillEntry { kAttnAppend = 0, kAttnPrefill = 1 };
 enum ArgmaxEntry { kArgmaxPartial = 0, kArgmaxFinal = 1 };
 
 }  // namespace metal_rows
 
 // Launchers, one per row (metal/*.mm; absent where the Metal backend is not compiled in).
 // Each encodes its dispatches into the command buffer the backend has open.
-#define KCAP_METAL_DECLARE_FORMAT_LAUNCHERS(NAME, DECODER)                 \
-    void kcap_metal_matmul_##NAME(const Stage& stage, const KernelCall& call); \
-    void kcap_metal_embed_##NAME(const Stage& stage, const KernelCall& call);   \
-    void kcap_metal_gate_up_##NAME(const Stage& stage, const KernelCall& call); \
+#define KCAP_METAL_DECLARE_FORMAT_LAUNCHERS(NAME, DECODER)                          \
+    void kcap_metal_matvec_##NAME(const Stage& stage, const KernelCall& call);         \
+    void kcap_metal_matmul_tokens_##NAME(const Stage& stage, const KernelCall& call);  \
+    void kcap_metal_embed_##NAME(const Stage& stage, const KernelCall& call);          \
+    void kcap_metal_gate_up_##NAME(const Stage& stage, const KernelCall& call);        \
+    void kcap_metal_gate_up_tokens_##NAME(const Stage& stage, const KernelCall& call); \
     void kcap_metal_per_layer_embed_##NAME(const Stage& stage, const KernelCall& call);
 KCAP_WEIGHT_FORMATS(KCAP_METAL_DECLARE_FORMAT_LAUNCHERS)
 #undef KCAP_METAL_DECLARE_FORMAT_LAUNCHERS
@@ -169,7 +171,8 @@ KCAP_WEIGHT_FORMATS(KCAP_METAL_DECLARE_FORMAT_LAUNCHERS)
 void kcap_metal_norm(const Stage& stage, const KernelCall& call);
 void kcap_metal_add_norm(const Stage& stage, const KernelCall& call);
 void kcap_metal_rope(const Stage& stage, const KernelCall& call);
-void kcap_metal_attention(const Stage& stage, const KernelCall& call);
+void kcap_metal_attention_decode(const Stage& stage, const KernelCall& call);
+void kcap_metal_attention_prefill(const Stage& stage, const KernelCall& call);
 void kcap_metal_ffn_activation(const Stage& stage, const KernelCall& call);
 void kcap_metal_add(const Stage& stage, const KernelCall& call);
 void kcap_metal_softcap(const Stage& stage, const KernelCall& call);

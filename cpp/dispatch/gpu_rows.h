@@ -1,6 +1,7 @@
 // What the GPU backends' row declarations (cuda/rows.cpp, metal/rows.cpp) share. Their rows
-// run the same kernel bodies (kernels/), so the legal dims those bodies impose are stated
-// here once, not once per backend.
+// run the same kernel bodies (kernels/), so the rows of those bodies are declared here once
+// (gpu_family_row: formats, features, legal dims, token range, priority, launches); a backend
+// adds only its launcher and geometry.
 #pragma once
 
 #include <algorithm>
@@ -51,5 +52,32 @@ inline std::vector<Format> gpu_weight_formats() {
 #undef KCAP_LIST_FORMAT
     return formats;
 }
+
+// The row families both GPU backends have.
+enum class GpuFamily {
+    Embed,             // <backend>.embed.<format>: token rows times the scale, + learned positions
+    Matvec,            // <backend>.matvec.<format>: one token, x staged in threadgroup memory
+    MatmulTokens,      // <backend>.matmul_tokens.<format>: the few-token walk, any tokens
+    GateUp,            // <backend>.gate_up.<format>: one token, both matrices and the activation
+    GateUpTokens,      // <backend>.gate_up_tokens.<format>: the walk of each matrix, then the activation
+    Norm,
+    AddNorm,
+    Rope,
+    AttentionDecode,   // one token: flash-decoding over key splits, then their combine
+    AttentionPrefill,  // a chunk: its K/V appended, then every token attends (tiled)
+    FfnActivation,
+    Add,
+    Softcap,
+    Scale,
+    PerLayerEmbed,     // <backend>.per_layer_embed.<format>: projection (this format), then combine
+    PerLayerGate,
+    Argmax,
+};
+
+// The family's row on `backend` (format: the weight format of the per-format families).
+Row gpu_family_row(GpuFamily family, Backend backend, Format format, KernelFn fn, Geometry geometry);
+
+// A row's launches without the parentheses that mark the ones its stage's geometry may skip.
+std::vector<std::string> launched_kernels(const Row& row);
 
 }  // namespace kcap

@@ -10,11 +10,11 @@ captured decode graph) within 1e-3 × std, identical greedy continuations; Q8_0 
 test's rule (1e-3 against transformers on the Q8_0-dequantized weights, and no further from
 the fp32 model than those weights are plus 1e-3).
 
-The engines exclude the rows whose batched path runs on tensor cores (cuda.matmul_mma.*, and
-cuda.gate_up.* and cuda.qkv, which run the mma rows for a batch): they split activations into two bf16
-parts (about 2^-16 relative per product), not exact f32, and this suite holds every backend to
-the exact 1e-3 × std bound; test_cuda.py bounds the tensor-core path on the real models. With
-them excluded every matmul runs the exact f32 rows (cuda.matmul.*).
+The engines exclude the tensor-core matmul rows (cuda.matmul_mma.*, cuda.gate_up_mma.*,
+cuda.qkv_mma): they split activations into two bf16 parts (about 2^-16 relative per product),
+not exact f32, and this suite holds every backend to the exact 1e-3 × std bound; test_cuda.py
+bounds the tensor-core path on the real models. With them excluded every matmul runs the exact
+f32 rows (cuda.matvec.*, cuda.matmul_tokens.* and their gate_up / qkv forms).
 """
 from pathlib import Path
 
@@ -28,9 +28,9 @@ from kcap.explain import explain_file
 from test_conformance import (FAMILIES, FIXTURES, F32_TOLERANCE, Q8_SAME_WEIGHTS_TOLERANCE, golden,
                               relative_error)
 
-# Rows with a tensor-core batched path (see the docstring).
+# The tensor-core matmul rows (see the docstring).
 MMA_ROWS = [r["kernel"] for r in _core.capability_rows()
-            if r["kernel"].startswith(("cuda.matmul_mma.", "cuda.gate_up.")) or r["kernel"] == "cuda.qkv"]
+            if r["kernel"].startswith(("cuda.matmul_mma.", "cuda.gate_up_mma.")) or r["kernel"] == "cuda.qkv_mma"]
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -75,22 +75,24 @@ def test_float_matmul_with_k_off_the_tile_takes_the_exact_row():
     # granite's ffn_down has K = 200, not a whole number of 32-element runs: the exact f32 row
     # (K a multiple of 4) takes it; the quantized fixture's blocks keep K at multiples of 32.
     routes = explain_file(str(FIXTURES / "granite-f32.gguf"), backend="cuda")
-    kernels = {r["stage"]: r["kernel"] for r in routes if r["layer"] == 0}
-    assert kernels["ffn_down"] == "cuda.matmul.f32"
+    down = [(r["tokens_min"], r["kernel"]) for r in routes if r["layer"] == 0 and r["stage"] == "ffn_down"]
+    assert down == [(1, "cuda.matvec.f32"), (2, "cuda.matmul_tokens.f32")]
     assert "K=200" in next(r["dims"] for r in routes if r["layer"] == 0 and r["stage"] == "ffn_down")
+
+
+ATTENTION_ROWS = [r["kernel"] for r in _core.capability_rows() if r["backend"] == "cuda" and r["op"] == "attention"]
 
 
 @pytest.mark.parametrize("fixture,excluded,stage", [
     ("gemma2", ["cuda.softcap"], "final_softcap"),
-    ("gemma2", ["cuda.attention", "cuda.attention_mma", "cuda.attention_rope", "cuda.attention_mma_rope"], "attention"),
+    ("gemma2", ATTENTION_ROWS, "attention"),
     ("granite", ["cuda.scale"], "logit_scale"),
     ("gpt2", ["cuda.embed.f32"], "token_embd"),
     ("gemma4", [r["kernel"] for r in _core.capability_rows() if r["kernel"].startswith("cuda.per_layer_embed.")],
      "per_layer_embd"),
     ("gemma4", ["cuda.per_layer_gate"], "ple_act"),
     ("gemma4", ["cuda.scale"], "layer_output_scale"),
-    ("gemma4-kvshare", ["cuda.attention", "cuda.attention_mma", "cuda.attention_rope", "cuda.attention_mma_rope"],
-     "attention"),
+    ("gemma4-kvshare", ATTENTION_ROWS, "attention"),
 ])
 def test_feature_without_a_cuda_row_is_refused(fixture, excluded, stage):
     with pytest.raises(kcap.RoutingError, match=f"stage '{stage}'.*no cuda row fits"):

@@ -1,4 +1,4 @@
-"""CUDA backend (issue 3).
+"""CUDA backend.
 
 Runs everywhere (no GPU needed): the CUDA rows are in the capability table, `kcap explain
 --backend cuda` routes every stage of both real models and of the Llama-3-8B Q4_K_M shape to
@@ -114,6 +114,16 @@ def cuda_device(tiny_path):
 
 # --- no GPU needed ------------------------------------------------------------------------
 
+def at(routes: list[dict], n_tokens: int) -> list[dict]:
+    """The route of each stage that runs a call of n_tokens tokens (one per stage, in order)."""
+    return [r for r in routes if r["tokens_min"] <= n_tokens and (r["tokens_max"] is None or n_tokens <= r["tokens_max"])]
+
+
+def kernels_at(routes: list[dict], n_tokens: int, layer: int = 0) -> dict:
+    """Stage name -> kernel of one layer's calls of n_tokens tokens."""
+    return {r["stage"]: r["kernel"] for r in at(routes, n_tokens) if r["layer"] == layer}
+
+
 def test_cuda_rows_cover_every_op_and_required_format():
     rows = [r for r in _core.capability_rows() if r["backend"] == "cuda"]
     ops = {r["op"] for r in rows}
@@ -149,12 +159,13 @@ def test_explain_routes_every_stage_to_cuda(model_files, name, kv_type):
 def test_cuda_plan_fuses_residual_norms_qkv_gate_up_and_rope(model_files, name):
     """The planner forms add_norm, qkv, gate_up and (QK-norm models) qk_norm_rope stages where
     CUDA has rows for them, then folds each layer's rope (or qk_norm_rope) into its attention
-    (cuda.attention_rope / cuda.attention_mma_rope: the decode rotates Q and K itself);
+    (cuda.attention_decode_rope: the decode rotates Q and K itself; a prefill chunk's row launches
+    the rope kernel first);
     excluding those rows gives back the unfused stages, and the CPU plan (no fused rows) is
     unfused."""
     path, _ = model_files[name]
     cpu = explain_file(path, backend="cpu")
-    fused = explain_file(path, backend="cuda")
+    fused = at(explain_file(path, backend="cuda"), 1)  # decode: one route per stage
     n_layer = 1 + max(r["layer"] for r in cpu)
     assert not {"add_norm", "gate_up", "qk_norm_rope", "qkv"} & {r["op"] for r in cpu}
     by_op = {op: [r for r in fused if r["op"] == op]
@@ -166,6 +177,12 @@ def test_cuda_plan_fuses_residual_norms_qkv_gate_up_and_rope(model_files, name):
     assert len(by_op["gate_up"]) == n_layer and not by_op["ffn_activation"]
     assert all(r["kernel"] == "cuda.add_norm" for r in by_op["add_norm"])
     assert all(r["kernel"].startswith("cuda.gate_up.") and "gated" in r["features"] for r in by_op["gate_up"])
+    # A batch's fused stages run their walk or tensor-core forms (rows of the same fusion).
+    prefill = at(explain_file(path, backend="cuda"), 64)
+    assert {r["kernel"].split(".")[1] for r in prefill if r["op"] == "gate_up"} == {"gate_up_mma"}
+    assert {r["kernel"] for r in prefill if r["op"] == "qkv"} == {"cuda.qkv_mma"}
+    assert {r["kernel"] for r in prefill if r["op"] == "attention"} <= {"cuda.attention_prefill_rope",
+                                                                          "cuda.attention_prefill_qk_norm_rope"}
     assert by_op["add_norm"][-1]["stage"].endswith("+output_norm")
     # Each layer's Q, K and V matmuls (unbiased, any formats each) become one qkv stage; the
     # matmuls left are attn_output, ffn_down and the LM head.
@@ -179,16 +196,16 @@ def test_cuda_plan_fuses_residual_norms_qkv_gate_up_and_rope(model_files, name):
     assert len(by_op["attention"]) == n_layer
     for r in by_op["attention"]:
         assert r["stage"] == ("attn_q_norm+attn_k_norm+rope+attention" if qk_norm else "rope+attention"), r
-        assert r["kernel"] == "cuda.attention_rope" and rope_features <= set(r["features"].split(",")), r
+        assert r["kernel"] == "cuda.attention_decode_rope" and rope_features <= set(r["features"].split(",")), r
         assert ("rms_norm" in r["features"].split(",")) == qk_norm
     fused_rows = [r["kernel"] for r in _core.capability_rows()
-                  if r["kernel"] in ("cuda.add_norm", "cuda.qk_norm_rope", "cuda.qkv", "cuda.attention_rope",
-                                     "cuda.attention_mma_rope")
-                  or r["kernel"].startswith("cuda.gate_up.")]
-    unfused = explain_file(path, backend="cuda", excluded_kernels=fused_rows)
+                  if r["backend"] == "cuda" and r["op"] in ("add_norm", "qk_norm_rope", "qkv", "gate_up")
+                  or "_rope" in r["kernel"] and r["op"] == "attention"]
+    unfused = at(explain_file(path, backend="cuda", excluded_kernels=fused_rows), 1)
     assert [(r["layer"], r["stage"]) for r in unfused] == [(r["layer"], r["stage"]) for r in cpu]
     # Without the rope-owning rows alone, the qk_norm_rope (or rope) stage stays before attention.
-    kept = explain_file(path, backend="cuda", excluded_kernels=["cuda.attention_rope", "cuda.attention_mma_rope"])
+    rope_rows = [r["kernel"] for r in _core.capability_rows() if r["op"] == "attention" and "_rope" in r["kernel"]]
+    kept = at(explain_file(path, backend="cuda", excluded_kernels=rope_rows), 1)
     assert len([r for r in kept if r["op"] == ("qk_norm_rope" if qk_norm else "rope")]) == n_layer
     assert {r["stage"] for r in kept if r["op"] == "attention"} == {"attention"}
     # Stages saved per layer: each add_norm replaces 3 stages with a post-norm (Gemma) or 2,
@@ -204,31 +221,36 @@ def test_attention_owns_only_a_whole_rotary_rope_it_can_pair(tmp_path):
     # refused when only those rows are left.
     partial = synth.tiny_llama(str(tmp_path / "partial.gguf"), n_embd=128, n_head=4, n_head_kv=2, n_ff=64,
                                extra_metadata={"llama.rope.dimension_count": 16})
-    routes = explain_file(partial, backend="cuda")
+    routes = at(explain_file(partial, backend="cuda"), 1)
     assert [r["kernel"] for r in routes if r["op"] == "rope"] == ["cuda.rope"] * 2
-    assert {r["kernel"] for r in routes if r["op"] == "attention"} == {"cuda.attention"}
+    assert {r["kernel"] for r in routes if r["op"] == "attention"} == {"cuda.attention_decode"}
     whole = synth.tiny_llama(str(tmp_path / "whole.gguf"), n_embd=128, n_head=4, n_head_kv=2, n_ff=64)
-    assert {r["kernel"] for r in explain_file(whole, backend="cuda") if r["op"] == "attention"} == {"cuda.attention_rope"}
+    whole_routes = explain_file(whole, backend="cuda")
+    assert {r["kernel"] for r in at(whole_routes, 1) if r["op"] == "attention"} == {"cuda.attention_decode_rope"}
+    assert {r["kernel"] for r in at(whole_routes, 9) if r["op"] == "attention"} == {"cuda.attention_prefill_rope"}
     odd = synth.tiny_gemma3(str(tmp_path / "g48.gguf"), n_embd=96, n_head=2, n_head_kv=1, head_dim=48)
-    routes = explain_file(odd, backend="cuda")
+    routes = at(explain_file(odd, backend="cuda"), 1)
     assert len([r for r in routes if r["op"] == "qk_norm_rope"]) == 3
-    assert {r["kernel"] for r in routes if r["op"] == "attention"} == {"cuda.attention"}
+    assert {r["kernel"] for r in routes if r["op"] == "attention"} == {"cuda.attention_decode"}
     even = synth.tiny_gemma3(str(tmp_path / "g32.gguf"), n_embd=96, n_head=2, n_head_kv=1, head_dim=32)
-    assert {r["kernel"] for r in explain_file(even, backend="cuda") if r["op"] == "attention"} == {"cuda.attention_rope"}
-    row = next(r for r in _core.capability_rows() if r["kernel"] == "cuda.attention_rope")
+    even_routes = explain_file(even, backend="cuda")
+    assert {r["kernel"] for r in at(even_routes, 1) if r["op"] == "attention"} == {"cuda.attention_decode_rope"}
+    assert {r["kernel"] for r in at(even_routes, 9) if r["op"] == "attention"} == {"cuda.attention_prefill_qk_norm_rope"}
+    row = next(r for r in _core.capability_rows() if r["kernel"] == "cuda.attention_decode_rope")
     assert "rope_neox" in row["features"] and "partial_rotary" not in row["features"]
     # The rope-owning rows take only stages that own a rope: with the plain rows excluded, the
     # partial-rotary model's plain attention is refused, with the reason.
-    with pytest.raises(kcap.RoutingError, match=r"cuda.attention_rope: takes only stages with one of"):
-        explain_file(partial, backend="cuda", excluded_kernels=["cuda.attention", "cuda.attention_mma"])
+    with pytest.raises(kcap.RoutingError, match=r"cuda.attention_decode_rope: takes only stages with one of"):
+        explain_file(partial, backend="cuda", excluded_kernels=["cuda.attention_decode", "cuda.attention_prefill",
+                                                                "cuda.attention_mma"])
     # The fused stage's prefill runs the rope stage's kernel, so that stage must have a row: with
     # cuda.rope excluded nothing is fused and the rope stage is refused; with cuda.qk_norm_rope
     # excluded the QK-norms stay apart and the attention owns the plain rope.
     with pytest.raises(kcap.RoutingError, match=r"stage 'rope'.*no cuda row fits"):
         explain_file(whole, backend="cuda", excluded_kernels=["cuda.rope"])
-    kept = explain_file(even, backend="cuda", excluded_kernels=["cuda.qk_norm_rope"])
+    kept = at(explain_file(even, backend="cuda", excluded_kernels=["cuda.qk_norm_rope"]), 1)
     assert {r["stage"] for r in kept if r["op"] == "attention"} == {"rope+attention"}
-    assert {r["kernel"] for r in kept if r["op"] == "attention"} == {"cuda.attention_rope"}
+    assert {r["kernel"] for r in kept if r["op"] == "attention"} == {"cuda.attention_decode_rope"}
     assert len([r for r in kept if r["stage"] in ("attn_q_norm", "attn_k_norm")]) == 6
 
 
@@ -238,7 +260,10 @@ def test_qkv_fuses_q_k_and_v_of_different_formats(tiny_path, tmp_path):
                                type_overrides={"blk.0.attn_v.weight": "Q4_0", "blk.0.attn_k.weight": "F16"})
     layer0 = [r for r in explain_file(mixed, backend="cuda") if r["layer"] == 0]
     qkv = [r for r in layer0 if r["op"] == "qkv"]
-    assert len(qkv) == 1 and qkv[0]["formats"] == "W_q=Q8_0 W_k=F16 W_v=Q4_0"
+    # One token: the three-segment matvec; any batch: the walk (F16 has no tensor-core tiles).
+    assert [(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in qkv] == [("cuda.qkv", 1, 1),
+                                                                              ("cuda.qkv_tokens", 2, None)]
+    assert qkv[0]["formats"] == "W_q=Q8_0 W_k=F16 W_v=Q4_0"
     row = next(r for r in _core.capability_rows() if r["kernel"] == "cuda.qkv")
     assert len(row["operand_formats"]) == 3
     # K must suit every operand's format (dims.k_multiple_of: each weight's own block multiple).
@@ -250,7 +275,7 @@ def test_gate_and_up_of_different_formats_stay_unfused(tiny_path, tmp_path):
     # ffn_gate keeps the two matmuls and the activation (fusion only where a row fits).
     mixed = synth.clone_layout(tiny_path, str(tmp_path / "mixed.gguf"),
                                type_overrides={"blk.0.ffn_up.weight": "Q4_0"})
-    routes = explain_file(mixed, backend="cuda")
+    routes = at(explain_file(mixed, backend="cuda"), 1)
     layer0 = {r["stage"]: r for r in routes if r["layer"] == 0}
     assert layer0["ffn_up"]["kernel"].endswith(".q4_0") and layer0["ffn_gate"]["kernel"].endswith(".q8_0")
     assert "ffn_act" in layer0
@@ -287,34 +312,47 @@ def test_llama3_8b_shape_routes_to_cuda(tmp_path):
     path = synth.llama3_8b_q4_k_m(str(tmp_path / "l3.gguf"), n_layer=1, n_vocab=512)
     routes = explain_file(path, backend="cuda", kv_type="f16", n_ctx=8192)
     assert {r["backend"] for r in routes} == {"cuda"}
-    kernels = {r["stage"]: r["kernel"] for r in routes if r["layer"] == 0}
-    assert kernels["attn_q+attn_k+attn_v"] == "cuda.qkv"
-    assert kernels["attn_output"] == "cuda.matmul_mma.q4_k"
-    assert kernels["ffn_down"] == "cuda.matmul_mma.q6_k"  # layer 0: use_more_bits
-    assert kernels["rope+attention"] == "cuda.attention_mma_rope"  # the f16 cache's tensor-core prefill
+    decode, prefill = kernels_at(routes, 1), kernels_at(routes, 512)
+    assert decode["attn_q+attn_k+attn_v"] == "cuda.qkv" and prefill["attn_q+attn_k+attn_v"] == "cuda.qkv_mma"
+    assert decode["attn_output"] == "cuda.matvec.q4_k" and prefill["attn_output"] == "cuda.matmul_mma.q4_k"
+    assert kernels_at(routes, 8)["attn_output"] == "cuda.matmul_tokens.q4_k"
+    assert prefill["ffn_down"] == "cuda.matmul_mma.q6_k"  # layer 0: use_more_bits
+    assert decode["rope+attention"] == "cuda.attention_decode_rope"
+    assert prefill["rope+attention"] == "cuda.attention_mma_rope"  # the f16 cache's tensor-core prefill
 
 
 def test_q8_1_activations_route_matmuls_to_the_int8_rows(tmp_path):
-    # activations="q8_1" lets the planner take the int8-activation rows (cuda.matmul_q8.*,
-    # cuda.gate_up_q8.*, cuda.qkv_q8) for every matmul with a quantized weight and nothing else;
-    # the default plan never takes them. The CPU has the same option (cpu.matmul_q8.*: the exact
-    # matmul of the rounded input, the reference the CUDA rows are held to).
+    # activations="q8_1" lets the planner take the int8-activation rows for every matmul with a
+    # quantized weight and nothing else; the default plan never takes them. Up to 15 tokens the
+    # dp4a matvec, from 16 the int8 tiles (128 tokens per group once they fill a wave). Where a
+    # stage writes its output's q8_1 for the matmuls after it (add_norm, attention: q8_output),
+    # they read it (q8_input, the _in rows); otherwise a long row is rounded by a launch of its
+    # own (_quant). The CPU has the same option (cpu.matvec_q8 / cpu.matmul_q8: the reference).
     path = synth.llama3_8b_q4_k_m(str(tmp_path / "l3.gguf"), n_layer=1, n_vocab=512)
     exact = explain_file(path, backend="cuda", kv_type="f16")
     q8 = explain_file(path, backend="cuda", kv_type="f16", activations="q8_1")
     assert not [r for r in exact if "_q8" in r["kernel"]]
-    kernels = {(r["layer"], r["op"], r["stage"]): r["kernel"] for r in q8}
-    changed = {key: kernel for key, kernel in kernels.items()
-               if kernel != {(r["layer"], r["op"], r["stage"]): r["kernel"] for r in exact}[key]}
-    assert changed == {
-        (0, "qkv", "attn_q+attn_k+attn_v"): "cuda.qkv_q8",
-        (0, "matmul", "attn_output"): "cuda.matmul_q8.q4_k",
-        (0, "gate_up", "ffn_gate+ffn_up+ffn_act"): "cuda.gate_up_q8.q4_k",
-        (0, "matmul", "ffn_down"): "cuda.matmul_q8.q6_k",  # layer 0: use_more_bits
-        (-1, "matmul", "output"): "cuda.matmul_q8.q6_k",
-    }, changed
-    cpu = {(r["layer"], r["stage"]): r["kernel"] for r in explain_file(path, backend="cpu")}
-    cpu_q8 = {(r["layer"], r["stage"]): r["kernel"] for r in explain_file(path, backend="cpu", activations="q8_1")}
+    decode, few, batch = kernels_at(q8, 1), kernels_at(q8, 8), kernels_at(q8, 512)
+    assert decode["attn_q+attn_k+attn_v"] == "cuda.qkv_q8_quant"  # after a plain norm: its own launch
+    assert few["attn_q+attn_k+attn_v"] == "cuda.qkv_q8_tokens_quant"
+    assert batch["attn_q+attn_k+attn_v"] == "cuda.qkv_q8_mma"
+    assert decode["rope+attention"] == "cuda.attention_decode_rope_q8"
+    assert batch["rope+attention"] == "cuda.attention_mma_rope_q8"
+    assert decode["attn_output"] == "cuda.matvec_q8_in.q4_k" and batch["attn_output"] == "cuda.matmul_q8_mma_in.q4_k"
+    add_norms = [r for r in at(q8, 1) if r["op"] == "add_norm"]
+    assert add_norms and {r["kernel"] for r in add_norms} == {"cuda.add_norm_q8"}
+    assert all("q8_output" in r["features"] for r in add_norms)
+    assert decode["ffn_gate+ffn_up+ffn_act"] == "cuda.gate_up_q8_in.q4_k"
+    assert batch["ffn_gate+ffn_up+ffn_act"] == "cuda.gate_up_q8_mma128_in.q4_k"  # 224 row tiles fill a wave
+    assert decode["ffn_down"] == "cuda.matvec_q8_quant.q6_k"  # layer 0: use_more_bits
+    assert batch["ffn_down"] == "cuda.matmul_q8_mma128.q6_k"
+    assert kernels_at(q8, 1, layer=-1)["output"] == "cuda.matvec_q8_in.q6_k"
+    # The 128-token tiles start where they fill a wave on the reference device (132 SMs): Q6_K
+    # ffn_down (32 row tiles, one group per SM) from 385 tokens, Q4_K gate_up (224) from 129.
+    down = [(r["tokens_min"], r["kernel"]) for r in q8 if r["layer"] == 0 and r["stage"] == "ffn_down"]
+    assert down == [(1, "cuda.matvec_q8_quant.q6_k"), (16, "cuda.matmul_q8_mma.q6_k"), (385, "cuda.matmul_q8_mma128.q6_k")]
+    cpu = {(r["layer"], r["stage"]): r["kernel"] for r in at(explain_file(path, backend="cpu"), 8)}
+    cpu_q8 = {(r["layer"], r["stage"]): r["kernel"] for r in at(explain_file(path, backend="cpu", activations="q8_1"), 8)}
     assert cpu_q8.keys() == cpu.keys()
     assert {key: kernel for key, kernel in cpu_q8.items() if kernel != cpu[key]} == {
         (0, "attn_q"): "cpu.matmul_q8.q4_k", (0, "attn_k"): "cpu.matmul_q8.q4_k", (0, "attn_v"): "cpu.matmul_q8.q6_k",
@@ -325,34 +363,37 @@ def test_q8_1_activations_route_matmuls_to_the_int8_rows(tmp_path):
     # A q8_1 row is refused, with the option named, when the plan keeps f32 activations.
     with pytest.raises(kcap.RoutingError, match=r"rounds its input to q8_1; the plan keeps f32 activations"):
         explain_file(path, backend="cuda", kv_type="f16",
-                     excluded_kernels=["cuda.matmul.q4_k", "cuda.matmul_mma.q4_k"])
+                     excluded_kernels=["cuda.matvec.q4_k", "cuda.matmul_tokens.q4_k", "cuda.matmul_mma.q4_k"])
 
 
 def test_bf16_activations_route_matmuls_to_the_gemm_rows(tmp_path):
     # activations="bf16" lets the planner take the bf16 rows (cuda.matmul_bf16.*,
-    # cuda.gate_up_bf16.*, cuda.qkv_bf16: dequantize + cuBLAS from kGemmMinTokens tokens on) for
-    # every matmul and nothing else; the CPU has no bf16 rows and keeps its exact plan.
+    # cuda.gate_up_bf16.*, cuda.qkv_bf16: dequantize + cuBLAS) for every matmul's calls of
+    # kGemmMinTokens (16) tokens and more, and nothing else: fewer tokens run the exact rows. The
+    # CPU has no bf16 rows and keeps its exact plan.
     path = synth.llama3_8b_q4_k_m(str(tmp_path / "l3.gguf"), n_layer=1, n_vocab=512)
-    exact = {(r["layer"], r["op"], r["stage"]): r["kernel"] for r in explain_file(path, backend="cuda", kv_type="f16")}
-    bf16 = {(r["layer"], r["op"], r["stage"]): r["kernel"]
-            for r in explain_file(path, backend="cuda", kv_type="f16", activations="bf16")}
-    assert not [k for k in exact.values() if "_bf16" in k]
-    assert {key: kernel for key, kernel in bf16.items() if kernel != exact[key]} == {
-        (0, "qkv", "attn_q+attn_k+attn_v"): "cuda.qkv_bf16",
-        (0, "matmul", "attn_output"): "cuda.matmul_bf16.q4_k",
-        (0, "gate_up", "ffn_gate+ffn_up+ffn_act"): "cuda.gate_up_bf16.q4_k",
-        (0, "matmul", "ffn_down"): "cuda.matmul_bf16.q6_k",
-        (-1, "matmul", "output"): "cuda.matmul_bf16.q6_k",
+    exact = explain_file(path, backend="cuda", kv_type="f16")
+    bf16 = explain_file(path, backend="cuda", kv_type="f16", activations="bf16")
+    assert not [r for r in exact if "_bf16" in r["kernel"]]
+    for n in (1, 15):
+        assert kernels_at(bf16, n) == kernels_at(exact, n)
+    big, big_exact = kernels_at(bf16, 16), kernels_at(exact, 16)
+    assert {stage: kernel for stage, kernel in big.items() if kernel != big_exact[stage]} == {
+        "attn_q+attn_k+attn_v": "cuda.qkv_bf16",
+        "attn_output": "cuda.matmul_bf16.q4_k",
+        "ffn_gate+ffn_up+ffn_act": "cuda.gate_up_bf16.q4_k",
+        "ffn_down": "cuda.matmul_bf16.q6_k",
     }
+    assert kernels_at(bf16, 16, layer=-1)["output"] == "cuda.matmul_bf16.q6_k"
     cpu = explain_file(path, backend="cpu")
     assert explain_file(path, backend="cpu", activations="bf16") == cpu
     # A bf16 row is refused, with the option named, when the plan keeps f32 activations.
     with pytest.raises(kcap.RoutingError, match=r"cuda.matmul_bf16.q4_k: rounds its input to bf16; the plan keeps f32"):
-        explain_file(path, backend="cuda", kv_type="f16", excluded_kernels=["cuda.matmul.q4_k", "cuda.matmul_mma.q4_k"])
+        explain_file(path, backend="cuda", kv_type="f16",
+                     excluded_kernels=["cuda.matmul_tokens.q4_k", "cuda.matmul_mma.q4_k"])
     # Every weight format has a bf16 body, so a Q/K/V mix with a float format fuses too (q8_1 does not).
     mixed = synth.tiny_llama(str(tmp_path / "mixed.gguf"), n_layer=1, tensor_types={"blk.0.attn_v.weight": "F16"})
-    kernels = {r["stage"]: r["kernel"] for r in explain_file(mixed, backend="cuda", activations="bf16") if r["layer"] == 0}
-    assert kernels["attn_q+attn_k+attn_v"] == "cuda.qkv_bf16", kernels
+    assert kernels_at(explain_file(mixed, backend="cuda", activations="bf16"), 16)["attn_q+attn_k+attn_v"] == "cuda.qkv_bf16"
 
 
 def test_locate_cublas_takes_the_newest_pip_copy_when_the_loader_finds_none(tmp_path, monkeypatch):
@@ -390,15 +431,13 @@ def test_q8_1_fusion_keeps_each_matmuls_encoding(tmp_path):
     # fuse them: Q and K round their input, V (F16, no q8_1 row) stays exact. Where every format
     # has a q8_1 row the fused row is cuda.qkv_q8.
     mixed = synth.tiny_llama(str(tmp_path / "mixed.gguf"), n_layer=1, tensor_types={"blk.0.attn_v.weight": "F16"})
-    kernels = {r["stage"]: r["kernel"] for r in explain_file(mixed, backend="cuda", activations="q8_1") if r["layer"] == 0}
-    assert kernels["attn_q"] == "cuda.matmul_q8.q8_0" and kernels["attn_k"] == "cuda.matmul_q8.q8_0"
-    assert kernels["attn_v"].startswith("cuda.matmul_mma.f16") or kernels["attn_v"] == "cuda.matmul.f16", kernels
-    assert kernels["ffn_gate+ffn_up+ffn_act"] == "cuda.gate_up_q8.q8_0"
-    exact = {r["stage"]: r["kernel"] for r in explain_file(mixed, backend="cuda") if r["layer"] == 0}
-    assert exact["attn_q+attn_k+attn_v"] == "cuda.qkv"  # without q8_1 the mix fuses as before
+    kernels = kernels_at(explain_file(mixed, backend="cuda", activations="q8_1"), 1)
+    assert kernels["attn_q"] == "cuda.matvec_q8.q8_0" and kernels["attn_k"] == "cuda.matvec_q8.q8_0"
+    assert kernels["attn_v"] == "cuda.matvec.f16", kernels
+    assert kernels["ffn_gate+ffn_up+ffn_act"] == "cuda.gate_up_q8_in.q8_0"
+    assert kernels_at(explain_file(mixed, backend="cuda"), 1)["attn_q+attn_k+attn_v"] == "cuda.qkv"  # exact: fused
     plain = synth.tiny_llama(str(tmp_path / "plain.gguf"), n_layer=1)
-    kernels = {r["stage"]: r["kernel"] for r in explain_file(plain, backend="cuda", activations="q8_1") if r["layer"] == 0}
-    assert kernels["attn_q+attn_k+attn_v"] == "cuda.qkv_q8"
+    assert kernels_at(explain_file(plain, backend="cuda", activations="q8_1"), 1)["attn_q+attn_k+attn_v"] == "cuda.qkv_q8"
 
 
 def test_tensor_core_attention_takes_only_its_head_dims(tmp_path):
@@ -407,12 +446,13 @@ def test_tensor_core_attention_takes_only_its_head_dims(tmp_path):
     # refused with the reason; head_dim 64 takes the tensor-core row.
     # (The attention stages own their rope here: the _rope rows, same bodies and dims.)
     narrow = synth.tiny_llama(str(tmp_path / "d32.gguf"), n_embd=128, n_head=4, n_head_kv=2, n_ff=64)
-    routes = explain_file(narrow, backend="cuda", kv_type="f16")
-    assert {r["kernel"] for r in routes if r["op"] == "attention"} == {"cuda.attention_rope"}
+    routes = at(explain_file(narrow, backend="cuda", kv_type="f16"), 64)
+    assert {r["kernel"] for r in routes if r["op"] == "attention"} == {"cuda.attention_prefill_rope"}
     with pytest.raises(kcap.RoutingError, match=r"head_dim 32/32 is not one of 64, 128, 256"):
-        explain_file(narrow, backend="cuda", kv_type="f16", excluded_kernels=["cuda.attention", "cuda.attention_rope"])
+        explain_file(narrow, backend="cuda", kv_type="f16",
+                     excluded_kernels=["cuda.attention_prefill", "cuda.attention_prefill_rope"])
     wide = synth.tiny_llama(str(tmp_path / "d64.gguf"), n_embd=256, n_head=4, n_head_kv=2, n_ff=64)
-    routes = explain_file(wide, backend="cuda", kv_type="f16")
+    routes = at(explain_file(wide, backend="cuda", kv_type="f16"), 64)
     assert {r["kernel"] for r in routes if r["op"] == "attention"} == {"cuda.attention_mma_rope"}
 
 
@@ -447,10 +487,10 @@ def engines(model_files, cuda_device):
     for name, (path, _) in model_files.items():
         cpu = kcap.load(path, backend="cpu", n_ctx=1024)
         cuda = kcap.load(path, backend="cuda", n_ctx=1024)
-        # The exact engine: no row with a tensor-core batched path (the mma rows, and gate_up
-        # and qkv, which run them for a batch).
+        # The exact engine: no tensor-core matmul row (cuda.matmul_mma.*, cuda.gate_up_mma.*,
+        # cuda.qkv_mma).
         mma_rows = [r["kernel"] for r in _core.capability_rows()
-                    if r["kernel"].startswith(("cuda.matmul_mma.", "cuda.gate_up.")) or r["kernel"] == "cuda.qkv"]
+                    if r["kernel"].startswith(("cuda.matmul_mma.", "cuda.gate_up_mma.")) or r["kernel"] == "cuda.qkv_mma"]
         exact = kcap.load(path, backend="cuda", n_ctx=1024, excluded_kernels=mma_rows)
         made[name] = (cpu, cuda, exact)
     return made
@@ -546,16 +586,16 @@ def test_f16_cache_prefill_takes_the_tensor_core_attention(model_files, cuda_dev
     # the tolerance or closer than the CPU with an f32 cache is.
     path, _ = model_files[name]
     routes = explain_file(path, backend="cuda", kv_type="f16")
-    assert {r["kernel"] for r in routes if r["op"] == "attention"} == {"cuda.attention_mma_rope"}
+    assert {r["kernel"] for r in at(routes, 600) if r["op"] == "attention"} == {"cuda.attention_mma_rope"}
     mma = kcap.load(path, backend="cuda", n_ctx=1024, kv_type="f16")
-    simt = kcap.load(path, backend="cuda", n_ctx=1024, kv_type="f16",
-                     excluded_kernels=["cuda.attention_mma", "cuda.attention_mma_rope"])
+    mma_attention = [r["kernel"] for r in _core.capability_rows() if r["kernel"].startswith("cuda.attention_mma")]
+    simt = kcap.load(path, backend="cuda", n_ctx=1024, kv_type="f16", excluded_kernels=mma_attention)
     cpu16 = kcap.load(path, backend="cpu", n_ctx=1024, kv_type="f16")
     cpu32 = kcap.load(path, backend="cpu", n_ctx=1024, kv_type="f32")
     ids = prompt_ids(mma.n_vocab, 600, seed=8)
     got, simt_logits, ref = mma.eval(ids), simt.eval(ids), cpu16.eval(ids)
     to_f32 = max_relative(got, cpu32.eval(ids))
-    for other, label in ((simt_logits, "cuda.attention"), (ref, "the CPU")):
+    for other, label in ((simt_logits, "cuda.attention_prefill"), (ref, "the CPU")):
         worst = max_relative(got, other)
         assert worst <= MMA_TOLERANCE or worst < to_f32, (
             f"{name}: max |Δ| to {label} (f16 caches) {worst:.3g} × std, to the CPU's f32 cache {to_f32:.3g}")

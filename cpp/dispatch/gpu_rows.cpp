@@ -1,0 +1,122 @@
+// The rows both GPU backends run from the same kernel bodies, declared once (gpu_rows.h).
+#include "dispatch/gpu_rows.h"
+
+#include "dispatch/stage.h"
+
+namespace kcap {
+
+namespace {
+
+constexpr uint32_t kActivationFeatures = kSilu | kGeluTanh | kGeluErf | kRelu;
+
+struct Family {
+    const char* name;      // the row's kernel name after "<backend>."
+    bool per_format;       // one row per weight format: "<backend>.<name>.<format>"
+    Op op;
+    TokenRange tokens;
+    int priority;
+    std::vector<const char*> launches;
+};
+
+const Family& family_of(GpuFamily family) {
+    static const Family families[] = {
+        {"embed", true, Op::Embed, {1, 0}, 0, {"embed"}},
+        {"matvec", true, Op::MatMul, {1, 1}, 1, {"matvec"}},
+        {"matmul_tokens", true, Op::MatMul, {1, 0}, 0, {"matmul_tokens"}},
+        {"gate_up", true, Op::GateUp, {1, 1}, 1, {"gate_up"}},
+        {"gate_up_tokens", true, Op::GateUp, {1, 0}, 0, {"matmul_tokens", "matmul_tokens", "ffn_activation"}},
+        {"norm", false, Op::Norm, {1, 0}, 0, {"norm"}},
+        {"add_norm", false, Op::AddNorm, {1, 0}, 0, {"add_norm"}},
+        {"rope", false, Op::Rope, {1, 0}, 0, {"rope"}},
+        {"attention_decode", false, Op::Attention, {1, 1}, 0, {"attention_decode", "(attention_combine)"}},
+        {"attention_prefill", false, Op::Attention, {2, 0}, 0, {"(kv_append)", "attention_prefill"}},
+        {"ffn_activation", false, Op::FfnActivation, {1, 0}, 0, {"ffn_activation"}},
+        {"add", false, Op::Add, {1, 0}, 0, {"add"}},
+        {"softcap", false, Op::Softcap, {1, 0}, 0, {"softcap"}},
+        {"scale", false, Op::Scale, {1, 0}, 0, {"scale"}},
+        {"per_layer_embed", true, Op::PerLayerEmbed, {1, 0}, 0, {"matmul_tokens", "ple_combine"}},
+        {"per_layer_gate", false, Op::PerLayerGate, {1, 0}, 0, {"ple_gate"}},
+        {"argmax", false, Op::Argmax, {1, 1}, 0, {"argmax_partial", "argmax_final"}},
+    };
+    return families[int(family)];
+}
+
+}  // namespace
+
+Row gpu_family_row(GpuFamily family, Backend backend, Format format, KernelFn fn, Geometry geometry) {
+    const Family& f = family_of(family);
+    std::string kernel = std::string(backend_name(backend)) + "." + f.name;
+    if (f.per_format) kernel += "." + lowercase(format_name(format));
+    Row row = gpu_row(backend, kernel, f.op, fn, geometry);
+    row.tokens = f.tokens;
+    row.priority = f.priority;
+    row.launches.assign(f.launches.begin(), f.launches.end());
+    switch (family) {
+        case GpuFamily::Embed:
+            row.operand_formats = {{format}, {Format::F32, Format::F16}};  // table, learned positions
+            row.features = kEmbedScale | kPositionEmbedding;
+            row.dims.k_multiple = exact_k_multiple(format);
+            break;
+        case GpuFamily::Matvec:
+        case GpuFamily::MatmulTokens:
+            row.operand_formats = {{format}, {Format::F32}};  // W, bias
+            row.features = kBias;
+            row.dims.k_multiple = exact_k_multiple(format);
+            break;
+        case GpuFamily::GateUp:
+        case GpuFamily::GateUpTokens:
+            row.operand_formats = {{format}, {format}};  // W_gate, W_up
+            row.features = kActivationFeatures | kGated;
+            row.dims.k_multiple = exact_k_multiple(format);
+            break;
+        case GpuFamily::Norm:
+            row.operand_formats = {{Format::F32}, {Format::F32}};
+            row.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm;
+            break;
+        case GpuFamily::AddNorm:  // [post-norm of the branch] + residual add + the next norm
+            row.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}, {Format::F32}};
+            row.features = kRmsNorm | kLayerNorm | kBias | kParameterFreeNorm | kResidualScale | kPostNorm;
+            break;
+        case GpuFamily::Rope:
+            row.operand_formats = {{Format::F32}};  // frequency factors
+            row.features = kRopeNormal | kRopeNeox | kPartialRotary | kRopeFreqFactors;
+            break;
+        case GpuFamily::AttentionDecode:
+        case GpuFamily::AttentionPrefill:
+            row.kv_formats = {Format::F32, Format::F16};
+            row.features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared;
+            row.dims.k_multiple = 4;      // head_dim: K rows are read 4 elements at a time
+            row.dims.max_head_dim = 256;  // per-lane value registers (KCAP_ATTN_MAX_HEAD_DIM)
+            break;
+        case GpuFamily::FfnActivation:
+            row.features = kActivationFeatures | kGated;
+            break;
+        case GpuFamily::Add:
+            row.features = kResidualScale;
+            break;
+        case GpuFamily::Scale:
+            row.features = kLayerOutputScale;  // also scales the residual stream after a block
+            break;
+        case GpuFamily::PerLayerEmbed:  // table (any format), projection (this row's), norm
+            row.operand_formats = {gpu_weight_formats(), {format}, {Format::F32}};
+            row.features = kPerLayerEmbedding | kRmsNorm;
+            row.dims.k_multiple = exact_k_multiple(format);
+            break;
+        case GpuFamily::PerLayerGate:
+            row.features = kPerLayerEmbedding | kActivationFeatures;
+            break;
+        case GpuFamily::Softcap:
+        case GpuFamily::Argmax:
+            break;
+    }
+    return row;
+}
+
+std::vector<std::string> launched_kernels(const Row& row) {
+    std::vector<std::string> names;
+    for (const std::string& launch : row.launches)
+        names.push_back(launch.front() == '(' ? launch.substr(1, launch.size() - 2) : launch);
+    return names;
+}
+
+}  // namespace kcap
