@@ -37,6 +37,18 @@ matches no published model and it refuses with "BPE pre-tokenizer was not recogn
 For the byte-level BPE fixtures the subprocess wraps ``TextModel.get_vocab_base_pre`` so
 that, ONLY when the original raises that error, it returns ``"gpt-2"`` (our BPE
 tokenizers use exactly the GPT-2 byte-level pre-tokenizer). Nothing else is changed.
+
+A second documented intervention, after the converter's run: for the families marked
+``add_metadata`` (``qwen2-swa``, ``qwen3-swa``, ``starcoder2-swa``) the converter writes no
+sliding-window key although transformers slides their attention, so the script adds
+``<arch>.attention.sliding_window`` and, where the config has ``layer_types``,
+``<arch>.attention.sliding_window_pattern`` (a bool per layer) to both files, in the form the
+converter writes for the families that keep them; tensor bytes are untouched (this step needs
+kcap installed, whose ``kcap.testing.synth`` rewrites the file). The manifest and ``meta``
+record the added keys.
+
+``REFUSED`` models (features kcap does not implement, e.g. Gemma 4's mixture-of-experts block)
+are converted to one F32 file each in ``tests/fixtures/conformance/refused/``, without goldens.
 """
 
 from __future__ import annotations
@@ -57,6 +69,7 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "conformance"
 GOLDENS = REPO / "tests" / "goldens" / "conformance"
 MANIFEST = FIXTURES / "manifest.json"
+REFUSED_FIXTURES = FIXTURES / "refused"  # outside the *.gguf glob of the support matrix
 
 PROMPT_LEN = 40
 GREEDY_STEPS = 16
@@ -440,6 +453,50 @@ FAMILIES: dict[str, dict] = {
         notes=["LayerNorm with bias, biases on q/k/v/o and on the two FFN matrices (c_fc/c_proj), "
                "non-gated GELU (tanh) FFN, GQA 6/2, NEOX rope. sliding_window None (the converter writes "
                "no sliding-window key for starcoder2)."]),
+    "qwen2-swa": dict(
+        cls="Qwen2ForCausalLM", config_cls="Qwen2Config", tokenizer="bpe", pre="gpt-2",
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        special_roles={"bos": "<|endoftext|>", "eos": "<|im_end|>"},
+        config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+                    tie_word_embeddings=True, use_sliding_window=True, sliding_window=8, max_window_layers=1,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        add_metadata="sliding_window",
+        probes={"no sliding window": {"sliding_window": 4096}},
+        notes=["use_sliding_window with sliding_window 8 and max_window_layers 1: transformers' Qwen2 "
+               "slides the layers i >= max_window_layers (1 and 2), layer 0 is full.",
+               "The converter writes no sliding-window key for qwen2; the script adds "
+               "qwen2.attention.sliding_window and qwen2.attention.sliding_window_pattern (see "
+               "'Second intervention' in README.md)."]),
+    "qwen3-swa": dict(
+        cls="Qwen3ForCausalLM", config_cls="Qwen3Config", tokenizer="bpe", pre="gpt-2",
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        special_roles={"bos": "<|endoftext|>", "eos": "<|im_end|>"},
+        config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,
+                    tie_word_embeddings=False, attention_bias=False, use_sliding_window=True, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        add_metadata="sliding_window",
+        probes={"no sliding window": {"sliding_window": 4096}},
+        notes=["use_sliding_window with sliding_window 8 and explicit layer_types sliding/full/sliding "
+               "(a pattern that max_window_layers cannot express; transformers' Qwen3 follows layer_types).",
+               "The converter writes no sliding-window key for qwen3; the script adds "
+               "qwen3.attention.sliding_window and qwen3.attention.sliding_window_pattern (see "
+               "'Second intervention' in README.md)."]),
+    "starcoder2-swa": dict(
+        cls="Starcoder2ForCausalLM", config_cls="Starcoder2Config", tokenizer="bpe", pre="gpt-2",
+        specials=["<|endoftext|>"], special_roles={"bos": "<|endoftext|>", "eos": "<|endoftext|>"},
+        config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=256, norm_epsilon=1e-5, use_bias=True,
+                    hidden_act="gelu_pytorch_tanh", sliding_window=8, tie_word_embeddings=True,
+                    rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
+        add_metadata="sliding_window",
+        probes={"no sliding window": {"sliding_window": None}},
+        notes=["sliding_window 8: transformers' Starcoder2 slides every layer.",
+               "The converter writes no sliding-window key for starcoder2; the script adds "
+               "starcoder2.attention.sliding_window only (no pattern key: every layer slides; see "
+               "'Second intervention' in README.md)."]),
     "granite": dict(
         cls="GraniteForCausalLM", config_cls="GraniteConfig", tokenizer="bpe", pre="gpt-2",
         specials=["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>"],
@@ -459,6 +516,27 @@ FAMILIES: dict[str, dict] = {
 }
 
 
+# Models that kcap must refuse (they need a feature it does not implement), made and converted
+# the same way: one F32 file each in REFUSED_FIXTURES, no goldens (there are no kcap logits to
+# compare); tests/python/test_accounting.py checks that loading one fails and says why.
+REFUSED: dict[str, dict] = {
+    "gemma4-moe": dict(
+        cls="Gemma4ForCausalLM", config_cls="Gemma4TextConfig", tokenizer="hf-gemma4",
+        config=dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0,
+                    vocab_size_per_layer_input=VOCAB, final_logit_softcapping=3.0, max_position_embeddings=256,
+                    rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh", num_kv_shared_layers=0,
+                    enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                     "full_attention": {"rope_type": "proportional",
+                                                        "partial_rotary_factor": 0.25,
+                                                        "rope_theta": 1000000.0}}),
+        notes=["Gemma 4 with its mixture-of-experts block (enable_moe_block, 4 experts, top 2, expert "
+               "width 32) beside the dense MLP; transformers' own initialisation (seeded), no reinit."]),
+}
+
+
 # ----------------------------------------------------------------------------------------
 # model building
 # ----------------------------------------------------------------------------------------
@@ -468,7 +546,7 @@ def family_seed(name: str) -> int:
     return zlib.crc32(name.encode()) & 0x7FFFFFFF
 
 
-def build_model(name: str, spec: dict, roles: dict[str, int]):
+def build_model(name: str, spec: dict, roles: dict[str, int], perturb: bool = True):
     import torch
     import transformers
 
@@ -483,7 +561,8 @@ def build_model(name: str, spec: dict, roles: dict[str, int]):
     config._attn_implementation = "eager"
     torch.manual_seed(family_seed(name))
     model = getattr(transformers, spec["cls"])(config).eval()
-    reinit(model, family_seed(name) + 1)
+    if perturb:
+        reinit(model, family_seed(name) + 1)
     return model
 
 
@@ -810,6 +889,35 @@ def gguf_config_diff(gguf_path: Path, config) -> dict | str:
 
 
 # ----------------------------------------------------------------------------------------
+# metadata the converter omits (the second intervention)
+# ----------------------------------------------------------------------------------------
+
+
+def sliding_window_metadata(arch: str, config) -> dict:
+    """The sliding-window keys of a config whose converter class writes none, in the form the
+    converter writes for the families that keep them (its Cohere2, EXAONE 4 and Gemma 4 classes):
+    the window, and where the config has layer_types a bool per layer (true: the layer slides)."""
+    keys = {f"{arch}.attention.sliding_window": int(config.sliding_window)}
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        keys[f"{arch}.attention.sliding_window_pattern"] = [t == "sliding_attention" for t in layer_types]
+    return keys
+
+
+ADDED_METADATA = {"sliding_window": sliding_window_metadata}
+
+
+def add_metadata(path: Path, keys: dict) -> None:
+    """Rewrites a GGUF with extra metadata keys, every tensor's bytes unchanged (needs kcap
+    installed: kcap.testing.synth writes the copy)."""
+    from kcap.testing.synth import copy_with_changes
+
+    tmp = path.with_name(path.name + ".tmp")
+    copy_with_changes(str(path), str(tmp), metadata_overrides=keys)
+    tmp.replace(path)
+
+
+# ----------------------------------------------------------------------------------------
 # driver
 # ----------------------------------------------------------------------------------------
 
@@ -873,11 +981,18 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
     FIXTURES.mkdir(parents=True, exist_ok=True)
     GOLDENS.mkdir(parents=True, exist_ok=True)
     files, inspected, reload = {}, {}, {}
+    added = {}
     for outtype in OUTTYPES:
         out = FIXTURES / f"{name}-{outtype}.gguf"
         if out.exists():
             out.unlink()
         convert(llama_dir, hf_dir, out, outtype, name, spec.get("pre"), work / f"{name}-{outtype}.log")
+        if spec.get("add_metadata"):
+            from gguf import GGUFReader
+
+            arch = bytes(GGUFReader(out).fields["general.architecture"].parts[-1]).decode()
+            added = ADDED_METADATA[spec["add_metadata"]](arch, model.config)
+            add_metadata(out, added)
         size = out.stat().st_size
         if size >= MAX_FILE_BYTES:
             raise RuntimeError(f"{out.name} is {size} bytes (limit {MAX_FILE_BYTES})")
@@ -930,6 +1045,7 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
         "gguf_reload": reload,
         "tensor_fidelity": {t: fidelity[t] for t in OUTTYPES},
         "hf_tensors_not_in_gguf": fidelity["hf_tensors_not_in_gguf"],
+        "metadata_added_after_conversion": added,
         "notes": notes,
     }
     np.savez_compressed(
@@ -958,9 +1074,35 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
         "swa_probe": swa_probe,
         "sensitivity": probes,
         "gguf_reload": reload,
+        "metadata_added_after_conversion": added,
         "greedy_min_margin": float(ref["greedy_margins"].min()),
         "logit_std": float(ref["logits"].std()),
     }
+
+
+def run_refused(name: str, llama_dir: Path, work: Path) -> dict:
+    """Converts a REFUSED model to one F32 file; returns its manifest entry."""
+    spec = REFUSED[name]
+    hf_dir = work / name
+    if hf_dir.exists():
+        shutil.rmtree(hf_dir)
+    hf_dir.mkdir(parents=True)
+    roles = write_tokenizer(hf_dir, spec)
+    model = build_model(name, spec, roles, perturb=False)
+    model.save_pretrained(hf_dir)
+    REFUSED_FIXTURES.mkdir(parents=True, exist_ok=True)
+    out = REFUSED_FIXTURES / f"{name}-f32.gguf"
+    if out.exists():
+        out.unlink()
+    convert(llama_dir, hf_dir, out, "f32", name, spec.get("pre"), work / f"{name}-f32.log")
+    size = out.stat().st_size
+    if size >= MAX_FILE_BYTES:
+        raise RuntimeError(f"{out.name} is {size} bytes (limit {MAX_FILE_BYTES})")
+    inspected = inspect_gguf(out)
+    return {"refused": True, "hf_class": spec["cls"], "hf_config": model.config.to_dict(),
+            "gguf_architecture": inspected["metadata"].get("general.architecture"),
+            "files": {"f32": {"file": f"refused/{out.name}", "bytes": size}},
+            "metadata": inspected["metadata"], "tensors": inspected["tensors"], "notes": spec["notes"]}
 
 
 def main() -> None:
@@ -974,7 +1116,7 @@ def main() -> None:
         return
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", action="append", choices=sorted(FAMILIES),
+    ap.add_argument("--family", action="append", choices=sorted(FAMILIES) + sorted(REFUSED),
                     help="family to (re)generate; repeatable; default all")
     ap.add_argument("--llama-cpp", help="unpacked llama-cpp-python sdist or its vendor/llama.cpp "
                                         "(default: $KCAP_LLAMA_CPP, then ~/.cache/kcap-bench/**)")
@@ -988,7 +1130,7 @@ def main() -> None:
     llama_dir = find_llama_cpp(args.llama_cpp)
     print(f"converter: {llama_dir / 'convert_hf_to_gguf.py'} (llama-cpp-python "
           f"{llama_cpp_python_version(llama_dir)})", flush=True)
-    names = args.family or list(FAMILIES)
+    names = args.family or list(FAMILIES) + list(REFUSED)
     manifest = json.loads(MANIFEST.read_text()) if MANIFEST.is_file() else {}
     failures = {}
     tmp = None
@@ -1002,7 +1144,10 @@ def main() -> None:
         for name in names:
             print(f"== {name}", flush=True)
             try:
-                manifest[name] = run_family(name, llama_dir, work, args)
+                if name in REFUSED:
+                    manifest[name] = run_refused(name, llama_dir, work)
+                else:
+                    manifest[name] = run_family(name, llama_dir, work, args)
                 e = manifest[name]
                 print(f"   {e['gguf_architecture']}: "
                       + ", ".join(f"{f['file']} {f['bytes']} B" for f in e["files"].values()), flush=True)
@@ -1015,7 +1160,8 @@ def main() -> None:
         MANIFEST.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         if tmp is not None:
             tmp.cleanup()
-    total = sum(p.stat().st_size for d in (FIXTURES, GOLDENS) for p in d.iterdir())
+    total = sum(p.stat().st_size for d in (FIXTURES, GOLDENS, REFUSED_FIXTURES) if d.is_dir()
+                for p in d.iterdir() if p.is_file())
     print(f"total size of fixtures + goldens: {total} bytes", flush=True)
     if failures:
         sys.exit("failed: " + ", ".join(failures))

@@ -13,7 +13,9 @@ from kcap.errors import (  # noqa: F401
     MissingMetadataError,
     ModelError,
     RoutingError,
+    UnimplementedMetadataError,
     UnknownArchitectureError,
+    UnusedTensorError,
 )
 from kcap.model import Model, default_backend, load  # noqa: F401
 from kcap import formats  # noqa: F401

@@ -23,3 +23,13 @@ class UnknownArchitectureError(KcapError):
 
 class MissingMetadataError(ModelError):
     """A hyperparameter the architecture needs is absent from the GGUF metadata."""
+
+
+class UnimplementedMetadataError(ModelError):
+    """The file sets metadata that changes the computation (kcap.accounting.MATH_KEYS) which its
+    architecture module does not implement."""
+
+
+class UnusedTensorError(ModelError):
+    """The file holds tensors that the plan does not use and that its architecture module does not
+    list as known to be unneeded."""

@@ -1,8 +1,9 @@
 """kcap.load(path) -> Model: the Python API over one planned engine.
 
 Loading reads the GGUF (memory-mapped), builds the architecture's ModelSpec, registers
-exactly the tensors the spec names (raw blocks, no copies), builds the tokenizer from the
-metadata, and plans every stage on the backend (kcap.RoutingError if a stage has no row).
+exactly the tensors the spec names (raw blocks, no copies; a file with tensors the plan does
+not use is refused, kcap.accounting), builds the tokenizer from the metadata, and plans every
+stage on the backend (kcap.RoutingError if a stage has no row).
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from kcap import _core
-from kcap.arch import build_spec
+from kcap.accounting import check_tensors
+from kcap.arch import build_spec, known_unused_tensors
 from kcap.errors import ContextOverflowError, FormatError, ModelError
 from kcap.gguf import GGUFFile
 
@@ -49,7 +51,17 @@ def referenced_tensors(spec) -> list[str]:
     return ordered
 
 
+def folded_tensors(spec) -> list[str]:
+    """File tensors an arch module read into the spec's numbers (e.g. a scalar layer scale):
+    used, but not registered with the core."""
+    return list(getattr(spec, "folded_tensors", []))
+
+
 def register_tensors(spec, gguf: GGUFFile, progress=None) -> None:
+    """Registers the tensors the spec references, after refusing a file that holds tensors the
+    plan does not use (kcap.accounting.check_tensors)."""
+    check_tensors(gguf, spec.architecture, referenced_tensors(spec) + folded_tensors(spec),
+                  known_unused_tensors(spec.architecture))
     supported = set(_core.supported_formats())
     for name in referenced_tensors(spec):
         info = gguf.tensors.get(name)

@@ -11,12 +11,15 @@ Tolerances, relative to the std of the reference logits:
   distance from fp32 (transformers on the Q8_0-dequantized weights) plus 1e-3. That distance
   is the weight-quantization error of the fixture (0.003-0.25 × std on these tiny random
   models), so the bound follows the fixture instead of a hand-picked number."""
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import kcap
+from kcap.arch import build_spec
+from kcap.gguf import GGUFFile
 
 TESTS = Path(__file__).resolve().parent.parent
 FIXTURES = TESTS / "fixtures" / "conformance"
@@ -41,7 +44,12 @@ FAMILIES = {
     "gemma4-kvshare": ("gemma4", {"attention": "kv_shared,sliding_window", "per_layer_embd": "per_layer_embedding",
                                   "attn_v_norm": "parameter_free_norm", "layer_output_scale": "layer_output_scale"}),
     "granite": ("granite", {"attn_residual": "residual_scale", "logit_scale": "", "token_embd": "embed_scale"}),
+    "qwen2-swa": ("qwen2", {"attention": "sliding_window", "attn_q": "bias"}),
+    "qwen3-swa": ("qwen3", {"attention": "sliding_window", "attn_q_norm": "rms_norm"}),
+    "starcoder2-swa": ("starcoder2", {"attention": "sliding_window", "attn_norm": "layer_norm,bias"}),
 }
+# Fixtures whose transformers model slides some layers' attention (the prompt is longer than the window).
+SLIDING_WINDOW_FIXTURES = ("gemma2", "gemma3", "gemma4", "gemma4-kvshare", "qwen2-swa", "qwen3-swa", "starcoder2-swa")
 
 
 def golden(name):
@@ -127,9 +135,19 @@ def test_gemma4_without_cuda_ple_rows_is_refused_on_cuda(fixture):
         explain_file(str(FIXTURES / f"{fixture}.gguf"), backend="cuda", excluded_kernels=ple_rows)
 
 
+@pytest.mark.parametrize("fixture", SLIDING_WINDOW_FIXTURES)
+def test_sliding_layers_are_the_transformers_ones(fixture):
+    # Each layer's window in the plan is the one transformers' config gives that layer
+    # (layer_types, or every layer for a config without them, as Starcoder2).
+    config = json.loads(str(golden(fixture)["meta"]))["hf_config"]
+    types = config.get("layer_types") or ["sliding_attention"] * config["num_hidden_layers"]
+    want = [config["sliding_window"] if t == "sliding_attention" else 0 for t in types]
+    spec = build_spec(GGUFFile(FIXTURES / f"{fixture}-f32.gguf"))
+    assert [layer.sliding_window for layer in spec.layers] == want
+    assert 0 < config["sliding_window"] < len(golden(fixture)["prompt_ids"])
+
+
 def test_gemma4_kv_sharing_geometry_is_checked():
-    from kcap.gguf import GGUFFile
-    from kcap.arch import build_spec
     from kcap.model import register_tensors
 
     gguf = GGUFFile(FIXTURES / "gemma4-kvshare-f32.gguf")

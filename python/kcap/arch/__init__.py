@@ -1,10 +1,14 @@
 """Architecture registry: general.architecture -> the module that builds its ModelSpec.
 
-Each family is one module with an ARCHITECTURE name and build(gguf) -> ModelSpec. The
-spec only names tensors; kcap.model registers exactly the tensors it names.
+Each family is one module with an ARCHITECTURE name, build(gguf) -> ModelSpec, the
+metadata keys it reads and implements (METADATA_KEYS), and KNOWN_UNUSED_TENSORS (name
+pattern -> why the plan does not need such a tensor; short, usually empty). The spec only names tensors;
+kcap.model registers exactly the tensors it names and refuses a file with any other tensor
+not on that list (kcap.accounting).
 """
 from __future__ import annotations
 
+from kcap.accounting import check_metadata
 from kcap.arch import gemma2, gemma3, gemma4, gpt2, granite, llama, qwen2, qwen3, starcoder2
 from kcap.errors import UnknownArchitectureError
 
@@ -15,11 +19,23 @@ def supported_architectures() -> list[str]:
     return sorted(FAMILIES)
 
 
-def build_spec(gguf):
-    arch = gguf.architecture
+def family(arch: str, path: str = ""):
     module = FAMILIES.get(arch)
     if module is None:
         raise UnknownArchitectureError(
-            f"{gguf.path}: unknown architecture '{arch}' (supported: {', '.join(supported_architectures())})"
+            f"{path}: unknown architecture '{arch}' (supported: {', '.join(supported_architectures())})"
         )
+    return module
+
+
+def known_unused_tensors(arch: str) -> dict[str, str]:
+    """Tensor name patterns the family knows and does not need -> why."""
+    return family(arch).KNOWN_UNUSED_TENSORS
+
+
+def build_spec(gguf):
+    """The family's ModelSpec, after refusing metadata that changes the computation and that
+    the family does not implement."""
+    module = family(gguf.architecture, gguf.path)
+    check_metadata(gguf, module.ARCHITECTURE, module.METADATA_KEYS)
     return module.build(gguf)

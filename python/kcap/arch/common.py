@@ -10,14 +10,30 @@ from kcap.gguf import GGUFFile
 _REQUIRED = object()
 
 
-class Hyperparameters:
-    """Typed access to '<arch>.<key>' metadata, with errors that name the missing key."""
+# Keys (after '<arch>.') that the helpers below read; a module that calls a helper declares
+# the helper's keys in its METADATA_KEYS.
+SPEC_KEYS = ("block_count", "embedding_length", "context_length")
+ATTENTION_KEYS = ("attention.head_count", "attention.head_count_kv", "attention.key_length",
+                  "attention.value_length")
+ROPE_KEYS = ("rope.dimension_count", "rope.freq_base", "rope.scaling.type", "rope.scaling.factor")
+SLIDING_WINDOW_KEYS = ("attention.sliding_window", "attention.sliding_window_pattern")
 
-    def __init__(self, gguf: GGUFFile, arch: str):
+
+class Hyperparameters:
+    """Typed access to '<arch>.<key>' metadata, with errors that name the missing key.
+
+    keys: the module's METADATA_KEYS. Reading any other key is a bug in the module (the
+    metadata check of kcap.accounting trusts the declaration), so it raises AssertionError."""
+
+    def __init__(self, gguf: GGUFFile, arch: str, keys):
         self.gguf = gguf
         self.arch = arch
+        self.keys = frozenset(keys)
 
     def get(self, key: str, default=_REQUIRED):
+        if key not in self.keys:
+            raise AssertionError(f"kcap.arch.{self.arch} reads '{self.arch}.{key}' without declaring it "
+                                 "in METADATA_KEYS")
         full = f"{self.arch}.{key}"
         if full in self.gguf.metadata:
             return self.gguf.metadata[full]
@@ -87,6 +103,31 @@ def attention_geometry(hp: Hyperparameters, n_embd: int) -> tuple[int, int, int,
     return n_head, n_head_kv, head_dim, head_dim_v
 
 
+def sliding_windows(hp: Hyperparameters, n_layer: int, default_period: int | None = None) -> list[int]:
+    """Each layer's sliding window (0: full attention), from attention.sliding_window (0 or
+    absent: no window) and attention.sliding_window_pattern, as llama.cpp reads them: a bool
+    per layer (true: the layer slides) or a period N (every N-th layer is full, the others
+    slide; 0: every layer slides). Without a pattern key, default_period applies, or, without
+    one, every layer slides."""
+    window = hp.int("attention.sliding_window", 0) or 0
+    pattern = hp.get("attention.sliding_window_pattern", default_period)
+    if window < 0:
+        raise ModelError(f"{hp.gguf.path}: {hp.arch}.attention.sliding_window = {window}")
+    if window == 0:
+        return [0] * n_layer
+    if pattern is None:
+        return [window] * n_layer
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer:
+            raise ModelError(f"{hp.gguf.path}: {hp.arch}.attention.sliding_window_pattern has {len(pattern)} "
+                             f"entries for {n_layer} layers")
+        return [window if sliding else 0 for sliding in pattern]
+    period = int(pattern)
+    if period < 0:
+        raise ModelError(f"{hp.gguf.path}: {hp.arch}.attention.sliding_window_pattern = {period}")
+    return [0 if period and (il + 1) % period == 0 else window for il in range(n_layer)]
+
+
 def rope_scaling(hp: Hyperparameters, gguf: GGUFFile, allowed=("none", "linear")) -> float:
     """The linear rope frequency scale; refuses scaling kinds the family does not implement."""
     kind = hp.get("rope.scaling.type", "none")
@@ -135,18 +176,28 @@ def standard_layer(gguf: GGUFFile, il: int, geometry, *, rope_style, rope_dim: i
     return layer
 
 
+# What build_rms_decoder reads.
+RMS_DECODER_KEYS = (*SPEC_KEYS, *ATTENTION_KEYS, *ROPE_KEYS, *SLIDING_WINDOW_KEYS, "attention.layer_norm_rms_epsilon")
+
+
 def build_rms_decoder(gguf: GGUFFile, arch: str, rope_style, activation, **layer_features) -> _core.ModelSpec:
-    """The common pre-norm RMSNorm decoder (Llama, Qwen 2/3 and kin): standard hyperparameters,
-    standard_layer for every block, with the family's features (biases, qk_norm, ...)."""
-    hp = Hyperparameters(gguf, arch)
+    """The common pre-norm RMSNorm decoder (Qwen 2/3 and kin): standard hyperparameters,
+    sliding windows per layer (sliding_windows), standard_layer for every block, with the
+    family's features (biases, qk_norm, ...)."""
+    hp = Hyperparameters(gguf, arch, RMS_DECODER_KEYS)
     spec = new_spec(gguf, hp)
     spec.norm_kind = _core.NormKind.RMS
     spec.norm_eps = hp.float("attention.layer_norm_rms_epsilon")
     geometry = attention_geometry(hp, spec.n_embd)
-    spec.layers = [
-        standard_layer(gguf, il, geometry, rope_style=rope_style, rope_dim=hp.int("rope.dimension_count", geometry[2]),
-                       rope_base=hp.float("rope.freq_base", 10000.0), freq_scale=rope_scaling(hp, gguf),
-                       activation=activation, **layer_features)
-        for il in range(hp.int("block_count"))
-    ]
+    n_layer = hp.int("block_count")
+    windows = sliding_windows(hp, n_layer)
+    layers = []
+    for il in range(n_layer):
+        layer = standard_layer(gguf, il, geometry, rope_style=rope_style,
+                               rope_dim=hp.int("rope.dimension_count", geometry[2]),
+                               rope_base=hp.float("rope.freq_base", 10000.0), freq_scale=rope_scaling(hp, gguf),
+                               activation=activation, **layer_features)
+        layer.sliding_window = windows[il]
+        layers.append(layer)
+    spec.layers = layers
     return spec

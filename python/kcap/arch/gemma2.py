@@ -6,17 +6,24 @@ from __future__ import annotations
 import math
 
 from kcap import _core
-from kcap.arch.common import Hyperparameters, attention_geometry, new_spec, rope_scaling, standard_layer
+from kcap.arch.common import ATTENTION_KEYS, ROPE_KEYS, SPEC_KEYS, Hyperparameters, attention_geometry, new_spec, \
+    rope_scaling, standard_layer
 from kcap.gguf import GGUFFile
 
 ARCHITECTURE = "gemma2"
+# The sliding layers alternate (even layers); a sliding_window_pattern key is not read.
+METADATA_KEYS = (*SPEC_KEYS, *ATTENTION_KEYS, *ROPE_KEYS, "attention.layer_norm_rms_epsilon",
+                 "final_logit_softcapping", "attn_logit_softcapping", "attention.sliding_window", "attention.scale")
+# Tensor name patterns the plan deliberately does not use -> why (none).
+KNOWN_UNUSED_TENSORS: dict[str, str] = {}
+
 # Gemma 2 27B scales queries by 1/sqrt(n_embd / n_head) (query_pre_attn_scalar = 144); the
 # other sizes by 1/sqrt(head_dim). llama.cpp keys this on the 46-layer 27B model too.
 GEMMA2_27B_LAYERS = 46
 
 
 def build(gguf: GGUFFile) -> _core.ModelSpec:
-    hp = Hyperparameters(gguf, ARCHITECTURE)
+    hp = Hyperparameters(gguf, ARCHITECTURE, METADATA_KEYS)
     spec = new_spec(gguf, hp)
     spec.norm_kind = _core.NormKind.RMS
     spec.norm_eps = hp.float("attention.layer_norm_rms_epsilon")

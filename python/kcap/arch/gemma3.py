@@ -8,10 +8,15 @@ from __future__ import annotations
 import math
 
 from kcap import _core
-from kcap.arch.common import Hyperparameters, attention_geometry, new_spec, rope_scaling, standard_layer
+from kcap.arch.common import ATTENTION_KEYS, ROPE_KEYS, SLIDING_WINDOW_KEYS, SPEC_KEYS, Hyperparameters, \
+    attention_geometry, new_spec, rope_scaling, sliding_windows, standard_layer
 from kcap.gguf import GGUFFile
 
 ARCHITECTURE = "gemma3"
+METADATA_KEYS = (*SPEC_KEYS, *ATTENTION_KEYS, *ROPE_KEYS, *SLIDING_WINDOW_KEYS, "attention.layer_norm_rms_epsilon",
+                 "final_logit_softcapping", "attn_logit_softcapping", "rope.freq_base_swa")
+# Tensor name patterns the plan deliberately does not use -> why (none).
+KNOWN_UNUSED_TENSORS: dict[str, str] = {}
 
 # Gemma 3 conventions that GGUF files do not carry (llama.cpp hard-codes them too):
 # every sixth layer is global, the rest slide; local layers use RoPE base 10000.
@@ -23,7 +28,7 @@ GEMMA3_27B_LAYERS = 62
 
 
 def build(gguf: GGUFFile) -> _core.ModelSpec:
-    hp = Hyperparameters(gguf, ARCHITECTURE)
+    hp = Hyperparameters(gguf, ARCHITECTURE, METADATA_KEYS)
     spec = new_spec(gguf, hp)
     spec.norm_kind = _core.NormKind.RMS
     spec.norm_eps = hp.float("attention.layer_norm_rms_epsilon")
@@ -33,8 +38,7 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
     n_layer = hp.int("block_count")
     geometry = attention_geometry(hp, spec.n_embd)
     n_head, _, head_dim, _ = geometry
-    window = hp.int("attention.sliding_window", 0) or 0
-    pattern = hp.int("attention.sliding_window_pattern", SLIDING_WINDOW_PATTERN)
+    windows = sliding_windows(hp, n_layer, default_period=SLIDING_WINDOW_PATTERN)
     global_base = hp.float("rope.freq_base", 1000000.0)
     local_base = hp.float("rope.freq_base_swa", LOCAL_ROPE_BASE)
     global_freq_scale = rope_scaling(hp, gguf)  # scaling applies to the global layers only
@@ -44,12 +48,12 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
     )
     layers = []
     for il in range(n_layer):
-        is_global = window == 0 or (il + 1) % pattern == 0
+        is_global = windows[il] == 0
         layer = standard_layer(gguf, il, geometry, rope_style=_core.RopeStyle.NeoX, rope_dim=rope_dim,
                                rope_base=global_base if is_global else local_base,
                                freq_scale=global_freq_scale if is_global else 1.0,
                                activation=_core.Activation.GeluTanh, qk_norm=True, post_norms=True)
-        layer.sliding_window = 0 if is_global else window
+        layer.sliding_window = windows[il]
         layer.attn_scale = attn_scale
         layer.attn_softcap = hp.float("attn_logit_softcapping", 0.0) or 0.0
         layers.append(layer)

@@ -20,11 +20,18 @@ import math
 import numpy as np
 
 from kcap import _core
-from kcap.arch.common import Hyperparameters, block_tensor, new_spec, standard_layer
+from kcap.arch.common import SLIDING_WINDOW_KEYS, SPEC_KEYS, Hyperparameters, block_tensor, new_spec, standard_layer
 from kcap.errors import ModelError
 from kcap.gguf import GGUFFile
 
 ARCHITECTURE = "gemma4"
+METADATA_KEYS = (*SPEC_KEYS, *SLIDING_WINDOW_KEYS, "attention.layer_norm_rms_epsilon", "final_logit_softcapping",
+                 "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
+                 "attention.key_length_swa", "attention.value_length_swa", "rope.dimension_count",
+                 "rope.dimension_count_swa", "rope.freq_base", "rope.freq_base_swa", "rope.scaling.type",
+                 "attention.shared_kv_layers", "embedding_length_per_layer_input")
+# Tensor name patterns the plan deliberately does not use -> why (none).
+KNOWN_UNUSED_TENSORS: dict[str, str] = {}
 
 
 def _per_layer(value, n_layer: int, what: str) -> list:
@@ -43,7 +50,7 @@ def _scalar_tensor(gguf: GGUFFile, name: str) -> float:
 
 
 def build(gguf: GGUFFile) -> _core.ModelSpec:
-    hp = Hyperparameters(gguf, ARCHITECTURE)
+    hp = Hyperparameters(gguf, ARCHITECTURE, METADATA_KEYS)
     spec = new_spec(gguf, hp)
     spec.norm_kind = _core.NormKind.RMS
     spec.norm_eps = hp.float("attention.layer_norm_rms_epsilon")
@@ -85,7 +92,7 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
         spec.ple_model_proj_scale = 1.0 / math.sqrt(spec.n_embd)
         spec.ple_combine_scale = 1.0 / math.sqrt(2.0)
 
-    layers = []
+    layers, folded = [], []
     for il in range(n_layer):
         sliding = bool(pattern[il])
         shared = il >= first_shared
@@ -112,6 +119,8 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
         scale_name = block_tensor(gguf, il, "layer_output_scale.weight", required=False)
         if scale_name:
             layer.output_scale = _scalar_tensor(gguf, scale_name)
+            folded.append(scale_name)
         layers.append(layer)
     spec.layers = layers
+    spec.folded_tensors = folded  # read into output_scale: used, not registered
     return spec

@@ -4,15 +4,18 @@ projections, a non-gated GELU(tanh) FFN, no rotary embeddings."""
 from __future__ import annotations
 
 from kcap import _core
-from kcap.arch.common import Hyperparameters, attention_geometry, block_tensor, new_spec
+from kcap.arch.common import ATTENTION_KEYS, SPEC_KEYS, Hyperparameters, attention_geometry, block_tensor, new_spec
 from kcap.errors import ModelError
 from kcap.gguf import GGUFFile
 
 ARCHITECTURE = "gpt2"
+METADATA_KEYS = (*SPEC_KEYS, *ATTENTION_KEYS, "attention.layer_norm_epsilon")
+# Tensor name patterns the plan deliberately does not use -> why (none).
+KNOWN_UNUSED_TENSORS: dict[str, str] = {}
 
 
 def build(gguf: GGUFFile) -> _core.ModelSpec:
-    hp = Hyperparameters(gguf, ARCHITECTURE)
+    hp = Hyperparameters(gguf, ARCHITECTURE, METADATA_KEYS)
     spec = new_spec(gguf, hp)
     spec.norm_kind = _core.NormKind.Layer
     spec.norm_eps = hp.float("attention.layer_norm_epsilon")

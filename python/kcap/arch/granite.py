@@ -4,15 +4,19 @@ times residual_scale before the residual add, and logits divided by logit_scale.
 from __future__ import annotations
 
 from kcap import _core
-from kcap.arch.common import Hyperparameters, attention_geometry, new_spec, optional_tensor, rope_scaling, \
-    standard_layer
+from kcap.arch.common import ATTENTION_KEYS, ROPE_KEYS, SPEC_KEYS, Hyperparameters, attention_geometry, new_spec, \
+    optional_tensor, rope_scaling, standard_layer
 from kcap.gguf import GGUFFile
 
 ARCHITECTURE = "granite"
+METADATA_KEYS = (*SPEC_KEYS, *ATTENTION_KEYS, *ROPE_KEYS, "attention.layer_norm_rms_epsilon", "embedding_scale",
+                 "logit_scale", "residual_scale", "attention.scale")
+# Tensor name patterns the plan deliberately does not use -> why (none).
+KNOWN_UNUSED_TENSORS: dict[str, str] = {}
 
 
 def build(gguf: GGUFFile) -> _core.ModelSpec:
-    hp = Hyperparameters(gguf, ARCHITECTURE)
+    hp = Hyperparameters(gguf, ARCHITECTURE, METADATA_KEYS)
     spec = new_spec(gguf, hp)
     spec.norm_kind = _core.NormKind.RMS
     spec.norm_eps = hp.float("attention.layer_norm_rms_epsilon")

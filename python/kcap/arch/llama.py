@@ -6,16 +6,19 @@ layout, GQA, optional Q/K/V/O biases, optional Llama 3 rope frequency factors
 from __future__ import annotations
 
 from kcap import _core
-from kcap.arch.common import Hyperparameters, attention_geometry, new_spec, optional_tensor, rope_scaling, \
-    standard_layer
+from kcap.arch.common import ATTENTION_KEYS, ROPE_KEYS, SPEC_KEYS, Hyperparameters, attention_geometry, new_spec, \
+    optional_tensor, rope_scaling, standard_layer
 from kcap.errors import ModelError
 from kcap.gguf import GGUFFile
 
 ARCHITECTURE = "llama"
+METADATA_KEYS = (*SPEC_KEYS, *ATTENTION_KEYS, *ROPE_KEYS, "attention.layer_norm_rms_epsilon")
+# Tensor name patterns the plan deliberately does not use -> why (none).
+KNOWN_UNUSED_TENSORS: dict[str, str] = {}
 
 
 def build(gguf: GGUFFile) -> _core.ModelSpec:
-    hp = Hyperparameters(gguf, ARCHITECTURE)
+    hp = Hyperparameters(gguf, ARCHITECTURE, METADATA_KEYS)
     spec = new_spec(gguf, hp)
     spec.norm_kind = _core.NormKind.RMS
     spec.norm_eps = hp.float("attention.layer_norm_rms_epsilon")

@@ -1,11 +1,16 @@
-"""Qwen2 / Qwen2.5: the Llama block with Q/K/V biases and NeoX-style rotary embeddings."""
+"""Qwen2 / Qwen2.5: the Llama block with Q/K/V biases and NeoX-style rotary embeddings; sliding-window
+attention on the layers attention.sliding_window_pattern marks (transformers' use_sliding_window:
+the layers from max_window_layers on, or as layer_types says)."""
 from __future__ import annotations
 
 from kcap import _core
-from kcap.arch.common import build_rms_decoder
+from kcap.arch.common import RMS_DECODER_KEYS, build_rms_decoder
 from kcap.gguf import GGUFFile
 
 ARCHITECTURE = "qwen2"
+METADATA_KEYS = RMS_DECODER_KEYS
+# Tensor name patterns the plan deliberately does not use -> why (none).
+KNOWN_UNUSED_TENSORS: dict[str, str] = {}
 
 
 def build(gguf: GGUFFile) -> _core.ModelSpec:
