@@ -113,27 +113,17 @@ def timed(fn, repeats: int) -> list[float]:
     return out
 
 
-def load_cuda(path: str, env: dict | None = None, activations: str = "f32"):
-    """The model on CUDA with a 4352-token context and an f16 KV cache (llama.cpp's default),
-    built with the environment switches `env` set (the backend reads them when it is built);
-    activations "q8_1" allows the int8-activation matmul rows (llama.cpp's numerics)."""
+def load_cuda(path: str, activations: str = "f32", profile: bool = False):
+    """The model on CUDA with a 4352-token context and an f16 KV cache (llama.cpp's default);
+    activations "q8_1" allows the int8-activation matmul rows (llama.cpp's numerics), "bf16" the
+    GEMM rows for batches; profile: per-stage times on stderr when the model is freed."""
     import kcap
 
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    try:
-        return kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16", activations=activations)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16", activations=activations, profile=profile)
 
 
-def bench_kcap(path: str, name: str, env: dict | None = None, full: bool = True, activations: str = "f32",
-               prefill_only: bool = False) -> dict:
-    model = load_cuda(path, env, activations)
+def bench_kcap(path: str, name: str, full: bool = True, activations: str = "f32", prefill_only: bool = False) -> dict:
+    model = load_cuda(path, activations)
     engine = model.engine
     rng = np.random.default_rng(0)
     ids = rng.integers(0, model.n_vocab, 4096).astype(np.int32)

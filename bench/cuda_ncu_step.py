@@ -1,10 +1,10 @@
 """A fixed workload to run under Nsight Compute (kernel durations of a prefill and decode steps):
 
-    KCAP_CUDA_GRAPH=0 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \\
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \\
         python3 bench/cuda_ncu_step.py MODEL.gguf [f32|q8_1] > kernels.csv
 
-One 512-token prefill, then 3 decode steps (KCAP_CUDA_GRAPH=0: each kernel launched on its own,
-so ncu sees every one), f16 KV cache, activations as given. bench/results/cuda_h200_profile.txt
+One 512-token prefill, then 3 decode steps (the decode steps replay the captured graph; ncu
+profiles each kernel node of it), f16 KV cache, activations as given. bench/results/cuda_h200_profile.txt
 sums the last decode step's kernels by name."""
 import sys
 

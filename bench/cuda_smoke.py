@@ -4,7 +4,7 @@ device, each against the CPU backend. scripts/device_check.sh runs it first (und
 debugger, so a crash prints a native backtrace) before the long tests and benchmarks.
 
     python bench/cuda_smoke.py
-    python bench/cuda_smoke.py --profile [--at=POSITION] [--activations=q8_1] MODEL.gguf ...   (per-stage times, KCAP_CUDA_PROFILE)
+    python bench/cuda_smoke.py --profile [--at=POSITION] [--activations=q8_1] MODEL.gguf ...   (per-stage times: profile=True)
 """
 from __future__ import annotations
 
@@ -47,15 +47,14 @@ def main() -> int:
 
 def profile(paths: list[str], at: int = 0, activations: str = "f32") -> int:
     """Prefill 512 tokens, then decode 64 from position `at` (after a prefill of `at` tokens), of
-    each model with KCAP_CUDA_PROFILE=1 (stages timed one by one with CUDA events; the backend
-    prints its tables to stderr when it is destroyed: the prefill table then covers both prefills)."""
+    each model with profile=True (stages timed one by one with CUDA events; the backend prints its
+    tables to stderr when it is destroyed: the prefill table then covers both prefills)."""
     import gc
-    import os
 
-    os.environ["KCAP_CUDA_PROFILE"] = "1"
     for path in paths:
         print(f"== profile {path}", file=sys.stderr, flush=True)
-        model = kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16", activations=activations)
+        model = kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16", activations=activations,
+                          profile=True)
         ids = np.random.default_rng(0).integers(0, model.n_vocab, max(512, at)).astype(np.int32)
         model.engine.eval(ids[:512], False)
         model.engine.reset()

@@ -1,14 +1,13 @@
-"""Decode tokens/s of kcap's CUDA engine under measurement switches, one model at a time, in one
-process: how a tuning constant was chosen (e.g. cuda_rows::kMatvecRows, the matvec split).
+"""Decode or prefill tokens/s of kcap's CUDA engine, one model at a time, in one process.
 
-    python bench/cuda_sweep.py --models /tmp/kcap_models --which llama3_8b_q4_k_m \
-        --variant base= --variant rows1=KCAP_MATVEC_ROWS=1 --variant warps32=KCAP_MATVEC_WARPS=32
+    python bench/cuda_sweep.py --models /tmp/kcap_models --which llama3_8b_q4_k_m [--pp] [--activations q8_1]
 
-Each variant loads the model with its environment (the backend reads the switches when it is
-built), warms up, and times tg128 (decode_greedy: the captured graph; --depth N after N tokens
-of context) or, with --pp, pp512 (one 512-token prefill) as the median of
---repeats runs; the base variant is timed first and last, so the spread of one setting shows
-next to the differences between settings. Prints one table row per variant.
+Each model is loaded, warmed up, and timed as tg128 (decode_greedy: the captured graph; --depth
+N after N tokens of context) or, with --pp, pp512 (one 512-token prefill), the median of
+--repeats runs; it is timed twice ("base", "base again", separate loads), so the spread between
+loads shows next to a difference between two builds measured the same way (scripts/device_ab.sh
+runs this script in the base and the new tree). A tuning constant is measured by building each
+value (the constants live next to their rows in cuda/rows.h).
 """
 from __future__ import annotations
 
@@ -25,10 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cuda import load_cuda, make_models  # noqa: E402
 
 
-def rate(path: str, env: dict[str, str], repeats: int, depth: int, pp: bool, activations: str = "f32",
-         pp_tokens: int = 512) -> float:
+def rate(path: str, repeats: int, depth: int, pp: bool, activations: str = "f32", pp_tokens: int = 512) -> float:
     """tg128 (after `depth` tokens of context), or with pp a prefill of pp_tokens (pp512)."""
-    model = load_cuda(path, env, activations)
+    model = load_cuda(path, activations)
     engine = model.engine
     ids = np.random.default_rng(0).integers(0, model.n_vocab, max(depth, pp_tokens, 512)).astype(np.int32)
     if depth and not pp:
@@ -57,25 +55,18 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="/tmp/kcap_models")
     parser.add_argument("--which", default="gemma3_270m,llama3_8b_q4_k_m")
-    parser.add_argument("--variant", action="append", default=[], help="NAME=VAR=VALUE[,VAR=VALUE]")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--depth", type=int, default=0, help="tokens of context before the 128 timed ones")
     parser.add_argument("--pp", action="store_true", help="time pp512 (a 512-token prefill) instead of tg128")
     parser.add_argument("--pp-tokens", type=int, default=512, help="with --pp: the prefill's tokens (512: pp512)")
     parser.add_argument("--activations", default="f32", help="f32, q8_1 (the int8-activation rows) or bf16 (the GEMM rows)")
     args = parser.parse_args()
-    variants = [("base", {})]
-    for spec in args.variant:
-        name, _, assignments = spec.partition("=")
-        env = dict(a.split("=", 1) for a in assignments.split(",") if a)
-        if name != "base":
-            variants.append((name, env))
-    variants.append(("base again", {}))
+    variants = ["base", "base again"]
     paths = make_models(Path(args.models), args.which.split(","))
     rows = []
     for model, path in paths.items():
-        for name, env in variants:
-            r = rate(path, env, args.repeats, args.depth, args.pp, args.activations, args.pp_tokens)
+        for name in variants:
+            r = rate(path, args.repeats, args.depth, args.pp, args.activations, args.pp_tokens)
             rows.append((model, name, r))
             print(f"{model:20s} {name:14s} {r:8.1f} tok/s", flush=True)
     what = f"pp{args.pp_tokens}" if args.pp else f"tg128{'@' + str(args.depth) if args.depth else ''}"

@@ -113,6 +113,7 @@ public:
         KCAP_CUDA_CHECK(cudaGetDeviceProperties(&props, 0));
         ctx.pdl = props.major >= 9;
         profile_ = options.profile;
+        cublas_library_ = options.cublas_library;
         if (profile_) use_graph_ = false;
         KCAP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
         ctx.kv_format = plan_.options.kv_format;
@@ -317,7 +318,7 @@ private:
         }
         if (gemm_weights > 0) {
             gemm_.reset(gemm_create(ctx.stream, std::min<size_t>(gemm_weights, size_t(cuda_rows::kGemmMaxScratchValues)),
-                                    gemm_input));
+                                    gemm_input, cublas_library_));
             ctx.gemm = gemm_.get();
         }
     }
@@ -539,6 +540,7 @@ private:
     Stage argmax_stage_, sample_stage_;
     const Row* argmax_row_ = nullptr;
     const Row* sample_row_ = nullptr;  // null where no sampling row takes this vocabulary
+    std::string cublas_library_;  // EngineOptions::cublas_library
     bool use_graph_ = true;
     cudaGraphExec_t graph_exec_[3] = {nullptr, nullptr, nullptr};  // by StepKind
     std::vector<TraceEntry> graph_trace_[3];                         // what each captured step runs

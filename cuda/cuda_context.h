@@ -32,9 +32,10 @@ int shared_optin_bytes(int device);
 // batch of inputs.
 struct Gemm;
 // weight_values: the scratch for one matrix (or chunk); input_values: for the widest input of a
-// batch. Throws Error naming what failed (cuBLAS not found: which names were tried, and
-// KCAP_CUBLAS_LIBRARY to point at it).
-Gemm* gemm_create(cudaStream_t stream, size_t weight_values, size_t input_values);
+// batch; library: the libcublas to load (EngineOptions::cublas_library; empty: KCAP_CUBLAS_LIBRARY
+// or the sonames). Throws Error naming what failed (cuBLAS not found: which names were tried,
+// and KCAP_CUBLAS_LIBRARY to point at it).
+Gemm* gemm_create(cudaStream_t stream, size_t weight_values, size_t input_values, const std::string& library);
 void gemm_destroy(Gemm* gemm);
 
 // One layer's KV cache in device memory: [n_ctx][k_width] and [n_ctx][v_width] elements.

@@ -64,18 +64,20 @@ struct CublasApi {
     const char* (*status_string)(int) = nullptr;
 };
 
-// The library, loaded once per process: KCAP_CUBLAS_LIBRARY if set, else the sonames of cuBLAS 13
-// and 12 (the dynamic loader's search path) and the CUDA toolkit's lib64.
-const CublasApi& cublas() {
+// The library, loaded once per process: `path` where the engine was given one
+// (EngineOptions::cublas_library: kcap.load finds pip's copy), else KCAP_CUBLAS_LIBRARY if set,
+// else the sonames of cuBLAS 13 and 12 (the dynamic loader's search path) and the CUDA toolkit's
+// lib64. A failed attempt is not remembered: a later engine may name another library.
+const CublasApi& cublas(const std::string& path) {
     static std::mutex mutex;
     static CublasApi api;
-    static std::string failure;
     std::lock_guard<std::mutex> lock(mutex);
     if (api.gemm_ex) return api;
-    if (!failure.empty()) throw Error(failure);
     std::vector<std::string> names;
     const char* chosen = std::getenv("KCAP_CUBLAS_LIBRARY");
-    if (chosen && *chosen) {
+    if (!path.empty()) {
+        names = {path};
+    } else if (chosen && *chosen) {
         names = {chosen};
     } else {
         names = {"libcublas.so.13", "libcublas.so.12", "libcublas.so", "/usr/local/cuda/lib64/libcublas.so.13",
@@ -110,15 +112,14 @@ const CublasApi& cublas() {
         api = found;
         return api;
     }
-    failure = "activations='bf16': the bf16 matmul rows multiply through cuBLAS, which could not be loaded:" + tried +
-              "\nInstall cuBLAS (the CUDA toolkit, or pip's nvidia-cublas) and set KCAP_CUBLAS_LIBRARY to its "
-              "libcublas.so, or use activations='f32' or 'q8_1'";
-    throw Error(failure);
+    throw Error("activations='bf16': the bf16 matmul rows multiply through cuBLAS, which could not be loaded:" + tried +
+                "\nInstall cuBLAS (the CUDA toolkit, or pip's nvidia-cublas) and set KCAP_CUBLAS_LIBRARY to its "
+                "libcublas.so, or use activations='f32' or 'q8_1'");
 }
 
-void check_cublas(int status, const char* what) {
+void check_cublas(const CublasApi& api, int status, const char* what) {
     if (status != kCublasSuccess)
-        throw Error(std::string("cuBLAS error in ") + what + ": " + cublas().status_string(status) + " (" +
+        throw Error(std::string("cuBLAS error in ") + what + ": " + api.status_string(status) + " (" +
                     std::to_string(status) + ")");
 }
 
@@ -189,18 +190,18 @@ struct Gemm {
     size_t weight_values = 0, input_values = 0;
 };
 
-Gemm* gemm_create(cudaStream_t stream, size_t weight_values, size_t input_values) {
+Gemm* gemm_create(cudaStream_t stream, size_t weight_values, size_t input_values, const std::string& library) {
     auto* g = new Gemm;
     try {
-        g->api = &cublas();
+        g->api = &cublas(library);
         g->weight_values = weight_values;
         g->input_values = input_values;
         KCAP_CUDA_CHECK(cudaMalloc(&g->workspace, kCublasWorkspaceBytes));
         KCAP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&g->weights), std::max<size_t>(weight_values, 32) * 2));
         KCAP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&g->input), std::max<size_t>(input_values, 32) * 2));
-        check_cublas(g->api->create(&g->handle), "cublasCreate");
-        check_cublas(g->api->set_stream(g->handle, stream), "cublasSetStream");
-        check_cublas(g->api->set_workspace(g->handle, g->workspace, kCublasWorkspaceBytes), "cublasSetWorkspace");
+        check_cublas(*g->api, g->api->create(&g->handle), "cublasCreate");
+        check_cublas(*g->api, g->api->set_stream(g->handle, stream), "cublasSetStream");
+        check_cublas(*g->api, g->api->set_workspace(g->handle, g->workspace, kCublasWorkspaceBytes), "cublasSetWorkspace");
     } catch (...) {
         gemm_destroy(g);
         throw;
@@ -274,7 +275,7 @@ void gemm_matmul(const Context& ctx, Format format, const KcapMatmulParams& p, c
         dequantize(ctx, format, w + (unsigned long long)row0 * p.row_bytes, p.row_bytes, p.k, rows, g.weights);
         // Column-major, as cuBLAS sees it: C (rows x m, ldc n) = A^T (A: k x rows, the row-major
         // weights) . B (k x m, the row-major tokens); C is y's row-major m x n.
-        check_cublas(g.api->gemm_ex(g.handle, kCublasOpT, kCublasOpN, rows, p.m, p.k, &alpha, g.weights, CUDA_R_16BF,
+        check_cublas(*g.api, g.api->gemm_ex(g.handle, kCublasOpT, kCublasOpN, rows, p.m, p.k, &alpha, g.weights, CUDA_R_16BF,
                                     p.k, x, CUDA_R_16BF, p.k, &beta, y + row0, CUDA_R_32F, p.n, kCublasCompute32F,
                                     kCublasGemmDefault),
                      "cublasGemmEx");

@@ -1,29 +1,25 @@
 #!/usr/bin/env bash
-# An A/B measurement of a kernel change in one device call, "base" against "new":
-#   - two trees: the carried working tree (CARRY/src, new) against a base revision (CARRY/base,
-#     made by BASE_REV=<rev> scripts/prepare_device_carry.sh), both built at once; or
-#   - one tree under two environments: without CARRY/base, AB_NEW_ENV (e.g.
-#     "KCAP_MMA_Q8_STEP=128") is what "new" sets on top of the carried tree's build.
-# Then
-#   1. Nsight Compute per launch (time, instructions, issue, registers) of one prefill and its
-#      decode steps (bench/cuda_ncu_step.py), base and new side by side (bench/ncu_compare.py);
+# An A/B measurement of a change in one device call, "base" against "new": the carried working
+# tree (CARRY/src, new) against a base revision (CARRY/base, made by BASE_REV=<rev>
+# scripts/prepare_device_carry.sh), both built at once. Then
+#   1. (AB_NCU=1, the default) Nsight Compute per launch (time, instructions, issue, registers) of
+#      one prefill and its decode steps (bench/cuda_ncu_step.py), base and new side by side
+#      (bench/ncu_compare.py);
 #   2. pp512 (AB_TG=1: and tg128) from bench/cuda_sweep.py, alternating base, new, base, new, so
 #      drift between rounds shows next to the difference;
 #   3. with AB_ROWS=group,group (KCAP_TEST_ROWS names), the new tree's test_cuda_rows for those
-#      groups (a build of the test too; the switches of AB_NEW_ENV do not apply: the test sets
-#      its own).
+#      groups (a build of the test too).
 # The same machine, clocks and files for both, which separate calls do not give (llama.cpp's
 # figures move by 10-20% between calls; kcap's by a few %).
 #
-# Here:    BASE_REV=HEAD bash scripts/prepare_device_carry.sh .kcap_cuda_carry   (two trees)
-#          bash scripts/prepare_device_carry.sh .kcap_cuda_carry                  (one tree)
+# Here:    BASE_REV=HEAD bash scripts/prepare_device_carry.sh .kcap_cuda_carry
 # Device:  (carry [".kcap_cuda_carry"])
-#          cd .kcap_cuda_carry/src && [AB_NEW_ENV=...] bash scripts/device_ab.sh .. > $OUT/ab.txt 2>&1
-# About 2.5 minutes warm (two trees). Settings (environment):
-#   AB_NEW_ENV      one tree: the new run's environment, space-separated VAR=VALUE
+#          cd .kcap_cuda_carry/src && bash scripts/device_ab.sh .. > $OUT/ab.txt 2>&1
+# About 2.5 minutes warm. Settings (environment):
 #   AB_MODELS       synthetic files to make and time (bench/bench_cuda.py make_models names),
 #                   default llama3_8b_q4_k_m,gemma3_270m,smollm2_135m; ncu runs on the first
-#   AB_ACTIVATIONS  f32 or q8_1 (default q8_1)
+#   AB_ACTIVATIONS  f32, q8_1 or bf16, or several separated by commas (default q8_1; ncu takes the first)
+#   AB_NCU          0 skips Nsight Compute
 #   AB_KERNELS      ncu kernel regex (default mma_q8: the int8 tiles); AB_LAUNCHES (default 24)
 #   AB_ROUNDS       sweep rounds (default 2); AB_TG=1 also times tg128
 #   AB_ROWS         test_cuda_rows groups to run on the new tree (none by default)
@@ -31,15 +27,8 @@ set -uo pipefail
 CARRY=$(cd "${1:-..}" && pwd)
 SRC="$CARRY/src"
 BASE="$CARRY/base"
-NEW_ENV=()
-if [ -d "$BASE" ]; then
-    BASE_TREE=$BASE
-    [ -n "${AB_NEW_ENV:-}" ] && { echo "AB_NEW_ENV is for one tree; $BASE exists"; exit 1; }
-else
-    [ -n "${AB_NEW_ENV:-}" ] || { echo "no $BASE (BASE_REV=<rev> scripts/prepare_device_carry.sh) and no AB_NEW_ENV"; exit 1; }
-    BASE_TREE=$SRC
-    read -r -a NEW_ENV <<< "$AB_NEW_ENV"
-fi
+[ -d "$BASE" ] || { echo "no $BASE: BASE_REV=<rev> scripts/prepare_device_carry.sh"; exit 1; }
+BASE_TREE=$BASE
 MODELS=${AB_MODELS:-llama3_8b_q4_k_m,gemma3_270m,smollm2_135m}
 ACTIVATIONS=${AB_ACTIVATIONS:-q8_1}
 T0=$(date +%s)
@@ -64,15 +53,10 @@ build() {
 step build
 targets=(_core)
 [ -n "${AB_ROWS:-}" ] && targets+=(test_cuda_rows)
-if [ "$BASE_TREE" != "$SRC" ]; then
-    JOBS=$(( $(nproc) / 2 ))
-    build "$BASE" _core &
-    build "$SRC" "${targets[@]}" &
-    wait
-else
-    JOBS=$(nproc)
-    build "$SRC" "${targets[@]}"
-fi
+JOBS=$(( $(nproc) / 2 ))
+build "$BASE" _core &
+build "$SRC" "${targets[@]}" &
+wait
 ls "$BASE_TREE"/python/kcap/_core*.so "$SRC"/python/kcap/_core*.so > /dev/null || exit 1
 
 step models
@@ -81,14 +65,13 @@ import sys; sys.path.insert(0, '$SRC/bench')
 from bench_cuda import make_models; from pathlib import Path
 make_models(Path('/tmp/kcap_models'), '$MODELS'.split(','))" 2>&1 | tail -3
 
-# tree NAME: base's or new's tree. run NAME COMMAND...: COMMAND with that tree on PYTHONPATH
-# (and, for new, AB_NEW_ENV).
+# tree NAME: base's or new's tree. run NAME COMMAND...: COMMAND with that tree on PYTHONPATH.
 tree() { if [ "$1" = new ]; then echo "$SRC"; else echo "$BASE_TREE"; fi; }
 run() {
     local name=$1
     shift
     if [ "$name" = new ]; then
-        env PYTHONPATH="$SRC/python:/tmp/site" "${NEW_ENV[@]}" "$@"
+        env PYTHONPATH="$SRC/python:/tmp/site" "$@"
     else
         env PYTHONPATH="$BASE_TREE/python:/tmp/site" "$@"
     fi
@@ -96,24 +79,26 @@ run() {
 
 FIRST=/tmp/kcap_models/${MODELS%%,*}.gguf
 METRICS=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size
-for name in base new; do
+for name in $([ "${AB_NCU:-1}" = 1 ] && echo base new); do
     step "ncu $name"
-    run "$name" KCAP_CUDA_GRAPH=0 timeout 120 ncu --clock-control none -k "regex:${AB_KERNELS:-mma_q8}" \
+    run "$name" timeout 120 ncu --clock-control none -k "regex:${AB_KERNELS:-mma_q8}" \
         --launch-count "${AB_LAUNCHES:-24}" --csv --page raw --metrics "$METRICS" \
-        python3 "$(tree "$name")/bench/cuda_ncu_step.py" "$FIRST" "$ACTIVATIONS" > "/tmp/ab_ncu_$name.csv" 2> "/tmp/ab_ncu_$name.err" ||
+        python3 "$(tree "$name")/bench/cuda_ncu_step.py" "$FIRST" "${ACTIVATIONS%%,*}" > "/tmp/ab_ncu_$name.csv" 2> "/tmp/ab_ncu_$name.err" ||
         tail -5 "/tmp/ab_ncu_$name.err"
 done
-python3 "$SRC/bench/ncu_compare.py" /tmp/ab_ncu_base.csv /tmp/ab_ncu_new.csv --names base,new
+[ "${AB_NCU:-1}" = 1 ] && python3 "$SRC/bench/ncu_compare.py" /tmp/ab_ncu_base.csv /tmp/ab_ncu_new.csv --names base,new
 
 for round in $(seq "${AB_ROUNDS:-2}"); do
-    for name in base new; do
-        for mode in pp512 ${AB_TG:+tg128}; do
-            step "$mode $name round $round"
-            flags=()
-            [ "$mode" = pp512 ] && flags=(--pp)
-            run "$name" timeout 200 python3 "$(tree "$name")/bench/cuda_sweep.py" "${flags[@]}" \
-                --activations "$ACTIVATIONS" --models /tmp/kcap_models --which "$MODELS" --repeats 1 2>&1 |
-                grep -E "^\| [a-z0-9]" | grep -v "^| model" | sed "s/^/$name /"
+    for activations in ${ACTIVATIONS//,/ }; do
+        for name in base new; do
+            for mode in pp512 ${AB_TG:+tg128}; do
+                step "$mode $activations $name round $round"
+                flags=()
+                [ "$mode" = pp512 ] && flags=(--pp)
+                run "$name" timeout 200 python3 "$(tree "$name")/bench/cuda_sweep.py" "${flags[@]}" \
+                    --activations "$activations" --models /tmp/kcap_models --which "$MODELS" --repeats 1 2>&1 |
+                    grep -E "^\| [a-z0-9]" | grep -v "^| model" | sed "s/^/$name $activations /"
+            done
         done
     done
 done

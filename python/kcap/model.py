@@ -114,8 +114,7 @@ class Model:
         _step(bar, "planning")
         backend = backend or default_backend()
         self.backend = backend
-        if backend == "cuda" and activations == "bf16":
-            locate_cublas()
+        cublas = locate_cublas() if backend == "cuda" and activations == "bf16" else None
         self.engine = _core.Engine(
             self.spec,
             backend=backend,
@@ -126,6 +125,7 @@ class Model:
             max_batch=max_batch,
             excluded_kernels=list(excluded_kernels),
             profile=profile,
+            cublas_library=cublas or "",
         )
         if bar is not None:
             bar.update(1)
@@ -270,23 +270,25 @@ def default_backend() -> str:
     return "metal" if sys.platform == "darwin" and _core.metal_device_available() else "cpu"
 
 
-def locate_cublas() -> None:
-    """The CUDA bf16 rows load cuBLAS at run time (cuda/matmul_gemm.cu) by its soname, from the
-    CUDA toolkit, or from KCAP_CUBLAS_LIBRARY. Where the loader finds none of those but pip's
-    NVIDIA package has it (nvidia-cublas, which PyTorch installs: nvidia/cu13/lib or
-    nvidia/cublas/lib), KCAP_CUBLAS_LIBRARY is pointed at that copy."""
+def locate_cublas() -> str | None:
+    """The libcublas for the CUDA bf16 rows (cuda/matmul_gemm.cu loads it at run time): None where
+    KCAP_CUBLAS_LIBRARY names one or the loader finds it by its soname or in the CUDA toolkit
+    (the engine then loads that), else the newest copy in pip's NVIDIA package (nvidia-cublas,
+    which PyTorch installs: nvidia/cu13/lib or nvidia/cublas/lib), which kcap.load hands to the
+    engine. The process environment is left as it is."""
     import ctypes
     import glob
     import importlib.util
 
     if os.environ.get("KCAP_CUBLAS_LIBRARY"):
-        return
+        return None
     for name in ("libcublas.so.13", "libcublas.so.12", "/usr/local/cuda/lib64/libcublas.so"):
         try:
             ctypes.CDLL(name)
-            return
+            return None
         except OSError:
             pass
+
     def major(path: str) -> int:  # libcublas.so.13 -> 13
         version = path.rsplit(".so.", 1)[-1].split(".")[0]
         return int(version) if version.isdigit() else 0
@@ -294,8 +296,7 @@ def locate_cublas() -> None:
     spec = importlib.util.find_spec("nvidia")
     found = [path for base in ((spec.submodule_search_locations or []) if spec else [])
              for path in glob.glob(os.path.join(base, "*", "lib", "libcublas.so.*"))]
-    if found:
-        os.environ["KCAP_CUBLAS_LIBRARY"] = max(found, key=major)  # the newest cuBLAS
+    return max(found, key=major) if found else None  # the newest cuBLAS
 
 
 def load(path: str | os.PathLike, backend: str | None = None, **options) -> Model:

@@ -398,8 +398,9 @@ def test_bf16_activations_route_matmuls_to_the_gemm_rows(tmp_path):
 
 def test_locate_cublas_takes_the_newest_pip_copy_when_the_loader_finds_none(tmp_path, monkeypatch):
     # The bf16 rows dlopen cuBLAS (cuda/matmul_gemm.cu). Where neither the loader's path nor the
-    # toolkit has it, kcap.load points KCAP_CUBLAS_LIBRARY at pip's NVIDIA package: cuBLAS 13
-    # (nvidia/cu13/lib) before 12 (nvidia/cublas/lib), though "cublas" sorts after "cu13".
+    # toolkit has it, kcap.load hands the engine pip's NVIDIA package's copy: cuBLAS 13
+    # (nvidia/cu13/lib) before 12 (nvidia/cublas/lib), though "cublas" sorts after "cu13". The
+    # process environment is never written.
     import ctypes
     import importlib.util
     from kcap import model as model_module
@@ -417,11 +418,12 @@ def test_locate_cublas_takes_the_newest_pip_copy_when_the_loader_finds_none(tmp_
 
     monkeypatch.setattr(ctypes, "CDLL", no_library)
     monkeypatch.delenv("KCAP_CUBLAS_LIBRARY", raising=False)
-    model_module.locate_cublas()
-    assert os.environ["KCAP_CUBLAS_LIBRARY"] == str(tmp_path / "nvidia" / "cu13" / "lib" / "libcublas.so.13")
-    # A library the caller named is kept.
+    before = dict(os.environ)
+    assert model_module.locate_cublas() == str(tmp_path / "nvidia" / "cu13" / "lib" / "libcublas.so.13")
+    assert dict(os.environ) == before
+    # A library the user named (KCAP_CUBLAS_LIBRARY) is the engine's to load: nothing to hand it.
     monkeypatch.setenv("KCAP_CUBLAS_LIBRARY", "/opt/mine/libcublas.so")
-    model_module.locate_cublas()
+    assert model_module.locate_cublas() is None
     assert os.environ["KCAP_CUBLAS_LIBRARY"] == "/opt/mine/libcublas.so"
 
 

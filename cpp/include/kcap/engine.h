@@ -28,6 +28,9 @@ struct EngineOptions {
     // CUDA: time every stage with events (decode steps without the graph) and print the totals
     // per kernel and stage to stderr when the engine is destroyed. Changes no kernel.
     bool profile = false;
+    // CUDA, activations "bf16": the libcublas to load (empty: KCAP_CUBLAS_LIBRARY, else the
+    // sonames on the loader's path and the CUDA toolkit's lib64).
+    std::string cublas_library;
 };
 
 // One route of a stage, as `kcap explain` prints it: the row that runs the stage's calls of
