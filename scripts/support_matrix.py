@@ -18,6 +18,7 @@ from kcap.explain import explain_file
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "conformance"
+RECORD = REPO / "tests" / "results" / "support.json"
 BACKENDS = ("cpu", "cuda", "metal")
 BEGIN, END = "<!-- support-matrix:begin -->", "<!-- support-matrix:end -->"
 
@@ -31,28 +32,48 @@ def fixtures_by_architecture() -> dict[str, list[Path]]:
     return found
 
 
-def cell(paths: list[Path], backend: str) -> str:
-    # Planning only: the answer is the same whether or not this build compiled the backend.
+def record() -> dict:
+    import json
+
+    return json.loads(RECORD.read_text()) if RECORD.exists() else {}
+
+
+def family_of(path: Path) -> str:
+    """"gemma4-kvshare-f32.gguf" -> "gemma4-kvshare"."""
+    return path.stem.rsplit("-", 1)[0]
+
+
+def cell(paths: list[Path], backend: str, ran: dict) -> str:
+    # Planning: the same whether or not this build compiled the backend.
     try:
         for path in paths:
             explain_file(str(path), backend=backend)
     except kcap.RoutingError as exc:
         return f"refused ({str(exc).split(':')[0]})"
-    return "yes"
+    outcomes = {ran.get(backend, {}).get("families", {}).get(family_of(p), "not run") for p in paths}
+    if "failed" in outcomes:
+        return "failed"
+    if outcomes == {"passed"}:
+        return "yes"
+    return "routes; not run"
 
 
 def matrix() -> str:
     fixtures = fixtures_by_architecture()
+    ran = record()
     lines = ["| architecture | fixtures | " + " | ".join(BACKENDS) + " |",
              "|---|---|" + "---|" * len(BACKENDS)]
     for arch in supported_architectures():
         paths = fixtures.get(arch, [])
         names = ", ".join(p.stem for p in paths) or "none"
-        cells = [cell(paths, b) if paths else "untested" for b in BACKENDS]
+        cells = [cell(paths, b, ran) if paths else "untested" for b in BACKENDS]
         lines.append(f"| {arch} | {names} | " + " | ".join(cells) + " |")
     for arch in sorted(set(fixtures) - set(supported_architectures())):
         lines.append(f"| {arch} | {', '.join(p.stem for p in fixtures[arch])} | " +
                      " | ".join("refused (no arch module)" for _ in BACKENDS) + " |")
+    runs = ", ".join(f"{b} at {ran[b]['commit']} ({ran[b]['date']})" for b in BACKENDS if b in ran)
+    lines.append("")
+    lines.append(f"Conformance runs recorded (tests/results/support.json): {runs or 'none'}.")
     return "\n".join(lines)
 
 

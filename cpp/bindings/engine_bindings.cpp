@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "dispatch/capability.h"
+#include "dispatch/planner.h"
 #include "kcap/engine.h"
 #include "kcap/errors.h"
 #include "metal/rows.h"
@@ -274,6 +275,12 @@ void init_engine(py::module_& m) {
         },
         "Metal row kernel name -> its entry point names, in the order its launcher uses them.");
     m.attr("MAX_DEVICE_TOP_K") = kMaxDeviceTopK;
+    // The option values the engine takes, from their one list each (the CLI offers these).
+    py::list kv_types, activations;
+    for (Format f : kv_formats()) kv_types.append(kv_type_name(f));
+    for (Encoding e : encodings()) activations.append(encoding_name(e));
+    m.attr("KV_TYPES") = kv_types;
+    m.attr("ACTIVATIONS") = activations;
     m.def("metal_device_available", &metal_device_available,
           "True where the Metal backend is built in and a Metal device exists (then the default backend).");
 

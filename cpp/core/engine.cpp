@@ -11,12 +11,6 @@ namespace kcap {
 
 namespace {
 
-Format kv_format_from_name(const std::string& name) {
-    if (name == "f32") return Format::F32;
-    if (name == "f16") return Format::F16;
-    throw FormatError("unsupported KV cache type '" + name + "' (supported: f32, f16)");
-}
-
 // `device`: plan for the engine's own device (queried) rather than the reference device.
 PlanOptions plan_options(const EngineOptions& options, bool device) {
     PlanOptions plan;

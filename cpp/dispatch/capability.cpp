@@ -28,17 +28,25 @@ Backend backend_from_name(const std::string& name) {
 
 const char* encoding_name(Encoding encoding) {
     switch (encoding) {
+        case Encoding::F32: return "f32";
         case Encoding::Q8_1: return "q8_1";
         case Encoding::BF16: return "bf16";
-        default: return "f32";
     }
+    return "?";
+}
+
+const std::vector<Encoding>& encodings() {
+    static const std::vector<Encoding> all = {Encoding::F32, Encoding::Q8_1, Encoding::BF16};
+    return all;
 }
 
 Encoding encoding_from_name(const std::string& name) {
-    if (name == "f32") return Encoding::F32;
-    if (name == "q8_1") return Encoding::Q8_1;
-    if (name == "bf16") return Encoding::BF16;
-    throw FormatError("unsupported activation encoding '" + name + "' (supported: f32, q8_1, bf16)");
+    std::string supported;
+    for (Encoding e : encodings()) {
+        if (name == encoding_name(e)) return e;
+        supported += (supported.empty() ? "" : ", ") + std::string(encoding_name(e));
+    }
+    throw FormatError("unsupported activation encoding '" + name + "' (supported: " + supported + ")");
 }
 
 const char* op_name(Op op) {

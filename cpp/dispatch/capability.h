@@ -59,6 +59,7 @@ const char* op_name(Op op);
 enum class Encoding { F32, Q8_1, BF16 };
 const char* encoding_name(Encoding encoding);
 Encoding encoding_from_name(const std::string& name);  // throws FormatError
+const std::vector<Encoding>& encodings();              // every encoding, for option lists
 
 // Features a stage may require. A row that lacks one of its stage's features is rejected:
 // a fallback preserves the feature set or refuses, it never drops one. One list: the enum and

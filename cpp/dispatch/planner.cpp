@@ -2,12 +2,20 @@
 #include "dispatch/planner.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <sstream>
 
 #include "kcap/errors.h"
 
 namespace kcap {
+
+namespace {
+std::string lowercase_name(std::string s) {
+    for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+}  // namespace
 
 const char* buffer_name(Buffer buffer) {
     switch (buffer) {
@@ -788,6 +796,22 @@ const Row* find_route(const Stage& stage, const PlanOptions& options, int64_t n)
     return row_in(routes, n);
 }
 
+const std::vector<Format>& kv_formats() {
+    static const std::vector<Format> formats = {Format::F32, Format::F16};
+    return formats;
+}
+
+std::string kv_type_name(Format format) { return lowercase_name(format_name(format)); }
+
+Format kv_format_from_name(const std::string& name) {
+    std::string supported;
+    for (Format f : kv_formats()) {
+        if (kv_type_name(f) == name) return f;
+        supported += (supported.empty() ? "" : ", ") + kv_type_name(f);
+    }
+    throw FormatError("unsupported KV cache type '" + name + "' (supported: " + supported + ")");
+}
+
 std::vector<Stage> build_stages(const ModelSpec& spec, const PlanOptions& options) {
     return StageBuilder(spec, options).build();
 }
@@ -799,9 +823,9 @@ Plan make_plan(const ModelSpec& spec, const PlanOptions& in_options) {
     if (spec.context_length > 0 && plan.options.n_ctx > spec.context_length)
         throw ContextOverflowError("n_ctx " + std::to_string(plan.options.n_ctx) +
                                    " exceeds the model's context length " + std::to_string(spec.context_length));
-    if (plan.options.kv_format != Format::F32 && plan.options.kv_format != Format::F16)
-        throw FormatError(std::string("KV cache type ") + format_name(plan.options.kv_format) +
-                          " is not supported (f32, f16)");
+    const auto& kv = kv_formats();
+    if (std::find(kv.begin(), kv.end(), plan.options.kv_format) == kv.end())
+        throw FormatError("unsupported KV cache type '" + kv_type_name(plan.options.kv_format) + "'");
     plan.buffer_widths.assign(static_cast<size_t>(Buffer::Logits) + 1, 0);
     auto widen = [&](Buffer b, int64_t w) {
         auto& width = plan.buffer_widths[static_cast<size_t>(b)];

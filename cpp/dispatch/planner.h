@@ -17,6 +17,12 @@
 
 namespace kcap {
 
+// The KV cache element types a plan may ask for, and their names ("f32", "f16"): the one list
+// the engine, the planner and the Python options (kcap._core.KV_TYPES) read.
+const std::vector<Format>& kv_formats();
+std::string kv_type_name(Format format);
+Format kv_format_from_name(const std::string& name);  // throws FormatError naming the supported ones
+
 struct PlanOptions {
     Backend backend = Backend::CPU;
     Format kv_format = Format::F32;  // the KV cache element type is a plan parameter

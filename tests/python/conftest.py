@@ -57,3 +57,53 @@ def tiny_llama_path(tmp_path_factory):
     from kcap.testing.synth import tiny_llama
 
     return tiny_llama(str(tmp_path_factory.mktemp("synth") / "tiny_llama.gguf"))
+
+
+# --- The support record -------------------------------------------------------------------
+# With KCAP_SUPPORT_RECORD=FILE, the outcome of the conformance suites (test_conformance.py on
+# the CPU, test_conformance_cuda.py on a CUDA device) per fixture family is merged into FILE:
+# scripts/support_matrix.py builds the README's support matrix from the committed record
+# (tests/results/support.json), so a "yes" there says the family's conformance tests ran and
+# passed on that backend, not only that it routes. A family counts as passed on a backend when
+# its tests there ran and none failed or was skipped (without a device the CUDA ones skip).
+SUPPORT_SUITES = {"test_conformance.py": "cpu", "test_conformance_cuda.py": "cuda"}
+_support_outcomes: dict = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    backend = SUPPORT_SUITES.get(item.path.name)
+    if backend is None or "family" not in getattr(item, "fixturenames", ()) or report.when not in ("setup", "call"):
+        return
+    if report.when == "setup" and report.passed:
+        return
+    family = item.callspec.params["family"]
+    result = "failed" if report.failed else "skipped" if report.skipped else "passed"
+    _support_outcomes.setdefault(backend, {}).setdefault(family, set()).add(result)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("KCAP_SUPPORT_RECORD")
+    if not path or not _support_outcomes:
+        return
+    import datetime
+    import json
+    import subprocess
+
+    record = json.loads(open(path).read()) if os.path.exists(path) else {}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
+    for backend, families in _support_outcomes.items():
+        if all(outcomes == {"skipped"} for outcomes in families.values()):
+            continue  # the backend did not run here (no device): keep its recorded run
+        entry = record.setdefault(backend, {"families": {}})
+        entry["commit"] = commit
+        entry["date"] = datetime.date.today().isoformat()
+        for family, outcomes in families.items():
+            entry["families"][family] = ("failed" if "failed" in outcomes else
+                                         "not run" if "skipped" in outcomes else "passed")
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+        f.write("\n")
