@@ -23,3 +23,7 @@ class UnknownArchitectureError(KcapError):
 
 class MissingMetadataError(ModelError):
     """A hyperparameter the architecture needs is absent from the GGUF metadata."""
+
+
+class HubError(KcapError):
+    """A Hugging Face Hub reference (hf://ORG/REPO/FILE) is malformed or cannot be fetched."""
