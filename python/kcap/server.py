@@ -7,7 +7,7 @@
 
 Both POST routes take max_tokens, temperature, top_p, seed, stop and stream (server-sent
 events, ending with "data: [DONE]"; stream_options.include_usage adds a usage chunk), plus
-top_k, min_p and repetition_penalty as llama.cpp's server does. Answers carry usage counts
+top_k, min_p, repetition_penalty and ignore_eos as llama.cpp's and vLLM's servers do. Answers carry usage counts
 and finish_reason "stop" (end of turn / end of text or a stop string) or "length"
 (max_tokens or the end of the context). Errors have OpenAI's shape,
 {"error": {"message", "type", "param", "code"}}, with 400 for a bad request, 404 for an
@@ -57,6 +57,7 @@ class _Sampling(BaseModel):
     top_k: int = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0.0, lt=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0)
+    ignore_eos: bool = False
     seed: Optional[int] = Field(None, ge=0)
     stop: Optional[Union[str, list[str]]] = None
     stream: bool = False
@@ -197,7 +198,7 @@ class _Server:
             SamplerConfig(**sampling)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
-        return dict(sampling, max_tokens=max_tokens, stop=body.stop)
+        return dict(sampling, max_tokens=max_tokens, stop=body.stop, ignore_eos=body.ignore_eos)
 
     async def collect(self, request: Request, generation: _Generation) -> str:
         """The whole text of a generation; cancels it if the client goes away meanwhile."""
