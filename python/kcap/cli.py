@@ -318,13 +318,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _in_worker(func, args):
+    """Runs func(args) on a worker thread while the main thread waits: Python delivers Ctrl-C
+    to the main thread only between bytecodes, and an engine call on a long prompt chunk can
+    take most of a second, so waiting here is what lets Ctrl-C end the command at once."""
+    import threading
+
+    outcome = {}
+
+    def work():
+        try:
+            outcome["value"] = func(args)
+        except BaseException as exc:  # re-raised in the main thread below
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=work, name="kcap-run", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except KeyboardInterrupt:
+        # The worker may be inside the engine: leave without waiting for it or tearing it down.
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        print(file=sys.stderr, flush=True)
+        os._exit(130)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         from kcap.errors import KcapError
 
         try:
-            return args.func(args)
+            # kcap chat keeps the main thread: there Ctrl-C stops one answer, not the program.
+            return _in_worker(args.func, args) if args.func is cmd_run else args.func(args)
         except (KcapError, ValueError) as exc:
             print(f"kcap: error: {exc}", file=sys.stderr)
             return 1
