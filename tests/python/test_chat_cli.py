@@ -101,8 +101,9 @@ def test_kcap_chat_on_a_base_model_fails_clearly():
 def test_version():
     result = kcap_run("--version")
     assert result.returncode == 0 and result.stdout.strip() == f"kcap {kcap.__version__}"
-    if shutil.which("kcap"):
-        assert subprocess.run(["kcap", "--version"], capture_output=True, text=True).stdout == result.stdout
+    script = os.path.join(os.path.dirname(sys.executable), "kcap")  # the console script pip installed
+    if os.path.exists(script):
+        assert subprocess.run([script, "--version"], capture_output=True, text=True).stdout == result.stdout
 
 
 @pytest.mark.parametrize("args, fragment", [
