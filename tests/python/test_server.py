@@ -186,7 +186,8 @@ def test_disconnect_stops_the_generation(server):
             events = 0
             for line in response.iter_lines():
                 if line.startswith("data: "):
-                    json.loads(line[6:])
+                    payload = json.loads(line[6:])
+                    assert "error" not in payload, payload
                     events += 1
                 if events == 5:
                     break
