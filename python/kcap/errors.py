@@ -33,3 +33,7 @@ class UnimplementedMetadataError(ModelError):
 class UnusedTensorError(ModelError):
     """The file holds tensors that the plan does not use and that its architecture module does not
     list as known to be unneeded."""
+
+
+class HubError(KcapError):
+    """A Hugging Face Hub reference (hf://ORG/REPO/FILE) is malformed or cannot be fetched."""

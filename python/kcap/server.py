@@ -1,0 +1,381 @@
+"""kcap serve: the OpenAI HTTP API over one Model, on FastAPI and uvicorn (kcap[server]).
+
+    GET  /health                 {"status": "ok", "model": ..., "active_generations": n}
+    GET  /v1/models              the one model served
+    POST /v1/completions         prompt -> text
+    POST /v1/chat/completions    messages -> the assistant's answer, through the GGUF's chat template
+
+Both POST routes take max_tokens, temperature, top_p, seed, stop and stream (server-sent
+events, ending with "data: [DONE]"; stream_options.include_usage adds a usage chunk), plus
+top_k, min_p, repetition_penalty and ignore_eos as llama.cpp's and vLLM's servers do. Answers carry usage counts
+and finish_reason "stop" (end of turn / end of text or a stop string) or "length"
+(max_tokens or the end of the context). Errors have OpenAI's shape,
+{"error": {"message", "type", "param", "code"}}, with 400 for a bad request, 404 for an
+unknown model or route, 500 for a failure of the server.
+
+Each request generates on a thread of its own; the Model's lock makes concurrent requests take
+turns, each with its own KV cache contents. A client that disconnects cancels its generation
+between prefill chunks or tokens.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Literal, Optional, Union
+
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from pydantic import BaseModel, ConfigDict, Field
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    from kcap.errors import KcapError
+
+    raise KcapError(f"kcap serve needs FastAPI and uvicorn: pip install 'kcap[server]' ({exc})") from None
+
+from kcap.errors import ContextOverflowError, KcapError, ModelError
+from kcap.generate import GenerationStats, chat_prompt_ids, ids_text_stream
+from kcap.sampling import SamplerConfig
+
+# How often a non-streaming request checks whether its client is still connected.
+DISCONNECT_POLL_SECONDS = 0.25
+
+
+# --- requests ------------------------------------------------------------------------------
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[str] = None
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0.0, lt=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    ignore_eos: bool = False
+    seed: Optional[int] = Field(None, ge=0)
+    stop: Optional[Union[str, list[str]]] = None
+    stream: bool = False
+    stream_options: Optional[dict] = None
+    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported: use repetition_penalty")
+    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported: use repetition_penalty")
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, list[str], list[int]]
+    max_tokens: Optional[int] = Field(16, ge=1)
+    echo: Literal[False] = False
+    logprobs: Literal[None] = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: Union[str, list[dict[str, Any]], None] = None
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: Literal[None, False] = None
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+
+def _error_response(status: int, message: str, type_: str = "invalid_request_error", param=None, code=None):
+    return JSONResponse(status_code=status,
+                        content={"error": {"message": message, "type": type_, "param": param, "code": code}})
+
+
+def _message_text(message: ChatMessage, index: int) -> str:
+    if message.content is None:
+        return ""
+    if isinstance(message.content, str):
+        return message.content
+    texts = []
+    for part in message.content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise APIError(400, f"messages[{index}]: only text content parts are supported, got type "
+                                f"{part.get('type')!r}", param=f"messages[{index}].content")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+# --- generation on a worker thread -------------------------------------------------------------
+class _Generation:
+    """One request's generation: a thread runs it under the Model's lock and hands text pieces
+    to the event loop through a queue; cancel() stops it at the next chunk or token."""
+
+    def __init__(self, server: "_Server", prompt_ids: list[int], options: dict, skip_special_tokens: bool):
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.cancel_event = threading.Event()
+        self.stats = GenerationStats()
+        self.prompt_tokens = len(prompt_ids)
+        self._server = server
+        self._thread = threading.Thread(target=self._work, args=(prompt_ids, options, skip_special_tokens),
+                                        name="kcap-generation", daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop has closed (server shutdown): nobody is listening
+            self.cancel_event.set()
+
+    def _work(self, prompt_ids, options, skip_special_tokens) -> None:
+        with self._server.count_lock:
+            self._server.active += 1
+        try:
+            for piece in ids_text_stream(self._server.model, prompt_ids, skip_special_tokens=skip_special_tokens,
+                                         stats=self.stats, cancel=self.cancel_event, **options):
+                self._put(("text", piece))
+                if self.cancel_event.is_set():
+                    break
+            self._put(("done", None))
+        except BaseException as exc:  # reported to the client; the server keeps running
+            self._put(("error", exc))
+        finally:
+            with self._server.count_lock:
+                self._server.active -= 1
+
+    def cancel(self) -> None:
+        self.cancel_event.set()
+
+    @property
+    def finish_reason(self) -> str:
+        return "stop" if self.stats.finish_reason == "stop" else "length"
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.stats.generated_tokens,
+                "total_tokens": self.prompt_tokens + self.stats.generated_tokens}
+
+
+def _failure(exc: BaseException) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ContextOverflowError):
+        return APIError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, (ValueError, ModelError)):
+        return APIError(400, str(exc))
+    return APIError(500, f"generation failed: {type(exc).__name__}: {exc}", type_="server_error")
+
+
+class _Server:
+    def __init__(self, model, model_name: str):
+        self.model = model
+        self.model_name = model_name
+        self.created = int(time.time())
+        self.active = 0
+        self.count_lock = threading.Lock()
+
+    # request -> (prompt ids, generation options), every check made before a response starts
+    def prepare(self, body: _Sampling, prompt_ids: list[int], max_tokens: int | None) -> dict:
+        if body.model is not None and body.model != self.model_name:
+            raise APIError(404, f"The model '{body.model}' does not exist; this server serves '{self.model_name}'",
+                           param="model", code="model_not_found")
+        if len(prompt_ids) >= self.model.n_ctx:
+            raise APIError(400, f"the prompt has {len(prompt_ids)} tokens; this model's context holds "
+                                f"{self.model.n_ctx}, one of which must remain for the answer",
+                           param="messages" if isinstance(body, ChatRequest) else "prompt",
+                           code="context_length_exceeded")
+        sampling = dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
+                        repetition_penalty=body.repetition_penalty, seed=body.seed)
+        try:
+            SamplerConfig(**sampling)
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+        return dict(sampling, max_tokens=max_tokens, stop=body.stop, ignore_eos=body.ignore_eos)
+
+    async def collect(self, request: Request, generation: _Generation) -> str:
+        """The whole text of a generation; cancels it if the client goes away meanwhile."""
+        pieces = []
+        try:
+            while True:
+                try:
+                    kind, value = await asyncio.wait_for(generation.queue.get(), DISCONNECT_POLL_SECONDS)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        generation.cancel()
+                        raise APIError(499, "the client closed the connection")
+                    continue
+                if kind == "text":
+                    pieces.append(value)
+                elif kind == "done":
+                    return "".join(pieces)
+                else:
+                    raise _failure(value)
+        finally:
+            generation.cancel()  # a no-op once it has finished
+
+    async def events(self, generation: _Generation, chunk, include_usage: bool, usage_chunk):
+        """Server-sent events of a generation: chunk(text, finish_reason) for each piece and the end."""
+        try:
+            first = chunk(None, None)
+            if first is not None:
+                yield _sse(first)
+            while True:
+                kind, value = await generation.queue.get()
+                if kind == "text":
+                    yield _sse(chunk(value, None))
+                elif kind == "done":
+                    yield _sse(chunk("", generation.finish_reason))
+                    if include_usage:
+                        yield _sse(usage_chunk(generation.usage()))
+                    break
+                else:
+                    error = _failure(value)
+                    yield _sse({"error": {"message": error.message, "type": error.type, "param": error.param,
+                                          "code": error.code}})
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            generation.cancel()  # the client went away, or the stream ended: stop generating
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def create_app(model, model_name: str | None = None) -> FastAPI:
+    """The FastAPI application serving model under model_name (default: its file name without .gguf)."""
+    name = model_name or os.path.splitext(os.path.basename(model.path))[0]
+    server = _Server(model, name)
+    app = FastAPI(title="kcap", description="OpenAI-compatible API over a kcap model")
+    app.state.kcap = server
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, exc: APIError):
+        return _error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        location = [str(part) for part in first.get("loc", ()) if part != "body"]
+        param = ".".join(location) or None
+        message = first.get("msg", "invalid request")
+        return _error_response(400, f"{param}: {message}" if param else message, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc: StarletteHTTPException):
+        type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        code = "not_found" if exc.status_code == 404 else None
+        return _error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type_, code=code)
+
+    @app.exception_handler(Exception)
+    async def _server_error(request, exc: Exception):
+        error = _failure(exc)
+        return _error_response(error.status, error.message, error.type, error.param, error.code)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": server.model_name, "active_generations": server.active}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": server.created,
+                                            "owned_by": "kcap"}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise APIError(400, "one prompt per request", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            if not prompt:
+                raise APIError(400, "the prompt is empty", param="prompt")
+            prompt_ids = model.tokenize(prompt, add_special_tokens=True)
+        else:
+            prompt_ids = [int(i) for i in prompt]
+            if not prompt_ids or not all(0 <= i < model.n_vocab for i in prompt_ids):
+                raise APIError(400, f"token ids must be a non-empty list of ids below {model.n_vocab}",
+                               param="prompt")
+        options = server.prepare(body, prompt_ids, body.max_tokens)
+        generation = _Generation(server, prompt_ids, options, skip_special_tokens=False)
+        request_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def envelope(choices, **extra):
+            return {"id": request_id, "object": "text_completion", "created": created, "model": server.model_name,
+                    "choices": choices, **extra}
+
+        if body.stream:
+            def chunk(text, finish_reason):
+                if text is None:
+                    return None
+                return envelope([{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}])
+
+            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            return StreamingResponse(server.events(generation, chunk, include_usage,
+                                                   lambda usage: envelope([], usage=usage)),
+                                     media_type="text/event-stream")
+        text = await server.collect(request, generation)
+        return envelope([{"index": 0, "text": text, "logprobs": None, "finish_reason": generation.finish_reason}],
+                        usage=generation.usage())
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request):
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": _message_text(m, i)}
+                    for i, m in enumerate(body.messages)]
+        try:
+            prompt_ids = chat_prompt_ids(model, messages)
+        except (ValueError, ModelError) as exc:
+            raise APIError(400, str(exc), param="messages") from None
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        options = server.prepare(body, prompt_ids, max_tokens)
+        generation = _Generation(server, prompt_ids, options, skip_special_tokens=True)
+        request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def envelope(object_, choices, **extra):
+            return {"id": request_id, "object": object_, "created": created, "model": server.model_name,
+                    "choices": choices, **extra}
+
+        if body.stream:
+            def chunk(text, finish_reason):
+                if text is None:  # the first chunk opens the assistant's message
+                    delta = {"role": "assistant", "content": ""}
+                elif finish_reason is not None:
+                    delta = {}
+                else:
+                    delta = {"content": text}
+                return envelope("chat.completion.chunk",
+                                [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+
+            include_usage = bool((body.stream_options or {}).get("include_usage"))
+            return StreamingResponse(server.events(generation, chunk, include_usage,
+                                                   lambda usage: envelope("chat.completion.chunk", [], usage=usage)),
+                                     media_type="text/event-stream")
+        text = await server.collect(request, generation)
+        return envelope("chat.completion",
+                        [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                          "finish_reason": generation.finish_reason}],
+                        usage=generation.usage())
+
+    return app
+
+
+def serve(model, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
+          log_level: str = "info", quiet: bool = False) -> None:
+    """Runs the server until Ctrl-C (or SIGTERM)."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise KcapError("kcap serve needs uvicorn: pip install 'kcap[server]'") from None
+    app = create_app(model, model_name)
+    if not quiet:
+        print(f"kcap: serving '{app.state.kcap.model_name}' at http://{host}:{port}/v1", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning" if quiet else log_level)

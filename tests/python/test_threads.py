@@ -1,0 +1,108 @@
+"""One Model shared by threads: concurrent generations each get the answer a serial run gives,
+the cache stays consistent after an interrupted prefill, and a generation can be cancelled."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import kcap
+from kcap.generate import GenerationStats
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "Count: 1, 2, 3, 4,",
+           "The three primary colors are", "Water boils at"]
+
+
+def run_threads(target, n):
+    start = threading.Barrier(n)
+    errors = []
+
+    def body(i):
+        try:
+            start.wait()
+            target(i)
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a generation never finished"
+    assert not errors, errors
+
+
+def test_concurrent_generations_match_serial_runs(smollm):
+    options = [dict(max_tokens=20), dict(max_tokens=20, temperature=0.9, top_k=40, seed=3)]
+    jobs = [(p, o) for p in PROMPTS for o in options]
+    expected = [smollm.generate(p, **o) for p, o in jobs]
+    results = [None] * len(jobs)
+
+    def work(i):
+        results[i] = smollm.generate(jobs[i][0], **jobs[i][1])
+
+    run_threads(work, len(jobs))
+    assert results == expected
+
+
+def test_concurrent_streams_chats_and_logits(smollm):
+    messages = [{"role": "user", "content": "Name a fruit."}]
+    chat_expected = smollm.chat(messages, temperature=0, max_tokens=16)
+    ids = smollm.tokenize("Hello there")
+    logits_expected = smollm.logits(ids)
+    stream_expected = smollm.generate(PROMPTS[0], max_tokens=16)
+    results = {}
+
+    def work(i):
+        kind = i % 3
+        if kind == 0:
+            results[i] = smollm.chat(messages, temperature=0, max_tokens=16) == chat_expected
+        elif kind == 1:
+            results[i] = (smollm.logits(ids) == logits_expected).all()
+        else:
+            results[i] = "".join(smollm.stream(PROMPTS[0], max_tokens=16)) == stream_expected
+
+    run_threads(work, 9)
+    assert all(results.values()) and len(results) == 9
+
+
+def test_using_the_model_inside_its_own_open_stream_is_refused(smollm):
+    stream = smollm.stream(PROMPTS[0], max_tokens=8)
+    next(stream)
+    with pytest.raises(kcap.ModelError, match="generation open"):
+        smollm.generate("x", max_tokens=2)
+    stream.close()
+    assert smollm.generate(PROMPTS[0], max_tokens=4)  # the lock was released by close()
+
+
+def test_cache_record_resyncs_with_the_engine(smollm):
+    ids = smollm.tokenize("The capital of France is")
+    expected = smollm.logits(ids)
+    # As if an interrupt arrived after an engine call but before the record of it.
+    smollm._cached = smollm._cached[:-2]
+    assert smollm.engine.n_past == len(smollm._cached) + 2
+    logits = smollm.prefill(ids)  # evaluates the two unrecorded tokens again, as a chunk of their own
+    assert abs(logits - expected).max() <= 1e-4 * abs(expected).max()
+    assert smollm.engine.n_past == len(smollm._cached) == len(ids)
+
+
+def test_long_prompts_are_evaluated_in_chunks_with_the_same_result(smollm):
+    from kcap.model import PREFILL_CHUNK
+
+    ids = smollm.tokenize("one two three four " * 60)
+    assert len(ids) > 3 * PREFILL_CHUNK
+    chunked = smollm.logits(ids)
+    smollm.reset()
+    whole = smollm.engine.eval(__import__("numpy").asarray(ids, dtype="int32"), False)
+    smollm.engine.reset()
+    assert abs(chunked - whole).max() <= 1e-3 * abs(whole).max()
+
+
+def test_a_set_cancel_event_stops_before_any_work(smollm):
+    cancel = threading.Event()
+    cancel.set()
+    stats = GenerationStats()
+    assert list(smollm.generate_ids(smollm.tokenize("one two " * 200), max_tokens=50, cancel=cancel,
+                                    stats=stats)) == []
+    assert stats.finish_reason == "cancelled"
