@@ -201,10 +201,13 @@ inline const Row& find_row(const std::string& kernel) {
 }
 
 // The CPU reference row of the same op that decodes the same operand formats with the same
-// activation encoding (a q8_1 row's twin rounds x itself: cpu.matmul_q8.*).
+// activation encoding (a q8_1 row's twin rounds x itself: cpu.matmul_q8.*), of those that take
+// any number of tokens per call.
 inline const Row& cpu_twin(const Row& cuda_row) {
     for (const Row& row : capability_table()) {
-        if (row.backend != Backend::CPU || row.op != cuda_row.op || row.input_encoding != cuda_row.input_encoding) continue;
+        if (row.backend != Backend::CPU || row.op != cuda_row.op || row.input_encoding != cuda_row.input_encoding ||
+            row.tokens.min != 1 || row.tokens.max != 0)
+            continue;
         if (!cuda_row.operand_formats.empty() && !row.operand_formats.empty() &&
             row.operand_formats[0] != cuda_row.operand_formats[0])
             continue;
@@ -278,6 +281,36 @@ inline std::vector<float> q8_1_values(const std::vector<float>& x) {
         const float d = amax / 127.0f;
         const float id = d >= std::numeric_limits<float>::min() ? 1.0f / d : 0.0f;
         for (size_t i = r; i < r + 32; ++i) out[i] = d * std::nearbyint(x[i] * id);
+    }
+    return out;
+}
+
+// m rows of k values (k a multiple of 32) in the q8_1 form of kcap_q8_quantize_rows, what the
+// scratch of the q8_1 rows holds (cuda::q8_rows_layout): codes [m][k] signed bytes, four to a
+// word, low byte first; d [m][k / 32]; half_sums [m][k / 16], the sum of the codes of each 16
+// values. The rounding of q8_1_values; the host test holds it to kcap_q8_quantize_rows bit for bit.
+struct Q8Scratch {
+    std::vector<uint32_t> codes;
+    std::vector<float> d;
+    std::vector<int32_t> half_sums;
+};
+inline Q8Scratch q8_1_scratch(const std::vector<float>& x, int m, int k) {
+    Q8Scratch out;
+    const size_t n = size_t(m) * size_t(k);
+    out.codes.assign(n / 4, 0u);
+    out.d.assign(n / 32, 0.0f);
+    out.half_sums.assign(n / 16, 0);
+    for (size_t r = 0; r + 32 <= n; r += 32) {
+        float amax = 0.0f;
+        for (size_t i = r; i < r + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float d = amax / 127.0f;
+        const float id = d >= std::numeric_limits<float>::min() ? 1.0f / d : 0.0f;
+        out.d[r / 32] = d;
+        for (size_t i = r; i < r + 32; ++i) {
+            const int q = int(std::nearbyint(x[i] * id));
+            out.codes[i / 4] |= uint32_t(uint8_t(int8_t(q))) << (8 * (i % 4));
+            out.half_sums[i / 16] += q;
+        }
     }
     return out;
 }

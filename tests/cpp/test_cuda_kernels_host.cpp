@@ -274,6 +274,13 @@ void test_q8_rounding(std::mt19937& rng) {
     kcap_sim::launch({unsigned((x.size() / 4 + 127) / 128), 1, 1}, 128, 0, [&](const KcapThread& t, void*) {
         kcap_q8_quantize_rows(t, x.data(), 2, int(x.size() / 2), codes.data(), row_d.data(), half_sums.data());
     });
+    // What test_cuda_rows writes into the q8_1 scratch for the rows that read it (kQ8Input): the
+    // same words, scales and half sums, bit for bit.
+    const Q8Scratch restated = q8_1_scratch(x, 2, int(x.size() / 2));
+    KCAP_EXPECT(restated.codes == std::vector<uint32_t>(codes.begin(), codes.end()) &&
+                    std::memcmp(restated.d.data(), row_d.data(), row_d.size() * 4) == 0 &&
+                    restated.half_sums == std::vector<int32_t>(half_sums.begin(), half_sums.end()),
+                "q8_1_scratch differs from kcap_q8_quantize_rows");
     // The matvec's copy (3 simd groups: 48 runs a round), into poisoned records.
     std::vector<kcap_i32> records(size_t(runs * KCAP_Q8_RUN_WORDS), -7777);
     std::vector<float> scales(static_cast<size_t>(runs), NAN);
@@ -358,9 +365,9 @@ void test_matmul_rows(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     for (const Row& row : capability_table()) {
         if (row.backend != Backend::CUDA || row.op != Op::MatMul) continue;
-        // The mma rows run these same bodies below kMmaMinTokens; their tensor-core tiles are
-        // CUDA-only and checked on the device. Test each body once, through the exact rows.
-        if (row.kernel.rfind("cuda.matmul.", 0) != 0) continue;
+        // The exact bodies (the decode matvec and the few-token walk) of every format, once per
+        // format through its walk row; the tensor-core tiles are CUDA-only and checked on the device.
+        if (row.kernel.rfind("cuda.matmul_tokens.", 0) != 0) continue;
         const Format f = row_format(row);
         const Row& reference = cpu_twin(row);
         with_decoder(f, [&](auto decoder) {
@@ -944,7 +951,7 @@ void cpu_attention(const Stage& stage, int m, int pos, const float* q, const flo
     call.n_tokens = m;
     call.pos0 = pos;
     call.in = q, call.in2 = k, call.in3 = v, call.out = out;
-    run_cpu(cpu_twin(find_row("cuda.attention")), stage, call, cpu);
+    run_cpu(cpu_twin(find_row("cuda.attention_prefill")), stage, call, cpu);
 }
 
 void test_attention(std::mt19937& rng, CpuState& cpu) {
@@ -1317,8 +1324,6 @@ void test_attention_prefill(std::mt19937& rng, CpuState& cpu) {
     std::printf("attention prefill body: %d calls\n", checked);
 }
 
-// Every CUDA row is declared (also where CUDA is not compiled in), and routes are refused
-// just past each row's legal dims.
 // The fused rows' bodies against the CPU rows of the stages they replace.
 void test_add_norm(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
@@ -1395,14 +1400,17 @@ void test_add_norm(std::mt19937& rng, CpuState& cpu) {
     std::printf("add_norm body: %d cases\n", checked);
 }
 
-// The q8_1 matvec body (cuda.matmul_q8.* and cuda.gate_up_q8.* below kMmaMinTokens; their
-// int8 tiles are CUDA-only and checked on the device) against the CPU rows on q8_1(x), at every
+// The q8_1 matvec body (cuda.matvec_q8.* and cuda.gate_up_q8.*, up to kMmaMinTokens - 1 tokens;
+// the int8 tiles of the _mma rows are CUDA-only and checked on the device) against the CPU rows on q8_1(x), at every
 // split the launcher may pick and with x staged in chunks, for one and several tokens, with x
 // quantized by the groups and quantized once (kcap_q8_quantize_rows).
 void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     for (const Row& row : capability_table()) {
         if (row.backend != Backend::CUDA || row.input_encoding != Encoding::Q8_1 || row.op == Op::Qkv) continue;
+        // Each format's body once, through its matvec rows that round x in their groups (the
+        // _quant and _in rows run the same body on x quantized once, as `quantized` below).
+        if (row.tokens.max == 0 || row.dims.k_min != 0 || row.requires_all != 0) continue;
         const Format f = row_format(row);
         const bool gate_up = row.op == Op::GateUp;
         with_decoder(f, [&](auto decoder) {
@@ -1481,7 +1489,8 @@ void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
 void test_gate_up(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     for (const Row& row : capability_table()) {
-        if (row.backend != Backend::CUDA || row.op != Op::GateUp) continue;
+        // The f32 gate_up matvec body of each format, through its one-token row.
+        if (row.backend != Backend::CUDA || row.kernel.rfind("cuda.gate_up.", 0) != 0) continue;
         const Format f = row_format(row);
         with_decoder(f, [&](auto decoder) {
             using F = decltype(decoder);
@@ -1515,6 +1524,9 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
     std::printf("gate_up bodies: %d cases\n", checked);
 }
 
+// Every CUDA row is declared (also where CUDA is not compiled in) and has its kernel exactly
+// where CUDA is; the legal and just-illegal stages of every row of every backend and the token
+// ranges of the routes are test_rows_table's.
 void test_table() {
     int rows = 0;
     for (const Row& row : capability_table()) {
@@ -1525,67 +1537,24 @@ void test_table() {
 #else
         KCAP_EXPECT(row.fn != nullptr, "%s has no kernel in a CUDA build", row.kernel.c_str());
 #endif
-        if (row.op == Op::MatMul) {
+        KCAP_EXPECT(!row.launches.empty(), "%s names no kernel it launches", row.kernel.c_str());
+        if (row.op == Op::MatMul && row.input_encoding != Encoding::F32) {
+            // Only where the plan allows q8_1 (bf16) activations; the reason names the option.
             Weights w;
             w.ref.format = row_format(row);
-            const int64_t k = row.dims.k_multiple;
-            Stage legal = matmul_stage(&w.ref, nullptr, k, 7);
-            if (row.input_encoding != Encoding::F32) {
-                // Only where the plan allows q8_1 (bf16) activations; the reason names the option.
-                const std::string why = rejection_reason(row, legal);
-                KCAP_EXPECT(why.find("activations=f32") != std::string::npos, "%s on an f32 plan: '%s'",
-                            row.kernel.c_str(), why.c_str());
-                legal.input_encoding = row.input_encoding;
-            }
-            KCAP_EXPECT(rejection_reason(row, legal).empty(), "%s refuses legal K=%lld", row.kernel.c_str(), (long long)k);
-            const int64_t bad = k + k / 2;  // half a block (or half of 4) short of the next multiple
-            Stage illegal = matmul_stage(&w.ref, nullptr, bad, 7);
-            illegal.input_encoding = legal.input_encoding;
-            KCAP_EXPECT(!rejection_reason(row, illegal).empty(), "%s accepts K=%lld", row.kernel.c_str(), (long long)bad);
-            // Float formats: the exact rows take K = 100 (three runs and a tail), the tensor-core
-            // and bf16 rows refuse it, so the planner routes such stages to the exact rows.
-            const Format f = row_format(row);
-            if (f == Format::F32 || f == Format::F16 || f == Format::BF16) {
-                const bool mma = row.kernel.rfind("cuda.matmul_mma.", 0) == 0 || row.input_encoding == Encoding::BF16;
-                Stage tail = matmul_stage(&w.ref, nullptr, 100, 7);
-                tail.input_encoding = legal.input_encoding;
-                const std::string why = rejection_reason(row, tail);
-                KCAP_EXPECT(why.empty() != mma, "%s on K=100: '%s'", row.kernel.c_str(), why.c_str());
-            }
-        }
-        if (row.op == Op::Attention) {
-            Stage stage;
-            stage.op = Op::Attention;
-            stage.kv_format = Format::F16;
-            stage.params.head_dim = stage.params.head_dim_v = 256;
-            stage.k = 256;
-            stage.max_span = 131072;
-            stage.features = kSlidingWindow | kAttnSoftcap | kGqa;
-            if (row.requires_any) {  // the rope-owning rows: a stage that owns its rope (whole heads)
-                stage.features |= kRopeNeox;
-                stage.params.rope_dim = 256;
-            }
-            KCAP_EXPECT(rejection_reason(row, stage).empty(), "%s refuses head_dim 256, span 131072: %s",
-                        row.kernel.c_str(), rejection_reason(row, stage).c_str());
-            stage.params.head_dim = stage.params.head_dim_v = 260;
-            if (row.requires_any) stage.params.rope_dim = 260;
-            stage.k = 260;
-            KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s accepts head_dim 260", row.kernel.c_str());
-            stage.params.head_dim = stage.params.head_dim_v = 126;
-            if (row.requires_any) stage.params.rope_dim = 126;
-            stage.k = 126;
-            KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s accepts head_dim 126", row.kernel.c_str());
-            stage.k = 128;
-            stage.params.head_dim = stage.params.head_dim_v = 128;
-            if (row.requires_any) stage.params.rope_dim = 128;
-            stage.kv_format = Format::BF16;
-            KCAP_EXPECT(!rejection_reason(row, stage).empty(), "%s accepts a BF16 cache", row.kernel.c_str());
+            const int64_t k = std::max<int64_t>(row.dims.k_multiple, (row.dims.k_min + row.dims.k_multiple - 1) /
+                                                                          row.dims.k_multiple * row.dims.k_multiple);
+            Stage stage = matmul_stage(&w.ref, nullptr, k, 7);
+            stage.features |= row.requires_all;
+            const std::string why = rejection_reason(row, stage);
+            KCAP_EXPECT(why.find("activations=f32") != std::string::npos, "%s on an f32 plan: '%s'", row.kernel.c_str(),
+                        why.c_str());
         }
     }
     KCAP_EXPECT(rows >= 35, "only %d CUDA rows", rows);
-    // The decode matvec's rows per team: the wide matrices (LM heads) take wide_rows.
-    static_assert(cuda_rows::matvec_rows_for(262144, 1, 2) == 2 && cuda_rows::matvec_rows_for(32768, 1, 2) == 2 &&
-                      cuda_rows::matvec_rows_for(32767, 1, 2) == 1 && cuda_rows::matvec_rows_for(14336, 2, 1) == 2,
+    // The decode matvec's rows per team: the wide matrices (LM heads) take kMatvecWideRows.
+    static_assert(cuda_rows::matvec_rows_for(262144) == 2 && cuda_rows::matvec_rows_for(32768) == 2 &&
+                      cuda_rows::matvec_rows_for(32767) == 1 && cuda_rows::matvec_rows_for(14336) == 1,
                   "wide matrices: n >= kMatvecWideN");
     std::printf("table: %d CUDA rows\n", rows);
 }
