@@ -7,7 +7,10 @@
 #   pytest                  test_cuda.py, test_conformance_cuda.py, test_trace_cuda.py, in random
 #                           order (pytest-random-order), so no test leans on another's state
 # Run from the repository root on the device:
-#   bash scripts/cuda_suite.sh WHEELS_DIR > $OUT/suite.txt 2>&1; tail -20 $OUT/suite.txt
+#   KCAP_SUPPORT_COMMIT=<commit> KCAP_SUPPORT_RECORD=/tmp/support.json bash scripts/cuda_suite.sh WHEELS_DIR \
+#       > $OUT/suite.txt 2>&1; tail -20 $OUT/suite.txt
+# (the record, copied back into tests/results/support.json's "cuda" entry, feeds the README's
+# support matrix: scripts/support_matrix.py)
 # WHEELS_DIR holds the wheels the device image lacks (gguf, pytest-random-order):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d WHEELS_DIR gguf pytest-random-order
 # Logs of every part land in $OUT (default /tmp/kcap_out). Exit status: the number of failed parts.
@@ -33,7 +36,8 @@ part() {
 }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+# KCAP_SUPPORT_COMMIT: the commit of the tree that travelled (a device's copy may carry no history).
+echo "commit ${KCAP_SUPPORT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$WHEELS"/*.whl
 export PYTHONPATH=/tmp/site:$PWD/python
 

@@ -93,8 +93,11 @@ def pytest_sessionfinish(session, exitstatus):
     import subprocess
 
     record = json.loads(open(path).read()) if os.path.exists(path) else {}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
+    # The commit that ran: KCAP_SUPPORT_COMMIT where the checkout's history is not at hand (a
+    # copy of the working tree on a device machine), else git's.
+    commit = os.environ.get("KCAP_SUPPORT_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        cwd=os.path.dirname(__file__)).stdout.strip() or "unknown"
     for backend, families in _support_outcomes.items():
         if all(outcomes == {"skipped"} for outcomes in families.values()):
             continue  # the backend did not run here (no device): keep its recorded run
