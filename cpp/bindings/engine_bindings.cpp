@@ -119,38 +119,30 @@ void init_engine(py::module_& m) {
         .value("Normal", RopeStyle::Normal)
         .value("NeoX", RopeStyle::NeoX);
 
-    py::class_<LayerSpec>(m, "LayerSpec", "One decoder block: head geometry, tensor names and features.")
+    py::enum_<ExpertGating>(m, "ExpertGating").value("Softmax", ExpertGating::Softmax);
+    py::class_<LayerSpec> layer(m, "LayerSpec", "One decoder block: head geometry, tensor names and features.");
+#define KCAP_BIND_LAYER_TENSOR(NAME) layer.def_readwrite(#NAME, &LayerSpec::NAME);
+    KCAP_LAYER_TENSOR_FIELDS(KCAP_BIND_LAYER_TENSOR)
+#undef KCAP_BIND_LAYER_TENSOR
+    py::list layer_fields, model_fields;
+#define KCAP_LIST_TENSOR_FIELD(NAME) layer_fields.append(#NAME);
+    KCAP_LAYER_TENSOR_FIELDS(KCAP_LIST_TENSOR_FIELD)
+#undef KCAP_LIST_TENSOR_FIELD
+#define KCAP_LIST_TENSOR_FIELD(NAME) model_fields.append(#NAME);
+    KCAP_MODEL_TENSOR_FIELDS(KCAP_LIST_TENSOR_FIELD)
+#undef KCAP_LIST_TENSOR_FIELD
+    m.attr("LAYER_TENSOR_FIELDS") = py::tuple(layer_fields);
+    m.attr("MODEL_TENSOR_FIELDS") = py::tuple(model_fields);
+    layer
         .def(py::init<>())
         .def_readwrite("n_head", &LayerSpec::n_head)
         .def_readwrite("n_head_kv", &LayerSpec::n_head_kv)
         .def_readwrite("head_dim", &LayerSpec::head_dim)
         .def_readwrite("head_dim_v", &LayerSpec::head_dim_v)
-        .def_readwrite("attn_norm", &LayerSpec::attn_norm)
-        .def_readwrite("attn_norm_bias", &LayerSpec::attn_norm_bias)
-        .def_readwrite("wq", &LayerSpec::wq)
-        .def_readwrite("wk", &LayerSpec::wk)
-        .def_readwrite("wv", &LayerSpec::wv)
-        .def_readwrite("bq", &LayerSpec::bq)
-        .def_readwrite("bk", &LayerSpec::bk)
-        .def_readwrite("bv", &LayerSpec::bv)
-        .def_readwrite("q_norm", &LayerSpec::q_norm)
-        .def_readwrite("k_norm", &LayerSpec::k_norm)
-        .def_readwrite("wo", &LayerSpec::wo)
-        .def_readwrite("bo", &LayerSpec::bo)
-        .def_readwrite("post_attn_norm", &LayerSpec::post_attn_norm)
-        .def_readwrite("ffn_norm", &LayerSpec::ffn_norm)
-        .def_readwrite("ffn_norm_bias", &LayerSpec::ffn_norm_bias)
-        .def_readwrite("ffn_gate", &LayerSpec::ffn_gate)
-        .def_readwrite("ffn_up", &LayerSpec::ffn_up)
-        .def_readwrite("ffn_down", &LayerSpec::ffn_down)
-        .def_readwrite("ffn_up_bias", &LayerSpec::ffn_up_bias)
-        .def_readwrite("ffn_down_bias", &LayerSpec::ffn_down_bias)
-        .def_readwrite("post_ffn_norm", &LayerSpec::post_ffn_norm)
         .def_readwrite("rope_style", &LayerSpec::rope_style)
         .def_readwrite("rope_dim", &LayerSpec::rope_dim)
         .def_readwrite("rope_base", &LayerSpec::rope_base)
         .def_readwrite("rope_freq_scale", &LayerSpec::rope_freq_scale)
-        .def_readwrite("rope_freqs", &LayerSpec::rope_freqs)
         .def_readwrite("sliding_window", &LayerSpec::sliding_window)
         .def_readwrite("attn_scale", &LayerSpec::attn_scale)
         .def_readwrite("attn_softcap", &LayerSpec::attn_softcap)
@@ -158,15 +150,20 @@ void init_engine(py::module_& m) {
         .def_readwrite("gated_ffn", &LayerSpec::gated_ffn)
         .def_readwrite("v_norm", &LayerSpec::v_norm)
         .def_readwrite("residual_scale", &LayerSpec::residual_scale)
-        .def_readwrite("ple_gate", &LayerSpec::ple_gate)
-        .def_readwrite("ple_proj", &LayerSpec::ple_proj)
-        .def_readwrite("ple_post_norm", &LayerSpec::ple_post_norm)
         .def_readwrite("output_scale", &LayerSpec::output_scale)
-        .def_readwrite("kv_source_layer", &LayerSpec::kv_source_layer);
+        .def_readwrite("kv_source_layer", &LayerSpec::kv_source_layer)
+        .def_readwrite("n_expert", &LayerSpec::n_expert)
+        .def_readwrite("n_expert_used", &LayerSpec::n_expert_used)
+        .def_readwrite("expert_gating", &LayerSpec::expert_gating)
+        .def_readwrite("expert_weights_norm", &LayerSpec::expert_weights_norm)
+        .def_readwrite("expert_weights_scale", &LayerSpec::expert_weights_scale);
 
-    py::class_<ModelSpec, std::shared_ptr<ModelSpec>>(m, "ModelSpec", "Pure-data model description.",
-                                                     py::dynamic_attr())
-        .def(py::init<>())
+    py::class_<ModelSpec, std::shared_ptr<ModelSpec>> model(m, "ModelSpec", "Pure-data model description.",
+                                                            py::dynamic_attr());
+#define KCAP_BIND_MODEL_TENSOR(NAME) model.def_readwrite(#NAME, &ModelSpec::NAME);
+    KCAP_MODEL_TENSOR_FIELDS(KCAP_BIND_MODEL_TENSOR)
+#undef KCAP_BIND_MODEL_TENSOR
+    model.def(py::init<>())
         .def_readwrite("architecture", &ModelSpec::architecture)
         .def_readwrite("n_embd", &ModelSpec::n_embd)
         .def_readwrite("n_vocab", &ModelSpec::n_vocab)
@@ -174,16 +171,8 @@ void init_engine(py::module_& m) {
         .def_readwrite("norm_kind", &ModelSpec::norm_kind)
         .def_readwrite("norm_eps", &ModelSpec::norm_eps)
         .def_readwrite("embed_scale", &ModelSpec::embed_scale)
-        .def_readwrite("token_embd", &ModelSpec::token_embd)
-        .def_readwrite("position_embd", &ModelSpec::position_embd)
         .def_readwrite("logit_scale", &ModelSpec::logit_scale)
-        .def_readwrite("output_norm", &ModelSpec::output_norm)
-        .def_readwrite("output_norm_bias", &ModelSpec::output_norm_bias)
-        .def_readwrite("output", &ModelSpec::output)
         .def_readwrite("final_softcap", &ModelSpec::final_softcap)
-        .def_readwrite("ple_token_embd", &ModelSpec::ple_token_embd)
-        .def_readwrite("ple_model_proj", &ModelSpec::ple_model_proj)
-        .def_readwrite("ple_proj_norm", &ModelSpec::ple_proj_norm)
         .def_readwrite("n_embd_per_layer", &ModelSpec::n_embd_per_layer)
         .def_readwrite("ple_token_scale", &ModelSpec::ple_token_scale)
         .def_readwrite("ple_model_proj_scale", &ModelSpec::ple_model_proj_scale)

@@ -25,16 +25,10 @@ from kcap.gguf import GGUFFile
 # KeyboardInterrupt or a cancellation, so stopping a long prompt never waits for all of it.
 PREFILL_CHUNK = 64
 
-# LayerSpec fields that hold tensor names (the rest are numbers and enums).
-LAYER_TENSOR_FIELDS = (
-    "attn_norm", "attn_norm_bias", "wq", "wk", "wv", "bq", "bk", "bv", "q_norm", "k_norm", "wo", "bo",
-    "post_attn_norm", "ffn_norm", "ffn_norm_bias", "ffn_gate", "ffn_up", "ffn_down", "ffn_up_bias",
-    "ffn_down_bias", "post_ffn_norm", "rope_freqs", "ple_gate", "ple_proj", "ple_post_norm",
-)
-MODEL_TENSOR_FIELDS = (
-    "token_embd", "position_embd", "output_norm", "output_norm_bias", "output",
-    "ple_token_embd", "ple_model_proj", "ple_proj_norm",
-)
+# LayerSpec / ModelSpec fields that hold tensor names (the rest are numbers and enums): one list,
+# in the core (KCAP_LAYER_TENSOR_FIELDS / KCAP_MODEL_TENSOR_FIELDS of model_spec.h).
+LAYER_TENSOR_FIELDS = _core.LAYER_TENSOR_FIELDS
+MODEL_TENSOR_FIELDS = _core.MODEL_TENSOR_FIELDS
 
 
 def tensor_views(spec) -> dict:

@@ -35,6 +35,9 @@ struct TensorRef {
 };
 
 enum class NormKind { RMS, Layer };
+// How a mixture-of-experts router turns its logits into the chosen experts' weights.
+// Softmax: a softmax over every expert's logit, then the top n_expert_used (Mixtral, Qwen2/3-MoE).
+enum class ExpertGating { Softmax };
 enum class Activation { SiLU, GeluTanh, GeluErf, ReLU };
 // Normal: rotate adjacent pairs (x[2i], x[2i+1]), as GGUF stores Llama's permuted Q/K.
 // NeoX: rotate halves (x[i], x[i + rope_dim/2]), as Gemma, Qwen and GPT-NeoX do.
@@ -44,6 +47,32 @@ const char* norm_kind_name(NormKind kind);
 const char* activation_name(Activation activation);
 const char* rope_style_name(RopeStyle style);
 
+// The tensor fields of a decoder block, one list: the struct's members, the Python binding and
+// the list kcap.model accounts the file's tensors against (kcap._core.LAYER_TENSOR_FIELDS) come
+// from it.
+#define KCAP_LAYER_TENSOR_FIELDS(X)                                                                \
+    X(attn_norm) X(attn_norm_bias) X(wq) X(wk) X(wv) X(bq) X(bk) X(bv)                             \
+    /* per-head norms of Q and K (QK-norm) */                                                      \
+    X(q_norm) X(k_norm) X(wo) X(bo)                                                                \
+    /* norm of the attention output before the residual add */                                     \
+    X(post_attn_norm) X(ffn_norm) X(ffn_norm_bias)                                                 \
+    X(ffn_gate) X(ffn_up) X(ffn_down) X(ffn_up_bias) X(ffn_down_bias)                              \
+    /* norm of the FFN output before the residual add */                                           \
+    X(post_ffn_norm)                                                                               \
+    /* optional per-frequency divisors (Llama 3 rope scaling) */                                   \
+    X(rope_freqs)                                                                                  \
+    X(ple_gate) X(ple_proj) X(ple_post_norm)                                                       \
+    /* mixture of experts: the router [n_embd, n_expert], the experts' stacked matrices            \
+       ([n_embd, n_ff_exp, n_expert] gate and up, [n_ff_exp, n_embd, n_expert] down), a shared      \
+       expert and its sigmoid gate [n_embd] */                                                     \
+    X(ffn_gate_inp) X(ffn_gate_exps) X(ffn_up_exps) X(ffn_down_exps)                               \
+    X(ffn_gate_shexp) X(ffn_up_shexp) X(ffn_down_shexp) X(ffn_gate_inp_shexp)
+
+// The tensor fields of the whole model.
+#define KCAP_MODEL_TENSOR_FIELDS(X)                                                                \
+    X(token_embd) X(position_embd) X(output_norm) X(output_norm_bias) X(output)                    \
+    X(ple_token_embd) X(ple_model_proj) X(ple_proj_norm)
+
 // One decoder block. Tensor fields hold names into ModelSpec::tensors; "" means absent.
 struct LayerSpec {
     int n_head = 0;
@@ -51,20 +80,13 @@ struct LayerSpec {
     int head_dim = 0;    // of Q and K
     int head_dim_v = 0;  // of V
 
-    std::string attn_norm, attn_norm_bias;
-    std::string wq, wk, wv, bq, bk, bv;
-    std::string q_norm, k_norm;  // per-head norms of Q and K (QK-norm)
-    std::string wo, bo;
-    std::string post_attn_norm;  // norm of the attention output before the residual add
-    std::string ffn_norm, ffn_norm_bias;
-    std::string ffn_gate, ffn_up, ffn_down, ffn_up_bias, ffn_down_bias;
-    std::string post_ffn_norm;  // norm of the FFN output before the residual add
+#define KCAP_DECLARE_TENSOR_FIELD(NAME) std::string NAME;
+    KCAP_LAYER_TENSOR_FIELDS(KCAP_DECLARE_TENSOR_FIELD)
 
     RopeStyle rope_style = RopeStyle::None;
     int rope_dim = 0;  // leading dims of each head that rotate (partial rotary when < head_dim)
     float rope_base = 10000.0f;
     float rope_freq_scale = 1.0f;  // linear rope scaling: positions are multiplied by this
-    std::string rope_freqs;        // optional per-frequency divisors (Llama 3 rope scaling)
 
     int sliding_window = 0;  // 0: global attention; else a query at p sees keys p-window < k <= p
     float attn_scale = 0.0f;  // multiplies q·k; 0 means 1/sqrt(head_dim)
@@ -76,13 +98,26 @@ struct LayerSpec {
     bool v_norm = false;          // parameter-free RMS norm of each V head (Gemma 4)
     float residual_scale = 1.0f;  // attention and FFN outputs are scaled before the residual add (Granite)
 
-    // Per-layer embedding input (Gemma 4 PLE), after the FFN residual:
+    // Per-layer embedding input (Gemma 4 PLE), after the FFN residual (ple_gate, ple_proj,
+    // ple_post_norm):
     //   x += ple_post_norm(ple_proj(act(ple_gate(x)) * ple[layer]))  with this layer's activation.
-    std::string ple_gate, ple_proj, ple_post_norm;
     float output_scale = 1.0f;  // the block's output (the residual stream) is multiplied by this
     // KV sharing: >= 0 names an earlier layer whose K/V cache this layer's queries attend to;
     // the layer then has no K/V projections of its own (Gemma 4 shared-KV layers).
     int kv_source_layer = -1;
+
+    // Mixture of experts (n_expert > 0: ffn_gate_inp and the *_exps tensors replace the dense
+    // FFN). Per token, the router's logits W_inp . x are gated (expert_gating) and the
+    // n_expert_used largest chosen; their weights, renormalized to sum 1 when
+    // expert_weights_norm, times expert_weights_scale, weigh the chosen experts' gated FFNs
+    // (this layer's activation): ffn(x) = sum_k w_k down_e(act(gate_e x) * up_e x). A shared
+    // expert (ffn_*_shexp) adds its FFN, times sigmoid(ffn_gate_inp_shexp . x) where that gate
+    // exists.
+    int n_expert = 0;
+    int n_expert_used = 0;
+    ExpertGating expert_gating = ExpertGating::Softmax;
+    bool expert_weights_norm = false;
+    float expert_weights_scale = 1.0f;
 };
 
 struct ModelSpec {
@@ -95,10 +130,10 @@ struct ModelSpec {
     float norm_eps = 1e-6f;
     float embed_scale = 1.0f;  // token embeddings are multiplied by this (Gemma: sqrt(n_embd))
 
-    std::string token_embd;
-    std::string position_embd;  // learned absolute position embeddings added to the tokens' (GPT-2)
-    std::string output_norm, output_norm_bias;
-    std::string output;  // LM head weights; equals token_embd when the embeddings are tied
+    // Tensor fields (KCAP_MODEL_TENSOR_FIELDS): token_embd; position_embd, learned absolute
+    // position embeddings added to the tokens' (GPT-2); output_norm[_bias]; output, the LM head
+    // (equal to token_embd when the embeddings are tied); ple_* below.
+    KCAP_MODEL_TENSOR_FIELDS(KCAP_DECLARE_TENSOR_FIELD)
     float final_softcap = 0.0f;
     float logit_scale = 1.0f;  // logits are multiplied by this (Granite: 1 / logits_scaling)
 
@@ -106,7 +141,6 @@ struct ModelSpec {
     //   (rms_norm(ple_proj_norm, (ple_model_proj . e) * ple_model_proj_scale)   (e: the scaled embedding)
     //    + ple_token_embd[id] * ple_token_scale) * ple_combine_scale
     // where each layer's slice of n_embd_per_layer values is normed on its own.
-    std::string ple_token_embd, ple_model_proj, ple_proj_norm;
     int64_t n_embd_per_layer = 0;
     float ple_token_scale = 1.0f;
     float ple_model_proj_scale = 1.0f;
