@@ -76,6 +76,10 @@ struct Context {
     // rows' _q8 forms) writes it and they read it (kQ8Input).
     void* q8_rows = nullptr;
     size_t q8_rows_capacity = 0;
+    // Mixture of experts (cuda/moe.cu): each (token, chosen expert) slot's FFN activations [slots][ff]
+    // and down output [slots][n], sized for max_batch tokens of the widest stage.
+    float* moe_act = nullptr;
+    float* moe_down = nullptr;
 };
 
 // m x k q8_1 values in a context's q8_rows (the form of kcap_q8_quantize_rows).

@@ -198,6 +198,8 @@ constexpr int kElementwiseThreads = 256;
 constexpr int kArgmaxThreads = 256;
 constexpr int kArgmaxChunk = 4096;
 constexpr int kEmbedThreads = 128;
+// Mixture of experts: the router takes one group per token (8 simd groups over the experts).
+constexpr int kMoeRouteThreads = 256;
 
 // The int8 tiles' tokens per group (cuda/matmul_q8.cu): 64, or 128 where the batch has more than
 // 64 tokens and the 128-token groups fill at least 90% of one wave (q8_groups_per_sm of them per
@@ -254,6 +256,7 @@ template <Q8Source SOURCE> void kcap_cuda_qkv_q8(const Stage& stage, const Kerne
 template <Q8Source SOURCE> void kcap_cuda_qkv_q8_tokens(const Stage& stage, const KernelCall& call);
 template <Q8Source SOURCE> void kcap_cuda_qkv_q8_mma(const Stage& stage, const KernelCall& call);
 template <bool Q8> void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call);
 
 void kcap_cuda_qkv(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qkv_tokens(const Stage& stage, const KernelCall& call);
@@ -269,5 +272,7 @@ void kcap_cuda_scale(const Stage& stage, const KernelCall& call);
 void kcap_cuda_argmax(const Stage& stage, const KernelCall& call);
 void kcap_cuda_sample(const Stage& stage, const KernelCall& call);
 void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call);
+void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call);
+void kcap_cuda_moe_shared_gate(const Stage& stage, const KernelCall& call);
 
 }  // namespace kcap

@@ -154,3 +154,21 @@ struct KcapSampleSettings {
 // Upper bounds that size per-thread arrays and shared memory; rows declare them as legal dims.
 #define KCAP_ATTN_MAX_HEAD_DIM 256
 #define KCAP_ATTN_MAX_SIMDS 8
+
+#define KCAP_MOE_MAX_EXPERTS 512  // the router's logits staged in threadgroup memory (DeepSeek V3: 256)
+#define KCAP_MOE_MAX_USED 32
+
+// Mixture of experts (kernels/moe.h). Routing rows: per token, n_used expert ids (as floats)
+// then their weights. The experts' stacked matrices: gate and up [n_expert][ff][k], down
+// [n_expert][n][ff], each expert's rows contiguous.
+struct KcapMoeParams {
+    int n_tokens;
+    int k;                     // the FFN input width (n_embd)
+    int ff;                    // each expert's FFN width
+    int n;                     // the output width (n_embd)
+    int n_expert;
+    int n_used;
+    int renormalize;           // the chosen weights divided by their sum
+    float scale;               // times this
+    unsigned router_row_bytes;
+};

@@ -67,6 +67,9 @@ const char* op_name(Op op) {
         case Op::AddNorm: return "add_norm";
         case Op::GateUp: return "gate_up";
         case Op::Qkv: return "qkv";
+        case Op::MoeRoute: return "moe_route";
+        case Op::MoeExperts: return "moe_experts";
+        case Op::MoeSharedGate: return "moe_shared_gate";
         case Op::QkNormRope: return "qk_norm_rope";
     }
     return "?";
@@ -105,6 +108,7 @@ const std::vector<Row>& capability_table() {
         add_cpu_activation_rows(rows);
         add_cpu_elementwise_rows(rows);
         add_cpu_ple_rows(rows);
+        add_cpu_moe_rows(rows);
         // CUDA: declared whether or not the backend is compiled in.
         add_cuda_embed_rows(rows);
         add_cuda_norm_rows(rows);
@@ -115,6 +119,7 @@ const std::vector<Row>& capability_table() {
         add_cuda_elementwise_rows(rows);
         add_cuda_argmax_rows(rows);
         add_cuda_ple_rows(rows);
+        add_cuda_moe_rows(rows);
         // Metal: declared in every build, compiled only on Apple (metal/rows.cpp).
         add_metal_rows(rows);
         return rows;
@@ -166,17 +171,31 @@ std::string rejection_reason(const Row& row, const Stage& stage, const DeviceInf
     if ((stage.features & row.requires_all) != row.requires_all)
         return "takes only stages with: " + feature_names(row.requires_all);
     const LegalDims& dims = row.dims;
-    if (stage.k % dims.k_multiple != 0) {
-        why << "K=" << stage.k << " is not a multiple of " << dims.k_multiple;
-        return why.str();
-    }
-    if (dims.k_multiple_of) {
+    // K, and the second matmul's inner dimension of a stage that has one (k2: the experts' down
+    // projection), against the row's multiple and each weight operand's.
+    const int64_t inner[] = {stage.k, stage.k2};
+    for (size_t i = 0; i < 2; ++i) {
+        const int64_t k = inner[i];
+        if (i == 1 && k == 0) continue;
+        if (k % dims.k_multiple != 0) {
+            why << "K=" << k << " is not a multiple of " << dims.k_multiple;
+            return why.str();
+        }
+        if (!dims.k_multiple_of) continue;
         for (const TensorRef* operand : stage.operands) {
-            if (!operand || stage.k % dims.k_multiple_of(operand->format) == 0) continue;
-            why << "K=" << stage.k << " is not a multiple of " << dims.k_multiple_of(operand->format) << " ("
+            if (!operand || k % dims.k_multiple_of(operand->format) == 0) continue;
+            why << "K=" << k << " is not a multiple of " << dims.k_multiple_of(operand->format) << " ("
                 << operand->name << " is " << format_name(operand->format) << ")";
             return why.str();
         }
+    }
+    if (dims.max_experts && stage.params.n_expert > dims.max_experts) {
+        why << stage.params.n_expert << " experts exceed " << dims.max_experts;
+        return why.str();
+    }
+    if (dims.max_experts_used && stage.params.n_expert_used > dims.max_experts_used) {
+        why << stage.params.n_expert_used << " experts per token exceed " << dims.max_experts_used;
+        return why.str();
     }
     if (stage.k < dims.k_min) {
         why << "K=" << stage.k << " is below " << dims.k_min;

@@ -45,6 +45,12 @@ enum class Op {
     GateUp,           // act(W_gate x) * (W_up x): the gate and up matmuls and the gated activation
     QkNormRope,       // per-head RMS norm of Q and K (their own weights), then rope of both, in place
     Qkv,              // the Q, K and V matmuls of one input (each weight its own format), no biases
+    // Mixture of experts: the router (its matmul, the gating and the top-k choice of experts
+    // and their weights per token), the chosen experts' gated FFNs weighted and summed, and a
+    // shared expert's output added under its sigmoid gate.
+    MoeRoute,
+    MoeExperts,
+    MoeSharedGate,
 };
 const char* op_name(Op op);
 
@@ -94,7 +100,13 @@ const std::vector<Encoding>& encodings();              // every encoding, for op
     /* a q8_1 matmul whose input the stage before it already rounded into the q8_1 scratch */      \
     X(Q8Input, q8_input)                                                                           \
     /* a stage that also writes its output's q8_1 form for the q8_1 matmuls after it */            \
-    X(Q8Output, q8_output)
+    X(Q8Output, q8_output)                                                                         \
+    /* mixture of experts: a softmax over every expert's logit before the top-k choice */          \
+    X(ExpertSoftmax, expert_softmax)                                                               \
+    /* the chosen experts' weights renormalized to sum 1 */                                        \
+    X(ExpertWeightsNorm, expert_weights_norm)                                                      \
+    /* a shared expert's output scaled by sigmoid(w . x) before it is added */                     \
+    X(SharedExpertGate, shared_expert_gate)
 
 enum FeatureIndex : int {
 #define KCAP_FEATURE_INDEX(NAME, TEXT) kFeatureIndex##NAME,
@@ -131,6 +143,8 @@ struct LegalDims {
     // Rows whose weight operands may differ in format (qkv): when set, K must also be a
     // multiple of k_multiple_of(format) for the format of every weight operand.
     int64_t (*k_multiple_of)(Format format) = nullptr;
+    int max_experts = 0;       // mixture-of-experts rows: the most experts (0: any)
+    int max_experts_used = 0;  // ... and the most chosen per token (0: any)
     // Rows whose kernels take more threadgroup memory than every device allows: the bytes one
     // group of the stage needs, checked against the plan's device (DeviceInfo).
     int (*shared_bytes_of)(const Stage& stage) = nullptr;
@@ -212,6 +226,7 @@ void add_cpu_attention_rows(std::vector<Row>& rows);
 void add_cpu_activation_rows(std::vector<Row>& rows);
 void add_cpu_elementwise_rows(std::vector<Row>& rows);
 void add_cpu_ple_rows(std::vector<Row>& rows);
+void add_cpu_moe_rows(std::vector<Row>& rows);
 
 // CUDA rows (cuda/rows.cpp). They are in the table in every build, so any machine can plan
 // and explain for CUDA; where the backend is not compiled in, their fn is null and an Engine
@@ -225,5 +240,6 @@ void add_cuda_activation_rows(std::vector<Row>& rows);
 void add_cuda_elementwise_rows(std::vector<Row>& rows);
 void add_cuda_argmax_rows(std::vector<Row>& rows);
 void add_cuda_ple_rows(std::vector<Row>& rows);
+void add_cuda_moe_rows(std::vector<Row>& rows);
 
 }  // namespace kcap

@@ -31,6 +31,8 @@ const char* buffer_name(Buffer buffer) {
         case Buffer::Up: return "up";
         case Buffer::Act: return "act";
         case Buffer::PerLayer: return "per_layer";
+        case Buffer::Routing: return "routing";
+        case Buffer::Proj2: return "proj2";
         case Buffer::Logits: return "logits";
     }
     return "?";
@@ -47,6 +49,7 @@ std::string describe_formats(const Stage& stage) {
         static const char* gate_up_roles[] = {"W_gate", "W_up"};
         static const char* qkv_roles[] = {"W_q", "W_k", "W_v"};
         static const char* qk_norm_rope_roles[] = {"q_norm", "k_norm", "freq_factors"};
+        static const char* experts_roles[] = {"W_gate_exps", "W_up_exps", "W_down_exps"};
         const char* role = stage.op == Op::Norm      ? norm_roles[std::min<size_t>(i, 1)]
                            : stage.op == Op::AddNorm ? add_norm_roles[std::min<size_t>(i, 3)]
                            : stage.op == Op::GateUp  ? gate_up_roles[std::min<size_t>(i, 1)]
@@ -54,6 +57,9 @@ std::string describe_formats(const Stage& stage) {
                            : stage.op == Op::QkNormRope || stage.op == Op::Attention
                                ? qk_norm_rope_roles[std::min<size_t>(i, 2)]
                            : stage.op == Op::Rope ? "freq_factors"
+                           : stage.op == Op::MoeRoute ? "W_router"
+                           : stage.op == Op::MoeExperts ? experts_roles[std::min<size_t>(i, 2)]
+                           : stage.op == Op::MoeSharedGate ? "W_gate"
                            : stage.op == Op::PerLayerEmbed ? (i == 0 ? "table" : i == 1 ? "proj" : "norm")
                                                   : matmul_roles[std::min<size_t>(i, 1)];
         if (out.tellp() > 0) out << " ";
@@ -73,6 +79,13 @@ std::string describe_dims(const Stage& stage) {
                 << stage.operands[2]->n_rows();
             break;
         case Op::Norm: out << "n=" << stage.k << " groups=" << stage.groups; break;
+        case Op::MoeRoute:
+            out << "K=" << stage.k << " experts=" << stage.params.n_expert << " used=" << stage.params.n_expert_used;
+            break;
+        case Op::MoeExperts:
+            out << "K=" << stage.k << " ff=" << stage.k2 << " experts=" << stage.params.n_expert
+                << " used=" << stage.params.n_expert_used;
+            break;
         case Op::PerLayerEmbed: out << "K=" << stage.k << " N=" << stage.n << " layers=" << stage.groups; break;
         case Op::Rope:
         case Op::QkNormRope:
@@ -273,6 +286,27 @@ private:
 
         add_norm(il, "ffn_norm", layer.ffn_norm, layer.ffn_norm_bias, Buffer::Residual, Buffer::Normed, d, 1,
                  spec_.norm_kind);
+        if (layer.n_expert > 0)
+            add_experts(il, layer);
+        else
+            add_dense_ffn(il, layer);
+        if (!layer.post_ffn_norm.empty())
+            add_norm(il, "post_ffw_norm", layer.post_ffn_norm, "", Buffer::Proj, Buffer::Proj, d, 1, spec_.norm_kind);
+        add_residual(il, "ffn_residual", layer.residual_scale);
+
+        if (!layer.ple_gate.empty()) add_per_layer_input(il, layer);
+        if (layer.output_scale != 1.0f) {
+            Stage& scale = add(il, "layer_output_scale", Op::Scale);
+            scale.input = scale.output = Buffer::Residual;
+            scale.k = scale.n = d;
+            scale.params.scale = layer.output_scale;
+            scale.features = kLayerOutputScale;
+        }
+    }
+
+    // act(gate(x)) * up(x) (or act(up(x))), then down, into Proj.
+    void add_dense_ffn(int il, const LayerSpec& layer) {
+        const int64_t d = spec_.n_embd;
         const TensorRef& up = spec_.tensor(layer.ffn_up);
         const int64_t n_ff = up.n_rows();
         if (layer.gated_ffn) add_matmul(il, "ffn_gate", layer.ffn_gate, "", Buffer::Normed, Buffer::Gate, d, n_ff);
@@ -286,18 +320,83 @@ private:
         act.params.activation = layer.activation;
         act.features = activation_feature(layer.activation) | (layer.gated_ffn ? uint32_t(kGated) : 0u);
         add_matmul(il, "ffn_down", layer.ffn_down, layer.ffn_down_bias, Buffer::Act, Buffer::Proj, n_ff, d);
-        if (!layer.post_ffn_norm.empty())
-            add_norm(il, "post_ffw_norm", layer.post_ffn_norm, "", Buffer::Proj, Buffer::Proj, d, 1, spec_.norm_kind);
-        add_residual(il, "ffn_residual", layer.residual_scale);
+    }
 
-        if (!layer.ple_gate.empty()) add_per_layer_input(il, layer);
-        if (layer.output_scale != 1.0f) {
-            Stage& scale = add(il, "layer_output_scale", Op::Scale);
-            scale.input = scale.output = Buffer::Residual;
-            scale.k = scale.n = d;
-            scale.params.scale = layer.output_scale;
-            scale.features = kLayerOutputScale;
-        }
+    // Mixture of experts, into Proj: the router (ffn_router: ids and weights of the chosen
+    // experts per token, into Routing), the chosen experts' gated FFNs weighted and summed
+    // (ffn_moe), and a shared expert's FFN (into Proj2) added under its gate (ffn_shexp_gate).
+    void add_experts(int il, const LayerSpec& layer) {
+        const int64_t d = spec_.n_embd;
+        const std::string where = "layer " + std::to_string(il) + ": ";
+        if (layer.n_expert_used <= 0 || layer.n_expert_used > layer.n_expert)
+            throw ModelError(where + std::to_string(layer.n_expert_used) + " experts used per token of " +
+                             std::to_string(layer.n_expert) + " (it must be 1 .. the expert count)");
+        if (!layer.gated_ffn) throw ModelError(where + "experts without a gate are not supported");
+        const TensorRef& router = spec_.tensor(layer.ffn_gate_inp);
+        check_matrix(il, router, d, layer.n_expert);
+        const TensorRef& gate = spec_.tensor(layer.ffn_gate_exps);
+        const TensorRef& up = spec_.tensor(layer.ffn_up_exps);
+        const TensorRef& down = spec_.tensor(layer.ffn_down_exps);
+        const int64_t ff = gate.n_rows() / layer.n_expert;
+        for (const TensorRef* t : {&gate, &up})
+            if (t->shape.size() != 3 || t->row_length() != d || t->shape[1] != ff || t->shape[2] != layer.n_expert)
+                throw ModelError(where + "tensor '" + t->name + "' has shape " + shape_text(*t) + ", expected [" +
+                                 std::to_string(d) + ", " + std::to_string(ff) + ", " + std::to_string(layer.n_expert) +
+                                 "] (n_embd, expert FFN width, experts)");
+        if (down.shape.size() != 3 || down.row_length() != ff || down.shape[1] != d || down.shape[2] != layer.n_expert)
+            throw ModelError(where + "tensor '" + down.name + "' has shape " + shape_text(down) + ", expected [" +
+                             std::to_string(ff) + ", " + std::to_string(d) + ", " + std::to_string(layer.n_expert) + "]");
+        Stage& route = add(il, "ffn_router", Op::MoeRoute);
+        route.operands = {&router};
+        route.input = Buffer::Normed;
+        route.output = Buffer::Routing;
+        route.k = d;
+        route.n = 2 * int64_t(layer.n_expert_used);  // ids and weights
+        route.params.n_expert = layer.n_expert;
+        route.params.n_expert_used = layer.n_expert_used;
+        route.params.expert_weights_scale = layer.expert_weights_scale;
+        route.features = kExpertSoftmax | (layer.expert_weights_norm ? uint32_t(kExpertWeightsNorm) : 0u);
+        Stage& experts = add(il, "ffn_moe", Op::MoeExperts);
+        experts.operands = {&gate, &up, &down};
+        experts.input = Buffer::Normed;
+        experts.input2 = Buffer::Routing;
+        experts.output = Buffer::Proj;
+        experts.k = d;
+        experts.k2 = ff;
+        experts.n = d;
+        experts.params = route.params;
+        experts.params.activation = layer.activation;
+        experts.features = activation_feature(layer.activation) | kGated;
+        if (layer.ffn_up_shexp.empty()) return;
+        // The shared expert: a dense gated FFN of its own width, into Proj2, then added.
+        const TensorRef& shared_up = spec_.tensor(layer.ffn_up_shexp);
+        const int64_t shared_ff = shared_up.n_rows();
+        add_matmul(il, "ffn_gate_shexp", layer.ffn_gate_shexp, "", Buffer::Normed, Buffer::Gate, d, shared_ff);
+        add_matmul(il, "ffn_up_shexp", layer.ffn_up_shexp, "", Buffer::Normed, Buffer::Up, d, shared_ff);
+        Stage& act = add(il, "ffn_shexp_act", Op::FfnActivation);
+        act.input = Buffer::Gate;
+        act.input2 = Buffer::Up;
+        act.output = Buffer::Act;
+        act.k = act.n = shared_ff;
+        act.params.activation = layer.activation;
+        act.features = activation_feature(layer.activation) | kGated;
+        add_matmul(il, "ffn_down_shexp", layer.ffn_down_shexp, "", Buffer::Act, Buffer::Proj2, shared_ff, d);
+        Stage& combine = add(il, "ffn_shexp_gate", Op::MoeSharedGate);
+        const TensorRef* shared_gate = tensor(layer.ffn_gate_inp_shexp);
+        check_vector(shared_gate, d);
+        combine.operands = {shared_gate};
+        combine.input = Buffer::Proj;
+        combine.input2 = Buffer::Proj2;
+        combine.input3 = Buffer::Normed;
+        combine.output = Buffer::Proj;
+        combine.k = combine.n = d;
+        combine.features = shared_gate ? uint32_t(kSharedExpertGate) : 0u;
+    }
+
+    static std::string shape_text(const TensorRef& t) {
+        std::string out = "[";
+        for (size_t i = 0; i < t.shape.size(); ++i) out += (i ? ", " : "") + std::to_string(t.shape[i]);
+        return out + "]";
     }
 
     // The source must be an earlier layer that owns its cache and has the same KV geometry.
@@ -837,9 +936,14 @@ Plan make_plan(const ModelSpec& spec, const PlanOptions& in_options) {
     for (Stage& stage : stages) {
         std::vector<Route> routes = route_stage(stage, plan.options);
         widen(stage.input, stage.op == Op::MatMul || stage.op == Op::PerLayerEmbed || stage.op == Op::GateUp ||
-                                   stage.op == Op::Qkv
+                                   stage.op == Op::Qkv || stage.op == Op::MoeRoute || stage.op == Op::MoeExperts
                                ? stage.k
                                : stage.n);
+        if (stage.op == Op::MoeExperts) widen(stage.input2, 2 * int64_t(stage.params.n_expert_used));
+        if (stage.op == Op::MoeSharedGate) {
+            widen(stage.input2, stage.n);
+            widen(stage.input3, stage.k);
+        }
         if (stage.op == Op::Qkv) {
             widen(stage.input2, stage.operands[1]->n_rows());
             widen(stage.input3, stage.operands[2]->n_rows());

@@ -13,7 +13,9 @@
 namespace kcap {
 
 // Activation buffers a stage reads and writes. Each holds up to max_tokens rows.
-enum class Buffer { None, Residual, Normed, Q, K, V, Attn, Proj, Gate, Up, Act, PerLayer, Logits };
+// Routing: per token, the n_expert_used chosen experts' ids (as floats) then their weights.
+// Proj2: a second branch output (a shared expert's), combined into Proj by a later stage.
+enum class Buffer { None, Residual, Normed, Q, K, V, Attn, Proj, Gate, Up, Act, PerLayer, Routing, Proj2, Logits };
 const char* buffer_name(Buffer buffer);
 
 struct StageParams {
@@ -37,6 +39,10 @@ struct StageParams {
     float ple_token_scale = 1.0f;
     float ple_model_proj_scale = 1.0f;
     float ple_combine_scale = 1.0f;
+    // mixture of experts
+    int n_expert = 0;
+    int n_expert_used = 0;
+    float expert_weights_scale = 1.0f;
 };
 
 struct Stage {
@@ -53,6 +59,7 @@ struct Stage {
     int64_t k = 0;        // inner dimension (matmul K; norm row length; rope/attn head dim)
     int64_t n = 0;        // output width per token
     int64_t groups = 1;   // norm: independent groups per token (per-head QK-norm)
+    int64_t k2 = 0;       // moe_experts: the experts' FFN width (the down projection's inner dimension)
     uint32_t features = 0;
     StageParams params;
     Format kv_format = Format::F32;  // attention: the KV cache element type

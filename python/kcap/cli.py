@@ -101,11 +101,13 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
+    from kcap import _core  # the option values, from the core's one list of each
+
     p.add_argument("--backend", default=None, choices=["cpu", "cuda", "metal"],
                    help="where to run (default: cuda where built and a device exists, else metal on a Mac "
                         "with a Metal device, else cpu)")
-    p.add_argument("--kv-type", default="f32", choices=["f32", "f16"], help="KV cache element type")
-    p.add_argument("--activations", default="f32", choices=["f32", "q8_1", "bf16"],
+    p.add_argument("--kv-type", default="f32", choices=list(_core.KV_TYPES), help="KV cache element type")
+    p.add_argument("--activations", default="f32", choices=list(_core.ACTIVATIONS),
                    help="matmul activations: f32 (exact), q8_1 (int8 per 32 values, as llama.cpp; CUDA rows) or "
                         "bf16 (a batch's weights and input rounded to bf16, multiplied by cuBLAS; CUDA rows)")
     p.add_argument("--ctx", type=positive_int, default=None, help="context length (default: the model's)")

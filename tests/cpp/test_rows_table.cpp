@@ -88,6 +88,11 @@ Stage legal_stage(const Row& row, Operands& operands) {
         stage.k = smallest_k(row, stage);
         stage.n = 7 * row.dims.n_multiple;
     }
+    if (row.op == Op::MoeRoute || row.op == Op::MoeExperts) {  // 8 experts, 2 per token
+        stage.params.n_expert = 8;
+        stage.params.n_expert_used = 2;
+        if (row.op == Op::MoeExperts) stage.k2 = stage.k;  // the experts' FFN width, as legal as K
+    }
     return stage;
 }
 
@@ -157,6 +162,22 @@ void check_refusals(const Row& row, const Stage& legal, Operands& operands) {
         Stage s = legal;
         s.n = legal.n + 1;
         refused(s, "N=", "N=" + std::to_string(s.n));
+    }
+    if (legal.k2 > 0 && k_step(row, legal) > 1) {  // the experts' FFN width off the K multiple
+        Stage s = legal;
+        s.k2 = legal.k2 + k_step(row, legal) / 2;
+        refused(s, "is not a multiple of", "K2=" + std::to_string(s.k2));
+    }
+    if (dims.max_experts > 0) {
+        Stage s = legal;
+        s.params.n_expert = dims.max_experts + 1;
+        refused(s, "experts exceed", std::to_string(s.params.n_expert) + " experts");
+    }
+    if (dims.max_experts_used > 0) {
+        Stage s = legal;
+        s.params.n_expert_used = dims.max_experts_used + 1;
+        s.params.n_expert = std::max(s.params.n_expert, s.params.n_expert_used);
+        refused(s, "experts per token exceed", std::to_string(s.params.n_expert_used) + " used");
     }
     if (row.op == Op::Attention) {
         if (dims.max_head_dim > 0) {  // the next head dim the K alignment takes, past the bound

@@ -1,0 +1,161 @@
+// CPU rows of the mixture-of-experts stages: the reference the GPU rows are tested against.
+//   cpu.moe_route         per token: the router's logits (any weight format), a softmax over
+//                         every expert, the n_expert_used largest (the lower index first on a
+//                         tie, as torch.topk over a stable sort), their weights optionally
+//                         renormalized to sum 1, times the scale; into the Routing buffer (the
+//                         ids as floats, exact below 2^24, then the weights). The choice is made
+//                         on the logits (the softmax keeps their order), as the GPU rows make it.
+//   cpu.moe_experts       per token and chosen expert: act(gate_e x) * up_e x over the expert's
+//                         FFN width, then down_e of it, weighted and summed over the chosen
+//                         experts; each operand in any format (a Q4_K_M file may keep a Q6_K down).
+//   cpu.moe_shared_gate   out = in + sigmoid(w . x) * shared (w absent: gate 1).
+// Every sum in f32, each expert's rows decoded exactly (dot_row), as the dense matmul rows do.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "cpu/cpu_state.h"
+#include "dispatch/stage.h"
+
+namespace kcap {
+
+namespace {
+
+// The Routing buffer's row of token t: n_used ids (as floats), then n_used weights.
+struct RoutingRow {
+    float* base;
+    int n_used;
+    int32_t id(int k) const { return int32_t(base[k]); }
+    void set_id(int k, int32_t v) const { base[k] = float(v); }
+    float& weight(int k) const { return base[n_used + k]; }
+};
+
+void moe_route_kernel(const Stage& stage, const KernelCall& call) {
+    const TensorRef& w = *stage.operands[0];
+    const int64_t K = stage.k;
+    const int n_expert = stage.params.n_expert, n_used = stage.params.n_expert_used;
+    const bool renormalize = (stage.features & kExpertWeightsNorm) != 0;
+    const size_t row_stride = row_bytes(w.format, K);
+    cpu_state(call.backend_state).pool.parallel_for(call.n_tokens, [&](int64_t begin, int64_t end) {
+        std::vector<float> logits(static_cast<size_t>(n_expert)), probs(static_cast<size_t>(n_expert));
+        std::vector<int> order(static_cast<size_t>(n_expert));
+        for (int64_t t = begin; t < end; ++t) {
+            const float* x = call.in + t * K;
+            float top = -INFINITY;
+            for (int e = 0; e < n_expert; ++e) {
+                logits[size_t(e)] = dot_row(w.format, w.data + size_t(e) * row_stride, x, K);
+                top = std::max(top, logits[size_t(e)]);
+            }
+            float sum = 0.0f;
+            for (int e = 0; e < n_expert; ++e) sum += (probs[size_t(e)] = std::exp(logits[size_t(e)] - top));
+            for (float& p : probs) p /= sum;
+            std::iota(order.begin(), order.end(), 0);
+            std::stable_sort(order.begin(), order.end(),
+                             [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
+            const RoutingRow out{call.out + t * 2 * n_used, n_used};
+            float chosen = 0.0f;
+            for (int k = 0; k < n_used; ++k) chosen += probs[size_t(order[size_t(k)])];
+            for (int k = 0; k < n_used; ++k) {
+                const float p = probs[size_t(order[size_t(k)])];
+                out.set_id(k, order[size_t(k)]);
+                out.weight(k) = (renormalize ? p / chosen : p) * stage.params.expert_weights_scale;
+            }
+        }
+    });
+}
+
+void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
+    const TensorRef& gate = *stage.operands[0];
+    const TensorRef& up = *stage.operands[1];
+    const TensorRef& down = *stage.operands[2];
+    const int64_t K = stage.k, ff = stage.k2, N = stage.n;
+    const int n_used = stage.params.n_expert_used;
+    const size_t gate_row = row_bytes(gate.format, K), up_row = row_bytes(up.format, K), down_row = row_bytes(down.format, ff);
+    ThreadPool& pool = cpu_state(call.backend_state).pool;
+    std::vector<float> act(size_t(n_used) * size_t(ff));
+    for (int64_t t = 0; t < call.n_tokens; ++t) {
+        const float* x = call.in + t * K;
+        const RoutingRow routing{const_cast<float*>(call.in2) + t * 2 * n_used, n_used};
+        // The chosen experts' activations, act(gate_e x) * up_e x, one row of ff per expert.
+        pool.parallel_for(int64_t(n_used) * ff, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) {
+                const int64_t k = i / ff, r = i % ff;
+                const int64_t row = int64_t(routing.id(int(k))) * ff + r;
+                const float g = dot_row(gate.format, gate.data + size_t(row) * gate_row, x, K);
+                const float u = dot_row(up.format, up.data + size_t(row) * up_row, x, K);
+                act[size_t(i)] = apply_activation(stage.params.activation, g) * u;
+            }
+        });
+        float* y = call.out + t * N;
+        pool.parallel_for(N, [&](int64_t begin, int64_t end) {
+            for (int64_t o = begin; o < end; ++o) {
+                float sum = 0.0f;
+                for (int k = 0; k < n_used; ++k) {
+                    const int64_t row = int64_t(routing.id(k)) * N + o;
+                    sum += routing.weight(k) *
+                           dot_row(down.format, down.data + size_t(row) * down_row, act.data() + size_t(k) * ff, ff);
+                }
+                y[o] = sum;
+            }
+        });
+    }
+}
+
+void moe_shared_gate_kernel(const Stage& stage, const KernelCall& call) {
+    const TensorRef* w = stage.operands.empty() ? nullptr : stage.operands[0];
+    const int64_t N = stage.n;
+    cpu_state(call.backend_state).pool.parallel_for(call.n_tokens, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            const float g = w ? 1.0f / (1.0f + std::exp(-dot_row(w->format, w->data, call.in3 + t * stage.k, stage.k)))
+                              : 1.0f;
+            for (int64_t o = 0; o < N; ++o) call.out[t * N + o] = call.in[t * N + o] + g * call.in2[t * N + o];
+        }
+    });
+}
+
+std::vector<Format> every_format() {
+    std::vector<Format> formats;
+    for (const FormatInfo& info : all_formats()) formats.push_back(info.format);
+    return formats;
+}
+
+int64_t block_multiple(Format format) { return format_info(format).block_elems; }
+
+}  // namespace
+
+void add_cpu_moe_rows(std::vector<Row>& rows) {
+    const std::vector<Format> formats = every_format();
+    Row route;
+    route.kernel = "cpu.moe_route";
+    route.op = Op::MoeRoute;
+    route.backend = Backend::CPU;
+    route.operand_formats = {formats};
+    route.features = kExpertSoftmax | kExpertWeightsNorm;
+    route.dims.k_multiple_of = &block_multiple;
+    route.launches = {"moe_route"};
+    route.fn = moe_route_kernel;
+    rows.push_back(route);
+    Row experts;
+    experts.kernel = "cpu.moe_experts";
+    experts.op = Op::MoeExperts;
+    experts.backend = Backend::CPU;
+    experts.operand_formats = {formats, formats, formats};
+    experts.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;
+    experts.dims.k_multiple_of = &block_multiple;  // K (gate, up) and the FFN width (down)
+    experts.launches = {"moe_experts"};
+    experts.fn = moe_experts_kernel;
+    rows.push_back(experts);
+    Row shared;
+    shared.kernel = "cpu.moe_shared_gate";
+    shared.op = Op::MoeSharedGate;
+    shared.backend = Backend::CPU;
+    shared.operand_formats = {formats};
+    shared.features = kSharedExpertGate;
+    shared.dims.k_multiple_of = &block_multiple;
+    shared.launches = {"moe_shared_gate"};
+    shared.fn = moe_shared_gate_kernel;
+    rows.push_back(shared);
+}
+
+}  // namespace kcap
