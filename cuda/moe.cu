@@ -12,7 +12,6 @@
 #include <algorithm>
 
 #include "cuda/matmul.h"
-#include "kernels/matvec.h"
 #include "kernels/moe.h"
 
 namespace kcap {
@@ -30,7 +29,7 @@ __global__ void __launch_bounds__(kMoeRouteThreads)
     kcap_moe_route<F>(kcap_cuda_thread(), p, w, x, routing, logits);
 }
 
-// Slot blockIdx.y's gate and up matvec: act(gate_e x) * up_e x into act[slot].
+// The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
 template <class F>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_gate_up_kernel(KcapMoeParams moe, KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* gate,
@@ -38,15 +37,11 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(blockIdx.y));
-    const kcap_u64 expert = kcap_u64(s.expert) * kcap_u64(moe.ff) * p.row_bytes;
-    kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_GATE_UP>(kcap_cuda_thread(), p, split, chunk_runs, gate + expert,
-                                                           up + expert, x + kcap_u64(s.token) * kcap_u64(moe.k),
-                                                           nullptr, activation, act + kcap_u64(blockIdx.y) * moe.ff,
-                                                           shared);
+    kcap_moe_gate_up<F, kMatvecRows>(kcap_cuda_thread(), moe, p, split, chunk_runs, gate, up, routing, x, activation,
+                                     act, shared);
 }
 
-// Slot blockIdx.y's down matvec: down_e act[slot] into down[slot].
+// The slot's down matvec into down[slot].
 template <class F>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_down_kernel(KcapMoeParams moe, KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* down,
@@ -54,11 +49,7 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(blockIdx.y));
-    const kcap_u64 expert = kcap_u64(s.expert) * kcap_u64(moe.n) * p.row_bytes;
-    kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_PLAIN>(kcap_cuda_thread(), p, split, chunk_runs, down + expert,
-                                                         down + expert, act + kcap_u64(blockIdx.y) * moe.ff, nullptr,
-                                                         0, out + kcap_u64(blockIdx.y) * moe.n, shared);
+    kcap_moe_down<F, kMatvecRows>(kcap_cuda_thread(), moe, p, split, chunk_runs, down, routing, act, out, shared);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -68,25 +59,12 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     kcap_moe_combine(kcap_cuda_thread(), p, routing, down, out);
 }
 
-// One group per token: g = sigmoid(w . x_t), then out = in + g * shared.
 __global__ void __launch_bounds__(kElementwiseThreads)
     shared_gate_kernel(int width, const float* w, const float* x, const float* in, const float* shared, float* out) {
     __shared__ float partial[kElementwiseThreads / 32];
     pdl_wait();
     pdl_trigger();
-    const kcap_u64 row = kcap_u64(blockIdx.x) * kcap_u64(width);
-    float g = 1.0f;
-    if (w) {
-        float acc = 0.0f;
-        for (int i = int(threadIdx.x); i < width; i += blockDim.x) acc += w[i] * x[row + kcap_u64(i)];
-        for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;
-        __syncthreads();
-        float dot = 0.0f;
-        for (int i = 0; i < int(blockDim.x / 32); ++i) dot += partial[i];
-        g = 1.0f / (1.0f + expf(-dot));
-    }
-    for (int i = int(threadIdx.x); i < width; i += blockDim.x) out[row + kcap_u64(i)] = in[row + kcap_u64(i)] + g * shared[row + kcap_u64(i)];
+    kcap_moe_shared_gate(kcap_cuda_thread(), width, w, x, in, shared, out, partial);
 }
 
 KcapMoeParams moe_params(const Stage& stage, const KernelCall& call) {

@@ -476,37 +476,17 @@ void add_cuda_ple_rows(std::vector<Row>& rows) {
 }
 
 void add_cuda_moe_rows(std::vector<Row>& rows) {
-    // The router: its weights in any format of whole 32-value runs (llama.cpp's files keep it
-    // F32), at most KCAP_MOE_MAX_EXPERTS experts and KCAP_MOE_MAX_USED per token.
-    const std::vector<Format> all = gpu_weight_formats();
-    Row route = make_row("cuda.moe_route", Op::MoeRoute, KCAP_CUDA_ENTRY(kcap_cuda_moe_route), {kMoeRouteThreads, 0, 0},
-                         kAnyTokens, {"moe_route"});
-    route.operand_formats = {all};
-    route.features = kExpertSoftmax | kExpertWeightsNorm;
-    route.dims.k_multiple_of = &run_k_multiple;
-    route.dims.max_experts = KCAP_MOE_MAX_EXPERTS;
-    route.dims.max_experts_used = KCAP_MOE_MAX_USED;
-    rows.push_back(route);
-    // The chosen experts of every (token, expert) slot: gate and up of one format (this row's),
-    // down of any; the decode matvec's teams, one grid row per slot.
-#define KCAP_MOE_EXPERTS_ROW(NAME, DECODER)                                                                    \
-    {                                                                                                          \
-        Row row = make_row("cuda.moe_experts." + lowercase(#NAME), Op::MoeExperts,                             \
-                           KCAP_CUDA_ENTRY(kcap_cuda_moe_experts<Format::NAME>), kMatvecGeometry, kAnyTokens,  \
-                           {"moe_gate_up_matvec", "moe_down_matvec", "moe_combine"});                          \
-        row.operand_formats = {{Format::NAME}, {Format::NAME}, all};                                           \
-        row.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;                                          \
-        row.dims.k_multiple_of = &exact_k_multiple; /* K and the experts' FFN width */                         \
-        row.dims.max_experts_used = KCAP_MOE_MAX_USED;                                                         \
-        rows.push_back(row);                                                                                   \
-    }
+    // The router, one group per token; the chosen experts of every (token, expert) slot with the
+    // decode matvec's teams, one grid row per slot; the shared expert's gate.
+    rows.push_back(gpu_family_row(GpuFamily::MoeRoute, Backend::CUDA, Format::F32, KCAP_CUDA_ENTRY(kcap_cuda_moe_route),
+                                  {kMoeRouteThreads, 0, 0}));
+#define KCAP_MOE_EXPERTS_ROW(NAME, DECODER)                                                            \
+    rows.push_back(gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, Format::NAME,                  \
+                                  KCAP_CUDA_ENTRY(kcap_cuda_moe_experts<Format::NAME>), kMatvecGeometry));
     KCAP_WEIGHT_FORMATS(KCAP_MOE_EXPERTS_ROW)
 #undef KCAP_MOE_EXPERTS_ROW
-    Row shared = make_row("cuda.moe_shared_gate", Op::MoeSharedGate, KCAP_CUDA_ENTRY(kcap_cuda_moe_shared_gate),
-                          {kElementwiseThreads, 0, 0}, kAnyTokens, {"moe_shared_gate"});
-    shared.operand_formats = {{Format::F32}};
-    shared.features = kSharedExpertGate;
-    rows.push_back(shared);
+    rows.push_back(gpu_family_row(GpuFamily::MoeSharedGate, Backend::CUDA, Format::F32,
+                                  KCAP_CUDA_ENTRY(kcap_cuda_moe_shared_gate), {kElementwiseThreads, 0, 0}));
 }
 
 void add_cuda_argmax_rows(std::vector<Row>& rows) {

@@ -4,13 +4,16 @@
 //                      thread 0 picks the n_used largest logits (the lower index first on a tie,
 //                      as the CPU row does), their softmax weights over every expert, optionally
 //                      renormalized, times the scale: a Routing row (ids as floats, then weights).
-//   kcap_moe_slot      which expert and token a group of the experts' matvecs works for: grid y
-//                      runs over (token, chosen expert) slots, so a call reads only the chosen
-//                      experts' weights (the gate / up and down matvecs are kernels/matvec.h's).
+//   kcap_moe_gate_up   act(gate_e x) * up_e x of one (token, chosen expert) slot per grid row
+//   kcap_moe_down      (group_y), then down_e of it: kernels/matvec.h's staged matvec on the
+//                      chosen expert's rows, found from the Routing buffer in the kernel, so a
+//                      call reads only the chosen experts' weights.
 //   kcap_moe_combine   out[token][o] = sum over the token's slots of weight * down[slot][o].
+//   kcap_moe_shared_gate  out = in + sigmoid(w . x) * shared, one group per token.
 #pragma once
 
 #include "kernels/matmul.h"
+#include "kernels/matvec.h"
 #include "kernels/params.h"
 
 
@@ -70,6 +73,33 @@ KCAP_FN KcapMoeSlot kcap_moe_slot(const KcapMoeParams p, const KCAP_GLOBAL float
     return s;
 }
 
+// Grid: x = the matvec's row groups over ff, y = n_tokens * n_used slots. p: the gate matvec
+// (k = moe.k, n = moe.ff, row_bytes of gate and up). act: [slots][ff].
+template <class F, int ROWS>
+KCAP_FN void kcap_moe_gate_up(const KcapThread t, const KcapMoeParams moe, const KcapMatmulParams p, int split,
+                              int chunk_runs, const KCAP_GLOBAL kcap_u8* gate, const KCAP_GLOBAL kcap_u8* up,
+                              const KCAP_GLOBAL float* routing, const KCAP_GLOBAL float* x, int activation,
+                              KCAP_GLOBAL float* act, KCAP_SHARED float* shared) {
+    const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(t.group_y));
+    const kcap_u64 expert = kcap_u64(s.expert) * kcap_u64(moe.ff) * p.row_bytes;
+    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_GATE_UP>(t, p, split, chunk_runs, gate + expert, up + expert,
+                                                     x + kcap_u64(s.token) * kcap_u64(moe.k), nullptr, activation,
+                                                     act + kcap_u64(t.group_y) * kcap_u64(moe.ff), shared);
+}
+
+// Grid: x = the matvec's row groups over n, y = slots. p: the down matvec (k = moe.ff, n = moe.n,
+// the down matrix's row bytes). down_out: [slots][n].
+template <class F, int ROWS>
+KCAP_FN void kcap_moe_down(const KcapThread t, const KcapMoeParams moe, const KcapMatmulParams p, int split,
+                           int chunk_runs, const KCAP_GLOBAL kcap_u8* down, const KCAP_GLOBAL float* routing,
+                           const KCAP_GLOBAL float* act, KCAP_GLOBAL float* down_out, KCAP_SHARED float* shared) {
+    const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(t.group_y));
+    const kcap_u64 expert = kcap_u64(s.expert) * kcap_u64(moe.n) * p.row_bytes;
+    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_PLAIN>(t, p, split, chunk_runs, down + expert, down + expert,
+                                                   act + kcap_u64(t.group_y) * kcap_u64(moe.ff), nullptr, 0,
+                                                   down_out + kcap_u64(t.group_y) * kcap_u64(moe.n), shared);
+}
+
 // One thread per output value: grid x = ceil(n_tokens * n / threads).
 KCAP_FN void kcap_moe_combine(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL float* routing,
                               const KCAP_GLOBAL float* down, KCAP_GLOBAL float* out) {
@@ -81,4 +111,25 @@ KCAP_FN void kcap_moe_combine(const KcapThread t, const KcapMoeParams p, const K
     for (int k = 0; k < p.n_used; ++k)
         sum += weights[k] * down[(kcap_u64(token) * kcap_u64(p.n_used) + kcap_u64(k)) * kcap_u64(p.n) + kcap_u64(o)];
     out[i] = sum;
+}
+
+// Grid: x = tokens; shared: one float per simd group. w null: the gate is 1.
+KCAP_FN void kcap_moe_shared_gate(const KcapThread t, int width, const KCAP_GLOBAL float* w,
+                                  const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* in,
+                                  const KCAP_GLOBAL float* shared_out, KCAP_GLOBAL float* out,
+                                  KCAP_SHARED float* partial) {
+    const kcap_u64 row = kcap_u64(t.group_x) * kcap_u64(width);
+    float g = 1.0f;
+    if (w) {
+        float acc = 0.0f;
+        for (int i = int(t.index); i < width; i += int(t.threads)) acc += w[i] * x[row + kcap_u64(i)];
+        acc = kcap_simd_sum(acc);
+        if (t.lane == 0) partial[t.simd] = acc;
+        kcap_barrier();
+        float dot = 0.0f;
+        for (int i = 0; i < int(t.simds); ++i) dot += partial[i];
+        g = 1.0f / (1.0f + kcap_exp(-dot));
+    }
+    for (int i = int(t.index); i < width; i += int(t.threads))
+        out[row + kcap_u64(i)] = in[row + kcap_u64(i)] + g * shared_out[row + kcap_u64(i)];
 }

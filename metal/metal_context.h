@@ -62,6 +62,8 @@ struct Context {
     int argmax_partials = 0;
     float* attn_partial_o = nullptr;
     float* attn_partial_ml = nullptr;
+    float* moe_act = nullptr;   // mixture of experts: [slots][ff] activations, [slots][n] down outputs
+    float* moe_down = nullptr;
     Format kv_format = Format::F32;
     int64_t n_ctx = 0;
     std::vector<KvCache> kv;  // one per layer (nil for a shared-KV layer: it reads its source's)

@@ -35,9 +35,11 @@ std::vector<std::string> entries_of(const Row& row) {
     std::vector<std::string> entries;
     for (const std::string& kernel : launched_kernels(row)) {
         const bool ple = row.op == Op::PerLayerEmbed;
-        if (kernel == "ple_combine") {
-            for (Format f : gpu_weight_formats()) entries.push_back("kcap_metal_ple_combine_" + std::string(format_name(f)));
-        } else if (kernel == "embed" || kernel == "matvec" || kernel == "gate_up" || kernel == "matmul_tokens") {
+        if (kernel == "ple_combine" || kernel == "moe_route" || kernel == "moe_down") {
+            // The table, router or down matrix may be of any format: an entry for each.
+            for (Format f : gpu_weight_formats()) entries.push_back("kcap_metal_" + kernel + "_" + format_name(f));
+        } else if (kernel == "embed" || kernel == "matvec" || kernel == "gate_up" || kernel == "matmul_tokens" ||
+                   kernel == "moe_gate_up") {
             const Format f = row.operand_formats[ple ? 1 : 0][0];
             entries.push_back("kcap_metal_" + kernel + "_" + format_name(f));
         } else {
@@ -69,7 +71,8 @@ const std::vector<Declared>& declared() {
         add(out, GpuFamily::MatmulTokens, Format::NAME, KCAP_METAL_FN(kcap_metal_matmul_tokens_##NAME), tokens);  \
         add(out, GpuFamily::GateUp, Format::NAME, KCAP_METAL_FN(kcap_metal_gate_up_##NAME), matvec);              \
         add(out, GpuFamily::GateUpTokens, Format::NAME, KCAP_METAL_FN(kcap_metal_gate_up_tokens_##NAME), tokens); \
-        add(out, GpuFamily::PerLayerEmbed, Format::NAME, KCAP_METAL_FN(kcap_metal_per_layer_embed_##NAME), tokens);
+        add(out, GpuFamily::PerLayerEmbed, Format::NAME, KCAP_METAL_FN(kcap_metal_per_layer_embed_##NAME), tokens); \
+        add(out, GpuFamily::MoeExperts, Format::NAME, KCAP_METAL_FN(kcap_metal_moe_experts_##NAME), matvec);
         KCAP_WEIGHT_FORMATS(KCAP_METAL_FORMAT_ROWS)
 #undef KCAP_METAL_FORMAT_ROWS
         const Geometry norm = {kNormThreads, 1, kNormScratchFloats * 4};
@@ -88,6 +91,8 @@ const std::vector<Declared>& declared() {
         add(out, GpuFamily::Scale, Format::F32, KCAP_METAL_FN(kcap_metal_scale), elementwise);
         add(out, GpuFamily::PerLayerGate, Format::F32, KCAP_METAL_FN(kcap_metal_per_layer_gate), elementwise);
         add(out, GpuFamily::Argmax, Format::F32, KCAP_METAL_FN(kcap_metal_argmax), {kArgmaxThreads, 0, 0});
+        add(out, GpuFamily::MoeRoute, Format::F32, KCAP_METAL_FN(kcap_metal_moe_route), {kMoeRouteThreads, 0, 0});
+        add(out, GpuFamily::MoeSharedGate, Format::F32, KCAP_METAL_FN(kcap_metal_moe_shared_gate), elementwise);
         return out;
     }();
     return rows;
@@ -104,6 +109,8 @@ bool metal_device_available() { return false; }  // metal/metal_backend.mm where
 #endif
 
 namespace metal_rows {
+
+int moe_combine_entry() { return kMoeDown + int(gpu_weight_formats().size()); }
 
 int ple_combine_index(Format format) {
     const std::vector<Format> formats = gpu_weight_formats();

@@ -67,6 +67,7 @@ enum : int {
     kArgmaxThreads = 256,
     kArgmaxChunk = 4096,
     kEmbedThreads = 128,
+    kMoeRouteThreads = 256,  // the router: one threadgroup per token, 8 simd groups over the experts
 };
 
 }  // namespace metal_rows
@@ -153,6 +154,11 @@ int ple_combine_index(Format format);
 enum AttentionDecodeEntry { kAttnDecode = 0, kAttnCombine = 1 };
 enum AttentionPrefillEntry { kAttnAppend = 0, kAttnPrefill = 1 };
 enum ArgmaxEntry { kArgmaxPartial = 0, kArgmaxFinal = 1 };
+// moe_route: entry = the router's format's index in KCAP_WEIGHT_FORMATS; moe_experts: the gate /
+// up matvec, then the down matvec of the down matrix's format (kMoeDown + its index), then the
+// combine.
+enum MoeExpertsEntry { kMoeGateUp = 0, kMoeDown = 1 };
+int moe_combine_entry();
 
 }  // namespace metal_rows
 
@@ -164,7 +170,8 @@ enum ArgmaxEntry { kArgmaxPartial = 0, kArgmaxFinal = 1 };
     void kcap_metal_embed_##NAME(const Stage& stage, const KernelCall& call);          \
     void kcap_metal_gate_up_##NAME(const Stage& stage, const KernelCall& call);        \
     void kcap_metal_gate_up_tokens_##NAME(const Stage& stage, const KernelCall& call); \
-    void kcap_metal_per_layer_embed_##NAME(const Stage& stage, const KernelCall& call);
+    void kcap_metal_per_layer_embed_##NAME(const Stage& stage, const KernelCall& call); \
+    void kcap_metal_moe_experts_##NAME(const Stage& stage, const KernelCall& call);
 KCAP_WEIGHT_FORMATS(KCAP_METAL_DECLARE_FORMAT_LAUNCHERS)
 #undef KCAP_METAL_DECLARE_FORMAT_LAUNCHERS
 
@@ -179,6 +186,8 @@ void kcap_metal_softcap(const Stage& stage, const KernelCall& call);
 void kcap_metal_scale(const Stage& stage, const KernelCall& call);
 void kcap_metal_argmax(const Stage& stage, const KernelCall& call);
 void kcap_metal_per_layer_gate(const Stage& stage, const KernelCall& call);
+void kcap_metal_moe_route(const Stage& stage, const KernelCall& call);
+void kcap_metal_moe_shared_gate(const Stage& stage, const KernelCall& call);
 
 // Metal rows (metal/rows.cpp), in the table in every build; fn is null unless the Metal
 // backend is compiled in (Apple, KCAP_WITH_METAL), and an Engine on "metal" is then refused.

@@ -2,6 +2,7 @@
 #include "dispatch/gpu_rows.h"
 
 #include "dispatch/stage.h"
+#include "kernels/params.h"
 
 namespace kcap {
 
@@ -37,6 +38,9 @@ const Family& family_of(GpuFamily family) {
         {"per_layer_embed", true, Op::PerLayerEmbed, {1, 0}, 0, {"matmul_tokens", "ple_combine"}},
         {"per_layer_gate", false, Op::PerLayerGate, {1, 0}, 0, {"ple_gate"}},
         {"argmax", false, Op::Argmax, {1, 1}, 0, {"argmax_partial", "argmax_final"}},
+        {"moe_route", false, Op::MoeRoute, {1, 0}, 0, {"moe_route"}},
+        {"moe_experts", true, Op::MoeExperts, {1, 0}, 0, {"moe_gate_up", "moe_down", "moe_combine"}},
+        {"moe_shared_gate", false, Op::MoeSharedGate, {1, 0}, 0, {"moe_shared_gate"}},
     };
     return families[int(family)];
 }
@@ -104,6 +108,23 @@ Row gpu_family_row(GpuFamily family, Backend backend, Format format, KernelFn fn
             break;
         case GpuFamily::PerLayerGate:
             row.features = kPerLayerEmbedding | kActivationFeatures;
+            break;
+        case GpuFamily::MoeRoute:  // the router in any format of whole 32-value runs (llama.cpp keeps it F32)
+            row.operand_formats = {gpu_weight_formats()};
+            row.features = kExpertSoftmax | kExpertWeightsNorm;
+            row.dims.k_multiple_of = &run_k_multiple;
+            row.dims.max_experts = KCAP_MOE_MAX_EXPERTS;
+            row.dims.max_experts_used = KCAP_MOE_MAX_USED;
+            break;
+        case GpuFamily::MoeExperts:  // gate and up of this row's format, down of any (a Q4_K_M file's Q6_K)
+            row.operand_formats = {{format}, {format}, gpu_weight_formats()};
+            row.features = kActivationFeatures | kGated;
+            row.dims.k_multiple_of = &exact_k_multiple;  // K, and the experts' FFN width
+            row.dims.max_experts_used = KCAP_MOE_MAX_USED;
+            break;
+        case GpuFamily::MoeSharedGate:
+            row.operand_formats = {{Format::F32}};
+            row.features = kSharedExpertGate;
             break;
         case GpuFamily::Softcap:
         case GpuFamily::Argmax:

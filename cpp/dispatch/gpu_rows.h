@@ -72,6 +72,9 @@ enum class GpuFamily {
     PerLayerEmbed,     // <backend>.per_layer_embed.<format>: projection (this format), then combine
     PerLayerGate,
     Argmax,
+    MoeRoute,          // <backend>.moe_route: the router, any format, one group per token
+    MoeExperts,        // <backend>.moe_experts.<format>: the chosen experts' matvecs, then their sum
+    MoeSharedGate,     // <backend>.moe_shared_gate
 };
 
 // The family's row on `backend` (format: the weight format of the per-format families).

@@ -1,0 +1,106 @@
+// Metal launchers of the mixture-of-experts rows, as cuda/moe.cu: metal.moe_route (one
+// threadgroup per token, the entry of the router's format), metal.moe_experts.<format> (the gate
+// / up matvec of every (token, chosen expert) slot, the down matvec in the down matrix's format,
+// the weighted sum), metal.moe_shared_gate. Geometry from metal/rows.h.
+#include "metal/metal_context.h"
+
+namespace kcap {
+namespace metal {
+namespace {
+
+using namespace metal_rows;
+
+KcapMoeParams moe_params(const Stage& stage, const KernelCall& call) {
+    KcapMoeParams p{};
+    p.n_tokens = call.n_tokens;
+    p.k = int(stage.k);
+    p.ff = int(stage.k2);
+    p.n = int(stage.n);
+    p.n_expert = stage.params.n_expert;
+    p.n_used = stage.params.n_expert_used;
+    p.renormalize = (stage.features & kExpertWeightsNorm) != 0;
+    p.scale = stage.params.expert_weights_scale;
+    p.router_row_bytes = stage.op == Op::MoeRoute ? unsigned(row_bytes(stage.operands[0]->format, stage.k)) : 0u;
+    return p;
+}
+
+// A matvec over one slot per grid row (entry `entry` of the row): k inputs, n rows of row_bytes.
+void encode_slots(const Context& ctx, const Row& row, int entry, const KcapMoeParams& moe, int k, int n,
+                  unsigned row_bytes, int activation, const void* w0, const void* w1, const float* routing,
+                  const float* x, float* y) {
+    KcapMatmulParams p{};
+    p.k = k;
+    p.n = n;
+    p.m = 1;
+    p.row_bytes = row_bytes;
+    KcapMetalMatvecArgs a;
+    a.split = matvec_split(n);
+    a.chunk_runs = matvec_chunk_runs(k);
+    a.activation = activation;
+    const bool gate_up = entry == kMoeGateUp;
+    bind_params(ctx, 0, moe);
+    bind_params(ctx, 1, p);
+    bind_params(ctx, 2, a);
+    bind(ctx, 3, w0);
+    int next = 4;
+    if (gate_up) bind(ctx, next++, w1);
+    bind(ctx, next++, routing);
+    bind(ctx, next++, x);
+    bind(ctx, next, y);
+    [ctx.encoder setThreadgroupMemoryLength:(NSUInteger(matvec_shared_floats(k)) * 4 + 15) / 16 * 16 atIndex:0];
+    dispatch(ctx, row, entry, MTLSizeMake(ceil_div(n, (kMatvecSimds / a.split) * kMatvecRows), NSUInteger(moe.n_tokens * moe.n_used), 1),
+             kMatvecSimds * 32);
+}
+
+void run_moe_experts(const Stage& stage, const KernelCall& call) {
+    const Context& ctx = context(call);
+    const StageData& data = stage_data(call);
+    const KcapMoeParams moe = moe_params(stage, call);
+    encode_slots(ctx, *call.row, kMoeGateUp, moe, moe.k, moe.ff, unsigned(row_bytes(stage.operands[0]->format, moe.k)),
+                 int(stage.params.activation), data.operands[0], data.operands[1], call.in2, call.in, ctx.moe_act);
+    const Format down = stage.operands[2]->format;
+    encode_slots(ctx, *call.row, kMoeDown + ple_combine_index(down), moe, moe.ff, moe.n,
+                 unsigned(row_bytes(down, moe.ff)), 0, data.operands[2], nullptr, call.in2, ctx.moe_act, ctx.moe_down);
+    bind_params(ctx, 0, moe);
+    bind(ctx, 1, call.in2);
+    bind(ctx, 2, ctx.moe_down);
+    bind(ctx, 3, call.out);
+    dispatch(ctx, *call.row, moe_combine_entry(),
+             MTLSizeMake(ceil_div(int64_t(moe.n_tokens) * moe.n, kElementwiseThreads), 1, 1), kElementwiseThreads);
+}
+
+}  // namespace
+}  // namespace metal
+
+void kcap_metal_moe_route(const Stage& stage, const KernelCall& call) {
+    using namespace metal;
+    const Context& ctx = context(call);
+    const KcapMoeParams p = moe_params(stage, call);
+    bind_params(ctx, 0, p);
+    bind(ctx, 1, stage_data(call).operands[0]);
+    bind(ctx, 2, call.in);
+    bind(ctx, 3, call.out);
+    dispatch(ctx, *call.row, metal_rows::ple_combine_index(stage.operands[0]->format),
+             MTLSizeMake(NSUInteger(call.n_tokens), 1, 1), metal_rows::kMoeRouteThreads);
+}
+
+void kcap_metal_moe_shared_gate(const Stage& stage, const KernelCall& call) {
+    using namespace metal;
+    const Context& ctx = context(call);
+    const int width = int(stage.n), has_gate = stage_data(call).operands[0] != nullptr;
+    bind_params(ctx, 0, width);
+    bind_params(ctx, 1, has_gate);
+    bind(ctx, 2, stage_data(call).operands[0]);
+    bind(ctx, 3, call.in3);
+    bind(ctx, 4, call.in);
+    bind(ctx, 5, call.in2);
+    bind(ctx, 6, call.out);
+    dispatch(ctx, *call.row, 0, MTLSizeMake(NSUInteger(call.n_tokens), 1, 1), metal_rows::kElementwiseThreads);
+}
+
+#define KCAP_DEFINE_METAL_MOE(NAME, DECODER) \
+    void kcap_metal_moe_experts_##NAME(const Stage& stage, const KernelCall& call) { metal::run_moe_experts(stage, call); }
+KCAP_WEIGHT_FORMATS(KCAP_DEFINE_METAL_MOE)
+#undef KCAP_DEFINE_METAL_MOE
+
+}  // namespace kcap

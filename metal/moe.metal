@@ -1,0 +1,74 @@
+// Metal entry points of the mixture-of-experts rows (metal.moe_route, metal.moe_experts.<format>,
+// metal.moe_shared_gate): the bodies cuda/moe.cu runs (kernels/moe.h), under the names
+// metal/rows.cpp derives from the rows' launches. The router and the down matvec have an entry
+// per weight format (the router's and the down matrix's format are the stage's own); the gate /
+// up matvec one per format of its row.
+#include "kernels/moe.h"
+#include "metal/rows.h"
+
+using namespace kcap::metal_rows;
+
+// Grid: x = tokens; kMoeRouteThreads threads.
+template <class F>
+kernel void kcap_moe_route_entry(constant KcapMoeParams& p [[buffer(0)]], device const kcap_u8* w [[buffer(1)]],
+                                 device const float* x [[buffer(2)]], device float* routing [[buffer(3)]],
+                                 KCAP_METAL_THREAD_ARGS) {
+    threadgroup float logits[KCAP_MOE_MAX_EXPERTS];
+    const KcapThread t = KCAP_METAL_THREAD();
+    kcap_moe_route<F>(t, p, w, x, routing, logits);
+}
+
+// Grid: x = the matvec's row groups over ff, y = slots (tokens x experts per token); threadgroup
+// memory 0: matvec_shared_floats(k) floats.
+template <class F>
+kernel void kcap_moe_gate_up_entry(constant KcapMoeParams& moe [[buffer(0)]], constant KcapMatmulParams& p [[buffer(1)]],
+                                   constant KcapMetalMatvecArgs& a [[buffer(2)]], device const kcap_u8* gate [[buffer(3)]],
+                                   device const kcap_u8* up [[buffer(4)]], device const float* routing [[buffer(5)]],
+                                   device const float* x [[buffer(6)]], device float* act [[buffer(7)]],
+                                   threadgroup float* shared KCAP_METAL_THREADGROUP_INDEX(0), KCAP_METAL_THREAD_ARGS) {
+    const KcapThread t = KCAP_METAL_THREAD();
+    kcap_moe_gate_up<F, kMatvecRows>(t, moe, p, a.split, a.chunk_runs, gate, up, routing, x, a.activation, act, shared);
+}
+
+// Grid: x = the matvec's row groups over n, y = slots.
+template <class F>
+kernel void kcap_moe_down_entry(constant KcapMoeParams& moe [[buffer(0)]], constant KcapMatmulParams& p [[buffer(1)]],
+                                constant KcapMetalMatvecArgs& a [[buffer(2)]], device const kcap_u8* down [[buffer(3)]],
+                                device const float* routing [[buffer(4)]], device const float* act [[buffer(5)]],
+                                device float* down_out [[buffer(6)]],
+                                threadgroup float* shared KCAP_METAL_THREADGROUP_INDEX(0), KCAP_METAL_THREAD_ARGS) {
+    const KcapThread t = KCAP_METAL_THREAD();
+    kcap_moe_down<F, kMatvecRows>(t, moe, p, a.split, a.chunk_runs, down, routing, act, down_out, shared);
+}
+
+// Grid: x = ceil(tokens * n / kElementwiseThreads).
+[[host_name(KCAP_METAL_ENTRY(moe_combine))]] kernel void kcap_moe_combine_entry(
+    constant KcapMoeParams& p [[buffer(0)]], device const float* routing [[buffer(1)]],
+    device const float* down [[buffer(2)]], device float* out [[buffer(3)]], KCAP_METAL_THREAD_ARGS) {
+    const KcapThread t = KCAP_METAL_THREAD();
+    kcap_moe_combine(t, p, routing, down, out);
+}
+
+// Grid: x = tokens; kElementwiseThreads threads. has_gate 0: the gate is 1 (w unbound).
+[[host_name(KCAP_METAL_ENTRY(moe_shared_gate))]] kernel void kcap_moe_shared_gate_entry(
+    constant int& width [[buffer(0)]], constant int& has_gate [[buffer(1)]], device const float* w [[buffer(2)]],
+    device const float* x [[buffer(3)]], device const float* in [[buffer(4)]], device const float* shared_out [[buffer(5)]],
+    device float* out [[buffer(6)]], KCAP_METAL_THREAD_ARGS) {
+    threadgroup float partial[kElementwiseThreads / kSimdWidth];
+    const KcapThread t = KCAP_METAL_THREAD();
+    kcap_moe_shared_gate(t, width, has_gate ? w : nullptr, x, in, shared_out, out, partial);
+}
+
+typedef decltype(kcap_moe_route_entry<KcapF32>) kcap_moe_route_entry_t;
+typedef decltype(kcap_moe_gate_up_entry<KcapF32>) kcap_moe_gate_up_entry_t;
+typedef decltype(kcap_moe_down_entry<KcapF32>) kcap_moe_down_entry_t;
+
+#define KCAP_METAL_MOE_ENTRIES(NAME, DECODER)                                                                     \
+    template [[host_name(KCAP_METAL_FORMAT_ENTRY(moe_route, NAME))]] kernel kcap_moe_route_entry_t                 \
+        kcap_moe_route_entry<DECODER>;                                                                             \
+    template [[host_name(KCAP_METAL_FORMAT_ENTRY(moe_gate_up, NAME))]] kernel kcap_moe_gate_up_entry_t             \
+        kcap_moe_gate_up_entry<DECODER>;                                                                           \
+    template [[host_name(KCAP_METAL_FORMAT_ENTRY(moe_down, NAME))]] kernel kcap_moe_down_entry_t                   \
+        kcap_moe_down_entry<DECODER>;
+KCAP_WEIGHT_FORMATS(KCAP_METAL_MOE_ENTRIES)
+#undef KCAP_METAL_MOE_ENTRIES
