@@ -19,6 +19,7 @@
 #include <string>
 
 #include "core/formats_blocks.h"
+#include "core/hot_loop.h"
 #include "kcap/errors.h"
 #include "kcap/formats.h"
 
@@ -52,7 +53,7 @@ void dequantize_bf16(const uint8_t* src, float* dst, int64_t n) {
 
 }  // namespace
 
-void dequantize_row(Format format, const void* src, float* dst, int64_t n_elems) {
+KCAP_HOT_LOOP void dequantize_row(Format format, const void* src, float* dst, int64_t n_elems) {
     using namespace blocks;
     row_bytes(format, n_elems);  // validates the format and that n_elems fills whole blocks
     const int64_t n_qk = n_elems / kQK;

@@ -173,13 +173,32 @@ float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems) {
 
 }  // namespace portable
 
+namespace {
+
+// The AVX2+FMA kernels where they were compiled (formats_dot_avx2.cpp is built with those
+// instructions on x86-64 whatever the rest of the library targets) and this CPU runs them:
+// decided once, at the first call, so one wheel serves every x86-64 CPU.
+bool use_avx2() {
+    static const bool use = [] {
+        if (!avx2::compiled()) return false;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+        return false;
+#endif
+    }();
+    return use;
+}
+
+}  // namespace
+
+bool avx2_kernels_in_use() { return use_avx2(); }
+
 float dot_row(Format format, const void* src, const float* x, int64_t n_elems) {
     row_bytes(format, n_elems);  // validates the format and that n_elems fills whole blocks
-#if defined(KCAP_DOT_AVX2)
-    return avx2::dot_row(format, src, x, n_elems);
-#else
+    if (use_avx2()) return avx2::dot_row(format, src, x, n_elems);
     return portable::dot_row(format, src, x, n_elems);
-#endif
 }
 
 float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems) {
@@ -187,11 +206,8 @@ float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems) {
     if (format == Format::F32 || format == Format::F16 || format == Format::BF16)
         throw FormatError(std::string("dot_row_q8_1: ") + format_name(format) + " is a float format (no q8_1 path)");
     if (n_elems % 32 != 0) throw FormatError("dot_row_q8_1: " + std::to_string(n_elems) + " is not whole 32-value runs");
-#if defined(KCAP_DOT_AVX2)
-    return avx2::dot_row_q8_1(format, src, x, n_elems);
-#else
+    if (use_avx2()) return avx2::dot_row_q8_1(format, src, x, n_elems);
     return portable::dot_row_q8_1(format, src, x, n_elems);
-#endif
 }
 
 }  // namespace kcap

@@ -416,7 +416,10 @@ float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems) {
         case Format::Q6_K: return dot_q6_k(static_cast<const BlockQ6_K*>(src), run, n_qk_k);
         default: break;
     }
-    throw FormatError(std::string("dot_row_q8_1: ") + format_name(format) + " has no q8_1 path");
+    // Formats without an AVX2 q8_1 path take the portable one: no std::string or exception code
+    // is emitted in this file, which is compiled for AVX2 (an inline copy of it could be the one
+    // the linker keeps for every file, on a CPU without AVX2).
+    return portable::dot_row_q8_1(format, src, x, n_elems);
 }
 
 }  // namespace avx2

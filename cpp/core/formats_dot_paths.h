@@ -1,8 +1,8 @@
 // Internal to cpp/core: the two builds of dot_row. kcap::dot_row validates its arguments and
-// runs the AVX2+FMA kernels when the library is compiled for them (-march=native on any x86
-// from 2013 on), the portable loops otherwise. Both are declared here so that the C++ tests
-// can check each against the same f64 reference; the tests are compiled without the
-// library's -march flags, hence the run-time avx2::compiled() rather than only the macro.
+// runs the AVX2+FMA kernels where they were compiled (formats_dot_avx2.cpp, built with those
+// instructions on every x86-64 build) and the CPU has them (checked once at run time), the
+// portable loops otherwise. Both are declared here so that the C++ tests can check each
+// against the same f64 reference.
 #pragma once
 
 #include <cstdint>
@@ -30,5 +30,8 @@ float dot_row(Format format, const void* src, const float* x, int64_t n_elems);
 // dot_row_q8_1: the same code extraction, integer products (maddubs) per 16 values.
 float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems);
 }  // namespace avx2
+
+// Whether dot_row runs the AVX2+FMA kernels on this CPU.
+bool avx2_kernels_in_use();
 
 }  // namespace kcap

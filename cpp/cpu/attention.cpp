@@ -13,6 +13,53 @@ namespace kcap {
 
 namespace {
 
+// Query rows [begin, end) (token x KV head) of one call: scores, softmax, the weighted values.
+KCAP_HOT_LOOP void attend(const StageParams& p, const KernelCall& call, const KvLayer& kv, int64_t begin, int64_t end) {
+    const int group = p.n_head / p.n_head_kv;  // query heads per KV head
+    std::vector<float> scores, key(size_t(p.head_dim)), value(size_t(p.head_dim_v));
+    for (int64_t t = begin; t < end; ++t) {
+        const int64_t m = t / p.n_head_kv;
+        const int kvh = int(t % p.n_head_kv);
+        const int64_t pos = call.pos0 + m;
+        const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
+        const int64_t span = pos - first + 1;
+        scores.assign(size_t(span) * group, 0.0f);
+        for (int64_t j = 0; j < span; ++j) {
+            const float* k_row = kv.k_span(first + j, int64_t(kvh) * p.head_dim, p.head_dim, key.data());
+            for (int g = 0; g < group; ++g) {
+                const float* q = call.in + (m * p.n_head + int64_t(kvh) * group + g) * p.head_dim;
+                float s = dot_f32(q, k_row, p.head_dim) * p.scale;
+                if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
+                scores[size_t(g) * span + j] = s;
+            }
+        }
+        for (int g = 0; g < group; ++g) {
+            float* sc = &scores[size_t(g) * span];
+            float max_score = -std::numeric_limits<float>::infinity();
+            for (int64_t j = 0; j < span; ++j) max_score = std::max(max_score, sc[j]);
+            double total = 0.0;
+            for (int64_t j = 0; j < span; ++j) {
+                sc[j] = std::exp(sc[j] - max_score);
+                total += sc[j];
+            }
+            const float inv_total = float(1.0 / total);
+            for (int64_t j = 0; j < span; ++j) sc[j] *= inv_total;
+        }
+        for (int g = 0; g < group; ++g) {
+            float* out = call.out + (m * p.n_head + int64_t(kvh) * group + g) * p.head_dim_v;
+            std::fill(out, out + p.head_dim_v, 0.0f);
+        }
+        for (int64_t j = 0; j < span; ++j) {
+            const float* v_row = kv.v_span(first + j, int64_t(kvh) * p.head_dim_v, p.head_dim_v, value.data());
+            for (int g = 0; g < group; ++g) {
+                const float w = scores[size_t(g) * span + j];
+                float* out = call.out + (m * p.n_head + int64_t(kvh) * group + g) * p.head_dim_v;
+                for (int i = 0; i < p.head_dim_v; ++i) out[i] += w * v_row[i];
+            }
+        }
+    }
+}
+
 void attention_kernel(const Stage& stage, const KernelCall& call) {
     const StageParams& p = stage.params;
     CpuState& state = cpu_state(call.backend_state);
@@ -28,56 +75,14 @@ void attention_kernel(const Stage& stage, const KernelCall& call) {
             kv.store(call.pos0 + m, call.in2 + m * k_width, call.in3 + m * v_width);
     }
 
-    const int group = p.n_head / p.n_head_kv;  // query heads per KV head
-    state.pool.parallel_for(int64_t(call.n_tokens) * p.n_head_kv, [&](int64_t begin, int64_t end) {
-        std::vector<float> scores, key(p.head_dim), value(p.head_dim_v);
-        for (int64_t t = begin; t < end; ++t) {
-            const int64_t m = t / p.n_head_kv;
-            const int kvh = int(t % p.n_head_kv);
-            const int64_t pos = call.pos0 + m;
-            const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
-            const int64_t span = pos - first + 1;
-            scores.assign(size_t(span) * group, 0.0f);
-            for (int64_t j = 0; j < span; ++j) {
-                const float* k_row = kv.k_span(first + j, int64_t(kvh) * p.head_dim, p.head_dim, key.data());
-                for (int g = 0; g < group; ++g) {
-                    const float* q = call.in + (m * p.n_head + int64_t(kvh) * group + g) * p.head_dim;
-                    float s = dot_f32(q, k_row, p.head_dim) * p.scale;
-                    if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
-                    scores[size_t(g) * span + j] = s;
-                }
-            }
-            for (int g = 0; g < group; ++g) {
-                float* sc = &scores[size_t(g) * span];
-                float max_score = -std::numeric_limits<float>::infinity();
-                for (int64_t j = 0; j < span; ++j) max_score = std::max(max_score, sc[j]);
-                double total = 0.0;
-                for (int64_t j = 0; j < span; ++j) {
-                    sc[j] = std::exp(sc[j] - max_score);
-                    total += sc[j];
-                }
-                const float inv_total = float(1.0 / total);
-                for (int64_t j = 0; j < span; ++j) sc[j] *= inv_total;
-            }
-            for (int g = 0; g < group; ++g) {
-                float* out = call.out + (m * p.n_head + int64_t(kvh) * group + g) * p.head_dim_v;
-                std::fill(out, out + p.head_dim_v, 0.0f);
-            }
-            for (int64_t j = 0; j < span; ++j) {
-                const float* v_row = kv.v_span(first + j, int64_t(kvh) * p.head_dim_v, p.head_dim_v, value.data());
-                for (int g = 0; g < group; ++g) {
-                    const float w = scores[size_t(g) * span + j];
-                    float* out = call.out + (m * p.n_head + int64_t(kvh) * group + g) * p.head_dim_v;
-                    for (int i = 0; i < p.head_dim_v; ++i) out[i] += w * v_row[i];
-                }
-            }
-        }
-    });
+    state.pool.parallel_for(int64_t(call.n_tokens) * p.n_head_kv,
+                            [&](int64_t begin, int64_t end) { attend(p, call, kv, begin, end); });
 }
 
 }  // namespace
 
 void add_cpu_attention_rows(std::vector<Row>& rows) {
+
     Row row;
     row.kernel = "cpu.attention";
     row.op = Op::Attention;

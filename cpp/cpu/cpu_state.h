@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "core/hot_loop.h"
 #include "cpu/thread_pool.h"
 #include "kcap/formats.h"
 #include "kcap/model_spec.h"

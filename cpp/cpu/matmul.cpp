@@ -69,8 +69,8 @@ void tile_times_token_block(const float* tile, int64_t rows, const float* x, int
         for (int64_t m = 0; m < M; ++m) out[m * N + r] = dot_f32(tile + r * K, x + m * K, K);
 }
 
-void tile_times_tokens(const float* tile, int64_t rows, const float* x, int64_t M, int64_t K, float* out,
-                       int64_t N) {
+KCAP_HOT_LOOP void tile_times_tokens(const float* tile, int64_t rows, const float* x, int64_t M, int64_t K,
+                                     float* out, int64_t N) {
     for (int64_t m0 = 0; m0 < M; m0 += kPrefillTokenBlock)
         tile_times_token_block(tile, rows, x + m0 * K, std::min(kPrefillTokenBlock, M - m0), K, out + m0 * N, N);
 }

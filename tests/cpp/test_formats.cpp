@@ -409,7 +409,7 @@ int main() {
     test_dot_q8_1("portable::dot_row_q8_1", kcap::portable::dot_row_q8_1);
     test_dot_q8_1("kcap::dot_row_q8_1", kcap::dot_row_q8_1);
     test_dot_one_hot_recovers_weights("portable::dot_row", kcap::portable::dot_row);
-    if (kcap::avx2::compiled()) {
+    if (kcap::avx2_kernels_in_use()) {
         test_dot_against_dequantize("avx2::dot_row", kcap::avx2::dot_row);
         test_dot_q8_1("avx2::dot_row_q8_1", kcap::avx2::dot_row_q8_1);
         test_dot_one_hot_recovers_weights("avx2::dot_row", kcap::avx2::dot_row);
