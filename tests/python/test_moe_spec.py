@@ -95,6 +95,23 @@ def test_fixture_routing_varies_across_tokens(fixture):
     assert routing["q8_0_weights"]["layers"][0]["distinct_expert_sets"] > 1
 
 
+@pytest.mark.parametrize("fixture", sorted(MOE_FIXTURES))
+def test_spec_computes_the_goldens(fixture):
+    # The spec's mixture-of-experts semantics (LayerSpec), run by the float64 NumPy reference on the
+    # GGUF's weights, give the transformers goldens: F32 file vs the original model, Q8_0 file vs
+    # the model on its dequantized weights, at test_conformance's bounds.
+    from reference_forward import reference_logits
+
+    from test_conformance import F32_TOLERANCE, Q8_SAME_WEIGHTS_TOLERANCE, relative_error
+
+    g = golden(fixture)
+    ids = g["prompt_ids"].tolist()
+    for quant, want, bound in (("f32", g["logits"], F32_TOLERANCE),
+                               ("q8_0", g["logits_q8_0_weights"], Q8_SAME_WEIGHTS_TOLERANCE)):
+        gguf = GGUFFile(FIXTURES / f"{fixture}-{quant}.gguf")
+        assert relative_error(reference_logits(gguf, build_spec(gguf), ids), want) <= bound, quant
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fixture,key,value,message", [
