@@ -47,6 +47,12 @@ converter writes for the families that keep them; tensor bytes are untouched (th
 kcap installed, whose ``kcap.testing.synth`` rewrites the file). The manifest and ``meta``
 record the added keys.
 
+Mixture-of-experts families (``mixtral``, ``qwen2moe``, ``qwen3moe``): the converter merges the
+per-expert checkpoint tensors into one 3-D tensor per matrix, and the fidelity check and the
+Q8_0-weights reference do the same and its inverse (``merge_experts``). Their routers get larger
+weights (``ROUTER_SCALE``), and the weights seed is the first whose routers choose every token's
+experts with a clear margin (``MIN_ROUTING_MARGIN``); ``meta.routing`` records the choices.
+
 ``REFUSED`` models (features kcap does not implement, e.g. Gemma 4's mixture-of-experts block)
 are converted to one F32 file each in ``tests/fixtures/conformance/refused/``, without goldens.
 """
@@ -58,6 +64,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -513,7 +520,67 @@ FAMILIES: dict[str, dict] = {
         notes=["embedding_multiplier 6.0 (granite.embedding_scale), residual_multiplier 0.35 "
                "(granite.residual_scale), attention_multiplier 0.09 replaces 1/sqrt(head_dim) "
                "(granite.attention.scale), logits divided by logits_scaling 2.5 (granite.logit_scale)."]),
+    "mixtral": dict(
+        cls="MixtralForCausalLM", config_cls="MixtralConfig", tokenizer="spm-llama",
+        config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
+                    tie_word_embeddings=False, sliding_window=None, num_local_experts=6, num_experts_per_tok=2,
+                    router_jitter_noise=0.0, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        probes={"top-1 instead of top-2": {"num_experts_per_tok": 1}},
+        notes=["Mixtral: GGUF architecture 'llama' with llama.expert_count 6 and llama.expert_used_count 2; "
+               "every block's FFN is 6 SiLU-gated experts of width 96 (intermediate_size), softmax router, "
+               "top-2, the two weights renormalized to sum 1. The converter merges the per-expert "
+               "checkpoint tensors (block_sparse_moe.experts.E.w1/w2/w3) into blk.N.ffn_{gate,down,up}_exps.",
+               "Router weights ~ N(0, (4/sqrt(hidden))^2) (ROUTER_SCALE) so that tokens choose different "
+               "experts with clear margins; meta.routing records the choices."]),
+    "qwen2moe": dict(
+        cls="Qwen2MoeForCausalLM", config_cls="Qwen2MoeConfig", tokenizer="bpe", pre="gpt-2",
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        special_roles={"bos": "<|endoftext|>", "eos": "<|im_end|>"},
+        config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+                    tie_word_embeddings=True, use_sliding_window=False, num_experts=8, num_experts_per_tok=2,
+                    moe_intermediate_size=32, shared_expert_intermediate_size=64, norm_topk_prob=False,
+                    decoder_sparse_step=1, mlp_only_layers=[],
+                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        probes={"norm_topk_prob true (renormalized top-k weights)": {"norm_topk_prob": True},
+                "top-1 instead of top-2": {"num_experts_per_tok": 1}},
+        notes=["Qwen2-MoE: Qwen2 attention (Q/K/V biases) and in every block (decoder_sparse_step 1) 8 experts "
+               "of width 32 (moe_intermediate_size), softmax router, top-2 weighted by their softmax "
+               "probabilities without renormalization (norm_topk_prob false, as llama.cpp computes "
+               "qwen2moe), plus a shared expert of width 64 scaled by sigmoid(shared_expert_gate . x). "
+               "Tied embeddings.",
+               "Router weights scaled as in mixtral (ROUTER_SCALE)."]),
+    "qwen3moe": dict(
+        cls="Qwen3MoeForCausalLM", config_cls="Qwen3MoeConfig", tokenizer="bpe", pre="gpt-2",
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        special_roles={"bos": "<|endoftext|>", "eos": "<|im_end|>"},
+        config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,
+                    tie_word_embeddings=False, attention_bias=False, use_sliding_window=False, num_experts=6,
+                    num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True, decoder_sparse_step=1,
+                    mlp_only_layers=[], rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        probes={"norm_topk_prob false": {"norm_topk_prob": False},
+                "top-1 instead of top-2": {"num_experts_per_tok": 1}},
+        notes=["Qwen3-MoE: Qwen3 attention (QK-norm) and in every block 6 experts of width 64 "
+               "(moe_intermediate_size), softmax router, top-2 renormalized. norm_topk_prob is set true on "
+               "purpose: llama.cpp always renormalizes for qwen3moe (the GGUF carries no such flag), so "
+               "with norm_topk_prob true transformers and llama.cpp compute the same model (the released "
+               "Qwen3-MoE models set it true too).",
+               "Router weights scaled as in mixtral (ROUTER_SCALE)."]),
 }
+
+# Mixture-of-experts routers: weights ~ N(0, (ROUTER_SCALE/sqrt(hidden))^2), larger than the other
+# matrices' 1/sqrt(fan_in), so that the router's logits spread and different tokens choose
+# different experts, with margins between the k-th and (k+1)-th expert well above rounding.
+ROUTER_SCALE = 4.0
+ROUTER_NAMES = (".mlp.gate.weight", ".block_sparse_moe.gate.weight")
+# Smallest gap between the k-th and (k+1)-th largest router logit a fixture may have at any token
+# of the prompt and its greedy continuation (f32 rounding moves the logits by ~1e-5, Q8_0 weights
+# elsewhere in the model by ~1e-2); weights seeds are tried ROUTING_SEED_STRIDE apart until one has it.
+MIN_ROUTING_MARGIN = 0.05
+MAX_ROUTING_ATTEMPTS = 50
+ROUTING_SEED_STRIDE = 7919
 
 
 # Models that kcap must refuse (they need a feature it does not implement), made and converted
@@ -542,16 +609,24 @@ REFUSED: dict[str, dict] = {
 # ----------------------------------------------------------------------------------------
 
 
+def is_moe(spec: dict) -> bool:
+    return "num_experts_per_tok" in spec["config"]
+
+
 def family_seed(name: str) -> int:
     return zlib.crc32(name.encode()) & 0x7FFFFFFF
 
 
-def build_model(name: str, spec: dict, roles: dict[str, int], perturb: bool = True):
+def build_model(name: str, spec: dict, roles: dict[str, int], perturb: bool = True, perturb_seed: int | None = None):
     import torch
     import transformers
 
     cfg_cls = getattr(transformers, spec["config_cls"])
     kwargs = dict(spec["config"], vocab_size=VOCAB, attn_implementation="eager")
+    if is_moe(spec):
+        # the plain per-expert loop (transformers' default batches the experts with grouped_mm,
+        # which has no float64 kernel for the precision floor below)
+        kwargs["experts_implementation"] = "eager"
     if "bos" in roles:
         kwargs["bos_token_id"] = roles["bos"]
     if "eos" in roles:
@@ -562,7 +637,7 @@ def build_model(name: str, spec: dict, roles: dict[str, int], perturb: bool = Tr
     torch.manual_seed(family_seed(name))
     model = getattr(transformers, spec["cls"])(config).eval()
     if perturb:
-        reinit(model, family_seed(name) + 1)
+        reinit(model, family_seed(name) + 1 if perturb_seed is None else perturb_seed)
     return model
 
 
@@ -593,7 +668,12 @@ def reinit(model, seed: int) -> None:
                 else:
                     fan_in = p.shape[0] if id(p) in conv1d_ids else p.shape[1]
                     std = 1.0 / fan_in ** 0.5
+                    if pname.endswith(ROUTER_NAMES):  # mixture-of-experts router [n_expert, hidden]
+                        std *= ROUTER_SCALE
                 p.copy_(torch.randn(p.shape, generator=g) * std)
+            elif p.ndim == 3 and pname.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                # stacked experts [n_expert, out, in]: each expert's matrix ~ N(0, 1/in)
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
             else:
                 raise ValueError(f"unexpected parameter {pname} {tuple(p.shape)}")
         for bname, b in model.named_buffers():
@@ -654,10 +734,41 @@ def sensitivity_probes(name: str, spec: dict, model, prompt, ref_logits) -> dict
         d.update(overrides)
         cfg = type(model.config).from_dict(d)
         cfg._attn_implementation = "eager"
+        if is_moe(spec):
+            cfg._experts_implementation = "eager"
         m = type(model)(cfg).eval()
         m.load_state_dict(state)
         out["config"][desc] = float(np.max(np.abs(forward_logits(m, prompt) - ref_logits)))
     return out
+
+
+def routing(model, prompt) -> dict | None:
+    """For a mixture-of-experts model, what its routers chose on the prompt, per layer: how many
+    distinct expert sets the tokens chose, how often each expert was chosen, and the smallest
+    margin between the k-th and (k+1)-th largest router logit over the tokens (the softmax keeps
+    their order; a near-tie there would let rounding flip an expert choice). None for a dense model."""
+    import numpy as np
+    import torch
+
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    if not routers:
+        return None
+    captured = []
+    hooks = [r.register_forward_hook(lambda m, args, out: captured.append((m.top_k, m.num_experts, out[0], out[2])))
+             for r in routers]
+    try:
+        forward_logits(model, prompt)
+    finally:
+        for h in hooks:
+            h.remove()
+    layers = []
+    for k, n_expert, logits, chosen in captured:  # in layer order
+        ordered = logits.double().sort(dim=-1, descending=True).values
+        sets = {tuple(sorted(row)) for row in chosen.tolist()}
+        layers.append({"distinct_expert_sets": len(sets),
+                       "expert_use_counts": np.bincount(chosen.flatten().numpy(), minlength=n_expert).tolist(),
+                       "min_top_k_logit_margin": float((ordered[:, k - 1] - ordered[:, k]).min())})
+    return {"n_tokens": len(prompt), "layers": layers}
 
 
 def make_prompt(name: str) -> list[int]:
@@ -748,16 +859,78 @@ def hf_tensor_from_gguf(arch: str, hf_name: str, t, config):
     return t
 
 
-def logits_from_gguf_tensors(model, mapping: dict, gguf_path: Path, arch: str, prompt) -> "np.ndarray":
+_EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
+
+
+def merge_experts(hf: dict) -> tuple[dict, dict]:
+    """The converter's merge of per-expert checkpoint tensors ('<prefix>.experts.<E>.<w>.weight',
+    as transformers saves Mixtral and Qwen-MoE models) into one [n_expert, rows, cols] tensor per
+    matrix, named '<prefix>.experts.<w>.weight' as the converter's TensorNameMap knows it.
+    Returns (tensors with the merged ones in place of the per-expert ones, merged name -> the
+    per-expert names in expert order)."""
+    import numpy as np
+
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for name in hf:
+        m = _EXPERT_TENSOR.match(name)
+        if m:
+            groups.setdefault(f"{m.group(1)}.{m.group(3)}.weight", []).append((int(m.group(2)), name))
+    out = {k: v for k, v in hf.items() if not _EXPERT_TENSOR.match(k)}
+    merged = {}
+    for name, members in sorted(groups.items()):
+        members.sort()
+        if [i for i, _ in members] != list(range(len(members))):
+            raise RuntimeError(f"experts of {name} are not numbered 0..{len(members) - 1}")
+        merged[name] = [n for _, n in members]
+        out[name] = np.stack([hf[n] for n in merged[name]])
+    return out, merged
+
+
+def logits_from_checkpoint(model, saved: dict, prompt) -> "np.ndarray":
+    """The model's class loading checkpoint-format tensors (as save_pretrained writes them, e.g.
+    per-expert matrices that transformers fuses on load) with the model's config."""
+    import torch
+    from safetensors.numpy import save_file
+
+    with tempfile.TemporaryDirectory() as td:
+        model.config.save_pretrained(td)
+        save_file(saved, str(Path(td) / "model.safetensors"), metadata={"format": "pt"})
+        m, info = type(model).from_pretrained(td, dtype=torch.float32, output_loading_info=True,
+                                              experts_implementation="eager")
+    if info["missing_keys"] or info["unexpected_keys"] or info.get("mismatched_keys"):
+        raise RuntimeError(f"reloading the GGUF tensors as a checkpoint: {info}")
+    m.eval()
+    m.config._attn_implementation = "eager"
+    return forward_logits(m, prompt), routing(m, prompt)
+
+
+def logits_from_gguf_tensors(model, mapping: dict, gguf_path: Path, arch: str, prompt,
+                             merged: dict | None = None, hf_shapes: dict | None = None):
     """The original transformers architecture (same config) running the GGUF's tensors,
     dequantized: for q8_0 this is the exact reference for an engine that dequantizes
-    weights and computes in fp32."""
+    weights and computes in fp32. merged: merge_experts' names (the GGUF's merged expert
+    tensors go back to the per-expert checkpoint tensors, loaded through from_pretrained).
+    Returns (logits, routing on the prompt: None for a dense model)."""
     import numpy as np
     import torch
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
     gg = {t.name: t for t in GGUFReader(gguf_path).tensors}
+    if merged:
+        saved = {}
+        for hf_name, g_name in mapping.items():
+            if g_name is None:
+                continue
+            t = gg[g_name]
+            value = dequantize(t.data, t.tensor_type).reshape([int(x) for x in reversed(t.shape)])
+            value = hf_tensor_from_gguf(arch, hf_name, value, model.config)
+            if hf_name in merged:
+                for i, name in enumerate(merged[hf_name]):
+                    saved[name] = np.ascontiguousarray(value[i], dtype=np.float32).reshape(hf_shapes[name])
+            else:
+                saved[hf_name] = np.ascontiguousarray(value, dtype=np.float32).reshape(hf_shapes[hf_name])
+        return logits_from_checkpoint(model, saved, prompt)
     original = model.state_dict()
     aliases: dict[int, list[str]] = {}  # tied parameters appear under several keys
     for k, v in original.items():
@@ -774,7 +947,7 @@ def logits_from_gguf_tensors(model, mapping: dict, gguf_path: Path, arch: str, p
             state[k] = value
     m = type(model)(model.config).eval()
     m.load_state_dict(state)
-    return forward_logits(m, prompt)
+    return forward_logits(m, prompt), routing(m, prompt)
 
 
 def tensor_fidelity(llama_dir: Path, hf_dir: Path, gguf_paths: dict[str, Path], arch: str, config) -> dict:
@@ -786,9 +959,12 @@ def tensor_fidelity(llama_dir: Path, hf_dir: Path, gguf_paths: dict[str, Path], 
     from safetensors.numpy import load_file
 
     hf = load_file(str(hf_dir / "model.safetensors"))
+    hf_shapes = {k: list(v.shape) for k, v in hf.items()}
+    hf, merged = merge_experts(hf)
     mapping = hf_to_gguf_names(llama_dir, arch, config.num_hidden_layers, sorted(hf))
     unmapped = sorted(k for k, v in mapping.items() if v is None)
-    result = {"hf_to_gguf": mapping, "hf_tensors_not_in_gguf": unmapped}
+    result = {"hf_to_gguf": mapping, "hf_tensors_not_in_gguf": unmapped, "merged_experts": merged,
+              "hf_shapes": hf_shapes}
     for outtype, path in gguf_paths.items():
         r = GGUFReader(path)
         gg = {t.name: t for t in r.tensors}
@@ -945,15 +1121,29 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
         shutil.rmtree(hf_dir)
     hf_dir.mkdir(parents=True)
     roles = write_tokenizer(hf_dir, spec)
-    model = build_model(name, spec, roles)
+    prompt = make_prompt(name)
+    perturb_seed = family_seed(name) + 1
+    model = build_model(name, spec, roles, perturb_seed=perturb_seed)
+    ref = reference(model, prompt)
+    routes = routing(model, prompt + ref["greedy_ids"].tolist())
+    # A mixture of experts: the first weights whose routers choose every token's experts with a
+    # clear margin (MIN_ROUTING_MARGIN) over the prompt and its greedy continuation, so that an
+    # engine's rounding cannot flip a choice that the reference makes.
+    for attempt in range(1, MAX_ROUTING_ATTEMPTS):
+        if routes is None or min(layer["min_top_k_logit_margin"] for layer in routes["layers"]) >= MIN_ROUTING_MARGIN:
+            break
+        perturb_seed = family_seed(name) + 1 + ROUTING_SEED_STRIDE * attempt
+        model = build_model(name, spec, roles, perturb_seed=perturb_seed)
+        ref = reference(model, prompt)
+        routes = routing(model, prompt + ref["greedy_ids"].tolist())
+    else:
+        raise RuntimeError(f"no weights with routing margins >= {MIN_ROUTING_MARGIN} in {MAX_ROUTING_ATTEMPTS} seeds")
     model.save_pretrained(hf_dir)
     if name == "gpt2":  # keep n_ctx in config.json whatever transformers does with it
         cj = json.loads((hf_dir / "config.json").read_text())
         cj["n_ctx"] = spec["config"]["n_ctx"]
         (hf_dir / "config.json").write_text(json.dumps(cj, indent=2))
 
-    prompt = make_prompt(name)
-    ref = reference(model, prompt)
     notes = list(spec.get("notes", []))
 
     # numerical floor: the same model in float64
@@ -1018,8 +1208,11 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
         raise RuntimeError(f"vocabulary mismatch: {n_tok} tokens, token_embd has {emb_rows} rows, want {VOCAB}")
     if fidelity["f32"]["max_abs_delta"] != 0.0 or fidelity["f32"]["mapped_but_missing_in_gguf"]:
         raise RuntimeError(f"f32 GGUF tensors differ from the HF model: {fidelity['f32']}")
-    gguf_logits = {t: logits_from_gguf_tensors(model, fidelity["hf_to_gguf"], FIXTURES / files[t]["file"],
-                                               arch, prompt) for t in OUTTYPES}
+    gguf_logits, routing_of_gguf_weights = {}, {}
+    for t in OUTTYPES:
+        gguf_logits[t], routing_of_gguf_weights[t] = logits_from_gguf_tensors(
+            model, fidelity["hf_to_gguf"], FIXTURES / files[t]["file"], arch, prompt, fidelity["merged_experts"],
+            fidelity["hf_shapes"])
     for t in OUTTYPES:
         fidelity[t]["logits_max_abs_delta"] = float(np.max(np.abs(gguf_logits[t] - ref["logits"])))
 
@@ -1037,6 +1230,7 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
         "special_token_ids": roles,
         "prompt_seed": family_seed(name) + 7,
         "weights_seed": family_seed(name),
+        "perturb_seed": perturb_seed,
         "attention": "eager",
         "dtype": "float32",
         "fp64_max_abs_delta": fp64_delta,
@@ -1046,6 +1240,7 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
         "tensor_fidelity": {t: fidelity[t] for t in OUTTYPES},
         "hf_tensors_not_in_gguf": fidelity["hf_tensors_not_in_gguf"],
         "metadata_added_after_conversion": added,
+        "routing": routes and dict(routes, q8_0_weights=routing_of_gguf_weights["q8_0"]),
         "notes": notes,
     }
     np.savez_compressed(
@@ -1075,6 +1270,8 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
         "sensitivity": probes,
         "gguf_reload": reload,
         "metadata_added_after_conversion": added,
+        "merged_experts": fidelity["merged_experts"],
+        "routing": meta["routing"],
         "greedy_min_margin": float(ref["greedy_margins"].min()),
         "logit_std": float(ref["logits"].std()),
     }

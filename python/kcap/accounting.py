@@ -64,19 +64,37 @@ MATH_KEYS: dict[str, tuple[str, tuple]] = {
     "rope.scaling.type": ("rope scaling", ("none",)),
     "rope.scaling.factor": ("rope scaling", (0.0, 1.0)),
     "rope.scaling.*": ("rope scaling", ()),
-    "expert_*": ("mixture of experts, which kcap does not implement yet", (0,)),
-    "experts_per_group": ("mixture of experts, which kcap does not implement yet", (0,)),
-    "moe_*": ("mixture of experts, which kcap does not implement yet", (0,)),
-    "interleave_moe_layer_step": ("mixture of experts, which kcap does not implement yet", (0,)),
-    "leading_dense_block_count": ("mixture of experts, which kcap does not implement yet", (0,)),
+    # Mixture of experts: implemented by the modules that declare these keys (a softmax router
+    # over experts merged into 3-D tensors, optionally a sigmoid-gated shared expert).
+    "expert_count": ("mixture of experts: the number of experts", (0,)),
+    "expert_used_count": ("mixture of experts: the experts chosen per token", (0,)),
+    "expert_feed_forward_length": ("mixture of experts: the experts' FFN width", (0,)),
+    "expert_shared_feed_forward_length": ("mixture of experts: the shared expert's FFN width", (0,)),
+    "expert_gating_func": ("mixture of experts: the router's gating function", ()),
+    "expert_weights_norm": ("mixture of experts: renormalizing the chosen experts' weights", ()),
+    "expert_weights_scale": ("mixture of experts: a scale of the chosen experts' weights", (1.0,)),
+    # Mixture-of-experts variants no module implements.
+    "expert_*": ("a mixture-of-experts variant kcap does not implement", (0,)),
+    "experts_per_group": ("a mixture-of-experts variant kcap does not implement", (0,)),
+    "moe_*": ("a mixture-of-experts variant kcap does not implement", (0,)),
+    "interleave_moe_layer_step": ("mixture-of-experts layers interleaved with dense ones", (0,)),
+    "leading_dense_block_count": ("dense layers before the mixture-of-experts ones", (0,)),
     "full_attention_interval": ("a hybrid of attention and recurrent layers", ()),
     "ssm.*": ("state-space (Mamba) layers", ()),
 }
 
+# One tensor per expert and matrix (blk.N.ffn_gate.E.weight), as converters before mid-2024
+# wrote Mixtral; the arch modules read the experts merged into one 3-D tensor per matrix.
+SPLIT_EXPERTS = ("per-expert split tensors, an older converter's mixture-of-experts layout: kcap reads "
+                 "the experts merged into one 3-D tensor per matrix (blk.N.ffn_gate_exps.weight), as "
+                 "llama.cpp's convert_hf_to_gguf.py writes them today; reconvert the model")
+
 # What unused tensors look like, first match wins: (name patterns, description).
 TENSOR_KINDS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("blk.*.ffn_gate.[0-9]*.weight", "blk.*.ffn_up.[0-9]*.weight", "blk.*.ffn_down.[0-9]*.weight"),
+     SPLIT_EXPERTS),
     (("*_exps.*", "*_shexp.*", "*_chexps.*", "*.ffn_gate_inp.*", "*.ffn_gate_inp_shexp.*", "*.exp_probs_b*"),
-     "expert tensors: this file is a mixture-of-experts model (mixture of experts is not implemented yet)"),
+     "expert tensors: mixture-of-experts parts that this architecture module does not implement"),
     (("v.*", "mm.*", "a.*"), "vision or audio tower tensors: kcap runs the text model only"),
     (("*.ssm_*",), "state-space (Mamba) tensors"),
     (("*nextn*",), "multi-token-prediction tensors"),

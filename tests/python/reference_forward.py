@@ -60,6 +60,34 @@ def activation(x, kind):
     return np.maximum(x, 0)
 
 
+def mixture_of_experts(layer, w, h) -> np.ndarray:
+    """A mixture-of-experts FFN as LayerSpec defines it, h [T, n_embd] -> [T, n_embd]: per token a
+    softmax over the router's logits, the n_expert_used largest (renormalized to sum 1 when
+    expert_weights_norm, times expert_weights_scale) weighing the chosen experts' gated FFNs,
+    plus the shared expert times sigmoid(ffn_gate_inp_shexp . h) where it exists."""
+    assert layer.expert_gating == _core.ExpertGating.Softmax
+    logits = h @ w(layer.ffn_gate_inp).T  # [T, n_expert]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    gate, up, down = w(layer.ffn_gate_exps), w(layer.ffn_up_exps), w(layer.ffn_down_exps)  # [n_expert, out, in]
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        chosen = np.argsort(-probs[t], kind="stable")[:layer.n_expert_used]
+        weights = probs[t, chosen]
+        if layer.expert_weights_norm:
+            weights = weights / weights.sum()
+        for e, weight in zip(chosen, weights * layer.expert_weights_scale):
+            a = activation(gate[e] @ h[t], layer.activation) * (up[e] @ h[t])
+            out[t] += weight * (down[e] @ a)
+    if layer.ffn_up_shexp:
+        a = activation(h @ w(layer.ffn_gate_shexp).T, layer.activation) * (h @ w(layer.ffn_up_shexp).T)
+        shared = a @ w(layer.ffn_down_shexp).T
+        if layer.ffn_gate_inp_shexp:
+            shared = shared / (1.0 + np.exp(-(h @ w(layer.ffn_gate_inp_shexp).reshape(-1))))[:, None]
+        out = out + shared
+    return out
+
+
 def reference_logits(gg, spec, ids) -> np.ndarray:
     """Logits [len(ids), vocab] for token ids at positions 0..len(ids)-1."""
     views = getattr(spec, "views", {})
@@ -135,14 +163,17 @@ def reference_logits(gg, spec, ids) -> np.ndarray:
             o = norm(o, w(layer.post_attn_norm), None, spec.norm_eps, spec.norm_kind)
         x = x + layer.residual_scale * o
         h = norm(x, w(layer.ffn_norm), w(layer.ffn_norm_bias), spec.norm_eps, spec.norm_kind)
-        up = h @ w(layer.ffn_up).T
-        if layer.ffn_up_bias:
-            up = up + w(layer.ffn_up_bias)
-        a = activation(h @ w(layer.ffn_gate).T, layer.activation) * up if layer.gated_ffn else activation(
-            up, layer.activation)
-        f = a @ w(layer.ffn_down).T
-        if layer.ffn_down_bias:
-            f = f + w(layer.ffn_down_bias)
+        if layer.n_expert:
+            f = mixture_of_experts(layer, w, h)
+        else:
+            up = h @ w(layer.ffn_up).T
+            if layer.ffn_up_bias:
+                up = up + w(layer.ffn_up_bias)
+            a = activation(h @ w(layer.ffn_gate).T, layer.activation) * up if layer.gated_ffn else activation(
+                up, layer.activation)
+            f = a @ w(layer.ffn_down).T
+            if layer.ffn_down_bias:
+                f = f + w(layer.ffn_down_bias)
         if layer.post_ffn_norm:
             f = norm(f, w(layer.post_ffn_norm), None, spec.norm_eps, spec.norm_kind)
         x = x + layer.residual_scale * f

@@ -22,7 +22,7 @@ from conftest import MODEL_PATHS
 from test_conformance import FAMILIES, FIXTURES
 
 REFUSED = FIXTURES / "refused"
-EXPERT_MESSAGE = "expert tensors: this file is a mixture-of-experts model (mixture of experts is not implemented yet)"
+EXPERT_MESSAGE = "expert tensors: mixture-of-experts parts that this architecture module does not implement"
 
 
 def f32_tensor(name: str, shape: tuple[int, ...]):
@@ -31,11 +31,13 @@ def f32_tensor(name: str, shape: tuple[int, ...]):
 
 
 def with_unknown_tensors(fixture: str, tmp_path):
+    # Expert tensors of kinds no conformance fixture has (the mixture-of-experts ones have routers
+    # and merged experts of their own): chunked experts and a router bias.
     src = FIXTURES / f"{fixture}.gguf"
     n_embd = GGUFFile(src).tensors["token_embd.weight"].shape[0]
-    extra = [f32_tensor("blk.0.ffn_gate_exps.weight", (n_embd, 8, 4)),
-             f32_tensor("blk.1.ffn_gate_exps.weight", (n_embd, 8, 4)),
-             f32_tensor("blk.0.ffn_gate_inp.weight", (n_embd, 4)),
+    extra = [f32_tensor("blk.0.ffn_gate_chexps.weight", (n_embd, 8, 4)),
+             f32_tensor("blk.1.ffn_gate_chexps.weight", (n_embd, 8, 4)),
+             f32_tensor("blk.0.exp_probs_b.bias", (4,)),
              f32_tensor("blk.1.mystery.weight", (n_embd,))]
     return copy_with_changes(str(src), str(tmp_path / f"{fixture}-extra.gguf"), add_tensors=extra)
 
@@ -45,7 +47,7 @@ def test_unknown_tensors_are_refused(fixture, tmp_path):
     path = with_unknown_tensors(fixture, tmp_path)
     n_tensors = len(GGUFFile(path).tensors)
     expected = (f"4 of the file's {n_tensors} tensors are not used by the .* plan.*"
-                + re.escape(f"{EXPERT_MESSAGE}: blk.[0-1].ffn_gate_exps.weight, blk.0.ffn_gate_inp.weight; "
+                + re.escape(f"{EXPERT_MESSAGE}: blk.0.exp_probs_b.bias, blk.[0-1].ffn_gate_chexps.weight; "
                             "tensors the architecture module does not know: blk.1.mystery.weight"))
     with pytest.raises(kcap.UnusedTensorError, match=expected):
         kcap.load(path)
@@ -78,7 +80,7 @@ def test_real_models_use_every_tensor_and_refuse_an_unknown_one(model):
 def test_known_unused_tensors_are_accepted(tmp_path, monkeypatch):
     path = with_unknown_tensors("llama-tied-f32", tmp_path)
     monkeypatch.setattr(ARCH_MODULES["llama"], "KNOWN_UNUSED_TENSORS",
-                        {"blk.*.ffn_gate_exps.weight": "test", "blk.*.ffn_gate_inp.weight": "test"})
+                        {"blk.*.ffn_gate_chexps.weight": "test", "blk.*.exp_probs_b.bias": "test"})
     with pytest.raises(kcap.UnusedTensorError,
                        match="1 of the file's .*: tensors the architecture module does not know: blk.1.mystery.weight$"):
         kcap.load(path)
@@ -160,7 +162,7 @@ def test_reading_an_undeclared_key_is_a_bug():
 def test_gemma4_moe_is_refused():
     # Gemma 4 with enable_moe_block, converted by llama.cpp's converter (make_conformance_fixtures.py).
     with pytest.raises(kcap.UnimplementedMetadataError,
-                       match="gemma4.expert_count = 4 \\(mixture of experts, which kcap does not implement yet\\)"):
+                       match="gemma4.expert_count = 4 \\(mixture of experts: the number of experts\\)"):
         kcap.load(REFUSED / "gemma4-moe-f32.gguf")
 
 

@@ -1,4 +1,4 @@
-"""Dense architectures against Hugging Face transformers: tiny random models built with
+"""Architectures against Hugging Face transformers: tiny random models built with
 transformers, converted to GGUF by llama.cpp's convert_hf_to_gguf.py (F32 and Q8_0), with
 the original fp32 model's logits at every position as the reference
 (scripts/make_conformance_fixtures.py regenerates fixtures and goldens).
@@ -47,6 +47,11 @@ FAMILIES = {
     "qwen2-swa": ("qwen2", {"attention": "sliding_window", "attn_q": "bias"}),
     "qwen3-swa": ("qwen3", {"attention": "sliding_window", "attn_q_norm": "rms_norm"}),
     "starcoder2-swa": ("starcoder2", {"attention": "sliding_window", "attn_norm": "layer_norm,bias"}),
+    # Mixture of experts: the router (op moe_route) and the experts (op moe_experts) replace the
+    # dense FFN; Qwen2-MoE adds the shared expert's sigmoid gate.
+    "mixtral": ("llama", {"ffn_router": "", "ffn_moe": "", "rope": "rope_normal"}),
+    "qwen2moe": ("qwen2moe", {"ffn_router": "", "ffn_moe": "", "ffn_shexp_gate": "", "attn_q": "bias"}),
+    "qwen3moe": ("qwen3moe", {"ffn_router": "", "ffn_moe": "", "attn_q_norm": "rms_norm"}),
 }
 # Fixtures whose transformers model slides some layers' attention (the prompt is longer than the window).
 SLIDING_WINDOW_FIXTURES = ("gemma2", "gemma3", "gemma4", "gemma4-kvshare", "qwen2-swa", "qwen3-swa", "starcoder2-swa")

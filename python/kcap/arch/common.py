@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from kcap import _core
-from kcap.errors import MissingMetadataError, ModelError
+from kcap.accounting import SPLIT_EXPERTS
+from kcap.errors import MissingMetadataError, ModelError, UnimplementedMetadataError
 from kcap.gguf import GGUFFile
 
 _REQUIRED = object()
@@ -140,11 +142,12 @@ def rope_scaling(hp: Hyperparameters, gguf: GGUFFile, allowed=("none", "linear")
 def standard_layer(gguf: GGUFFile, il: int, geometry, *, rope_style, rope_dim: int, rope_base: float,
                    activation, freq_scale: float = 1.0, gated_ffn: bool = True, biases: bool = False,
                    norm_biases: bool = False, qk_norm: bool = False, post_norms: bool = False,
-                   rope_freqs: str = "", own_kv: bool = True) -> _core.LayerSpec:
+                   rope_freqs: str = "", own_kv: bool = True, dense_ffn: bool = True) -> _core.LayerSpec:
     """A pre-norm decoder block named as llama.cpp's converter names it (attn_norm, attn_q/k/v,
     attn_output, ffn_norm, ffn_gate/up/down), with the optional parts a family declares:
     biases (read when present), norm biases, QK-norm, Gemma-style post-norms. A layer without
-    own_kv (it reads another layer's KV cache) has no K/V projections or K norm."""
+    own_kv (it reads another layer's KV cache) has no K/V projections or K norm. Without
+    dense_ffn the block has no dense FFN matrices (moe_ffn fills its experts instead)."""
     layer = _core.LayerSpec()
     layer.n_head, layer.n_head_kv, layer.head_dim, layer.head_dim_v = geometry
     t = lambda name, required=True: block_tensor(gguf, il, name, required)  # noqa: E731
@@ -163,9 +166,10 @@ def standard_layer(gguf: GGUFFile, il: int, geometry, *, rope_style, rope_dim: i
         layer.post_ffn_norm = t("post_ffw_norm.weight")
     layer.ffn_norm = t("ffn_norm.weight")
     layer.ffn_norm_bias = t("ffn_norm.bias", norm_biases)
-    layer.ffn_gate = t("ffn_gate.weight") if gated_ffn else ""
-    layer.ffn_up, layer.ffn_down = t("ffn_up.weight"), t("ffn_down.weight")
-    layer.ffn_up_bias, layer.ffn_down_bias = t("ffn_up.bias", False), t("ffn_down.bias", False)
+    if dense_ffn:
+        layer.ffn_gate = t("ffn_gate.weight") if gated_ffn else ""
+        layer.ffn_up, layer.ffn_down = t("ffn_up.weight"), t("ffn_down.weight")
+        layer.ffn_up_bias, layer.ffn_down_bias = t("ffn_up.bias", False), t("ffn_down.bias", False)
     layer.gated_ffn = gated_ffn
     layer.activation = activation
     layer.rope_style = rope_style
@@ -176,27 +180,155 @@ def standard_layer(gguf: GGUFFile, il: int, geometry, *, rope_style, rope_dim: i
     return layer
 
 
+# --- mixture of experts ------------------------------------------------------------------
+
+# What mixture_of_experts reads; SHARED_EXPERT_KEYS as well for a family with a shared expert.
+MOE_KEYS = ("expert_count", "expert_used_count", "expert_gating_func", "expert_feed_forward_length")
+SHARED_EXPERT_KEYS = ("expert_shared_feed_forward_length",)
+# <arch>.expert_gating_func as gguf-py writes it (ExpertGatingFuncType); kcap implements softmax.
+GATING_SOFTMAX = 1
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A family's mixture-of-experts hyperparameters, read and checked once per file."""
+    n_expert: int
+    n_expert_used: int
+    weights_norm: bool  # the chosen experts' weights renormalized to sum 1
+    n_ff: int | None  # <arch>.expert_feed_forward_length when the file has it (else the tensors' width)
+    shared: bool  # a shared expert with a sigmoid gate beside the routed ones
+    n_ff_shared: int | None  # <arch>.expert_shared_feed_forward_length when the file has it
+
+
+def mixture_of_experts(hp: Hyperparameters, *, weights_norm: bool, shared: bool = False,
+                       required: bool = False) -> Experts | None:
+    """The file's expert counts; None for a dense model (expert_count absent or 0), which a
+    family whose every block is a mixture of experts (required) refuses. The router is a
+    softmax over every expert's logit, then the top expert_used_count (weights_norm: their
+    weights renormalized, as the family's transformers model and llama.cpp compute it)."""
+    path, arch = hp.gguf.path, hp.arch
+    n_expert = hp.int("expert_count", 0) or 0
+    if n_expert < 0:
+        raise ModelError(f"{path}: {arch}.expert_count = {n_expert} is negative")
+    if n_expert == 0 and required:
+        raise MissingMetadataError(f"{path}: missing metadata key '{arch}.expert_count' (or it is 0): every "
+                                   f"{arch} block is a mixture of experts")
+    if n_expert == 0 and "blk.0.ffn_gate_inp.weight" in hp.gguf.tensors:
+        raise MissingMetadataError(f"{path}: missing metadata key '{arch}.expert_count' (or it is 0) in a file "
+                                   "with a mixture-of-experts router (blk.0.ffn_gate_inp.weight)")
+    if n_expert == 0:
+        used = hp.int("expert_used_count", 0) or 0
+        if used:
+            raise ModelError(f"{path}: {arch}.expert_used_count = {used} without {arch}.expert_count")
+        return None
+    used = hp.int("expert_used_count", None)
+    if used is None:
+        raise MissingMetadataError(f"{path}: missing metadata key '{arch}.expert_used_count' "
+                                   f"({arch}.expert_count = {n_expert})")
+    if not 0 < used <= n_expert:
+        raise ModelError(f"{path}: {arch}.expert_used_count = {used} must be between 1 and "
+                         f"{arch}.expert_count = {n_expert}")
+    gating = hp.int("expert_gating_func", GATING_SOFTMAX)
+    if gating != GATING_SOFTMAX:
+        raise UnimplementedMetadataError(
+            f"{path}: {arch}.expert_gating_func = {gating} (kcap implements the softmax router, "
+            f"{GATING_SOFTMAX}, only)")
+    n_ff_shared = hp.int("expert_shared_feed_forward_length", None) if shared else None
+    return Experts(n_expert, used, weights_norm, hp.int("expert_feed_forward_length", None), shared, n_ff_shared)
+
+
+def _expert_tensor(gguf: GGUFFile, il: int, name: str, want: tuple, meaning: str) -> str:
+    """'blk.<il>.<name>' after checking its GGUF-order shape against want (None: any size;
+    trailing dims of 1 in the file are ignored, as ggml ignores them)."""
+    full = f"blk.{il}.{name}"
+    if full not in gguf.tensors:
+        stem = name.split("_exps")[0]
+        if any(t.startswith(f"blk.{il}.{stem}.") and t.split(".")[3].isdigit() for t in gguf.tensors):
+            raise ModelError(f"{gguf.path}: missing tensor '{full}'; the file has {SPLIT_EXPERTS} "
+                             f"(e.g. 'blk.{il}.{stem}.0.weight')")
+        if name in ("ffn_gate_exps.weight", "ffn_up_exps.weight") and f"blk.{il}.ffn_gate_up_exps.weight" in gguf.tensors:
+            raise ModelError(f"{gguf.path}: missing tensor '{full}'; the file fuses the experts' gate and up "
+                             f"matrices into 'blk.{il}.ffn_gate_up_exps.weight', which kcap does not read")
+        raise ModelError(f"{gguf.path}: missing tensor '{full}'")
+    stored = shape = gguf.tensors[full].shape
+    while len(shape) > len(want) and shape[-1] == 1:  # e.g. the shared expert's gate [n_embd, 1]
+        shape = shape[:-1]
+    if len(shape) != len(want) or any(w is not None and s != w for s, w in zip(shape, want)):
+        shown = "[" + ", ".join("*" if w is None else str(w) for w in want) + "]"
+        raise ModelError(f"{gguf.path}: tensor '{full}' has shape {list(stored)}, expected {shown} ({meaning})")
+    return full
+
+
+def moe_ffn(gguf: GGUFFile, layer: _core.LayerSpec, il: int, n_embd: int, experts: Experts, arch: str) -> None:
+    """Fills a block's mixture-of-experts fields and tensors, named as llama.cpp's converter
+    writes them (experts merged into one 3-D tensor per matrix), each tensor's shape checked
+    against the embedding size and the metadata's expert counts before the spec reaches the core."""
+    n_expert = experts.n_expert
+    count = f"{arch}.expert_count = {n_expert}"
+    layer.ffn_gate_inp = _expert_tensor(gguf, il, "ffn_gate_inp.weight", (n_embd, n_expert),
+                                        f"the router: [n_embd {n_embd}, {count}]")
+    # The experts' width is the metadata's where it has one, else ffn_gate_exps' (the others agree).
+    width = f"{arch}.expert_feed_forward_length = {experts.n_ff}" if experts.n_ff else "expert width"
+    gate = _expert_tensor(gguf, il, "ffn_gate_exps.weight", (n_embd, experts.n_ff, n_expert),
+                          f"[n_embd {n_embd}, {width}, {count}]")
+    n_ff = gguf.tensors[gate].shape[1]
+    if not experts.n_ff:
+        width = f"expert width {n_ff} (of blk.{il}.ffn_gate_exps.weight)"
+    layer.ffn_gate_exps = gate
+    layer.ffn_up_exps = _expert_tensor(gguf, il, "ffn_up_exps.weight", (n_embd, n_ff, n_expert),
+                                       f"[n_embd {n_embd}, {width}, {count}]")
+    layer.ffn_down_exps = _expert_tensor(gguf, il, "ffn_down_exps.weight", (n_ff, n_embd, n_expert),
+                                         f"[{width}, n_embd {n_embd}, {count}]")
+    layer.n_expert = n_expert
+    layer.n_expert_used = experts.n_expert_used
+    layer.expert_gating = _core.ExpertGating.Softmax
+    layer.expert_weights_norm = experts.weights_norm
+    layer.expert_weights_scale = 1.0
+    if experts.shared:
+        n_ff_shared = experts.n_ff_shared
+        width = (f"{arch}.expert_shared_feed_forward_length = {n_ff_shared}" if n_ff_shared
+                 else "shared expert width")
+        shexp = _expert_tensor(gguf, il, "ffn_gate_shexp.weight", (n_embd, n_ff_shared),
+                               f"the shared expert: [n_embd {n_embd}, {width}]")
+        if not n_ff_shared:
+            n_ff_shared = gguf.tensors[shexp].shape[1]
+            width = f"shared expert width {n_ff_shared} (of blk.{il}.ffn_gate_shexp.weight)"
+        layer.ffn_gate_shexp = shexp
+        layer.ffn_up_shexp = _expert_tensor(gguf, il, "ffn_up_shexp.weight", (n_embd, n_ff_shared),
+                                            f"the shared expert: [n_embd {n_embd}, {width}]")
+        layer.ffn_down_shexp = _expert_tensor(gguf, il, "ffn_down_shexp.weight", (n_ff_shared, n_embd),
+                                              f"the shared expert: [{width}, n_embd {n_embd}]")
+        layer.ffn_gate_inp_shexp = _expert_tensor(gguf, il, "ffn_gate_inp_shexp.weight", (n_embd,),
+                                                  f"the shared expert's gate: [n_embd {n_embd}]")
+
+
 # What build_rms_decoder reads.
 RMS_DECODER_KEYS = (*SPEC_KEYS, *ATTENTION_KEYS, *ROPE_KEYS, *SLIDING_WINDOW_KEYS, "attention.layer_norm_rms_epsilon")
 
 
-def build_rms_decoder(gguf: GGUFFile, arch: str, rope_style, activation, **layer_features) -> _core.ModelSpec:
+def build_rms_decoder(gguf: GGUFFile, arch: str, rope_style, activation, keys=RMS_DECODER_KEYS,
+                      experts: dict | None = None, **layer_features) -> _core.ModelSpec:
     """The common pre-norm RMSNorm decoder (Qwen 2/3 and kin): standard hyperparameters,
     sliding windows per layer (sliding_windows), standard_layer for every block, with the
-    family's features (biases, qk_norm, ...)."""
-    hp = Hyperparameters(gguf, arch, RMS_DECODER_KEYS)
+    family's features (biases, qk_norm, ...). keys: the module's METADATA_KEYS. experts: the
+    family's mixture_of_experts arguments; a file with expert_count > 0 then has expert FFNs
+    (moe_ffn) in every block."""
+    hp = Hyperparameters(gguf, arch, keys)
     spec = new_spec(gguf, hp)
     spec.norm_kind = _core.NormKind.RMS
     spec.norm_eps = hp.float("attention.layer_norm_rms_epsilon")
     geometry = attention_geometry(hp, spec.n_embd)
     n_layer = hp.int("block_count")
     windows = sliding_windows(hp, n_layer)
+    moe = mixture_of_experts(hp, **experts) if experts is not None else None
     layers = []
     for il in range(n_layer):
         layer = standard_layer(gguf, il, geometry, rope_style=rope_style,
                                rope_dim=hp.int("rope.dimension_count", geometry[2]),
                                rope_base=hp.float("rope.freq_base", 10000.0), freq_scale=rope_scaling(hp, gguf),
-                               activation=activation, **layer_features)
+                               activation=activation, dense_ffn=moe is None, **layer_features)
+        if moe is not None:
+            moe_ffn(gguf, layer, il, spec.n_embd, moe, arch)
         layer.sliding_window = windows[il]
         layers.append(layer)
     spec.layers = layers

@@ -156,7 +156,9 @@ def copy_with_changes(src: str, dst: str, metadata_overrides: dict | None = None
         shape = tuple(int(d) for d in t.shape)
         data = np.asarray(t.data)
         if t.tensor_type.name != "F32":
-            data = data.view(np.uint8).reshape(int(np.prod(shape[1:])) if len(shape) > 1 else 1, -1)
+            # raw block bytes [.., rows, row bytes]: the writer reads the dims from the array, so a
+            # 3-D tensor (stacked experts) keeps its outer dims
+            data = data.view(np.uint8).reshape(*(reversed(shape[1:]) if len(shape) > 1 else (1,)), -1)
         tensors.append((t.name, t.tensor_type.name, shape, data))
     tensors.extend(add_tensors)
     return write_gguf(dst, arch, overrides, tensors, typed_metadata=typed)
