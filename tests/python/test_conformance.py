@@ -49,9 +49,12 @@ FAMILIES = {
     "starcoder2-swa": ("starcoder2", {"attention": "sliding_window", "attn_norm": "layer_norm,bias"}),
     # Mixture of experts: the router (op moe_route) and the experts (op moe_experts) replace the
     # dense FFN; Qwen2-MoE adds the shared expert's sigmoid gate.
-    "mixtral": ("llama", {"ffn_router": "", "ffn_moe": "", "rope": "rope_normal"}),
-    "qwen2moe": ("qwen2moe", {"ffn_router": "", "ffn_moe": "", "ffn_shexp_gate": "", "attn_q": "bias"}),
-    "qwen3moe": ("qwen3moe", {"ffn_router": "", "ffn_moe": "", "attn_q_norm": "rms_norm"}),
+    "mixtral": ("llama", {"ffn_router": "expert_softmax,expert_weights_norm", "ffn_moe": "silu,gated",
+                          "rope": "rope_normal"}),
+    "qwen2moe": ("qwen2moe", {"ffn_router": "expert_softmax", "ffn_moe": "silu,gated",
+                              "ffn_shexp_gate": "shared_expert_gate", "attn_q": "bias"}),
+    "qwen3moe": ("qwen3moe", {"ffn_router": "expert_softmax,expert_weights_norm", "ffn_moe": "silu,gated",
+                              "attn_q_norm": "rms_norm"}),
 }
 # Fixtures whose transformers model slides some layers' attention (the prompt is longer than the window).
 SLIDING_WINDOW_FIXTURES = ("gemma2", "gemma3", "gemma4", "gemma4-kvshare", "qwen2-swa", "qwen3-swa", "starcoder2-swa")
@@ -112,6 +115,9 @@ def test_explain_shows_feature_bearing_stages(family):
     ("gemma2", "cpu.attention", "attention"),
     ("granite", "cpu.scale", "logit_scale"),
     ("gpt2", "cpu.embed.f32", "token_embd"),
+    ("mixtral", "cpu.moe_experts", "ffn_moe"),
+    ("qwen2moe", "cpu.moe_shared_gate", "ffn_shexp_gate"),
+    ("qwen3moe", "cpu.moe_route", "ffn_router"),
 ])
 def test_feature_without_a_row_fails_to_load(fixture, excluded, stage):
     with pytest.raises(kcap.RoutingError, match=f"stage '{stage}'"):
