@@ -262,11 +262,20 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def version_text(version: str) -> str:
+    """`kcap --version`: the version and what this build runs here (CPU kernels, CUDA)."""
+    from kcap import _core
+
+    cpu = _core.cpu_kernels() + (", -march=native build" if _core.native_build else "")
+    cuda = "built in" if _core.cuda_built else "not built"
+    return f"kcap {version} (cpu kernels: {cpu}; cuda: {cuda})"  # one line: argparse wraps at 80
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kcap import __version__
 
     parser = _Parser(prog="kcap", description="Run quantized GGUF language models.", formatter_class=_HelpFormatter)
-    parser.add_argument("--version", action="version", version=f"kcap {__version__}")
+    parser.add_argument("--version", action="version", version=version_text(__version__))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = dict(formatter_class=_HelpFormatter)
     model_help = "GGUF file or hf://ORG/REPO/FILE.gguf"

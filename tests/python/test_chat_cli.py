@@ -4,6 +4,7 @@ Ctrl-C and closed pipes."""
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -100,10 +101,37 @@ def test_kcap_chat_on_a_base_model_fails_clearly():
 # --- command line --------------------------------------------------------------------------------
 def test_version():
     result = kcap_run("--version")
-    assert result.returncode == 0 and result.stdout.strip() == f"kcap {kcap.__version__}"
+    assert result.returncode == 0 and result.stdout.startswith(f"kcap {kcap.__version__} (cpu kernels: ")
+    assert f"cpu kernels: {kcap._core.cpu_kernels()}" in result.stdout
     script = os.path.join(os.path.dirname(sys.executable), "kcap")  # the console script pip installed
     if os.path.exists(script):
         assert subprocess.run([script, "--version"], capture_output=True, text=True).stdout == result.stdout
+
+
+def cpu_flags():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not os.path.exists("/proc/cpuinfo"),
+                    reason="the x86-64 CPU kernel choice is checked on x86-64 Linux")
+def test_portable_build_picks_cpu_kernels_at_run_time():
+    # The AVX2+FMA kernels run exactly where the CPU has AVX2 and FMA, whatever machine built kcap.
+    has_avx2 = {"avx2", "fma"} <= cpu_flags()
+    assert kcap._core.cpu_kernels() == ("avx2+fma" if has_avx2 else "baseline")
+    if kcap._core.native_build:
+        pytest.skip("built with KCAP_NATIVE=ON: tuned for the build machine by request")
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump (binutils) not found: cannot read the module's instructions")
+    # No AVX-512 anywhere in a portable build: none of its kernels is compiled for it, so a wheel
+    # runs on CPUs without it (zmm registers appear only in AVX-512 code).
+    code = subprocess.run([objdump, "-d", "--no-show-raw-insn", kcap._core.__file__], capture_output=True,
+                          text=True, check=True).stdout
+    assert "%zmm" not in code
 
 
 @pytest.mark.parametrize("args, fragment", [
