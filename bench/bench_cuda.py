@@ -1,11 +1,12 @@
-"""kcap CUDA vs llama.cpp CUDA on the same GGUF files, side by side in one run (issue 3).
+"""kcap CUDA vs llama.cpp CUDA on the same GGUF files, side by side in one run.
 
     python bench/bench_cuda.py --models /tmp/models --llama-bench PATH/llama-bench \
         --out results.json --table results.md
 
 Models (made here with kcap.testing.synth, never carried): the exact layouts of Gemma 3 270M
-(Q5_0/Q8_0/Q4_K/Q6_K/F32) and SmolLM2-135M (Q4_1/Q8_0/F32) with random weights, and the
-Llama-3-8B shape in llama.cpp's Q4_K_M mix. Random weights run the same kernels on the same
+(Q5_0/Q8_0/Q4_K/Q6_K/F32) and SmolLM2-135M (Q4_1/Q8_0/F32) with random weights, the
+Llama-3-8B shape in llama.cpp's Q4_K_M mix, and the Qwen3-30B-A3B mixture of experts in the
+same mix (qwen3_30b_a3b_q4_k_m; a suffix _<N>l keeps the first N of its 48 layers). Random weights run the same kernels on the same
 bytes as trained ones; token ids are random (the files have no vocabulary).
 
 Engines: kcap with exact f32 activations (the default), kcap with activations="q8_1" (matmuls
@@ -54,6 +55,10 @@ def make_models(directory: Path, which: list[str]) -> dict[str, str]:
             start = time.time()
             if name == "llama3_8b_q4_k_m":
                 synth.llama3_8b_q4_k_m(str(path))
+            elif name.startswith("qwen3_30b_a3b_q4_k_m"):
+                # "qwen3_30b_a3b_q4_k_m_12l": the first 12 of the 48 layers, every shape kept
+                layers = name.rsplit("_", 1)[1]
+                synth.qwen3moe_q4_k_m(str(path), **({"n_layer": int(layers[:-1])} if layers.endswith("l") else {}))
             else:
                 synth.from_layout(json.loads((LAYOUTS / f"{name}.json").read_text()), str(path))
             log(f"made {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.time() - start:.0f} s")
@@ -86,7 +91,8 @@ def copy_bandwidth() -> dict:
 
 def decode_bytes_per_token(path: str, context: int, kv_bytes: int = 4) -> float:
     """Bytes a decode step must read at least: every matrix once (the LM head included), one
-    row of the embedding table, norms, and the KV cache of `context` positions."""
+    row of the embedding table, norms, and the KV cache of `context` positions; of a mixture of
+    experts' stacked expert tensors, only the n_expert_used experts a token is routed to."""
     from kcap.arch import build_spec
     from kcap.gguf import GGUFFile
 
@@ -97,6 +103,9 @@ def decode_bytes_per_token(path: str, context: int, kv_bytes: int = 4) -> float:
         nbytes = info.data.nbytes
         if name == spec.token_embd and spec.output != spec.token_embd:
             nbytes = nbytes / info.shape[1]  # one row
+        if "_exps." in name:
+            layer = spec.layers[int(name.split(".")[1])]
+            nbytes = nbytes * layer.n_expert_used / layer.n_expert
         total += nbytes
     for layer in spec.layers:
         span = min(context, layer.sliding_window) if layer.sliding_window else context

@@ -311,6 +311,62 @@ def llama3_8b_q4_k_m(path: str, n_layer: int = 32, n_embd: int = 4096, n_ff: int
     return write_gguf(path, "llama", meta, tensors)
 
 
+def qwen3moe_q4_k_m(path: str, n_layer: int = 48, n_embd: int = 2048, n_head: int = 32, n_head_kv: int = 4,
+                    head_dim: int = 128, n_expert: int = 128, n_expert_used: int = 8, n_ff_exp: int = 768,
+                    n_vocab: int = 151936, context_length: int = 40960, seed: int = 0) -> str:
+    """Random weights in the shape of Qwen3-30B-A3B quantized with llama.cpp's Q4_K_M mix
+    (about 17.3 GiB at full size): 48 layers, n_embd 2048, 32 heads and 4 KV heads of 128, QK-norm,
+    128 experts of width 768 with 8 used per token (weights renormalized), no shared expert,
+    vocabulary 151936 (no tokenizer). The experts are stacked 3-D tensors as the converter writes
+    them; the router stays F32 (llama-quant.cpp never quantizes ffn_gate_inp) and ffn_down_exps
+    follows ffn_down's Q6_K/Q4_K rule. Fewer layers keep every per-layer shape."""
+    rng = np.random.default_rng(seed)
+    meta = {
+        "qwen3moe.block_count": n_layer,
+        "qwen3moe.embedding_length": n_embd,
+        "qwen3moe.feed_forward_length": 6144,
+        "qwen3moe.expert_feed_forward_length": n_ff_exp,
+        "qwen3moe.expert_count": n_expert,
+        "qwen3moe.expert_used_count": n_expert_used,
+        "qwen3moe.attention.head_count": n_head,
+        "qwen3moe.attention.head_count_kv": n_head_kv,
+        "qwen3moe.attention.key_length": head_dim,
+        "qwen3moe.attention.value_length": head_dim,
+        "qwen3moe.context_length": context_length,
+        "qwen3moe.rope.freq_base": 1000000.0,
+        "qwen3moe.attention.layer_norm_rms_epsilon": 1e-6,
+        "qwen3moe.vocab_size": n_vocab,
+        "general.file_type": 15,  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+        "tokenizer.ggml.model": "no_vocab",
+    }
+    tensors = []
+
+    def add(name, shape, type_name):
+        data = plausible_weights(type_name, shape, rng)
+        if len(shape) == 3 and type_name != "F32":
+            data = data.reshape(shape[2], shape[1], -1)  # one block row per expert row, experts outermost
+        tensors.append((name, type_name, shape, data))
+
+    add("token_embd.weight", (n_embd, n_vocab), "Q4_K")
+    add("output_norm.weight", (n_embd,), "F32")
+    add("output.weight", (n_embd, n_vocab), "Q6_K")
+    for il in range(n_layer):
+        down = q4_k_m_type(f"blk.{il}.ffn_down.weight", n_layer)
+        add(f"blk.{il}.attn_norm.weight", (n_embd,), "F32")
+        add(f"blk.{il}.attn_q.weight", (n_embd, n_head * head_dim), "Q4_K")
+        add(f"blk.{il}.attn_k.weight", (n_embd, n_head_kv * head_dim), "Q4_K")
+        add(f"blk.{il}.attn_v.weight", (n_embd, n_head_kv * head_dim), q4_k_m_type(f"blk.{il}.attn_v.weight", n_layer))
+        add(f"blk.{il}.attn_q_norm.weight", (head_dim,), "F32")
+        add(f"blk.{il}.attn_k_norm.weight", (head_dim,), "F32")
+        add(f"blk.{il}.attn_output.weight", (n_head * head_dim, n_embd), "Q4_K")
+        add(f"blk.{il}.ffn_norm.weight", (n_embd,), "F32")
+        add(f"blk.{il}.ffn_gate_inp.weight", (n_embd, n_expert), "F32")
+        add(f"blk.{il}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), "Q4_K")
+        add(f"blk.{il}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), "Q4_K")
+        add(f"blk.{il}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), down)
+    return write_gguf(path, "qwen3moe", meta, tensors)
+
+
 def extract_layout(src: str) -> dict:
     """A GGUF file's layout without its weights or vocabulary: architecture metadata (plain
     values) and the tensor table, small enough to travel where the file cannot. The
