@@ -35,6 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 
@@ -319,6 +320,24 @@ def test_llama3_8b_shape_routes_to_cuda(tmp_path):
     assert prefill["ffn_down"] == "cuda.matmul_mma.q6_k"  # layer 0: use_more_bits
     assert decode["rope+attention"] == "cuda.attention_decode_rope"
     assert prefill["rope+attention"] == "cuda.attention_mma_rope"  # the f16 cache's tensor-core prefill
+
+
+def test_qwen3_30b_a3b_shape_routes_to_cuda(tmp_path):
+    # The mixture-of-experts benchmark layout: full widths, 128 experts of 768, 8 used; one layer.
+    path = synth.qwen3moe_q4_k_m(str(tmp_path / "q3.gguf"), n_layer=1, n_vocab=512)
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert types["blk.0.ffn_gate_inp.weight"] == "F32" and types["blk.0.ffn_gate_exps.weight"] == "Q4_K"
+    assert types["blk.0.ffn_down_exps.weight"] == "Q6_K"  # layer 0 of 1: use_more_bits
+    for activations in ("f32", "q8_1", "bf16"):
+        routes = explain_file(path, backend="cuda", kv_type="f16", activations=activations)
+        for n in (1, 7, 512):
+            kernels = kernels_at(routes, n)
+            assert kernels["ffn_router"] == "cuda.moe_route", (activations, n)
+            assert kernels["ffn_moe"] == "cuda.moe_experts.q4_k", (activations, n)  # down: its own Q6_K body
+        moe = [r for r in routes if r["stage"] == "ffn_moe"]
+        assert moe and all(r["tokens_min"] == 1 and r["tokens_max"] is None for r in moe)
+        router = [r for r in routes if r["stage"] == "ffn_router"]
+        assert router and all(set(r["features"].split(",")) == {"expert_softmax", "expert_weights_norm"} for r in router)
 
 
 def test_q8_1_activations_route_matmuls_to_the_int8_rows(tmp_path):
