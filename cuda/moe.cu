@@ -1,6 +1,7 @@
 // CUDA entry points of the mixture-of-experts rows (kernels/moe.h, kernels/matvec.h):
-//   cuda.moe_route           one group per token: the router's logits, the top n_used, their
-//                            weights, into the Routing buffer on the device (no host round trip:
+//   cuda.moe_route           one group per token: the router's logits (times a logit scale), the
+//                            top n_used, their weights (times a per-expert scale where the stage
+//                            has one), into the Routing buffer on the device (no host round trip:
 //                            the decode step stays one captured graph).
 //   cuda.moe_experts.<fmt>   the chosen experts' gated FFNs: the staged gate_up matvec of each
 //                            (token, chosen expert) slot (grid y = slots, the expert's rows found
@@ -22,11 +23,11 @@ using namespace cuda_rows;
 
 template <class F>
 __global__ void __launch_bounds__(kMoeRouteThreads)
-    route_kernel(KcapMoeParams p, const kcap_u8* w, const float* x, float* routing) {
+    route_kernel(KcapMoeParams p, const kcap_u8* w, const float* x, const float* expert_scale, float* routing) {
     __shared__ float logits[KCAP_MOE_MAX_EXPERTS];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_route<F>(kcap_cuda_thread(), p, w, x, routing, logits);
+    kcap_moe_route<F>(kcap_cuda_thread(), p, w, x, expert_scale, routing, logits);
 }
 
 // The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
@@ -78,6 +79,9 @@ KcapMoeParams moe_params(const Stage& stage, const KernelCall& call) {
     p.renormalize = (stage.features & kExpertWeightsNorm) != 0;
     p.scale = stage.params.expert_weights_scale;
     p.router_row_bytes = stage.op == Op::MoeRoute ? unsigned(row_bytes(stage.operands[0]->format, stage.k)) : 0u;
+    p.logit_scale = (stage.features & kExpertLogitScale) ? stage.params.expert_logit_scale : 1.0f;
+    p.expert_scaled = (stage.features & kPerExpertScale) != 0;
+    p.gate_up_merged = (stage.features & kExpertGateUpMerged) != 0;
     return p;
 }
 
@@ -113,11 +117,13 @@ void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call) {
     const cuda::StageData& data = cuda::stage_data(call);
     const KcapMoeParams p = cuda::moe_params(stage, call);
     const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
+    // The per-expert scale vector (F32), where the stage has one.
+    const auto* expert_scale = p.expert_scaled ? static_cast<const float*>(data.operands[1]) : nullptr;
     switch (stage.operands[0]->format) {
 #define KCAP_MOE_ROUTE_CASE(NAME, DECODER)                                                                     \
     case Format::NAME:                                                                                         \
         cuda::launch(ctx, cuda::route_kernel<DECODER>, dim3(unsigned(p.n_tokens)), dim3(cuda_rows::kMoeRouteThreads), \
-                     0, p, w, call.in, call.out);                                                              \
+                     0, p, w, call.in, expert_scale, call.out);                                                \
         return;
         KCAP_WEIGHT_FORMATS(KCAP_MOE_ROUTE_CASE)
 #undef KCAP_MOE_ROUTE_CASE

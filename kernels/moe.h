@@ -1,10 +1,14 @@
 // Mixture-of-experts bodies (CUDA and Metal entries, host tests):
 //   kcap_moe_route     one group per token: the router's logits (each simd group takes experts
-//                      simd, simd + simds, ...; its lanes take 32-element runs of the row), then
-//                      thread 0 picks the n_used largest logits (the lower index first on a tie,
-//                      as the CPU row does), their softmax weights over every expert, optionally
-//                      renormalized, times the scale: a Routing row (ids as floats, then weights).
+//                      simd, simd + simds, ...; its lanes take 32-element runs of the row), times
+//                      logit_scale, then thread 0 picks the n_used largest logits (the lower index
+//                      first on a tie, as the CPU row does), their softmax weights over every
+//                      expert, optionally renormalized, times the scale and (expert_scaled) the
+//                      chosen expert's entry of expert_scale: a Routing row (ids as floats, then
+//                      weights).
 //   kcap_moe_gate_up   act(gate_e x) * up_e x of one (token, chosen expert) slot per grid row
+//                      (gate_up_merged: gate and up are one tensor, expert e's gate rows then its
+//                      up rows)
 //   kcap_moe_down      (group_y), then down_e of it: kernels/matvec.h's staged matvec on the
 //                      chosen expert's rows, found from the Routing buffer in the kernel, so a
 //                      call reads only the chosen experts' weights.
@@ -20,7 +24,8 @@
 // Grid: x = tokens. shared: KCAP_MOE_MAX_EXPERTS floats. K a multiple of 32 (whole runs).
 template <class F>
 KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL kcap_u8* w,
-                            const KCAP_GLOBAL float* x, KCAP_GLOBAL float* routing, KCAP_SHARED float* logits) {
+                            const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* expert_scale,
+                            KCAP_GLOBAL float* routing, KCAP_SHARED float* logits) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
     const int token = int(t.group_x);
     const KCAP_GLOBAL float* xt = x + kcap_u64(token) * kcap_u64(p.k);
@@ -35,7 +40,7 @@ KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCA
             acc += kcap_dot32(wv, xv);
         }
         acc = kcap_simd_sum(acc);
-        if (t.lane == 0) logits[e] = acc;
+        if (t.lane == 0) logits[e] = acc * p.logit_scale;
     }
     kcap_barrier();
     if (t.index != 0) return;
@@ -58,7 +63,8 @@ KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCA
         chosen += weight;
     }
     for (int k = 0; k < p.n_used; ++k)
-        out[p.n_used + k] = (p.renormalize ? out[p.n_used + k] / chosen : out[p.n_used + k]) * p.scale;
+        out[p.n_used + k] = (p.renormalize ? out[p.n_used + k] / chosen : out[p.n_used + k]) * p.scale *
+                            (p.expert_scaled ? expert_scale[int(out[k])] : 1.0f);
 }
 
 // Grid y of the experts' matvecs: slot = token * n_used + k.
@@ -81,8 +87,10 @@ KCAP_FN void kcap_moe_gate_up(const KcapThread t, const KcapMoeParams moe, const
                               const KCAP_GLOBAL float* routing, const KCAP_GLOBAL float* x, int activation,
                               KCAP_GLOBAL float* act, KCAP_SHARED float* shared) {
     const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(t.group_y));
-    const kcap_u64 expert = kcap_u64(s.expert) * kcap_u64(moe.ff) * p.row_bytes;
-    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_GATE_UP>(t, p, split, chunk_runs, gate + expert, up + expert,
+    const kcap_u64 expert_rows = kcap_u64(moe.gate_up_merged ? 2 * moe.ff : moe.ff);
+    const kcap_u64 expert = kcap_u64(s.expert) * expert_rows * p.row_bytes;
+    const kcap_u64 up_offset = moe.gate_up_merged ? kcap_u64(moe.ff) * p.row_bytes : kcap_u64(0);
+    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_GATE_UP>(t, p, split, chunk_runs, gate + expert, up + expert + up_offset,
                                                      x + kcap_u64(s.token) * kcap_u64(moe.k), nullptr, activation,
                                                      act + kcap_u64(t.group_y) * kcap_u64(moe.ff), shared);
 }

@@ -171,4 +171,7 @@ struct KcapMoeParams {
     int renormalize;           // the chosen weights divided by their sum
     float scale;               // times this
     unsigned router_row_bytes;
+    float logit_scale;         // the router's logits times this before the softmax
+    int expert_scaled;         // each chosen weight times its expert's entry of the scale vector
+    int gate_up_merged;        // gate and up in one tensor: expert e's ff gate rows, then its ff up rows
 };

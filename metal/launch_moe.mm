@@ -21,6 +21,9 @@ KcapMoeParams moe_params(const Stage& stage, const KernelCall& call) {
     p.renormalize = (stage.features & kExpertWeightsNorm) != 0;
     p.scale = stage.params.expert_weights_scale;
     p.router_row_bytes = stage.op == Op::MoeRoute ? unsigned(row_bytes(stage.operands[0]->format, stage.k)) : 0u;
+    p.logit_scale = (stage.features & kExpertLogitScale) ? stage.params.expert_logit_scale : 1.0f;
+    p.expert_scaled = (stage.features & kPerExpertScale) != 0;
+    p.gate_up_merged = (stage.features & kExpertGateUpMerged) != 0;
     return p;
 }
 
@@ -80,6 +83,7 @@ void kcap_metal_moe_route(const Stage& stage, const KernelCall& call) {
     bind(ctx, 1, stage_data(call).operands[0]);
     bind(ctx, 2, call.in);
     bind(ctx, 3, call.out);
+    bind(ctx, 4, p.expert_scaled ? stage_data(call).operands[1] : nullptr);  // the per-expert scales
     dispatch(ctx, *call.row, metal_rows::ple_combine_index(stage.operands[0]->format),
              MTLSizeMake(NSUInteger(call.n_tokens), 1, 1), metal_rows::kMoeRouteThreads);
 }

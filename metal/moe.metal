@@ -12,10 +12,10 @@ using namespace kcap::metal_rows;
 template <class F>
 kernel void kcap_moe_route_entry(constant KcapMoeParams& p [[buffer(0)]], device const kcap_u8* w [[buffer(1)]],
                                  device const float* x [[buffer(2)]], device float* routing [[buffer(3)]],
-                                 KCAP_METAL_THREAD_ARGS) {
+                                 device const float* expert_scale [[buffer(4)]], KCAP_METAL_THREAD_ARGS) {
     threadgroup float logits[KCAP_MOE_MAX_EXPERTS];
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_moe_route<F>(t, p, w, x, routing, logits);
+    kcap_moe_route<F>(t, p, w, x, expert_scale, routing, logits);
 }
 
 // Grid: x = the matvec's row groups over ff, y = slots (tokens x experts per token); threadgroup

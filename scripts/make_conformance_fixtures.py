@@ -47,14 +47,15 @@ converter writes for the families that keep them; tensor bytes are untouched (th
 kcap installed, whose ``kcap.testing.synth`` rewrites the file). The manifest and ``meta``
 record the added keys.
 
-Mixture-of-experts families (``mixtral``, ``qwen2moe``, ``qwen3moe``): the converter merges the
-per-expert checkpoint tensors into one 3-D tensor per matrix, and the fidelity check and the
-Q8_0-weights reference do the same and its inverse (``merge_experts``). Their routers get larger
-weights (``ROUTER_SCALE``), and the weights seed is the first whose routers choose every token's
-experts with a clear margin (``MIN_ROUTING_MARGIN``); ``meta.routing`` records the choices.
+Mixture-of-experts families (``mixtral``, ``qwen2moe``, ``qwen3moe``, ``gemma4-moe``): the
+converter merges the per-expert checkpoint tensors into one 3-D tensor per matrix, and the
+fidelity check and the Q8_0-weights reference do the same and its inverse (``merge_experts``;
+Gemma 4 saves its experts stacked already). Their routers get larger weights (``ROUTER_SCALE``),
+and the weights seed is the first whose routers choose every token's experts with a clear margin
+(``MIN_ROUTING_MARGIN``); ``meta.routing`` records the choices.
 
-``REFUSED`` models (features kcap does not implement, e.g. Gemma 4's mixture-of-experts block)
-are converted to one F32 file each in ``tests/fixtures/conformance/refused/``, without goldens.
+``REFUSED`` models (features kcap does not implement; none at present) are converted to one F32
+file each in ``tests/fixtures/conformance/refused/``, without goldens.
 """
 
 from __future__ import annotations
@@ -129,7 +130,13 @@ def _tensor_map_main(llama_dir: Path, arch: str, n_blocks: int) -> None:
         key = name
         if arch == "gemma4" and (key.endswith("layer_scalar") or key.endswith("per_dim_scale")):
             key += ".weight"  # as the converter's Gemma4Model.filter_tensors
+        if arch == "gemma4" and ".experts." in key and not key.endswith(".weight"):
+            key += ".weight"  # the stacked experts (experts.gate_up_proj), as filter_tensors
         out[name] = tmap.get_name(key, try_suffixes=(".weight", ".bias"))
+        m = re.search(r"\.layers\.(\d+)\.router\.(scale|per_expert_scale)$", name)
+        if arch == "gemma4" and m:  # renamed by the converter's Gemma4Model.modify_tensors
+            stem = "ffn_gate_inp" if m.group(2) == "scale" else "ffn_down_exps"
+            out[name] = f"blk.{m.group(1)}.{stem}.scale"
     json.dump(out, sys.stdout)
 
 
@@ -568,13 +575,34 @@ FAMILIES: dict[str, dict] = {
                "with norm_topk_prob true transformers and llama.cpp compute the same model (the released "
                "Qwen3-MoE models set it true too).",
                "Router weights scaled as in mixtral (ROUTER_SCALE)."]),
+    "gemma4-moe": dict(
+        cls="Gemma4ForCausalLM", config_cls="Gemma4TextConfig", tokenizer="hf-gemma4",
+        config=dict(hidden_size=64, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                    hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB,
+                    final_logit_softcapping=3.0, max_position_embeddings=256, rms_norm_eps=1e-6,
+                    hidden_activation="gelu_pytorch_tanh", num_kv_shared_layers=0,
+                    enable_moe_block=True, num_experts=6, top_k_experts=2, moe_intermediate_size=32,
+                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                     "full_attention": {"rope_type": "proportional",
+                                                        "partial_rotary_factor": 0.25,
+                                                        "rope_theta": 1000000.0}}),
+        notes=["Gemma 4 with its mixture-of-experts block (enable_moe_block) in every layer, as the "
+               "26B-A4B model: the dense MLP (width 64) and 6 experts of width 32 (top 2) side by side. "
+               "The router reads the attention residual: RMS norm without weight, times router.scale "
+               "(ffn_gate_inp.scale) and hidden_size^-0.5, softmax over every expert, top 2 renormalized, "
+               "times router.per_expert_scale (ffn_down_exps.scale). The experts' gate and up are one "
+               "tensor (gate_up_proj -> ffn_gate_up_exps, gate rows first). Branch norms "
+               "post_feedforward_layernorm_1/_2 and pre_feedforward_layernorm_2; PLE as gemma4.",
+               "Router weights scaled as in mixtral (ROUTER_SCALE)."]),
 }
 
 # Mixture-of-experts routers: weights ~ N(0, (ROUTER_SCALE/sqrt(hidden))^2), larger than the other
 # matrices' 1/sqrt(fan_in), so that the router's logits spread and different tokens choose
 # different experts, with margins between the k-th and (k+1)-th expert well above rounding.
 ROUTER_SCALE = 4.0
-ROUTER_NAMES = (".mlp.gate.weight", ".block_sparse_moe.gate.weight")
+ROUTER_NAMES = (".mlp.gate.weight", ".block_sparse_moe.gate.weight", ".router.proj.weight")
 # Smallest gap between the k-th and (k+1)-th largest router logit a fixture may have at any token
 # of the prompt and its greedy continuation (f32 rounding moves the logits by ~1e-5, Q8_0 weights
 # elsewhere in the model by ~1e-2); weights seeds are tried ROUTING_SEED_STRIDE apart until one has it.
@@ -586,22 +614,7 @@ ROUTING_SEED_STRIDE = 7919
 # Models that kcap must refuse (they need a feature it does not implement), made and converted
 # the same way: one F32 file each in REFUSED_FIXTURES, no goldens (there are no kcap logits to
 # compare); tests/python/test_accounting.py checks that loading one fails and says why.
-REFUSED: dict[str, dict] = {
-    "gemma4-moe": dict(
-        cls="Gemma4ForCausalLM", config_cls="Gemma4TextConfig", tokenizer="hf-gemma4",
-        config=dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
-                    layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0,
-                    vocab_size_per_layer_input=VOCAB, final_logit_softcapping=3.0, max_position_embeddings=256,
-                    rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh", num_kv_shared_layers=0,
-                    enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
-                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                     "full_attention": {"rope_type": "proportional",
-                                                        "partial_rotary_factor": 0.25,
-                                                        "rope_theta": 1000000.0}}),
-        notes=["Gemma 4 with its mixture-of-experts block (enable_moe_block, 4 experts, top 2, expert "
-               "width 32) beside the dense MLP; transformers' own initialisation (seeded), no reinit."]),
-}
+REFUSED: dict[str, dict] = {}
 
 
 # ----------------------------------------------------------------------------------------
@@ -610,7 +623,7 @@ REFUSED: dict[str, dict] = {
 
 
 def is_moe(spec: dict) -> bool:
-    return "num_experts_per_tok" in spec["config"]
+    return "num_experts_per_tok" in spec["config"] or "top_k_experts" in spec["config"]
 
 
 def family_seed(name: str) -> int:
@@ -670,6 +683,8 @@ def reinit(model, seed: int) -> None:
                     std = 1.0 / fan_in ** 0.5
                     if pname.endswith(ROUTER_NAMES):  # mixture-of-experts router [n_expert, hidden]
                         std *= ROUTER_SCALE
+                        if pname.endswith(".router.proj.weight"):  # Gemma 4 scales its input by hidden^-0.5
+                            std *= 3.0 * p.shape[1] ** 0.5
                 p.copy_(torch.randn(p.shape, generator=g) * std)
             elif p.ndim == 3 and pname.endswith(("experts.gate_up_proj", "experts.down_proj")):
                 # stacked experts [n_expert, out, in]: each expert's matrix ~ N(0, 1/in)
@@ -750,12 +765,19 @@ def routing(model, prompt) -> dict | None:
     import numpy as np
     import torch
 
-    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    routers = [m for m in model.modules() if type(m).__name__.endswith(("TopKRouter", "Gemma4TextRouter"))]
     if not routers:
         return None
     captured = []
-    hooks = [r.register_forward_hook(lambda m, args, out: captured.append((m.top_k, m.num_experts, out[0], out[2])))
-             for r in routers]
+
+    def capture(m, args, out):
+        if type(m).__name__ == "Gemma4TextRouter":  # returns the softmax probabilities: their logs
+            # differ from the logits by one constant per token, so the margins are the logits'
+            captured.append((m.config.top_k_experts, m.config.num_experts, out[0].double().log(), out[2]))
+        else:
+            captured.append((m.top_k, m.num_experts, out[0], out[2]))
+
+    hooks = [r.register_forward_hook(capture) for r in routers]
     try:
         forward_logits(model, prompt)
     finally:

@@ -156,7 +156,9 @@ void init_engine(py::module_& m) {
         .def_readwrite("n_expert_used", &LayerSpec::n_expert_used)
         .def_readwrite("expert_gating", &LayerSpec::expert_gating)
         .def_readwrite("expert_weights_norm", &LayerSpec::expert_weights_norm)
-        .def_readwrite("expert_weights_scale", &LayerSpec::expert_weights_scale);
+        .def_readwrite("expert_weights_scale", &LayerSpec::expert_weights_scale)
+        .def_readwrite("expert_logit_scale", &LayerSpec::expert_logit_scale)
+        .def_readwrite("expert_dense_branch", &LayerSpec::expert_dense_branch);
 
     py::class_<ModelSpec, std::shared_ptr<ModelSpec>> model(m, "ModelSpec", "Pure-data model description.",
                                                             py::dynamic_attr());

@@ -1,13 +1,17 @@
 // CPU rows of the mixture-of-experts stages: the reference the GPU rows are tested against.
-//   cpu.moe_route         per token: the router's logits (any weight format), a softmax over
-//                         every expert, the n_expert_used largest (the lower index first on a
-//                         tie, as torch.topk over a stable sort), their weights optionally
-//                         renormalized to sum 1, times the scale; into the Routing buffer (the
-//                         ids as floats, exact below 2^24, then the weights). The choice is made
-//                         on the logits (the softmax keeps their order), as the GPU rows make it.
+//   cpu.moe_route         per token: the router's logits (any weight format), optionally times
+//                         a scalar (expert_logit_scale), a softmax over every expert, the
+//                         n_expert_used largest (the lower index first on a tie, as torch.topk
+//                         over a stable sort), their weights optionally renormalized to sum 1,
+//                         times the scale and, with an F32 per-expert scale vector (operand 1),
+//                         times the chosen expert's entry; into the Routing buffer (the ids as
+//                         floats, exact below 2^24, then the weights). The choice is made on the
+//                         logits (the softmax keeps their order), as the GPU rows make it.
 //   cpu.moe_experts       per token and chosen expert: act(gate_e x) * up_e x over the expert's
 //                         FFN width, then down_e of it, weighted and summed over the chosen
 //                         experts; each operand in any format (a Q4_K_M file may keep a Q6_K down).
+//                         With expert_gate_up_merged, gate and up are one tensor (operands 0 and
+//                         1 the same): expert e's gate rows 2e*ff.., its up rows (2e+1)*ff...
 //   cpu.moe_shared_gate   out = in + sigmoid(w . x) * shared (w absent: gate 1).
 // Every sum in f32, each expert's rows decoded exactly (dot_row), as the dense matmul rows do.
 #include <algorithm>
@@ -33,9 +37,12 @@ struct RoutingRow {
 
 void moe_route_kernel(const Stage& stage, const KernelCall& call) {
     const TensorRef& w = *stage.operands[0];
+    const TensorRef* per_expert = stage.operands.size() > 1 ? stage.operands[1] : nullptr;
+    const float* expert_scale = per_expert ? reinterpret_cast<const float*>(per_expert->data) : nullptr;
     const int64_t K = stage.k;
     const int n_expert = stage.params.n_expert, n_used = stage.params.n_expert_used;
     const bool renormalize = (stage.features & kExpertWeightsNorm) != 0;
+    const float logit_scale = (stage.features & kExpertLogitScale) ? stage.params.expert_logit_scale : 1.0f;
     const size_t row_stride = row_bytes(w.format, K);
     cpu_state(call.backend_state).pool.parallel_for(call.n_tokens, [&](int64_t begin, int64_t end) {
         std::vector<float> logits(static_cast<size_t>(n_expert)), probs(static_cast<size_t>(n_expert));
@@ -44,7 +51,7 @@ void moe_route_kernel(const Stage& stage, const KernelCall& call) {
             const float* x = call.in + t * K;
             float top = -INFINITY;
             for (int e = 0; e < n_expert; ++e) {
-                logits[size_t(e)] = dot_row(w.format, w.data + size_t(e) * row_stride, x, K);
+                logits[size_t(e)] = dot_row(w.format, w.data + size_t(e) * row_stride, x, K) * logit_scale;
                 top = std::max(top, logits[size_t(e)]);
             }
             float sum = 0.0f;
@@ -59,7 +66,8 @@ void moe_route_kernel(const Stage& stage, const KernelCall& call) {
             for (int k = 0; k < n_used; ++k) {
                 const float p = probs[size_t(order[size_t(k)])];
                 out.set_id(k, order[size_t(k)]);
-                out.weight(k) = (renormalize ? p / chosen : p) * stage.params.expert_weights_scale;
+                out.weight(k) = (renormalize ? p / chosen : p) * stage.params.expert_weights_scale *
+                                (expert_scale ? expert_scale[order[size_t(k)]] : 1.0f);
             }
         }
     });
@@ -71,6 +79,9 @@ void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
     const TensorRef& down = *stage.operands[2];
     const int64_t K = stage.k, ff = stage.k2, N = stage.n;
     const int n_used = stage.params.n_expert_used;
+    // Rows of one expert in the gate (and up) tensor, and where its up rows start.
+    const bool merged = (stage.features & kExpertGateUpMerged) != 0;
+    const int64_t expert_rows = merged ? 2 * ff : ff, up_offset = merged ? ff : 0;
     const size_t gate_row = row_bytes(gate.format, K), up_row = row_bytes(up.format, K), down_row = row_bytes(down.format, ff);
     ThreadPool& pool = cpu_state(call.backend_state).pool;
     std::vector<float> act(size_t(n_used) * size_t(ff));
@@ -81,9 +92,9 @@ void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
         pool.parallel_for(int64_t(n_used) * ff, [&](int64_t begin, int64_t end) {
             for (int64_t i = begin; i < end; ++i) {
                 const int64_t k = i / ff, r = i % ff;
-                const int64_t row = int64_t(routing.id(int(k))) * ff + r;
+                const int64_t row = int64_t(routing.id(int(k))) * expert_rows + r;
                 const float g = dot_row(gate.format, gate.data + size_t(row) * gate_row, x, K);
-                const float u = dot_row(up.format, up.data + size_t(row) * up_row, x, K);
+                const float u = dot_row(up.format, up.data + size_t(row + up_offset) * up_row, x, K);
                 act[size_t(i)] = apply_activation(stage.params.activation, g) * u;
             }
         });
@@ -130,8 +141,8 @@ void add_cpu_moe_rows(std::vector<Row>& rows) {
     route.kernel = "cpu.moe_route";
     route.op = Op::MoeRoute;
     route.backend = Backend::CPU;
-    route.operand_formats = {formats};
-    route.features = kExpertSoftmax | kExpertWeightsNorm;
+    route.operand_formats = {formats, {Format::F32}};
+    route.features = kExpertSoftmax | kExpertWeightsNorm | kExpertLogitScale | kPerExpertScale;
     route.dims.k_multiple_of = &block_multiple;
     route.launches = {"moe_route"};
     route.fn = moe_route_kernel;
@@ -141,7 +152,7 @@ void add_cpu_moe_rows(std::vector<Row>& rows) {
     experts.op = Op::MoeExperts;
     experts.backend = Backend::CPU;
     experts.operand_formats = {formats, formats, formats};
-    experts.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;
+    experts.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated | kExpertGateUpMerged;
     experts.dims.k_multiple_of = &block_multiple;  // K (gate, up) and the FFN width (down)
     experts.launches = {"moe_experts"};
     experts.fn = moe_experts_kernel;

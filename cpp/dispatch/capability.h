@@ -106,7 +106,13 @@ const std::vector<Encoding>& encodings();              // every encoding, for op
     /* the chosen experts' weights renormalized to sum 1 */                                        \
     X(ExpertWeightsNorm, expert_weights_norm)                                                      \
     /* a shared expert's output scaled by sigmoid(w . x) before it is added */                     \
-    X(SharedExpertGate, shared_expert_gate)
+    X(SharedExpertGate, shared_expert_gate)                                                        \
+    /* the router's logits times a scalar (params.expert_logit_scale) before the softmax */        \
+    X(ExpertLogitScale, expert_logit_scale)                                                        \
+    /* each chosen expert's weight times its own entry of a per-expert scale vector (operand 1) */ \
+    X(PerExpertScale, per_expert_scale)                                                            \
+    /* the experts' gate and up in one tensor: expert e's gate rows, then its up rows */           \
+    X(ExpertGateUpMerged, expert_gate_up_merged)
 
 enum FeatureIndex : int {
 #define KCAP_FEATURE_INDEX(NAME, TEXT) kFeatureIndex##NAME,

@@ -110,15 +110,15 @@ Row gpu_family_row(GpuFamily family, Backend backend, Format format, KernelFn fn
             row.features = kPerLayerEmbedding | kActivationFeatures;
             break;
         case GpuFamily::MoeRoute:  // the router in any format of whole 32-value runs (llama.cpp keeps it F32)
-            row.operand_formats = {gpu_weight_formats()};
-            row.features = kExpertSoftmax | kExpertWeightsNorm;
+            row.operand_formats = {gpu_weight_formats(), {Format::F32}};  // the router, per-expert scales
+            row.features = kExpertSoftmax | kExpertWeightsNorm | kExpertLogitScale | kPerExpertScale;
             row.dims.k_multiple_of = &run_k_multiple;
             row.dims.max_experts = KCAP_MOE_MAX_EXPERTS;
             row.dims.max_experts_used = KCAP_MOE_MAX_USED;
             break;
         case GpuFamily::MoeExperts:  // gate and up of this row's format, down of any (a Q4_K_M file's Q6_K)
             row.operand_formats = {{format}, {format}, gpu_weight_formats()};
-            row.features = kActivationFeatures | kGated;
+            row.features = kActivationFeatures | kGated | kExpertGateUpMerged;
             row.dims.k_multiple_of = &exact_k_multiple;  // K, and the experts' FFN width
             row.dims.max_experts_used = KCAP_MOE_MAX_USED;
             break;

@@ -57,7 +57,9 @@ std::string describe_formats(const Stage& stage) {
                            : stage.op == Op::QkNormRope || stage.op == Op::Attention
                                ? qk_norm_rope_roles[std::min<size_t>(i, 2)]
                            : stage.op == Op::Rope ? "freq_factors"
-                           : stage.op == Op::MoeRoute ? "W_router"
+                           : stage.op == Op::MoeRoute ? (i == 0 ? "W_router" : "expert_scale")
+                           : stage.op == Op::MoeExperts && (stage.features & kExpertGateUpMerged) && i < 2
+                               ? "W_gate_up_exps"
                            : stage.op == Op::MoeExperts ? experts_roles[std::min<size_t>(i, 2)]
                            : stage.op == Op::MoeSharedGate ? "W_gate"
                            : stage.op == Op::PerLayerEmbed ? (i == 0 ? "table" : i == 1 ? "proj" : "norm")
@@ -286,10 +288,28 @@ private:
 
         add_norm(il, "ffn_norm", layer.ffn_norm, layer.ffn_norm_bias, Buffer::Residual, Buffer::Normed, d, 1,
                  spec_.norm_kind);
-        if (layer.n_expert > 0)
-            add_experts(il, layer);
-        else
+        if (layer.n_expert > 0 && layer.expert_dense_branch) {
+            // The dense FFN and the experts side by side (Gemma 4): the dense branch into Proj,
+            // the experts (reading their own norm of the residual) into Proj2, each normed, then
+            // added into Proj.
             add_dense_ffn(il, layer);
+            if (!layer.ffn_post_norm_1.empty())
+                add_norm(il, "post_ffw_norm_1", layer.ffn_post_norm_1, "", Buffer::Proj, Buffer::Proj, d, 1,
+                         spec_.norm_kind);
+            add_experts(il, layer, Buffer::Proj2);
+            if (!layer.ffn_post_norm_2.empty())
+                add_norm(il, "post_ffw_norm_2", layer.ffn_post_norm_2, "", Buffer::Proj2, Buffer::Proj2, d, 1,
+                         spec_.norm_kind);
+            Stage& sum = add(il, "ffn_branch_add", Op::Add);
+            sum.input = Buffer::Proj;
+            sum.input2 = Buffer::Proj2;
+            sum.output = Buffer::Proj;
+            sum.k = sum.n = d;
+        } else if (layer.n_expert > 0) {
+            add_experts(il, layer, Buffer::Proj);
+        } else {
+            add_dense_ffn(il, layer);
+        }
         if (!layer.post_ffn_norm.empty())
             add_norm(il, "post_ffw_norm", layer.post_ffn_norm, "", Buffer::Proj, Buffer::Proj, d, 1, spec_.norm_kind);
         add_residual(il, "ffn_residual", layer.residual_scale);
@@ -325,7 +345,10 @@ private:
     // Mixture of experts, into Proj: the router (ffn_router: ids and weights of the chosen
     // experts per token, into Routing), the chosen experts' gated FFNs weighted and summed
     // (ffn_moe), and a shared expert's FFN (into Proj2) added under its gate (ffn_shexp_gate).
-    void add_experts(int il, const LayerSpec& layer) {
+    // With expert_dense_branch the experts write `out` (Proj2) and read ffn_pre_norm_2's norm of
+    // the residual (ffn_pre_norm_2_norm); a router with ffn_gate_inp_scale reads its own norm of
+    // the residual (ffn_router_norm) and scales its logits (expert_logit_scale).
+    void add_experts(int il, const LayerSpec& layer, Buffer out) {
         const int64_t d = spec_.n_embd;
         const std::string where = "layer " + std::to_string(il) + ": ";
         if (layer.n_expert_used <= 0 || layer.n_expert_used > layer.n_expert)
@@ -334,20 +357,36 @@ private:
         if (!layer.gated_ffn) throw ModelError(where + "experts without a gate are not supported");
         const TensorRef& router = spec_.tensor(layer.ffn_gate_inp);
         check_matrix(il, router, d, layer.n_expert);
-        const TensorRef& gate = spec_.tensor(layer.ffn_gate_exps);
-        const TensorRef& up = spec_.tensor(layer.ffn_up_exps);
+        const bool merged = !layer.ffn_gate_up_exps.empty();
+        if (merged && (!layer.ffn_gate_exps.empty() || !layer.ffn_up_exps.empty()))
+            throw ModelError(where + "ffn_gate_up_exps and ffn_gate_exps/ffn_up_exps are alternatives, not both");
+        const TensorRef& gate = spec_.tensor(merged ? layer.ffn_gate_up_exps : layer.ffn_gate_exps);
+        const TensorRef& up = merged ? gate : spec_.tensor(layer.ffn_up_exps);
         const TensorRef& down = spec_.tensor(layer.ffn_down_exps);
-        const int64_t ff = gate.n_rows() / layer.n_expert;
+        const int64_t ff = gate.n_rows() / layer.n_expert / (merged ? 2 : 1);
+        const int64_t gate_rows = merged ? 2 * ff : ff;
         for (const TensorRef* t : {&gate, &up})
-            if (t->shape.size() != 3 || t->row_length() != d || t->shape[1] != ff || t->shape[2] != layer.n_expert)
+            if (t->shape.size() != 3 || t->row_length() != d || t->shape[1] != gate_rows ||
+                t->shape[2] != layer.n_expert)
                 throw ModelError(where + "tensor '" + t->name + "' has shape " + shape_text(*t) + ", expected [" +
-                                 std::to_string(d) + ", " + std::to_string(ff) + ", " + std::to_string(layer.n_expert) +
-                                 "] (n_embd, expert FFN width, experts)");
+                                 std::to_string(d) + ", " + std::to_string(gate_rows) + ", " +
+                                 std::to_string(layer.n_expert) +
+                                 (merged ? "] (n_embd, 2 x expert FFN width, experts)"
+                                         : "] (n_embd, expert FFN width, experts)"));
         if (down.shape.size() != 3 || down.row_length() != ff || down.shape[1] != d || down.shape[2] != layer.n_expert)
             throw ModelError(where + "tensor '" + down.name + "' has shape " + shape_text(down) + ", expected [" +
                              std::to_string(ff) + ", " + std::to_string(d) + ", " + std::to_string(layer.n_expert) + "]");
+        const bool own_norm = !layer.ffn_gate_inp_scale.empty();
+        if (own_norm)
+            add_norm(il, "ffn_router_norm", layer.ffn_gate_inp_scale, "", Buffer::Residual, Buffer::Normed, d, 1,
+                     NormKind::RMS);
+        const TensorRef* expert_scale = tensor(layer.ffn_down_exps_scale);
+        check_vector(expert_scale, layer.n_expert);
+        if (expert_scale && expert_scale->format != Format::F32)
+            throw ModelError(where + "tensor '" + expert_scale->name + "' must be F32, it is " +
+                             format_name(expert_scale->format));
         Stage& route = add(il, "ffn_router", Op::MoeRoute);
-        route.operands = {&router};
+        route.operands = {&router, expert_scale};
         route.input = Buffer::Normed;
         route.output = Buffer::Routing;
         route.k = d;
@@ -355,19 +394,26 @@ private:
         route.params.n_expert = layer.n_expert;
         route.params.n_expert_used = layer.n_expert_used;
         route.params.expert_weights_scale = layer.expert_weights_scale;
-        route.features = kExpertSoftmax | (layer.expert_weights_norm ? uint32_t(kExpertWeightsNorm) : 0u);
+        route.params.expert_logit_scale = layer.expert_logit_scale;
+        route.features = kExpertSoftmax | (layer.expert_weights_norm ? uint32_t(kExpertWeightsNorm) : 0u) |
+                         (layer.expert_logit_scale != 1.0f ? uint32_t(kExpertLogitScale) : 0u) |
+                         (expert_scale ? uint32_t(kPerExpertScale) : 0u);
+        if (own_norm || layer.expert_dense_branch)
+            add_norm(il, layer.expert_dense_branch ? "pre_ffw_norm_2" : "ffn_norm_experts", layer.expert_dense_branch ? layer.ffn_pre_norm_2 : layer.ffn_norm, "",
+                     Buffer::Residual, Buffer::Normed, d, 1, spec_.norm_kind);
         Stage& experts = add(il, "ffn_moe", Op::MoeExperts);
         experts.operands = {&gate, &up, &down};
         experts.input = Buffer::Normed;
         experts.input2 = Buffer::Routing;
-        experts.output = Buffer::Proj;
+        experts.output = out;
         experts.k = d;
         experts.k2 = ff;
         experts.n = d;
         experts.params = route.params;
         experts.params.activation = layer.activation;
-        experts.features = activation_feature(layer.activation) | kGated;
+        experts.features = activation_feature(layer.activation) | kGated | (merged ? uint32_t(kExpertGateUpMerged) : 0u);
         if (layer.ffn_up_shexp.empty()) return;
+        if (out != Buffer::Proj) throw ModelError(where + "a shared expert beside a dense FFN branch is not supported");
         // The shared expert: a dense gated FFN of its own width, into Proj2, then added.
         const TensorRef& shared_up = spec_.tensor(layer.ffn_up_shexp);
         const int64_t shared_ff = shared_up.n_rows();

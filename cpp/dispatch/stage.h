@@ -43,6 +43,7 @@ struct StageParams {
     int n_expert = 0;
     int n_expert_used = 0;
     float expert_weights_scale = 1.0f;
+    float expert_logit_scale = 1.0f;  // the router's logits times this before the softmax
 };
 
 struct Stage {

@@ -1216,7 +1216,9 @@ void test_sample(std::mt19937& rng) {
 // Mixture-of-experts rows against the CPU rows: cuda.moe_route (the chosen experts exactly, their
 // weights to 1e-5), cuda.moe_experts.<format> on the CPU's routing (gate and up of the row's
 // format, down of another where the row allows: a Q4_K_M file's Q6_K down), cuda.moe_shared_gate.
-// Tokens 1 (decode), 3 and 37; 8 experts, 2 or 3 chosen; K at the format's block and longer.
+// Tokens 1 (decode), 3 and 37; 8 experts, 2 or 3 chosen; K at the format's block and longer. Each
+// router and experts case also runs with Gemma 4's features: the router's logit scale and
+// per-expert scales, the experts' gate and up merged into one tensor.
 void test_moe(std::mt19937& rng, CpuState& cpu) {
     const Row& cpu_route = find_row("cpu.moe_route");
     const Row& cpu_experts = find_row("cpu.moe_experts");
@@ -1229,7 +1231,9 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
             const int64_t block = std::max<int64_t>(32, format_info(f).block_elems);
             for (const int64_t k : {block, 3 * block})
                 for (const int used : {2, 3})
-                    for (const int m : {1, 3, 37}) {
+                    for (const int m : {1, 3, 37})
+                    for (const bool gemma : {false, true}) {
+                        if (gemma && row.op == Op::MoeSharedGate) continue;
                         TestContext t;
                         const int n_expert = 8;
                         const int64_t ff = block * 2, n = k;  // the experts' FFN width; output = input width
@@ -1247,14 +1251,20 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         call.n_tokens = m;
                         if (row.op == Op::MoeRoute) {
                             const auto w = random_weights(rng, f, k, n_expert, "router");
+                            const auto expert_scale = float_vector(random_floats(rng, size_t(n_expert), 1.0f), "exps_scale");
                             stage.operands = {&w->ref};
+                            if (gemma) stage.operands.push_back(&expert_scale->ref);
                             stage.n = 2 * used;
-                            stage.features = kExpertSoftmax | (used == 2 ? uint32_t(kExpertWeightsNorm) : 0u);
+                            stage.features = kExpertSoftmax | (used == 2 ? uint32_t(kExpertWeightsNorm) : 0u) |
+                                             (gemma ? uint32_t(kExpertLogitScale | kPerExpertScale) : 0u);
+                            stage.params.expert_logit_scale = gemma ? 0.125f : 1.0f;
                             std::vector<float> ref(size_t(m) * 2 * used);
                             call.in = x.data(), call.out = ref.data();
                             run_cpu(cpu_route, stage, call, cpu);
                             float* out = t.arena.nan_floats(ref.size());
                             data.operands[0] = t.arena.upload_bytes(w->ref.data, w->ref.nbytes);
+                            if (gemma)
+                                data.operands[1] = t.arena.upload_bytes(expert_scale->ref.data, expert_scale->ref.nbytes);
                             call.in = t.arena.upload(x), call.out = out;
                             if (!t.run(row, stage, call, data)) continue;
                             const std::vector<float> got = download(out, ref.size());
@@ -1269,8 +1279,9 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                                 }
                             const double err = relative_error(got_w, ref_w);
                             KCAP_EXPECT(wrong_ids == 0 && err <= kExactTolerance,
-                                        "%s %s K=%lld used %d, %d tokens: %d experts chosen differently, weights error %.3g",
-                                        row.kernel.c_str(), format_name(f), (long long)k, used, m, wrong_ids, err);
+                                        "%s %s K=%lld used %d, %d tokens%s: %d experts chosen differently, weights error %.3g",
+                                        row.kernel.c_str(), format_name(f), (long long)k, used, m,
+                                        gemma ? " (logit scale, per-expert scales)" : "", wrong_ids, err);
                             ++g_cases;
                             continue;
                         }
@@ -1310,14 +1321,17 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         const Format down_format = k == block ? f : k % 256 == 0 ? Format::Q6_K : Format::Q8_0;
                         const int64_t down_block = std::max<int64_t>(32, format_info(down_format).block_elems);
                         const int64_t ff_legal = (ff + down_block - 1) / down_block * down_block;
-                        const auto gate = random_weights(rng, f, k, ff_legal * n_expert, "gate_exps");
-                        const auto up = random_weights(rng, f, k, ff_legal * n_expert, "up_exps");
+                        // Gemma 4: gate and up in one tensor, each expert's gate rows then its up rows.
+                        const auto gate = random_weights(rng, f, k, ff_legal * n_expert * (gemma ? 2 : 1),
+                                                         gemma ? "gate_up_exps" : "gate_exps");
+                        const auto own_up = gemma ? nullptr : random_weights(rng, f, k, ff_legal * n_expert, "up_exps");
+                        const auto* up = gemma ? gate.get() : own_up.get();
                         const auto down = random_weights(rng, down_format, ff_legal, n * n_expert, "down_exps");
                         stage.operands = {&gate->ref, &up->ref, &down->ref};
                         stage.k2 = ff_legal;
                         stage.n = n;
-                        stage.params.activation = Activation::SiLU;
-                        stage.features = kSilu | kGated;
+                        stage.params.activation = gemma ? Activation::GeluTanh : Activation::SiLU;
+                        stage.features = (gemma ? uint32_t(kGeluTanh | kExpertGateUpMerged) : uint32_t(kSilu)) | kGated;
                         t.ctx.moe_act = t.arena.nan_floats(size_t(m) * used * size_t(ff_legal));
                         t.ctx.moe_down = t.arena.nan_floats(size_t(m) * used * size_t(n));
                         std::vector<float> ref(size_t(m) * size_t(n));
@@ -1330,9 +1344,9 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         call.in = t.arena.upload(x), call.in2 = t.arena.upload(routing), call.out = out;
                         if (!t.run(row, stage, call, data)) continue;
                         const double err = relative_error(download(out, ref.size()), ref);
-                        KCAP_EXPECT(err <= kExactTolerance, "%s down %s K=%lld ff=%lld used %d, %d tokens: error %.3g",
+                        KCAP_EXPECT(err <= kExactTolerance, "%s down %s K=%lld ff=%lld used %d, %d tokens%s: error %.3g",
                                     row.kernel.c_str(), format_name(down_format), (long long)k, (long long)ff_legal, used,
-                                    m, err);
+                                    m, gemma ? " (merged gate_up, gelu_tanh)" : "", err);
                         ++g_cases;
                     }
         }

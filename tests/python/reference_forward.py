@@ -60,23 +60,32 @@ def activation(x, kind):
     return np.maximum(x, 0)
 
 
-def mixture_of_experts(layer, w, h) -> np.ndarray:
+def mixture_of_experts(layer, w, h, router_in=None) -> np.ndarray:
     """A mixture-of-experts FFN as LayerSpec defines it, h [T, n_embd] -> [T, n_embd]: per token a
-    softmax over the router's logits, the n_expert_used largest (renormalized to sum 1 when
-    expert_weights_norm, times expert_weights_scale) weighing the chosen experts' gated FFNs,
-    plus the shared expert times sigmoid(ffn_gate_inp_shexp . h) where it exists."""
+    softmax over the router's logits (of router_in where given, else h; times expert_logit_scale),
+    the n_expert_used largest (renormalized to sum 1 when expert_weights_norm, times
+    expert_weights_scale and the expert's ffn_down_exps_scale entry) weighing the chosen experts'
+    gated FFNs (gate and up from ffn_gate_up_exps' halves where it is set), plus the shared expert
+    times sigmoid(ffn_gate_inp_shexp . h) where it exists."""
     assert layer.expert_gating == _core.ExpertGating.Softmax
-    logits = h @ w(layer.ffn_gate_inp).T  # [T, n_expert]
+    logits = (h if router_in is None else router_in) @ w(layer.ffn_gate_inp).T * layer.expert_logit_scale
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
-    gate, up, down = w(layer.ffn_gate_exps), w(layer.ffn_up_exps), w(layer.ffn_down_exps)  # [n_expert, out, in]
+    if layer.ffn_gate_up_exps:  # [n_expert, 2 ff, in]: each expert's gate rows, then its up rows
+        gate_up = w(layer.ffn_gate_up_exps)
+        ff = gate_up.shape[1] // 2
+        gate, up = gate_up[:, :ff], gate_up[:, ff:]
+    else:
+        gate, up = w(layer.ffn_gate_exps), w(layer.ffn_up_exps)  # [n_expert, out, in]
+    down = w(layer.ffn_down_exps)
+    expert_scale = w(layer.ffn_down_exps_scale) if layer.ffn_down_exps_scale else np.ones(layer.n_expert)
     out = np.zeros_like(h)
     for t in range(h.shape[0]):
         chosen = np.argsort(-probs[t], kind="stable")[:layer.n_expert_used]
         weights = probs[t, chosen]
         if layer.expert_weights_norm:
             weights = weights / weights.sum()
-        for e, weight in zip(chosen, weights * layer.expert_weights_scale):
+        for e, weight in zip(chosen, weights * layer.expert_weights_scale * expert_scale[chosen]):
             a = activation(gate[e] @ h[t], layer.activation) * (up[e] @ h[t])
             out[t] += weight * (down[e] @ a)
     if layer.ffn_up_shexp:
@@ -163,8 +172,19 @@ def reference_logits(gg, spec, ids) -> np.ndarray:
             o = norm(o, w(layer.post_attn_norm), None, spec.norm_eps, spec.norm_kind)
         x = x + layer.residual_scale * o
         h = norm(x, w(layer.ffn_norm), w(layer.ffn_norm_bias), spec.norm_eps, spec.norm_kind)
-        if layer.n_expert:
-            f = mixture_of_experts(layer, w, h)
+        router_in = None
+        if layer.ffn_gate_inp_scale:  # the router's own norm of the residual
+            router_in = norm(x, w(layer.ffn_gate_inp_scale), None, spec.norm_eps, _core.NormKind.RMS)
+        if layer.n_expert and layer.expert_dense_branch:  # dense FFN and experts side by side
+            def branch_norm(v, name):
+                return norm(v, w(name), None, spec.norm_eps, spec.norm_kind) if name else v
+
+            a = activation(h @ w(layer.ffn_gate).T, layer.activation) * (h @ w(layer.ffn_up).T)
+            dense = branch_norm(a @ w(layer.ffn_down).T, layer.ffn_post_norm_1)
+            h2 = norm(x, w(layer.ffn_pre_norm_2), None, spec.norm_eps, spec.norm_kind)
+            f = dense + branch_norm(mixture_of_experts(layer, w, h2, router_in), layer.ffn_post_norm_2)
+        elif layer.n_expert:
+            f = mixture_of_experts(layer, w, h, router_in)
         else:
             up = h @ w(layer.ffn_up).T
             if layer.ffn_up_bias:

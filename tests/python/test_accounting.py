@@ -21,7 +21,6 @@ from kcap.testing.synth import copy_with_changes
 from conftest import MODEL_PATHS
 from test_conformance import FAMILIES, FIXTURES
 
-REFUSED = FIXTURES / "refused"
 EXPERT_MESSAGE = "expert tensors: mixture-of-experts parts that this architecture module does not implement"
 
 
@@ -157,19 +156,3 @@ def test_reading_an_undeclared_key_is_a_bug():
         hp.int("attention.sliding_window", 0)
 
 
-# --- mixture of experts ---------------------------------------------------------------------
-
-def test_gemma4_moe_is_refused():
-    # Gemma 4 with enable_moe_block, converted by llama.cpp's converter (make_conformance_fixtures.py).
-    with pytest.raises(kcap.UnimplementedMetadataError,
-                       match="gemma4.expert_count = 4 \\(mixture of experts: the number of experts\\)"):
-        kcap.load(REFUSED / "gemma4-moe-f32.gguf")
-
-
-def test_gemma4_moe_without_its_expert_keys_is_refused_by_its_tensors(tmp_path):
-    src = REFUSED / "gemma4-moe-f32.gguf"
-    expert_keys = {k for k in GGUFFile(src).metadata if k.startswith("gemma4.expert")}
-    assert "gemma4.expert_count" in expert_keys
-    path = copy_with_changes(str(src), str(tmp_path / "moe.gguf"), drop_metadata=expert_keys)
-    with pytest.raises(kcap.UnusedTensorError, match=re.escape(EXPERT_MESSAGE) + ".*blk.\\[0-1\\].ffn_gate_inp.weight"):
-        kcap.load(path)

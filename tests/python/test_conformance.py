@@ -55,9 +55,16 @@ FAMILIES = {
                               "ffn_shexp_gate": "shared_expert_gate", "attn_q": "bias"}),
     "qwen3moe": ("qwen3moe", {"ffn_router": "expert_softmax,expert_weights_norm", "ffn_moe": "silu,gated",
                               "attn_q_norm": "rms_norm"}),
+    # Gemma 4's expert block beside the dense FFN: the router's own norm of the residual, its
+    # logit scale and per-expert scales, the experts' merged gate_up, the branch norms and sum.
+    "gemma4-moe": ("gemma4", {"ffn_router_norm": "rms_norm",
+                              "ffn_router": "expert_softmax,expert_weights_norm,expert_logit_scale,per_expert_scale",
+                              "pre_ffw_norm_2": "rms_norm", "ffn_moe": "gelu_tanh,gated,expert_gate_up_merged",
+                              "post_ffw_norm_1": "rms_norm", "post_ffw_norm_2": "rms_norm", "ffn_branch_add": "",
+                              "per_layer_embd": "per_layer_embedding"}),
 }
 # Fixtures whose transformers model slides some layers' attention (the prompt is longer than the window).
-SLIDING_WINDOW_FIXTURES = ("gemma2", "gemma3", "gemma4", "gemma4-kvshare", "qwen2-swa", "qwen3-swa", "starcoder2-swa")
+SLIDING_WINDOW_FIXTURES = ("gemma2", "gemma3", "gemma4", "gemma4-kvshare", "gemma4-moe", "qwen2-swa", "qwen3-swa", "starcoder2-swa")
 
 
 def golden(name):
@@ -129,6 +136,8 @@ def test_feature_without_a_row_fails_to_load(fixture, excluded, stage):
     ("gemma4", "cpu.per_layer_gate", "ple_act"),
     ("gemma4", "cpu.scale", "layer_output_scale"),
     ("gemma4-kvshare", "cpu.attention", "attention"),
+    ("gemma4-moe", "cpu.moe_route", "ffn_router"),
+    ("gemma4-moe", "cpu.moe_experts", "ffn_moe"),
 ])
 def test_gemma4_feature_without_a_row_fails_to_load(fixture, excluded, stage):
     test_feature_without_a_row_fails_to_load(fixture, excluded, stage)

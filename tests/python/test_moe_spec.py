@@ -1,4 +1,5 @@
-"""Mixture-of-experts specs (Mixtral through kcap.arch.llama, kcap.arch.qwen2moe, kcap.arch.qwen3moe):
+"""Mixture-of-experts specs (Mixtral through kcap.arch.llama, kcap.arch.qwen2moe, kcap.arch.qwen3moe,
+Gemma 4's expert block through kcap.arch.gemma4):
 the expert fields each module fills from the conformance fixtures, and the files it refuses before
 the spec reaches the core: expert counts that disagree with the expert tensors' shapes, a missing
 expert tensor, a used count outside 1..count, a router kcap does not implement, and the per-expert
@@ -25,6 +26,8 @@ MOE_FIXTURES = {
     "qwen2moe": ("qwen2moe", False, True),
     "qwen3moe": ("qwen3moe", True, False),
 }
+# Every fixture with experts, Gemma 4's (dense FFN and experts side by side) included.
+ALL_MOE_FIXTURES = sorted(MOE_FIXTURES) + ["gemma4-moe"]
 DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_down", "ffn_up_bias", "ffn_down_bias")
 SHARED_EXPERT = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "ffn_gate_inp_shexp")
 # The smallest gap between the k-th and (k+1)-th router logit make_conformance_fixtures.py lets a
@@ -37,7 +40,8 @@ def hf_config(fixture: str) -> dict:
 
 
 def hf_expert_counts(config: dict) -> tuple[int, int]:
-    return config.get("num_local_experts") or config["num_experts"], config["num_experts_per_tok"]
+    return (config.get("num_local_experts") or config["num_experts"],
+            config.get("num_experts_per_tok") or config["top_k_experts"])
 
 
 def changed(fixture: str, tmp_path, **changes) -> str:
@@ -80,7 +84,37 @@ def test_spec_has_the_transformers_models_experts(fixture, quant):
     register_tensors(spec, gguf)  # every tensor of the file is used
 
 
-@pytest.mark.parametrize("fixture", sorted(MOE_FIXTURES))
+@pytest.mark.parametrize("quant", ["f32", "q8_0"])
+def test_gemma4_spec_has_the_transformers_models_expert_block(quant):
+    config = hf_config("gemma4-moe")
+    assert config["enable_moe_block"]
+    gguf = GGUFFile(FIXTURES / f"gemma4-moe-{quant}.gguf")
+    spec = build_spec(gguf)
+    assert spec.architecture == "gemma4"
+    assert len(spec.layers) == config["num_hidden_layers"]
+    for il, layer in enumerate(spec.layers):
+        assert (layer.n_expert, layer.n_expert_used) == (config["num_experts"], config["top_k_experts"])
+        assert layer.expert_weights_norm is True  # Gemma4TextRouter renormalizes the top k
+        assert layer.expert_dense_branch is True
+        assert layer.expert_logit_scale == pytest.approx(config["hidden_size"] ** -0.5)
+        assert layer.ffn_gate_inp == f"blk.{il}.ffn_gate_inp.weight"
+        assert layer.ffn_gate_inp_scale == f"blk.{il}.ffn_gate_inp.scale"
+        assert layer.ffn_gate_up_exps == f"blk.{il}.ffn_gate_up_exps.weight"
+        assert (layer.ffn_gate_exps, layer.ffn_up_exps) == ("", "")
+        assert layer.ffn_down_exps == f"blk.{il}.ffn_down_exps.weight"
+        assert layer.ffn_down_exps_scale == f"blk.{il}.ffn_down_exps.scale"
+        assert layer.ffn_post_norm_1 == f"blk.{il}.post_ffw_norm_1.weight"
+        assert layer.ffn_pre_norm_2 == f"blk.{il}.pre_ffw_norm_2.weight"
+        assert layer.ffn_post_norm_2 == f"blk.{il}.post_ffw_norm_2.weight"
+        assert all(getattr(layer, f) for f in ("ffn_gate", "ffn_up", "ffn_down"))  # the dense branch
+        assert all(getattr(layer, f) == "" for f in SHARED_EXPERT)
+        assert layer.activation == kcap._core.Activation.GeluTanh
+    width = config["moe_intermediate_size"]
+    assert gguf.tensors["blk.0.ffn_gate_up_exps.weight"].shape == (spec.n_embd, 2 * width, config["num_experts"])
+    register_tensors(spec, gguf)  # every tensor of the file is used
+
+
+@pytest.mark.parametrize("fixture", ALL_MOE_FIXTURES)
 def test_fixture_routing_varies_across_tokens(fixture):
     # The reference model's layer-0 router chose more than one set of experts over the prompt, and
     # no token's k-th and (k+1)-th experts were near a tie (make_conformance_fixtures.py).
@@ -95,7 +129,7 @@ def test_fixture_routing_varies_across_tokens(fixture):
     assert routing["q8_0_weights"]["layers"][0]["distinct_expert_sets"] > 1
 
 
-@pytest.mark.parametrize("fixture", sorted(MOE_FIXTURES))
+@pytest.mark.parametrize("fixture", ALL_MOE_FIXTURES)
 def test_spec_computes_the_goldens(fixture):
     # The spec's mixture-of-experts semantics (LayerSpec), run by the float64 NumPy reference on the
     # GGUF's weights, give the transformers goldens: F32 file vs the original model, Q8_0 file vs
@@ -165,6 +199,43 @@ def test_mixtral_without_expert_count_is_refused(tmp_path):
 def test_missing_expert_tensor_is_refused(fixture, name, tmp_path):
     path = changed(fixture, tmp_path, drop_tensors={name})
     with pytest.raises(kcap.ModelError, match=re.escape(f"missing tensor '{name}'")):
+        kcap.load(path)
+
+
+@pytest.mark.parametrize("name", ["blk.0.ffn_gate_inp.scale", "blk.1.ffn_down_exps.scale",
+                                  "blk.2.ffn_gate_up_exps.weight", "blk.1.pre_ffw_norm_2.weight",
+                                  "blk.0.post_ffw_norm_1.weight", "blk.2.post_ffw_norm_2.weight"])
+def test_gemma4_missing_expert_tensor_is_refused(name, tmp_path):
+    path = changed("gemma4-moe", tmp_path, drop_tensors={name})
+    with pytest.raises(kcap.ModelError, match=re.escape(f"missing tensor '{name}'")):
+        kcap.load(path)
+
+
+@pytest.mark.parametrize("key", ["gemma4.expert_used_count"])
+def test_gemma4_missing_expert_key_is_refused(key, tmp_path):
+    path = changed("gemma4-moe", tmp_path, drop_metadata={key})
+    with pytest.raises(kcap.MissingMetadataError, match=re.escape(f"missing metadata key '{key}'")):
+        kcap.load(path)
+
+
+def test_gemma4_without_expert_count_is_refused(tmp_path):
+    # The expert tensors are there but the metadata says nothing of them: never a dense-only run.
+    path = changed("gemma4-moe", tmp_path, drop_metadata={"gemma4.expert_count", "gemma4.expert_used_count"})
+    with pytest.raises(kcap.MissingMetadataError, match=re.escape(
+            "missing metadata key 'gemma4.expert_count' (or it is 0) in a file with a mixture-of-experts router "
+            "(blk.0.ffn_gate_inp.weight)")):
+        kcap.load(path)
+
+
+def test_gemma4_expert_scale_with_another_expert_count_is_refused(tmp_path):
+    src = FIXTURES / "gemma4-moe-f32.gguf"
+    name, kind, shape, data = tensor(src, "blk.1.ffn_down_exps.scale")
+    assert shape == (6,)
+    fewer = (name, kind, (5,), np.ascontiguousarray(data[:5]))
+    path = changed("gemma4-moe", tmp_path, drop_tensors={name}, add_tensors=[fewer])
+    with pytest.raises(kcap.ModelError, match=re.escape(
+            "tensor 'blk.1.ffn_down_exps.scale' has shape [5], expected [6] (the experts' output scales: "
+            "[gemma4.expert_count = 6])")):
         kcap.load(path)
 
 

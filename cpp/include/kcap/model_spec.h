@@ -66,7 +66,12 @@ const char* rope_style_name(RopeStyle style);
        ([n_embd, n_ff_exp, n_expert] gate and up, [n_ff_exp, n_embd, n_expert] down), a shared      \
        expert and its sigmoid gate [n_embd] */                                                     \
     X(ffn_gate_inp) X(ffn_gate_exps) X(ffn_up_exps) X(ffn_down_exps)                               \
-    X(ffn_gate_shexp) X(ffn_up_shexp) X(ffn_down_shexp) X(ffn_gate_inp_shexp)
+    X(ffn_gate_shexp) X(ffn_up_shexp) X(ffn_down_shexp) X(ffn_gate_inp_shexp)                      \
+    /* Gemma 4 experts: gate and up in one tensor [n_embd, 2 * n_ff_exp, n_expert] (each           \
+       expert's gate rows, then its up rows), the router's input norm weight [n_embd], a scale     \
+       per expert [n_expert], and the norms of the dense and expert branches [n_embd] */           \
+    X(ffn_gate_up_exps) X(ffn_gate_inp_scale) X(ffn_down_exps_scale)                               \
+    X(ffn_post_norm_1) X(ffn_pre_norm_2) X(ffn_post_norm_2)
 
 // The tensor fields of the whole model.
 #define KCAP_MODEL_TENSOR_FIELDS(X)                                                                \
@@ -118,6 +123,17 @@ struct LayerSpec {
     ExpertGating expert_gating = ExpertGating::Softmax;
     bool expert_weights_norm = false;
     float expert_weights_scale = 1.0f;
+    // Gemma 4's variant. ffn_gate_up_exps (instead of ffn_gate_exps and ffn_up_exps): expert e's
+    // gate is rows [2e * n_ff_exp, (2e + 1) * n_ff_exp) of it, its up the next n_ff_exp rows.
+    // ffn_gate_inp_scale: the router reads its own RMS norm of the residual stream (weight
+    // ffn_gate_inp_scale) instead of the FFN's normed input, and its logits are multiplied by
+    // expert_logit_scale before the softmax. ffn_down_exps_scale: each chosen expert's weight
+    // (after the renormalization) is multiplied by its entry. expert_dense_branch: the dense FFN
+    // (ffn_gate/up/down on ffn_norm's output) runs beside the experts, which read
+    // ffn_pre_norm_2's norm of the residual; each branch's output is normed (ffn_post_norm_1,
+    // ffn_post_norm_2, where present) and the two added before post_ffn_norm.
+    float expert_logit_scale = 1.0f;
+    bool expert_dense_branch = false;
 };
 
 struct ModelSpec {

@@ -237,7 +237,7 @@ def mixture_of_experts(hp: Hyperparameters, *, weights_norm: bool, shared: bool 
     return Experts(n_expert, used, weights_norm, hp.int("expert_feed_forward_length", None), shared, n_ff_shared)
 
 
-def _expert_tensor(gguf: GGUFFile, il: int, name: str, want: tuple, meaning: str) -> str:
+def expert_tensor(gguf: GGUFFile, il: int, name: str, want: tuple, meaning: str) -> str:
     """'blk.<il>.<name>' after checking its GGUF-order shape against want (None: any size;
     trailing dims of 1 in the file are ignored, as ggml ignores them)."""
     full = f"blk.{il}.{name}"
@@ -265,19 +265,19 @@ def moe_ffn(gguf: GGUFFile, layer: _core.LayerSpec, il: int, n_embd: int, expert
     against the embedding size and the metadata's expert counts before the spec reaches the core."""
     n_expert = experts.n_expert
     count = f"{arch}.expert_count = {n_expert}"
-    layer.ffn_gate_inp = _expert_tensor(gguf, il, "ffn_gate_inp.weight", (n_embd, n_expert),
+    layer.ffn_gate_inp = expert_tensor(gguf, il, "ffn_gate_inp.weight", (n_embd, n_expert),
                                         f"the router: [n_embd {n_embd}, {count}]")
     # The experts' width is the metadata's where it has one, else ffn_gate_exps' (the others agree).
     width = f"{arch}.expert_feed_forward_length = {experts.n_ff}" if experts.n_ff else "expert width"
-    gate = _expert_tensor(gguf, il, "ffn_gate_exps.weight", (n_embd, experts.n_ff, n_expert),
+    gate = expert_tensor(gguf, il, "ffn_gate_exps.weight", (n_embd, experts.n_ff, n_expert),
                           f"[n_embd {n_embd}, {width}, {count}]")
     n_ff = gguf.tensors[gate].shape[1]
     if not experts.n_ff:
         width = f"expert width {n_ff} (of blk.{il}.ffn_gate_exps.weight)"
     layer.ffn_gate_exps = gate
-    layer.ffn_up_exps = _expert_tensor(gguf, il, "ffn_up_exps.weight", (n_embd, n_ff, n_expert),
+    layer.ffn_up_exps = expert_tensor(gguf, il, "ffn_up_exps.weight", (n_embd, n_ff, n_expert),
                                        f"[n_embd {n_embd}, {width}, {count}]")
-    layer.ffn_down_exps = _expert_tensor(gguf, il, "ffn_down_exps.weight", (n_ff, n_embd, n_expert),
+    layer.ffn_down_exps = expert_tensor(gguf, il, "ffn_down_exps.weight", (n_ff, n_embd, n_expert),
                                          f"[{width}, n_embd {n_embd}, {count}]")
     layer.n_expert = n_expert
     layer.n_expert_used = experts.n_expert_used
@@ -288,17 +288,17 @@ def moe_ffn(gguf: GGUFFile, layer: _core.LayerSpec, il: int, n_embd: int, expert
         n_ff_shared = experts.n_ff_shared
         width = (f"{arch}.expert_shared_feed_forward_length = {n_ff_shared}" if n_ff_shared
                  else "shared expert width")
-        shexp = _expert_tensor(gguf, il, "ffn_gate_shexp.weight", (n_embd, n_ff_shared),
+        shexp = expert_tensor(gguf, il, "ffn_gate_shexp.weight", (n_embd, n_ff_shared),
                                f"the shared expert: [n_embd {n_embd}, {width}]")
         if not n_ff_shared:
             n_ff_shared = gguf.tensors[shexp].shape[1]
             width = f"shared expert width {n_ff_shared} (of blk.{il}.ffn_gate_shexp.weight)"
         layer.ffn_gate_shexp = shexp
-        layer.ffn_up_shexp = _expert_tensor(gguf, il, "ffn_up_shexp.weight", (n_embd, n_ff_shared),
+        layer.ffn_up_shexp = expert_tensor(gguf, il, "ffn_up_shexp.weight", (n_embd, n_ff_shared),
                                             f"the shared expert: [n_embd {n_embd}, {width}]")
-        layer.ffn_down_shexp = _expert_tensor(gguf, il, "ffn_down_shexp.weight", (n_ff_shared, n_embd),
+        layer.ffn_down_shexp = expert_tensor(gguf, il, "ffn_down_shexp.weight", (n_ff_shared, n_embd),
                                               f"the shared expert: [{width}, n_embd {n_embd}]")
-        layer.ffn_gate_inp_shexp = _expert_tensor(gguf, il, "ffn_gate_inp_shexp.weight", (n_embd,),
+        layer.ffn_gate_inp_shexp = expert_tensor(gguf, il, "ffn_gate_inp_shexp.weight", (n_embd,),
                                                   f"the shared expert's gate: [n_embd {n_embd}]")
 
 

@@ -11,7 +11,15 @@ sliding and full layers) with
 * KV sharing: the last `attention.shared_kv_layers` layers reuse the KV cache of the last
   earlier non-shared layer of the same type (sliding/full);
 * per-layer FFN sizes (feed_forward_length may be an array; read from the tensors);
-* final logit softcap; tied head. RMSNorm weights are plain multipliers.
+* final logit softcap; tied head. RMSNorm weights are plain multipliers;
+* mixture of experts (26B-A4B style, `gemma4.expert_count` > 0): in every block the dense FFN
+  and the experts run side by side on the attention residual r:
+  dense = post_ffw_norm_1(ffn(ffn_norm(r))), experts = post_ffw_norm_2(moe(pre_ffw_norm_2(r))),
+  then post_ffw_norm(dense + experts) joins the residual. The router reads its own RMS norm of r
+  (weight ffn_gate_inp.scale) times n_embd^-0.5, takes a softmax over every expert and the top
+  expert_used_count, renormalizes their weights to sum 1 and multiplies each by its expert's
+  ffn_down_exps.scale entry; the experts' gate and up are one tensor (ffn_gate_up_exps, each
+  expert's gate rows first), or two (ffn_gate_exps, ffn_up_exps) where a converter splits them.
 """
 from __future__ import annotations
 
@@ -20,7 +28,8 @@ import math
 import numpy as np
 
 from kcap import _core
-from kcap.arch.common import SLIDING_WINDOW_KEYS, SPEC_KEYS, Hyperparameters, block_tensor, new_spec, standard_layer
+from kcap.arch.common import (MOE_KEYS, SLIDING_WINDOW_KEYS, SPEC_KEYS, Experts, Hyperparameters, block_tensor,
+                              expert_tensor, mixture_of_experts, new_spec, standard_layer)
 from kcap.errors import ModelError
 from kcap.gguf import GGUFFile
 
@@ -29,7 +38,7 @@ METADATA_KEYS = (*SPEC_KEYS, *SLIDING_WINDOW_KEYS, "attention.layer_norm_rms_eps
                  "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
                  "attention.key_length_swa", "attention.value_length_swa", "rope.dimension_count",
                  "rope.dimension_count_swa", "rope.freq_base", "rope.freq_base_swa", "rope.scaling.type",
-                 "attention.shared_kv_layers", "embedding_length_per_layer_input")
+                 "attention.shared_kv_layers", "embedding_length_per_layer_input", *MOE_KEYS)
 # Tensor name patterns the plan deliberately does not use -> why (none).
 KNOWN_UNUSED_TENSORS: dict[str, str] = {}
 
@@ -47,6 +56,51 @@ def _scalar_tensor(gguf: GGUFFile, name: str) -> float:
     if info.type_name != "F32" or int(np.prod(info.shape)) != 1:
         raise ModelError(f"{gguf.path}: tensor '{name}' must be one F32 value, got {info.type_name} {info.shape}")
     return float(np.frombuffer(info.data.tobytes()[:4], dtype="<f4")[0])
+
+
+def _experts(gguf: GGUFFile, layer: _core.LayerSpec, il: int, n_embd: int, experts: Experts) -> None:
+    """The block's expert branch beside its dense FFN, each tensor's shape checked against the
+    embedding size and the metadata's expert counts."""
+    n_expert = experts.n_expert
+    count = f"{ARCHITECTURE}.expert_count = {n_expert}"
+    layer.ffn_gate_inp = expert_tensor(gguf, il, "ffn_gate_inp.weight", (n_embd, n_expert),
+                                       f"the router: [n_embd {n_embd}, {count}]")
+    layer.ffn_gate_inp_scale = expert_tensor(gguf, il, "ffn_gate_inp.scale", (n_embd,),
+                                             f"the router's input norm weight: [n_embd {n_embd}]")
+    n_ff = experts.n_ff
+    width = f"{ARCHITECTURE}.expert_feed_forward_length = {n_ff}" if n_ff else "expert width"
+    if f"blk.{il}.ffn_gate_up_exps.weight" in gguf.tensors or f"blk.{il}.ffn_gate_exps.weight" not in gguf.tensors:
+        merged = expert_tensor(gguf, il, "ffn_gate_up_exps.weight", (n_embd, 2 * n_ff if n_ff else None, n_expert),
+                               f"[n_embd {n_embd}, 2 x {width}, {count}]: each expert's gate rows, then its up rows")
+        shape = gguf.tensors[merged].shape
+        if shape[1] % 2:
+            raise ModelError(f"{gguf.path}: tensor '{merged}' has shape {list(shape)}: an odd number of rows "
+                             f"({shape[1]}) per expert cannot hold a gate and an up half")
+        n_ff = n_ff or shape[1] // 2
+        layer.ffn_gate_up_exps = merged
+    else:
+        gate = expert_tensor(gguf, il, "ffn_gate_exps.weight", (n_embd, n_ff, n_expert),
+                             f"[n_embd {n_embd}, {width}, {count}]")
+        n_ff = n_ff or gguf.tensors[gate].shape[1]
+        layer.ffn_gate_exps = gate
+        layer.ffn_up_exps = expert_tensor(gguf, il, "ffn_up_exps.weight", (n_embd, n_ff, n_expert),
+                                          f"[n_embd {n_embd}, {width}, {count}]")
+    if not experts.n_ff:
+        width = f"expert width {n_ff}"
+    layer.ffn_down_exps = expert_tensor(gguf, il, "ffn_down_exps.weight", (n_ff, n_embd, n_expert),
+                                        f"[{width}, n_embd {n_embd}, {count}]")
+    layer.ffn_down_exps_scale = expert_tensor(gguf, il, "ffn_down_exps.scale", (n_expert,),
+                                              f"the experts' output scales: [{count}]")
+    for field, name in (("ffn_post_norm_1", "post_ffw_norm_1.weight"), ("ffn_pre_norm_2", "pre_ffw_norm_2.weight"),
+                        ("ffn_post_norm_2", "post_ffw_norm_2.weight")):
+        setattr(layer, field, expert_tensor(gguf, il, name, (n_embd,), f"a norm of the expert block: [n_embd {n_embd}]"))
+    layer.n_expert = n_expert
+    layer.n_expert_used = experts.n_expert_used
+    layer.expert_gating = _core.ExpertGating.Softmax
+    layer.expert_weights_norm = True
+    layer.expert_weights_scale = 1.0
+    layer.expert_logit_scale = 1.0 / math.sqrt(n_embd)
+    layer.expert_dense_branch = True
 
 
 def build(gguf: GGUFFile) -> _core.ModelSpec:
@@ -77,6 +131,7 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
     if not 0 <= n_shared < n_layer:
         raise ModelError(f"{gguf.path}: gemma4 attention.shared_kv_layers = {n_shared} for {n_layer} layers")
     first_shared = n_layer - n_shared
+    experts = mixture_of_experts(hp, weights_norm=True)
 
     # Per-layer embeddings.
     per = hp.int("embedding_length_per_layer_input", 0) or 0
@@ -112,6 +167,8 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
             if not sources:
                 raise ModelError(f"{gguf.path}: shared-KV layer {il} has no earlier layer of its type to read")
             layer.kv_source_layer = sources[-1]
+        if experts is not None:
+            _experts(gguf, layer, il, spec.n_embd, experts)
         if per:
             layer.ple_gate = block_tensor(gguf, il, "inp_gate.weight")
             layer.ple_proj = block_tensor(gguf, il, "proj.weight")
