@@ -43,25 +43,47 @@ KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCA
         if (t.lane == 0) logits[e] = acc * p.logit_scale;
     }
     kcap_barrier();
-    if (t.index != 0) return;
-    float top = logits[0];
-    for (int e = 1; e < p.n_expert; ++e) top = logits[e] > top ? logits[e] : top;
+    // The first simd group picks the experts, its lanes taking experts lane, lane + 32, ...: the
+    // softmax's max and sum as butterfly reductions, then n_used rounds of a (logit, index)
+    // argmax over the lanes (the lower index on a tie, as the CPU row), each round's expert
+    // masked out in the shared logits after its weight is taken. No lane waits on global memory.
+    if (t.simd != 0) return;
+    float top = KCAP_NEG_INFINITY;
+    for (int e = int(t.lane); e < p.n_expert; e += KCAP_SIMD_WIDTH) top = kcap_fmax(top, logits[e]);
+    top = kcap_simd_max(top);
     float sum = 0.0f;
-    for (int e = 0; e < p.n_expert; ++e) sum += kcap_exp(logits[e] - top);
+    for (int e = int(t.lane); e < p.n_expert; e += KCAP_SIMD_WIDTH) sum += kcap_exp(logits[e] - top);
+    sum = kcap_simd_sum(sum);
     KCAP_GLOBAL float* out = routing + kcap_u64(token) * kcap_u64(2 * p.n_used);
     float chosen = 0.0f;
     for (int k = 0; k < p.n_used; ++k) {
-        int best = -1;
-        for (int e = 0; e < p.n_expert; ++e) {
-            bool taken = false;
-            for (int j = 0; j < k; ++j) taken = taken || int(out[j]) == e;
-            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+        float value = KCAP_NEG_INFINITY;
+        int best = p.n_expert;  // none yet: loses every comparison below
+        for (int e = int(t.lane); e < p.n_expert; e += KCAP_SIMD_WIDTH)
+            if (logits[e] > value || (best == p.n_expert && logits[e] == value)) {
+                value = logits[e];
+                best = e;
+            }
+        for (int offset = KCAP_SIMD_WIDTH / 2; offset > 0; offset >>= 1) {
+            const float other_value = kcap_simd_shuffle_xor(value, offset);
+            const int other = kcap_simd_shuffle_xor(best, offset);
+            if (other_value > value || (other_value == value && other < best)) {
+                value = other_value;
+                best = other;
+            }
         }
-        const float weight = kcap_exp(logits[best] - top) / sum;
-        out[k] = float(best);
-        out[p.n_used + k] = weight;
+        if (best >= p.n_expert) best = 0;  // only where every logit is NaN: stay in bounds
+        const float weight = kcap_exp(value - top) / sum;
         chosen += weight;
+        kcap_simd_barrier();  // every lane has read logits[best] before it is masked
+        if (t.lane == 0) {
+            out[k] = float(best);
+            out[p.n_used + k] = weight;
+            logits[best] = KCAP_NEG_INFINITY;
+        }
+        kcap_simd_barrier();
     }
+    if (t.lane != 0) return;
     for (int k = 0; k < p.n_used; ++k)
         out[p.n_used + k] = (p.renormalize ? out[p.n_used + k] / chosen : out[p.n_used + k]) * p.scale *
                             (p.expert_scaled ? expert_scale[int(out[k])] : 1.0f);

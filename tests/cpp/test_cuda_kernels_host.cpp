@@ -27,6 +27,7 @@
 #include "kernels/matmul.h"
 #include "kernels/matvec.h"
 #include "kernels/matvec_q8.h"
+#include "kernels/moe.h"
 #include "kernels/norm.h"
 #include "kernels/ple.h"
 #include "kernels/quant_codes.h"
@@ -700,6 +701,72 @@ void test_qk_norm_rope(std::mt19937& rng, CpuState& cpu) {
                 ++checked;
             }
     std::printf("qk_norm_rope body: %d cases\n", checked);
+}
+
+// The router body against cpu.moe_route: the same experts, in the same order, and their weights.
+// Expert counts below, at and above a simd group's width (each lane then scans several), and
+// logits that are small integers (integer x and router rows: exact f32 dot products), so that
+// many experts tie and the lower index must win as in the CPU row; then random logits.
+void test_moe_route(std::mt19937& rng, CpuState& cpu) {
+    int checked = 0;
+    const Row& reference = find_row("cpu.moe_route");
+    const int64_t k = 64;
+    std::uniform_int_distribution<int> small(-2, 2);
+    for (const int n_expert : {8, 60, 128, 256})
+        for (const int used : {1, 2, 8})
+            for (const bool ties : {true, false})
+                for (const bool renormalize : {false, true}) {
+                    const int m = 5;
+                    std::vector<float> x = random_floats(rng, size_t(m * k));
+                    auto w = random_weights(rng, Format::F32, k, n_expert, "router");
+                    if (ties) {
+                        for (auto& v : x) v = float(small(rng));
+                        float* rows = reinterpret_cast<float*>(w->bytes.data());
+                        for (int64_t i = 0; i < k * n_expert; ++i) rows[i] = float(small(rng));
+                    }
+                    Stage stage;
+                    stage.op = Op::MoeRoute;
+                    stage.k = k;
+                    stage.n = 2 * used;
+                    stage.operands = {&w->ref};
+                    stage.params.n_expert = n_expert;
+                    stage.params.n_expert_used = used;
+                    stage.params.expert_weights_scale = 1.5f;
+                    stage.features = kExpertSoftmax | (renormalize ? uint32_t(kExpertWeightsNorm) : 0u);
+                    std::vector<float> ref(size_t(m) * 2 * used), got = nan_filled(ref.size());
+                    KernelCall call;
+                    call.n_tokens = m;
+                    call.in = x.data();
+                    call.out = ref.data();
+                    run_cpu(reference, stage, call, cpu);
+                    KcapMoeParams p{};
+                    p.n_tokens = m, p.k = int(k), p.n_expert = n_expert, p.n_used = used;
+                    p.renormalize = renormalize, p.scale = 1.5f, p.logit_scale = 1.0f;
+                    p.router_row_bytes = unsigned(row_bytes(Format::F32, k));
+                    with_decoder(Format::F32, [&](auto decoder) {
+                        using F = decltype(decoder);
+                        kcap_sim::launch({unsigned(m), 1, 1}, kcap::cuda_rows::kMoeRouteThreads,
+                                         KCAP_MOE_MAX_EXPERTS * 4, [&](const KcapThread& t, void* shared) {
+                                             kcap_moe_route<F>(t, p, w->ref.data, x.data(), nullptr, got.data(),
+                                                               static_cast<float*>(shared));
+                                         });
+                    });
+                    int wrong_ids = 0;
+                    std::vector<float> got_w, ref_w;
+                    for (int tok = 0; tok < m; ++tok)
+                        for (int j = 0; j < used; ++j) {
+                            const size_t at = size_t(tok) * 2 * used;
+                            wrong_ids += got[at + j] != ref[at + j];
+                            got_w.push_back(got[at + used + j]);
+                            ref_w.push_back(ref[at + used + j]);
+                        }
+                    const double err = relative_error(got_w, ref_w);
+                    KCAP_EXPECT(wrong_ids == 0 && err <= kExactTolerance,
+                                "moe_route %d experts, %d used, ties %d, renormalize %d: %d ids differ, weights error %.3g",
+                                n_expert, used, int(ties), int(renormalize), wrong_ids, err);
+                    ++checked;
+                }
+    std::printf("moe_route body: %d cases\n", checked);
 }
 
 void test_elementwise(std::mt19937& rng, CpuState& cpu) {
@@ -1579,6 +1646,7 @@ int main() {
     test_rope(rng, cpu);
     test_qk_norm_rope(rng, cpu);
     test_elementwise(rng, cpu);
+    test_moe_route(rng, cpu);
     test_ple(rng, cpu);
     test_argmax(rng);
     test_sample(rng);

@@ -1216,9 +1216,9 @@ void test_sample(std::mt19937& rng) {
 // Mixture-of-experts rows against the CPU rows: cuda.moe_route (the chosen experts exactly, their
 // weights to 1e-5), cuda.moe_experts.<format> on the CPU's routing (gate and up of the row's
 // format, down of another where the row allows: a Q4_K_M file's Q6_K down), cuda.moe_shared_gate.
-// Tokens 1 (decode), 3 and 37; 8 experts, 2 or 3 chosen; K at the format's block and longer. Each
-// router and experts case also runs with Gemma 4's features: the router's logit scale and
-// per-expert scales, the experts' gate and up merged into one tensor.
+// Tokens 1 (decode), 3 and 37; 8 experts (the router also 128), 2 or 3 chosen; K at the format's
+// block and longer. Each router and experts case also runs with Gemma 4's features: the router's
+// logit scale and per-expert scales, the experts' gate and up merged into one tensor.
 void test_moe(std::mt19937& rng, CpuState& cpu) {
     const Row& cpu_route = find_row("cpu.moe_route");
     const Row& cpu_experts = find_row("cpu.moe_experts");
@@ -1235,7 +1235,8 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                     for (const bool gemma : {false, true}) {
                         if (gemma && row.op == Op::MoeSharedGate) continue;
                         TestContext t;
-                        const int n_expert = 8;
+                        // The router also at 128 experts (Qwen3-MoE): each lane of its top-k scans several.
+                        const int n_expert = row.op == Op::MoeRoute && k != block ? 128 : 8;
                         const int64_t ff = block * 2, n = k;  // the experts' FFN width; output = input width
                         const std::vector<float> x = random_floats(rng, size_t(m) * size_t(k));
                         Stage stage;
