@@ -1,4 +1,4 @@
-"""The architecture conformance tests (test_conformance.py) on the CUDA backend (issue 5, item 3).
+"""The architecture conformance tests (test_conformance.py) on the CUDA backend.
 
 Without a GPU (every CI run): each fixture, F32 and Q8_0, plans entirely onto CUDA rows, its
 feature-bearing stages carry their features on those rows, and a fixture whose feature has no

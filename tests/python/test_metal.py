@@ -1,4 +1,4 @@
-"""Metal backend (issue 4).
+"""Metal backend.
 
 Runs everywhere (no Mac needed): the Metal rows are in the capability table with their entry
 points, every entry point a row declares is a kernel of metal/*.metal (found by running the

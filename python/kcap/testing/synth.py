@@ -263,7 +263,7 @@ def tiny_gemma3(path: str, n_layer: int = 3, n_embd: int = 64, n_head: int = 4, 
     return write_gguf(path, "gemma3", meta, tensors)
 
 
-# --- Added for the CUDA backend (issue 3): big layouts made where they run ---------------
+# --- Big layouts for the CUDA benchmarks, made where they run ---------------------------
 
 def q4_k_m_type(name: str, n_layer: int) -> str:
     """The type llama.cpp's Q4_K_M mix gives a Llama tensor (llama-quant.cpp): Q6_K for the
