@@ -68,23 +68,6 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     kcap_moe_shared_gate(kcap_cuda_thread(), width, w, x, in, shared, out, partial);
 }
 
-KcapMoeParams moe_params(const Stage& stage, const KernelCall& call) {
-    KcapMoeParams p{};
-    p.n_tokens = call.n_tokens;
-    p.k = int(stage.k);
-    p.ff = int(stage.k2);
-    p.n = int(stage.n);
-    p.n_expert = stage.params.n_expert;
-    p.n_used = stage.params.n_expert_used;
-    p.renormalize = (stage.features & kExpertWeightsNorm) != 0;
-    p.scale = stage.params.expert_weights_scale;
-    p.router_row_bytes = stage.op == Op::MoeRoute ? unsigned(row_bytes(stage.operands[0]->format, stage.k)) : 0u;
-    p.logit_scale = (stage.features & kExpertLogitScale) ? stage.params.expert_logit_scale : 1.0f;
-    p.expert_scaled = (stage.features & kPerExpertScale) != 0;
-    p.gate_up_merged = (stage.features & kExpertGateUpMerged) != 0;
-    return p;
-}
-
 // The down matvec of every slot in the down matrix's format (fixed per stage).
 void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoeParams& moe, const kcap_u8* down,
                          const float* routing, unsigned slots) {
@@ -115,7 +98,7 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
 void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
-    const KcapMoeParams p = cuda::moe_params(stage, call);
+    const KcapMoeParams p = moe_params(stage, call.n_tokens);
     const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
     // The per-expert scale vector (F32), where the stage has one.
     const auto* expert_scale = p.expert_scaled ? static_cast<const float*>(data.operands[1]) : nullptr;
@@ -137,7 +120,7 @@ void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call) {
     using F = cuda::Decoder<FORMAT>;
     const cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
-    const KcapMoeParams moe = cuda::moe_params(stage, call);
+    const KcapMoeParams moe = moe_params(stage, call.n_tokens);
     const unsigned slots = unsigned(moe.n_tokens * moe.n_used);
     KcapMatmulParams p{};
     p.k = moe.k;

@@ -10,23 +10,6 @@ namespace {
 
 using namespace metal_rows;
 
-KcapMoeParams moe_params(const Stage& stage, const KernelCall& call) {
-    KcapMoeParams p{};
-    p.n_tokens = call.n_tokens;
-    p.k = int(stage.k);
-    p.ff = int(stage.k2);
-    p.n = int(stage.n);
-    p.n_expert = stage.params.n_expert;
-    p.n_used = stage.params.n_expert_used;
-    p.renormalize = (stage.features & kExpertWeightsNorm) != 0;
-    p.scale = stage.params.expert_weights_scale;
-    p.router_row_bytes = stage.op == Op::MoeRoute ? unsigned(row_bytes(stage.operands[0]->format, stage.k)) : 0u;
-    p.logit_scale = (stage.features & kExpertLogitScale) ? stage.params.expert_logit_scale : 1.0f;
-    p.expert_scaled = (stage.features & kPerExpertScale) != 0;
-    p.gate_up_merged = (stage.features & kExpertGateUpMerged) != 0;
-    return p;
-}
-
 // A matvec over one slot per grid row (entry `entry` of the row): k inputs, n rows of row_bytes.
 void encode_slots(const Context& ctx, const Row& row, int entry, const KcapMoeParams& moe, int k, int n,
                   unsigned row_bytes, int activation, const void* w0, const void* w1, const float* routing,
@@ -58,7 +41,7 @@ void encode_slots(const Context& ctx, const Row& row, int entry, const KcapMoePa
 void run_moe_experts(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
-    const KcapMoeParams moe = moe_params(stage, call);
+    const KcapMoeParams moe = moe_params(stage, call.n_tokens);
     encode_slots(ctx, *call.row, kMoeGateUp, moe, moe.k, moe.ff, unsigned(row_bytes(stage.operands[0]->format, moe.k)),
                  int(stage.params.activation), data.operands[0], data.operands[1], call.in2, call.in, ctx.moe_act);
     const Format down = stage.operands[2]->format;
@@ -78,7 +61,7 @@ void run_moe_experts(const Stage& stage, const KernelCall& call) {
 void kcap_metal_moe_route(const Stage& stage, const KernelCall& call) {
     using namespace metal;
     const Context& ctx = context(call);
-    const KcapMoeParams p = moe_params(stage, call);
+    const KcapMoeParams p = moe_params(stage, call.n_tokens);
     bind_params(ctx, 0, p);
     bind(ctx, 1, stage_data(call).operands[0]);
     bind(ctx, 2, call.in);

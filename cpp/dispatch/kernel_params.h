@@ -161,4 +161,23 @@ inline KcapPleGateParams ple_gate_params(const Stage& stage, int n_tokens) {
     return p;
 }
 
+// A mixture-of-experts stage (moe_route, moe_experts) over n_tokens tokens: its widths, expert
+// counts, and the gating features as flags the router and expert bodies read.
+inline KcapMoeParams moe_params(const Stage& stage, int n_tokens) {
+    KcapMoeParams p{};
+    p.n_tokens = n_tokens;
+    p.k = int(stage.k);
+    p.ff = int(stage.k2);
+    p.n = int(stage.n);
+    p.n_expert = stage.params.n_expert;
+    p.n_used = stage.params.n_expert_used;
+    p.renormalize = (stage.features & kExpertWeightsNorm) != 0;
+    p.scale = stage.params.expert_weights_scale;
+    p.router_row_bytes = stage.op == Op::MoeRoute ? unsigned(row_bytes(stage.operands[0]->format, stage.k)) : 0u;
+    p.logit_scale = (stage.features & kExpertLogitScale) ? stage.params.expert_logit_scale : 1.0f;
+    p.expert_scaled = (stage.features & kPerExpertScale) != 0;
+    p.gate_up_merged = (stage.features & kExpertGateUpMerged) != 0;
+    return p;
+}
+
 }  // namespace kcap
