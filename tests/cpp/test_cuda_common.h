@@ -52,6 +52,27 @@ inline double relative_error(const std::vector<float>& got, const std::vector<fl
     return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
+// Two Routing buffers of n_tokens rows (n_used expert ids as floats, then their weights): how many
+// ids differ, and the relative error of the weights.
+struct RoutingDiff {
+    int wrong_ids = 0;
+    double weights_error = 0.0;
+};
+inline RoutingDiff routing_diff(const std::vector<float>& got, const std::vector<float>& ref, int n_tokens,
+                                int n_used) {
+    RoutingDiff d;
+    std::vector<float> got_w, ref_w;
+    for (int tok = 0; tok < n_tokens; ++tok)
+        for (int j = 0; j < n_used; ++j) {
+            const size_t at = size_t(tok) * 2 * size_t(n_used);
+            d.wrong_ids += got[at + size_t(j)] != ref[at + size_t(j)];
+            got_w.push_back(got[at + size_t(n_used + j)]);
+            ref_w.push_back(ref[at + size_t(n_used + j)]);
+        }
+    d.weights_error = relative_error(got_w, ref_w);
+    return d;
+}
+
 // The error of a matmul relative to its conditioning: ||got - ref|| / ||(|W| |x|)||, the
 // scale that reordered f32 sums err against. Plain ||ref|| misleads for one output whose
 // terms cancel (a lone dot product near zero).

@@ -751,19 +751,10 @@ void test_moe_route(std::mt19937& rng, CpuState& cpu) {
                                                                static_cast<float*>(shared));
                                          });
                     });
-                    int wrong_ids = 0;
-                    std::vector<float> got_w, ref_w;
-                    for (int tok = 0; tok < m; ++tok)
-                        for (int j = 0; j < used; ++j) {
-                            const size_t at = size_t(tok) * 2 * used;
-                            wrong_ids += got[at + j] != ref[at + j];
-                            got_w.push_back(got[at + used + j]);
-                            ref_w.push_back(ref[at + used + j]);
-                        }
-                    const double err = relative_error(got_w, ref_w);
-                    KCAP_EXPECT(wrong_ids == 0 && err <= kExactTolerance,
+                    const RoutingDiff diff = routing_diff(got, ref, m, used);
+                    KCAP_EXPECT(diff.wrong_ids == 0 && diff.weights_error <= kExactTolerance,
                                 "moe_route %d experts, %d used, ties %d, renormalize %d: %d ids differ, weights error %.3g",
-                                n_expert, used, int(ties), int(renormalize), wrong_ids, err);
+                                n_expert, used, int(ties), int(renormalize), diff.wrong_ids, diff.weights_error);
                     ++checked;
                 }
     std::printf("moe_route body: %d cases\n", checked);

@@ -1269,20 +1269,11 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                             call.in = t.arena.upload(x), call.out = out;
                             if (!t.run(row, stage, call, data)) continue;
                             const std::vector<float> got = download(out, ref.size());
-                            int wrong_ids = 0;
-                            std::vector<float> got_w, ref_w;
-                            for (int tok = 0; tok < m; ++tok)
-                                for (int j = 0; j < used; ++j) {
-                                    const size_t at = size_t(tok) * 2 * used;
-                                    wrong_ids += got[at + j] != ref[at + j];
-                                    got_w.push_back(got[at + used + j]);
-                                    ref_w.push_back(ref[at + used + j]);
-                                }
-                            const double err = relative_error(got_w, ref_w);
-                            KCAP_EXPECT(wrong_ids == 0 && err <= kExactTolerance,
+                            const RoutingDiff diff = routing_diff(got, ref, m, used);
+                            KCAP_EXPECT(diff.wrong_ids == 0 && diff.weights_error <= kExactTolerance,
                                         "%s %s K=%lld used %d, %d tokens%s: %d experts chosen differently, weights error %.3g",
                                         row.kernel.c_str(), format_name(f), (long long)k, used, m,
-                                        gemma ? " (logit scale, per-expert scales)" : "", wrong_ids, err);
+                                        gemma ? " (logit scale, per-expert scales)" : "", diff.wrong_ids, diff.weights_error);
                             ++g_cases;
                             continue;
                         }
