@@ -315,18 +315,11 @@ private:
         }
         ctx_.attn_partial_o = alloc_n<float>(std::max<size_t>(partial_o, 1));
         ctx_.attn_partial_ml = alloc_n<float>(std::max<size_t>(partial_ml, 1));
-        // The experts' per-slot scratch (as cuda_backend.cu): max_batch tokens of the widest stage.
-        size_t moe_act = 0, moe_down = 0;
-        for (const RoutedStage& routed : plan_.stages) {
-            const Stage& stage = routed.stage;
-            if (stage.op != Op::MoeExperts) continue;
-            const size_t slots = size_t(max_batch_) * size_t(stage.params.n_expert_used);
-            moe_act = std::max(moe_act, slots * size_t(stage.k2));
-            moe_down = std::max(moe_down, slots * size_t(stage.n));
-        }
-        if (moe_act) {
-            ctx_.moe_act = alloc_n<float>(moe_act);
-            ctx_.moe_down = alloc_n<float>(moe_down);
+        // The experts' per-slot scratch (moe_scratch_floats: max_batch tokens of the widest stage).
+        const MoeScratch moe = moe_scratch_floats(plan_, max_batch_);
+        if (moe.act) {
+            ctx_.moe_act = alloc_n<float>(moe.act);
+            ctx_.moe_down = alloc_n<float>(moe.down);
         }
     }
 

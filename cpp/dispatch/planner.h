@@ -7,6 +7,8 @@
 // stage's routes.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -59,6 +61,24 @@ struct Plan {
     // Per-token width (floats) of every activation buffer, indexed by Buffer.
     std::vector<int64_t> buffer_widths;
 };
+
+// The GPU experts rows' per-slot scratch, in floats: max_batch tokens times n_expert_used slots of
+// the widest moe_experts stage, for the activations (its FFN width) and the down outputs.
+struct MoeScratch {
+    size_t act = 0;
+    size_t down = 0;
+};
+inline MoeScratch moe_scratch_floats(const Plan& plan, int64_t max_batch) {
+    MoeScratch s;
+    for (const RoutedStage& routed : plan.stages) {
+        const Stage& stage = routed.stage;
+        if (stage.op != Op::MoeExperts) continue;
+        const size_t slots = size_t(max_batch) * size_t(stage.params.n_expert_used);
+        s.act = std::max(s.act, slots * size_t(stage.k2));
+        s.down = std::max(s.down, slots * size_t(stage.n));
+    }
+    return s;
+}
 
 // Which activation buffers one call of a routed stage reads and writes, for every backend:
 // buffer(b) is the first row of the backend's buffer b, `logits` where this call's logits go
