@@ -285,11 +285,17 @@ private:
                 partial_ml = std::max(partial_ml, slots * 2);
             }
         }
-        // The experts' per-slot scratch (moe_scratch_floats: max_batch tokens of the widest stage).
-        const MoeScratch moe = moe_scratch_floats(plan_, max_batch_);
+        // The mixture-of-experts scratch (moe_scratch: max_batch tokens of the widest stage; the
+        // grouped experts' tiles of kMmaTokens rows).
+        const MoeScratch moe = moe_scratch(plan_, max_batch_, cuda_rows::kMmaTokens);
+        if (moe.logits) ctx.moe_logits = arena_.alloc_n<float>(moe.logits);
         if (moe.act) {
             ctx.moe_act = arena_.alloc_n<float>(moe.act);
+            ctx.moe_up = arena_.alloc_n<float>(moe.up);
             ctx.moe_down = arena_.alloc_n<float>(moe.down);
+            ctx.moe_rows = arena_.alloc_n<int>(moe.rows);
+            ctx.moe_slot_rows = arena_.alloc_n<int>(moe.slot_rows);
+            ctx.moe_tile_expert = arena_.alloc_n<int>(moe.tiles);
         }
         ctx.attn_partial_o = arena_.alloc_n<float>(std::max<size_t>(partial_o, 1));
         ctx.attn_partial_ml = arena_.alloc_n<float>(std::max<size_t>(partial_ml, 1));

@@ -76,10 +76,17 @@ struct Context {
     // rows' _q8 forms) writes it and they read it (kQ8Input).
     void* q8_rows = nullptr;
     size_t q8_rows_capacity = 0;
-    // Mixture of experts (cuda/moe.cu): each (token, chosen expert) slot's FFN activations [slots][ff]
-    // and down output [slots][n], sized for max_batch tokens of the widest stage.
+    // Mixture of experts (cuda/moe.cu), sized for max_batch tokens of the widest stage
+    // (dispatch/planner.h: moe_scratch): the router's logits; the experts' rows (the slots, or the
+    // grouped tiles' sorted rows): FFN activations, up outputs (grouped), down outputs; grouped:
+    // the source token of each sorted row, the sorted row of each slot, the expert of each tile.
+    float* moe_logits = nullptr;
     float* moe_act = nullptr;
+    float* moe_up = nullptr;
     float* moe_down = nullptr;
+    int* moe_rows = nullptr;
+    int* moe_slot_rows = nullptr;
+    int* moe_tile_expert = nullptr;
 };
 
 // m x k q8_1 values in a context's q8_rows (the form of kcap_q8_quantize_rows).

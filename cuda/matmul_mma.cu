@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     mma_kernel(MmaGroup group, const float* x) {
     const int which = mma_group_member(group), tile = mma_group_tile(group, which);
     const KcapMatmulParams p = mma_group_pick(group.p, which);
-    const kcap_u8* w = mma_group_pick(group.w, which);
+    const kcap_u8* w = mma_group_pick(group.w, which);  // grouped experts: moved to the tile's expert below
     using C = KcapCodes<F>;
     using R = RawChunk<F>;
     constexpr int kSub = C::sub;                 // elements per sub-block: 16 or 32
@@ -98,10 +98,17 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     const int dr = tid >> 1, dhalf = tid & 1;
     const int xt = tid >> 4, xc = tid & 15;
     const bool row_valid = row_base + dr < p.n;
-    const kcap_u8* wrow = w + kcap_u64(row_valid ? row_base + dr : 0) * p.row_bytes;
-    const kcap_u8* w_end = w + kcap_u64(p.n) * p.row_bytes;
     pdl_wait();
     pdl_trigger();
+    if (group.tile_expert) {
+        const int expert = group.tile_expert[blockIdx.y];
+        if (expert < 0) return;  // past the batch's tiles
+        w += kcap_u64(expert) * group.expert_bytes;
+    }
+    const kcap_u8* wrow = w + kcap_u64(row_valid ? row_base + dr : 0) * p.row_bytes;
+    const kcap_u8* w_end = w + kcap_u64(p.n) * p.row_bytes;
+    int xsrc[4];
+    x_sources(xsrc, group.x_rows, p, token_base, xt);
     float acc[kMt][kNt][4] = {};
     const int runs = p.k / 32;
     const int chunks = (p.k + R::k - 1) / R::k;
@@ -110,7 +117,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         cp_async_commit();
     }
     float4 xv[4];
-    load_x(xv, x, p, token_base, xt, xc, 0);
+    load_x(xv, x, p, xsrc, xc, 0);
     for (int k0 = 0; k0 < p.k; k0 += kStepK) {
         const int chunk = k0 / R::k;
         const bool chunk_start = k0 % R::k == 0;
@@ -170,7 +177,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         }
         __syncthreads();
         // The next step's activations: in flight during this step's products.
-        if (k0 + kStepK < p.k) load_x(xv, x, p, token_base, xt, xc, k0 + kStepK);
+        if (k0 + kStepK < p.k) load_x(xv, x, p, xsrc, xc, k0 + kStepK);
 #pragma unroll 1
         for (int s = 0; s < kSubs; ++s) {
             float t[kMt][kNt][4] = {};

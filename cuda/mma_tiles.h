@@ -152,15 +152,27 @@ __device__ __forceinline__ void stage_chunk(unsigned* buf, const kcap_u8* w, con
     }
 }
 
-// Activations of one step: thread (token xt + 16 i, i < 4; float4 column xc) of the tile's 64
-// tokens x 64 values; zeros past M or K (K is a multiple of 32, so a float4 is all in or all out).
-__device__ __forceinline__ void load_x(float4 (&v)[4], const float* x, const KcapMatmulParams& p, int token_base,
-                                       int xt, int xc, int k0) {
+// The x rows of a thread's 4 tokens xt + 16 i of a tile: the token itself, or (x_rows: the grouped
+// experts' sorted rows) the source token x_rows gives it; -1 past M or for a padding row.
+__device__ __forceinline__ void x_sources(int (&src)[4], const int* x_rows, const KcapMatmulParams& p, int token_base,
+                                          int xt) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int token = token_base + xt + 16 * i;
+        src[i] = token < p.m ? (x_rows ? x_rows[token] : token) : -1;
+    }
+}
+
+// Activations of one step: thread (token xt + 16 i, i < 4, reading x row src[i]; float4 column
+// xc) of the tile's 64 tokens x 64 values; zeros for a row of -1 or past K (K is a multiple of
+// 32, so a float4 is all in or all out).
+__device__ __forceinline__ void load_x(float4 (&v)[4], const float* x, const KcapMatmulParams& p, const int (&src)[4],
+                                       int xc, int k0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
         v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (token < p.m && k0 + 4 * xc < p.k) v[i] = *reinterpret_cast<const float4*>(x + kcap_u64(token) * p.k + k0 + 4 * xc);
+        if (src[i] >= 0 && k0 + 4 * xc < p.k)
+            v[i] = *reinterpret_cast<const float4*>(x + kcap_u64(src[i]) * p.k + k0 + 4 * xc);
     }
 }
 
@@ -198,6 +210,10 @@ __device__ __forceinline__ void store_tile(const float (&acc)[MT][kNt][4], const
 // row tiles run through the matrices in turn, so a small matrix (K, V: 8 row tiles of 128 rows
 // against 132 multiprocessors) shares its wave with the others, and a grid's last, partial wave
 // comes once per stage instead of once per matrix.
+//   Grouped experts (cuda/moe.cu): tile_expert set, each token tile (grid y) is one expert's
+// rows of a sorted batch: its weights start expert_bytes * tile_expert[tile] into each member's
+// w (a tile of -1 is unused and ends at once), and its x rows are x_rows[token] (-1: a padding
+// row, zeros). The outputs stay in sorted order.
 struct MmaGroup {
     KcapMatmulParams p[3];  // the same k, m and row_bytes (mma_group_add); n and has_bias their own
     const kcap_u8* w[3];
@@ -205,6 +221,9 @@ struct MmaGroup {
     float* y[3];
     int tiles_end[3];  // grid x: matrix i's row tiles end here (INT_MAX past the last matrix)
     int count;
+    const int* tile_expert;  // grouped experts: the expert of each token tile, -1 unused; else null
+    const int* x_rows;       // the x row of each token (-1: zeros); null: the token's own
+    kcap_u64 expert_bytes;   // bytes of one expert's rows in each member
 };
 
 inline MmaGroup mma_group(const KcapMatmulParams& p, const kcap_u8* w, const float* bias, float* y) {

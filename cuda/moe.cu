@@ -1,18 +1,30 @@
-// CUDA entry points of the mixture-of-experts rows (kernels/moe.h, kernels/matvec.h):
-//   cuda.moe_route           one group per token: the router's logits (times a logit scale), the
-//                            top n_used, their weights (times a per-expert scale where the stage
-//                            has one), into the Routing buffer on the device (no host round trip:
-//                            the decode step stays one captured graph).
-//   cuda.moe_experts.<fmt>   the chosen experts' gated FFNs: the staged gate_up matvec of each
-//                            (token, chosen expert) slot (grid y = slots, the expert's rows found
-//                            from the Routing buffer in the kernel), the down matvec of each slot
-//                            (the down matrix's own format), then the weighted sum per token. A
-//                            call reads only the chosen experts' weights; each slot reads its
-//                            expert's rows once.
+// CUDA entry points of the mixture-of-experts rows (kernels/moe.h, kernels/matvec.h, the tiles of
+// cuda/matmul_mma.cu):
+//   cuda.moe_route           the router's logits (times a logit scale) over groups of experts and
+//                            tokens, then one simd group per token: the top n_used, their weights
+//                            (times a per-expert scale where the stage has one), into the Routing
+//                            buffer on the device (no host round trip: the decode step stays one
+//                            captured graph).
+//   cuda.moe_experts.<fmt>   the chosen experts' gated FFNs, slot by slot: the staged gate_up
+//                            matvec of each (token, chosen expert) slot (grid y = slots, the
+//                            expert's rows found from the Routing buffer in the kernel), the down
+//                            matvec of each slot (the down matrix's own format), then the weighted
+//                            sum per token. A call reads only the chosen experts' weights; each
+//                            slot reads its expert's rows once (the few-token calls).
+//   cuda.moe_experts_mma.<fmt>  grouped by expert (the batches): one group sorts the slots by
+//                            expert, each expert's slots padded to whole tiles of kMmaTokens rows;
+//                            the split-bf16 tensor-core tiles of matmul_mma.cu then take gate and
+//                            up of every tile of one expert's rows (its weights read once per
+//                            tile of rows, not once per slot), the gated activation, the down
+//                            tiles in the down matrix's format, and the weighted sum reads each
+//                            slot's row back.
 //   cuda.moe_shared_gate     out = in + sigmoid(w . x) * shared, one group per token.
 #include <algorithm>
 
 #include "cuda/matmul.h"
+#include "cuda/mma_tiles.h"
+#include "dispatch/planner.h"
+#include "kernels/activation.h"
 #include "kernels/moe.h"
 
 namespace kcap {
@@ -22,12 +34,20 @@ namespace {
 using namespace cuda_rows;
 
 template <class F>
+__global__ void __launch_bounds__(kMoeLogitThreads)
+    logits_kernel(KcapMoeParams p, const kcap_u8* w, const float* x, float* logits) {
+    __shared__ float xs[KCAP_MOE_LOGIT_SHARED_FLOATS];
+    pdl_wait();
+    pdl_trigger();
+    kcap_moe_logits<F>(kcap_cuda_thread(), p, w, x, logits, xs);
+}
+
 __global__ void __launch_bounds__(kMoeRouteThreads)
-    route_kernel(KcapMoeParams p, const kcap_u8* w, const float* x, const float* expert_scale, float* routing) {
+    route_kernel(KcapMoeParams p, const float* token_logits, const float* expert_scale, float* routing) {
     __shared__ float logits[KCAP_MOE_MAX_EXPERTS];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_route<F>(kcap_cuda_thread(), p, w, x, expert_scale, routing, logits);
+    kcap_moe_route(kcap_cuda_thread(), p, token_logits, expert_scale, routing, logits);
 }
 
 // The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
@@ -54,10 +74,60 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
-    combine_kernel(KcapMoeParams p, const float* routing, const float* down, float* out) {
+    combine_kernel(KcapMoeParams p, const float* routing, const float* down, const int* slot_rows, float* out) {
     pdl_wait();
     pdl_trigger();
-    kcap_moe_combine(kcap_cuda_thread(), p, routing, down, out);
+    kcap_moe_combine(kcap_cuda_thread(), p, routing, down, slot_rows, out);
+}
+
+// The grouped experts' order (one group of kMoeSortThreads): each expert's slots get consecutive
+// rows from its first tile on (an expert's slots padded to whole tiles of kMmaTokens rows, the
+// experts in index order), `tiles` tiles in all (moe_grouped_tiles). Writes the source token of
+// every row (-1 for padding and unused rows), the row of every slot and the expert of every
+// tile (-1 past the last used one). Which of an expert's rows a slot takes depends on the order
+// of the atomics, but each row's products depend only on its own token, so results do not.
+__global__ void __launch_bounds__(kMoeSortThreads)
+    sort_kernel(KcapMoeParams p, const float* routing, int tiles, int* rows, int* slot_rows, int* tile_expert) {
+    __shared__ int count[KCAP_MOE_MAX_EXPERTS];
+    __shared__ int first_row[KCAP_MOE_MAX_EXPERTS];
+    pdl_wait();
+    pdl_trigger();
+    const int tid = int(threadIdx.x), threads = int(blockDim.x), slots = p.n_tokens * p.n_used;
+    const auto expert_of = [&](int slot) {
+        const int e = int(routing[kcap_u64(slot / p.n_used) * kcap_u64(2 * p.n_used) + kcap_u64(slot % p.n_used)]);
+        return e >= 0 && e < p.n_expert ? e : 0;  // the router keeps ids in range; stay in bounds regardless
+    };
+    for (int e = tid; e < p.n_expert; e += threads) count[e] = 0;
+    for (int r = tid; r < tiles * kMmaTokens; r += threads) rows[r] = -1;
+    for (int t = tid; t < tiles; t += threads) tile_expert[t] = -1;
+    __syncthreads();
+    for (int s = tid; s < slots; s += threads) atomicAdd(&count[expert_of(s)], 1);
+    __syncthreads();
+    if (tid == 0) {
+        int tile = 0;
+        for (int e = 0; e < p.n_expert; ++e) {
+            first_row[e] = tile * kMmaTokens;
+            const int used = (count[e] + kMmaTokens - 1) / kMmaTokens;
+            for (int j = 0; j < used; ++j) tile_expert[tile + j] = e;
+            tile += used;
+            count[e] = 0;
+        }
+    }
+    __syncthreads();
+    for (int s = tid; s < slots; s += threads) {
+        const int e = expert_of(s);
+        const int row = first_row[e] + atomicAdd(&count[e], 1);
+        slot_rows[s] = row;
+        rows[row] = s / p.n_used;
+    }
+}
+
+// act(gate) * up over the grouped rows, in place in gate.
+__global__ void __launch_bounds__(kElementwiseThreads)
+    grouped_activation_kernel(KcapElementwiseParams p, float* gate, const float* up) {
+    pdl_wait();
+    pdl_trigger();
+    kcap_ffn_activation(kcap_cuda_thread(), p, gate, up, gate);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -96,22 +166,25 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
 }  // namespace cuda
 
 void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call) {
+    using namespace cuda_rows;
     const cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
     const KcapMoeParams p = moe_params(stage, call.n_tokens);
     const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
     // The per-expert scale vector (F32), where the stage has one.
     const auto* expert_scale = p.expert_scaled ? static_cast<const float*>(data.operands[1]) : nullptr;
+    const dim3 grid(cuda::ceil_div(p.n_expert, kMoeLogitThreads / 32), cuda::ceil_div(p.n_tokens, KCAP_MOE_LOGIT_TOKENS));
     switch (stage.operands[0]->format) {
-#define KCAP_MOE_ROUTE_CASE(NAME, DECODER)                                                                     \
-    case Format::NAME:                                                                                         \
-        cuda::launch(ctx, cuda::route_kernel<DECODER>, dim3(unsigned(p.n_tokens)), dim3(cuda_rows::kMoeRouteThreads), \
-                     0, p, w, call.in, expert_scale, call.out);                                                \
-        return;
-        KCAP_WEIGHT_FORMATS(KCAP_MOE_ROUTE_CASE)
-#undef KCAP_MOE_ROUTE_CASE
+#define KCAP_MOE_LOGITS_CASE(NAME, DECODER)                                                                       \
+    case Format::NAME:                                                                                            \
+        cuda::launch(ctx, cuda::logits_kernel<DECODER>, grid, dim3(kMoeLogitThreads), 0, p, w, call.in, ctx.moe_logits); \
+        break;
+        KCAP_WEIGHT_FORMATS(KCAP_MOE_LOGITS_CASE)
+#undef KCAP_MOE_LOGITS_CASE
         default: throw Error(std::string("cuda.moe_route: no body for ") + format_name(stage.operands[0]->format));
     }
+    cuda::launch(ctx, cuda::route_kernel, dim3(unsigned(p.n_tokens)), dim3(kMoeRouteThreads), 0, p,
+                 static_cast<const float*>(ctx.moe_logits), expert_scale, call.out);
 }
 
 template <Format FORMAT>
@@ -136,9 +209,66 @@ void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call) {
     cuda::launch_experts_down(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots);
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
     cuda::launch(ctx, cuda::combine_kernel, dim3(cuda::ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads),
-                 0, moe, call.in2, static_cast<const float*>(ctx.moe_down), call.out);
+                 0, moe, call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(nullptr), call.out);
 }
-#define KCAP_INSTANTIATE_MOE(NAME, DECODER) template void kcap_cuda_moe_experts<Format::NAME>(const Stage&, const KernelCall&);
+
+// Grouped by expert: the sort, gate and up tiles of the sorted rows (x read through each row's
+// source token), the gated activation, the down tiles (the down matrix's format) and the
+// weighted sum of each token's slot rows.
+template <Format FORMAT>
+void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
+    using namespace cuda_rows;
+    namespace tiles = cuda::mma_tiles;
+    const cuda::Context& ctx = cuda::context(call);
+    const cuda::StageData& data = cuda::stage_data(call);
+    const KcapMoeParams moe = moe_params(stage, call.n_tokens);
+    const int64_t slots = int64_t(moe.n_tokens) * moe.n_used;
+    const int n_tiles = int(moe_grouped_tiles(slots, moe.n_expert, kMmaTokens));
+    const int rows = n_tiles * kMmaTokens;
+    cuda::launch(ctx, cuda::sort_kernel, dim3(1), dim3(kMoeSortThreads), 0, moe, call.in2, n_tiles, ctx.moe_rows,
+                 ctx.moe_slot_rows, ctx.moe_tile_expert);
+    // Gate and up: rows x ff each, from the expert's gate (and up) rows.
+    KcapMatmulParams p{};
+    p.k = moe.k;
+    p.n = moe.ff;
+    p.m = rows;
+    p.row_bytes = unsigned(row_bytes(FORMAT, moe.k));
+    const kcap_u64 expert_rows = kcap_u64(moe.gate_up_merged ? 2 * moe.ff : moe.ff);
+    const auto* gate = static_cast<const kcap_u8*>(data.operands[0]);
+    const auto* up = static_cast<const kcap_u8*>(data.operands[1]) +
+                     (moe.gate_up_merged ? kcap_u64(moe.ff) * p.row_bytes : kcap_u64(0));
+    tiles::MmaGroup g = tiles::mma_group(p, gate, nullptr, ctx.moe_act);
+    tiles::mma_group_add(g, p, up, nullptr, ctx.moe_up);
+    g.tile_expert = ctx.moe_tile_expert;
+    g.x_rows = ctx.moe_rows;
+    g.expert_bytes = expert_rows * p.row_bytes;
+    tiles::mma_group_bf16(ctx, FORMAT, g, call.in);
+    KcapElementwiseParams a{};
+    a.count = rows * moe.ff;
+    a.activation = int(stage.params.activation);
+    a.gated = 1;
+    cuda::launch(ctx, cuda::grouped_activation_kernel, dim3(cuda::ceil_div(a.count, kElementwiseThreads)),
+                 dim3(kElementwiseThreads), 0, a, ctx.moe_act, static_cast<const float*>(ctx.moe_up));
+    // Down: rows x n from the expert's down rows, on the activations in sorted order.
+    const Format down_format = stage.operands[2]->format;
+    KcapMatmulParams d{};
+    d.k = moe.ff;
+    d.n = moe.n;
+    d.m = rows;
+    d.row_bytes = unsigned(row_bytes(down_format, moe.ff));
+    tiles::MmaGroup dg = tiles::mma_group(d, static_cast<const kcap_u8*>(data.operands[2]), nullptr, ctx.moe_down);
+    dg.tile_expert = ctx.moe_tile_expert;
+    dg.expert_bytes = kcap_u64(moe.n) * d.row_bytes;
+    tiles::mma_group_bf16(ctx, down_format, dg, ctx.moe_act);
+    const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
+    cuda::launch(ctx, cuda::combine_kernel, dim3(cuda::ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads),
+                 0, moe, call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(ctx.moe_slot_rows),
+                 call.out);
+}
+
+#define KCAP_INSTANTIATE_MOE(NAME, DECODER)                                                      \
+    template void kcap_cuda_moe_experts<Format::NAME>(const Stage&, const KernelCall&);         \
+    template void kcap_cuda_moe_experts_mma<Format::NAME>(const Stage&, const KernelCall&);
 KCAP_WEIGHT_FORMATS(KCAP_INSTANTIATE_MOE)
 #undef KCAP_INSTANTIATE_MOE
 

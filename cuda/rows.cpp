@@ -476,13 +476,29 @@ void add_cuda_ple_rows(std::vector<Row>& rows) {
 }
 
 void add_cuda_moe_rows(std::vector<Row>& rows) {
-    // The router, one group per token; the chosen experts of every (token, expert) slot with the
-    // decode matvec's teams, one grid row per slot; the shared expert's gate.
+    // The router (its logits over groups of experts and tokens, then one simd group per token);
+    // the chosen experts of every (token, expert) slot with the decode matvec's teams, one grid
+    // row per slot; from kMoeGroupedMinTokens, grouped by expert on the split-bf16 tiles
+    // (cuda/moe.cu) where gate, up and down all have tiles; the shared expert's gate.
     rows.push_back(gpu_family_row(GpuFamily::MoeRoute, Backend::CUDA, Format::F32, KCAP_CUDA_ENTRY(kcap_cuda_moe_route),
                                   {kMoeRouteThreads, 0, 0}));
-#define KCAP_MOE_EXPERTS_ROW(NAME, DECODER)                                                            \
-    rows.push_back(gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, Format::NAME,                  \
-                                  KCAP_CUDA_ENTRY(kcap_cuda_moe_experts<Format::NAME>), kMatvecGeometry));
+#define KCAP_MOE_EXPERTS_ROW(NAME, DECODER)                                                              \
+    {                                                                                                    \
+        const Format f = Format::NAME;                                                                   \
+        rows.push_back(gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                           \
+                                      KCAP_CUDA_ENTRY(kcap_cuda_moe_experts<f>), kMatvecGeometry));      \
+        if (mma_format(f)) {                                                                             \
+            Row grouped = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                        \
+                                         KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_mma<f>), kMmaGeometry);   \
+            grouped.kernel = "cuda.moe_experts_mma." + lower(f);                                         \
+            grouped.tokens = {kMoeGroupedMinTokens, 0};                                                  \
+            grouped.priority = 2;                                                                        \
+            grouped.launches = {"moe_sort", "mma_tiles", "moe_activation", "mma_tiles", "moe_combine"};   \
+            grouped.operand_formats[2] = mma_formats();                                                  \
+            grouped.dims.max_experts = KCAP_MOE_MAX_EXPERTS; /* the sort's per-expert counts */          \
+            rows.push_back(grouped);                                                                     \
+        }                                                                                                \
+    }
     KCAP_WEIGHT_FORMATS(KCAP_MOE_EXPERTS_ROW)
 #undef KCAP_MOE_EXPERTS_ROW
     rows.push_back(gpu_family_row(GpuFamily::MoeSharedGate, Backend::CUDA, Format::F32,

@@ -198,8 +198,16 @@ constexpr int kElementwiseThreads = 256;
 constexpr int kArgmaxThreads = 256;
 constexpr int kArgmaxChunk = 4096;
 constexpr int kEmbedThreads = 128;
-// Mixture of experts: the router takes one group per token (8 simd groups over the experts).
-constexpr int kMoeRouteThreads = 256;
+// Mixture of experts: the router's logits take groups of 4 simd groups (an expert's row each, for
+// KCAP_MOE_LOGIT_TOKENS tokens), its top-k one simd group per token; the grouped experts' sort one
+// group of 1024 threads per call.
+constexpr int kMoeLogitThreads = 128;
+constexpr int kMoeRouteThreads = 32;
+constexpr int kMoeSortThreads = 1024;
+// The experts grouped by expert (cuda.moe_experts_mma) from this many tokens: a tile of kMmaTokens
+// rows then holds a few slots of its expert on average (8 chosen of 128 experts: 2 at 32 tokens)
+// and reads the expert's weights once for them, where the slot matvecs read them once per slot.
+constexpr int kMoeGroupedMinTokens = 32;
 
 // The int8 tiles' tokens per group (cuda/matmul_q8.cu): 64, or 128 where the batch has more than
 // 64 tokens and the 128-token groups fill at least 90% of one wave (q8_groups_per_sm of them per
@@ -257,6 +265,7 @@ template <Q8Source SOURCE> void kcap_cuda_qkv_q8_tokens(const Stage& stage, cons
 template <Q8Source SOURCE> void kcap_cuda_qkv_q8_mma(const Stage& stage, const KernelCall& call);
 template <bool Q8> void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call);
 
 void kcap_cuda_qkv(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qkv_tokens(const Stage& stage, const KernelCall& call);

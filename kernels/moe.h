@@ -1,18 +1,24 @@
 // Mixture-of-experts bodies (CUDA and Metal entries, host tests):
-//   kcap_moe_route     one group per token: the router's logits (each simd group takes experts
-//                      simd, simd + simds, ...; its lanes take 32-element runs of the row), times
-//                      logit_scale, then thread 0 picks the n_used largest logits (the lower index
-//                      first on a tie, as the CPU row does), their softmax weights over every
-//                      expert, optionally renormalized, times the scale and (expert_scaled) the
-//                      chosen expert's entry of expert_scale: a Routing row (ids as floats, then
-//                      weights).
+//   kcap_moe_logits    the router's logits, times logit_scale, into [tokens][n_expert]: each simd
+//                      group takes one expert's row (its lanes 32-element runs of it) for up to
+//                      KCAP_MOE_LOGIT_TOKENS tokens at once, against their x staged in threadgroup
+//                      memory, so a group decodes its row once per KCAP_MOE_LOGIT_TOKENS tokens,
+//                      and the grid spreads the router's rows over the device (one group reading
+//                      all of them was 185 us a decode step on the H200 for Qwen3-30B-A3B's 1 MB
+//                      F32 router).
+//   kcap_moe_route     one simd group per token, from its logits: the n_used largest (the lower
+//                      index first on a tie, as the CPU row does), their softmax weights over
+//                      every expert, optionally renormalized, times the scale and (expert_scaled)
+//                      the chosen expert's entry of expert_scale: a Routing row (ids as floats,
+//                      then weights).
 //   kcap_moe_gate_up   act(gate_e x) * up_e x of one (token, chosen expert) slot per grid row
 //                      (gate_up_merged: gate and up are one tensor, expert e's gate rows then its
 //                      up rows)
 //   kcap_moe_down      (group_y), then down_e of it: kernels/matvec.h's staged matvec on the
 //                      chosen expert's rows, found from the Routing buffer in the kernel, so a
 //                      call reads only the chosen experts' weights.
-//   kcap_moe_combine   out[token][o] = sum over the token's slots of weight * down[slot][o].
+//   kcap_moe_combine   out[token][o] = sum over the token's slots of weight * down[row][o], row the
+//                      slot itself or (slot_rows) where the grouped rows put it.
 //   kcap_moe_shared_gate  out = in + sigmoid(w . x) * shared, one group per token.
 #pragma once
 
@@ -21,33 +27,73 @@
 #include "kernels/params.h"
 
 
-// Grid: x = tokens. shared: KCAP_MOE_MAX_EXPERTS floats. K a multiple of 32 (whole runs).
+// Grid: x = ceil(n_expert / simds), y = ceil(n_tokens / KCAP_MOE_LOGIT_TOKENS). K a multiple of 32
+// (whole runs). shared: KCAP_MOE_LOGIT_SHARED_FLOATS. logits: [n_tokens][n_expert].
+// The group stages its tokens' x, KCAP_MOE_LOGIT_CHUNK_RUNS runs at a time, in threadgroup
+// memory (coalesced loads; runs padded to KCAP_MATVEC_RUN_STRIDE floats, so a lane's reads of its
+// own run do not collide), as the decode matvec does: a lane reading its run of x straight from
+// global memory touches 32 lines per load, which bounded the router at 840 us for 512 tokens.
 template <class F>
-KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL kcap_u8* w,
-                            const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* expert_scale,
-                            KCAP_GLOBAL float* routing, KCAP_SHARED float* logits) {
+KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL kcap_u8* w,
+                             const KCAP_GLOBAL float* x, KCAP_GLOBAL float* logits, KCAP_SHARED float* xs) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
-    const int token = int(t.group_x);
-    const KCAP_GLOBAL float* xt = x + kcap_u64(token) * kcap_u64(p.k);
+    constexpr int kChunk = KCAP_MOE_LOGIT_CHUNK_RUNS;
+    const int e = int(t.group_x * t.simds + t.simd);
+    const bool active = e < p.n_expert;  // every simd group stages and meets the barriers
+    const int token0 = int(t.group_y) * KCAP_MOE_LOGIT_TOKENS;
+    const int tokens = p.n_tokens - token0 < KCAP_MOE_LOGIT_TOKENS ? p.n_tokens - token0 : KCAP_MOE_LOGIT_TOKENS;
+    const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(active ? e : 0) * p.router_row_bytes;
     const int runs = p.k / 32;
-    for (int e = int(t.simd); e < p.n_expert; e += int(t.simds)) {
-        const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(e) * p.router_row_bytes;
-        float acc = 0.0f;
-        for (int run = int(t.lane); run < runs; run += KCAP_SIMD_WIDTH) {
-            float wv[32], xv[32];
-            F::decode32(row + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock, wv);
-            KCAP_UNROLL for (int i = 0; i < 32; ++i) xv[i] = xt[run * 32 + i];
-            acc += kcap_dot32(wv, xv);
+    float acc[KCAP_MOE_LOGIT_TOKENS];
+    KCAP_UNROLL for (int j = 0; j < KCAP_MOE_LOGIT_TOKENS; ++j) acc[j] = 0.0f;
+    for (int chunk0 = 0; chunk0 < runs; chunk0 += kChunk) {
+        const int chunk_runs = runs - chunk0 < kChunk ? runs - chunk0 : kChunk;
+        if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
+        // float4 i: token i / (chunk_runs * 8), run (i / 8) % chunk_runs, values 4 (i % 8) ..
+        for (int i = int(t.index); i < tokens * chunk_runs * 8; i += int(t.threads)) {
+            const int j = i / (chunk_runs * 8), r = (i / 8) % chunk_runs;
+            const float4 v = kcap_load_f32x4(x + kcap_u64(token0 + j) * kcap_u64(p.k) + kcap_u64(chunk0 + r) * 32 +
+                                             kcap_u64(4 * (i % 8)));
+            KCAP_SHARED float* to = xs + (j * kChunk + r) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8);
+            to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
         }
-        acc = kcap_simd_sum(acc);
-        if (t.lane == 0) logits[e] = acc * p.logit_scale;
+        kcap_barrier();
+        if (active && int(t.lane) < chunk_runs) {
+            const int run = chunk0 + int(t.lane);
+            float wv[32];
+            F::decode32(row + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock, wv);
+            KCAP_UNROLL for (int j = 0; j < KCAP_MOE_LOGIT_TOKENS; ++j) {
+                if (j < tokens) {
+                    float xv[32];
+                    const KCAP_SHARED float* from = xs + (j * kChunk + int(t.lane)) * KCAP_MATVEC_RUN_STRIDE;
+                    KCAP_UNROLL for (int i = 0; i < 32; ++i) xv[i] = from[i];
+                    acc[j] += kcap_dot32(wv, xv);
+                }
+            }
+        }
     }
+    if (!active) return;  // past the barriers: the whole simd group
+    KCAP_UNROLL for (int j = 0; j < KCAP_MOE_LOGIT_TOKENS; ++j) {
+        if (j < tokens) {
+            const float sum = kcap_simd_sum(acc[j]);
+            if (t.lane == 0) logits[kcap_u64(token0 + j) * kcap_u64(p.n_expert) + kcap_u64(e)] = sum * p.logit_scale;
+        }
+    }
+}
+
+// Grid: x = tokens, one simd group each. shared: KCAP_MOE_MAX_EXPERTS floats. logits: as
+// kcap_moe_logits wrote them.
+KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL float* token_logits,
+                            const KCAP_GLOBAL float* expert_scale, KCAP_GLOBAL float* routing,
+                            KCAP_SHARED float* logits) {
+    const int token = int(t.group_x);
+    const KCAP_GLOBAL float* row = token_logits + kcap_u64(token) * kcap_u64(p.n_expert);
+    for (int e = int(t.index); e < p.n_expert; e += int(t.threads)) logits[e] = row[e];
     kcap_barrier();
-    // The first simd group picks the experts, its lanes taking experts lane, lane + 32, ...: the
-    // softmax's max and sum as butterfly reductions, then n_used rounds of a (logit, index)
-    // argmax over the lanes (the lower index on a tie, as the CPU row), each round's expert
-    // masked out in the shared logits after its weight is taken. No lane waits on global memory.
-    if (t.simd != 0) return;
+    // The lanes take experts lane, lane + 32, ...: the softmax's max and sum as butterfly
+    // reductions, then n_used rounds of a (logit, index) argmax over the lanes (the lower index
+    // on a tie, as the CPU row), each round's expert masked out in the shared logits after its
+    // weight is taken. No lane waits on global memory.
     float top = KCAP_NEG_INFINITY;
     for (int e = int(t.lane); e < p.n_expert; e += KCAP_SIMD_WIDTH) top = kcap_fmax(top, logits[e]);
     top = kcap_simd_max(top);
@@ -131,15 +177,19 @@ KCAP_FN void kcap_moe_down(const KcapThread t, const KcapMoeParams moe, const Kc
 }
 
 // One thread per output value: grid x = ceil(n_tokens * n / threads).
+// slot_rows (may be null): the row of down that holds each slot's output.
 KCAP_FN void kcap_moe_combine(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL float* routing,
-                              const KCAP_GLOBAL float* down, KCAP_GLOBAL float* out) {
+                              const KCAP_GLOBAL float* down, const KCAP_GLOBAL int* slot_rows, KCAP_GLOBAL float* out) {
     const kcap_u64 i = kcap_u64(t.group_x) * t.threads + t.index;
     if (i >= kcap_u64(p.n_tokens) * kcap_u64(p.n)) return;
     const int token = int(i / kcap_u64(p.n)), o = int(i % kcap_u64(p.n));
     const KCAP_GLOBAL float* weights = routing + kcap_u64(token) * kcap_u64(2 * p.n_used) + kcap_u64(p.n_used);
     float sum = 0.0f;
-    for (int k = 0; k < p.n_used; ++k)
-        sum += weights[k] * down[(kcap_u64(token) * kcap_u64(p.n_used) + kcap_u64(k)) * kcap_u64(p.n) + kcap_u64(o)];
+    for (int k = 0; k < p.n_used; ++k) {
+        const int slot = token * p.n_used + k;
+        const int row = slot_rows ? slot_rows[slot] : slot;
+        sum += weights[k] * down[kcap_u64(row) * kcap_u64(p.n) + kcap_u64(o)];
+    }
     out[i] = sum;
 }
 

@@ -157,6 +157,11 @@ struct KcapSampleSettings {
 
 #define KCAP_MOE_MAX_EXPERTS 512  // the router's logits staged in threadgroup memory (DeepSeek V3: 256)
 #define KCAP_MOE_MAX_USED 32
+// The router's logits (kernels/moe.h): tokens per group, runs of their x staged at a time, and
+// the staged floats (runs padded to 36 floats: KCAP_MATVEC_RUN_STRIDE).
+#define KCAP_MOE_LOGIT_TOKENS 4
+#define KCAP_MOE_LOGIT_CHUNK_RUNS 32
+#define KCAP_MOE_LOGIT_SHARED_FLOATS (KCAP_MOE_LOGIT_TOKENS * KCAP_MOE_LOGIT_CHUNK_RUNS * 36)
 
 // Mixture of experts (kernels/moe.h). Routing rows: per token, n_used expert ids (as floats)
 // then their weights. The experts' stacked matrices: gate and up [n_expert][ff][k], down

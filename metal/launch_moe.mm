@@ -1,5 +1,5 @@
-// Metal launchers of the mixture-of-experts rows, as cuda/moe.cu: metal.moe_route (one
-// threadgroup per token, the entry of the router's format), metal.moe_experts.<format> (the gate
+// Metal launchers of the mixture-of-experts rows, as cuda/moe.cu: metal.moe_route (the logits in
+// the entry of the router's format, then one simd group per token), metal.moe_experts.<format> (the gate
 // / up matvec of every (token, chosen expert) slot, the down matvec in the down matrix's format,
 // the weighted sum), metal.moe_shared_gate. Geometry from metal/rows.h.
 #include "metal/metal_context.h"
@@ -50,7 +50,7 @@ void run_moe_experts(const Stage& stage, const KernelCall& call) {
     bind_params(ctx, 0, moe);
     bind(ctx, 1, call.in2);
     bind(ctx, 2, ctx.moe_down);
-    bind(ctx, 3, call.out);
+    bind(ctx, 3, call.out);  // the slots' own rows (no slot_rows)
     dispatch(ctx, *call.row, moe_combine_entry(),
              MTLSizeMake(ceil_div(int64_t(moe.n_tokens) * moe.n, kElementwiseThreads), 1, 1), kElementwiseThreads);
 }
@@ -65,10 +65,17 @@ void kcap_metal_moe_route(const Stage& stage, const KernelCall& call) {
     bind_params(ctx, 0, p);
     bind(ctx, 1, stage_data(call).operands[0]);
     bind(ctx, 2, call.in);
-    bind(ctx, 3, call.out);
-    bind(ctx, 4, p.expert_scaled ? stage_data(call).operands[1] : nullptr);  // the per-expert scales
+    bind(ctx, 3, ctx.moe_logits);
     dispatch(ctx, *call.row, metal_rows::ple_combine_index(stage.operands[0]->format),
-             MTLSizeMake(NSUInteger(call.n_tokens), 1, 1), metal_rows::kMoeRouteThreads);
+             MTLSizeMake(ceil_div(p.n_expert, metal_rows::kMoeLogitThreads / metal_rows::kSimdWidth),
+                         ceil_div(p.n_tokens, KCAP_MOE_LOGIT_TOKENS), 1),
+             metal_rows::kMoeLogitThreads);
+    bind_params(ctx, 0, p);
+    bind(ctx, 1, ctx.moe_logits);
+    bind(ctx, 2, call.out);
+    bind(ctx, 3, p.expert_scaled ? stage_data(call).operands[1] : nullptr);  // the per-expert scales
+    dispatch(ctx, *call.row, metal_rows::moe_route_entry(), MTLSizeMake(NSUInteger(call.n_tokens), 1, 1),
+             metal_rows::kMoeRouteThreads);
 }
 
 void kcap_metal_moe_shared_gate(const Stage& stage, const KernelCall& call) {

@@ -315,8 +315,10 @@ private:
         }
         ctx_.attn_partial_o = alloc_n<float>(std::max<size_t>(partial_o, 1));
         ctx_.attn_partial_ml = alloc_n<float>(std::max<size_t>(partial_ml, 1));
-        // The experts' per-slot scratch (moe_scratch_floats: max_batch tokens of the widest stage).
-        const MoeScratch moe = moe_scratch_floats(plan_, max_batch_);
+        // The mixture-of-experts scratch (moe_scratch: max_batch tokens of the widest stage; no
+        // grouped tiles on Metal).
+        const MoeScratch moe = moe_scratch(plan_, max_batch_, 0);
+        if (moe.logits) ctx_.moe_logits = alloc_n<float>(moe.logits);
         if (moe.act) {
             ctx_.moe_act = alloc_n<float>(moe.act);
             ctx_.moe_down = alloc_n<float>(moe.down);

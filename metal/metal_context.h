@@ -62,7 +62,8 @@ struct Context {
     int argmax_partials = 0;
     float* attn_partial_o = nullptr;
     float* attn_partial_ml = nullptr;
-    float* moe_act = nullptr;   // mixture of experts: [slots][ff] activations, [slots][n] down outputs
+    float* moe_logits = nullptr;  // mixture of experts: the router's logits [tokens][n_expert],
+    float* moe_act = nullptr;     // [slots][ff] activations, [slots][n] down outputs
     float* moe_down = nullptr;
     Format kv_format = Format::F32;
     int64_t n_ctx = 0;

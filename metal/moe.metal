@@ -1,21 +1,30 @@
 // Metal entry points of the mixture-of-experts rows (metal.moe_route, metal.moe_experts.<format>,
 // metal.moe_shared_gate): the bodies cuda/moe.cu runs (kernels/moe.h), under the names
-// metal/rows.cpp derives from the rows' launches. The router and the down matvec have an entry
-// per weight format (the router's and the down matrix's format are the stage's own); the gate /
-// up matvec one per format of its row.
+// metal/rows.cpp derives from the rows' launches. The router's logits and the down matvec have an
+// entry per weight format (the router's and the down matrix's format are the stage's own); the
+// gate / up matvec one per format of its row.
 #include "kernels/moe.h"
 #include "metal/rows.h"
 
 using namespace kcap::metal_rows;
 
-// Grid: x = tokens; kMoeRouteThreads threads.
+// Grid: x = ceil(n_expert / simds), y = ceil(tokens / KCAP_MOE_LOGIT_TOKENS); kMoeLogitThreads threads.
 template <class F>
-kernel void kcap_moe_route_entry(constant KcapMoeParams& p [[buffer(0)]], device const kcap_u8* w [[buffer(1)]],
-                                 device const float* x [[buffer(2)]], device float* routing [[buffer(3)]],
-                                 device const float* expert_scale [[buffer(4)]], KCAP_METAL_THREAD_ARGS) {
+kernel void kcap_moe_logits_entry(constant KcapMoeParams& p [[buffer(0)]], device const kcap_u8* w [[buffer(1)]],
+                                  device const float* x [[buffer(2)]], device float* logits [[buffer(3)]],
+                                  KCAP_METAL_THREAD_ARGS) {
+    threadgroup float xs[KCAP_MOE_LOGIT_SHARED_FLOATS];
+    const KcapThread t = KCAP_METAL_THREAD();
+    kcap_moe_logits<F>(t, p, w, x, logits, xs);
+}
+
+// Grid: x = tokens; kMoeRouteThreads threads (one simd group).
+[[host_name(KCAP_METAL_ENTRY(moe_route))]] kernel void kcap_moe_route_entry(
+    constant KcapMoeParams& p [[buffer(0)]], device const float* token_logits [[buffer(1)]],
+    device float* routing [[buffer(2)]], device const float* expert_scale [[buffer(3)]], KCAP_METAL_THREAD_ARGS) {
     threadgroup float logits[KCAP_MOE_MAX_EXPERTS];
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_moe_route<F>(t, p, w, x, expert_scale, routing, logits);
+    kcap_moe_route(t, p, token_logits, expert_scale, routing, logits);
 }
 
 // Grid: x = the matvec's row groups over ff, y = slots (tokens x experts per token); threadgroup
@@ -46,7 +55,7 @@ kernel void kcap_moe_down_entry(constant KcapMoeParams& moe [[buffer(0)]], const
     constant KcapMoeParams& p [[buffer(0)]], device const float* routing [[buffer(1)]],
     device const float* down [[buffer(2)]], device float* out [[buffer(3)]], KCAP_METAL_THREAD_ARGS) {
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_moe_combine(t, p, routing, down, out);
+    kcap_moe_combine(t, p, routing, down, nullptr, out);
 }
 
 // Grid: x = tokens; kElementwiseThreads threads. has_gate 0: the gate is 1 (w unbound).
@@ -59,13 +68,13 @@ kernel void kcap_moe_down_entry(constant KcapMoeParams& moe [[buffer(0)]], const
     kcap_moe_shared_gate(t, width, has_gate ? w : nullptr, x, in, shared_out, out, partial);
 }
 
-typedef decltype(kcap_moe_route_entry<KcapF32>) kcap_moe_route_entry_t;
+typedef decltype(kcap_moe_logits_entry<KcapF32>) kcap_moe_logits_entry_t;
 typedef decltype(kcap_moe_gate_up_entry<KcapF32>) kcap_moe_gate_up_entry_t;
 typedef decltype(kcap_moe_down_entry<KcapF32>) kcap_moe_down_entry_t;
 
 #define KCAP_METAL_MOE_ENTRIES(NAME, DECODER)                                                                     \
-    template [[host_name(KCAP_METAL_FORMAT_ENTRY(moe_route, NAME))]] kernel kcap_moe_route_entry_t                 \
-        kcap_moe_route_entry<DECODER>;                                                                             \
+    template [[host_name(KCAP_METAL_FORMAT_ENTRY(moe_logits, NAME))]] kernel kcap_moe_logits_entry_t               \
+        kcap_moe_logits_entry<DECODER>;                                                                            \
     template [[host_name(KCAP_METAL_FORMAT_ENTRY(moe_gate_up, NAME))]] kernel kcap_moe_gate_up_entry_t             \
         kcap_moe_gate_up_entry<DECODER>;                                                                           \
     template [[host_name(KCAP_METAL_FORMAT_ENTRY(moe_down, NAME))]] kernel kcap_moe_down_entry_t                   \

@@ -35,7 +35,7 @@ std::vector<std::string> entries_of(const Row& row) {
     std::vector<std::string> entries;
     for (const std::string& kernel : launched_kernels(row)) {
         const bool ple = row.op == Op::PerLayerEmbed;
-        if (kernel == "ple_combine" || kernel == "moe_route" || kernel == "moe_down") {
+        if (kernel == "ple_combine" || kernel == "moe_logits" || kernel == "moe_down") {
             // The table, router or down matrix may be of any format: an entry for each.
             for (Format f : gpu_weight_formats()) entries.push_back("kcap_metal_" + kernel + "_" + format_name(f));
         } else if (kernel == "embed" || kernel == "matvec" || kernel == "gate_up" || kernel == "matmul_tokens" ||
@@ -111,6 +111,7 @@ bool metal_device_available() { return false; }  // metal/metal_backend.mm where
 namespace metal_rows {
 
 int moe_combine_entry() { return kMoeDown + int(gpu_weight_formats().size()); }
+int moe_route_entry() { return int(gpu_weight_formats().size()); }
 
 int ple_combine_index(Format format) {
     const std::vector<Format> formats = gpu_weight_formats();

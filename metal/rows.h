@@ -67,7 +67,8 @@ enum : int {
     kArgmaxThreads = 256,
     kArgmaxChunk = 4096,
     kEmbedThreads = 128,
-    kMoeRouteThreads = 256,  // the router: one threadgroup per token, 8 simd groups over the experts
+    kMoeLogitThreads = 128,  // the router's logits: 4 simd groups, an expert's row each
+    kMoeRouteThreads = 32,   // the router's top-k: one simd group per token
 };
 
 }  // namespace metal_rows
@@ -154,11 +155,12 @@ int ple_combine_index(Format format);
 enum AttentionDecodeEntry { kAttnDecode = 0, kAttnCombine = 1 };
 enum AttentionPrefillEntry { kAttnAppend = 0, kAttnPrefill = 1 };
 enum ArgmaxEntry { kArgmaxPartial = 0, kArgmaxFinal = 1 };
-// moe_route: entry = the router's format's index in KCAP_WEIGHT_FORMATS; moe_experts: the gate /
-// up matvec, then the down matvec of the down matrix's format (kMoeDown + its index), then the
-// combine.
+// moe_route: the logits of the router's format (entry = its index in KCAP_WEIGHT_FORMATS), then
+// the top-k (moe_route_entry); moe_experts: the gate / up matvec, then the down matvec of the down
+// matrix's format (kMoeDown + its index), then the combine.
 enum MoeExpertsEntry { kMoeGateUp = 0, kMoeDown = 1 };
 int moe_combine_entry();
+int moe_route_entry();
 
 }  // namespace metal_rows
 

@@ -38,7 +38,7 @@ const Family& family_of(GpuFamily family) {
         {"per_layer_embed", true, Op::PerLayerEmbed, {1, 0}, 0, {"matmul_tokens", "ple_combine"}},
         {"per_layer_gate", false, Op::PerLayerGate, {1, 0}, 0, {"ple_gate"}},
         {"argmax", false, Op::Argmax, {1, 1}, 0, {"argmax_partial", "argmax_final"}},
-        {"moe_route", false, Op::MoeRoute, {1, 0}, 0, {"moe_route"}},
+        {"moe_route", false, Op::MoeRoute, {1, 0}, 0, {"moe_logits", "moe_route"}},
         {"moe_experts", true, Op::MoeExperts, {1, 0}, 0, {"moe_gate_up", "moe_down", "moe_combine"}},
         {"moe_shared_gate", false, Op::MoeSharedGate, {1, 0}, 0, {"moe_shared_gate"}},
     };

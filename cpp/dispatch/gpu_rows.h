@@ -72,7 +72,7 @@ enum class GpuFamily {
     PerLayerEmbed,     // <backend>.per_layer_embed.<format>: projection (this format), then combine
     PerLayerGate,
     Argmax,
-    MoeRoute,          // <backend>.moe_route: the router, any format, one group per token
+    MoeRoute,          // <backend>.moe_route: the router's logits (any format), then the top-k per token
     MoeExperts,        // <backend>.moe_experts.<format>: the chosen experts' matvecs, then their sum
     MoeSharedGate,     // <backend>.moe_shared_gate
 };

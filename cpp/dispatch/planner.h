@@ -62,20 +62,55 @@ struct Plan {
     std::vector<int64_t> buffer_widths;
 };
 
-// The GPU experts rows' per-slot scratch, in floats: max_batch tokens times n_expert_used slots of
-// the widest moe_experts stage, for the activations (its FFN width) and the down outputs.
+// The grouped experts' token tiles (a GPU backend's rows that sort a call's (token, chosen
+// expert) slots by expert, each expert's slots padded to whole tiles of tile_tokens rows): at
+// most every full tile of the slots plus one partial tile per expert that has any.
+inline int64_t moe_grouped_tiles(int64_t slots, int64_t n_expert, int64_t tile_tokens) {
+    return (slots + tile_tokens - 1) / tile_tokens + std::min(n_expert, slots);
+}
+
+// The GPU mixture-of-experts rows' scratch for max_batch tokens of the widest stage, in elements:
+// the router's logits [tokens][n_expert]; the experts' rows (the slots, or with grouped tiles of
+// tile_tokens > 0 rows the padded sorted rows, whichever is more): their FFN activations [rows][ff]
+// and (grouped) up outputs [rows][ff], the down outputs [rows][n]; grouped: the source token of
+// each sorted row, the sorted row of each slot, the expert of each tile.
 struct MoeScratch {
+    size_t logits = 0;
     size_t act = 0;
+    size_t up = 0;
     size_t down = 0;
+    size_t rows = 0;
+    size_t slot_rows = 0;
+    size_t tiles = 0;
 };
-inline MoeScratch moe_scratch_floats(const Plan& plan, int64_t max_batch) {
+inline MoeScratch moe_scratch(const Stage& stage, int64_t max_batch, int64_t tile_tokens) {
+    MoeScratch s;
+    const int64_t slots = max_batch * stage.params.n_expert_used;
+    if (stage.op == Op::MoeRoute) s.logits = size_t(max_batch * stage.params.n_expert);
+    if (stage.op != Op::MoeExperts) return s;
+    int64_t rows = slots;
+    if (tile_tokens > 0) {
+        s.tiles = size_t(moe_grouped_tiles(slots, stage.params.n_expert, tile_tokens));
+        s.rows = s.tiles * size_t(tile_tokens);
+        s.slot_rows = size_t(slots);
+        rows = std::max<int64_t>(rows, int64_t(s.rows));
+        s.up = size_t(rows) * size_t(stage.k2);
+    }
+    s.act = size_t(rows) * size_t(stage.k2);
+    s.down = size_t(rows) * size_t(stage.n);
+    return s;
+}
+inline MoeScratch moe_scratch(const Plan& plan, int64_t max_batch, int64_t tile_tokens) {
     MoeScratch s;
     for (const RoutedStage& routed : plan.stages) {
-        const Stage& stage = routed.stage;
-        if (stage.op != Op::MoeExperts) continue;
-        const size_t slots = size_t(max_batch) * size_t(stage.params.n_expert_used);
-        s.act = std::max(s.act, slots * size_t(stage.k2));
-        s.down = std::max(s.down, slots * size_t(stage.n));
+        const MoeScratch one = moe_scratch(routed.stage, max_batch, tile_tokens);
+        s.logits = std::max(s.logits, one.logits);
+        s.act = std::max(s.act, one.act);
+        s.up = std::max(s.up, one.up);
+        s.down = std::max(s.down, one.down);
+        s.rows = std::max(s.rows, one.rows);
+        s.slot_rows = std::max(s.slot_rows, one.slot_rows);
+        s.tiles = std::max(s.tiles, one.tiles);
     }
     return s;
 }

@@ -703,20 +703,22 @@ void test_qk_norm_rope(std::mt19937& rng, CpuState& cpu) {
     std::printf("qk_norm_rope body: %d cases\n", checked);
 }
 
-// The router body against cpu.moe_route: the same experts, in the same order, and their weights.
+// The router bodies (the logits, then the top-k) against cpu.moe_route: the same experts, in the
+// same order, and their weights.
 // Expert counts below, at and above a simd group's width (each lane then scans several), and
 // logits that are small integers (integer x and router rows: exact f32 dot products), so that
 // many experts tie and the lower index must win as in the CPU row; then random logits.
 void test_moe_route(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     const Row& reference = find_row("cpu.moe_route");
-    const int64_t k = 64;
     std::uniform_int_distribution<int> small(-2, 2);
+    // K of two runs, and of 33: two chunks of the logits' staged x, the second partial.
+    for (const int64_t k : {int64_t(64), int64_t(33 * 32)})
     for (const int n_expert : {8, 60, 128, 256})
         for (const int used : {1, 2, 8})
             for (const bool ties : {true, false})
                 for (const bool renormalize : {false, true}) {
-                    const int m = 5;
+                    const int m = 11;  // more than one group of the logits' tokens, a partial one
                     std::vector<float> x = random_floats(rng, size_t(m * k));
                     auto w = random_weights(rng, Format::F32, k, n_expert, "router");
                     if (ties) {
@@ -743,18 +745,27 @@ void test_moe_route(std::mt19937& rng, CpuState& cpu) {
                     p.n_tokens = m, p.k = int(k), p.n_expert = n_expert, p.n_used = used;
                     p.renormalize = renormalize, p.scale = 1.5f, p.logit_scale = 1.0f;
                     p.router_row_bytes = unsigned(row_bytes(Format::F32, k));
+                    std::vector<float> logits = nan_filled(size_t(m) * size_t(n_expert));
                     with_decoder(Format::F32, [&](auto decoder) {
                         using F = decltype(decoder);
-                        kcap_sim::launch({unsigned(m), 1, 1}, kcap::cuda_rows::kMoeRouteThreads,
-                                         KCAP_MOE_MAX_EXPERTS * 4, [&](const KcapThread& t, void* shared) {
-                                             kcap_moe_route<F>(t, p, w->ref.data, x.data(), nullptr, got.data(),
-                                                               static_cast<float*>(shared));
+                        constexpr int kSimds = kcap::cuda_rows::kMoeLogitThreads / 32;
+                        kcap_sim::launch({unsigned((n_expert + kSimds - 1) / kSimds),
+                                          unsigned((m + KCAP_MOE_LOGIT_TOKENS - 1) / KCAP_MOE_LOGIT_TOKENS), 1},
+                                         kcap::cuda_rows::kMoeLogitThreads, KCAP_MOE_LOGIT_SHARED_FLOATS * 4,
+                                         [&](const KcapThread& t, void* shared) {
+                                             kcap_moe_logits<F>(t, p, w->ref.data, x.data(), logits.data(),
+                                                                static_cast<float*>(shared));
                                          });
                     });
+                    kcap_sim::launch({unsigned(m), 1, 1}, kcap::cuda_rows::kMoeRouteThreads, KCAP_MOE_MAX_EXPERTS * 4,
+                                     [&](const KcapThread& t, void* shared) {
+                                         kcap_moe_route(t, p, logits.data(), nullptr, got.data(),
+                                                        static_cast<float*>(shared));
+                                     });
                     const RoutingDiff diff = routing_diff(got, ref, m, used);
                     KCAP_EXPECT(diff.wrong_ids == 0 && diff.weights_error <= kExactTolerance,
-                                "moe_route %d experts, %d used, ties %d, renormalize %d: %d ids differ, weights error %.3g",
-                                n_expert, used, int(ties), int(renormalize), diff.wrong_ids, diff.weights_error);
+                                "moe_route K=%lld, %d experts, %d used, ties %d, renormalize %d: %d ids differ, weights error %.3g",
+                                (long long)k, n_expert, used, int(ties), int(renormalize), diff.wrong_ids, diff.weights_error);
                     ++checked;
                 }
     std::printf("moe_route body: %d cases\n", checked);
