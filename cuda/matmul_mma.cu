@@ -109,6 +109,12 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     const kcap_u8* w_end = w + kcap_u64(p.n) * p.row_bytes;
     int xsrc[4];
     x_sources(xsrc, group.x_rows, p, token_base, xt);
+    // Grouped experts: a 16-token mma tile whose first row is padding is all padding (an
+    // expert's rows are padded at the end of its tiles), so the warp skips its products.
+    bool live[kMt];
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt)
+        live[mt] = !group.live_rows || group.live_rows[token_base + warp_tokens + 16 * mt] >= 0;
     float acc[kMt][kNt][4] = {};
     const int runs = p.k / 32;
     const int chunks = (p.k + R::k - 1) / R::k;
@@ -187,6 +193,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                 unsigned ahi[kMt][4], alo[kMt][4], b[kNt / 2][4];
 #pragma unroll
                 for (int mt = 0; mt < kMt; ++mt) {
+                    if (!live[mt]) continue;
                     load_a<kStride>(ahi[mt], sh.xhi + (warp_tokens + 16 * mt) * kStride + kw, lane);
                     load_a<kStride>(alo[mt], sh.xlo + (warp_tokens + 16 * mt) * kStride + kw, lane);
                 }
@@ -196,6 +203,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                 for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
                     for (int nt = 0; nt < kNt; ++nt) {
+                        if (!live[mt]) continue;
                         const unsigned b0 = b[nt >> 1][2 * (nt & 1)], b1 = b[nt >> 1][2 * (nt & 1) + 1];
                         mma_bf16(t[mt][nt], alo[mt], b0, b1);  // the small part first
                         mma_bf16(t[mt][nt], ahi[mt], b0, b1);

@@ -213,7 +213,8 @@ __device__ __forceinline__ void store_tile(const float (&acc)[MT][kNt][4], const
 //   Grouped experts (cuda/moe.cu): tile_expert set, each token tile (grid y) is one expert's
 // rows of a sorted batch: its weights start expert_bytes * tile_expert[tile] into each member's
 // w (a tile of -1 is unused and ends at once), and its x rows are x_rows[token] (-1: a padding
-// row, zeros). The outputs stay in sorted order.
+// row, zeros). live_rows (the sorted rows' source tokens, -1 for padding) lets a warp skip the
+// products of 16-token tiles of padding. The outputs stay in sorted order.
 struct MmaGroup {
     KcapMatmulParams p[3];  // the same k, m and row_bytes (mma_group_add); n and has_bias their own
     const kcap_u8* w[3];
@@ -223,6 +224,7 @@ struct MmaGroup {
     int count;
     const int* tile_expert;  // grouped experts: the expert of each token tile, -1 unused; else null
     const int* x_rows;       // the x row of each token (-1: zeros); null: the token's own
+    const int* live_rows;    // grouped: -1 marks a padding row (its products skipped); null: none
     kcap_u64 expert_bytes;   // bytes of one expert's rows in each member
 };
 

@@ -173,7 +173,8 @@ void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call) {
     const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
     // The per-expert scale vector (F32), where the stage has one.
     const auto* expert_scale = p.expert_scaled ? static_cast<const float*>(data.operands[1]) : nullptr;
-    const dim3 grid(cuda::ceil_div(p.n_expert, kMoeLogitThreads / 32), cuda::ceil_div(p.n_tokens, KCAP_MOE_LOGIT_TOKENS));
+    const dim3 grid(cuda::ceil_div(p.n_expert, kMoeLogitThreads / 32 * KCAP_MOE_LOGIT_EXPERTS),
+                    cuda::ceil_div(p.n_tokens, KCAP_MOE_LOGIT_TOKENS));
     switch (stage.operands[0]->format) {
 #define KCAP_MOE_LOGITS_CASE(NAME, DECODER)                                                                       \
     case Format::NAME:                                                                                            \
@@ -241,6 +242,7 @@ void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
     tiles::mma_group_add(g, p, up, nullptr, ctx.moe_up);
     g.tile_expert = ctx.moe_tile_expert;
     g.x_rows = ctx.moe_rows;
+    g.live_rows = ctx.moe_rows;
     g.expert_bytes = expert_rows * p.row_bytes;
     tiles::mma_group_bf16(ctx, FORMAT, g, call.in);
     KcapElementwiseParams a{};
@@ -258,6 +260,7 @@ void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
     d.row_bytes = unsigned(row_bytes(down_format, moe.ff));
     tiles::MmaGroup dg = tiles::mma_group(d, static_cast<const kcap_u8*>(data.operands[2]), nullptr, ctx.moe_down);
     dg.tile_expert = ctx.moe_tile_expert;
+    dg.live_rows = ctx.moe_rows;
     dg.expert_bytes = kcap_u64(moe.n) * d.row_bytes;
     tiles::mma_group_bf16(ctx, down_format, dg, ctx.moe_act);
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;

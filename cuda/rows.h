@@ -204,10 +204,12 @@ constexpr int kEmbedThreads = 128;
 constexpr int kMoeLogitThreads = 128;
 constexpr int kMoeRouteThreads = 32;
 constexpr int kMoeSortThreads = 1024;
-// The experts grouped by expert (cuda.moe_experts_mma) from this many tokens: a tile of kMmaTokens
-// rows then holds a few slots of its expert on average (8 chosen of 128 experts: 2 at 32 tokens)
-// and reads the expert's weights once for them, where the slot matvecs read them once per slot.
-constexpr int kMoeGroupedMinTokens = 32;
+// The experts grouped by expert (cuda.moe_experts_mma) from this many tokens. Measured on the
+// H200 (bench/cuda_moe_tokens.py, 12 layers of the Qwen3-30B-A3B Q4_K_M layout, the switch at 32,
+// before the tiles skipped padding): the slot matvecs took 5.6 ms for 8 tokens, 7.4 for 16 and
+// 10.8 for 31, the grouped tiles 7.1 ms for 32 and 7.5 for 64: the slot matvecs read each
+// chosen expert's weights once per slot, so their time grows with the tokens from the first.
+constexpr int kMoeGroupedMinTokens = kMmaMinTokens;
 
 // The int8 tiles' tokens per group (cuda/matmul_q8.cu): 64, or 128 where the batch has more than
 // 64 tokens and the 128-token groups fill at least 90% of one wave (q8_groups_per_sm of them per

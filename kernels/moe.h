@@ -1,6 +1,6 @@
 // Mixture-of-experts bodies (CUDA and Metal entries, host tests):
 //   kcap_moe_logits    the router's logits, times logit_scale, into [tokens][n_expert]: each simd
-//                      group takes one expert's row (its lanes 32-element runs of it) for up to
+//                      group takes KCAP_MOE_LOGIT_EXPERTS experts' rows (its lanes 32-element runs of them) for up to
 //                      KCAP_MOE_LOGIT_TOKENS tokens at once, against their x staged in threadgroup
 //                      memory, so a group decodes its row once per KCAP_MOE_LOGIT_TOKENS tokens,
 //                      and the grid spreads the router's rows over the device (one group reading
@@ -27,25 +27,28 @@
 #include "kernels/params.h"
 
 
-// Grid: x = ceil(n_expert / simds), y = ceil(n_tokens / KCAP_MOE_LOGIT_TOKENS). K a multiple of 32
-// (whole runs). shared: KCAP_MOE_LOGIT_SHARED_FLOATS. logits: [n_tokens][n_expert].
+// Grid: x = ceil(n_expert / (simds * KCAP_MOE_LOGIT_EXPERTS)), y = ceil(n_tokens /
+// KCAP_MOE_LOGIT_TOKENS). K a multiple of 32 (whole runs). shared: KCAP_MOE_LOGIT_SHARED_FLOATS.
+// logits: [n_tokens][n_expert].
 // The group stages its tokens' x, KCAP_MOE_LOGIT_CHUNK_RUNS runs at a time, in threadgroup
 // memory (coalesced loads; runs padded to KCAP_MATVEC_RUN_STRIDE floats, so a lane's reads of its
 // own run do not collide), as the decode matvec does: a lane reading its run of x straight from
 // global memory touches 32 lines per load, which bounded the router at 840 us for 512 tokens.
+// Each simd group takes KCAP_MOE_LOGIT_EXPERTS experts, so a staged run of x serves all of them.
 template <class F>
 KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL kcap_u8* w,
                              const KCAP_GLOBAL float* x, KCAP_GLOBAL float* logits, KCAP_SHARED float* xs) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
     constexpr int kChunk = KCAP_MOE_LOGIT_CHUNK_RUNS;
-    const int e = int(t.group_x * t.simds + t.simd);
-    const bool active = e < p.n_expert;  // every simd group stages and meets the barriers
-    const int token0 = int(t.group_y) * KCAP_MOE_LOGIT_TOKENS;
-    const int tokens = p.n_tokens - token0 < KCAP_MOE_LOGIT_TOKENS ? p.n_tokens - token0 : KCAP_MOE_LOGIT_TOKENS;
-    const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(active ? e : 0) * p.router_row_bytes;
+    constexpr int kExperts = KCAP_MOE_LOGIT_EXPERTS;
+    constexpr int kTokens = KCAP_MOE_LOGIT_TOKENS;
+    const int e0 = int(t.group_x * t.simds + t.simd) * kExperts;
+    const bool active = e0 < p.n_expert;  // every simd group stages and meets the barriers
+    const int token0 = int(t.group_y) * kTokens;
+    const int tokens = p.n_tokens - token0 < kTokens ? p.n_tokens - token0 : kTokens;
     const int runs = p.k / 32;
-    float acc[KCAP_MOE_LOGIT_TOKENS];
-    KCAP_UNROLL for (int j = 0; j < KCAP_MOE_LOGIT_TOKENS; ++j) acc[j] = 0.0f;
+    float acc[kExperts][kTokens];
+    KCAP_UNROLL for (int i = 0; i < kExperts; ++i) KCAP_UNROLL for (int j = 0; j < kTokens; ++j) acc[i][j] = 0.0f;
     for (int chunk0 = 0; chunk0 < runs; chunk0 += kChunk) {
         const int chunk_runs = runs - chunk0 < kChunk ? runs - chunk0 : kChunk;
         if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
@@ -60,25 +63,31 @@ KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KC
         kcap_barrier();
         if (active && int(t.lane) < chunk_runs) {
             const int run = chunk0 + int(t.lane);
-            float wv[32];
-            F::decode32(row + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock, wv);
-            KCAP_UNROLL for (int j = 0; j < KCAP_MOE_LOGIT_TOKENS; ++j) {
+            const unsigned block_offset = unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
+            float wv[kExperts][32];
+            KCAP_UNROLL for (int i = 0; i < kExperts; ++i) {
+                const int e = e0 + i < p.n_expert ? e0 + i : e0;  // past the last expert: a copy, not written
+                F::decode32(w + kcap_u64(e) * p.router_row_bytes + block_offset, run % kRunsPerBlock, wv[i]);
+            }
+            KCAP_UNROLL for (int j = 0; j < kTokens; ++j) {
                 if (j < tokens) {
                     float xv[32];
                     const KCAP_SHARED float* from = xs + (j * kChunk + int(t.lane)) * KCAP_MATVEC_RUN_STRIDE;
                     KCAP_UNROLL for (int i = 0; i < 32; ++i) xv[i] = from[i];
-                    acc[j] += kcap_dot32(wv, xv);
+                    KCAP_UNROLL for (int i = 0; i < kExperts; ++i) acc[i][j] += kcap_dot32(wv[i], xv);
                 }
             }
         }
     }
     if (!active) return;  // past the barriers: the whole simd group
-    KCAP_UNROLL for (int j = 0; j < KCAP_MOE_LOGIT_TOKENS; ++j) {
-        if (j < tokens) {
-            const float sum = kcap_simd_sum(acc[j]);
-            if (t.lane == 0) logits[kcap_u64(token0 + j) * kcap_u64(p.n_expert) + kcap_u64(e)] = sum * p.logit_scale;
+    KCAP_UNROLL for (int i = 0; i < kExperts; ++i)
+        KCAP_UNROLL for (int j = 0; j < kTokens; ++j) {
+            if (j < tokens) {
+                const float sum = kcap_simd_sum(acc[i][j]);
+                if (t.lane == 0 && e0 + i < p.n_expert)
+                    logits[kcap_u64(token0 + j) * kcap_u64(p.n_expert) + kcap_u64(e0 + i)] = sum * p.logit_scale;
+            }
         }
-    }
 }
 
 // Grid: x = tokens, one simd group each. shared: KCAP_MOE_MAX_EXPERTS floats. logits: as

@@ -157,10 +157,12 @@ struct KcapSampleSettings {
 
 #define KCAP_MOE_MAX_EXPERTS 512  // the router's logits staged in threadgroup memory (DeepSeek V3: 256)
 #define KCAP_MOE_MAX_USED 32
-// The router's logits (kernels/moe.h): tokens per group, runs of their x staged at a time, and
-// the staged floats (runs padded to 36 floats: KCAP_MATVEC_RUN_STRIDE).
-#define KCAP_MOE_LOGIT_TOKENS 4
-#define KCAP_MOE_LOGIT_CHUNK_RUNS 32
+// The router's logits (kernels/moe.h): tokens per group, experts per simd group, runs of x
+// staged at a time, and the staged floats (runs padded to 36 floats: KCAP_MATVEC_RUN_STRIDE;
+// 8 tokens of 28 runs fit Metal's 32 KB of threadgroup memory).
+#define KCAP_MOE_LOGIT_TOKENS 8
+#define KCAP_MOE_LOGIT_EXPERTS 2
+#define KCAP_MOE_LOGIT_CHUNK_RUNS 28
 #define KCAP_MOE_LOGIT_SHARED_FLOATS (KCAP_MOE_LOGIT_TOKENS * KCAP_MOE_LOGIT_CHUNK_RUNS * 36)
 
 // Mixture of experts (kernels/moe.h). Routing rows: per token, n_used expert ids (as floats)

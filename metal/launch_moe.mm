@@ -67,7 +67,7 @@ void kcap_metal_moe_route(const Stage& stage, const KernelCall& call) {
     bind(ctx, 2, call.in);
     bind(ctx, 3, ctx.moe_logits);
     dispatch(ctx, *call.row, metal_rows::ple_combine_index(stage.operands[0]->format),
-             MTLSizeMake(ceil_div(p.n_expert, metal_rows::kMoeLogitThreads / metal_rows::kSimdWidth),
+             MTLSizeMake(ceil_div(p.n_expert, metal_rows::kMoeLogitThreads / metal_rows::kSimdWidth * KCAP_MOE_LOGIT_EXPERTS),
                          ceil_div(p.n_tokens, KCAP_MOE_LOGIT_TOKENS), 1),
              metal_rows::kMoeLogitThreads);
     bind_params(ctx, 0, p);

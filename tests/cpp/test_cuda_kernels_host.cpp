@@ -714,7 +714,7 @@ void test_moe_route(std::mt19937& rng, CpuState& cpu) {
     std::uniform_int_distribution<int> small(-2, 2);
     // K of two runs, and of 33: two chunks of the logits' staged x, the second partial.
     for (const int64_t k : {int64_t(64), int64_t(33 * 32)})
-    for (const int n_expert : {8, 60, 128, 256})
+    for (const int n_expert : {8, 61, 128, 256})
         for (const int used : {1, 2, 8})
             for (const bool ties : {true, false})
                 for (const bool renormalize : {false, true}) {
@@ -748,8 +748,8 @@ void test_moe_route(std::mt19937& rng, CpuState& cpu) {
                     std::vector<float> logits = nan_filled(size_t(m) * size_t(n_expert));
                     with_decoder(Format::F32, [&](auto decoder) {
                         using F = decltype(decoder);
-                        constexpr int kSimds = kcap::cuda_rows::kMoeLogitThreads / 32;
-                        kcap_sim::launch({unsigned((n_expert + kSimds - 1) / kSimds),
+                        constexpr int kPerGroup = kcap::cuda_rows::kMoeLogitThreads / 32 * KCAP_MOE_LOGIT_EXPERTS;
+                        kcap_sim::launch({unsigned((n_expert + kPerGroup - 1) / kPerGroup),
                                           unsigned((m + KCAP_MOE_LOGIT_TOKENS - 1) / KCAP_MOE_LOGIT_TOKENS), 1},
                                          kcap::cuda_rows::kMoeLogitThreads, KCAP_MOE_LOGIT_SHARED_FLOATS * 4,
                                          [&](const KcapThread& t, void* shared) {
