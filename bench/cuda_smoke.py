@@ -4,7 +4,8 @@ device, each against the CPU backend. scripts/device_check.sh runs it first (und
 debugger, so a crash prints a native backtrace) before the long tests and benchmarks.
 
     python bench/cuda_smoke.py
-    python bench/cuda_smoke.py --profile [--at=POSITION] [--activations=q8_1] MODEL.gguf ...   (per-stage times: profile=True)
+    python bench/cuda_smoke.py --profile [--at=POSITION] [--activations=q8_1] [--prefill=N] [--repeats=R] MODEL.gguf ...
+        (per-stage times: profile=True)
 """
 from __future__ import annotations
 
@@ -45,18 +46,21 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def profile(paths: list[str], at: int = 0, activations: str = "f32") -> int:
-    """Prefill 512 tokens, then decode 64 from position `at` (after a prefill of `at` tokens), of
-    each model with profile=True (stages timed one by one with CUDA events; the backend prints its
-    tables to stderr when it is destroyed: the prefill table then covers both prefills)."""
+def profile(paths: list[str], at: int = 0, activations: str = "f32", prefill: int = 512, repeats: int = 1) -> int:
+    """Prefill `prefill` tokens `repeats` times (from an empty cache each time), then decode 64
+    from position `at` (after a prefill of `at` tokens), of each model with profile=True (stages
+    timed one by one with CUDA events; the backend prints its tables to stderr when it is
+    destroyed: the prefill table covers every prefill, the first one cold)."""
     import gc
 
     for path in paths:
         print(f"== profile {path}", file=sys.stderr, flush=True)
         model = kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16", activations=activations,
                           profile=True)
-        ids = np.random.default_rng(0).integers(0, model.n_vocab, max(512, at)).astype(np.int32)
-        model.engine.eval(ids[:512], False)
+        ids = np.random.default_rng(0).integers(0, model.n_vocab, max(prefill, at)).astype(np.int32)
+        for _ in range(repeats):
+            model.engine.reset()
+            model.engine.eval(ids[:prefill], False)
         model.engine.reset()
         if at:
             model.engine.eval(ids[:at], False)
@@ -69,12 +73,16 @@ def profile(paths: list[str], at: int = 0, activations: str = "f32") -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--profile":
         args = sys.argv[2:]
-        at, activations = 0, "f32"
+        at, activations, prefill, repeats = 0, "f32", 512, 1
         while args[0].startswith("--"):
             if args[0].startswith("--at="):
                 at = int(args[0].removeprefix("--at="))
             elif args[0].startswith("--activations="):
                 activations = args[0].removeprefix("--activations=")
+            elif args[0].startswith("--prefill="):
+                prefill = int(args[0].removeprefix("--prefill="))
+            elif args[0].startswith("--repeats="):
+                repeats = int(args[0].removeprefix("--repeats="))
             args = args[1:]
-        sys.exit(profile(args, at, activations))
+        sys.exit(profile(args, at, activations, prefill, repeats))
     sys.exit(main())

@@ -6,7 +6,8 @@
 # CARRY_DIR (carried with the call) holds whl/*.whl (gguf: not in the device image) and
 # llama_cpp_src.tar.gz (bench/pack_llama_cpp.sh); scripts/prepare_device_carry.sh makes it and
 # says how to call. Switches: SKIP_LLAMA=1, SKIP_TESTS=1,
-# SKIP_BENCH=1, BENCH_MODELS=gemma3_270m,smollm2_135m,llama3_8b_q4_k_m.
+# SKIP_BENCH=1, BENCH_MODELS=gemma3_270m,smollm2_135m,llama3_8b_q4_k_m; WHILE_LLAMA_BUILDS="command" runs
+# a command (a profile, say) after kcap's benchmark while llama.cpp still builds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CARRY=$(realpath "${1:-..}")
@@ -105,6 +106,10 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     timeout "$(budget 170)" python3 bench/bench_cuda.py --models /tmp/kcap_models \
         --which "${BENCH_MODELS:-gemma3_270m,smollm2_135m,llama3_8b_q4_k_m}" --out "$OUT/cuda_h200_kcap.json" \
         --table "$OUT/cuda_h200_kcap.md" 2>&1 | tee "$OUT/bench_kcap.log" | tail -30
+    if [ -n "${WHILE_LLAMA_BUILDS:-}" ]; then
+        step "$WHILE_LLAMA_BUILDS"
+        bash -c "$WHILE_LLAMA_BUILDS" 2>&1 | tail -40
+    fi
     if [ -n "$LLAMA_PID" ]; then
         step wait for llama.cpp
         while kill -0 "$LLAMA_PID" 2> /dev/null && [ "$(date +%s)" -lt $(( DEADLINE - 90 )) ]; do sleep 5; done
