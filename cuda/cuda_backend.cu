@@ -32,7 +32,7 @@
 #include "core/backend_impl.h"
 #include "cuda/cuda_context.h"
 #include "dispatch/executor.h"
-#include "cuda/rope_table.h"
+#include "dispatch/rope_table.h"
 
 namespace kcap {
 namespace cuda {
@@ -252,16 +252,14 @@ private:
         Context& ctx = ctx_;
         stage_data_.resize(plan_.stages.size());
         size_t partial_o = 0, partial_ml = 0;
-        std::map<std::tuple<float, float, int, const void*>, const float*> rope_tables;
+        std::map<RopeTableKey, const float*> rope_tables;
         for (size_t i = 0; i < plan_.stages.size(); ++i) {
             const Stage& stage = plan_.stages[i].stage;
             StageData& data = stage_data_[i];
             for (size_t j = 0; j < stage.operands.size() && j < 4; ++j)
                 if (stage.operands[j]) data.operands[j] = device_weights_.at(stage.operands[j]->data);
             if (stage.op == Op::Rope || stage.op == Op::QkNormRope || stage_owns_rope(stage)) {
-                const TensorRef* factors = rope_factors(stage);
-                const auto key = std::make_tuple(stage.params.rope_base, stage.params.rope_freq_scale,
-                                                 stage.params.rope_dim, factors ? (const void*)factors->data : nullptr);
+                const RopeTableKey key = rope_table_key(stage);
                 auto found = rope_tables.find(key);
                 if (found == rope_tables.end()) {
                     const std::vector<float> table = rope_cos_sin_table(stage, ctx.n_ctx);

@@ -498,6 +498,20 @@ FAMILIES: dict[str, dict] = {
                "The converter writes no sliding-window key for qwen3; the script adds "
                "qwen3.attention.sliding_window and qwen3.attention.sliding_window_pattern (see "
                "'Second intervention' in README.md)."]),
+    "qwen3-yarn": dict(
+        cls="Qwen3ForCausalLM", config_cls="Qwen3Config", tokenizer="bpe", pre="gpt-2",
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        special_roles={"bos": "<|endoftext|>", "eos": "<|im_end|>"},
+        config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-6,
+                    tie_word_embeddings=False, attention_bias=False, use_sliding_window=False,
+                    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                     "original_max_position_embeddings": 64}),
+        probes={"no YaRN": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}},
+        notes=["YaRN rope scaling (factor 4 over an original context of 64, base 10000, head_dim 32): "
+               "transformers keeps rotary pair 0's frequency, divides pairs 5.. by 4 and blends pairs 1..4 "
+               "(correction dims 0 and 5), and multiplies cos and sin by 0.1 ln 4 + 1. The converter "
+               "writes rope.scaling.type yarn, the factor and original_context_length."]),
     "starcoder2-swa": dict(
         cls="Starcoder2ForCausalLM", config_cls="Starcoder2Config", tokenizer="bpe", pre="gpt-2",
         specials=["<|endoftext|>"], special_roles={"bos": "<|endoftext|>", "eos": "<|endoftext|>"},
@@ -1265,8 +1279,17 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
         "routing": routes and dict(routes, q8_0_weights=routing_of_gguf_weights["q8_0"]),
         "notes": notes,
     }
+    # Scaled rope (YaRN): transformers' own frequencies and cos/sin factor, which tests compare
+    # with kcap's rope table directly.
+    rope_reference = {}
+    if spec["config"].get("rope_parameters", {}).get("rope_type") == "yarn":
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](model.config, "cpu")
+        rope_reference = dict(rope_inv_freq=inv_freq.numpy().astype(np.float32),
+                              rope_attention_factor=np.float64(attention_factor))
     np.savez_compressed(
         GOLDENS / f"{name}.npz",
+        **rope_reference,
         prompt_ids=np.array(prompt, dtype=np.int64),
         logits=ref["logits"],
         greedy_ids=ref["greedy_ids"],

@@ -5,6 +5,7 @@
 
 #include "dispatch/capability.h"
 #include "dispatch/planner.h"
+#include "dispatch/rope_table.h"
 #include "kcap/engine.h"
 #include "kcap/errors.h"
 #include "metal/rows.h"
@@ -120,6 +121,13 @@ void init_engine(py::module_& m) {
         .value("NeoX", RopeStyle::NeoX);
 
     py::enum_<ExpertGating>(m, "ExpertGating").value("Softmax", ExpertGating::Softmax);
+    py::class_<RopeYarn>(m, "RopeYarn", "YaRN rope scaling of a layer (none unless factor > 0).")
+        .def(py::init<>())
+        .def_readwrite("factor", &RopeYarn::factor)
+        .def_readwrite("original_context", &RopeYarn::original_context)
+        .def_readwrite("beta_fast", &RopeYarn::beta_fast)
+        .def_readwrite("beta_slow", &RopeYarn::beta_slow)
+        .def_readwrite("attn_factor", &RopeYarn::attn_factor);
     py::class_<LayerSpec> layer(m, "LayerSpec", "One decoder block: head geometry, tensor names and features.");
 #define KCAP_BIND_LAYER_TENSOR(NAME) layer.def_readwrite(#NAME, &LayerSpec::NAME);
     KCAP_LAYER_TENSOR_FIELDS(KCAP_BIND_LAYER_TENSOR)
@@ -143,6 +151,7 @@ void init_engine(py::module_& m) {
         .def_readwrite("rope_dim", &LayerSpec::rope_dim)
         .def_readwrite("rope_base", &LayerSpec::rope_base)
         .def_readwrite("rope_freq_scale", &LayerSpec::rope_freq_scale)
+        .def_readwrite("rope_yarn", &LayerSpec::rope_yarn)
         .def_readwrite("sliding_window", &LayerSpec::sliding_window)
         .def_readwrite("attn_scale", &LayerSpec::attn_scale)
         .def_readwrite("attn_softcap", &LayerSpec::attn_softcap)
@@ -198,6 +207,21 @@ void init_engine(py::module_& m) {
         py::arg("max_batch") = 512,
         "Plans the model on a backend without running it; returns one dict per route of each stage "
         "(tokens_min .. tokens_max tokens per call, tokens_max None for no bound).");
+    m.def(
+        "rope_table",
+        [](int rope_dim, float rope_base, float freq_scale, const RopeYarn& yarn, int64_t n_ctx) {
+            Stage stage;
+            stage.op = Op::Rope;
+            stage.params.rope_dim = rope_dim;
+            stage.params.rope_base = rope_base;
+            stage.params.rope_freq_scale = freq_scale;
+            stage.params.rope_yarn = yarn;
+            return rope_cos_sin_table(stage, n_ctx);
+        },
+        py::arg("rope_dim"), py::arg("rope_base"), py::arg("freq_scale") = 1.0f, py::arg("yarn") = RopeYarn(),
+        py::arg("n_ctx") = 1,
+        "The (cos, sin) pairs every backend rotates by, [n_ctx][rope_dim / 2][2] flattened "
+        "(dispatch/rope_table.h), without frequency factors.");
     m.def(
         "explain_summary",
         [](const std::string& backend, int max_batch) {

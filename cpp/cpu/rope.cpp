@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "cpu/cpu_state.h"
+#include "dispatch/rope_table.h"
 #include "dispatch/stage.h"
 
 namespace kcap {
@@ -27,15 +28,16 @@ void rope_kernel(const Stage& stage, const KernelCall& call) {
     const bool neox = stage.features & kRopeNeox;
     const float* factors =
         !stage.operands.empty() && stage.operands[0] ? reinterpret_cast<const float*>(stage.operands[0]->data) : nullptr;
-    // Angles in double: position * base^(-2i/rope_dim) [/ factor_i], then cos/sin.
+    // Angles in double: (position * freq_scale) * inv_freq_i (dispatch/rope_table.h, as the GPU
+    // tables), then cos/sin times the attention factor.
+    const std::vector<double> inv_freq = rope_inv_freqs(p, factors);
+    const double scale = rope_attn_factor(p);
     std::vector<float> cos_t(size_t(call.n_tokens) * half), sin_t(size_t(call.n_tokens) * half);
     for (int m = 0; m < call.n_tokens; ++m) {
         const double pos = double(call.pos0 + m) * double(p.rope_freq_scale);
         for (int i = 0; i < half; ++i) {
-            double inv_freq = std::pow(double(p.rope_base), -2.0 * i / double(p.rope_dim));
-            if (factors) inv_freq /= double(factors[i]);
-            cos_t[size_t(m) * half + i] = float(std::cos(pos * inv_freq));
-            sin_t[size_t(m) * half + i] = float(std::sin(pos * inv_freq));
+            cos_t[size_t(m) * half + i] = float(std::cos(pos * inv_freq[size_t(i)]) * scale);
+            sin_t[size_t(m) * half + i] = float(std::sin(pos * inv_freq[size_t(i)]) * scale);
         }
     }
     const int heads = p.n_head + (call.inout2 ? p.n_head_kv : 0);  // no K: a shared-KV layer

@@ -93,6 +93,7 @@ std::string describe_dims(const Stage& stage) {
         case Op::QkNormRope:
             out << "heads=" << stage.params.n_head << "/" << stage.params.n_head_kv
                 << " head_dim=" << stage.params.head_dim << " rope_dim=" << stage.params.rope_dim;
+            if (stage.params.rope_yarn.factor > 0.0f) out << " yarn=" << stage.params.rope_yarn.factor;
             break;
         case Op::Attention:
             out << "heads=" << stage.params.n_head << "/" << stage.params.n_head_kv
@@ -100,6 +101,8 @@ std::string describe_dims(const Stage& stage) {
                 << " span=" << stage.max_span;
             if (stage.params.sliding_window) out << " window=" << stage.params.sliding_window;
             if (stage.features & (kRopeNormal | kRopeNeox)) out << " rope_dim=" << stage.params.rope_dim;
+            if ((stage.features & (kRopeNormal | kRopeNeox)) && stage.params.rope_yarn.factor > 0.0f)
+                out << " yarn=" << stage.params.rope_yarn.factor;
             break;
         default: out << "n=" << stage.n; break;
     }
@@ -241,6 +244,11 @@ private:
             if (layer.rope_dim <= 0 || layer.rope_dim > layer.head_dim || layer.rope_dim % 2)
                 throw ModelError("layer " + std::to_string(il) + ": rope_dim " + std::to_string(layer.rope_dim) +
                                  " must be even and within head_dim " + std::to_string(layer.head_dim));
+            const RopeYarn& yarn = layer.rope_yarn;
+            if (yarn.factor > 0.0f && (yarn.original_context <= 0 || !(yarn.beta_fast > 0.0f) || !(yarn.beta_slow > 0.0f) ||
+                                       !(yarn.attn_factor > 0.0f) || layer.rope_freq_scale != 1.0f))
+                throw ModelError("layer " + std::to_string(il) + ": YaRN rope scaling needs an original context, positive " +
+                                 "betas and attention factor, and no linear scaling besides");
             Stage& rope = add(il, "rope", Op::Rope);
             const TensorRef* factors = tensor(layer.rope_freqs);
             check_vector(factors, layer.rope_dim / 2);
@@ -255,6 +263,7 @@ private:
             rope.params.rope_dim = layer.rope_dim;
             rope.params.rope_base = layer.rope_base;
             rope.params.rope_freq_scale = layer.rope_freq_scale;
+            rope.params.rope_yarn = layer.rope_yarn;
             rope.features = (layer.rope_style == RopeStyle::NeoX ? kRopeNeox : kRopeNormal) |
                             (layer.rope_dim < layer.head_dim ? uint32_t(kPartialRotary) : 0u) | (factors ? uint32_t(kRopeFreqFactors) : 0u);
         }
@@ -824,6 +833,7 @@ size_t fuse_rope_attention(const std::vector<Stage>& stages, size_t i, const Pla
     fused.params.rope_dim = rope.params.rope_dim;
     fused.params.rope_base = rope.params.rope_base;
     fused.params.rope_freq_scale = rope.params.rope_freq_scale;
+    fused.params.rope_yarn = rope.params.rope_yarn;
     if (qk_norm) fused.params.eps = rope.params.eps;
     fused.features = attn.features | rope.features;
     // A prefill chunk of the fused stage runs the rope stage's kernel: it must have a row too

@@ -27,6 +27,7 @@ struct StageParams {
     int rope_dim = 0;
     float rope_base = 10000.0f;
     float rope_freq_scale = 1.0f;
+    RopeYarn rope_yarn;
     // attention geometry
     int n_head = 0;
     int n_head_kv = 0;

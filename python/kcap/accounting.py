@@ -63,6 +63,10 @@ MATH_KEYS: dict[str, tuple[str, tuple]] = {
     "rope.freq_base_swa": ("the sliding layers' rope base", ()),
     "rope.scaling.type": ("rope scaling", ("none",)),
     "rope.scaling.factor": ("rope scaling", (0.0, 1.0)),
+    # YaRN variants of llama.cpp's that transformers' YaRN does not have (first match wins).
+    "rope.scaling.yarn_ext_factor": ("YaRN's extrapolation mix (llama.cpp's ext_factor)", (1.0,)),
+    "rope.scaling.yarn_log_multiplier": ("YaRN's attention-factor multiplier (DeepSeek's mscale_all_dim)", (0.0,)),
+    "rope.scaling.attn_factor": ("a scale of the rope's cos and sin", (1.0,)),
     "rope.scaling.*": ("rope scaling", ()),
     # Mixture of experts: implemented by the modules that declare these keys (a softmax router
     # over experts merged into 3-D tensors, optionally a sigmoid-gated shared expert).

@@ -15,7 +15,7 @@
 #include <functional>
 #include <type_traits>
 
-#include "cuda/rope_table.h"
+#include "dispatch/rope_table.h"
 #include "dispatch/kernel_params.h"
 #include "cuda/rows.h"
 #include "kernels/activation.h"

@@ -65,7 +65,7 @@ int main() {
 #include <set>
 
 #include "cuda/cuda_context.h"
-#include "cuda/rope_table.h"
+#include "dispatch/rope_table.h"
 #include "dispatch/planner.h"
 
 using namespace kcap_test;

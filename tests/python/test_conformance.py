@@ -47,6 +47,9 @@ FAMILIES = {
     "qwen2-swa": ("qwen2", {"attention": "sliding_window", "attn_q": "bias"}),
     "qwen3-swa": ("qwen3", {"attention": "sliding_window", "attn_q_norm": "rms_norm"}),
     "starcoder2-swa": ("starcoder2", {"attention": "sliding_window", "attn_norm": "layer_norm,bias"}),
+    # YaRN rope scaling (no feature bit: every rope row takes its angles from dispatch/rope_table.h;
+    # test_yarn_shows_in_explain checks the stage carries it).
+    "qwen3-yarn": ("qwen3", {"attn_q_norm": "rms_norm"}),
     # Mixture of experts: the router (op moe_route) and the experts (op moe_experts) replace the
     # dense FFN; Qwen2-MoE adds the shared expert's sigmoid gate.
     "mixtral": ("llama", {"ffn_router": "expert_softmax,expert_weights_norm", "ffn_moe": "silu,gated",
@@ -179,3 +182,15 @@ def test_gemma4_kv_sharing_geometry_is_checked():
     register_tensors(spec, gguf)
     with pytest.raises(kcap.ModelError, match="different KV geometry"):
         kcap._core.explain_routes(spec, backend="cpu", kv_type="f32", n_ctx=0, excluded_kernels=[])
+
+
+def test_yarn_shows_in_explain_and_matters():
+    # The qwen3-yarn fixture's rope stage carries YaRN's factor (dims "yarn=4"); its manifest
+    # records how far transformers' logits move without YaRN (the probe), so the conformance
+    # above would fail a kcap that dropped it.
+    routes = kcap.load(FIXTURES / "qwen3-yarn-f32.gguf").explain()
+    rope = [r for r in routes if "rope" in r["stage"].split("+") or r["stage"].endswith("rope")]
+    assert rope and all("yarn=4" in r["dims"].split() for r in rope)
+    manifest = json.loads((FIXTURES / "manifest.json").read_text())
+    assert manifest["qwen3-yarn"]["metadata"]["qwen3.rope.scaling.type"] == "yarn"
+    assert manifest["qwen3-yarn"]["sensitivity"]["config"]["no YaRN"] > 100 * F32_TOLERANCE * golden("qwen3-yarn")["logits"].std()

@@ -78,6 +78,19 @@ const char* rope_style_name(RopeStyle style);
     X(token_embd) X(position_embd) X(output_norm) X(output_norm_bias) X(output)                    \
     X(ple_token_embd) X(ple_model_proj) X(ple_proj_norm)
 
+// YaRN rope scaling, as transformers computes it (_compute_yarn_parameters): pair i of the
+// rotary dims keeps its frequency below the correction dim of beta_fast rotations in
+// original_context positions, takes it divided by factor above that of beta_slow, and blends the
+// two linearly between (the bounds floored and ceiled); cos and sin are multiplied by
+// attn_factor (transformers: 0.1 ln(factor) + 1 unless the model gives its own).
+struct RopeYarn {
+    float factor = 0.0f;  // 0: no YaRN
+    int original_context = 0;
+    float beta_fast = 32.0f;
+    float beta_slow = 1.0f;
+    float attn_factor = 1.0f;
+};
+
 // One decoder block. Tensor fields hold names into ModelSpec::tensors; "" means absent.
 struct LayerSpec {
     int n_head = 0;
@@ -92,6 +105,7 @@ struct LayerSpec {
     int rope_dim = 0;  // leading dims of each head that rotate (partial rotary when < head_dim)
     float rope_base = 10000.0f;
     float rope_freq_scale = 1.0f;  // linear rope scaling: positions are multiplied by this
+    RopeYarn rope_yarn;            // YaRN rope scaling (none unless rope_yarn.factor > 0)
 
     int sliding_window = 0;  // 0: global attention; else a query at p sees keys p-window < k <= p
     float attn_scale = 0.0f;  // multiplies q·k; 0 means 1/sqrt(head_dim)

@@ -18,6 +18,9 @@ SPEC_KEYS = ("block_count", "embedding_length", "context_length")
 ATTENTION_KEYS = ("attention.head_count", "attention.head_count_kv", "attention.key_length",
                   "attention.value_length")
 ROPE_KEYS = ("rope.dimension_count", "rope.freq_base", "rope.scaling.type", "rope.scaling.factor")
+# What rope_yarn reads: a module that lets rope_scaling take "yarn" declares these too.
+YARN_KEYS = ("rope.scaling.original_context_length", "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
+             "rope.scaling.yarn_attn_factor")
 SLIDING_WINDOW_KEYS = ("attention.sliding_window", "attention.sliding_window_pattern")
 
 
@@ -131,7 +134,8 @@ def sliding_windows(hp: Hyperparameters, n_layer: int, default_period: int | Non
 
 
 def rope_scaling(hp: Hyperparameters, gguf: GGUFFile, allowed=("none", "linear")) -> float:
-    """The linear rope frequency scale; refuses scaling kinds the family does not implement."""
+    """The linear rope frequency scale; refuses scaling kinds the family does not implement
+    (a family that allows "yarn" also reads rope_yarn)."""
     kind = hp.get("rope.scaling.type", "none")
     if kind not in allowed:
         raise ModelError(f"{gguf.path}: {hp.arch} rope scaling '{kind}' is not supported")
@@ -139,8 +143,40 @@ def rope_scaling(hp: Hyperparameters, gguf: GGUFFile, allowed=("none", "linear")
     return 1.0 / factor if kind == "linear" else 1.0
 
 
+def rope_yarn(hp: Hyperparameters, gguf: GGUFFile) -> _core.RopeYarn:
+    """YaRN rope scaling as transformers computes it (_compute_yarn_parameters), from the keys
+    llama.cpp's converter writes for rope_scaling {"rope_type": "yarn", ...}: the factor, the
+    original context, beta_fast / beta_slow (32 / 1 when absent) and the attention factor
+    (transformers' 0.1 ln(factor) + 1 unless the file gives one). None (factor 0) unless
+    rope.scaling.type is "yarn"."""
+    yarn = _core.RopeYarn()
+    if hp.get("rope.scaling.type", "none") != "yarn":
+        return yarn
+    prefix = f"{gguf.path}: {hp.arch}.rope.scaling"
+    factor = hp.float("rope.scaling.factor", None)
+    if factor is None or not math.isfinite(factor) or factor <= 0:
+        raise ModelError(f"{prefix}.factor = {factor!r}: YaRN needs a positive factor")
+    original = hp.int("rope.scaling.original_context_length")
+    if original <= 0:
+        raise ModelError(f"{prefix}.original_context_length = {original}: must be positive")
+    beta_fast = hp.float("rope.scaling.yarn_beta_fast", 32.0)
+    beta_slow = hp.float("rope.scaling.yarn_beta_slow", 1.0)
+    for name, value in (("yarn_beta_fast", beta_fast), ("yarn_beta_slow", beta_slow)):
+        if not math.isfinite(value) or value <= 0:
+            raise ModelError(f"{prefix}.{name} = {value!r}: must be positive")
+    attn = hp.float("rope.scaling.yarn_attn_factor", None)
+    if attn is None:
+        attn = 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0
+    elif not math.isfinite(attn) or attn <= 0:
+        raise ModelError(f"{prefix}.yarn_attn_factor = {attn!r}: must be positive")
+    yarn.factor, yarn.original_context = factor, original
+    yarn.beta_fast, yarn.beta_slow, yarn.attn_factor = beta_fast, beta_slow, attn
+    return yarn
+
+
 def standard_layer(gguf: GGUFFile, il: int, geometry, *, rope_style, rope_dim: int, rope_base: float,
-                   activation, freq_scale: float = 1.0, gated_ffn: bool = True, biases: bool = False,
+                   activation, freq_scale: float = 1.0, yarn: _core.RopeYarn | None = None,
+                   gated_ffn: bool = True, biases: bool = False,
                    norm_biases: bool = False, qk_norm: bool = False, post_norms: bool = False,
                    rope_freqs: str = "", own_kv: bool = True, dense_ffn: bool = True) -> _core.LayerSpec:
     """A pre-norm decoder block named as llama.cpp's converter names it (attn_norm, attn_q/k/v,
@@ -176,6 +212,8 @@ def standard_layer(gguf: GGUFFile, il: int, geometry, *, rope_style, rope_dim: i
     layer.rope_dim = rope_dim
     layer.rope_base = rope_base
     layer.rope_freq_scale = freq_scale
+    if yarn is not None:
+        layer.rope_yarn = yarn
     layer.rope_freqs = rope_freqs
     return layer
 
@@ -303,7 +341,8 @@ def moe_ffn(gguf: GGUFFile, layer: _core.LayerSpec, il: int, n_embd: int, expert
 
 
 # What build_rms_decoder reads.
-RMS_DECODER_KEYS = (*SPEC_KEYS, *ATTENTION_KEYS, *ROPE_KEYS, *SLIDING_WINDOW_KEYS, "attention.layer_norm_rms_epsilon")
+RMS_DECODER_KEYS = (*SPEC_KEYS, *ATTENTION_KEYS, *ROPE_KEYS, *YARN_KEYS, *SLIDING_WINDOW_KEYS,
+                    "attention.layer_norm_rms_epsilon")
 
 
 def build_rms_decoder(gguf: GGUFFile, arch: str, rope_style, activation, keys=RMS_DECODER_KEYS,
@@ -321,11 +360,13 @@ def build_rms_decoder(gguf: GGUFFile, arch: str, rope_style, activation, keys=RM
     n_layer = hp.int("block_count")
     windows = sliding_windows(hp, n_layer)
     moe = mixture_of_experts(hp, **experts) if experts is not None else None
+    freq_scale = rope_scaling(hp, gguf, allowed=("none", "linear", "yarn"))
+    yarn = rope_yarn(hp, gguf)
     layers = []
     for il in range(n_layer):
         layer = standard_layer(gguf, il, geometry, rope_style=rope_style,
                                rope_dim=hp.int("rope.dimension_count", geometry[2]),
-                               rope_base=hp.float("rope.freq_base", 10000.0), freq_scale=rope_scaling(hp, gguf),
+                               rope_base=hp.float("rope.freq_base", 10000.0), freq_scale=freq_scale, yarn=yarn,
                                activation=activation, dense_ffn=moe is None, **layer_features)
         if moe is not None:
             moe_ffn(gguf, layer, il, spec.n_embd, moe, arch)
