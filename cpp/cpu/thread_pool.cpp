@@ -2,6 +2,10 @@
 #include "cpu/thread_pool.h"
 
 #include <algorithm>
+#include <string>
+#include <system_error>
+
+#include "kcap/errors.h"
 
 namespace kcap {
 
@@ -12,10 +16,20 @@ constexpr int kSpinIterations = 200000;
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
-    for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
+    try {
+        for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
+    } catch (const std::system_error& e) {
+        // A thread could not be created (a limit of the process or the system): the workers
+        // already started are stopped and joined before the pool (their mutex and condition
+        // variable) goes away, and the caller gets an error instead of a hang.
+        const size_t started = workers_.size() + 1;
+        stop_workers();
+        throw Error("could not start CPU thread " + std::to_string(started + 1) + " of " + std::to_string(n_threads_) +
+                    " (" + e.what() + "); ask for fewer threads");
+    }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::stop_workers() {
     {
         std::lock_guard<std::mutex> lock(mutex_);
         stop_ = true;
@@ -23,7 +37,10 @@ ThreadPool::~ThreadPool() {
     }
     wake_.notify_all();
     for (auto& t : workers_) t.join();
+    workers_.clear();
 }
+
+ThreadPool::~ThreadPool() { stop_workers(); }
 
 void ThreadPool::run_chunk(int index) {
     int64_t chunk = (job_size_ + n_threads_ - 1) / n_threads_;

@@ -31,6 +31,7 @@ public:
 private:
     void worker(int index);
     void run_chunk(int index);
+    void stop_workers();  // stops and joins every started worker
 
     int n_threads_;
     std::vector<std::thread> workers_;

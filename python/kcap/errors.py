@@ -35,5 +35,18 @@ class UnusedTensorError(ModelError):
     list as known to be unneeded."""
 
 
+class InvalidArgumentError(KcapError, ValueError):
+    """An argument of a kcap call is out of its domain; the message names the argument, its value
+    and what is allowed. Also a ValueError, as Python code expects of a bad value."""
+
+
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of a kcap call has the wrong type (also a TypeError)."""
+
+
+class NumericalError(KcapError, ValueError):
+    """The model produced NaN or infinity where a number was needed (logits to sample from)."""
+
+
 class HubError(KcapError):
     """A Hugging Face Hub reference (hf://ORG/REPO/FILE) is malformed or cannot be fetched."""

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from kcap import _core
+from kcap.errors import InvalidArgumentTypeError
 
 FormatError = _core.FormatError
 
@@ -26,11 +27,11 @@ def _format_arg(ggml_type: Any) -> int | str:
     if isinstance(ggml_type, str):
         return ggml_type
     if isinstance(ggml_type, bool):
-        raise TypeError("ggml_type must be a GGML type id or a format name, not bool")
+        raise InvalidArgumentTypeError("ggml_type must be a GGML type id or a format name, not bool")
     try:
         return operator.index(ggml_type)  # also gguf.GGMLQuantizationType (an IntEnum)
     except TypeError:
-        raise TypeError(
+        raise InvalidArgumentTypeError(
             f"ggml_type must be a GGML type id or a format name, not {type(ggml_type).__name__}"
         ) from None
 

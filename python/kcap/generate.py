@@ -11,6 +11,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+from kcap.errors import InvalidArgumentError
 from kcap.sampling import Sampler, SamplerConfig
 
 
@@ -46,7 +47,7 @@ def token_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 256,
     """Yields generated token ids. max_tokens None: until an end-of-generation token or the end
     of the context. cancel: an Event checked between prefill chunks and between tokens."""
     if max_tokens is not None and (isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 0):
-        raise ValueError(f"max_tokens must be an integer ≥ 0 or None, got {max_tokens!r}")
+        raise InvalidArgumentError(f"max_tokens must be an integer ≥ 0 or None, got {max_tokens!r}")
     config = SamplerConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                            repetition_penalty=repetition_penalty, seed=seed)
     stats = stats if stats is not None else GenerationStats()
@@ -211,7 +212,7 @@ def chat_prompt_ids(model, messages: Sequence[dict], **template_variables) -> li
     try:
         text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, **template_variables)
     except jinja2.exceptions.TemplateError as exc:
-        raise ValueError(f"the model's chat template refused these messages: {exc}") from None
+        raise InvalidArgumentError(f"the model's chat template refused these messages: {exc}") from None
     ids = tokenizer.encode(text, add_special_tokens=False)
     if tokenizer.add_bos and (not ids or ids[0] != tokenizer.bos_id):
         ids.insert(0, tokenizer.bos_id)
@@ -220,9 +221,9 @@ def chat_prompt_ids(model, messages: Sequence[dict], **template_variables) -> li
 
 def _check_messages(messages) -> None:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
-        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+        raise InvalidArgumentError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise ValueError(f"messages[{index}] must be a dict with a string 'role', got {message!r}")
+            raise InvalidArgumentError(f"messages[{index}] must be a dict with a string 'role', got {message!r}")
         if not isinstance(message.get("content", ""), str):
-            raise ValueError(f"messages[{index}]['content'] must be a string")
+            raise InvalidArgumentError(f"messages[{index}]['content'] must be a string")

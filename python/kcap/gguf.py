@@ -12,6 +12,7 @@ metadata and tensor tables from the real models, and kcap.testing.synth writes w
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -24,6 +25,7 @@ from kcap.errors import GGUFError
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
+MAX_ARRAY_NESTING = 8  # arrays of arrays deeper than this are refused (a file needs one level at most)
 
 # GGUF metadata value types.
 _UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY, _UINT64, _INT64, _FLOAT64 = range(13)
@@ -92,7 +94,7 @@ class _Cursor:
         except UnicodeDecodeError:
             self.fail("invalid UTF-8 in a string")
 
-    def value(self, vtype: int):
+    def value(self, vtype: int, depth: int = 0):
         if vtype == _STRING:
             return self.string()
         if vtype in _SCALAR_FORMATS:
@@ -107,7 +109,9 @@ class _Cursor:
                 start = self.take(count * dtype.itemsize)
                 return np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).tolist()
             if elem_type == _ARRAY:
-                return [self.value(_ARRAY) for _ in range(count)]
+                if depth >= MAX_ARRAY_NESTING:
+                    self.fail(f"arrays nested more than {MAX_ARRAY_NESTING} deep")
+                return [self.value(_ARRAY, depth + 1) for _ in range(count)]
             self.fail(f"unknown array element type {elem_type}")
         self.fail(f"unknown metadata value type {vtype}")
 
@@ -143,6 +147,9 @@ class GGUFFile:
         for i in range(n_kv):
             cur.context = f"metadata entry {i} of {n_kv}"
             key = cur.string()
+            if key in self.metadata:
+                # llama.cpp refuses these too ("duplicate key"): which value was meant is unknowable.
+                cur.fail(f"metadata key '{key}' appears twice")
             cur.context = f"metadata value '{key}'"
             self.metadata[key] = cur.value(cur.scalar(_UINT32))
         infos = []
@@ -156,7 +163,10 @@ class GGUFFile:
             type_id = cur.scalar(_UINT32)
             offset = cur.scalar(_UINT64)
             infos.append((name, shape, type_id, offset))
-        alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if isinstance(alignment, bool) or not isinstance(alignment, int):
+            raise GGUFError(f"{self.path}: general.alignment is {alignment!r} ({type(alignment).__name__}); "
+                            "it must be an integer (GGUF writes a uint32)")
         if alignment <= 0 or alignment & (alignment - 1):
             raise GGUFError(f"{self.path}: general.alignment {alignment} is not a power of two")
         data_start = (cur.pos + alignment - 1) // alignment * alignment
@@ -165,7 +175,10 @@ class GGUFFile:
             if type_id not in GGML_TYPES:
                 raise GGUFError(f"{self.path}: tensor '{name}' has unknown GGML type id {type_id}")
             type_name, block_elems, block_bytes = GGML_TYPES[type_id]
-            n_elems = int(np.prod(shape)) if shape else 1
+            if offset % alignment:
+                raise GGUFError(f"{self.path}: tensor '{name}' starts at data offset {offset}, not a multiple of "
+                                f"the file's alignment {alignment}")
+            n_elems = math.prod(int(d) for d in shape)  # Python ints: a product of huge dims cannot wrap
             if not shape or shape[0] % block_elems:
                 raise GGUFError(f"{self.path}: tensor '{name}' of type {type_name} has row length "
                                 f"{shape[0] if shape else 0}, not a multiple of its block size {block_elems}")
@@ -178,6 +191,11 @@ class GGUFFile:
                 raise GGUFError(f"{self.path}: tensor '{name}' appears twice")
             self.tensors[name] = TensorInfo(name, type_id, type_name, tuple(int(d) for d in shape), start,
                                             self._array[start:start + n_bytes])
+        # No two tensors share bytes (a writer lays them out one after another).
+        spans = sorted((t.offset, t.offset + t.data.nbytes, t.name) for t in self.tensors.values() if t.data.nbytes)
+        for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+            if start < end:
+                raise GGUFError(f"{self.path}: tensors '{first}' and '{second}' overlap (bytes {start}..{end})")
 
     @property
     def architecture(self) -> str:

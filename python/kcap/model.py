@@ -7,6 +7,7 @@ stage on the backend (kcap.RoutingError if a stage has no row).
 """
 from __future__ import annotations
 
+import numbers
 import os
 import sys
 import threading
@@ -18,7 +19,8 @@ import numpy as np
 from kcap import _core
 from kcap.accounting import check_tensors
 from kcap.arch import build_spec, known_unused_tensors
-from kcap.errors import BackendUnavailableError, ContextOverflowError, FormatError, ModelError
+from kcap.errors import BackendUnavailableError, ContextOverflowError, FormatError, InvalidArgumentError, \
+    InvalidArgumentTypeError, ModelError
 from kcap.gguf import GGUFFile
 
 # Tokens per engine.eval call while prefilling: between chunks Python can take a
@@ -79,6 +81,19 @@ def register_tensors(spec, gguf: GGUFFile, progress=None) -> None:
         spec.add_tensor_view(name, base, offset, count)
 
 
+MAX_THREADS = 1024  # the most CPU threads a model takes (n_threads)
+
+
+def _check_count(name: str, value, minimum: int, maximum: int | None, allowed: str) -> None:
+    """A count argument: None (its default) or an integer in [minimum, maximum]; never coerced."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidArgumentTypeError(f"{name} = {value!r}: expected {allowed}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise InvalidArgumentError(f"{name} = {value}: expected {allowed}")
+
+
 class Model:
     """A GGUF model planned on one backend, with its tokenizer and KV cache.
 
@@ -104,6 +119,9 @@ class Model:
 
         from kcap.hub import resolve_model_path
 
+        _check_count("n_ctx", n_ctx, 1, None, "a positive number of tokens, or None for the model's own context")
+        _check_count("n_threads", n_threads, 1, MAX_THREADS, f"1 .. {MAX_THREADS}, or None for one per core")
+        _check_count("max_batch", max_batch, 1, None, "a positive number of tokens")
         bar = _progress_bar(progress)
         self.path = resolve_model_path(path)
         self.gguf = GGUFFile(self.path)
@@ -194,7 +212,23 @@ class Model:
         return self._require_tokenizer().encode(text, add_special_tokens=add_special_tokens)
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        return self._require_tokenizer().decode(list(ids))
+        return self._require_tokenizer().decode(self.token_ids(ids, "detokenize"))
+
+    def token_ids(self, ids: Sequence[int], what: str = "token ids") -> list[int]:
+        """ids as a list of Python ints, checked, never coerced: each an integer (a float or a
+        bool is refused, so 5.7 never runs as 5) within the vocabulary (an int64 id of 2^32 + 2
+        never wraps to 2)."""
+        out = []
+        n_vocab = self.n_vocab
+        for index, value in enumerate(ids):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise InvalidArgumentTypeError(f"{what}: id [{index}] = {value!r} is not an integer")
+            value = int(value)
+            if not 0 <= value < n_vocab:
+                raise InvalidArgumentError(f"{what}: id [{index}] = {value} is outside the vocabulary "
+                                           f"(0 .. {n_vocab - 1})")
+            out.append(value)
+        return out
 
     # --- evaluation -----------------------------------------------------------------
     def reset(self) -> None:
@@ -213,9 +247,9 @@ class Model:
             return self._eval(ids, all_logits)
 
     def _eval(self, ids: Sequence[int], all_logits: bool = False, cancel=None) -> np.ndarray | None:
-        ids = [int(i) for i in ids]
+        ids = self.token_ids(ids, "eval")
         if not ids:
-            raise ValueError("eval needs at least one token id")
+            raise InvalidArgumentError("eval needs at least one token id")
         parts = []
         for start in range(0, len(ids), PREFILL_CHUNK):
             if cancel is not None and cancel.is_set():
@@ -240,8 +274,11 @@ class Model:
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Logits of the last position after running token_ids from an empty cache: [vocab]."""
         with self.locked():
+            ids = self.token_ids(token_ids, "logits")  # checked before the cache is emptied
+            if not ids:
+                raise InvalidArgumentError("logits needs at least one token id")
             self._reset()
-            return self._eval(token_ids)
+            return self._eval(ids)
 
     def explain(self) -> list[dict]:
         """The engine's plan, one dict per route of each stage: layer, stage, op, formats, dims,
@@ -254,9 +291,9 @@ class Model:
         """Evaluates token_ids from an empty cache in one call, as eval does, and returns what
         ran: one dict per stage call (layer, stage, kernel, n_tokens), in order. Each kernel is
         the route explain() lists for that stage and n_tokens. The cache then holds token_ids."""
-        ids = [int(i) for i in token_ids]
+        ids = self.token_ids(token_ids, "trace")
         if not ids:
-            raise ValueError("trace needs at least one token id")
+            raise InvalidArgumentError("trace needs at least one token id")
         self._cached = []
         ran, _ = self.engine.trace(np.asarray(ids, dtype=np.int32))
         self._cached = ids
@@ -270,9 +307,9 @@ class Model:
 
     def _prefill(self, prompt_ids: Sequence[int], cancel=None) -> np.ndarray | None:
         """prefill under the lock; returns None if cancel (a threading.Event) is set between chunks."""
-        prompt_ids = [int(i) for i in prompt_ids]
+        prompt_ids = self.token_ids(prompt_ids, "prompt")
         if not prompt_ids:
-            raise ValueError("the prompt is empty")
+            raise InvalidArgumentError("the prompt is empty")
         if len(prompt_ids) >= self.n_ctx:
             raise ContextOverflowError(
                 f"prompt of {len(prompt_ids)} tokens does not fit the context of {self.n_ctx} tokens "

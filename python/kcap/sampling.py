@@ -23,7 +23,12 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from kcap.errors import InvalidArgumentError, NumericalError
+
 __all__ = ["SamplerConfig", "Sampler"]
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -51,29 +56,29 @@ class SamplerConfig:
         # Frozen, so validating once here means a Sampler never sees a bad config.
         _require_real("temperature", self.temperature)
         if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}")
+            raise InvalidArgumentError(f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}")
 
         _require_int("top_k", self.top_k)
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k!r}")
+            raise InvalidArgumentError(f"top_k must be >= 0 (0 disables it), got {self.top_k!r}")
 
         _require_real("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p!r}")
+            raise InvalidArgumentError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p!r}")
 
         _require_real("min_p", self.min_p)
         if not 0.0 <= self.min_p < 1.0:
-            raise ValueError(f"min_p must be in [0, 1) (0 disables it), got {self.min_p!r}")
+            raise InvalidArgumentError(f"min_p must be in [0, 1) (0 disables it), got {self.min_p!r}")
 
         _require_real("repetition_penalty", self.repetition_penalty)
         if not self.repetition_penalty > 0.0:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty!r}"
             )
 
         _require_int("repetition_window", self.repetition_window)
         if self.repetition_window < 0:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"repetition_window must be >= 0 (0 disables it), got {self.repetition_window!r}"
             )
 
@@ -81,18 +86,18 @@ class SamplerConfig:
             _require_int("seed", self.seed)
             if self.seed < 0:
                 # PCG64 itself rejects negative seeds; say which field is at fault.
-                raise ValueError(f"seed must be a non-negative integer or None, got {self.seed!r}")
+                raise InvalidArgumentError(f"seed must be a non-negative integer or None, got {self.seed!r}")
 
 
 def _require_real(field: str, value: object) -> None:
     # bool is a Real in Python; accepting True as a temperature would hide a bug.
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        raise ValueError(f"{field} must be a finite real number, got {value!r}")
+        raise InvalidArgumentError(f"{field} must be a finite real number, got {value!r}")
 
 
 def _require_int(field: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ValueError(f"{field} must be an integer, got {value!r}")
+        raise InvalidArgumentError(f"{field} must be an integer, got {value!r}")
 
 
 # Tokens per block of the two-level cumulative sums (draw, top-p cut);
@@ -123,7 +128,7 @@ class Sampler:
         if seed is None:
             seed = self.config.seed
         elif isinstance(seed, bool) or not isinstance(seed, Integral) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+            raise InvalidArgumentError(f"seed must be a non-negative integer or None, got {seed!r}")
         self._rng = np.random.Generator(np.random.PCG64(seed))
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
@@ -169,15 +174,16 @@ class Sampler:
         # (softmax would turn it into NaN).
         max_score = float(scores.max())
         if math.isnan(max_score):
-            raise ValueError("logits contain NaN; refusing to sample from them")
+            raise NumericalError("logits contain NaN; refusing to sample from them")
         if max_score == math.inf:
-            raise ValueError("logits contain +inf; refusing to sample from them")
+            raise NumericalError("logits contain +inf; refusing to sample from them")
         if max_score == -math.inf:
-            raise ValueError("all logits are -inf; no token can be sampled")
+            raise NumericalError("all logits are -inf; no token can be sampled")
 
-        if cfg.temperature == 0.0 or cfg.top_k == 1:
+        if cfg.temperature == 0.0 or cfg.top_k == 1 or 1.0 / cfg.temperature > _FLOAT32_MAX:
             # argmax returns the first maximum: ties go to the lowest index.
-            # top_k=1 leaves a single token whatever the temperature.
+            # top_k=1 leaves a single token whatever the temperature; so does a temperature so
+            # small that 1 / T overflows float32 (below about 3e-39): the limit of T -> 0.
             return np.array([int(np.argmax(scores))], dtype=np.int64), np.ones(1)
 
         # Temperature and top-k commute (dividing by T > 0 keeps the order), so
@@ -215,9 +221,9 @@ class Sampler:
 def _validated_logits(logits: np.ndarray) -> np.ndarray:
     scores = np.asarray(logits)
     if scores.ndim != 1 or scores.shape[0] == 0:
-        raise ValueError(f"logits must be a non-empty 1-D array, got shape {scores.shape}")
+        raise InvalidArgumentError(f"logits must be a non-empty 1-D array, got shape {scores.shape}")
     if not np.issubdtype(scores.dtype, np.floating):
-        raise ValueError(f"logits must be a floating-point array, got dtype {scores.dtype}")
+        raise InvalidArgumentError(f"logits must be a floating-point array, got dtype {scores.dtype}")
     return scores
 
 
@@ -233,7 +239,7 @@ def _apply_repetition_penalty(
     vocab_size = scores.shape[0]
     if recent.min() < 0 or recent.max() >= vocab_size:
         # A negative id would silently index from the end of the vocabulary.
-        raise ValueError(f"history contains token ids outside [0, {vocab_size})")
+        raise InvalidArgumentError(f"history contains token ids outside [0, {vocab_size})")
     # Each distinct token is penalized once, however often it repeats
     # (llama.cpp's frequency/presence penalties are what count repeats).
     seen = np.unique(recent)

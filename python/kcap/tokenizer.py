@@ -26,6 +26,8 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.models import BPE
 
+from kcap.errors import KcapError
+
 __all__ = [
     "StreamDecoder",
     "Tokenizer",
@@ -35,8 +37,9 @@ __all__ = [
 ]
 
 
-class TokenizerMetadataError(ValueError):
-    """The GGUF's tokenizer metadata lacks a key kcap needs, or holds a value it cannot use."""
+class TokenizerMetadataError(KcapError, ValueError):
+    """The GGUF's tokenizer metadata lacks a key kcap needs, or holds a value it cannot use (a
+    KcapError like every kcap error; still a ValueError for callers that caught that)."""
 
 
 class UnsupportedTokenizerError(TokenizerMetadataError):
@@ -399,9 +402,15 @@ def load_tokenizer(metadata: dict) -> Tokenizer:
         name: _optional_token_id(metadata, f"tokenizer.ggml.{name}_token_id", len(tokens))
         for name in ("bos", "eos", "unknown", "padding", "eot", "eom")
     }
-    pipeline = _BUILDERS[model](metadata, tokens)
     named_ids = [special_ids[name] for name in ("bos", "eos", "unknown", "padding") if special_ids[name] is not None]
-    _add_special_tokens(pipeline, metadata, tokens, named_ids)
+    try:
+        pipeline = _BUILDERS[model](metadata, tokens)
+        _add_special_tokens(pipeline, metadata, tokens, named_ids)
+    except TokenizerMetadataError:
+        raise
+    except Exception as error:  # the tokenizers library's own (e.g. merges naming unknown tokens)
+        raise TokenizerMetadataError(f"the GGUF's {model!r} tokenizer cannot be built from its metadata: "
+                                     f"{type(error).__name__}: {error}") from error
 
     # transformers defaults add_bos_token to true for SentencePiece vocabularies (llama.cpp does too).
     add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", model == "llama"))

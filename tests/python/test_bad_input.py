@@ -76,3 +76,103 @@ def test_not_a_file_at_all(tmp_path):
     empty.write_bytes(b"")
     with pytest.raises(kcap.GGUFError, match="not a GGUF file"):
         kcap.load(empty)
+
+
+# Metadata counts are checked before anything is sized by them, and every failure is a kcap error.
+@pytest.mark.parametrize("key,value,message", [
+    ("llama.block_count", 2**26, r"llama.block_count = 67108864: the file has tensors for 2 blocks"),
+    ("llama.block_count", 0, r"llama.block_count = 0: must be at least 1"),
+    ("llama.attention.head_count", 0, r"llama.attention.head_count = 0: must be at least 1"),
+    ("llama.attention.head_count", 2**31, r"llama.attention.head_count = 2147483648: out of range"),
+    ("llama.attention.head_count_kv", 0, r"head_count_kv = 0: must be at least 1"),
+    ("llama.block_count", 2.0, r"llama.block_count = 2.0: expected an integer"),
+    ("llama.attention.layer_norm_rms_epsilon", float("nan"), r"layer_norm_rms_epsilon = nan: expected a finite number"),
+])
+def test_bad_counts_are_model_errors(tmp_path, good, key, value, message):
+    import time
+
+    bad = copy_with_changes(good, str(tmp_path / "counts.gguf"), metadata_overrides={key: value})
+    start = time.perf_counter()
+    with pytest.raises(kcap.ModelError, match=message):
+        kcap.load(bad)
+    assert time.perf_counter() - start < 5  # refused from the metadata, not after sizing anything
+
+
+def test_granite_logit_scale_of_zero_is_refused(tmp_path):
+    from test_conformance import FIXTURES
+
+    bad = copy_with_changes(str(FIXTURES / "granite-f32.gguf"), str(tmp_path / "g.gguf"),
+                            metadata_overrides={"granite.logit_scale": 0.0})
+    with pytest.raises(kcap.ModelError, match="granite.logit_scale = 0"):
+        kcap.load(bad)
+
+
+@pytest.mark.parametrize("name,value,error", [
+    ("n_ctx", 0, kcap.InvalidArgumentError), ("n_ctx", -5, kcap.InvalidArgumentError),
+    ("n_ctx", 2.5, kcap.InvalidArgumentTypeError), ("n_threads", 0, kcap.InvalidArgumentError),
+    ("n_threads", 5000, kcap.InvalidArgumentError), ("n_threads", True, kcap.InvalidArgumentTypeError),
+    ("max_batch", 0, kcap.InvalidArgumentError),
+])
+def test_load_arguments_are_checked_not_coerced(good, name, value, error):
+    with pytest.raises(error, match=name):
+        kcap.load(good, **{name: value})
+
+
+def test_a_thread_that_cannot_start_is_an_error_not_a_hang(good):
+    # Under a 2 GiB address-space limit the stacks of 1000 workers (2 to 8 MiB each) cannot all
+    # be mapped: the pool stops the workers it started and raises (it used to wait for ever).
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, kcap\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+        "try:\n"
+        f"    kcap.load({good!r}, n_threads=1000)\n"
+        "except kcap.KcapError as e:\n"
+        "    print('refused:', e)\n"
+        "else:\n"
+        "    print('loaded')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("refused: could not start CPU thread"), done.stdout
+
+
+@pytest.mark.parametrize("ids,error,message", [
+    ([1, 2.0], kcap.InvalidArgumentTypeError, r"id \[1\] = 2.0 is not an integer"),
+    ([1, True], kcap.InvalidArgumentTypeError, r"id \[1\] = True"),
+    (np.array([1, 2**32 + 2], dtype=np.int64), kcap.InvalidArgumentError, r"id \[1\] = 4294967298 is outside"),
+    ([-1], kcap.InvalidArgumentError, r"id \[0\] = -1 is outside"),
+])
+def test_token_ids_are_checked_not_coerced(good, ids, error, message):
+    model = kcap.load(good)
+    model.eval([3, 4])
+    with pytest.raises(error, match=message):
+        model.eval(ids)
+    with pytest.raises(error, match=message):
+        model.logits(ids)  # and the cache is left as it was
+    assert model._cached == [3, 4]
+    with pytest.raises(error, match=message):
+        model.detokenize(ids) if model.tokenizer is not None else model.eval(ids)
+
+
+def test_error_classes_are_kcap_errors_and_python_ones():
+    from kcap.sampling import Sampler, SamplerConfig
+
+    with pytest.raises(kcap.KcapError):
+        SamplerConfig(temperature=-1.0)
+    with pytest.raises(ValueError):
+        SamplerConfig(temperature=-1.0)
+    with pytest.raises(kcap.NumericalError, match="NaN"):
+        Sampler(SamplerConfig(temperature=1.0, seed=1)).sample(np.array([0.0, np.nan], dtype=np.float32))
+
+
+def test_a_tiny_temperature_samples_the_argmax():
+    # 1 / 1e-40 overflows float32: the sampler takes the limit (the argmax) instead of failing
+    # on NaN weights.
+    from kcap.sampling import Sampler, SamplerConfig
+
+    logits = np.array([0.5, 3.0, 2.9, -1.0], dtype=np.float32)
+    for temperature in (1e-40, 5e-324):
+        assert Sampler(SamplerConfig(temperature=temperature, seed=3)).sample(logits) == 1

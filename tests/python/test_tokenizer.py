@@ -364,3 +364,16 @@ def test_gemma4_tokenizer_matches_transformers():
         assert tokenizer.encode(text) == ids, text
         assert tokenizer.encode(text, add_special_tokens=False) == ids, text
         assert tokenizer.decode(ids) == text
+
+
+def test_tokenizers_library_errors_become_kcap_errors():
+    # A merge naming a token the vocabulary lacks: the tokenizers library raises a bare
+    # Exception; kcap reports a TokenizerMetadataError (a KcapError) that carries its message.
+    from kcap.errors import KcapError
+    from kcap.tokenizer import TokenizerMetadataError, load_tokenizer
+
+    metadata = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.tokens": ["a", "b"],
+                "tokenizer.ggml.merges": ["a c"]}
+    with pytest.raises(TokenizerMetadataError, match="Token `c` out of vocabulary") as caught:
+        load_tokenizer(metadata)
+    assert isinstance(caught.value, KcapError)

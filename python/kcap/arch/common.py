@@ -47,12 +47,50 @@ class Hyperparameters:
         return default
 
     def int(self, key: str, default=_REQUIRED) -> int:
+        """An integer key, checked before anything is sized by it: an integer (not a float or a
+        bool) within 32 bits; head counts, sizes and block_count at least 1; block_count at least 1 and at most the
+        blocks the file has tensors for (a file claiming 2^26 blocks fails here, not after
+        building 2^26 layers)."""
         value = self.get(key, default)
-        return int(value) if value is not None else None
+        if value is None:
+            return None
+        full = f"{self.gguf.path}: {self.arch}.{key} = {value!r}"
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ModelError(f"{full}: expected an integer, found {type(value).__name__}")
+        if not -_MAX_COUNT <= value <= _MAX_COUNT:  # the sign is the caller's to check (with its meaning)
+            raise ModelError(f"{full}: out of range (|value| <= {_MAX_COUNT})")
+        if key in _AT_LEAST_ONE and value < 1:
+            raise ModelError(f"{full}: must be at least 1")
+        if key == "block_count" and value > blocks_in_file(self.gguf):
+            raise ModelError(f"{full}: the file has tensors for {blocks_in_file(self.gguf)} blocks (blk.0 .. "
+                             f"blk.{blocks_in_file(self.gguf) - 1})")
+        return value
 
     def float(self, key: str, default=_REQUIRED) -> float:
+        """A real-valued key: a number (an integer is taken as its value), finite."""
         value = self.get(key, default)
-        return float(value) if value is not None else None
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ModelError(f"{self.gguf.path}: {self.arch}.{key} = {value!r}: expected a finite number")
+        return float(value)
+
+
+_MAX_COUNT = 2**31 - 1  # the core's counts are 32-bit
+_AT_LEAST_ONE = frozenset({"block_count", "embedding_length", "context_length", "attention.head_count",
+                           "attention.head_count_kv", "attention.key_length", "attention.value_length",
+                           "attention.key_length_swa", "attention.value_length_swa"})
+
+
+def blocks_in_file(gguf: GGUFFile) -> int:
+    """1 + the highest N of the file's blk.N.* tensors (0 without any)."""
+    highest = -1
+    for name in gguf.tensors:
+        if name.startswith("blk."):
+            index = name.split(".", 2)[1]
+            if index.isdigit():
+                highest = max(highest, int(index))
+    return highest + 1
 
 
 def block_tensor(gguf: GGUFFile, layer: int, name: str, required: bool = True) -> str:

@@ -43,12 +43,17 @@ METADATA_KEYS = (*SPEC_KEYS, *SLIDING_WINDOW_KEYS, "attention.layer_norm_rms_eps
 KNOWN_UNUSED_TENSORS: dict[str, str] = {}
 
 
-def _per_layer(value, n_layer: int, what: str) -> list:
-    if isinstance(value, (list, tuple)):
-        if len(value) != n_layer:
-            raise ModelError(f"gemma4 metadata '{what}' has {len(value)} entries for {n_layer} layers")
-        return list(value)
-    return [value] * n_layer
+def _per_layer(value, n_layer: int, what: str, count: bool = False) -> list:
+    """One value per layer (a list of n_layer, or one value for all); count: each an integer of
+    at least 1 (a head count)."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * n_layer
+    if len(values) != n_layer:
+        raise ModelError(f"gemma4 metadata '{what}' has {len(values)} entries for {n_layer} layers")
+    if count:
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**31 - 1:
+                raise ModelError(f"gemma4 metadata '{what}' holds {v!r}: expected integers of at least 1")
+    return values
 
 
 def _scalar_tensor(gguf: GGUFFile, name: str) -> float:
@@ -112,8 +117,8 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
     spec.final_softcap = hp.float("final_logit_softcapping", 0.0) or 0.0
 
     n_layer = hp.int("block_count")
-    n_head = _per_layer(hp.get("attention.head_count"), n_layer, "attention.head_count")
-    n_head_kv = _per_layer(hp.get("attention.head_count_kv"), n_layer, "attention.head_count_kv")
+    n_head = _per_layer(hp.get("attention.head_count"), n_layer, "attention.head_count", count=True)
+    n_head_kv = _per_layer(hp.get("attention.head_count_kv"), n_layer, "attention.head_count_kv", count=True)
     window = hp.int("attention.sliding_window", 0) or 0
     pattern = _per_layer(hp.get("attention.sliding_window_pattern"), n_layer, "attention.sliding_window_pattern")
     head_dim_full = hp.int("attention.key_length")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from kcap import _core
 from kcap.arch.common import ATTENTION_KEYS, ROPE_KEYS, SPEC_KEYS, Hyperparameters, attention_geometry, new_spec, \
     optional_tensor, rope_scaling, standard_layer
+from kcap.errors import ModelError
 from kcap.gguf import GGUFFile
 
 ARCHITECTURE = "granite"
@@ -21,7 +22,10 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
     spec.norm_kind = _core.NormKind.RMS
     spec.norm_eps = hp.float("attention.layer_norm_rms_epsilon")
     spec.embed_scale = hp.float("embedding_scale", 1.0)
-    spec.logit_scale = 1.0 / hp.float("logit_scale", 1.0)
+    logit_scale = hp.float("logit_scale", 1.0)
+    if logit_scale == 0.0:
+        raise ModelError(f"{gguf.path}: granite.logit_scale = 0: the logits are divided by it")
+    spec.logit_scale = 1.0 / logit_scale
     geometry = attention_geometry(hp, spec.n_embd)
     residual_scale = hp.float("residual_scale", 1.0)
     attn_scale = hp.float("attention.scale", 0.0) or 0.0
