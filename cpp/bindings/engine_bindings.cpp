@@ -15,6 +15,34 @@ using namespace kcap;
 
 namespace {
 
+// Token ids from Python, checked, never coerced: an integer array (a float or bool array is
+// refused, not truncated), every id within the vocabulary (an int64 id of 2^32 + 2 is refused,
+// not wrapped to 2), and the context room for them, before anything is sized by their count.
+std::vector<int32_t> checked_token_ids(const Engine& engine, const py::array& tokens, bool from_empty = false) {
+    const char kind = tokens.dtype().kind();
+    if (kind != 'i' && kind != 'u')
+        throw ModelError(std::string("token ids must be integers, got an array of dtype ") +
+                         std::string(py::str(tokens.dtype())));
+    const auto wide = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(tokens);
+    if (!wide) throw ModelError("token ids must be an integer array");
+    const int64_t n = int64_t(wide.size());
+    if (n <= 0) throw ModelError("eval needs at least one token");
+    const int64_t cached = from_empty ? 0 : engine.n_past();
+    if (cached + n > engine.n_ctx())
+        throw ContextOverflowError("context overflow: " + std::to_string(cached) + " cached + " +
+                                   std::to_string(n) + " new tokens exceed the context length " +
+                                   std::to_string(engine.n_ctx()));
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    const int64_t* data = wide.data();
+    for (int64_t i = 0; i < n; ++i) {
+        if (data[i] < 0 || data[i] >= engine.n_vocab())
+            throw ModelError("token id " + std::to_string(data[i]) + " (at " + std::to_string(i) +
+                             ") is outside the vocabulary [0, " + std::to_string(engine.n_vocab()) + ")");
+        ids[size_t(i)] = int32_t(data[i]);
+    }
+    return ids;
+}
+
 py::dict route_to_dict(const RouteInfo& r) {
     py::dict d;
     d["layer"] = r.layer;
@@ -314,12 +342,12 @@ void init_engine(py::module_& m) {
              py::arg("profile") = false, py::arg("cublas_library") = "")
         .def(
             "eval",
-            [](Engine& engine, py::array_t<int32_t, py::array::c_style | py::array::forcecast> tokens,
-               bool all_logits) {
-                const int64_t n = tokens.size();
+            [](Engine& engine, py::array tokens, bool all_logits) {
+                const std::vector<int32_t> checked = checked_token_ids(engine, tokens);
+                const int64_t n = int64_t(checked.size());
                 py::array_t<float> logits =
                     all_logits ? py::array_t<float>({n, engine.n_vocab()}) : py::array_t<float>(engine.n_vocab());
-                const int32_t* ids = tokens.data();
+                const int32_t* ids = checked.data();
                 float* out = logits.mutable_data();
                 {
                     py::gil_scoped_release release;
@@ -332,7 +360,8 @@ void init_engine(py::module_& m) {
         .def(
             "decode_greedy",
             [](Engine& engine, int32_t token, int64_t n) {
-                py::array_t<int32_t> out(n > 0 ? n : 0);
+                engine.check_decode("decode_greedy", token, n);  // before n results are allocated
+                py::array_t<int32_t> out(n);
                 int32_t* ids = out.mutable_data();
                 {
                     py::gil_scoped_release release;
@@ -347,7 +376,8 @@ void init_engine(py::module_& m) {
             "decode_sample",
             [](Engine& engine, int32_t token, int64_t n, float temperature, int top_k, float top_p, float min_p,
                uint32_t seed) {
-                py::array_t<int32_t> out(n > 0 ? n : 0);
+                engine.check_decode("decode_sample", token, n);  // before n results are allocated
+                py::array_t<int32_t> out(n);
                 int32_t* ids = out.mutable_data();
                 SampleSettings settings;
                 settings.temperature = temperature;
@@ -374,10 +404,11 @@ void init_engine(py::module_& m) {
         .def("routes", [](const Engine& engine) { return routes_to_list(engine.routes()); })
         .def(
             "trace",
-            [](Engine& engine, py::array_t<int32_t, py::array::c_style | py::array::forcecast> tokens) {
-                const int64_t n = tokens.size();
+            [](Engine& engine, py::array tokens) {
+                const std::vector<int32_t> checked = checked_token_ids(engine, tokens, /*from_empty=*/true);
+                const int64_t n = int64_t(checked.size());
                 py::array_t<float> logits(engine.n_vocab());
-                const int32_t* ids = tokens.data();
+                const int32_t* ids = checked.data();
                 float* out = logits.mutable_data();
                 std::vector<TraceEntry> ran;
                 {

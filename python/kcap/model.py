@@ -255,8 +255,14 @@ class Model:
             if cancel is not None and cancel.is_set():
                 return None
             chunk = ids[start:start + PREFILL_CHUNK]
-            logits = self.engine.eval(np.asarray(chunk, dtype=np.int32), all_logits)
-            self._cached.extend(chunk)
+            try:
+                logits = self.engine.eval(np.asarray(chunk, dtype=np.int32), all_logits)
+                self._cached.extend(chunk)
+            except BaseException:
+                # A KeyboardInterrupt lands when the engine call returns, before the chunk is
+                # recorded: the cache is cut back to what _cached says it holds.
+                self.engine.truncate(len(self._cached))
+                raise
             parts.append(logits)
         return np.concatenate(parts) if all_logits else parts[-1]
 

@@ -176,3 +176,50 @@ def test_a_tiny_temperature_samples_the_argmax():
     logits = np.array([0.5, 3.0, 2.9, -1.0], dtype=np.float32)
     for temperature in (1e-40, 5e-324):
         assert Sampler(SamplerConfig(temperature=temperature, seed=3)).sample(logits) == 1
+
+
+def test_engine_checks_ids_and_context_before_allocating(good):
+    # The engine's own entry points (under Model): an array of floats or bools is refused, not
+    # truncated; an int64 id past 32 bits is refused, not wrapped; a decode of 10^12 steps is a
+    # context overflow before 4 TB of results are allocated.
+    engine = kcap.load(good).engine
+    with pytest.raises(kcap.ModelError, match="token ids must be integers, got an array of dtype float64"):
+        engine.eval(np.array([1.5]), False)
+    with pytest.raises(kcap.ModelError, match="dtype bool"):
+        engine.eval(np.array([True]), False)
+    with pytest.raises(kcap.ModelError, match="token id 4294967298 .* outside the vocabulary"):
+        engine.eval(np.array([2**32 + 2], dtype=np.int64), False)
+    with pytest.raises(kcap.ContextOverflowError, match="1000000000000 new tokens"):
+        engine.decode_greedy(1, 10**12)
+    assert engine.n_past == 0
+    assert engine.eval(np.array([1, 2], dtype=np.int64), False).shape == (engine.n_vocab,)
+
+
+def test_an_interrupt_between_chunks_leaves_the_cache_as_python_sees_it(good, monkeypatch):
+    # A KeyboardInterrupt delivered as an engine call returns (the prefill's second chunk): the
+    # engine's cache is cut back to the tokens the model has recorded.
+    import kcap.model as model_module
+
+    model = kcap.load(good)
+    calls = {"n": 0}
+    real_eval = model.engine.eval
+
+    class Interrupting:
+        def __getattr__(self, name):
+            return getattr(model.engine_real, name)
+
+        def eval(self, tokens, all_logits):
+            calls["n"] += 1
+            out = real_eval(tokens, all_logits)
+            if calls["n"] == 2:
+                raise KeyboardInterrupt
+            return out
+
+    model.engine_real = model.engine
+    model.engine = Interrupting()
+    chunk = model_module.PREFILL_CHUNK
+    ids = [1 + i % 100 for i in range(2 * chunk + 5)]
+    with pytest.raises(KeyboardInterrupt):
+        model.eval(ids)
+    assert model._cached == ids[:chunk]
+    assert model.engine_real.n_past == chunk

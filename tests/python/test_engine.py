@@ -119,8 +119,10 @@ def test_prefix_reuse_matches_fresh_evaluation(tmp_path):
 def test_token_outside_vocabulary_is_refused(tmp_path):
     path = tiny_llama(str(tmp_path / "m.gguf"), n_vocab=256)
     model = kcap.load(path)
-    with pytest.raises(kcap.ModelError, match="token id 256 is outside the vocabulary"):
+    with pytest.raises(kcap.InvalidArgumentError, match=r"id \[1\] = 256 is outside the vocabulary \(0 .. 255\)"):
         model.eval([1, 256])
+    with pytest.raises(kcap.ModelError, match="token id 256 .* is outside the vocabulary"):
+        model.engine.eval(np.array([1, 256], dtype=np.int32), False)
     with pytest.raises(kcap.ModelError, match="no tokenizer"):
         model.tokenize("hello")
 

@@ -116,8 +116,11 @@ public:
     // Keeps the first n positions of the cache (n ≤ n_past) so a shared prefix is reused.
     void truncate(int64_t n);
 
-private:
+    // What decode_greedy and decode_sample check before their n steps (callers that allocate
+    // for the n results check first).
     void check_decode(const char* what, int32_t token, int64_t n) const;
+
+private:
 
     std::shared_ptr<const ModelSpec> spec_;
     std::vector<RouteInfo> routes_;
