@@ -330,16 +330,18 @@ void init_engine(py::module_& m) {
     py::class_<Engine>(m, "Engine", "A planned model with its KV cache on one backend.")
         .def(py::init([](const ModelSpec& spec, const std::string& backend, const std::string& kv_type, int64_t n_ctx,
                          int n_threads, int max_batch, const std::vector<std::string>& excluded,
-                         const std::string& activations, bool profile, const std::string& cublas_library) {
+                         const std::string& activations, bool profile, const std::string& cublas_library,
+                         bool check_finite) {
+                 EngineOptions options = make_options(backend, kv_type, n_ctx, n_threads, max_batch, excluded,
+                                                      activations, profile, cublas_library);
+                 options.check_finite = check_finite;
                  // The engine keeps its own copy of the spec (tensor refs and their owners).
-                 return std::make_unique<Engine>(std::make_shared<const ModelSpec>(spec),
-                                                 make_options(backend, kv_type, n_ctx, n_threads, max_batch, excluded,
-                                                              activations, profile, cublas_library));
+                 return std::make_unique<Engine>(std::make_shared<const ModelSpec>(spec), options);
              }),
              py::arg("spec"), py::arg("backend") = "cpu", py::arg("kv_type") = "f32", py::arg("n_ctx") = 0,
              py::arg("n_threads") = 0, py::arg("max_batch") = 512,
              py::arg("excluded_kernels") = std::vector<std::string>{}, py::arg("activations") = "f32",
-             py::arg("profile") = false, py::arg("cublas_library") = "")
+             py::arg("profile") = false, py::arg("cublas_library") = "", py::arg("check_finite") = false)
         .def(
             "eval",
             [](Engine& engine, py::array tokens, bool all_logits) {

@@ -13,6 +13,9 @@ void init_errors(py::module_& m) {
     static py::exception<kcap::ContextOverflowError> context_error(m, "ContextOverflowError", base.ptr());
     static py::exception<kcap::BackendUnavailableError> backend_error(m, "BackendUnavailableError",
                                                                      base.ptr());
+    // Also a ValueError, as Python code expects of a bad number.
+    static py::exception<kcap::NumericalError> numerical_error(
+        m, "NumericalError", py::make_tuple(base, py::handle(PyExc_ValueError)));
     // Most derived first: pybind11 tries translators in reverse registration order.
     py::register_exception_translator([](std::exception_ptr p) {
         try {
@@ -27,6 +30,8 @@ void init_errors(py::module_& m) {
             py::set_error(context_error, e.what());
         } catch (const kcap::BackendUnavailableError& e) {
             py::set_error(backend_error, e.what());
+        } catch (const kcap::NumericalError& e) {
+            py::set_error(numerical_error, e.what());
         } catch (const kcap::Error& e) {
             py::set_error(base, e.what());
         }

@@ -58,6 +58,9 @@ PlanSummary explain_summary(const EngineOptions& options) {
 
 Engine::Engine(std::shared_ptr<const ModelSpec> spec, const EngineOptions& options) : spec_(std::move(spec)) {
     Plan plan = make_plan(*spec_, plan_options(options, true));
+    if (options.check_finite && plan.options.backend != Backend::CPU)
+        throw BackendUnavailableError("check_finite is implemented on the cpu backend only, not on '" +
+                                      options.backend + "'");
     routes_ = describe(plan);
     n_ctx_ = plan.options.n_ctx;
     for (const RoutedStage& routed : plan.stages)

@@ -2,12 +2,14 @@
 // Long prompts run in chunks of max_batch tokens; the LM head runs on the last position
 // only unless every position's logits are asked for.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
 #include "core/backend_impl.h"
 #include "cpu/cpu_state.h"
 #include "dispatch/executor.h"
+#include "kcap/errors.h"
 
 namespace kcap {
 
@@ -20,7 +22,8 @@ public:
           executor_(plan_),
           state_(options.n_threads > 0 ? options.n_threads : int(std::max(1u, std::thread::hardware_concurrency()))),
           max_batch_(std::max(1, options.max_batch)),
-          n_vocab_(spec.n_vocab) {
+          n_vocab_(spec.n_vocab),
+          check_finite_(options.check_finite) {
         state_.kv.resize(spec.layers.size());
         for (size_t i = 0; i < spec.layers.size(); ++i) {
             KvLayer& kv = state_.kv[i];
@@ -55,7 +58,28 @@ private:
                    float* logits) {
         executor_.run(
             n, pos0, tokens, need_logits, all_logits, logits, &state_, [&](Buffer b) { return buffer(b, n); },
-            [](size_t) { return nullptr; }, [](const Row& row, const Stage& stage, const KernelCall& call) { row.fn(stage, call); });
+            [](size_t) { return nullptr; }, [&](const Row& row, const Stage& stage, const KernelCall& call) {
+                row.fn(stage, call);
+                if (check_finite_) check_output_finite(stage, call, pos0);
+            });
+    }
+
+    // EngineOptions::check_finite: the rows this call wrote (the stage's output buffer, or Q
+    // for a rope that rotates in place) hold no NaN or infinity.
+    void check_output_finite(const Stage& stage, const KernelCall& call, int64_t pos0) const {
+        const bool in_place = stage.op == Op::Rope || stage.op == Op::QkNormRope;
+        const Buffer b = in_place ? stage.input : stage.output;
+        if (b == Buffer::None || !call.out) return;
+        const int64_t width = b == Buffer::Logits ? n_vocab_ : plan_.buffer_widths[size_t(b)];
+        const int64_t count = int64_t(call.n_tokens) * width;
+        for (int64_t i = 0; i < count; ++i) {
+            if (!std::isfinite(call.out[i]))
+                throw NumericalError("stage '" + stage.name + "'" +
+                                     (stage.layer >= 0 ? " of layer " + std::to_string(stage.layer) : std::string()) +
+                                     " (" + call.row->kernel + ") wrote " + std::to_string(call.out[i]) + " at token " +
+                                     std::to_string(pos0 + call.row_offset + i / width) + ", value " +
+                                     std::to_string(i % width));
+        }
     }
 
     Plan plan_;
@@ -63,6 +87,7 @@ private:
     CpuState state_;
     int max_batch_;
     int64_t n_vocab_;
+    bool check_finite_;
     std::vector<std::vector<float>> buffers_;
 };
 

@@ -1,7 +1,8 @@
 """kcap's exceptions. Every one derives from KcapError and names the problem it reports.
 
-The core (C++) raises FormatError, RoutingError, ModelError, ContextOverflowError and
-BackendUnavailableError; the Python side adds the errors about files and architectures.
+The core (C++) raises FormatError, RoutingError, ModelError, ContextOverflowError,
+NumericalError (NaN or infinity: also a ValueError) and BackendUnavailableError; the Python side
+adds the errors about files, architectures and arguments.
 """
 from kcap._core import (  # noqa: F401  (re-exported)
     BackendUnavailableError,
@@ -9,6 +10,7 @@ from kcap._core import (  # noqa: F401  (re-exported)
     FormatError,
     KcapError,
     ModelError,
+    NumericalError,
     RoutingError,
 )
 
@@ -42,10 +44,6 @@ class InvalidArgumentError(KcapError, ValueError):
 
 class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
     """An argument of a kcap call has the wrong type (also a TypeError)."""
-
-
-class NumericalError(KcapError, ValueError):
-    """The model produced NaN or infinity where a number was needed (logits to sample from)."""
 
 
 class HubError(KcapError):

@@ -128,11 +128,14 @@ class GGUFFile:
         size = os.path.getsize(self.path)
         if size < 4:
             raise GGUFError(f"{self.path}: not a GGUF file ({size} bytes)")
-        with open(self.path, "rb") as f:
-            magic = f.read(4)
-            if magic != GGUF_MAGIC:
-                raise GGUFError(f"{self.path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            with open(self.path, "rb") as f:
+                magic = f.read(4)
+                if magic != GGUF_MAGIC:
+                    raise GGUFError(f"{self.path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as error:  # unreadable, or no address space left to map it
+            raise GGUFError(f"{self.path}: cannot read or map the file ({error})") from error
         self._array = np.frombuffer(self._map, dtype=np.uint8)
         cur = _Cursor(self._map, self.path)
         cur.take(4)

@@ -114,6 +114,7 @@ class Model:
         excluded_kernels: Sequence[str] = (),
         progress: bool = False,
         profile: bool = False,
+        check_finite: bool = False,
     ):
         from kcap.tokenizer import load_tokenizer
 
@@ -152,6 +153,7 @@ class Model:
             excluded_kernels=list(excluded_kernels),
             profile=profile,
             cublas_library=cublas or "",
+            check_finite=check_finite,
         )
         if bar is not None:
             bar.update(1)
@@ -462,6 +464,7 @@ def load(path: str | os.PathLike, backend: str | None = None, **options) -> Mode
     matmuls round their weights and input to bf16 and run on cuBLAS, as a bf16 model in PyTorch
     computes; decode stays exact; CUDA, needs libcublas), max_batch (the most tokens per call;
     kcap explain shows the plan's routes per range of tokens per call), excluded_kernels,
-    progress (show a loading bar), profile (CUDA: per-stage times on stderr when the model is
+    progress (show a loading bar), check_finite (CPU: raise NumericalError naming the first stage
+    that writes NaN or infinity; tests turn it on), profile (CUDA: per-stage times on stderr when the model is
     freed)."""
     return Model(path, backend=backend, **options)

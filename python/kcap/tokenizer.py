@@ -302,6 +302,8 @@ def _build_llama_family(metadata: dict, tokens: list[str]) -> _Pipeline:
 def _build_byte_level(metadata: dict, tokens: list[str]) -> _Pipeline:
     # A missing `pre` is what llama.cpp and transformers both read as "default".
     pre = metadata.get("tokenizer.ggml.pre") or "default"
+    if not isinstance(pre, str):
+        raise TokenizerMetadataError(f"GGUF metadata 'tokenizer.ggml.pre' should be a string, got {pre!r}")
     if pre not in _BYTE_LEVEL_SPLITS:
         raise UnsupportedTokenizerError(
             f"unsupported GGUF pre-tokenizer tokenizer.ggml.pre = {pre!r} for a 'gpt2' (byte-level BPE) vocabulary; "
@@ -388,7 +390,7 @@ def load_tokenizer(metadata: dict) -> Tokenizer:
     returns them. Only the `tokenizer.*` keys and `general.architecture` are read.
     """
     model = _require(metadata, "tokenizer.ggml.model")
-    if model not in _BUILDERS:
+    if not isinstance(model, str) or model not in _BUILDERS:
         raise UnsupportedTokenizerError(
             f"unsupported GGUF tokenizer model tokenizer.ggml.model = {model!r}; supported: {sorted(_BUILDERS)}"
         )

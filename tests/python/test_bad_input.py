@@ -246,3 +246,26 @@ def test_loading_and_freeing_a_model_does_not_grow_rss():
         gc.collect()
         after.append(rss_mb())
     assert after[-1] - after[1] < 5.0, [round(v, 1) for v in after]
+
+
+def test_check_finite_names_the_first_stage_that_writes_nan(tmp_path):
+    # A NaN planted in layer 1's FFN norm weight: with check_finite the load's first eval raises
+    # NumericalError naming that layer's norm stage; without it the NaN reaches the logits and the
+    # sampler refuses them (also a NumericalError, but it cannot say where the NaN came from).
+    from kcap.gguf import GGUFFile
+    from kcap.testing.synth import tiny_llama
+
+    path = tiny_llama(str(tmp_path / "nan.gguf"), weight_type="F32")
+    offset = GGUFFile(path).tensors["blk.1.ffn_norm.weight"].offset
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(np.array([np.nan], dtype=np.float32).tobytes())
+    with pytest.raises(kcap.NumericalError, match=r"stage '[a-z_+]*ffn_norm' of layer 1 .* wrote nan"):
+        kcap.load(path, check_finite=True).eval([1, 2, 3])
+    logits = kcap.load(path).eval([1, 2, 3])
+    assert np.isnan(logits).any()
+    with pytest.raises(kcap.NumericalError, match="NaN"):
+        kcap.load(path).generate_ids([1, 2, 3], max_tokens=1, temperature=0.7, seed=1).__next__()
+    with pytest.raises(kcap.BackendUnavailableError, match="check_finite is implemented on the cpu backend only"):
+        kcap.load(path, backend="cuda", check_finite=True) if kcap._core.cuda_device_available() else \
+            kcap._core.Engine(kcap.load(path).spec, backend="cuda", check_finite=True)

@@ -28,6 +28,10 @@ struct EngineOptions {
     // CUDA: time every stage with events (decode steps without the graph) and print the totals
     // per kernel and stage to stderr when the engine is destroyed. Changes no kernel.
     bool profile = false;
+    // CPU: after every stage, check what it wrote for NaN and infinity and raise NumericalError
+    // naming the first stage that produced one (tests turn it on; off, nothing is checked). The
+    // GPU backends refuse it for now.
+    bool check_finite = false;
     // CUDA, activations "bf16": the libcublas to load (empty: KCAP_CUBLAS_LIBRARY, else the
     // sonames on the loader's path and the CUDA toolkit's lib64).
     std::string cublas_library;

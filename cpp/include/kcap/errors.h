@@ -27,6 +27,11 @@ struct ModelError : Error {
 struct ContextOverflowError : Error {
     using Error::Error;
 };
+// A stage produced NaN or infinity (EngineOptions::check_finite), or a number that must be
+// finite is not: the message names the stage.
+struct NumericalError : Error {
+    using Error::Error;
+};
 // A backend that does not exist in this build or has no device on this machine.
 struct BackendUnavailableError : Error {
     using Error::Error;

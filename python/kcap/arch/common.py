@@ -115,7 +115,10 @@ def new_spec(gguf: GGUFFile, hp: Hyperparameters) -> _core.ModelSpec:
     if "token_embd.weight" not in gguf.tensors:
         raise ModelError(f"{gguf.path}: missing tensor 'token_embd.weight'")
     spec.token_embd = "token_embd.weight"
-    spec.n_vocab = int(gguf.tensors["token_embd.weight"].shape[1])
+    shape = gguf.tensors["token_embd.weight"].shape
+    if len(shape) != 2:
+        raise ModelError(f"{gguf.path}: tensor 'token_embd.weight' has shape {list(shape)}; expected [n_embd, n_vocab]")
+    spec.n_vocab = int(shape[1])
     spec.context_length = hp.int("context_length")
     spec.output_norm = optional_tensor(gguf, "output_norm.weight")
     if not spec.output_norm:
