@@ -31,7 +31,7 @@ namespace {
 
 using namespace cuda_rows;
 
-constexpr uint32_t kActivations = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;
+constexpr FeatureMask kActivations = kSilu | kGeluTanh | kGeluErf | kRelu | kGated;
 constexpr TokenRange kOneToken = {1, 1};
 constexpr TokenRange kAnyTokens = {1, 0};
 constexpr TokenRange kFewTokens = {1, kMmaMinTokens - 1};  // the q8_1 matvec takes up to 15
@@ -404,7 +404,7 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
     mma.dims.shared_bytes_of = &attention_mma_shared_bytes;
     mma.priority = 1;
     const Kind kinds[] = {{AttnKind::Decode, decode}, {AttnKind::Prefill, prefill}, {AttnKind::PrefillMma, mma}};
-    const uint32_t base_features = decode.features;
+    const FeatureMask base_features = decode.features;
     for (const Kind& k : kinds)
         for (const AttnRope rope : {AttnRope::None, AttnRope::Rope, AttnRope::QkNormRope})
             for (const bool q8 : {false, true}) {
@@ -435,7 +435,7 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
 #undef KCAP_PICK_ATTENTION
                 if (rope != AttnRope::None) {
                     row.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}};
-                    row.features = (base_features & ~uint32_t(kKvShared)) | kRopeNormal | kRopeNeox | kRopeFreqFactors;
+                    row.features = (base_features & ~FeatureMask(kKvShared)) | kRopeNormal | kRopeNeox | kRopeFreqFactors;
                     if (rope == AttnRope::QkNormRope || k.kind == AttnKind::Decode) row.features |= kRmsNorm;
                     if (rope == AttnRope::QkNormRope) row.requires_all = kRmsNorm;
                     row.requires_any = kRopeNormal | kRopeNeox;

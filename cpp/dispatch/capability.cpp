@@ -75,8 +75,8 @@ const char* op_name(Op op) {
     return "?";
 }
 
-std::string feature_names(uint32_t features) {
-    static const std::pair<uint32_t, const char*> names[] = {
+std::string feature_names(FeatureMask features) {
+    static const std::pair<FeatureMask, const char*> names[] = {
 #define KCAP_FEATURE_NAME(NAME, TEXT) {k##NAME, #TEXT},
         KCAP_FEATURES(KCAP_FEATURE_NAME)
 #undef KCAP_FEATURE_NAME
@@ -164,7 +164,7 @@ std::string rejection_reason(const Row& row, const Stage& stage, const DeviceInf
             << ")";
         return why.str();
     }
-    uint32_t missing = stage.features & ~row.features;
+    FeatureMask missing = stage.features & ~row.features;
     if (missing) return "lacks features: " + feature_names(missing);
     if (row.requires_any && !(stage.features & row.requires_any))
         return "takes only stages with one of: " + feature_names(row.requires_any);

@@ -120,13 +120,15 @@ enum FeatureIndex : int {
 #undef KCAP_FEATURE_INDEX
     kFeatureCount
 };
-static_assert(kFeatureCount <= 32, "features are bits of a uint32_t");
-enum Feature : uint32_t {
-#define KCAP_FEATURE_BIT(NAME, TEXT) k##NAME = 1u << kFeatureIndex##NAME,
+// A set of features: one bit each.
+using FeatureMask = uint64_t;
+static_assert(kFeatureCount <= 64, "features are bits of a FeatureMask");
+enum Feature : FeatureMask {
+#define KCAP_FEATURE_BIT(NAME, TEXT) k##NAME = FeatureMask(1) << kFeatureIndex##NAME,
     KCAP_FEATURES(KCAP_FEATURE_BIT)
 #undef KCAP_FEATURE_BIT
 };
-std::string feature_names(uint32_t features);  // "sliding_window,softcap"
+std::string feature_names(FeatureMask features);  // "sliding_window,softcap"
 
 struct Stage;
 struct KernelCall;
@@ -190,15 +192,15 @@ struct Row {
     std::vector<std::vector<Format>> operand_formats;
     std::vector<Format> kv_formats;  // attention rows: KV cache element types
     Encoding input_encoding = Encoding::F32;  // matmul rows: how the activation input is rounded
-    uint32_t features = 0;
+    FeatureMask features = 0;
     LegalDims dims;
     Geometry geometry;
     // Features a stage must have one of (0: none): the rope-owning attention rows take only the
     // stages the planner folded a rope into, so a plain stage never lands on them.
-    uint32_t requires_any = 0;
+    FeatureMask requires_any = 0;
     // Features a stage must have all of (0: none): the rows whose kernels read a q8_1 input
     // another stage wrote, or that write one, take only the stages the planner linked so.
-    uint32_t requires_all = 0;
+    FeatureMask requires_all = 0;
     // Tokens per call the row's kernels take. The planner routes each stage once per range of
     // tokens per call, at load time; nothing decides a kernel at token time. tokens_min_of,
     // where set, computes the lower bound from the stage and the device instead (a tile shape

@@ -8,7 +8,7 @@ namespace kcap {
 
 namespace {
 
-constexpr uint32_t kActivationFeatures = kSilu | kGeluTanh | kGeluErf | kRelu;
+constexpr FeatureMask kActivationFeatures = kSilu | kGeluTanh | kGeluErf | kRelu;
 
 struct Family {
     const char* name;      // the row's kernel name after "<backend>."

@@ -168,8 +168,8 @@ private:
         stage.n = width * groups;
         stage.groups = groups;
         stage.params.eps = spec_.norm_eps;
-        stage.features = (kind == NormKind::RMS ? kRmsNorm : kLayerNorm) | (b ? uint32_t(kBias) : 0u) |
-                         (w ? 0u : uint32_t(kParameterFreeNorm));
+        stage.features = (kind == NormKind::RMS ? kRmsNorm : kLayerNorm) | (b ? FeatureMask(kBias) : 0u) |
+                         (w ? 0u : FeatureMask(kParameterFreeNorm));
     }
 
     void add_matmul(int layer, const std::string& name, const std::string& weight, const std::string& bias,
@@ -184,7 +184,7 @@ private:
         stage.output = out;
         stage.k = k;
         stage.n = n;
-        stage.features = b ? uint32_t(kBias) : 0u;
+        stage.features = b ? FeatureMask(kBias) : 0u;
         stage.input_encoding = options_.activations;
     }
 
@@ -206,8 +206,8 @@ private:
         stage.k = spec_.n_embd;
         stage.n = spec_.n_embd;
         stage.params.scale = spec_.embed_scale;
-        stage.features = (spec_.embed_scale != 1.0f ? uint32_t(kEmbedScale) : 0u) |
-                         (positions ? uint32_t(kPositionEmbedding) : 0u);
+        stage.features = (spec_.embed_scale != 1.0f ? FeatureMask(kEmbedScale) : 0u) |
+                         (positions ? FeatureMask(kPositionEmbedding) : 0u);
     }
 
     void add_layer(int il, const LayerSpec& layer) {
@@ -265,7 +265,7 @@ private:
             rope.params.rope_freq_scale = layer.rope_freq_scale;
             rope.params.rope_yarn = layer.rope_yarn;
             rope.features = (layer.rope_style == RopeStyle::NeoX ? kRopeNeox : kRopeNormal) |
-                            (layer.rope_dim < layer.head_dim ? uint32_t(kPartialRotary) : 0u) | (factors ? uint32_t(kRopeFreqFactors) : 0u);
+                            (layer.rope_dim < layer.head_dim ? FeatureMask(kPartialRotary) : 0u) | (factors ? FeatureMask(kRopeFreqFactors) : 0u);
         }
         Stage& attn = add(il, "attention", Op::Attention);
         attn.input = Buffer::Q;
@@ -285,9 +285,9 @@ private:
         attn.kv_format = options_.kv_format;
         attn.max_span = layer.sliding_window > 0 ? std::min<int64_t>(layer.sliding_window, options_.n_ctx)
                                                  : options_.n_ctx;
-        attn.features = (layer.sliding_window > 0 ? uint32_t(kSlidingWindow) : 0u) | (layer.attn_softcap > 0 ? uint32_t(kAttnSoftcap) : 0u) |
-                        (layer.n_head != layer.n_head_kv ? uint32_t(kGqa) : 0u) |
-                        (shared_kv ? uint32_t(kKvShared) : 0u);
+        attn.features = (layer.sliding_window > 0 ? FeatureMask(kSlidingWindow) : 0u) | (layer.attn_softcap > 0 ? FeatureMask(kAttnSoftcap) : 0u) |
+                        (layer.n_head != layer.n_head_kv ? FeatureMask(kGqa) : 0u) |
+                        (shared_kv ? FeatureMask(kKvShared) : 0u);
 
         add_matmul(il, "attn_output", layer.wo, layer.bo, Buffer::Attn, Buffer::Proj, attn_width, d);
         if (!layer.post_attn_norm.empty())
@@ -347,7 +347,7 @@ private:
         act.k = n_ff;
         act.n = n_ff;
         act.params.activation = layer.activation;
-        act.features = activation_feature(layer.activation) | (layer.gated_ffn ? uint32_t(kGated) : 0u);
+        act.features = activation_feature(layer.activation) | (layer.gated_ffn ? FeatureMask(kGated) : 0u);
         add_matmul(il, "ffn_down", layer.ffn_down, layer.ffn_down_bias, Buffer::Act, Buffer::Proj, n_ff, d);
     }
 
@@ -404,9 +404,9 @@ private:
         route.params.n_expert_used = layer.n_expert_used;
         route.params.expert_weights_scale = layer.expert_weights_scale;
         route.params.expert_logit_scale = layer.expert_logit_scale;
-        route.features = kExpertSoftmax | (layer.expert_weights_norm ? uint32_t(kExpertWeightsNorm) : 0u) |
-                         (layer.expert_logit_scale != 1.0f ? uint32_t(kExpertLogitScale) : 0u) |
-                         (expert_scale ? uint32_t(kPerExpertScale) : 0u);
+        route.features = kExpertSoftmax | (layer.expert_weights_norm ? FeatureMask(kExpertWeightsNorm) : 0u) |
+                         (layer.expert_logit_scale != 1.0f ? FeatureMask(kExpertLogitScale) : 0u) |
+                         (expert_scale ? FeatureMask(kPerExpertScale) : 0u);
         if (own_norm || layer.expert_dense_branch)
             add_norm(il, layer.expert_dense_branch ? "pre_ffw_norm_2" : "ffn_norm_experts", layer.expert_dense_branch ? layer.ffn_pre_norm_2 : layer.ffn_norm, "",
                      Buffer::Residual, Buffer::Normed, d, 1, spec_.norm_kind);
@@ -420,7 +420,7 @@ private:
         experts.n = d;
         experts.params = route.params;
         experts.params.activation = layer.activation;
-        experts.features = activation_feature(layer.activation) | kGated | (merged ? uint32_t(kExpertGateUpMerged) : 0u);
+        experts.features = activation_feature(layer.activation) | kGated | (merged ? FeatureMask(kExpertGateUpMerged) : 0u);
         if (layer.ffn_up_shexp.empty()) return;
         if (out != Buffer::Proj) throw ModelError(where + "a shared expert beside a dense FFN branch is not supported");
         // The shared expert: a dense gated FFN of its own width, into Proj2, then added.
@@ -445,7 +445,7 @@ private:
         combine.input3 = Buffer::Normed;
         combine.output = Buffer::Proj;
         combine.k = combine.n = d;
-        combine.features = shared_gate ? uint32_t(kSharedExpertGate) : 0u;
+        combine.features = shared_gate ? FeatureMask(kSharedExpertGate) : 0u;
     }
 
     static std::string shape_text(const TensorRef& t) {
@@ -518,7 +518,7 @@ private:
         add_residual(il, "ple_residual", layer.residual_scale);
     }
 
-    static uint32_t activation_feature(Activation activation) {
+    static FeatureMask activation_feature(Activation activation) {
         switch (activation) {
             case Activation::SiLU: return kSilu;
             case Activation::GeluTanh: return kGeluTanh;
@@ -536,7 +536,7 @@ private:
         stage.output = Buffer::Residual;
         stage.k = stage.n = spec_.n_embd;
         stage.params.scale = scale;
-        stage.features = scale != 1.0f ? uint32_t(kResidualScale) : 0u;
+        stage.features = scale != 1.0f ? FeatureMask(kResidualScale) : 0u;
     }
 
     void add_head() {
@@ -695,7 +695,7 @@ bool fits_keeping_encoding(const Stage& fused, const std::vector<const Stage*>& 
     return true;
 }
 
-uint32_t norm_kind_features(const Stage& norm) { return norm.features & (kRmsNorm | kLayerNorm); }
+FeatureMask norm_kind_features(const Stage& norm) { return norm.features & (kRmsNorm | kLayerNorm); }
 
 // [post_norm(proj -> proj)] + add(residual += scale * proj) + norm(residual -> normed)
 // -> add_norm. Returns the stages consumed (0: no fusion here).
@@ -725,7 +725,7 @@ size_t fuse_add_norm(const std::vector<Stage>& stages, size_t i, const PlanOptio
     fused.k = fused.n = add.n;
     fused.params.eps = norm.params.eps;
     fused.params.scale = add.params.scale;
-    fused.features = add.features | norm.features | (post ? post->features | uint32_t(kPostNorm) : 0u);
+    fused.features = add.features | norm.features | (post ? post->features | FeatureMask(kPostNorm) : 0u);
     if (!fits(fused, options)) return 0;
     return j + 2 - i;
 }

@@ -62,7 +62,7 @@ struct Stage {
     int64_t n = 0;        // output width per token
     int64_t groups = 1;   // norm: independent groups per token (per-head QK-norm)
     int64_t k2 = 0;       // moe_experts: the experts' FFN width (the down projection's inner dimension)
-    uint32_t features = 0;
+    FeatureMask features = 0;
     StageParams params;
     Format kv_format = Format::F32;  // attention: the KV cache element type
     // Matmul stages (MatMul, GateUp, Qkv): the coarsest activation encoding the plan allows.

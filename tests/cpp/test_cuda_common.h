@@ -344,7 +344,7 @@ inline Stage matmul_stage(const TensorRef* w, const TensorRef* bias, int64_t k, 
     s.operands = {w, bias};
     s.k = k;
     s.n = n;
-    s.features = bias ? uint32_t(kBias) : 0u;
+    s.features = bias ? FeatureMask(kBias) : 0u;
     return s;
 }
 
@@ -360,14 +360,14 @@ inline void run_cpu(const Row& row, const Stage& stage, KernelCall call, CpuStat
 // stage: the fused stage (operands post weight, post bias, weight, bias; features).
 inline std::vector<float> cpu_add_norm(const Stage& fused, int tokens, std::vector<float>& residual,
                                        std::vector<float> branch, CpuState& cpu) {
-    const uint32_t kind = fused.features & (kRmsNorm | kLayerNorm);
+    const FeatureMask kind = fused.features & (kRmsNorm | kLayerNorm);
     auto norm_stage = [&](const TensorRef* w, const TensorRef* b) {
         Stage s;
         s.op = Op::Norm;
         s.operands = {w, b};
         s.k = s.n = fused.n;
         s.params.eps = fused.params.eps;
-        s.features = kind | (b ? uint32_t(kBias) : 0u) | (w ? 0u : uint32_t(kParameterFreeNorm));
+        s.features = kind | (b ? FeatureMask(kBias) : 0u) | (w ? 0u : FeatureMask(kParameterFreeNorm));
         return s;
     };
     KernelCall call;
@@ -422,7 +422,7 @@ inline void cpu_qk_norm_rope(const Stage& fused, int tokens, int pos0, std::vect
     Stage rope = fused;
     rope.op = Op::Rope;
     rope.operands = {fused.operands.size() > 2 ? fused.operands[2] : nullptr};
-    rope.features = fused.features & ~uint32_t(kRmsNorm);
+    rope.features = fused.features & ~FeatureMask(kRmsNorm);
     call.in = nullptr;
     call.pos0 = pos0;
     call.out = q.data();
@@ -455,7 +455,7 @@ inline void cpu_owned_rope(const Stage& attn, int tokens, int pos0, std::vector<
 // The attention stage without the rope it owns (what the CPU reference attends with).
 inline Stage without_rope(const Stage& attn) {
     Stage plain = attn;
-    plain.features &= ~uint32_t(kRopeNormal | kRopeNeox | kRopeFreqFactors | kPartialRotary | kRmsNorm);
+    plain.features &= ~FeatureMask(kRopeNormal | kRopeNeox | kRopeFreqFactors | kPartialRotary | kRmsNorm);
     plain.operands.clear();
     return plain;
 }

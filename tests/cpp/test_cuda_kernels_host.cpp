@@ -734,7 +734,7 @@ void test_moe_route(std::mt19937& rng, CpuState& cpu) {
                     stage.params.n_expert = n_expert;
                     stage.params.n_expert_used = used;
                     stage.params.expert_weights_scale = 1.5f;
-                    stage.features = kExpertSoftmax | (renormalize ? uint32_t(kExpertWeightsNorm) : 0u);
+                    stage.features = kExpertSoftmax | (renormalize ? FeatureMask(kExpertWeightsNorm) : 0u);
                     std::vector<float> ref(size_t(m) * 2 * used), got = nan_filled(ref.size());
                     KernelCall call;
                     call.n_tokens = m;
@@ -1158,7 +1158,7 @@ void test_attention_own_rope(std::mt19937& rng, CpuState& cpu) {
         Stage stage;
         KcapAttentionParams p = {};
         attention_setup(c.n_head, c.n_head_kv, c.head_dim, c.head_dim, c.window, c.softcap, c.kv, cpu, stage, p);
-        stage.features |= (c.window ? uint32_t(kSlidingWindow) : 0u) | (c.softcap > 0.0f ? uint32_t(kAttnSoftcap) : 0u);
+        stage.features |= (c.window ? FeatureMask(kSlidingWindow) : 0u) | (c.softcap > 0.0f ? FeatureMask(kAttnSoftcap) : 0u);
         std::vector<float> factor_values = random_floats(rng, size_t(c.head_dim / 2));
         for (auto& f : factor_values) f = 1.0f + std::fabs(f);
         auto factors = float_vector(factor_values, "rope_freqs");
@@ -1167,8 +1167,8 @@ void test_attention_own_rope(std::mt19937& rng, CpuState& cpu) {
         stage.operands = {c.qk_norm ? &qw->ref : nullptr, c.qk_norm ? &kw->ref : nullptr, c.factors ? &factors->ref : nullptr};
         stage.params.rope_dim = c.head_dim, stage.params.rope_base = 10000.0f, stage.params.rope_freq_scale = 0.5f;
         stage.params.eps = 1e-6f;
-        stage.features |= (c.neox ? kRopeNeox : kRopeNormal) | (c.qk_norm ? uint32_t(kRmsNorm) : 0u) |
-                          (c.factors ? uint32_t(kRopeFreqFactors) : 0u) | (c.n_head != c.n_head_kv ? uint32_t(kGqa) : 0u);
+        stage.features |= (c.neox ? kRopeNeox : kRopeNormal) | (c.qk_norm ? FeatureMask(kRmsNorm) : 0u) |
+                          (c.factors ? FeatureMask(kRopeFreqFactors) : 0u) | (c.n_head != c.n_head_kv ? FeatureMask(kGqa) : 0u);
         const KcapAttentionParams owned = attention_params(stage, 1, c.kv, c.n_splits, 32);
         KCAP_EXPECT(owned.rope == (c.neox ? 2 : 1) && owned.qk_norm == int(c.qk_norm),
                     "attention_params: rope %d qk_norm %d", owned.rope, owned.qk_norm);

@@ -581,8 +581,8 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                                   with_factors ? &factors->ref : nullptr};
                 stage.params.rope_dim = c.head_dim, stage.params.rope_base = 10000.0f;
                 stage.params.rope_freq_scale = 1.0f, stage.params.eps = 1e-6f;
-                stage.features |= (neox ? kRopeNeox : kRopeNormal) | (qk_norm ? uint32_t(kRmsNorm) : 0u) |
-                                  (with_factors ? uint32_t(kRopeFreqFactors) : 0u);
+                stage.features |= (neox ? kRopeNeox : kRopeNormal) | (qk_norm ? FeatureMask(kRmsNorm) : 0u) |
+                                  (with_factors ? FeatureMask(kRopeFreqFactors) : 0u);
             }
             if (!rejection_reason(row, stage, g_device).empty()) continue;  // refusals: test_rows_table
             TestContext t;
@@ -1257,8 +1257,8 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                             stage.operands = {&w->ref};
                             if (gemma) stage.operands.push_back(&expert_scale->ref);
                             stage.n = 2 * used;
-                            stage.features = kExpertSoftmax | (used == 2 ? uint32_t(kExpertWeightsNorm) : 0u) |
-                                             (gemma ? uint32_t(kExpertLogitScale | kPerExpertScale) : 0u);
+                            stage.features = kExpertSoftmax | (used == 2 ? FeatureMask(kExpertWeightsNorm) : 0u) |
+                                             (gemma ? FeatureMask(kExpertLogitScale | kPerExpertScale) : 0u);
                             stage.params.expert_logit_scale = gemma ? 0.125f : 1.0f;
                             std::vector<float> ref(size_t(m) * 2 * used);
                             call.in = x.data(), call.out = ref.data();
@@ -1325,7 +1325,7 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         stage.k2 = ff_legal;
                         stage.n = n;
                         stage.params.activation = gemma ? Activation::GeluTanh : Activation::SiLU;
-                        stage.features = (gemma ? uint32_t(kGeluTanh | kExpertGateUpMerged) : uint32_t(kSilu)) | kGated;
+                        stage.features = (gemma ? FeatureMask(kGeluTanh | kExpertGateUpMerged) : FeatureMask(kSilu)) | kGated;
                         const MoeScratch scratch = moe_scratch(stage, m, cuda_rows::kMmaTokens);
                         t.ctx.moe_act = t.arena.nan_floats(scratch.act);
                         t.ctx.moe_up = t.arena.nan_floats(scratch.up);

@@ -207,7 +207,7 @@ void check_refusals(const Row& row, const Stage& legal, Operands& operands) {
         if (!dims.neox_head_dims.empty() && (row.features & kRopeNeox)) {
             // A NeoX rope at a head dim the other checks take but the halves' pairing does not.
             Stage s = legal;
-            s.features = (s.features & ~uint32_t(kRopeNormal)) | kRopeNeox;
+            s.features = (s.features & ~FeatureMask(kRopeNormal)) | kRopeNeox;
             int d = int(dims.k_multiple);
             while (std::find(dims.neox_head_dims.begin(), dims.neox_head_dims.end(), d) != dims.neox_head_dims.end() ||
                    d % dims.head_dim_v_multiple != 0)
