@@ -29,7 +29,8 @@ def main() -> int:
     parser.add_argument("--findings", help="write the findings (seed file, ops, outcome) to this JSON file")
     args = parser.parse_args()
     start = time.time()
-    campaign = fuzz.fuzz(fuzz.seed_files(), args.inputs, args.seed, args.max_ops, args.time_limit,
+    fixtures = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "conformance"
+    campaign = fuzz.fuzz(fuzz.seed_files(fixtures), args.inputs, args.seed, args.max_ops, args.time_limit,
                          log=lambda line: print(line, flush=True))
     print(campaign.summary())
     print(f"{time.time() - start:.0f} s")

@@ -25,7 +25,10 @@ from kcap.errors import GGUFError
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
-MAX_ARRAY_NESTING = 8  # arrays of arrays deeper than this are refused (a file needs one level at most)
+MAX_ARRAY_NESTING = 8
+# Bytes a tensor's data must be aligned to, by type: its element size for the plain types; for a
+# block format the largest of 4 and 2 dividing its block size (the decoders read words).
+_ELEMENT_ALIGNMENT = {"F32": 4, "I32": 4, "F64": 8, "I64": 8, "F16": 2, "BF16": 2, "I16": 2, "I8": 1}  # arrays of arrays deeper than this are refused (a file needs one level at most)
 
 # GGUF metadata value types.
 _UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY, _UINT64, _INT64, _FLOAT64 = range(13)
@@ -181,6 +184,13 @@ class GGUFFile:
             if offset % alignment:
                 raise GGUFError(f"{self.path}: tensor '{name}' starts at data offset {offset}, not a multiple of "
                                 f"the file's alignment {alignment}")
+            # The kernels read a tensor's elements (or its blocks' words) at their natural
+            # alignment; a file whose general.alignment is 1 or 2 can place them off it.
+            natural = _ELEMENT_ALIGNMENT.get(type_name, 4 if block_bytes % 4 == 0 else 2 if block_bytes % 2 == 0 else 1)
+            if (data_start + offset) % natural:
+                raise GGUFError(f"{self.path}: tensor '{name}' ({type_name}) starts at byte {data_start + offset}, "
+                                f"not a multiple of {natural} (its elements' alignment; the file's alignment is "
+                                f"{alignment})")
             n_elems = math.prod(int(d) for d in shape)  # Python ints: a product of huge dims cannot wrap
             if not shape or shape[0] % block_elems:
                 raise GGUFError(f"{self.path}: tensor '{name}' of type {type_name} has row length "

@@ -284,6 +284,10 @@ def test_ctrl_c_during_a_long_prefill_lands_quickly_and_leaves_the_model_consist
     import threading
     import time
 
+    from kcap.testing.fuzz import under_address_sanitizer
+
+    if under_address_sanitizer():
+        pytest.skip("a timing bound: AddressSanitizer runs the CPU kernels several times slower")
     model = gemma
     model.reset()
     ids = [2] + [1000 + i % 5000 for i in range(2999)]

@@ -11,12 +11,14 @@ import pytest
 
 from kcap.testing import fuzz
 
+from test_conformance import FIXTURES
+
 CORPUS = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "fuzz_corpus.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def seeds():
-    return fuzz.seed_files()
+    return fuzz.seed_files(FIXTURES)
 
 
 @pytest.mark.parametrize("entry", CORPUS, ids=[f"{e['seed']}-{i}" for i, e in enumerate(CORPUS)])

@@ -391,17 +391,16 @@ def fuzz(seeds: dict[str, bytes], inputs: int, rng_seed: int, max_ops: int = 3, 
     return campaign
 
 
-def seed_files() -> dict[str, bytes]:
+def seed_files(fixtures: str | os.PathLike) -> dict[str, bytes]:
     """The seeds: a tiny Llama without a vocabulary and three conformance fixtures with one
-    (byte-level BPE, SentencePiece, a mixture of experts)."""
+    (byte-level BPE, SentencePiece, a mixture of experts) from the fixtures folder
+    (tests/fixtures/conformance of the repository)."""
     from kcap.testing.synth import tiny_llama
 
-    fixtures = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "conformance"
+    fixtures = Path(fixtures)
     seeds = {}
     with tempfile.TemporaryDirectory() as d:
         seeds["tiny_llama"] = Path(tiny_llama(os.path.join(d, "tiny.gguf"))).read_bytes()
     for name in ("qwen3-f32", "gemma3-f32", "qwen3moe-q8_0"):
-        path = fixtures / f"{name}.gguf"
-        if path.exists():
-            seeds[name] = path.read_bytes()
+        seeds[name] = (fixtures / f"{name}.gguf").read_bytes()
     return seeds
