@@ -202,8 +202,6 @@ def test_engine_checks_ids_and_context_before_allocating(good):
 def test_an_interrupt_between_chunks_leaves_the_cache_as_python_sees_it(good, monkeypatch):
     # A KeyboardInterrupt delivered as an engine call returns (the prefill's second chunk): the
     # engine's cache is cut back to the tokens the model has recorded.
-    import kcap.model as model_module
-
     model = kcap.load(good)
     calls = {"n": 0}
     real_eval = model.engine.eval
@@ -221,7 +219,7 @@ def test_an_interrupt_between_chunks_leaves_the_cache_as_python_sees_it(good, mo
 
     model.engine_real = model.engine
     model.engine = Interrupting()
-    chunk = model_module.PREFILL_CHUNK
+    chunk = model.prefill_chunk
     ids = [1 + i % 100 for i in range(2 * chunk + 5)]
     with pytest.raises(KeyboardInterrupt):
         model.eval(ids)
@@ -277,7 +275,8 @@ def test_check_finite_names_the_first_stage_that_writes_nan(tmp_path):
 
 def test_ctrl_c_during_a_long_prefill_lands_quickly_and_leaves_the_model_consistent(gemma):
     # SIGINT 0.5 s into a 3000-token prefill of Gemma 3 270M (CPU): KeyboardInterrupt within
-    # half a second (the prompt runs in chunks of PREFILL_CHUNK tokens that check for signals),
+    # half a second (the prompt runs in chunks of model.prefill_chunk tokens, with signals
+    # checked between them),
     # and the engine's cache holds exactly the tokens the model recorded.
     import os
     import signal

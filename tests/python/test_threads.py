@@ -88,10 +88,8 @@ def test_cache_record_resyncs_with_the_engine(smollm):
 
 
 def test_long_prompts_are_evaluated_in_chunks_with_the_same_result(smollm):
-    from kcap.model import PREFILL_CHUNK
-
     ids = smollm.tokenize("one two three four " * 60)
-    assert len(ids) > 3 * PREFILL_CHUNK
+    assert len(ids) > 3 * smollm.prefill_chunk
     chunked = smollm.logits(ids)
     smollm.reset()
     whole = smollm.engine.eval(__import__("numpy").asarray(ids, dtype="int32"), False)
