@@ -403,6 +403,8 @@ void init_engine(py::module_& m) {
         .def_property_readonly("n_past", &Engine::n_past)
         .def_property_readonly("n_ctx", &Engine::n_ctx)
         .def_property_readonly("n_vocab", &Engine::n_vocab)
+        .def_property_readonly("device_bytes", &Engine::device_bytes,
+                               "Bytes of device memory the engine holds (weights, KV cache, scratch; 0 on the CPU).")
         .def("routes", [](const Engine& engine) { return routes_to_list(engine.routes()); })
         .def(
             "trace",

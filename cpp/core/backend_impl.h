@@ -22,6 +22,8 @@ public:
     virtual void decode_sample(int32_t token, int64_t n, int64_t pos0, const SampleSettings& settings, int32_t* out);
     // Records every stage that runs into `trace` until detached (null).
     virtual void attach_trace(std::vector<TraceEntry>* trace) = 0;
+    // Bytes of device memory this backend holds (weights, KV cache, scratch); 0 on the CPU.
+    virtual int64_t device_bytes() const { return 0; }
 };
 
 std::unique_ptr<Backend_> make_cpu_backend(const ModelSpec& spec, Plan plan, const EngineOptions& options);

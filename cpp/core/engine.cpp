@@ -138,6 +138,8 @@ void Backend_::decode_sample(int32_t, int64_t, int64_t, const SampleSettings&, i
     throw BackendUnavailableError("this backend has no device sampling; sample from eval's logits (kcap.sampling)");
 }
 
+int64_t Engine::device_bytes() const { return backend_->device_bytes(); }
+
 bool Engine::samples_on_device() const { return backend_->samples_on_device(); }
 
 void Engine::decode_sample(int32_t token, int64_t n, const SampleSettings& settings, int32_t* out) {

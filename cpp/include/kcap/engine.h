@@ -116,6 +116,8 @@ public:
     int64_t n_past() const { return n_past_; }
     int64_t n_ctx() const { return n_ctx_; }
     int64_t n_vocab() const { return spec_->n_vocab; }
+    // Bytes of device memory the engine holds (weights, KV cache, scratch; 0 on the CPU).
+    int64_t device_bytes() const;
     void reset() { n_past_ = 0; }
     // Keeps the first n positions of the cache (n ≤ n_past) so a shared prefix is reused.
     void truncate(int64_t n);
