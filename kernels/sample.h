@@ -11,21 +11,7 @@
 #pragma once
 
 #include "kernels/argmax.h"
-
-// The uniform number in [0, 1) of the draw at `position`: two rounds of a 32-bit integer mix
-// (the finalizer of MurmurHash3) over seed and position, top 24 bits.
-KCAP_FN float kcap_sample_uniform(unsigned seed, int position) {
-    unsigned h = seed ^ (unsigned(position) * 0x9E3779B9u);
-    KCAP_UNROLL for (int round = 0; round < 2; ++round) {
-        h ^= h >> 16;
-        h *= 0x85EBCA6Bu;
-        h ^= h >> 13;
-        h *= 0xC2B2AE35u;
-        h ^= h >> 16;
-        h += 0x6A09E667u;
-    }
-    return float(h >> 8) * (1.0f / 16777216.0f);
-}
+#include "kernels/sample_uniform.h"
 
 // k rounds over the candidates the group's threads hold (value[j], index[j]): each round the
 // group's largest goes to out_value/out_index[round] (threadgroup memory) and is taken out.

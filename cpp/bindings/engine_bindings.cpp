@@ -149,13 +149,11 @@ void init_engine(py::module_& m) {
         .value("NeoX", RopeStyle::NeoX);
 
     py::enum_<ExpertGating>(m, "ExpertGating").value("Softmax", ExpertGating::Softmax);
-    py::class_<RopeYarn>(m, "RopeYarn", "YaRN rope scaling of a layer (none unless factor > 0).")
-        .def(py::init<>())
-        .def_readwrite("factor", &RopeYarn::factor)
-        .def_readwrite("original_context", &RopeYarn::original_context)
-        .def_readwrite("beta_fast", &RopeYarn::beta_fast)
-        .def_readwrite("beta_slow", &RopeYarn::beta_slow)
-        .def_readwrite("attn_factor", &RopeYarn::attn_factor);
+    py::class_<RopeYarn> yarn(m, "RopeYarn", "YaRN rope scaling of a layer (none unless factor > 0).");
+    yarn.def(py::init<>());
+#define KCAP_BIND_FIELD(TYPE, NAME, DEFAULT) yarn.def_readwrite(#NAME, &RopeYarn::NAME);
+    KCAP_ROPE_YARN_FIELDS(KCAP_BIND_FIELD)
+#undef KCAP_BIND_FIELD
     py::class_<LayerSpec> layer(m, "LayerSpec", "One decoder block: head geometry, tensor names and features.");
 #define KCAP_BIND_LAYER_TENSOR(NAME) layer.def_readwrite(#NAME, &LayerSpec::NAME);
     KCAP_LAYER_TENSOR_FIELDS(KCAP_BIND_LAYER_TENSOR)
@@ -167,55 +165,31 @@ void init_engine(py::module_& m) {
 #define KCAP_LIST_TENSOR_FIELD(NAME) model_fields.append(#NAME);
     KCAP_MODEL_TENSOR_FIELDS(KCAP_LIST_TENSOR_FIELD)
 #undef KCAP_LIST_TENSOR_FIELD
+    py::list layer_scalars, model_scalars;
+#define KCAP_LIST_FIELD(TYPE, NAME, DEFAULT) layer_scalars.append(#NAME);
+    KCAP_LAYER_SCALAR_FIELDS(KCAP_LIST_FIELD)
+#undef KCAP_LIST_FIELD
+#define KCAP_LIST_FIELD(TYPE, NAME, DEFAULT) model_scalars.append(#NAME);
+    KCAP_MODEL_SCALAR_FIELDS(KCAP_LIST_FIELD)
+#undef KCAP_LIST_FIELD
+    m.attr("LAYER_SCALAR_FIELDS") = py::tuple(layer_scalars);
+    m.attr("MODEL_SCALAR_FIELDS") = py::tuple(model_scalars);
     m.attr("LAYER_TENSOR_FIELDS") = py::tuple(layer_fields);
     m.attr("MODEL_TENSOR_FIELDS") = py::tuple(model_fields);
-    layer
-        .def(py::init<>())
-        .def_readwrite("n_head", &LayerSpec::n_head)
-        .def_readwrite("n_head_kv", &LayerSpec::n_head_kv)
-        .def_readwrite("head_dim", &LayerSpec::head_dim)
-        .def_readwrite("head_dim_v", &LayerSpec::head_dim_v)
-        .def_readwrite("rope_style", &LayerSpec::rope_style)
-        .def_readwrite("rope_dim", &LayerSpec::rope_dim)
-        .def_readwrite("rope_base", &LayerSpec::rope_base)
-        .def_readwrite("rope_freq_scale", &LayerSpec::rope_freq_scale)
-        .def_readwrite("rope_yarn", &LayerSpec::rope_yarn)
-        .def_readwrite("sliding_window", &LayerSpec::sliding_window)
-        .def_readwrite("attn_scale", &LayerSpec::attn_scale)
-        .def_readwrite("attn_softcap", &LayerSpec::attn_softcap)
-        .def_readwrite("activation", &LayerSpec::activation)
-        .def_readwrite("gated_ffn", &LayerSpec::gated_ffn)
-        .def_readwrite("v_norm", &LayerSpec::v_norm)
-        .def_readwrite("residual_scale", &LayerSpec::residual_scale)
-        .def_readwrite("output_scale", &LayerSpec::output_scale)
-        .def_readwrite("kv_source_layer", &LayerSpec::kv_source_layer)
-        .def_readwrite("n_expert", &LayerSpec::n_expert)
-        .def_readwrite("n_expert_used", &LayerSpec::n_expert_used)
-        .def_readwrite("expert_gating", &LayerSpec::expert_gating)
-        .def_readwrite("expert_weights_norm", &LayerSpec::expert_weights_norm)
-        .def_readwrite("expert_weights_scale", &LayerSpec::expert_weights_scale)
-        .def_readwrite("expert_logit_scale", &LayerSpec::expert_logit_scale)
-        .def_readwrite("expert_dense_branch", &LayerSpec::expert_dense_branch);
+    layer.def(py::init<>());
+#define KCAP_BIND_FIELD(TYPE, NAME, DEFAULT) layer.def_readwrite(#NAME, &LayerSpec::NAME);
+    KCAP_LAYER_SCALAR_FIELDS(KCAP_BIND_FIELD)
+#undef KCAP_BIND_FIELD
 
     py::class_<ModelSpec, std::shared_ptr<ModelSpec>> model(m, "ModelSpec", "Pure-data model description.",
                                                             py::dynamic_attr());
 #define KCAP_BIND_MODEL_TENSOR(NAME) model.def_readwrite(#NAME, &ModelSpec::NAME);
     KCAP_MODEL_TENSOR_FIELDS(KCAP_BIND_MODEL_TENSOR)
 #undef KCAP_BIND_MODEL_TENSOR
+#define KCAP_BIND_FIELD(TYPE, NAME, DEFAULT) model.def_readwrite(#NAME, &ModelSpec::NAME);
+    KCAP_MODEL_SCALAR_FIELDS(KCAP_BIND_FIELD)
+#undef KCAP_BIND_FIELD
     model.def(py::init<>())
-        .def_readwrite("architecture", &ModelSpec::architecture)
-        .def_readwrite("n_embd", &ModelSpec::n_embd)
-        .def_readwrite("n_vocab", &ModelSpec::n_vocab)
-        .def_readwrite("context_length", &ModelSpec::context_length)
-        .def_readwrite("norm_kind", &ModelSpec::norm_kind)
-        .def_readwrite("norm_eps", &ModelSpec::norm_eps)
-        .def_readwrite("embed_scale", &ModelSpec::embed_scale)
-        .def_readwrite("logit_scale", &ModelSpec::logit_scale)
-        .def_readwrite("final_softcap", &ModelSpec::final_softcap)
-        .def_readwrite("n_embd_per_layer", &ModelSpec::n_embd_per_layer)
-        .def_readwrite("ple_token_scale", &ModelSpec::ple_token_scale)
-        .def_readwrite("ple_model_proj_scale", &ModelSpec::ple_model_proj_scale)
-        .def_readwrite("ple_combine_scale", &ModelSpec::ple_combine_scale)
         .def_readwrite("layers", &ModelSpec::layers)
         .def("add_tensor", &add_tensor, py::arg("name"), py::arg("ggml_type"), py::arg("shape"), py::arg("data"),
              "Registers a weight tensor (GGUF order shape, raw bytes kept alive, never copied).")

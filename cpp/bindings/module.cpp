@@ -7,6 +7,7 @@ void init_errors(py::module_& m);
 void init_formats(py::module_& m);
 void init_engine(py::module_& m);
 void init_devices(py::module_& m);
+void init_bundle(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "kcap core: formats, capability table, planner and backends";
@@ -14,4 +15,5 @@ PYBIND11_MODULE(_core, m) {
     init_formats(m);
     init_engine(m);
     init_devices(m);
+    init_bundle(m);
 }

@@ -1,6 +1,7 @@
 // Engine: plans a ModelSpec once at construction, then executes it on the chosen backend.
 #include "kcap/engine.h"
 
+#include <cmath>
 #include <thread>
 
 #ifdef __GLIBC__
@@ -144,14 +145,28 @@ bool Engine::samples_on_device() const { return backend_->samples_on_device(); }
 
 void Engine::decode_sample(int32_t token, int64_t n, const SampleSettings& settings, int32_t* out) {
     check_decode("decode_sample", token, n);
-    if (!(settings.temperature > 0.0f)) throw ModelError("decode_sample: temperature must be > 0 (0 is decode_greedy)");
-    if (settings.top_k < 1 || settings.top_k > kMaxDeviceTopK)
-        throw ModelError("decode_sample: top_k must be in 1.." + std::to_string(kMaxDeviceTopK) + ", got " +
-                         std::to_string(settings.top_k));
+    const bool device = backend_->samples_on_device();
+    const int64_t max_k = device ? kMaxDeviceTopK : spec_->n_vocab;
+    if (!(settings.temperature > 0.0f && std::isfinite(1.0f / settings.temperature)))
+        throw ModelError("decode_sample: temperature must be > 0 with a finite inverse (0 is decode_greedy)");
+    if (settings.top_k < 1 || settings.top_k > max_k)
+        throw ModelError("decode_sample: top_k must be in 1.." + std::to_string(max_k) +
+                         (device ? " on the device" : "") + ", got " + std::to_string(settings.top_k));
     if (!(settings.top_p > 0.0f && settings.top_p <= 1.0f)) throw ModelError("decode_sample: top_p must be in (0, 1]");
     if (!(settings.min_p >= 0.0f && settings.min_p < 1.0f)) throw ModelError("decode_sample: min_p must be in [0, 1)");
-    backend_->decode_sample(token, n, n_past_, settings, out);
-    n_past_ += n;
+    if (device) {
+        backend_->decode_sample(token, n, n_past_, settings, out);
+        n_past_ += n;
+        return;
+    }
+    // On the host from eval's logits, with the device's choice rule and draws (the draw after
+    // the token at position p uses p).
+    std::vector<float> logits(static_cast<size_t>(spec_->n_vocab));
+    for (int64_t i = 0; i < n; ++i) {
+        backend_->eval(&token, 1, n_past_, logits.data(), false);
+        out[i] = token = sample_token(logits.data(), spec_->n_vocab, settings, n_past_);
+        ++n_past_;
+    }
 }
 
 std::vector<TraceEntry> Engine::trace(const int32_t* tokens, int64_t n, float* logits) {

@@ -9,26 +9,20 @@ const uint8_t* TensorRef::row(int64_t index) const {
     return data + static_cast<size_t>(index) * row_bytes(format, row_length());
 }
 
-const char* norm_kind_name(NormKind kind) { return kind == NormKind::RMS ? "rms" : "layer"; }
+#define KCAP_ENUM_NAME_CASE(VALUE, NAME) \
+    case Enum::VALUE: return NAME;
 
-const char* activation_name(Activation activation) {
-    switch (activation) {
-        case Activation::SiLU: return "silu";
-        case Activation::GeluTanh: return "gelu_tanh";
-        case Activation::GeluErf: return "gelu_erf";
-        case Activation::ReLU: return "relu";
+#define KCAP_ENUM_NAME_FUNCTION(FUNCTION, TYPE, LIST) \
+    const char* FUNCTION(TYPE value) {                \
+        using Enum = TYPE;                            \
+        switch (value) { LIST(KCAP_ENUM_NAME_CASE) }  \
+        return "?";                                   \
     }
-    return "?";
-}
 
-const char* rope_style_name(RopeStyle style) {
-    switch (style) {
-        case RopeStyle::None: return "none";
-        case RopeStyle::Normal: return "normal";
-        case RopeStyle::NeoX: return "neox";
-    }
-    return "?";
-}
+KCAP_ENUM_NAME_FUNCTION(norm_kind_name, NormKind, KCAP_NORM_KINDS)
+KCAP_ENUM_NAME_FUNCTION(activation_name, Activation, KCAP_ACTIVATIONS)
+KCAP_ENUM_NAME_FUNCTION(rope_style_name, RopeStyle, KCAP_ROPE_STYLES)
+KCAP_ENUM_NAME_FUNCTION(expert_gating_name, ExpertGating, KCAP_EXPERT_GATINGS)
 
 const TensorRef& ModelSpec::tensor(const std::string& name) const {
     auto it = tensors.find(name);

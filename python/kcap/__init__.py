@@ -26,4 +26,17 @@ from kcap.generate import GenerationStats  # noqa: F401
 from kcap.model import Model, default_backend, load  # noqa: F401
 from kcap import formats  # noqa: F401
 
-__version__ = "0.1.0"
+from kcap._core import __version__  # noqa: F401  (pyproject.toml's, compiled into the core)
+
+
+def cmake_dir() -> str:
+    """The folder of kcap's CMake package (libkcap, its headers, kcapConfig.cmake) for a C++ host:
+    cmake -DCMAKE_PREFIX_PATH=$(python -c "import kcap; print(kcap.cmake_dir())")."""
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "lib", "cmake", "kcap")
+    if not os.path.isfile(os.path.join(path, "kcapConfig.cmake")):
+        raise BackendUnavailableError(
+            f"kcap's C++ package is not installed in {os.path.dirname(__file__)} (a source checkout, or a build with "
+            "KCAP_INSTALL_CPP=OFF); install kcap with pip to get it")
+    return path

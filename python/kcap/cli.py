@@ -4,6 +4,7 @@
   kcap chat [--model PATH] [--system TEXT] [--max-tokens N] [--temp T] ...
   kcap serve [MODEL] [--host HOST] [--port PORT] [--backend NAME] ...
   kcap explain MODEL [--backend NAME] [--json]
+  kcap export MODEL -o DIR [--relative]
   kcap --version
 
 MODEL/PATH is a GGUF file or a Hugging Face Hub file, hf://ORG/REPO/FILE.gguf. Errors are one
@@ -262,6 +263,15 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from kcap.bundle import export_bundle
+
+    fields = export_bundle(args.model, args.output, relative=args.relative)
+    print(f"kcap: wrote {args.output} (the spec, {'tokenizer.json, ' if fields['tokenizer_json'] else ''}"
+          f"{'the chat template, ' if fields['chat_template'] else ''}and a reference to {fields['gguf_path']})")
+    return 0
+
+
 def version_text(version: str) -> str:
     """`kcap --version`: the version and what this build runs here (CPU kernels, CUDA)."""
     from kcap import _core
@@ -329,6 +339,17 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the most tokens per call the plan covers")
     _add_model_options(explain)
     explain.set_defaults(func=cmd_explain)
+
+    export = sub.add_parser("export", help="write a bundle that a C++ host loads with kcap::load_bundle "
+                                           "(docs/embedding.md)", **common)
+    export.add_argument("model", help=model_help)
+    export.add_argument("--output", "-o", required=True, metavar="DIR",
+                        help="the bundle directory (made if absent): kcap-bundle.json and tokenizer.json; the "
+                             "weights stay in the GGUF file, which the bundle names")
+    export.add_argument("--relative", action="store_true",
+                        help="name the GGUF file by its path relative to DIR (for a bundle shipped beside "
+                             "its file), not its absolute path")
+    export.set_defaults(func=cmd_export)
     return parser
 
 

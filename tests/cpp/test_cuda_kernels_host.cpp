@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "dispatch/rope_table.h"
+#include "kcap/engine.h"
 #include "dispatch/kernel_params.h"
 #include "cuda/rows.h"
 #include "kernels/activation.h"
@@ -878,40 +879,16 @@ void test_argmax(std::mt19937& rng) {
     std::printf("argmax bodies: 3 cases\n");
 }
 
-// The sampler's reference, written plainly: top-k by (value desc, index asc), softmax at the
-// temperature, top-p (keep through the candidate whose cumulative probability reaches
-// top_p), min-p, then the first candidate whose cumulative kept weight exceeds u * total (u
-// from the same counter-based hash the body uses).
+// The sampler's reference: the CPU's sampler (kcap::sample_token, cpp/core/sampling.cpp), which
+// decode_sample runs on backends without device sampling.
 int reference_sample(const std::vector<float>& logits, const KcapSampleSettings& s, int position) {
-    std::vector<int> order(logits.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = int(i);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
-    order.resize(std::min<size_t>(order.size(), size_t(s.top_k)));
-    // f32 in the body's order: a candidate exactly at the top-p threshold (ties are common
-    // here) is kept or not by the same rounding.
-    const float inv_t = 1.0f / s.temperature;
-    std::vector<float> w;
-    float total = 0.0f;
-    for (int i : order) {
-        w.push_back(std::exp((logits[size_t(i)] - logits[size_t(order[0])]) * inv_t));
-        total += w.back();
-    }
-    size_t kept = 0;
-    float cumulative = 0.0f, kept_total = 0.0f;
-    for (size_t r = 0; r < w.size(); ++r) {
-        const float prob = w[r] / total;
-        if ((r > 0 && cumulative >= s.top_p) || prob < s.min_p * (w[0] / total)) break;
-        cumulative += prob;
-        kept_total += w[r];
-        kept = r + 1;
-    }
-    const float target = kcap_sample_uniform(s.seed, position) * kept_total;
-    float running = 0.0f;
-    for (size_t r = 0; r < kept; ++r) {
-        running += w[r];
-        if (target < running) return order[r];
-    }
-    return order[kept - 1];
+    kcap::SampleSettings settings;
+    settings.temperature = s.temperature;
+    settings.top_k = s.top_k;
+    settings.top_p = s.top_p;
+    settings.min_p = s.min_p;
+    settings.seed = s.seed;
+    return kcap::sample_token(logits.data(), int64_t(logits.size()), settings, position);
 }
 
 void test_sample(std::mt19937& rng) {

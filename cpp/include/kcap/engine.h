@@ -71,16 +71,22 @@ PlanSummary explain_summary(const EngineOptions& options);
 
 class Backend_;  // implementation detail of each backend
 
-// Sampling on the device (Engine::decode_sample): kcap.sampling's temperature -> top-k -> top-p
+// Sampling (Engine::decode_sample, sample_token): kcap.sampling's temperature -> top-k -> top-p
 // -> min-p -> draw, with the draw a hash of (seed, position).
 struct SampleSettings {
     float temperature = 1.0f;  // > 0
-    int top_k = 40;            // 1 .. kMaxDeviceTopK
+    int top_k = 40;            // 1 .. kMaxDeviceTopK on the device, 1 .. n_vocab on the host
     float top_p = 1.0f;        // (0, 1]
     float min_p = 0.0f;        // [0, 1)
     uint32_t seed = 0;
 };
 constexpr int kMaxDeviceTopK = 64;  // KCAP_SAMPLE_MAX_TOP_K of kernels/params.h
+
+// One sampled choice from a row of logits, as the device sampler makes it (kernels/sample.h):
+// the top_k largest (ties to the lower id; NaN never chosen), softmax at the temperature,
+// top-p, min-p, then a draw whose uniform number is a hash of (seed, position). `position` is
+// that of the token whose logits these are.
+int32_t sample_token(const float* logits, int64_t n_vocab, const SampleSettings& settings, int64_t position);
 
 class Engine {
 public:
@@ -102,10 +108,10 @@ public:
     // captured decode graph feeds its own argmax back, with no host round trip per token.
     void decode_greedy(int32_t token, int64_t n, int32_t* out);
 
-    // Sampled decoding on the device: as decode_greedy, each choice drawn by `settings`
-    // (top-k, temperature, top-p, min-p; no repetition penalty). Only where
-    // samples_on_device() (CUDA with a sampling row for this vocabulary); else throws
-    // BackendUnavailableError.
+    // Sampled decoding: as decode_greedy, each choice drawn by `settings` (top-k, temperature,
+    // top-p, min-p; no repetition penalty). On the device where samples_on_device() (CUDA with a
+    // sampling row for this vocabulary; top_k at most kMaxDeviceTopK), else on the host from the
+    // logits of each step (sample_token): the same rule and the same draws either way.
     bool samples_on_device() const;
     void decode_sample(int32_t token, int64_t n, const SampleSettings& settings, int32_t* out);
 

@@ -34,18 +34,27 @@ struct TensorRef {
     const uint8_t* row(int64_t index) const;
 };
 
-enum class NormKind { RMS, Layer };
+// Enumerations, each value with its name (explain, the bundle's JSON): one list per enum.
+#define KCAP_NORM_KINDS(X) X(RMS, "rms") X(Layer, "layer")
 // How a mixture-of-experts router turns its logits into the chosen experts' weights.
 // Softmax: a softmax over every expert's logit, then the top n_expert_used (Mixtral, Qwen2/3-MoE).
-enum class ExpertGating { Softmax };
-enum class Activation { SiLU, GeluTanh, GeluErf, ReLU };
+#define KCAP_EXPERT_GATINGS(X) X(Softmax, "softmax")
+#define KCAP_ACTIVATIONS(X) X(SiLU, "silu") X(GeluTanh, "gelu_tanh") X(GeluErf, "gelu_erf") X(ReLU, "relu")
 // Normal: rotate adjacent pairs (x[2i], x[2i+1]), as GGUF stores Llama's permuted Q/K.
 // NeoX: rotate halves (x[i], x[i + rope_dim/2]), as Gemma, Qwen and GPT-NeoX do.
-enum class RopeStyle { None, Normal, NeoX };
+#define KCAP_ROPE_STYLES(X) X(None, "none") X(Normal, "normal") X(NeoX, "neox")
+
+#define KCAP_ENUM_VALUE(VALUE, NAME) VALUE,
+enum class NormKind { KCAP_NORM_KINDS(KCAP_ENUM_VALUE) };
+enum class ExpertGating { KCAP_EXPERT_GATINGS(KCAP_ENUM_VALUE) };
+enum class Activation { KCAP_ACTIVATIONS(KCAP_ENUM_VALUE) };
+enum class RopeStyle { KCAP_ROPE_STYLES(KCAP_ENUM_VALUE) };
+#undef KCAP_ENUM_VALUE
 
 const char* norm_kind_name(NormKind kind);
 const char* activation_name(Activation activation);
 const char* rope_style_name(RopeStyle style);
+const char* expert_gating_name(ExpertGating gating);
 
 // The tensor fields of a decoder block, one list: the struct's members, the Python binding and
 // the list kcap.model accounts the file's tensors against (kcap._core.LAYER_TENSOR_FIELDS) come
@@ -83,98 +92,120 @@ const char* rope_style_name(RopeStyle style);
 // original_context positions, takes it divided by factor above that of beta_slow, and blends the
 // two linearly between (the bounds floored and ceiled); cos and sin are multiplied by
 // attn_factor (transformers: 0.1 ln(factor) + 1 unless the model gives its own).
+#define KCAP_ROPE_YARN_FIELDS(X)                                                                   \
+    /* 0: no YaRN */                                                                               \
+    X(float, factor, 0.0f)                                                                         \
+    X(int, original_context, 0)                                                                    \
+    X(float, beta_fast, 32.0f)                                                                     \
+    X(float, beta_slow, 1.0f)                                                                      \
+    X(float, attn_factor, 1.0f)
+
+// A scalar field: its type, name and default.
+#define KCAP_DECLARE_FIELD(TYPE, NAME, DEFAULT) TYPE NAME = DEFAULT;
+
 struct RopeYarn {
-    float factor = 0.0f;  // 0: no YaRN
-    int original_context = 0;
-    float beta_fast = 32.0f;
-    float beta_slow = 1.0f;
-    float attn_factor = 1.0f;
+    KCAP_ROPE_YARN_FIELDS(KCAP_DECLARE_FIELD)
 };
+
+// The scalar fields of a decoder block, one list (the struct, the Python binding and the bundle's
+// JSON come from it).
+#define KCAP_LAYER_SCALAR_FIELDS(X)                                                                \
+    X(int, n_head, 0)                                                                              \
+    X(int, n_head_kv, 0)                                                                           \
+    /* of Q and K */                                                                               \
+    X(int, head_dim, 0)                                                                            \
+    /* of V */                                                                                     \
+    X(int, head_dim_v, 0)                                                                          \
+    X(RopeStyle, rope_style, RopeStyle::None)                                                      \
+    /* leading dims of each head that rotate (partial rotary when < head_dim) */                   \
+    X(int, rope_dim, 0)                                                                            \
+    X(float, rope_base, 10000.0f)                                                                  \
+    /* linear rope scaling: positions are multiplied by this */                                    \
+    X(float, rope_freq_scale, 1.0f)                                                                \
+    /* YaRN rope scaling (none unless rope_yarn.factor > 0) */                                     \
+    X(RopeYarn, rope_yarn, RopeYarn())                                                             \
+    /* 0: global attention; else a query at p sees keys p-window < k <= p */                       \
+    X(int, sliding_window, 0)                                                                      \
+    /* multiplies q.k; 0 means 1/sqrt(head_dim) */                                                 \
+    X(float, attn_scale, 0.0f)                                                                     \
+    /* softcap * tanh(score / softcap) when > 0 */                                                 \
+    X(float, attn_softcap, 0.0f)                                                                   \
+    X(Activation, activation, Activation::SiLU)                                                    \
+    /* act(gate(x)) * up(x) when true, act(up(x)) otherwise */                                     \
+    X(bool, gated_ffn, true)                                                                       \
+    /* parameter-free RMS norm of each V head (Gemma 4) */                                         \
+    X(bool, v_norm, false)                                                                         \
+    /* attention and FFN outputs are scaled before the residual add (Granite) */                   \
+    X(float, residual_scale, 1.0f)                                                                 \
+    /* Per-layer embedding input (Gemma 4 PLE), after the FFN residual (ple_gate, ple_proj,        \
+       ple_post_norm): x += ple_post_norm(ple_proj(act(ple_gate(x)) * ple[layer])) with this       \
+       layer's activation. output_scale: the block's output (the residual stream) is multiplied    \
+       by this */                                                                                  \
+    X(float, output_scale, 1.0f)                                                                   \
+    /* KV sharing: >= 0 names an earlier layer whose K/V cache this layer's queries attend to;     \
+       the layer then has no K/V projections of its own (Gemma 4 shared-KV layers) */              \
+    X(int, kv_source_layer, -1)                                                                    \
+    /* Mixture of experts (n_expert > 0: ffn_gate_inp and the *_exps tensors replace the dense     \
+       FFN). Per token, the router's logits W_inp . x are gated (expert_gating) and the            \
+       n_expert_used largest chosen; their weights, renormalized to sum 1 when                     \
+       expert_weights_norm, times expert_weights_scale, weigh the chosen experts' gated FFNs       \
+       (this layer's activation): ffn(x) = sum_k w_k down_e(act(gate_e x) * up_e x). A shared      \
+       expert (ffn_*_shexp) adds its FFN, times sigmoid(ffn_gate_inp_shexp . x) where that gate    \
+       exists. */                                                                                  \
+    X(int, n_expert, 0)                                                                            \
+    X(int, n_expert_used, 0)                                                                       \
+    X(ExpertGating, expert_gating, ExpertGating::Softmax)                                          \
+    X(bool, expert_weights_norm, false)                                                            \
+    X(float, expert_weights_scale, 1.0f)                                                           \
+    /* Gemma 4's variant. ffn_gate_up_exps (instead of ffn_gate_exps and ffn_up_exps): expert e's  \
+       gate is rows [2e * n_ff_exp, (2e + 1) * n_ff_exp) of it, its up the next n_ff_exp rows.     \
+       ffn_gate_inp_scale: the router reads its own RMS norm of the residual stream (weight        \
+       ffn_gate_inp_scale) instead of the FFN's normed input, and its logits are multiplied by     \
+       expert_logit_scale before the softmax. ffn_down_exps_scale: each chosen expert's weight     \
+       (after the renormalization) is multiplied by its entry. expert_dense_branch: the dense FFN  \
+       (ffn_gate/up/down on ffn_norm's output) runs beside the experts, which read                 \
+       ffn_pre_norm_2's norm of the residual; each branch's output is normed (ffn_post_norm_1,     \
+       ffn_post_norm_2, where present) and the two added before post_ffn_norm. */                  \
+    X(float, expert_logit_scale, 1.0f)                                                             \
+    X(bool, expert_dense_branch, false)
 
 // One decoder block. Tensor fields hold names into ModelSpec::tensors; "" means absent.
 struct LayerSpec {
-    int n_head = 0;
-    int n_head_kv = 0;
-    int head_dim = 0;    // of Q and K
-    int head_dim_v = 0;  // of V
-
+    KCAP_LAYER_SCALAR_FIELDS(KCAP_DECLARE_FIELD)
 #define KCAP_DECLARE_TENSOR_FIELD(NAME) std::string NAME;
     KCAP_LAYER_TENSOR_FIELDS(KCAP_DECLARE_TENSOR_FIELD)
-
-    RopeStyle rope_style = RopeStyle::None;
-    int rope_dim = 0;  // leading dims of each head that rotate (partial rotary when < head_dim)
-    float rope_base = 10000.0f;
-    float rope_freq_scale = 1.0f;  // linear rope scaling: positions are multiplied by this
-    RopeYarn rope_yarn;            // YaRN rope scaling (none unless rope_yarn.factor > 0)
-
-    int sliding_window = 0;  // 0: global attention; else a query at p sees keys p-window < k <= p
-    float attn_scale = 0.0f;  // multiplies q·k; 0 means 1/sqrt(head_dim)
-    float attn_softcap = 0.0f;  // softcap * tanh(score / softcap) when > 0
-
-    Activation activation = Activation::SiLU;
-    bool gated_ffn = true;  // act(gate(x)) * up(x) when true, act(up(x)) otherwise
-
-    bool v_norm = false;          // parameter-free RMS norm of each V head (Gemma 4)
-    float residual_scale = 1.0f;  // attention and FFN outputs are scaled before the residual add (Granite)
-
-    // Per-layer embedding input (Gemma 4 PLE), after the FFN residual (ple_gate, ple_proj,
-    // ple_post_norm):
-    //   x += ple_post_norm(ple_proj(act(ple_gate(x)) * ple[layer]))  with this layer's activation.
-    float output_scale = 1.0f;  // the block's output (the residual stream) is multiplied by this
-    // KV sharing: >= 0 names an earlier layer whose K/V cache this layer's queries attend to;
-    // the layer then has no K/V projections of its own (Gemma 4 shared-KV layers).
-    int kv_source_layer = -1;
-
-    // Mixture of experts (n_expert > 0: ffn_gate_inp and the *_exps tensors replace the dense
-    // FFN). Per token, the router's logits W_inp . x are gated (expert_gating) and the
-    // n_expert_used largest chosen; their weights, renormalized to sum 1 when
-    // expert_weights_norm, times expert_weights_scale, weigh the chosen experts' gated FFNs
-    // (this layer's activation): ffn(x) = sum_k w_k down_e(act(gate_e x) * up_e x). A shared
-    // expert (ffn_*_shexp) adds its FFN, times sigmoid(ffn_gate_inp_shexp . x) where that gate
-    // exists.
-    int n_expert = 0;
-    int n_expert_used = 0;
-    ExpertGating expert_gating = ExpertGating::Softmax;
-    bool expert_weights_norm = false;
-    float expert_weights_scale = 1.0f;
-    // Gemma 4's variant. ffn_gate_up_exps (instead of ffn_gate_exps and ffn_up_exps): expert e's
-    // gate is rows [2e * n_ff_exp, (2e + 1) * n_ff_exp) of it, its up the next n_ff_exp rows.
-    // ffn_gate_inp_scale: the router reads its own RMS norm of the residual stream (weight
-    // ffn_gate_inp_scale) instead of the FFN's normed input, and its logits are multiplied by
-    // expert_logit_scale before the softmax. ffn_down_exps_scale: each chosen expert's weight
-    // (after the renormalization) is multiplied by its entry. expert_dense_branch: the dense FFN
-    // (ffn_gate/up/down on ffn_norm's output) runs beside the experts, which read
-    // ffn_pre_norm_2's norm of the residual; each branch's output is normed (ffn_post_norm_1,
-    // ffn_post_norm_2, where present) and the two added before post_ffn_norm.
-    float expert_logit_scale = 1.0f;
-    bool expert_dense_branch = false;
 };
 
-struct ModelSpec {
-    std::string architecture;  // informational only: printed by explain, never branched on
-    int64_t n_embd = 0;
-    int64_t n_vocab = 0;
-    int64_t context_length = 0;
+// The scalar fields of the whole model, one list as for LayerSpec.
+#define KCAP_MODEL_SCALAR_FIELDS(X)                                                                \
+    /* informational only: printed by explain, never branched on */                                \
+    X(std::string, architecture, "")                                                               \
+    X(int64_t, n_embd, 0)                                                                          \
+    X(int64_t, n_vocab, 0)                                                                         \
+    X(int64_t, context_length, 0)                                                                  \
+    X(NormKind, norm_kind, NormKind::RMS)                                                          \
+    X(float, norm_eps, 1e-6f)                                                                      \
+    /* token embeddings are multiplied by this (Gemma: sqrt(n_embd)) */                            \
+    X(float, embed_scale, 1.0f)                                                                    \
+    X(float, final_softcap, 0.0f)                                                                  \
+    /* logits are multiplied by this (Granite: 1 / logits_scaling) */                              \
+    X(float, logit_scale, 1.0f)                                                                    \
+    /* Per-layer embeddings (Gemma 4 PLE): for each token, ple [n_layer, n_embd_per_layer] =       \
+         (rms_norm(ple_proj_norm, (ple_model_proj . e) * ple_model_proj_scale)  (e: the scaled     \
+          embedding) + ple_token_embd[id] * ple_token_scale) * ple_combine_scale                   \
+       where each layer's slice of n_embd_per_layer values is normed on its own. */                \
+    X(int64_t, n_embd_per_layer, 0)                                                                \
+    X(float, ple_token_scale, 1.0f)                                                                \
+    X(float, ple_model_proj_scale, 1.0f)                                                           \
+    X(float, ple_combine_scale, 1.0f)
 
-    NormKind norm_kind = NormKind::RMS;
-    float norm_eps = 1e-6f;
-    float embed_scale = 1.0f;  // token embeddings are multiplied by this (Gemma: sqrt(n_embd))
+struct ModelSpec {
+    KCAP_MODEL_SCALAR_FIELDS(KCAP_DECLARE_FIELD)
 
     // Tensor fields (KCAP_MODEL_TENSOR_FIELDS): token_embd; position_embd, learned absolute
     // position embeddings added to the tokens' (GPT-2); output_norm[_bias]; output, the LM head
-    // (equal to token_embd when the embeddings are tied); ple_* below.
+    // (equal to token_embd when the embeddings are tied); ple_* (see n_embd_per_layer).
     KCAP_MODEL_TENSOR_FIELDS(KCAP_DECLARE_TENSOR_FIELD)
-    float final_softcap = 0.0f;
-    float logit_scale = 1.0f;  // logits are multiplied by this (Granite: 1 / logits_scaling)
-
-    // Per-layer embeddings (Gemma 4 PLE): for each token, ple [n_layer, n_embd_per_layer] =
-    //   (rms_norm(ple_proj_norm, (ple_model_proj . e) * ple_model_proj_scale)   (e: the scaled embedding)
-    //    + ple_token_embd[id] * ple_token_scale) * ple_combine_scale
-    // where each layer's slice of n_embd_per_layer values is normed on its own.
-    int64_t n_embd_per_layer = 0;
-    float ple_token_scale = 1.0f;
-    float ple_model_proj_scale = 1.0f;
-    float ple_combine_scale = 1.0f;
 
     std::vector<LayerSpec> layers;
     std::map<std::string, TensorRef> tensors;
