@@ -610,13 +610,41 @@ FAMILIES: dict[str, dict] = {
                "tensor (gate_up_proj -> ffn_gate_up_exps, gate rows first). Branch norms "
                "post_feedforward_layernorm_1/_2 and pre_feedforward_layernorm_2; PLE as gemma4.",
                "Router weights scaled as in mixtral (ROUTER_SCALE)."]),
+    "gpt-oss": dict(
+        cls="GptOssForCausalLM", config_cls="GptOssConfig", tokenizer="bpe", pre="gpt-2",
+        specials=["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|start|>", "<|end|>", "<|message|>"],
+        special_roles={"bos": "<|startoftext|>", "eos": "<|return|>"},
+        config=dict(hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
+                    tie_word_embeddings=False, attention_bias=True, sliding_window=8, num_local_experts=6,
+                    num_experts_per_tok=2, swiglu_limit=7.0,
+                    rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                                     "beta_fast": 32.0, "beta_slow": 1.0, "original_max_position_embeddings": 64,
+                                     "truncate": False}),
+        probes={"no sinks (a very negative sink logit)": "sinks",
+                "truncated YaRN bounds": {"rope_parameters": {
+                    "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                    "beta_slow": 1.0, "original_max_position_embeddings": 64, "truncate": True}},
+                "no sliding window": {"sliding_window": 4096},
+                "top-1 instead of top-2": {"num_experts_per_tok": 1}},
+        notes=["gpt-oss: attention with Q/K/V/O biases and a learned sink logit per head (self_attn.sinks -> "
+               "blk.N.attn_sinks.weight), sliding window 8 on layer 0 and full attention on layer 1 "
+               "(transformers' default layer_types), YaRN (factor 32 over 64 positions, base 150000) with "
+               "truncate false (fractional correction bounds); 6 experts of width 32, top 2: the router's "
+               "logits plus its bias, softmax over the top 2; each expert's clamped SwiGLU (alpha 1.702, "
+               "limit 7) with gate/up/down biases. The converter splits the interleaved gate_up_proj into "
+               "ffn_gate_exps (even columns) and ffn_up_exps (odd), transposes the experts to GGUF rows, "
+               "and appends '.weight' to the sinks.",
+               "The tokenizer is the tiny GPT-2-style BPE of the other fixtures (pre gpt-2); real gpt-oss "
+               "files use the o200k vocabulary with pre gpt-4o, which kcap's tokenizer implements.",
+               "Router weights scaled as in mixtral (ROUTER_SCALE)."]),
 }
 
 # Mixture-of-experts routers: weights ~ N(0, (ROUTER_SCALE/sqrt(hidden))^2), larger than the other
 # matrices' 1/sqrt(fan_in), so that the router's logits spread and different tokens choose
 # different experts, with margins between the k-th and (k+1)-th expert well above rounding.
 ROUTER_SCALE = 4.0
-ROUTER_NAMES = (".mlp.gate.weight", ".block_sparse_moe.gate.weight", ".router.proj.weight")
+ROUTER_NAMES = (".mlp.gate.weight", ".block_sparse_moe.gate.weight", ".router.proj.weight", ".mlp.router.weight")
 # Smallest gap between the k-th and (k+1)-th largest router logit a fixture may have at any token
 # of the prompt and its greedy continuation (f32 rounding moves the logits by ~1e-5, Q8_0 weights
 # elsewhere in the model by ~1e-2); weights seeds are tried ROUTING_SEED_STRIDE apart until one has it.
@@ -701,8 +729,10 @@ def reinit(model, seed: int) -> None:
                             std *= 3.0 * p.shape[1] ** 0.5
                 p.copy_(torch.randn(p.shape, generator=g) * std)
             elif p.ndim == 3 and pname.endswith(("experts.gate_up_proj", "experts.down_proj")):
-                # stacked experts [n_expert, out, in]: each expert's matrix ~ N(0, 1/in)
-                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+                # stacked experts: each expert's matrix ~ N(0, 1/in); [n_expert, out, in], or
+                # [n_expert, in, out] for gpt-oss (GptOssExperts multiplies x @ W)
+                fan_in = p.shape[1] if type(model).__name__.startswith("GptOss") else p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
             else:
                 raise ValueError(f"unexpected parameter {pname} {tuple(p.shape)}")
         for bname, b in model.named_buffers():
@@ -759,6 +789,11 @@ def sensitivity_probes(name: str, spec: dict, model, prompt, ref_logits) -> dict
     out = {"reset_1d_tensor_min_delta": resets[weakest] if weakest else None, "reset_1d_tensor_weakest": weakest,
            "reset_1d_tensor_count": len(resets), "reset_1d_tensor": dict(sorted(resets.items())), "config": {}}
     for desc, overrides in spec.get("probes", {}).items():
+        if overrides == "sinks":  # gpt-oss: every sink logit at -1e4 (no sink)
+            m = type(model)(model.config).eval()
+            m.load_state_dict({k: (v.clone().fill_(-1e4) if k.endswith("self_attn.sinks") else v) for k, v in state.items()})
+            out["config"][desc] = float(np.max(np.abs(forward_logits(m, prompt) - ref_logits)))
+            continue
         d = model.config.to_dict()
         d.update(overrides)
         cfg = type(model.config).from_dict(d)
@@ -895,6 +930,64 @@ def hf_tensor_from_gguf(arch: str, hf_name: str, t, config):
     return t
 
 
+def gpt_oss_split(hf: dict) -> dict:
+    """gpt-oss checkpoint tensors as the converter writes them (GptOssModel.modify_tensors), under
+    the names its TensorNameMap maps: gate_up_proj [E, in, 2 ff] (gate and up interleaved by
+    column) -> experts.gate_proj.weight / experts.up_proj.weight [E, ff, in]; its bias [E, 2 ff]
+    -> experts.gate_proj.bias / up_proj.bias [E, ff]; down_proj [E, ff, in] -> transposed
+    down_proj.weight [E, hidden, ff]; down_proj_bias -> down_proj.bias; sinks -> sinks.weight."""
+    import numpy as np
+
+    out = {}
+    for name, t in hf.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            w = np.swapaxes(t, -1, -2)
+            stem = name[:-len("gate_up_proj")]
+            out[stem + "gate_proj.weight"], out[stem + "up_proj.weight"] = w[:, ::2, :], w[:, 1::2, :]
+        elif name.endswith("mlp.experts.gate_up_proj_bias"):
+            stem = name[:-len("gate_up_proj_bias")]
+            out[stem + "gate_proj.bias"], out[stem + "up_proj.bias"] = t[..., ::2], t[..., 1::2]
+        elif name.endswith("mlp.experts.down_proj"):
+            out[name + ".weight"] = np.swapaxes(t, -1, -2)
+        elif name.endswith("mlp.experts.down_proj_bias"):
+            out[name[:-len("_bias")] + ".bias"] = t
+        elif name.endswith("self_attn.sinks"):
+            out[name + ".weight"] = t
+        else:
+            out[name] = t
+    return out
+
+
+def gpt_oss_join(split: dict) -> dict:
+    """The inverse of gpt_oss_split: GGUF-layout tensors back to the checkpoint's."""
+    import numpy as np
+
+    out = {}
+    for name, t in split.items():
+        if name.endswith("mlp.experts.gate_proj.weight"):
+            stem = name[:-len("gate_proj.weight")]
+            up = split[stem + "up_proj.weight"]
+            w = np.empty((t.shape[0], 2 * t.shape[1], t.shape[2]), dtype=np.float32)
+            w[:, ::2, :], w[:, 1::2, :] = t, up
+            out[stem + "gate_up_proj"] = np.swapaxes(w, -1, -2)
+        elif name.endswith("mlp.experts.gate_proj.bias"):
+            stem = name[:-len("gate_proj.bias")]
+            b = np.empty((t.shape[0], 2 * t.shape[1]), dtype=np.float32)
+            b[:, ::2], b[:, 1::2] = t, split[stem + "up_proj.bias"]
+            out[stem + "gate_up_proj_bias"] = b
+        elif name.endswith(("mlp.experts.up_proj.weight", "mlp.experts.up_proj.bias")):
+            continue
+        elif name.endswith("mlp.experts.down_proj.weight"):
+            out[name[:-len(".weight")]] = np.swapaxes(t, -1, -2)
+        elif name.endswith("mlp.experts.down_proj.bias"):
+            out[name[:-len(".bias")] + "_bias"] = t
+        elif name.endswith("self_attn.sinks.weight"):
+            out[name[:-len(".weight")]] = t
+        else:
+            out[name] = t
+    return out
+
+
 _EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
 
 
@@ -953,6 +1046,19 @@ def logits_from_gguf_tensors(model, mapping: dict, gguf_path: Path, arch: str, p
     from gguf.quants import dequantize
 
     gg = {t.name: t for t in GGUFReader(gguf_path).tensors}
+    if arch == "gpt-oss":
+        split = {}
+        for hf_name, g_name in mapping.items():
+            if g_name is not None:
+                t = gg[g_name]
+                split[hf_name] = dequantize(t.data, t.tensor_type).reshape([int(x) for x in reversed(t.shape)])
+        joined = gpt_oss_join(split)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        for k, v in joined.items():
+            state[k] = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).reshape(state[k].shape)
+        m = type(model)(model.config).eval()
+        m.load_state_dict(state)
+        return forward_logits(m, prompt), routing(m, prompt)
     if merged:
         saved = {}
         for hf_name, g_name in mapping.items():
@@ -995,6 +1101,8 @@ def tensor_fidelity(llama_dir: Path, hf_dir: Path, gguf_paths: dict[str, Path], 
     from safetensors.numpy import load_file
 
     hf = load_file(str(hf_dir / "model.safetensors"))
+    if arch == "gpt-oss":
+        hf = gpt_oss_split(hf)
     hf_shapes = {k: list(v.shape) for k, v in hf.items()}
     hf, merged = merge_experts(hf)
     mapping = hf_to_gguf_names(llama_dir, arch, config.num_hidden_layers, sorted(hf))

@@ -142,7 +142,8 @@ void init_engine(py::module_& m) {
         .value("SiLU", Activation::SiLU)
         .value("GeluTanh", Activation::GeluTanh)
         .value("GeluErf", Activation::GeluErf)
-        .value("ReLU", Activation::ReLU);
+        .value("ReLU", Activation::ReLU)
+        .value("SwigluOai", Activation::SwigluOai);
     py::enum_<RopeStyle>(m, "RopeStyle")
         .value("None_", RopeStyle::None)
         .value("Normal", RopeStyle::Normal)

@@ -1,6 +1,6 @@
 // CPU attention: appends the new keys/values to the KV cache, then causal softmax attention
 // for every new query over the keys it may see (all earlier positions, or the last
-// `sliding_window` of them), with optional score softcap, for any GQA ratio.
+// `sliding_window` of them), with optional score softcap and attention sinks, for any GQA ratio.
 // No span ceiling: scores live in a per-thread buffer sized to the span.
 #include <algorithm>
 #include <cmath>
@@ -14,7 +14,10 @@ namespace kcap {
 namespace {
 
 // Query rows [begin, end) (token x KV head) of one call: scores, softmax, the weighted values.
-KCAP_HOT_LOOP void attend(const StageParams& p, const KernelCall& call, const KvLayer& kv, int64_t begin, int64_t end) {
+// sinks (attention sinks, or null): a logit per query head that joins each softmax's
+// denominator and weighs no value.
+KCAP_HOT_LOOP void attend(const StageParams& p, const KernelCall& call, const KvLayer& kv, const float* sinks,
+                          int64_t begin, int64_t end) {
     const int group = p.n_head / p.n_head_kv;  // query heads per KV head
     std::vector<float> scores, key(size_t(p.head_dim)), value(size_t(p.head_dim_v));
     for (int64_t t = begin; t < end; ++t) {
@@ -35,9 +38,10 @@ KCAP_HOT_LOOP void attend(const StageParams& p, const KernelCall& call, const Kv
         }
         for (int g = 0; g < group; ++g) {
             float* sc = &scores[size_t(g) * span];
-            float max_score = -std::numeric_limits<float>::infinity();
+            const float sink = sinks ? sinks[int64_t(kvh) * group + g] : -std::numeric_limits<float>::infinity();
+            float max_score = sink;
             for (int64_t j = 0; j < span; ++j) max_score = std::max(max_score, sc[j]);
-            double total = 0.0;
+            double total = sinks ? std::exp(double(sink - max_score)) : 0.0;
             for (int64_t j = 0; j < span; ++j) {
                 sc[j] = std::exp(sc[j] - max_score);
                 total += sc[j];
@@ -75,8 +79,10 @@ void attention_kernel(const Stage& stage, const KernelCall& call) {
             kv.store(call.pos0 + m, call.in2 + m * k_width, call.in3 + m * v_width);
     }
 
+    const float* sinks = stage.operands.size() > 3 && stage.operands[3]
+                             ? reinterpret_cast<const float*>(stage.operands[3]->data) : nullptr;
     state.pool.parallel_for(int64_t(call.n_tokens) * p.n_head_kv,
-                            [&](int64_t begin, int64_t end) { attend(p, call, kv, begin, end); });
+                            [&](int64_t begin, int64_t end) { attend(p, call, kv, sinks, begin, end); });
 }
 
 }  // namespace
@@ -88,7 +94,8 @@ void add_cpu_attention_rows(std::vector<Row>& rows) {
     row.op = Op::Attention;
     row.backend = Backend::CPU;
     row.kv_formats = {Format::F32, Format::F16};
-    row.features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared;
+    row.operand_formats = {{}, {}, {}, {Format::F32}};  // operand 3: the sinks
+    row.features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared | kSinks;
     row.fn = attention_kernel;
     rows.push_back(row);
 }

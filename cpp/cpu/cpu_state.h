@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/hot_loop.h"
@@ -63,8 +64,20 @@ inline float apply_activation(Activation activation, float x) {
         }
         case Activation::GeluErf: return 0.5f * x * (1.0f + std::erf(x * 0.7071067811865476f));
         case Activation::ReLU: return x > 0.0f ? x : 0.0f;
+        case Activation::SwigluOai: break;  // gated only: gated_activation
     }
     return x;
+}
+
+// A gated FFN's act(gate) * up; gpt-oss's clamped SwiGLU clamps both (min(gate, limit), up to
+// [-limit, limit]) and adds 1 to up, so it stays finite for any finite input.
+inline float gated_activation(Activation activation, float gate, float up, float alpha, float limit) {
+    if (activation == Activation::SwigluOai) {
+        const float g = std::min(gate, limit);
+        const float u = std::min(std::max(up, -limit), limit);
+        return (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+    }
+    return apply_activation(activation, gate) * up;
 }
 
 }  // namespace kcap

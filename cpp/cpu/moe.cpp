@@ -1,5 +1,6 @@
 // CPU rows of the mixture-of-experts stages: the reference the GPU rows are tested against.
-//   cpu.moe_route         per token: the router's logits (any weight format), optionally times
+//   cpu.moe_route         per token: the router's logits (any weight format) plus an optional
+//                         F32 bias (operand 2), optionally times
 //                         a scalar (expert_logit_scale), a softmax over every expert, the
 //                         n_expert_used largest (the lower index first on a tie, as torch.topk
 //                         over a stable sort), their weights optionally renormalized to sum 1,
@@ -9,7 +10,9 @@
 //                         logits (the softmax keeps their order), as the GPU rows make it.
 //   cpu.moe_experts       per token and chosen expert: act(gate_e x) * up_e x over the expert's
 //                         FFN width, then down_e of it, weighted and summed over the chosen
-//                         experts; each operand in any format (a Q4_K_M file may keep a Q6_K down).
+//                         experts; each operand in any format (a Q4_K_M file may keep a Q6_K down),
+//                         with optional F32 biases of gate, up and down (operands 3-5), and any
+//                         gated activation (gpt-oss's clamped SwiGLU too).
 //                         With expert_gate_up_merged, gate and up are one tensor (operands 0 and
 //                         1 the same): expert e's gate rows 2e*ff.., its up rows (2e+1)*ff...
 //   cpu.moe_shared_gate   out = in + sigmoid(w . x) * shared (w absent: gate 1).
@@ -39,6 +42,8 @@ void moe_route_kernel(const Stage& stage, const KernelCall& call) {
     const TensorRef& w = *stage.operands[0];
     const TensorRef* per_expert = stage.operands.size() > 1 ? stage.operands[1] : nullptr;
     const float* expert_scale = per_expert ? reinterpret_cast<const float*>(per_expert->data) : nullptr;
+    const TensorRef* bias_tensor = stage.operands.size() > 2 ? stage.operands[2] : nullptr;
+    const float* bias = bias_tensor ? reinterpret_cast<const float*>(bias_tensor->data) : nullptr;
     const int64_t K = stage.k;
     const int n_expert = stage.params.n_expert, n_used = stage.params.n_expert_used;
     const bool renormalize = (stage.features & kExpertWeightsNorm) != 0;
@@ -51,7 +56,8 @@ void moe_route_kernel(const Stage& stage, const KernelCall& call) {
             const float* x = call.in + t * K;
             float top = -INFINITY;
             for (int e = 0; e < n_expert; ++e) {
-                logits[size_t(e)] = dot_row(w.format, w.data + size_t(e) * row_stride, x, K) * logit_scale;
+                logits[size_t(e)] =
+                    (dot_row(w.format, w.data + size_t(e) * row_stride, x, K) + (bias ? bias[e] : 0.0f)) * logit_scale;
                 top = std::max(top, logits[size_t(e)]);
             }
             float sum = 0.0f;
@@ -83,6 +89,12 @@ void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
     const bool merged = (stage.features & kExpertGateUpMerged) != 0;
     const int64_t expert_rows = merged ? 2 * ff : ff, up_offset = merged ? ff : 0;
     const size_t gate_row = row_bytes(gate.format, K), up_row = row_bytes(up.format, K), down_row = row_bytes(down.format, ff);
+    // Biases (operands 3-5, F32): expert e's gate and up biases at e * ff, its down bias at e * N.
+    const auto f32 = [&](size_t i) {
+        return stage.operands.size() > i ? reinterpret_cast<const float*>(stage.operands[i]->data) : nullptr;
+    };
+    const float *gate_bias = f32(3), *up_bias = f32(4), *down_bias = f32(5);
+    const StageParams& p = stage.params;
     ThreadPool& pool = cpu_state(call.backend_state).pool;
     std::vector<float> act(size_t(n_used) * size_t(ff));
     for (int64_t t = 0; t < call.n_tokens; ++t) {
@@ -93,9 +105,12 @@ void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
             for (int64_t i = begin; i < end; ++i) {
                 const int64_t k = i / ff, r = i % ff;
                 const int64_t row = int64_t(routing.id(int(k))) * expert_rows + r;
-                const float g = dot_row(gate.format, gate.data + size_t(row) * gate_row, x, K);
-                const float u = dot_row(up.format, up.data + size_t(row + up_offset) * up_row, x, K);
-                act[size_t(i)] = apply_activation(stage.params.activation, g) * u;
+                const int64_t bias_at = int64_t(routing.id(int(k))) * ff + r;
+                const float g = dot_row(gate.format, gate.data + size_t(row) * gate_row, x, K) +
+                                (gate_bias ? gate_bias[bias_at] : 0.0f);
+                const float u = dot_row(up.format, up.data + size_t(row + up_offset) * up_row, x, K) +
+                                (up_bias ? up_bias[bias_at] : 0.0f);
+                act[size_t(i)] = gated_activation(p.activation, g, u, p.swiglu_alpha, p.swiglu_limit);
             }
         });
         float* y = call.out + t * N;
@@ -105,7 +120,8 @@ void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
                 for (int k = 0; k < n_used; ++k) {
                     const int64_t row = int64_t(routing.id(k)) * N + o;
                     sum += routing.weight(k) *
-                           dot_row(down.format, down.data + size_t(row) * down_row, act.data() + size_t(k) * ff, ff);
+                           (dot_row(down.format, down.data + size_t(row) * down_row, act.data() + size_t(k) * ff, ff) +
+                            (down_bias ? down_bias[row] : 0.0f));
                 }
                 y[o] = sum;
             }
@@ -141,8 +157,8 @@ void add_cpu_moe_rows(std::vector<Row>& rows) {
     route.kernel = "cpu.moe_route";
     route.op = Op::MoeRoute;
     route.backend = Backend::CPU;
-    route.operand_formats = {formats, {Format::F32}};
-    route.features = kExpertSoftmax | kExpertWeightsNorm | kExpertLogitScale | kPerExpertScale;
+    route.operand_formats = {formats, {Format::F32}, {Format::F32}};
+    route.features = kExpertSoftmax | kExpertWeightsNorm | kExpertLogitScale | kPerExpertScale | kBias;
     route.dims.k_multiple_of = &block_multiple;
     route.launches = {"moe_route"};
     route.fn = moe_route_kernel;
@@ -151,8 +167,8 @@ void add_cpu_moe_rows(std::vector<Row>& rows) {
     experts.kernel = "cpu.moe_experts";
     experts.op = Op::MoeExperts;
     experts.backend = Backend::CPU;
-    experts.operand_formats = {formats, formats, formats};
-    experts.features = kSilu | kGeluTanh | kGeluErf | kRelu | kGated | kExpertGateUpMerged;
+    experts.operand_formats = {formats, formats, formats, {Format::F32}, {Format::F32}, {Format::F32}};
+    experts.features = kSilu | kGeluTanh | kGeluErf | kRelu | kSwigluOai | kGated | kExpertGateUpMerged | kBias;
     experts.dims.k_multiple_of = &block_multiple;  // K (gate, up) and the FFN width (down)
     experts.launches = {"moe_experts"};
     experts.fn = moe_experts_kernel;

@@ -86,6 +86,8 @@ const std::vector<Encoding>& encodings();              // every encoding, for op
     X(GeluTanh, gelu_tanh)                                                                         \
     X(GeluErf, gelu_erf)                                                                           \
     X(Relu, relu)                                                                                  \
+    /* gpt-oss's clamped SwiGLU (Activation::SwigluOai) */                                         \
+    X(SwigluOai, swiglu_oai)                                                                       \
     X(Gated, gated)                                                                                \
     X(EmbedScale, embed_scale)                                                                     \
     X(PositionEmbedding, position_embedding)                                                       \

@@ -48,19 +48,20 @@ std::string describe_formats(const Stage& stage) {
         static const char* add_norm_roles[] = {"post_weight", "post_bias", "weight", "bias"};
         static const char* gate_up_roles[] = {"W_gate", "W_up"};
         static const char* qkv_roles[] = {"W_q", "W_k", "W_v"};
-        static const char* qk_norm_rope_roles[] = {"q_norm", "k_norm", "freq_factors"};
-        static const char* experts_roles[] = {"W_gate_exps", "W_up_exps", "W_down_exps"};
+        static const char* qk_norm_rope_roles[] = {"q_norm", "k_norm", "freq_factors", "sinks"};
+        static const char* experts_roles[] = {"W_gate_exps", "W_up_exps", "W_down_exps", "gate_bias", "up_bias",
+                                              "down_bias"};
         const char* role = stage.op == Op::Norm      ? norm_roles[std::min<size_t>(i, 1)]
                            : stage.op == Op::AddNorm ? add_norm_roles[std::min<size_t>(i, 3)]
                            : stage.op == Op::GateUp  ? gate_up_roles[std::min<size_t>(i, 1)]
                            : stage.op == Op::Qkv     ? qkv_roles[std::min<size_t>(i, 2)]
                            : stage.op == Op::QkNormRope || stage.op == Op::Attention
-                               ? qk_norm_rope_roles[std::min<size_t>(i, 2)]
+                               ? qk_norm_rope_roles[std::min<size_t>(i, 3)]
                            : stage.op == Op::Rope ? "freq_factors"
-                           : stage.op == Op::MoeRoute ? (i == 0 ? "W_router" : "expert_scale")
+                           : stage.op == Op::MoeRoute ? (i == 0 ? "W_router" : i == 1 ? "expert_scale" : "bias")
                            : stage.op == Op::MoeExperts && (stage.features & kExpertGateUpMerged) && i < 2
                                ? "W_gate_up_exps"
-                           : stage.op == Op::MoeExperts ? experts_roles[std::min<size_t>(i, 2)]
+                           : stage.op == Op::MoeExperts ? experts_roles[std::min<size_t>(i, 5)]
                            : stage.op == Op::MoeSharedGate ? "W_gate"
                            : stage.op == Op::PerLayerEmbed ? (i == 0 ? "table" : i == 1 ? "proj" : "norm")
                                                   : matmul_roles[std::min<size_t>(i, 1)];
@@ -288,6 +289,15 @@ private:
         attn.features = (layer.sliding_window > 0 ? FeatureMask(kSlidingWindow) : 0u) | (layer.attn_softcap > 0 ? FeatureMask(kAttnSoftcap) : 0u) |
                         (layer.n_head != layer.n_head_kv ? FeatureMask(kGqa) : 0u) |
                         (shared_kv ? FeatureMask(kKvShared) : 0u);
+        if (const TensorRef* sinks = tensor(layer.attn_sinks)) {
+            // Operand 3 (after a fused rope's q_norm, k_norm and freq_factors): a logit per head.
+            check_vector(sinks, layer.n_head);
+            if (sinks->format != Format::F32)
+                throw ModelError("layer " + std::to_string(il) + ": tensor '" + sinks->name + "' must be F32, it is " +
+                                 format_name(sinks->format));
+            attn.operands = {nullptr, nullptr, nullptr, sinks};
+            attn.features |= kSinks;
+        }
 
         add_matmul(il, "attn_output", layer.wo, layer.bo, Buffer::Attn, Buffer::Proj, attn_width, d);
         if (!layer.post_attn_norm.empty())
@@ -394,8 +404,27 @@ private:
         if (expert_scale && expert_scale->format != Format::F32)
             throw ModelError(where + "tensor '" + expert_scale->name + "' must be F32, it is " +
                              format_name(expert_scale->format));
+        // Biases (gpt-oss): the router's [n_expert]; the experts' gate and up [ff, n_expert], down
+        // [n_embd, n_expert]; F32, all three experts' or none.
+        const TensorRef* router_bias = tensor(layer.ffn_gate_inp_bias);
+        check_vector(router_bias, layer.n_expert);
+        const TensorRef* gate_bias = tensor(layer.ffn_gate_exps_bias);
+        const TensorRef* up_bias = tensor(layer.ffn_up_exps_bias);
+        const TensorRef* down_bias = tensor(layer.ffn_down_exps_bias);
+        if (bool(gate_bias) != bool(up_bias) || bool(gate_bias) != bool(down_bias) || (gate_bias && merged))
+            throw ModelError(where + "expert biases must be given for gate, up and down together (and not with a "
+                                     "merged gate_up)");
+        for (const auto& [bias, width] : {std::pair{gate_bias, ff}, std::pair{up_bias, ff}, std::pair{down_bias, d}}) {
+            if (!bias) continue;
+            if (bias->n_rows() * bias->row_length() != width * layer.n_expert || bias->row_length() != width)
+                throw ModelError(where + "tensor '" + bias->name + "' has shape " + shape_text(*bias) + ", expected [" +
+                                 std::to_string(width) + ", " + std::to_string(layer.n_expert) + "]");
+        }
+        for (const TensorRef* bias : {router_bias, gate_bias, up_bias, down_bias})
+            if (bias && bias->format != Format::F32)
+                throw ModelError(where + "tensor '" + bias->name + "' must be F32, it is " + format_name(bias->format));
         Stage& route = add(il, "ffn_router", Op::MoeRoute);
-        route.operands = {&router, expert_scale};
+        route.operands = {&router, expert_scale, router_bias};
         route.input = Buffer::Normed;
         route.output = Buffer::Routing;
         route.k = d;
@@ -406,12 +435,13 @@ private:
         route.params.expert_logit_scale = layer.expert_logit_scale;
         route.features = kExpertSoftmax | (layer.expert_weights_norm ? FeatureMask(kExpertWeightsNorm) : 0u) |
                          (layer.expert_logit_scale != 1.0f ? FeatureMask(kExpertLogitScale) : 0u) |
-                         (expert_scale ? FeatureMask(kPerExpertScale) : 0u);
+                         (expert_scale ? FeatureMask(kPerExpertScale) : 0u) | (router_bias ? FeatureMask(kBias) : 0u);
         if (own_norm || layer.expert_dense_branch)
             add_norm(il, layer.expert_dense_branch ? "pre_ffw_norm_2" : "ffn_norm_experts", layer.expert_dense_branch ? layer.ffn_pre_norm_2 : layer.ffn_norm, "",
                      Buffer::Residual, Buffer::Normed, d, 1, spec_.norm_kind);
         Stage& experts = add(il, "ffn_moe", Op::MoeExperts);
         experts.operands = {&gate, &up, &down};
+        if (gate_bias) experts.operands.insert(experts.operands.end(), {gate_bias, up_bias, down_bias});
         experts.input = Buffer::Normed;
         experts.input2 = Buffer::Routing;
         experts.output = out;
@@ -420,7 +450,10 @@ private:
         experts.n = d;
         experts.params = route.params;
         experts.params.activation = layer.activation;
-        experts.features = activation_feature(layer.activation) | kGated | (merged ? FeatureMask(kExpertGateUpMerged) : 0u);
+        experts.params.swiglu_alpha = layer.swiglu_alpha;
+        experts.params.swiglu_limit = layer.swiglu_limit;
+        experts.features = activation_feature(layer.activation) | kGated | (merged ? FeatureMask(kExpertGateUpMerged) : 0u) |
+                           (gate_bias ? FeatureMask(kBias) : 0u);
         if (layer.ffn_up_shexp.empty()) return;
         if (out != Buffer::Proj) throw ModelError(where + "a shared expert beside a dense FFN branch is not supported");
         // The shared expert: a dense gated FFN of its own width, into Proj2, then added.
@@ -524,6 +557,7 @@ private:
             case Activation::GeluTanh: return kGeluTanh;
             case Activation::GeluErf: return kGeluErf;
             case Activation::ReLU: return kRelu;
+            case Activation::SwigluOai: return kSwigluOai;
         }
         return 0;
     }
@@ -830,6 +864,7 @@ size_t fuse_rope_attention(const std::vector<Stage>& stages, size_t i, const Pla
     const TensorRef* factors = qk_norm ? (rope.operands.size() > 2 ? rope.operands[2] : nullptr)
                                        : (rope.operands.empty() ? nullptr : rope.operands[0]);
     fused.operands = {qk_norm ? rope.operands[0] : nullptr, qk_norm ? rope.operands[1] : nullptr, factors};
+    if (attn.operands.size() > 3) fused.operands.push_back(attn.operands[3]);  // sinks
     fused.params.rope_dim = rope.params.rope_dim;
     fused.params.rope_base = rope.params.rope_base;
     fused.params.rope_freq_scale = rope.params.rope_freq_scale;

@@ -25,14 +25,16 @@ std::vector<double> rope_inv_freqs(const StageParams& p, const float* factors) {
     }
     const RopeYarn& y = p.rope_yarn;
     if (y.factor > 0.0f) {
-        // transformers' find_correction_range (truncated) and linear_ramp_factor over the pairs.
+        // transformers' find_correction_range (truncated unless truncate is false) and
+        // linear_ramp_factor over the pairs.
         const double pi = 3.14159265358979323846;
         const auto correction_dim = [&](double rotations) {
             return double(p.rope_dim) * std::log(double(y.original_context) / (rotations * 2.0 * pi)) /
                    (2.0 * std::log(double(p.rope_base)));
         };
-        const double low = std::max(std::floor(correction_dim(y.beta_fast)), 0.0);
-        double high = std::min(std::ceil(correction_dim(y.beta_slow)), double(p.rope_dim - 1));
+        const double fast = correction_dim(y.beta_fast), slow = correction_dim(y.beta_slow);
+        const double low = std::max(y.truncate ? std::floor(fast) : fast, 0.0);
+        double high = std::min(y.truncate ? std::ceil(slow) : slow, double(p.rope_dim - 1));
         if (low == high) high += 0.001;  // as transformers: no division by zero
         for (int i = 0; i < half; ++i) {
             const double ramp = std::min(std::max((double(i) - low) / (high - low), 0.0), 1.0);
@@ -70,7 +72,7 @@ RopeTableKey rope_table_key(const Stage& stage) {
     return {p.rope_base,           p.rope_freq_scale,        p.rope_dim,
             factors ? static_cast<const void*>(factors->data) : nullptr,
             p.rope_yarn.factor,    p.rope_yarn.original_context, p.rope_yarn.beta_fast,
-            p.rope_yarn.beta_slow, p.rope_yarn.attn_factor};
+            p.rope_yarn.beta_slow, p.rope_yarn.attn_factor, p.rope_yarn.truncate};
 }
 
 }  // namespace kcap

@@ -27,7 +27,7 @@ double rope_attn_factor(const StageParams& p);
 // [n_ctx][rope_dim / 2] pairs (cos, sin) of the angles (pos * rope_freq_scale) * inv_freq_i.
 std::vector<float> rope_cos_sin_table(const Stage& rope_stage, int64_t n_ctx);
 // Stages with equal keys have equal tables (a backend uploads each table once).
-using RopeTableKey = std::tuple<float, float, int, const void*, float, int, float, float, float>;
+using RopeTableKey = std::tuple<float, float, int, const void*, float, int, float, float, float, bool>;
 RopeTableKey rope_table_key(const Stage& stage);
 
 }  // namespace kcap

@@ -45,6 +45,8 @@ struct StageParams {
     int n_expert_used = 0;
     float expert_weights_scale = 1.0f;
     float expert_logit_scale = 1.0f;  // the router's logits times this before the softmax
+    float swiglu_alpha = 1.702f;      // activation swiglu_oai
+    float swiglu_limit = 7.0f;
 };
 
 struct Stage {

@@ -68,8 +68,12 @@ Stage legal_stage(const Row& row, Operands& operands) {
     stage.layer = 0;
     stage.name = "table";
     stage.op = row.op;
+    // An empty slot takes no operand (the CPU attention's sinks are operand 3, after the slots of
+    // a fused rope's operands that it has none of).
     for (size_t i = 0; i < row.operand_formats.size(); ++i)
-        stage.operands.push_back(operands.add(row.operand_formats[i].at(0), "operand" + std::to_string(i)));
+        stage.operands.push_back(row.operand_formats[i].empty()
+                                     ? nullptr
+                                     : operands.add(row.operand_formats[i].at(0), "operand" + std::to_string(i)));
     stage.input_encoding = row.input_encoding;
     stage.features = row.requires_all;
     // One of the features the row requires one of: the lowest (a normal rope for the

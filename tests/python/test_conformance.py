@@ -65,9 +65,15 @@ FAMILIES = {
                               "pre_ffw_norm_2": "rms_norm", "ffn_moe": "gelu_tanh,gated,expert_gate_up_merged",
                               "post_ffw_norm_1": "rms_norm", "post_ffw_norm_2": "rms_norm", "ffn_branch_add": "",
                               "per_layer_embd": "per_layer_embedding"}),
+    # gpt-oss: sinks in the attention, YaRN with fractional bounds (no feature bit, as qwen3-yarn),
+    # the router's bias, the experts' biases and clamped SwiGLU.
+    "gpt-oss": ("gpt-oss", {"attention": "sliding_window,sinks", "attn_q": "bias", "attn_output": "bias",
+                            "ffn_router": "bias,expert_softmax,expert_weights_norm",
+                            "ffn_moe": "bias,swiglu_oai,gated"}),
 }
 # Fixtures whose transformers model slides some layers' attention (the prompt is longer than the window).
-SLIDING_WINDOW_FIXTURES = ("gemma2", "gemma3", "gemma4", "gemma4-kvshare", "gemma4-moe", "qwen2-swa", "qwen3-swa", "starcoder2-swa")
+SLIDING_WINDOW_FIXTURES = ("gemma2", "gemma3", "gemma4", "gemma4-kvshare", "gemma4-moe", "qwen2-swa", "qwen3-swa", "starcoder2-swa",
+                           "gpt-oss")
 
 
 def golden(name):

@@ -91,3 +91,21 @@ def test_family_without_yarn_refuses_it(tmp_path):
         "gemma3.rope.scaling.type": "yarn", "gemma3.rope.scaling.factor": 4.0})
     with pytest.raises((ModelError, UnimplementedMetadataError), match="yarn|rope scaling"):
         kcap.load(path)
+
+
+def test_gpt_oss_yarn_keeps_fractional_bounds():
+    # gpt-oss's YaRN (transformers' truncate = False): the blend's bounds are not floored and
+    # ceiled. The table matches transformers' frequencies for the gpt-oss fixture, and differs
+    # from the truncated blend (which the qwen3 fixture uses).
+    g = golden("gpt-oss")
+    inv_freq, attention_factor = g["rope_inv_freq"].astype(np.float64), float(g["rope_attention_factor"])
+    yarn = build_spec(GGUFFile(str(FIXTURES / "gpt-oss-f32.gguf"))).layers[0].rope_yarn
+    assert not yarn.truncate and yarn.factor == 32.0 and yarn.original_context == 64
+    n_ctx = 64
+    table = np.asarray(kcap._core.rope_table(rope_dim=16, rope_base=150000.0, yarn=yarn, n_ctx=n_ctx))
+    angles = np.arange(n_ctx, dtype=np.float64)[:, None] * inv_freq[None, :]
+    want = np.stack([np.cos(angles), np.sin(angles)], axis=-1) * attention_factor
+    assert np.abs(table.reshape(want.shape) - want).max() < 2e-5
+    yarn.truncate = True
+    truncated = np.asarray(kcap._core.rope_table(rope_dim=16, rope_base=150000.0, yarn=yarn, n_ctx=n_ctx))
+    assert np.abs(truncated - table).max() > 1e-3

@@ -39,7 +39,10 @@ struct TensorRef {
 // How a mixture-of-experts router turns its logits into the chosen experts' weights.
 // Softmax: a softmax over every expert's logit, then the top n_expert_used (Mixtral, Qwen2/3-MoE).
 #define KCAP_EXPERT_GATINGS(X) X(Softmax, "softmax")
-#define KCAP_ACTIVATIONS(X) X(SiLU, "silu") X(GeluTanh, "gelu_tanh") X(GeluErf, "gelu_erf") X(ReLU, "relu")
+// SwigluOai: gpt-oss's clamped SwiGLU of a gated FFN, (clamp(up, -L, L) + 1) * g * sigmoid(a * g)
+// with g = min(gate, L) (L: swiglu_limit, a: swiglu_alpha); gated FFNs only.
+#define KCAP_ACTIVATIONS(X) \
+    X(SiLU, "silu") X(GeluTanh, "gelu_tanh") X(GeluErf, "gelu_erf") X(ReLU, "relu") X(SwigluOai, "swiglu_oai")
 // Normal: rotate adjacent pairs (x[2i], x[2i+1]), as GGUF stores Llama's permuted Q/K.
 // NeoX: rotate halves (x[i], x[i + rope_dim/2]), as Gemma, Qwen and GPT-NeoX do.
 #define KCAP_ROPE_STYLES(X) X(None, "none") X(Normal, "normal") X(NeoX, "neox")
@@ -65,6 +68,8 @@ const char* expert_gating_name(ExpertGating gating);
     X(q_norm) X(k_norm) X(wo) X(bo)                                                                \
     /* norm of the attention output before the residual add */                                     \
     X(post_attn_norm) X(ffn_norm) X(ffn_norm_bias)                                                 \
+    /* attention sinks: a learned logit per query head in the softmax's denominator [n_head] */    \
+    X(attn_sinks)                                                                                  \
     X(ffn_gate) X(ffn_up) X(ffn_down) X(ffn_up_bias) X(ffn_down_bias)                              \
     /* norm of the FFN output before the residual add */                                           \
     X(post_ffn_norm)                                                                               \
@@ -75,6 +80,9 @@ const char* expert_gating_name(ExpertGating gating);
        ([n_embd, n_ff_exp, n_expert] gate and up, [n_ff_exp, n_embd, n_expert] down), a shared      \
        expert and its sigmoid gate [n_embd] */                                                     \
     X(ffn_gate_inp) X(ffn_gate_exps) X(ffn_up_exps) X(ffn_down_exps)                               \
+    /* biases of the router [n_expert] and of the experts ([n_ff_exp, n_expert] gate and up,        \
+       [n_embd, n_expert] down) (gpt-oss) */                                                       \
+    X(ffn_gate_inp_bias) X(ffn_gate_exps_bias) X(ffn_up_exps_bias) X(ffn_down_exps_bias)           \
     X(ffn_gate_shexp) X(ffn_up_shexp) X(ffn_down_shexp) X(ffn_gate_inp_shexp)                      \
     /* Gemma 4 experts: gate and up in one tensor [n_embd, 2 * n_ff_exp, n_expert] (each           \
        expert's gate rows, then its up rows), the router's input norm weight [n_embd], a scale     \
@@ -90,7 +98,7 @@ const char* expert_gating_name(ExpertGating gating);
 // YaRN rope scaling, as transformers computes it (_compute_yarn_parameters): pair i of the
 // rotary dims keeps its frequency below the correction dim of beta_fast rotations in
 // original_context positions, takes it divided by factor above that of beta_slow, and blends the
-// two linearly between (the bounds floored and ceiled); cos and sin are multiplied by
+// two linearly between (the bounds floored and ceiled unless truncate is false); cos and sin are multiplied by
 // attn_factor (transformers: 0.1 ln(factor) + 1 unless the model gives its own).
 #define KCAP_ROPE_YARN_FIELDS(X)                                                                   \
     /* 0: no YaRN */                                                                               \
@@ -98,7 +106,10 @@ const char* expert_gating_name(ExpertGating gating);
     X(int, original_context, 0)                                                                    \
     X(float, beta_fast, 32.0f)                                                                     \
     X(float, beta_slow, 1.0f)                                                                      \
-    X(float, attn_factor, 1.0f)
+    X(float, attn_factor, 1.0f)                                                                    \
+    /* the blend's bounds floored and ceiled (transformers' default); false keeps them fractional \
+       (gpt-oss) */                                                                                \
+    X(bool, truncate, true)
 
 // A scalar field: its type, name and default.
 #define KCAP_DECLARE_FIELD(TYPE, NAME, DEFAULT) TYPE NAME = DEFAULT;
@@ -131,6 +142,9 @@ struct RopeYarn {
     /* softcap * tanh(score / softcap) when > 0 */                                                 \
     X(float, attn_softcap, 0.0f)                                                                   \
     X(Activation, activation, Activation::SiLU)                                                    \
+    /* the clamped SwiGLU's parameters (activation swiglu_oai) */                                  \
+    X(float, swiglu_alpha, 1.702f)                                                                 \
+    X(float, swiglu_limit, 7.0f)                                                                   \
     /* act(gate(x)) * up(x) when true, act(up(x)) otherwise */                                     \
     X(bool, gated_ffn, true)                                                                       \
     /* parameter-free RMS norm of each V head (Gemma 4) */                                         \

@@ -219,12 +219,14 @@ def standard_layer(gguf: GGUFFile, il: int, geometry, *, rope_style, rope_dim: i
                    activation, freq_scale: float = 1.0, yarn: _core.RopeYarn | None = None,
                    gated_ffn: bool = True, biases: bool = False,
                    norm_biases: bool = False, qk_norm: bool = False, post_norms: bool = False,
-                   rope_freqs: str = "", own_kv: bool = True, dense_ffn: bool = True) -> _core.LayerSpec:
+                   rope_freqs: str = "", own_kv: bool = True, dense_ffn: bool = True,
+                   ffn_norm: str = "ffn_norm") -> _core.LayerSpec:
     """A pre-norm decoder block named as llama.cpp's converter names it (attn_norm, attn_q/k/v,
     attn_output, ffn_norm, ffn_gate/up/down), with the optional parts a family declares:
     biases (read when present), norm biases, QK-norm, Gemma-style post-norms. A layer without
     own_kv (it reads another layer's KV cache) has no K/V projections or K norm. Without
-    dense_ffn the block has no dense FFN matrices (moe_ffn fills its experts instead)."""
+    dense_ffn the block has no dense FFN matrices (moe_ffn fills its experts instead). ffn_norm:
+    the FFN's input norm's name (gpt-oss: post_attention_norm)."""
     layer = _core.LayerSpec()
     layer.n_head, layer.n_head_kv, layer.head_dim, layer.head_dim_v = geometry
     t = lambda name, required=True: block_tensor(gguf, il, name, required)  # noqa: E731
@@ -241,8 +243,8 @@ def standard_layer(gguf: GGUFFile, il: int, geometry, *, rope_style, rope_dim: i
     if post_norms:
         layer.post_attn_norm = t("post_attention_norm.weight")
         layer.post_ffn_norm = t("post_ffw_norm.weight")
-    layer.ffn_norm = t("ffn_norm.weight")
-    layer.ffn_norm_bias = t("ffn_norm.bias", norm_biases)
+    layer.ffn_norm = t(f"{ffn_norm}.weight")
+    layer.ffn_norm_bias = t(f"{ffn_norm}.bias", norm_biases)
     if dense_ffn:
         layer.ffn_gate = t("ffn_gate.weight") if gated_ffn else ""
         layer.ffn_up, layer.ffn_down = t("ffn_up.weight"), t("ffn_down.weight")
