@@ -638,6 +638,26 @@ FAMILIES: dict[str, dict] = {
                "The tokenizer is the tiny GPT-2-style BPE of the other fixtures (pre gpt-2); real gpt-oss "
                "files use the o200k vocabulary with pre gpt-4o, which kcap's tokenizer implements.",
                "Router weights scaled as in mixtral (ROUTER_SCALE)."]),
+    "gpt-oss-mxfp4": dict(
+        mxfp4_experts=True,
+        cls="GptOssForCausalLM", config_cls="GptOssConfig", tokenizer="bpe", pre="gpt-2",
+        specials=["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|start|>", "<|end|>", "<|message|>"],
+        special_roles={"bos": "<|startoftext|>", "eos": "<|return|>"},
+        config=dict(hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
+                    tie_word_embeddings=False, attention_bias=True, sliding_window=8, num_local_experts=6,
+                    num_experts_per_tok=2, swiglu_limit=7.0,
+                    rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                                     "beta_fast": 32.0, "beta_slow": 1.0, "original_max_position_embeddings": 64,
+                                     "truncate": False}),
+        notes=["gpt-oss as the gpt-oss fixture, with the experts' weights in MXFP4 as OpenAI ships them: "
+               "the script rounds each expert matrix to MXFP4 (32-value blocks, an E8M0 scale "
+               "2^(floor(log2 amax) - 2), E2M1 codes rounded to nearest) in the model itself, so the "
+               "transformers reference runs exactly those values, and writes the checkpoint's experts as "
+               "*_blocks / *_scales (the low nibble holds the even element) with quantization_config "
+               "{quant_method: mxfp4}; the converter repacks them into GGML MXFP4 tensors "
+               "(GptOssModel.repack_mxfp4) and writes the other tensors in the outtype.",
+               "Router weights scaled as in mixtral (ROUTER_SCALE)."]),
 }
 
 # Mixture-of-experts routers: weights ~ N(0, (ROUTER_SCALE/sqrt(hidden))^2), larger than the other
@@ -693,6 +713,8 @@ def build_model(name: str, spec: dict, roles: dict[str, int], perturb: bool = Tr
     model = getattr(transformers, spec["cls"])(config).eval()
     if perturb:
         reinit(model, family_seed(name) + 1 if perturb_seed is None else perturb_seed)
+    if spec.get("mxfp4_experts"):
+        mxfp4_round_experts(model)
     return model
 
 
@@ -930,6 +952,86 @@ def hf_tensor_from_gguf(arch: str, hf_name: str, t, config):
     return t
 
 
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def mxfp4_encode(w):
+    """MXFP4 of the rows of w [..., n] (n a multiple of 32): (codes [..., n / 32, 16] uint8, the
+    low nibble the even element; scales [..., n / 32] uint8, E8M0 = exponent + 127), each 32-value
+    block scaled by 2^(floor(log2 amax) - 2) and rounded to the nearest E2M1 value (ties to the
+    lower code)."""
+    import numpy as np
+
+    w = np.asarray(w, dtype=np.float64)
+    blocks = w.reshape(*w.shape[:-1], w.shape[-1] // 32, 32)
+    amax = np.abs(blocks).max(axis=-1)
+    exponent = np.where(amax > 0, np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - 2, 0).astype(np.int64)
+    scaled = blocks / np.ldexp(1.0, exponent)[..., None]
+    table = np.array(E2M1_VALUES)
+    codes = np.abs(scaled[..., None] - table).argmin(axis=-1).astype(np.uint8)
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    return packed, (exponent + 127).astype(np.uint8)
+
+
+def mxfp4_decode(packed, scales):
+    import numpy as np
+
+    table = np.array(E2M1_VALUES)
+    codes = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(*packed.shape[:-1], 32)
+    values = table[codes] * np.ldexp(1.0, scales.astype(np.int64) - 127)[..., None]
+    return values.reshape(*values.shape[:-2], -1).astype(np.float32)
+
+
+def mxfp4_round_experts(model) -> None:
+    """Rounds gpt-oss's expert matrices to their MXFP4 values in place (the rows that MXFP4 packs
+    are the output features: gate_up_proj [E, in, 2 ff] packs along in per output column)."""
+    import numpy as np
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+                rows = np.swapaxes(p.detach().numpy(), -1, -2)  # [E, out, in]
+                values = mxfp4_decode(*mxfp4_encode(rows))
+                p.copy_(torch.from_numpy(np.ascontiguousarray(np.swapaxes(values, -1, -2))))
+
+
+def mxfp4_checkpoint(hf_dir: Path) -> None:
+    """Rewrites a saved gpt-oss checkpoint's experts as MXFP4 blocks and scales, as OpenAI's."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    path = hf_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    for name in [n for n in tensors if n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]:
+        rows = np.swapaxes(tensors.pop(name), -1, -2)
+        blocks, scales = mxfp4_encode(rows)
+        assert np.array_equal(mxfp4_decode(blocks, scales), rows), f"{name} is not MXFP4-exact"
+        # contiguous: safetensors writes an array's buffer as it lies in memory
+        tensors[name + "_blocks"], tensors[name + "_scales"] = np.ascontiguousarray(blocks), np.ascontiguousarray(scales)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    config = json.loads((hf_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (hf_dir / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def mxfp4_dequantized(hf: dict) -> dict:
+    """A checkpoint's *_blocks / *_scales experts as the float tensors transformers' model holds."""
+    import numpy as np
+
+    out = {}
+    for name, t in hf.items():
+        if name.endswith("_scales"):
+            continue
+        if name.endswith("_blocks"):
+            stem = name[:-len("_blocks")]
+            out[stem] = np.swapaxes(mxfp4_decode(t, hf[stem + "_scales"]), -1, -2)
+        else:
+            out[name] = t
+    return out
+
+
 def gpt_oss_split(hf: dict) -> dict:
     """gpt-oss checkpoint tensors as the converter writes them (GptOssModel.modify_tensors), under
     the names its TensorNameMap maps: gate_up_proj [E, in, 2 ff] (gate and up interleaved by
@@ -1102,7 +1204,7 @@ def tensor_fidelity(llama_dir: Path, hf_dir: Path, gguf_paths: dict[str, Path], 
 
     hf = load_file(str(hf_dir / "model.safetensors"))
     if arch == "gpt-oss":
-        hf = gpt_oss_split(hf)
+        hf = gpt_oss_split(mxfp4_dequantized(hf))
     hf_shapes = {k: list(v.shape) for k, v in hf.items()}
     hf, merged = merge_experts(hf)
     mapping = hf_to_gguf_names(llama_dir, arch, config.num_hidden_layers, sorted(hf))
@@ -1283,6 +1385,8 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
     else:
         raise RuntimeError(f"no weights with routing margins >= {MIN_ROUTING_MARGIN} in {MAX_ROUTING_ATTEMPTS} seeds")
     model.save_pretrained(hf_dir)
+    if spec.get("mxfp4_experts"):
+        mxfp4_checkpoint(hf_dir)
     if name == "gpt2":  # keep n_ctx in config.json whatever transformers does with it
         cj = json.loads((hf_dir / "config.json").read_text())
         cj["n_ctx"] = spec["config"]["n_ctx"]

@@ -70,10 +70,12 @@ FAMILIES = {
     "gpt-oss": ("gpt-oss", {"attention": "sliding_window,sinks", "attn_q": "bias", "attn_output": "bias",
                             "ffn_router": "bias,expert_softmax,expert_weights_norm",
                             "ffn_moe": "bias,swiglu_oai,gated"}),
+    # The same with its experts in MXFP4, as OpenAI ships them and the converter repacks them.
+    "gpt-oss-mxfp4": ("gpt-oss", {"attention": "sliding_window,sinks", "ffn_moe": "bias,swiglu_oai,gated"}),
 }
 # Fixtures whose transformers model slides some layers' attention (the prompt is longer than the window).
 SLIDING_WINDOW_FIXTURES = ("gemma2", "gemma3", "gemma4", "gemma4-kvshare", "gemma4-moe", "qwen2-swa", "qwen3-swa", "starcoder2-swa",
-                           "gpt-oss")
+                           "gpt-oss", "gpt-oss-mxfp4")
 
 
 def golden(name):

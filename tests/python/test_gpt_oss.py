@@ -74,3 +74,10 @@ def test_sinks_change_the_attention():
     spec.layers = layers
     without = _core.Engine(spec, backend="cpu").eval(ids, True)
     assert np.abs(with_sinks - without).max() > 0.1
+
+
+def test_mxfp4_experts_are_planned_as_mxfp4():
+    # The MXFP4 fixture's experts stay MXFP4 in the plan (decoded by the CPU row, not converted).
+    routes = kcap.load(FIXTURES / "gpt-oss-mxfp4-f32.gguf").explain()
+    moe = [r for r in routes if r["stage"] == "ffn_moe"]
+    assert moe and all("W_gate_exps=MXFP4 W_up_exps=MXFP4 W_down_exps=MXFP4" in r["formats"] for r in moe)
