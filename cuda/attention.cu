@@ -1,4 +1,5 @@
-// CUDA entry points of the attention rows: kernels/attention.h.
+// CUDA entry points of the attention rows: kernels/attention.h. The SIMT rows take attention
+// sinks (operand 3); the tensor-core prefill does not (its rows refuse a stage with sinks).
 //   cuda.attention_decode* (one token: decode, and every step of the decode graph): split-K
 //     decode, which also appends the token's K/V, then the combine when the stage has more than
 //     one split;
@@ -22,13 +23,13 @@ static_assert(cuda_rows::kAttnDecodeSimds == KCAP_ATTN_DECODE_SIMDS, "cuda_rows 
 __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32)
     decode_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new, const float* v_new,
                   kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out, cuda::Q8Rows q8,
-                  const float2* cos_sin, const float* q_norm, const float* k_norm) {
+                  const float2* cos_sin, const float* q_norm, const float* k_norm, const float* sinks) {
     __shared__ float merge[KCAP_ATTN_DECODE_SHARED_FLOATS];
     cuda::pdl_wait();
     cuda::pdl_trigger();
     const KcapThread t = kcap_cuda_thread();
     kcap_attention_decode(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge, cos_sin,
-                          q_norm, k_norm);
+                          q_norm, k_norm, sinks);
     // One split covered every key: this group wrote its query heads' outputs (contiguous), so
     // it also writes their q8_1 for the output projection.
     if (q8.codes && blockIdx.y == 0 && kcap_decode_splits(p, step[0]).active == 1) {
@@ -41,12 +42,13 @@ __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32)
 }
 
 __global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, const kcap_i32* step, const float* partial_o,
-                                                      const float* partial_ml, float* out, cuda::Q8Rows q8) {
+                                                      const float* partial_ml, float* out, cuda::Q8Rows q8,
+                                                      const float* sinks) {
     __shared__ float shared[KCAP_ATTN_COMBINE_SHARED_FLOATS];
     cuda::pdl_wait();
     cuda::pdl_trigger();
     const KcapThread t = kcap_cuda_thread();
-    const float v = kcap_attention_combine(t, p, step, partial_o, partial_ml, out, shared);
+    const float v = kcap_attention_combine(t, p, step, partial_o, partial_ml, out, shared, sinks);
     // The merged head's q8_1 for the output projection, from the registers: thread d holds dim d,
     // so a simd group holds one 32-value run (head_dim_v % 32 == 0; groups past it hold none).
     if (q8.codes && kcap_decode_splits(p, step[0]).active > 1 && int(t.simd) * 32 < p.head_dim_v) {
@@ -71,11 +73,11 @@ static_assert(kAttnPrefillRowsPerSimd == KCAP_ATTN_PREFILL_ROWS && kAttnPrefillM
 // Tiled prefill: grid x = row tiles of the KV head's query rows, y = n_head_kv.
 __global__ void __launch_bounds__(KCAP_ATTN_PREFILL_MAX_SIMDS * 32)
     prefill_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const kcap_u8* k_cache,
-                   const kcap_u8* v_cache, float* out) {
+                   const kcap_u8* v_cache, float* out, const float* sinks) {
     __shared__ __align__(16) float shared[KCAP_ATTN_PREFILL_SHARED_FLOATS];
     cuda::pdl_wait();
     cuda::pdl_trigger();
-    kcap_attention_prefill(kcap_cuda_thread(), p, step, q, k_cache, v_cache, out, shared);
+    kcap_attention_prefill(kcap_cuda_thread(), p, step, q, k_cache, v_cache, out, shared, sinks);
 }
 
 }  // namespace
@@ -120,6 +122,9 @@ template AttentionCall prefill_call<AttnRope::QkNormRope>(const Stage&, const Ke
 
 namespace {
 
+// The stage's attention sinks (operand 3, F32 [n_head]) on the device, or null.
+const float* sinks_of(const KernelCall& call) { return static_cast<const float*>(stage_data(call).operands[3]); }
+
 // cuda.attention_decode[_rope][_q8]: one token. With Q8 the token's output is also written as
 // q8_1 for the output projection (as cuda.add_norm_q8 does for qkv and gate_up): by the decode's
 // groups where one split covered every key, else by the combine (whole heads: head_dim_v % 32).
@@ -133,11 +138,11 @@ void run_attention_decode(const Stage& stage, const KernelCall& call) {
     launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * cuda_rows::attn_decode_simds(p.n_head_kv)), 0, p,
            ctx.step, call.in, call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out,
            q8, reinterpret_cast<const float2*>(data.rope_table), static_cast<const float*>(data.operands[0]),
-           static_cast<const float*>(data.operands[1]));
+           static_cast<const float*>(data.operands[1]), sinks_of(call));
     if (p.n_splits > 1)
         launch(ctx, combine_kernel, dim3(p.n_head), dim3(cuda_rows::attn_combine_threads(p.head_dim_v)), 0, p, ctx.step,
                static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml), call.out,
-               q8);
+               q8, sinks_of(call));
 }
 
 // cuda.attention_prefill[_rope|_qk_norm_rope][_q8]: a prefill chunk, tiled SIMT.
@@ -149,7 +154,7 @@ void run_attention_prefill(const Stage& stage, const KernelCall& call) {
     const int64_t query_rows = int64_t(p.n_tokens) * (p.n_head / p.n_head_kv);
     launch(ctx, prefill_kernel, dim3(ceil_div(query_rows, cuda_rows::attn_prefill_rows(p.head_dim)), p.n_head_kv),
            dim3(32 * cuda_rows::attn_prefill_simds(p.head_dim)), 0, p, ctx.step, call.in,
-           static_cast<const kcap_u8*>(a.k_cache), static_cast<const kcap_u8*>(a.v_cache), call.out);
+           static_cast<const kcap_u8*>(a.k_cache), static_cast<const kcap_u8*>(a.v_cache), call.out, sinks_of(call));
     if constexpr (Q8) quantize_into_scratch(ctx, call.n_tokens, p.n_head * p.head_dim_v, call.out);
 }
 

@@ -18,6 +18,7 @@
 // prints the totals per kernel and per stage name to stderr when the backend is destroyed;
 // prefill chunks are timed the same way into tables of their own.
 #include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -59,7 +60,8 @@ int shared_optin_bytes(int device) {
 
 namespace {
 
-// Device allocations owned by one backend, freed together.
+// Device allocations owned by one backend, freed together; bytes() is what they asked
+// cudaMalloc for (the allocator's rounding not included).
 class DeviceArena {
 public:
     ~DeviceArena() {
@@ -67,17 +69,21 @@ public:
     }
     void* alloc(size_t bytes) {
         void* p = nullptr;
-        KCAP_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 16));
+        const size_t asked = bytes ? bytes : 16;
+        KCAP_CUDA_CHECK(cudaMalloc(&p, asked));
         blocks_.push_back(p);
+        bytes_ += asked;
         return p;
     }
     template <class T>
     T* alloc_n(size_t n) {
         return static_cast<T*>(alloc(n * sizeof(T)));
     }
+    size_t bytes() const { return bytes_; }
 
 private:
     std::vector<void*> blocks_;
+    size_t bytes_ = 0;
 };
 
 // Pinned host memory for the small copies around a decode step.
@@ -169,6 +175,16 @@ public:
 
     bool samples_on_device() const override { return sample_row_ != nullptr; }
 
+    // Every cudaMalloc of this backend: the arena (weights, KV cache, activations, rope tables,
+    // attention / q8_1 / mixture-of-experts scratch, decode-step state), the every-position
+    // logits of an all_logits call (grown to the largest chunk, kept), the GEMM's scratch and
+    // cuBLAS workspace. Not counted, because kcap does not allocate them itself: the CUDA
+    // context, the module code loaded on first launch, graph instantiation, cuBLAS's handle.
+    int64_t device_bytes() const override {
+        const size_t logits = size_t(all_logits_rows_) * size_t(n_vocab_) * sizeof(float);
+        return int64_t(arena_.bytes() + logits + gemm_device_bytes(gemm_.get()));
+    }
+
     void decode_sample(int32_t token, int64_t n, int64_t pos0, const SampleSettings& settings, int32_t* out) override {
         if (!sample_row_) return Backend_::decode_sample(token, n, pos0, settings, out);
         KcapSampleSettings wanted{};
@@ -256,7 +272,7 @@ private:
         for (size_t i = 0; i < plan_.stages.size(); ++i) {
             const Stage& stage = plan_.stages[i].stage;
             StageData& data = stage_data_[i];
-            for (size_t j = 0; j < stage.operands.size() && j < 4; ++j)
+            for (size_t j = 0; j < stage.operands.size() && j < std::size(data.operands); ++j)
                 if (stage.operands[j]) data.operands[j] = device_weights_.at(stage.operands[j]->data);
             if (stage.op == Op::Rope || stage.op == Op::QkNormRope || stage_owns_rope(stage)) {
                 const RopeTableKey key = rope_table_key(stage);

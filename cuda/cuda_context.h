@@ -37,6 +37,8 @@ struct Gemm;
 // and KCAP_CUBLAS_LIBRARY to point at it).
 Gemm* gemm_create(cudaStream_t stream, size_t weight_values, size_t input_values, const std::string& library);
 void gemm_destroy(Gemm* gemm);
+// Device bytes a Gemm allocated (workspace and both scratches); 0 for null.
+size_t gemm_device_bytes(const Gemm* gemm);
 
 // One layer's KV cache in device memory: [n_ctx][k_width] and [n_ctx][v_width] elements.
 struct KvCache {
@@ -117,7 +119,7 @@ inline Q8Rows q8_rows_at(const Context& ctx, int rows, int k, int first) {
 
 // Bound to one stage when the backend is built.
 struct StageData {
-    const void* operands[4] = {nullptr, nullptr, nullptr, nullptr};  // device copies of the stage's operands
+    const void* operands[6] = {};  // device copies of the stage's operands (null where absent)
     const float* rope_table = nullptr;             // rope: [n_ctx][rope_dim / 2] (cos, sin)
     int attn_splits = 1;                           // attention: decode key-range splits
 };

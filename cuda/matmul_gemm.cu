@@ -209,6 +209,11 @@ Gemm* gemm_create(cudaStream_t stream, size_t weight_values, size_t input_values
     return g;
 }
 
+size_t gemm_device_bytes(const Gemm* g) {
+    if (!g) return 0;
+    return kCublasWorkspaceBytes + (std::max<size_t>(g->weight_values, 32) + std::max<size_t>(g->input_values, 32)) * 2;
+}
+
 void gemm_destroy(Gemm* g) {
     if (!g) return;
     if (g->handle) g->api->destroy(g->handle);

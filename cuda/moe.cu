@@ -35,11 +35,11 @@ using namespace cuda_rows;
 
 template <class F>
 __global__ void __launch_bounds__(kMoeLogitThreads)
-    logits_kernel(KcapMoeParams p, const kcap_u8* w, const float* x, float* logits) {
+    logits_kernel(KcapMoeParams p, const kcap_u8* w, const float* x, float* logits, const float* bias) {
     __shared__ float xs[KCAP_MOE_LOGIT_SHARED_FLOATS];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_logits<F>(kcap_cuda_thread(), p, w, x, logits, xs);
+    kcap_moe_logits<F>(kcap_cuda_thread(), p, w, x, logits, xs, bias);
 }
 
 __global__ void __launch_bounds__(kMoeRouteThreads)
@@ -54,23 +54,25 @@ __global__ void __launch_bounds__(kMoeRouteThreads)
 template <class F>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_gate_up_kernel(KcapMoeParams moe, KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* gate,
-                           const kcap_u8* up, const float* routing, const float* x, int activation, float* act) {
+                           const kcap_u8* up, const float* routing, const float* x, int activation, float* act,
+                           const float* gate_bias, const float* up_bias) {
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
     kcap_moe_gate_up<F, kMatvecRows>(kcap_cuda_thread(), moe, p, split, chunk_runs, gate, up, routing, x, activation,
-                                     act, shared);
+                                     act, shared, gate_bias, up_bias);
 }
 
 // The slot's down matvec into down[slot].
 template <class F>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_down_kernel(KcapMoeParams moe, KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* down,
-                        const float* routing, const float* act, float* out) {
+                        const float* routing, const float* act, float* out, const float* down_bias) {
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_down<F, kMatvecRows>(kcap_cuda_thread(), moe, p, split, chunk_runs, down, routing, act, out, shared);
+    kcap_moe_down<F, kMatvecRows>(kcap_cuda_thread(), moe, p, split, chunk_runs, down, routing, act, out, shared,
+                                  down_bias);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -122,11 +124,16 @@ __global__ void __launch_bounds__(kMoeSortThreads)
     }
 }
 
-// act(gate) * up over the grouped rows, in place in gate.
+// act(gate) * up over the grouped rows, in place in gate: the rows of the tiles the batch uses.
+// The grid covers every tile the host sized for (moe_grouped_tiles); a tile of -1 is one no gate
+// or up tile wrote and no down tile reads (both end at once on it), so its values are skipped
+// rather than read uninitialized (compute-sanitizer's initcheck found that read).
 __global__ void __launch_bounds__(kElementwiseThreads)
-    grouped_activation_kernel(KcapElementwiseParams p, float* gate, const float* up) {
+    grouped_activation_kernel(KcapElementwiseParams p, int ff, const int* tile_expert, float* gate, const float* up) {
     pdl_wait();
     pdl_trigger();
+    const kcap_u64 i = kcap_u64(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < kcap_u64(p.count) && tile_expert[i / (kcap_u64(ff) * kMmaTokens)] < 0) return;
     kcap_ffn_activation(kcap_cuda_thread(), p, gate, up, gate);
 }
 
@@ -140,11 +147,12 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 
 // The down matvec of every slot in the down matrix's format (fixed per stage).
 void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoeParams& moe, const kcap_u8* down,
-                         const float* routing, unsigned slots) {
+                         const float* routing, unsigned slots, const float* down_bias) {
     KcapMatmulParams p{};
     p.k = moe.ff;
     p.n = moe.n;
     p.m = 1;
+    p.has_bias = down_bias != nullptr;
     p.row_bytes = unsigned(row_bytes(stage.operands[2]->format, moe.ff));
     const int split = matvec_split(p.n, ctx.sm_count, kMatvecRows, p.k);
     const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
@@ -154,7 +162,7 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
 #define KCAP_MOE_DOWN_CASE(NAME, DECODER)                                                                      \
     case Format::NAME:                                                                                         \
         launch(ctx, experts_down_kernel<DECODER>, grid, dim3(kMatvecSimds * 32), shared, moe, p, split, chunk_runs, \
-               down, routing, static_cast<const float*>(ctx.moe_act), ctx.moe_down);                          \
+               down, routing, static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);               \
         return;
         KCAP_WEIGHT_FORMATS(KCAP_MOE_DOWN_CASE)
 #undef KCAP_MOE_DOWN_CASE
@@ -173,12 +181,14 @@ void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call) {
     const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
     // The per-expert scale vector (F32), where the stage has one.
     const auto* expert_scale = p.expert_scaled ? static_cast<const float*>(data.operands[1]) : nullptr;
+    const auto* bias = static_cast<const float*>(data.operands[2]);  // the router's bias (F32), or null
     const dim3 grid(cuda::ceil_div(p.n_expert, kMoeLogitThreads / 32 * KCAP_MOE_LOGIT_EXPERTS),
                     cuda::ceil_div(p.n_tokens, KCAP_MOE_LOGIT_TOKENS));
     switch (stage.operands[0]->format) {
 #define KCAP_MOE_LOGITS_CASE(NAME, DECODER)                                                                       \
     case Format::NAME:                                                                                            \
-        cuda::launch(ctx, cuda::logits_kernel<DECODER>, grid, dim3(kMoeLogitThreads), 0, p, w, call.in, ctx.moe_logits); \
+        cuda::launch(ctx, cuda::logits_kernel<DECODER>, grid, dim3(kMoeLogitThreads), 0, p, w, call.in, ctx.moe_logits, \
+                     bias);                                                                                       \
         break;
         KCAP_WEIGHT_FORMATS(KCAP_MOE_LOGITS_CASE)
 #undef KCAP_MOE_LOGITS_CASE
@@ -206,8 +216,11 @@ void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call) {
     cuda::launch(ctx, cuda::experts_gate_up_kernel<F>, dim3(cuda::ceil_div(p.n, (kMatvecSimds / split) * kMatvecRows), slots),
                  dim3(kMatvecSimds * 32), size_t(matvec_shared_floats(p.k, kMatvecRows)) * 4, moe, p, split, chunk_runs,
                  static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
-                 call.in, int(stage.params.activation), ctx.moe_act);
-    cuda::launch_experts_down(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots);
+                 call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
+                 static_cast<const float*>(data.operands[4]));
+    // The experts' biases (F32; operands 3-5, gpt-oss), or null.
+    cuda::launch_experts_down(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
+                              static_cast<const float*>(data.operands[5]));
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
     cuda::launch(ctx, cuda::combine_kernel, dim3(cuda::ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads),
                  0, moe, call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(nullptr), call.out);
@@ -250,7 +263,8 @@ void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
     a.activation = int(stage.params.activation);
     a.gated = 1;
     cuda::launch(ctx, cuda::grouped_activation_kernel, dim3(cuda::ceil_div(a.count, kElementwiseThreads)),
-                 dim3(kElementwiseThreads), 0, a, ctx.moe_act, static_cast<const float*>(ctx.moe_up));
+                 dim3(kElementwiseThreads), 0, a, int(moe.ff), static_cast<const int*>(ctx.moe_tile_expert), ctx.moe_act,
+                 static_cast<const float*>(ctx.moe_up));
     // Down: rows x n from the expert's down rows, on the activations in sorted order.
     const Format down_format = stage.operands[2]->format;
     KcapMatmulParams d{};

@@ -446,6 +446,11 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
                     row.requires_all |= kQ8Output;
                     row.dims.head_dim_v_multiple = 32;  // a q8_1 run never straddles two heads
                 }
+                if (k.kind != AttnKind::PrefillMma) {  // the SIMT bodies take sinks (operand 3)
+                    row.operand_formats.resize(3);
+                    row.operand_formats.push_back({Format::F32});
+                    row.features |= kSinks;
+                }
                 rows.push_back(row);
             }
 }
@@ -480,13 +485,23 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
     // the chosen experts of every (token, expert) slot with the decode matvec's teams, one grid
     // row per slot; from kMoeGroupedMinTokens, grouped by expert on the split-bf16 tiles
     // (cuda/moe.cu) where gate, up and down all have tiles; the shared expert's gate.
-    rows.push_back(gpu_family_row(GpuFamily::MoeRoute, Backend::CUDA, Format::F32, KCAP_CUDA_ENTRY(kcap_cuda_moe_route),
-                                  {kMoeRouteThreads, 0, 0}));
+    // The router's bias (operand 2, F32: gpt-oss) is added to its logits.
+    Row route = gpu_family_row(GpuFamily::MoeRoute, Backend::CUDA, Format::F32, KCAP_CUDA_ENTRY(kcap_cuda_moe_route),
+                               {kMoeRouteThreads, 0, 0});
+    route.operand_formats.push_back({Format::F32});
+    route.features |= kBias;
+    rows.push_back(route);
+    // The decode-matvec experts also take the experts' biases (operands 3-5, F32) and gpt-oss's
+    // clamped SwiGLU; the grouped tiles do not (a stage with them runs the matvec row at every
+    // token count).
 #define KCAP_MOE_EXPERTS_ROW(NAME, DECODER)                                                              \
     {                                                                                                    \
         const Format f = Format::NAME;                                                                   \
-        rows.push_back(gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                           \
-                                      KCAP_CUDA_ENTRY(kcap_cuda_moe_experts<f>), kMatvecGeometry));      \
+        Row experts = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                            \
+                                     KCAP_CUDA_ENTRY(kcap_cuda_moe_experts<f>), kMatvecGeometry);        \
+        experts.operand_formats.insert(experts.operand_formats.end(), 3, std::vector<Format>{Format::F32}); \
+        experts.features |= kBias | kSwigluOai;                                                          \
+        rows.push_back(experts);                                                                         \
         if (mma_format(f)) {                                                                             \
             Row grouped = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                        \
                                          KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_mma<f>), kMmaGeometry);   \

@@ -16,6 +16,19 @@ KCAP_FN float kcap_activate(int activation, float x) {
     }
 }
 
+// A gated FFN's act(gate) * up; activation 4 (kcap::Activation::SwigluOai) is gpt-oss's clamped
+// SwiGLU, (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g) with g = min(gate, limit): finite
+// for every finite input (an overflowing exp gives a sigmoid of 0).
+#define KCAP_ACTIVATION_SWIGLU_OAI 4
+KCAP_FN float kcap_gated(int activation, float gate, float up, float alpha, float limit) {
+    if (activation == KCAP_ACTIVATION_SWIGLU_OAI) {
+        const float g = gate < limit ? gate : limit;
+        const float u = up < -limit ? -limit : (up > limit ? limit : up);
+        return (u + 1.0f) * (g / (1.0f + kcap_exp(-alpha * g)));
+    }
+    return kcap_activate(activation, gate) * up;
+}
+
 // One thread per value. Grid: x = ceil(count / threads).
 KCAP_FN void kcap_ffn_activation(const KcapThread t, const KcapElementwiseParams p, const KCAP_GLOBAL float* gate,
                                  const KCAP_GLOBAL float* up, KCAP_GLOBAL float* out) {

@@ -1,5 +1,6 @@
 // Attention bodies: KV append, split-K decode (flash-decoding) with its combine, and batched
-// prefill. Causal, optional sliding window and score softcap, any GQA ratio, f32 or f16 cache.
+// prefill. Causal, optional sliding window, score softcap and attention sinks, any GQA ratio,
+// f32 or f16 cache.
 //
 // Decode (kcap_attention_decode): lanes over head dims, several keys and query heads of one
 // KV head per simd step, an online softmax per head. Prefill (kernels/attention_prefill.h):
@@ -44,6 +45,14 @@ KCAP_FN void kcap_kv_store(KCAP_GLOBAL kcap_u8* cache, kcap_u64 e, float v, int 
         reinterpret_cast<KCAP_GLOBAL kcap_u16*>(cache)[e] = kcap_float_to_half(v);
     else
         reinterpret_cast<KCAP_GLOBAL float*>(cache)[e] = v;
+}
+
+// The softmax's denominator of query head `head` whose scores' max is m and sum of exp(score -
+// m) is l: with attention sinks (a learned logit per head that joins the denominator and
+// weighs no value; null: none) l + exp(sink - m). An overflow to inf gives outputs of 0, the
+// limit of a sink far above every score.
+KCAP_FN float kcap_attn_denominator(const KCAP_GLOBAL float* sinks, int head, float m, float l) {
+    return sinks ? l + kcap_exp(sinks[head] - m) : l;
 }
 
 // Online softmax of one query head over keys [start, end) of KV head kv_head, folded into
@@ -275,7 +284,7 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
                                    KCAP_GLOBAL kcap_u8* v_cache, KCAP_GLOBAL float* partial_o,
                                    KCAP_GLOBAL float* partial_ml, KCAP_GLOBAL float* out, KCAP_SHARED float* shared,
                                    const KCAP_GLOBAL float2* cos_sin, const KCAP_GLOBAL float* q_norm,
-                                   const KCAP_GLOBAL float* k_norm) {
+                                   const KCAP_GLOBAL float* k_norm, const KCAP_GLOBAL float* sinks = nullptr) {
     const int kv_head = int(t.group_x);
     const int split = int(t.group_y);
     const int pos = step[0];
@@ -421,7 +430,7 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
             const int head = kv_head * group + g0 + h;
             const kcap_u64 slot = kcap_u64(head) * p.n_splits + split;
             KCAP_GLOBAL float* to = whole ? out + kcap_u64(head) * p.head_dim_v : partial_o + slot * p.head_dim_v;
-            const float scale = whole ? 1.0f / l_all : 1.0f;
+            const float scale = whole ? 1.0f / kcap_attn_denominator(sinks, head, m_all, l_all) : 1.0f;
             float w[KCAP_ATTN_DECODE_MAX_SIMDS];  // every lane takes part in the broadcasts
             KCAP_UNROLL for (int g = 0; g < KCAP_ATTN_DECODE_MAX_SIMDS; ++g) w[g] = kcap_simd_broadcast(w_s, g);
             for (int d = int(t.index); d < p.head_dim_v; d += int(t.threads)) {
@@ -457,7 +466,8 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
 // split was most of the decode attention's time.
 KCAP_FN float kcap_attention_combine(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
                                      const KCAP_GLOBAL float* partial_o, const KCAP_GLOBAL float* partial_ml,
-                                     KCAP_GLOBAL float* out, KCAP_SHARED float* shared) {
+                                     KCAP_GLOBAL float* out, KCAP_SHARED float* shared,
+                                     const KCAP_GLOBAL float* sinks = nullptr) {
     const int active = kcap_decode_splits(p, step[0]).active;
     if (active == 1) return 0.0f;
     const kcap_u64 head = t.group_x;
@@ -465,12 +475,13 @@ KCAP_FN float kcap_attention_combine(const KcapThread t, const KcapAttentionPara
     const int d = int(t.index);
     const int dv = p.head_dim_v;
     const KCAP_GLOBAL float* po = partial_o + head * p.n_splits * dv + kcap_u64(d < dv ? d : 0);
-    float l = 0.0f, acc = 0.0f;
+    float l = 0.0f, acc = 0.0f, m_all = 0.0f;
     if (active <= KCAP_SIMD_WIDTH) {
         const int s = int(t.lane);
         const float m_s = s < active ? ml[2 * s] : KCAP_NEG_INFINITY;
         const float l_s = s < active ? ml[2 * s + 1] : 0.0f;
         const float m = kcap_simd_max(m_s);  // every active split saw keys: m is finite
+        m_all = m;
         const float w_s = s < active ? kcap_exp(m_s - m) : 0.0f;
         l = kcap_simd_sum(l_s * w_s);
         int i = 0;
@@ -488,6 +499,7 @@ KCAP_FN float kcap_attention_combine(const KcapThread t, const KcapAttentionPara
         float m = KCAP_NEG_INFINITY;
         for (int s = int(t.index); s < active; s += int(t.threads)) m = kcap_fmax(m, ml[2 * s]);
         m = kcap_group_max(t, m, reduce);  // every active split saw keys: m is finite
+        m_all = m;
         for (int c0 = 0; c0 < active; c0 += KCAP_ATTN_COMBINE_CHUNK) {
             const int n = active - c0 < KCAP_ATTN_COMBINE_CHUNK ? active - c0 : KCAP_ATTN_COMBINE_CHUNK;
             if (c0 > 0) kcap_barrier();  // the previous chunk's weights are consumed
@@ -511,7 +523,7 @@ KCAP_FN float kcap_attention_combine(const KcapThread t, const KcapAttentionPara
         l = kcap_group_sum(t, l, reduce);
     }
     if (d >= dv) return 0.0f;
-    const float v = acc * (1.0f / l);
+    const float v = acc * (1.0f / kcap_attn_denominator(sinks, int(head), m_all, l));
     out[head * dv + kcap_u64(d)] = v;
     return v;
 }

@@ -86,7 +86,7 @@ KCAP_FN void kcap_attn_prefill_store(const KcapThread t, int chunk, const KCAP_P
 KCAP_FN void kcap_attention_prefill(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
                                     const KCAP_GLOBAL float* q, const KCAP_GLOBAL kcap_u8* k_cache,
                                     const KCAP_GLOBAL kcap_u8* v_cache, KCAP_GLOBAL float* out,
-                                    KCAP_SHARED float* shared) {
+                                    KCAP_SHARED float* shared, const KCAP_GLOBAL float* sinks = nullptr) {
     const int group = p.n_head / p.n_head_kv;
     const int row_simds = kcap_attn_prefill_row_simds(p.head_dim);
     const int key_split = int(t.simds) / row_simds;
@@ -270,7 +270,7 @@ KCAP_FN void kcap_attention_prefill(const KcapThread t, const KcapAttentionParam
         const int gr = row0 + first_row + r;
         if (gr >= total_rows) break;
         const kcap_u64 head = kcap_u64(gr / group) * kcap_u64(p.n_head) + kcap_u64(kv_head * group + gr % group);
-        const float inv = 1.0f / l[r];
+        const float inv = 1.0f / kcap_attn_denominator(sinks, kv_head * group + gr % group, m[r], l[r]);
         KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_PREFILL_DV_SLOTS; ++i) {
             const int d = KCAP_SIMD_WIDTH * i + int(t.lane);
             if (d < p.head_dim_v) out[head * kcap_u64(p.head_dim_v) + kcap_u64(d)] = o[r][i] * inv;

@@ -32,12 +32,14 @@ KCAP_FN int kcap_matvec_staged_floats(int chunk_runs, int simds, int sums) {
 // The end of a staged matvec, whatever the activation encoding: each lane holds its runs' partial
 // sums acc[mat][j]; the simd group sums them, the parts of a team meet in `partials` (uniform
 // over the group: every thread reaches the barrier or none does) and lane 0 of part 0 writes the
-// team's rows: y = acc (+ bias), or act(gate) * up.
+// team's rows: y = acc (+ bias), or kcap_gated(act, gate (+ bias), up (+ bias2)) with the clamped
+// SwiGLU's alpha and limit (null biases: none).
 template <int ROWS, int MODE>
 KCAP_FN void kcap_matvec_finish(const KcapThread t, const KcapMatmulParams p, int split, int row0,
                                 KCAP_PRIVATE float (&acc)[MODE == KCAP_MATVEC_GATE_UP ? 2 : 1][ROWS],
                                 KCAP_SHARED float* partials, const KCAP_GLOBAL float* bias, int activation,
-                                KCAP_GLOBAL float* y) {
+                                KCAP_GLOBAL float* y, const KCAP_GLOBAL float* bias2 = nullptr, float alpha = 0.0f,
+                                float limit = 0.0f) {
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
     const int team = int(t.simd) / split, part = int(t.simd) % split;
     KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = kcap_simd_sum(acc[mat][j]);
@@ -58,7 +60,8 @@ KCAP_FN void kcap_matvec_finish(const KcapThread t, const KcapMatmulParams p, in
     KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
         if (row0 + j >= p.n) continue;
         if (MODE == KCAP_MATVEC_GATE_UP)
-            y[row0 + j] = kcap_activate(activation, acc[0][j]) * acc[kMats - 1][j];
+            y[row0 + j] = kcap_gated(activation, bias ? acc[0][j] + bias[row0 + j] : acc[0][j],
+                                     bias2 ? acc[kMats - 1][j] + bias2[row0 + j] : acc[kMats - 1][j], alpha, limit);
         else
             y[row0 + j] = p.has_bias ? acc[0][j] + bias[row0 + j] : acc[0][j];
     }
@@ -66,13 +69,15 @@ KCAP_FN void kcap_matvec_finish(const KcapThread t, const KcapMatmulParams p, in
 
 // Grid: x = ceil(n / ((simds / split) * ROWS)), y = 1. chunk_runs: runs staged at a time.
 // MODE KCAP_MATVEC_PLAIN: w0 and bias; KCAP_MATVEC_GATE_UP: w0 = gate, w1 = up (same row
-// bytes), `activation` as in kcap_activate. shared: kcap_matvec_staged_floats(chunk_runs,
-// simds, ROWS * (MODE == KCAP_MATVEC_GATE_UP ? 2 : 1)) floats.
+// bytes), `activation` as in kcap_gated, with the gate's bias (bias) and up's (bias2) where not
+// null. shared: kcap_matvec_staged_floats(chunk_runs, simds, ROWS * (MODE == KCAP_MATVEC_GATE_UP
+// ? 2 : 1)) floats.
 template <class F, int ROWS, int MODE>
 KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, int split, int chunk_runs,
                                 const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
                                 const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* bias, int activation,
-                                KCAP_GLOBAL float* y, KCAP_SHARED float* shared) {
+                                KCAP_GLOBAL float* y, KCAP_SHARED float* shared, const KCAP_GLOBAL float* bias2 = nullptr,
+                                float alpha = 0.0f, float limit = 0.0f) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
     KCAP_SHARED float* xs = shared;
@@ -118,5 +123,5 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, in
         kcap_matmul_tail<F, ROWS>(t, p, row0, w0, x, acc[0]);
         if (kMats == 2) kcap_matmul_tail<F, ROWS>(t, p, row0, w1, x, acc[kMats - 1]);
     }
-    kcap_matvec_finish<ROWS, MODE>(t, p, split, row0, acc, partials, bias, activation, y);
+    kcap_matvec_finish<ROWS, MODE>(t, p, split, row0, acc, partials, bias, activation, y, bias2, alpha, limit);
 }

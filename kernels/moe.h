@@ -37,7 +37,8 @@
 // Each simd group takes KCAP_MOE_LOGIT_EXPERTS experts, so a staged run of x serves all of them.
 template <class F>
 KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL kcap_u8* w,
-                             const KCAP_GLOBAL float* x, KCAP_GLOBAL float* logits, KCAP_SHARED float* xs) {
+                             const KCAP_GLOBAL float* x, KCAP_GLOBAL float* logits, KCAP_SHARED float* xs,
+                             const KCAP_GLOBAL float* bias = nullptr) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
     constexpr int kChunk = KCAP_MOE_LOGIT_CHUNK_RUNS;
     constexpr int kExperts = KCAP_MOE_LOGIT_EXPERTS;
@@ -85,7 +86,8 @@ KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KC
             if (j < tokens) {
                 const float sum = kcap_simd_sum(acc[i][j]);
                 if (t.lane == 0 && e0 + i < p.n_expert)
-                    logits[kcap_u64(token0 + j) * kcap_u64(p.n_expert) + kcap_u64(e0 + i)] = sum * p.logit_scale;
+                    logits[kcap_u64(token0 + j) * kcap_u64(p.n_expert) + kcap_u64(e0 + i)] =
+                        (bias ? sum + bias[e0 + i] : sum) * p.logit_scale;
             }
         }
 }
@@ -157,32 +159,41 @@ KCAP_FN KcapMoeSlot kcap_moe_slot(const KcapMoeParams p, const KCAP_GLOBAL float
 }
 
 // Grid: x = the matvec's row groups over ff, y = n_tokens * n_used slots. p: the gate matvec
-// (k = moe.k, n = moe.ff, row_bytes of gate and up). act: [slots][ff].
+// (k = moe.k, n = moe.ff, row_bytes of gate and up). act: [slots][ff]. gate_bias, up_bias
+// ([n_expert][ff], or null): the experts' biases (gpt-oss).
 template <class F, int ROWS>
 KCAP_FN void kcap_moe_gate_up(const KcapThread t, const KcapMoeParams moe, const KcapMatmulParams p, int split,
                               int chunk_runs, const KCAP_GLOBAL kcap_u8* gate, const KCAP_GLOBAL kcap_u8* up,
                               const KCAP_GLOBAL float* routing, const KCAP_GLOBAL float* x, int activation,
-                              KCAP_GLOBAL float* act, KCAP_SHARED float* shared) {
+                              KCAP_GLOBAL float* act, KCAP_SHARED float* shared,
+                              const KCAP_GLOBAL float* gate_bias = nullptr, const KCAP_GLOBAL float* up_bias = nullptr) {
     const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(t.group_y));
     const kcap_u64 expert_rows = kcap_u64(moe.gate_up_merged ? 2 * moe.ff : moe.ff);
     const kcap_u64 expert = kcap_u64(s.expert) * expert_rows * p.row_bytes;
     const kcap_u64 up_offset = moe.gate_up_merged ? kcap_u64(moe.ff) * p.row_bytes : kcap_u64(0);
+    const kcap_u64 bias_offset = kcap_u64(s.expert) * kcap_u64(moe.ff);
     kcap_matvec_staged<F, ROWS, KCAP_MATVEC_GATE_UP>(t, p, split, chunk_runs, gate + expert, up + expert + up_offset,
-                                                     x + kcap_u64(s.token) * kcap_u64(moe.k), nullptr, activation,
-                                                     act + kcap_u64(t.group_y) * kcap_u64(moe.ff), shared);
+                                                     x + kcap_u64(s.token) * kcap_u64(moe.k),
+                                                     gate_bias ? gate_bias + bias_offset : nullptr, activation,
+                                                     act + kcap_u64(t.group_y) * kcap_u64(moe.ff), shared,
+                                                     up_bias ? up_bias + bias_offset : nullptr, moe.swiglu_alpha,
+                                                     moe.swiglu_limit);
 }
 
 // Grid: x = the matvec's row groups over n, y = slots. p: the down matvec (k = moe.ff, n = moe.n,
-// the down matrix's row bytes). down_out: [slots][n].
+// the down matrix's row bytes; has_bias with down_bias). down_out: [slots][n]. down_bias
+// ([n_expert][n], or null): the experts' down biases, added before the combine weighs the slot.
 template <class F, int ROWS>
 KCAP_FN void kcap_moe_down(const KcapThread t, const KcapMoeParams moe, const KcapMatmulParams p, int split,
                            int chunk_runs, const KCAP_GLOBAL kcap_u8* down, const KCAP_GLOBAL float* routing,
-                           const KCAP_GLOBAL float* act, KCAP_GLOBAL float* down_out, KCAP_SHARED float* shared) {
+                           const KCAP_GLOBAL float* act, KCAP_GLOBAL float* down_out, KCAP_SHARED float* shared,
+                           const KCAP_GLOBAL float* down_bias = nullptr) {
     const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(t.group_y));
     const kcap_u64 expert = kcap_u64(s.expert) * kcap_u64(moe.n) * p.row_bytes;
     kcap_matvec_staged<F, ROWS, KCAP_MATVEC_PLAIN>(t, p, split, chunk_runs, down + expert, down + expert,
-                                                   act + kcap_u64(t.group_y) * kcap_u64(moe.ff), nullptr, 0,
-                                                   down_out + kcap_u64(t.group_y) * kcap_u64(moe.n), shared);
+                                                   act + kcap_u64(t.group_y) * kcap_u64(moe.ff),
+                                                   down_bias ? down_bias + kcap_u64(s.expert) * kcap_u64(moe.n) : nullptr,
+                                                   0, down_out + kcap_u64(t.group_y) * kcap_u64(moe.n), shared);
 }
 
 // One thread per output value: grid x = ceil(n_tokens * n / threads).

@@ -80,7 +80,7 @@ struct KcapAttentionParams {
 // Elementwise stages over n_tokens * n values.
 struct KcapElementwiseParams {
     int count;       // values
-    int activation;  // kcap::Activation as int (SiLU 0, GeluTanh 1, GeluErf 2, ReLU 3)
+    int activation;  // kcap::Activation as int (SiLU 0, GeluTanh 1, GeluErf 2, ReLU 3, SwigluOai 4)
     int gated;       // activation: out = act(in) * in2 when set
     float cap;       // softcap
     float scale;     // add: out = in + scale * in2 (residual scale); scale: out = in * scale
@@ -181,4 +181,6 @@ struct KcapMoeParams {
     float logit_scale;         // the router's logits times this before the softmax
     int expert_scaled;         // each chosen weight times its expert's entry of the scale vector
     int gate_up_merged;        // gate and up in one tensor: expert e's ff gate rows, then its ff up rows
+    float swiglu_alpha;        // the clamped SwiGLU's (activation swiglu_oai)
+    float swiglu_limit;
 };

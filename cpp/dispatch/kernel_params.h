@@ -177,6 +177,8 @@ inline KcapMoeParams moe_params(const Stage& stage, int n_tokens) {
     p.logit_scale = (stage.features & kExpertLogitScale) ? stage.params.expert_logit_scale : 1.0f;
     p.expert_scaled = (stage.features & kPerExpertScale) != 0;
     p.gate_up_merged = (stage.features & kExpertGateUpMerged) != 0;
+    p.swiglu_alpha = stage.params.swiglu_alpha;
+    p.swiglu_limit = stage.params.swiglu_limit;
     return p;
 }
 

@@ -772,6 +772,91 @@ void test_moe_route(std::mt19937& rng, CpuState& cpu) {
     std::printf("moe_route body: %d cases\n", checked);
 }
 
+// The experts' decode bodies (cuda.moe_experts.<format>: kcap_moe_gate_up, kcap_moe_down,
+// kcap_moe_combine) against the CPU row, with and without gpt-oss's biases and clamped SwiGLU,
+// on routing with distinct experts per token. Gate and up values scaled past the clamp (x4).
+void test_moe_experts(std::mt19937& rng, CpuState& cpu) {
+    int checked = 0;
+    const Row& reference = find_row("cpu.moe_experts");
+    const int64_t k = 64, ff = 64, n = 64;
+    const int n_expert = 6, used = 2, m = 5;
+    for (const Format f : {Format::F32, Format::Q8_0, Format::MXFP4})
+        for (const bool gpt_oss : {false, true}) {
+            with_decoder(f, [&](auto decoder) {
+                using F = decltype(decoder);
+                auto gate = random_weights(rng, f, k, ff * n_expert, "gate");
+                auto up = random_weights(rng, f, k, ff * n_expert, "up");
+                auto down = random_weights(rng, f, ff, n * n_expert, "down");
+                std::vector<float> x = random_floats(rng, size_t(m * k), gpt_oss ? 12.0f : 4.0f);
+                std::vector<float> gate_bias = random_floats(rng, size_t(ff * n_expert));
+                std::vector<float> up_bias = random_floats(rng, size_t(ff * n_expert));
+                std::vector<float> down_bias = random_floats(rng, size_t(n * n_expert));
+                auto vector_ref = [](const std::vector<float>& v, const char* name) {
+                    TensorRef t;
+                    t.name = name, t.format = Format::F32, t.shape = {int64_t(v.size())};
+                    t.data = reinterpret_cast<const uint8_t*>(v.data()), t.nbytes = 4 * v.size();
+                    return t;
+                };
+                const TensorRef gb = vector_ref(gate_bias, "gate_bias"), ub = vector_ref(up_bias, "up_bias"),
+                                db = vector_ref(down_bias, "down_bias");
+                // Routing: token t's experts (t, t + 1 + t % 3) mod n_expert, weights 0.7 / 0.3.
+                std::vector<float> routing(size_t(m) * 2 * used);
+                for (int t = 0; t < m; ++t) {
+                    float* row = &routing[size_t(t) * 2 * used];
+                    row[0] = float(t % n_expert), row[1] = float((t + 1 + t % 3) % n_expert);
+                    row[2] = 0.7f, row[3] = 0.3f;
+                }
+                Stage stage;
+                stage.op = Op::MoeExperts;
+                stage.k = k, stage.k2 = ff, stage.n = n;
+                stage.operands = {&gate->ref, &up->ref, &down->ref};
+                if (gpt_oss) stage.operands.insert(stage.operands.end(), {&gb, &ub, &db});
+                stage.params.n_expert = n_expert, stage.params.n_expert_used = used;
+                stage.params.activation = gpt_oss ? Activation::SwigluOai : Activation::SiLU;
+                stage.params.swiglu_alpha = 1.702f, stage.params.swiglu_limit = 7.0f;
+                stage.features = kGated | (gpt_oss ? (kSwigluOai | kBias) : kSilu);
+                std::vector<float> ref(size_t(m * n)), got = nan_filled(size_t(m * n));
+                KernelCall call;
+                call.n_tokens = m, call.in = x.data(), call.in2 = routing.data(), call.out = ref.data();
+                run_cpu(reference, stage, call, cpu);
+
+                KcapMoeParams moe{};
+                moe.n_tokens = m, moe.k = int(k), moe.ff = int(ff), moe.n = int(n), moe.n_expert = n_expert;
+                moe.n_used = used, moe.swiglu_alpha = 1.702f, moe.swiglu_limit = 7.0f;
+                const int slots = m * used;
+                std::vector<float> act = nan_filled(size_t(slots) * ff), down_out = nan_filled(size_t(slots) * n);
+                KcapMatmulParams pg{};
+                pg.k = int(k), pg.n = int(ff), pg.m = 1, pg.row_bytes = unsigned(row_bytes(f, k));
+                const int activation = gpt_oss ? KCAP_ACTIVATION_SWIGLU_OAI : 0;
+                kcap_sim::launch({ceil_div(ff, kMatvecSimds * kMatvecRows), unsigned(slots), 1}, kMatvecSimds * 32,
+                                 kcap::cuda_rows::kMatvecSharedBytes, [&](const KcapThread& t, void* shared) {
+                                     kcap_moe_gate_up<F, kMatvecRows>(t, moe, pg, 1, int(k / 32), gate->ref.data,
+                                                                      up->ref.data, routing.data(), x.data(), activation,
+                                                                      act.data(), static_cast<float*>(shared),
+                                                                      gpt_oss ? gate_bias.data() : nullptr,
+                                                                      gpt_oss ? up_bias.data() : nullptr);
+                                 });
+                KcapMatmulParams pd{};
+                pd.k = int(ff), pd.n = int(n), pd.m = 1, pd.row_bytes = unsigned(row_bytes(f, ff)), pd.has_bias = gpt_oss;
+                kcap_sim::launch({ceil_div(n, kMatvecSimds * kMatvecRows), unsigned(slots), 1}, kMatvecSimds * 32,
+                                 kcap::cuda_rows::kMatvecSharedBytes, [&](const KcapThread& t, void* shared) {
+                                     kcap_moe_down<F, kMatvecRows>(t, moe, pd, 1, int(ff / 32), down->ref.data,
+                                                                   routing.data(), act.data(), down_out.data(),
+                                                                   static_cast<float*>(shared),
+                                                                   gpt_oss ? down_bias.data() : nullptr);
+                                 });
+                kcap_sim::launch({ceil_div(m * n, 256), 1, 1}, 256, 0, [&](const KcapThread& t, void*) {
+                    kcap_moe_combine(t, moe, routing.data(), down_out.data(), nullptr, got.data());
+                });
+                const double err = relative_error(got, ref);
+                KCAP_EXPECT(err <= kGateUpTolerance, "moe_experts %s %s: error %.3g", format_name(f),
+                            gpt_oss ? "biases + swiglu_oai" : "silu", err);
+                ++checked;
+            });
+        }
+    std::printf("moe_experts bodies: %d cases\n", checked);
+}
+
 void test_elementwise(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     const int count = 1000;
@@ -948,14 +1033,14 @@ void test_sample(std::mt19937& rng) {
 // The tiled prefill body with the launch geometry cuda/attention.cu uses (cuda_rows), or with
 // another key split (1 or 2) where the body allows it.
 void run_prefill(const KcapAttentionParams& p, const int32_t* step, const float* q, const uint8_t* k_cache,
-                 const uint8_t* v_cache, float* out, int key_split = 0) {
+                 const uint8_t* v_cache, float* out, int key_split = 0, const float* sinks = nullptr) {
     using namespace kcap::cuda_rows;
     const int row_simds = attn_prefill_row_simds(p.head_dim);
     const int split = key_split > 0 ? key_split : attn_prefill_key_split(p.head_dim);
     const int64_t query_rows = int64_t(p.n_tokens) * (p.n_head / p.n_head_kv);
     kcap_sim::launch({ceil_div(query_rows, kAttnPrefillRowsPerSimd * row_simds), unsigned(p.n_head_kv), 1},
                      unsigned(32 * row_simds * split), kAttnPrefillSharedBytes, [&](const KcapThread& t, void* shared) {
-                         kcap_attention_prefill(t, p, step, q, k_cache, v_cache, out, static_cast<float*>(shared));
+                         kcap_attention_prefill(t, p, step, q, k_cache, v_cache, out, static_cast<float*>(shared), sinks);
                      });
 }
 
@@ -987,6 +1072,7 @@ struct AttentionCase {
     float softcap;
     Format kv;
     int prefill, decode_steps, n_splits;
+    bool sinks = false;  // a learned logit per head in the softmax's denominator (gpt-oss)
 };
 
 // The CPU row's attention of m tokens from position pos into out (k and v null for a shared-KV
@@ -1007,6 +1093,8 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
         {9, 3, 64, 64, 0, 0.0f, Format::F16, 9, 3, 1},      // SmolLM2-like GQA 3:1, one split
         {8, 8, 128, 128, 0, 30.0f, Format::F32, 40, 2, 4},  // no GQA, softcap, a split left empty
         {10, 1, 32, 48, 0, 0.0f, Format::F32, 5, 2, 2},      // more query heads than simd groups, dv != d
+        {8, 2, 64, 64, 0, 0.0f, Format::F32, 40, 3, 3, true},   // sinks (gpt-oss heads), three splits
+        {8, 2, 64, 64, 16, 0.0f, Format::F16, 30, 2, 1, true},  // sinks, sliding window, one split
     };
     int checked = 0;
     for (const AttentionCase& c : cases) {
@@ -1016,6 +1104,18 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
         attention_setup(c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.window, c.softcap, c.kv, cpu, stage, p);
         p.min_chunk = 32;
         p.append = 1;
+        // Sink logits around the scores' range, one far above them (that head's outputs shrink
+        // toward 0) and one far below (no effect).
+        std::vector<float> sink_values = random_floats(rng, size_t(c.n_head));
+        if (c.sinks) sink_values[0] = 12.0f, sink_values[size_t(c.n_head) - 1] = -40.0f;
+        TensorRef sink_tensor;
+        sink_tensor.name = "sinks", sink_tensor.format = Format::F32, sink_tensor.shape = {c.n_head};
+        sink_tensor.data = reinterpret_cast<const uint8_t*>(sink_values.data()), sink_tensor.nbytes = 4 * size_t(c.n_head);
+        if (c.sinks) {
+            stage.operands = {nullptr, nullptr, nullptr, &sink_tensor};
+            stage.features |= kSinks;
+        }
+        const float* sinks = c.sinks ? sink_values.data() : nullptr;
         const size_t elem = c.kv == Format::F16 ? 2 : 4;
         std::vector<uint8_t> k_cache(static_cast<size_t>(n_ctx) * p.k_width * elem + 16), v_cache(size_t(n_ctx) * p.v_width * elem + 16);
         std::vector<float> partial_o(static_cast<size_t>(c.n_head) * c.n_splits * c.head_dim_v, NAN);
@@ -1037,25 +1137,26 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                                  sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS, [&](const KcapThread& t, void* shared) {
                                      kcap_attention_decode(t, p, step, q.data(), k.data(), v.data(), k_cache.data(),
                                                            v_cache.data(), partial_o.data(), partial_ml.data(), got.data(),
-                                                           static_cast<float*>(shared), nullptr, nullptr, nullptr);
+                                                           static_cast<float*>(shared), nullptr, nullptr, nullptr, sinks);
                                  });
                 if (c.n_splits > 1)
                     kcap_sim::launch({unsigned(c.n_head), 1, 1}, cuda_rows::attn_combine_threads(c.head_dim_v),
                                      sizeof(float) * KCAP_ATTN_COMBINE_SHARED_FLOATS, [&](const KcapThread& t, void* sh) {
-                        kcap_attention_combine(t, p, step, partial_o.data(), partial_ml.data(), got.data(), static_cast<float*>(sh));
+                        kcap_attention_combine(t, p, step, partial_o.data(), partial_ml.data(), got.data(), static_cast<float*>(sh),
+                                               sinks);
                     });
             } else {
                 const int64_t appended = int64_t(m) * (p.k_width + p.v_width);
                 kcap_sim::launch({ceil_div(appended, 256), 1, 1}, 256, 0, [&](const KcapThread& t, void*) {
                     kcap_kv_append(t, p, step, k.data(), v.data(), k_cache.data(), v_cache.data());
                 });
-                run_prefill(p, step, q.data(), k_cache.data(), v_cache.data(), got.data());
+                run_prefill(p, step, q.data(), k_cache.data(), v_cache.data(), got.data(), 0, sinks);
             }
             const double err = relative_error(got, ref);
             KCAP_EXPECT(err <= kAttentionTolerance,
-                        "attention heads %d/%d dim %d/%d window %d softcap %g kv %s, %s of %d at %d (splits %d): error %.3g",
+                        "attention heads %d/%d dim %d/%d window %d softcap %g kv %s%s, %s of %d at %d (splits %d): error %.3g",
                         c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.window, double(c.softcap), format_name(c.kv),
-                        m == 1 ? "decode" : "prefill", m, pos, c.n_splits, err);
+                        c.sinks ? " sinks" : "", m == 1 ? "decode" : "prefill", m, pos, c.n_splits, err);
             ++checked;
             // A shared-KV layer (kv_shared) at the same positions: other queries over the cache
             // this call just filled, no K/V of its own, nothing stored.
@@ -1064,6 +1165,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                 shared.layer = 1;
                 shared.params.kv_layer = 0;
                 shared.features = kKvShared;
+                shared.operands.clear();  // without sinks
                 const std::vector<float> q2 = random_floats(rng, size_t(m) * c.n_head * c.head_dim);
                 std::vector<float> ref2(ref.size()), got2 = nan_filled(ref.size());
                 const std::vector<uint8_t> k_before = k_cache, v_before = v_cache;
@@ -1626,6 +1728,7 @@ int main() {
     test_qk_norm_rope(rng, cpu);
     test_elementwise(rng, cpu);
     test_moe_route(rng, cpu);
+    test_moe_experts(rng, cpu);
     test_ple(rng, cpu);
     test_argmax(rng);
     test_sample(rng);

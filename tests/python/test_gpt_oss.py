@@ -38,15 +38,30 @@ def test_clamped_swiglu_is_finite_far_past_the_clamp(tmp_path):
     assert np.isfinite(scaled).all() and np.abs(scaled - base).max() > 0.01
 
 
-@pytest.mark.parametrize("backend", ["cuda", "metal"])
-def test_gpu_backends_refuse_gpt_oss_naming_what_they_lack(backend):
-    # No CUDA or Metal attention row has sinks yet, nor an experts row with biases and the
-    # clamped SwiGLU: the plan is refused, naming the stage and the missing feature.
+def test_metal_refuses_gpt_oss_naming_what_it_lacks():
+    # No Metal attention row has sinks yet, nor an experts row with biases and the clamped
+    # SwiGLU: the plan is refused, naming the stage and the missing feature.
     with pytest.raises(kcap.RoutingError) as error:
-        explain_file(str(GPT_OSS), backend=backend)
+        explain_file(str(GPT_OSS), backend="metal")
     message = str(error.value)
     assert "stage 'attention'" in message or "stage 'rope+attention'" in message or "ffn_moe" in message, message
     assert "sinks" in message or "swiglu_oai" in message or "bias" in message, message
+
+
+@pytest.mark.parametrize("fixture", ["gpt-oss-f32", "gpt-oss-mxfp4-f32"])
+def test_cuda_plan_keeps_every_gpt_oss_feature(fixture):
+    # CUDA's SIMT attention rows take the sinks (the tensor-core prefill does not, so it is not
+    # chosen), the router's row its bias, the decode-matvec experts row the biases and the
+    # clamped SwiGLU at every token count (the grouped tiles have neither).
+    routes = explain_file(str(FIXTURES / f"{fixture}.gguf"), backend="cuda")
+    attention = [r for r in routes if r["stage"].endswith("attention")]
+    assert attention and all("sinks" in r["features"].split(",") and "sinks=F32" in r["formats"] for r in attention)
+    assert {r["kernel"] for r in attention} == {"cuda.attention_decode_rope", "cuda.attention_prefill_rope"}
+    router = [r for r in routes if r["stage"] == "ffn_router"]
+    assert router and all("bias" in r["features"].split(",") and r["kernel"] == "cuda.moe_route" for r in router)
+    experts = [r for r in routes if r["stage"] == "ffn_moe"]
+    assert experts and all(r["kernel"].startswith("cuda.moe_experts.") and r["tokens_max"] is None and
+                           {"bias", "swiglu_oai"} <= set(r["features"].split(",")) for r in experts)
 
 
 def test_expert_bias_of_the_wrong_shape_is_named(tmp_path):
