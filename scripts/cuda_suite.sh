@@ -4,8 +4,9 @@
 #   test_cuda_rows          every CUDA row of the capability table against the CPU rows
 #   test_cuda_kernels_host  the shared kernel bodies on the host, the table's refusals
 #   test_rows_table         every row of every backend: legal and just-illegal dims, token ranges
-#   pytest                  test_cuda.py, test_conformance_cuda.py, test_trace_cuda.py, in random
-#                           order (pytest-random-order), so no test leans on another's state
+#   pytest                  test_cuda.py, test_conformance_cuda.py, test_trace_cuda.py,
+#                           test_long_context_cuda.py, in random order (pytest-random-order), so no
+#                           test leans on another's state
 # Run from the repository root on the device:
 #   KCAP_SUPPORT_COMMIT=<commit> KCAP_SUPPORT_RECORD=/tmp/support.json bash scripts/cuda_suite.sh WHEELS_DIR \
 #       > $OUT/suite.txt 2>&1; tail -20 $OUT/suite.txt
@@ -53,7 +54,7 @@ grep -E "cases|FAIL|coverage" "$OUT/test_cuda_rows.log" | tail -20
 part test_cuda_kernels_host "$BUILD/test_cuda_kernels_host"
 [ -x "$BUILD/test_rows_table" ] && part test_rows_table "$BUILD/test_rows_table"
 part pytest bash -c "cd tests && python3 -m pytest -q -p random_order --random-order -p no:cacheprovider \
-    python/test_cuda.py python/test_conformance_cuda.py python/test_trace_cuda.py"
+    python/test_cuda.py python/test_conformance_cuda.py python/test_trace_cuda.py python/test_long_context_cuda.py"
 grep -E "random-order|passed|failed" "$OUT/pytest.log" | head -5
 echo "suite: $failed failed parts, $(( $(date +%s) - T0 ))s"
 exit "$failed"

@@ -98,7 +98,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     timeout "$(budget 200)" ctest --test-dir "$BUILD" --output-on-failure -E test_cuda_kernels_host 2>&1 |
         tee "$OUT/ctest.log" | tail -40
     step pytest
-    (cd tests && timeout "$(budget 150)" python3 -m pytest -q -rs python/test_cuda.py python/test_conformance_cuda.py 2>&1) | tee "$OUT/pytest.log" | tail -40
+    (cd tests && timeout "$(budget 150)" python3 -m pytest -q -rs python/test_cuda.py python/test_conformance_cuda.py python/test_long_context_cuda.py 2>&1) | tee "$OUT/pytest.log" | tail -40
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

@@ -1,9 +1,13 @@
 // Which accelerators this build can use on this machine, asked without planning a model:
 // Python's default backend choice (kcap.default_backend) reads these; and which CPU kernels
-// the loader chose for this CPU (`kcap --version` prints it).
+// the loader chose for this CPU (`kcap --version` prints it); the CUDA device's free and total
+// memory (the device-memory checks of tests/python/test_long_context_cuda.py).
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 #include "core/formats_dot_paths.h"
+#include "kcap/errors.h"
 
 #if defined(KCAP_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -27,11 +31,31 @@ bool cuda_device_available() {
 #endif
 }
 
+// cudaMemGetInfo of device 0: (free, total) bytes, so a test can hold what a model took from
+// the device against what the engine says it allocated (Engine::device_bytes).
+py::tuple cuda_mem_info() {
+#if defined(KCAP_WITH_CUDA)
+    size_t free_bytes = 0, total_bytes = 0;
+    const cudaError_t status = cudaMemGetInfo(&free_bytes, &total_bytes);
+    if (status != cudaSuccess) {
+        cudaGetLastError();
+        throw kcap::BackendUnavailableError(std::string("cuda_mem_info: cudaMemGetInfo failed (") +
+                                            cudaGetErrorString(status) + ")");
+    }
+    return py::make_tuple(free_bytes, total_bytes);
+#else
+    throw kcap::BackendUnavailableError("cuda_mem_info: the CUDA backend is not compiled into this build");
+#endif
+}
+
 }  // namespace
 
 void init_devices(py::module_& m) {
     m.def("cuda_device_available", &cuda_device_available,
           "True where the CUDA backend is built in and a CUDA device exists (then the default backend).");
+    m.def("cuda_mem_info", &cuda_mem_info,
+          "(free, total) bytes of CUDA device 0 (cudaMemGetInfo; the first call creates the CUDA context). "
+          "Raises BackendUnavailableError without CUDA.");
     m.def("cpu_kernels", [] { return kcap::avx2_kernels_in_use() ? "avx2+fma" : "baseline"; },
           "The CPU dot products this process runs: 'avx2+fma' where the build has them and the CPU "
           "supports them, else 'baseline'.");

@@ -42,7 +42,11 @@
 // KCAP_TEST_ROWS=group,... runs only those groups (matmul, gate_up, qkv, attention, add_norm,
 // norm, rope, qk_norm_rope, embed, ple, elementwise, argmax); KCAP_TEST_SEED=N draws other
 // random inputs. Each group prints its cases, rows and seconds. With every group selected, the
-// test fails if a CUDA row of the table ran no case.
+// test fails if a CUDA row of the table ran no case. KCAP_TEST_CASES_PER_ROW=N bounds the groups
+// of many cases per row (matmul, gate_up, qkv, attention, moe) to each row's first N cases (the
+// smallest K and token counts come first; the attention cases are then taken least work first,
+// and count for a row only where it ran), so every row still runs: what a run under
+// compute-sanitizer can afford (scripts/cuda_sanitize.sh).
 // Exit 77 (ctest: skipped) without CUDA in the build or without a device; the table's legal and
 // just-illegal stages and its routes are test_rows_table's (no GPU needed).
 #include <cstdio>
@@ -62,6 +66,7 @@ int main() {
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "cuda/cuda_context.h"
@@ -139,6 +144,18 @@ std::vector<T> download(const T* p, size_t n) {
 DeviceInfo g_device;
 std::set<const Row*> g_ran;  // the rows that ran a case
 int g_cases = 0;
+int g_case_cap = 0;                      // KCAP_TEST_CASES_PER_ROW; 0: every case
+std::map<const Row*, int> g_row_begun;  // cases begun per row, under a cap
+
+// True where the row has begun its KCAP_TEST_CASES_PER_ROW cases: the caller skips the case
+// before building it. Counts the case otherwise (count = false: the caller counts it, where the
+// row ran).
+bool over_case_cap(const Row& row, bool count = true) {
+    if (g_case_cap <= 0) return false;
+    if (g_row_begun[&row] >= g_case_cap) return true;
+    if (count) ++g_row_begun[&row];
+    return false;
+}
 
 // The q8_1 scratch: up to 48M values (the widest case: 16416-value rows of 15 tokens, 530
 // tokens of a 128-token tile row).
@@ -314,6 +331,7 @@ void bind_matmul_input(TestContext& t, const Row& row, const std::vector<float>&
 // One case of a MatMul or GateUp row: K, N, m tokens (tail: the last of m buffered rows).
 void matmul_case(std::mt19937& rng, CpuState& cpu, const Row& row, int64_t k, int64_t n, int m, bool with_bias,
                  bool tail) {
+    if (over_case_cap(row)) return;
     const Format f = row_format(row);
     const bool gate_up = row.op == Op::GateUp;
     const bool gemm = row.input_encoding == Encoding::BF16;
@@ -468,6 +486,7 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
             // the batched rows), as the CPU reference of 8199 x 4096 weights per token is slow.
             if (k >= 2016 && ms.size() > 2) ms.resize(2);
             for (int m : ms) {
+                if (over_case_cap(row)) continue;
                 TestContext t;
                 // 100 tokens: the GEMM's weight scratch in chunks of 64 rows.
                 if (gemm) t.use_gemm(m == 100 ? size_t(64 * k) : size_t(1) << 22);
@@ -547,13 +566,24 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                                                                        // combine's chunk loop; the tiles' longest sums
     };
     const Row& cpu_row = cpu_twin(find_row("cuda.attention_prefill"));
+    // The order the cases run in: as listed, or under KCAP_TEST_CASES_PER_ROW the least work first
+    // (queries x keys x heads x head_dim), so a row's capped cases are its cheapest.
+    std::vector<int> order;
+    for (int i = 0; i < int(sizeof(cases) / sizeof(cases[0])); ++i) order.push_back(i);
+    if (g_case_cap > 0) {
+        const auto work = [&](int i) {
+            const AttentionCase& c = cases[i];
+            const int64_t n = c.prefix + c.prefill + c.prefill2 + c.decode_steps;
+            return int64_t(n - c.prefix) * n * c.n_head * c.head_dim;
+        };
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return work(a) < work(b); });
+    }
     for (const Row& row : capability_table()) {
         if (row.backend != Backend::CUDA || row.op != Op::Attention) continue;
         const bool owns_rope = row.requires_any != 0;  // the rope-owning rows take only stages that own one
         const bool tensor_core_row = row.kernel.rfind("cuda.attention_mma", 0) == 0;
-        int case_index = -1;
-        for (const AttentionCase& c : cases) {
-            ++case_index;
+        for (const int case_index : order) {
+            const AttentionCase& c = cases[case_index];
             const int n_ctx = c.prefix + c.prefill + c.prefill2 + c.decode_steps;
             Stage stage;
             stage.layer = 0;
@@ -585,6 +615,8 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                                   (with_factors ? FeatureMask(kRopeFreqFactors) : 0u);
             }
             if (!rejection_reason(row, stage, g_device).empty()) continue;  // refusals: test_rows_table
+            if (over_case_cap(row, false)) continue;
+            const int cases_before = g_cases;
             TestContext t;
             cpu.kv.assign(1, KvLayer());
             KvLayer& cache = cpu.kv[0];
@@ -726,6 +758,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                 }
                 pos += m;
             }
+            if (g_case_cap > 0 && g_cases > cases_before) ++g_row_begun[&row];  // the row ran in this case
         }
     }
 }
@@ -1235,6 +1268,7 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                     for (const int m : is_tile_row(row) ? std::vector<int>{37, 300} : std::vector<int>{1, 3, 37})
                     for (const bool gemma : {false, true}) {
                         if (gemma && row.op == Op::MoeSharedGate) continue;
+                        if (over_case_cap(row)) continue;
                         TestContext t;
                         // The router also at 128 experts (Qwen3-MoE): each lane of its top-k scans several.
                         const int n_expert = row.op == Op::MoeRoute && k != block ? 128 : 8;
@@ -1379,6 +1413,9 @@ int main() {
         if (row.backend == Backend::CUDA) KCAP_EXPECT(row.fn != nullptr, "%s has no kernel", row.kernel.c_str());
     // KCAP_TEST_ROWS=group,group runs only those groups (a short device call); unset, all of them.
     const char* only = std::getenv("KCAP_TEST_ROWS");
+    const char* cap = std::getenv("KCAP_TEST_CASES_PER_ROW");
+    g_case_cap = cap && *cap ? int(std::strtol(cap, nullptr, 10)) : 0;
+    if (g_case_cap > 0) std::printf("at most %d cases per row of matmul, gate_up, qkv, attention, moe\n", g_case_cap);
     const auto wanted = [&](const char* name) {
         if (!only || !*only) return true;
         const std::string list = std::string(",") + only + ",";
