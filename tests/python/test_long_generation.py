@@ -50,7 +50,10 @@ def generate_sampling_rss(model) -> dict[int, int]:
 @pytest.fixture(scope="module")
 def long_model(tmp_path_factory):
     path = tiny_llama(str(tmp_path_factory.mktemp("long") / "tiny_long.gguf"), context_length=N_CTX)
-    return kcap.load(path, backend="cpu", n_ctx=N_CTX, n_threads=2)
+    # One thread: a model this small gains nothing from more, and waking a pool of two for each of
+    # its stages made the two generations take 19-47 s on a 2-core machine (idle or busy), one
+    # thread 14-15 s.
+    return kcap.load(path, backend="cpu", n_ctx=N_CTX, n_threads=1)
 
 
 def test_rss_is_flat_once_the_cache_has_its_size(long_model):
