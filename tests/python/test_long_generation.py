@@ -62,10 +62,14 @@ def test_rss_is_flat_once_the_cache_has_its_size(long_model):
     before = rss_bytes()
     cold = generate_sampling_rss(model)
     # Cold: the growth is the cache's (10,240 rows of 2 layers x (K + V) x 32 f32) and a few
-    # pages, and none of it after the cache's last growth.
+    # pages, and none of it after the cache's last growth. The cache doubles as it grows, and
+    # the allocator may keep the smaller buffers it freed (their sizes sum to less than the
+    # last one's) in the resident set: at most twice the cache (a clean CI run measured 10.17 MB
+    # against a 5.24 MB cache; a run here 6.07 MB).
     cache_bytes = N_CTX * 2 * 2 * 32 * 4
     grown = max(cold.values()) - before
-    assert grown <= cache_bytes + 4 * FLAT_BYTES, f"RSS grew {grown / 1e6:.2f} MB; the cache is {cache_bytes / 1e6:.2f} MB"
+    assert grown <= 2 * cache_bytes + 4 * FLAT_BYTES, (
+        f"RSS grew {grown / 1e6:.2f} MB; the cache is {cache_bytes / 1e6:.2f} MB")
     after_growth = {pos: rss for pos, rss in cold.items() if pos >= LAST_GROWTH + SAMPLE_EVERY}
     first = min(after_growth)
     drift = max(after_growth.values()) - after_growth[first]
