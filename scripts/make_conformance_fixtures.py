@@ -638,27 +638,21 @@ FAMILIES: dict[str, dict] = {
                "The tokenizer is the tiny GPT-2-style BPE of the other fixtures (pre gpt-2); real gpt-oss "
                "files use the o200k vocabulary with pre gpt-4o, which kcap's tokenizer implements.",
                "Router weights scaled as in mixtral (ROUTER_SCALE)."]),
-    "gpt-oss-mxfp4": dict(
-        mxfp4_experts=True,
-        cls="GptOssForCausalLM", config_cls="GptOssConfig", tokenizer="bpe", pre="gpt-2",
-        specials=["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|start|>", "<|end|>", "<|message|>"],
-        special_roles={"bos": "<|startoftext|>", "eos": "<|return|>"},
-        config=dict(hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
-                    tie_word_embeddings=False, attention_bias=True, sliding_window=8, num_local_experts=6,
-                    num_experts_per_tok=2, swiglu_limit=7.0,
-                    rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
-                                     "beta_fast": 32.0, "beta_slow": 1.0, "original_max_position_embeddings": 64,
-                                     "truncate": False}),
-        notes=["gpt-oss as the gpt-oss fixture, with the experts' weights in MXFP4 as OpenAI ships them: "
+}
+
+# gpt-oss with its experts in MXFP4, as OpenAI ships them: the gpt-oss model (its config,
+# tokenizer and weights' seed rule), without its probes.
+FAMILIES["gpt-oss-mxfp4"] = dict(
+    {k: v for k, v in FAMILIES["gpt-oss"].items() if k not in ("probes", "notes")},
+    mxfp4_experts=True,
+    notes=["gpt-oss as the gpt-oss fixture, with the experts' weights in MXFP4 as OpenAI ships them: "
                "the script rounds each expert matrix to MXFP4 (32-value blocks, an E8M0 scale "
                "2^(floor(log2 amax) - 2), E2M1 codes rounded to nearest) in the model itself, so the "
                "transformers reference runs exactly those values, and writes the checkpoint's experts as "
                "*_blocks / *_scales (the low nibble holds the even element) with quantization_config "
                "{quant_method: mxfp4}; the converter repacks them into GGML MXFP4 tensors "
                "(GptOssModel.repack_mxfp4) and writes the other tensors in the outtype.",
-               "Router weights scaled as in mixtral (ROUTER_SCALE)."]),
-}
+               "Router weights scaled as in mixtral (ROUTER_SCALE)."])
 
 # Mixture-of-experts routers: weights ~ N(0, (ROUTER_SCALE/sqrt(hidden))^2), larger than the other
 # matrices' 1/sqrt(fan_in), so that the router's logits spread and different tokens choose
