@@ -5,12 +5,15 @@
 //     one split;
 //   cuda.attention_prefill* (a prefill chunk): append the chunk's K/V, then every token attends
 //     to the cache (tiled: kernels/attention_prefill.h, geometry in cuda_rows::attn_prefill_*);
-//   cuda.attention_mma* (cuda/attention_mma.cu): the same on the tensor cores.
+//   cuda.attention_mma* (cuda/attention_mma.cu): the same on the tensor cores;
+//   cuda.attention_mla (multi-head latent attention, every token count): kernels/attention_mla.h.
 // The split count was fixed at load time from the stage's longest span (cuda_backend.cu),
 // so the captured graph replays at any position; each split's share of keys follows the
 // position read from device memory.
 #include "cuda/attention.h"
+#include "dispatch/kernel_params.h"
 #include "kernels/attention.h"
+#include "kernels/attention_mla.h"
 #include "kernels/matvec_q8.h"
 
 namespace kcap {
@@ -78,6 +81,42 @@ __global__ void __launch_bounds__(KCAP_ATTN_PREFILL_MAX_SIMDS * 32)
     cuda::pdl_wait();
     cuda::pdl_trigger();
     kcap_attention_prefill(kcap_cuda_thread(), p, step, q, k_cache, v_cache, out, shared, sinks);
+}
+
+__global__ void __launch_bounds__(KCAP_MLA_THREADS)
+    mla_append_kernel(KcapMlaParams p, const kcap_i32* step, const float* kv_new, const float* norm,
+                      const float2* cos_sin, kcap_u8* cache) {
+    __shared__ float partial[KCAP_MLA_MAX_SIMDS];
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_mla_append(kcap_cuda_thread(), p, step, kv_new, norm, cos_sin, cache, partial);
+}
+
+template <class F>
+__global__ void __launch_bounds__(KCAP_MLA_THREADS)
+    mla_absorb_kernel(KcapMlaParams p, const kcap_i32* step, const float* q, const kcap_u8* kb, const float2* cos_sin,
+                      float* absorbed) {
+    __shared__ float qs[KCAP_MLA_MAX_WIDTH];
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_mla_absorb<F>(kcap_cuda_thread(), p, step, q, kb, cos_sin, absorbed, qs);
+}
+
+__global__ void __launch_bounds__(KCAP_MLA_THREADS)
+    mla_attend_kernel(KcapMlaParams p, const kcap_i32* step, const float* absorbed, const kcap_u8* cache, float* latent) {
+    __shared__ float shared[KCAP_MLA_ATTEND_SHARED_FLOATS];
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_mla_attend(kcap_cuda_thread(), p, step, absorbed, cache, latent, shared);
+}
+
+template <class F>
+__global__ void __launch_bounds__(KCAP_MLA_THREADS)
+    mla_v_up_kernel(KcapMlaParams p, const float* latent, const kcap_u8* vb, float* out) {
+    __shared__ float ls[KCAP_MLA_MAX_LORA];
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_mla_v_up<F>(kcap_cuda_thread(), p, latent, vb, out, ls);
 }
 
 }  // namespace
@@ -169,6 +208,47 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
         cuda::run_attention_prefill<ROPE, Q8>(stage, call);
     else
         cuda::run_attention_mma<ROPE, Q8>(stage, call);
+}
+
+// cuda.attention_mla: the call's cache rows appended, the queries absorbed, every (token, head)
+// attending over its span, then the V up-projection (kernels/attention_mla.h). Positions come from
+// the device (step[0]), so the decode graph replays at any position.
+void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call) {
+    const cuda::Context& ctx = cuda::context(call);
+    const cuda::StageData& data = cuda::stage_data(call);
+    const KcapMlaParams p = mla_params(stage, call.n_tokens, ctx.kv_format);
+    auto* cache = static_cast<kcap_u8*>(ctx.kv.at(size_t(stage.layer)).k);
+    const auto* cos_sin = reinterpret_cast<const float2*>(data.rope_table);
+    const auto* kb = static_cast<const kcap_u8*>(data.operands[1]);
+    const auto* vb = p.combined ? kb : static_cast<const kcap_u8*>(data.operands[2]);
+    const dim3 block(KCAP_MLA_THREADS);
+    const unsigned slots = unsigned(p.n_tokens * p.n_head);
+    cuda::launch(ctx, mla_append_kernel, dim3(unsigned(p.n_tokens)), block, 0, p, ctx.step, call.in2,
+                 static_cast<const float*>(data.operands[0]), cos_sin, cache);
+    const Format kb_format = stage.operands[1]->format;
+    const Format vb_format = (p.combined ? stage.operands[1] : stage.operands[2])->format;
+    switch (kb_format) {
+#define KCAP_MLA_ABSORB_CASE(NAME, DECODER)                                                                     \
+    case Format::NAME:                                                                                          \
+        cuda::launch(ctx, mla_absorb_kernel<DECODER>, dim3(slots), block, 0, p, ctx.step, call.in, kb, cos_sin, \
+                     ctx.mla_absorbed);                                                                         \
+        break;
+        KCAP_WEIGHT_FORMATS(KCAP_MLA_ABSORB_CASE)
+#undef KCAP_MLA_ABSORB_CASE
+        default: throw Error(std::string("cuda.attention_mla: no body for ") + format_name(kb_format));
+    }
+    cuda::launch(ctx, mla_attend_kernel, dim3(slots), block, 0, p, ctx.step,
+                 static_cast<const float*>(ctx.mla_absorbed), static_cast<const kcap_u8*>(cache), ctx.mla_latent);
+    switch (vb_format) {
+#define KCAP_MLA_V_UP_CASE(NAME, DECODER)                                                                      \
+    case Format::NAME:                                                                                         \
+        cuda::launch(ctx, mla_v_up_kernel<DECODER>, dim3(slots), block, 0, p,                                  \
+                     static_cast<const float*>(ctx.mla_latent), vb, call.out);                                 \
+        break;
+        KCAP_WEIGHT_FORMATS(KCAP_MLA_V_UP_CASE)
+#undef KCAP_MLA_V_UP_CASE
+        default: throw Error(std::string("cuda.attention_mla: no body for ") + format_name(vb_format));
+    }
 }
 
 #define KCAP_INSTANTIATE_ATTENTION(KIND, ROPE)                                                             \

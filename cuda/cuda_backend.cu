@@ -247,8 +247,9 @@ private:
         for (size_t i = 0; i < spec.layers.size(); ++i) {
             const LayerSpec& layer = spec.layers[i];
             if (layer.kv_source_layer >= 0) continue;  // kv_shared: reads layer kv_source_layer's cache
-            ctx.kv[i].k = arena_.alloc(size_t(ctx.n_ctx) * layer.n_head_kv * layer.head_dim * kv_bytes);
-            ctx.kv[i].v = arena_.alloc(size_t(ctx.n_ctx) * layer.n_head_kv * layer.head_dim_v * kv_bytes);
+            const KvWidths widths = kv_widths(layer);  // a latent-attention layer: its latent rows only
+            ctx.kv[i].k = arena_.alloc(size_t(ctx.n_ctx) * size_t(widths.k) * kv_bytes);
+            if (widths.v > 0) ctx.kv[i].v = arena_.alloc(size_t(ctx.n_ctx) * size_t(widths.v) * kv_bytes);
         }
         ctx.step = arena_.alloc_n<int32_t>(2);
         ctx.tokens = arena_.alloc_n<int32_t>(size_t(max_batch_));
@@ -274,7 +275,8 @@ private:
             StageData& data = stage_data_[i];
             for (size_t j = 0; j < stage.operands.size() && j < std::size(data.operands); ++j)
                 if (stage.operands[j]) data.operands[j] = device_weights_.at(stage.operands[j]->data);
-            if (stage.op == Op::Rope || stage.op == Op::QkNormRope || stage_owns_rope(stage)) {
+            if (stage.op == Op::Rope || stage.op == Op::QkNormRope || stage_owns_rope(stage) ||
+                stage.op == Op::AttentionMla) {
                 const RopeTableKey key = rope_table_key(stage);
                 auto found = rope_tables.find(key);
                 if (found == rope_tables.end()) {
@@ -284,7 +286,8 @@ private:
                     found = rope_tables.emplace(key, device).first;
                 }
                 data.rope_table = found->second;
-                data.operands[stage.op == Op::Rope ? 0 : 2] = nullptr;  // the factors are folded into the table
+                // the factors are folded into the table
+                data.operands[stage.op == Op::Rope ? 0 : stage.op == Op::AttentionMla ? 3 : 2] = nullptr;
             }
             if (stage.op == Op::Attention) {
                 // Enough splits that each takes about kAttnMinChunk keys at the longest span,
@@ -310,6 +313,18 @@ private:
             ctx.moe_rows = arena_.alloc_n<int>(moe.rows);
             ctx.moe_slot_rows = arena_.alloc_n<int>(moe.slot_rows);
             ctx.moe_tile_expert = arena_.alloc_n<int>(moe.tiles);
+        }
+        size_t mla_absorbed = 0, mla_latent = 0;
+        for (const RoutedStage& routed : plan_.stages) {
+            const StageParams& s = routed.stage.params;
+            if (routed.stage.op != Op::AttentionMla) continue;
+            const size_t slots = size_t(max_batch_) * size_t(s.n_head);
+            mla_absorbed = std::max(mla_absorbed, slots * size_t(s.kv_lora_rank + s.rope_dim));
+            mla_latent = std::max(mla_latent, slots * size_t(s.kv_lora_rank));
+        }
+        if (mla_absorbed) {
+            ctx.mla_absorbed = arena_.alloc_n<float>(mla_absorbed);
+            ctx.mla_latent = arena_.alloc_n<float>(mla_latent);
         }
         ctx.attn_partial_o = arena_.alloc_n<float>(std::max<size_t>(partial_o, 1));
         ctx.attn_partial_ml = arena_.alloc_n<float>(std::max<size_t>(partial_ml, 1));

@@ -89,6 +89,11 @@ struct Context {
     int* moe_rows = nullptr;
     int* moe_slot_rows = nullptr;
     int* moe_tile_expert = nullptr;
+    // Multi-head latent attention (cuda.attention_mla), for max_batch tokens of the widest stage:
+    // the absorbed queries [tokens][heads][kv_lora_rank + rope_dim], the weighted latents
+    // [tokens][heads][kv_lora_rank].
+    float* mla_absorbed = nullptr;
+    float* mla_latent = nullptr;
 };
 
 // m x k q8_1 values in a context's q8_rows (the form of kcap_q8_quantize_rows).

@@ -43,11 +43,12 @@ __global__ void __launch_bounds__(kMoeLogitThreads)
 }
 
 __global__ void __launch_bounds__(kMoeRouteThreads)
-    route_kernel(KcapMoeParams p, const float* token_logits, const float* expert_scale, float* routing) {
+    route_kernel(KcapMoeParams p, const float* token_logits, const float* expert_scale, float* routing,
+                 const float* choice_bias) {
     __shared__ float logits[KCAP_MOE_MAX_EXPERTS];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_route(kcap_cuda_thread(), p, token_logits, expert_scale, routing, logits);
+    kcap_moe_route(kcap_cuda_thread(), p, token_logits, expert_scale, routing, logits, choice_bias);
 }
 
 // The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
@@ -195,7 +196,8 @@ void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call) {
         default: throw Error(std::string("cuda.moe_route: no body for ") + format_name(stage.operands[0]->format));
     }
     cuda::launch(ctx, cuda::route_kernel, dim3(unsigned(p.n_tokens)), dim3(kMoeRouteThreads), 0, p,
-                 static_cast<const float*>(ctx.moe_logits), expert_scale, call.out);
+                 static_cast<const float*>(ctx.moe_logits), expert_scale, call.out,
+                 static_cast<const float*>(data.operands[3]));  // the choice bias (F32), or null
 }
 
 template <Format FORMAT>

@@ -453,6 +453,33 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
                 }
                 rows.push_back(row);
             }
+
+    // cuda.attention_mla: multi-head latent attention at every token count (SIMT,
+    // kernels/attention_mla.h): the new tokens' latent rows normed, rotated and appended, the
+    // queries absorbed through W_k_b (or the combined W_kv_b), each (token, head) attending over
+    // its causal span of cache rows, then W_v_b. Operands: the latent's norm weight (F32), W_k_b
+    // and W_v_b in any weight format, the rope frequency factors (folded into the rope table).
+    Row mla = make_row("cuda.attention_mla", Op::AttentionMla, KCAP_CUDA_ENTRY(kcap_cuda_attention_mla),
+                       {KCAP_MLA_THREADS, 0, KCAP_MLA_ATTEND_SHARED_FLOATS * 4}, kAnyTokens,
+                       {"mla_append", "mla_absorb", "mla_attend", "mla_v_up"});
+    std::vector<Format> weight_formats;
+#define KCAP_MLA_FORMAT(NAME, DECODER) weight_formats.push_back(Format::NAME);
+    KCAP_WEIGHT_FORMATS(KCAP_MLA_FORMAT)
+#undef KCAP_MLA_FORMAT
+    mla.operand_formats = {{Format::F32}, weight_formats, weight_formats, {Format::F32}};
+    mla.kv_formats = {Format::F32, Format::F16};
+    mla.features = kRopeNormal | kRopeFreqFactors | kRmsNorm | kMlaKvBCombined;
+    mla.dims.reject_of = [](const Stage& stage) -> std::string {
+        const StageParams& p = stage.params;
+        const int nope = p.head_dim - p.rope_dim;
+        if (p.kv_lora_rank % 32 || nope % 32 || p.kv_lora_rank > KCAP_MLA_MAX_LORA ||
+            p.kv_lora_rank + p.rope_dim > KCAP_MLA_MAX_WIDTH)
+            return "kv_lora_rank " + std::to_string(p.kv_lora_rank) + " and the query's non-rotated part " +
+                   std::to_string(nope) + " must be multiples of 32, kv_lora_rank at most " +
+                   std::to_string(KCAP_MLA_MAX_LORA) + " and the cache row at most " + std::to_string(KCAP_MLA_MAX_WIDTH);
+        return "";
+    };
+    rows.push_back(mla);
 }
 
 void add_cuda_activation_rows(std::vector<Row>& rows) {
@@ -488,8 +515,17 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
     // The router's bias (operand 2, F32: gpt-oss) is added to its logits.
     Row route = gpu_family_row(GpuFamily::MoeRoute, Backend::CUDA, Format::F32, KCAP_CUDA_ENTRY(kcap_cuda_moe_route),
                                {kMoeRouteThreads, 0, 0});
+    // Also the sigmoid router with its choice bias (operand 3) and group-limited routing of up to
+    // KCAP_MOE_MAX_GROUPS groups (DeepSeek V2/V3).
     route.operand_formats.push_back({Format::F32});
-    route.features |= kBias;
+    route.operand_formats.push_back({Format::F32});
+    route.features |= kBias | kExpertSigmoid | kExpertGroups | kExpertChoiceBias;
+    route.dims.reject_of = [](const Stage& stage) -> std::string {
+        if (stage.params.n_expert_groups > KCAP_MOE_MAX_GROUPS)
+            return std::to_string(stage.params.n_expert_groups) + " expert groups exceed " +
+                   std::to_string(KCAP_MOE_MAX_GROUPS);
+        return "";
+    };
     rows.push_back(route);
     // The decode-matvec experts also take the experts' biases (operands 3-5, F32) and gpt-oss's
     // clamped SwiGLU; the grouped tiles do not (a stage with them runs the matvec row at every

@@ -284,6 +284,7 @@ void kcap_cuda_argmax(const Stage& stage, const KernelCall& call);
 void kcap_cuda_sample(const Stage& stage, const KernelCall& call);
 void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call);
+void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_shared_gate(const Stage& stage, const KernelCall& call);
 
 }  // namespace kcap

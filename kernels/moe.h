@@ -7,8 +7,10 @@
 //                      all of them was 185 us a decode step on the H200 for Qwen3-30B-A3B's 1 MB
 //                      F32 router).
 //   kcap_moe_route     one simd group per token, from its logits: the n_used largest (the lower
-//                      index first on a tie, as the CPU row does), their softmax weights over
-//                      every expert, optionally renormalized, times the scale and (expert_scaled)
+//                      index first on a tie, as the CPU row does; a sigmoid router's by their
+//                      sigmoid plus a choice bias, within the best groups of group-limited
+//                      routing), their softmax weights over every expert (or their sigmoids),
+//                      optionally renormalized, times the scale and (expert_scaled)
 //                      the chosen expert's entry of expert_scale: a Routing row (ids as floats,
 //                      then weights).
 //   kcap_moe_gate_up   act(gate_e x) * up_e x of one (token, chosen expert) slot per grid row
@@ -93,24 +95,73 @@ KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KC
 }
 
 // Grid: x = tokens, one simd group each. shared: KCAP_MOE_MAX_EXPERTS floats. logits: as
-// kcap_moe_logits wrote them.
+// kcap_moe_logits wrote them. choice_bias (sigmoid routers, or null): added to each expert's
+// score for the choice, not to its weight.
 KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL float* token_logits,
                             const KCAP_GLOBAL float* expert_scale, KCAP_GLOBAL float* routing,
-                            KCAP_SHARED float* logits) {
+                            KCAP_SHARED float* logits, const KCAP_GLOBAL float* choice_bias = nullptr) {
     const int token = int(t.group_x);
     const KCAP_GLOBAL float* row = token_logits + kcap_u64(token) * kcap_u64(p.n_expert);
     for (int e = int(t.index); e < p.n_expert; e += int(t.threads)) logits[e] = row[e];
     kcap_barrier();
     // The lanes take experts lane, lane + 32, ...: the softmax's max and sum as butterfly
-    // reductions, then n_used rounds of a (logit, index) argmax over the lanes (the lower index
-    // on a tie, as the CPU row), each round's expert masked out in the shared logits after its
-    // weight is taken. No lane waits on global memory.
+    // reductions, then n_used rounds of a (score, index) argmax over the lanes (the lower index
+    // on a tie, as the CPU row), each round's expert masked out in the shared scores after its
+    // weight is taken. No lane waits on global memory. A sigmoid router's choice scores are
+    // sigmoid(logit) + choice bias (the softmax's are the logits, which it keeps in order).
     float top = KCAP_NEG_INFINITY;
-    for (int e = int(t.lane); e < p.n_expert; e += KCAP_SIMD_WIDTH) top = kcap_fmax(top, logits[e]);
-    top = kcap_simd_max(top);
     float sum = 0.0f;
-    for (int e = int(t.lane); e < p.n_expert; e += KCAP_SIMD_WIDTH) sum += kcap_exp(logits[e] - top);
-    sum = kcap_simd_sum(sum);
+    if (p.sigmoid) {
+        for (int e = int(t.lane); e < p.n_expert; e += KCAP_SIMD_WIDTH)
+            logits[e] = 1.0f / (1.0f + kcap_exp(-logits[e])) + (choice_bias ? choice_bias[e] : 0.0f);
+    } else {
+        for (int e = int(t.lane); e < p.n_expert; e += KCAP_SIMD_WIDTH) top = kcap_fmax(top, logits[e]);
+        top = kcap_simd_max(top);
+        for (int e = int(t.lane); e < p.n_expert; e += KCAP_SIMD_WIDTH) sum += kcap_exp(logits[e] - top);
+        sum = kcap_simd_sum(sum);
+    }
+    kcap_simd_barrier();
+    if (p.n_groups > 1) {
+        // Group-limited routing: lane g scores group g (its largest choice score, or the sum of
+        // its two largest), n_groups_used argmax rounds keep the best groups, and the experts of
+        // the others leave the choice.
+        const int size = p.n_expert / p.n_groups;
+        float score = KCAP_NEG_INFINITY;
+        if (int(t.lane) < p.n_groups) {
+            float first = KCAP_NEG_INFINITY, second = KCAP_NEG_INFINITY;
+            for (int i = 0; i < size; ++i) {
+                const float c = logits[int(t.lane) * size + i];
+                if (c > first) {
+                    second = first;
+                    first = c;
+                } else if (c > second) {
+                    second = c;
+                }
+            }
+            score = p.group_top2 ? first + second : first;
+        }
+        int kept = 0;
+        for (int k = 0; k < p.n_groups_used; ++k) {
+            float value = score;
+            int best = int(t.lane) < p.n_groups && !kept ? int(t.lane) : KCAP_SIMD_WIDTH;
+            if (best == KCAP_SIMD_WIDTH) value = KCAP_NEG_INFINITY;
+            for (int offset = KCAP_SIMD_WIDTH / 2; offset > 0; offset >>= 1) {
+                const float other_value = kcap_simd_shuffle_xor(value, offset);
+                const int other = kcap_simd_shuffle_xor(best, offset);
+                if (other_value > value || (other_value == value && other < best)) {
+                    value = other_value;
+                    best = other;
+                }
+            }
+            if (best == int(t.lane)) kept = 1;
+        }
+        for (int base = 0; base < p.n_expert; base += KCAP_SIMD_WIDTH) {  // uniform: every lane shuffles
+            const int e = base + int(t.lane);
+            const int keep = kcap_simd_broadcast(kept, e < p.n_expert ? e / size : 0);
+            if (e < p.n_expert && !keep) logits[e] = KCAP_NEG_INFINITY;
+        }
+        kcap_simd_barrier();
+    }
     KCAP_GLOBAL float* out = routing + kcap_u64(token) * kcap_u64(2 * p.n_used);
     float chosen = 0.0f;
     for (int k = 0; k < p.n_used; ++k) {
@@ -130,7 +181,7 @@ KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCA
             }
         }
         if (best >= p.n_expert) best = 0;  // only where every logit is NaN: stay in bounds
-        const float weight = kcap_exp(value - top) / sum;
+        const float weight = p.sigmoid ? 1.0f / (1.0f + kcap_exp(-row[best])) : kcap_exp(value - top) / sum;
         chosen += weight;
         kcap_simd_barrier();  // every lane has read logits[best] before it is masked
         if (t.lane == 0) {

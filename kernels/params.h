@@ -157,6 +157,16 @@ struct KcapSampleSettings {
 
 #define KCAP_MOE_MAX_EXPERTS 512  // the router's logits staged in threadgroup memory (DeepSeek V3: 256)
 #define KCAP_MOE_MAX_USED 32
+#define KCAP_MOE_MAX_GROUPS 32  // group-limited routing: one group per lane of the route's simd group
+// Multi-head latent attention (kernels/attention_mla.h): threads of every launch, the widest
+// latent (its weighted sum held in registers, 32 values per lane) and cache row.
+#define KCAP_MLA_THREADS 256
+#define KCAP_MLA_MAX_LORA 512
+#define KCAP_MLA_MAX_WIDTH 1024
+#define KCAP_MLA_MAX_SIMDS (KCAP_MLA_THREADS / 32)
+// kcap_mla_attend's threadgroup memory: the query, each simd group's weighted latent, its max
+// and sum.
+#define KCAP_MLA_ATTEND_SHARED_FLOATS (KCAP_MLA_MAX_WIDTH + KCAP_MLA_MAX_SIMDS * (KCAP_MLA_MAX_LORA + 2))
 // The router's logits (kernels/moe.h): tokens per group, experts per simd group, runs of x
 // staged at a time, and the staged floats (runs padded to 36 floats: KCAP_MATVEC_RUN_STRIDE;
 // 8 tokens of 28 runs fit Metal's 32 KB of threadgroup memory).
@@ -183,4 +193,29 @@ struct KcapMoeParams {
     int gate_up_merged;        // gate and up in one tensor: expert e's ff gate rows, then its ff up rows
     float swiglu_alpha;        // the clamped SwiGLU's (activation swiglu_oai)
     float swiglu_limit;
+    int sigmoid;               // each expert's sigmoid of its logit instead of a softmax over all
+    int n_groups;              // group-limited routing when > 1: experts in n_groups equal groups,
+    int n_groups_used;         // only the n_groups_used best groups' experts chosen,
+    int group_top2;            // a group scored by its two largest choice scores (else its largest)
+};
+
+// Multi-head latent attention (kernels/attention_mla.h): per token a cache row of width = lora
+// + rope values (the normed latent, the rotated rope key); query heads of nope + rope values;
+// W_k_b rows (kb_row_bytes each): head h's lora rows of nope values, or (combined) W_kv_b's
+// rows h * (nope + dv) + i of lora values; W_v_b rows: head h's dv rows of lora values, or the
+// next dv rows of W_kv_b.
+struct KcapMlaParams {
+    int n_tokens;
+    int n_head;
+    int lora;
+    int rope;
+    int nope;
+    int dv;
+    int width;
+    float scale;  // multiplies the scores
+    float eps;    // the latent's RMS norm
+    int kv_f16;
+    int combined;
+    unsigned kb_row_bytes;
+    unsigned vb_row_bytes;
 };

@@ -47,12 +47,31 @@ converter writes for the families that keep them; tensor bytes are untouched (th
 kcap installed, whose ``kcap.testing.synth`` rewrites the file). The manifest and ``meta``
 record the added keys.
 
-Mixture-of-experts families (``mixtral``, ``qwen2moe``, ``qwen3moe``, ``gemma4-moe``): the
-converter merges the per-expert checkpoint tensors into one 3-D tensor per matrix, and the
-fidelity check and the Q8_0-weights reference do the same and its inverse (``merge_experts``;
-Gemma 4 saves its experts stacked already). Their routers get larger weights (``ROUTER_SCALE``),
-and the weights seed is the first whose routers choose every token's experts with a clear margin
-(``MIN_ROUTING_MARGIN``); ``meta.routing`` records the choices.
+A third documented intervention, after the converter's run: ``deepseek2-kvb`` is the ``deepseek2``
+model (``same_model_as``: same weights, prompt and reference) in the tensor layout that llama.cpp's
+converter wrote before its MLA change, still the layout of many published DeepSeek-V2 GGUFs. The
+current converter splits each ``kv_b_proj`` into ``attn_k_b`` / ``attn_v_b``; ``legacy_kv_b_gguf``
+rewrites both converted files with one ``blk.N.attn_kv_b.weight`` per block instead (the HF
+``kv_b_proj.weight`` unchanged, rebuilt exactly from the F32 file's ``attn_k_b`` / ``attn_v_b``;
+in the q8_0 file quantized to Q8_0 as one matrix with ``gguf.quants.quantize``, as the converter
+quantizes, after checking that the same function reproduces the converter's Q8_0 ``attn_k_b`` /
+``attn_v_b`` bytes) and the metadata those files had: ``attention.head_count_kv`` = head_count,
+``key_length`` = qk_nope + qk_rope, ``value_length`` = v_head_dim, no ``key_length_mla`` /
+``value_length_mla``. Every other key and tensor is copied byte for byte with the ``gguf``
+package's writer (which reproduces the converter's files exactly when nothing changes);
+``meta.post_conversion`` and the manifest record the changes. Its ``logits_q8_0_weights`` come
+from its own Q8_0 tensors.
+
+Mixture-of-experts families (``mixtral``, ``qwen2moe``, ``qwen3moe``, ``gemma4-moe``, ``deepseek2``,
+``deepseek3``): the converter merges the per-expert checkpoint tensors into one 3-D tensor per
+matrix, and the fidelity check and the Q8_0-weights reference do the same and its inverse
+(``merge_experts``; Gemma 4 saves its experts stacked already). Their routers get larger
+weights (``ROUTER_SCALE``), and the weights seed is the first whose routers choose every token's
+experts with a clear margin (``MIN_ROUTING_MARGIN``); ``meta.routing`` records the choices.
+DeepSeek's routers choose groups of experts first, on scores (V2: softmax probabilities, a group
+scored by its largest; V3: sigmoid scores plus ``e_score_correction_bias``, a group scored by its
+two largest): their margin (``deepseek_choice_margins``) covers both choices. DeepSeek-V3's
+``e_score_correction_bias``, zero at init, gets N(0, ``SCORE_BIAS_STD``^2) values.
 
 ``REFUSED`` models (features kcap does not implement; none at present) are converted to one F32
 file each in ``tests/fixtures/conformance/refused/``, without goldens.
@@ -132,6 +151,8 @@ def _tensor_map_main(llama_dir: Path, arch: str, n_blocks: int) -> None:
             key += ".weight"  # as the converter's Gemma4Model.filter_tensors
         if arch == "gemma4" and ".experts." in key and not key.endswith(".weight"):
             key += ".weight"  # the stacked experts (experts.gate_up_proj), as filter_tensors
+        if key.endswith("e_score_correction_bias"):  # as the converter's ModelBase.filter_tensors
+            key = key[:-len("_bias")] + ".bias"
         out[name] = tmap.get_name(key, try_suffixes=(".weight", ".bias"))
         m = re.search(r"\.layers\.(\d+)\.router\.(scale|per_expert_scale)$", name)
         if arch == "gemma4" and m:  # renamed by the converter's Gemma4Model.modify_tensors
@@ -316,6 +337,14 @@ _GEMMA4_PROBES = {
 def _llama3_rope():
     return {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def _deepseek_yarn(mscale: float) -> dict:
+    """DeepSeek's YaRN parameters at the fixtures' scale: factor 4 over 64 original positions,
+    mscale = mscale_all_dim (transformers then leaves cos/sin unscaled and multiplies the softmax
+    scale by (0.1 * mscale_all_dim * ln 4 + 1)^2)."""
+    return {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+            "beta_fast": 32, "beta_slow": 1, "mscale": mscale, "mscale_all_dim": mscale}
 
 
 FAMILIES: dict[str, dict] = {
@@ -638,6 +667,88 @@ FAMILIES: dict[str, dict] = {
                "The tokenizer is the tiny GPT-2-style BPE of the other fixtures (pre gpt-2); real gpt-oss "
                "files use the o200k vocabulary with pre gpt-4o, which kcap's tokenizer implements.",
                "Router weights scaled as in mixtral (ROUTER_SCALE)."]),
+    "deepseek2": dict(
+        cls="DeepseekV2ForCausalLM", config_cls="DeepseekV2Config", tokenizer="bpe", pre="gpt-2",
+        specials=["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
+        special_roles={"bos": "<｜begin▁of▁sentence｜>", "eos": "<｜end▁of▁sentence｜>"},
+        config=dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                    q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+                    intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3,
+                    n_shared_experts=2, first_k_dense_replace=1, topk_method="group_limited_greedy", n_group=4,
+                    topk_group=2, norm_topk_prob=False, routed_scaling_factor=2.0, scoring_func="softmax",
+                    max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                    rope_parameters=_deepseek_yarn(0.707)),
+        probes={"no yarn mscale (mscale_all_dim 0)": {"rope_parameters": dict(_deepseek_yarn(0.707), mscale_all_dim=0)},
+                "greedy instead of group_limited_greedy": {"topk_method": "greedy"},
+                "routed_scaling_factor 1": {"routed_scaling_factor": 1.0},
+                "groups scored by their two largest probabilities' sum (DeepSeek-V3's rule)": "v3_group_score"},
+        notes=["DeepSeek-V2 (DeepseekV2ForCausalLM) shaped like DeepSeek-V2-Lite, with the group-limited routing of "
+               "the large DeepSeek-V2. Multi-head latent attention without the query low-rank path (q_lora_rank "
+               "None: one q_proj, 4 heads of 32 no-rope + 16 rope dims); kv_a_proj_with_mqa gives a 64-dim KV latent "
+               "(RMS-normed by kv_a_layernorm) and one 16-dim rope key shared by the heads; kv_b_proj expands the "
+               "latent per head into 32 key and 32 value dims. Rope on the 16 rope dims in interleaved pairs "
+               "(GPT-J style), YaRN factor 4 over 64 original positions, mscale = mscale_all_dim = 0.707: "
+               "transformers' cos/sin factor is 1 and the softmax scale is (0.1 * 0.707 * ln 4 + 1)^2 / sqrt(48).",
+               "Block 0 is a dense SiLU MLP of width 96 (first_k_dense_replace 1); blocks 1 and 2 have 8 routed "
+               "experts of width 32 plus the 2 shared experts as one SiLU MLP of width 64. Router: softmax over the "
+               "8 logits; group_limited_greedy: the experts in 4 groups of 2, the 2 groups with the largest MAX "
+               "probability kept, the top 3 experts of those 4; weights = their softmax probabilities (not "
+               "renormalized, norm_topk_prob false) times routed_scaling_factor 2.0. 3 experts per token (not "
+               "DeepSeek-V2-Lite's greedy top 6 of 64): with a group scored by its largest probability, the groups "
+               "of the top k experts are always among the k best groups, so the group limit changes the choice "
+               "only where topk_group (2) < k, as in DeepSeek-V2 (3 of 8 groups, top 6).",
+               "The converter (DeepseekV2Model) writes GGUF architecture deepseek2 in its MLA layout: kv_b_proj "
+               "split per head into attn_k_b (the key rows transposed, GGUF [32, 64, 4]) and attn_v_b (GGUF "
+               "[64, 32, 4]); attention.head_count_kv 1, key_length 80 / value_length 64 (the latent's sizes) and "
+               "key_length_mla 48 / value_length_mla 32 (per head); q_lora_rank absent; leading_dense_block_count 1, "
+               "expert_shared_count 2, expert_weights_scale 2.0, no expert_weights_norm, expert_group_count 4, "
+               "expert_group_used_count 2, expert_gating_func 1 (softmax, from scoring_func softmax as in "
+               "DeepSeek-V2's config.json), rope.scaling.yarn_log_multiplier 0.0707 (0.1 * mscale_all_dim). The "
+               "per-expert tensors are merged into ffn_{gate,up,down}_exps; the shared experts are ffn_*_shexp.",
+               "The GGUF does not say how a group is scored: DeepSeek-V2's group_limited_greedy takes a group's "
+               "largest probability, DeepSeek-V3's noaux_tc the sum of its two largest (biased) scores, and "
+               "llama.cpp's build_moe_ffn uses the two-largest sum for every architecture. The probe "
+               "'groups scored by their two largest probabilities' sum' shows how far that is from this model.",
+               "Router weights scaled as in mixtral (ROUTER_SCALE). meta.routing records the choices with margins "
+               "for both the group choice and the expert choice (deepseek_routing).",
+               "The converter needs no intervention for DeepSeek. It logs 'Duplicated key name' for "
+               "attention.key_length / value_length: its base class writes config.json's head_dim (transformers "
+               "saves head_dim = qk_rope_head_dim, 16) and DeepseekV2Model then overwrites both with the MLA "
+               "values, which are what the file holds."]),
+    "deepseek3": dict(
+        cls="DeepseekV3ForCausalLM", config_cls="DeepseekV3Config", tokenizer="bpe", pre="gpt-2",
+        specials=["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
+        special_roles={"bos": "<｜begin▁of▁sentence｜>", "eos": "<｜end▁of▁sentence｜>"},
+        config=dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                    q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+                    intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3,
+                    n_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2, norm_topk_prob=True,
+                    routed_scaling_factor=2.5, scoring_func="sigmoid", topk_method="noaux_tc", rope_interleave=True,
+                    max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                    rope_parameters=_deepseek_yarn(1.0)),
+        probes={"no score correction bias (every e_score_correction_bias 0)": "no_score_bias",
+                "softmax instead of sigmoid scores": "softmax_scores",
+                "no groups (n_group 1, topk_group 1)": {"n_group": 1, "topk_group": 1},
+                "norm_topk_prob false": {"norm_topk_prob": False},
+                "rope_interleave false (NEOX halves)": {"rope_interleave": False}},
+        notes=["DeepSeek-V3 (DeepseekV3ForCausalLM) at the sizes of deepseek2, with the query low-rank path: "
+               "q_a_proj (64 -> q_lora_rank 64), q_a_layernorm (RMS), q_b_proj (64 -> 4 heads of 48). rope_interleave "
+               "true: the rope dims rotate in interleaved pairs as DeepSeek's checkpoints store them. YaRN as "
+               "deepseek2 with mscale = mscale_all_dim = 1.0 (softmax scale (0.1 ln 4 + 1)^2 / sqrt(48)).",
+               "Block 0 dense (width 96); blocks 1 and 2: 8 routed experts of width 32 plus 1 shared expert (width "
+               "32). Router (scoring_func sigmoid, topk_method noaux_tc as in DeepSeek-V3's config.json): scores = "
+               "sigmoid(logits); the choice uses scores + e_score_correction_bias: 4 groups of 2, a group's score "
+               "the sum of its two largest biased scores, the 2 best groups kept, the top 3 experts among their 4; "
+               "the weights are the chosen experts' UNBIASED sigmoid scores, renormalized to sum 1 (norm_topk_prob), "
+               "times routed_scaling_factor 2.5.",
+               "e_score_correction_bias (a buffer that transformers initializes to 0) is set to N(0, 0.1^2) values "
+               "(SCORE_BIAS_STD), large enough to change the choice at many tokens (meta.routing counts them), so "
+               "that an engine that ignores it, or adds it to the weights, does not match.",
+               "The converter writes deepseek2 as for deepseek2, plus attention.q_lora_rank 64 (attn_q_a, "
+               "attn_q_a_norm, attn_q_b instead of attn_q), expert_gating_func 2 (sigmoid, from scoring_func), "
+               "expert_weights_norm true, expert_weights_scale 2.5, rope.scaling.yarn_log_multiplier 0.1, and each "
+               "router's e_score_correction_bias as blk.N.exp_probs_b.bias.",
+               "Router weights scaled as in mixtral (ROUTER_SCALE)."]),
 }
 
 # gpt-oss with its experts in MXFP4, as OpenAI ships them: the gpt-oss model (its config,
@@ -654,14 +765,35 @@ FAMILIES["gpt-oss-mxfp4"] = dict(
                "(GptOssModel.repack_mxfp4) and writes the other tensors in the outtype.",
                "Router weights scaled as in mixtral (ROUTER_SCALE)."])
 
+# deepseek2 in the layout llama.cpp's converter wrote before its MLA change (still the layout of many
+# published DeepSeek-V2 GGUFs): the deepseek2 model itself (same_model_as: its config, seeds, prompt and
+# reference), converted as deepseek2 and then rewritten by legacy_kv_b_gguf (see the module docstring).
+FAMILIES["deepseek2-kvb"] = dict(
+    {k: v for k, v in FAMILIES["deepseek2"].items() if k not in ("probes", "notes")},
+    same_model_as="deepseek2", kv_b="joined",
+    notes=["The deepseek2 model (same weights, prompt and reference logits) in the tensor layout of GGUFs "
+           "converted before llama.cpp's MLA change: one blk.N.attn_kv_b.weight per block, the HF kv_b_proj.weight "
+           "unchanged (GGUF [64, 256]: per head 32 key rows then 32 value rows), instead of attn_k_b / attn_v_b; "
+           "deepseek2.attention.head_count_kv 4 (= head_count), key_length 48 (qk_nope + qk_rope), value_length "
+           "32 (v_head_dim), and no key_length_mla / value_length_mla. Made from the converter's deepseek2 files "
+           "by legacy_kv_b_gguf (the third documented intervention); in the q8_0 file attn_kv_b is the F32 matrix "
+           "quantized to Q8_0 as one tensor, as the converter quantizes, so logits_q8_0_weights (computed from "
+           "this file's own tensors) differ from deepseek2's."])
+
 # Mixture-of-experts routers: weights ~ N(0, (ROUTER_SCALE/sqrt(hidden))^2), larger than the other
 # matrices' 1/sqrt(fan_in), so that the router's logits spread and different tokens choose
 # different experts, with margins between the k-th and (k+1)-th expert well above rounding.
 ROUTER_SCALE = 4.0
 ROUTER_NAMES = (".mlp.gate.weight", ".block_sparse_moe.gate.weight", ".router.proj.weight", ".mlp.router.weight")
+# DeepSeek-V3's e_score_correction_bias (added to the sigmoid scores for the choice only): transformers
+# initializes it to 0; N(0, SCORE_BIAS_STD^2) values change the chosen experts at many tokens.
+SCORE_BIAS_STD = 0.1
 # Smallest gap between the k-th and (k+1)-th largest router logit a fixture may have at any token
 # of the prompt and its greedy continuation (f32 rounding moves the logits by ~1e-5, Q8_0 weights
 # elsewhere in the model by ~1e-2); weights seeds are tried ROUTING_SEED_STRIDE apart until one has it.
+# DeepSeek's routers choose groups, then experts, on scores: their margin is the same quantity
+# generalized, twice the smallest change of every router logit that can alter either choice
+# (deepseek_choice_margins), which for a plain top-k router is exactly that gap.
 MIN_ROUTING_MARGIN = 0.05
 MAX_ROUTING_ATTEMPTS = 50
 ROUTING_SEED_STRIDE = 7919
@@ -754,6 +886,8 @@ def reinit(model, seed: int) -> None:
         for bname, b in model.named_buffers():
             if bname.endswith("layer_scalar"):
                 b.copy_(0.6 + 0.8 * torch.rand(b.shape, generator=g))
+            elif bname.endswith("e_score_correction_bias"):  # DeepSeek-V3's router
+                b.copy_(torch.randn(b.shape, generator=g) * SCORE_BIAS_STD)
 
 
 def forward_logits(model, ids):
@@ -810,6 +944,20 @@ def sensitivity_probes(name: str, spec: dict, model, prompt, ref_logits) -> dict
             m.load_state_dict({k: (v.clone().fill_(-1e4) if k.endswith("self_attn.sinks") else v) for k, v in state.items()})
             out["config"][desc] = float(np.max(np.abs(forward_logits(m, prompt) - ref_logits)))
             continue
+        if overrides == "no_score_bias":  # DeepSeek-V3: every e_score_correction_bias at 0
+            m = type(model)(model.config).eval()
+            m.load_state_dict({k: (v.clone().zero_() if k.endswith("e_score_correction_bias") else v)
+                               for k, v in state.items()})
+            out["config"][desc] = float(np.max(np.abs(forward_logits(m, prompt) - ref_logits)))
+            continue
+        if isinstance(overrides, str) and overrides in DEEPSEEK_ROUTER_VARIANTS:  # a rule the config cannot change
+            m = type(model)(model.config).eval()
+            m.load_state_dict(state)
+            for r in m.modules():
+                if type(r).__name__ in DEEPSEEK_ROUTERS:
+                    r.forward = DEEPSEEK_ROUTER_VARIANTS[overrides].__get__(r)
+            out["config"][desc] = float(np.max(np.abs(forward_logits(m, prompt) - ref_logits)))
+            continue
         d = model.config.to_dict()
         d.update(overrides)
         cfg = type(model.config).from_dict(d)
@@ -822,6 +970,178 @@ def sensitivity_probes(name: str, spec: dict, model, prompt, ref_logits) -> dict
     return out
 
 
+DEEPSEEK_ROUTERS = ("DeepseekV2TopkRouter", "DeepseekV3TopkRouter")
+
+
+def _group_limited_topk(choice, n_group: int, topk_group: int, k: int, group_rule: str):
+    """The experts (indices [tokens, k]) that DeepSeek's group-limited selection chooses on the
+    choice scores [tokens, n_expert]: the experts split into n_group consecutive groups, a group
+    scored by its largest score ("max", DeepSeek-V2's group_limited_greedy) or by the sum of its
+    two largest ("top2sum", DeepSeek-V3's noaux_tc), the topk_group best groups kept, then the k
+    best experts of those groups."""
+    import torch
+
+    grouped = choice.view(choice.shape[0], n_group, -1)
+    if group_rule == "max":
+        group_scores = grouped.max(dim=-1).values
+    else:
+        group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    expert_mask = group_mask.unsqueeze(-1).expand_as(grouped).reshape(choice.shape).bool()
+    return torch.topk(choice.masked_fill(~expert_mask, float("-inf")), k=k, dim=-1, sorted=False)[1]
+
+
+def _v2_router_top2sum_groups(self, hidden_states):
+    """DeepseekV2TopkRouter.forward with DeepSeek-V3's group score (sum of a group's two largest
+    probabilities) instead of its largest: a sensitivity probe."""
+    import torch.nn.functional as F
+
+    router_logits = F.linear(hidden_states.view(-1, self.hidden_dim).float(), self.weight.float())
+    scores = router_logits.softmax(dim=-1, dtype=router_logits.dtype)
+    topk_indices = _group_limited_topk(scores, self.num_group, self.topk_group, self.top_k, "top2sum")
+    return router_logits, scores.gather(1, topk_indices) * self.routed_scaling_factor, topk_indices
+
+
+def _v3_router_softmax_scores(self, hidden_states):
+    """DeepseekV3TopkRouter.forward with softmax scores instead of sigmoid (bias, groups and
+    renormalization unchanged): a sensitivity probe."""
+    import torch.nn.functional as F
+
+    router_logits = F.linear(hidden_states.view(-1, self.hidden_dim).float(), self.weight.float())
+    scores = router_logits.softmax(dim=-1)
+    topk_indices = _group_limited_topk(scores + self.e_score_correction_bias, self.num_group, self.topk_group,
+                                       self.top_k, "top2sum")
+    topk_weights = scores.gather(1, topk_indices)
+    if self.norm_topk_prob:
+        topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return router_logits, topk_weights * self.routed_scaling_factor, topk_indices
+
+
+DEEPSEEK_ROUTER_VARIANTS = {"v3_group_score": _v2_router_top2sum_groups, "softmax_scores": _v3_router_softmax_scores}
+
+
+def deepseek_router_rule(router) -> dict:
+    """How a DeepSeek router chooses, as numpy functions of its logits: the choice scores (V2:
+    the logits themselves, since softmax keeps their order within a token and a group's largest
+    probability belongs to its largest logit; V3: sigmoid(logits) + e_score_correction_bias),
+    the group rule and sizes. V2's "greedy" is one group."""
+    import numpy as np
+
+    v3 = type(router).__name__ == "DeepseekV3TopkRouter"
+    grouped = v3 or router.topk_method == "group_limited_greedy"
+    rule = {"n_group": router.num_group if grouped else 1, "topk_group": router.topk_group if grouped else 1,
+            "k": router.top_k, "group_rule": "top2sum" if v3 else "max"}
+    if v3:
+        bias = router.e_score_correction_bias.detach().double().numpy()
+        rule["score"] = lambda x: 1.0 / (1.0 + np.exp(-x))
+        rule["bias"] = bias
+    else:
+        rule["score"] = lambda x: x
+        rule["bias"] = 0.0
+    return rule
+
+
+def deepseek_choice_margins(logits, chosen, rule: dict) -> tuple:
+    """Per token, twice the largest eps such that NO change of the router logits by at most eps
+    each (|delta| <= eps) can alter (a) which groups are kept, (b) which experts are chosen among
+    the kept groups' experts; for a plain top-k router this is the k-th minus (k+1)-th largest logit.
+    The choice scores are monotone in each logit and the groups disjoint, so for a given eps the
+    worst case is exact: the kept groups (chosen experts) scored at logits - eps, the others at
+    logits + eps; eps is found by bisection. chosen: the experts the model chose [tokens, k] (a
+    chosen expert outside the kept groups, or not the top k, counts as margin 0).
+    Returns (group margins or None where every group is kept, expert margins), numpy [tokens]."""
+    import numpy as np
+
+    logits = np.asarray(logits, dtype=np.float64)
+    n_tok, n_expert = logits.shape
+    n_group, topk_group, per = rule["n_group"], rule["topk_group"], n_expert // rule["n_group"]
+
+    def choice(x):
+        return rule["score"](x) + rule["bias"]
+
+    def group_scores(c):
+        c = c.reshape(n_tok, n_group, per)
+        return c.max(axis=-1) if rule["group_rule"] == "max" else np.sort(c, axis=-1)[..., -2:].sum(axis=-1)
+
+    kept = np.zeros((n_tok, n_group), dtype=bool)
+    best_groups = np.argsort(-group_scores(choice(logits)), axis=1, kind="stable")[:, :topk_group]
+    kept[np.arange(n_tok)[:, None], best_groups] = True
+    candidates = np.repeat(kept, per, axis=1)
+    is_chosen = np.zeros((n_tok, n_expert), dtype=bool)
+    is_chosen[np.arange(n_tok)[:, None], np.asarray(chosen)] = True
+    all_chosen_kept = ~np.any(is_chosen & ~candidates, axis=1)
+
+    def groups_hold(eps):
+        lo, hi = group_scores(choice(logits - eps[:, None])), group_scores(choice(logits + eps[:, None]))
+        return np.where(kept, lo, np.inf).min(axis=1) > np.where(kept, -np.inf, hi).max(axis=1)
+
+    def experts_hold(eps):
+        lo, hi = choice(logits - eps[:, None]), choice(logits + eps[:, None])
+        others = candidates & ~is_chosen
+        worst_chosen = np.where(is_chosen, lo, np.inf).min(axis=1)
+        return all_chosen_kept & (worst_chosen > np.where(others, hi, -np.inf).max(axis=1))
+
+    def largest_safe_eps(holds, eps_max=64.0):
+        lo, hi = np.zeros(n_tok), np.full(n_tok, eps_max)
+        safe_at_zero, safe_at_max = holds(lo), holds(hi)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            ok = holds(mid)
+            lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
+        return np.where(safe_at_zero, np.where(safe_at_max, eps_max, lo), 0.0)
+
+    group = None if topk_group >= n_group else 2 * largest_safe_eps(groups_hold)
+    return group, 2 * largest_safe_eps(experts_hold)
+
+
+def deepseek_routing(model, prompt) -> dict:
+    """routing() for DeepSeek's routers (DeepseekV2TopkRouter / DeepseekV3TopkRouter), whose output
+    (router_logits, topk_weights, topk_indices) is hooked: the chosen experts as the model really
+    chose them, per MoE block (the leading dense blocks have no router). min_top_k_logit_margin is
+    the smaller of the group-choice and expert-choice margins (deepseek_choice_margins); the counts
+    say at how many tokens the groups (and, for V3, the score correction bias) change the choice
+    against plain top-k on the same scores."""
+    import numpy as np
+    import torch
+
+    blocks = {id(m): int(re.search(r"layers\.(\d+)\.", n).group(1))
+              for n, m in model.named_modules() if type(m).__name__ in DEEPSEEK_ROUTERS}
+    captured = []
+
+    def capture(m, args, out):
+        captured.append((m, out[0].detach(), out[2].detach()))
+
+    hooks = [m.register_forward_hook(capture) for m in model.modules() if type(m).__name__ in DEEPSEEK_ROUTERS]
+    try:
+        forward_logits(model, prompt)
+    finally:
+        for h in hooks:
+            h.remove()
+    layers = []
+    for router, logits, chosen in captured:  # in block order
+        rule = deepseek_router_rule(router)
+        group_margins, expert_margins = deepseek_choice_margins(logits.double().numpy(), chosen.numpy(), rule)
+        margins = expert_margins if group_margins is None else np.minimum(group_margins, expert_margins)
+        chosen_sets = [frozenset(row) for row in chosen.tolist()]
+        choice = torch.from_numpy(rule["score"](logits.double().numpy()) + rule["bias"])
+        plain = [frozenset(row) for row in torch.topk(choice, k=rule["k"], dim=-1)[1].tolist()]
+        layer = {"block": blocks[id(router)],
+                 "distinct_expert_sets": len(set(chosen_sets)),
+                 "expert_use_counts": np.bincount(chosen.flatten().numpy(), minlength=router.num_experts).tolist(),
+                 "min_top_k_logit_margin": float(margins.min()),
+                 "min_group_choice_margin": None if group_margins is None else float(group_margins.min()),
+                 "min_expert_choice_margin": float(expert_margins.min()),
+                 "tokens_where_groups_change_the_choice": sum(a != b for a, b in zip(chosen_sets, plain))}
+        if type(router).__name__ == "DeepseekV3TopkRouter":
+            unbiased = torch.from_numpy(rule["score"](logits.double().numpy()))
+            without_bias = _group_limited_topk(unbiased, rule["n_group"], rule["topk_group"], rule["k"], "top2sum")
+            layer["tokens_where_score_bias_changes_the_choice"] = sum(
+                a != frozenset(b) for a, b in zip(chosen_sets, without_bias.tolist()))
+        layers.append(layer)
+    return {"n_tokens": len(prompt), "layers": layers}
+
+
 def routing(model, prompt) -> dict | None:
     """For a mixture-of-experts model, what its routers chose on the prompt, per layer: how many
     distinct expert sets the tokens chose, how often each expert was chosen, and the smallest
@@ -830,6 +1150,8 @@ def routing(model, prompt) -> dict | None:
     import numpy as np
     import torch
 
+    if any(type(m).__name__ in DEEPSEEK_ROUTERS for m in model.modules()):
+        return deepseek_routing(model, prompt)
     routers = [m for m in model.modules() if type(m).__name__.endswith(("TopKRouter", "Gemma4TextRouter"))]
     if not routers:
         return None
@@ -908,7 +1230,9 @@ def hf_to_gguf_names(llama_dir: Path, arch: str, n_blocks: int, names: list[str]
 
 
 def expected_gguf_tensor(arch: str, hf_name: str, t, config):
-    """The converter's value transforms, applied to an HF tensor (numpy, HF layout)."""
+    """The converter's value transforms, applied to an HF tensor (numpy, HF layout). Transforms
+    that make several GGUF tensors of one HF tensor are applied to the checkpoint's tensors before
+    (gpt_oss_split, deepseek_split_kv_b, merge_experts)."""
     import numpy as np
 
     t = np.asarray(t, dtype=np.float32)
@@ -1084,6 +1408,42 @@ def gpt_oss_join(split: dict) -> dict:
     return out
 
 
+def deepseek_split_kv_b(hf: dict, n_head: int, nope: int, v: int) -> dict:
+    """DeepSeek checkpoint tensors as the converter writes them for MLA (DeepseekV2Model.modify_tensors),
+    under the names its TensorNameMap maps: each kv_b_proj.weight [n_head * (qk_nope + v), kv_lora_rank]
+    viewed per head [n_head, qk_nope + v, kv_lora_rank] and split into k_b_proj.weight (the key rows,
+    transposed: [n_head, kv_lora_rank, qk_nope]; GGUF attn_k_b) and v_b_proj.weight
+    ([n_head, v, kv_lora_rank]; GGUF attn_v_b). n_head: the config's num_key_value_heads (which
+    the converter reads), nope: qk_nope_head_dim, v: v_head_dim."""
+    import numpy as np
+
+    out = {}
+    for name, t in hf.items():
+        if name.endswith("self_attn.kv_b_proj.weight"):
+            per_head = t.reshape(n_head, nope + v, t.shape[-1])
+            stem = name[:-len("kv_b_proj.weight")]
+            out[stem + "k_b_proj.weight"] = np.ascontiguousarray(np.swapaxes(per_head[:, :nope, :], 1, 2))
+            out[stem + "v_b_proj.weight"] = np.ascontiguousarray(per_head[:, nope:, :])
+        else:
+            out[name] = t
+    return out
+
+
+def deepseek_join_kv_b(split: dict) -> dict:
+    """The inverse of deepseek_split_kv_b: k_b_proj / v_b_proj back to the checkpoint's kv_b_proj."""
+    import numpy as np
+
+    out = {}
+    for name, t in split.items():
+        if name.endswith("self_attn.k_b_proj.weight"):
+            stem = name[:-len("k_b_proj.weight")]
+            per_head = np.concatenate([np.swapaxes(t, 1, 2), split[stem + "v_b_proj.weight"]], axis=1)
+            out[stem + "kv_b_proj.weight"] = np.ascontiguousarray(per_head.reshape(-1, per_head.shape[-1]))
+        elif not name.endswith("self_attn.v_b_proj.weight"):
+            out[name] = t
+    return out
+
+
 _EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
 
 
@@ -1130,11 +1490,13 @@ def logits_from_checkpoint(model, saved: dict, prompt) -> "np.ndarray":
 
 
 def logits_from_gguf_tensors(model, mapping: dict, gguf_path: Path, arch: str, prompt,
-                             merged: dict | None = None, hf_shapes: dict | None = None):
+                             merged: dict | None = None, hf_shapes: dict | None = None, split_kv_b: bool = False):
     """The original transformers architecture (same config) running the GGUF's tensors,
     dequantized: for q8_0 this is the exact reference for an engine that dequantizes
     weights and computes in fp32. merged: merge_experts' names (the GGUF's merged expert
     tensors go back to the per-expert checkpoint tensors, loaded through from_pretrained).
+    split_kv_b: the mapping names DeepSeek's k_b_proj / v_b_proj (deepseek_split_kv_b), joined
+    back into kv_b_proj here.
     Returns (logits, routing on the prompt: None for a dense model)."""
     import numpy as np
     import torch
@@ -1168,6 +1530,8 @@ def logits_from_gguf_tensors(model, mapping: dict, gguf_path: Path, arch: str, p
                     saved[name] = np.ascontiguousarray(value[i], dtype=np.float32).reshape(hf_shapes[name])
             else:
                 saved[hf_name] = np.ascontiguousarray(value, dtype=np.float32).reshape(hf_shapes[hf_name])
+        if split_kv_b:
+            saved = deepseek_join_kv_b(saved)
         return logits_from_checkpoint(model, saved, prompt)
     original = model.state_dict()
     aliases: dict[int, list[str]] = {}  # tied parameters appear under several keys
@@ -1188,9 +1552,11 @@ def logits_from_gguf_tensors(model, mapping: dict, gguf_path: Path, arch: str, p
     return forward_logits(m, prompt), routing(m, prompt)
 
 
-def tensor_fidelity(llama_dir: Path, hf_dir: Path, gguf_paths: dict[str, Path], arch: str, config) -> dict:
+def tensor_fidelity(llama_dir: Path, hf_dir: Path, gguf_paths: dict[str, Path], arch: str, config,
+                    split_kv_b: bool = False) -> dict:
     """Compares every GGUF tensor with the HF tensor it came from (after the converter's
-    documented transforms). f32 must be exact; q8_0 shows the quantization error."""
+    documented transforms). f32 must be exact; q8_0 shows the quantization error.
+    split_kv_b: the GGUFs hold DeepSeek's kv_b_proj split for MLA (deepseek_split_kv_b)."""
     import numpy as np
     from gguf import GGUFReader
     from gguf.quants import dequantize
@@ -1199,6 +1565,8 @@ def tensor_fidelity(llama_dir: Path, hf_dir: Path, gguf_paths: dict[str, Path], 
     hf = load_file(str(hf_dir / "model.safetensors"))
     if arch == "gpt-oss":
         hf = gpt_oss_split(mxfp4_dequantized(hf))
+    if split_kv_b:
+        hf = deepseek_split_kv_b(hf, config.num_key_value_heads, config.qk_nope_head_dim, config.v_head_dim)
     hf_shapes = {k: list(v.shape) for k, v in hf.items()}
     hf, merged = merge_experts(hf)
     mapping = hf_to_gguf_names(llama_dir, arch, config.num_hidden_layers, sorted(hf))
@@ -1334,6 +1702,107 @@ def add_metadata(path: Path, keys: dict) -> None:
 
 
 # ----------------------------------------------------------------------------------------
+# deepseek2 in the layout before llama.cpp's MLA change (the third intervention)
+# ----------------------------------------------------------------------------------------
+
+
+def deepseek_kv_b_from_gguf(path: Path) -> dict:
+    """{block: kv_b_proj.weight} (F32, [n_head * (qk_nope + v), kv_lora_rank]) joined back from an
+    F32 deepseek2 file's attn_k_b / attn_v_b (deepseek_join_kv_b)."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    split = {}
+    for t in GGUFReader(path).tensors:
+        m = re.match(r"blk\.(\d+)\.attn_(k|v)_b\.weight$", t.name)
+        if m:
+            if t.tensor_type.name != "F32":
+                raise RuntimeError(f"{path.name}: {t.name} is {t.tensor_type.name}, want F32")
+            split[f"{m.group(1)}.self_attn.{m.group(2)}_b_proj.weight"] = np.asarray(t.data, dtype=np.float32)
+    return {int(k.split(".")[0]): v for k, v in deepseek_join_kv_b(split).items()}
+
+
+def legacy_kv_b_gguf(path: Path, kv_b: dict) -> dict:
+    """Rewrites a converted deepseek2 GGUF in the layout llama.cpp's converter wrote before its MLA
+    change: in each block, attn_k_b and attn_v_b are replaced (at attn_k_b's place) by one
+    blk.N.attn_kv_b.weight = kv_b[N], the HF kv_b_proj.weight unchanged (GGUF shape
+    [kv_lora_rank, n_head * (qk_nope + v)]), in F32 in an F32 file, and in a Q8_0 file quantized as
+    the converter quantizes a 2-D weight (gguf.quants.quantize to Q8_0, F16 if its rows do not fit
+    Q8_0 blocks); attention.head_count_kv = head_count, key_length = key_length_mla (qk_nope +
+    qk_rope), value_length = value_length_mla (v), and the two _mla keys removed. Every other key
+    and tensor is copied byte for byte (the gguf package's writer reproduces the converter's file
+    exactly when nothing changes). Returns what changed, for the manifest."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, QuantError
+    from gguf.quants import quantize
+
+    reader = GGUFReader(path)
+    fields = reader.fields
+    arch = fields["general.architecture"].contents()
+    if arch != "deepseek2":
+        raise RuntimeError(f"{path.name}: architecture {arch!r}, want deepseek2")
+    p = f"{arch}.attention."
+    changed = {p + "head_count_kv": int(fields[f"{arch}.attention.head_count"].contents()),
+               p + "key_length": int(fields[p + "key_length_mla"].contents()),
+               p + "value_length": int(fields[p + "value_length_mla"].contents())}
+    removed = [p + "key_length_mla", p + "value_length_mla"]
+    quantized = fields["general.file_type"].contents() != 0  # 0: ALL_F32; else the q8_0 outtype
+    kv_b_type = GGMLQuantizationType.Q8_0 if quantized else GGMLQuantizationType.F32
+    tensors = {t.name: t for t in reader.tensors}
+
+    tmp = path.with_name(path.name + ".tmp")
+    writer = GGUFWriter(tmp, arch)  # writes general.architecture first, as the converter
+    for key, f in fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in removed:
+            continue
+        vtype = f.types[0]
+        sub = f.types[1] if vtype == GGUFValueType.ARRAY and len(f.types) > 1 else None
+        writer.add_key_value(key, changed.get(key, f.contents()), vtype, sub)
+    replaced = {}
+    for t in reader.tensors:
+        m = re.match(r"blk\.(\d+)\.attn_(k|v)_b\.weight$", t.name)
+        if m and m.group(2) == "v":
+            continue
+        if m:
+            block = int(m.group(1))
+            value = np.ascontiguousarray(kv_b[block], dtype=np.float32)
+            name, qtype = f"blk.{block}.attn_kv_b.weight", kv_b_type
+            if quantized:
+                # the converter quantized attn_k_b / attn_v_b from these same F32 values: this gguf
+                # package must reproduce its bytes for attn_kv_b's quantization to be the converter's
+                k_b, v_b = tensors[f"blk.{block}.attn_k_b.weight"], tensors[f"blk.{block}.attn_v_b.weight"]
+                # GGUF shapes [qk_nope, kv_lora_rank, n_head] and [kv_lora_rank, v, n_head]
+                k_b_v_b = deepseek_split_kv_b({"self_attn.kv_b_proj.weight": value}, int(k_b.shape[2]),
+                                              int(k_b.shape[0]), int(v_b.shape[1]))
+                for which in ("k", "v"):
+                    ref = tensors[f"blk.{block}.attn_{which}_b.weight"]
+                    mine = quantize(k_b_v_b[f"self_attn.{which}_b_proj.weight"], ref.tensor_type)
+                    if not np.array_equal(mine.reshape(-1), np.asarray(ref.data).reshape(-1)):
+                        raise RuntimeError(f"gguf.quants.quantize does not reproduce the converter's {ref.name}")
+                try:
+                    data = quantize(value, qtype)
+                except QuantError:
+                    qtype = GGMLQuantizationType.F16
+                    data = quantize(value, qtype)
+                writer.add_tensor(name, data, raw_dtype=qtype)
+            else:
+                writer.add_tensor(name, value)
+            replaced[name] = {"type": qtype.name, "shape": [int(value.shape[1]), int(value.shape[0])],
+                              "replaces": [t.name, f"blk.{block}.attn_v_b.weight"]}
+        elif t.tensor_type == GGMLQuantizationType.F32:
+            writer.add_tensor(t.name, np.asarray(t.data))
+        else:
+            writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(path)
+    return {"layout": "kv_b (before llama.cpp's MLA change)", "metadata_changed": changed,
+            "metadata_removed": removed, "tensors_replaced": replaced}
+
+
+# ----------------------------------------------------------------------------------------
 # driver
 # ----------------------------------------------------------------------------------------
 
@@ -1361,9 +1830,12 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
         shutil.rmtree(hf_dir)
     hf_dir.mkdir(parents=True)
     roles = write_tokenizer(hf_dir, spec)
-    prompt = make_prompt(name)
-    perturb_seed = family_seed(name) + 1
-    model = build_model(name, spec, roles, perturb_seed=perturb_seed)
+    # a family may be another family's model in another file layout (deepseek2-kvb): then the
+    # weights, prompt and reference are that family's
+    model_name = spec.get("same_model_as", name)
+    prompt = make_prompt(model_name)
+    perturb_seed = family_seed(model_name) + 1
+    model = build_model(model_name, spec, roles, perturb_seed=perturb_seed)
     ref = reference(model, prompt)
     routes = routing(model, prompt + ref["greedy_ids"].tolist())
     # A mixture of experts: the first weights whose routers choose every token's experts with a
@@ -1372,8 +1844,8 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
     for attempt in range(1, MAX_ROUTING_ATTEMPTS):
         if routes is None or min(layer["min_top_k_logit_margin"] for layer in routes["layers"]) >= MIN_ROUTING_MARGIN:
             break
-        perturb_seed = family_seed(name) + 1 + ROUTING_SEED_STRIDE * attempt
-        model = build_model(name, spec, roles, perturb_seed=perturb_seed)
+        perturb_seed = family_seed(model_name) + 1 + ROUTING_SEED_STRIDE * attempt
+        model = build_model(model_name, spec, roles, perturb_seed=perturb_seed)
         ref = reference(model, prompt)
         routes = routing(model, prompt + ref["greedy_ids"].tolist())
     else:
@@ -1414,7 +1886,8 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
     GOLDENS.mkdir(parents=True, exist_ok=True)
     files, inspected, reload = {}, {}, {}
     added = {}
-    for outtype in OUTTYPES:
+    post_conversion, kv_b = {}, None
+    for outtype in OUTTYPES:  # f32 first: the kv_b layout's q8_0 file quantizes the f32 file's values
         out = FIXTURES / f"{name}-{outtype}.gguf"
         if out.exists():
             out.unlink()
@@ -1425,6 +1898,10 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
             arch = bytes(GGUFReader(out).fields["general.architecture"].parts[-1]).decode()
             added = ADDED_METADATA[spec["add_metadata"]](arch, model.config)
             add_metadata(out, added)
+        if spec.get("kv_b") == "joined":
+            if kv_b is None:
+                kv_b = deepseek_kv_b_from_gguf(out)
+            post_conversion[outtype] = legacy_kv_b_gguf(out, kv_b)
         size = out.stat().st_size
         if size >= MAX_FILE_BYTES:
             raise RuntimeError(f"{out.name} is {size} bytes (limit {MAX_FILE_BYTES})")
@@ -1442,8 +1919,10 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
 
     md = inspected["f32"]["metadata"]
     arch = md["general.architecture"]
+    # the converter splits DeepSeek's kv_b_proj for MLA; the kv_b layout keeps it whole
+    split_kv_b = arch == "deepseek2" and spec.get("kv_b") != "joined"
     fidelity = tensor_fidelity(llama_dir, hf_dir, {t: FIXTURES / files[t]["file"] for t in OUTTYPES},
-                               arch, model.config)
+                               arch, model.config, split_kv_b=split_kv_b)
     n_tok = int(md["tokenizer.ggml.tokens"].split()[-1].rstrip(">"))
     emb_rows = inspected["f32"]["tensors"]["token_embd.weight"]["shape"][1]
     if n_tok != VOCAB or emb_rows != VOCAB:
@@ -1454,7 +1933,7 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
     for t in OUTTYPES:
         gguf_logits[t], routing_of_gguf_weights[t] = logits_from_gguf_tensors(
             model, fidelity["hf_to_gguf"], FIXTURES / files[t]["file"], arch, prompt, fidelity["merged_experts"],
-            fidelity["hf_shapes"])
+            fidelity["hf_shapes"], split_kv_b=split_kv_b)
     for t in OUTTYPES:
         fidelity[t]["logits_max_abs_delta"] = float(np.max(np.abs(gguf_logits[t] - ref["logits"])))
 
@@ -1470,8 +1949,8 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
         "gguf_architecture": inspected["f32"]["metadata"].get("general.architecture"),
         "tokenizer": spec["tokenizer"] + (f" (tokenizer.ggml.pre forced to {spec['pre']!r})" if spec.get("pre") else ""),
         "special_token_ids": roles,
-        "prompt_seed": family_seed(name) + 7,
-        "weights_seed": family_seed(name),
+        "prompt_seed": family_seed(model_name) + 7,
+        "weights_seed": family_seed(model_name),
         "perturb_seed": perturb_seed,
         "attention": "eager",
         "dtype": "float32",
@@ -1485,6 +1964,13 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
         "routing": routes and dict(routes, q8_0_weights=routing_of_gguf_weights["q8_0"]),
         "notes": notes,
     }
+    if model_name != name:
+        meta["same_model_as"] = model_name
+    if post_conversion:
+        meta["post_conversion"] = post_conversion
+    if spec["cls"].startswith("Deepseek"):
+        # MLA's softmax scale: 1/sqrt(qk_nope + qk_rope) times YaRN's mscale(mscale_all_dim)^2
+        meta["attention_softmax_scale"] = float(model.model.layers[0].self_attn.scaling)
     # Scaled rope (YaRN): transformers' own frequencies and cos/sin factor, which tests compare
     # with kcap's rope table directly.
     rope_reference = {}
@@ -1504,7 +1990,7 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
         logits_q8_0_weights=gguf_logits["q8_0"].astype(np.float32),
         meta=np.array(json.dumps(meta, sort_keys=True, default=str)),
     )
-    return {
+    entry = {
         "hf_class": spec["cls"],
         "gguf_architecture": meta["gguf_architecture"],
         "files": files,
@@ -1526,6 +2012,10 @@ def run_family(name: str, llama_dir: Path, work: Path, args) -> dict:
         "greedy_min_margin": float(ref["greedy_margins"].min()),
         "logit_std": float(ref["logits"].std()),
     }
+    for key in ("same_model_as", "post_conversion", "attention_softmax_scale"):
+        if key in meta:
+            entry[key] = meta[key]
+    return entry
 
 
 def run_refused(name: str, llama_dir: Path, work: Path) -> dict:

@@ -55,6 +55,7 @@ py::dict route_to_dict(const RouteInfo& r) {
     d["backend"] = r.backend;
     d["tokens_min"] = r.tokens_min;
     d["tokens_max"] = r.tokens_max ? py::object(py::int_(r.tokens_max)) : py::object(py::none());
+    d["kv_bytes_per_token"] = r.kv_bytes_per_token;
     return d;
 }
 
@@ -137,19 +138,21 @@ void add_tensor_view(ModelSpec& spec, const std::string& name, const std::string
 }  // namespace
 
 void init_engine(py::module_& m) {
-    py::enum_<NormKind>(m, "NormKind").value("RMS", NormKind::RMS).value("Layer", NormKind::Layer);
-    py::enum_<Activation>(m, "Activation")
-        .value("SiLU", Activation::SiLU)
-        .value("GeluTanh", Activation::GeluTanh)
-        .value("GeluErf", Activation::GeluErf)
-        .value("ReLU", Activation::ReLU)
-        .value("SwigluOai", Activation::SwigluOai);
-    py::enum_<RopeStyle>(m, "RopeStyle")
-        .value("None_", RopeStyle::None)
-        .value("Normal", RopeStyle::Normal)
-        .value("NeoX", RopeStyle::NeoX);
-
-    py::enum_<ExpertGating>(m, "ExpertGating").value("Softmax", ExpertGating::Softmax);
+    // Each enum's Python values come from its list in model_spec.h (a value named None is None_).
+#define KCAP_BIND_ENUM_VALUE(VALUE, NAME) e.value(std::string(#VALUE) == "None" ? "None_" : #VALUE, Enum::VALUE);
+#define KCAP_BIND_ENUM(TYPE, LIST)        \
+    {                                     \
+        using Enum = TYPE;                \
+        py::enum_<TYPE> e(m, #TYPE);      \
+        LIST(KCAP_BIND_ENUM_VALUE)        \
+    }
+    KCAP_BIND_ENUM(NormKind, KCAP_NORM_KINDS)
+    KCAP_BIND_ENUM(Activation, KCAP_ACTIVATIONS)
+    KCAP_BIND_ENUM(RopeStyle, KCAP_ROPE_STYLES)
+    KCAP_BIND_ENUM(ExpertGating, KCAP_EXPERT_GATINGS)
+    KCAP_BIND_ENUM(ExpertGroupScore, KCAP_EXPERT_GROUP_SCORES)
+#undef KCAP_BIND_ENUM
+#undef KCAP_BIND_ENUM_VALUE
     py::class_<RopeYarn> yarn(m, "RopeYarn", "YaRN rope scaling of a layer (none unless factor > 0).");
     yarn.def(py::init<>());
 #define KCAP_BIND_FIELD(TYPE, NAME, DEFAULT) yarn.def_readwrite(#NAME, &RopeYarn::NAME);

@@ -42,6 +42,7 @@ std::string write_value(NormKind v) { return json::quote(norm_kind_name(v)); }
 std::string write_value(Activation v) { return json::quote(activation_name(v)); }
 std::string write_value(RopeStyle v) { return json::quote(rope_style_name(v)); }
 std::string write_value(ExpertGating v) { return json::quote(expert_gating_name(v)); }
+std::string write_value(ExpertGroupScore v) { return json::quote(expert_group_score_name(v)); }
 std::string write_value(const RopeYarn& v) {
     std::string out = "{";
 #define KCAP_WRITE_FIELD(TYPE, NAME, DEFAULT) out += (out.size() > 1 ? ", " : "") + json::quote(#NAME) + ": " + write_value(v.NAME);
@@ -174,6 +175,7 @@ struct Reader {
     KCAP_READ_ENUM(Activation, KCAP_ACTIVATIONS, activation_name)
     KCAP_READ_ENUM(RopeStyle, KCAP_ROPE_STYLES, rope_style_name)
     KCAP_READ_ENUM(ExpertGating, KCAP_EXPERT_GATINGS, expert_gating_name)
+    KCAP_READ_ENUM(ExpertGroupScore, KCAP_EXPERT_GROUP_SCORES, expert_group_score_name)
 #undef KCAP_READ_ENUM
 #undef KCAP_ENUM_VALUES
     void read(const Value& v, RopeYarn& out, const std::string& where) const {

@@ -41,7 +41,7 @@ std::vector<RouteInfo> describe(const Plan& plan) {
         for (const Route& route : routed.routes)
             routes.push_back({s.layer, s.name, op_name(s.op), describe_formats(s), describe_dims(s),
                               feature_names(s.features), route.row->kernel, backend_name(route.row->backend),
-                              route.tokens.min, route.tokens.max});
+                              route.tokens.min, route.tokens.max, kv_bytes_per_token(s)});
     }
     return routes;
 }

@@ -23,6 +23,7 @@ KCAP_ENUM_NAME_FUNCTION(norm_kind_name, NormKind, KCAP_NORM_KINDS)
 KCAP_ENUM_NAME_FUNCTION(activation_name, Activation, KCAP_ACTIVATIONS)
 KCAP_ENUM_NAME_FUNCTION(rope_style_name, RopeStyle, KCAP_ROPE_STYLES)
 KCAP_ENUM_NAME_FUNCTION(expert_gating_name, ExpertGating, KCAP_EXPERT_GATINGS)
+KCAP_ENUM_NAME_FUNCTION(expert_group_score_name, ExpertGroupScore, KCAP_EXPERT_GROUP_SCORES)
 
 const TensorRef& ModelSpec::tensor(const std::string& name) const {
     auto it = tensors.find(name);

@@ -13,11 +13,20 @@ namespace kcap {
 
 namespace {
 
+// Where a KV head's keys and values sit in a cache row: KV head h's key at h * k_head_stride, its
+// value at h * v_head_stride of the V row, or (values_in_keys, multi-head latent attention) the
+// first head_dim_v values of its key.
+struct KvHeadLayout {
+    int64_t k_head_stride = 0;
+    int64_t v_head_stride = 0;
+    bool values_in_keys = false;
+};
+
 // Query rows [begin, end) (token x KV head) of one call: scores, softmax, the weighted values.
 // sinks (attention sinks, or null): a logit per query head that joins each softmax's
 // denominator and weighs no value.
 KCAP_HOT_LOOP void attend(const StageParams& p, const KernelCall& call, const KvLayer& kv, const float* sinks,
-                          int64_t begin, int64_t end) {
+                          const KvHeadLayout& layout, int64_t begin, int64_t end) {
     const int group = p.n_head / p.n_head_kv;  // query heads per KV head
     std::vector<float> scores, key(size_t(p.head_dim)), value(size_t(p.head_dim_v));
     for (int64_t t = begin; t < end; ++t) {
@@ -28,7 +37,7 @@ KCAP_HOT_LOOP void attend(const StageParams& p, const KernelCall& call, const Kv
         const int64_t span = pos - first + 1;
         scores.assign(size_t(span) * group, 0.0f);
         for (int64_t j = 0; j < span; ++j) {
-            const float* k_row = kv.k_span(first + j, int64_t(kvh) * p.head_dim, p.head_dim, key.data());
+            const float* k_row = kv.k_span(first + j, kvh * layout.k_head_stride, p.head_dim, key.data());
             for (int g = 0; g < group; ++g) {
                 const float* q = call.in + (m * p.n_head + int64_t(kvh) * group + g) * p.head_dim;
                 float s = dot_f32(q, k_row, p.head_dim) * p.scale;
@@ -54,7 +63,9 @@ KCAP_HOT_LOOP void attend(const StageParams& p, const KernelCall& call, const Kv
             std::fill(out, out + p.head_dim_v, 0.0f);
         }
         for (int64_t j = 0; j < span; ++j) {
-            const float* v_row = kv.v_span(first + j, int64_t(kvh) * p.head_dim_v, p.head_dim_v, value.data());
+            const float* v_row = layout.values_in_keys
+                                     ? kv.k_span(first + j, kvh * layout.k_head_stride, p.head_dim_v, value.data())
+                                     : kv.v_span(first + j, kvh * layout.v_head_stride, p.head_dim_v, value.data());
             for (int g = 0; g < group; ++g) {
                 const float w = scores[size_t(g) * span + j];
                 float* out = call.out + (m * p.n_head + int64_t(kvh) * group + g) * p.head_dim_v;
@@ -82,7 +93,112 @@ void attention_kernel(const Stage& stage, const KernelCall& call) {
     const float* sinks = stage.operands.size() > 3 && stage.operands[3]
                              ? reinterpret_cast<const float*>(stage.operands[3]->data) : nullptr;
     state.pool.parallel_for(int64_t(call.n_tokens) * p.n_head_kv,
-                            [&](int64_t begin, int64_t end) { attend(p, call, kv, sinks, begin, end); });
+                            [&](int64_t begin, int64_t end) {
+                                attend(p, call, kv, sinks, {p.head_dim, p.head_dim_v, false}, begin, end);
+                            });
+}
+
+// Multi-head latent attention (Op::AttentionMla). Each new token's compressed row in K (the
+// latent, kv_lora_rank values, then the rope key, rope_dim values) is RMS-normed (the latent, by
+// operand 0) and rotated (the rope key) and appended to the cache as one key row. Head h's
+// query (the non-rotated part q_n, then the rope part, rotated here) becomes an absorbed query
+// [W_kb[h]^T q_n, rotated q_r] of the cache row's width; attention over the cache rows then
+// treats them as one KV head whose values are the rows' latents, and head h's output is
+// W_vb[h] times its weighted latent. W_kb[h] is W_k_b's matrix h ([kv_lora_rank] rows of
+// head_dim - rope_dim) or, combined (kMlaKvBCombined), rows h * (nope + head_dim_v) .. + nope of
+// W_kv_b ([nope] rows of kv_lora_rank, so the product is by its transpose); W_vb[h] is W_v_b's
+// matrix h or the next head_dim_v rows of W_kv_b.
+void attention_mla_kernel(const Stage& stage, const KernelCall& call) {
+    const StageParams& p = stage.params;
+    CpuState& state = cpu_state(call.backend_state);
+    KvLayer& kv = state.kv.at(size_t(stage.layer));
+    const int64_t lora = p.kv_lora_rank, rope = p.rope_dim, nope = p.head_dim - rope, dv = p.head_dim_v;
+    const int64_t width = lora + rope;  // one cache row
+    const int heads = p.n_head;
+    const int half = int(rope / 2);
+    const bool combined = (stage.features & kMlaKvBCombined) != 0;
+    const bool neox = (stage.features & kRopeNeox) != 0;
+    const float* norm = reinterpret_cast<const float*>(stage.operands[0]->data);
+    const TensorRef& kb = *stage.operands[1];
+    const TensorRef& vb = combined ? kb : *stage.operands[2];
+    const TensorRef* factor_tensor = stage.operands.size() > 3 ? stage.operands[3] : nullptr;
+    const std::vector<float> cos_sin = rope_cos_sin(p, factor_tensor ? reinterpret_cast<const float*>(factor_tensor->data) : nullptr,
+                                                    call.pos0, call.n_tokens);
+    const auto cos_of = [&](int m) { return &cos_sin[size_t(m) * 2 * half]; };
+    const auto sin_of = [&](int m) { return &cos_sin[size_t(m) * 2 * half + half]; };
+
+    // The new cache rows.
+    kv.reserve_positions(call.pos0 + call.n_tokens);
+    std::vector<float> row(static_cast<size_t>(width));
+    for (int m = 0; m < call.n_tokens; ++m) {
+        const float* src = call.in2 + m * width;
+        double squares = 0.0;
+        for (int64_t i = 0; i < lora; ++i) squares += double(src[i]) * src[i];
+        const float inv = float(1.0 / std::sqrt(squares / double(lora) + double(p.eps)));
+        for (int64_t i = 0; i < lora; ++i) row[size_t(i)] = src[i] * inv * norm[i];
+        std::copy(src + lora, src + width, row.begin() + lora);
+        rotate_pairs(row.data() + lora, cos_of(m), sin_of(m), int(rope), neox);
+        kv.store(call.pos0 + m, row.data(), nullptr);
+    }
+
+    // Absorbed queries [token][head][width].
+    const size_t kb_row = row_bytes(kb.format, kb.row_length()), vb_row = row_bytes(vb.format, vb.row_length());
+    std::vector<float> absorbed(size_t(call.n_tokens) * heads * size_t(width));
+    state.pool.parallel_for(int64_t(call.n_tokens) * heads, [&](int64_t begin, int64_t end) {
+        std::vector<float> dequantized(combined ? size_t(lora) : 0);
+        for (int64_t t = begin; t < end; ++t) {
+            const int m = int(t / heads);
+            const int64_t h = t % heads;
+            const float* q = call.in + t * p.head_dim;
+            float* out = &absorbed[size_t(t) * size_t(width)];
+            if (combined) {
+                std::fill(out, out + lora, 0.0f);
+                for (int64_t i = 0; i < nope; ++i) {
+                    dequantize_row(kb.format, kb.data + size_t(h * (nope + dv) + i) * kb_row, dequantized.data(), lora);
+                    for (int64_t c = 0; c < lora; ++c) out[c] += q[i] * dequantized[size_t(c)];
+                }
+            } else {
+                for (int64_t c = 0; c < lora; ++c) out[c] = dot_row(kb.format, kb.data + size_t(h * lora + c) * kb_row, q, nope);
+            }
+            std::copy(q + nope, q + p.head_dim, out + lora);
+            rotate_pairs(out + lora, cos_of(m), sin_of(m), int(rope), neox);
+        }
+    });
+
+    // Attention over the latent rows: one KV head of width lora + rope, its values the latents.
+    StageParams latent = p;
+    latent.n_head_kv = 1;
+    latent.head_dim = int(width);
+    latent.head_dim_v = int(lora);
+    latent.sliding_window = 0;
+    latent.softcap = 0.0f;
+    std::vector<float> weighted(size_t(call.n_tokens) * heads * size_t(lora));
+    KernelCall inner = call;
+    inner.in = absorbed.data();
+    inner.out = weighted.data();
+    state.pool.parallel_for(int64_t(call.n_tokens) * heads, [&](int64_t begin, int64_t end) {
+        // Each task: query heads of one token, as one KV head of group 1 reading the shared row.
+        StageParams one = latent;
+        one.n_head = 1;
+        for (int64_t t = begin; t < end; ++t) {
+            KernelCall head = inner;
+            head.in = absorbed.data() + t * width;
+            head.out = weighted.data() + t * lora;
+            head.pos0 = call.pos0 + int(t / heads);
+            attend(one, head, kv, nullptr, {0, 0, true}, 0, 1);
+        }
+    });
+
+    // Each head's output: W_vb[h] times its weighted latent.
+    const int64_t v_first = combined ? nope : 0, v_head_rows = combined ? nope + dv : dv;
+    state.pool.parallel_for(int64_t(call.n_tokens) * heads, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            const int64_t h = t % heads;
+            for (int64_t j = 0; j < dv; ++j)
+                call.out[t * dv + j] = dot_row(vb.format, vb.data + size_t(h * v_head_rows + v_first + j) * vb_row,
+                                               &weighted[size_t(t) * size_t(lora)], lora);
+        }
+    });
 }
 
 }  // namespace
@@ -98,6 +214,18 @@ void add_cpu_attention_rows(std::vector<Row>& rows) {
     row.features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared | kSinks;
     row.fn = attention_kernel;
     rows.push_back(row);
+
+    Row mla;
+    mla.kernel = "cpu.attention_mla";
+    mla.op = Op::AttentionMla;
+    mla.backend = Backend::CPU;
+    mla.kv_formats = {Format::F32, Format::F16};
+    std::vector<Format> formats;
+    for (const FormatInfo& info : all_formats()) formats.push_back(info.format);
+    mla.operand_formats = {{Format::F32}, formats, formats, {Format::F32}};
+    mla.features = kRopeNormal | kRopeNeox | kRopeFreqFactors | kRmsNorm | kMlaKvBCombined;
+    mla.fn = attention_mla_kernel;
+    rows.push_back(mla);
 }
 
 }  // namespace kcap

@@ -28,8 +28,9 @@ public:
         for (size_t i = 0; i < spec.layers.size(); ++i) {
             KvLayer& kv = state_.kv[i];
             kv.format = plan_.options.kv_format;
-            kv.k_width = int64_t(spec.layers[i].n_head_kv) * spec.layers[i].head_dim;
-            kv.v_width = int64_t(spec.layers[i].n_head_kv) * spec.layers[i].head_dim_v;
+            const KvWidths widths = kv_widths(spec.layers[i]);
+            kv.k_width = widths.k;
+            kv.v_width = widths.v;
         }
         buffers_.resize(plan_.buffer_widths.size());
     }

@@ -9,12 +9,15 @@
 
 #include "core/hot_loop.h"
 #include "cpu/thread_pool.h"
+#include "dispatch/rope_table.h"
 #include "kcap/formats.h"
 #include "kcap/model_spec.h"
 
 namespace kcap {
 
-// Keys and values of one layer, position-major: row p holds n_head_kv * head_dim elements.
+// Keys and values of one layer, position-major: row p holds k_width keys and v_width values
+// (kv_widths: a multi-head latent attention layer keeps its latent and rope key as the key row
+// and no values).
 // Storage grows with the sequence (up to n_ctx), so a long context costs memory only when
 // it is used. The element type is a plan parameter: f32 or f16.
 struct KvLayer {
@@ -51,6 +54,37 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
     for (int j = 0; j < kLanes; ++j) sum += acc[j];
     for (; i < n; ++i) sum += a[i] * b[i];
     return sum;
+}
+
+// Rotates the rope_dim values at x in place: Normal style pairs (x[2i], x[2i+1]), NeoX style
+// (x[i], x[i + rope_dim/2]), pair i by the angle whose cos and sin are cos_t[i] and sin_t[i].
+inline void rotate_pairs(float* x, const float* cos_t, const float* sin_t, int rope_dim, bool neox) {
+    const int half = rope_dim / 2;
+    for (int i = 0; i < half; ++i) {
+        const int a = neox ? i : 2 * i;
+        const int b = neox ? i + half : 2 * i + 1;
+        const float x0 = x[a], x1 = x[b];
+        x[a] = x0 * cos_t[i] - x1 * sin_t[i];
+        x[b] = x0 * sin_t[i] + x1 * cos_t[i];
+    }
+}
+
+// For positions pos0 .. pos0 + n - 1, rope_dim / 2 cosines then rope_dim / 2 sines each: the
+// angles (position * rope_freq_scale) * inv_freq_i in double (dispatch/rope_table.h, as the GPU
+// tables), times the attention factor.
+inline std::vector<float> rope_cos_sin(const StageParams& p, const float* factors, int64_t pos0, int n) {
+    const int half = p.rope_dim / 2;
+    const std::vector<double> inv_freq = rope_inv_freqs(p, factors);
+    const double scale = rope_attn_factor(p);
+    std::vector<float> out(size_t(n) * 2 * half);
+    for (int m = 0; m < n; ++m) {
+        const double pos = double(pos0 + m) * double(p.rope_freq_scale);
+        for (int i = 0; i < half; ++i) {
+            out[size_t(m) * 2 * half + i] = float(std::cos(pos * inv_freq[size_t(i)]) * scale);
+            out[size_t(m) * 2 * half + half + i] = float(std::sin(pos * inv_freq[size_t(i)]) * scale);
+        }
+    }
+    return out;
 }
 
 // The activation functions of FFNs and per-layer gates, shared by every CPU row that applies one.

@@ -1,8 +1,10 @@
 // CPU rows of the mixture-of-experts stages: the reference the GPU rows are tested against.
 //   cpu.moe_route         per token: the router's logits (any weight format) plus an optional
 //                         F32 bias (operand 2), optionally times
-//                         a scalar (expert_logit_scale), a softmax over every expert, the
-//                         n_expert_used largest (the lower index first on a tie, as torch.topk
+//                         a scalar (expert_logit_scale), a softmax over every expert (or each
+//                         expert's sigmoid, plus an F32 choice bias, operand 3, for the choice
+//                         only), with group-limited routing only the experts of the best groups,
+//                         the n_expert_used largest (the lower index first on a tie, as torch.topk
 //                         over a stable sort), their weights optionally renormalized to sum 1,
 //                         times the scale and, with an F32 per-expert scale vector (operand 1),
 //                         times the chosen expert's entry; into the Routing buffer (the ids as
@@ -38,20 +40,60 @@ struct RoutingRow {
     float& weight(int k) const { return base[n_used + k]; }
 };
 
+// Group-limited routing (kExpertGroups): marks allowed[e] for the experts of the
+// n_groups_used best groups, each group scored from its experts' choice scores by the stage's
+// rule (the larger index loses a tie).
+void choose_groups(const StageParams& p, const std::vector<float>& choice, std::vector<char>& allowed) {
+    const int groups = p.n_expert_groups, size = p.n_expert / groups;
+    std::vector<float> group_score(static_cast<size_t>(groups));
+    for (int g = 0; g < groups; ++g) {
+        const float* c = &choice[size_t(g) * size];
+        if (p.expert_group_score == ExpertGroupScore::Max) {
+            group_score[size_t(g)] = *std::max_element(c, c + size);
+        } else {  // the sum of the two largest
+            float first = -INFINITY, second = -INFINITY;
+            for (int i = 0; i < size; ++i) {
+                if (c[i] > first) {
+                    second = first;
+                    first = c[i];
+                } else if (c[i] > second) {
+                    second = c[i];
+                }
+            }
+            group_score[size_t(g)] = first + second;
+        }
+    }
+    std::vector<int> order(static_cast<size_t>(groups));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return group_score[size_t(a)] > group_score[size_t(b)]; });
+    std::fill(allowed.begin(), allowed.end(), char(0));
+    for (int k = 0; k < p.n_expert_groups_used; ++k)
+        std::fill_n(allowed.begin() + long(order[size_t(k)]) * size, size, char(1));
+}
+
 void moe_route_kernel(const Stage& stage, const KernelCall& call) {
     const TensorRef& w = *stage.operands[0];
-    const TensorRef* per_expert = stage.operands.size() > 1 ? stage.operands[1] : nullptr;
-    const float* expert_scale = per_expert ? reinterpret_cast<const float*>(per_expert->data) : nullptr;
-    const TensorRef* bias_tensor = stage.operands.size() > 2 ? stage.operands[2] : nullptr;
-    const float* bias = bias_tensor ? reinterpret_cast<const float*>(bias_tensor->data) : nullptr;
+    const auto f32_operand = [&](size_t i) {
+        return stage.operands.size() > i && stage.operands[i] ? reinterpret_cast<const float*>(stage.operands[i]->data)
+                                                               : nullptr;
+    };
+    const float* expert_scale = f32_operand(1);
+    const float* bias = f32_operand(2);
+    const float* choice_bias = f32_operand(3);
     const int64_t K = stage.k;
-    const int n_expert = stage.params.n_expert, n_used = stage.params.n_expert_used;
+    const StageParams& p = stage.params;
+    const int n_expert = p.n_expert, n_used = p.n_expert_used;
     const bool renormalize = (stage.features & kExpertWeightsNorm) != 0;
-    const float logit_scale = (stage.features & kExpertLogitScale) ? stage.params.expert_logit_scale : 1.0f;
+    const bool sigmoid = (stage.features & kExpertSigmoid) != 0;
+    const bool grouped = (stage.features & kExpertGroups) != 0;
+    const float logit_scale = (stage.features & kExpertLogitScale) ? p.expert_logit_scale : 1.0f;
     const size_t row_stride = row_bytes(w.format, K);
     cpu_state(call.backend_state).pool.parallel_for(call.n_tokens, [&](int64_t begin, int64_t end) {
-        std::vector<float> logits(static_cast<size_t>(n_expert)), probs(static_cast<size_t>(n_expert));
-        std::vector<int> order(static_cast<size_t>(n_expert));
+        std::vector<float> logits(static_cast<size_t>(n_expert)), probs(static_cast<size_t>(n_expert)),
+            choice(static_cast<size_t>(n_expert));
+        std::vector<char> allowed(static_cast<size_t>(n_expert), char(1));
+        std::vector<int> order;
         for (int64_t t = begin; t < end; ++t) {
             const float* x = call.in + t * K;
             float top = -INFINITY;
@@ -60,19 +102,31 @@ void moe_route_kernel(const Stage& stage, const KernelCall& call) {
                     (dot_row(w.format, w.data + size_t(e) * row_stride, x, K) + (bias ? bias[e] : 0.0f)) * logit_scale;
                 top = std::max(top, logits[size_t(e)]);
             }
-            float sum = 0.0f;
-            for (int e = 0; e < n_expert; ++e) sum += (probs[size_t(e)] = std::exp(logits[size_t(e)] - top));
-            for (float& p : probs) p /= sum;
-            std::iota(order.begin(), order.end(), 0);
+            if (sigmoid) {
+                // Each expert's own score; the choice adds the choice bias, the weights do not.
+                for (int e = 0; e < n_expert; ++e) {
+                    probs[size_t(e)] = 1.0f / (1.0f + std::exp(-logits[size_t(e)]));
+                    choice[size_t(e)] = probs[size_t(e)] + (choice_bias ? choice_bias[e] : 0.0f);
+                }
+            } else {
+                float sum = 0.0f;
+                for (int e = 0; e < n_expert; ++e) sum += (probs[size_t(e)] = std::exp(logits[size_t(e)] - top));
+                for (float& q : probs) q /= sum;
+                choice = logits;  // the softmax keeps the logits' order
+            }
+            if (grouped) choose_groups(p, choice, allowed);
+            order.clear();
+            for (int e = 0; e < n_expert; ++e)
+                if (allowed[size_t(e)]) order.push_back(e);
             std::stable_sort(order.begin(), order.end(),
-                             [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
+                             [&](int a, int b) { return choice[size_t(a)] > choice[size_t(b)]; });
             const RoutingRow out{call.out + t * 2 * n_used, n_used};
             float chosen = 0.0f;
             for (int k = 0; k < n_used; ++k) chosen += probs[size_t(order[size_t(k)])];
             for (int k = 0; k < n_used; ++k) {
-                const float p = probs[size_t(order[size_t(k)])];
+                const float q = probs[size_t(order[size_t(k)])];
                 out.set_id(k, order[size_t(k)]);
-                out.weight(k) = (renormalize ? p / chosen : p) * stage.params.expert_weights_scale *
+                out.weight(k) = (renormalize ? q / chosen : q) * p.expert_weights_scale *
                                 (expert_scale ? expert_scale[order[size_t(k)]] : 1.0f);
             }
         }
@@ -157,8 +211,9 @@ void add_cpu_moe_rows(std::vector<Row>& rows) {
     route.kernel = "cpu.moe_route";
     route.op = Op::MoeRoute;
     route.backend = Backend::CPU;
-    route.operand_formats = {formats, {Format::F32}, {Format::F32}};
-    route.features = kExpertSoftmax | kExpertWeightsNorm | kExpertLogitScale | kPerExpertScale | kBias;
+    route.operand_formats = {formats, {Format::F32}, {Format::F32}, {Format::F32}};
+    route.features = kExpertSoftmax | kExpertSigmoid | kExpertGroups | kExpertChoiceBias | kExpertWeightsNorm |
+                     kExpertLogitScale | kPerExpertScale | kBias;
     route.dims.k_multiple_of = &block_multiple;
     route.launches = {"moe_route"};
     route.fn = moe_route_kernel;

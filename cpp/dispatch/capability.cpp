@@ -71,6 +71,7 @@ const char* op_name(Op op) {
         case Op::MoeExperts: return "moe_experts";
         case Op::MoeSharedGate: return "moe_shared_gate";
         case Op::QkNormRope: return "qk_norm_rope";
+        case Op::AttentionMla: return "attention_mla";
     }
     return "?";
 }
@@ -153,7 +154,7 @@ std::string rejection_reason(const Row& row, const Stage& stage, const DeviceInf
             return why.str();
         }
     }
-    if (stage.op == Op::Attention &&
+    if ((stage.op == Op::Attention || stage.op == Op::AttentionMla) &&
         std::find(row.kv_formats.begin(), row.kv_formats.end(), stage.kv_format) == row.kv_formats.end()) {
         why << "KV cache type " << format_name(stage.kv_format) << " not in " << format_list(row.kv_formats);
         return why.str();
@@ -245,6 +246,10 @@ std::string rejection_reason(const Row& row, const Stage& stage, const DeviceInf
     if (dims.max_span && stage.max_span > dims.max_span) {
         why << "attention span " << stage.max_span << " exceeds " << dims.max_span;
         return why.str();
+    }
+    if (dims.reject_of) {
+        std::string reason = dims.reject_of(stage);
+        if (!reason.empty()) return reason;
     }
     if (dims.shared_bytes_of && dims.shared_bytes_of(stage) > device.shared_optin_bytes) {
         why << "needs " << dims.shared_bytes_of(stage) << " bytes of threadgroup memory; " << device.name << " allows "

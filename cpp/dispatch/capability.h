@@ -51,6 +51,14 @@ enum class Op {
     MoeRoute,
     MoeExperts,
     MoeSharedGate,
+    // Multi-head latent attention (LayerSpec::kv_lora_rank): RMS-norms the latent and rotates the
+    // rope key of each new token's compressed KV row, appends that row to the cache (the latent
+    // and the rope key, nothing expanded), and attends every query over the cache with the
+    // latent's up-projections absorbed: each head's query through its K up-projection into the
+    // latent space, its weighted sum of latents through its V up-projection. Operands: the
+    // latent's norm weight, W_k_b (or the combined W_kv_b), W_v_b (absent with W_kv_b), the rope
+    // frequency factors.
+    AttentionMla,
 };
 const char* op_name(Op op);
 
@@ -114,7 +122,17 @@ const std::vector<Encoding>& encodings();              // every encoding, for op
     /* each chosen expert's weight times its own entry of a per-expert scale vector (operand 1) */ \
     X(PerExpertScale, per_expert_scale)                                                            \
     /* the experts' gate and up in one tensor: expert e's gate rows, then its up rows */           \
-    X(ExpertGateUpMerged, expert_gate_up_merged)
+    X(ExpertGateUpMerged, expert_gate_up_merged)                                                   \
+    /* mixture of experts: each expert's sigmoid of its logit instead of a softmax (DeepSeek V3) */ \
+    X(ExpertSigmoid, expert_sigmoid)                                                               \
+    /* group-limited routing: experts only from the best expert_group_used groups */               \
+    X(ExpertGroups, expert_groups)                                                                 \
+    /* a per-expert bias (operand 3) added to the scores that choose the experts, not to their     \
+       weights */                                                                                  \
+    X(ExpertChoiceBias, expert_choice_bias)                                                        \
+    /* multi-head latent attention with both up-projections in one W_kv_b (the K part untransposed) \
+       instead of W_k_b and W_v_b */                                                               \
+    X(MlaKvBCombined, mla_kv_b_combined)
 
 enum FeatureIndex : int {
 #define KCAP_FEATURE_INDEX(NAME, TEXT) kFeatureIndex##NAME,
@@ -158,6 +176,9 @@ struct LegalDims {
     // Rows whose kernels take more threadgroup memory than every device allows: the bytes one
     // group of the stage needs, checked against the plan's device (DeviceInfo).
     int (*shared_bytes_of)(const Stage& stage) = nullptr;
+    // A row-specific check of the stage's geometry that the fields above do not express: the
+    // reason the row cannot run it, empty when it can.
+    std::string (*reject_of)(const Stage& stage) = nullptr;
 };
 
 // What the planner knows of the device a plan is for: the rows whose legality or token ranges

@@ -179,6 +179,31 @@ inline KcapMoeParams moe_params(const Stage& stage, int n_tokens) {
     p.gate_up_merged = (stage.features & kExpertGateUpMerged) != 0;
     p.swiglu_alpha = stage.params.swiglu_alpha;
     p.swiglu_limit = stage.params.swiglu_limit;
+    p.sigmoid = (stage.features & kExpertSigmoid) != 0;
+    p.n_groups = (stage.features & kExpertGroups) ? stage.params.n_expert_groups : 0;
+    p.n_groups_used = stage.params.n_expert_groups_used;
+    p.group_top2 = stage.params.expert_group_score == ExpertGroupScore::TopTwoSum;
+    return p;
+}
+
+inline KcapMlaParams mla_params(const Stage& stage, int n_tokens, Format kv_format) {
+    const StageParams& s = stage.params;
+    KcapMlaParams p{};
+    p.n_tokens = n_tokens;
+    p.n_head = s.n_head;
+    p.lora = s.kv_lora_rank;
+    p.rope = s.rope_dim;
+    p.nope = s.head_dim - s.rope_dim;
+    p.dv = s.head_dim_v;
+    p.width = p.lora + p.rope;
+    p.scale = s.scale;
+    p.eps = s.eps;
+    p.kv_f16 = kv_format == Format::F16;
+    p.combined = (stage.features & kMlaKvBCombined) != 0;
+    const TensorRef& kb = *stage.operands[1];
+    const TensorRef& vb = p.combined ? kb : *stage.operands[2];
+    p.kb_row_bytes = unsigned(row_bytes(kb.format, kb.row_length()));
+    p.vb_row_bytes = unsigned(row_bytes(vb.format, vb.row_length()));
     return p;
 }
 

@@ -49,6 +49,7 @@ std::string describe_formats(const Stage& stage) {
         static const char* gate_up_roles[] = {"W_gate", "W_up"};
         static const char* qkv_roles[] = {"W_q", "W_k", "W_v"};
         static const char* qk_norm_rope_roles[] = {"q_norm", "k_norm", "freq_factors", "sinks"};
+        static const char* mla_roles[] = {"kv_a_norm", "W_k_b", "W_v_b", "freq_factors"};
         static const char* experts_roles[] = {"W_gate_exps", "W_up_exps", "W_down_exps", "gate_bias", "up_bias",
                                               "down_bias"};
         const char* role = stage.op == Op::Norm      ? norm_roles[std::min<size_t>(i, 1)]
@@ -58,7 +59,10 @@ std::string describe_formats(const Stage& stage) {
                            : stage.op == Op::QkNormRope || stage.op == Op::Attention
                                ? qk_norm_rope_roles[std::min<size_t>(i, 3)]
                            : stage.op == Op::Rope ? "freq_factors"
-                           : stage.op == Op::MoeRoute ? (i == 0 ? "W_router" : i == 1 ? "expert_scale" : "bias")
+                           : stage.op == Op::AttentionMla
+                               ? (i == 1 && (stage.features & kMlaKvBCombined) ? "W_kv_b" : mla_roles[std::min<size_t>(i, 3)])
+                           : stage.op == Op::MoeRoute
+                               ? (i == 0 ? "W_router" : i == 1 ? "expert_scale" : i == 2 ? "bias" : "choice_bias")
                            : stage.op == Op::MoeExperts && (stage.features & kExpertGateUpMerged) && i < 2
                                ? "W_gate_up_exps"
                            : stage.op == Op::MoeExperts ? experts_roles[std::min<size_t>(i, 5)]
@@ -68,7 +72,8 @@ std::string describe_formats(const Stage& stage) {
         if (out.tellp() > 0) out << " ";
         out << role << "=" << format_name(operand->format);
     }
-    if (stage.op == Op::Attention) out << (out.tellp() > 0 ? " " : "") << "kv=" << format_name(stage.kv_format);
+    if (stage.op == Op::Attention || stage.op == Op::AttentionMla)
+        out << (out.tellp() > 0 ? " " : "") << "kv=" << format_name(stage.kv_format);
     return out.str();
 }
 
@@ -84,6 +89,8 @@ std::string describe_dims(const Stage& stage) {
         case Op::Norm: out << "n=" << stage.k << " groups=" << stage.groups; break;
         case Op::MoeRoute:
             out << "K=" << stage.k << " experts=" << stage.params.n_expert << " used=" << stage.params.n_expert_used;
+            if (stage.params.n_expert_groups > 1)
+                out << " groups=" << stage.params.n_expert_groups_used << "/" << stage.params.n_expert_groups;
             break;
         case Op::MoeExperts:
             out << "K=" << stage.k << " ff=" << stage.k2 << " experts=" << stage.params.n_expert
@@ -104,6 +111,12 @@ std::string describe_dims(const Stage& stage) {
             if (stage.features & (kRopeNormal | kRopeNeox)) out << " rope_dim=" << stage.params.rope_dim;
             if ((stage.features & (kRopeNormal | kRopeNeox)) && stage.params.rope_yarn.factor > 0.0f)
                 out << " yarn=" << stage.params.rope_yarn.factor;
+            break;
+        case Op::AttentionMla:
+            out << "heads=" << stage.params.n_head << " head_dim=" << stage.params.head_dim << "/"
+                << stage.params.head_dim_v << " kv_lora=" << stage.params.kv_lora_rank
+                << " rope_dim=" << stage.params.rope_dim << " span=" << stage.max_span;
+            if (stage.params.rope_yarn.factor > 0.0f) out << " yarn=" << stage.params.rope_yarn.factor;
             break;
         default: out << "n=" << stage.n; break;
     }
@@ -218,13 +231,66 @@ private:
         if (layer.n_head % layer.n_head_kv != 0)
             throw ModelError("layer " + std::to_string(il) + ": " + std::to_string(layer.n_head) +
                              " query heads are not a multiple of " + std::to_string(layer.n_head_kv) + " KV heads");
-        const int64_t q_width = int64_t(layer.n_head) * layer.head_dim;
-        const int64_t k_width = int64_t(layer.n_head_kv) * layer.head_dim;
-        const int64_t v_width = int64_t(layer.n_head_kv) * layer.head_dim_v;
         const int64_t attn_width = int64_t(layer.n_head) * layer.head_dim_v;
 
         add_norm(il, "attn_norm", layer.attn_norm, layer.attn_norm_bias, Buffer::Residual, Buffer::Normed, d, 1,
                  spec_.norm_kind);
+        if (layer.kv_lora_rank > 0)
+            add_mla_attention(il, layer);
+        else
+            add_attention(il, layer);
+
+        add_matmul(il, "attn_output", layer.wo, layer.bo, Buffer::Attn, Buffer::Proj, attn_width, d);
+        if (!layer.post_attn_norm.empty())
+            add_norm(il, "post_attention_norm", layer.post_attn_norm, "", Buffer::Proj, Buffer::Proj, d, 1,
+                     spec_.norm_kind);
+        add_residual(il, "attn_residual", layer.residual_scale);
+
+        add_norm(il, "ffn_norm", layer.ffn_norm, layer.ffn_norm_bias, Buffer::Residual, Buffer::Normed, d, 1,
+                 spec_.norm_kind);
+        if (layer.n_expert > 0 && layer.expert_dense_branch) {
+            // The dense FFN and the experts side by side (Gemma 4): the dense branch into Proj,
+            // the experts (reading their own norm of the residual) into Proj2, each normed, then
+            // added into Proj.
+            add_dense_ffn(il, layer);
+            if (!layer.ffn_post_norm_1.empty())
+                add_norm(il, "post_ffw_norm_1", layer.ffn_post_norm_1, "", Buffer::Proj, Buffer::Proj, d, 1,
+                         spec_.norm_kind);
+            add_experts(il, layer, Buffer::Proj2);
+            if (!layer.ffn_post_norm_2.empty())
+                add_norm(il, "post_ffw_norm_2", layer.ffn_post_norm_2, "", Buffer::Proj2, Buffer::Proj2, d, 1,
+                         spec_.norm_kind);
+            Stage& sum = add(il, "ffn_branch_add", Op::Add);
+            sum.input = Buffer::Proj;
+            sum.input2 = Buffer::Proj2;
+            sum.output = Buffer::Proj;
+            sum.k = sum.n = d;
+        } else if (layer.n_expert > 0) {
+            add_experts(il, layer, Buffer::Proj);
+        } else {
+            add_dense_ffn(il, layer);
+        }
+        if (!layer.post_ffn_norm.empty())
+            add_norm(il, "post_ffw_norm", layer.post_ffn_norm, "", Buffer::Proj, Buffer::Proj, d, 1, spec_.norm_kind);
+        add_residual(il, "ffn_residual", layer.residual_scale);
+
+        if (!layer.ple_gate.empty()) add_per_layer_input(il, layer);
+        if (layer.output_scale != 1.0f) {
+            Stage& scale = add(il, "layer_output_scale", Op::Scale);
+            scale.input = scale.output = Buffer::Residual;
+            scale.k = scale.n = d;
+            scale.params.scale = layer.output_scale;
+            scale.features = kLayerOutputScale;
+        }
+    }
+
+    // Q, K and V projections, their norms, the rope and the attention, into Attn.
+    void add_attention(int il, const LayerSpec& layer) {
+        const int64_t d = spec_.n_embd;
+        const int64_t q_width = int64_t(layer.n_head) * layer.head_dim;
+        const int64_t k_width = int64_t(layer.n_head_kv) * layer.head_dim;
+        const int64_t v_width = int64_t(layer.n_head_kv) * layer.head_dim_v;
+        const int64_t attn_width = int64_t(layer.n_head) * layer.head_dim_v;
         add_matmul(il, "attn_q", layer.wq, layer.bq, Buffer::Normed, Buffer::Q, d, q_width);
         const bool shared_kv = layer.kv_source_layer >= 0;
         if (shared_kv) check_kv_source(il, layer);
@@ -242,14 +308,7 @@ private:
         if (layer.v_norm && !shared_kv)
             add_norm(il, "attn_v_norm", "", "", Buffer::V, Buffer::V, layer.head_dim_v, layer.n_head_kv, NormKind::RMS);
         if (layer.rope_style != RopeStyle::None) {
-            if (layer.rope_dim <= 0 || layer.rope_dim > layer.head_dim || layer.rope_dim % 2)
-                throw ModelError("layer " + std::to_string(il) + ": rope_dim " + std::to_string(layer.rope_dim) +
-                                 " must be even and within head_dim " + std::to_string(layer.head_dim));
-            const RopeYarn& yarn = layer.rope_yarn;
-            if (yarn.factor > 0.0f && (yarn.original_context <= 0 || !(yarn.beta_fast > 0.0f) || !(yarn.beta_slow > 0.0f) ||
-                                       !(yarn.attn_factor > 0.0f) || layer.rope_freq_scale != 1.0f))
-                throw ModelError("layer " + std::to_string(il) + ": YaRN rope scaling needs an original context, positive " +
-                                 "betas and attention factor, and no linear scaling besides");
+            check_rope(il, layer);
             Stage& rope = add(il, "rope", Op::Rope);
             const TensorRef* factors = tensor(layer.rope_freqs);
             check_vector(factors, layer.rope_dim / 2);
@@ -298,49 +357,101 @@ private:
             attn.operands = {nullptr, nullptr, nullptr, sinks};
             attn.features |= kSinks;
         }
+    }
 
-        add_matmul(il, "attn_output", layer.wo, layer.bo, Buffer::Attn, Buffer::Proj, attn_width, d);
-        if (!layer.post_attn_norm.empty())
-            add_norm(il, "post_attention_norm", layer.post_attn_norm, "", Buffer::Proj, Buffer::Proj, d, 1,
-                     spec_.norm_kind);
-        add_residual(il, "attn_residual", layer.residual_scale);
+    void check_rope(int il, const LayerSpec& layer) const {
+        if (layer.rope_dim <= 0 || layer.rope_dim > layer.head_dim || layer.rope_dim % 2)
+            throw ModelError("layer " + std::to_string(il) + ": rope_dim " + std::to_string(layer.rope_dim) +
+                             " must be even and within head_dim " + std::to_string(layer.head_dim));
+        const RopeYarn& yarn = layer.rope_yarn;
+        if (yarn.factor > 0.0f && (yarn.original_context <= 0 || !(yarn.beta_fast > 0.0f) || !(yarn.beta_slow > 0.0f) ||
+                                   !(yarn.attn_factor > 0.0f) || layer.rope_freq_scale != 1.0f))
+            throw ModelError("layer " + std::to_string(il) + ": YaRN rope scaling needs an original context, positive " +
+                             "betas and attention factor, and no linear scaling besides");
+    }
 
-        add_norm(il, "ffn_norm", layer.ffn_norm, layer.ffn_norm_bias, Buffer::Residual, Buffer::Normed, d, 1,
-                 spec_.norm_kind);
-        if (layer.n_expert > 0 && layer.expert_dense_branch) {
-            // The dense FFN and the experts side by side (Gemma 4): the dense branch into Proj,
-            // the experts (reading their own norm of the residual) into Proj2, each normed, then
-            // added into Proj.
-            add_dense_ffn(il, layer);
-            if (!layer.ffn_post_norm_1.empty())
-                add_norm(il, "post_ffw_norm_1", layer.ffn_post_norm_1, "", Buffer::Proj, Buffer::Proj, d, 1,
-                         spec_.norm_kind);
-            add_experts(il, layer, Buffer::Proj2);
-            if (!layer.ffn_post_norm_2.empty())
-                add_norm(il, "post_ffw_norm_2", layer.ffn_post_norm_2, "", Buffer::Proj2, Buffer::Proj2, d, 1,
-                         spec_.norm_kind);
-            Stage& sum = add(il, "ffn_branch_add", Op::Add);
-            sum.input = Buffer::Proj;
-            sum.input2 = Buffer::Proj2;
-            sum.output = Buffer::Proj;
-            sum.k = sum.n = d;
-        } else if (layer.n_expert > 0) {
-            add_experts(il, layer, Buffer::Proj);
+    // Multi-head latent attention (LayerSpec::kv_lora_rank), into Attn: the query (through its
+    // low-rank path where the layer has one: attn_q_a into Gate, its RMS norm, attn_q_b) into Q,
+    // the compressed KV row (latent and rope key) into K, then attention_mla, which norms and
+    // rotates that row, caches it and attends with the up-projections absorbed.
+    void add_mla_attention(int il, const LayerSpec& layer) {
+        const int64_t d = spec_.n_embd;
+        const std::string where = "layer " + std::to_string(il) + ": multi-head latent attention ";
+        const int64_t lora = layer.kv_lora_rank, rope = layer.rope_dim, nope = layer.head_dim - layer.rope_dim;
+        const int64_t heads = layer.n_head, dv = layer.head_dim_v;
+        if (layer.rope_style == RopeStyle::None || nope <= 0)
+            throw ModelError(where + "needs a rope part (rope_dim " + std::to_string(rope) +
+                             ") smaller than the query head (head_dim " + std::to_string(layer.head_dim) + ")");
+        check_rope(il, layer);
+        if (layer.sliding_window > 0 || layer.kv_source_layer >= 0 || layer.attn_softcap > 0 ||
+            !layer.attn_sinks.empty() || !layer.q_norm.empty() || !layer.k_norm.empty() || layer.v_norm ||
+            !layer.wk.empty() || !layer.wv.empty() || !layer.bk.empty() || !layer.bv.empty())
+            throw ModelError(where + "takes no sliding window, shared KV, softcap, sinks, QK/V norms or K/V "
+                                     "projections of a standard attention");
+        const int64_t q_width = heads * layer.head_dim;
+        if (!layer.wq_a.empty()) {
+            if (!layer.wq.empty() || layer.wq_b.empty() || layer.q_a_norm.empty())
+                throw ModelError(where + "takes either wq or the low-rank query wq_a, q_a_norm and wq_b");
+            const int64_t q_rank = spec_.tensor(layer.wq_a).n_rows();
+            add_matmul(il, "attn_q_a", layer.wq_a, "", Buffer::Normed, Buffer::Gate, d, q_rank);
+            add_norm(il, "attn_q_a_norm", layer.q_a_norm, "", Buffer::Gate, Buffer::Gate, q_rank, 1, NormKind::RMS);
+            add_matmul(il, "attn_q_b", layer.wq_b, "", Buffer::Gate, Buffer::Q, q_rank, q_width);
         } else {
-            add_dense_ffn(il, layer);
+            add_matmul(il, "attn_q", layer.wq, layer.bq, Buffer::Normed, Buffer::Q, d, q_width);
         }
-        if (!layer.post_ffn_norm.empty())
-            add_norm(il, "post_ffw_norm", layer.post_ffn_norm, "", Buffer::Proj, Buffer::Proj, d, 1, spec_.norm_kind);
-        add_residual(il, "ffn_residual", layer.residual_scale);
+        add_matmul(il, "attn_kv_a_mqa", layer.wkv_a, "", Buffer::Normed, Buffer::K, d, lora + rope);
+        const TensorRef& norm = spec_.tensor(layer.kv_a_norm);
+        check_vector(&norm, lora);
+        const bool combined = !layer.wkv_b.empty();
+        if (combined == (!layer.wk_b.empty() || !layer.wv_b.empty()) || (!combined && (layer.wk_b.empty() || layer.wv_b.empty())))
+            throw ModelError(where + "takes either wkv_b or both wk_b and wv_b");
+        const TensorRef* kb = nullptr;
+        const TensorRef* vb = nullptr;
+        if (combined) {
+            kb = &spec_.tensor(layer.wkv_b);
+            check_matrix(il, *kb, lora, heads * (nope + dv));
+        } else {
+            kb = &spec_.tensor(layer.wk_b);
+            vb = &spec_.tensor(layer.wv_b);
+            check_stacked(il, *kb, nope, lora, heads, "(query part, latent, heads)");
+            check_stacked(il, *vb, lora, dv, heads, "(latent, value head, heads)");
+        }
+        if (norm.format != Format::F32)
+            throw ModelError("layer " + std::to_string(il) + ": tensor '" + norm.name + "' must be F32, it is " +
+                             format_name(norm.format));
+        const TensorRef* factors = tensor(layer.rope_freqs);
+        check_vector(factors, rope / 2);
+        Stage& attn = add(il, "attention_mla", Op::AttentionMla);
+        attn.operands = {&norm, kb, vb, factors};
+        attn.input = Buffer::Q;
+        attn.input2 = Buffer::K;
+        attn.output = Buffer::Attn;
+        attn.k = layer.head_dim;
+        attn.n = heads * dv;
+        attn.params.n_head = layer.n_head;
+        attn.params.n_head_kv = 1;  // one latent row per token, read by every head
+        attn.params.head_dim = layer.head_dim;
+        attn.params.head_dim_v = layer.head_dim_v;
+        attn.params.kv_lora_rank = layer.kv_lora_rank;
+        attn.params.rope_dim = layer.rope_dim;
+        attn.params.rope_base = layer.rope_base;
+        attn.params.rope_freq_scale = layer.rope_freq_scale;
+        attn.params.rope_yarn = layer.rope_yarn;
+        attn.params.eps = spec_.norm_eps;
+        attn.params.scale = layer.attn_scale > 0 ? layer.attn_scale : 1.0f / std::sqrt(float(layer.head_dim));
+        attn.kv_format = options_.kv_format;
+        attn.max_span = options_.n_ctx;
+        attn.features = (layer.rope_style == RopeStyle::NeoX ? kRopeNeox : kRopeNormal) | kRmsNorm |
+                        (factors ? FeatureMask(kRopeFreqFactors) : 0u) | (combined ? FeatureMask(kMlaKvBCombined) : 0u);
+    }
 
-        if (!layer.ple_gate.empty()) add_per_layer_input(il, layer);
-        if (layer.output_scale != 1.0f) {
-            Stage& scale = add(il, "layer_output_scale", Op::Scale);
-            scale.input = scale.output = Buffer::Residual;
-            scale.k = scale.n = d;
-            scale.params.scale = layer.output_scale;
-            scale.features = kLayerOutputScale;
-        }
+    // A stack of one matrix per head, [row length, rows, heads] in GGUF order.
+    void check_stacked(int il, const TensorRef& t, int64_t row_length, int64_t rows, int64_t heads,
+                       const char* meaning) const {
+        if (t.shape.size() != 3 || t.shape[0] != row_length || t.shape[1] != rows || t.shape[2] != heads)
+            throw ModelError("layer " + std::to_string(il) + ": tensor '" + t.name + "' has shape " + shape_text(t) +
+                             ", expected [" + std::to_string(row_length) + ", " + std::to_string(rows) + ", " +
+                             std::to_string(heads) + "] " + meaning);
     }
 
     // act(gate(x)) * up(x) (or act(up(x))), then down, into Proj.
@@ -423,8 +534,31 @@ private:
         for (const TensorRef* bias : {router_bias, gate_bias, up_bias, down_bias})
             if (bias && bias->format != Format::F32)
                 throw ModelError(where + "tensor '" + bias->name + "' must be F32, it is " + format_name(bias->format));
+        // DeepSeek V3's choice bias [n_expert], F32: it moves which experts are chosen, not their weights.
+        const TensorRef* choice_bias = tensor(layer.ffn_exp_probs_b);
+        check_vector(choice_bias, layer.n_expert);
+        if (choice_bias && choice_bias->format != Format::F32)
+            throw ModelError(where + "tensor '" + choice_bias->name + "' must be F32, it is " +
+                             format_name(choice_bias->format));
+        const bool grouped = layer.expert_group_count > 1;
+        if (grouped) {
+            const int groups = layer.expert_group_count, used = layer.expert_group_used;
+            if (layer.n_expert % groups != 0 || used < 1 || used > groups ||
+                layer.n_expert_used > used * (layer.n_expert / groups))
+                throw ModelError(where + std::to_string(layer.n_expert) + " experts in " + std::to_string(groups) +
+                                 " groups, " + std::to_string(used) + " used, cannot give " +
+                                 std::to_string(layer.n_expert_used) +
+                                 " experts per token (the groups must divide the experts evenly, 1 .. groups used, "
+                                 "and hold enough experts)");
+            if (layer.expert_group_score == ExpertGroupScore::TopTwoSum &&
+                (layer.expert_gating != ExpertGating::Sigmoid || layer.n_expert / groups < 2))
+                throw ModelError(where + "a group scored by its two largest scores needs sigmoid gating and at "
+                                         "least two experts per group");
+        }
+        if (choice_bias && layer.expert_gating != ExpertGating::Sigmoid)
+            throw ModelError(where + "a choice bias (" + choice_bias->name + ") needs sigmoid gating");
         Stage& route = add(il, "ffn_router", Op::MoeRoute);
-        route.operands = {&router, expert_scale, router_bias};
+        route.operands = {&router, expert_scale, router_bias, choice_bias};
         route.input = Buffer::Normed;
         route.output = Buffer::Routing;
         route.k = d;
@@ -433,7 +567,14 @@ private:
         route.params.n_expert_used = layer.n_expert_used;
         route.params.expert_weights_scale = layer.expert_weights_scale;
         route.params.expert_logit_scale = layer.expert_logit_scale;
-        route.features = kExpertSoftmax | (layer.expert_weights_norm ? FeatureMask(kExpertWeightsNorm) : 0u) |
+        if (grouped) {
+            route.params.n_expert_groups = layer.expert_group_count;
+            route.params.n_expert_groups_used = layer.expert_group_used;
+            route.params.expert_group_score = layer.expert_group_score;
+        }
+        route.features = (layer.expert_gating == ExpertGating::Sigmoid ? kExpertSigmoid : kExpertSoftmax) |
+                         (grouped ? FeatureMask(kExpertGroups) : 0u) | (choice_bias ? FeatureMask(kExpertChoiceBias) : 0u) |
+                         (layer.expert_weights_norm ? FeatureMask(kExpertWeightsNorm) : 0u) |
                          (layer.expert_logit_scale != 1.0f ? FeatureMask(kExpertLogitScale) : 0u) |
                          (expert_scale ? FeatureMask(kPerExpertScale) : 0u) | (router_bias ? FeatureMask(kBias) : 0u);
         if (own_norm || layer.expert_dense_branch)
@@ -1000,6 +1141,16 @@ Format kv_format_from_name(const std::string& name) {
         supported += (supported.empty() ? "" : ", ") + kv_type_name(f);
     }
     throw FormatError("unsupported KV cache type '" + name + "' (supported: " + supported + ")");
+}
+
+int64_t kv_bytes_per_token(const Stage& stage) {
+    const StageParams& p = stage.params;
+    int64_t values = 0;
+    if (stage.op == Op::AttentionMla)
+        values = int64_t(p.kv_lora_rank) + p.rope_dim;
+    else if (stage.op == Op::Attention && !(stage.features & kKvShared))
+        values = int64_t(p.n_head_kv) * (p.head_dim + p.head_dim_v);
+    return values ? int64_t(row_bytes(stage.kv_format, values)) : 0;
 }
 
 std::vector<Stage> build_stages(const ModelSpec& spec, const PlanOptions& options) {

@@ -158,6 +158,10 @@ bool bind_stage_buffers(const Plan& plan, const Stage& stage, int64_t n, bool ne
     return true;
 }
 
+// The bytes one token adds to the KV cache of an attention stage's layer (kv_widths of its
+// geometry in the stage's kv_format; 0 for other stages and for a layer that reads another's cache).
+int64_t kv_bytes_per_token(const Stage& stage);
+
 std::vector<Stage> build_stages(const ModelSpec& spec, const PlanOptions& options);
 Plan make_plan(const ModelSpec& spec, const PlanOptions& options);
 

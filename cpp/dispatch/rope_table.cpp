@@ -12,7 +12,8 @@ bool stage_owns_rope(const Stage& stage) {
 
 const TensorRef* rope_factors(const Stage& stage) {
     // rope: (factors); qk_norm_rope and an attention that owns its rope: (q_norm, k_norm, factors)
-    const size_t at = stage.op == Op::Rope ? 0 : 2;
+    // attention_mla: (kv_a_norm, W_k_b, W_v_b, factors)
+    const size_t at = stage.op == Op::Rope ? 0 : stage.op == Op::AttentionMla ? 3 : 2;
     return stage.operands.size() > at ? stage.operands[at] : nullptr;
 }
 

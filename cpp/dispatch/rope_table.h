@@ -16,8 +16,8 @@ namespace kcap {
 
 // An attention stage the planner folded a rope (or qk_norm_rope) stage into.
 bool stage_owns_rope(const Stage& stage);
-// The rope frequency factors of a rope, qk_norm_rope or rope-owning attention stage (null when
-// it has none).
+// The rope frequency factors of a rope, qk_norm_rope, rope-owning attention or attention_mla
+// stage (null when it has none).
 const TensorRef* rope_factors(const Stage& stage);
 // Pair i's inverse frequency (rope_dim / 2 pairs): base^(-2i/rope_dim), divided by factors[i]
 // (may be null), then YaRN's blend.

@@ -47,6 +47,12 @@ struct StageParams {
     float expert_logit_scale = 1.0f;  // the router's logits times this before the softmax
     float swiglu_alpha = 1.702f;      // activation swiglu_oai
     float swiglu_limit = 7.0f;
+    int n_expert_groups = 0;          // group-limited routing (kExpertGroups)
+    int n_expert_groups_used = 0;
+    ExpertGroupScore expert_group_score = ExpertGroupScore::Max;
+    // multi-head latent attention: the latent's width (head_dim - rope_dim is the query's
+    // non-rotated part, head_dim_v each head's output)
+    int kv_lora_rank = 0;
 };
 
 struct Stage {

@@ -42,6 +42,12 @@ def route_for(routes: list[dict], layer: int, stage: str, n_tokens: int) -> dict
     raise KeyError(f"no route of layer {layer} stage {stage!r} for {n_tokens} tokens")
 
 
+def describe_dims(route: dict) -> str:
+    """The stage's dims, and for an attention stage the bytes each token adds to its KV cache."""
+    cache = route.get("kv_bytes_per_token", 0)
+    return route["dims"] + (f" cache={cache}B/token" if cache else "")
+
+
 def format_table(routes: list[dict]) -> str:
     """One line per stage when one row takes every token count; otherwise the stage's first
     line, then one line per further route with only its tokens and kernel."""
@@ -52,7 +58,7 @@ def format_table(routes: list[dict]) -> str:
         if key == previous:
             row = [""] * 6 + [describe_tokens(r), r["kernel"], ""]
         else:
-            row = [str(r["layer"] if r["layer"] >= 0 else "-"), r["stage"], r["op"], r["formats"], r["dims"],
+            row = [str(r["layer"] if r["layer"] >= 0 else "-"), r["stage"], r["op"], r["formats"], describe_dims(r),
                    r["features"], describe_tokens(r), r["kernel"], r["backend"]]
         previous = key
         rows.append(row)

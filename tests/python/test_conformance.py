@@ -72,6 +72,17 @@ FAMILIES = {
                             "ffn_moe": "bias,swiglu_oai,gated"}),
     # The same with its experts in MXFP4, as OpenAI ships them and the converter repacks them.
     "gpt-oss-mxfp4": ("gpt-oss", {"attention": "sliding_window,sinks", "ffn_moe": "bias,swiglu_oai,gated"}),
+    # DeepSeek V2 (no query low rank, softmax router, groups scored by their best expert, shared
+    # experts without a gate, a dense first block) and V3 (the query's low-rank path, sigmoid
+    # router with its choice bias, groups scored by their two best, renormalized weights): both
+    # with multi-head latent attention over the compressed cache; deepseek2-kvb is deepseek2 in
+    # the older converter's layout (one W_kv_b).
+    "deepseek2": ("deepseek2", {"attention_mla": "rope_normal,rms_norm", "ffn_router": "expert_softmax,expert_groups",
+                                "ffn_moe": "silu,gated", "ffn_shexp_gate": "", "ffn_act": "silu,gated"}),
+    "deepseek3": ("deepseek2", {"attn_q_a_norm": "rms_norm", "attention_mla": "rope_normal,rms_norm",
+                                "ffn_router": "expert_sigmoid,expert_groups,expert_choice_bias,expert_weights_norm"}),
+    "deepseek2-kvb": ("deepseek2", {"attention_mla": "mla_kv_b_combined,rope_normal,rms_norm",
+                                    "ffn_router": "expert_softmax,expert_groups"}),
 }
 # Fixtures whose transformers model slides some layers' attention (the prompt is longer than the window).
 SLIDING_WINDOW_FIXTURES = ("gemma2", "gemma3", "gemma4", "gemma4-kvshare", "gemma4-moe", "qwen2-swa", "qwen3-swa", "starcoder2-swa",

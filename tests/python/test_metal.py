@@ -70,12 +70,13 @@ def metal_rows() -> list[dict]:
 
 # --- no Mac needed --------------------------------------------------------------------------
 
-# What CUDA rows take ahead of their Metal twins (the Metal launchers bind no sinks or expert-bias
-# buffers yet, so Metal plans refuse such stages, naming the feature): op -> (features, the
-# trailing operand slots that carry them).
+# What CUDA rows take ahead of their Metal twins (the Metal launchers bind no sinks, expert-bias or
+# choice-bias buffers yet, so Metal plans refuse such stages, naming the feature): op -> (features,
+# the trailing operand slots that carry them).
 CUDA_AHEAD_OF_METAL = {
     "attention": ({"sinks"}, 1),                    # operand 3, after a fused rope's three
-    "moe_route": ({"bias"}, 1),                     # the router's bias
+    # the router's bias, and DeepSeek's sigmoid router with its choice bias and expert groups
+    "moe_route": ({"bias", "expert_sigmoid", "expert_groups", "expert_choice_bias"}, 2),
     "moe_experts": ({"bias", "swiglu_oai"}, 3),     # the experts' gate, up and down biases
 }
 

@@ -45,6 +45,9 @@ struct RouteInfo {
     std::string stage, op, formats, dims, features, kernel, backend;
     int tokens_min = 1;
     int tokens_max = 0;
+    // An attention stage: the bytes each token adds to its layer's KV cache (0 elsewhere, and
+    // for a layer that reads another layer's cache).
+    int64_t kv_bytes_per_token = 0;
 };
 
 // One stage that ran in a traced call (Engine::trace): its row and the tokens of its call.

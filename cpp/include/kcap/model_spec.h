@@ -37,8 +37,13 @@ struct TensorRef {
 // Enumerations, each value with its name (explain, the bundle's JSON): one list per enum.
 #define KCAP_NORM_KINDS(X) X(RMS, "rms") X(Layer, "layer")
 // How a mixture-of-experts router turns its logits into the chosen experts' weights.
-// Softmax: a softmax over every expert's logit, then the top n_expert_used (Mixtral, Qwen2/3-MoE).
-#define KCAP_EXPERT_GATINGS(X) X(Softmax, "softmax")
+// Softmax: a softmax over every expert's logit, then the top n_expert_used (Mixtral, Qwen2/3-MoE,
+// DeepSeek V2). Sigmoid: each expert's own sigmoid of its logit (DeepSeek V3).
+#define KCAP_EXPERT_GATINGS(X) X(Softmax, "softmax") X(Sigmoid, "sigmoid")
+// How group-limited routing scores a group of experts (expert_group_count > 1): Max, the largest
+// score in it (DeepSeek V2's group_limited_greedy); TopTwoSum, the sum of its two largest scores
+// (DeepSeek V3).
+#define KCAP_EXPERT_GROUP_SCORES(X) X(Max, "max") X(TopTwoSum, "top2_sum")
 // SwigluOai: gpt-oss's clamped SwiGLU of a gated FFN, (clamp(up, -L, L) + 1) * g * sigmoid(a * g)
 // with g = min(gate, L) (L: swiglu_limit, a: swiglu_alpha); gated FFNs only.
 #define KCAP_ACTIVATIONS(X) \
@@ -50,6 +55,7 @@ struct TensorRef {
 #define KCAP_ENUM_VALUE(VALUE, NAME) VALUE,
 enum class NormKind { KCAP_NORM_KINDS(KCAP_ENUM_VALUE) };
 enum class ExpertGating { KCAP_EXPERT_GATINGS(KCAP_ENUM_VALUE) };
+enum class ExpertGroupScore { KCAP_EXPERT_GROUP_SCORES(KCAP_ENUM_VALUE) };
 enum class Activation { KCAP_ACTIVATIONS(KCAP_ENUM_VALUE) };
 enum class RopeStyle { KCAP_ROPE_STYLES(KCAP_ENUM_VALUE) };
 #undef KCAP_ENUM_VALUE
@@ -58,6 +64,7 @@ const char* norm_kind_name(NormKind kind);
 const char* activation_name(Activation activation);
 const char* rope_style_name(RopeStyle style);
 const char* expert_gating_name(ExpertGating gating);
+const char* expert_group_score_name(ExpertGroupScore score);
 
 // The tensor fields of a decoder block, one list: the struct's members, the Python binding and
 // the list kcap.model accounts the file's tensors against (kcap._core.LAYER_TENSOR_FIELDS) come
@@ -66,6 +73,14 @@ const char* expert_gating_name(ExpertGating gating);
     X(attn_norm) X(attn_norm_bias) X(wq) X(wk) X(wv) X(bq) X(bk) X(bv)                             \
     /* per-head norms of Q and K (QK-norm) */                                                      \
     X(q_norm) X(k_norm) X(wo) X(bo)                                                                \
+    /* multi-head latent attention (kv_lora_rank > 0): the query's low-rank path (wq_a             \
+       [n_embd, q_lora_rank], its RMS norm q_a_norm, wq_b [q_lora_rank, n_head * head_dim]; or wq), \
+       the compressed KV projection wkv_a [n_embd, kv_lora_rank + rope_dim] and the latent's RMS   \
+       norm kv_a_norm [kv_lora_rank], and the up-projections of the latent: wk_b [head_dim -       \
+       rope_dim, kv_lora_rank, n_head] (each head's K up-projection, transposed) and wv_b          \
+       [kv_lora_rank, head_dim_v, n_head], or both in one wkv_b [kv_lora_rank, n_head *            \
+       (head_dim - rope_dim + head_dim_v)] (head h's K rows, then its V rows) */                   \
+    X(wq_a) X(q_a_norm) X(wq_b) X(wkv_a) X(kv_a_norm) X(wk_b) X(wv_b) X(wkv_b)                     \
     /* norm of the attention output before the residual add */                                     \
     X(post_attn_norm) X(ffn_norm) X(ffn_norm_bias)                                                 \
     /* attention sinks: a learned logit per query head in the softmax's denominator [n_head] */    \
@@ -83,6 +98,9 @@ const char* expert_gating_name(ExpertGating gating);
     /* biases of the router [n_expert] and of the experts ([n_ff_exp, n_expert] gate and up,        \
        [n_embd, n_expert] down) (gpt-oss) */                                                       \
     X(ffn_gate_inp_bias) X(ffn_gate_exps_bias) X(ffn_up_exps_bias) X(ffn_down_exps_bias)           \
+    /* a bias [n_expert] added to the router's scores for the choice of experts only, not to      \
+       their weights (DeepSeek V3's e_score_correction_bias) */                                    \
+    X(ffn_exp_probs_b)                                                                             \
     X(ffn_gate_shexp) X(ffn_up_shexp) X(ffn_down_shexp) X(ffn_gate_inp_shexp)                      \
     /* Gemma 4 experts: gate and up in one tensor [n_embd, 2 * n_ff_exp, n_expert] (each           \
        expert's gate rows, then its up rows), the router's input norm weight [n_embd], a scale     \
@@ -159,6 +177,15 @@ struct RopeYarn {
     /* KV sharing: >= 0 names an earlier layer whose K/V cache this layer's queries attend to;     \
        the layer then has no K/V projections of its own (Gemma 4 shared-KV layers) */              \
     X(int, kv_source_layer, -1)                                                                    \
+    /* Multi-head latent attention (DeepSeek V2/V3) when > 0: the layer caches, per token, the     \
+       RMS-normed latent c = kv_a_norm(wkv_a x)[:kv_lora_rank] and the rotated rope key k_r (its   \
+       last rope_dim values, one for every head), kv_lora_rank + rope_dim values. Head h's query   \
+       (head_dim = nope + rope_dim values: q_n, then q_r, rotated) scores a key by                 \
+       q_n . (W_kb[h] c) + q_r . k_r = (W_kb[h]^T q_n) . c + q_r . k_r, and its output is         \
+       W_vb[h] (sum_j p_j c_j) (head_dim_v values): the up-projections absorbed into the query   \
+       and output sides, so the cache never holds expanded keys or values. The rope part of each \
+       head is its last rope_dim values. */                                                        \
+    X(int, kv_lora_rank, 0)                                                                        \
     /* Mixture of experts (n_expert > 0: ffn_gate_inp and the *_exps tensors replace the dense     \
        FFN). Per token, the router's logits W_inp . x are gated (expert_gating) and the            \
        n_expert_used largest chosen; their weights, renormalized to sum 1 when                     \
@@ -170,6 +197,12 @@ struct RopeYarn {
     X(int, n_expert_used, 0)                                                                       \
     X(ExpertGating, expert_gating, ExpertGating::Softmax)                                          \
     X(bool, expert_weights_norm, false)                                                            \
+    /* group-limited routing (expert_group_count > 1): the experts split into this many equal      \
+       groups, each scored (expert_group_score) from its experts' choice scores, and only the      \
+       expert_group_used best groups' experts may be chosen */                                     \
+    X(int, expert_group_count, 0)                                                                  \
+    X(int, expert_group_used, 0)                                                                   \
+    X(ExpertGroupScore, expert_group_score, ExpertGroupScore::Max)                                 \
     X(float, expert_weights_scale, 1.0f)                                                           \
     /* Gemma 4's variant. ffn_gate_up_exps (instead of ffn_gate_exps and ffn_up_exps): expert e's  \
        gate is rows [2e * n_ff_exp, (2e + 1) * n_ff_exp) of it, its up the next n_ff_exp rows.     \
@@ -189,6 +222,18 @@ struct LayerSpec {
 #define KCAP_DECLARE_TENSOR_FIELD(NAME) std::string NAME;
     KCAP_LAYER_TENSOR_FIELDS(KCAP_DECLARE_TENSOR_FIELD)
 };
+
+// Values one token adds to a layer's KV cache: n_head_kv * head_dim keys and n_head_kv *
+// head_dim_v values, or for multi-head latent attention the latent and the rope key
+// (kv_lora_rank + rope_dim, stored as the key row) and no values.
+struct KvWidths {
+    int64_t k = 0;
+    int64_t v = 0;
+};
+inline KvWidths kv_widths(const LayerSpec& layer) {
+    if (layer.kv_lora_rank > 0) return {int64_t(layer.kv_lora_rank) + layer.rope_dim, 0};
+    return {int64_t(layer.n_head_kv) * layer.head_dim, int64_t(layer.n_head_kv) * layer.head_dim_v};
+}
 
 // The scalar fields of the whole model, one list as for LayerSpec.
 #define KCAP_MODEL_SCALAR_FIELDS(X)                                                                \

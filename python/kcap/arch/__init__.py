@@ -9,12 +9,12 @@ not on that list (kcap.accounting).
 from __future__ import annotations
 
 from kcap.accounting import check_metadata
-from kcap.arch import gemma2, gemma3, gemma4, gpt2, gpt_oss, granite, llama, qwen2, qwen2moe, qwen3, qwen3moe, \
-    starcoder2
+from kcap.arch import deepseek2, gemma2, gemma3, gemma4, gpt2, gpt_oss, granite, llama, qwen2, qwen2moe, qwen3, \
+    qwen3moe, starcoder2
 from kcap.errors import UnknownArchitectureError
 
-FAMILIES = {module.ARCHITECTURE: module for module in (gemma2, gemma3, gemma4, gpt2, gpt_oss, granite, llama, qwen2,
-                                                       qwen2moe, qwen3, qwen3moe, starcoder2)}
+FAMILIES = {module.ARCHITECTURE: module for module in (deepseek2, gemma2, gemma3, gemma4, gpt2, gpt_oss, granite, llama,
+                                                       qwen2, qwen2moe, qwen3, qwen3moe, starcoder2)}
 
 
 def supported_architectures() -> list[str]:

@@ -340,10 +340,12 @@ def expert_tensor(gguf: GGUFFile, il: int, name: str, want: tuple, meaning: str)
     return full
 
 
-def moe_ffn(gguf: GGUFFile, layer: _core.LayerSpec, il: int, n_embd: int, experts: Experts, arch: str) -> None:
+def moe_ffn(gguf: GGUFFile, layer: _core.LayerSpec, il: int, n_embd: int, experts: Experts, arch: str,
+            shared_gate: bool = True) -> None:
     """Fills a block's mixture-of-experts fields and tensors, named as llama.cpp's converter
     writes them (experts merged into one 3-D tensor per matrix), each tensor's shape checked
-    against the embedding size and the metadata's expert counts before the spec reaches the core."""
+    against the embedding size and the metadata's expert counts before the spec reaches the core.
+    A shared expert has a sigmoid gate (ffn_gate_inp_shexp) unless shared_gate is false."""
     n_expert = experts.n_expert
     count = f"{arch}.expert_count = {n_expert}"
     layer.ffn_gate_inp = expert_tensor(gguf, il, "ffn_gate_inp.weight", (n_embd, n_expert),
@@ -379,8 +381,9 @@ def moe_ffn(gguf: GGUFFile, layer: _core.LayerSpec, il: int, n_embd: int, expert
                                             f"the shared expert: [n_embd {n_embd}, {width}]")
         layer.ffn_down_shexp = expert_tensor(gguf, il, "ffn_down_shexp.weight", (n_ff_shared, n_embd),
                                               f"the shared expert: [{width}, n_embd {n_embd}]")
-        layer.ffn_gate_inp_shexp = expert_tensor(gguf, il, "ffn_gate_inp_shexp.weight", (n_embd,),
-                                                  f"the shared expert's gate: [n_embd {n_embd}]")
+        if shared_gate:
+            layer.ffn_gate_inp_shexp = expert_tensor(gguf, il, "ffn_gate_inp_shexp.weight", (n_embd,),
+                                                      f"the shared expert's gate: [n_embd {n_embd}]")
 
 
 # What build_rms_decoder reads.

@@ -1,0 +1,145 @@
+"""DeepSeek V2/V3 (kcap.arch.deepseek2) beyond the conformance goldens: the compressed KV cache
+of multi-head latent attention as `kcap explain` states it, the older converter's tensor layout
+computing the same model, the fixtures' routing really exercising groups and the choice bias,
+and the files the module refuses, each with a message that names the key or tensor."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+import kcap
+from kcap.explain import explain_file, format_table
+from kcap.gguf import GGUFFile
+from kcap.testing.synth import copy_with_changes
+
+from test_conformance import FIXTURES, golden, relative_error
+
+DEEPSEEK = ("deepseek2", "deepseek3", "deepseek2-kvb")
+ELEMENT_BYTES = {"f32": 4, "f16": 2}
+
+
+def metadata(fixture: str) -> dict:
+    return GGUFFile(FIXTURES / f"{fixture}-f32.gguf").metadata
+
+
+def changed(fixture: str, tmp_path, **changes) -> str:
+    return copy_with_changes(str(FIXTURES / f"{fixture}-f32.gguf"), str(tmp_path / f"{fixture}-changed.gguf"),
+                             **changes)
+
+
+@pytest.mark.parametrize("fixture", DEEPSEEK)
+@pytest.mark.parametrize("kv_type", sorted(ELEMENT_BYTES))
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_cache_holds_the_latent_and_the_rope_key_only(fixture, kv_type, backend):
+    # Per token and layer: kv_lora_rank + rope dims values, against the n_head * (qk + v) values
+    # that keys and values expanded from the latent would take.
+    md = metadata(fixture)
+    lora, rope = md["deepseek2.attention.kv_lora_rank"], md["deepseek2.rope.dimension_count"]
+    n_head = md["deepseek2.attention.head_count"]
+    qk = md.get("deepseek2.attention.key_length_mla", md["deepseek2.attention.key_length"])
+    v = md.get("deepseek2.attention.value_length_mla", md["deepseek2.attention.value_length"])
+    routes = explain_file(str(FIXTURES / f"{fixture}-f32.gguf"), backend=backend, kv_type=kv_type)
+    attention = [r for r in routes if r["op"] == "attention_mla"]
+    assert len({r["layer"] for r in attention}) == md["deepseek2.block_count"]
+    want = (lora + rope) * ELEMENT_BYTES[kv_type]
+    assert {r["kv_bytes_per_token"] for r in attention} == {want}
+    assert 2 * want < n_head * (qk + v) * ELEMENT_BYTES[kv_type]
+    assert all(r["kv_bytes_per_token"] == 0 for r in routes if r["op"] != "attention_mla")
+    assert f"cache={want}B/token" in format_table(routes)
+
+
+def test_dense_attention_states_its_cache_too():
+    md = GGUFFile(FIXTURES / "qwen3-f32.gguf").metadata
+    head_dim = md["qwen3.attention.key_length"]
+    routes = explain_file(str(FIXTURES / "qwen3-f32.gguf"), kv_type="f16")
+    want = md["qwen3.attention.head_count_kv"] * 2 * head_dim * 2
+    assert {r["kv_bytes_per_token"] for r in routes if r["op"] == "attention"} == {want}
+
+
+def test_older_kv_b_layout_computes_the_same_model():
+    # deepseek2-kvb holds deepseek2's weights with both up-projections in one attn_kv_b (the K part
+    # untransposed); only the order of the absorbed query's sums differs.
+    ids = golden("deepseek2")["prompt_ids"].tolist()
+    split = kcap.load(FIXTURES / "deepseek2-f32.gguf").eval(ids, all_logits=True)
+    combined = kcap.load(FIXTURES / "deepseek2-kvb-f32.gguf").eval(ids, all_logits=True)
+    assert relative_error(combined, split) <= 1e-5
+    kinds = {r["stage"]: r["features"] for r in kcap.load(FIXTURES / "deepseek2-kvb-f32.gguf").explain()}
+    assert "mla_kv_b_combined" in kinds["attention_mla"].split(",")
+
+
+@pytest.mark.parametrize("fixture,bias", [("deepseek2", False), ("deepseek3", True)])
+def test_fixture_routing_uses_groups_and_the_choice_bias(fixture, bias):
+    # make_conformance_fixtures.py records, per MoE block, how many tokens' choices the group limit
+    # (and V3's score correction bias) changed in the reference model, and the choice margins.
+    routing = json.loads(str(golden(fixture)["meta"]))["routing"]
+    for layer in routing["layers"]:
+        assert layer["distinct_expert_sets"] > 1
+        assert layer["tokens_where_groups_change_the_choice"] > 0
+        assert layer["min_top_k_logit_margin"] >= 0.05
+        if bias:
+            assert layer["tokens_where_score_bias_changes_the_choice"] > 0
+
+
+def test_yarn_scales_the_scores_by_mscale_squared():
+    # deepseek2's YaRN factor 4 and mscale_all_dim 0.707 (yarn_log_multiplier 0.0707): the scores
+    # are scaled by (1 + 0.0707 ln 4)^2 / sqrt(qk head dim), as transformers' DeepseekV2Attention.
+    meta = json.loads(str(golden("deepseek2")["meta"]))
+    md = metadata("deepseek2")
+    spec_scale = kcap.load(FIXTURES / "deepseek2-f32.gguf").spec.layers[0].attn_scale
+    mscale = 1 + md["deepseek2.rope.scaling.yarn_log_multiplier"] * np.log(md["deepseek2.rope.scaling.factor"])
+    assert spec_scale == pytest.approx(mscale**2 / np.sqrt(md["deepseek2.attention.key_length_mla"]), rel=1e-6)
+    assert spec_scale == pytest.approx(meta["attention_softmax_scale"], rel=1e-6)
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fixture,changes,error,message", [
+    ("deepseek2-kvb", {"metadata_overrides": {"deepseek2.attention.kv_lora_rank": 32}}, kcap.ModelError,
+     "tensor 'blk.0.attn_kv_a_mqa.weight' has shape [64, 80], expected [64, 48]"),
+    ("deepseek2", {"metadata_overrides": {"deepseek2.attention.kv_lora_rank": 32}}, kcap.ModelError,
+     "deepseek2.attention.key_length = 80, expected kv_lora_rank + rope dims = 48 beside key_length_mla"),
+    ("deepseek2", {"metadata_overrides": {"deepseek2.expert_group_count": 3}}, kcap.ModelError,
+     "deepseek2.expert_group_count = 3 must divide expert_count = 8"),
+    ("deepseek2", {"metadata_overrides": {"deepseek2.expert_group_used_count": 5}}, kcap.ModelError,
+     "expert_group_used_count = 5 be 1 .. 4"),
+    ("deepseek3", {"metadata_overrides": {"deepseek2.expert_gating_func": 1}}, kcap.ModelError,
+     "tensor 'blk.1.exp_probs_b.bias' (a score correction bias) needs sigmoid gating"),
+    ("deepseek3", {"metadata_overrides": {"deepseek2.expert_gating_func": 3}}, kcap.UnimplementedMetadataError,
+     "deepseek2.expert_gating_func = 3"),
+    ("deepseek2", {"drop_tensors": {"blk.2.attn_k_b.weight"}}, kcap.ModelError,
+     "missing tensor 'blk.2.attn_k_b.weight'"),
+    ("deepseek2", {"drop_metadata": {"deepseek2.attention.value_length_mla"}}, kcap.MissingMetadataError,
+     "key_length_mla and value_length_mla come together"),
+    ("deepseek2", {"metadata_overrides": {"deepseek2.rope.scaling.yarn_attn_factor": 1.2}},
+     kcap.UnimplementedMetadataError, "deepseek2.rope.scaling.yarn_attn_factor"),
+    ("deepseek2", {"metadata_overrides": {"deepseek2.leading_dense_block_count": 5}}, kcap.ModelError,
+     "deepseek2.leading_dense_block_count = 5: must be 0 .. block_count (3)"),
+    ("deepseek2", {"metadata_overrides": {"deepseek2.attention.q_lora_rank": 64}}, kcap.ModelError,
+     "missing tensor 'blk.0.attn_q_a.weight'"),
+    ("deepseek2", {"metadata_overrides": {"deepseek2.expert_used_count": 9}}, kcap.ModelError,
+     "deepseek2.expert_used_count = 9 must be between 1 and deepseek2.expert_count = 8"),
+    ("deepseek3", {"metadata_overrides": {"deepseek2.expert_shared_count": 2}}, kcap.ModelError,
+     "tensor 'blk.1.ffn_up_shexp.weight' has width 32, expected deepseek2.expert_shared_count 2 x the experts' width 32"),
+    ("deepseek2-kvb", {"metadata_overrides": {"deepseek2.rope.dimension_count": 48}}, kcap.ModelError,
+     "deepseek2.rope.dimension_count = 48: must be even and smaller than the query head (48)"),
+])
+def test_inconsistent_file_is_refused(fixture, changes, error, message, tmp_path):
+    with pytest.raises(error, match=re.escape(message)):
+        kcap.load(changed(fixture, tmp_path, **changes))
+
+
+def test_both_kv_b_layouts_in_one_block_are_refused(tmp_path):
+    import gguf
+
+    kvb = next(t for t in gguf.GGUFReader(FIXTURES / "deepseek2-kvb-f32.gguf").tensors
+               if t.name == "blk.0.attn_kv_b.weight")
+    path = changed("deepseek2", tmp_path, add_tensors=[(kvb.name, "F32", tuple(int(d) for d in kvb.shape),
+                                                        np.asarray(kvb.data))])
+    with pytest.raises(kcap.ModelError, match=re.escape("block 0 has both attn_kv_b and attn_k_b/attn_v_b")):
+        kcap.load(path)
+
+
+def test_metal_refuses_latent_attention_by_name():
+    with pytest.raises(kcap.RoutingError, match=r"stage 'attention_mla' \(attention_mla\): no metal row fits"):
+        explain_file(str(FIXTURES / "deepseek3-f32.gguf"), backend="metal")
