@@ -55,6 +55,10 @@ def make_models(directory: Path, which: list[str]) -> dict[str, str]:
             start = time.time()
             if name == "llama3_8b_q4_k_m":
                 synth.llama3_8b_q4_k_m(str(path))
+            elif name.startswith("deepseek_v2_lite_q4_k_m"):
+                # "deepseek_v2_lite_q4_k_m_8l": the first 8 of the 27 layers, every shape kept
+                layers = name.rsplit("_", 1)[1]
+                synth.deepseek2_q4_k_m(str(path), **({"n_layer": int(layers[:-1])} if layers.endswith("l") else {}))
             elif name.startswith("qwen3_30b_a3b_q4_k_m"):
                 # "qwen3_30b_a3b_q4_k_m_12l": the first 12 of the 48 layers, every shape kept
                 layers = name.rsplit("_", 1)[1]
@@ -109,7 +113,10 @@ def decode_bytes_per_token(path: str, context: int, kv_bytes: int = 4) -> float:
         total += nbytes
     for layer in spec.layers:
         span = min(context, layer.sliding_window) if layer.sliding_window else context
-        total += span * layer.n_head_kv * (layer.head_dim + layer.head_dim_v) * kv_bytes
+        # a latent-attention layer caches its latent and rope key only
+        values = (layer.kv_lora_rank + layer.rope_dim if layer.kv_lora_rank
+                  else layer.n_head_kv * (layer.head_dim + layer.head_dim_v))
+        total += span * values * kv_bytes
     return total
 
 

@@ -367,6 +367,92 @@ def qwen3moe_q4_k_m(path: str, n_layer: int = 48, n_embd: int = 2048, n_head: in
     return write_gguf(path, "qwen3moe", meta, tensors)
 
 
+# llama-quant.cpp's fallback for a tensor whose rows are not whole 256-value super-blocks.
+K_QUANT_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
+
+def deepseek2_q4_k_m(path: str, n_layer: int = 27, n_embd: int = 2048, n_head: int = 16, kv_lora_rank: int = 512,
+                     qk_nope: int = 128, qk_rope: int = 64, v_head_dim: int = 128, n_ff: int = 10944,
+                     n_expert: int = 64, n_expert_used: int = 6, n_ff_exp: int = 1408, n_shared: int = 2,
+                     n_vocab: int = 102400, context_length: int = 163840, seed: int = 0) -> str:
+    """Random weights in the shape of DeepSeek-V2-Lite quantized with llama.cpp's Q4_K_M mix
+    (about 9 GiB at full size): 27 layers, n_embd 2048, 16 heads, multi-head latent attention
+    (no query low rank, kv_lora_rank 512, rope 64, nope 128, v 128: attn_k_b / attn_v_b as the
+    converter writes them), a dense first block (FFN 10944), then 64 experts of 1408 with 6 used
+    and 2 shared experts, YaRN factor 40 over 4096 positions with mscale_all_dim 0.707,
+    vocabulary 102400 (no tokenizer). Rows that are not whole super-blocks take llama-quant.cpp's
+    fallback type (K_QUANT_FALLBACK): attn_k_b's 128-value rows and ffn_down(_exps)' 10944 and
+    1408. Fewer layers keep every per-layer shape."""
+    rng = np.random.default_rng(seed)
+    a = "deepseek2"
+    meta = {
+        f"{a}.block_count": n_layer,
+        f"{a}.context_length": context_length,
+        f"{a}.embedding_length": n_embd,
+        f"{a}.feed_forward_length": n_ff,
+        f"{a}.attention.head_count": n_head,
+        f"{a}.attention.head_count_kv": 1,
+        f"{a}.attention.key_length": kv_lora_rank + qk_rope,
+        f"{a}.attention.value_length": kv_lora_rank,
+        f"{a}.attention.key_length_mla": qk_nope + qk_rope,
+        f"{a}.attention.value_length_mla": v_head_dim,
+        f"{a}.attention.kv_lora_rank": kv_lora_rank,
+        f"{a}.attention.layer_norm_rms_epsilon": 1e-6,
+        f"{a}.rope.dimension_count": qk_rope,
+        f"{a}.rope.freq_base": 10000.0,
+        f"{a}.rope.scaling.type": "yarn",
+        f"{a}.rope.scaling.factor": 40.0,
+        f"{a}.rope.scaling.original_context_length": 4096,
+        f"{a}.rope.scaling.yarn_log_multiplier": 0.0707,
+        f"{a}.leading_dense_block_count": 1,
+        f"{a}.expert_count": n_expert,
+        f"{a}.expert_used_count": n_expert_used,
+        f"{a}.expert_shared_count": n_shared,
+        f"{a}.expert_feed_forward_length": n_ff_exp,
+        f"{a}.expert_weights_scale": 1.0,
+        f"{a}.expert_gating_func": 1,
+        f"{a}.vocab_size": n_vocab,
+        "general.file_type": 15,  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+        "tokenizer.ggml.model": "no_vocab",
+    }
+    tensors = []
+
+    def add(name, shape, type_name):
+        if type_name in K_QUANT_FALLBACK and shape[0] % 256:
+            type_name = K_QUANT_FALLBACK[type_name]
+        data = plausible_weights(type_name, shape, rng)
+        if len(shape) == 3 and type_name != "F32":
+            data = data.reshape(shape[2], shape[1], -1)  # one block row per matrix row, the stack outermost
+        tensors.append((name, type_name, shape, data))
+
+    add("token_embd.weight", (n_embd, n_vocab), "Q4_K")
+    add("output_norm.weight", (n_embd,), "F32")
+    add("output.weight", (n_embd, n_vocab), "Q6_K")
+    for il in range(n_layer):
+        down = q4_k_m_type(f"blk.{il}.ffn_down.weight", n_layer)
+        add(f"blk.{il}.attn_norm.weight", (n_embd,), "F32")
+        add(f"blk.{il}.attn_q.weight", (n_embd, n_head * (qk_nope + qk_rope)), "Q4_K")
+        add(f"blk.{il}.attn_kv_a_mqa.weight", (n_embd, kv_lora_rank + qk_rope), "Q4_K")
+        add(f"blk.{il}.attn_kv_a_norm.weight", (kv_lora_rank,), "F32")
+        add(f"blk.{il}.attn_k_b.weight", (qk_nope, kv_lora_rank, n_head), "Q4_K")
+        add(f"blk.{il}.attn_v_b.weight", (kv_lora_rank, v_head_dim, n_head), "Q4_K")
+        add(f"blk.{il}.attn_output.weight", (n_head * v_head_dim, n_embd), "Q4_K")
+        add(f"blk.{il}.ffn_norm.weight", (n_embd,), "F32")
+        if il == 0:
+            add(f"blk.{il}.ffn_gate.weight", (n_embd, n_ff), "Q4_K")
+            add(f"blk.{il}.ffn_up.weight", (n_embd, n_ff), "Q4_K")
+            add(f"blk.{il}.ffn_down.weight", (n_ff, n_embd), down)
+            continue
+        add(f"blk.{il}.ffn_gate_inp.weight", (n_embd, n_expert), "F32")
+        add(f"blk.{il}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), "Q4_K")
+        add(f"blk.{il}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), "Q4_K")
+        add(f"blk.{il}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), down)
+        add(f"blk.{il}.ffn_gate_shexp.weight", (n_embd, n_shared * n_ff_exp), "Q4_K")
+        add(f"blk.{il}.ffn_up_shexp.weight", (n_embd, n_shared * n_ff_exp), "Q4_K")
+        add(f"blk.{il}.ffn_down_shexp.weight", (n_shared * n_ff_exp, n_embd), "Q4_K")
+    return write_gguf(path, "deepseek2", meta, tensors)
+
+
 def extract_layout(src: str) -> dict:
     """A GGUF file's layout without its weights or vocabulary: architecture metadata (plain
     values) and the tensor table, small enough to travel where the file cannot. The
