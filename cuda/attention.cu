@@ -103,11 +103,20 @@ __global__ void __launch_bounds__(KCAP_MLA_THREADS)
 }
 
 __global__ void __launch_bounds__(KCAP_MLA_THREADS)
-    mla_attend_kernel(KcapMlaParams p, const kcap_i32* step, const float* absorbed, const kcap_u8* cache, float* latent) {
+    mla_attend_kernel(KcapMlaParams p, const kcap_i32* step, const float* absorbed, const kcap_u8* cache, int n_splits,
+                      float* partial_o, float* partial_ml) {
     __shared__ float shared[KCAP_MLA_ATTEND_SHARED_FLOATS];
     cuda::pdl_wait();
     cuda::pdl_trigger();
-    kcap_mla_attend(kcap_cuda_thread(), p, step, absorbed, cache, latent, shared);
+    kcap_mla_attend(kcap_cuda_thread(), p, step, absorbed, cache, n_splits, partial_o, partial_ml, shared);
+}
+
+__global__ void __launch_bounds__(KCAP_MLA_THREADS)
+    mla_combine_kernel(KcapMlaParams p, const kcap_i32* step, int n_splits, const float* partial_o,
+                       const float* partial_ml, float* latent) {
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_mla_combine(kcap_cuda_thread(), p, step, n_splits, partial_o, partial_ml, latent);
 }
 
 template <class F>
@@ -210,9 +219,12 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
         cuda::run_attention_mma<ROPE, Q8>(stage, call);
 }
 
-// cuda.attention_mla: the call's cache rows appended, the queries absorbed, every (token, head)
-// attending over its span, then the V up-projection (kernels/attention_mla.h). Positions come from
-// the device (step[0]), so the decode graph replays at any position.
+// cuda.attention_mla[_decode]: the call's cache rows appended, the queries absorbed, each
+// (token, group of heads) attending over its span (the decode in the key splits fixed at load
+// time from the stage's longest span, a prefill chunk in one), the splits merged, then the V
+// up-projection (kernels/attention_mla.h). Positions come from the device (step[0]), so the
+// decode graph replays at any position.
+template <bool DECODE>
 void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
@@ -237,8 +249,14 @@ void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call) {
 #undef KCAP_MLA_ABSORB_CASE
         default: throw Error(std::string("cuda.attention_mla: no body for ") + format_name(kb_format));
     }
-    cuda::launch(ctx, mla_attend_kernel, dim3(slots), block, 0, p, ctx.step,
-                 static_cast<const float*>(ctx.mla_absorbed), static_cast<const kcap_u8*>(cache), ctx.mla_latent);
+    const int splits = DECODE ? data.attn_splits : 1;
+    const unsigned groups = unsigned(p.n_tokens * cuda::ceil_div(p.n_head, KCAP_MLA_HEADS_PER_GROUP));
+    cuda::launch(ctx, mla_attend_kernel, dim3(groups, unsigned(splits)), block, 0, p, ctx.step,
+                 static_cast<const float*>(ctx.mla_absorbed), static_cast<const kcap_u8*>(cache), splits,
+                 ctx.attn_partial_o, ctx.attn_partial_ml);
+    cuda::launch(ctx, mla_combine_kernel, dim3(slots), block, 0, p, ctx.step, splits,
+                 static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml),
+                 ctx.mla_latent);
     switch (vb_format) {
 #define KCAP_MLA_V_UP_CASE(NAME, DECODER)                                                                      \
     case Format::NAME:                                                                                         \
@@ -250,6 +268,8 @@ void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call) {
         default: throw Error(std::string("cuda.attention_mla: no body for ") + format_name(vb_format));
     }
 }
+template void kcap_cuda_attention_mla<true>(const Stage&, const KernelCall&);
+template void kcap_cuda_attention_mla<false>(const Stage&, const KernelCall&);
 
 #define KCAP_INSTANTIATE_ATTENTION(KIND, ROPE)                                                             \
     template void kcap_cuda_attention<AttnKind::KIND, AttnRope::ROPE, false>(const Stage&, const KernelCall&); \

@@ -289,6 +289,19 @@ private:
                 // the factors are folded into the table
                 data.operands[stage.op == Op::Rope ? 0 : stage.op == Op::AttentionMla ? 3 : 2] = nullptr;
             }
+            if (stage.op == Op::AttentionMla) {
+                // Splits of about kMlaMinChunk rows at the longest span, at most kMlaGroupsPerSm
+                // attend groups (head groups x splits) per multiprocessor; partials for the decode's
+                // splits or a prefill chunk's single split of every token.
+                const int64_t span = std::max<int64_t>(1, stage.max_span);
+                const int64_t head_groups = (stage.params.n_head + KCAP_MLA_HEADS_PER_GROUP - 1) / KCAP_MLA_HEADS_PER_GROUP;
+                const int64_t by_span = (span + cuda_rows::kMlaMinChunk - 1) / cuda_rows::kMlaMinChunk;
+                const int64_t cap = std::max<int64_t>(1, int64_t(cuda_rows::kMlaGroupsPerSm) * ctx.sm_count / head_groups);
+                data.attn_splits = int(std::max<int64_t>(1, std::min(by_span, cap)));
+                const size_t slots = size_t(stage.params.n_head) * size_t(std::max(data.attn_splits, max_batch_));
+                partial_o = std::max(partial_o, slots * size_t(stage.params.kv_lora_rank));
+                partial_ml = std::max(partial_ml, slots * 2);
+            }
             if (stage.op == Op::Attention) {
                 // Enough splits that each takes about kAttnMinChunk keys at the longest span,
                 // capped at a few groups per multiprocessor (longer spans: longer splits).

@@ -454,32 +454,39 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
                 rows.push_back(row);
             }
 
-    // cuda.attention_mla: multi-head latent attention at every token count (SIMT,
-    // kernels/attention_mla.h): the new tokens' latent rows normed, rotated and appended, the
-    // queries absorbed through W_k_b (or the combined W_kv_b), each (token, head) attending over
-    // its causal span of cache rows, then W_v_b. Operands: the latent's norm weight (F32), W_k_b
-    // and W_v_b in any weight format, the rope frequency factors (folded into the rope table).
-    Row mla = make_row("cuda.attention_mla", Op::AttentionMla, KCAP_CUDA_ENTRY(kcap_cuda_attention_mla),
-                       {KCAP_MLA_THREADS, 0, KCAP_MLA_ATTEND_SHARED_FLOATS * 4}, kAnyTokens,
-                       {"mla_append", "mla_absorb", "mla_attend", "mla_v_up"});
+    // cuda.attention_mla_decode (one token) and cuda.attention_mla (a prefill chunk): multi-head
+    // latent attention (SIMT, kernels/attention_mla.h): the new tokens' latent rows normed, rotated
+    // and appended, the queries absorbed through W_k_b (or the combined W_kv_b), each (token, group
+    // of KCAP_MLA_HEADS_PER_GROUP heads) attending over its causal span of cache rows (the decode
+    // in key splits fixed at load time, a prefill chunk in one), the splits merged, then W_v_b.
+    // Operands: the latent's norm weight (F32), W_k_b and W_v_b in any weight format, the rope
+    // frequency factors (folded into the rope table).
     std::vector<Format> weight_formats;
 #define KCAP_MLA_FORMAT(NAME, DECODER) weight_formats.push_back(Format::NAME);
     KCAP_WEIGHT_FORMATS(KCAP_MLA_FORMAT)
 #undef KCAP_MLA_FORMAT
-    mla.operand_formats = {{Format::F32}, weight_formats, weight_formats, {Format::F32}};
-    mla.kv_formats = {Format::F32, Format::F16};
-    mla.features = kRopeNormal | kRopeFreqFactors | kRmsNorm | kMlaKvBCombined;
-    mla.dims.reject_of = [](const Stage& stage) -> std::string {
-        const StageParams& p = stage.params;
-        const int nope = p.head_dim - p.rope_dim;
-        if (p.kv_lora_rank % 32 || nope % 32 || p.kv_lora_rank > KCAP_MLA_MAX_LORA ||
-            p.kv_lora_rank + p.rope_dim > KCAP_MLA_MAX_WIDTH)
-            return "kv_lora_rank " + std::to_string(p.kv_lora_rank) + " and the query's non-rotated part " +
-                   std::to_string(nope) + " must be multiples of 32, kv_lora_rank at most " +
-                   std::to_string(KCAP_MLA_MAX_LORA) + " and the cache row at most " + std::to_string(KCAP_MLA_MAX_WIDTH);
-        return "";
-    };
-    rows.push_back(mla);
+    for (const bool decode : {true, false}) {
+        Row mla = make_row(decode ? "cuda.attention_mla_decode" : "cuda.attention_mla", Op::AttentionMla,
+                           decode ? KCAP_CUDA_ENTRY(kcap_cuda_attention_mla<true>)
+                                  : KCAP_CUDA_ENTRY(kcap_cuda_attention_mla<false>),
+                           {KCAP_MLA_THREADS, 0, KCAP_MLA_ATTEND_SHARED_FLOATS * 4}, decode ? kOneToken : TokenRange{2, 0},
+                           {"mla_append", "mla_absorb", "mla_attend", "mla_combine", "mla_v_up"});
+        mla.operand_formats = {{Format::F32}, weight_formats, weight_formats, {Format::F32}};
+        mla.kv_formats = {Format::F32, Format::F16};
+        mla.features = kRopeNormal | kRopeFreqFactors | kRmsNorm | kMlaKvBCombined;
+        mla.dims.reject_of = [](const Stage& stage) -> std::string {
+            const StageParams& p = stage.params;
+            const int nope = p.head_dim - p.rope_dim;
+            if (p.kv_lora_rank % 32 || nope % 32 || p.kv_lora_rank > KCAP_MLA_MAX_LORA ||
+                p.kv_lora_rank + p.rope_dim > KCAP_MLA_MAX_WIDTH)
+                return "kv_lora_rank " + std::to_string(p.kv_lora_rank) + " and the query's non-rotated part " +
+                       std::to_string(nope) + " must be multiples of 32, kv_lora_rank at most " +
+                       std::to_string(KCAP_MLA_MAX_LORA) + " and the cache row at most " +
+                       std::to_string(KCAP_MLA_MAX_WIDTH);
+            return "";
+        };
+        rows.push_back(mla);
+    }
 }
 
 void add_cuda_activation_rows(std::vector<Row>& rows) {

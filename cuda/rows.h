@@ -13,6 +13,7 @@
 
 #include "dispatch/capability.h"
 #include "kernels/formats_list.h"
+#include "kernels/params.h"
 
 namespace kcap {
 
@@ -190,6 +191,10 @@ constexpr int attn_decode_simds(int n_head_kv) { return n_head_kv <= kAttnFewKvH
 // multiprocessor gives both: 33 splits for the 8B's 8 KV heads, 136 for Gemma's one.
 constexpr int kAttnMinChunk = 32;    // fewest keys per decode split (a multiple of 32)
 constexpr int kAttnSplitsPerSm = 2;  // decode grid: at most this many groups per multiprocessor
+// Multi-head latent attention's decode: fewest cache rows per key split, and at most this many
+// attend groups (a token's head groups x splits) per multiprocessor.
+constexpr int kMlaMinChunk = KCAP_MLA_MIN_CHUNK;
+constexpr int kMlaGroupsPerSm = 4;
 // qk_norm_rope: one simd group per head row.
 constexpr int kQkNormRopeSimds = 4;
 // Elementwise, rope, KV append: one thread per value.
@@ -284,7 +289,7 @@ void kcap_cuda_argmax(const Stage& stage, const KernelCall& call);
 void kcap_cuda_sample(const Stage& stage, const KernelCall& call);
 void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call);
-void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call);
+template <bool DECODE> void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_shared_gate(const Stage& stage, const KernelCall& call);
 
 }  // namespace kcap

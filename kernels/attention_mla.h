@@ -5,9 +5,11 @@
 //                     position), written as the cache row of its position (f32 or f16).
 //   kcap_mla_absorb   one group per (token, head): the absorbed query [W_kb[h]^T q_nope, rotated
 //                     q_rope], width values, from the head's query.
-//   kcap_mla_attend   one group per (token, head): the absorbed query against every cache row up
-//                     to its position (the causal span), one simd group per key at a time with an
-//                     online softmax, the simd groups merged at the end: the head's weighted
+//   kcap_mla_attend   one group per (token, group of heads, split of the keys): the absorbed
+//                     queries against the cache rows of the split's share of the causal span, each
+//                     row loaded once for the group's heads, an online softmax per head: partial
+//                     weighted latents with their max and sum.
+//   kcap_mla_combine  one group per (token, head): the splits merged into the head's weighted
 //                     latent (lora values).
 //   kcap_mla_v_up     one group per (token, head): W_vb[h] times the weighted latent, the head's
 //                     output (dv values).
@@ -94,53 +96,122 @@ KCAP_FN void kcap_mla_absorb(const KcapThread t, const KcapMlaParams p, const KC
     }
 }
 
-// shared: KCAP_MLA_ATTEND_SHARED_FLOATS. Scores q . row * scale over the rows 0 .. the query's
-// position, softmax, the weighted sum of the rows' latents into latent_out [slot][lora].
+// The splits a token at the end of a span of `span` rows uses: those of at least
+// KCAP_MLA_MIN_CHUNK rows each, at most n_splits (the launch's), so a short span's decode does not
+// pay for the splits of the longest.
+KCAP_FN int kcap_mla_active_splits(int span, int n_splits) {
+    const int by_span = (span + KCAP_MLA_MIN_CHUNK - 1) / KCAP_MLA_MIN_CHUNK;
+    return by_span < n_splits ? by_span : n_splits;
+}
+
+// Grid: x = tokens x head groups (KCAP_MLA_HEADS_PER_GROUP query heads each), y = key splits.
+// shared: KCAP_MLA_ATTEND_SHARED_FLOATS. The group's heads score the cache rows of its split of
+// the causal span (rows 0 .. the token's position, in kcap_mla_active_splits equal ranges; the
+// launch's other splits return at once): each simd
+// group takes every simds-th row, loads it once for all the group's heads, and keeps an online
+// softmax per head (max, sum, the weighted latent in registers); the simd groups are merged at
+// the end into one partial per (token, head, split): the unnormalized weighted latent, its max
+// and sum (partial_o [slot][split][lora], partial_ml [slot][split][2], slot = token * n_head +
+// head). A split with no rows writes a zero sum. kcap_mla_combine merges the splits.
 KCAP_FN void kcap_mla_attend(const KcapThread t, const KcapMlaParams p, const KCAP_GLOBAL kcap_i32* step,
-                             const KCAP_GLOBAL float* absorbed, const KCAP_GLOBAL kcap_u8* cache,
-                             KCAP_GLOBAL float* latent_out, KCAP_SHARED float* shared) {
-    const int slot = int(t.group_x);
-    const int pos = step[0] + slot / p.n_head;
-    KCAP_SHARED float* qs = shared;
-    KCAP_SHARED float* acc_all = shared + KCAP_MLA_MAX_WIDTH;
-    KCAP_SHARED float* ml = acc_all + KCAP_MLA_MAX_SIMDS * KCAP_MLA_MAX_LORA;
-    const KCAP_GLOBAL float* q = absorbed + kcap_u64(slot) * kcap_u64(p.width);
-    for (int d = int(t.index); d < p.width; d += int(t.threads)) qs[d] = q[d];
+                             const KCAP_GLOBAL float* absorbed, const KCAP_GLOBAL kcap_u8* cache, int n_splits,
+                             KCAP_GLOBAL float* partial_o, KCAP_GLOBAL float* partial_ml, KCAP_SHARED float* shared) {
+    constexpr int kHeads = KCAP_MLA_HEADS_PER_GROUP;
+    const int groups = (p.n_head + kHeads - 1) / kHeads;
+    const int token = int(t.group_x) / groups, head0 = (int(t.group_x) % groups) * kHeads;
+    const int heads = p.n_head - head0 < kHeads ? p.n_head - head0 : kHeads;
+    const int split = int(t.group_y);
+    const int span = step[0] + token + 1;
+    const int active = kcap_mla_active_splits(span, n_splits);
+    if (split >= active) return;  // the whole group: this position needs fewer splits
+    const int chunk = (span + active - 1) / active;
+    const int start = split * chunk, end = start + chunk < span ? start + chunk : span;
+    KCAP_SHARED float* qs = shared;                                            // [kHeads][width]
+    KCAP_SHARED float* merge = shared + kHeads * KCAP_MLA_MAX_WIDTH;           // [simds][lora]
+    KCAP_SHARED float* merge_ml = merge + KCAP_MLA_MAX_SIMDS * KCAP_MLA_MAX_LORA;  // [simds][2]
+    for (int i = int(t.index); i < heads * p.width; i += int(t.threads))
+        qs[i] = absorbed[kcap_u64(token * p.n_head + head0) * kcap_u64(p.width) + kcap_u64(i)];
     kcap_barrier();
-    float m = KCAP_NEG_INFINITY, l = 0.0f;
-    float acc[KCAP_MLA_LATENT_PER_LANE];
-    KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i) acc[i] = 0.0f;
     const int runs = p.lora / 32;
-    for (int j = int(t.simd); j <= pos; j += int(t.simds)) {
+    float m[kHeads], l[kHeads], acc[kHeads][KCAP_MLA_LATENT_PER_LANE];
+    KCAP_UNROLL for (int g = 0; g < kHeads; ++g) {
+        m[g] = KCAP_NEG_INFINITY;
+        l[g] = 0.0f;
+        KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i) acc[g][i] = 0.0f;
+    }
+    for (int j = start + int(t.simd); j < end; j += int(t.simds)) {
         const kcap_u64 row = kcap_u64(j) * kcap_u64(p.width);
-        float dot = 0.0f;
-        for (int d = int(t.lane); d < p.width; d += KCAP_SIMD_WIDTH) dot += qs[d] * kcap_kv_load(cache, row + kcap_u64(d), p.kv_f16);
-        const float s = kcap_simd_sum(dot) * p.scale;
-        const float m_new = kcap_fmax(m, s);
-        const float correction = kcap_exp(m - m_new), weight = kcap_exp(s - m_new);
-        l = l * correction + weight;
+        float dot[kHeads];
+        KCAP_UNROLL for (int g = 0; g < kHeads; ++g) dot[g] = 0.0f;
+        float latent[KCAP_MLA_LATENT_PER_LANE];
+        KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i) {
+            latent[i] = i < runs ? kcap_kv_load(cache, row + kcap_u64(i * 32 + int(t.lane)), p.kv_f16) : 0.0f;
+            KCAP_UNROLL for (int g = 0; g < kHeads; ++g) dot[g] += qs[g * p.width + i * 32 + int(t.lane)] * latent[i];
+        }
+        for (int d = p.lora + int(t.lane); d < p.width; d += KCAP_SIMD_WIDTH) {  // the rope key
+            const float r = kcap_kv_load(cache, row + kcap_u64(d), p.kv_f16);
+            KCAP_UNROLL for (int g = 0; g < kHeads; ++g) dot[g] += qs[g * p.width + d] * r;
+        }
+        KCAP_UNROLL for (int g = 0; g < kHeads; ++g) {
+            const float s = kcap_simd_sum(dot[g]) * p.scale;
+            const float m_new = kcap_fmax(m[g], s);
+            const float correction = kcap_exp(m[g] - m_new), weight = kcap_exp(s - m_new);
+            l[g] = l[g] * correction + weight;
+            KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i) acc[g][i] = acc[g][i] * correction + weight * latent[i];
+            m[g] = m_new;
+        }
+    }
+    // Merge the simd groups, one head at a time.
+    for (int g = 0; g < heads; ++g) {
         KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i)
-            if (i < runs) acc[i] = acc[i] * correction + weight * kcap_kv_load(cache, row + kcap_u64(i * 32 + int(t.lane)), p.kv_f16);
-        m = m_new;
+            if (i < runs) merge[int(t.simd) * KCAP_MLA_MAX_LORA + i * 32 + int(t.lane)] = acc[g][i];
+        if (t.lane == 0) {
+            merge_ml[2 * int(t.simd)] = m[g];
+            merge_ml[2 * int(t.simd) + 1] = l[g];
+        }
+        kcap_barrier();
+        float top = KCAP_NEG_INFINITY;
+        for (int s = 0; s < int(t.simds); ++s)
+            if (merge_ml[2 * s + 1] > 0.0f) top = kcap_fmax(top, merge_ml[2 * s]);
+        const kcap_u64 at = kcap_u64(token * p.n_head + head0 + g) * kcap_u64(n_splits) + kcap_u64(split);
+        for (int d = int(t.index); d < p.lora; d += int(t.threads)) {
+            float o = 0.0f;
+            for (int s = 0; s < int(t.simds); ++s)
+                if (merge_ml[2 * s + 1] > 0.0f) o += merge[s * KCAP_MLA_MAX_LORA + d] * kcap_exp(merge_ml[2 * s] - top);
+            partial_o[at * kcap_u64(p.lora) + kcap_u64(d)] = o;
+        }
+        if (t.index == 0) {
+            float total = 0.0f;
+            for (int s = 0; s < int(t.simds); ++s)
+                if (merge_ml[2 * s + 1] > 0.0f) total += merge_ml[2 * s + 1] * kcap_exp(merge_ml[2 * s] - top);
+            partial_ml[2 * at] = top;
+            partial_ml[2 * at + 1] = total;
+        }
+        kcap_barrier();  // the merge buffer is free for the next head
     }
-    KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i)
-        if (i < runs) acc_all[int(t.simd) * KCAP_MLA_MAX_LORA + i * 32 + int(t.lane)] = acc[i];
-    if (t.lane == 0) {
-        ml[2 * int(t.simd)] = m;
-        ml[2 * int(t.simd) + 1] = l;
-    }
-    kcap_barrier();
+}
+
+// Grid: x = tokens x heads. The head's weighted latent: its splits' partials merged, normalized
+// by the merged sum, into latent_out [slot][lora].
+KCAP_FN void kcap_mla_combine(const KcapThread t, const KcapMlaParams p, const KCAP_GLOBAL kcap_i32* step, int n_splits,
+                              const KCAP_GLOBAL float* partial_o, const KCAP_GLOBAL float* partial_ml,
+                              KCAP_GLOBAL float* latent_out) {
+    const kcap_u64 slot = kcap_u64(t.group_x);
+    const KCAP_GLOBAL float* ml = partial_ml + slot * kcap_u64(2 * n_splits);
+    const int used = kcap_mla_active_splits(step[0] + int(t.group_x) / p.n_head + 1, n_splits);
     float top = KCAP_NEG_INFINITY;
-    for (int s = 0; s < int(t.simds); ++s) top = kcap_fmax(top, ml[2 * s]);
+    for (int s = 0; s < used; ++s)
+        if (ml[2 * s + 1] > 0.0f) top = kcap_fmax(top, ml[2 * s]);
     float total = 0.0f;
-    for (int s = 0; s < int(t.simds); ++s)
+    for (int s = 0; s < used; ++s)
         if (ml[2 * s + 1] > 0.0f) total += ml[2 * s + 1] * kcap_exp(ml[2 * s] - top);
-    KCAP_GLOBAL float* out = latent_out + kcap_u64(slot) * kcap_u64(p.lora);
     for (int d = int(t.index); d < p.lora; d += int(t.threads)) {
         float o = 0.0f;
-        for (int s = 0; s < int(t.simds); ++s)
-            if (ml[2 * s + 1] > 0.0f) o += acc_all[s * KCAP_MLA_MAX_LORA + d] * kcap_exp(ml[2 * s] - top);
-        out[d] = o / total;
+        for (int s = 0; s < used; ++s)
+            if (ml[2 * s + 1] > 0.0f)
+                o += partial_o[(slot * kcap_u64(n_splits) + kcap_u64(s)) * kcap_u64(p.lora) + kcap_u64(d)] *
+                     kcap_exp(ml[2 * s] - top);
+        latent_out[slot * kcap_u64(p.lora) + kcap_u64(d)] = o / total;
     }
 }
 

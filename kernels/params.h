@@ -162,11 +162,14 @@ struct KcapSampleSettings {
 // latent (its weighted sum held in registers, 32 values per lane) and cache row.
 #define KCAP_MLA_THREADS 256
 #define KCAP_MLA_MAX_LORA 512
-#define KCAP_MLA_MAX_WIDTH 1024
+#define KCAP_MLA_MAX_WIDTH 640  // DeepSeek: 512 + 64
 #define KCAP_MLA_MAX_SIMDS (KCAP_MLA_THREADS / 32)
-// kcap_mla_attend's threadgroup memory: the query, each simd group's weighted latent, its max
-// and sum.
-#define KCAP_MLA_ATTEND_SHARED_FLOATS (KCAP_MLA_MAX_WIDTH + KCAP_MLA_MAX_SIMDS * (KCAP_MLA_MAX_LORA + 2))
+#define KCAP_MLA_HEADS_PER_GROUP 4  // query heads one attend group scores against each cache row it loads
+#define KCAP_MLA_MIN_CHUNK 64       // fewest cache rows per key split of the decode
+// kcap_mla_attend's threadgroup memory: the group's queries, each simd group's weighted latent,
+// its max and sum.
+#define KCAP_MLA_ATTEND_SHARED_FLOATS \
+    (KCAP_MLA_HEADS_PER_GROUP * KCAP_MLA_MAX_WIDTH + KCAP_MLA_MAX_SIMDS * (KCAP_MLA_MAX_LORA + 2))
 // The router's logits (kernels/moe.h): tokens per group, experts per simd group, runs of x
 // staged at a time, and the staged floats (runs padded to 36 floats: KCAP_MATVEC_RUN_STRIDE;
 // 8 tokens of 28 runs fit Metal's 32 KB of threadgroup memory).
