@@ -145,12 +145,16 @@ KCAP_FN void kcap_mla_attend(const KcapThread t, const KcapMlaParams p, const KC
         KCAP_UNROLL for (int g = 0; g < kHeads; ++g) dot[g] = 0.0f;
         float latent[KCAP_MLA_LATENT_PER_LANE];
         KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i) {
-            latent[i] = i < runs ? kcap_kv_load(cache, row + kcap_u64(i * 32 + int(t.lane)), p.kv_f16) : 0.0f;
-            KCAP_UNROLL for (int g = 0; g < kHeads; ++g) dot[g] += qs[g * p.width + i * 32 + int(t.lane)] * latent[i];
+            latent[i] = 0.0f;
+            if (i >= runs) continue;  // past the latent: no query values there (0 x NaN would be NaN)
+            latent[i] = kcap_kv_load(cache, row + kcap_u64(i * 32 + int(t.lane)), p.kv_f16);
+            KCAP_UNROLL for (int g = 0; g < kHeads; ++g)
+                if (g < heads) dot[g] += qs[g * p.width + i * 32 + int(t.lane)] * latent[i];
         }
         for (int d = p.lora + int(t.lane); d < p.width; d += KCAP_SIMD_WIDTH) {  // the rope key
             const float r = kcap_kv_load(cache, row + kcap_u64(d), p.kv_f16);
-            KCAP_UNROLL for (int g = 0; g < kHeads; ++g) dot[g] += qs[g * p.width + d] * r;
+            KCAP_UNROLL for (int g = 0; g < kHeads; ++g)
+                if (g < heads) dot[g] += qs[g * p.width + d] * r;
         }
         KCAP_UNROLL for (int g = 0; g < kHeads; ++g) {
             const float s = kcap_simd_sum(dot[g]) * p.scale;

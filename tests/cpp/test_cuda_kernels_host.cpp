@@ -23,6 +23,7 @@
 #include "kernels/argmax.h"
 #include "kernels/sample.h"
 #include "kernels/attention.h"
+#include "kernels/attention_mla.h"
 #include "kernels/elementwise.h"
 #include "kernels/embed.h"
 #include "kernels/matmul.h"
@@ -772,6 +773,73 @@ void test_moe_route(std::mt19937& rng, CpuState& cpu) {
     std::printf("moe_route body: %d cases\n", checked);
 }
 
+// DeepSeek's routers (cuda.moe_route with expert groups): V3's sigmoid scores with a choice bias,
+// groups scored by their two best, and V2's softmax with groups scored by their best, against the
+// CPU row: the chosen ids and their weights (the unbiased scores), renormalized or not.
+void test_moe_route_grouped(std::mt19937& rng, CpuState& cpu) {
+    int checked = 0;
+    const Row& reference = find_row("cpu.moe_route");
+    const int64_t k = 64;
+    const int m = 9;
+    for (const int n_expert : {8, 64, 256})
+        for (const int groups : {4, 8})
+            for (const int groups_used : {1, 2, 3})
+                for (const int used : {2, 6, 8})
+                    for (const bool sigmoid : {false, true}) {
+                        if (groups_used > groups || used > groups_used * (n_expert / groups)) continue;
+                        if (sigmoid && n_expert / groups < 2) continue;
+                        std::vector<float> x = random_floats(rng, size_t(m * k));
+                        auto w = random_weights(rng, Format::F32, k, n_expert, "router");
+                        std::vector<float> bias = random_floats(rng, size_t(n_expert), 0.1f);
+                        TensorRef bias_tensor;
+                        bias_tensor.name = "exp_probs_b", bias_tensor.format = Format::F32, bias_tensor.shape = {n_expert};
+                        bias_tensor.data = reinterpret_cast<const uint8_t*>(bias.data());
+                        bias_tensor.nbytes = 4 * size_t(n_expert);
+                        Stage stage;
+                        stage.op = Op::MoeRoute;
+                        stage.k = k;
+                        stage.n = 2 * used;
+                        stage.operands = {&w->ref, nullptr, nullptr, sigmoid ? &bias_tensor : nullptr};
+                        stage.params.n_expert = n_expert;
+                        stage.params.n_expert_used = used;
+                        stage.params.expert_weights_scale = 2.5f;
+                        stage.params.n_expert_groups = groups;
+                        stage.params.n_expert_groups_used = groups_used;
+                        stage.params.expert_group_score = sigmoid ? ExpertGroupScore::TopTwoSum : ExpertGroupScore::Max;
+                        stage.features = kExpertGroups | (sigmoid ? kExpertSigmoid | kExpertChoiceBias | kExpertWeightsNorm
+                                                                  : FeatureMask(kExpertSoftmax));
+                        std::vector<float> ref(size_t(m) * 2 * used), got = nan_filled(ref.size());
+                        KernelCall call;
+                        call.n_tokens = m;
+                        call.in = x.data();
+                        call.out = ref.data();
+                        run_cpu(reference, stage, call, cpu);
+                        KcapMoeParams p = moe_params(stage, m);
+                        std::vector<float> logits = nan_filled(size_t(m) * size_t(n_expert));
+                        constexpr int kPerGroup = kcap::cuda_rows::kMoeLogitThreads / 32 * KCAP_MOE_LOGIT_EXPERTS;
+                        kcap_sim::launch({unsigned((n_expert + kPerGroup - 1) / kPerGroup),
+                                          unsigned((m + KCAP_MOE_LOGIT_TOKENS - 1) / KCAP_MOE_LOGIT_TOKENS), 1},
+                                         kcap::cuda_rows::kMoeLogitThreads, KCAP_MOE_LOGIT_SHARED_FLOATS * 4,
+                                         [&](const KcapThread& t, void* shared) {
+                                             kcap_moe_logits<KcapF32>(t, p, w->ref.data, x.data(), logits.data(),
+                                                                      static_cast<float*>(shared));
+                                         });
+                        kcap_sim::launch({unsigned(m), 1, 1}, kcap::cuda_rows::kMoeRouteThreads, KCAP_MOE_MAX_EXPERTS * 4,
+                                         [&](const KcapThread& t, void* shared) {
+                                             kcap_moe_route(t, p, logits.data(), nullptr, got.data(),
+                                                            static_cast<float*>(shared), sigmoid ? bias.data() : nullptr);
+                                         });
+                        const RoutingDiff diff = routing_diff(got, ref, m, used);
+                        KCAP_EXPECT(diff.wrong_ids == 0 && diff.weights_error <= kExactTolerance,
+                                    "grouped moe_route %d experts in %d groups (%d used), %d used, %s: %d ids differ, "
+                                    "weights error %.3g",
+                                    n_expert, groups, groups_used, used, sigmoid ? "sigmoid" : "softmax", diff.wrong_ids,
+                                    diff.weights_error);
+                        ++checked;
+                    }
+    std::printf("grouped moe_route body: %d cases\n", checked);
+}
+
 // The experts' decode bodies (cuda.moe_experts.<format>: kcap_moe_gate_up, kcap_moe_down,
 // kcap_moe_combine) against the CPU row, with and without gpt-oss's biases and clamped SwiGLU,
 // on routing with distinct experts per token. Gate and up values scaled past the clamp (x4).
@@ -1205,6 +1273,127 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
         }
     }
     std::printf("attention bodies: %d calls\n", checked);
+}
+
+// Multi-head latent attention (cuda.attention_mla[_decode]: kcap_mla_append, _absorb, _attend,
+// _combine, _v_up) against cpu.attention_mla: a prefill chunk in one key split, then decode steps
+// in the launch's splits (as many as the position needs), W_k_b and W_v_b split or in one W_kv_b,
+// in several formats, f32 and f16 caches, a partial group of heads; outputs and scratch poisoned.
+void test_attention_mla(std::mt19937& rng, CpuState& cpu) {
+    struct Case {
+        int n_head, lora, nope, rope, dv;
+        Format kb, vb, kv;
+        bool combined;
+        int prefill, decode_steps, n_splits;
+    };
+    const Case cases[] = {
+        {4, 64, 32, 16, 32, Format::F32, Format::F32, Format::F32, false, 70, 2, 4},  // two splits used of four
+        {6, 64, 32, 16, 32, Format::Q8_0, Format::F16, Format::F16, false, 20, 2, 3},  // a partial head group
+        {5, 96, 64, 8, 48, Format::Q5_0, Format::Q5_0, Format::F32, true, 9, 2, 2},   // combined W_kv_b
+        {4, 64, 32, 16, 32, Format::F16, Format::F16, Format::F16, true, 130, 1, 4},  // three splits used
+    };
+    int checked = 0;
+    for (const Case& c : cases) {
+        const int n_ctx = c.prefill + c.decode_steps, width = c.lora + c.rope;
+        auto kb = c.combined ? random_weights(rng, c.kb, c.lora, int64_t(c.n_head) * (c.nope + c.dv), "kv_b")
+                             : random_weights(rng, c.kb, c.nope, int64_t(c.n_head) * c.lora, "k_b");
+        auto vb = random_weights(rng, c.vb, c.lora, int64_t(c.n_head) * c.dv, "v_b");
+        std::vector<float> norm_values = random_floats(rng, size_t(c.lora), 0.1f);
+        for (float& v : norm_values) v += 1.0f;
+        TensorRef norm;
+        norm.name = "kv_a_norm", norm.format = Format::F32, norm.shape = {c.lora};
+        norm.data = reinterpret_cast<const uint8_t*>(norm_values.data()), norm.nbytes = 4 * size_t(c.lora);
+        Stage stage;
+        stage.layer = 0;
+        stage.op = Op::AttentionMla;
+        stage.operands = {&norm, &kb->ref, c.combined ? nullptr : &vb->ref, nullptr};
+        stage.params.n_head = c.n_head, stage.params.n_head_kv = 1;
+        stage.params.head_dim = c.nope + c.rope, stage.params.head_dim_v = c.dv;
+        stage.params.kv_lora_rank = c.lora, stage.params.rope_dim = c.rope, stage.params.rope_base = 10000.0f;
+        stage.params.eps = 1e-6f;
+        stage.params.scale = 1.0f / std::sqrt(float(c.nope + c.rope));
+        stage.kv_format = c.kv;
+        stage.k = c.nope + c.rope, stage.n = int64_t(c.n_head) * c.dv;
+        stage.features = kRopeNormal | kRmsNorm | (c.combined ? FeatureMask(kMlaKvBCombined) : FeatureMask(0));
+        cpu.kv.assign(1, KvLayer());
+        cpu.kv[0].format = c.kv, cpu.kv[0].k_width = width, cpu.kv[0].v_width = 0;
+        const std::vector<float> table = rope_cos_sin_table(stage, n_ctx);
+        const auto* cos_sin = reinterpret_cast<const float2*>(table.data());
+        const size_t elem = c.kv == Format::F16 ? 2 : 4;
+        std::vector<uint8_t> cache(size_t(n_ctx) * size_t(width) * elem + 16);
+        int pos = 0;
+        for (int call_index = 0; call_index <= c.decode_steps; ++call_index) {
+            const int m = call_index == 0 ? c.prefill : 1, splits = m == 1 ? c.n_splits : 1;
+            const std::vector<float> q = random_floats(rng, size_t(m) * c.n_head * (c.nope + c.rope));
+            const std::vector<float> kv_new = random_floats(rng, size_t(m) * width);
+            std::vector<float> ref(size_t(m) * c.n_head * c.dv), got = nan_filled(ref.size());
+            KernelCall call;
+            call.n_tokens = m, call.pos0 = pos, call.in = q.data(), call.in2 = kv_new.data(), call.out = ref.data();
+            run_cpu(find_row("cpu.attention_mla"), stage, call, cpu);
+            const KcapMlaParams p = mla_params(stage, m, c.kv);
+            const int32_t step[2] = {pos, 0};
+            const unsigned slots = unsigned(m * c.n_head);
+            std::vector<float> absorbed = nan_filled(size_t(slots) * width), latent = nan_filled(size_t(slots) * c.lora);
+            std::vector<float> partial_o = nan_filled(size_t(slots) * splits * c.lora);
+            std::vector<float> partial_ml = nan_filled(size_t(slots) * splits * 2);
+            kcap_sim::launch({unsigned(m), 1, 1}, KCAP_MLA_THREADS, KCAP_MLA_MAX_SIMDS * 4, [&](const KcapThread& t, void* sh) {
+                kcap_mla_append(t, p, step, kv_new.data(), norm_values.data(), cos_sin, cache.data(), static_cast<float*>(sh));
+            });
+            // The appended rows against the CPU row's cache (an f16 value may land on the
+            // neighbouring half: the norm sums in another order); then the CPU's rows replace
+            // them, so what follows is compared on the same cache.
+            std::vector<float> rows_got(size_t(m) * width), rows_want(rows_got.size());
+            const KvLayer& kv = cpu.kv[0];
+            for (int64_t e = 0; e < int64_t(m) * width; ++e) {
+                const kcap_u64 at = kcap_u64(pos) * kcap_u64(width) + kcap_u64(e);
+                rows_got[size_t(e)] = kcap_kv_load(cache.data(), at, p.kv_f16);
+                rows_want[size_t(e)] = c.kv == Format::F16 ? f16_to_f32(kv.k16[at]) : kv.k32[at];
+            }
+            const double rows_err = relative_error(rows_got, rows_want);
+            KCAP_EXPECT(rows_err <= (c.kv == Format::F16 ? 1e-3 : kExactTolerance),
+                        "attention_mla appended rows, kv %s, %d at %d: error %.3g", format_name(c.kv), m, pos, rows_err);
+            for (int64_t e = 0; e < int64_t(m) * width; ++e) {
+                const size_t at = size_t(pos) * size_t(width) + size_t(e);
+                if (c.kv == Format::F16)
+                    std::memcpy(cache.data() + 2 * at, &kv.k16[at], 2);
+                else
+                    std::memcpy(cache.data() + 4 * at, &kv.k32[at], 4);
+            }
+            with_decoder(c.kb, [&](auto decoder) {
+                using F = decltype(decoder);
+                kcap_sim::launch({slots, 1, 1}, KCAP_MLA_THREADS, KCAP_MLA_MAX_WIDTH * 4, [&](const KcapThread& t, void* sh) {
+                    kcap_mla_absorb<F>(t, p, step, q.data(), kb->ref.data, cos_sin, absorbed.data(), static_cast<float*>(sh));
+                });
+            });
+            const unsigned groups = unsigned(m * ((c.n_head + KCAP_MLA_HEADS_PER_GROUP - 1) / KCAP_MLA_HEADS_PER_GROUP));
+            kcap_sim::launch({groups, unsigned(splits), 1}, KCAP_MLA_THREADS, KCAP_MLA_ATTEND_SHARED_FLOATS * 4,
+                             [&](const KcapThread& t, void* sh) {
+                                 kcap_mla_attend(t, p, step, absorbed.data(), cache.data(), splits, partial_o.data(),
+                                                 partial_ml.data(), static_cast<float*>(sh));
+                             });
+            kcap_sim::launch({slots, 1, 1}, KCAP_MLA_THREADS, 0, [&](const KcapThread& t, void*) {
+                kcap_mla_combine(t, p, step, splits, partial_o.data(), partial_ml.data(), latent.data());
+            });
+            const Format vb_format = c.combined ? c.kb : c.vb;
+            const uint8_t* vb_data = c.combined ? kb->ref.data : vb->ref.data;
+            with_decoder(vb_format, [&](auto decoder) {
+                using F = decltype(decoder);
+                kcap_sim::launch({slots, 1, 1}, KCAP_MLA_THREADS, KCAP_MLA_MAX_LORA * 4, [&](const KcapThread& t, void* sh) {
+                    kcap_mla_v_up<F>(t, p, latent.data(), vb_data, got.data(), static_cast<float*>(sh));
+                });
+            });
+            const double err = relative_error(got, ref);
+            KCAP_EXPECT(err <= kAttentionTolerance,
+                        "attention_mla heads %d lora %d nope %d rope %d dv %d W_k_b %s W_v_b %s%s kv %s, %s of %d at %d "
+                        "(splits %d): error %.3g",
+                        c.n_head, c.lora, c.nope, c.rope, c.dv, format_name(c.kb), format_name(c.vb),
+                        c.combined ? " (combined)" : "", format_name(c.kv), m == 1 ? "decode" : "prefill", m, pos, splits,
+                        err);
+            ++checked;
+            pos += m;
+        }
+    }
+    std::printf("attention_mla bodies: %d calls\n", checked);
 }
 
 // The decode of a stage that owns its rope (p.rope; planner: rope or qk_norm_rope + attention):
@@ -1728,11 +1917,13 @@ int main() {
     test_qk_norm_rope(rng, cpu);
     test_elementwise(rng, cpu);
     test_moe_route(rng, cpu);
+    test_moe_route_grouped(rng, cpu);
     test_moe_experts(rng, cpu);
     test_ple(rng, cpu);
     test_argmax(rng);
     test_sample(rng);
     test_attention(rng, cpu);
+    test_attention_mla(rng, cpu);
     test_attention_own_rope(rng, cpu);
     test_attention_combine(rng);
     test_attention_prefill(rng, cpu);
