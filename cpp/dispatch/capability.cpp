@@ -173,9 +173,9 @@ std::string rejection_reason(const Row& row, const Stage& stage, const DeviceInf
         return "takes only stages with: " + feature_names(row.requires_all);
     const LegalDims& dims = row.dims;
     // K, and the second matmul's inner dimension of a stage that has one (k2: the experts' down
-    // projection), against the row's multiple and the block of each weight operand multiplied
-    // along it (those whose rows are that long: a Q4_K gate with a Q8_0 down of 1408-value rows
-    // is a DeepSeek-V2-Lite Q4_K_M file's experts).
+    // projection, operand 2), against the row's multiple and the block of each weight operand
+    // multiplied along it (a Q4_K gate and up with a Q8_0 down of 1408-value rows are a
+    // DeepSeek-V2-Lite Q4_K_M file's experts).
     const int64_t inner[] = {stage.k, stage.k2};
     for (size_t i = 0; i < 2; ++i) {
         const int64_t k = inner[i];
@@ -185,8 +185,10 @@ std::string rejection_reason(const Row& row, const Stage& stage, const DeviceInf
             return why.str();
         }
         if (!dims.k_multiple_of) continue;
-        for (const TensorRef* operand : stage.operands) {
-            if (!operand || operand->row_length() != k || k % dims.k_multiple_of(operand->format) == 0) continue;
+        for (size_t j = 0; j < stage.operands.size(); ++j) {
+            const TensorRef* operand = stage.operands[j];
+            const bool along_k2 = stage.op == Op::MoeExperts && j == 2;
+            if (!operand || along_k2 != (i == 1) || k % dims.k_multiple_of(operand->format) == 0) continue;
             why << "K=" << k << " is not a multiple of " << dims.k_multiple_of(operand->format) << " ("
                 << operand->name << " is " << format_name(operand->format) << ")";
             return why.str();

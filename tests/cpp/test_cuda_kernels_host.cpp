@@ -453,7 +453,7 @@ void test_embed_rows(std::mt19937& rng, CpuState& cpu) {
                     if (positions) stage.operands.push_back(&pos_table->ref);
                     stage.k = stage.n = width;
                     stage.params.scale = 1.5f;
-                    stage.features = kEmbedScale | (positions ? kPositionEmbedding : 0u);
+                    stage.features = kEmbedScale | (positions ? FeatureMask(kPositionEmbedding) : FeatureMask(0));
                     KCAP_EXPECT(rejection_reason(row, stage).empty(), "%s refuses width %lld positions %d: %s",
                                 row.kernel.c_str(), (long long)width, positions, rejection_reason(row, stage).c_str());
                     const std::vector<int32_t> tokens = {3, 0, 10, 3};
@@ -594,8 +594,8 @@ void test_norm(std::mt19937& rng, CpuState& cpu) {
                     stage.groups = groups;
                     stage.n = width * groups;
                     stage.params.eps = 1e-6f;
-                    stage.features = (layer ? kLayerNorm : kRmsNorm) | (with_bias ? kBias : 0u) |
-                                     (with_weight ? 0u : kParameterFreeNorm);
+                    stage.features = (layer ? kLayerNorm : kRmsNorm) | (with_bias ? FeatureMask(kBias) : FeatureMask(0)) |
+                                     (with_weight ? FeatureMask(0) : FeatureMask(kParameterFreeNorm));
                     const std::vector<float> x = random_floats(rng, size_t(tokens * width * groups), 3.0f);
                     std::vector<float> ref(x.size()), got = nan_filled(x.size());
                     KernelCall call;
@@ -1681,8 +1681,8 @@ void test_add_norm(std::mt19937& rng, CpuState& cpu) {
                     stage.k = stage.n = width;
                     stage.params.eps = 1e-6f;
                     stage.params.scale = scale;
-                    stage.features = (layer ? kLayerNorm | kBias : kRmsNorm) | (post ? kPostNorm : 0u) |
-                                     (scale != 1.0f ? kResidualScale : 0u);
+                    stage.features = (layer ? kLayerNorm | kBias : kRmsNorm) | (post ? FeatureMask(kPostNorm) : FeatureMask(0)) |
+                                     (scale != 1.0f ? FeatureMask(kResidualScale) : FeatureMask(0));
                     std::vector<float> residual = random_floats(rng, size_t(tokens * width), 8.0f);
                     const std::vector<float> branch = random_floats(rng, size_t(tokens * width), 3.0f);
                     std::vector<float> got_residual = residual, got = nan_filled(residual.size());

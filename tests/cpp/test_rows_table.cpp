@@ -44,11 +44,14 @@ struct Operands {
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // What K must be a multiple of for the row and these operand formats.
-int64_t k_step(const Row& row, const Stage& stage) {
+// The step of K (second: of the experts' FFN width, the down matrix's inner dimension) the row
+// takes for these operands: its multiple and the block of each operand multiplied along it.
+int64_t k_step(const Row& row, const Stage& stage, bool second = false) {
     int64_t m = row.dims.k_multiple;
     if (row.dims.k_multiple_of)
-        for (const TensorRef* operand : stage.operands)
-            if (operand) m = std::lcm(m, row.dims.k_multiple_of(operand->format));
+        for (size_t j = 0; j < stage.operands.size(); ++j)
+            if (stage.operands[j] && (stage.op == Op::MoeExperts && j == 2) == second)
+                m = std::lcm(m, row.dims.k_multiple_of(stage.operands[j]->format));
     return m;
 }
 
@@ -95,7 +98,7 @@ Stage legal_stage(const Row& row, Operands& operands) {
     if (row.op == Op::MoeRoute || row.op == Op::MoeExperts) {  // 8 experts, 2 per token
         stage.params.n_expert = 8;
         stage.params.n_expert_used = 2;
-        if (row.op == Op::MoeExperts) stage.k2 = stage.k;  // the experts' FFN width, as legal as K
+        if (row.op == Op::MoeExperts) stage.k2 = std::lcm(stage.k, k_step(row, stage, true));  // the FFN width
     }
     return stage;
 }
@@ -167,9 +170,9 @@ void check_refusals(const Row& row, const Stage& legal, Operands& operands) {
         s.n = legal.n + 1;
         refused(s, "N=", "N=" + std::to_string(s.n));
     }
-    if (legal.k2 > 0 && k_step(row, legal) > 1) {  // the experts' FFN width off the K multiple
+    if (legal.k2 > 0 && k_step(row, legal, true) > 1) {  // the experts' FFN width off the down's multiple
         Stage s = legal;
-        s.k2 = legal.k2 + k_step(row, legal) / 2;
+        s.k2 = legal.k2 + k_step(row, legal, true) / 2;
         refused(s, "is not a multiple of", "K2=" + std::to_string(s.k2));
     }
     if (dims.max_experts > 0) {

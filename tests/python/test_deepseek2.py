@@ -143,3 +143,23 @@ def test_both_kv_b_layouts_in_one_block_are_refused(tmp_path):
 def test_metal_refuses_latent_attention_by_name():
     with pytest.raises(kcap.RoutingError, match=r"stage 'attention_mla' \(attention_mla\): no metal row fits"):
         explain_file(str(FIXTURES / "deepseek3-f32.gguf"), backend="metal")
+
+
+def test_v2_lite_q4_k_m_mix_routes_on_cpu_and_cuda(tmp_path):
+    # DeepSeek-V2-Lite's Q4_K_M types (synth.deepseek2_q4_k_m, narrowed): Q4_K gate and up with
+    # 1408-value expert rows, whose down takes llama-quant.cpp's Q8_0 / Q5_0 fallback, and a Q5_0
+    # attn_k_b of 32-value rows. Each weight's blocks are checked along its own inner dimension.
+    from kcap.testing import synth
+
+    path = synth.deepseek2_q4_k_m(str(tmp_path / "v2-lite-mix.gguf"), n_layer=3, n_embd=256, n_head=4,
+                                  kv_lora_rank=64, qk_nope=32, qk_rope=16, v_head_dim=32, n_ff=512, n_expert=4,
+                                  n_expert_used=2, n_shared=1, n_vocab=256, context_length=512)
+    for backend in ("cpu", "cuda"):
+        routes = explain_file(path, backend=backend)
+        experts = [r for r in routes if r["stage"] == "ffn_moe"]
+        assert experts and all("W_gate_exps=Q4_K" in r["formats"] for r in experts), backend
+        assert {r["formats"].split("W_down_exps=")[1] for r in experts} == {"Q8_0", "Q5_0"}, backend
+        assert all("W_k_b=Q5_0" in r["formats"] for r in routes if r["stage"] == "attention_mla"), backend
+    model = kcap.load(path)
+    logits = model.eval(list(range(1, 9)), all_logits=True)
+    assert logits.shape == (8, 256) and np.isfinite(logits).all()
