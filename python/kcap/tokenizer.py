@@ -79,13 +79,25 @@ _GPT4O_SPLIT = (
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# DeepSeek LLM (and DeepSeek-V2's files): a sequence of isolating splits, as its tokenizer.json and
+# llama.cpp (LLAMA_VOCAB_PRE_TYPE_DEEPSEEK_LLM) define it: line breaks, runs of Latin/Greek/
+# Cyrillic-like letters with an optional leading space, runs of ASCII and full-width punctuation,
+# trailing whitespace, CJK / Hangul runs, digit runs.
+_DEEPSEEK_LLM_SPLITS = (
+    "[\r\n]",
+    "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+",
+    "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+    "\\s+$",
+    "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+",
+    "\\p{N}+",
+)
 # None means the GPT-2 regex built into the ByteLevel pre-tokenizer. transformers uses it for every
 # `pre` it has no regex for; we list the ones we accept explicitly so an unknown `pre` fails loudly
 # instead of quietly tokenizing with the wrong regex. Note "smollm" and "starcoder": llama.cpp (and
 # the models' own tokenizer.json) also isolate each digit first; transformers does not, and we
 # follow transformers so the ids match its goldens. The two only disagree on runs of two or more
 # whitespace characters directly before a digit.
-_BYTE_LEVEL_SPLITS: dict[str, str | None] = {
+_BYTE_LEVEL_SPLITS: dict[str, str | tuple[str, ...] | None] = {
     "default": None,
     "gpt-2": None,
     "gpt2": None,
@@ -114,6 +126,7 @@ _BYTE_LEVEL_SPLITS: dict[str, str | None] = {
     "kanana2": _GPT4O_SPLIT,
     "talkie": _GPT4O_SPLIT,
     "minimax-m2": _GPT4O_SPLIT,
+    "deepseek-llm": _DEEPSEEK_LLM_SPLITS,
 }
 
 # Token texts llama.cpp treats as end of generation wherever a vocabulary has them (llama-vocab.cpp).
@@ -332,12 +345,11 @@ def _build_byte_level(metadata: dict, tokens: list[str]) -> _Pipeline:
     split = _BYTE_LEVEL_SPLITS[pre]
     if split is None:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    else:
+    else:  # one regex, or a sequence of them, each isolating its matches
+        patterns = (split,) if isinstance(split, str) else split
         backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
+            [pre_tokenizers.Split(Regex(p), behavior="isolated") for p in patterns]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )
     backend.decoder = decoders.ByteLevel()
     return _Pipeline(backend, vocab, decoders.ByteLevel(), leading_spaces_to_strip=0)

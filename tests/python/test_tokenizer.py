@@ -266,6 +266,30 @@ def test_unknown_tokenizer_model_raises(smollm2):
     assert issubclass(UnsupportedTokenizerError, ValueError)
 
 
+def llama_cpp_vocab_cases(name: str) -> list[tuple[str, list[int]]]:
+    """The test strings of a vocabulary llama.cpp ships (tests/fixtures/vocab) with the ids Hugging
+    Face's tokenizer gives them."""
+    vocab = REPO / "tests" / "fixtures" / "vocab" / f"ggml-vocab-{name}.gguf"
+    texts = (vocab.parent / f"{vocab.name}.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    ids = (vocab.parent / f"{vocab.name}.out").read_text(encoding="utf-8").split("\n")
+    assert len(texts) == len(ids) > 40
+    return [(text, [int(i) for i in line.split()]) for text, line in zip(texts, ids)]
+
+
+def test_deepseek_llm_pre_tokenizer_matches_hugging_face():
+    # DeepSeek LLM / DeepSeek-V2 files (tokenizer.ggml.pre "deepseek-llm"): six isolating splits
+    # before the byte-level BPE; the GPT-2 split gets at least one of these strings wrong.
+    vocab = GGUFFile(REPO / "tests" / "fixtures" / "vocab" / "ggml-vocab-deepseek-llm.gguf")
+    assert vocab.metadata["tokenizer.ggml.pre"] == "deepseek-llm"
+    cases = llama_cpp_vocab_cases("deepseek-llm")
+    tokenizer = load_tokenizer(vocab.metadata)
+    wrong = [(text, ids) for text, ids in cases if tokenizer.encode(text, add_special_tokens=False) != ids]
+    assert not wrong, wrong[:3]
+    gpt2 = load_tokenizer(dict(vocab.metadata, **{"tokenizer.ggml.pre": "gpt-2"}))
+    assert any(gpt2.encode(text, add_special_tokens=False) != ids for text, ids in cases)
+    assert tokenizer.encode("Hello", add_special_tokens=True)[0] == vocab.metadata["tokenizer.ggml.bos_token_id"]
+
+
 def test_unknown_pre_tokenizer_raises(smollm2):
     metadata = dict(smollm2.metadata, **{"tokenizer.ggml.pre": "made-up-pre"})
     with pytest.raises(UnsupportedTokenizerError, match="made-up-pre"):
