@@ -94,6 +94,19 @@ KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KC
         }
 }
 
+// The (value, index) of the largest value over the simd group's lanes, the lower index on a tie,
+// in every lane: a butterfly over the lanes' own (value, index).
+KCAP_FN void kcap_moe_simd_argmax(KCAP_PRIVATE float& value, KCAP_PRIVATE int& best) {
+    for (int offset = KCAP_SIMD_WIDTH / 2; offset > 0; offset >>= 1) {
+        const float other_value = kcap_simd_shuffle_xor(value, offset);
+        const int other = kcap_simd_shuffle_xor(best, offset);
+        if (other_value > value || (other_value == value && other < best)) {
+            value = other_value;
+            best = other;
+        }
+    }
+}
+
 // Grid: x = tokens, one simd group each. shared: KCAP_MOE_MAX_EXPERTS floats. logits: as
 // kcap_moe_logits wrote them. choice_bias (sigmoid routers, or null): added to each expert's
 // score for the choice, not to its weight.
@@ -145,14 +158,7 @@ KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCA
             float value = score;
             int best = int(t.lane) < p.n_groups && !kept ? int(t.lane) : KCAP_SIMD_WIDTH;
             if (best == KCAP_SIMD_WIDTH) value = KCAP_NEG_INFINITY;
-            for (int offset = KCAP_SIMD_WIDTH / 2; offset > 0; offset >>= 1) {
-                const float other_value = kcap_simd_shuffle_xor(value, offset);
-                const int other = kcap_simd_shuffle_xor(best, offset);
-                if (other_value > value || (other_value == value && other < best)) {
-                    value = other_value;
-                    best = other;
-                }
-            }
+            kcap_moe_simd_argmax(value, best);
             if (best == int(t.lane)) kept = 1;
         }
         for (int base = 0; base < p.n_expert; base += KCAP_SIMD_WIDTH) {  // uniform: every lane shuffles
@@ -172,14 +178,7 @@ KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCA
                 value = logits[e];
                 best = e;
             }
-        for (int offset = KCAP_SIMD_WIDTH / 2; offset > 0; offset >>= 1) {
-            const float other_value = kcap_simd_shuffle_xor(value, offset);
-            const int other = kcap_simd_shuffle_xor(best, offset);
-            if (other_value > value || (other_value == value && other < best)) {
-                value = other_value;
-                best = other;
-            }
-        }
+        kcap_moe_simd_argmax(value, best);
         if (best >= p.n_expert) best = 0;  // only where every logit is NaN: stay in bounds
         const float weight = p.sigmoid ? 1.0f / (1.0f + kcap_exp(-row[best])) : kcap_exp(value - top) / sum;
         chosen += weight;

@@ -710,6 +710,20 @@ void test_qk_norm_rope(std::mt19937& rng, CpuState& cpu) {
 // Expert counts below, at and above a simd group's width (each lane then scans several), and
 // logits that are small integers (integer x and router rows: exact f32 dot products), so that
 // many experts tie and the lower index must win as in the CPU row; then random logits.
+// The router's logits body (kcap_moe_logits, F32 weights) over p.n_tokens tokens of x, as
+// cuda.moe_route launches it: [tokens][n_expert].
+std::vector<float> router_logits(const KcapMoeParams& p, const uint8_t* w, const std::vector<float>& x) {
+    std::vector<float> logits = nan_filled(size_t(p.n_tokens) * size_t(p.n_expert));
+    constexpr int kPerGroup = kcap::cuda_rows::kMoeLogitThreads / 32 * KCAP_MOE_LOGIT_EXPERTS;
+    kcap_sim::launch({unsigned((p.n_expert + kPerGroup - 1) / kPerGroup),
+                      unsigned((p.n_tokens + KCAP_MOE_LOGIT_TOKENS - 1) / KCAP_MOE_LOGIT_TOKENS), 1},
+                     kcap::cuda_rows::kMoeLogitThreads, KCAP_MOE_LOGIT_SHARED_FLOATS * 4,
+                     [&](const KcapThread& t, void* shared) {
+                         kcap_moe_logits<KcapF32>(t, p, w, x.data(), logits.data(), static_cast<float*>(shared));
+                     });
+    return logits;
+}
+
 void test_moe_route(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     const Row& reference = find_row("cpu.moe_route");
@@ -747,18 +761,7 @@ void test_moe_route(std::mt19937& rng, CpuState& cpu) {
                     p.n_tokens = m, p.k = int(k), p.n_expert = n_expert, p.n_used = used;
                     p.renormalize = renormalize, p.scale = 1.5f, p.logit_scale = 1.0f;
                     p.router_row_bytes = unsigned(row_bytes(Format::F32, k));
-                    std::vector<float> logits = nan_filled(size_t(m) * size_t(n_expert));
-                    with_decoder(Format::F32, [&](auto decoder) {
-                        using F = decltype(decoder);
-                        constexpr int kPerGroup = kcap::cuda_rows::kMoeLogitThreads / 32 * KCAP_MOE_LOGIT_EXPERTS;
-                        kcap_sim::launch({unsigned((n_expert + kPerGroup - 1) / kPerGroup),
-                                          unsigned((m + KCAP_MOE_LOGIT_TOKENS - 1) / KCAP_MOE_LOGIT_TOKENS), 1},
-                                         kcap::cuda_rows::kMoeLogitThreads, KCAP_MOE_LOGIT_SHARED_FLOATS * 4,
-                                         [&](const KcapThread& t, void* shared) {
-                                             kcap_moe_logits<F>(t, p, w->ref.data, x.data(), logits.data(),
-                                                                static_cast<float*>(shared));
-                                         });
-                    });
+                    const std::vector<float> logits = router_logits(p, w->ref.data, x);
                     kcap_sim::launch({unsigned(m), 1, 1}, kcap::cuda_rows::kMoeRouteThreads, KCAP_MOE_MAX_EXPERTS * 4,
                                      [&](const KcapThread& t, void* shared) {
                                          kcap_moe_route(t, p, logits.data(), nullptr, got.data(),
@@ -815,15 +818,7 @@ void test_moe_route_grouped(std::mt19937& rng, CpuState& cpu) {
                         call.out = ref.data();
                         run_cpu(reference, stage, call, cpu);
                         KcapMoeParams p = moe_params(stage, m);
-                        std::vector<float> logits = nan_filled(size_t(m) * size_t(n_expert));
-                        constexpr int kPerGroup = kcap::cuda_rows::kMoeLogitThreads / 32 * KCAP_MOE_LOGIT_EXPERTS;
-                        kcap_sim::launch({unsigned((n_expert + kPerGroup - 1) / kPerGroup),
-                                          unsigned((m + KCAP_MOE_LOGIT_TOKENS - 1) / KCAP_MOE_LOGIT_TOKENS), 1},
-                                         kcap::cuda_rows::kMoeLogitThreads, KCAP_MOE_LOGIT_SHARED_FLOATS * 4,
-                                         [&](const KcapThread& t, void* shared) {
-                                             kcap_moe_logits<KcapF32>(t, p, w->ref.data, x.data(), logits.data(),
-                                                                      static_cast<float*>(shared));
-                                         });
+                        const std::vector<float> logits = router_logits(p, w->ref.data, x);
                         kcap_sim::launch({unsigned(m), 1, 1}, kcap::cuda_rows::kMoeRouteThreads, KCAP_MOE_MAX_EXPERTS * 4,
                                          [&](const KcapThread& t, void* shared) {
                                              kcap_moe_route(t, p, logits.data(), nullptr, got.data(),

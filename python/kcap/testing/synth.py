@@ -311,6 +311,25 @@ def llama3_8b_q4_k_m(path: str, n_layer: int = 32, n_embd: int = 4096, n_ff: int
     return write_gguf(path, "llama", meta, tensors)
 
 
+# llama-quant.cpp's fallback for a tensor whose rows are not whole 256-value super-blocks.
+K_QUANT_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
+
+def _stacked_adder(tensors: list, rng: np.random.Generator, fallback: bool = False):
+    """add(name, GGUF-order shape, type): appends plausible weights to tensors, a 3-D stack of
+    quantized matrices as one block row per matrix row with the stack outermost (the converter's
+    stacked experts); with fallback, a K-quant whose rows are not whole super-blocks takes
+    llama-quant.cpp's fallback type (K_QUANT_FALLBACK)."""
+    def add(name, shape, type_name):
+        if fallback and type_name in K_QUANT_FALLBACK and shape[0] % 256:
+            type_name = K_QUANT_FALLBACK[type_name]
+        data = plausible_weights(type_name, shape, rng)
+        if len(shape) == 3 and type_name != "F32":
+            data = data.reshape(shape[2], shape[1], -1)
+        tensors.append((name, type_name, shape, data))
+    return add
+
+
 def qwen3moe_q4_k_m(path: str, n_layer: int = 48, n_embd: int = 2048, n_head: int = 32, n_head_kv: int = 4,
                     head_dim: int = 128, n_expert: int = 128, n_expert_used: int = 8, n_ff_exp: int = 768,
                     n_vocab: int = 151936, context_length: int = 40960, seed: int = 0) -> str:
@@ -340,12 +359,7 @@ def qwen3moe_q4_k_m(path: str, n_layer: int = 48, n_embd: int = 2048, n_head: in
         "tokenizer.ggml.model": "no_vocab",
     }
     tensors = []
-
-    def add(name, shape, type_name):
-        data = plausible_weights(type_name, shape, rng)
-        if len(shape) == 3 and type_name != "F32":
-            data = data.reshape(shape[2], shape[1], -1)  # one block row per expert row, experts outermost
-        tensors.append((name, type_name, shape, data))
+    add = _stacked_adder(tensors, rng)
 
     add("token_embd.weight", (n_embd, n_vocab), "Q4_K")
     add("output_norm.weight", (n_embd,), "F32")
@@ -365,10 +379,6 @@ def qwen3moe_q4_k_m(path: str, n_layer: int = 48, n_embd: int = 2048, n_head: in
         add(f"blk.{il}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), "Q4_K")
         add(f"blk.{il}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), down)
     return write_gguf(path, "qwen3moe", meta, tensors)
-
-
-# llama-quant.cpp's fallback for a tensor whose rows are not whole 256-value super-blocks.
-K_QUANT_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
 def deepseek2_q4_k_m(path: str, n_layer: int = 27, n_embd: int = 2048, n_head: int = 16, kv_lora_rank: int = 512,
@@ -416,14 +426,7 @@ def deepseek2_q4_k_m(path: str, n_layer: int = 27, n_embd: int = 2048, n_head: i
         "tokenizer.ggml.model": "no_vocab",
     }
     tensors = []
-
-    def add(name, shape, type_name):
-        if type_name in K_QUANT_FALLBACK and shape[0] % 256:
-            type_name = K_QUANT_FALLBACK[type_name]
-        data = plausible_weights(type_name, shape, rng)
-        if len(shape) == 3 and type_name != "F32":
-            data = data.reshape(shape[2], shape[1], -1)  # one block row per matrix row, the stack outermost
-        tensors.append((name, type_name, shape, data))
+    add = _stacked_adder(tensors, rng, fallback=True)
 
     add("token_embd.weight", (n_embd, n_vocab), "Q4_K")
     add("output_norm.weight", (n_embd,), "F32")
