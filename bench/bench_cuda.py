@@ -17,7 +17,8 @@ Measured, for each engine and model:
   tg128   tokens/s generating 128 tokens from an empty context (kcap: decode_greedy, the
           captured decode graph replayed with the argmax on the device; llama.cpp: llama-bench -n 128)
   pp512   tokens/s of one 512-token prompt (llama-bench -p 512)
-  tg128@4096  tokens/s generating 128 tokens after a 4096-token context (llama-bench -d 4096 -n 128)
+  tg128@D     tokens/s generating 128 tokens after a D-token context (llama-bench -d D -n 128);
+              D is --depth, 4096 unless given
 plus the device-to-device copy bandwidth (bytes read + written, torch) and, for decode, the
 bytes one token must read (every weight once, one embedding row, the KV cache in use) over
 the time per token, as a fraction of that copy bandwidth. kcap figures are medians of
@@ -129,13 +130,16 @@ def timed(fn, repeats: int) -> list[float]:
     return out
 
 
+DEPTH = 4096  # the context of the deep decode figure (--depth)
+
+
 def load_cuda(path: str, activations: str = "f32", profile: bool = False):
-    """The model on CUDA with a 4352-token context and an f16 KV cache (llama.cpp's default);
+    """The model on CUDA with a context of DEPTH + 256 tokens and an f16 KV cache (llama.cpp's default);
     activations "q8_1" allows the int8-activation matmul rows (llama.cpp's numerics), "bf16" the
     GEMM rows for batches; profile: per-stage times on stderr when the model is freed."""
     import kcap
 
-    return kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16", activations=activations, profile=profile)
+    return kcap.load(path, backend="cuda", n_ctx=DEPTH + 256, kv_type="f16", activations=activations, profile=profile)
 
 
 def bench_kcap(path: str, name: str, full: bool = True, activations: str = "f32", prefill_only: bool = False) -> dict:
@@ -146,7 +150,7 @@ def bench_kcap(path: str, name: str, full: bool = True, activations: str = "f32"
     result = {"load_seconds": time.perf_counter() - start}
     engine = model.engine
     rng = np.random.default_rng(0)
-    ids = rng.integers(0, model.n_vocab, 4096).astype(np.int32)
+    ids = rng.integers(0, model.n_vocab, DEPTH).astype(np.int32)
 
     def tg(n=128):
         engine.reset()
@@ -180,14 +184,14 @@ def bench_kcap(path: str, name: str, full: bool = True, activations: str = "f32"
     engine.reset()
     start = time.perf_counter()
     engine.eval(ids, False)
-    result["pp4096_seconds"] = time.perf_counter() - start
+    result[f"pp{DEPTH}_seconds"] = time.perf_counter() - start
 
     def tg_deep():
-        engine.truncate(4096)
+        engine.truncate(DEPTH)
         engine.decode_greedy(int(ids[1]), 128)
 
     tg_deep()
-    result["tg128_at_4096"] = 128 / statistics.median(timed(tg_deep, 3))
+    result[f"tg128_at_{DEPTH}"] = 128 / statistics.median(timed(tg_deep, 3))
     del engine, model
     return result
 
@@ -196,7 +200,7 @@ def bench_llama(llama_bench: str, path: str, timeout: int = 240) -> dict:
     # -fa 1: flash attention on, as the issue's reference figures were taken.
     runs = {
         "pp512_tg128": ["-p", "512", "-n", "128", "-r", "5", "-fa", "1"],
-        "tg128_at_4096": ["-p", "0", "-n", "128", "-d", "4096", "-r", "3", "-fa", "1"],
+        f"tg128_at_{DEPTH}": ["-p", "0", "-n", "128", "-d", str(DEPTH), "-r", "3", "-fa", "1"],
     }
     result = {"commands": {}}
     for label, args in runs.items():
@@ -214,7 +218,7 @@ def bench_llama(llama_bench: str, path: str, timeout: int = 240) -> dict:
             if row.get("n_prompt", 0) and not row.get("n_gen", 0):
                 result["pp512"] = row["avg_ts"]
             elif row.get("n_gen", 0) and row.get("n_depth", 0):
-                result["tg128_at_4096"] = row["avg_ts"]
+                result[f"tg128_at_{row['n_depth']}"] = row["avg_ts"]
             elif row.get("n_gen", 0):
                 result["tg128"] = row["avg_ts"]
             result.setdefault("build", row.get("build_commit"))
@@ -230,7 +234,8 @@ ENGINES = ("kcap", "kcap_q8_1", "kcap_bf16", "llama.cpp")
 
 
 def table(results: dict) -> str:
-    lines = ["| model | engine | tg128 tok/s | pp512 tok/s | tg128 @ 4096 tok/s | decode bandwidth (tg128 / tg@4096) |",
+    deep = f"tg128_at_{DEPTH}"
+    lines = [f"| model | engine | tg128 tok/s | pp512 tok/s | tg128 @ {DEPTH} tok/s | decode bandwidth (tg128 / tg@{DEPTH}) |",
              "| --- | --- | ---: | ---: | ---: | --- |"]
     copy = results.get("copy_bandwidth", {}).get("gb_per_s")
     for name, per in results["models"].items():
@@ -243,16 +248,16 @@ def table(results: dict) -> str:
             bw = "-"
             if engine in per and copy and isinstance(r.get("tg128"), (int, float)):
                 b0 = per["bytes_per_token"]["context_0"] * r["tg128"] / 1e9
-                if isinstance(r.get("tg128_at_4096"), (int, float)):
-                    b1 = per["bytes_per_token"]["context_4096"] * r["tg128_at_4096"] / 1e9
+                if isinstance(r.get(deep), (int, float)):
+                    b1 = per["bytes_per_token"][f"context_{DEPTH}"] * r[deep] / 1e9
                     bw = f"{b0:,.0f} / {b1:,.0f} GB/s ({b0 / copy:.0%} / {b1 / copy:.0%} of copy)"
                 else:
                     bw = f"{b0:,.0f} GB/s ({b0 / copy:.0%} of copy) / -"
-            lines.append(f"| {name} | {engine} | {f('tg128')} | {f('pp512')} | {f('tg128_at_4096')} | {bw} |")
+            lines.append(f"| {name} | {engine} | {f('tg128')} | {f('pp512')} | {f(deep)} | {bw} |")
         l = per.get("llama.cpp", {})
         for engine in ENGINES[:-1]:
             k = per.get(engine, {})
-            ratios = [f"{key} {k[key] / l[key]:.2f}x" for key in ("tg128", "pp512", "tg128_at_4096")
+            ratios = [f"{key} {k[key] / l[key]:.2f}x" for key in ("tg128", "pp512", deep)
                       if isinstance(k.get(key), (int, float)) and isinstance(l.get(key), (int, float))]
             if ratios:
                 lines.append(f"| {name} | {engine} / llama.cpp | {' · '.join(ratios)} | | | |")
@@ -270,7 +275,10 @@ def main(argv=None) -> int:
     parser.add_argument("--table", default=None)
     parser.add_argument("--skip-kcap", action="store_true")
     parser.add_argument("--merge", nargs="+", help="merge result files of earlier runs into --out / --table")
+    parser.add_argument("--depth", type=int, default=4096, help="context before the deep decode figure")
     args = parser.parse_args(argv)
+    global DEPTH
+    DEPTH = args.depth
 
     if args.merge:
         merged = {"models": {}}
@@ -303,7 +311,7 @@ def main(argv=None) -> int:
         per = results["models"].setdefault(name, {})
         per["file_bytes"] = os.path.getsize(path)
         per["bytes_per_token"] = {"context_0": decode_bytes_per_token(path, 1, kv_bytes=2),
-                                  "context_4096": decode_bytes_per_token(path, 4096, kv_bytes=2)}
+                                  f"context_{DEPTH}": decode_bytes_per_token(path, DEPTH, kv_bytes=2)}
         if not args.skip_kcap:
             try:
                 per["kcap"] = bench_kcap(path, name)

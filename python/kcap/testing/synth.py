@@ -33,17 +33,29 @@ F16_SCALE_OFFSETS = {
     "Q6_K": (208,),       # ql[128] qh[64] scales[16] d
 }
 QUANTIZABLE = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "F16", "BF16"}
+# Formats whose quants are symmetric about 0 with one f16 scale first in each block, and the
+# standard deviation of their quant values when the bytes are uniformly random: raw random
+# blocks of these scaled to a Gaussian's std (random_tensor's raw; gguf-py's quantize takes
+# minutes for the billions of weights of a mixture of experts' stacks).
+RAW_QUANT_STD = {"Q4_0": 4.61, "Q5_0": 9.23, "Q8_0": 73.9}
 
 
-def random_tensor(type_name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+def random_tensor(type_name: str, shape: tuple[int, ...], rng: np.random.Generator, raw: bool = False) -> np.ndarray:
     """Random weights for a tensor of GGUF-order shape, as the array GGUFWriter takes:
-    float32 for F32, else uint8 rows of raw blocks."""
+    float32 for F32, else uint8 rows of raw blocks; raw: Q4_0/Q5_0/Q8_0 as random quant bytes
+    under a scale that gives them a Gaussian's std, not quantized Gaussian weights."""
     row_length = shape[0]
     n_rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
     std = 1.0 / math.sqrt(row_length)
     if type_name == "F32":
         return (rng.standard_normal((n_rows, row_length)) * std).astype(np.float32).reshape(tuple(reversed(shape)))
     qtype = QT[type_name]
+    if raw and type_name in RAW_QUANT_STD:
+        block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        data = np.frombuffer(rng.bytes(n_rows * (row_length // block_elems) * block_bytes), dtype=np.uint8)
+        blocks = data.reshape(n_rows, row_length // block_elems, block_bytes).copy()
+        blocks[:, :, 0:2] = np.frombuffer(np.float16(std / RAW_QUANT_STD[type_name]).tobytes(), dtype=np.uint8)
+        return blocks.reshape(n_rows, -1)
     if type_name in QUANTIZABLE:
         values = (rng.standard_normal((n_rows, row_length)) * std).astype(np.float32)
         return gguf.quants.quantize(values, qtype)
@@ -57,11 +69,12 @@ def random_tensor(type_name: str, shape: tuple[int, ...], rng: np.random.Generat
     return raw.reshape(n_rows, n_blocks * block_bytes)
 
 
-def plausible_weights(type_name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+def plausible_weights(type_name: str, shape: tuple[int, ...], rng: np.random.Generator,
+                      raw: bool = False) -> np.ndarray:
     """Norm weights (1-D F32) near 1 so the model behaves like a trained one; random_tensor else."""
     if type_name == "F32" and len(shape) == 1:
         return (1.0 + 0.1 * rng.standard_normal(shape[0])).astype(np.float32)
-    return random_tensor(type_name, shape, rng)
+    return random_tensor(type_name, shape, rng, raw=raw)
 
 
 def _value_type(value) -> VT:
@@ -319,11 +332,11 @@ def _stacked_adder(tensors: list, rng: np.random.Generator, fallback: bool = Fal
     """add(name, GGUF-order shape, type): appends plausible weights to tensors, a 3-D stack of
     quantized matrices as one block row per matrix row with the stack outermost (the converter's
     stacked experts); with fallback, a K-quant whose rows are not whole super-blocks takes
-    llama-quant.cpp's fallback type (K_QUANT_FALLBACK)."""
+    llama-quant.cpp's fallback type (K_QUANT_FALLBACK), filled with raw random blocks."""
     def add(name, shape, type_name):
         if fallback and type_name in K_QUANT_FALLBACK and shape[0] % 256:
             type_name = K_QUANT_FALLBACK[type_name]
-        data = plausible_weights(type_name, shape, rng)
+        data = plausible_weights(type_name, shape, rng, raw=fallback)
         if len(shape) == 3 and type_name != "F32":
             data = data.reshape(shape[2], shape[1], -1)
         tensors.append((name, type_name, shape, data))
