@@ -55,7 +55,7 @@ def profile(paths: list[str], at: int = 0, activations: str = "f32", prefill: in
 
     for path in paths:
         print(f"== profile {path}", file=sys.stderr, flush=True)
-        model = kcap.load(path, backend="cuda", n_ctx=4096 + 256, kv_type="f16", activations=activations,
+        model = kcap.load(path, backend="cuda", n_ctx=max(4096, at) + 256, kv_type="f16", activations=activations,
                           profile=True)
         ids = np.random.default_rng(0).integers(0, model.n_vocab, max(prefill, at)).astype(np.int32)
         for _ in range(repeats):
