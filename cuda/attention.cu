@@ -83,23 +83,26 @@ __global__ void __launch_bounds__(KCAP_ATTN_PREFILL_MAX_SIMDS * 32)
     kcap_attention_prefill(kcap_cuda_thread(), p, step, q, k_cache, v_cache, out, shared, sinks);
 }
 
-__global__ void __launch_bounds__(KCAP_MLA_THREADS)
-    mla_append_kernel(KcapMlaParams p, const kcap_i32* step, const float* kv_new, const float* norm,
-                      const float2* cos_sin, kcap_u8* cache) {
-    __shared__ float partial[KCAP_MLA_MAX_SIMDS];
-    cuda::pdl_wait();
-    cuda::pdl_trigger();
-    kcap_mla_append(kcap_cuda_thread(), p, step, kv_new, norm, cos_sin, cache, partial);
-}
-
+// The call's cache rows appended (groups x >= slots, y = 0: one per token) and the queries
+// absorbed (groups x < slots: one per (token, head), y: blocks of latent values), in one launch:
+// the attend needs both.
 template <class F>
 __global__ void __launch_bounds__(KCAP_MLA_THREADS)
-    mla_absorb_kernel(KcapMlaParams p, const kcap_i32* step, const float* q, const kcap_u8* kb, const float2* cos_sin,
-                      float* absorbed) {
-    __shared__ float qs[KCAP_MLA_MAX_WIDTH];
+    mla_append_absorb_kernel(KcapMlaParams p, const kcap_i32* step, const float* q, const float* kv_new,
+                             const float* norm, const kcap_u8* kb, const float2* cos_sin, kcap_u8* cache,
+                             float* absorbed) {
+    __shared__ float shared[KCAP_MLA_ROWS_SHARED_FLOATS > KCAP_MLA_MAX_SIMDS ? KCAP_MLA_ROWS_SHARED_FLOATS
+                                                                             : KCAP_MLA_MAX_SIMDS];
     cuda::pdl_wait();
     cuda::pdl_trigger();
-    kcap_mla_absorb<F>(kcap_cuda_thread(), p, step, q, kb, cos_sin, absorbed, qs);
+    KcapThread t = kcap_cuda_thread();
+    const unsigned slots = unsigned(p.n_tokens * p.n_head);
+    if (t.group_x < slots) {
+        kcap_mla_absorb<F>(t, p, step, q, kb, cos_sin, absorbed, shared);
+    } else if (t.group_y == 0) {
+        t.group_x -= slots;
+        kcap_mla_append(t, p, step, kv_new, norm, cos_sin, cache, shared);
+    }
 }
 
 __global__ void __launch_bounds__(KCAP_MLA_THREADS)
@@ -114,15 +117,16 @@ __global__ void __launch_bounds__(KCAP_MLA_THREADS)
 __global__ void __launch_bounds__(KCAP_MLA_THREADS)
     mla_combine_kernel(KcapMlaParams p, const kcap_i32* step, int n_splits, const float* partial_o,
                        const float* partial_ml, float* latent) {
+    __shared__ float shared[KCAP_MLA_COMBINE_SHARED_FLOATS];
     cuda::pdl_wait();
     cuda::pdl_trigger();
-    kcap_mla_combine(kcap_cuda_thread(), p, step, n_splits, partial_o, partial_ml, latent);
+    kcap_mla_combine(kcap_cuda_thread(), p, step, n_splits, partial_o, partial_ml, latent, shared);
 }
 
 template <class F>
 __global__ void __launch_bounds__(KCAP_MLA_THREADS)
     mla_v_up_kernel(KcapMlaParams p, const float* latent, const kcap_u8* vb, float* out) {
-    __shared__ float ls[KCAP_MLA_MAX_LORA];
+    __shared__ float ls[KCAP_MLA_ROWS_SHARED_FLOATS];
     cuda::pdl_wait();
     cuda::pdl_trigger();
     kcap_mla_v_up<F>(kcap_cuda_thread(), p, latent, vb, out, ls);
@@ -219,7 +223,8 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
         cuda::run_attention_mma<ROPE, Q8>(stage, call);
 }
 
-// cuda.attention_mla[_decode]: the call's cache rows appended, the queries absorbed, each
+// cuda.attention_mla[_decode], four launches: the call's cache rows appended and the queries
+// absorbed, each
 // (token, group of heads) attending over its span (the decode in the key splits fixed at load
 // time from the stage's longest span, a prefill chunk in one), the splits merged, then the V
 // up-projection (kernels/attention_mla.h). Positions come from the device (step[0]), so the
@@ -235,15 +240,15 @@ void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call) {
     const auto* vb = p.combined ? kb : static_cast<const kcap_u8*>(data.operands[2]);
     const dim3 block(KCAP_MLA_THREADS);
     const unsigned slots = unsigned(p.n_tokens * p.n_head);
-    cuda::launch(ctx, mla_append_kernel, dim3(unsigned(p.n_tokens)), block, 0, p, ctx.step, call.in2,
-                 static_cast<const float*>(data.operands[0]), cos_sin, cache);
     const Format kb_format = stage.operands[1]->format;
     const Format vb_format = (p.combined ? stage.operands[1] : stage.operands[2])->format;
+    const dim3 absorb_grid(slots + unsigned(p.n_tokens), unsigned(KCAP_MLA_ABSORB_BLOCKS(p)));
     switch (kb_format) {
-#define KCAP_MLA_ABSORB_CASE(NAME, DECODER)                                                                     \
-    case Format::NAME:                                                                                          \
-        cuda::launch(ctx, mla_absorb_kernel<DECODER>, dim3(slots), block, 0, p, ctx.step, call.in, kb, cos_sin, \
-                     ctx.mla_absorbed);                                                                         \
+#define KCAP_MLA_ABSORB_CASE(NAME, DECODER)                                                               \
+    case Format::NAME:                                                                                    \
+        cuda::launch(ctx, mla_append_absorb_kernel<DECODER>, absorb_grid, block, 0, p, ctx.step, call.in, \
+                     call.in2, static_cast<const float*>(data.operands[0]), kb, cos_sin, cache,           \
+                     ctx.mla_absorbed);                                                                   \
         break;
         KCAP_WEIGHT_FORMATS(KCAP_MLA_ABSORB_CASE)
 #undef KCAP_MLA_ABSORB_CASE
@@ -254,13 +259,13 @@ void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call) {
     cuda::launch(ctx, mla_attend_kernel, dim3(groups, unsigned(splits)), block, 0, p, ctx.step,
                  static_cast<const float*>(ctx.mla_absorbed), static_cast<const kcap_u8*>(cache), splits,
                  ctx.attn_partial_o, ctx.attn_partial_ml);
-    cuda::launch(ctx, mla_combine_kernel, dim3(slots), block, 0, p, ctx.step, splits,
+    cuda::launch(ctx, mla_combine_kernel, dim3(slots, unsigned(KCAP_MLA_COMBINE_BLOCKS(p))), block, 0, p, ctx.step, splits,
                  static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml),
                  ctx.mla_latent);
     switch (vb_format) {
 #define KCAP_MLA_V_UP_CASE(NAME, DECODER)                                                                      \
     case Format::NAME:                                                                                         \
-        cuda::launch(ctx, mla_v_up_kernel<DECODER>, dim3(slots), block, 0, p,                                  \
+        cuda::launch(ctx, mla_v_up_kernel<DECODER>, dim3(slots, unsigned(KCAP_MLA_V_UP_BLOCKS(p))), block, 0, p, \
                      static_cast<const float*>(ctx.mla_latent), vb, call.out);                                 \
         break;
         KCAP_WEIGHT_FORMATS(KCAP_MLA_V_UP_CASE)

@@ -296,7 +296,9 @@ private:
                 const int64_t span = std::max<int64_t>(1, stage.max_span);
                 const int64_t head_groups = (stage.params.n_head + KCAP_MLA_HEADS_PER_GROUP - 1) / KCAP_MLA_HEADS_PER_GROUP;
                 const int64_t by_span = (span + cuda_rows::kMlaMinChunk - 1) / cuda_rows::kMlaMinChunk;
-                const int64_t cap = std::max<int64_t>(1, int64_t(cuda_rows::kMlaGroupsPerSm) * ctx.sm_count / head_groups);
+                const int64_t cap = std::min<int64_t>(
+                    KCAP_MLA_MAX_SPLITS,
+                    std::max<int64_t>(1, int64_t(cuda_rows::kMlaGroupsPerSm) * ctx.sm_count / head_groups));
                 data.attn_splits = int(std::max<int64_t>(1, std::min(by_span, cap)));
                 const size_t slots = size_t(stage.params.n_head) * size_t(std::max(data.attn_splits, max_batch_));
                 partial_o = std::max(partial_o, slots * size_t(stage.params.kv_lora_rank));

@@ -470,7 +470,7 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
                            decode ? KCAP_CUDA_ENTRY(kcap_cuda_attention_mla<true>)
                                   : KCAP_CUDA_ENTRY(kcap_cuda_attention_mla<false>),
                            {KCAP_MLA_THREADS, 0, KCAP_MLA_ATTEND_SHARED_FLOATS * 4}, decode ? kOneToken : TokenRange{2, 0},
-                           {"mla_append", "mla_absorb", "mla_attend", "mla_combine", "mla_v_up"});
+                           {"mla_append_absorb", "mla_attend", "mla_combine", "mla_v_up"});
         mla.operand_formats = {{Format::F32}, weight_formats, weight_formats, {Format::F32}};
         mla.kv_formats = {Format::F32, Format::F16};
         mla.features = kRopeNormal | kRopeFreqFactors | kRmsNorm | kMlaKvBCombined;
@@ -478,10 +478,10 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
             const StageParams& p = stage.params;
             const int nope = p.head_dim - p.rope_dim;
             if (p.kv_lora_rank % 32 || nope % 32 || p.kv_lora_rank > KCAP_MLA_MAX_LORA ||
-                p.kv_lora_rank + p.rope_dim > KCAP_MLA_MAX_WIDTH)
+                p.kv_lora_rank + p.rope_dim > KCAP_MLA_MAX_WIDTH || nope > KCAP_MLA_MAX_WIDTH)
                 return "kv_lora_rank " + std::to_string(p.kv_lora_rank) + " and the query's non-rotated part " +
                        std::to_string(nope) + " must be multiples of 32, kv_lora_rank at most " +
-                       std::to_string(KCAP_MLA_MAX_LORA) + " and the cache row at most " +
+                       std::to_string(KCAP_MLA_MAX_LORA) + ", the cache row and the non-rotated part at most " +
                        std::to_string(KCAP_MLA_MAX_WIDTH);
             return "";
         };

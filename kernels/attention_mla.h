@@ -3,18 +3,19 @@
 //   kcap_mla_append   one group per token: the RMS norm of its latent (times the norm weight) and
 //                     the rotation of its rope key (adjacent pairs, the rope table's angle for the
 //                     position), written as the cache row of its position (f32 or f16).
-//   kcap_mla_absorb   one group per (token, head): the absorbed query [W_kb[h]^T q_nope, rotated
-//                     q_rope], width values, from the head's query.
+//   kcap_mla_absorb   grid x = (token, head), y = blocks of KCAP_MLA_ROWS_PER_GROUP(nope) latent
+//                     values: the absorbed query [W_kb[h]^T q_nope, rotated q_rope] (width
+//                     values), W_kb[h] q_nope by kcap_mla_rows; the combined W_kv_b in one block.
 //   kcap_mla_attend   one group per (token, group of heads, split of the keys): the absorbed
 //                     queries against the cache rows of the split's share of the causal span, each
 //                     row loaded once for the group's heads, an online softmax per head: partial
 //                     weighted latents with their max and sum.
-//   kcap_mla_combine  one group per (token, head): the splits merged into the head's weighted
-//                     latent (lora values).
-//   kcap_mla_v_up     one group per (token, head): W_vb[h] times the weighted latent, the head's
-//                     output (dv values).
+//   kcap_mla_combine  grid x = (token, head), y = blocks of KCAP_MLA_COMBINE_COLS latent values:
+//                     the splits merged into the head's weighted latent.
+//   kcap_mla_v_up     grid x = (token, head), y = blocks of KCAP_MLA_ROWS_PER_GROUP(lora) outputs:
+//                     W_vb[h] times the weighted latent, the head's output (dv values).
 // Every group has KCAP_MLA_THREADS threads. Legal dims (the row checks them): lora and nope
-// multiples of 32, lora <= KCAP_MLA_MAX_LORA, width <= KCAP_MLA_MAX_WIDTH.
+// multiples of 32, lora <= KCAP_MLA_MAX_LORA, width and nope <= KCAP_MLA_MAX_WIDTH.
 #pragma once
 
 #include "kernels/attention.h"
@@ -49,7 +50,38 @@ KCAP_FN void kcap_mla_append(const KcapThread t, const KcapMlaParams p, const KC
     }
 }
 
-// shared: nope floats (the head's q_nope). kb: W_k_b (or W_kv_b, combined) in format F.
+// Stages n values of x into threadgroup memory in runs of KCAP_MLA_RUN_STRIDE floats.
+KCAP_FN void kcap_mla_stage_runs(const KcapThread t, const KCAP_GLOBAL float* x, int n, KCAP_SHARED float* xs) {
+    for (int i = int(t.index); i < n; i += int(t.threads)) xs[(i / 32) * KCAP_MLA_RUN_STRIDE + i % 32] = x[i];
+}
+
+// y[r] = W[first + r] . x for the group's rows r: row0 + [0, KCAP_MLA_ROWS_PER_GROUP(k)), those
+// under n_rows. W rows of k values (k a multiple of 32) in format F, row_bytes each; x staged by
+// kcap_mla_stage_runs. A simd group takes KCAP_MLA_ROWS_PER_SIMD(k) rows: each row's lanes (an
+// aligned segment of k / 32 lanes, or all 32 when a row is longer than 32 runs or its runs are
+// not a power of two) take its runs in turn and meet by shuffles.
+template <class F>
+KCAP_FN void kcap_mla_rows(const KcapThread t, const KCAP_GLOBAL kcap_u8* w, kcap_u64 row_bytes, int first, int n_rows,
+                           int k, int row0, const KCAP_SHARED float* xs, KCAP_GLOBAL float* y) {
+    constexpr int kRunsPerBlock = F::block_elems / 32;
+    const int runs = k / 32, per_simd = KCAP_MLA_ROWS_PER_SIMD(k);
+    const int lanes = per_simd == 1 ? KCAP_SIMD_WIDTH : runs;
+    const int r = row0 + int(t.simd) * per_simd + int(t.lane) / lanes, own = int(t.lane) % lanes;
+    float acc = 0.0f;
+    if (r < n_rows) {
+        const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(first + r) * row_bytes;
+        float wv[32];
+        for (int run = own; run < runs; run += lanes) {
+            F::decode32(row + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock, wv);
+            const KCAP_SHARED float* xr = xs + run * KCAP_MLA_RUN_STRIDE;
+            KCAP_UNROLL for (int i = 0; i < 32; ++i) acc += wv[i] * xr[i];
+        }
+    }
+    for (int offset = lanes / 2; offset > 0; offset /= 2) acc += kcap_simd_shuffle_xor(acc, offset);
+    if (own == 0 && r < n_rows) y[r] = acc;
+}
+
+// shared: KCAP_MLA_ROWS_SHARED_FLOATS. kb: W_k_b (or W_kv_b, combined) in format F.
 template <class F>
 KCAP_FN void kcap_mla_absorb(const KcapThread t, const KcapMlaParams p, const KCAP_GLOBAL kcap_i32* step,
                              const KCAP_GLOBAL float* q, const KCAP_GLOBAL kcap_u8* kb,
@@ -58,35 +90,30 @@ KCAP_FN void kcap_mla_absorb(const KcapThread t, const KcapMlaParams p, const KC
     const int slot = int(t.group_x);  // token * n_head + head
     const int token = slot / p.n_head, head = slot % p.n_head;
     const KCAP_GLOBAL float* qh = q + kcap_u64(slot) * kcap_u64(p.nope + p.rope);
-    for (int i = int(t.index); i < p.nope; i += int(t.threads)) qs[i] = qh[i];
-    kcap_barrier();
     KCAP_GLOBAL float* out = absorbed + kcap_u64(slot) * kcap_u64(p.width);
-    float w[32];
+    kcap_mla_stage_runs(t, qh, p.nope, qs);
+    kcap_barrier();
     if (!p.combined) {
         // Latent value c: row head * lora + c of W_k_b (nope values) . q_nope.
-        for (int c = int(t.index); c < p.lora; c += int(t.threads)) {
-            const KCAP_GLOBAL kcap_u8* row = kb + kcap_u64(head * p.lora + c) * kcap_u64(p.kb_row_bytes);
-            float acc = 0.0f;
-            for (int run = 0; run < p.nope / 32; ++run) {
-                F::decode32(row + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock, w);
-                for (int i = 0; i < 32; ++i) acc += w[i] * qs[run * 32 + i];
-            }
-            out[c] = acc;
-        }
+        kcap_mla_rows<F>(t, kb, p.kb_row_bytes, head * p.lora, p.lora, p.nope,
+                         int(t.group_y) * KCAP_MLA_ROWS_PER_GROUP(p.nope), qs, out);
     } else {
         // W_kv_b's K rows of the head (nope rows of lora values), each times its q_nope value:
         // a thread takes one 32-value run of the latent.
+        float w[32];
         for (int run = int(t.index); run < p.lora / 32; run += int(t.threads)) {
             float acc[32];
             for (int j = 0; j < 32; ++j) acc[j] = 0.0f;
             for (int i = 0; i < p.nope; ++i) {
                 const KCAP_GLOBAL kcap_u8* row = kb + kcap_u64(head * (p.nope + p.dv) + i) * kcap_u64(p.kb_row_bytes);
                 F::decode32(row + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock, w);
-                for (int j = 0; j < 32; ++j) acc[j] += qs[i] * w[j];
+                const float qi = qs[(i / 32) * KCAP_MLA_RUN_STRIDE + i % 32];
+                for (int j = 0; j < 32; ++j) acc[j] += qi * w[j];
             }
             for (int j = 0; j < 32; ++j) out[run * 32 + j] = acc[j];
         }
     }
+    if (t.group_y != 0) return;
     const int pos = step[0] + token, half = p.rope / 2;
     for (int i = int(t.index); i < half; i += int(t.threads)) {
         const float2 cs = cos_sin[kcap_u64(pos) * kcap_u64(half) + kcap_u64(i)];
@@ -165,77 +192,105 @@ KCAP_FN void kcap_mla_attend(const KcapThread t, const KcapMlaParams p, const KC
             m[g] = m_new;
         }
     }
-    // Merge the simd groups, one head at a time.
-    for (int g = 0; g < heads; ++g) {
-        KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i)
-            if (i < runs) merge[int(t.simd) * KCAP_MLA_MAX_LORA + i * 32 + int(t.lane)] = acc[g][i];
-        if (t.lane == 0) {
-            merge_ml[2 * int(t.simd)] = m[g];
-            merge_ml[2 * int(t.simd) + 1] = l[g];
+    // Merge the simd groups, one head at a time (unrolled: the heads' registers are indexed by
+    // constants, never spilled to local memory; every thread reaches every barrier).
+    KCAP_UNROLL for (int g = 0; g < kHeads; ++g) {
+        if (g < heads) {
+            KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i)
+                if (i < runs) merge[int(t.simd) * KCAP_MLA_MAX_LORA + i * 32 + int(t.lane)] = acc[g][i];
+            if (t.lane == 0) {
+                merge_ml[2 * int(t.simd)] = m[g];
+                merge_ml[2 * int(t.simd) + 1] = l[g];
+            }
         }
         kcap_barrier();
-        float top = KCAP_NEG_INFINITY;
-        for (int s = 0; s < int(t.simds); ++s)
-            if (merge_ml[2 * s + 1] > 0.0f) top = kcap_fmax(top, merge_ml[2 * s]);
-        const kcap_u64 at = kcap_u64(token * p.n_head + head0 + g) * kcap_u64(n_splits) + kcap_u64(split);
-        for (int d = int(t.index); d < p.lora; d += int(t.threads)) {
-            float o = 0.0f;
+        if (g < heads) {
+            float top = KCAP_NEG_INFINITY;
             for (int s = 0; s < int(t.simds); ++s)
-                if (merge_ml[2 * s + 1] > 0.0f) o += merge[s * KCAP_MLA_MAX_LORA + d] * kcap_exp(merge_ml[2 * s] - top);
-            partial_o[at * kcap_u64(p.lora) + kcap_u64(d)] = o;
-        }
-        if (t.index == 0) {
-            float total = 0.0f;
-            for (int s = 0; s < int(t.simds); ++s)
-                if (merge_ml[2 * s + 1] > 0.0f) total += merge_ml[2 * s + 1] * kcap_exp(merge_ml[2 * s] - top);
-            partial_ml[2 * at] = top;
-            partial_ml[2 * at + 1] = total;
+                if (merge_ml[2 * s + 1] > 0.0f) top = kcap_fmax(top, merge_ml[2 * s]);
+            const kcap_u64 at = kcap_u64(token * p.n_head + head0 + g) * kcap_u64(n_splits) + kcap_u64(split);
+            for (int d = int(t.index); d < p.lora; d += int(t.threads)) {
+                float o = 0.0f;
+                for (int s = 0; s < int(t.simds); ++s)
+                    if (merge_ml[2 * s + 1] > 0.0f) o += merge[s * KCAP_MLA_MAX_LORA + d] * kcap_exp(merge_ml[2 * s] - top);
+                partial_o[at * kcap_u64(p.lora) + kcap_u64(d)] = o;
+            }
+            if (t.index == 0) {
+                float total = 0.0f;
+                for (int s = 0; s < int(t.simds); ++s)
+                    if (merge_ml[2 * s + 1] > 0.0f) total += merge_ml[2 * s + 1] * kcap_exp(merge_ml[2 * s] - top);
+                partial_ml[2 * at] = top;
+                partial_ml[2 * at + 1] = total;
+            }
         }
         kcap_barrier();  // the merge buffer is free for the next head
     }
 }
 
-// Grid: x = tokens x heads. The head's weighted latent: its splits' partials merged, normalized
-// by the merged sum, into latent_out [slot][lora].
+// Grid: x = tokens x heads, y = blocks of KCAP_MLA_COMBINE_COLS latent values. The head's
+// weighted latent: its splits' partials merged, normalized by the merged sum, into latent_out
+// [slot][lora]. The group first weighs the used splits (exp(max_s - max), in threadgroup
+// memory), then its threads take KCAP_MLA_COMBINE_COLS columns in KCAP_MLA_THREADS /
+// KCAP_MLA_COMBINE_COLS phases of the splits, summed at the end. shared:
+// KCAP_MLA_COMBINE_SHARED_FLOATS.
 KCAP_FN void kcap_mla_combine(const KcapThread t, const KcapMlaParams p, const KCAP_GLOBAL kcap_i32* step, int n_splits,
                               const KCAP_GLOBAL float* partial_o, const KCAP_GLOBAL float* partial_ml,
-                              KCAP_GLOBAL float* latent_out) {
+                              KCAP_GLOBAL float* latent_out, KCAP_SHARED float* shared) {
+    KCAP_SHARED float* weight = shared;                     // [KCAP_MLA_MAX_SPLITS]
+    KCAP_SHARED float* spare = shared + KCAP_MLA_MAX_SPLITS;  // [threads]
     const kcap_u64 slot = kcap_u64(t.group_x);
     const KCAP_GLOBAL float* ml = partial_ml + slot * kcap_u64(2 * n_splits);
     const int used = kcap_mla_active_splits(step[0] + int(t.group_x) / p.n_head + 1, n_splits);
     float top = KCAP_NEG_INFINITY;
-    for (int s = 0; s < used; ++s)
+    for (int s = int(t.index); s < used; s += int(t.threads))
         if (ml[2 * s + 1] > 0.0f) top = kcap_fmax(top, ml[2 * s]);
+    top = kcap_simd_max(top);
+    if (t.lane == 0) spare[t.simd] = top;
+    kcap_barrier();
+    top = KCAP_NEG_INFINITY;
+    for (int s = 0; s < int(t.simds); ++s) top = kcap_fmax(top, spare[s]);
+    kcap_barrier();
     float total = 0.0f;
-    for (int s = 0; s < used; ++s)
-        if (ml[2 * s + 1] > 0.0f) total += ml[2 * s + 1] * kcap_exp(ml[2 * s] - top);
-    for (int d = int(t.index); d < p.lora; d += int(t.threads)) {
-        float o = 0.0f;
-        for (int s = 0; s < used; ++s)
-            if (ml[2 * s + 1] > 0.0f)
-                o += partial_o[(slot * kcap_u64(n_splits) + kcap_u64(s)) * kcap_u64(p.lora) + kcap_u64(d)] *
-                     kcap_exp(ml[2 * s] - top);
-        latent_out[slot * kcap_u64(p.lora) + kcap_u64(d)] = o / total;
+    for (int s = int(t.index); s < used; s += int(t.threads)) {
+        const float w = ml[2 * s + 1] > 0.0f ? kcap_exp(ml[2 * s] - top) : 0.0f;
+        weight[s] = w;
+        if (w > 0.0f) total += w * ml[2 * s + 1];
     }
+    total = kcap_simd_sum(total);
+    if (t.lane == 0) spare[t.simd] = total;
+    kcap_barrier();
+    total = 0.0f;
+    for (int s = 0; s < int(t.simds); ++s) total += spare[s];
+    kcap_barrier();
+    const int phases = int(t.threads) / KCAP_MLA_COMBINE_COLS, phase = int(t.index) / KCAP_MLA_COMBINE_COLS;
+    const int col = int(t.group_y) * KCAP_MLA_COMBINE_COLS + int(t.index) % KCAP_MLA_COMBINE_COLS;
+    float o = 0.0f;
+    if (col < p.lora)
+        for (int s = phase; s < used; s += phases)
+            if (weight[s] > 0.0f) o += partial_o[(slot * kcap_u64(n_splits) + kcap_u64(s)) * kcap_u64(p.lora) + kcap_u64(col)] * weight[s];
+    spare[t.index] = o;
+    kcap_barrier();
+    if (phase != 0 || col >= p.lora) return;
+    for (int f = 1; f < phases; ++f) o += spare[f * KCAP_MLA_COMBINE_COLS + int(t.index)];
+    latent_out[slot * kcap_u64(p.lora) + kcap_u64(col)] = o / total;
 }
 
-// shared: lora floats (the head's weighted latent). vb: W_v_b (or W_kv_b, combined) in format F.
+// Grid: x = tokens x heads, y = blocks of KCAP_MLA_ROWS_PER_GROUP(lora) outputs. shared:
+// KCAP_MLA_ROWS_SHARED_FLOATS (the head's weighted latent). vb: W_v_b (or W_kv_b, combined) in
+// format F.
 template <class F>
 KCAP_FN void kcap_mla_v_up(const KcapThread t, const KcapMlaParams p, const KCAP_GLOBAL float* latent,
                            const KCAP_GLOBAL kcap_u8* vb, KCAP_GLOBAL float* out, KCAP_SHARED float* ls) {
-    constexpr int kRunsPerBlock = F::block_elems / 32;
     const int slot = int(t.group_x), head = slot % p.n_head;
-    for (int i = int(t.index); i < p.lora; i += int(t.threads)) ls[i] = latent[kcap_u64(slot) * kcap_u64(p.lora) + kcap_u64(i)];
+    kcap_mla_stage_runs(t, latent + kcap_u64(slot) * kcap_u64(p.lora), p.lora, ls);
     kcap_barrier();
     const int first = p.combined ? head * (p.nope + p.dv) + p.nope : head * p.dv;
-    float w[32];
-    for (int j = int(t.index); j < p.dv; j += int(t.threads)) {
-        const KCAP_GLOBAL kcap_u8* row = vb + kcap_u64(first + j) * kcap_u64(p.vb_row_bytes);
-        float acc = 0.0f;
-        for (int run = 0; run < p.lora / 32; ++run) {
-            F::decode32(row + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock, w);
-            for (int i = 0; i < 32; ++i) acc += w[i] * ls[run * 32 + i];
-        }
-        out[kcap_u64(slot) * kcap_u64(p.dv) + kcap_u64(j)] = acc;
-    }
+    kcap_mla_rows<F>(t, vb, p.vb_row_bytes, first, p.dv, p.lora, int(t.group_y) * KCAP_MLA_ROWS_PER_GROUP(p.lora), ls,
+                     out + kcap_u64(slot) * kcap_u64(p.dv));
 }
+
+// The groups along y of the absorb, combine and V up launches (host and device).
+#define KCAP_MLA_ABSORB_BLOCKS(p) \
+    ((p).combined ? 1 : ((p).lora + KCAP_MLA_ROWS_PER_GROUP((p).nope) - 1) / KCAP_MLA_ROWS_PER_GROUP((p).nope))
+#define KCAP_MLA_COMBINE_BLOCKS(p) (((p).lora + KCAP_MLA_COMBINE_COLS - 1) / KCAP_MLA_COMBINE_COLS)
+#define KCAP_MLA_V_UP_BLOCKS(p) (((p).dv + KCAP_MLA_ROWS_PER_GROUP((p).lora) - 1) / KCAP_MLA_ROWS_PER_GROUP((p).lora))

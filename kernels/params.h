@@ -166,10 +166,23 @@ struct KcapSampleSettings {
 #define KCAP_MLA_MAX_SIMDS (KCAP_MLA_THREADS / 32)
 #define KCAP_MLA_HEADS_PER_GROUP 4  // query heads one attend group scores against each cache row it loads
 #define KCAP_MLA_MIN_CHUNK 64       // fewest cache rows per key split of the decode
+#define KCAP_MLA_MAX_SPLITS 1024    // most key splits of a decode (the combine's weights)
+#define KCAP_MLA_COMBINE_COLS 64    // latent values per combine group (its threads: 4 phases each)
+// The rows of kcap_mla_rows' W . x (x of k values, k a multiple of 32) one simd group takes at a
+// time: 32 / (k / 32) where k / 32 is a power of two up to 32 (lanes in aligned segments, one
+// row each), else 1; and per group of KCAP_MLA_THREADS threads.
+#define KCAP_MLA_ROWS_PER_SIMD(k) \
+    (((k) / 32 <= 32 && (((k) / 32) & ((k) / 32 - 1)) == 0) ? 32 / ((k) / 32) : 1)
+#define KCAP_MLA_ROWS_PER_GROUP(k) (KCAP_MLA_MAX_SIMDS * KCAP_MLA_ROWS_PER_SIMD(k))
+#define KCAP_MLA_RUN_STRIDE 33  // floats per staged run of x: lanes of different runs hit different banks
 // kcap_mla_attend's threadgroup memory: the group's queries, each simd group's weighted latent,
 // its max and sum.
 #define KCAP_MLA_ATTEND_SHARED_FLOATS \
     (KCAP_MLA_HEADS_PER_GROUP * KCAP_MLA_MAX_WIDTH + KCAP_MLA_MAX_SIMDS * (KCAP_MLA_MAX_LORA + 2))
+// kcap_mla_combine's: the splits' weights and one float per thread.
+#define KCAP_MLA_COMBINE_SHARED_FLOATS (KCAP_MLA_MAX_SPLITS + KCAP_MLA_THREADS)
+// kcap_mla_absorb's and kcap_mla_v_up's: x in runs of KCAP_MLA_RUN_STRIDE.
+#define KCAP_MLA_ROWS_SHARED_FLOATS (KCAP_MLA_MAX_WIDTH / 32 * KCAP_MLA_RUN_STRIDE)
 // The router's logits (kernels/moe.h): tokens per group, experts per simd group, runs of x
 // staged at a time, and the staged floats (runs padded to 36 floats: KCAP_MATVEC_RUN_STRIDE;
 // 8 tokens of 28 runs fit Metal's 32 KB of threadgroup memory).
