@@ -478,11 +478,13 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
             const StageParams& p = stage.params;
             const int nope = p.head_dim - p.rope_dim;
             if (p.kv_lora_rank % 32 || nope % 32 || p.kv_lora_rank > KCAP_MLA_MAX_LORA ||
-                p.kv_lora_rank + p.rope_dim > KCAP_MLA_MAX_WIDTH || nope > KCAP_MLA_MAX_WIDTH)
+                p.kv_lora_rank + p.rope_dim > KCAP_MLA_MAX_WIDTH || nope > KCAP_MLA_MAX_WIDTH ||
+                p.rope_dim > 32 * KCAP_MLA_ROPE_PER_LANE)
                 return "kv_lora_rank " + std::to_string(p.kv_lora_rank) + " and the query's non-rotated part " +
                        std::to_string(nope) + " must be multiples of 32, kv_lora_rank at most " +
                        std::to_string(KCAP_MLA_MAX_LORA) + ", the cache row and the non-rotated part at most " +
-                       std::to_string(KCAP_MLA_MAX_WIDTH);
+                       std::to_string(KCAP_MLA_MAX_WIDTH) + ", the rope part at most " +
+                       std::to_string(32 * KCAP_MLA_ROPE_PER_LANE);
             return "";
         };
         rows.push_back(mla);

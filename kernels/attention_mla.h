@@ -131,15 +131,46 @@ KCAP_FN int kcap_mla_active_splits(int span, int n_splits) {
     return by_span < n_splits ? by_span : n_splits;
 }
 
+// The values lane `lane` holds of cache row `row` (element offset): the latent's runs
+// (KCAP_MLA_LATENT_PER_LANE slots, element i * 32 + lane), then the rope key's
+// (KCAP_MLA_ROPE_PER_LANE slots, element lora + r * 32 + lane); 0 in slots past the row. The
+// loads are issued together (no branch between them) so their latencies overlap.
+#define KCAP_MLA_ROW_PER_LANE (KCAP_MLA_LATENT_PER_LANE + KCAP_MLA_ROPE_PER_LANE)
+KCAP_FN int kcap_mla_slot_element(const KcapMlaParams p, int slot, int lane) {
+    return slot < KCAP_MLA_LATENT_PER_LANE ? slot * 32 + lane : p.lora + (slot - KCAP_MLA_LATENT_PER_LANE) * 32 + lane;
+}
+KCAP_FN bool kcap_mla_slot_valid(const KcapMlaParams p, int slot, int lane) {
+    return slot < KCAP_MLA_LATENT_PER_LANE ? slot * 32 < p.lora : kcap_mla_slot_element(p, slot, lane) < p.width;
+}
+KCAP_FN void kcap_mla_load_row(const KcapMlaParams p, const KCAP_GLOBAL kcap_u8* cache, kcap_u64 row, int lane,
+                               KCAP_PRIVATE float (&v)[KCAP_MLA_ROW_PER_LANE]) {
+    if (p.kv_f16) {
+        const KCAP_GLOBAL kcap_u16* c = reinterpret_cast<const KCAP_GLOBAL kcap_u16*>(cache) + row;
+        KCAP_UNROLL for (int i = 0; i < KCAP_MLA_ROW_PER_LANE; ++i) {
+            const bool valid = kcap_mla_slot_valid(p, i, lane);
+            const float x = kcap_half_to_float(c[valid ? kcap_mla_slot_element(p, i, lane) : lane]);
+            v[i] = valid ? x : 0.0f;
+        }
+    } else {
+        const KCAP_GLOBAL float* c = reinterpret_cast<const KCAP_GLOBAL float*>(cache) + row;
+        KCAP_UNROLL for (int i = 0; i < KCAP_MLA_ROW_PER_LANE; ++i) {
+            const bool valid = kcap_mla_slot_valid(p, i, lane);
+            const float x = c[valid ? kcap_mla_slot_element(p, i, lane) : lane];
+            v[i] = valid ? x : 0.0f;
+        }
+    }
+}
+
 // Grid: x = tokens x head groups (KCAP_MLA_HEADS_PER_GROUP query heads each), y = key splits.
 // shared: KCAP_MLA_ATTEND_SHARED_FLOATS. The group's heads score the cache rows of its split of
 // the causal span (rows 0 .. the token's position, in kcap_mla_active_splits equal ranges; the
-// launch's other splits return at once): each simd
-// group takes every simds-th row, loads it once for all the group's heads, and keeps an online
-// softmax per head (max, sum, the weighted latent in registers); the simd groups are merged at
-// the end into one partial per (token, head, split): the unnormalized weighted latent, its max
-// and sum (partial_o [slot][split][lora], partial_ml [slot][split][2], slot = token * n_head +
-// head). A split with no rows writes a zero sum. kcap_mla_combine merges the splits.
+// launch's other splits return at once): each simd group takes every simds-th row, loads it once
+// for all the group's heads (the next row's loads issued before this row's sums, so a row's
+// latency hides behind the previous one's work), and keeps an online softmax per head (max, sum,
+// the weighted latent in registers); the simd groups are merged at the end into one partial per
+// (token, head, split): the unnormalized weighted latent, its max and sum (partial_o
+// [slot][split][lora], partial_ml [slot][split][2], slot = token * n_head + head). A split with
+// no rows writes a zero sum. kcap_mla_combine merges the splits.
 KCAP_FN void kcap_mla_attend(const KcapThread t, const KcapMlaParams p, const KCAP_GLOBAL kcap_i32* step,
                              const KCAP_GLOBAL float* absorbed, const KCAP_GLOBAL kcap_u8* cache, int n_splits,
                              KCAP_GLOBAL float* partial_o, KCAP_GLOBAL float* partial_ml, KCAP_SHARED float* shared) {
@@ -153,44 +184,48 @@ KCAP_FN void kcap_mla_attend(const KcapThread t, const KcapMlaParams p, const KC
     if (split >= active) return;  // the whole group: this position needs fewer splits
     const int chunk = (span + active - 1) / active;
     const int start = split * chunk, end = start + chunk < span ? start + chunk : span;
-    KCAP_SHARED float* qs = shared;                                            // [kHeads][width]
+    KCAP_SHARED float* qs = shared;                                            // [kHeads][KCAP_MLA_MAX_WIDTH]
     KCAP_SHARED float* merge = shared + kHeads * KCAP_MLA_MAX_WIDTH;           // [simds][lora]
     KCAP_SHARED float* merge_ml = merge + KCAP_MLA_MAX_SIMDS * KCAP_MLA_MAX_LORA;  // [simds][2]
-    for (int i = int(t.index); i < heads * p.width; i += int(t.threads))
-        qs[i] = absorbed[kcap_u64(token * p.n_head + head0) * kcap_u64(p.width) + kcap_u64(i)];
+    // The queries, 0 past each head's width and for heads past the last: every slot's product
+    // below is then finite (a cache slot past the row holds 0, and 0 x NaN would be NaN).
+    for (int i = int(t.index); i < kHeads * KCAP_MLA_MAX_WIDTH; i += int(t.threads)) {
+        const int g = i / KCAP_MLA_MAX_WIDTH, e = i % KCAP_MLA_MAX_WIDTH;
+        qs[i] = g < heads && e < p.width
+                    ? absorbed[kcap_u64(token * p.n_head + head0 + g) * kcap_u64(p.width) + kcap_u64(e)]
+                    : 0.0f;
+    }
     kcap_barrier();
     const int runs = p.lora / 32;
+    const int lane = int(t.lane);
     float m[kHeads], l[kHeads], acc[kHeads][KCAP_MLA_LATENT_PER_LANE];
     KCAP_UNROLL for (int g = 0; g < kHeads; ++g) {
         m[g] = KCAP_NEG_INFINITY;
         l[g] = 0.0f;
         KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i) acc[g][i] = 0.0f;
     }
-    for (int j = start + int(t.simd); j < end; j += int(t.simds)) {
-        const kcap_u64 row = kcap_u64(j) * kcap_u64(p.width);
+    float cur[KCAP_MLA_ROW_PER_LANE];
+    int j = start + int(t.simd);
+    if (j < end) kcap_mla_load_row(p, cache, kcap_u64(j) * kcap_u64(p.width), lane, cur);
+    for (; j < end; j += int(t.simds)) {
+        float next[KCAP_MLA_ROW_PER_LANE];
+        const int jn = j + int(t.simds);
+        if (jn < end) kcap_mla_load_row(p, cache, kcap_u64(jn) * kcap_u64(p.width), lane, next);
         float dot[kHeads];
-        KCAP_UNROLL for (int g = 0; g < kHeads; ++g) dot[g] = 0.0f;
-        float latent[KCAP_MLA_LATENT_PER_LANE];
-        KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i) {
-            latent[i] = 0.0f;
-            if (i >= runs) continue;  // past the latent: no query values there (0 x NaN would be NaN)
-            latent[i] = kcap_kv_load(cache, row + kcap_u64(i * 32 + int(t.lane)), p.kv_f16);
-            KCAP_UNROLL for (int g = 0; g < kHeads; ++g)
-                if (g < heads) dot[g] += qs[g * p.width + i * 32 + int(t.lane)] * latent[i];
-        }
-        for (int d = p.lora + int(t.lane); d < p.width; d += KCAP_SIMD_WIDTH) {  // the rope key
-            const float r = kcap_kv_load(cache, row + kcap_u64(d), p.kv_f16);
-            KCAP_UNROLL for (int g = 0; g < kHeads; ++g)
-                if (g < heads) dot[g] += qs[g * p.width + d] * r;
+        KCAP_UNROLL for (int g = 0; g < kHeads; ++g) {
+            dot[g] = 0.0f;
+            KCAP_UNROLL for (int i = 0; i < KCAP_MLA_ROW_PER_LANE; ++i)
+                dot[g] += qs[g * KCAP_MLA_MAX_WIDTH + kcap_mla_slot_element(p, i, lane)] * cur[i];
         }
         KCAP_UNROLL for (int g = 0; g < kHeads; ++g) {
             const float s = kcap_simd_sum(dot[g]) * p.scale;
             const float m_new = kcap_fmax(m[g], s);
             const float correction = kcap_exp(m[g] - m_new), weight = kcap_exp(s - m_new);
             l[g] = l[g] * correction + weight;
-            KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i) acc[g][i] = acc[g][i] * correction + weight * latent[i];
+            KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i) acc[g][i] = acc[g][i] * correction + weight * cur[i];
             m[g] = m_new;
         }
+        KCAP_UNROLL for (int i = 0; i < KCAP_MLA_ROW_PER_LANE; ++i) cur[i] = next[i];
     }
     // Merge the simd groups, one head at a time (unrolled: the heads' registers are indexed by
     // constants, never spilled to local memory; every thread reaches every barrier).

@@ -52,20 +52,25 @@ KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KC
     const int runs = p.k / 32;
     float acc[kExperts][kTokens];
     KCAP_UNROLL for (int i = 0; i < kExperts; ++i) KCAP_UNROLL for (int j = 0; j < kTokens; ++j) acc[i][j] = 0.0f;
-    for (int chunk0 = 0; chunk0 < runs; chunk0 += kChunk) {
-        const int chunk_runs = runs - chunk0 < kChunk ? runs - chunk0 : kChunk;
+    // Runs staged per token at a time: the threadgroup memory holds kTokens x kChunk runs, so a
+    // call of fewer tokens (a decode's one) stages more of each token's x per pass (fewer
+    // passes, each a global load and a barrier before its weights' loads).
+    const int chunk = kTokens * kChunk / tokens;
+    for (int chunk0 = 0; chunk0 < runs; chunk0 += chunk) {
+        const int chunk_runs = runs - chunk0 < chunk ? runs - chunk0 : chunk;
         if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
         // float4 i: token i / (chunk_runs * 8), run (i / 8) % chunk_runs, values 4 (i % 8) ..
         for (int i = int(t.index); i < tokens * chunk_runs * 8; i += int(t.threads)) {
             const int j = i / (chunk_runs * 8), r = (i / 8) % chunk_runs;
             const float4 v = kcap_load_f32x4(x + kcap_u64(token0 + j) * kcap_u64(p.k) + kcap_u64(chunk0 + r) * 32 +
                                              kcap_u64(4 * (i % 8)));
-            KCAP_SHARED float* to = xs + (j * kChunk + r) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8);
+            KCAP_SHARED float* to = xs + (j * chunk + r) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8);
             to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
         }
         kcap_barrier();
-        if (active && int(t.lane) < chunk_runs) {
-            const int run = chunk0 + int(t.lane);
+        if (!active) continue;
+        for (int r = int(t.lane); r < chunk_runs; r += KCAP_SIMD_WIDTH) {
+            const int run = chunk0 + r;
             const unsigned block_offset = unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
             float wv[kExperts][32];
             KCAP_UNROLL for (int i = 0; i < kExperts; ++i) {
@@ -75,7 +80,7 @@ KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KC
             KCAP_UNROLL for (int j = 0; j < kTokens; ++j) {
                 if (j < tokens) {
                     float xv[32];
-                    const KCAP_SHARED float* from = xs + (j * kChunk + int(t.lane)) * KCAP_MATVEC_RUN_STRIDE;
+                    const KCAP_SHARED float* from = xs + (j * chunk + r) * KCAP_MATVEC_RUN_STRIDE;
                     KCAP_UNROLL for (int i = 0; i < 32; ++i) xv[i] = from[i];
                     KCAP_UNROLL for (int i = 0; i < kExperts; ++i) acc[i][j] += kcap_dot32(wv[i], xv);
                 }

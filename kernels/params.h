@@ -163,6 +163,7 @@ struct KcapSampleSettings {
 #define KCAP_MLA_THREADS 256
 #define KCAP_MLA_MAX_LORA 512
 #define KCAP_MLA_MAX_WIDTH 640  // DeepSeek: 512 + 64
+#define KCAP_MLA_ROPE_PER_LANE 4  // the rope key's values per lane of a cache row (rope <= 128)
 #define KCAP_MLA_MAX_SIMDS (KCAP_MLA_THREADS / 32)
 #define KCAP_MLA_HEADS_PER_GROUP 4  // query heads one attend group scores against each cache row it loads
 #define KCAP_MLA_MIN_CHUNK 64       // fewest cache rows per key split of the decode

@@ -4,7 +4,7 @@
 # in $OUT (logs, results JSON and table); the last lines printed are the results table.
 #   bash scripts/device_check.sh CARRY_DIR
 # CARRY_DIR (carried with the call) holds whl/*.whl (gguf: not in the device image) and
-# llama_cpp_src.tar.gz (bench/pack_llama_cpp.sh); scripts/prepare_device_carry.sh makes it and
+# llama_cpp_src.tar.xz (bench/pack_llama_cpp.sh); scripts/prepare_device_carry.sh makes it and
 # says how to call. Switches: SKIP_LLAMA=1, SKIP_TESTS=1,
 # SKIP_BENCH=1, BENCH_MODELS=gemma3_270m,smollm2_135m,llama3_8b_q4_k_m; WHILE_LLAMA_BUILDS="command" runs
 # a command (a profile, say) after kcap's benchmark while llama.cpp still builds.
@@ -28,7 +28,7 @@ nvcc --version | tail -1
 # llama.cpp's llama-bench (CUDA, sm_90 only) builds in the background while kcap is built and tested.
 LLAMA_BIN=/tmp/llama/build/bin/llama-bench
 build_llama() {
-    mkdir -p /tmp/llama && tar -xzf "$CARRY/llama_cpp_src.tar.gz" -C /tmp/llama || return 1
+    mkdir -p /tmp/llama && tar -xJf "$CARRY/llama_cpp_src.tar.xz" -C /tmp/llama || return 1
     local extra=()
     if ! ls /usr/local/cuda/lib64/libcublas.so* > /dev/null 2>&1; then
         # The image's toolkit may lack cuBLAS; the nvidia-cublas Python package has it.
@@ -47,7 +47,7 @@ build_llama() {
         nice -n 5 cmake --build /tmp/llama/build -j "$JOBS" --target llama-bench
 }
 LLAMA_PID=
-if [ "${SKIP_LLAMA:-0}" != 1 ] && [ -f "$CARRY/llama_cpp_src.tar.gz" ]; then
+if [ "${SKIP_LLAMA:-0}" != 1 ] && [ -f "$CARRY/llama_cpp_src.tar.xz" ]; then
     ( build_llama; echo "llama build rc=$?" ) > "$OUT/llama_build.log" 2>&1 &
     LLAMA_PID=$!
 fi

@@ -8,7 +8,7 @@
 #                           device command copies tests/fixtures/conformance and
 #                           tests/goldens/conformance from it into src/ when it needs them)
 #   whl/gguf-*.whl          gguf (not in the device image), downloaded once
-#   llama_cpp_src.tar.gz    llama.cpp stripped for a CUDA llama-bench (bench/pack_llama_cpp.sh),
+#   llama_cpp_src.tar.xz    llama.cpp stripped for a CUDA llama-bench (bench/pack_llama_cpp.sh),
 #                           made once from llama-cpp-python's sdist
 # Add CARRY_DIR to .git/info/exclude so it is not tracked, then call the device with
 # carry [CARRY_DIR] and, for example:
@@ -33,9 +33,9 @@ fi
 if ! ls "$carry"/whl/gguf-*.whl > /dev/null 2>&1; then
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$carry/whl" gguf
 fi
-if [ ! -f "$carry/llama_cpp_src.tar.gz" ]; then
+if [ ! -f "$carry/llama_cpp_src.tar.xz" ]; then
     sdist_dir=$(mktemp -d)
     python3 -m pip download -q --no-deps --no-binary=:all: -d "$sdist_dir" llama-cpp-python==0.3.36
-    bash bench/pack_llama_cpp.sh "$sdist_dir"/llama_cpp_python-*.tar.gz "$carry/llama_cpp_src.tar.gz"
+    bash bench/pack_llama_cpp.sh "$sdist_dir"/llama_cpp_python-*.tar.gz "$carry/llama_cpp_src.tar.xz"
 fi
 du -sh "$carry"/*

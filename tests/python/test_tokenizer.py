@@ -276,10 +276,15 @@ def llama_cpp_vocab_cases(name: str) -> list[tuple[str, list[int]]]:
     return [(text, [int(i) for i in line.split()]) for text, line in zip(texts, ids)]
 
 
-def test_deepseek_llm_pre_tokenizer_matches_hugging_face():
+def test_deepseek_llm_pre_tokenizer_matches_hugging_face(tmp_path):
     # DeepSeek LLM / DeepSeek-V2 files (tokenizer.ggml.pre "deepseek-llm"): six isolating splits
     # before the byte-level BPE; the GPT-2 split gets at least one of these strings wrong.
-    vocab = GGUFFile(REPO / "tests" / "fixtures" / "vocab" / "ggml-vocab-deepseek-llm.gguf")
+    # llama.cpp's vocabulary file, xz-compressed here (4 MB -> 0.9 MB).
+    import lzma
+
+    path = tmp_path / "ggml-vocab-deepseek-llm.gguf"
+    path.write_bytes(lzma.decompress((REPO / "tests" / "fixtures" / "vocab" / "ggml-vocab-deepseek-llm.gguf.xz").read_bytes()))
+    vocab = GGUFFile(str(path))
     assert vocab.metadata["tokenizer.ggml.pre"] == "deepseek-llm"
     cases = llama_cpp_vocab_cases("deepseek-llm")
     tokenizer = load_tokenizer(vocab.metadata)
