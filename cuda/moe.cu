@@ -18,8 +18,11 @@
 //                            tile of rows, not once per slot), the gated activation, the down
 //                            tiles in the down matrix's format, and the weighted sum reads each
 //                            slot's row back.
+//   Both experts' rows add an ungated shared expert's output (input3) in their weighted sum where
+//   the plan asks (kSharedExpertSum).
 //   cuda.moe_shared_gate     out = in + sigmoid(w . x) * shared, one group per token.
 #include <algorithm>
+#include <cstdlib>
 
 #include "cuda/matmul.h"
 #include "cuda/mma_tiles.h"
@@ -52,7 +55,7 @@ __global__ void __launch_bounds__(kMoeRouteThreads)
 }
 
 // The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
-template <class F>
+template <class F, int ROWS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_gate_up_kernel(KcapMoeParams moe, KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* gate,
                            const kcap_u8* up, const float* routing, const float* x, int activation, float* act,
@@ -60,27 +63,28 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_gate_up<F, kMatvecRows>(kcap_cuda_thread(), moe, p, split, chunk_runs, gate, up, routing, x, activation,
+    kcap_moe_gate_up<F, ROWS>(kcap_cuda_thread(), moe, p, split, chunk_runs, gate, up, routing, x, activation,
                                      act, shared, gate_bias, up_bias);
 }
 
 // The slot's down matvec into down[slot].
-template <class F>
+template <class F, int ROWS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_down_kernel(KcapMoeParams moe, KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* down,
                         const float* routing, const float* act, float* out, const float* down_bias) {
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_down<F, kMatvecRows>(kcap_cuda_thread(), moe, p, split, chunk_runs, down, routing, act, out, shared,
+    kcap_moe_down<F, ROWS>(kcap_cuda_thread(), moe, p, split, chunk_runs, down, routing, act, out, shared,
                                   down_bias);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
-    combine_kernel(KcapMoeParams p, const float* routing, const float* down, const int* slot_rows, float* out) {
+    combine_kernel(KcapMoeParams p, const float* routing, const float* down, const int* slot_rows, float* out,
+                   const float* shared) {
     pdl_wait();
     pdl_trigger();
-    kcap_moe_combine(kcap_cuda_thread(), p, routing, down, slot_rows, out);
+    kcap_moe_combine(kcap_cuda_thread(), p, routing, down, slot_rows, out, shared);
 }
 
 // The grouped experts' order (one group of kMoeSortThreads): each expert's slots get consecutive
@@ -146,6 +150,24 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     kcap_moe_shared_gate(kcap_cuda_thread(), width, w, x, in, shared, out, partial);
 }
 
+// Rows per team of the experts' matvecs (a stage's fixed choice, from its inner dimension).
+int experts_rows(int64_t k) {
+    static const int forced = std::getenv("KCAP_EXPERTS_ROWS") ? std::atoi(std::getenv("KCAP_EXPERTS_ROWS")) : 0;
+    if (forced) return forced;
+    return 1;
+}
+
+template <class F, int ROWS>
+void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
+                              const float* routing, unsigned slots, const float* down_bias) {
+    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k);
+    const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
+    const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * ROWS), slots);
+    const size_t shared = size_t(matvec_shared_floats(p.k, ROWS)) * 4;
+    launch(ctx, experts_down_kernel<F, ROWS>, grid, dim3(kMatvecSimds * 32), shared, moe, p, split, chunk_runs, down,
+           routing, static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
+}
+
 // The down matvec of every slot in the down matrix's format (fixed per stage).
 void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoeParams& moe, const kcap_u8* down,
                          const float* routing, unsigned slots, const float* down_bias) {
@@ -155,20 +177,33 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
     p.m = 1;
     p.has_bias = down_bias != nullptr;
     p.row_bytes = unsigned(row_bytes(stage.operands[2]->format, moe.ff));
-    const int split = matvec_split(p.n, ctx.sm_count, kMatvecRows, p.k);
-    const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
-    const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * kMatvecRows), slots);
-    const size_t shared = size_t(matvec_shared_floats(p.k, kMatvecRows)) * 4;
+    const int rows = experts_rows(p.k);
     switch (stage.operands[2]->format) {
 #define KCAP_MOE_DOWN_CASE(NAME, DECODER)                                                                      \
     case Format::NAME:                                                                                         \
-        launch(ctx, experts_down_kernel<DECODER>, grid, dim3(kMatvecSimds * 32), shared, moe, p, split, chunk_runs, \
-               down, routing, static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);               \
+        if (rows == 4)                                                                                         \
+            launch_experts_down_rows<DECODER, 4>(ctx, p, moe, down, routing, slots, down_bias);                \
+        else if (rows == 2)                                                                                    \
+            launch_experts_down_rows<DECODER, 2>(ctx, p, moe, down, routing, slots, down_bias);                \
+        else                                                                                                   \
+            launch_experts_down_rows<DECODER, 1>(ctx, p, moe, down, routing, slots, down_bias);                \
         return;
         KCAP_WEIGHT_FORMATS(KCAP_MOE_DOWN_CASE)
 #undef KCAP_MOE_DOWN_CASE
         default: throw Error(std::string("cuda.moe_experts: no body for ") + format_name(stage.operands[2]->format));
     }
+}
+
+template <class F, int ROWS>
+void launch_experts_gate_up(const Context& ctx, const Stage& stage, const KernelCall& call, const StageData& data,
+                            const KcapMoeParams& moe, KcapMatmulParams p, unsigned slots) {
+    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k);
+    const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
+    launch(ctx, experts_gate_up_kernel<F, ROWS>, dim3(ceil_div(p.n, (kMatvecSimds / split) * ROWS), slots),
+           dim3(kMatvecSimds * 32), size_t(matvec_shared_floats(p.k, ROWS)) * 4, moe, p, split, chunk_runs,
+           static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
+           call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
+           static_cast<const float*>(data.operands[4]));
 }
 
 }  // namespace
@@ -213,19 +248,22 @@ void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call) {
     p.n = moe.ff;
     p.m = 1;
     p.row_bytes = unsigned(row_bytes(FORMAT, moe.k));
-    const int split = matvec_split(p.n, ctx.sm_count, kMatvecRows, p.k);
-    const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
-    cuda::launch(ctx, cuda::experts_gate_up_kernel<F>, dim3(cuda::ceil_div(p.n, (kMatvecSimds / split) * kMatvecRows), slots),
-                 dim3(kMatvecSimds * 32), size_t(matvec_shared_floats(p.k, kMatvecRows)) * 4, moe, p, split, chunk_runs,
-                 static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
-                 call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
-                 static_cast<const float*>(data.operands[4]));
+    // The gate and up matvecs, experts_rows rows per team; the experts' biases (F32; operands
+    // 3-5, gpt-oss), or null.
+    const int rows = cuda::experts_rows(p.k);
+    if (rows == 4)
+        cuda::launch_experts_gate_up<F, 4>(ctx, stage, call, data, moe, p, slots);
+    else if (rows == 2)
+        cuda::launch_experts_gate_up<F, 2>(ctx, stage, call, data, moe, p, slots);
+    else
+        cuda::launch_experts_gate_up<F, 1>(ctx, stage, call, data, moe, p, slots);
     // The experts' biases (F32; operands 3-5, gpt-oss), or null.
     cuda::launch_experts_down(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
                               static_cast<const float*>(data.operands[5]));
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
     cuda::launch(ctx, cuda::combine_kernel, dim3(cuda::ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads),
-                 0, moe, call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(nullptr), call.out);
+                 0, moe, call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(nullptr), call.out,
+                 (stage.features & kSharedExpertSum) ? call.in3 : nullptr);
 }
 
 // Grouped by expert: the sort, gate and up tiles of the sorted rows (x read through each row's
@@ -282,7 +320,7 @@ void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
     cuda::launch(ctx, cuda::combine_kernel, dim3(cuda::ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads),
                  0, moe, call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(ctx.moe_slot_rows),
-                 call.out);
+                 call.out, (stage.features & kSharedExpertSum) ? call.in3 : nullptr);
 }
 
 #define KCAP_INSTANTIATE_MOE(NAME, DECODER)                                                      \

@@ -20,7 +20,8 @@
 //                      chosen expert's rows, found from the Routing buffer in the kernel, so a
 //                      call reads only the chosen experts' weights.
 //   kcap_moe_combine   out[token][o] = sum over the token's slots of weight * down[row][o], row the
-//                      slot itself or (slot_rows) where the grouped rows put it.
+//                      slot itself or (slot_rows) where the grouped rows put it (+ shared[token][o],
+//                      an ungated shared expert's output, where given).
 //   kcap_moe_shared_gate  out = in + sigmoid(w . x) * shared, one group per token.
 #pragma once
 
@@ -254,7 +255,8 @@ KCAP_FN void kcap_moe_down(const KcapThread t, const KcapMoeParams moe, const Kc
 // One thread per output value: grid x = ceil(n_tokens * n / threads).
 // slot_rows (may be null): the row of down that holds each slot's output.
 KCAP_FN void kcap_moe_combine(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL float* routing,
-                              const KCAP_GLOBAL float* down, const KCAP_GLOBAL int* slot_rows, KCAP_GLOBAL float* out) {
+                              const KCAP_GLOBAL float* down, const KCAP_GLOBAL int* slot_rows, KCAP_GLOBAL float* out,
+                              const KCAP_GLOBAL float* shared = nullptr) {
     const kcap_u64 i = kcap_u64(t.group_x) * t.threads + t.index;
     if (i >= kcap_u64(p.n_tokens) * kcap_u64(p.n)) return;
     const int token = int(i / kcap_u64(p.n)), o = int(i % kcap_u64(p.n));
@@ -265,7 +267,7 @@ KCAP_FN void kcap_moe_combine(const KcapThread t, const KcapMoeParams p, const K
         const int row = slot_rows ? slot_rows[slot] : slot;
         sum += weights[k] * down[kcap_u64(row) * kcap_u64(p.n) + kcap_u64(o)];
     }
-    out[i] = sum;
+    out[i] = shared ? sum + shared[i] : sum;
 }
 
 // Grid: x = tokens; shared: one float per simd group. w null: the gate is 1.

@@ -168,6 +168,7 @@ void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
             }
         });
         float* y = call.out + t * N;
+        const float* shared = (stage.features & kSharedExpertSum) ? call.in3 + t * N : nullptr;
         pool.parallel_for(N, [&](int64_t begin, int64_t end) {
             for (int64_t o = begin; o < end; ++o) {
                 float sum = 0.0f;
@@ -177,7 +178,7 @@ void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
                            (dot_row(down.format, down.data + size_t(row) * down_row, act.data() + size_t(k) * ff, ff) +
                             (down_bias ? down_bias[row] : 0.0f));
                 }
-                y[o] = sum;
+                y[o] = shared ? sum + shared[o] : sum;
             }
         });
     }
@@ -223,7 +224,8 @@ void add_cpu_moe_rows(std::vector<Row>& rows) {
     experts.op = Op::MoeExperts;
     experts.backend = Backend::CPU;
     experts.operand_formats = {formats, formats, formats, {Format::F32}, {Format::F32}, {Format::F32}};
-    experts.features = kSilu | kGeluTanh | kGeluErf | kRelu | kSwigluOai | kGated | kExpertGateUpMerged | kBias;
+    experts.features = kSilu | kGeluTanh | kGeluErf | kRelu | kSwigluOai | kGated | kExpertGateUpMerged | kBias |
+                       kSharedExpertSum;
     experts.dims.k_multiple_of = &block_multiple;  // K (gate, up) and the FFN width (down)
     experts.launches = {"moe_experts"};
     experts.fn = moe_experts_kernel;

@@ -132,7 +132,10 @@ const std::vector<Encoding>& encodings();              // every encoding, for op
     X(ExpertChoiceBias, expert_choice_bias)                                                        \
     /* multi-head latent attention with both up-projections in one W_kv_b (the K part untransposed) \
        instead of W_k_b and W_v_b */                                                               \
-    X(MlaKvBCombined, mla_kv_b_combined)
+    X(MlaKvBCombined, mla_kv_b_combined)                                                           \
+    /* the experts' weighted sum plus a shared expert's output without a gate (input3), in the     \
+       same pass: no separate add */                                                               \
+    X(SharedExpertSum, shared_expert_sum)
 
 enum FeatureIndex : int {
 #define KCAP_FEATURE_INDEX(NAME, TEXT) kFeatureIndex##NAME,

@@ -474,7 +474,8 @@ private:
 
     // Mixture of experts, into Proj: the router (ffn_router: ids and weights of the chosen
     // experts per token, into Routing), the chosen experts' gated FFNs weighted and summed
-    // (ffn_moe), and a shared expert's FFN (into Proj2) added under its gate (ffn_shexp_gate).
+    // (ffn_moe), and a shared expert's FFN (into Proj2) added under its gate (ffn_shexp_gate), or,
+    // without a gate, planned first and added by the experts' sum.
     // With expert_dense_branch the experts write `out` (Proj2) and read ffn_pre_norm_2's norm of
     // the residual (ffn_pre_norm_2_norm); a router with ffn_gate_inp_scale reads its own norm of
     // the residual (ffn_router_norm) and scales its logits (expert_logit_scale).
@@ -557,6 +558,12 @@ private:
         }
         if (choice_bias && layer.expert_gating != ExpertGating::Sigmoid)
             throw ModelError(where + "a choice bias (" + choice_bias->name + ") needs sigmoid gating");
+        // A shared expert without a gate (DeepSeek) runs first, into Proj2, and the experts' sum
+        // adds it (kSharedExpertSum): one pass over the output instead of a separate add. Only
+        // where it reads the same normed input the experts do (no router or branch norm between).
+        const bool shared_first = !layer.ffn_up_shexp.empty() && layer.ffn_gate_inp_shexp.empty() && !own_norm &&
+                                  !layer.expert_dense_branch && out == Buffer::Proj;
+        if (shared_first) add_shared_expert(il, layer, d);
         Stage& route = add(il, "ffn_router", Op::MoeRoute);
         route.operands = {&router, expert_scale, router_bias, choice_bias};
         route.input = Buffer::Normed;
@@ -595,9 +602,28 @@ private:
         experts.params.swiglu_limit = layer.swiglu_limit;
         experts.features = activation_feature(layer.activation) | kGated | (merged ? FeatureMask(kExpertGateUpMerged) : 0u) |
                            (gate_bias ? FeatureMask(kBias) : 0u);
+        if (shared_first) {
+            experts.input3 = Buffer::Proj2;
+            experts.features |= kSharedExpertSum;
+            return;
+        }
         if (layer.ffn_up_shexp.empty()) return;
         if (out != Buffer::Proj) throw ModelError(where + "a shared expert beside a dense FFN branch is not supported");
-        // The shared expert: a dense gated FFN of its own width, into Proj2, then added.
+        add_shared_expert(il, layer, d);
+        Stage& combine = add(il, "ffn_shexp_gate", Op::MoeSharedGate);
+        const TensorRef* shared_gate = tensor(layer.ffn_gate_inp_shexp);
+        check_vector(shared_gate, d);
+        combine.operands = {shared_gate};
+        combine.input = Buffer::Proj;
+        combine.input2 = Buffer::Proj2;
+        combine.input3 = Buffer::Normed;
+        combine.output = Buffer::Proj;
+        combine.k = combine.n = d;
+        combine.features = shared_gate ? FeatureMask(kSharedExpertGate) : 0u;
+    }
+
+    // The shared expert: a dense gated FFN of its own width, from Normed into Proj2.
+    void add_shared_expert(int il, const LayerSpec& layer, int64_t d) {
         const TensorRef& shared_up = spec_.tensor(layer.ffn_up_shexp);
         const int64_t shared_ff = shared_up.n_rows();
         add_matmul(il, "ffn_gate_shexp", layer.ffn_gate_shexp, "", Buffer::Normed, Buffer::Gate, d, shared_ff);
@@ -610,16 +636,6 @@ private:
         act.params.activation = layer.activation;
         act.features = activation_feature(layer.activation) | kGated;
         add_matmul(il, "ffn_down_shexp", layer.ffn_down_shexp, "", Buffer::Act, Buffer::Proj2, shared_ff, d);
-        Stage& combine = add(il, "ffn_shexp_gate", Op::MoeSharedGate);
-        const TensorRef* shared_gate = tensor(layer.ffn_gate_inp_shexp);
-        check_vector(shared_gate, d);
-        combine.operands = {shared_gate};
-        combine.input = Buffer::Proj;
-        combine.input2 = Buffer::Proj2;
-        combine.input3 = Buffer::Normed;
-        combine.output = Buffer::Proj;
-        combine.k = combine.n = d;
-        combine.features = shared_gate ? FeatureMask(kSharedExpertGate) : 0u;
     }
 
     static std::string shape_text(const TensorRef& t) {
@@ -1181,7 +1197,10 @@ Plan make_plan(const ModelSpec& spec, const PlanOptions& in_options) {
                                    stage.op == Op::Qkv || stage.op == Op::MoeRoute || stage.op == Op::MoeExperts
                                ? stage.k
                                : stage.n);
-        if (stage.op == Op::MoeExperts) widen(stage.input2, 2 * int64_t(stage.params.n_expert_used));
+        if (stage.op == Op::MoeExperts) {
+            widen(stage.input2, 2 * int64_t(stage.params.n_expert_used));
+            if (stage.features & kSharedExpertSum) widen(stage.input3, stage.n);
+        }
         if (stage.op == Op::MoeSharedGate) {
             widen(stage.input2, stage.n);
             widen(stage.input3, stage.k);

@@ -78,7 +78,7 @@ FAMILIES = {
     # with multi-head latent attention over the compressed cache; deepseek2-kvb is deepseek2 in
     # the older converter's layout (one W_kv_b).
     "deepseek2": ("deepseek2", {"attention_mla": "rope_normal,rms_norm", "ffn_router": "expert_softmax,expert_groups",
-                                "ffn_moe": "silu,gated", "ffn_shexp_gate": "", "ffn_act": "silu,gated"}),
+                                "ffn_moe": "silu,gated,shared_expert_sum", "ffn_act": "silu,gated"}),
     "deepseek3": ("deepseek2", {"attn_q_a_norm": "rms_norm", "attention_mla": "rope_normal,rms_norm",
                                 "ffn_router": "expert_sigmoid,expert_groups,expert_choice_bias,expert_weights_norm"}),
     "deepseek2-kvb": ("deepseek2", {"attention_mla": "mla_kv_b_combined,rope_normal,rms_norm",
