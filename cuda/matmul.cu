@@ -7,7 +7,6 @@
 #include "cuda/matmul.h"
 #include "cuda/mma_tiles.h"
 #include <algorithm>
-#include <cstdlib>
 
 #include "kernels/matmul.h"
 #include "kernels/matvec.h"
@@ -61,8 +60,7 @@ void launch_matvec(const Context& ctx, const KcapMatmulParams& p, Args... args) 
 template <class F, bool GATE_UP, class... Args>
 void launch_matvec_rows(const Context& ctx, const KcapMatmulParams& p, Args... args) {
     static_assert(kMatvecRows == 1 && kMatvecWideRows == 2, "the instantiations below");
-    static const int forced = std::getenv("KCAP_DENSE_ROWS") ? std::atoi(std::getenv("KCAP_DENSE_ROWS")) : 0;
-    if (forced == 2 || (forced == 0 && matvec_rows_for(p.n) == kMatvecWideRows))
+    if (matvec_rows_for(p.n) == kMatvecWideRows)
         launch_matvec<F, kMatvecWideRows, GATE_UP>(ctx, p, args...);
     else
         launch_matvec<F, kMatvecRows, GATE_UP>(ctx, p, args...);

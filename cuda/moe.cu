@@ -22,7 +22,6 @@
 //   the plan asks (kSharedExpertSum).
 //   cuda.moe_shared_gate     out = in + sigmoid(w . x) * shared, one group per token.
 #include <algorithm>
-#include <cstdlib>
 
 #include "cuda/matmul.h"
 #include "cuda/mma_tiles.h"
@@ -150,13 +149,6 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     kcap_moe_shared_gate(kcap_cuda_thread(), width, w, x, in, shared, out, partial);
 }
 
-// Rows per team of the experts' matvecs (a stage's fixed choice, from its inner dimension).
-int experts_rows(int64_t k) {
-    static const int forced = std::getenv("KCAP_EXPERTS_ROWS") ? std::atoi(std::getenv("KCAP_EXPERTS_ROWS")) : 0;
-    if (forced) return forced;
-    return 1;
-}
-
 template <class F, int ROWS>
 void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
                               const float* routing, unsigned slots, const float* down_bias) {
@@ -177,16 +169,10 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
     p.m = 1;
     p.has_bias = down_bias != nullptr;
     p.row_bytes = unsigned(row_bytes(stage.operands[2]->format, moe.ff));
-    const int rows = experts_rows(p.k);
     switch (stage.operands[2]->format) {
 #define KCAP_MOE_DOWN_CASE(NAME, DECODER)                                                                      \
     case Format::NAME:                                                                                         \
-        if (rows == 4)                                                                                         \
-            launch_experts_down_rows<DECODER, 4>(ctx, p, moe, down, routing, slots, down_bias);                \
-        else if (rows == 2)                                                                                    \
-            launch_experts_down_rows<DECODER, 2>(ctx, p, moe, down, routing, slots, down_bias);                \
-        else                                                                                                   \
-            launch_experts_down_rows<DECODER, 1>(ctx, p, moe, down, routing, slots, down_bias);                \
+        launch_experts_down_rows<DECODER, kMatvecRows>(ctx, p, moe, down, routing, slots, down_bias);          \
         return;
         KCAP_WEIGHT_FORMATS(KCAP_MOE_DOWN_CASE)
 #undef KCAP_MOE_DOWN_CASE
@@ -248,16 +234,9 @@ void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call) {
     p.n = moe.ff;
     p.m = 1;
     p.row_bytes = unsigned(row_bytes(FORMAT, moe.k));
-    // The gate and up matvecs, experts_rows rows per team; the experts' biases (F32; operands
-    // 3-5, gpt-oss), or null.
-    const int rows = cuda::experts_rows(p.k);
-    if (rows == 4)
-        cuda::launch_experts_gate_up<F, 4>(ctx, stage, call, data, moe, p, slots);
-    else if (rows == 2)
-        cuda::launch_experts_gate_up<F, 2>(ctx, stage, call, data, moe, p, slots);
-    else
-        cuda::launch_experts_gate_up<F, 1>(ctx, stage, call, data, moe, p, slots);
-    // The experts' biases (F32; operands 3-5, gpt-oss), or null.
+    // The gate and up matvecs, then the down (the experts' biases, F32, operands 3-5 (gpt-oss),
+    // or null).
+    cuda::launch_experts_gate_up<F, kMatvecRows>(ctx, stage, call, data, moe, p, slots);
     cuda::launch_experts_down(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
                               static_cast<const float*>(data.operands[5]));
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;

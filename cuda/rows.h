@@ -31,6 +31,9 @@ constexpr int kMatvecSimds = 8;       // simd groups (warps) per group
 // Gemma 3 270M layout 803 -> 840 / 825 / 850. One row needs 40 registers (two: 80), so twice
 // the groups fit a multiprocessor, and the extra parts put more loads in flight (ncu: the
 // 2-row matvec reached 22% achieved occupancy and 0.8-1.5 TB/s).
+// The experts' matvecs (cuda.moe_experts) take the same: on DeepSeek-V2-Lite's layout (Nsight
+// Compute, one decode step, 2026-12-02) 2 and 4 rows per team for the experts took 3453 and 3512
+// us against 3363 with one, and 2 rows for every dense matvec 3407.
 constexpr int kMatvecRows = 1;
 constexpr int kMatvecTargetWarps = 32;
 // Wide matrices (the LM heads: Gemma 3 270M's 262144 rows of 640 values) take 2 rows per team:
@@ -192,9 +195,13 @@ constexpr int attn_decode_simds(int n_head_kv) { return n_head_kv <= kAttnFewKvH
 constexpr int kAttnMinChunk = 32;    // fewest keys per decode split (a multiple of 32)
 constexpr int kAttnSplitsPerSm = 2;  // decode grid: at most this many groups per multiprocessor
 // Multi-head latent attention's decode: fewest cache rows per key split, and at most this many
-// attend groups (a token's head groups x splits) per multiprocessor.
+// attend groups (a token's head groups x splits) per multiprocessor. One: an attend group holds
+// four heads' weighted latents in registers (170 per thread), so one group of 256 threads
+// is resident per multiprocessor, and more splits only add waves, each paying the group's fixed
+// costs (the queries, the merge) again: on the H200 at 8192 positions, 4 groups per
+// multiprocessor (132 splits) took 77 us per layer under Nsight Compute.
 constexpr int kMlaMinChunk = KCAP_MLA_MIN_CHUNK;
-constexpr int kMlaGroupsPerSm = 4;
+constexpr int kMlaGroupsPerSm = 1;
 // qk_norm_rope: one simd group per head row.
 constexpr int kQkNormRopeSimds = 4;
 // Elementwise, rope, KV append: one thread per value.

@@ -165,8 +165,8 @@ KCAP_FN void kcap_mla_load_row(const KcapMlaParams p, const KCAP_GLOBAL kcap_u8*
 // shared: KCAP_MLA_ATTEND_SHARED_FLOATS. The group's heads score the cache rows of its split of
 // the causal span (rows 0 .. the token's position, in kcap_mla_active_splits equal ranges; the
 // launch's other splits return at once): each simd group takes every simds-th row, loads it once
-// for all the group's heads (the next row's loads issued before this row's sums, so a row's
-// latency hides behind the previous one's work), and keeps an online softmax per head (max, sum,
+// for all the group's heads (the next two rows' loads issued before this row's sums, so a
+// row's latency hides behind the previous ones' work), and keeps an online softmax per head (max, sum,
 // the weighted latent in registers); the simd groups are merged at the end into one partial per
 // (token, head, split): the unnormalized weighted latent, its max and sum (partial_o
 // [slot][split][lora], partial_ml [slot][split][2], slot = token * n_head + head). A split with
@@ -189,11 +189,14 @@ KCAP_FN void kcap_mla_attend(const KcapThread t, const KcapMlaParams p, const KC
     KCAP_SHARED float* merge_ml = merge + KCAP_MLA_MAX_SIMDS * KCAP_MLA_MAX_LORA;  // [simds][2]
     // The queries, 0 past each head's width and for heads past the last: every slot's product
     // below is then finite (a cache slot past the row holds 0, and 0 x NaN would be NaN).
-    for (int i = int(t.index); i < kHeads * KCAP_MLA_MAX_WIDTH; i += int(t.threads)) {
+    // (A fixed count per thread, unrolled: the loads go out together, not one latency each.)
+    constexpr int kQueryFloats = kHeads * KCAP_MLA_MAX_WIDTH;
+    KCAP_UNROLL for (int r = 0; r < (kQueryFloats + KCAP_MLA_THREADS - 1) / KCAP_MLA_THREADS; ++r) {
+        const int i = int(t.index) + r * KCAP_MLA_THREADS;
         const int g = i / KCAP_MLA_MAX_WIDTH, e = i % KCAP_MLA_MAX_WIDTH;
-        qs[i] = g < heads && e < p.width
-                    ? absorbed[kcap_u64(token * p.n_head + head0 + g) * kcap_u64(p.width) + kcap_u64(e)]
-                    : 0.0f;
+        const bool valid = i < kQueryFloats && g < heads && e < p.width;
+        const float v = absorbed[valid ? kcap_u64(token * p.n_head + head0 + g) * kcap_u64(p.width) + kcap_u64(e) : 0];
+        if (i < kQueryFloats) qs[i] = valid ? v : 0.0f;
     }
     kcap_barrier();
     const int runs = p.lora / 32;
@@ -204,13 +207,16 @@ KCAP_FN void kcap_mla_attend(const KcapThread t, const KcapMlaParams p, const KC
         l[g] = 0.0f;
         KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i) acc[g][i] = 0.0f;
     }
-    float cur[KCAP_MLA_ROW_PER_LANE];
+    // Rows j, j + simds and j + 2 simds in flight: cur is summed while the next two load.
+    float cur[KCAP_MLA_ROW_PER_LANE], next[KCAP_MLA_ROW_PER_LANE];
+    const int step_rows = int(t.simds);
     int j = start + int(t.simd);
     if (j < end) kcap_mla_load_row(p, cache, kcap_u64(j) * kcap_u64(p.width), lane, cur);
-    for (; j < end; j += int(t.simds)) {
-        float next[KCAP_MLA_ROW_PER_LANE];
-        const int jn = j + int(t.simds);
-        if (jn < end) kcap_mla_load_row(p, cache, kcap_u64(jn) * kcap_u64(p.width), lane, next);
+    if (j + step_rows < end) kcap_mla_load_row(p, cache, kcap_u64(j + step_rows) * kcap_u64(p.width), lane, next);
+    for (; j < end; j += step_rows) {
+        float after[KCAP_MLA_ROW_PER_LANE];
+        const int ja = j + 2 * step_rows;
+        if (ja < end) kcap_mla_load_row(p, cache, kcap_u64(ja) * kcap_u64(p.width), lane, after);
         float dot[kHeads];
         KCAP_UNROLL for (int g = 0; g < kHeads; ++g) {
             dot[g] = 0.0f;
@@ -225,7 +231,10 @@ KCAP_FN void kcap_mla_attend(const KcapThread t, const KcapMlaParams p, const KC
             KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i) acc[g][i] = acc[g][i] * correction + weight * cur[i];
             m[g] = m_new;
         }
-        KCAP_UNROLL for (int i = 0; i < KCAP_MLA_ROW_PER_LANE; ++i) cur[i] = next[i];
+        KCAP_UNROLL for (int i = 0; i < KCAP_MLA_ROW_PER_LANE; ++i) {
+            cur[i] = next[i];
+            next[i] = after[i];
+        }
     }
     // Merge the simd groups, one head at a time (unrolled: the heads' registers are indexed by
     // constants, never spilled to local memory; every thread reaches every barrier).
