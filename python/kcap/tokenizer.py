@@ -91,6 +91,15 @@ _DEEPSEEK_LLM_SPLITS = (
     "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+",
     "\\p{N}+",
 )
+# DeepSeek V3 / R1 (llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM, as its tokenizer.json defines
+# it): digit runs of up to three, CJK / kana runs, then one split of ASCII punctuation with the
+# letters after it, letter runs with one leading non-letter, punctuation runs and whitespace.
+_DEEPSEEK_V3_SPLITS = (
+    r"\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+    "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+)
 # None means the GPT-2 regex built into the ByteLevel pre-tokenizer. transformers uses it for every
 # `pre` it has no regex for; we list the ones we accept explicitly so an unknown `pre` fails loudly
 # instead of quietly tokenizing with the wrong regex. Note "smollm" and "starcoder": llama.cpp (and
@@ -127,6 +136,7 @@ _BYTE_LEVEL_SPLITS: dict[str, str | tuple[str, ...] | None] = {
     "talkie": _GPT4O_SPLIT,
     "minimax-m2": _GPT4O_SPLIT,
     "deepseek-llm": _DEEPSEEK_LLM_SPLITS,
+    "deepseek-v3": _DEEPSEEK_V3_SPLITS,
 }
 
 # Token texts llama.cpp treats as end of generation wherever a vocabulary has them (llama-vocab.cpp).

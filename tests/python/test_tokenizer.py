@@ -28,6 +28,7 @@ from kcap.tokenizer import (
     StreamDecoder,
     TokenizerMetadataError,
     UnsupportedTokenizerError,
+    _bytes_to_unicode,
     load_tokenizer,
 )
 
@@ -293,6 +294,32 @@ def test_deepseek_llm_pre_tokenizer_matches_hugging_face(tmp_path):
     gpt2 = load_tokenizer(dict(vocab.metadata, **{"tokenizer.ggml.pre": "gpt-2"}))
     assert any(gpt2.encode(text, add_special_tokens=False) != ids for text, ids in cases)
     assert tokenizer.encode("Hello", add_special_tokens=True)[0] == vocab.metadata["tokenizer.ggml.bos_token_id"]
+
+
+def test_deepseek_v3_pre_tokenizer_splits(tmp_path):
+    # DeepSeek V3 / R1 files (tokenizer.ggml.pre "deepseek-v3"): llama.cpp's three isolating splits.
+    # No vocabulary of that family ships with llama.cpp, so this holds the splits (on DeepSeek
+    # LLM's byte-level vocabulary) to what the regexes define: digits in threes, CJK and kana runs
+    # apart, ASCII punctuation taking the letters after it, a space joining the next word or
+    # punctuation run; and every string comes back from its ids.
+    import lzma
+
+    path = tmp_path / "ggml-vocab-deepseek-llm.gguf"
+    path.write_bytes(lzma.decompress((REPO / "tests" / "fixtures" / "vocab" / "ggml-vocab-deepseek-llm.gguf.xz").read_bytes()))
+    metadata = dict(GGUFFile(str(path)).metadata, **{"tokenizer.ggml.pre": "deepseek-v3"})
+    tokenizer = load_tokenizer(metadata)
+    byte_of = {c: b for b, c in _bytes_to_unicode().items()}
+
+    def pieces(text):
+        split = tokenizer._backend.pre_tokenizer.pre_tokenize_str(text)
+        return [bytes(byte_of[c] for c in piece).decode() for piece, _ in split]
+
+    assert pieces("1234567") == ["123", "456", "7"]
+    assert pieces("你好世界abc ひらがな") == ["你好世界", "abc", " ", "ひらがな"]
+    assert pieces("Hello, world! a.b") == ["Hello", ",", " world", "!", " a", ".b"]
+    assert "".join(pieces("x  \n\ny")) == "x  \n\ny"
+    for text, _ in llama_cpp_vocab_cases("deepseek-llm"):
+        assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
 
 
 def test_unknown_pre_tokenizer_raises(smollm2):
