@@ -56,7 +56,7 @@ void init_devices(py::module_& m) {
     m.def("cuda_mem_info", &cuda_mem_info,
           "(free, total) bytes of CUDA device 0 (cudaMemGetInfo; the first call creates the CUDA context). "
           "Raises BackendUnavailableError without CUDA.");
-    m.def("cpu_kernels", [] { return kcap::avx2_kernels_in_use() ? "avx2+fma" : "baseline"; },
+    m.def("cpu_kernels", [] { return std::string(kcap::cpu_kernels_in_use()); },
           "The CPU dot products this process runs: 'avx2+fma' where the build has them and the CPU "
           "supports them, else 'baseline'.");
 #if defined(KCAP_NATIVE_BUILD)

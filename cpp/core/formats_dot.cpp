@@ -9,6 +9,7 @@
 // rounding chain short (n/64 additions per lane, then a fixed pairwise fold). Plain loops over
 // fixed-size arrays, which gcc/clang -O3 vectorize for whatever the target offers.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -175,28 +176,54 @@ float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems) {
 
 namespace {
 
-// The AVX2+FMA kernels where they were compiled (formats_dot_avx2.cpp is built with those
-// instructions on x86-64 whatever the rest of the library targets) and this CPU runs them:
-// decided once, at the first call, so one wheel serves every x86-64 CPU.
-bool use_avx2() {
-    static const bool use = [] {
-        if (!avx2::compiled()) return false;
+// The x86 kernels where they were compiled (formats_dot_avx2.cpp and formats_dot_avx512.cpp are
+// built with those instructions on x86-64 whatever the rest of the library targets) and this CPU
+// runs them: decided once, at the first call, so one wheel serves every x86-64 CPU.
+bool cpu_has(const char* which) {
 #if defined(__x86_64__) || defined(__i386__)
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    __builtin_cpu_init();
+    const std::string name = which;
+    if (name == "avx512")
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #else
-        return false;
+    (void)which;
+    return false;
 #endif
+}
+
+// KCAP_CPU_KERNELS=avx2 or baseline caps the choice (to compare the kernels on one machine, or
+// to rule one out); unset or avx512: the widest this CPU runs.
+int kernel_cap() {
+    static const int cap = [] {
+        const char* value = std::getenv("KCAP_CPU_KERNELS");
+        const std::string v = value ? value : "";
+        return v == "baseline" ? 0 : v == "avx2" ? 1 : 2;
     }();
+    return cap;
+}
+
+bool use_avx512() {
+    static const bool use = kernel_cap() >= 2 && avx512::compiled() && cpu_has("avx512");
+    return use;
+}
+
+bool use_avx2() {
+    static const bool use = !use_avx512() && kernel_cap() >= 1 && avx2::compiled() && cpu_has("avx2");
     return use;
 }
 
 }  // namespace
 
 bool avx2_kernels_in_use() { return use_avx2(); }
+bool avx512_kernels_in_use() { return use_avx512(); }
+const char* cpu_kernels_in_use() { return use_avx512() ? "avx512+vnni" : use_avx2() ? "avx2+fma" : "baseline"; }
 
 float dot_row(Format format, const void* src, const float* x, int64_t n_elems) {
     row_bytes(format, n_elems);  // validates the format and that n_elems fills whole blocks
+    if (use_avx512()) return avx512::dot_row(format, src, x, n_elems);
     if (use_avx2()) return avx2::dot_row(format, src, x, n_elems);
     return portable::dot_row(format, src, x, n_elems);
 }
@@ -206,6 +233,7 @@ float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems) {
     if (format == Format::F32 || format == Format::F16 || format == Format::BF16)
         throw FormatError(std::string("dot_row_q8_1: ") + format_name(format) + " is a float format (no q8_1 path)");
     if (n_elems % 32 != 0) throw FormatError("dot_row_q8_1: " + std::to_string(n_elems) + " is not whole 32-value runs");
+    if (use_avx512()) return avx512::dot_row_q8_1(format, src, x, n_elems);
     if (use_avx2()) return avx2::dot_row_q8_1(format, src, x, n_elems);
     return portable::dot_row_q8_1(format, src, x, n_elems);
 }

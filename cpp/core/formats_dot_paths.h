@@ -1,8 +1,8 @@
-// Internal to cpp/core: the two builds of dot_row. kcap::dot_row validates its arguments and
-// runs the AVX2+FMA kernels where they were compiled (formats_dot_avx2.cpp, built with those
-// instructions on every x86-64 build) and the CPU has them (checked once at run time), the
-// portable loops otherwise. Both are declared here so that the C++ tests can check each
-// against the same f64 reference.
+// Internal to cpp/core: the builds of dot_row. kcap::dot_row validates its arguments and runs
+// the AVX-512 VNNI kernels (formats_dot_avx512.cpp) or else the AVX2+FMA ones
+// (formats_dot_avx2.cpp), each built with those instructions on every x86-64 build, where the
+// CPU has them (checked once at run time), the portable loops otherwise. All are declared here
+// so that the C++ tests can check each against the same f64 reference.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,10 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define KCAP_DOT_AVX2 1
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VNNI__) && defined(__FMA__) && defined(__F16C__)
+#define KCAP_DOT_AVX512 1
 #endif
 
 namespace kcap {
@@ -31,7 +35,19 @@ float dot_row(Format format, const void* src, const float* x, int64_t n_elems);
 float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems);
 }  // namespace avx2
 
-// Whether dot_row runs the AVX2+FMA kernels on this CPU.
+namespace avx512 {
+// The same kernels with AVX-512 and VNNI (formats_dot_avx512.cpp): 16-lane accumulators, vpdpbusd
+// for q8_1 activations.
+bool compiled();
+float dot_row(Format format, const void* src, const float* x, int64_t n_elems);
+float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems);
+}  // namespace avx512
+
+// Whether dot_row runs the AVX2+FMA kernels on this CPU (not the AVX-512 ones).
 bool avx2_kernels_in_use();
+// Whether dot_row runs the AVX-512 VNNI kernels on this CPU.
+bool avx512_kernels_in_use();
+// The kernels dot_row runs here: "avx512+vnni", "avx2+fma" or "baseline".
+const char* cpu_kernels_in_use();
 
 }  // namespace kcap

@@ -409,12 +409,21 @@ int main() {
     test_dot_q8_1("portable::dot_row_q8_1", kcap::portable::dot_row_q8_1);
     test_dot_q8_1("kcap::dot_row_q8_1", kcap::dot_row_q8_1);
     test_dot_one_hot_recovers_weights("portable::dot_row", kcap::portable::dot_row);
-    if (kcap::avx2_kernels_in_use()) {
+    // Each x86 build the CPU can run (dot_row itself picks the widest: the AVX2 kernels are
+    // tested here on an AVX-512 machine too).
+    if (kcap::avx2::compiled() && (kcap::avx2_kernels_in_use() || kcap::avx512_kernels_in_use())) {
         test_dot_against_dequantize("avx2::dot_row", kcap::avx2::dot_row);
         test_dot_q8_1("avx2::dot_row_q8_1", kcap::avx2::dot_row_q8_1);
         test_dot_one_hot_recovers_weights("avx2::dot_row", kcap::avx2::dot_row);
     } else {
-        std::printf("note: this build has no AVX2 dot_row; only the portable one is tested\n");
+        std::printf("note: no AVX2 dot_row here; only the portable one is tested\n");
+    }
+    if (kcap::avx512_kernels_in_use()) {
+        test_dot_against_dequantize("avx512::dot_row", kcap::avx512::dot_row);
+        test_dot_q8_1("avx512::dot_row_q8_1", kcap::avx512::dot_row_q8_1);
+        test_dot_one_hot_recovers_weights("avx512::dot_row", kcap::avx512::dot_row);
+    } else {
+        std::printf("note: no AVX-512 VNNI dot_row here (build or CPU); it is not tested\n");
     }
     test_dot_against_dequantize("kcap::dot_row", kcap::dot_row);
     test_dot_special_rows();

@@ -119,19 +119,31 @@ def cpu_flags():
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not os.path.exists("/proc/cpuinfo"),
                     reason="the x86-64 CPU kernel choice is checked on x86-64 Linux")
 def test_portable_build_picks_cpu_kernels_at_run_time():
-    # The AVX2+FMA kernels run exactly where the CPU has AVX2 and FMA, whatever machine built kcap.
-    has_avx2 = {"avx2", "fma"} <= cpu_flags()
-    assert kcap._core.cpu_kernels() == ("avx2+fma" if has_avx2 else "baseline")
+    # The widest x86 kernels this CPU runs, whatever machine built kcap: AVX-512 with VNNI, else
+    # AVX2+FMA, else the portable loops.
+    flags, cap = cpu_flags(), os.environ.get("KCAP_CPU_KERNELS", "avx512")  # the variable caps the choice
+    expected = ("avx512+vnni" if cap == "avx512" and {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
+                                                      "fma", "f16c"} <= flags
+                else "avx2+fma" if cap in ("avx512", "avx2") and {"avx2", "fma", "f16c"} <= flags else "baseline")
+    assert kcap._core.cpu_kernels() == expected
     if kcap._core.native_build:
         pytest.skip("built with KCAP_NATIVE=ON: tuned for the build machine by request")
     objdump = shutil.which("objdump")
     if objdump is None:
         pytest.skip("objdump (binutils) not found: cannot read the module's instructions")
-    # No AVX-512 anywhere in a portable build: none of its kernels is compiled for it, so a wheel
-    # runs on CPUs without it (zmm registers appear only in AVX-512 code).
-    code = subprocess.run([objdump, "-d", "--no-show-raw-insn", kcap._core.__file__], capture_output=True,
+    # AVX-512 only in the AVX-512 kernels (kcap::avx512, chosen at run time): zmm registers
+    # appear only in AVX-512 code, so a function outside that namespace using them would run on
+    # CPUs without it.
+    code = subprocess.run([objdump, "-d", "-C", "--no-show-raw-insn", kcap._core.__file__], capture_output=True,
                           text=True, check=True).stdout
-    assert "%zmm" not in code
+    function, using_zmm = "?", set()
+    for line in code.splitlines():
+        if line.endswith(">:") and "<" in line:
+            function = line[line.index("<") + 1:-2]
+        elif "%zmm" in line:
+            using_zmm.add(function)
+    assert using_zmm, "the AVX-512 kernels are compiled on every x86-64 build"
+    assert all(name.startswith("kcap::avx512::") for name in using_zmm), sorted(using_zmm)[:5]
 
 
 @pytest.mark.parametrize("args, fragment", [
