@@ -545,7 +545,7 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
         Row experts = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                            \
                                      KCAP_CUDA_ENTRY(kcap_cuda_moe_experts<f>), kMatvecGeometry);        \
         experts.operand_formats.insert(experts.operand_formats.end(), 3, std::vector<Format>{Format::F32}); \
-        experts.features |= kBias | kSwigluOai | kSharedExpertSum;                                       \
+        experts.features |= kBias | kSwigluOai;                                                          \
         rows.push_back(experts);                                                                         \
         if (mma_format(f)) {                                                                             \
             Row grouped = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                        \
@@ -553,7 +553,6 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
             grouped.kernel = "cuda.moe_experts_mma." + lower(f);                                         \
             grouped.tokens = {kMoeGroupedMinTokens, 0};                                                  \
             grouped.priority = 2;                                                                        \
-            grouped.features |= kSharedExpertSum;                                                        \
             grouped.launches = {"moe_sort", "mma_tiles", "moe_activation", "mma_tiles", "moe_combine"};   \
             grouped.operand_formats[2] = mma_formats();                                                  \
             grouped.dims.max_experts = KCAP_MOE_MAX_EXPERTS; /* the sort's per-expert counts */          \

@@ -51,6 +51,9 @@ void run_moe_experts(const Stage& stage, const KernelCall& call) {
     bind(ctx, 1, call.in2);
     bind(ctx, 2, ctx.moe_down);
     bind(ctx, 3, call.out);  // the slots' own rows (no slot_rows)
+    const int has_shared = (stage.features & kSharedExpertSum) != 0;  // an ungated shared expert's output
+    bind(ctx, 4, has_shared ? call.in3 : nullptr);
+    bind_params(ctx, 5, has_shared);
     dispatch(ctx, *call.row, moe_combine_entry(),
              MTLSizeMake(ceil_div(int64_t(moe.n_tokens) * moe.n, kElementwiseThreads), 1, 1), kElementwiseThreads);
 }

@@ -50,12 +50,14 @@ kernel void kcap_moe_down_entry(constant KcapMoeParams& moe [[buffer(0)]], const
     kcap_moe_down<F, kMatvecRows>(t, moe, p, a.split, a.chunk_runs, down, routing, act, down_out, shared);
 }
 
-// Grid: x = ceil(tokens * n / kElementwiseThreads).
+// Grid: x = ceil(tokens * n / kElementwiseThreads). has_shared 0: no shared expert's output to
+// add (shared unbound).
 [[host_name(KCAP_METAL_ENTRY(moe_combine))]] kernel void kcap_moe_combine_entry(
     constant KcapMoeParams& p [[buffer(0)]], device const float* routing [[buffer(1)]],
-    device const float* down [[buffer(2)]], device float* out [[buffer(3)]], KCAP_METAL_THREAD_ARGS) {
+    device const float* down [[buffer(2)]], device float* out [[buffer(3)]], device const float* shared [[buffer(4)]],
+    constant int& has_shared [[buffer(5)]], KCAP_METAL_THREAD_ARGS) {
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_moe_combine(t, p, routing, down, nullptr, out);
+    kcap_moe_combine(t, p, routing, down, nullptr, out, has_shared ? shared : nullptr);
 }
 
 // Grid: x = tokens; kElementwiseThreads threads. has_gate 0: the gate is 1 (w unbound).

@@ -118,7 +118,7 @@ Row gpu_family_row(GpuFamily family, Backend backend, Format format, KernelFn fn
             break;
         case GpuFamily::MoeExperts:  // gate and up of this row's format, down of any (a Q4_K_M file's Q6_K)
             row.operand_formats = {{format}, {format}, gpu_weight_formats()};
-            row.features = kActivationFeatures | kGated | kExpertGateUpMerged;
+            row.features = kActivationFeatures | kGated | kExpertGateUpMerged | kSharedExpertSum;
             row.dims.k_multiple_of = &exact_k_multiple;  // K, and the experts' FFN width
             row.dims.max_experts_used = KCAP_MOE_MAX_USED;
             break;
