@@ -166,8 +166,8 @@ KCAP_FN void kcap_mla_load_row(const KcapMlaParams p, const KCAP_GLOBAL kcap_u8*
 // the causal span (rows 0 .. the token's position, in kcap_mla_active_splits equal ranges; the
 // launch's other splits return at once): each simd group takes every simds-th row, loads it once
 // for all the group's heads (the next two rows' loads issued before this row's sums, so a
-// row's latency hides behind the previous ones' work), and keeps an online softmax per head (max, sum,
-// the weighted latent in registers); the simd groups are merged at the end into one partial per
+// row's latency hides behind the previous ones' work), and keeps an online softmax per head
+// (max, sum, the weighted latent in registers); the simd groups are merged at the end into one partial per
 // (token, head, split): the unnormalized weighted latent, its max and sum (partial_o
 // [slot][split][lora], partial_ml [slot][split][2], slot = token * n_head + head). A split with
 // no rows writes a zero sum. kcap_mla_combine merges the splits.
@@ -228,7 +228,8 @@ KCAP_FN void kcap_mla_attend(const KcapThread t, const KcapMlaParams p, const KC
             const float m_new = kcap_fmax(m[g], s);
             const float correction = kcap_exp(m[g] - m_new), weight = kcap_exp(s - m_new);
             l[g] = l[g] * correction + weight;
-            KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i) acc[g][i] = acc[g][i] * correction + weight * cur[i];
+            KCAP_UNROLL for (int i = 0; i < KCAP_MLA_LATENT_PER_LANE; ++i)
+                acc[g][i] = acc[g][i] * correction + weight * cur[i];
             m[g] = m_new;
         }
         KCAP_UNROLL for (int i = 0; i < KCAP_MLA_ROW_PER_LANE; ++i) {
@@ -311,7 +312,8 @@ KCAP_FN void kcap_mla_combine(const KcapThread t, const KcapMlaParams p, const K
     float o = 0.0f;
     if (col < p.lora)
         for (int s = phase; s < used; s += phases)
-            if (weight[s] > 0.0f) o += partial_o[(slot * kcap_u64(n_splits) + kcap_u64(s)) * kcap_u64(p.lora) + kcap_u64(col)] * weight[s];
+            if (weight[s] > 0.0f)
+                o += partial_o[(slot * kcap_u64(n_splits) + kcap_u64(s)) * kcap_u64(p.lora) + kcap_u64(col)] * weight[s];
     spare[t.index] = o;
     kcap_barrier();
     if (phase != 0 || col >= p.lora) return;

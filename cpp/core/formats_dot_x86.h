@@ -83,7 +83,8 @@ inline void accumulate_32(__m256i codes, float scale_low, float offset_low, floa
     const float offset[2] = {offset_low - float(kBias) * scale_low, offset_high - float(kBias) * scale_high};
     for (int k = 0; k < 2; ++k) {
         const __m512i wide = kSigned ? _mm512_cvtepi8_epi32(halves[k]) : _mm512_cvtepu8_epi32(halves[k]);
-        const __m512 weight = _mm512_fmadd_ps(_mm512_cvtepi32_ps(wide), _mm512_set1_ps(scale[k]), _mm512_set1_ps(offset[k]));
+        const __m512 weight =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(wide), _mm512_set1_ps(scale[k]), _mm512_set1_ps(offset[k]));
         acc.lane[k] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(x + 16 * k), acc.lane[k]);
     }
 #else
@@ -118,7 +119,8 @@ inline void accumulate_32(__m256i codes, float scale_low, float offset_low, floa
     }
 #else
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256i quads = _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned_codes, signed_q), ones);  // lanes 0-3: values 0-15; 4-7: 16-31
+    // lanes 0-3: values 0-15; 4-7: 16-31
+    __m256i quads = _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned_codes, signed_q), ones);
     if (kBias != 0) {
         const __m256i q_quads = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), ones);
         quads = _mm256_sub_epi32(quads, _mm256_mullo_epi32(q_quads, _mm256_set1_epi32(kBias)));
