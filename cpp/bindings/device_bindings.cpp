@@ -56,9 +56,11 @@ void init_devices(py::module_& m) {
     m.def("cuda_mem_info", &cuda_mem_info,
           "(free, total) bytes of CUDA device 0 (cudaMemGetInfo; the first call creates the CUDA context). "
           "Raises BackendUnavailableError without CUDA.");
+    m.def("cap_cpu_kernels", &kcap::cap_cpu_kernels, pybind11::arg("widest"),
+          "The widest x86 dot_row kernels allowed: avx512 (default), avx2 or baseline");
     m.def("cpu_kernels", [] { return std::string(kcap::cpu_kernels_in_use()); },
-          "The CPU dot products this process runs: 'avx2+fma' where the build has them and the CPU "
-          "supports them, else 'baseline'.");
+          "The CPU dot products this process runs: 'avx512+vnni' or 'avx2+fma' where the build has them, "
+          "the CPU supports them and cap_cpu_kernels allows them, else 'baseline'.");
 #if defined(KCAP_NATIVE_BUILD)
     m.attr("native_build") = true;  // built with -march=native: runs only on CPUs like the builder's
 #else

@@ -9,7 +9,7 @@
 // rounding chain short (n/64 additions per lane, then a fixed pairwise fold). Plain loops over
 // fixed-size arrays, which gcc/clang -O3 vectorize for whatever the target offers.
 #include <algorithm>
-#include <cstdlib>
+#include <atomic>
 #include <cstring>
 #include <string>
 
@@ -194,28 +194,29 @@ bool cpu_has(const char* which) {
 #endif
 }
 
-// KCAP_CPU_KERNELS=avx2 or baseline caps the choice (to compare the kernels on one machine, or
-// to rule one out); unset or avx512: the widest this CPU runs.
-int kernel_cap() {
-    static const int cap = [] {
-        const char* value = std::getenv("KCAP_CPU_KERNELS");
-        const std::string v = value ? value : "";
-        return v == "baseline" ? 0 : v == "avx2" ? 1 : 2;
-    }();
-    return cap;
+// The widest build allowed (cap_cpu_kernels): 2 AVX-512, 1 AVX2, 0 the portable loops.
+std::atomic<int> kernel_cap{2};
+
+bool avx512_runs() {
+    static const bool runs = avx512::compiled() && cpu_has("avx512");
+    return runs;
 }
 
-bool use_avx512() {
-    static const bool use = kernel_cap() >= 2 && avx512::compiled() && cpu_has("avx512");
-    return use;
+bool avx2_runs() {
+    static const bool runs = avx2::compiled() && cpu_has("avx2");
+    return runs;
 }
 
-bool use_avx2() {
-    static const bool use = !use_avx512() && kernel_cap() >= 1 && avx2::compiled() && cpu_has("avx2");
-    return use;
-}
+bool use_avx512() { return kernel_cap.load(std::memory_order_relaxed) >= 2 && avx512_runs(); }
+bool use_avx2() { return !use_avx512() && kernel_cap.load(std::memory_order_relaxed) >= 1 && avx2_runs(); }
 
 }  // namespace
+
+void cap_cpu_kernels(const std::string& widest) {
+    if (widest != "avx512" && widest != "avx2" && widest != "baseline")
+        throw Error("cpu kernels '" + widest + "': expected avx512, avx2 or baseline");
+    kernel_cap.store(widest == "avx512" ? 2 : widest == "avx2" ? 1 : 0, std::memory_order_relaxed);
+}
 
 bool avx2_kernels_in_use() { return use_avx2(); }
 bool avx512_kernels_in_use() { return use_avx512(); }

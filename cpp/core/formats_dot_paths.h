@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kcap/formats.h"
 
@@ -49,5 +50,8 @@ bool avx2_kernels_in_use();
 bool avx512_kernels_in_use();
 // The kernels dot_row runs here: "avx512+vnni", "avx2+fma" or "baseline".
 const char* cpu_kernels_in_use();
+// Caps the x86 kernels dot_row may run at "avx512" (the default: the widest the CPU has), "avx2"
+// or "baseline" (kcap.cap_cpu_kernels; KCAP_CPU_KERNELS at import); any other name throws.
+void cap_cpu_kernels(const std::string& widest);
 
 }  // namespace kcap

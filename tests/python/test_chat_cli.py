@@ -130,6 +130,22 @@ def test_portable_build_picks_cpu_kernels_at_run_time():
     # the library by ctest isa_confined (this module is stripped: its functions cannot be told apart).
 
 
+def test_cpu_kernels_cap_shows_in_explain_and_refuses_unknown_names():
+    from kcap.explain import format_header
+
+    try:
+        kcap.cap_cpu_kernels("baseline")
+        assert kcap._core.cpu_kernels() == "baseline"
+        assert format_header("cpu", "f32", "f32", 512).endswith("; cpu kernels baseline")
+    finally:
+        kcap.cap_cpu_kernels(os.environ.get("KCAP_CPU_KERNELS", "avx512"))
+    with pytest.raises(kcap.KcapError, match="avx9"):
+        kcap.cap_cpu_kernels("avx9")
+    result = subprocess.run([sys.executable, "-c", "import kcap"], capture_output=True, text=True,
+                            env=dict(os.environ, KCAP_CPU_KERNELS="avx9"))
+    assert result.returncode != 0 and "KCAP_CPU_KERNELS" in result.stderr and "avx9" in result.stderr
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--temp", "-1"], "--temp"), (["--top-p", "7"], "--top-p"), (["--top-p", "0"], "--top-p"),
     (["--max-tokens", "0"], "--max-tokens"), (["--min-p", "1"], "--min-p"), (["--top-k", "-2"], "--top-k"),
