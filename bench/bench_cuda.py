@@ -45,30 +45,56 @@ def log(*args):
     print(*args, flush=True)
 
 
+def model_suffixes(name: str) -> tuple[str, dict]:
+    """A model name's base and the synth arguments of its suffixes: _<N>l keeps the first N
+    layers ("qwen3_30b_a3b_q4_k_m_12l"), _v<M> makes the vocabulary M ("gemma3_270m_v8192": the
+    same layers with a small LM head, for tools that run the LM head slowly, like racecheck)."""
+    changes = {}
+    while True:
+        base, _, tail = name.rpartition("_")
+        if base and tail.endswith("l") and tail[:-1].isdigit():
+            changes["n_layer"] = int(tail[:-1])
+        elif base and tail.startswith("v") and tail[1:].isdigit():
+            changes["n_vocab"] = int(tail[1:])
+        else:
+            return name, changes
+        name = base
+
+
 def make_models(directory: Path, which: list[str]) -> dict[str, str]:
     from kcap.testing import synth
 
+    makers = {"llama3_8b_q4_k_m": synth.llama3_8b_q4_k_m, "deepseek_v2_lite_q4_k_m": synth.deepseek2_q4_k_m,
+              "qwen3_30b_a3b_q4_k_m": synth.qwen3moe_q4_k_m, "gpt_oss_20b_mxfp4": synth.gpt_oss_20b_mxfp4}
     directory.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name in which:
         path = directory / f"{name}.gguf"
         if not path.exists():
             start = time.time()
-            if name == "llama3_8b_q4_k_m":
-                synth.llama3_8b_q4_k_m(str(path))
-            elif name.startswith("deepseek_v2_lite_q4_k_m"):
-                # "deepseek_v2_lite_q4_k_m_8l": the first 8 of the 27 layers, every shape kept
-                layers = name.rsplit("_", 1)[1]
-                synth.deepseek2_q4_k_m(str(path), **({"n_layer": int(layers[:-1])} if layers.endswith("l") else {}))
-            elif name.startswith("qwen3_30b_a3b_q4_k_m"):
-                # "qwen3_30b_a3b_q4_k_m_12l": the first 12 of the 48 layers, every shape kept
-                layers = name.rsplit("_", 1)[1]
-                synth.qwen3moe_q4_k_m(str(path), **({"n_layer": int(layers[:-1])} if layers.endswith("l") else {}))
+            base, changes = model_suffixes(name)
+            if base in makers:
+                makers[base](str(path), **changes)
             else:
-                synth.from_layout(json.loads((LAYOUTS / f"{name}.json").read_text()), str(path))
+                layout = json.loads((LAYOUTS / f"{base}.json").read_text())
+                if set(changes) - {"n_vocab"}:
+                    raise SystemExit(f"{name}: a layout file's model takes only a _v<M> suffix")
+                if "n_vocab" in changes:
+                    layout = with_vocabulary(layout, changes["n_vocab"])
+                synth.from_layout(layout, str(path))
             log(f"made {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.time() - start:.0f} s")
         paths[name] = str(path)
     return paths
+
+
+def with_vocabulary(layout: dict, n_vocab: int) -> dict:
+    """A layout (synth.extract_layout) with its vocabulary made n_vocab: the token embedding and
+    LM head tensors' rows and <arch>.vocab_size."""
+    metadata = dict(layout["metadata"])
+    metadata[f"{layout['architecture']}.vocab_size"] = n_vocab
+    tensors = [(t_name, t_type, [shape[0], n_vocab] if t_name in ("token_embd.weight", "output.weight") else shape)
+               for t_name, t_type, shape in layout["tensors"]]
+    return {**layout, "metadata": metadata, "tensors": tensors}
 
 
 def copy_bandwidth() -> dict:

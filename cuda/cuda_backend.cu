@@ -132,6 +132,10 @@ public:
     }
 
     void attach_trace(std::vector<TraceEntry>* trace) override { executor_.attach_trace(trace); }
+    bool trace_routing(bool on) override {
+        trace_routing_ = on;
+        return true;
+    }
 
     ~CudaBackend() override {
         if (profile_) print_profile();
@@ -150,7 +154,7 @@ public:
             const bool final_chunk = start + count == n;
             const bool need_logits = final_chunk || all_logits;
             float* host_logits = all_logits ? logits + start * n_vocab_ : logits;
-            if (count == 1 && !all_logits && use_graph_) {
+            if (count == 1 && !all_logits && use_graph_ && !trace_routing_) {
                 decode_step(tokens[start], pos0 + start, need_logits ? host_logits : nullptr);
                 continue;
             }
@@ -431,7 +435,18 @@ private:
                     timed(row.kernel, stage.name, [&] { row.fn(stage, call); }, n > 1);
                 else
                     row.fn(stage, call);
+                if (trace_routing_ && stage.op == Op::MoeRoute && executor_.trace()) copy_routing(stage, call);
             });
+    }
+
+    // TraceOptions::routing: the router's choice, copied out once the stream reaches it.
+    void copy_routing(const Stage& stage, const KernelCall& call) {
+        const Executor::RoutingRows r = executor_.routing_rows(stage, call);
+        std::vector<float>& out = executor_.trace()->back().routing;
+        out.resize(size_t(r.rows) * size_t(r.values));
+        KCAP_CUDA_CHECK(cudaMemcpyAsync(out.data(), r.first, out.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                        ctx_.stream));
+        KCAP_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
     }
 
     // EngineOptions::profile: one stage, waited for, its time added to its kernel's and name's totals.
@@ -598,6 +613,7 @@ private:
     const Row* sample_row_ = nullptr;  // null where no sampling row takes this vocabulary
     std::string cublas_library_;  // EngineOptions::cublas_library
     bool use_graph_ = true;
+    bool trace_routing_ = false;  // TraceOptions::routing: one-token calls run outside the graph
     cudaGraphExec_t graph_exec_[3] = {nullptr, nullptr, nullptr};  // by StepKind
     std::vector<TraceEntry> graph_trace_[3];                         // what each captured step runs
     bool profile_ = false;

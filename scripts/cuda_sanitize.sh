@@ -19,14 +19,18 @@
 #                   only the build and the model files)
 #   CASES_PER_ROW   1
 #   ROWS_GROUPS     KCAP_TEST_ROWS for the rows test (default: every group)
-#   LAYOUTS         "gemma3_270m llama3_8b_q4_k_m_32k qwen3_30b_a3b_q4_k_m_2l" (files made in
-#                   MODELS by bench/cuda_long_context.py make; _2l: the first 2 layers, every
-#                   shape and format kept)
-#   LAYOUTS_<tool>  the layouts for one tool instead (e.g. LAYOUTS_racecheck="gemma3_270m")
+#   LAYOUTS         every real layout kcap benchmarks, with a vocabulary of 8,192 (_v8192) and the
+#                   first 2 layers of the deep ones (_2l; every layer shape and format kept):
+#                   "gemma3_270m_v8192 llama3_8b_q4_k_m_2l_v8192 qwen3_30b_a3b_q4_k_m_2l_v8192
+#                   deepseek_v2_lite_q4_k_m_2l_v8192 gpt_oss_20b_mxfp4_2l_v8192" (files made in
+#                   MODELS by bench/cuda_long_context.py make, names as bench_cuda.py's). The
+#                   small vocabulary keeps the LM head's tiles the same kernels at a size racecheck
+#                   gets through: with the full vocabularies a decode under racecheck ran past
+#                   170 s; full-size names (gemma3_270m, llama3_8b_q4_k_m_32k, ...) work too
+#   LAYOUTS_<tool>  the layouts for one tool instead (e.g. LAYOUTS_racecheck="gemma3_270m_v8192")
 #   DECODE_ARGS     arguments of the decode workload ("--kv f16,f32" by default)
 #   DECODE_ARGS_<tool>  the same for one tool; racecheck's default "--kv f16 --prefill 17" (it
-#                   follows every shared-memory access: on the H200 a decode of a real layout took
-#                   longer than 170 s even so, where the other tools take 2-18 s)
+#                   follows every shared-memory access, where the other tools take seconds)
 #   RUN_TIMEOUT_S   the most one run may take (default 420); a run cut short says so
 #   BUDGET_S        every run ends by this many seconds after the script starts (default 3000): a
 #                   run's limit is cut to what is left, and none starts with less than 20 s
@@ -41,7 +45,7 @@ BUILD=${BUILD:-/tmp/kcap_sanitize_build}
 MODELS=${MODELS:-/tmp/kcap_models}
 TOOLS=${TOOLS-memcheck synccheck initcheck racecheck}
 CASES_PER_ROW=${CASES_PER_ROW:-1}
-LAYOUTS=${LAYOUTS:-gemma3_270m llama3_8b_q4_k_m_32k qwen3_30b_a3b_q4_k_m_2l}
+LAYOUTS=${LAYOUTS:-gemma3_270m_v8192 llama3_8b_q4_k_m_2l_v8192 qwen3_30b_a3b_q4_k_m_2l_v8192 deepseek_v2_lite_q4_k_m_2l_v8192 gpt_oss_20b_mxfp4_2l_v8192}
 DECODE_ARGS=${DECODE_ARGS:---kv f16,f32}
 DECODE_ARGS_racecheck=${DECODE_ARGS_racecheck:---kv f16 --prefill 17}
 RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-420}

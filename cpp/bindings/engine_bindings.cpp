@@ -386,8 +386,8 @@ void init_engine(py::module_& m) {
         .def("routes", [](const Engine& engine) { return routes_to_list(engine.routes()); })
         .def(
             "trace",
-            [](Engine& engine, py::array tokens) {
-                const std::vector<int32_t> checked = checked_token_ids(engine, tokens, /*from_empty=*/true);
+            [](Engine& engine, py::array tokens, bool keep_cache, bool routing) {
+                const std::vector<int32_t> checked = checked_token_ids(engine, tokens, /*from_empty=*/!keep_cache);
                 const int64_t n = int64_t(checked.size());
                 py::array_t<float> logits(engine.n_vocab());
                 const int32_t* ids = checked.data();
@@ -395,7 +395,10 @@ void init_engine(py::module_& m) {
                 std::vector<TraceEntry> ran;
                 {
                     py::gil_scoped_release release;
-                    ran = engine.trace(ids, n, out);
+                    TraceOptions options;
+                    options.keep_cache = keep_cache;
+                    options.routing = routing;
+                    ran = engine.trace(ids, n, out, options);
                 }
                 py::list entries;
                 for (const TraceEntry& e : ran) {
@@ -404,11 +407,25 @@ void init_engine(py::module_& m) {
                     d["stage"] = e.stage;
                     d["kernel"] = e.kernel;
                     d["n_tokens"] = e.n_tokens;
+                    if (!e.routing.empty()) {
+                        // n_tokens rows of n_used ids (stored as floats), then n_used weights
+                        const py::ssize_t used = py::ssize_t(e.routing.size()) / (2 * e.n_tokens);
+                        py::array_t<int32_t> experts({py::ssize_t(e.n_tokens), used});
+                        py::array_t<float> weights({py::ssize_t(e.n_tokens), used});
+                        for (py::ssize_t t = 0; t < e.n_tokens; ++t)
+                            for (py::ssize_t k = 0; k < used; ++k) {
+                                experts.mutable_at(t, k) = int32_t(e.routing[size_t(t * 2 * used + k)]);
+                                weights.mutable_at(t, k) = e.routing[size_t(t * 2 * used + used + k)];
+                            }
+                        d["experts"] = experts;
+                        d["weights"] = weights;
+                    }
                     entries.append(d);
                 }
                 return py::make_tuple(entries, logits);
             },
-            py::arg("tokens"),
-            "Empties the cache, evaluates tokens as eval does, and returns (what ran: one dict per stage "
-            "call with layer, stage, kernel, n_tokens; the last position's logits).");
+            py::arg("tokens"), py::arg("keep_cache") = false, py::arg("routing") = false,
+            "Evaluates tokens as eval does, from an empty cache unless keep_cache, and returns (what ran: one dict "
+            "per stage call with layer, stage, kernel, n_tokens, and with routing each router's choice as "
+            "experts and weights arrays of n_tokens x n_used (cpu and cuda); the last position's logits).");
 }

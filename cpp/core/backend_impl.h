@@ -22,6 +22,9 @@ public:
     virtual void decode_sample(int32_t token, int64_t n, int64_t pos0, const SampleSettings& settings, int32_t* out);
     // Records every stage that runs into `trace` until detached (null).
     virtual void attach_trace(std::vector<TraceEntry>* trace) = 0;
+    // While on, a traced router stage copies its choice into its entry (TraceEntry::routing).
+    // Returns false where the backend cannot (then nothing changes).
+    virtual bool trace_routing(bool on) { return !on; }
     // Bytes of device memory this backend holds (weights, KV cache, scratch); 0 on the CPU.
     virtual int64_t device_bytes() const { return 0; }
 };

@@ -169,17 +169,22 @@ void Engine::decode_sample(int32_t token, int64_t n, const SampleSettings& setti
     }
 }
 
-std::vector<TraceEntry> Engine::trace(const int32_t* tokens, int64_t n, float* logits) {
+std::vector<TraceEntry> Engine::trace(const int32_t* tokens, int64_t n, float* logits, TraceOptions options) {
     std::vector<TraceEntry> ran;
-    reset();
+    if (options.routing && !backend_->trace_routing(true))
+        throw BackendUnavailableError("a trace of the routers' choices is implemented on the cpu and cuda "
+                                      "backends only");
+    if (!options.keep_cache) reset();
     backend_->attach_trace(&ran);
     try {
         eval(tokens, n, logits, false);
     } catch (...) {
         backend_->attach_trace(nullptr);
+        if (options.routing) backend_->trace_routing(false);
         throw;
     }
     backend_->attach_trace(nullptr);
+    if (options.routing) backend_->trace_routing(false);
     return ran;
 }
 

@@ -36,6 +36,10 @@ public:
     }
 
     void attach_trace(std::vector<TraceEntry>* trace) override { executor_.attach_trace(trace); }
+    bool trace_routing(bool on) override {
+        trace_routing_ = on;
+        return true;
+    }
 
     void eval(const int32_t* tokens, int64_t n, int64_t pos0, float* logits, bool all_logits) override {
         for (int64_t start = 0; start < n; start += max_batch_) {
@@ -62,6 +66,10 @@ private:
             [](size_t) { return nullptr; }, [&](const Row& row, const Stage& stage, const KernelCall& call) {
                 row.fn(stage, call);
                 if (check_finite_) check_output_finite(stage, call, pos0);
+                if (trace_routing_ && stage.op == Op::MoeRoute && executor_.trace()) {
+                    const Executor::RoutingRows r = executor_.routing_rows(stage, call);
+                    executor_.trace()->back().routing.assign(r.first, r.first + r.rows * r.values);
+                }
             });
     }
 
@@ -89,6 +97,7 @@ private:
     int max_batch_;
     int64_t n_vocab_;
     bool check_finite_;
+    bool trace_routing_ = false;
     std::vector<std::vector<float>> buffers_;
 };
 

@@ -42,9 +42,21 @@ public:
             if (!call.row)
                 throw Error("stage '" + stage.name + "' has no route for " + std::to_string(call.n_tokens) +
                             " tokens (the plan covers 1.." + std::to_string(plan_.options.max_batch) + ")");
-            if (trace_) trace_->push_back({stage.layer, stage.name, call.row->kernel, call.n_tokens});
+            if (trace_) trace_->push_back({stage.layer, stage.name, call.row->kernel, call.n_tokens, {}});
             run_row(*call.row, stage, call);
         }
+    }
+
+    // The Routing rows a router call (Op::MoeRoute) wrote: call.n_tokens rows of `values` floats
+    // (n_used ids, then n_used weights) from call.out, packed as every router and experts row
+    // reads them.
+    struct RoutingRows {
+        const float* first;
+        int rows;
+        int values;
+    };
+    static RoutingRows routing_rows(const Stage& stage, const KernelCall& call) {
+        return {call.out, call.n_tokens, 2 * stage.params.n_expert_used};
     }
 
 private:

@@ -60,13 +60,14 @@ def activation(x, kind):
     return np.maximum(x, 0)
 
 
-def mixture_of_experts(layer, w, h, router_in=None) -> np.ndarray:
+def mixture_of_experts(layer, w, h, router_in=None, choices=None) -> np.ndarray:
     """A mixture-of-experts FFN as LayerSpec defines it, h [T, n_embd] -> [T, n_embd]: per token a
     softmax over the router's logits (of router_in where given, else h; times expert_logit_scale),
     the n_expert_used largest (renormalized to sum 1 when expert_weights_norm, times
     expert_weights_scale and the expert's ffn_down_exps_scale entry) weighing the chosen experts'
     gated FFNs (gate and up from ffn_gate_up_exps' halves where it is set), plus the shared expert
-    times sigmoid(ffn_gate_inp_shexp . h) where it exists."""
+    times sigmoid(ffn_gate_inp_shexp . h) where it exists. choices (a list) gets each token's
+    chosen experts, in the router's order, and their final weights."""
     assert layer.expert_gating == _core.ExpertGating.Softmax
     logits = (h if router_in is None else router_in) @ w(layer.ffn_gate_inp).T * layer.expert_logit_scale
     probs = np.exp(logits - logits.max(-1, keepdims=True))
@@ -85,7 +86,10 @@ def mixture_of_experts(layer, w, h, router_in=None) -> np.ndarray:
         weights = probs[t, chosen]
         if layer.expert_weights_norm:
             weights = weights / weights.sum()
-        for e, weight in zip(chosen, weights * layer.expert_weights_scale * expert_scale[chosen]):
+        weights = weights * layer.expert_weights_scale * expert_scale[chosen]
+        if choices is not None:
+            choices.append((chosen, weights))
+        for e, weight in zip(chosen, weights):
             a = activation(gate[e] @ h[t], layer.activation) * (up[e] @ h[t])
             out[t] += weight * (down[e] @ a)
     if layer.ffn_up_shexp:
@@ -97,8 +101,9 @@ def mixture_of_experts(layer, w, h, router_in=None) -> np.ndarray:
     return out
 
 
-def reference_logits(gg, spec, ids) -> np.ndarray:
-    """Logits [len(ids), vocab] for token ids at positions 0..len(ids)-1."""
+def reference_logits(gg, spec, ids, choices=None) -> np.ndarray:
+    """Logits [len(ids), vocab] for token ids at positions 0..len(ids)-1. choices (a dict) gets,
+    for each layer with experts, the list of (chosen experts, weights) of every token."""
     views = getattr(spec, "views", {})
 
     def w(name):
@@ -123,6 +128,10 @@ def reference_logits(gg, spec, ids) -> np.ndarray:
         tok = w(spec.ple_token_embd)[ids].reshape(T, L, P) * spec.ple_token_scale
         ple = (ctx + tok) * spec.ple_combine_scale
     caches = {}  # layer -> (k, v) after norms and RoPE, for layers that share them
+
+    def layer_choices(il):
+        return None if choices is None else choices.setdefault(il, [])
+
     for il, layer in enumerate(spec.layers):
         H, Hkv, D, Dv = layer.n_head, layer.n_head_kv, layer.head_dim, layer.head_dim_v
         h = norm(x, w(layer.attn_norm), w(layer.attn_norm_bias), spec.norm_eps, spec.norm_kind)
@@ -182,9 +191,9 @@ def reference_logits(gg, spec, ids) -> np.ndarray:
             a = activation(h @ w(layer.ffn_gate).T, layer.activation) * (h @ w(layer.ffn_up).T)
             dense = branch_norm(a @ w(layer.ffn_down).T, layer.ffn_post_norm_1)
             h2 = norm(x, w(layer.ffn_pre_norm_2), None, spec.norm_eps, spec.norm_kind)
-            f = dense + branch_norm(mixture_of_experts(layer, w, h2, router_in), layer.ffn_post_norm_2)
+            f = dense + branch_norm(mixture_of_experts(layer, w, h2, router_in, layer_choices(il)), layer.ffn_post_norm_2)
         elif layer.n_expert:
-            f = mixture_of_experts(layer, w, h, router_in)
+            f = mixture_of_experts(layer, w, h, router_in, layer_choices(il))
         else:
             up = h @ w(layer.ffn_up).T
             if layer.ffn_up_bias:

@@ -27,6 +27,7 @@ from kcap.explain import explain_file
 
 from test_conformance import (FAMILIES, FIXTURES, F32_TOLERANCE, Q8_SAME_WEIGHTS_TOLERANCE, golden,
                               relative_error)
+from test_moe_spec import check_same_choices, router_choices
 
 # The tensor-core matmul rows (see the docstring).
 MMA_ROWS = [r["kernel"] for r in _core.capability_rows()
@@ -102,6 +103,15 @@ def test_feature_without_a_cuda_row_is_refused(fixture, excluded, stage):
         explain_file(str(FIXTURES / f"{fixture}-f32.gguf"), backend="cuda", excluded_kernels=excluded)
 
 
+# The fixtures with a mixture of experts (a router stage).
+ROUTED_FAMILIES = sorted(f for f, (_, stages) in FAMILIES.items() if "ffn_router" in stages or "ffn_moe" in stages)
+
+
+def test_routed_families_are_every_mixture_of_experts():
+    assert ROUTED_FAMILIES == ["deepseek2", "deepseek2-kvb", "deepseek3", "gemma4-moe", "gpt-oss", "gpt-oss-mxfp4",
+                               "mixtral", "qwen2moe", "qwen3moe"]
+
+
 # --- on a CUDA device ----------------------------------------------------------------------
 
 def test_f32_prefill_decode_and_greedy_match_transformers_on_cuda(family):
@@ -128,3 +138,24 @@ def test_q8_0_matches_transformers_on_cuda(family):
     assert relative_error(got, g["logits_q8_0_weights"]) <= Q8_SAME_WEIGHTS_TOLERANCE
     quantization_error = relative_error(g["logits_q8_0_weights"], g["logits"])
     assert relative_error(got, g["logits"]) <= quantization_error + Q8_SAME_WEIGHTS_TOLERANCE
+
+
+@pytest.mark.parametrize("fixture", ROUTED_FAMILIES)
+@pytest.mark.parametrize("quant", ["f32", "q8_0"])
+def test_cuda_router_chooses_the_cpu_experts(fixture, quant):
+    # On every token of the fixture's prompt and greedy continuation, in one call (the batched
+    # router rows) and one token per call (the decode rows), the CUDA routers choose the experts
+    # the CPU's chooses, in the same order, with the same weights to f32 rounding: with the
+    # exact matmul rows and with the default (tensor-core) ones feeding the router.
+    g = golden(fixture)
+    ids = g["prompt_ids"].tolist() + g["greedy_ids"].tolist()
+    path = FIXTURES / f"{fixture}-{quant}.gguf"
+    cpu = kcap.load(path, backend="cpu")
+    exact = load_cuda(path)
+    default = kcap.load(path, backend="cuda")
+    for stepped in (False, True):
+        want = router_choices(cpu, ids, stepped)
+        assert want
+        for name, model in (("exact", exact), ("default", default)):
+            check_same_choices(router_choices(model, ids, stepped), want,
+                               f"{fixture}-{quant} {name} stepped={stepped}", 1e-5)

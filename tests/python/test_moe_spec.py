@@ -146,6 +146,64 @@ def test_spec_computes_the_goldens(fixture):
         assert relative_error(reference_logits(gguf, build_spec(gguf), ids), want) <= bound, quant
 
 
+def router_choices(model, ids, stepped: bool) -> dict:
+    """Each router's choice over ids from an empty cache (engine.trace with routing): layer ->
+    (experts [T, n_used], weights [T, n_used]); in one call, or one token per call (the decode
+    rows) when stepped."""
+    calls = [ids] if not stepped else [[t] for t in ids]
+    got = {}
+    for i, call in enumerate(calls):
+        ran, _ = model.engine.trace(np.asarray(call, np.int32), keep_cache=i > 0, routing=True)
+        for e in ran:
+            if e["stage"] == "ffn_router":
+                experts, weights = got.setdefault(e["layer"], ([], []))
+                experts.append(e["experts"])
+                weights.append(e["weights"])
+    return {layer: (np.concatenate(x), np.concatenate(w)) for layer, (x, w) in got.items()}
+
+
+def check_same_choices(got: dict, want: dict, what: str, weight_tolerance: float) -> None:
+    """Every layer's router chose the same experts in the same order on every token, with weights
+    within weight_tolerance."""
+    assert sorted(got) == sorted(want), what
+    for layer in want:
+        (x, w), (rx, rw) = got[layer], want[layer]
+        assert x.shape == rx.shape, (what, layer)
+        differ = np.nonzero((x != rx).any(axis=1))[0]
+        assert differ.size == 0, (f"{what}: layer {layer} chose other experts at tokens {differ.tolist()[:8]}: "
+                                  f"{x[differ[0]].tolist()} vs {rx[differ[0]].tolist()}")
+        assert np.abs(w - rw).max() <= weight_tolerance, (what, layer, float(np.abs(w - rw).max()))
+
+
+@pytest.mark.parametrize("fixture", ALL_MOE_FIXTURES)
+@pytest.mark.parametrize("quant", ["f32", "q8_0"])
+def test_cpu_router_chooses_the_reference_experts(fixture, quant):
+    # The CPU router (the reference the GPU routers are held to) chooses, on every token of the
+    # fixture's prompt and greedy continuation, the experts the float64 NumPy reference chooses
+    # from the same weights, in one call and one token per call; the weights agree to f32 rounding.
+    from reference_forward import reference_logits
+
+    g = golden(fixture)
+    ids = g["prompt_ids"].tolist() + g["greedy_ids"].tolist()
+    path = FIXTURES / f"{fixture}-{quant}.gguf"
+    gguf = GGUFFile(path)
+    reference = {}
+    reference_logits(gguf, build_spec(gguf), ids, reference)
+    want = {layer: (np.array([c for c, _ in rows]), np.array([w for _, w in rows])) for layer, rows in reference.items()}
+    assert want and all(len(x) == len(ids) for x, _ in want.values())
+    model = kcap.load(path, backend="cpu")
+    for stepped in (False, True):
+        check_same_choices(router_choices(model, ids, stepped), want, f"{fixture}-{quant} stepped={stepped}", 1e-5)
+
+
+def test_routing_trace_is_refused_where_not_implemented():
+    # A backend without it says so instead of returning a trace without choices; without a
+    # router stage a routing trace is just the trace.
+    model = kcap.load(FIXTURES / "llama3-f32.gguf", backend="cpu")
+    ran, _ = model.engine.trace(np.asarray([1, 2, 3], np.int32), routing=True)
+    assert ran and not any("experts" in e for e in ran)
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fixture,key,value,message", [

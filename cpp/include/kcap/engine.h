@@ -56,6 +56,14 @@ struct TraceEntry {
     std::string stage;
     std::string kernel;
     int n_tokens;
+    // A router stage's choice, where the trace asked for it (TraceOptions::routing): n_tokens
+    // rows of the chosen experts' ids (as floats), then their weights, n_used each.
+    std::vector<float> routing;
+};
+
+struct TraceOptions {
+    bool keep_cache = false;  // evaluate after what the cache holds (else from an empty cache)
+    bool routing = false;     // copy each router stage's choice into its entry
 };
 
 // Plans without executing: works for any backend on any machine (the table is data). A GPU
@@ -118,9 +126,12 @@ public:
     bool samples_on_device() const;
     void decode_sample(int32_t token, int64_t n, const SampleSettings& settings, int32_t* out);
 
-    // Evaluates n tokens from an empty cache, as eval does (last position's logits into
-    // `logits`), and returns every stage that ran: its row and its call's tokens, in order.
-    std::vector<TraceEntry> trace(const int32_t* tokens, int64_t n, float* logits);
+    // Evaluates n tokens from an empty cache (or after the cache, options.keep_cache), as eval
+    // does (last position's logits into `logits`), and returns every stage that ran: its row and
+    // its call's tokens, in order, and with options.routing each router's choice (CPU and CUDA;
+    // BackendUnavailableError elsewhere). A routing trace runs a one-token call outside the captured
+    // decode graph, through the same rows.
+    std::vector<TraceEntry> trace(const int32_t* tokens, int64_t n, float* logits, TraceOptions options = {});
 
     int64_t n_past() const { return n_past_; }
     int64_t n_ctx() const { return n_ctx_; }

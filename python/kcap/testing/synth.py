@@ -38,6 +38,9 @@ QUANTIZABLE = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "F16", "BF16"}
 # blocks of these scaled to a Gaussian's std (random_tensor's raw; gguf-py's quantize takes
 # minutes for the billions of weights of a mixture of experts' stacks).
 RAW_QUANT_STD = {"Q4_0": 4.61, "Q5_0": 9.23, "Q8_0": 73.9}
+# MXFP4 (one E8M0 exponent byte, then 32 E2M1 nibbles): the std of an E2M1 value when the
+# nibbles are uniformly random, sqrt(mean of 0, .25, 1, 2.25, 4, 9, 16, 36).
+MXFP4_RAW_STD = 2.926
 
 
 def random_tensor(type_name: str, shape: tuple[int, ...], rng: np.random.Generator, raw: bool = False) -> np.ndarray:
@@ -55,6 +58,12 @@ def random_tensor(type_name: str, shape: tuple[int, ...], rng: np.random.Generat
         data = np.frombuffer(rng.bytes(n_rows * (row_length // block_elems) * block_bytes), dtype=np.uint8)
         blocks = data.reshape(n_rows, row_length // block_elems, block_bytes).copy()
         blocks[:, :, 0:2] = np.frombuffer(np.float16(std / RAW_QUANT_STD[type_name]).tobytes(), dtype=np.uint8)
+        return blocks.reshape(n_rows, -1)
+    if raw and type_name == "MXFP4":
+        block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        data = np.frombuffer(rng.bytes(n_rows * (row_length // block_elems) * block_bytes), dtype=np.uint8)
+        blocks = data.reshape(n_rows, row_length // block_elems, block_bytes).copy()
+        blocks[:, :, 0] = 127 + round(math.log2(std / MXFP4_RAW_STD))  # the power of two nearest std
         return blocks.reshape(n_rows, -1)
     if type_name in QUANTIZABLE:
         values = (rng.standard_normal((n_rows, row_length)) * std).astype(np.float32)
@@ -328,15 +337,16 @@ def llama3_8b_q4_k_m(path: str, n_layer: int = 32, n_embd: int = 4096, n_ff: int
 K_QUANT_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
-def _stacked_adder(tensors: list, rng: np.random.Generator, fallback: bool = False):
+def _stacked_adder(tensors: list, rng: np.random.Generator, fallback: bool = False, raw: bool = False):
     """add(name, GGUF-order shape, type): appends plausible weights to tensors, a 3-D stack of
     quantized matrices as one block row per matrix row with the stack outermost (the converter's
     stacked experts); with fallback, a K-quant whose rows are not whole super-blocks takes
-    llama-quant.cpp's fallback type (K_QUANT_FALLBACK), filled with raw random blocks."""
+    llama-quant.cpp's fallback type (K_QUANT_FALLBACK); with fallback or raw, Q4_0/Q5_0/Q8_0 and
+    MXFP4 are filled with raw random blocks (random_tensor's raw)."""
     def add(name, shape, type_name):
         if fallback and type_name in K_QUANT_FALLBACK and shape[0] % 256:
             type_name = K_QUANT_FALLBACK[type_name]
-        data = plausible_weights(type_name, shape, rng, raw=fallback)
+        data = plausible_weights(type_name, shape, rng, raw=fallback or raw)
         if len(shape) == 3 and type_name != "F32":
             data = data.reshape(shape[2], shape[1], -1)
         tensors.append((name, type_name, shape, data))
@@ -392,6 +402,71 @@ def qwen3moe_q4_k_m(path: str, n_layer: int = 48, n_embd: int = 2048, n_head: in
         add(f"blk.{il}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), "Q4_K")
         add(f"blk.{il}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), down)
     return write_gguf(path, "qwen3moe", meta, tensors)
+
+
+def gpt_oss_20b_mxfp4(path: str, n_layer: int = 24, n_embd: int = 2880, n_head: int = 64, n_head_kv: int = 8,
+                      head_dim: int = 64, n_expert: int = 32, n_expert_used: int = 4, n_ff_exp: int = 2880,
+                      n_vocab: int = 201088, context_length: int = 131072, seed: int = 0) -> str:
+    """Random weights in the shape of gpt-oss-20b as ggml-org ships it (gpt-oss-20b-mxfp4.gguf,
+    about 11.3 GiB at full size): 24 layers, n_embd 2880, 64 heads and 8 KV heads of 64 with
+    attention sinks, a 128-token sliding window on every other layer, YaRN factor 32 over 4096
+    positions, 32 experts of 2880 with 4 used per token, the experts MXFP4 with F32 biases, the
+    router F32 with its bias, attention and embeddings Q8_0, biases and norms F32, vocabulary
+    201088 (no tokenizer). Fewer layers keep every per-layer shape."""
+    rng = np.random.default_rng(seed)
+    a = "gpt-oss"
+    meta = {
+        f"{a}.block_count": n_layer,
+        f"{a}.context_length": context_length,
+        f"{a}.embedding_length": n_embd,
+        f"{a}.feed_forward_length": n_ff_exp,
+        f"{a}.attention.head_count": n_head,
+        f"{a}.attention.head_count_kv": n_head_kv,
+        f"{a}.attention.key_length": head_dim,
+        f"{a}.attention.value_length": head_dim,
+        f"{a}.attention.sliding_window": 128,
+        f"{a}.attention.layer_norm_rms_epsilon": 1e-5,
+        f"{a}.rope.freq_base": 150000.0,
+        f"{a}.rope.scaling.type": "yarn",
+        f"{a}.rope.scaling.factor": 32.0,
+        f"{a}.rope.scaling.original_context_length": 4096,
+        f"{a}.rope.scaling.yarn_beta_fast": 32.0,
+        f"{a}.rope.scaling.yarn_beta_slow": 1.0,
+        f"{a}.expert_count": n_expert,
+        f"{a}.expert_used_count": n_expert_used,
+        f"{a}.expert_feed_forward_length": n_ff_exp,
+        f"{a}.vocab_size": n_vocab,
+        "general.file_type": 38,  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE
+        "tokenizer.ggml.model": "no_vocab",
+    }
+    tensors = []
+    add = _stacked_adder(tensors, rng, raw=True)
+
+    def bias(name, shape):  # small, as trained biases are
+        tensors.append((name, "F32", shape, (0.02 * rng.standard_normal(tuple(reversed(shape)))).astype(np.float32)))
+
+    add("token_embd.weight", (n_embd, n_vocab), "Q8_0")
+    add("output_norm.weight", (n_embd,), "F32")
+    add("output.weight", (n_embd, n_vocab), "Q8_0")
+    for il in range(n_layer):
+        b = f"blk.{il}."
+        add(b + "attn_norm.weight", (n_embd,), "F32")
+        for name, rows in (("attn_q", n_head * head_dim), ("attn_k", n_head_kv * head_dim), ("attn_v", n_head_kv * head_dim)):
+            add(b + name + ".weight", (n_embd, rows), "Q8_0")
+            bias(b + name + ".bias", (rows,))
+        add(b + "attn_output.weight", (n_head * head_dim, n_embd), "Q8_0")
+        bias(b + "attn_output.bias", (n_embd,))
+        bias(b + "attn_sinks.weight", (n_head,))
+        add(b + "post_attention_norm.weight", (n_embd,), "F32")
+        add(b + "ffn_gate_inp.weight", (n_embd, n_expert), "F32")
+        bias(b + "ffn_gate_inp.bias", (n_expert,))
+        add(b + "ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), "MXFP4")
+        add(b + "ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), "MXFP4")
+        add(b + "ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), "MXFP4")
+        bias(b + "ffn_gate_exps.bias", (n_ff_exp, n_expert))
+        bias(b + "ffn_up_exps.bias", (n_ff_exp, n_expert))
+        bias(b + "ffn_down_exps.bias", (n_embd, n_expert))
+    return write_gguf(path, a, meta, tensors)
 
 
 def deepseek2_q4_k_m(path: str, n_layer: int = 27, n_embd: int = 2048, n_head: int = 16, kv_lora_rank: int = 512,
