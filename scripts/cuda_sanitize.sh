@@ -29,8 +29,9 @@
 #                   170 s; full-size names (gemma3_270m, llama3_8b_q4_k_m_32k, ...) work too
 #   LAYOUTS_<tool>  the layouts for one tool instead (e.g. LAYOUTS_racecheck="gemma3_270m_v8192")
 #   DECODE_ARGS     arguments of the decode workload ("--kv f16,f32" by default)
-#   DECODE_ARGS_<tool>  the same for one tool; racecheck's default "--kv f16 --prefill 17" (it
-#                   follows every shared-memory access, where the other tools take seconds)
+#   DECODE_ARGS_<tool>  the same for one tool; racecheck's default "--kv f16 --prefill 17 --short" (it
+#                   follows every shared-memory access: a full workload of 2 layers took more than
+#                   90 s, where the other tools take seconds)
 #   RUN_TIMEOUT_S   the most one run may take (default 420); a run cut short says so
 #   BUDGET_S        every run ends by this many seconds after the script starts (default 3000): a
 #                   run's limit is cut to what is left, and none starts with less than 20 s
@@ -47,7 +48,7 @@ TOOLS=${TOOLS-memcheck synccheck initcheck racecheck}
 CASES_PER_ROW=${CASES_PER_ROW:-1}
 LAYOUTS=${LAYOUTS:-gemma3_270m_v8192 llama3_8b_q4_k_m_2l_v8192 qwen3_30b_a3b_q4_k_m_2l_v8192 deepseek_v2_lite_q4_k_m_2l_v8192 gpt_oss_20b_mxfp4_2l_v8192}
 DECODE_ARGS=${DECODE_ARGS:---kv f16,f32}
-DECODE_ARGS_racecheck=${DECODE_ARGS_racecheck:---kv f16 --prefill 17}
+DECODE_ARGS_racecheck=${DECODE_ARGS_racecheck:---kv f16 --prefill 17 --short}
 RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-420}
 T0=$(date +%s)
 DEADLINE=$(( T0 + ${BUDGET_S:-3000} ))

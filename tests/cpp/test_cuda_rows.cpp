@@ -39,11 +39,11 @@
 //       an output takes 2 per 16 keys it sees (hi and lo weights), a score 2 per 16 dims.
 //       Measured on the H200: 1.04e-5 at 16500 keys (head_dim 64), within 1e-5 below ~1100.
 //
-// KCAP_TEST_ROWS=group,... runs only those groups (matmul, gate_up, qkv, attention, add_norm,
+// KCAP_TEST_ROWS=group,... runs only those groups (matmul, gate_up, qkv, attention, attention_mla, add_norm,
 // norm, rope, qk_norm_rope, embed, ple, elementwise, argmax); KCAP_TEST_SEED=N draws other
 // random inputs. Each group prints its cases, rows and seconds. With every group selected, the
 // test fails if a CUDA row of the table ran no case. KCAP_TEST_CASES_PER_ROW=N bounds the groups
-// of many cases per row (matmul, gate_up, qkv, attention, moe) to each row's first N cases (the
+// of many cases per row (matmul, gate_up, qkv, attention, attention_mla, moe) to each row's first N cases (the
 // smallest K and token counts come first; the attention cases are then taken least work first,
 // and count for a row only where it ran), so every row still runs: what a run under
 // compute-sanitizer can afford (scripts/cuda_sanitize.sh).
@@ -763,6 +763,159 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
     }
 }
 
+// Multi-head latent attention (cuda.attention_mla_decode, cuda.attention_mla) against
+// cpu.attention_mla: each row at the calls its token range takes (a prefill chunk; decode steps in
+// the key splits the backend would fix), the other calls run by the CPU and its appended cache
+// rows copied to the device; W_k_b / W_v_b split or combined in several formats, f32 and f16
+// caches, partial head groups, DeepSeek-V2-Lite's dims, a long prefix in many splits. Each call
+// first checks the rows the device appended (normed latent, rotated rope key) against the CPU's.
+// The f16 cases append rows that are exact in f16 on both sides (unit-RMS latents of +-1 under
+// f16-exact norm weights with eps 0, zero rope keys), so both attend over the same cache; the
+// f32 cases rotate real rope keys (their rows agree to f32 rounding).
+void test_attention_mla(std::mt19937& rng, CpuState& cpu) {
+    struct Case {
+        int n_head, lora, nope, rope, dv;
+        Format kb, vb, kv;
+        bool combined;
+        int prefix, prefill, decode_steps, n_splits;
+    };
+    const Case cases[] = {
+        {4, 64, 32, 16, 32, Format::F32, Format::F32, Format::F32, false, 0, 70, 3, 4},
+        {6, 64, 32, 16, 32, Format::Q8_0, Format::F16, Format::F16, false, 0, 20, 2, 3},     // partial head group
+        {5, 96, 64, 8, 48, Format::Q5_0, Format::Q5_0, Format::F32, true, 0, 9, 2, 2},       // combined W_kv_b
+        {16, 512, 128, 64, 128, Format::Q5_0, Format::Q4_K, Format::F16, false, 0, 80, 2, 4},  // V2-Lite
+        {16, 512, 128, 64, 128, Format::Q8_0, Format::Q6_K, Format::F32, false, 3000, 0, 2, 33},  // long span
+        {3, 64, 96, 16, 32, Format::F16, Format::Q8_0, Format::F32, false, 0, 2, 1, 1},      // 2-token prefill
+    };
+    const Row& cpu_row = find_row("cpu.attention_mla");
+    for (const Row& row : capability_table()) {
+        if (row.backend != Backend::CUDA || row.op != Op::AttentionMla) continue;
+        for (const Case& c : cases) {
+            const int n_ctx = c.prefix + c.prefill + c.decode_steps, width = c.lora + c.rope;
+            const bool exact_rows = c.kv == Format::F16;
+            auto kb = c.combined ? random_weights(rng, c.kb, c.lora, int64_t(c.n_head) * (c.nope + c.dv), "kv_b")
+                                 : random_weights(rng, c.kb, c.nope, int64_t(c.n_head) * c.lora, "k_b");
+            auto vb = random_weights(rng, c.vb, c.lora, int64_t(c.n_head) * c.dv, "v_b");
+            std::vector<float> norm_values = random_floats(rng, size_t(c.lora), 0.1f);
+            for (float& v : norm_values) v = exact_rows ? f16_to_f32(f32_to_f16(1.0f + v)) : 1.0f + v;
+            const auto norm = float_vector(norm_values, "kv_a_norm");
+            Stage stage;
+            stage.layer = 0;
+            stage.op = Op::AttentionMla;
+            stage.operands = {&norm->ref, &kb->ref, c.combined ? nullptr : &vb->ref, nullptr};
+            stage.params.n_head = c.n_head, stage.params.n_head_kv = 1;
+            stage.params.head_dim = c.nope + c.rope, stage.params.head_dim_v = c.dv;
+            stage.params.kv_lora_rank = c.lora, stage.params.rope_dim = c.rope, stage.params.rope_base = 10000.0f;
+            stage.params.eps = exact_rows ? 0.0f : 1e-6f;
+            stage.params.scale = 1.0f / std::sqrt(float(c.nope + c.rope));
+            stage.kv_format = c.kv;
+            stage.max_span = n_ctx;
+            stage.k = c.nope + c.rope, stage.n = int64_t(c.n_head) * c.dv;
+            stage.features = kRopeNormal | kRmsNorm | (c.combined ? FeatureMask(kMlaKvBCombined) : FeatureMask(0));
+            if (!rejection_reason(row, stage, g_device).empty()) continue;  // refusals: test_rows_table
+            if (over_case_cap(row, false)) continue;
+            const int cases_before = g_cases;
+            const TokenRange range = row_tokens(row, stage, g_device);
+            TestContext t;
+            cpu.kv.assign(1, KvLayer());
+            KvLayer& cache = cpu.kv[0];
+            cache.format = c.kv, cache.k_width = width, cache.v_width = 0;
+            cache.reserve_positions(n_ctx);
+            const size_t elem = c.kv == Format::F16 ? 2 : 4;
+            const int max_m = std::max(c.prefill, 1);
+            t.ctx.kv_format = c.kv;
+            t.ctx.n_ctx = n_ctx;
+            t.ctx.kv.resize(1);
+            t.ctx.kv[0].k = t.arena.alloc(size_t(n_ctx) * size_t(width) * elem);
+            t.ctx.mla_absorbed = t.arena.nan_floats(size_t(max_m) * c.n_head * width);
+            t.ctx.mla_latent = t.arena.nan_floats(size_t(max_m) * c.n_head * c.lora);
+            const size_t slots = size_t(c.n_head) * size_t(std::max(c.n_splits, max_m));
+            t.ctx.attn_partial_o = t.arena.nan_floats(slots * size_t(c.lora));
+            t.ctx.attn_partial_ml = t.arena.nan_floats(slots * 2);
+            StageData data;
+            data.operands[0] = t.arena.upload_bytes(norm->ref.data, norm->ref.nbytes);
+            data.operands[1] = t.arena.upload_bytes(kb->ref.data, kb->ref.nbytes);
+            if (!c.combined) data.operands[2] = t.arena.upload_bytes(vb->ref.data, vb->ref.nbytes);
+            data.rope_table = t.arena.upload(rope_cos_sin_table(stage, n_ctx));
+            data.attn_splits = c.n_splits;
+            // The CPU cache's rows [pos, pos + m) onto the device's.
+            const auto copy_rows = [&](int pos, int m) {
+                const size_t first = size_t(pos) * size_t(width), n = size_t(m) * size_t(width);
+                const void* src = c.kv == Format::F16 ? static_cast<const void*>(cache.k16.data() + first)
+                                                      : cache.k32.data() + first;
+                CHECK(cudaMemcpy(static_cast<uint8_t*>(t.ctx.kv[0].k) + first * elem, src, n * elem, cudaMemcpyHostToDevice));
+            };
+            // New rows' inputs: random, or for exact rows +-1 latents and zero rope keys.
+            const auto new_rows = [&](int m) {
+                std::vector<float> kv_new = random_floats(rng, size_t(m) * width);
+                if (exact_rows)
+                    for (int i = 0; i < m; ++i)
+                        for (int e = 0; e < width; ++e) {
+                            float& v = kv_new[size_t(i) * width + e];
+                            v = e < c.lora ? (v < 0 ? -1.0f : 1.0f) : 0.0f;
+                        }
+                return kv_new;
+            };
+            if (c.prefix) {
+                for (int i = 0; i < c.prefix; ++i) {
+                    std::vector<float> r = random_floats(rng, size_t(width));
+                    cache.store(i, r.data(), nullptr);
+                }
+                copy_rows(0, c.prefix);
+            }
+            std::vector<int> calls;
+            if (c.prefill) calls.push_back(c.prefill);
+            for (int i = 0; i < c.decode_steps; ++i) calls.push_back(1);
+            int pos = c.prefix;
+            for (const int m : calls) {
+                const std::vector<float> q = random_floats(rng, size_t(m) * c.n_head * (c.nope + c.rope));
+                const std::vector<float> kv_new = new_rows(m);
+                std::vector<float> ref(size_t(m) * c.n_head * c.dv);
+                KernelCall cpu_call;
+                cpu_call.n_tokens = m, cpu_call.pos0 = pos;
+                cpu_call.in = q.data(), cpu_call.in2 = kv_new.data(), cpu_call.out = ref.data();
+                run_cpu(cpu_row, stage, cpu_call, cpu);
+                if (!range.contains(m)) {  // the other row's call: its rows come from the CPU
+                    copy_rows(pos, m);
+                    pos += m;
+                    continue;
+                }
+                KernelCall call;
+                call.n_tokens = m, call.pos0 = pos;
+                float* out = t.arena.nan_floats(ref.size());
+                call.in = t.arena.upload(q), call.in2 = t.arena.upload(kv_new), call.out = out;
+                t.set_step(pos);
+                if (!t.run(row, stage, call, data)) break;
+                const std::string what = std::string(m == 1 ? "decode" : "prefill") + " of " + std::to_string(m) +
+                                         " at " + std::to_string(pos);
+                // The appended rows: bit for bit where they are exact, else to f32 rounding.
+                const size_t first = size_t(pos) * size_t(width), n = size_t(m) * size_t(width);
+                std::vector<float> device_rows(n), cpu_rows(n);
+                if (c.kv == Format::F16) {
+                    const std::vector<uint16_t> h = download(static_cast<const uint16_t*>(t.ctx.kv[0].k) + first, n);
+                    for (size_t e = 0; e < n; ++e) device_rows[e] = f16_to_f32(h[e]), cpu_rows[e] = f16_to_f32(cache.k16[first + e]);
+                } else {
+                    device_rows = download(static_cast<const float*>(t.ctx.kv[0].k) + first, n);
+                    cpu_rows.assign(cache.k32.begin() + long(first), cache.k32.begin() + long(first + n));
+                }
+                const double rows_err = relative_error(device_rows, cpu_rows);
+                KCAP_EXPECT(exact_rows ? device_rows == cpu_rows : rows_err <= kExactTolerance,
+                            "%s appended rows, kv %s, %s: error %.3g", row.kernel.c_str(), format_name(c.kv), what.c_str(),
+                            rows_err);
+                const double err = relative_error(download(out, ref.size()), ref);
+                KCAP_EXPECT(err <= kAttentionTolerance,
+                            "%s heads %d lora %d nope %d rope %d dv %d W_k_b %s W_v_b %s%s kv %s, %s (splits %d): error %.3g",
+                            row.kernel.c_str(), c.n_head, c.lora, c.nope, c.rope, c.dv, format_name(c.kb),
+                            format_name(c.vb), c.combined ? " (combined)" : "", format_name(c.kv), what.c_str(),
+                            m == 1 ? c.n_splits : 1, err);
+                ++g_cases;
+                pos += m;
+            }
+            if (g_case_cap > 0 && g_cases > cases_before) ++g_row_begun[&row];  // the row ran in this case
+        }
+    }
+}
+
 // add_norm rows (cuda.add_norm, cuda.add_norm_q8) against the CPU rows of the stages they
 // replace. Widths on both sides of the register path (width % 4 == 0 and at most
 // kAddNormVecMax float4 per thread of norm_threads(width)): 1001 and 12288 walk the row, 1000
@@ -1415,7 +1568,7 @@ int main() {
     const char* only = std::getenv("KCAP_TEST_ROWS");
     const char* cap = std::getenv("KCAP_TEST_CASES_PER_ROW");
     g_case_cap = cap && *cap ? int(std::strtol(cap, nullptr, 10)) : 0;
-    if (g_case_cap > 0) std::printf("at most %d cases per row of matmul, gate_up, qkv, attention, moe\n", g_case_cap);
+    if (g_case_cap > 0) std::printf("at most %d cases per row of matmul, gate_up, qkv, attention, attention_mla, moe\n", g_case_cap);
     const auto wanted = [&](const char* name) {
         if (!only || !*only) return true;
         const std::string list = std::string(",") + only + ",";
@@ -1430,6 +1583,7 @@ int main() {
         {"gate_up", [&] { test_matmul_rows(rng, cpu, Op::GateUp); }},
         {"qkv", [&] { test_qkv(rng, cpu); }},
         {"attention", [&] { test_attention(rng, cpu); }},
+        {"attention_mla", [&] { test_attention_mla(rng, cpu); }},
         {"add_norm", [&] { test_add_norm(rng, cpu); }},
         {"norm", [&] { test_norm(rng, cpu); }},
         {"rope", [&] { test_rope(rng, cpu); }},

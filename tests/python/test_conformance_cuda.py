@@ -140,13 +140,19 @@ def test_q8_0_matches_transformers_on_cuda(family):
     assert relative_error(got, g["logits"]) <= quantization_error + Q8_SAME_WEIGHTS_TOLERANCE
 
 
+# The routers' weights where the tensor-core rows (split-bf16 tiles, within 3e-5 of exact per
+# matmul: test_cuda_rows' bound) feed them through the layers before: 1e-4; with the exact rows, f32
+# rounding (1e-5).
+TILE_ROUTING_WEIGHT_TOLERANCE = 1e-4
+
+
 @pytest.mark.parametrize("fixture", ROUTED_FAMILIES)
 @pytest.mark.parametrize("quant", ["f32", "q8_0"])
 def test_cuda_router_chooses_the_cpu_experts(fixture, quant):
     # On every token of the fixture's prompt and greedy continuation, in one call (the batched
     # router rows) and one token per call (the decode rows), the CUDA routers choose the experts
-    # the CPU's chooses, in the same order, with the same weights to f32 rounding: with the
-    # exact matmul rows and with the default (tensor-core) ones feeding the router.
+    # the CPU's chooses, in the same order, with the same weights: with the exact matmul rows and
+    # with the default (tensor-core) ones feeding the router.
     g = golden(fixture)
     ids = g["prompt_ids"].tolist() + g["greedy_ids"].tolist()
     path = FIXTURES / f"{fixture}-{quant}.gguf"
@@ -156,6 +162,6 @@ def test_cuda_router_chooses_the_cpu_experts(fixture, quant):
     for stepped in (False, True):
         want = router_choices(cpu, ids, stepped)
         assert want
-        for name, model in (("exact", exact), ("default", default)):
+        for name, model, bound in (("exact", exact, 1e-5), ("default", default, TILE_ROUTING_WEIGHT_TOLERANCE)):
             check_same_choices(router_choices(model, ids, stepped), want,
-                               f"{fixture}-{quant} {name} stepped={stepped}", 1e-5)
+                               f"{fixture}-{quant} {name} stepped={stepped}", bound)
