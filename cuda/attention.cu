@@ -1,5 +1,5 @@
-// CUDA entry points of the attention rows: kernels/attention.h. The SIMT rows take attention
-// sinks (operand 3); the tensor-core prefill does not (its rows refuse a stage with sinks).
+// CUDA entry points of the attention rows: kernels/attention.h. Every row takes attention sinks
+// (operand 3).
 //   cuda.attention_decode* (one token: decode, and every step of the decode graph): split-K
 //     decode, which also appends the token's K/V, then the combine when the stage has more than
 //     one split;

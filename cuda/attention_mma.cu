@@ -13,7 +13,8 @@
 //           plus f16 underflow (< 2^-25 absolute at max |q'| ~ 2^15: 2^-40 relative).
 //   P       the softmax weights exp(s - m) in [0, 1], split the same way (hi + lo, 2^-22
 //           relative, plus at most 2^-25 absolute for weights below f16's normal range).
-//   exp, softcap, the online max/sum and the final 1/l are f32, as in kernels/attention.h.
+//   exp, softcap, the online max/sum and the final 1/l are f32, as in kernels/attention.h; an
+//           attention sink (gpt-oss) adds exp(sink - m) to l before it.
 // The sums: the tensor cores add each mma's products into the f32 accumulators with
 // truncation rather than round-to-nearest, one ulp (2^-23) at most per accumulation and all
 // in the same direction, so an output over n keys (2 accumulations per 16 keys: hi and lo
@@ -60,7 +61,7 @@ __device__ __forceinline__ void split_half2(float v0, float v1, unsigned& hi, un
 template <int D>
 __global__ void __launch_bounds__(kAttnMmaWarps * 32)
     prefill_mma_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const __half* k_cache,
-                       const __half* v_cache, float* out) {
+                       const __half* v_cache, float* out, const float* sinks) {
     constexpr int kKeys = D >= 256 ? 32 : 64;  // cuda_rows::attn_mma_keys (checked in the launcher)
     constexpr int kStride = D + 8;  // halves per shared row
     constexpr int kQHalves = kAttnMmaRows * kStride, kTileHalves = kKeys * kStride;
@@ -271,8 +272,10 @@ __global__ void __launch_bounds__(kAttnMmaWarps * 32)
     for (int half = 0; half < 2; ++half) {
         const int gr = half == 0 ? ra : rb;
         if (gr >= total_rows) continue;
-        const kcap_u64 head = kcap_u64(gr / group) * kcap_u64(p.n_head) + kcap_u64(kv_head * group + gr % group);
-        const float inv = 1.0f / (half == 0 ? l_a : l_b);
+        const int query_head = kv_head * group + gr % group;
+        const kcap_u64 head = kcap_u64(gr / group) * kcap_u64(p.n_head) + kcap_u64(query_head);
+        // The softmax denominator, with the head's attention sink where the stage has them.
+        const float inv = 1.0f / kcap_attn_denominator(sinks, query_head, half == 0 ? m_a : m_b, half == 0 ? l_a : l_b);
         float* dst = out + head * kcap_u64(D) + kcap_u64(2 * tq);
 #pragma unroll
         for (int nt = 0; nt < D / 8; ++nt)
@@ -292,7 +295,8 @@ void launch_prefill_mma(const cuda::Context& ctx, const cuda::AttentionCall& a, 
     const int64_t query_rows = int64_t(p.n_tokens) * (p.n_head / p.n_head_kv);
     cuda::launch(ctx, prefill_mma_kernel<D>, dim3(cuda::ceil_div(query_rows, kAttnMmaRows), p.n_head_kv),
                  dim3(kAttnMmaWarps * 32), size_t(bytes), p, ctx.step, call.in,
-                 reinterpret_cast<const __half*>(a.k_cache), reinterpret_cast<const __half*>(a.v_cache), call.out);
+                 reinterpret_cast<const __half*>(a.k_cache), reinterpret_cast<const __half*>(a.v_cache), call.out,
+                 static_cast<const float*>(cuda::stage_data(call).operands[3]));  // the sinks (F32 [n_head]), or null
 }
 
 }  // namespace

@@ -100,10 +100,12 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     const bool row_valid = row_base + dr < p.n;
     pdl_wait();
     pdl_trigger();
+    kcap_u64 bias_offset = 0;  // grouped experts: the tile's expert's bias row
     if (group.tile_expert) {
         const int expert = group.tile_expert[blockIdx.y];
         if (expert < 0) return;  // past the batch's tiles
         w += kcap_u64(expert) * group.expert_bytes;
+        bias_offset = kcap_u64(expert) * kcap_u64(p.n);
     }
     const kcap_u8* wrow = w + kcap_u64(row_valid ? row_base + dr : 0) * p.row_bytes;
     const kcap_u8* w_end = w + kcap_u64(p.n) * p.row_bytes;
@@ -235,7 +237,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             }
         }
     }
-    store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, mma_group_pick(group.bias, which),
+    const float* bias = mma_group_pick(group.bias, which);
+    store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, bias ? bias + bias_offset : nullptr,
                mma_group_pick(group.y, which));
 }
 

@@ -212,8 +212,9 @@ __device__ __forceinline__ void store_tile(const float (&acc)[MT][kNt][4], const
 // comes once per stage instead of once per matrix.
 //   Grouped experts (cuda/moe.cu): tile_expert set, each token tile (grid y) is one expert's
 // rows of a sorted batch: its weights start expert_bytes * tile_expert[tile] into each member's
-// w (a tile of -1 is unused and ends at once), and its x rows are x_rows[token] (-1: a padding
-// row, zeros). live_rows (the sorted rows' source tokens, -1 for padding) lets a warp skip the
+// w (a tile of -1 is unused and ends at once), a member's bias (where it has one) is that
+// expert's row of n values of a [n_expert][n] bias, and its x rows are x_rows[token] (-1: a
+// padding row, zeros). live_rows (the sorted rows' source tokens, -1 for padding) lets a warp skip the
 // products of 16-token tiles of padding. The outputs stay in sorted order.
 struct MmaGroup {
     KcapMatmulParams p[3];  // the same k, m and row_bytes (mma_group_add); n and has_bias their own

@@ -17,7 +17,8 @@
 //                            up of every tile of one expert's rows (its weights read once per
 //                            tile of rows, not once per slot), the gated activation, the down
 //                            tiles in the down matrix's format, and the weighted sum reads each
-//                            slot's row back.
+//                            slot's row back. The experts' biases (gpt-oss) are added by each
+//                            tile (its expert's row), its clamped SwiGLU by the activation.
 //   Both experts' rows add an ungated shared expert's output (input3) in their weighted sum where
 //   the plan asks (kSharedExpertSum).
 //   cuda.moe_shared_gate     out = in + sigmoid(w . x) * shared, one group per token.
@@ -133,12 +134,13 @@ __global__ void __launch_bounds__(kMoeSortThreads)
 // or up tile wrote and no down tile reads (both end at once on it), so its values are skipped
 // rather than read uninitialized (compute-sanitizer's initcheck found that read).
 __global__ void __launch_bounds__(kElementwiseThreads)
-    grouped_activation_kernel(KcapElementwiseParams p, int ff, const int* tile_expert, float* gate, const float* up) {
+    grouped_activation_kernel(KcapElementwiseParams p, int ff, const int* tile_expert, float* gate, const float* up,
+                              float alpha, float limit) {
     pdl_wait();
     pdl_trigger();
     const kcap_u64 i = kcap_u64(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < kcap_u64(p.count) && tile_expert[i / (kcap_u64(ff) * kMmaTokens)] < 0) return;
-    kcap_ffn_activation(kcap_cuda_thread(), p, gate, up, gate);
+    if (i >= kcap_u64(p.count) || tile_expert[i / (kcap_u64(ff) * kMmaTokens)] < 0) return;
+    gate[i] = kcap_gated(p.activation, gate[i], up[i], alpha, limit);  // gpt-oss's clamped SwiGLU too
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -270,8 +272,16 @@ void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
     const auto* gate = static_cast<const kcap_u8*>(data.operands[0]);
     const auto* up = static_cast<const kcap_u8*>(data.operands[1]) +
                      (moe.gate_up_merged ? kcap_u64(moe.ff) * p.row_bytes : kcap_u64(0));
-    tiles::MmaGroup g = tiles::mma_group(p, gate, nullptr, ctx.moe_act);
-    tiles::mma_group_add(g, p, up, nullptr, ctx.moe_up);
+    // The experts' biases (F32 [n_expert][rows], gpt-oss: operands 3-5), or null: each tile adds
+    // its expert's row.
+    const auto* gate_bias = static_cast<const float*>(data.operands[3]);
+    const auto* up_bias = static_cast<const float*>(data.operands[4]);
+    const auto* down_bias = static_cast<const float*>(data.operands[5]);
+    KcapMatmulParams pu = p;
+    p.has_bias = gate_bias != nullptr;
+    pu.has_bias = up_bias != nullptr;
+    tiles::MmaGroup g = tiles::mma_group(p, gate, gate_bias, ctx.moe_act);
+    tiles::mma_group_add(g, pu, up, up_bias, ctx.moe_up);
     g.tile_expert = ctx.moe_tile_expert;
     g.x_rows = ctx.moe_rows;
     g.live_rows = ctx.moe_rows;
@@ -283,7 +293,7 @@ void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
     a.gated = 1;
     cuda::launch(ctx, cuda::grouped_activation_kernel, dim3(cuda::ceil_div(a.count, kElementwiseThreads)),
                  dim3(kElementwiseThreads), 0, a, int(moe.ff), static_cast<const int*>(ctx.moe_tile_expert), ctx.moe_act,
-                 static_cast<const float*>(ctx.moe_up));
+                 static_cast<const float*>(ctx.moe_up), stage.params.swiglu_alpha, stage.params.swiglu_limit);
     // Down: rows x n from the expert's down rows, on the activations in sorted order.
     const Format down_format = stage.operands[2]->format;
     KcapMatmulParams d{};
@@ -291,7 +301,8 @@ void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
     d.n = moe.n;
     d.m = rows;
     d.row_bytes = unsigned(row_bytes(down_format, moe.ff));
-    tiles::MmaGroup dg = tiles::mma_group(d, static_cast<const kcap_u8*>(data.operands[2]), nullptr, ctx.moe_down);
+    d.has_bias = down_bias != nullptr;
+    tiles::MmaGroup dg = tiles::mma_group(d, static_cast<const kcap_u8*>(data.operands[2]), down_bias, ctx.moe_down);
     dg.tile_expert = ctx.moe_tile_expert;
     dg.live_rows = ctx.moe_rows;
     dg.expert_bytes = kcap_u64(moe.n) * d.row_bytes;

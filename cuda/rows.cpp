@@ -446,11 +446,11 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
                     row.requires_all |= kQ8Output;
                     row.dims.head_dim_v_multiple = 32;  // a q8_1 run never straddles two heads
                 }
-                if (k.kind != AttnKind::PrefillMma) {  // the SIMT bodies take sinks (operand 3)
-                    row.operand_formats.resize(3);
-                    row.operand_formats.push_back({Format::F32});
-                    row.features |= kSinks;
-                }
+                // Attention sinks (operand 3, F32 [n_head]): every body adds exp(sink - max) to
+                // its softmax denominator.
+                row.operand_formats.resize(3);
+                row.operand_formats.push_back({Format::F32});
+                row.features |= kSinks;
                 rows.push_back(row);
             }
 
@@ -536,9 +536,8 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
         return "";
     };
     rows.push_back(route);
-    // The decode-matvec experts also take the experts' biases (operands 3-5, F32) and gpt-oss's
-    // clamped SwiGLU; the grouped tiles do not (a stage with them runs the matvec row at every
-    // token count).
+    // Both experts' rows also take the experts' biases (operands 3-5, F32) and gpt-oss's clamped
+    // SwiGLU.
 #define KCAP_MOE_EXPERTS_ROW(NAME, DECODER)                                                              \
     {                                                                                                    \
         const Format f = Format::NAME;                                                                   \
@@ -555,6 +554,8 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
             grouped.priority = 2;                                                                        \
             grouped.launches = {"moe_sort", "mma_tiles", "moe_activation", "mma_tiles", "moe_combine"};   \
             grouped.operand_formats[2] = mma_formats();                                                  \
+            grouped.operand_formats.insert(grouped.operand_formats.end(), 3, std::vector<Format>{Format::F32}); \
+            grouped.features |= kBias | kSwigluOai;                                                      \
             grouped.dims.max_experts = KCAP_MOE_MAX_EXPERTS; /* the sort's per-expert counts */          \
             rows.push_back(grouped);                                                                     \
         }                                                                                                \

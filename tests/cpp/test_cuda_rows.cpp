@@ -614,6 +614,14 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                 stage.features |= (neox ? kRopeNeox : kRopeNormal) | (qk_norm ? FeatureMask(kRmsNorm) : 0u) |
                                   (with_factors ? FeatureMask(kRopeFreqFactors) : 0u);
             }
+            // Attention sinks (gpt-oss: a logit per head in the softmax denominator) in every other case.
+            const auto sinks = float_vector(random_floats(rng, size_t(c.n_head), 2.0f), "sinks");
+            const bool with_sinks = (row.features & kSinks) && case_index % 2 == 1;
+            if (with_sinks) {
+                stage.operands.resize(3);
+                stage.operands.push_back(&sinks->ref);
+                stage.features |= kSinks;
+            }
             if (!rejection_reason(row, stage, g_device).empty()) continue;  // refusals: test_rows_table
             if (over_case_cap(row, false)) continue;
             const int cases_before = g_cases;
@@ -641,6 +649,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                 }
                 data.rope_table = t.arena.upload(rope_cos_sin_table(stage, n_ctx));  // the factors are folded in
             }
+            if (with_sinks) data.operands[3] = t.arena.upload_bytes(sinks->ref.data, sinks->ref.nbytes);
             // Positions [pos, pos + m) of both caches, directly: the CPU cache's rows, copied.
             const auto fill = [&](int pos, int m) {
                 for (int i = 0; i < m; ++i) {
@@ -655,7 +664,8 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                 CHECK(cudaMemcpy(static_cast<uint8_t*>(t.ctx.kv[0].k) + k0 * elem, k_src, kn * elem, cudaMemcpyHostToDevice));
                 CHECK(cudaMemcpy(static_cast<uint8_t*>(t.ctx.kv[0].v) + v0 * elem, v_src, vn * elem, cudaMemcpyHostToDevice));
             };
-            const Stage plain = owns_rope ? without_rope(stage) : stage;
+            Stage plain = owns_rope ? without_rope(stage) : stage;
+            if (with_sinks) plain.operands = {nullptr, nullptr, nullptr, &sinks->ref};
             std::vector<int> calls;
             if (c.prefill) calls.push_back(c.prefill);
             if (c.prefill2) calls.push_back(c.prefill2);
@@ -1419,8 +1429,11 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
             for (const int64_t k : {block, 3 * block})
                 for (const int used : {2, 3})
                     for (const int m : is_tile_row(row) ? std::vector<int>{37, 300} : std::vector<int>{1, 3, 37})
-                    for (const bool gemma : {false, true}) {
-                        if (gemma && row.op == Op::MoeSharedGate) continue;
+                    for (const int variant : {0, 1, 2}) {
+                        // 1: Gemma 4's experts (merged gate_up, gelu_tanh) and router (logit and
+                        // per-expert scales); 2: gpt-oss's (biases everywhere, the clamped SwiGLU).
+                        const bool gemma = variant == 1, oai = variant == 2;
+                        if (variant && row.op == Op::MoeSharedGate) continue;
                         if (over_case_cap(row)) continue;
                         TestContext t;
                         // The router also at 128 experts (Qwen3-MoE): each lane of its top-k scans several.
@@ -1441,11 +1454,14 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         if (row.op == Op::MoeRoute) {
                             const auto w = random_weights(rng, f, k, n_expert, "router");
                             const auto expert_scale = float_vector(random_floats(rng, size_t(n_expert), 1.0f), "exps_scale");
+                            const auto router_bias = float_vector(random_floats(rng, size_t(n_expert), 0.5f), "router_bias");
                             stage.operands = {&w->ref};
                             if (gemma) stage.operands.push_back(&expert_scale->ref);
+                            if (oai) stage.operands = {&w->ref, nullptr, &router_bias->ref};
                             stage.n = 2 * used;
                             stage.features = kExpertSoftmax | (used == 2 ? FeatureMask(kExpertWeightsNorm) : 0u) |
-                                             (gemma ? FeatureMask(kExpertLogitScale | kPerExpertScale) : 0u);
+                                             (gemma ? FeatureMask(kExpertLogitScale | kPerExpertScale) : 0u) |
+                                             (oai ? FeatureMask(kBias) : 0u);
                             stage.params.expert_logit_scale = gemma ? 0.125f : 1.0f;
                             std::vector<float> ref(size_t(m) * 2 * used);
                             call.in = x.data(), call.out = ref.data();
@@ -1455,6 +1471,8 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                             data.operands[0] = t.arena.upload_bytes(w->ref.data, w->ref.nbytes);
                             if (gemma)
                                 data.operands[1] = t.arena.upload_bytes(expert_scale->ref.data, expert_scale->ref.nbytes);
+                            if (oai)
+                                data.operands[2] = t.arena.upload_bytes(router_bias->ref.data, router_bias->ref.nbytes);
                             call.in = t.arena.upload(x), call.out = out;
                             if (!t.run(row, stage, call, data)) continue;
                             const std::vector<float> got = download(out, ref.size());
@@ -1462,7 +1480,8 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                             KCAP_EXPECT(diff.wrong_ids == 0 && diff.weights_error <= kExactTolerance,
                                         "%s %s K=%lld used %d, %d tokens%s: %d experts chosen differently, weights error %.3g",
                                         row.kernel.c_str(), format_name(f), (long long)k, used, m,
-                                        gemma ? " (logit scale, per-expert scales)" : "", diff.wrong_ids, diff.weights_error);
+                                        gemma ? " (logit scale, per-expert scales)" : oai ? " (bias)" : "", diff.wrong_ids,
+                                        diff.weights_error);
                             ++g_cases;
                             continue;
                         }
@@ -1508,11 +1527,19 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         const auto own_up = gemma ? nullptr : random_weights(rng, f, k, ff_legal * n_expert, "up_exps");
                         const auto* up = gemma ? gate.get() : own_up.get();
                         const auto down = random_weights(rng, down_format, ff_legal, n * n_expert, "down_exps");
+                        // gpt-oss: F32 biases [n_expert][rows] of gate, up and down.
+                        const auto gate_bias = float_vector(random_floats(rng, size_t(ff_legal * n_expert), 0.5f), "gate_bias");
+                        const auto up_bias = float_vector(random_floats(rng, size_t(ff_legal * n_expert), 0.5f), "up_bias");
+                        const auto down_bias = float_vector(random_floats(rng, size_t(n * n_expert), 0.5f), "down_bias");
                         stage.operands = {&gate->ref, &up->ref, &down->ref};
+                        if (oai) stage.operands.insert(stage.operands.end(), {&gate_bias->ref, &up_bias->ref, &down_bias->ref});
                         stage.k2 = ff_legal;
                         stage.n = n;
-                        stage.params.activation = gemma ? Activation::GeluTanh : Activation::SiLU;
-                        stage.features = (gemma ? FeatureMask(kGeluTanh | kExpertGateUpMerged) : FeatureMask(kSilu)) | kGated;
+                        stage.params.activation = gemma ? Activation::GeluTanh : oai ? Activation::SwigluOai : Activation::SiLU;
+                        stage.features = (gemma ? FeatureMask(kGeluTanh | kExpertGateUpMerged)
+                                          : oai ? FeatureMask(kSwigluOai | kBias)
+                                                : FeatureMask(kSilu)) |
+                                         kGated;
                         const MoeScratch scratch = moe_scratch(stage, m, cuda_rows::kMmaTokens);
                         t.ctx.moe_act = t.arena.nan_floats(scratch.act);
                         t.ctx.moe_up = t.arena.nan_floats(scratch.up);
@@ -1527,6 +1554,11 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         data.operands[0] = t.arena.upload_bytes(gate->ref.data, gate->ref.nbytes);
                         data.operands[1] = t.arena.upload_bytes(up->ref.data, up->ref.nbytes);
                         data.operands[2] = t.arena.upload_bytes(down->ref.data, down->ref.nbytes);
+                        if (oai) {
+                            data.operands[3] = t.arena.upload_bytes(gate_bias->ref.data, gate_bias->ref.nbytes);
+                            data.operands[4] = t.arena.upload_bytes(up_bias->ref.data, up_bias->ref.nbytes);
+                            data.operands[5] = t.arena.upload_bytes(down_bias->ref.data, down_bias->ref.nbytes);
+                        }
                         call.in = t.arena.upload(x), call.in2 = t.arena.upload(routing), call.out = out;
                         if (!t.run(row, stage, call, data)) continue;
                         const double err = relative_error(download(out, ref.size()), ref);
@@ -1535,7 +1567,7 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         const double bound = is_tile_row(row) ? kMmaTolerance : kExactTolerance;
                         KCAP_EXPECT(err <= bound, "%s down %s K=%lld ff=%lld used %d, %d tokens%s: error %.3g",
                                     row.kernel.c_str(), format_name(down_format), (long long)k, (long long)ff_legal, used,
-                                    m, gemma ? " (merged gate_up, gelu_tanh)" : "", err);
+                                    m, gemma ? " (merged gate_up, gelu_tanh)" : oai ? " (biases, clamped SwiGLU)" : "", err);
                         ++g_cases;
                     }
         }

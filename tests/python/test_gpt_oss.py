@@ -12,6 +12,7 @@ from kcap.arch import build_spec
 from kcap.explain import explain_file
 from kcap.gguf import GGUFFile
 from kcap.model import register_tensors
+from kcap.testing import synth
 from kcap.testing.synth import copy_with_changes
 
 from test_conformance import FIXTURES
@@ -50,9 +51,9 @@ def test_metal_refuses_gpt_oss_naming_what_it_lacks():
 
 @pytest.mark.parametrize("fixture", ["gpt-oss-f32", "gpt-oss-mxfp4-f32"])
 def test_cuda_plan_keeps_every_gpt_oss_feature(fixture):
-    # CUDA's SIMT attention rows take the sinks (the tensor-core prefill does not, so it is not
-    # chosen), the router's row its bias, the decode-matvec experts row the biases and the
-    # clamped SwiGLU at every token count (the grouped tiles have neither).
+    # Every CUDA attention row takes the sinks, the router's row its bias, both experts' rows the
+    # biases and the clamped SwiGLU: the decode matvecs up to 15 tokens, the grouped tensor-core
+    # tiles from 16 where the experts' format has tiles (MXFP4; F32 has none).
     routes = explain_file(str(FIXTURES / f"{fixture}.gguf"), backend="cuda")
     attention = [r for r in routes if r["stage"].endswith("attention")]
     assert attention and all("sinks" in r["features"].split(",") and "sinks=F32" in r["formats"] for r in attention)
@@ -60,8 +61,24 @@ def test_cuda_plan_keeps_every_gpt_oss_feature(fixture):
     router = [r for r in routes if r["stage"] == "ffn_router"]
     assert router and all("bias" in r["features"].split(",") and r["kernel"] == "cuda.moe_route" for r in router)
     experts = [r for r in routes if r["stage"] == "ffn_moe"]
-    assert experts and all(r["kernel"].startswith("cuda.moe_experts.") and r["tokens_max"] is None and
-                           {"bias", "swiglu_oai"} <= set(r["features"].split(",")) for r in experts)
+    assert experts and all({"bias", "swiglu_oai"} <= set(r["features"].split(",")) for r in experts)
+    ranges = sorted({(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in experts})
+    if "mxfp4" in fixture:
+        assert ranges == [("cuda.moe_experts.mxfp4", 1, 15), ("cuda.moe_experts_mma.mxfp4", 16, None)]
+    else:
+        assert ranges == [("cuda.moe_experts.f32", 1, None)]
+
+
+def test_cuda_tensor_core_prefill_takes_the_sinks(tmp_path):
+    # gpt-oss-20b's heads of 64 with an f16 cache: prompts run the tensor-core attention, which
+    # adds each head's sink to its softmax denominator (test_cuda_rows checks it against the CPU).
+    path = synth.gpt_oss_20b_mxfp4(str(tmp_path / "gpt-oss-small.gguf"), n_layer=2, n_embd=256, n_head=4,
+                                   n_head_kv=2, n_expert=4, n_expert_used=2, n_ff_exp=256, n_vocab=512)
+    routes = explain_file(path, backend="cuda", kv_type="f16")
+    attention = sorted({(r["layer"], r["kernel"], r["tokens_min"]) for r in routes if r["stage"].endswith("attention")
+                        and "sinks" in r["features"].split(",")})
+    assert attention == [(0, "cuda.attention_decode_rope", 1), (0, "cuda.attention_mma_rope", 2),
+                         (1, "cuda.attention_decode_rope", 1), (1, "cuda.attention_mma_rope", 2)]
 
 
 def test_expert_bias_of_the_wrong_shape_is_named(tmp_path):
