@@ -57,10 +57,12 @@ void init_devices(py::module_& m) {
           "(free, total) bytes of CUDA device 0 (cudaMemGetInfo; the first call creates the CUDA context). "
           "Raises BackendUnavailableError without CUDA.");
     m.def("cap_cpu_kernels", &kcap::cap_cpu_kernels, pybind11::arg("widest"),
-          "The widest x86 dot_row kernels allowed: avx512 (default), avx2 or baseline");
+          "The widest dot_row kernels allowed, in this architecture's names: on x86-64 avx512 (default), "
+          "avx2 or baseline; on AArch64 dotprod (default), neon (NEON without SDOT) or baseline.");
     m.def("cpu_kernels", [] { return std::string(kcap::cpu_kernels_in_use()); },
-          "The CPU dot products this process runs: 'avx512+vnni' or 'avx2+fma' where the build has them, "
-          "the CPU supports them and cap_cpu_kernels allows them, else 'baseline'.");
+          "The CPU dot products this process runs: 'avx512+vnni' or 'avx2+fma' (x86-64), 'neon+dotprod' or "
+          "'neon' (AArch64) where the build has them, the CPU supports them and cap_cpu_kernels allows them, "
+          "else 'baseline'.");
 #if defined(KCAP_NATIVE_BUILD)
     m.attr("native_build") = true;  // built with -march=native: runs only on CPUs like the builder's
 #else

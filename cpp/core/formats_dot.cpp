@@ -1,6 +1,8 @@
 // dot_row: the fused dot product of one quantized row with an f32 vector, the inner loop of
-// the CPU backend's decode matvec. This file holds the argument checks, the dispatch and the
-// portable build; formats_dot_avx2.cpp the x86 AVX2+FMA build that -march=native selects.
+// the CPU backend's decode matvec. This file holds the argument checks, the run-time dispatch
+// and the portable build; formats_dot_avx2.cpp, formats_dot_avx512.cpp (x86-64),
+// formats_dot_neon.cpp and formats_dot_neon_dotprod.cpp (AArch64) the builds it dispatches to
+// (formats_dot_paths.h).
 //
 // Portable build: blocks are decoded (with formats_blocks.h, the same decoders as
 // dequantize_row) into a small aligned stack buffer that stays in L1, 256 elements at a time,
@@ -17,6 +19,15 @@
 #include "core/formats_dot_paths.h"
 #include "kcap/errors.h"
 #include "kcap/formats.h"
+
+#if defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)  // the kernel's bit for SDOT/UDOT (asm/hwcap.h)
+#endif
+#endif
 
 namespace kcap {
 namespace {
@@ -194,8 +205,37 @@ bool cpu_has(const char* which) {
 #endif
 }
 
-// The widest build allowed (cap_cpu_kernels): 2 AVX-512, 1 AVX2, 0 the portable loops.
+// Whether this AArch64 CPU has the dot product instructions (FEAT_DotProd: SDOT/UDOT).
+bool cpu_has_dotprod() {
+#if defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
+    return true;  // the whole library targets such CPUs (KCAP_NATIVE on one)
+#elif defined(__aarch64__) && defined(__APPLE__)
+    int value = 0;
+    size_t size = sizeof value;
+    if (sysctlbyname("hw.optional.arm.FEAT_DotProd", &value, &size, nullptr, 0) == 0) return value != 0;
+    return true;  // every Apple silicon CPU has it; macOS before 12 lacks the key
+#elif defined(__aarch64__) && defined(__linux__)
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#else
+    return false;  // other systems: the NEON kernels without SDOT
+#endif
+}
+
+// The widest build allowed (cap_cpu_kernels): 2 AVX-512 or NEON with SDOT, 1 AVX2 or NEON
+// without it, 0 the portable loops.
 std::atomic<int> kernel_cap{2};
+
+// The cap names of this architecture, by level (cap_cpu_kernels; empty: no such level here).
+#if defined(__x86_64__) || defined(__i386__)
+constexpr const char* kCapNames[3] = {"baseline", "avx2", "avx512"};
+constexpr const char* kArchitecture = "x86";
+#elif defined(__aarch64__)
+constexpr const char* kCapNames[3] = {"baseline", "neon", "dotprod"};
+constexpr const char* kArchitecture = "AArch64";
+#else
+constexpr const char* kCapNames[3] = {"baseline", "", ""};
+constexpr const char* kArchitecture = "this architecture";
+#endif
 
 bool avx512_runs() {
     static const bool runs = avx512::compiled() && cpu_has("avx512");
@@ -207,25 +247,54 @@ bool avx2_runs() {
     return runs;
 }
 
-bool use_avx512() { return kernel_cap.load(std::memory_order_relaxed) >= 2 && avx512_runs(); }
-bool use_avx2() { return !use_avx512() && kernel_cap.load(std::memory_order_relaxed) >= 1 && avx2_runs(); }
+bool neon_dotprod_runs() {
+    static const bool runs = neon_dotprod::compiled() && cpu_has_dotprod();
+    return runs;
+}
+
+int cap() { return kernel_cap.load(std::memory_order_relaxed); }
+
+bool use_avx512() { return cap() >= 2 && avx512_runs(); }
+bool use_avx2() { return !use_avx512() && cap() >= 1 && avx2_runs(); }
+// Advanced SIMD is part of every AArch64 CPU: the NEON kernels run wherever they were compiled.
+bool use_neon() { return cap() >= 1 && neon::compiled(); }
+bool use_neon_dotprod() { return cap() >= 2 && neon_dotprod_runs(); }
 
 }  // namespace
 
 void cap_cpu_kernels(const std::string& widest) {
-    if (widest != "avx512" && widest != "avx2" && widest != "baseline")
-        throw Error("cpu kernels '" + widest + "': expected avx512, avx2 or baseline");
-    kernel_cap.store(widest == "avx512" ? 2 : widest == "avx2" ? 1 : 0, std::memory_order_relaxed);
+    std::string expected;
+    for (int level = 2; level >= 0; --level) {
+        const std::string name = kCapNames[level];
+        if (name.empty()) continue;
+        if (widest == name) {
+            kernel_cap.store(level, std::memory_order_relaxed);
+            return;
+        }
+        expected += expected.empty() ? name : (level == 0 ? " or " : ", ") + name;
+    }
+    throw Error("cpu kernels '" + widest + "': expected " + expected + " on " + kArchitecture);
 }
 
 bool avx2_kernels_in_use() { return use_avx2(); }
 bool avx512_kernels_in_use() { return use_avx512(); }
-const char* cpu_kernels_in_use() { return use_avx512() ? "avx512+vnni" : use_avx2() ? "avx2+fma" : "baseline"; }
+bool neon_kernels_in_use() { return use_neon(); }
+bool neon_dotprod_kernels_in_use() { return use_neon_dotprod(); }
+
+const char* cpu_kernels_in_use() {
+    if (use_avx512()) return "avx512+vnni";
+    if (use_avx2()) return "avx2+fma";
+    if (use_neon_dotprod()) return "neon+dotprod";
+    if (use_neon()) return "neon";
+    return "baseline";
+}
 
 float dot_row(Format format, const void* src, const float* x, int64_t n_elems) {
     row_bytes(format, n_elems);  // validates the format and that n_elems fills whole blocks
     if (use_avx512()) return avx512::dot_row(format, src, x, n_elems);
     if (use_avx2()) return avx2::dot_row(format, src, x, n_elems);
+    // Both AArch64 levels: SDOT has nothing to do with f32 activations.
+    if (use_neon()) return neon::dot_row(format, src, x, n_elems);
     return portable::dot_row(format, src, x, n_elems);
 }
 
@@ -236,6 +305,8 @@ float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems) {
     if (n_elems % 32 != 0) throw FormatError("dot_row_q8_1: " + std::to_string(n_elems) + " is not whole 32-value runs");
     if (use_avx512()) return avx512::dot_row_q8_1(format, src, x, n_elems);
     if (use_avx2()) return avx2::dot_row_q8_1(format, src, x, n_elems);
+    if (use_neon_dotprod()) return neon_dotprod::dot_row_q8_1(format, src, x, n_elems);
+    if (use_neon()) return neon::dot_row_q8_1(format, src, x, n_elems);
     return portable::dot_row_q8_1(format, src, x, n_elems);
 }
 

@@ -1,5 +1,6 @@
 // ctest for the formats core: half-precision conversions, the format table and row sizes,
-// dot_row (every build of it present) against an f64 sum over dequantize_row, and the
+// dot_row (every build of it present: portable, AVX2, AVX-512, NEON, SDOT; and the dispatched one
+// at every cap_cpu_kernels level) against an f64 sum over dequantize_row, and the
 // errors for bad sizes and unknown types. Bit-exactness of dequantize_row against gguf-py is
 // checked by tests/python/test_formats.py.
 #include <cmath>
@@ -237,11 +238,12 @@ void test_dot_against_dequantize(const char* build, DotFunction dot) {
     std::string worst_summary;
     for (const kcap::FormatInfo& info : kcap::all_formats()) {
         const int block = info.block_elems > 1 ? info.block_elems : 1;
-        // One block, a few, Gemma's 640 (a tail after whole groups of 8 blocks), 4096, and an
-        // odd length for the float formats' scalar tail.
+        // One block, a few, Gemma's 640 (a tail after whole groups of 8 blocks), 4096, and odd
+        // lengths for the float formats' zero-padded tail: shorter than one 32-element step, one
+        // step and a tail, several steps and a tail.
         std::vector<int64_t> lengths = {block, 3 * block, 4096};
         if (block <= 128) lengths.push_back(640);
-        if (block == 1) lengths.push_back(37);
+        if (block == 1) lengths.insert(lengths.end(), {7, 37, 111});
         int worst_failures = 0;
         double worst_ratio = 0.0;
         for (int64_t n : lengths) {
@@ -292,7 +294,8 @@ void test_dot_q8_1(const char* build, DotQ8Function dot) {
         ++formats;
         double worst_ratio = 0.0;
         int failures_here = 0;
-        for (int64_t n : {int64_t(info.block_elems) * 3, int64_t(640 / info.block_elems) * info.block_elems, int64_t(4096)}) {
+        for (int64_t n : {int64_t(info.block_elems), int64_t(info.block_elems) * 3,
+                          int64_t(640 / info.block_elems) * info.block_elems, int64_t(4096)}) {
             if (n == 0) continue;
             for (int trial = 0; trial < 8; ++trial) {
                 const std::vector<uint8_t> row = random_row(info.format, n, rng);
@@ -353,6 +356,50 @@ void test_dot_one_hot_recovers_weights(const char* build, DotFunction dot) {
         check(mismatches == 0, std::string(build) + " " + info.name + ": dot with one-hot x equals the weight (" +
                                    std::to_string(mismatches) + " of " + std::to_string(n) + " differ)");
     }
+}
+
+// cap_cpu_kernels takes this architecture's names, widest first, and each level changes what
+// cpu_kernels_in_use reports and what the dispatched kcap::dot_row / dot_row_q8_1 run (tested at
+// every level against the same reference); a name of another architecture is refused with the
+// valid ones listed. The widest level is restored at the end.
+void test_cpu_kernel_caps() {
+#if defined(__x86_64__) || defined(__i386__)
+    const std::vector<std::string> names = {"avx512", "avx2", "baseline"};
+    const std::string foreign = "neon";
+#elif defined(__aarch64__)
+    const std::vector<std::string> names = {"dotprod", "neon", "baseline"};
+    const std::string foreign = "avx2";
+#else
+    const std::vector<std::string> names = {"baseline"};
+    const std::string foreign = "avx2";
+#endif
+    for (const std::string& name : names) {
+        kcap::cap_cpu_kernels(name);
+        const std::string in_use = kcap::cpu_kernels_in_use();
+        std::printf("cap %s: cpu kernels %s\n", name.c_str(), in_use.c_str());
+        if (name == "baseline") check(in_use == "baseline", "cap baseline runs the portable loops");
+#if defined(__aarch64__)
+        if (name == "neon")
+            check(in_use == (kcap::neon::compiled() ? "neon" : "baseline"), "cap neon runs NEON without SDOT");
+        if (name == "dotprod")
+            check(in_use == (kcap::neon_dotprod_kernels_in_use() ? "neon+dotprod" : "neon"),
+                  "cap dotprod runs SDOT where the CPU has it");
+#endif
+        const std::string label = "kcap::dot_row (cap " + name + ", " + in_use + ")";
+        test_dot_against_dequantize(label.c_str(), kcap::dot_row);
+        const std::string label_q8 = "kcap::dot_row_q8_1 (cap " + name + ", " + in_use + ")";
+        test_dot_q8_1(label_q8.c_str(), kcap::dot_row_q8_1);
+    }
+    kcap::cap_cpu_kernels(names.front());
+    std::string message;
+    try {
+        kcap::cap_cpu_kernels(foreign);
+    } catch (const kcap::Error& e) {
+        message = e.what();
+    }
+    bool lists_names = !message.empty() && message.find(foreign) != std::string::npos;
+    for (const std::string& name : names) lists_names &= message.find(name) != std::string::npos;
+    check(lists_names, "cap_cpu_kernels('" + foreign + "') is refused, naming this machine's caps: " + message);
 }
 
 void test_dot_special_rows() {
@@ -416,7 +463,7 @@ int main() {
         test_dot_q8_1("avx2::dot_row_q8_1", kcap::avx2::dot_row_q8_1);
         test_dot_one_hot_recovers_weights("avx2::dot_row", kcap::avx2::dot_row);
     } else {
-        std::printf("note: no AVX2 dot_row here; only the portable one is tested\n");
+        std::printf("note: no AVX2 dot_row here (build or CPU); it is not tested\n");
     }
     if (kcap::avx512_kernels_in_use()) {
         test_dot_against_dequantize("avx512::dot_row", kcap::avx512::dot_row);
@@ -425,7 +472,23 @@ int main() {
     } else {
         std::printf("note: no AVX-512 VNNI dot_row here (build or CPU); it is not tested\n");
     }
+    // The AArch64 builds: NEON runs on every such CPU (its widening q8_1 products are tested on
+    // a CPU with SDOT too), the SDOT q8_1 kernels where the CPU has them.
+    if (kcap::neon::compiled()) {
+        test_dot_against_dequantize("neon::dot_row", kcap::neon::dot_row);
+        test_dot_q8_1("neon::dot_row_q8_1", kcap::neon::dot_row_q8_1);
+        test_dot_one_hot_recovers_weights("neon::dot_row", kcap::neon::dot_row);
+    } else {
+        std::printf("note: no NEON dot_row here (not an AArch64 build); it is not tested\n");
+    }
+    if (kcap::neon_dotprod_kernels_in_use()) {
+        test_dot_q8_1("neon_dotprod::dot_row_q8_1", kcap::neon_dotprod::dot_row_q8_1);
+    } else {
+        std::printf("note: no SDOT dot_row_q8_1 here (build or CPU); it is not tested\n");
+    }
+    std::printf("cpu kernels in use: %s\n", kcap::cpu_kernels_in_use());
     test_dot_against_dequantize("kcap::dot_row", kcap::dot_row);
+    test_cpu_kernel_caps();
     test_dot_special_rows();
     test_bad_sizes();
     std::printf("%d passed, %d failed\n", passed, failed);

@@ -130,6 +130,32 @@ def test_portable_build_picks_cpu_kernels_at_run_time():
     # the library by ctest isa_confined (this module is stripped: its functions cannot be told apart).
 
 
+def arm_has_dotprod() -> bool:
+    if sys.platform == "darwin":
+        return True  # every Apple silicon CPU has the dot product instructions
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("Features"):
+                return "asimddp" in line.split(":", 1)[1].split()
+    return False
+
+
+@pytest.mark.skipif(platform.machine() not in ("aarch64", "arm64") or
+                    not (sys.platform == "darwin" or os.path.exists("/proc/cpuinfo")),
+                    reason="the AArch64 CPU kernel choice is checked on AArch64 Linux and macOS")
+def test_portable_build_picks_arm_cpu_kernels_at_run_time():
+    # NEON on every AArch64 CPU, with SDOT for q8_1 activations where the CPU has it.
+    cap = os.environ.get("KCAP_CPU_KERNELS", "dotprod")
+    expected = ("baseline" if cap == "baseline" else "neon+dotprod" if cap == "dotprod" and arm_has_dotprod()
+                else "neon")
+    assert kcap._core.cpu_kernels() == expected
+
+
+# The widest cap_cpu_kernels name of this machine (each architecture has its own names).
+WIDEST_CPU_KERNELS = {"x86_64": "avx512", "AMD64": "avx512", "aarch64": "dotprod",
+                      "arm64": "dotprod"}.get(platform.machine(), "baseline")
+
+
 def test_cpu_kernels_cap_shows_in_explain_and_refuses_unknown_names():
     from kcap.explain import format_header
 
@@ -138,7 +164,7 @@ def test_cpu_kernels_cap_shows_in_explain_and_refuses_unknown_names():
         assert kcap._core.cpu_kernels() == "baseline"
         assert format_header("cpu", "f32", "f32", 512).endswith("; cpu kernels baseline")
     finally:
-        kcap.cap_cpu_kernels(os.environ.get("KCAP_CPU_KERNELS", "avx512"))
+        kcap.cap_cpu_kernels(os.environ.get("KCAP_CPU_KERNELS", WIDEST_CPU_KERNELS))
     with pytest.raises(kcap.KcapError, match="avx9"):
         kcap.cap_cpu_kernels("avx9")
     result = subprocess.run([sys.executable, "-c", "import kcap"], capture_output=True, text=True,
