@@ -20,6 +20,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/params.h"
+#include "kernels/quant.h"  // the decoders of W_k_b and W_v_b
 
 #define KCAP_MLA_LATENT_PER_LANE (KCAP_MLA_MAX_LORA / KCAP_SIMD_WIDTH)
 
@@ -41,9 +42,9 @@ KCAP_FN void kcap_mla_append(const KcapThread t, const KcapMlaParams p, const KC
     const kcap_u64 row = kcap_u64(pos) * kcap_u64(p.width);
     for (int i = int(t.index); i < p.lora; i += int(t.threads))
         kcap_kv_store(cache, row + kcap_u64(i), src[i] * inv * norm[i], p.kv_f16);
-    const int half = p.rope / 2;
-    for (int i = int(t.index); i < half; i += int(t.threads)) {
-        const float2 cs = cos_sin[kcap_u64(pos) * kcap_u64(half) + kcap_u64(i)];
+    const int pairs = p.rope / 2;
+    for (int i = int(t.index); i < pairs; i += int(t.threads)) {
+        const float2 cs = cos_sin[kcap_u64(pos) * kcap_u64(pairs) + kcap_u64(i)];
         const float x0 = src[p.lora + 2 * i], x1 = src[p.lora + 2 * i + 1];
         kcap_kv_store(cache, row + kcap_u64(p.lora + 2 * i), x0 * cs.x - x1 * cs.y, p.kv_f16);
         kcap_kv_store(cache, row + kcap_u64(p.lora + 2 * i + 1), x0 * cs.y + x1 * cs.x, p.kv_f16);
@@ -114,9 +115,9 @@ KCAP_FN void kcap_mla_absorb(const KcapThread t, const KcapMlaParams p, const KC
         }
     }
     if (t.group_y != 0) return;
-    const int pos = step[0] + token, half = p.rope / 2;
-    for (int i = int(t.index); i < half; i += int(t.threads)) {
-        const float2 cs = cos_sin[kcap_u64(pos) * kcap_u64(half) + kcap_u64(i)];
+    const int pos = step[0] + token, pairs = p.rope / 2;
+    for (int i = int(t.index); i < pairs; i += int(t.threads)) {
+        const float2 cs = cos_sin[kcap_u64(pos) * kcap_u64(pairs) + kcap_u64(i)];
         const float x0 = qh[p.nope + 2 * i], x1 = qh[p.nope + 2 * i + 1];
         out[p.lora + 2 * i] = x0 * cs.x - x1 * cs.y;
         out[p.lora + 2 * i + 1] = x0 * cs.y + x1 * cs.x;

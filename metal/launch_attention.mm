@@ -4,7 +4,8 @@
 // attends to the cache. A shared-KV
 // layer (stage.params.kv_layer >= 0) binds the cache of layer kv_layer, filled earlier in this
 // same pass, and appends nothing (p.append = 0). The KV cache buffers are the layer's
-// MTLBuffers, bound directly.
+// MTLBuffers, bound directly. The stage's attention sinks (operand 3, F32 [n_head], gpt-oss)
+// are bound to the decode, the combine and the prefill, with has_sinks set, where it has them.
 #include "metal/metal_context.h"
 
 namespace kcap {
@@ -15,6 +16,14 @@ struct MetalAttention {
     KcapAttentionParams p;
     const metal::KvCache* kv;
 };
+
+// The stage's attention sinks (operand 3) and whether it has them, bound at `index` and index + 1.
+void bind_sinks(const metal::Context& ctx, const KernelCall& call, int index) {
+    const void* sinks = metal::stage_data(call).operands[3];
+    const int has_sinks = sinks != nullptr;
+    metal::bind(ctx, index, sinks);
+    metal::bind_params(ctx, index + 1, has_sinks);
+}
 
 MetalAttention attention_call(const Stage& stage, const KernelCall& call) {
     using namespace metal_rows;
@@ -46,6 +55,7 @@ void kcap_metal_attention_decode(const Stage& stage, const KernelCall& call) {
         metal::bind(ctx, 7, ctx.attn_partial_o);
         metal::bind(ctx, 8, ctx.attn_partial_ml);
         metal::bind(ctx, 9, call.out);
+        bind_sinks(ctx, call, 10);
         metal::dispatch(ctx, *call.row, kAttnDecode, MTLSizeMake(NSUInteger(p.n_head_kv), NSUInteger(p.n_splits), 1),
                         32 * kAttnDecodeSimds);
         if (p.n_splits > 1) {
@@ -54,6 +64,7 @@ void kcap_metal_attention_decode(const Stage& stage, const KernelCall& call) {
             metal::bind(ctx, 2, ctx.attn_partial_o);
             metal::bind(ctx, 3, ctx.attn_partial_ml);
             metal::bind(ctx, 4, call.out);
+            bind_sinks(ctx, call, 5);
             metal::dispatch(ctx, *call.row, kAttnCombine, MTLSizeMake(NSUInteger(p.n_head), 1, 1), kAttnCombineThreads);
         }
     }
@@ -83,6 +94,7 @@ void kcap_metal_attention_prefill(const Stage& stage, const KernelCall& call) {
     [e setBuffer:kv.k offset:0 atIndex:3];
     [e setBuffer:kv.v offset:0 atIndex:4];
     metal::bind(ctx, 5, call.out);
+    bind_sinks(ctx, call, 6);
     // Tiled prefill (kernels/attention_prefill.h): row tiles of the KV head's query rows.
     const int64_t query_rows = int64_t(p.n_tokens) * (p.n_head / p.n_head_kv);
     metal::dispatch(ctx, *call.row, kAttnPrefill,

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <string>
 #include <tuple>
@@ -260,8 +261,9 @@ private:
         for (size_t i = 0; i < spec.layers.size(); ++i) {
             const LayerSpec& layer = spec.layers[i];
             if (layer.kv_source_layer >= 0) continue;  // kv_shared: reads layer kv_source_layer's cache
-            const size_t k = std::max<size_t>(16, size_t(ctx_.n_ctx) * layer.n_head_kv * layer.head_dim * kv_bytes);
-            const size_t v = std::max<size_t>(16, size_t(ctx_.n_ctx) * layer.n_head_kv * layer.head_dim_v * kv_bytes);
+            const KvWidths widths = kv_widths(layer);  // a latent-attention layer: its latent rows only
+            const size_t k = std::max<size_t>(16, size_t(ctx_.n_ctx) * size_t(widths.k) * kv_bytes);
+            const size_t v = std::max<size_t>(16, size_t(ctx_.n_ctx) * size_t(widths.v) * kv_bytes);
             ctx_.kv[i].k = [ctx_.device newBufferWithLength:k options:MTLResourceStorageModePrivate];
             ctx_.kv[i].v = [ctx_.device newBufferWithLength:v options:MTLResourceStorageModePrivate];
             if (!ctx_.kv[i].k || !ctx_.kv[i].v) throw Error("metal: cannot allocate the KV cache");
@@ -283,9 +285,9 @@ private:
         for (size_t i = 0; i < plan_.stages.size(); ++i) {
             const Stage& stage = plan_.stages[i].stage;
             StageData& data = stage_data_[i];
-            for (size_t j = 0; j < stage.operands.size() && j < 4; ++j)
+            for (size_t j = 0; j < stage.operands.size() && j < std::size(data.operands); ++j)
                 if (stage.operands[j]) data.operands[j] = stage.operands[j]->data;
-            if (stage.op == Op::Rope) {
+            if (stage.op == Op::Rope || stage.op == Op::AttentionMla) {
                 const RopeTableKey key = rope_table_key(stage);
                 auto found = rope_tables.find(key);
                 if (found == rope_tables.end()) {
@@ -295,7 +297,22 @@ private:
                     found = rope_tables.emplace(key, copy).first;
                 }
                 data.rope_table = found->second;
-                data.operands[0] = nullptr;  // the factors are folded into the table
+                data.operands[stage.op == Op::Rope ? 0 : 3] = nullptr;  // the factors are folded into the table
+            }
+            if (stage.op == Op::AttentionMla) {
+                // Splits of about kMlaMinChunk rows at the longest span, at most kMlaGroupsPerCore
+                // attend groups (head groups x splits) per kGpuCores core, as cuda_backend.cu;
+                // partials for the decode's splits or a prefill chunk's single split of every token.
+                const int64_t span = std::max<int64_t>(1, stage.max_span);
+                const int64_t head_groups = (stage.params.n_head + KCAP_MLA_HEADS_PER_GROUP - 1) / KCAP_MLA_HEADS_PER_GROUP;
+                const int64_t by_span = (span + metal_rows::kMlaMinChunk - 1) / metal_rows::kMlaMinChunk;
+                const int64_t cap = std::min<int64_t>(
+                    KCAP_MLA_MAX_SPLITS,
+                    std::max<int64_t>(1, int64_t(metal_rows::kMlaGroupsPerCore) * metal_rows::kGpuCores / head_groups));
+                data.attn_splits = int(std::max<int64_t>(1, std::min(by_span, cap)));
+                const size_t slots = size_t(stage.params.n_head) * size_t(std::max(data.attn_splits, max_batch_));
+                partial_o = std::max(partial_o, slots * size_t(stage.params.kv_lora_rank));
+                partial_ml = std::max(partial_ml, slots * 2);
             }
             if (stage.op == Op::Attention) {
                 // Enough splits that each takes about kAttnMinChunk keys at the longest span,
@@ -320,6 +337,18 @@ private:
         if (moe.act) {
             ctx_.moe_act = alloc_n<float>(moe.act);
             ctx_.moe_down = alloc_n<float>(moe.down);
+        }
+        size_t mla_absorbed = 0, mla_latent = 0;
+        for (const RoutedStage& routed : plan_.stages) {
+            const StageParams& s = routed.stage.params;
+            if (routed.stage.op != Op::AttentionMla) continue;
+            const size_t slots = size_t(max_batch_) * size_t(s.n_head);
+            mla_absorbed = std::max(mla_absorbed, slots * size_t(s.kv_lora_rank + s.rope_dim));
+            mla_latent = std::max(mla_latent, slots * size_t(s.kv_lora_rank));
+        }
+        if (mla_absorbed) {
+            ctx_.mla_absorbed = alloc_n<float>(mla_absorbed);
+            ctx_.mla_latent = alloc_n<float>(mla_latent);
         }
     }
 

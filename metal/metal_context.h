@@ -65,9 +65,14 @@ struct Context {
     float* moe_logits = nullptr;  // mixture of experts: the router's logits [tokens][n_expert],
     float* moe_act = nullptr;     // [slots][ff] activations, [slots][n] down outputs
     float* moe_down = nullptr;
+    // Multi-head latent attention, for max_batch tokens of the widest stage: the absorbed queries
+    // [tokens][n_head][kv_lora_rank + rope_dim] and the heads' weighted latents [tokens][n_head][kv_lora_rank].
+    float* mla_absorbed = nullptr;
+    float* mla_latent = nullptr;
     Format kv_format = Format::F32;
     int64_t n_ctx = 0;
-    std::vector<KvCache> kv;  // one per layer (nil for a shared-KV layer: it reads its source's)
+    std::vector<KvCache> kv;  // one per layer (nil for a shared-KV layer: it reads its source's;
+                              // a latent-attention layer's latent rows are in k, v is unused)
 
     // The buffer and offset that hold host address p (throws if p was never registered).
     std::pair<id<MTLBuffer>, size_t> resolve(const void* p) const;
@@ -76,9 +81,11 @@ struct Context {
 
 // Bound to one stage when the backend is built.
 struct StageData {
-    const void* operands[4] = {nullptr, nullptr, nullptr, nullptr};  // host addresses of the operands (resolve them)
-    const float* rope_table = nullptr;             // rope: [n_ctx][rope_dim / 2] (cos, sin)
-    int attn_splits = 1;
+    // Host addresses of the operands (resolve them; null where absent): the most any row takes
+    // is six (the experts: gate, up, down and their three biases).
+    const void* operands[6] = {};
+    const float* rope_table = nullptr;  // rope, latent attention: [n_ctx][rope_dim / 2] (cos, sin)
+    int attn_splits = 1;                // attention, latent attention: the decode's key splits
 };
 
 inline Context& context(const KernelCall& call) { return *static_cast<Context*>(call.backend_state); }

@@ -3,6 +3,9 @@
 // metal/rows.cpp derives from the rows' launches. The router's logits and the down matvec have an
 // entry per weight format (the router's and the down matrix's format are the stage's own); the
 // gate / up matvec one per format of its row.
+// Optional F32 operands (the router's bias and choice bias, the experts' gate, up and down
+// biases) come with an int flag: an absent one is bound to the host's placeholder buffer, which
+// the flag keeps the body from reading.
 #include "kernels/moe.h"
 #include "metal/rows.h"
 
@@ -12,42 +15,51 @@ using namespace kcap::metal_rows;
 template <class F>
 kernel void kcap_moe_logits_entry(constant KcapMoeParams& p [[buffer(0)]], device const kcap_u8* w [[buffer(1)]],
                                   device const float* x [[buffer(2)]], device float* logits [[buffer(3)]],
+                                  device const float* bias [[buffer(4)]], constant int& has_bias [[buffer(5)]],
                                   KCAP_METAL_THREAD_ARGS) {
     threadgroup float xs[KCAP_MOE_LOGIT_SHARED_FLOATS];
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_moe_logits<F>(t, p, w, x, logits, xs);
+    kcap_moe_logits<F>(t, p, w, x, logits, xs, has_bias ? bias : nullptr);
 }
 
-// Grid: x = tokens; kMoeRouteThreads threads (one simd group).
+// Grid: x = tokens; kMoeRouteThreads threads (one simd group). choice_bias: a sigmoid router's
+// per-expert bias on the scores that choose (DeepSeek V3).
 [[host_name(KCAP_METAL_ENTRY(moe_route))]] kernel void kcap_moe_route_entry(
     constant KcapMoeParams& p [[buffer(0)]], device const float* token_logits [[buffer(1)]],
-    device float* routing [[buffer(2)]], device const float* expert_scale [[buffer(3)]], KCAP_METAL_THREAD_ARGS) {
+    device float* routing [[buffer(2)]], device const float* expert_scale [[buffer(3)]],
+    device const float* choice_bias [[buffer(4)]], constant int& has_choice_bias [[buffer(5)]], KCAP_METAL_THREAD_ARGS) {
     threadgroup float logits[KCAP_MOE_MAX_EXPERTS];
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_moe_route(t, p, token_logits, expert_scale, routing, logits);
+    kcap_moe_route(t, p, token_logits, expert_scale, routing, logits, has_choice_bias ? choice_bias : nullptr);
 }
 
 // Grid: x = the matvec's row groups over ff, y = slots (tokens x experts per token); threadgroup
-// memory 0: matvec_shared_floats(k) floats.
+// memory 0: matvec_shared_floats(k) floats. gate_bias, up_bias: [n_expert][ff] (gpt-oss), each
+// read where its flag is set; the clamped SwiGLU's alpha and limit come in moe.
 template <class F>
 kernel void kcap_moe_gate_up_entry(constant KcapMoeParams& moe [[buffer(0)]], constant KcapMatmulParams& p [[buffer(1)]],
                                    constant KcapMetalMatvecArgs& a [[buffer(2)]], device const kcap_u8* gate [[buffer(3)]],
                                    device const kcap_u8* up [[buffer(4)]], device const float* routing [[buffer(5)]],
                                    device const float* x [[buffer(6)]], device float* act [[buffer(7)]],
+                                   device const float* gate_bias [[buffer(8)]], device const float* up_bias [[buffer(9)]],
+                                   constant int& has_gate_bias [[buffer(10)]], constant int& has_up_bias [[buffer(11)]],
                                    threadgroup float* shared KCAP_METAL_THREADGROUP_INDEX(0), KCAP_METAL_THREAD_ARGS) {
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_moe_gate_up<F, kMatvecRows>(t, moe, p, a.split, a.chunk_runs, gate, up, routing, x, a.activation, act, shared);
+    kcap_moe_gate_up<F, kMatvecRows>(t, moe, p, a.split, a.chunk_runs, gate, up, routing, x, a.activation, act, shared,
+                                     has_gate_bias ? gate_bias : nullptr, has_up_bias ? up_bias : nullptr);
 }
 
-// Grid: x = the matvec's row groups over n, y = slots.
+// Grid: x = the matvec's row groups over n, y = slots. down_bias: [n_expert][n], read where
+// p.has_bias is set.
 template <class F>
 kernel void kcap_moe_down_entry(constant KcapMoeParams& moe [[buffer(0)]], constant KcapMatmulParams& p [[buffer(1)]],
                                 constant KcapMetalMatvecArgs& a [[buffer(2)]], device const kcap_u8* down [[buffer(3)]],
                                 device const float* routing [[buffer(4)]], device const float* act [[buffer(5)]],
-                                device float* down_out [[buffer(6)]],
+                                device float* down_out [[buffer(6)]], device const float* down_bias [[buffer(7)]],
                                 threadgroup float* shared KCAP_METAL_THREADGROUP_INDEX(0), KCAP_METAL_THREAD_ARGS) {
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_moe_down<F, kMatvecRows>(t, moe, p, a.split, a.chunk_runs, down, routing, act, down_out, shared);
+    kcap_moe_down<F, kMatvecRows>(t, moe, p, a.split, a.chunk_runs, down, routing, act, down_out, shared,
+                                  p.has_bias ? down_bias : nullptr);
 }
 
 // Grid: x = ceil(tokens * n / kElementwiseThreads). has_shared 0: no shared expert's output to

@@ -35,8 +35,9 @@ std::vector<std::string> entries_of(const Row& row) {
     std::vector<std::string> entries;
     for (const std::string& kernel : launched_kernels(row)) {
         const bool ple = row.op == Op::PerLayerEmbed;
-        if (kernel == "ple_combine" || kernel == "moe_logits" || kernel == "moe_down") {
-            // The table, router or down matrix may be of any format: an entry for each.
+        if (kernel == "ple_combine" || kernel == "moe_logits" || kernel == "moe_down" || kernel == "mla_append_absorb" ||
+            kernel == "mla_v_up") {
+            // The table, router, down matrix, W_k_b or W_v_b may be of any format: an entry for each.
             for (Format f : gpu_weight_formats()) entries.push_back("kcap_metal_" + kernel + "_" + format_name(f));
         } else if (kernel == "embed" || kernel == "matvec" || kernel == "gate_up" || kernel == "matmul_tokens" ||
                    kernel == "moe_gate_up") {
@@ -49,9 +50,10 @@ std::vector<std::string> entries_of(const Row& row) {
     return entries;
 }
 
+void add(std::vector<Declared>& out, const Row& row) { out.push_back({row, entries_of(row)}); }
+
 void add(std::vector<Declared>& out, GpuFamily family, Format format, KernelFn fn, Geometry geometry) {
-    Row row = gpu_family_row(family, Backend::Metal, format, fn, geometry);
-    out.push_back({row, entries_of(row)});
+    add(out, gpu_family_row(family, Backend::Metal, format, fn, geometry));
 }
 
 const std::vector<Declared>& declared() {
@@ -63,8 +65,8 @@ const std::vector<Declared>& declared() {
         // Per format: embed, the exact matmul rows (the decode matvec of kernels/matvec.h for one
         // token, x in host-sized threadgroup memory; the few-token walk of kernels/matmul.h for
         // any count), gate_up (fused for one token; the walk of each matrix and the activation
-        // for more) and the per-layer embeddings of each projection format. Metal has no
-        // tensor-core row: its batches run the walk.
+        // for more), the per-layer embeddings of each projection format and the chosen experts
+        // of each gate / up format. Metal has no tensor-core row: its batches run the walk.
 #define KCAP_METAL_FORMAT_ROWS(NAME, DECODER)                                                                      \
         add(out, GpuFamily::Embed, Format::NAME, KCAP_METAL_FN(kcap_metal_embed_##NAME), {kEmbedThreads, 1, 0});   \
         add(out, GpuFamily::Matvec, Format::NAME, KCAP_METAL_FN(kcap_metal_matvec_##NAME), matvec);               \
@@ -72,7 +74,13 @@ const std::vector<Declared>& declared() {
         add(out, GpuFamily::GateUp, Format::NAME, KCAP_METAL_FN(kcap_metal_gate_up_##NAME), matvec);              \
         add(out, GpuFamily::GateUpTokens, Format::NAME, KCAP_METAL_FN(kcap_metal_gate_up_tokens_##NAME), tokens); \
         add(out, GpuFamily::PerLayerEmbed, Format::NAME, KCAP_METAL_FN(kcap_metal_per_layer_embed_##NAME), tokens); \
-        add(out, GpuFamily::MoeExperts, Format::NAME, KCAP_METAL_FN(kcap_metal_moe_experts_##NAME), matvec);
+        {                                                                                                          \
+            /* the experts' biases and gpt-oss's clamped SwiGLU too */                                             \
+            Row experts = gpu_family_row(GpuFamily::MoeExperts, Backend::Metal, Format::NAME,                      \
+                                         KCAP_METAL_FN(kcap_metal_moe_experts_##NAME), matvec);                    \
+            add_moe_expert_biases(experts);                                                                        \
+            add(out, experts);                                                                                     \
+        }
         KCAP_WEIGHT_FORMATS(KCAP_METAL_FORMAT_ROWS)
 #undef KCAP_METAL_FORMAT_ROWS
         const Geometry norm = {kNormThreads, 1, kNormScratchFloats * 4};
@@ -80,18 +88,27 @@ const std::vector<Declared>& declared() {
         add(out, GpuFamily::AddNorm, Format::F32, KCAP_METAL_FN(kcap_metal_add_norm), norm);
         add(out, GpuFamily::Rope, Format::F32, KCAP_METAL_FN(kcap_metal_rope), elementwise);
         // Attention (kernels/attention.h): the flash-decoding decode and its combine for one
-        // token, the KV append and the tiled prefill for a chunk; a shared-KV layer reads its
-        // source layer's cache and appends nothing.
+        // token, the KV append and the tiled prefill for a chunk, each with attention sinks; a
+        // shared-KV layer reads its source layer's cache and appends nothing.
         const Geometry attention = {kAttnMaxSimds * 32, 0, kAttnPrefillSharedBytes};  // prefill's, the most
         add(out, GpuFamily::AttentionDecode, Format::F32, KCAP_METAL_FN(kcap_metal_attention_decode), attention);
         add(out, GpuFamily::AttentionPrefill, Format::F32, KCAP_METAL_FN(kcap_metal_attention_prefill), attention);
+        // Multi-head latent attention (kernels/attention_mla.h): one token in key splits fixed at
+        // load time, a prefill chunk in one.
+        const Geometry mla = {kMlaThreads, 0, kMlaAttendSharedBytes};
+        add(out, GpuFamily::AttentionMlaDecode, Format::F32, KCAP_METAL_FN(kcap_metal_attention_mla_decode), mla);
+        add(out, GpuFamily::AttentionMla, Format::F32, KCAP_METAL_FN(kcap_metal_attention_mla), mla);
         add(out, GpuFamily::FfnActivation, Format::F32, KCAP_METAL_FN(kcap_metal_ffn_activation), elementwise);
         add(out, GpuFamily::Add, Format::F32, KCAP_METAL_FN(kcap_metal_add), elementwise);
         add(out, GpuFamily::Softcap, Format::F32, KCAP_METAL_FN(kcap_metal_softcap), elementwise);
         add(out, GpuFamily::Scale, Format::F32, KCAP_METAL_FN(kcap_metal_scale), elementwise);
         add(out, GpuFamily::PerLayerGate, Format::F32, KCAP_METAL_FN(kcap_metal_per_layer_gate), elementwise);
         add(out, GpuFamily::Argmax, Format::F32, KCAP_METAL_FN(kcap_metal_argmax), {kArgmaxThreads, 0, 0});
-        add(out, GpuFamily::MoeRoute, Format::F32, KCAP_METAL_FN(kcap_metal_moe_route), {kMoeRouteThreads, 0, 0});
+        // The router with its bias, the sigmoid router with its choice bias, group-limited routing.
+        Row route = gpu_family_row(GpuFamily::MoeRoute, Backend::Metal, Format::F32, KCAP_METAL_FN(kcap_metal_moe_route),
+                                   {kMoeRouteThreads, 0, 0});
+        add_moe_route_variants(route);
+        add(out, route);
         add(out, GpuFamily::MoeSharedGate, Format::F32, KCAP_METAL_FN(kcap_metal_moe_shared_gate), elementwise);
         return out;
     }();
@@ -112,6 +129,9 @@ namespace metal_rows {
 
 int moe_combine_entry() { return kMoeDown + int(gpu_weight_formats().size()); }
 int moe_route_entry() { return int(gpu_weight_formats().size()); }
+int mla_attend_entry() { return int(gpu_weight_formats().size()); }
+int mla_combine_entry() { return mla_attend_entry() + 1; }
+int mla_v_up_entry(Format format) { return mla_combine_entry() + 1 + ple_combine_index(format); }
 
 int ple_combine_index(Format format) {
     const std::vector<Format> formats = gpu_weight_formats();

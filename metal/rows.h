@@ -8,8 +8,9 @@
 //   metal/*.metal    (MSL, and the Linux check) instantiates the kernels under the same names
 //                                               and sizes their threadgroup memory from the
 //                                               same constants.
-// So this header has two parts: preprocessor text and enumerators that MSL can read (the
-// kernels include it), and the C++ declarations, hidden from MSL (which has no <string>).
+// So this header has two parts: preprocessor text, enumerators and constexpr functions that MSL
+// can read (the kernels include it), and the C++ declarations, hidden from MSL (which has no
+// <string>).
 //
 // Every Metal row mirrors a CUDA row whose body lives in kernels/ and is exercised on the H200
 // and on the CPU (tests/cpp/test_cuda_kernels_host.cpp); the constants equal cuda/rows.h's
@@ -21,6 +22,7 @@
 #pragma once
 
 #include "kernels/formats_list.h"
+#include "kernels/params.h"
 
 namespace kcap {
 namespace metal_rows {
@@ -61,6 +63,14 @@ enum : int {
     kAttnMinChunk = 64,
     kAttnSplitsPerCore = 4,  // decode grid: at most this many threadgroups per kGpuCores core
     kAttnCombineThreads = 256,
+    // Multi-head latent attention (kernels/attention_mla.h): KCAP_MLA_THREADS threads in every
+    // launch; the decode's key splits take at least KCAP_MLA_MIN_CHUNK cache rows each, and at
+    // most kMlaGroupsPerCore attend groups (a token's head groups x splits) run per kGpuCores
+    // core (an attend group holds four heads' weighted latents in registers; as cuda_rows).
+    kMlaThreads = KCAP_MLA_THREADS,
+    kMlaMinChunk = KCAP_MLA_MIN_CHUNK,
+    kMlaGroupsPerCore = 1,
+    kMlaAttendSharedBytes = KCAP_MLA_ATTEND_SHARED_FLOATS * 4,  // the most of its launches: 26 KB
     // Elementwise, rope, KV append: one thread per value.
     kElementwiseThreads = 256,
     // Argmax: first-pass groups cover this many logits each.
@@ -70,6 +80,19 @@ enum : int {
     kMoeLogitThreads = 128,  // the router's logits: 4 simd groups, an expert's row each
     kMoeRouteThreads = 32,   // the router's top-k: one simd group per token
 };
+
+// The y extents of the latent attention launches (append and absorb, combine, V up-projection),
+// as kernels/attention_mla.h's KCAP_MLA_ABSORB_BLOCKS, KCAP_MLA_COMBINE_BLOCKS and
+// KCAP_MLA_V_UP_BLOCKS compute them from KcapMlaParams: the host includes no kernel bodies, so
+// they are restated here for metal/launch_attention_mla.mm, and metal/attention_mla.metal holds
+// them equal to the body's macros.
+constexpr int mla_absorb_blocks(int lora, int nope, int combined) {
+    return combined ? 1 : (lora + KCAP_MLA_ROWS_PER_GROUP(nope) - 1) / KCAP_MLA_ROWS_PER_GROUP(nope);
+}
+constexpr int mla_combine_blocks(int lora) { return (lora + KCAP_MLA_COMBINE_COLS - 1) / KCAP_MLA_COMBINE_COLS; }
+constexpr int mla_v_up_blocks(int lora, int dv) {
+    return (dv + KCAP_MLA_ROWS_PER_GROUP(lora) - 1) / KCAP_MLA_ROWS_PER_GROUP(lora);
+}
 
 }  // namespace metal_rows
 }  // namespace kcap
@@ -137,6 +160,7 @@ constexpr int attn_prefill_key_split(int head_dim) {
 constexpr int attn_prefill_simds(int head_dim) { return attn_prefill_row_simds(head_dim) * attn_prefill_key_split(head_dim); }
 constexpr int attn_prefill_rows(int head_dim) { return kAttnPrefillRowsPerSimd * attn_prefill_row_simds(head_dim); }
 static_assert(kAttnPrefillSharedBytes <= 32768, "Metal gives a threadgroup 32 KB");
+static_assert(kMlaAttendSharedBytes <= 32768, "Metal gives a threadgroup 32 KB");
 
 // The entry points of a Metal row, in the order its launcher indexes them (the pipeline cache
 // key is (row, index)). Empty for a name that is not a Metal row.
@@ -154,6 +178,12 @@ enum PerLayerEmbedEntry { kPleProjection = 0, kPleCombine = 1 };
 int ple_combine_index(Format format);
 enum AttentionDecodeEntry { kAttnDecode = 0, kAttnCombine = 1 };
 enum AttentionPrefillEntry { kAttnAppend = 0, kAttnPrefill = 1 };
+// attention_mla(_decode): the append and absorb of W_k_b's format (entry = its index in
+// KCAP_WEIGHT_FORMATS), the attend, the combine, then the V up-projection of W_v_b's format
+// (mla_v_up_entry).
+int mla_attend_entry();
+int mla_combine_entry();
+int mla_v_up_entry(Format format);
 enum ArgmaxEntry { kArgmaxPartial = 0, kArgmaxFinal = 1 };
 // moe_route: the logits of the router's format (entry = its index in KCAP_WEIGHT_FORMATS), then
 // the top-k (moe_route_entry); moe_experts: the gate / up matvec, then the down matvec of the down
@@ -190,6 +220,8 @@ void kcap_metal_argmax(const Stage& stage, const KernelCall& call);
 void kcap_metal_per_layer_gate(const Stage& stage, const KernelCall& call);
 void kcap_metal_moe_route(const Stage& stage, const KernelCall& call);
 void kcap_metal_moe_shared_gate(const Stage& stage, const KernelCall& call);
+void kcap_metal_attention_mla_decode(const Stage& stage, const KernelCall& call);
+void kcap_metal_attention_mla(const Stage& stage, const KernelCall& call);
 
 // Metal rows (metal/rows.cpp), in the table in every build; fn is null unless the Metal
 // backend is compiled in (Apple, KCAP_WITH_METAL), and an Engine on "metal" is then refused.

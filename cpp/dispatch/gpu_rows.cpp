@@ -10,6 +10,30 @@ namespace {
 
 constexpr FeatureMask kActivationFeatures = kSilu | kGeluTanh | kGeluErf | kRelu;
 
+// The latent attention bodies' legal dims: whole 32-value runs of the latent and of the query's
+// non-rotated part (kcap_mla_rows), the latent's weighted sum in registers (KCAP_MLA_MAX_LORA),
+// the cache row and the queries in threadgroup memory (KCAP_MLA_MAX_WIDTH), the rope key's
+// values per lane (KCAP_MLA_ROPE_PER_LANE).
+std::string mla_rejection(const Stage& stage) {
+    const StageParams& p = stage.params;
+    const int nope = p.head_dim - p.rope_dim;
+    if (p.kv_lora_rank % 32 || nope % 32 || p.kv_lora_rank > KCAP_MLA_MAX_LORA ||
+        p.kv_lora_rank + p.rope_dim > KCAP_MLA_MAX_WIDTH || nope > KCAP_MLA_MAX_WIDTH ||
+        p.rope_dim > 32 * KCAP_MLA_ROPE_PER_LANE)
+        return "kv_lora_rank " + std::to_string(p.kv_lora_rank) + " and the query's non-rotated part " +
+               std::to_string(nope) + " must be multiples of 32, kv_lora_rank at most " +
+               std::to_string(KCAP_MLA_MAX_LORA) + ", the cache row and the non-rotated part at most " +
+               std::to_string(KCAP_MLA_MAX_WIDTH) + ", the rope part at most " + std::to_string(32 * KCAP_MLA_ROPE_PER_LANE);
+    return "";
+}
+
+// Group-limited routing takes one group per lane of the route's simd group.
+std::string expert_groups_rejection(const Stage& stage) {
+    if (stage.params.n_expert_groups > KCAP_MOE_MAX_GROUPS)
+        return std::to_string(stage.params.n_expert_groups) + " expert groups exceed " + std::to_string(KCAP_MOE_MAX_GROUPS);
+    return "";
+}
+
 struct Family {
     const char* name;      // the row's kernel name after "<backend>."
     bool per_format;       // one row per weight format: "<backend>.<name>.<format>"
@@ -31,6 +55,10 @@ const Family& family_of(GpuFamily family) {
         {"rope", false, Op::Rope, {1, 0}, 0, {"rope"}},
         {"attention_decode", false, Op::Attention, {1, 1}, 0, {"attention_decode", "(attention_combine)"}},
         {"attention_prefill", false, Op::Attention, {2, 0}, 0, {"(kv_append)", "attention_prefill"}},
+        {"attention_mla_decode", false, Op::AttentionMla, {1, 1}, 0,
+         {"mla_append_absorb", "mla_attend", "mla_combine", "mla_v_up"}},
+        {"attention_mla", false, Op::AttentionMla, {2, 0}, 0,
+         {"mla_append_absorb", "mla_attend", "mla_combine", "mla_v_up"}},
         {"ffn_activation", false, Op::FfnActivation, {1, 0}, 0, {"ffn_activation"}},
         {"add", false, Op::Add, {1, 0}, 0, {"add"}},
         {"softcap", false, Op::Softcap, {1, 0}, 0, {"softcap"}},
@@ -87,10 +115,22 @@ Row gpu_family_row(GpuFamily family, Backend backend, Format format, KernelFn fn
             break;
         case GpuFamily::AttentionDecode:
         case GpuFamily::AttentionPrefill:
+            // Attention sinks (operand 3, F32 [n_head], after the slots of a fused rope's
+            // operands): every body adds exp(sink - max) to its softmax denominator.
+            row.operand_formats = {{}, {}, {}, {Format::F32}};
             row.kv_formats = {Format::F32, Format::F16};
-            row.features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared;
+            row.features = kSlidingWindow | kAttnSoftcap | kGqa | kKvShared | kSinks;
             row.dims.k_multiple = 4;      // head_dim: K rows are read 4 elements at a time
             row.dims.max_head_dim = 256;  // per-lane value registers (KCAP_ATTN_MAX_HEAD_DIM)
+            break;
+        case GpuFamily::AttentionMlaDecode:
+        case GpuFamily::AttentionMla:
+            // The latent's norm weight, W_k_b (or the combined W_kv_b) and W_v_b in any weight
+            // format, the rope frequency factors (folded into the rope table).
+            row.operand_formats = {{Format::F32}, gpu_weight_formats(), gpu_weight_formats(), {Format::F32}};
+            row.kv_formats = {Format::F32, Format::F16};
+            row.features = kRopeNormal | kRopeFreqFactors | kRmsNorm | kMlaKvBCombined;
+            row.dims.reject_of = &mla_rejection;
             break;
         case GpuFamily::FfnActivation:
             row.features = kActivationFeatures | kGated;
@@ -131,6 +171,18 @@ Row gpu_family_row(GpuFamily family, Backend backend, Format format, KernelFn fn
             break;
     }
     return row;
+}
+
+void add_moe_route_variants(Row& route) {
+    route.operand_formats.push_back({Format::F32});  // 2: the router's bias
+    route.operand_formats.push_back({Format::F32});  // 3: the choice bias
+    route.features |= kBias | kExpertSigmoid | kExpertGroups | kExpertChoiceBias;
+    route.dims.reject_of = &expert_groups_rejection;
+}
+
+void add_moe_expert_biases(Row& experts) {
+    experts.operand_formats.insert(experts.operand_formats.end(), 3, std::vector<Format>{Format::F32});
+    experts.features |= kBias | kSwigluOai;
 }
 
 std::vector<std::string> launched_kernels(const Row& row) {

@@ -65,6 +65,11 @@ enum class GpuFamily {
     Rope,
     AttentionDecode,   // one token: flash-decoding over key splits, then their combine
     AttentionPrefill,  // a chunk: its K/V appended, then every token attends (tiled)
+    // Multi-head latent attention (kernels/attention_mla.h): the latent rows appended and the
+    // queries absorbed, the attend over the latent cache (one token: in key splits), the
+    // splits merged, the V up-projection.
+    AttentionMlaDecode,
+    AttentionMla,      // a prefill chunk
     FfnActivation,
     Add,
     Softcap,
@@ -79,6 +84,15 @@ enum class GpuFamily {
 
 // The family's row on `backend` (format: the weight format of the per-format families).
 Row gpu_family_row(GpuFamily family, Backend backend, Format format, KernelFn fn, Geometry geometry);
+
+// What the router and the experts' bodies (kernels/moe.h) take beyond their family rows, for a
+// backend whose launchers bind it: the router's bias (operand 2: gpt-oss), the sigmoid router
+// with its choice bias (operand 3) and group-limited routing of up to KCAP_MOE_MAX_GROUPS groups
+// (DeepSeek V2/V3); the experts' gate, up and down biases (operands 3-5, F32) and gpt-oss's
+// clamped SwiGLU. cuda/rows.cpp states the same additions for its rows (tests/python/test_metal.py
+// holds each Metal row equal to its CUDA twin).
+void add_moe_route_variants(Row& route);
+void add_moe_expert_biases(Row& experts);
 
 // A row's launches without the parentheses that mark the ones its stage's geometry may skip.
 std::vector<std::string> launched_kernels(const Row& row);

@@ -30,7 +30,7 @@ def changed(fixture: str, tmp_path, **changes) -> str:
 
 @pytest.mark.parametrize("fixture", DEEPSEEK)
 @pytest.mark.parametrize("kv_type", sorted(ELEMENT_BYTES))
-@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+@pytest.mark.parametrize("backend", ["cpu", "cuda", "metal"])
 def test_cache_holds_the_latent_and_the_rope_key_only(fixture, kv_type, backend):
     # Per token and layer: kv_lora_rank + rope dims values, against the n_head * (qk + v) values
     # that keys and values expanded from the latent would take.
@@ -140,12 +140,56 @@ def test_both_kv_b_layouts_in_one_block_are_refused(tmp_path):
         kcap.load(path)
 
 
-def test_metal_refuses_latent_attention_by_name():
-    with pytest.raises(kcap.RoutingError, match=r"stage 'attention_mla' \(attention_mla\): no metal row fits"):
-        explain_file(str(FIXTURES / "deepseek3-f32.gguf"), backend="metal")
+@pytest.mark.parametrize("fixture", DEEPSEEK)
+@pytest.mark.parametrize("kv_type", sorted(ELEMENT_BYTES))
+def test_metal_plan_keeps_latent_attention_and_routing(fixture, kv_type):
+    # The Metal rows run CUDA's bodies (kernels/attention_mla.h, kernels/moe.h; compile-checked
+    # only: no Apple GPU here): the latent attention (one token in key splits, a prefill chunk in
+    # one), V2's group-limited softmax router, V3's sigmoid router with its choice bias, the
+    # experts' sum with the shared expert's output. A row that lacked one of the stage's features
+    # would leave it without a route, and the plan would be refused.
+    routes = explain_file(str(FIXTURES / f"{fixture}-f32.gguf"), backend="metal", kv_type=kv_type)
+    assert {r["backend"] for r in routes} == {"metal"}
+    assert all(r["kernel"].startswith("metal.") for r in routes)
+    md = metadata(fixture)
+    attention = [r for r in routes if r["op"] == "attention_mla"]
+    assert len({r["layer"] for r in attention}) == md["deepseek2.block_count"]
+    assert sorted({(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in attention}) == [
+        ("metal.attention_mla", 2, None), ("metal.attention_mla_decode", 1, 1)]
+    want = {"rms_norm", "rope_normal"} | ({"mla_kv_b_combined"} if fixture == "deepseek2-kvb" else set())
+    assert all(set(r["features"].split(",")) == want for r in attention), attention[0]["features"]
+    assert all(("W_kv_b=F32" if fixture == "deepseek2-kvb" else "W_k_b=F32 W_v_b=F32") in r["formats"]
+               for r in attention)
+    router = [r for r in routes if r["stage"] == "ffn_router"]
+    assert router and all(r["kernel"] == "metal.moe_route" and "expert_groups" in r["features"].split(",")
+                          for r in router)
+    if fixture == "deepseek3":
+        assert all({"expert_sigmoid", "expert_choice_bias", "expert_weights_norm"} <= set(r["features"].split(",")) and
+                   "choice_bias=F32" in r["formats"] for r in router)
+    else:
+        assert all("expert_softmax" in r["features"].split(",") for r in router)
+    experts = [r for r in routes if r["stage"] == "ffn_moe"]
+    assert experts and all(r["kernel"] == "metal.moe_experts.f32" and r["tokens_min"] == 1 and r["tokens_max"] is None
+                           and {"silu", "gated", "shared_expert_sum"} <= set(r["features"].split(",")) for r in experts)
+    assert {r["layer"] for r in experts} == {r["layer"] for r in router}
 
 
-def test_v2_lite_q4_k_m_mix_routes_on_cpu_and_cuda(tmp_path):
+def test_metal_takes_deepseek_latent_dims(tmp_path):
+    # DeepSeek V2/V3's own latent attention (kv_lora_rank 512, heads of 128 + 64 rotated, values of
+    # 128: a cache row of 576, at the bodies' limits) plans on Metal as on CUDA, with the
+    # V2-Lite Q4_K_M mix's Q5_0 attn_k_b.
+    from kcap.testing import synth
+
+    path = synth.deepseek2_q4_k_m(str(tmp_path / "v2-latent.gguf"), n_layer=2, n_embd=256, n_head=16,
+                                  kv_lora_rank=512, qk_nope=128, qk_rope=64, v_head_dim=128, n_ff=512, n_expert=4,
+                                  n_expert_used=2, n_shared=1, n_vocab=256, context_length=4096)
+    for backend in ("cuda", "metal"):
+        attention = [r for r in explain_file(path, backend=backend) if r["op"] == "attention_mla"]
+        assert {r["kernel"] for r in attention} == {f"{backend}.attention_mla_decode", f"{backend}.attention_mla"}
+        assert all("kv_lora=512" in r["dims"] and "rope_dim=64" in r["dims"] for r in attention), attention[0]["dims"]
+
+
+def test_v2_lite_q4_k_m_mix_routes_on_every_backend(tmp_path):
     # DeepSeek-V2-Lite's Q4_K_M types (synth.deepseek2_q4_k_m, narrowed): Q4_K gate and up with
     # 1408-value expert rows, whose down takes llama-quant.cpp's Q8_0 / Q5_0 fallback, and a Q5_0
     # attn_k_b of 32-value rows. Each weight's blocks are checked along its own inner dimension.
@@ -154,7 +198,7 @@ def test_v2_lite_q4_k_m_mix_routes_on_cpu_and_cuda(tmp_path):
     path = synth.deepseek2_q4_k_m(str(tmp_path / "v2-lite-mix.gguf"), n_layer=3, n_embd=256, n_head=4,
                                   kv_lora_rank=64, qk_nope=32, qk_rope=16, v_head_dim=32, n_ff=512, n_expert=4,
                                   n_expert_used=2, n_shared=1, n_vocab=256, context_length=512)
-    for backend in ("cpu", "cuda"):
+    for backend in ("cpu", "cuda", "metal"):
         routes = explain_file(path, backend=backend)
         experts = [r for r in routes if r["stage"] == "ffn_moe"]
         assert experts and all("W_gate_exps=Q4_K" in r["formats"] for r in experts), backend

@@ -1,6 +1,6 @@
 """gpt-oss's pieces beyond the conformance fixture (test_conformance.py checks its logits against
-transformers, whose clamped SwiGLU the CPU row matches there): it stays finite far past its clamp, the plan refuses backends whose
-rows lack sinks or the experts' biases and activation, and bad expert biases name the tensor."""
+transformers, whose clamped SwiGLU the CPU row matches there): it stays finite far past its clamp, the CUDA and Metal
+plans keep the sinks, the router's bias and the experts' biases and activation, and bad expert biases name the tensor."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,14 +39,33 @@ def test_clamped_swiglu_is_finite_far_past_the_clamp(tmp_path):
     assert np.isfinite(scaled).all() and np.abs(scaled - base).max() > 0.01
 
 
-def test_metal_refuses_gpt_oss_naming_what_it_lacks():
-    # No Metal attention row has sinks yet, nor an experts row with biases and the clamped
-    # SwiGLU: the plan is refused, naming the stage and the missing feature.
-    with pytest.raises(kcap.RoutingError) as error:
-        explain_file(str(GPT_OSS), backend="metal")
-    message = str(error.value)
-    assert "stage 'attention'" in message or "stage 'rope+attention'" in message or "ffn_moe" in message, message
-    assert "sinks" in message or "swiglu_oai" in message or "bias" in message, message
+@pytest.mark.parametrize("fixture,fmt", [("gpt-oss-f32", "f32"), ("gpt-oss-mxfp4-f32", "mxfp4"), ("gpt-oss-q8_0", "q8_0")])
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_metal_plan_keeps_every_gpt_oss_feature(fixture, fmt, kv_type):
+    # The Metal rows run CUDA's bodies (kernels/attention.h, kernels/moe.h) with the sinks, the
+    # router's bias and the experts' biases and clamped SwiGLU bound (compile-checked only: no Apple
+    # GPU here). No Metal attention row owns a rope, so the rope stays a stage of its own. A row
+    # that lacked one of these features would leave its stage without a route, and the plan would
+    # be refused.
+    routes = explain_file(str(FIXTURES / f"{fixture}.gguf"), backend="metal", kv_type=kv_type)
+    assert {r["backend"] for r in routes} == {"metal"}
+    assert all(r["kernel"].startswith("metal.") for r in routes)
+    attention = [r for r in routes if r["op"] == "attention"]
+    assert attention and all("sinks" in r["features"].split(",") and "sinks=F32" in r["formats"] for r in attention)
+    assert sorted({(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in attention}) == [
+        ("metal.attention_decode", 1, 1), ("metal.attention_prefill", 2, None)]
+    windowed = {r["layer"] for r in attention if "sliding_window" in r["features"].split(",")}
+    assert windowed == {0}, windowed  # the fixture's sliding-window layer keeps its window
+    rope = [r for r in routes if r["op"] == "rope"]
+    assert {r["layer"] for r in rope} == {r["layer"] for r in attention}
+    assert all(r["kernel"] == "metal.rope" and "rope_neox" in r["features"].split(",") for r in rope)
+    router = [r for r in routes if r["stage"] == "ffn_router"]
+    assert router and all(r["kernel"] == "metal.moe_route" and "bias=F32" in r["formats"] and
+                          {"bias", "expert_softmax"} <= set(r["features"].split(",")) for r in router)
+    experts = [r for r in routes if r["stage"] == "ffn_moe"]
+    assert experts and all({"bias", "swiglu_oai", "gated"} <= set(r["features"].split(",")) and
+                           "gate_bias=F32 up_bias=F32 down_bias=F32" in r["formats"] for r in experts)
+    assert {(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in experts} == {(f"metal.moe_experts.{fmt}", 1, None)}
 
 
 @pytest.mark.parametrize("fixture", ["gpt-oss-f32", "gpt-oss-mxfp4-f32"])

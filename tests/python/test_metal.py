@@ -3,15 +3,18 @@
 Runs everywhere (no Mac needed): the Metal rows are in the capability table with their entry
 points, every entry point a row declares is a kernel of metal/*.metal (found by running the
 C++ preprocessor over them with the Linux stand-in), `kcap explain --backend metal` routes
-every stage of both real models to Metal rows, and backend="metal" without the backend or a
-device is refused with BackendUnavailableError.
+every stage of both real models to Metal rows, each Metal row declares what its CUDA twin does
+(the sinks, the routers' variants, the experts' biases and the latent attention that gpt-oss and
+DeepSeek V2/V3 need included), and backend="metal" without the backend or a device is refused
+with BackendUnavailableError.
 
 On a Mac with a Metal device (.github/workflows/macos.yml): the CUDA backend's parity tests
 (tests/python/test_cuda.py), unchanged in substance, with backend "metal": per row (every
 weight format's matmul and embedding row, on a tiny model of that format) and whole-model
 (both real-model layouts: prefill, decode steps with f32 and f16 caches, greedy continuations
 on the host and with the argmax on the device, a long context across the sliding window and
-the split-K decode). Elsewhere they are skipped with the reason "no Metal device".
+the split-K decode), and the gpt-oss and DeepSeek V2/V3 fixtures against their transformers
+goldens within the CPU's bounds. Elsewhere they are skipped with the reason "no Metal device".
 
 Tolerances, max |Δlogit| over the vocabulary relative to the std of the CPU logits (the Metal
 rows are the exact f32 rows; there is no tensor-core row to loosen them):
@@ -70,40 +73,61 @@ def metal_rows() -> list[dict]:
 
 # --- no Mac needed --------------------------------------------------------------------------
 
-# What CUDA rows take ahead of their Metal twins (the Metal launchers bind no sinks, expert-bias or
-# choice-bias buffers yet, so Metal plans refuse such stages, naming the feature): op -> (features,
-# the trailing operand slots that carry them).
-CUDA_AHEAD_OF_METAL = {
-    "attention": ({"sinks"}, 1),                    # operand 3, after a fused rope's three
-    # the router's bias, and DeepSeek's sigmoid router with its choice bias and expert groups
-    "moe_route": ({"bias", "expert_sigmoid", "expert_groups", "expert_choice_bias"}, 2),
-    "moe_experts": ({"bias", "swiglu_oai"}, 3),     # the experts' gate, up and down biases
-}
-
-
 def test_metal_rows_mirror_the_shared_cuda_rows():
+    # Each Metal row runs the kernels/ body of a CUDA row of the same name and declares the same
+    # formats, features and legal dims (the sinks, the routers' variants, the experts' biases and
+    # clamped SwiGLU, the latent attention included): a feature one of them drops fails here.
     rows = metal_rows()
     ops = {r["op"] for r in rows}
-    assert {"embed", "norm", "matmul", "rope", "attention", "ffn_activation", "add", "softcap", "scale",
-            "argmax", "add_norm", "gate_up", "per_layer_embed", "per_layer_gate"} <= ops
+    assert {"embed", "norm", "matmul", "rope", "attention", "attention_mla", "ffn_activation", "add", "softcap",
+            "scale", "argmax", "add_norm", "gate_up", "per_layer_embed", "per_layer_gate", "moe_route", "moe_experts",
+            "moe_shared_gate"} <= ops
     cuda = {r["kernel"].removeprefix("cuda."): r for r in _core.capability_rows() if r["backend"] == "cuda"}
     for row in rows:
-        twin = dict(cuda.get(row["kernel"].removeprefix("metal.")) or {})
+        twin = cuda.get(row["kernel"].removeprefix("metal."))
         assert twin, f"{row['kernel']} has no CUDA twin over the same kernels/ body"
-        if row["op"] in CUDA_AHEAD_OF_METAL:
-            features, slots = CUDA_AHEAD_OF_METAL[row["op"]]
-            extra = twin["operand_formats"][-slots:]
-            assert features <= set(twin["features"].split(",")) and all(f in ([], ["F32"]) for f in extra), twin
-            twin["features"] = ",".join(f for f in twin["features"].split(",") if f not in features)
-            twin["operand_formats"] = twin["operand_formats"][:-slots]
-            while twin["operand_formats"] and twin["operand_formats"][-1] == [] and \
-                    len(twin["operand_formats"]) > len(row["operand_formats"]):
-                twin["operand_formats"].pop()  # the empty slots before the sinks of a row without rope operands
-        for field in ("op", "operand_formats", "kv_formats", "features", "k_multiple", "max_head_dim", "max_span"):
+        for field in ("op", "operand_formats", "kv_formats", "features", "k_multiple", "max_head_dim", "max_span",
+                      "tokens_min", "tokens_max", "priority", "requires_any", "requires_all", "launches"):
             assert row[field] == twin[field], (row["kernel"], field)
     for fmt in REQUIRED_WEIGHT_FORMATS:
         assert any(r["op"] == "matmul" and r["operand_formats"][0] == [fmt] for r in rows), fmt
         assert any(r["op"] == "embed" and r["operand_formats"][0] == [fmt] for r in rows), fmt
+
+
+def test_metal_rows_take_what_gpt_oss_and_deepseek_need():
+    # gpt-oss: attention sinks (operand 3 of both attention rows), the router's bias, the experts'
+    # biases (operands 3-5) and clamped SwiGLU; DeepSeek V2/V3: the sigmoid router with its choice
+    # bias and expert groups, the shared expert's sum, multi-head latent attention (both W_kv_b
+    # layouts, any weight format for its up-projections, f32 and f16 latent caches).
+    rows = metal_rows()
+    attention = [r for r in rows if r["op"] == "attention"]
+    assert {r["kernel"] for r in attention} == {"metal.attention_decode", "metal.attention_prefill"}
+    for r in attention:
+        assert "sinks" in r["features"].split(",") and r["operand_formats"][3] == ["F32"], r["kernel"]
+    route = [r for r in rows if r["op"] == "moe_route"]
+    assert [r["kernel"] for r in route] == ["metal.moe_route"]
+    assert {"bias", "expert_softmax", "expert_sigmoid", "expert_groups", "expert_choice_bias",
+            "expert_weights_norm"} <= set(route[0]["features"].split(","))
+    assert route[0]["operand_formats"][2:] == [["F32"], ["F32"]]  # the router's bias, the choice bias
+    experts = [r for r in rows if r["op"] == "moe_experts"]
+    assert {r["operand_formats"][0][0] for r in experts} == set(FORMAT_ROWS)
+    for r in experts:
+        assert {"bias", "swiglu_oai", "gated", "shared_expert_sum"} <= set(r["features"].split(",")), r["kernel"]
+        assert r["operand_formats"][3:] == [["F32"]] * 3, r["kernel"]
+    mla = {r["kernel"]: r for r in rows if r["op"] == "attention_mla"}
+    assert {k: (r["tokens_min"], r["tokens_max"]) for k, r in mla.items()} == {
+        "metal.attention_mla_decode": (1, 1), "metal.attention_mla": (2, None)}
+    weight_formats = sorted({r["operand_formats"][0][0] for r in experts})
+    for r in mla.values():
+        assert set(r["features"].split(",")) == {"rms_norm", "rope_normal", "rope_freq_factors", "mla_kv_b_combined"}
+        assert r["kv_formats"] == ["F32", "F16"]
+        assert sorted(r["operand_formats"][1]) == sorted(r["operand_formats"][2]) == weight_formats
+        assert r["launches"] == ["mla_append_absorb", "mla_attend", "mla_combine", "mla_v_up"]
+    entries = _core.metal_entry_points()
+    for kernel in mla:  # the per-format entries of W_k_b's and W_v_b's launches, then the attend and combine
+        assert {f"kcap_metal_mla_append_absorb_{f}" for f in weight_formats} | {
+            "kcap_metal_mla_attend", "kcap_metal_mla_combine"} | {
+            f"kcap_metal_mla_v_up_{f}" for f in weight_formats} == set(entries[kernel])
 
 
 def test_metal_rows_are_compiled_only_with_a_device_build():
@@ -270,6 +294,31 @@ def test_long_context_crosses_the_window_and_splits(model_files, metal_device):
     for token in prompt_ids(cpu.n_vocab, 6, seed=7):
         worst = max_relative(gpu.eval([token]), cpu.eval([token]))
         assert worst <= DECODE_TOLERANCE, f"decode after a 700-token prefill: max |Δ| = {worst:.3g} × std"
+
+
+# The fixtures whose Metal rows are the attention sinks, the routers' variants, the experts' biases
+# and clamped SwiGLU, the shared expert's sum and the latent attention: against the same
+# transformers goldens and bounds as on the CPU and CUDA (test_conformance_cuda.py).
+SINKS_MOE_AND_LATENT_FAMILIES = ["deepseek2", "deepseek2-kvb", "deepseek3", "gpt-oss", "gpt-oss-mxfp4"]
+
+
+@pytest.mark.parametrize("family", SINKS_MOE_AND_LATENT_FAMILIES)
+def test_gpt_oss_and_deepseek_match_transformers(metal_device, family):
+    from test_conformance import FAMILIES, FIXTURES, F32_TOLERANCE, golden, relative_error
+
+    g = golden(family)
+    model = kcap.load(FIXTURES / f"{family}-f32.gguf", backend=BACKEND)
+    assert model.architecture == FAMILIES[family][0]
+    ids = g["prompt_ids"].tolist()
+    prefill = model.eval(ids, all_logits=True)
+    assert np.isfinite(prefill).all()
+    assert relative_error(prefill, g["logits"]) <= F32_TOLERANCE
+    model.reset()
+    stepped = np.stack([model.eval([t]) for t in ids])
+    assert relative_error(stepped, g["logits"]) <= F32_TOLERANCE
+    model.reset()
+    greedy = list(model.generate_ids(ids, max_tokens=len(g["greedy_ids"]), ignore_eos=True))
+    assert greedy == g["greedy_ids"].tolist()
 
 
 def test_default_backend_is_metal_on_a_mac_with_a_device(tiny_path, metal_device):
