@@ -22,7 +22,10 @@ namespace {
 using namespace cuda_rows;
 
 static_assert(cuda_rows::kAttnDecodeSimds == KCAP_ATTN_DECODE_SIMDS, "cuda_rows states the decode body's default");
+static_assert(cuda_rows::kAttnHeadsPerPass == KCAP_ATTN_HEADS_PER_PASS && cuda_rows::attn_decode_dim_groups(256, 256) ==
+                  KCAP_ATTN_DIM_GROUPS, "cuda_rows states the decode body's passes and dim groups");
 
+template <int DG>
 __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32)
     decode_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new, const float* v_new,
                   kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out, cuda::Q8Rows q8,
@@ -31,16 +34,17 @@ __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32)
     cuda::pdl_wait();
     cuda::pdl_trigger();
     const KcapThread t = kcap_cuda_thread();
-    kcap_attention_decode(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge, cos_sin,
-                          q_norm, k_norm, sinks);
+    kcap_attention_decode_dims<DG>(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge,
+                                   cos_sin, q_norm, k_norm, sinks);
     // One split covered every key: this group wrote its query heads' outputs (contiguous), so
     // it also writes their q8_1 for the output projection.
-    if (q8.codes && blockIdx.y == 0 && kcap_decode_splits(p, step[0]).active == 1) {
+    const KcapDecodeHeads heads = kcap_decode_heads(p, int(blockIdx.x));
+    if (q8.codes && blockIdx.y == 0 && heads.first < heads.end && kcap_decode_splits(p, step[0]).active == 1) {
         const int group = p.n_head / p.n_head_kv;
         __syncthreads();  // the group's writes of the output are visible to it
-        const kcap_u64 base = kcap_u64(blockIdx.x) * group * p.head_dim_v;
-        kcap_q8_quantize_row(t, out + base, group * p.head_dim_v, q8.codes + base / 4, q8.d + base / 32,
-                             q8.half_sums + base / 16);
+        const kcap_u64 base = (kcap_u64(heads.kv_head) * group + heads.first) * p.head_dim_v;
+        kcap_q8_quantize_row(t, out + base, (heads.end - heads.first) * p.head_dim_v, q8.codes + base / 4,
+                             q8.d + base / 32, q8.half_sums + base / 16);
     }
 }
 
@@ -183,13 +187,16 @@ const float* sinks_of(const KernelCall& call) { return static_cast<const float*>
 template <bool Q8>
 void run_attention_decode(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
-    const AttentionCall a = attention_call(stage, call);
+    AttentionCall a = attention_call(stage, call);
+    a.p.head_blocks = cuda_rows::attn_decode_head_blocks(a.p.n_head, a.p.n_head_kv);
     const KcapAttentionParams& p = a.p;
     const StageData& data = stage_data(call);
     const Q8Rows q8 = Q8 ? q8_rows_layout(ctx, 1, p.n_head * p.head_dim_v) : Q8Rows{nullptr, nullptr, nullptr};
-    launch(ctx, decode_kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * cuda_rows::attn_decode_simds(p.n_head_kv)), 0, p,
-           ctx.step, call.in, call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out,
-           q8, reinterpret_cast<const float2*>(data.rope_table), static_cast<const float*>(data.operands[0]),
+    // The head's dims fix the kernel's dim groups (per stage, like its launch geometry).
+    const auto kernel = cuda_rows::attn_decode_dim_groups(p.head_dim, p.head_dim_v) == 1 ? decode_kernel<1> : decode_kernel<2>;
+    launch(ctx, kernel, dim3(p.n_head_kv * p.head_blocks, p.n_splits), dim3(32 * cuda_rows::attn_decode_simds(p.n_head_kv)),
+           0, p, ctx.step, call.in, call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml,
+           call.out, q8, reinterpret_cast<const float2*>(data.rope_table), static_cast<const float*>(data.operands[0]),
            static_cast<const float*>(data.operands[1]), sinks_of(call));
     if (p.n_splits > 1)
         launch(ctx, combine_kernel, dim3(p.n_head), dim3(cuda_rows::attn_combine_threads(p.head_dim_v)), 0, p, ctx.step,

@@ -231,8 +231,13 @@ private:
         for (const RoutedStage& routed : plan_.stages)
             for (const TensorRef* operand : routed.stage.operands) {
                 if (!operand || device_weights_.count(operand->data)) continue;
-                void* device = arena_.alloc(operand->nbytes);
+                // Padded to 16 bytes (zeroes): the word loads of kernels/dialect.h's
+                // kcap_load_u8_u32s_a1 may touch the aligned word after a tensor's last block.
+                const size_t padded = (operand->nbytes + 15) / 16 * 16;
+                void* device = arena_.alloc(padded);
                 KCAP_CUDA_CHECK(cudaMemcpy(device, operand->data, operand->nbytes, cudaMemcpyHostToDevice));
+                if (padded > operand->nbytes)
+                    KCAP_CUDA_CHECK(cudaMemset(static_cast<uint8_t*>(device) + operand->nbytes, 0, padded - operand->nbytes));
                 device_weights_[operand->data] = device;
                 weight_bytes_ += operand->nbytes;
             }
@@ -313,8 +318,10 @@ private:
                 // capped at a few groups per multiprocessor (longer spans: longer splits).
                 const int64_t span = std::max<int64_t>(1, stage.max_span);
                 const int64_t by_span = (span + cuda_rows::kAttnMinChunk - 1) / cuda_rows::kAttnMinChunk;
-                const int64_t cap = std::max<int64_t>(1, int64_t(cuda_rows::kAttnSplitsPerSm) * ctx.sm_count /
-                                                             std::max(1, stage.params.n_head_kv));
+                const int64_t groups = int64_t(std::max(1, stage.params.n_head_kv)) *
+                                       cuda_rows::attn_decode_head_blocks(stage.params.n_head,
+                                                                          std::max(1, stage.params.n_head_kv));
+                const int64_t cap = std::max<int64_t>(1, int64_t(cuda_rows::kAttnSplitsPerSm) * ctx.sm_count / groups);
                 data.attn_splits = int(std::max<int64_t>(1, std::min(by_span, cap)));
                 const size_t slots = size_t(stage.params.n_head) * size_t(data.attn_splits);
                 partial_o = std::max(partial_o, slots * size_t(stage.params.head_dim_v));

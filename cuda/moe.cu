@@ -40,6 +40,7 @@ template <class F>
 __global__ void __launch_bounds__(kMoeLogitThreads)
     logits_kernel(KcapMoeParams p, const kcap_u8* w, const float* x, float* logits, const float* bias) {
     __shared__ float xs[KCAP_MOE_LOGIT_SHARED_FLOATS];
+    if (blockIdx.y == 0) kcap_moe_logits_prefetch(kcap_cuda_thread(), p, w);  // before the wait: weights never change
     pdl_wait();
     pdl_trigger();
     kcap_moe_logits<F>(kcap_cuda_thread(), p, w, x, logits, xs, bias);

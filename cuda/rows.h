@@ -187,6 +187,18 @@ constexpr int kAttnDecodeSimds = 4;  // KCAP_ATTN_DECODE_SIMDS: simd groups of a
 // 1070 vs 1005 but 584 vs 653 at 4096 context, so it keeps 4.
 constexpr int kAttnFewKvHeads = 2;
 constexpr int attn_decode_simds(int n_head_kv) { return n_head_kv <= kAttnFewKvHeads ? 8 : kAttnDecodeSimds; }
+// Decode groups per KV head: one per pass of KCAP_ATTN_HEADS_PER_PASS query heads, so a KV head
+// with 8 query heads (Qwen3-MoE, gpt-oss) is two groups side by side, not one group that takes
+// its two passes in turn (Nsight Compute, Qwen3-30B-A3B's layout at 512 keys: 4 groups of 2
+// passes per split, 27 us a layer, one warp per scheduler issuing every 6.7 cycles).
+constexpr int kAttnHeadsPerPass = 4;  // KCAP_ATTN_HEADS_PER_PASS
+constexpr int attn_decode_head_blocks(int n_head, int n_head_kv) {
+    return (n_head / n_head_kv + kAttnHeadsPerPass - 1) / kAttnHeadsPerPass;
+}
+// The decode's 4-dim groups per lane: 1 for heads of at most 128 dims, else 2 (KCAP_ATTN_MAX_HEAD_DIM).
+constexpr int attn_decode_dim_groups(int head_dim, int head_dim_v) {
+    return head_dim <= 128 && head_dim_v <= 128 ? 1 : 2;
+}
 // Decode splits (bench/cuda_sweep.py, tg128 on the H200): 32-key chunks at short spans took
 // Gemma 3 270M from 874 to 1038 tok/s and the 8B from 242 to 254 (64-key chunks before); at
 // 4096 tokens of context the 8B did best with fewer, longer splits (34 splits: 187 -> 195

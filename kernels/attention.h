@@ -183,55 +183,64 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
 #define KCAP_ATTN_DECODE_SHARED_FLOATS_FOR(simds) ((simds) * KCAP_ATTN_HEADS_PER_PASS * (KCAP_ATTN_MAX_HEAD_DIM + 2))
 #define KCAP_ATTN_DECODE_SHARED_FLOATS KCAP_ATTN_DECODE_SHARED_FLOATS_FOR(KCAP_ATTN_DECODE_MAX_SIMDS)
 
+// The decode holds each head as DG groups of 4 dims per lane (dims 4 lane + 128 i): DG = 1 for
+// heads of at most 128 dims, 2 up to KCAP_ATTN_MAX_HEAD_DIM (the launch picks it from the
+// stage's head_dim; the helpers below take the same DG).
+
 // Dims 4 lane + 128 i .. +3 of a row (f32 or f16 elements; zeros past `dim`).
+template <int DG>
 KCAP_FN void kcap_attn_load_row(const KcapThread t, const KCAP_GLOBAL kcap_u8* cache, kcap_u64 row, int dim, int f16,
                                 KCAP_PRIVATE float4* out) {
-    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+    KCAP_UNROLL for (int i = 0; i < DG; ++i) {
         const int d = 4 * int(t.lane) + 128 * i;
         out[i] = d < dim ? kcap_kv_load4(cache, row + kcap_u64(d), f16) : float4{0.0f, 0.0f, 0.0f, 0.0f};
     }
 }
 
 // The same dims of this token's new K or V (f32), unrounded.
+template <int DG>
 KCAP_FN void kcap_attn_load_fresh_raw(const KcapThread t, const KCAP_GLOBAL float* fresh, int dim,
                                       KCAP_PRIVATE float4* out) {
-    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+    KCAP_UNROLL for (int i = 0; i < DG; ++i) {
         const int d = 4 * int(t.lane) + 128 * i;
         out[i] = d < dim ? kcap_load_f32x4(fresh + d) : float4{0.0f, 0.0f, 0.0f, 0.0f};
     }
 }
 
 // Rounds a row held as the lanes hold it as the cache stores it.
+template <int DG>
 KCAP_FN void kcap_attn_round_row(int f16, KCAP_PRIVATE float4* x) {
-    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+    KCAP_UNROLL for (int i = 0; i < DG; ++i) {
         x[i].x = kcap_kv_round(x[i].x, f16), x[i].y = kcap_kv_round(x[i].y, f16);
         x[i].z = kcap_kv_round(x[i].z, f16), x[i].w = kcap_kv_round(x[i].w, f16);
     }
 }
 
 // The same dims of this token's new K or V (f32), rounded as the cache would store them.
+template <int DG>
 KCAP_FN void kcap_attn_load_fresh(const KcapThread t, const KCAP_GLOBAL float* fresh, int dim, int f16,
                                   KCAP_PRIVATE float4* out) {
-    kcap_attn_load_fresh_raw(t, fresh, dim, out);
-    kcap_attn_round_row(f16, out);
+    kcap_attn_load_fresh_raw<DG>(t, fresh, dim, out);
+    kcap_attn_round_row<DG>(f16, out);
 }
 
 // The decode's own rope (p.rope, rope_dim == head_dim): one head held as the lanes hold it
 // (dims 4 lane + 128 i), RMS-normed with `norm` first when p.qk_norm, then rotated by the
 // position's row of the cos/sin table, as kcap_qk_norm_rope and kcap_rope compute it. Every
 // lane of the simd group takes part (the norm's sum; NeoX's partner dims, which lie in lane
-// lane ^ (head_dim / 8), or in the lane's other dim group at head_dim 256).
+// lane ^ (head_dim / 8), or in the lane's other dim group at head_dim 256, where DG == 2).
 #if KCAP_ATTN_DIM_GROUPS != 2
 #error "kcap_attn_rope_head pairs NeoX halves across two dim groups at head_dim 256"
 #endif
+template <int DG>
 KCAP_FN void kcap_attn_rope_head(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL float2* cs_row,
                                  const KCAP_GLOBAL float* norm, KCAP_PRIVATE float4* x) {
     if (p.qk_norm) {
         float sq = 0.0f;
-        KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i)
+        KCAP_UNROLL for (int i = 0; i < DG; ++i)
             sq += x[i].x * x[i].x + x[i].y * x[i].y + x[i].z * x[i].z + x[i].w * x[i].w;  // zeros past head_dim
         const float inv = kcap_rsqrt(kcap_simd_sum(sq) / float(p.head_dim) + p.qk_norm_eps);
-        KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+        KCAP_UNROLL for (int i = 0; i < DG; ++i) {
             const int d = 4 * int(t.lane) + 128 * i;
             if (d < p.head_dim) {
                 x[i].x = x[i].x * inv * norm[d], x[i].y = x[i].y * inv * norm[d + 1];
@@ -240,7 +249,7 @@ KCAP_FN void kcap_attn_rope_head(const KcapThread t, const KcapAttentionParams p
         }
     }
     if (p.rope == 1) {  // normal: pairs (d, d + 1) lie in one lane's quad
-        KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+        KCAP_UNROLL for (int i = 0; i < DG; ++i) {
             const int d = 4 * int(t.lane) + 128 * i;
             if (d >= p.head_dim) continue;
             const float2 c0 = cs_row[d / 2], c1 = cs_row[d / 2 + 1];
@@ -251,14 +260,14 @@ KCAP_FN void kcap_attn_rope_head(const KcapThread t, const KcapAttentionParams p
         return;
     }
     const int half_dim = p.head_dim / 2;  // NeoX: pairs (d, d + half_dim)
-    if (half_dim == 128) {
-        const float4 lo = x[0], hi = x[1];
+    if (half_dim == 128) {  // head_dim 256, so DG == 2 (x[DG - 1]: an index valid at DG == 1 too)
+        const float4 lo = x[0], hi = x[DG - 1];
         const int d = 4 * int(t.lane);
         const float2 c0 = cs_row[d], c1 = cs_row[d + 1], c2 = cs_row[d + 2], c3 = cs_row[d + 3];
         x[0] = float4{lo.x * c0.x - hi.x * c0.y, lo.y * c1.x - hi.y * c1.y, lo.z * c2.x - hi.z * c2.y,
                       lo.w * c3.x - hi.w * c3.y};
-        x[1] = float4{lo.x * c0.y + hi.x * c0.x, lo.y * c1.y + hi.y * c1.x, lo.z * c2.y + hi.z * c2.x,
-                      lo.w * c3.y + hi.w * c3.x};
+        x[DG - 1] = float4{lo.x * c0.y + hi.x * c0.x, lo.y * c1.y + hi.y * c1.x, lo.z * c2.y + hi.z * c2.x,
+                           lo.w * c3.y + hi.w * c3.x};
         return;
     }
     const int mask = half_dim / 4;  // the partner lane's offset (head_dim a power of two, at most 128)
@@ -278,14 +287,41 @@ KCAP_FN void kcap_attn_rope_head(const KcapThread t, const KcapAttentionParams p
                       other.w * c3.y + v.w * c3.x};
 }
 
-KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
-                                   const KCAP_GLOBAL float* q, const KCAP_GLOBAL float* k_new,
-                                   const KCAP_GLOBAL float* v_new, KCAP_GLOBAL kcap_u8* k_cache,
-                                   KCAP_GLOBAL kcap_u8* v_cache, KCAP_GLOBAL float* partial_o,
-                                   KCAP_GLOBAL float* partial_ml, KCAP_GLOBAL float* out, KCAP_SHARED float* shared,
-                                   const KCAP_GLOBAL float2* cos_sin, const KCAP_GLOBAL float* q_norm,
-                                   const KCAP_GLOBAL float* k_norm, const KCAP_GLOBAL float* sinks = nullptr) {
-    const int kv_head = int(t.group_x);
+// The query heads group group_x takes: p.head_blocks groups per KV head (grid x = n_head_kv *
+// head_blocks; 0 counts as 1) share its query heads in consecutive runs of whole passes
+// (KCAP_ATTN_HEADS_PER_PASS each), so a KV head with many query heads (8 in Qwen3-MoE and
+// gpt-oss) is several groups of one pass each, not one group that takes its passes in turn.
+struct KcapDecodeHeads {
+    int kv_head;
+    int first;  // the first query head of the KV head's group this group takes (0 .. group)
+    int end;    // one past its last; first == end: none (the group returns at once)
+};
+
+KCAP_FN KcapDecodeHeads kcap_decode_heads(const KcapAttentionParams p, int group_x) {
+    const int blocks = p.head_blocks > 1 ? p.head_blocks : 1;
+    const int group = p.n_head / p.n_head_kv;
+    const int passes = (group + KCAP_ATTN_HEADS_PER_PASS - 1) / KCAP_ATTN_HEADS_PER_PASS;
+    const int per_block = (passes + blocks - 1) / blocks * KCAP_ATTN_HEADS_PER_PASS;
+    KcapDecodeHeads h;
+    h.kv_head = group_x / blocks;
+    h.first = (group_x % blocks) * per_block;
+    if (h.first > group) h.first = group;
+    h.end = h.first + per_block < group ? h.first + per_block : group;
+    return h;
+}
+
+// DG: the dim groups of the stage's heads (DG * 128 >= head_dim and head_dim_v).
+template <int DG>
+KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
+                                        const KCAP_GLOBAL float* q, const KCAP_GLOBAL float* k_new,
+                                        const KCAP_GLOBAL float* v_new, KCAP_GLOBAL kcap_u8* k_cache,
+                                        KCAP_GLOBAL kcap_u8* v_cache, KCAP_GLOBAL float* partial_o,
+                                        KCAP_GLOBAL float* partial_ml, KCAP_GLOBAL float* out, KCAP_SHARED float* shared,
+                                        const KCAP_GLOBAL float2* cos_sin, const KCAP_GLOBAL float* q_norm,
+                                        const KCAP_GLOBAL float* k_norm, const KCAP_GLOBAL float* sinks) {
+    const KcapDecodeHeads heads_of_group = kcap_decode_heads(p, int(t.group_x));
+    if (heads_of_group.first >= heads_of_group.end) return;  // the whole group: no query heads left
+    const int kv_head = heads_of_group.kv_head;
     const int split = int(t.group_y);
     const int pos = step[0];
     const KcapDecodeSplits splits = kcap_decode_splits(p, pos);
@@ -295,17 +331,18 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
     const KCAP_GLOBAL float* v_fresh = v_new + kcap_u64(kv_head) * p.head_dim_v;
     const KCAP_GLOBAL float2* cs_row = cos_sin + (p.rope ? kcap_u64(pos) * (p.head_dim / 2) : 0);
     // The last split holds the new key (pos): its simd groups hold the new K row, rotated when
-    // the decode owns the rope and rounded as the cache stores it, and simd group 0 appends
-    // the new K and V to the cache (no group of this launch reads cache[pos]).
+    // the decode owns the rope and rounded as the cache stores it, and simd group 0 of the KV
+    // head's first group appends the new K and V to the cache (no group of this launch reads
+    // cache[pos]).
     const int fresh_pos = p.append ? pos : -1;
-    float4 k_fresh[KCAP_ATTN_DIM_GROUPS];
+    float4 k_fresh[DG];
     if (p.append && split == splits.active - 1) {
-        kcap_attn_load_fresh_raw(t, k_new + kcap_u64(kv_head) * p.head_dim, p.head_dim, k_fresh);
-        if (p.rope) kcap_attn_rope_head(t, p, cs_row, k_norm, k_fresh);
-        kcap_attn_round_row(p.kv_f16, k_fresh);
-        if (t.simd == 0) {
+        kcap_attn_load_fresh_raw<DG>(t, k_new + kcap_u64(kv_head) * p.head_dim, p.head_dim, k_fresh);
+        if (p.rope) kcap_attn_rope_head<DG>(t, p, cs_row, k_norm, k_fresh);
+        kcap_attn_round_row<DG>(p.kv_f16, k_fresh);
+        if (t.simd == 0 && heads_of_group.first == 0) {
             const kcap_u64 k_row = kcap_u64(pos) * p.k_width + kcap_u64(kv_head) * p.head_dim;
-            KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+            KCAP_UNROLL for (int i = 0; i < DG; ++i) {
                 const int d = 4 * int(t.lane) + 128 * i;
                 if (d < p.head_dim) {
                     kcap_kv_store(k_cache, k_row + d, k_fresh[i].x, p.kv_f16);
@@ -322,21 +359,22 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
     const int group = p.n_head / p.n_head_kv;
     const kcap_u64 k_head = kcap_u64(kv_head) * p.head_dim;
     const kcap_u64 v_head = kcap_u64(kv_head) * p.head_dim_v;
-    for (int g0 = 0; g0 < group; g0 += KCAP_ATTN_HEADS_PER_PASS) {
-        const int heads = group - g0 < KCAP_ATTN_HEADS_PER_PASS ? group - g0 : KCAP_ATTN_HEADS_PER_PASS;
-        float4 qv[KCAP_ATTN_HEADS_PER_PASS][KCAP_ATTN_DIM_GROUPS];
+    for (int g0 = heads_of_group.first; g0 < heads_of_group.end; g0 += KCAP_ATTN_HEADS_PER_PASS) {
+        const int heads =
+            heads_of_group.end - g0 < KCAP_ATTN_HEADS_PER_PASS ? heads_of_group.end - g0 : KCAP_ATTN_HEADS_PER_PASS;
+        float4 qv[KCAP_ATTN_HEADS_PER_PASS][DG];
         float m[KCAP_ATTN_HEADS_PER_PASS], l[KCAP_ATTN_HEADS_PER_PASS];
-        float4 o[KCAP_ATTN_HEADS_PER_PASS][KCAP_ATTN_DIM_GROUPS];
+        float4 o[KCAP_ATTN_HEADS_PER_PASS][DG];
         KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
             m[h] = KCAP_NEG_INFINITY;
             l[h] = 0.0f;
             const int head = kv_head * group + g0 + (h < heads ? h : 0);
-            KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+            KCAP_UNROLL for (int i = 0; i < DG; ++i) {
                 const int d = 4 * int(t.lane) + 128 * i;
                 qv[h][i] = d < p.head_dim ? kcap_load_f32x4(q + kcap_u64(head) * p.head_dim + d) : float4{0.0f, 0.0f, 0.0f, 0.0f};
                 o[h][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
-            if (p.rope) kcap_attn_rope_head(t, p, cs_row, q_norm, qv[h]);
+            if (p.rope) kcap_attn_rope_head<DG>(t, p, cs_row, q_norm, qv[h]);
         }
         // Each step a simd group loads KCAP_ATTN_KEYS_PER_STEP keys' K and V rows at once (so
         // that many row loads are in flight, not one memory latency per key), reduces all their
@@ -344,24 +382,24 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
         // keys into the online softmax with one rescale.
         for (int j0 = start + int(t.simd) * KCAP_ATTN_KEYS_PER_STEP; j0 < end;
              j0 += int(t.simds) * KCAP_ATTN_KEYS_PER_STEP) {
-            float4 k[KCAP_ATTN_KEYS_PER_STEP][KCAP_ATTN_DIM_GROUPS], v[KCAP_ATTN_KEYS_PER_STEP][KCAP_ATTN_DIM_GROUPS];
+            float4 k[KCAP_ATTN_KEYS_PER_STEP][DG], v[KCAP_ATTN_KEYS_PER_STEP][DG];
             KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) {
                 const int j = j0 + b;
                 if (j < end && j == fresh_pos) {
-                    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) k[b][i] = k_fresh[i];
-                    kcap_attn_load_fresh(t, v_fresh, p.head_dim_v, p.kv_f16, v[b]);
+                    KCAP_UNROLL for (int i = 0; i < DG; ++i) k[b][i] = k_fresh[i];
+                    kcap_attn_load_fresh<DG>(t, v_fresh, p.head_dim_v, p.kv_f16, v[b]);
                 } else if (j < end) {
-                    kcap_attn_load_row(t, k_cache, kcap_u64(j) * p.k_width + k_head, p.head_dim, p.kv_f16, k[b]);
-                    kcap_attn_load_row(t, v_cache, kcap_u64(j) * p.v_width + v_head, p.head_dim_v, p.kv_f16, v[b]);
+                    kcap_attn_load_row<DG>(t, k_cache, kcap_u64(j) * p.k_width + k_head, p.head_dim, p.kv_f16, k[b]);
+                    kcap_attn_load_row<DG>(t, v_cache, kcap_u64(j) * p.v_width + v_head, p.head_dim_v, p.kv_f16, v[b]);
                 } else {
-                    KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i)
+                    KCAP_UNROLL for (int i = 0; i < DG; ++i)
                         k[b][i] = float4{0.0f, 0.0f, 0.0f, 0.0f}, v[b][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
                 }
             }
             float dot[KCAP_ATTN_KEYS_PER_STEP][KCAP_ATTN_HEADS_PER_PASS];
             KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
                 dot[b][h] = 0.0f;
-                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i)
+                KCAP_UNROLL for (int i = 0; i < DG; ++i)
                     dot[b][h] += qv[h][i].x * k[b][i].x + qv[h][i].y * k[b][i].y + qv[h][i].z * k[b][i].z +
                                  qv[h][i].w * k[b][i].w;
             }
@@ -386,7 +424,7 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
                     weight_sum += weight[b];
                 }
                 l[h] = l[h] * correction + weight_sum;
-                KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+                KCAP_UNROLL for (int i = 0; i < DG; ++i) {
                     float4 acc = float4{o[h][i].x * correction, o[h][i].y * correction, o[h][i].z * correction,
                                         o[h][i].w * correction};
                     KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) {
@@ -410,7 +448,7 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
             const int state = int(t.simd) * KCAP_ATTN_HEADS_PER_PASS + h;
             if (t.lane == 0) shared_ml[2 * state] = m[h], shared_ml[2 * state + 1] = l[h];
             KCAP_SHARED float* slot = shared_o + state * p.head_dim_v;
-            KCAP_UNROLL for (int i = 0; i < KCAP_ATTN_DIM_GROUPS; ++i) {
+            KCAP_UNROLL for (int i = 0; i < DG; ++i) {
                 const int d = 4 * int(t.lane) + 128 * i;
                 if (d < p.head_dim_v)
                     slot[d] = o[h][i].x, slot[d + 1] = o[h][i].y, slot[d + 2] = o[h][i].z, slot[d + 3] = o[h][i].w;
@@ -446,6 +484,18 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
         }
         kcap_barrier();  // shared is reused by the next pass
     }
+}
+
+// The decode at the most dims (Metal's entry and the host tests; CUDA picks DG per stage).
+KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
+                                   const KCAP_GLOBAL float* q, const KCAP_GLOBAL float* k_new,
+                                   const KCAP_GLOBAL float* v_new, KCAP_GLOBAL kcap_u8* k_cache,
+                                   KCAP_GLOBAL kcap_u8* v_cache, KCAP_GLOBAL float* partial_o,
+                                   KCAP_GLOBAL float* partial_ml, KCAP_GLOBAL float* out, KCAP_SHARED float* shared,
+                                   const KCAP_GLOBAL float2* cos_sin, const KCAP_GLOBAL float* q_norm,
+                                   const KCAP_GLOBAL float* k_norm, const KCAP_GLOBAL float* sinks = nullptr) {
+    kcap_attention_decode_dims<KCAP_ATTN_DIM_GROUPS>(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o,
+                                                     partial_ml, out, shared, cos_sin, q_norm, k_norm, sinks);
 }
 
 // Merges the active splits of kcap_attention_decode (none to merge when one split covered

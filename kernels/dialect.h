@@ -91,6 +91,9 @@ KCAP_FN float kcap_u8_to_float(kcap_u32 b) { return __uint_as_float(0x4B000000u 
 KCAP_FN float kcap_byte_to_float(kcap_u32 w, int which) {
     return __uint_as_float(__byte_perm(w, 0x4B000000u, unsigned(which) | 0x7540u)) - 8388608.0f;
 }
+// Byte i of the result is byte (s >> 4i) & 7 of b:a (selectors 0..7 only: the sign-replicating
+// selectors of PRMT are not used).
+KCAP_FN kcap_u32 kcap_byte_perm(kcap_u32 a, kcap_u32 b, kcap_u32 s) { return __byte_perm(a, b, s); }
 
 KCAP_FN kcap_u32 kcap_load_u16(const kcap_u8* p) { return *reinterpret_cast<const unsigned short*>(p); }
 KCAP_FN kcap_u32 kcap_load_u32(const kcap_u8* p) { return *reinterpret_cast<const unsigned*>(p); }
@@ -187,6 +190,14 @@ KCAP_FN kcap_u16 kcap_float_to_half(float f) { return as_type<ushort>(half(f)); 
 KCAP_FN float kcap_bf16_to_float(kcap_u16 h) { return as_type<float>(uint(h) << 16); }
 KCAP_FN float kcap_u8_to_float(kcap_u32 b) { return float(b); }
 KCAP_FN float kcap_byte_to_float(kcap_u32 w, int which) { return float((w >> (8 * which)) & 0xffu); }
+KCAP_FN kcap_u32 kcap_byte_perm(kcap_u32 a, kcap_u32 b, kcap_u32 s) {
+    kcap_u32 r = 0u;
+    for (int i = 0; i < 4; ++i) {
+        const kcap_u32 sel = (s >> (4 * i)) & 7u;
+        r |= (((sel < 4u ? a : b) >> (8u * (sel & 3u))) & 0xffu) << (8 * i);
+    }
+    return r;
+}
 
 KCAP_FN kcap_u32 kcap_load_u16(const device kcap_u8* p) { return *reinterpret_cast<const device ushort*>(p); }
 KCAP_FN kcap_u32 kcap_load_u32(const device kcap_u8* p) { return *reinterpret_cast<const device uint*>(p); }
@@ -293,5 +304,35 @@ KCAP_FN kcap_u32 kcap_load_u16_u32s_a2(const KCAP_GLOBAL kcap_u8* p, KCAP_PRIVAT
     const kcap_u32 shift = 16u - 8u * odd;
     KCAP_UNROLL for (int i = 0; i < N; ++i) out[i] = kcap_funnel_r(w[i], i + 1 < N ? w[i + 1] : tail, shift);
     return odd ? tail : (w[0] & 0xffffu);
+}
+#endif
+
+// kcap_load_u8_u32s_a1<N>: returns the byte at p and sets out[i] = the word at p + 1 + 4i, for p
+// at any alignment (MXFP4's 17-byte blocks). CUDA: the N + 1 aligned words that hold
+// [p, p + 1 + 4N), each word rebuilt from two of them with one funnel shift (N + 1 loads where
+// byte loads took 4N + 1). It reads the bytes before p and after the run that share an aligned
+// word with the run's first and last bytes: the CUDA backend pads every weight allocation to a
+// multiple of 16 bytes (and zeroes the padding), so those words lie inside it. Elsewhere (Metal
+// has no pointer-to-integer conversion; the host tests check that a decoder reads only its
+// block): byte loads of exactly the run.
+#if defined(__CUDACC__)
+template <int N>
+KCAP_FN kcap_u32 kcap_load_u8_u32s_a1(const KCAP_GLOBAL kcap_u8* p, KCAP_PRIVATE kcap_u32* out) {
+    const kcap_u32 off = kcap_address_bits(p) & 3u;
+    const KCAP_GLOBAL kcap_u8* a = p - off;  // 4-aligned
+    kcap_u32 w[N + 1];
+    KCAP_UNROLL for (int i = 0; i <= N; ++i) w[i] = kcap_load_u32(a + 4 * i);
+    // Byte p + 1 + 4i is byte off + 1 of w[i]:w[i + 1] (a shift of 32: w[i + 1] itself).
+    const kcap_u32 shift = 8u * (off + 1u);
+    KCAP_UNROLL for (int i = 0; i < N; ++i) out[i] = kcap_funnel_r(w[i], w[i + 1], shift);
+    return (w[0] >> (8u * off)) & 0xffu;
+}
+#else
+template <int N>
+KCAP_FN kcap_u32 kcap_load_u8_u32s_a1(const KCAP_GLOBAL kcap_u8* p, KCAP_PRIVATE kcap_u32* out) {
+    KCAP_UNROLL for (int i = 0; i < N; ++i)
+        out[i] = kcap_u32(p[1 + 4 * i]) | (kcap_u32(p[2 + 4 * i]) << 8) | (kcap_u32(p[3 + 4 * i]) << 16) |
+                 (kcap_u32(p[4 + 4 * i]) << 24);
+    return p[0];
 }
 #endif

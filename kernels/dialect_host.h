@@ -234,6 +234,15 @@ inline kcap_u16 kcap_float_to_half(float f) { return kcap::f32_to_f16(f); }
 inline float kcap_bf16_to_float(kcap_u16 h) { return kcap::bf16_to_f32(h); }
 inline float kcap_u8_to_float(kcap_u32 b) { return float(b); }
 inline float kcap_byte_to_float(kcap_u32 w, int which) { return float((w >> (8 * which)) & 0xffu); }
+// CUDA's __byte_perm for selectors 0..7: byte i of the result is byte (s >> 4i) & 7 of b:a.
+inline kcap_u32 kcap_byte_perm(kcap_u32 a, kcap_u32 b, kcap_u32 s) {
+    kcap_u32 r = 0u;
+    for (int i = 0; i < 4; ++i) {
+        const kcap_u32 sel = (s >> (4 * i)) & 7u;
+        r |= (((sel < 4u ? a : b) >> (8u * (sel & 3u))) & 0xffu) << (8 * i);
+    }
+    return r;
+}
 
 // Tests may name the only bytes that loads may touch (say, one weight block copied to a buffer
 // of its exact size): kcap_sim::Readable guard(begin, end). The multi-byte loads check it.

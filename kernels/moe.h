@@ -100,6 +100,17 @@ KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KC
         }
 }
 
+// Asks for the router rows this simd group of kcap_moe_logits reads (a hint): the router's
+// weights never change, so a launch issues it before waiting on the kernel that writes x.
+KCAP_FN void kcap_moe_logits_prefetch(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL kcap_u8* w) {
+    const int e0 = int(t.group_x * t.simds + t.simd) * KCAP_MOE_LOGIT_EXPERTS;
+    for (int i = 0; i < KCAP_MOE_LOGIT_EXPERTS; ++i) {
+        if (e0 + i >= p.n_expert) break;
+        const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(e0 + i) * p.router_row_bytes;
+        for (unsigned offset = t.lane * 128u; offset < p.router_row_bytes; offset += 32u * 128u) kcap_prefetch(row + offset);
+    }
+}
+
 // The (value, index) of the largest value over the simd group's lanes, the lower index on a tie,
 // in every lane: a butterfly over the lanes' own (value, index).
 KCAP_FN void kcap_moe_simd_argmax(KCAP_PRIVATE float& value, KCAP_PRIVATE int& best) {
@@ -175,7 +186,12 @@ KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCA
         kcap_simd_barrier();
     }
     KCAP_GLOBAL float* out = routing + kcap_u64(token) * kcap_u64(2 * p.n_used);
-    float chosen = 0.0f;
+    // Lane k keeps round k's expert and score in registers (n_used <= KCAP_MOE_MAX_USED == the
+    // lanes), and the lanes write their Routing entries side by side at the end: with lane 0
+    // writing each round's entry and reading them back for the renormalization, every round
+    // waited on global memory (6 us of a Qwen3-MoE decode layer's 8 in Nsight Compute).
+    int my_expert = 0;
+    float my_value = 0.0f;
     for (int k = 0; k < p.n_used; ++k) {
         float value = KCAP_NEG_INFINITY;
         int best = p.n_expert;  // none yet: loses every comparison below
@@ -186,20 +202,23 @@ KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCA
             }
         kcap_moe_simd_argmax(value, best);
         if (best >= p.n_expert) best = 0;  // only where every logit is NaN: stay in bounds
-        const float weight = p.sigmoid ? 1.0f / (1.0f + kcap_exp(-row[best])) : kcap_exp(value - top) / sum;
-        chosen += weight;
+        if (int(t.lane) == k) my_expert = best, my_value = value;
         kcap_simd_barrier();  // every lane has read logits[best] before it is masked
-        if (t.lane == 0) {
-            out[k] = float(best);
-            out[p.n_used + k] = weight;
-            logits[best] = KCAP_NEG_INFINITY;
-        }
+        if (t.lane == 0) logits[best] = KCAP_NEG_INFINITY;
         kcap_simd_barrier();
     }
-    if (t.lane != 0) return;
-    for (int k = 0; k < p.n_used; ++k)
-        out[p.n_used + k] = (p.renormalize ? out[p.n_used + k] / chosen : out[p.n_used + k]) * p.scale *
-                            (p.expert_scaled ? expert_scale[int(out[k])] : 1.0f);
+    // The chosen experts' weights, lane k round k's: the softmax over every expert, or the
+    // sigmoid of the logit (the choice score holds the choice bias); their sum in round order,
+    // as the CPU row adds them.
+    const bool mine = int(t.lane) < p.n_used;
+    const float weight =
+        !mine ? 0.0f : p.sigmoid ? 1.0f / (1.0f + kcap_exp(-row[my_expert])) : kcap_exp(my_value - top) / sum;
+    float chosen = 0.0f;
+    for (int k = 0; k < p.n_used; ++k) chosen += kcap_simd_broadcast(weight, k);
+    if (!mine) return;
+    out[t.lane] = float(my_expert);
+    out[p.n_used + int(t.lane)] = (p.renormalize ? weight / chosen : weight) * p.scale *
+                                  (p.expert_scaled ? expert_scale[my_expert] : 1.0f);
 }
 
 // Grid y of the experts' matvecs: slot = token * n_used + k.
@@ -228,6 +247,10 @@ KCAP_FN void kcap_moe_gate_up(const KcapThread t, const KcapMoeParams moe, const
     const kcap_u64 expert = kcap_u64(s.expert) * expert_rows * p.row_bytes;
     const kcap_u64 up_offset = moe.gate_up_merged ? kcap_u64(moe.ff) * p.row_bytes : kcap_u64(0);
     const kcap_u64 bias_offset = kcap_u64(s.expert) * kcap_u64(moe.ff);
+    // The expert's rows are known only from the Routing buffer: ask for them before staging x,
+    // so their loads overlap the staging instead of following it.
+    kcap_matvec_split_prefetch<ROWS>(t, p, split, gate + expert);
+    kcap_matvec_split_prefetch<ROWS>(t, p, split, up + expert + up_offset);
     kcap_matvec_staged<F, ROWS, KCAP_MATVEC_GATE_UP>(t, p, split, chunk_runs, gate + expert, up + expert + up_offset,
                                                      x + kcap_u64(s.token) * kcap_u64(moe.k),
                                                      gate_bias ? gate_bias + bias_offset : nullptr, activation,
@@ -246,6 +269,7 @@ KCAP_FN void kcap_moe_down(const KcapThread t, const KcapMoeParams moe, const Kc
                            const KCAP_GLOBAL float* down_bias = nullptr) {
     const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(t.group_y));
     const kcap_u64 expert = kcap_u64(s.expert) * kcap_u64(moe.n) * p.row_bytes;
+    kcap_matvec_split_prefetch<ROWS>(t, p, split, down + expert);  // as in kcap_moe_gate_up
     kcap_matvec_staged<F, ROWS, KCAP_MATVEC_PLAIN>(t, p, split, chunk_runs, down + expert, down + expert,
                                                    act + kcap_u64(t.group_y) * kcap_u64(moe.ff),
                                                    down_bias ? down_bias + kcap_u64(s.expert) * kcap_u64(moe.n) : nullptr,

@@ -75,6 +75,8 @@ struct KcapAttentionParams {
     int rope;         // 0 none, 1 normal (adjacent pairs), 2 NeoX (halves)
     int qk_norm;      // 1: RMS-norm each head of Q and the new K first (eps below)
     float qk_norm_eps;
+    int head_blocks;  // decode: groups per KV head, each taking a share of its query heads
+                      // (kcap_decode_heads; grid x = n_head_kv * head_blocks); 0 or 1: one
 };
 
 // Elementwise stages over n_tokens * n values.

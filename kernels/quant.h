@@ -11,7 +11,9 @@
 // blocks of 18, 22, 34, 110, 210 bytes start at even offsets (their words are read with
 // kcap_load_u16_u32s_a2 / kcap_load_u32s_a2: aligned 32-bit loads, about one per word; each
 // decoder states which bytes of its block those may touch), blocks of 20, 24, 84 bytes and float rows at multiples of 4, Q4_K/Q5_K
-// blocks (144, 176 bytes) at multiples of 16; MXFP4 (17 bytes) is read byte by byte.
+// blocks (144, 176 bytes) at multiples of 16; MXFP4 (17 bytes) at any offset, read with
+// kcap_load_u8_u32s_a1 (aligned words on CUDA, whose weight allocations are padded for them;
+// bytes elsewhere).
 #pragma once
 
 #include "kernels/dialect.h"
@@ -296,16 +298,40 @@ KCAP_FN float kcap_mxfp4_doubled(kcap_u32 code) {
     return (code & 8u) ? -magnitude : magnitude;
 }
 
+// The doubled e2m1 values (kcap_mxfp4_doubled) of the 8 codes of a word of MXFP4 code bytes,
+// as signed bytes: lo = the low nibbles of its bytes 0..3, hi = their high nibbles. Table
+// lookups by byte permutation (one PRMT per value on CUDA, where the arithmetic of
+// kcap_mxfp4_doubled took about ten instructions a value and bounded gpt-oss's expert matvecs):
+// the 3-bit magnitude picks a byte of {0, 1, 2, 3, 4, 6, 8, 12} or of its negation, the sign bit
+// picks between the two.
+KCAP_FN void kcap_mxfp4_doubled_bytes(kcap_u32 q, KCAP_PRIVATE kcap_u32& lo, KCAP_PRIVATE kcap_u32& hi) {
+    kcap_u32 v[2];  // the values of nibbles 0..3 (bytes 0 and 1), then of nibbles 4..7
+    KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
+        const kcap_u32 n = q >> (16 * half16);  // four nibbles in bits 0..15
+        const kcap_u32 magnitude = n & 0x7777u;
+        const kcap_u32 positive = kcap_byte_perm(0x03020100u, 0x0C080604u, magnitude);
+        const kcap_u32 negative = kcap_byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, magnitude);
+        v[half16] = kcap_byte_perm(positive, negative, 0x3210u | ((n & 0x8888u) >> 1));
+    }
+    lo = kcap_byte_perm(v[0], v[1], 0x6420u);
+    hi = kcap_byte_perm(v[0], v[1], 0x7531u);
+}
+
 struct KcapMXFP4 {
     static constexpr int block_elems = 32;
     static constexpr int block_bytes = 17;
     static KCAP_FN void decode32(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE float* out) {
-        const kcap_u32 e = b[0];
+        kcap_u32 qs[4];  // the block's 16 code bytes as words (5 loads on CUDA: any alignment)
+        const kcap_u32 e = kcap_load_u8_u32s_a1<4>(b, qs);
         const float scale = kcap_as_float(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
-        KCAP_UNROLL for (int i = 0; i < 16; ++i) {
-            const kcap_u32 q = b[1 + i];
-            out[i] = scale * kcap_mxfp4_doubled(q & 0x0fu);
-            out[16 + i] = scale * kcap_mxfp4_doubled(q >> 4);
+        KCAP_UNROLL for (int w = 0; w < 4; ++w) {
+            kcap_u32 lo, hi;
+            kcap_mxfp4_doubled_bytes(qs[w], lo, hi);
+            lo ^= 0x80808080u, hi ^= 0x80808080u;  // signed bytes read as byte + 128
+            KCAP_UNROLL for (int j = 0; j < 4; ++j) {
+                out[4 * w + j] = (kcap_byte_to_float(lo, j) - 128.0f) * scale;
+                out[16 + 4 * w + j] = (kcap_byte_to_float(hi, j) - 128.0f) * scale;
+            }
         }
     }
 };

@@ -367,15 +367,11 @@ struct KcapCodes<KcapMXFP4> {
     }
     static KCAP_FN void codes8(const KCAP_GLOBAL kcap_u8* b, int, KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* scale,
                                KCAP_PRIVATE float* offset) {
-        const kcap_u32 e = b[0];
+        kcap_u32 qs[4];  // the 16 code bytes as words (kcap_load_u8_u32s_a1: any alignment)
+        const kcap_u32 e = kcap_load_u8_u32s_a1<4>(b, qs);
         scale[0] = scale[1] = kcap_as_float(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
         offset[0] = offset[1] = 0.0f;
-        KCAP_UNROLL for (int w = 0; w < 8; ++w) u[w] = 0u;
-        KCAP_UNROLL for (int i = 0; i < 16; ++i) {  // the doubled e2m1 values as signed bytes
-            const kcap_u32 v = b[1 + i];
-            u[i / 4] |= (kcap_u32(int(kcap_mxfp4_doubled(v & 0x0fu))) & 0xffu) << (8 * (i % 4));
-            u[4 + i / 4] |= (kcap_u32(int(kcap_mxfp4_doubled(v >> 4))) & 0xffu) << (8 * (i % 4));
-        }
+        KCAP_UNROLL for (int w = 0; w < 4; ++w) kcap_mxfp4_doubled_bytes(qs[w], u[w], u[4 + w]);  // signed bytes
     }
 };
 

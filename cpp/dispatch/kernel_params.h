@@ -107,6 +107,7 @@ inline KcapAttentionParams attention_params(const Stage& stage, int n_tokens, Fo
     p.rope = (stage.features & kRopeNeox) ? 2 : (stage.features & kRopeNormal) ? 1 : 0;
     p.qk_norm = p.rope && (stage.features & kRmsNorm) ? 1 : 0;
     p.qk_norm_eps = s.eps;
+    p.head_blocks = 1;  // the backend's decode may spread a KV head's query heads over more groups
     return p;
 }
 

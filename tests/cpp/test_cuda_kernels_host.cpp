@@ -218,6 +218,27 @@ void test_codes(std::mt19937& rng) {
 // formats that have it are those of KCAP_Q8_WEIGHT_FORMATS (the list the q8_1 rows are declared
 // from), a format whose bytes are not flagged signed_codes has no byte above 127, and every
 // code byte - bias fits the int8 operands (|code| <= 128).
+// The byte-permutation table of the MXFP4 decoders against the arithmetic it replaced: every
+// code in every nibble of a word (the others random), as signed bytes in place.
+void test_mxfp4_table(std::mt19937& rng) {
+    int checked = 0;
+    for (int nibble = 0; nibble < 8; ++nibble)
+        for (kcap_u32 code = 0; code < 16; ++code) {
+            const kcap_u32 q = (kcap_u32(rng()) & ~(0xfu << (4 * nibble))) | (code << (4 * nibble));
+            kcap_u32 lo = 0, hi = 0;
+            kcap_mxfp4_doubled_bytes(q, lo, hi);
+            for (int byte = 0; byte < 4; ++byte)
+                for (int high = 0; high < 2; ++high) {
+                    const kcap_u32 c = (q >> (8 * byte + 4 * high)) & 0xfu;
+                    const int got = int(int8_t(((high ? hi : lo) >> (8 * byte)) & 0xffu));
+                    KCAP_EXPECT(float(got) == kcap_mxfp4_doubled(c), "mxfp4 code %u: %d, want %g", c, got,
+                                double(kcap_mxfp4_doubled(c)));
+                    ++checked;
+                }
+        }
+    std::printf("mxfp4 table: %d values\n", checked);
+}
+
 void test_codes8(std::mt19937& rng) {
     int formats = 0, listed = 0;
 #define KCAP_COUNT_Q8(NAME, DECODER) ++listed;
@@ -1096,6 +1117,27 @@ void test_sample(std::mt19937& rng) {
 
 // The tiled prefill body with the launch geometry cuda/attention.cu uses (cuda_rows), or with
 // another key split (1 or 2) where the body allows it.
+// The decode as the CUDA row launches it (cuda/attention.cu): head_blocks groups per KV head
+// and the dim groups of the heads' dims, so the host runs the shapes the device runs.
+void sim_attention_decode(KcapAttentionParams p, int n_splits, const int32_t* step, const float* q, const float* k,
+                          const float* v, uint8_t* k_cache, uint8_t* v_cache, float* partial_o, float* partial_ml,
+                          float* out, const float2* cos_sin = nullptr, const float* q_norm = nullptr,
+                          const float* k_norm = nullptr, const float* sinks = nullptr) {
+    p.head_blocks = kcap::cuda_rows::attn_decode_head_blocks(p.n_head, p.n_head_kv);
+    const bool one_group = kcap::cuda_rows::attn_decode_dim_groups(p.head_dim, p.head_dim_v) == 1;
+    kcap_sim::launch({unsigned(p.n_head_kv * p.head_blocks), unsigned(n_splits), 1},
+                     32 * kcap::cuda_rows::attn_decode_simds(p.n_head_kv), sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS,
+                     [&](const KcapThread& t, void* shared) {
+                         auto* sh = static_cast<float*>(shared);
+                         if (one_group)
+                             kcap_attention_decode_dims<1>(t, p, step, q, k, v, k_cache, v_cache, partial_o, partial_ml,
+                                                           out, sh, cos_sin, q_norm, k_norm, sinks);
+                         else
+                             kcap_attention_decode_dims<2>(t, p, step, q, k, v, k_cache, v_cache, partial_o, partial_ml,
+                                                           out, sh, cos_sin, q_norm, k_norm, sinks);
+                     });
+}
+
 void run_prefill(const KcapAttentionParams& p, const int32_t* step, const float* q, const uint8_t* k_cache,
                  const uint8_t* v_cache, float* out, int key_split = 0, const float* sinks = nullptr) {
     using namespace kcap::cuda_rows;
@@ -1159,6 +1201,9 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
         {10, 1, 32, 48, 0, 0.0f, Format::F32, 5, 2, 2},      // more query heads than simd groups, dv != d
         {8, 2, 64, 64, 0, 0.0f, Format::F32, 40, 3, 3, true},   // sinks (gpt-oss heads), three splits
         {8, 2, 64, 64, 16, 0.0f, Format::F16, 30, 2, 1, true},  // sinks, sliding window, one split
+        {32, 4, 128, 128, 0, 0.0f, Format::F16, 70, 3, 3},      // Qwen3-MoE heads: 8 per KV head, two groups each
+        {16, 2, 64, 64, 0, 0.0f, Format::F32, 40, 2, 2, true},  // gpt-oss's ratio (8): two groups, sinks
+        {12, 1, 128, 128, 0, 0.0f, Format::F32, 33, 2, 2},      // 12 per KV head: three groups
     };
     int checked = 0;
     for (const AttentionCase& c : cases) {
@@ -1197,12 +1242,8 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
             if (m == 1) {
                 p.n_splits = c.n_splits;
                 std::fill(partial_o.begin(), partial_o.end(), NAN);
-                kcap_sim::launch({unsigned(c.n_head_kv), unsigned(c.n_splits), 1}, 32 * kcap::cuda_rows::attn_decode_simds(c.n_head_kv),
-                                 sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS, [&](const KcapThread& t, void* shared) {
-                                     kcap_attention_decode(t, p, step, q.data(), k.data(), v.data(), k_cache.data(),
-                                                           v_cache.data(), partial_o.data(), partial_ml.data(), got.data(),
-                                                           static_cast<float*>(shared), nullptr, nullptr, nullptr, sinks);
-                                 });
+                sim_attention_decode(p, c.n_splits, step, q.data(), k.data(), v.data(), k_cache.data(), v_cache.data(),
+                                     partial_o.data(), partial_ml.data(), got.data(), nullptr, nullptr, nullptr, sinks);
                 if (c.n_splits > 1)
                     kcap_sim::launch({unsigned(c.n_head), 1, 1}, cuda_rows::attn_combine_threads(c.head_dim_v),
                                      sizeof(float) * KCAP_ATTN_COMBINE_SHARED_FLOATS, [&](const KcapThread& t, void* sh) {
@@ -1238,13 +1279,8 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                 ps.append = 0;
                 if (m == 1) {
                     ps.n_splits = c.n_splits;
-                    kcap_sim::launch({unsigned(c.n_head_kv), unsigned(c.n_splits), 1}, 32 * kcap::cuda_rows::attn_decode_simds(c.n_head_kv),
-                                     sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS, [&](const KcapThread& t, void* sh) {
-                                         kcap_attention_decode(t, ps, step, q2.data(), nullptr, nullptr, k_cache.data(),
-                                                               v_cache.data(), partial_o.data(), partial_ml.data(),
-                                                               got2.data(), static_cast<float*>(sh), nullptr, nullptr,
-                                                               nullptr);
-                                     });
+                    sim_attention_decode(ps, c.n_splits, step, q2.data(), nullptr, nullptr, k_cache.data(),
+                                         v_cache.data(), partial_o.data(), partial_ml.data(), got2.data());
                     if (c.n_splits > 1)
                         kcap_sim::launch({unsigned(c.n_head), 1, 1}, cuda_rows::attn_combine_threads(c.head_dim_v),
                                      sizeof(float) * KCAP_ATTN_COMBINE_SHARED_FLOATS, [&](const KcapThread& t, void* sh) {
@@ -1419,7 +1455,8 @@ void test_attention_own_rope(std::mt19937& rng, CpuState& cpu) {
         {8, 2, 128, false, false, true, Format::F32, 33, 2, 3},   // Llama 3-like: normal pairs, factors
         {6, 3, 64, true, false, false, Format::F16, 10, 2, 1},    // SmolLM2-like, one split
         {4, 4, 32, true, true, true, Format::F32, 5, 2, 2},       // no GQA, every option
-        {12, 2, 128, true, true, false, Format::F16, 20, 2, 2},   // Qwen 3-like: two passes of heads
+        {12, 2, 128, true, true, false, Format::F16, 20, 2, 2},   // Qwen 3-like: two groups of heads (4 + 2)
+        {16, 2, 128, true, true, false, Format::F16, 20, 2, 2},   // Qwen3-MoE's ratio: two groups of 4
         {4, 2, 64, false, true, false, Format::F32, 3, 2, 1},     // normal pairs with the QK-norm
         {8, 2, 16, true, false, true, Format::F32, 12, 3, 2, 7, 20.0f},  // NeoX lane xor 2, window, softcap
         {2, 1, 8, true, true, false, Format::F16, 6, 2, 1, 4, 0.0f},     // NeoX lane xor 1, window
@@ -1473,15 +1510,10 @@ void test_attention_own_rope(std::mt19937& rng, CpuState& cpu) {
             }
             KcapAttentionParams pd = owned;
             std::fill(partial_o.begin(), partial_o.end(), NAN);
-            kcap_sim::launch({unsigned(c.n_head_kv), unsigned(c.n_splits), 1}, 32 * kcap::cuda_rows::attn_decode_simds(c.n_head_kv),
-                             sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS, [&](const KcapThread& t, void* shared) {
-                                 kcap_attention_decode(t, pd, step, q.data(), k.data(), v.data(), k_cache.data(),
-                                                       v_cache.data(), partial_o.data(), partial_ml.data(), got.data(),
-                                                       static_cast<float*>(shared),
-                                                       reinterpret_cast<const float2*>(table.data()),
-                                                       reinterpret_cast<const float*>(qw->ref.data),
-                                                       reinterpret_cast<const float*>(kw->ref.data));
-                             });
+            sim_attention_decode(pd, c.n_splits, step, q.data(), k.data(), v.data(), k_cache.data(), v_cache.data(),
+                                 partial_o.data(), partial_ml.data(), got.data(),
+                                 reinterpret_cast<const float2*>(table.data()),
+                                 reinterpret_cast<const float*>(qw->ref.data), reinterpret_cast<const float*>(kw->ref.data));
             if (c.n_splits > 1)
                 kcap_sim::launch({unsigned(c.n_head), 1, 1}, cuda_rows::attn_combine_threads(c.head_dim),
                                  sizeof(float) * KCAP_ATTN_COMBINE_SHARED_FLOATS, [&](const KcapThread& t, void* sh) {
@@ -1917,6 +1949,7 @@ int main() {
     if (wanted("test_decoder_bounds")) test_decoder_bounds(rng);
     if (wanted("test_codes")) test_codes(rng);
     if (wanted("test_codes8")) test_codes8(rng);
+    if (wanted("test_mxfp4_table")) test_mxfp4_table(rng);
     if (wanted("test_q8_rounding")) test_q8_rounding(rng);
     if (wanted("test_matvec_q8")) test_matvec_q8(rng, cpu);
     if (wanted("test_matmul_rows")) test_matmul_rows(rng, cpu);

@@ -562,6 +562,8 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
         {6, 6, 128, 128, 0, 0.0f, Format::F16, 0, 70, 1, 2},           // f16, no GQA, a partial row tile
         {4, 1, 256, 256, 0, 0.0f, Format::F16, 0, 1, 1, 1, 3},         // f16, a one-token chunk then three
         {8, 2, 64, 64, 0, 0.0f, Format::F16, 0, 2, 1, 1, 3},           // the prefill rows' first counts: 2 then 3
+        {32, 4, 128, 128, 0, 0.0f, Format::F16, 300, 70, 3, 12},       // Qwen3-MoE heads: two decode groups per KV head
+        {64, 8, 64, 64, 128, 0.0f, Format::F16, 200, 90, 2, 8},        // gpt-oss heads: two groups, a window
         {2, 1, 64, 64, 0, 0.0f, Format::F16, 16400, 100, 1, 300},      // 16500 keys: 258 active splits, the
                                                                        // combine's chunk loop; the tiles' longest sums
     };
