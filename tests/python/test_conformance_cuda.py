@@ -141,11 +141,12 @@ def test_q8_0_matches_transformers_on_cuda(family):
 
 
 # The routers' weights against the CPU's, relative to each token's largest: their logits carry the
-# rounding of every layer before the router, each row within 1e-5 of the CPU's (exact rows: another
-# summation order) or 3e-5 (the split-bf16 tiles), so the weights are held to 1e-4 (measured on
-# the H200, absolute: 1.3e-5 with the exact rows (Qwen3-MoE's Q8_0 fixture, weights below 1), 1.4e-4
-# with the tiles on a largest weight of 1.93, 7.2e-5 of it (DeepSeek V2's Q8_0 fixture)).
-ROUTING_WEIGHT_TOLERANCE = 1e-4
+# rounding of every layer before the router, each row within 1e-5 of the CPU's with the exact rows
+# (another summation order) and 3e-5 with the split-bf16 tiles, so the weights are held to 1e-4
+# with the exact rows and, three times the rows' error, 3e-4 with the tiles. Measured on the H200
+# (per token, relative to its largest weight): with the tiles up to 1.6e-4 (DeepSeek V2's Q8_0
+# fixture, its third layer, a prompt in one call); with the exact rows within 1e-4.
+ROUTING_WEIGHT_TOLERANCE = {"exact": 1e-4, "default": 3e-4}
 
 
 @pytest.mark.parametrize("fixture", ROUTED_FAMILIES)
@@ -166,4 +167,4 @@ def test_cuda_router_chooses_the_cpu_experts(fixture, quant):
         assert want
         for name, model in (("exact", exact), ("default", default)):
             check_same_choices(router_choices(model, ids, stepped), want,
-                               f"{fixture}-{quant} {name} stepped={stepped}", ROUTING_WEIGHT_TOLERANCE)
+                               f"{fixture}-{quant} {name} stepped={stepped}", ROUTING_WEIGHT_TOLERANCE[name])

@@ -175,6 +175,7 @@ def check_same_choices(got: dict, want: dict, what: str, weight_tolerance: float
                                   f"{x[differ[0]].tolist()} vs {rx[differ[0]].tolist()}")
         scale = np.abs(rw).max(axis=1, keepdims=True)
         worst = float((np.abs(w - rw) / scale).max())
+        print(f"routing weights {what} layer {layer}: {worst:.3g} of the largest")  # shown with pytest -s
         assert worst <= weight_tolerance, (what, layer, worst)
 
 
