@@ -194,7 +194,7 @@ void run_attention_decode(const Stage& stage, const KernelCall& call) {
     const Q8Rows q8 = Q8 ? q8_rows_layout(ctx, 1, p.n_head * p.head_dim_v) : Q8Rows{nullptr, nullptr, nullptr};
     // The head's dims fix the kernel's dim groups (per stage, like its launch geometry).
     const auto kernel = cuda_rows::attn_decode_dim_groups(p.head_dim, p.head_dim_v) == 1 ? decode_kernel<1> : decode_kernel<2>;
-    launch(ctx, kernel, dim3(p.n_head_kv * p.head_blocks, p.n_splits), dim3(32 * cuda_rows::attn_decode_simds(p.n_head_kv)),
+    launch(ctx, kernel, dim3(p.n_head_kv * p.head_blocks, p.n_splits), dim3(32 * cuda_rows::attn_decode_simds(p.n_head, p.n_head_kv)),
            0, p, ctx.step, call.in, call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml,
            call.out, q8, reinterpret_cast<const float2*>(data.rope_table), static_cast<const float*>(data.operands[0]),
            static_cast<const float*>(data.operands[1]), sinks_of(call));

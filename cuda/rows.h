@@ -180,13 +180,7 @@ static_assert(attn_mma_shared_bytes(256) == 135424 && attn_mma_shared_bytes(128)
 // Combine of the decode splits: one thread per output dim (kernels/attention.h).
 constexpr int attn_combine_threads(int head_dim_v) { return head_dim_v <= 128 ? 128 : 256; }
 constexpr int kAttnDecodeSimds = 4;  // KCAP_ATTN_DECODE_SIMDS: simd groups of a decode group
-// Stages with few KV heads have few decode groups (Gemma 3: one KV head): give each 8 simd
-// groups, so a split's keys take fewer serial steps (KCAP_ATTN_DECODE_SIMDS=4|8 overrides).
-// Measured on the H200 (bench/results/cuda_h200_sweeps.md), 8 vs 4: Gemma 3 270M (1 KV head)
-// tg128 1137 vs 1058 tok/s, at 4096 context 1047 vs 960; SmolLM2 (3 KV heads, head_dim 64)
-// 1070 vs 1005 but 584 vs 653 at 4096 context, so it keeps 4.
-constexpr int kAttnFewKvHeads = 2;
-constexpr int attn_decode_simds(int n_head_kv) { return n_head_kv <= kAttnFewKvHeads ? 8 : kAttnDecodeSimds; }
+
 // Decode groups per KV head: one per pass of KCAP_ATTN_HEADS_PER_PASS query heads, so a KV head
 // with 8 query heads (Qwen3-MoE, gpt-oss) is two groups side by side, not one group that takes
 // its two passes in turn (Nsight Compute, Qwen3-30B-A3B's layout at 512 keys: 4 groups of 2
@@ -194,6 +188,18 @@ constexpr int attn_decode_simds(int n_head_kv) { return n_head_kv <= kAttnFewKvH
 constexpr int kAttnHeadsPerPass = 4;  // KCAP_ATTN_HEADS_PER_PASS
 constexpr int attn_decode_head_blocks(int n_head, int n_head_kv) {
     return (n_head / n_head_kv + kAttnHeadsPerPass - 1) / kAttnHeadsPerPass;
+}
+// Stages with few decode groups per key split (KV heads x head groups: Gemma 3 270M has one,
+// Qwen3-MoE and Llama-3-8B eight) give each 8 simd groups, so a split's keys take fewer serial
+// steps. Measured on the H200 (bench/results/cuda_h200_attention_decode_simds.txt, tg128 at 0 /
+// 4096 keys), 8 simd groups up to 8 decode groups against up to 2: Qwen3-30B-A3B's 2-layer slice
+// 3,326 / 2,714 -> 3,427 / 3,024 tok/s, Llama-3-8B's 2,219 / 1,920 -> 2,263 / 2,077, SmolLM2
+// 1,218 / 744 -> 1,375 / 928; gpt-oss (16 groups) keeps 4. Four groups per multiprocessor in the
+// split cap on top took gpt-oss at 4096 from 1,835 to 2,000 but the others down (Qwen3 2,882,
+// SmolLM2 752), so the cap stays at two.
+constexpr int kAttnFewGroups = 8;
+constexpr int attn_decode_simds(int n_head, int n_head_kv) {
+    return n_head_kv * attn_decode_head_blocks(n_head, n_head_kv) <= kAttnFewGroups ? 8 : kAttnDecodeSimds;
 }
 // The decode's 4-dim groups per lane: 1 for heads of at most 128 dims, else 2 (KCAP_ATTN_MAX_HEAD_DIM).
 constexpr int attn_decode_dim_groups(int head_dim, int head_dim_v) {

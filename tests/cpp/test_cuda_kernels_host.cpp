@@ -1126,7 +1126,7 @@ void sim_attention_decode(KcapAttentionParams p, int n_splits, const int32_t* st
     p.head_blocks = kcap::cuda_rows::attn_decode_head_blocks(p.n_head, p.n_head_kv);
     const bool one_group = kcap::cuda_rows::attn_decode_dim_groups(p.head_dim, p.head_dim_v) == 1;
     kcap_sim::launch({unsigned(p.n_head_kv * p.head_blocks), unsigned(n_splits), 1},
-                     32 * kcap::cuda_rows::attn_decode_simds(p.n_head_kv), sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS,
+                     32 * kcap::cuda_rows::attn_decode_simds(p.n_head, p.n_head_kv), sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS,
                      [&](const KcapThread& t, void* shared) {
                          auto* sh = static_cast<float*>(shared);
                          if (one_group)
