@@ -27,12 +27,13 @@ from kcap.model import Model, default_backend, load  # noqa: F401
 from kcap import formats  # noqa: F401
 
 from kcap._core import __version__  # noqa: F401  (pyproject.toml's, compiled into the core)
-from kcap._core import cap_cpu_kernels  # noqa: F401  (the widest x86 kernels allowed: avx512, avx2, baseline)
+from kcap._core import cap_cpu_kernels  # noqa: F401  (the widest CPU kernels allowed: avx512, avx2, baseline; on AArch64 dotprod, neon, baseline)
 
 
 def _cap_cpu_kernels_from_environment() -> None:
-    """KCAP_CPU_KERNELS=avx2 or baseline caps the x86 kernels for the process (to compare them on
-    one machine, or to rule one out); `kcap explain` and `kcap --version` show the result."""
+    """KCAP_CPU_KERNELS (avx2 or baseline on x86-64, neon or baseline on AArch64) caps the CPU
+    kernels for the process (to compare them on one machine, or to rule one out); `kcap explain`
+    and `kcap --version` show the result."""
     import os
 
     widest = os.environ.get("KCAP_CPU_KERNELS")

@@ -74,7 +74,7 @@ def format_header(backend: str, activations: str, kv_type: str, max_batch: int) 
     summary = _core.explain_summary(backend=backend, max_batch=max_batch)
     line = f"backend {backend}, activations {activations}, kv_type {kv_type}, up to {summary['max_batch']} tokens per call"
     if backend == "cpu":
-        # the x86 dot_row build every cpu row's products run on (the widest the CPU has, capped by
+        # the dot_row build (x86 or NEON) every cpu row's products run on (the widest the CPU has, capped by
         # kcap.cap_cpu_kernels / KCAP_CPU_KERNELS)
         line += f"; cpu kernels {_core.cpu_kernels()}"
     if backend == "cuda":
