@@ -434,7 +434,8 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
                 KCAP_PICK_ATTENTION(PrefillMma, QkNormRope)
 #undef KCAP_PICK_ATTENTION
                 if (rope != AttnRope::None) {
-                    row.operand_formats = {{Format::F32}, {Format::F32}, {Format::F32}};
+                    // q_norm, k_norm, rope frequency factors; slot 3 stays the family's sinks.
+                    for (int i = 0; i < 3; ++i) row.operand_formats[size_t(i)] = {Format::F32};
                     row.features = (base_features & ~FeatureMask(kKvShared)) | kRopeNormal | kRopeNeox | kRopeFreqFactors;
                     if (rope == AttnRope::QkNormRope || k.kind == AttnKind::Decode) row.features |= kRmsNorm;
                     if (rope == AttnRope::QkNormRope) row.requires_all = kRmsNorm;
@@ -446,11 +447,6 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
                     row.requires_all |= kQ8Output;
                     row.dims.head_dim_v_multiple = 32;  // a q8_1 run never straddles two heads
                 }
-                // Attention sinks (operand 3, F32 [n_head]): every body adds exp(sink - max) to
-                // its softmax denominator.
-                row.operand_formats.resize(3);
-                row.operand_formats.push_back({Format::F32});
-                row.features |= kSinks;
                 rows.push_back(row);
             }
 
@@ -461,34 +457,12 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
     // in key splits fixed at load time, a prefill chunk in one), the splits merged, then W_v_b.
     // Operands: the latent's norm weight (F32), W_k_b and W_v_b in any weight format, the rope
     // frequency factors (folded into the rope table).
-    std::vector<Format> weight_formats;
-#define KCAP_MLA_FORMAT(NAME, DECODER) weight_formats.push_back(Format::NAME);
-    KCAP_WEIGHT_FORMATS(KCAP_MLA_FORMAT)
-#undef KCAP_MLA_FORMAT
-    for (const bool decode : {true, false}) {
-        Row mla = make_row(decode ? "cuda.attention_mla_decode" : "cuda.attention_mla", Op::AttentionMla,
-                           decode ? KCAP_CUDA_ENTRY(kcap_cuda_attention_mla<true>)
-                                  : KCAP_CUDA_ENTRY(kcap_cuda_attention_mla<false>),
-                           {KCAP_MLA_THREADS, 0, KCAP_MLA_ATTEND_SHARED_FLOATS * 4}, decode ? kOneToken : TokenRange{2, 0},
-                           {"mla_append_absorb", "mla_attend", "mla_combine", "mla_v_up"});
-        mla.operand_formats = {{Format::F32}, weight_formats, weight_formats, {Format::F32}};
-        mla.kv_formats = {Format::F32, Format::F16};
-        mla.features = kRopeNormal | kRopeFreqFactors | kRmsNorm | kMlaKvBCombined;
-        mla.dims.reject_of = [](const Stage& stage) -> std::string {
-            const StageParams& p = stage.params;
-            const int nope = p.head_dim - p.rope_dim;
-            if (p.kv_lora_rank % 32 || nope % 32 || p.kv_lora_rank > KCAP_MLA_MAX_LORA ||
-                p.kv_lora_rank + p.rope_dim > KCAP_MLA_MAX_WIDTH || nope > KCAP_MLA_MAX_WIDTH ||
-                p.rope_dim > 32 * KCAP_MLA_ROPE_PER_LANE)
-                return "kv_lora_rank " + std::to_string(p.kv_lora_rank) + " and the query's non-rotated part " +
-                       std::to_string(nope) + " must be multiples of 32, kv_lora_rank at most " +
-                       std::to_string(KCAP_MLA_MAX_LORA) + ", the cache row and the non-rotated part at most " +
-                       std::to_string(KCAP_MLA_MAX_WIDTH) + ", the rope part at most " +
-                       std::to_string(32 * KCAP_MLA_ROPE_PER_LANE);
-            return "";
-        };
-        rows.push_back(mla);
-    }
+    // The families (dispatch/gpu_rows.h) declare the operands, features and legal dims.
+    const Geometry mla_geometry = {KCAP_MLA_THREADS, 0, KCAP_MLA_ATTEND_SHARED_FLOATS * 4};
+    rows.push_back(gpu_family_row(GpuFamily::AttentionMlaDecode, Backend::CUDA, Format::F32,
+                                  KCAP_CUDA_ENTRY(kcap_cuda_attention_mla<true>), mla_geometry));
+    rows.push_back(gpu_family_row(GpuFamily::AttentionMla, Backend::CUDA, Format::F32,
+                                  KCAP_CUDA_ENTRY(kcap_cuda_attention_mla<false>), mla_geometry));
 }
 
 void add_cuda_activation_rows(std::vector<Row>& rows) {
@@ -526,15 +500,7 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
                                {kMoeRouteThreads, 0, 0});
     // Also the sigmoid router with its choice bias (operand 3) and group-limited routing of up to
     // KCAP_MOE_MAX_GROUPS groups (DeepSeek V2/V3).
-    route.operand_formats.push_back({Format::F32});
-    route.operand_formats.push_back({Format::F32});
-    route.features |= kBias | kExpertSigmoid | kExpertGroups | kExpertChoiceBias;
-    route.dims.reject_of = [](const Stage& stage) -> std::string {
-        if (stage.params.n_expert_groups > KCAP_MOE_MAX_GROUPS)
-            return std::to_string(stage.params.n_expert_groups) + " expert groups exceed " +
-                   std::to_string(KCAP_MOE_MAX_GROUPS);
-        return "";
-    };
+    add_moe_route_variants(route);
     rows.push_back(route);
     // Both experts' rows also take the experts' biases (operands 3-5, F32) and gpt-oss's clamped
     // SwiGLU.
@@ -543,8 +509,7 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
         const Format f = Format::NAME;                                                                   \
         Row experts = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                            \
                                      KCAP_CUDA_ENTRY(kcap_cuda_moe_experts<f>), kMatvecGeometry);        \
-        experts.operand_formats.insert(experts.operand_formats.end(), 3, std::vector<Format>{Format::F32}); \
-        experts.features |= kBias | kSwigluOai;                                                          \
+        add_moe_expert_biases(experts);                                                                  \
         rows.push_back(experts);                                                                         \
         if (mma_format(f)) {                                                                             \
             Row grouped = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                        \
@@ -554,8 +519,7 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
             grouped.priority = 2;                                                                        \
             grouped.launches = {"moe_sort", "mma_tiles", "moe_activation", "mma_tiles", "moe_combine"};   \
             grouped.operand_formats[2] = mma_formats();                                                  \
-            grouped.operand_formats.insert(grouped.operand_formats.end(), 3, std::vector<Format>{Format::F32}); \
-            grouped.features |= kBias | kSwigluOai;                                                      \
+            add_moe_expert_biases(grouped);                                                              \
             grouped.dims.max_experts = KCAP_MOE_MAX_EXPERTS; /* the sort's per-expert counts */          \
             rows.push_back(grouped);                                                                     \
         }                                                                                                \
