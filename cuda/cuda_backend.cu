@@ -33,6 +33,7 @@
 #include "core/backend_impl.h"
 #include "cuda/cuda_context.h"
 #include "dispatch/executor.h"
+#include "dispatch/gpu_rows.h"
 #include "dispatch/rope_table.h"
 
 namespace kcap {
@@ -302,13 +303,10 @@ private:
                 // Splits of about kMlaMinChunk rows at the longest span, at most kMlaGroupsPerSm
                 // attend groups (head groups x splits) per multiprocessor; partials for the decode's
                 // splits or a prefill chunk's single split of every token.
-                const int64_t span = std::max<int64_t>(1, stage.max_span);
                 const int64_t head_groups = (stage.params.n_head + KCAP_MLA_HEADS_PER_GROUP - 1) / KCAP_MLA_HEADS_PER_GROUP;
-                const int64_t by_span = (span + cuda_rows::kMlaMinChunk - 1) / cuda_rows::kMlaMinChunk;
-                const int64_t cap = std::min<int64_t>(
-                    KCAP_MLA_MAX_SPLITS,
-                    std::max<int64_t>(1, int64_t(cuda_rows::kMlaGroupsPerSm) * ctx.sm_count / head_groups));
-                data.attn_splits = int(std::max<int64_t>(1, std::min(by_span, cap)));
+                data.attn_splits = decode_key_splits(stage.max_span, cuda_rows::kMlaMinChunk,
+                                                     int64_t(cuda_rows::kMlaGroupsPerSm) * ctx.sm_count, head_groups,
+                                                     KCAP_MLA_MAX_SPLITS);
                 const size_t slots = size_t(stage.params.n_head) * size_t(std::max(data.attn_splits, max_batch_));
                 partial_o = std::max(partial_o, slots * size_t(stage.params.kv_lora_rank));
                 partial_ml = std::max(partial_ml, slots * 2);
@@ -316,13 +314,11 @@ private:
             if (stage.op == Op::Attention) {
                 // Enough splits that each takes about kAttnMinChunk keys at the longest span,
                 // capped at a few groups per multiprocessor (longer spans: longer splits).
-                const int64_t span = std::max<int64_t>(1, stage.max_span);
-                const int64_t by_span = (span + cuda_rows::kAttnMinChunk - 1) / cuda_rows::kAttnMinChunk;
                 const int64_t groups = int64_t(std::max(1, stage.params.n_head_kv)) *
                                        cuda_rows::attn_decode_head_blocks(stage.params.n_head,
                                                                           std::max(1, stage.params.n_head_kv));
-                const int64_t cap = std::max<int64_t>(1, int64_t(cuda_rows::kAttnSplitsPerSm) * ctx.sm_count / groups);
-                data.attn_splits = int(std::max<int64_t>(1, std::min(by_span, cap)));
+                data.attn_splits = decode_key_splits(stage.max_span, cuda_rows::kAttnMinChunk,
+                                                     int64_t(cuda_rows::kAttnSplitsPerSm) * ctx.sm_count, groups, INT_MAX);
                 const size_t slots = size_t(stage.params.n_head) * size_t(data.attn_splits);
                 partial_o = std::max(partial_o, slots * size_t(stage.params.head_dim_v));
                 partial_ml = std::max(partial_ml, slots * 2);

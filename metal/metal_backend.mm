@@ -30,6 +30,7 @@
 
 #include "core/backend_impl.h"
 #include "dispatch/executor.h"
+#include "dispatch/gpu_rows.h"
 #include "dispatch/rope_table.h"
 #include "metal/metal_context.h"
 
@@ -303,13 +304,10 @@ private:
                 // Splits of about kMlaMinChunk rows at the longest span, at most kMlaGroupsPerCore
                 // attend groups (head groups x splits) per kGpuCores core, as cuda_backend.cu;
                 // partials for the decode's splits or a prefill chunk's single split of every token.
-                const int64_t span = std::max<int64_t>(1, stage.max_span);
                 const int64_t head_groups = (stage.params.n_head + KCAP_MLA_HEADS_PER_GROUP - 1) / KCAP_MLA_HEADS_PER_GROUP;
-                const int64_t by_span = (span + metal_rows::kMlaMinChunk - 1) / metal_rows::kMlaMinChunk;
-                const int64_t cap = std::min<int64_t>(
-                    KCAP_MLA_MAX_SPLITS,
-                    std::max<int64_t>(1, int64_t(metal_rows::kMlaGroupsPerCore) * metal_rows::kGpuCores / head_groups));
-                data.attn_splits = int(std::max<int64_t>(1, std::min(by_span, cap)));
+                data.attn_splits = decode_key_splits(stage.max_span, metal_rows::kMlaMinChunk,
+                                                     int64_t(metal_rows::kMlaGroupsPerCore) * metal_rows::kGpuCores,
+                                                     head_groups, KCAP_MLA_MAX_SPLITS);
                 const size_t slots = size_t(stage.params.n_head) * size_t(std::max(data.attn_splits, max_batch_));
                 partial_o = std::max(partial_o, slots * size_t(stage.params.kv_lora_rank));
                 partial_ml = std::max(partial_ml, slots * 2);
@@ -318,11 +316,9 @@ private:
                 // Enough splits that each takes about kAttnMinChunk keys at the longest span,
                 // capped at a few threadgroups per core (kGpuCores stands in for the count
                 // Metal does not report; longer spans: longer splits), as cuda_backend.cu.
-                const int64_t span = std::max<int64_t>(1, stage.max_span);
-                const int64_t by_span = (span + metal_rows::kAttnMinChunk - 1) / metal_rows::kAttnMinChunk;
-                const int64_t cap = std::max<int64_t>(1, int64_t(metal_rows::kAttnSplitsPerCore) * metal_rows::kGpuCores /
-                                                             std::max(1, stage.params.n_head_kv));
-                data.attn_splits = int(std::max<int64_t>(1, std::min(by_span, cap)));
+                data.attn_splits = decode_key_splits(stage.max_span, metal_rows::kAttnMinChunk,
+                                                     int64_t(metal_rows::kAttnSplitsPerCore) * metal_rows::kGpuCores,
+                                                     std::max(1, stage.params.n_head_kv), INT_MAX);
                 const size_t slots = size_t(stage.params.n_head) * size_t(data.attn_splits);
                 partial_o = std::max(partial_o, slots * size_t(stage.params.head_dim_v));
                 partial_ml = std::max(partial_ml, slots * 2);

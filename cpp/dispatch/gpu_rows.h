@@ -5,6 +5,8 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cctype>
 #include <string>
 #include <vector>
@@ -93,6 +95,16 @@ Row gpu_family_row(GpuFamily family, Backend backend, Format format, KernelFn fn
 // holds each Metal row equal to its CUDA twin).
 void add_moe_route_variants(Row& route);
 void add_moe_expert_biases(Row& experts);
+
+// The key splits of a decode attention launch, fixed at load time (the captured graph replays at
+// any position): enough that each takes about min_chunk keys at the stage's longest span, at
+// most `budget` groups in all (a few per multiprocessor or core) over the `groups` groups of one
+// split, and at most max_splits.
+inline int decode_key_splits(int64_t span, int64_t min_chunk, int64_t budget, int64_t groups, int64_t max_splits) {
+    const int64_t by_span = (std::max<int64_t>(1, span) + min_chunk - 1) / min_chunk;
+    const int64_t cap = std::min<int64_t>(max_splits, std::max<int64_t>(1, budget / std::max<int64_t>(1, groups)));
+    return int(std::max<int64_t>(1, std::min(by_span, cap)));
+}
 
 // A row's launches without the parentheses that mark the ones its stage's geometry may skip.
 std::vector<std::string> launched_kernels(const Row& row);
