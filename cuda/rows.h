@@ -213,13 +213,20 @@ constexpr int attn_decode_dim_groups(int head_dim, int head_dim_v) {
 constexpr int kAttnMinChunk = 32;    // fewest keys per decode split (a multiple of 32)
 constexpr int kAttnSplitsPerSm = 2;  // decode grid: at most this many groups per multiprocessor
 // Multi-head latent attention's decode: fewest cache rows per key split, and at most this many
-// attend groups (a token's head groups x splits) per multiprocessor. One: an attend group holds
-// four heads' weighted latents in registers (170 per thread), so one group of 256 threads
-// is resident per multiprocessor, and more splits only add waves, each paying the group's fixed
-// costs (the queries, the merge) again: on the H200 at 8192 positions, 4 groups per
-// multiprocessor (132 splits) took 77 us per layer under Nsight Compute.
+// attend groups (a token's head groups x splits) per multiprocessor. An attend group of two heads
+// (KCAP_MLA_HEADS_PER_GROUP) holds their weighted latents in 128 registers per thread, so two
+// groups of 256 threads are resident per multiprocessor; with four heads (170 registers) one was,
+// and more splits only added waves, each paying the group's fixed costs (the queries, the merge)
+// again (4 groups per multiprocessor, 132 splits at 8192 positions: 77 us per layer under Nsight
+// Compute). Measured on the H200, DeepSeek-V2-Lite's Q4_K_M layout, 27 layers, tg128 from empty /
+// at 4096 (bench/cuda_sweep.py; bench/results/cuda_h200_mla_groups.txt): four heads, 64 rows,
+// one group 368 / 319 tok/s; two heads, 32 rows, two groups 399 / 325; 16 rows 405 / 325
+// (kept); three groups 399 / 294; one head per group 408 / 301.
 constexpr int kMlaMinChunk = KCAP_MLA_MIN_CHUNK;
-constexpr int kMlaGroupsPerSm = 1;
+#ifndef KCAP_CUDA_MLA_GROUPS_PER_SM
+#define KCAP_CUDA_MLA_GROUPS_PER_SM 2
+#endif
+constexpr int kMlaGroupsPerSm = KCAP_CUDA_MLA_GROUPS_PER_SM;
 // qk_norm_rope: one simd group per head row.
 constexpr int kQkNormRopeSimds = 4;
 // Elementwise, rope, KV append: one thread per value.

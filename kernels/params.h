@@ -167,8 +167,14 @@ struct KcapSampleSettings {
 #define KCAP_MLA_MAX_WIDTH 640  // DeepSeek: 512 + 64
 #define KCAP_MLA_ROPE_PER_LANE 4  // the rope key's values per lane of a cache row (rope <= 128)
 #define KCAP_MLA_MAX_SIMDS (KCAP_MLA_THREADS / 32)
-#define KCAP_MLA_HEADS_PER_GROUP 4  // query heads one attend group scores against each cache row it loads
-#define KCAP_MLA_MIN_CHUNK 64       // fewest cache rows per key split of the decode
+// Query heads one attend group scores against each cache row it loads, and the fewest cache rows
+// per key split of the decode (cuda/rows.h: measured with kMlaGroupsPerSm).
+#ifndef KCAP_MLA_HEADS_PER_GROUP
+#define KCAP_MLA_HEADS_PER_GROUP 2
+#endif
+#ifndef KCAP_MLA_MIN_CHUNK
+#define KCAP_MLA_MIN_CHUNK 16
+#endif
 #define KCAP_MLA_MAX_SPLITS 1024    // most key splits of a decode (the combine's weights)
 #define KCAP_MLA_COMBINE_COLS 64    // latent values per combine group (its threads: 4 phases each)
 // The rows of kcap_mla_rows' W . x (x of k values, k a multiple of 32) one simd group takes at a

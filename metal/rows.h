@@ -66,11 +66,12 @@ enum : int {
     // Multi-head latent attention (kernels/attention_mla.h): KCAP_MLA_THREADS threads in every
     // launch; the decode's key splits take at least KCAP_MLA_MIN_CHUNK cache rows each, and at
     // most kMlaGroupsPerCore attend groups (a token's head groups x splits) run per kGpuCores
-    // core (an attend group holds four heads' weighted latents in registers; as cuda_rows).
+    // core (an attend group holds KCAP_MLA_HEADS_PER_GROUP heads' weighted latents in registers;
+    // one per core until measured on Apple hardware).
     kMlaThreads = KCAP_MLA_THREADS,
     kMlaMinChunk = KCAP_MLA_MIN_CHUNK,
     kMlaGroupsPerCore = 1,
-    kMlaAttendSharedBytes = KCAP_MLA_ATTEND_SHARED_FLOATS * 4,  // the most of its launches: 26 KB
+    kMlaAttendSharedBytes = KCAP_MLA_ATTEND_SHARED_FLOATS * 4,  // the most of its launches: 21 KB
     // Elementwise, rope, KV append: one thread per value.
     kElementwiseThreads = 256,
     // Argmax: first-pass groups cover this many logits each.
