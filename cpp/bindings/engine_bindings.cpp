@@ -15,6 +15,36 @@ using namespace kcap;
 
 namespace {
 
+// Thrown by SignalCheck's engine check when a signal handler raised (Ctrl-C: KeyboardInterrupt);
+// the Python exception stays set on this thread until eval has unwound and takes the GIL back.
+struct PendingPythonError {};
+
+// While an eval runs on the main thread (the only one Python runs signal handlers on), the engine
+// checks for signals between stages (Engine::set_interrupt_check), so Ctrl-C during a long
+// prompt lands within a fraction of a chunk and leaves the cache at n_past. Other threads get no
+// check: they could not see a signal, and taking the GIL from them would contend with the main one.
+class SignalCheck {
+public:
+    explicit SignalCheck(Engine& engine) : engine_(engine) {
+        const py::object threading = py::module_::import("threading");
+        if (!threading.attr("current_thread")().is(threading.attr("main_thread")())) return;
+        engine_.set_interrupt_check([] {
+            py::gil_scoped_acquire gil;
+            if (PyErr_CheckSignals() != 0) throw PendingPythonError{};
+        });
+        installed_ = true;
+    }
+    ~SignalCheck() {
+        if (installed_) engine_.set_interrupt_check({});
+    }
+    SignalCheck(const SignalCheck&) = delete;
+    SignalCheck& operator=(const SignalCheck&) = delete;
+
+private:
+    Engine& engine_;
+    bool installed_ = false;
+};
+
 // Token ids from Python, checked, never coerced: an integer array (a float or bool array is
 // refused, not truncated), every id within the vocabulary (an int64 id of 2^32 + 2 is refused,
 // not wrapped to 2), and the context room for them, before anything is sized by their count.
@@ -329,9 +359,12 @@ void init_engine(py::module_& m) {
                     all_logits ? py::array_t<float>({n, engine.n_vocab()}) : py::array_t<float>(engine.n_vocab());
                 const int32_t* ids = checked.data();
                 float* out = logits.mutable_data();
-                {
+                const SignalCheck signals(engine);
+                try {
                     py::gil_scoped_release release;
                     engine.eval(ids, n, out, all_logits);
+                } catch (const PendingPythonError&) {
+                    throw py::error_already_set();  // the KeyboardInterrupt the check left set
                 }
                 return logits;
             },

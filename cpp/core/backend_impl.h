@@ -27,6 +27,8 @@ public:
     virtual bool trace_routing(bool on) { return !on; }
     // Bytes of device memory this backend holds (weights, KV cache, scratch); 0 on the CPU.
     virtual int64_t device_bytes() const { return 0; }
+    // Engine::set_interrupt_check; only a backend whose eval can stop between stages keeps it.
+    virtual void set_interrupt_check(std::function<void()>) {}
 };
 
 std::unique_ptr<Backend_> make_cpu_backend(const ModelSpec& spec, Plan plan, const EngineOptions& options);

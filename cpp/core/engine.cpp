@@ -106,6 +106,8 @@ void Engine::eval(const int32_t* tokens, int64_t n, float* logits, bool all_logi
     n_past_ += n;
 }
 
+void Engine::set_interrupt_check(std::function<void()> check) { backend_->set_interrupt_check(std::move(check)); }
+
 // Greedy decoding on the host from eval's logits, for backends without a device argmax.
 void Backend_::decode_greedy(int32_t token, int64_t n, int64_t pos0, int32_t* out, int64_t n_vocab) {
     std::vector<float> logits(static_cast<size_t>(n_vocab));

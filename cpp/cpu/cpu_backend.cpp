@@ -2,6 +2,7 @@
 // Long prompts run in chunks of max_batch tokens; the LM head runs on the last position
 // only unless every position's logits are asked for.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -36,6 +37,7 @@ public:
     }
 
     void attach_trace(std::vector<TraceEntry>* trace) override { executor_.attach_trace(trace); }
+    void set_interrupt_check(std::function<void()> check) override { interrupt_check_ = std::move(check); }
     bool trace_routing(bool on) override {
         trace_routing_ = on;
         return true;
@@ -66,11 +68,23 @@ private:
             [](size_t) { return nullptr; }, [&](const Row& row, const Stage& stage, const KernelCall& call) {
                 row.fn(stage, call);
                 if (check_finite_) check_output_finite(stage, call, pos0);
+                poll_interrupt();
                 if (trace_routing_ && stage.op == Op::MoeRoute && executor_.trace()) {
                     const Executor::RoutingRows r = executor_.routing_rows(stage, call);
                     executor_.trace()->back().routing.assign(r.first, r.first + r.rows * r.values);
                 }
             });
+    }
+
+    // Engine::set_interrupt_check: called between stages (the thread pool is idle then), at most
+    // every 10 ms, so that a check which takes a lock (Python's signal check takes the GIL) costs
+    // nothing measurable; what it throws ends the eval.
+    void poll_interrupt() {
+        if (!interrupt_check_) return;
+        const auto now = std::chrono::steady_clock::now();
+        if (now < next_interrupt_check_) return;
+        next_interrupt_check_ = now + std::chrono::milliseconds(10);
+        interrupt_check_();
     }
 
     // EngineOptions::check_finite: the rows this call wrote (the stage's output buffer, or Q
@@ -98,6 +112,8 @@ private:
     int64_t n_vocab_;
     bool check_finite_;
     bool trace_routing_ = false;
+    std::function<void()> interrupt_check_;
+    std::chrono::steady_clock::time_point next_interrupt_check_{};
     std::vector<std::vector<float>> buffers_;
 };
 

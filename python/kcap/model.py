@@ -23,12 +23,13 @@ from kcap.errors import BackendUnavailableError, ContextOverflowError, FormatErr
     InvalidArgumentTypeError, ModelError
 from kcap.gguf import GGUFFile
 
-# Tokens per engine.eval call while prefilling: between chunks Python can take a
-# KeyboardInterrupt or a cancellation, so stopping a long prompt never waits for all of it. On the
-# CPU a chunk of 32 tokens of Gemma 3 270M takes about a quarter of a second on 2 cores (64 took
-# 0.52 s, past the half second Ctrl-C should take); a GPU takes a whole batch of max_batch tokens
-# (512 by default: tens of milliseconds) and keeps its batched prefill speed. Fixed per backend,
-# so a prompt's chunks (and so its numbers) never depend on timing.
+# Tokens per engine.eval call while prefilling: between chunks Python can take a cancellation
+# (a server's client that went away), so stopping a long prompt never waits for all of it. On the
+# CPU a chunk of 32 tokens of Gemma 3 270M takes about a third of a second on 2 cores; a GPU takes
+# a whole batch of max_batch tokens (512 by default: tens of milliseconds) and keeps its batched
+# prefill speed. Ctrl-C does not wait for a chunk's end: on the main thread the CPU engine checks
+# for signals between stages (every 10 ms at most) and stops with the cache at the last whole
+# chunk. Fixed per backend, so a prompt's chunks (and so its numbers) never depend on timing.
 CPU_PREFILL_CHUNK = 32
 
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,6 +113,13 @@ public:
     // [n_vocab], or every position's [n, n_vocab] when all_logits. Throws
     // ContextOverflowError past n_ctx and ModelError for a token id outside the vocabulary.
     void eval(const int32_t* tokens, int64_t n, float* logits, bool all_logits);
+
+    // A check that eval calls now and then while it runs (the CPU backend: between stages, at
+    // most every 10 ms); to stop it, the check throws, and eval lets the
+    // exception through with n_past() unchanged (rows written past n_past are never read).
+    // So a long prompt stops within a fraction of a chunk. Empty (the default): never called.
+    // Backends whose eval is one device batch (CUDA, Metal) never call it.
+    void set_interrupt_check(std::function<void()> check);
 
     // Greedy decoding: appends `token`, then each greedy choice in turn,
     // n tokens in all; out[i] is the argmax of the logits after the i-th appended token (the
