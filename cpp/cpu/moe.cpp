@@ -17,6 +17,12 @@
 //                         gated activation (gpt-oss's clamped SwiGLU too).
 //                         With expert_gate_up_merged, gate and up are one tensor (operands 0 and
 //                         1 the same): expert e's gate rows 2e*ff.., its up rows (2e+1)*ff...
+//   cpu.moe_experts_q8    the same with q8_1 activations (activations="q8_1", the experts' formats
+//                         all in KCAP_Q8_WEIGHT_FORMATS): gate_e and up_e against q8_1(x), down_e
+//                         against q8_1 of the slot's activations (each slot's ff values rounded on
+//                         their own), integer products per 16 values (dot_row_q8_1) as the dense
+//                         cpu.matvec_q8 rows and llama.cpp's CPU experts; biases, the weighted sum
+//                         and the shared expert's output in f32 as above.
 //   cpu.moe_shared_gate   out = in + sigmoid(w . x) * shared (w absent: gate 1).
 // Every sum in f32, each expert's rows decoded exactly (dot_row), as the dense matmul rows do.
 #include <algorithm>
@@ -26,6 +32,7 @@
 
 #include "cpu/cpu_state.h"
 #include "dispatch/stage.h"
+#include "kernels/formats_list.h"
 
 namespace kcap {
 
@@ -133,50 +140,115 @@ void moe_route_kernel(const Stage& stage, const KernelCall& call) {
     });
 }
 
+// The operands of an experts stage, as both experts rows read them.
+struct ExpertOperands {
+    const TensorRef &gate, &up, &down;
+    int64_t K, ff, N;
+    int n_used;
+    int64_t expert_rows, up_offset;  // rows of one expert in the gate (and up) tensor; where its up rows start
+    size_t gate_row, up_row, down_row;
+    const float *gate_bias, *up_bias, *down_bias;  // operands 3-5 (F32), or null
+
+    explicit ExpertOperands(const Stage& stage)
+        : gate(*stage.operands[0]), up(*stage.operands[1]), down(*stage.operands[2]), K(stage.k), ff(stage.k2),
+          N(stage.n), n_used(stage.params.n_expert_used) {
+        // With expert_gate_up_merged, expert e's gate rows 2e*ff.., its up rows (2e+1)*ff...
+        const bool merged = (stage.features & kExpertGateUpMerged) != 0;
+        expert_rows = merged ? 2 * ff : ff;
+        up_offset = merged ? ff : 0;
+        gate_row = row_bytes(gate.format, K), up_row = row_bytes(up.format, K), down_row = row_bytes(down.format, ff);
+        // Expert e's gate and up biases at e * ff, its down bias at e * N.
+        const auto f32 = [&](size_t i) {
+            return stage.operands.size() > i ? reinterpret_cast<const float*>(stage.operands[i]->data) : nullptr;
+        };
+        gate_bias = f32(3), up_bias = f32(4), down_bias = f32(5);
+    }
+    // Row r of slot k's expert in the gate tensor (up: + up_offset), and its bias index.
+    int64_t gate_up_row(const RoutingRow& routing, int64_t k, int64_t r) const {
+        return int64_t(routing.id(int(k))) * expert_rows + r;
+    }
+    int64_t gate_up_bias(const RoutingRow& routing, int64_t k, int64_t r) const {
+        return int64_t(routing.id(int(k))) * ff + r;
+    }
+};
+
 void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
-    const TensorRef& gate = *stage.operands[0];
-    const TensorRef& up = *stage.operands[1];
-    const TensorRef& down = *stage.operands[2];
-    const int64_t K = stage.k, ff = stage.k2, N = stage.n;
-    const int n_used = stage.params.n_expert_used;
-    // Rows of one expert in the gate (and up) tensor, and where its up rows start.
-    const bool merged = (stage.features & kExpertGateUpMerged) != 0;
-    const int64_t expert_rows = merged ? 2 * ff : ff, up_offset = merged ? ff : 0;
-    const size_t gate_row = row_bytes(gate.format, K), up_row = row_bytes(up.format, K), down_row = row_bytes(down.format, ff);
-    // Biases (operands 3-5, F32): expert e's gate and up biases at e * ff, its down bias at e * N.
-    const auto f32 = [&](size_t i) {
-        return stage.operands.size() > i ? reinterpret_cast<const float*>(stage.operands[i]->data) : nullptr;
-    };
-    const float *gate_bias = f32(3), *up_bias = f32(4), *down_bias = f32(5);
+    const ExpertOperands e(stage);
     const StageParams& p = stage.params;
     ThreadPool& pool = cpu_state(call.backend_state).pool;
-    std::vector<float> act(size_t(n_used) * size_t(ff));
+    std::vector<float> act(size_t(e.n_used) * size_t(e.ff));
     for (int64_t t = 0; t < call.n_tokens; ++t) {
-        const float* x = call.in + t * K;
-        const RoutingRow routing{const_cast<float*>(call.in2) + t * 2 * n_used, n_used};
+        const float* x = call.in + t * e.K;
+        const RoutingRow routing{const_cast<float*>(call.in2) + t * 2 * e.n_used, e.n_used};
         // The chosen experts' activations, act(gate_e x) * up_e x, one row of ff per expert.
-        pool.parallel_for(int64_t(n_used) * ff, [&](int64_t begin, int64_t end) {
+        pool.parallel_for(int64_t(e.n_used) * e.ff, [&](int64_t begin, int64_t end) {
             for (int64_t i = begin; i < end; ++i) {
-                const int64_t k = i / ff, r = i % ff;
-                const int64_t row = int64_t(routing.id(int(k))) * expert_rows + r;
-                const int64_t bias_at = int64_t(routing.id(int(k))) * ff + r;
-                const float g = dot_row(gate.format, gate.data + size_t(row) * gate_row, x, K) +
-                                (gate_bias ? gate_bias[bias_at] : 0.0f);
-                const float u = dot_row(up.format, up.data + size_t(row + up_offset) * up_row, x, K) +
-                                (up_bias ? up_bias[bias_at] : 0.0f);
+                const int64_t k = i / e.ff, r = i % e.ff;
+                const int64_t row = e.gate_up_row(routing, k, r), bias_at = e.gate_up_bias(routing, k, r);
+                const float g = dot_row(e.gate.format, e.gate.data + size_t(row) * e.gate_row, x, e.K) +
+                                (e.gate_bias ? e.gate_bias[bias_at] : 0.0f);
+                const float u = dot_row(e.up.format, e.up.data + size_t(row + e.up_offset) * e.up_row, x, e.K) +
+                                (e.up_bias ? e.up_bias[bias_at] : 0.0f);
                 act[size_t(i)] = gated_activation(p.activation, g, u, p.swiglu_alpha, p.swiglu_limit);
             }
         });
-        float* y = call.out + t * N;
-        const float* shared = (stage.features & kSharedExpertSum) ? call.in3 + t * N : nullptr;
-        pool.parallel_for(N, [&](int64_t begin, int64_t end) {
+        float* y = call.out + t * e.N;
+        const float* shared = (stage.features & kSharedExpertSum) ? call.in3 + t * e.N : nullptr;
+        pool.parallel_for(e.N, [&](int64_t begin, int64_t end) {
             for (int64_t o = begin; o < end; ++o) {
                 float sum = 0.0f;
-                for (int k = 0; k < n_used; ++k) {
-                    const int64_t row = int64_t(routing.id(k)) * N + o;
-                    sum += routing.weight(k) *
-                           (dot_row(down.format, down.data + size_t(row) * down_row, act.data() + size_t(k) * ff, ff) +
-                            (down_bias ? down_bias[row] : 0.0f));
+                for (int k = 0; k < e.n_used; ++k) {
+                    const int64_t row = int64_t(routing.id(k)) * e.N + o;
+                    sum += routing.weight(k) * (dot_row(e.down.format, e.down.data + size_t(row) * e.down_row,
+                                                        act.data() + size_t(k) * size_t(e.ff), e.ff) +
+                                                (e.down_bias ? e.down_bias[row] : 0.0f));
+                }
+                y[o] = shared ? sum + shared[o] : sum;
+            }
+        });
+    }
+}
+
+void moe_experts_q8_kernel(const Stage& stage, const KernelCall& call) {
+    const ExpertOperands e(stage);
+    const StageParams& p = stage.params;
+    ThreadPool& pool = cpu_state(call.backend_state).pool;
+    const size_t slots = size_t(e.n_used);
+    std::vector<float> act(slots * size_t(e.ff));
+    // q8_1 of the token's x, then of each slot's activations: codes, run scales and 16-value sums.
+    std::vector<int8_t> xq(size_t(e.K)), aq(slots * size_t(e.ff));
+    std::vector<float> xd(size_t(e.K / 32)), ad(slots * size_t(e.ff / 32));
+    std::vector<int32_t> xs(size_t(e.K / 16)), as(slots * size_t(e.ff / 16));
+    for (int64_t t = 0; t < call.n_tokens; ++t) {
+        quantize_q8_1(call.in + t * e.K, e.K, xq.data(), xd.data(), xs.data());
+        const Q8View x{xq.data(), xd.data(), xs.data()};
+        const RoutingRow routing{const_cast<float*>(call.in2) + t * 2 * e.n_used, e.n_used};
+        pool.parallel_for(int64_t(slots) * e.ff, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) {
+                const int64_t k = i / e.ff, r = i % e.ff;
+                const int64_t row = e.gate_up_row(routing, k, r), bias_at = e.gate_up_bias(routing, k, r);
+                const float g = dot_row_q8_1(e.gate.format, e.gate.data + size_t(row) * e.gate_row, x, e.K) +
+                                (e.gate_bias ? e.gate_bias[bias_at] : 0.0f);
+                const float u =
+                    dot_row_q8_1(e.up.format, e.up.data + size_t(row + e.up_offset) * e.up_row, x, e.K) +
+                    (e.up_bias ? e.up_bias[bias_at] : 0.0f);
+                act[size_t(i)] = gated_activation(p.activation, g, u, p.swiglu_alpha, p.swiglu_limit);
+            }
+        });
+        for (size_t k = 0; k < slots; ++k)
+            quantize_q8_1(act.data() + k * size_t(e.ff), e.ff, aq.data() + k * size_t(e.ff),
+                          ad.data() + k * size_t(e.ff / 32), as.data() + k * size_t(e.ff / 16));
+        float* y = call.out + t * e.N;
+        const float* shared = (stage.features & kSharedExpertSum) ? call.in3 + t * e.N : nullptr;
+        pool.parallel_for(e.N, [&](int64_t begin, int64_t end) {
+            for (int64_t o = begin; o < end; ++o) {
+                float sum = 0.0f;
+                for (int k = 0; k < e.n_used; ++k) {
+                    const int64_t row = int64_t(routing.id(k)) * e.N + o;
+                    const Q8View a{aq.data() + size_t(k) * size_t(e.ff), ad.data() + size_t(k) * size_t(e.ff / 32),
+                                   as.data() + size_t(k) * size_t(e.ff / 16)};
+                    sum += routing.weight(k) * (dot_row_q8_1(e.down.format, e.down.data + size_t(row) * e.down_row, a, e.ff) +
+                                                (e.down_bias ? e.down_bias[row] : 0.0f));
                 }
                 y[o] = shared ? sum + shared[o] : sum;
             }
@@ -230,6 +302,19 @@ void add_cpu_moe_rows(std::vector<Row>& rows) {
     experts.launches = {"moe_experts"};
     experts.fn = moe_experts_kernel;
     rows.push_back(experts);
+    // q8_1 activations: preferred where the plan rounds activations to q8_1 and every expert
+    // matrix is a format with integer products.
+    std::vector<Format> q8;
+#define KCAP_CPU_Q8_FORMAT(NAME, DECODER) q8.push_back(Format::NAME);
+    KCAP_Q8_WEIGHT_FORMATS(KCAP_CPU_Q8_FORMAT)
+#undef KCAP_CPU_Q8_FORMAT
+    Row experts_q8 = experts;
+    experts_q8.kernel = "cpu.moe_experts_q8";
+    experts_q8.operand_formats = {q8, q8, q8, {Format::F32}, {Format::F32}, {Format::F32}};
+    experts_q8.input_encoding = Encoding::Q8_1;
+    experts_q8.priority = 1;
+    experts_q8.fn = moe_experts_q8_kernel;
+    rows.push_back(experts_q8);
     Row shared;
     shared.kernel = "cpu.moe_shared_gate";
     shared.op = Op::MoeSharedGate;

@@ -600,6 +600,7 @@ private:
         experts.params.activation = layer.activation;
         experts.params.swiglu_alpha = layer.swiglu_alpha;
         experts.params.swiglu_limit = layer.swiglu_limit;
+        experts.input_encoding = options_.activations;  // its matrices' inputs, as a matmul's
         experts.features = activation_feature(layer.activation) | kGated | (merged ? FeatureMask(kExpertGateUpMerged) : 0u) |
                            (gate_bias ? FeatureMask(kBias) : 0u);
         if (shared_first) {

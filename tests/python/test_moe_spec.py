@@ -200,6 +200,49 @@ def test_cpu_router_chooses_the_reference_experts(fixture, quant):
         check_same_choices(router_choices(model, ids, stepped), want, f"{fixture}-{quant} stepped={stepped}", 1e-5)
 
 
+# Every fixture with experts, DeepSeek's and gpt-oss's (MXFP4 experts) too.
+Q8_EXPERT_FIXTURES = ALL_MOE_FIXTURES + ["deepseek2", "deepseek3", "gpt-oss", "gpt-oss-mxfp4"]
+
+
+@pytest.mark.parametrize("fixture", Q8_EXPERT_FIXTURES)
+def test_q8_1_plans_round_the_experts_inputs_where_every_expert_matrix_has_integer_products(fixture):
+    # activations="q8_1": the experts take cpu.moe_experts_q8 (x and each slot's activations
+    # rounded to q8_1, as the dense matmuls' inputs) where gate, up and down are quantized, the
+    # exact row where they are F32; the exact plan never rounds them.
+    def experts(quant, **options):
+        routes = kcap.load(FIXTURES / f"{fixture}-{quant}.gguf", **options).explain()
+        return {r["kernel"] for r in routes if r["op"] == "moe_experts"}
+
+    def integer_products(quant):  # gate, up and down all quantized (gpt-oss-mxfp4: MXFP4 in both files)
+        routes = kcap.load(FIXTURES / f"{fixture}-{quant}.gguf").explain()
+        formats = {f.split("=")[1] for r in routes if r["op"] == "moe_experts" for f in r["formats"].split()[:3]}
+        return not formats & {"F32", "F16", "BF16"}
+
+    assert integer_products("q8_0")
+    assert experts("q8_0", activations="q8_1") == {"cpu.moe_experts_q8"}
+    assert experts("f32", activations="q8_1") == {"cpu.moe_experts_q8" if integer_products("f32") else "cpu.moe_experts"}
+    assert experts("q8_0") == {"cpu.moe_experts"}
+    assert experts("q8_0", activations="q8_1", excluded_kernels=["cpu.moe_experts_q8"]) == {"cpu.moe_experts"}
+
+
+@pytest.mark.parametrize("fixture", ["qwen3moe", "gpt-oss-mxfp4", "deepseek2"])
+def test_q8_1_experts_prefill_and_token_by_token_agree(fixture):
+    # The q8_1 experts round each token's x and each slot's activations on their own, so a prompt
+    # evaluated at once and token by token rounds the same values: the logits agree to the f32
+    # roundings of the sums (measured 1.0-1.6e-6 x std on these fixtures' first 16 tokens), far
+    # inside what the rounding itself moves them (max 0.1-0.5 x std). The dense q8_1 matmuls of
+    # a prompt and of one token sum in different orders, so a value that lies on a rounding
+    # boundary can round to the next code in one of the two and move everything after it (not
+    # these fixtures; Gemma 4's MoE fixture moves 0.046 x std from its 12th token on with the
+    # q8_1 experts, 1.2e-6 with the exact ones).
+    ids = golden(fixture)["prompt_ids"].tolist()[:16]
+    model = kcap.load(FIXTURES / f"{fixture}-q8_0.gguf", activations="q8_1")
+    prefill = model.eval(ids, all_logits=True)
+    model.reset()
+    stepped = np.stack([model.eval([t]) for t in ids])
+    assert np.abs(stepped - prefill).max() / prefill.std() <= 1e-4
+
+
 def test_routing_trace_is_refused_where_not_implemented():
     # A backend without it says so instead of returning a trace without choices; without a
     # router stage a routing trace is just the trace.
