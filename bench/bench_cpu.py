@@ -17,8 +17,10 @@ What is measured (per engine, same process, same token ids):
     drift on a shared machine hits both engines alike.
 
 The prompt is built from token ids directly: [BOS] + ids of a fixed sentence (tokenized
-by llama.cpp, without BOS), repeated and cut to exactly 128 ids. Both engines get the
-identical id list, so tokenizer differences cannot affect the comparison.
+by llama.cpp, without BOS), repeated and cut to exactly 128 ids; for a file without a
+vocabulary (the layouts with random weights that bench/bench_cuda.py makes), 128 fixed random
+ids (seed 0). Both engines get the identical id list, so tokenizer differences cannot affect
+the comparison.
 
 llama.cpp side: llama_cpp.Llama(n_ctx=512, n_batch=512, n_threads=n_threads_batch=T,
 logits_all=False). With logits_all=False llama-cpp-python's eval() does not copy logits
@@ -87,6 +89,15 @@ def resolve_model(spec: str) -> tuple[str, Path]:
     if not p.is_file():
         sys.exit(f"model not found: {spec} (use gemma3, smollm2 or a .gguf path)")
     return p.stem, p
+
+
+def has_vocabulary(path: Path) -> bool:
+    """False for the layouts with random weights and no tokenizer (tokenizer.ggml.model
+    "no_vocab"), which llama.cpp cannot tokenize text with."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+    from kcap.gguf import GGUFFile
+
+    return GGUFFile(str(path)).metadata.get("tokenizer.ggml.model") != "no_vocab"
 
 
 def build_prompt(bos: int | None, sentence_ids: list[int], n: int) -> list[int]:
@@ -274,8 +285,11 @@ def main(argv=None) -> int:
 
     # llama.cpp is the reference and must work.
     ll = LlamaCppEngine(path, args.threads)
-    sent = ll.tokenize_plain(SENTENCE)
-    ids128 = build_prompt(ll.bos(), sent, PROMPT_LEN)
+    if has_vocabulary(path):
+        sent = ll.tokenize_plain(SENTENCE)
+        ids128 = build_prompt(ll.bos(), sent, PROMPT_LEN)
+    else:  # a layout with random weights (bench/bench_cuda.py's files): fixed random ids
+        ids128 = [int(t) for t in np.random.default_rng(0).integers(0, ll.n_vocab, PROMPT_LEN)]
     dec_prompt = ids128[:DECODE_PROMPT_LEN]
     assert len(ids128) == PROMPT_LEN and PROMPT_LEN + args.gen + 8 <= N_CTX
 

@@ -942,17 +942,17 @@ void test_moe_experts(std::mt19937& rng, CpuState& cpu) {
     std::printf("moe_experts bodies: %d cases\n", checked);
 }
 
-// The experts with q8_1 activations (cpu.moe_experts_q8, the twin of the CUDA q8_1 experts)
-// against a reference in double built from gguf's dequantized weights: gate_e and up_e times
-// q8_1_values(x), the gated activation in f32, down_e times q8_1_values of each slot's
-// activations, weighed and summed. For each format with integer products, gate/up and down in
-// different formats (a Q4_K_M file's Q6_K down), with gpt-oss's biases and clamped SwiGLU, a
-// merged gate/up tensor, and a shared expert's output added.
-void test_moe_experts_q8_cpu(std::mt19937& rng, CpuState& cpu) {
+// The CPU experts rows against a reference in double built from gguf's dequantized weights:
+// gate_e and up_e times x, the gated activation in f32, down_e times the slot's activations,
+// weighed and summed; with q8_1 activations (cpu.moe_experts_q8) x and each slot's activations
+// first rounded (q8_1_values). Routing that gives some experts several slots and leaves some
+// without. For each format with integer products, gate/up and down in different formats (a Q4_K_M file's Q6_K
+// down), with gpt-oss's biases and clamped SwiGLU, a merged gate/up tensor, and a shared
+// expert's output added.
+void test_moe_experts_cpu(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
-    const Row& row = find_row("cpu.moe_experts_q8");
     const int64_t k = 256, ff = 256, n = 64;
-    const int n_expert = 6, used = 2, m = 3;
+    const int n_expert = 6, used = 2, m = 5;
     struct Case {
         Format gate_up, down;
         bool gpt_oss, merged, shared;
@@ -978,7 +978,8 @@ void test_moe_experts_q8_cpu(std::mt19937& rng, CpuState& cpu) {
         std::vector<float> shared = random_floats(rng, size_t(m * n));
         auto gb = float_vector(gate_bias, "gate_bias"), ub = float_vector(up_bias, "up_bias"),
              db = float_vector(down_bias, "down_bias");
-        // Routing: token t's experts (t, t + 1 + t % 3) mod n_expert, weights 0.7 / 0.3.
+        // Routing: token t's experts (t, t + 1 + t % 3) mod n_expert, weights 0.7 / 0.3: experts
+        // 0, 1 and 4 get two slots each.
         std::vector<float> routing(size_t(m) * 2 * used);
         for (int t = 0; t < m; ++t) {
             float* r = &routing[size_t(t) * 2 * used];
@@ -992,49 +993,61 @@ void test_moe_experts_q8_cpu(std::mt19937& rng, CpuState& cpu) {
         stage.params.n_expert = n_expert, stage.params.n_expert_used = used;
         stage.params.activation = c.gpt_oss ? Activation::SwigluOai : Activation::SiLU;
         stage.params.swiglu_alpha = 1.702f, stage.params.swiglu_limit = 7.0f;
-        stage.features = kGated | (c.gpt_oss ? (kSwigluOai | kBias) : kSilu) | (c.merged ? kExpertGateUpMerged : 0u) |
-                         (c.shared ? kSharedExpertSum : 0u);
-        stage.input_encoding = Encoding::Q8_1;
-        std::vector<float> got = nan_filled(size_t(m * n));
-        KernelCall call;
-        call.n_tokens = m, call.in = x.data(), call.in2 = routing.data(), call.out = got.data();
-        call.in3 = c.shared ? shared.data() : nullptr;
-        run_cpu(row, stage, call, cpu);
+        stage.features = kGated | (c.gpt_oss ? FeatureMask(kSwigluOai | kBias) : FeatureMask(kSilu)) |
+                         (c.merged ? FeatureMask(kExpertGateUpMerged) : 0u) | (c.shared ? FeatureMask(kSharedExpertSum) : 0u);
 
-        std::vector<float> ref(size_t(m * n)), w_row(size_t(std::max(k, ff)));
+        std::vector<float> w_row(static_cast<size_t>(std::max(k, ff)));
         const auto dot = [&](const TensorRef& w, int64_t r, const std::vector<float>& v, int64_t len) {
             dequantize_row(w.format, w.data + size_t(r) * row_bytes(w.format, len), w_row.data(), len);
             double sum = 0.0;
             for (int64_t i = 0; i < len; ++i) sum += double(w_row[size_t(i)]) * double(v[size_t(i)]);
             return sum;
         };
-        for (int t = 0; t < m; ++t) {
-            const std::vector<float> xq = q8_1_values(std::vector<float>(x.begin() + t * k, x.begin() + (t + 1) * k));
-            std::vector<double> y(size_t(n), 0.0);
-            for (int j = 0; j < used; ++j) {
-                const int e = int(routing[size_t(t) * 2 * used + j]);
-                const double weight = routing[size_t(t) * 2 * used + used + j];
-                std::vector<float> slot_act(static_cast<size_t>(ff));
-                for (int64_t r = 0; r < ff; ++r) {
-                    const int64_t g_row = e * gate_rows + r, u_row = c.merged ? g_row + ff : e * ff + r;
-                    const double g = dot(gate->ref, g_row, xq, k) + (c.gpt_oss ? gate_bias[size_t(e * ff + r)] : 0.0);
-                    const double u = dot(up_ref, u_row, xq, k) + (c.gpt_oss ? up_bias[size_t(e * ff + r)] : 0.0);
-                    slot_act[size_t(r)] = gated_activation(stage.params.activation, float(g), float(u), 1.702f, 7.0f);
+        const auto reference = [&](bool q8) {
+            const auto rounded = [&](std::vector<float> v) { return q8 ? q8_1_values(v) : v; };
+            std::vector<float> ref(size_t(m * n));
+            for (int t = 0; t < m; ++t) {
+                const std::vector<float> xq = rounded(std::vector<float>(x.begin() + t * k, x.begin() + (t + 1) * k));
+                std::vector<double> y(size_t(n), 0.0);
+                for (int j = 0; j < used; ++j) {
+                    const int e = int(routing[size_t(t) * 2 * used + j]);
+                    const double weight = routing[size_t(t) * 2 * used + used + j];
+                    std::vector<float> slot_act(static_cast<size_t>(ff));
+                    for (int64_t r = 0; r < ff; ++r) {
+                        const int64_t g_row = e * gate_rows + r, u_row = c.merged ? g_row + ff : e * ff + r;
+                        const double g = dot(gate->ref, g_row, xq, k) + (c.gpt_oss ? gate_bias[size_t(e * ff + r)] : 0.0);
+                        const double u = dot(up_ref, u_row, xq, k) + (c.gpt_oss ? up_bias[size_t(e * ff + r)] : 0.0);
+                        slot_act[size_t(r)] = gated_activation(stage.params.activation, float(g), float(u), 1.702f, 7.0f);
+                    }
+                    const std::vector<float> aq = rounded(slot_act);
+                    for (int64_t o = 0; o < n; ++o)
+                        y[size_t(o)] +=
+                            weight * (dot(down->ref, e * n + o, aq, ff) + (c.gpt_oss ? down_bias[size_t(e * n + o)] : 0.0));
                 }
-                const std::vector<float> aq = q8_1_values(slot_act);
                 for (int64_t o = 0; o < n; ++o)
-                    y[size_t(o)] += weight * (dot(down->ref, e * n + o, aq, ff) + (c.gpt_oss ? down_bias[size_t(e * n + o)] : 0.0));
+                    ref[size_t(t * n + o)] = float(y[size_t(o)] + (c.shared ? shared[size_t(t * n + o)] : 0.0));
             }
-            for (int64_t o = 0; o < n; ++o)
-                ref[size_t(t * n + o)] = float(y[size_t(o)] + (c.shared ? shared[size_t(t * n + o)] : 0.0));
+            return ref;
+        };
+        for (const bool q8 : {false, true}) {
+            const std::vector<float> ref = reference(q8);
+            stage.input_encoding = q8 ? Encoding::Q8_1 : Encoding::F32;
+            {
+                const std::string kernel = q8 ? "cpu.moe_experts_q8" : "cpu.moe_experts";
+                std::vector<float> got = nan_filled(size_t(m * n));
+                KernelCall call;
+                call.n_tokens = m, call.in = x.data(), call.in2 = routing.data(), call.out = got.data();
+                call.in3 = c.shared ? shared.data() : nullptr;
+                run_cpu(find_row(kernel), stage, call, cpu);
+                const double err = relative_error(got, ref);
+                KCAP_EXPECT(err <= kGateUpTolerance, "%s %s/%s%s%s%s: error %.3g", kernel.c_str(), format_name(c.gate_up),
+                            format_name(c.down), c.gpt_oss ? " biases + swiglu_oai" : "", c.merged ? " merged" : "",
+                            c.shared ? " shared" : "", err);
+                ++checked;
+            }
         }
-        const double err = relative_error(got, ref);
-        KCAP_EXPECT(err <= kGateUpTolerance, "cpu.moe_experts_q8 %s/%s%s%s%s: error %.3g", format_name(c.gate_up),
-                    format_name(c.down), c.gpt_oss ? " biases + swiglu_oai" : "", c.merged ? " merged" : "",
-                    c.shared ? " shared" : "", err);
-        ++checked;
     }
-    std::printf("cpu.moe_experts_q8: %d cases\n", checked);
+    std::printf("cpu experts rows: %d cases\n", checked);
 }
 
 void test_elementwise(std::mt19937& rng, CpuState& cpu) {
@@ -2058,7 +2071,7 @@ int main() {
     if (wanted("test_moe_route")) test_moe_route(rng, cpu);
     if (wanted("test_moe_route_grouped")) test_moe_route_grouped(rng, cpu);
     if (wanted("test_moe_experts")) test_moe_experts(rng, cpu);
-    if (wanted("test_moe_experts_q8_cpu")) test_moe_experts_q8_cpu(rng, cpu);
+    if (wanted("test_moe_experts_cpu")) test_moe_experts_cpu(rng, cpu);
     if (wanted("test_ple")) test_ple(rng, cpu);
     if (wanted("test_argmax")) test_argmax(rng);
     if (wanted("test_sample")) test_sample(rng);

@@ -208,10 +208,12 @@ Q8_EXPERT_FIXTURES = ALL_MOE_FIXTURES + ["deepseek2", "deepseek3", "gpt-oss", "g
 def test_q8_1_plans_round_the_experts_inputs_where_every_expert_matrix_has_integer_products(fixture):
     # activations="q8_1": the experts take cpu.moe_experts_q8 (x and each slot's activations
     # rounded to q8_1, as the dense matmuls' inputs) where gate, up and down are quantized, the
-    # exact row where they are F32; the exact plan never rounds them.
+    # exact row where they are F32; the exact plan never rounds them. One row for every token count.
     def experts(quant, **options):
         routes = kcap.load(FIXTURES / f"{fixture}-{quant}.gguf", **options).explain()
-        return {r["kernel"] for r in routes if r["op"] == "moe_experts"}
+        ranges = {(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in routes if r["op"] == "moe_experts"}
+        assert len(ranges) == 1 and next(iter(ranges))[1:] == (1, None), ranges
+        return {kernel for kernel, _, _ in ranges}
 
     def integer_products(quant):  # gate, up and down all quantized (gpt-oss-mxfp4: MXFP4 in both files)
         routes = kcap.load(FIXTURES / f"{fixture}-{quant}.gguf").explain()
