@@ -306,6 +306,41 @@ inline std::vector<float> q8_1_values(const std::vector<float>& x) {
     return out;
 }
 
+// Where q8_1_values(x) is not determined by x alone: values whose x * (1 / d) lies within
+// `margin` codes of a rounding boundary (k + 0.5). A row that computes x itself (the experts'
+// activations in a q8_1 plan) sums it in its own f32 order, so two correct rows may round such
+// a value a code apart (d apart); a reference allows for it (relative_error_beyond). The f32
+// sums of the rows here are within about 1e-6 of each other, 1.3e-4 codes at most.
+inline std::vector<char> q8_1_near_boundary(const std::vector<float>& x, double margin = 1e-3) {
+    std::vector<char> out(x.size(), 0);
+    for (size_t r = 0; r + 32 <= x.size(); r += 32) {
+        float amax = 0.0f;
+        for (size_t i = r; i < r + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float d = amax / 127.0f;
+        if (!(d >= std::numeric_limits<float>::min())) continue;
+        for (size_t i = r; i < r + 32; ++i) {
+            const double codes = double(x[i]) / double(d);
+            out[i] = std::fabs(std::fabs(codes - std::floor(codes)) - 0.5) < margin;
+        }
+    }
+    return out;
+}
+
+// relative_error of the part of each |got - ref| beyond allow[i] (the most a value may move for
+// the roundings that q8_1_near_boundary finds undetermined).
+inline double relative_error_beyond(const std::vector<float>& got, const std::vector<float>& ref,
+                                    const std::vector<double>& allow) {
+    if (got.size() != ref.size() || allow.size() != ref.size()) return INFINITY;
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        const double d = std::max(0.0, std::fabs(double(got[i]) - double(ref[i])) - allow[i]);
+        num += d * d;
+        den += double(ref[i]) * double(ref[i]);
+    }
+    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
 // m rows of k values (k a multiple of 32) in the q8_1 form of kcap_q8_quantize_rows, what the
 // scratch of the q8_1 rows holds (cuda::q8_rows_layout): codes [m][k] signed bytes, four to a
 // word, low byte first; d [m][k / 32]; half_sums [m][k / 16], the sum of the codes of each 16
