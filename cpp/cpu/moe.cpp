@@ -172,72 +172,58 @@ struct ExpertOperands {
     }
 };
 
-void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
-    const ExpertOperands e(stage);
-    const StageParams& p = stage.params;
-    ThreadPool& pool = cpu_state(call.backend_state).pool;
-    std::vector<float> act(size_t(e.n_used) * size_t(e.ff));
-    for (int64_t t = 0; t < call.n_tokens; ++t) {
-        const float* x = call.in + t * e.K;
-        const RoutingRow routing{const_cast<float*>(call.in2) + t * 2 * e.n_used, e.n_used};
-        // The chosen experts' activations, act(gate_e x) * up_e x, one row of ff per expert.
-        pool.parallel_for(int64_t(e.n_used) * e.ff, [&](int64_t begin, int64_t end) {
-            for (int64_t i = begin; i < end; ++i) {
-                const int64_t k = i / e.ff, r = i % e.ff;
-                const int64_t row = e.gate_up_row(routing, k, r), bias_at = e.gate_up_bias(routing, k, r);
-                const float g = dot_row(e.gate.format, e.gate.data + size_t(row) * e.gate_row, x, e.K) +
-                                (e.gate_bias ? e.gate_bias[bias_at] : 0.0f);
-                const float u = dot_row(e.up.format, e.up.data + size_t(row + e.up_offset) * e.up_row, x, e.K) +
-                                (e.up_bias ? e.up_bias[bias_at] : 0.0f);
-                act[size_t(i)] = gated_activation(p.activation, g, u, p.swiglu_alpha, p.swiglu_limit);
-            }
-        });
-        float* y = call.out + t * e.N;
-        const float* shared = (stage.features & kSharedExpertSum) ? call.in3 + t * e.N : nullptr;
-        pool.parallel_for(e.N, [&](int64_t begin, int64_t end) {
-            for (int64_t o = begin; o < end; ++o) {
-                float sum = 0.0f;
-                for (int k = 0; k < e.n_used; ++k) {
-                    const int64_t row = int64_t(routing.id(k)) * e.N + o;
-                    sum += routing.weight(k) * (dot_row(e.down.format, e.down.data + size_t(row) * e.down_row,
-                                                        act.data() + size_t(k) * size_t(e.ff), e.ff) +
-                                                (e.down_bias ? e.down_bias[row] : 0.0f));
-                }
-                y[o] = shared ? sum + shared[o] : sum;
-            }
-        });
+// Rows of `len` values in q8_1 (quantize_q8_1's arrays), one after another.
+struct Q8Rows {
+    int64_t len;
+    std::vector<int8_t> q;
+    std::vector<float> d;
+    std::vector<int32_t> sum16;
+    Q8Rows(size_t rows, int64_t n) : len(n), q(rows * size_t(n)), d(rows * size_t(n / 32)), sum16(rows * size_t(n / 16)) {}
+    void quantize(size_t row, const float* x) {
+        quantize_q8_1(x, len, q.data() + row * size_t(len), d.data() + row * size_t(len / 32),
+                      sum16.data() + row * size_t(len / 16));
     }
-}
+    Q8View view(size_t row) const {
+        return {q.data() + row * size_t(len), d.data() + row * size_t(len / 32), sum16.data() + row * size_t(len / 16)};
+    }
+};
 
-void moe_experts_q8_kernel(const Stage& stage, const KernelCall& call) {
+// cpu.moe_experts (Q8 false) and cpu.moe_experts_q8: per token, the chosen experts' activations
+// act(gate_e x) * up_e x, one row of ff per slot, then the weighted sum of their down_e. With Q8
+// the token's x and then each slot's activations are rounded to q8_1 before their products.
+template <bool Q8>
+void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
     const ExpertOperands e(stage);
     const StageParams& p = stage.params;
     ThreadPool& pool = cpu_state(call.backend_state).pool;
     const size_t slots = size_t(e.n_used);
     std::vector<float> act(slots * size_t(e.ff));
-    // q8_1 of the token's x, then of each slot's activations: codes, run scales and 16-value sums.
-    std::vector<int8_t> xq(size_t(e.K)), aq(slots * size_t(e.ff));
-    std::vector<float> xd(size_t(e.K / 32)), ad(slots * size_t(e.ff / 32));
-    std::vector<int32_t> xs(size_t(e.K / 16)), as(slots * size_t(e.ff / 16));
+    Q8Rows xq(Q8 ? 1 : 0, e.K), aq(Q8 ? slots : 0, e.ff);
     for (int64_t t = 0; t < call.n_tokens; ++t) {
-        quantize_q8_1(call.in + t * e.K, e.K, xq.data(), xd.data(), xs.data());
-        const Q8View x{xq.data(), xd.data(), xs.data()};
+        const float* x = call.in + t * e.K;
+        if constexpr (Q8) xq.quantize(0, x);
+        const auto gate_up_dot = [&](Format format, const uint8_t* row) {
+            if constexpr (Q8) return dot_row_q8_1(format, row, xq.view(0), e.K);
+            else return dot_row(format, row, x, e.K);
+        };
         const RoutingRow routing{const_cast<float*>(call.in2) + t * 2 * e.n_used, e.n_used};
         pool.parallel_for(int64_t(slots) * e.ff, [&](int64_t begin, int64_t end) {
             for (int64_t i = begin; i < end; ++i) {
                 const int64_t k = i / e.ff, r = i % e.ff;
                 const int64_t row = e.gate_up_row(routing, k, r), bias_at = e.gate_up_bias(routing, k, r);
-                const float g = dot_row_q8_1(e.gate.format, e.gate.data + size_t(row) * e.gate_row, x, e.K) +
+                const float g = gate_up_dot(e.gate.format, e.gate.data + size_t(row) * e.gate_row) +
                                 (e.gate_bias ? e.gate_bias[bias_at] : 0.0f);
-                const float u =
-                    dot_row_q8_1(e.up.format, e.up.data + size_t(row + e.up_offset) * e.up_row, x, e.K) +
-                    (e.up_bias ? e.up_bias[bias_at] : 0.0f);
+                const float u = gate_up_dot(e.up.format, e.up.data + size_t(row + e.up_offset) * e.up_row) +
+                                (e.up_bias ? e.up_bias[bias_at] : 0.0f);
                 act[size_t(i)] = gated_activation(p.activation, g, u, p.swiglu_alpha, p.swiglu_limit);
             }
         });
-        for (size_t k = 0; k < slots; ++k)
-            quantize_q8_1(act.data() + k * size_t(e.ff), e.ff, aq.data() + k * size_t(e.ff),
-                          ad.data() + k * size_t(e.ff / 32), as.data() + k * size_t(e.ff / 16));
+        if constexpr (Q8)
+            for (size_t k = 0; k < slots; ++k) aq.quantize(k, act.data() + k * size_t(e.ff));
+        const auto down_dot = [&](const uint8_t* row, int k) {
+            if constexpr (Q8) return dot_row_q8_1(e.down.format, row, aq.view(size_t(k)), e.ff);
+            else return dot_row(e.down.format, row, act.data() + size_t(k) * size_t(e.ff), e.ff);
+        };
         float* y = call.out + t * e.N;
         const float* shared = (stage.features & kSharedExpertSum) ? call.in3 + t * e.N : nullptr;
         pool.parallel_for(e.N, [&](int64_t begin, int64_t end) {
@@ -245,10 +231,8 @@ void moe_experts_q8_kernel(const Stage& stage, const KernelCall& call) {
                 float sum = 0.0f;
                 for (int k = 0; k < e.n_used; ++k) {
                     const int64_t row = int64_t(routing.id(k)) * e.N + o;
-                    const Q8View a{aq.data() + size_t(k) * size_t(e.ff), ad.data() + size_t(k) * size_t(e.ff / 32),
-                                   as.data() + size_t(k) * size_t(e.ff / 16)};
-                    sum += routing.weight(k) * (dot_row_q8_1(e.down.format, e.down.data + size_t(row) * e.down_row, a, e.ff) +
-                                                (e.down_bias ? e.down_bias[row] : 0.0f));
+                    sum += routing.weight(k) *
+                           (down_dot(e.down.data + size_t(row) * e.down_row, k) + (e.down_bias ? e.down_bias[row] : 0.0f));
                 }
                 y[o] = shared ? sum + shared[o] : sum;
             }
@@ -300,7 +284,7 @@ void add_cpu_moe_rows(std::vector<Row>& rows) {
                        kSharedExpertSum;
     experts.dims.k_multiple_of = &block_multiple;  // K (gate, up) and the FFN width (down)
     experts.launches = {"moe_experts"};
-    experts.fn = moe_experts_kernel;
+    experts.fn = moe_experts_kernel<false>;
     rows.push_back(experts);
     // q8_1 activations: preferred where the plan rounds activations to q8_1 and every expert
     // matrix is a format with integer products.
@@ -313,7 +297,7 @@ void add_cpu_moe_rows(std::vector<Row>& rows) {
     experts_q8.operand_formats = {q8, q8, q8, {Format::F32}, {Format::F32}, {Format::F32}};
     experts_q8.input_encoding = Encoding::Q8_1;
     experts_q8.priority = 1;
-    experts_q8.fn = moe_experts_q8_kernel;
+    experts_q8.fn = moe_experts_kernel<true>;
     rows.push_back(experts_q8);
     Row shared;
     shared.kernel = "cpu.moe_shared_gate";
