@@ -159,13 +159,15 @@ def timed(fn, repeats: int) -> list[float]:
 DEPTH = 4096  # the context of the deep decode figure (--depth)
 
 
-def load_cuda(path: str, activations: str = "f32", profile: bool = False):
+def load_cuda(path: str, activations: str = "f32", profile: bool = False, excluded: tuple[str, ...] = ()):
     """The model on CUDA with a context of DEPTH + 256 tokens and an f16 KV cache (llama.cpp's default);
     activations "q8_1" allows the int8-activation matmul rows (llama.cpp's numerics), "bf16" the
-    GEMM rows for batches; profile: per-stage times on stderr when the model is freed."""
+    GEMM rows for batches; profile: per-stage times on stderr when the model is freed; excluded:
+    rows the plan may not take (excluded_kernels)."""
     import kcap
 
-    return kcap.load(path, backend="cuda", n_ctx=DEPTH + 256, kv_type="f16", activations=activations, profile=profile)
+    return kcap.load(path, backend="cuda", n_ctx=DEPTH + 256, kv_type="f16", activations=activations, profile=profile,
+                     excluded_kernels=list(excluded))
 
 
 def bench_kcap(path: str, name: str, full: bool = True, activations: str = "f32", prefill_only: bool = False) -> dict:
