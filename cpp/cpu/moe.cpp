@@ -188,56 +188,96 @@ struct Q8Rows {
     }
 };
 
-// cpu.moe_experts (Q8 false) and cpu.moe_experts_q8: per token, the chosen experts' activations
-// act(gate_e x) * up_e x, one row of ff per slot, then the weighted sum of their down_e. With Q8
-// the token's x and then each slot's activations are rounded to q8_1 before their products.
+// The (token, chosen expert) slots of a call by expert: the experts that have slots (in index
+// order), and each one's slots, in token order.
+struct ExpertSlots {
+    std::vector<int> experts;
+    std::vector<std::vector<int64_t>> slots;  // of experts[i]
+};
+ExpertSlots slots_by_expert(const float* routing, int64_t n_tokens, int n_used, int n_expert) {
+    std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(n_expert));
+    for (int64_t s = 0; s < n_tokens * n_used; ++s)
+        by_expert[size_t(RoutingRow{const_cast<float*>(routing) + (s / n_used) * 2 * n_used, n_used}.id(int(s % n_used)))]
+            .push_back(s);
+    ExpertSlots out;
+    for (int e = 0; e < n_expert; ++e)
+        if (!by_expert[size_t(e)].empty()) {
+            out.experts.push_back(e);
+            out.slots.push_back(std::move(by_expert[size_t(e)]));
+        }
+    return out;
+}
+
+// cpu.moe_experts (Q8 false) and cpu.moe_experts_q8: for each slot s = token * n_used + k, the
+// chosen expert's activations act(gate_e x) * up_e x (ff values), then down_e of them plus its
+// bias, and per token the weighted sum over its slots in routing order. With Q8 the tokens' x and
+// then each slot's activations are rounded to q8_1 before their products. The work goes expert
+// by expert, row by row, each row's products with every slot of that expert taken while the row
+// is in cache (a prompt's experts are read once, not once per slot); every product is the same
+// dot whatever the call's other tokens, so a prompt gives the values of its tokens one by one.
 template <bool Q8>
 void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
     const ExpertOperands e(stage);
     const StageParams& p = stage.params;
     ThreadPool& pool = cpu_state(call.backend_state).pool;
-    const size_t slots = size_t(e.n_used);
-    std::vector<float> act(slots * size_t(e.ff));
-    Q8Rows xq(Q8 ? 1 : 0, e.K), aq(Q8 ? slots : 0, e.ff);
-    for (int64_t t = 0; t < call.n_tokens; ++t) {
-        const float* x = call.in + t * e.K;
-        if constexpr (Q8) xq.quantize(0, x);
-        const auto gate_up_dot = [&](Format format, const uint8_t* row) {
-            if constexpr (Q8) return dot_row_q8_1(format, row, xq.view(0), e.K);
-            else return dot_row(format, row, x, e.K);
-        };
-        const RoutingRow routing{const_cast<float*>(call.in2) + t * 2 * e.n_used, e.n_used};
-        pool.parallel_for(int64_t(slots) * e.ff, [&](int64_t begin, int64_t end) {
-            for (int64_t i = begin; i < end; ++i) {
-                const int64_t k = i / e.ff, r = i % e.ff;
-                const int64_t row = e.gate_up_row(routing, k, r), bias_at = e.gate_up_bias(routing, k, r);
-                const float g = gate_up_dot(e.gate.format, e.gate.data + size_t(row) * e.gate_row) +
-                                (e.gate_bias ? e.gate_bias[bias_at] : 0.0f);
-                const float u = gate_up_dot(e.up.format, e.up.data + size_t(row + e.up_offset) * e.up_row) +
-                                (e.up_bias ? e.up_bias[bias_at] : 0.0f);
-                act[size_t(i)] = gated_activation(p.activation, g, u, p.swiglu_alpha, p.swiglu_limit);
-            }
+    const int64_t n_slots = call.n_tokens * e.n_used;
+    const ExpertSlots by_expert = slots_by_expert(call.in2, call.n_tokens, e.n_used, p.n_expert);
+    const int64_t n_experts = int64_t(by_expert.experts.size());
+    Q8Rows xq(Q8 ? size_t(call.n_tokens) : 0, e.K), aq(Q8 ? size_t(n_slots) : 0, e.ff);
+    if constexpr (Q8)
+        pool.parallel_for(call.n_tokens, [&](int64_t begin, int64_t end) {
+            for (int64_t t = begin; t < end; ++t) xq.quantize(size_t(t), call.in + t * e.K);
         });
-        if constexpr (Q8)
-            for (size_t k = 0; k < slots; ++k) aq.quantize(k, act.data() + k * size_t(e.ff));
-        const auto down_dot = [&](const uint8_t* row, int k) {
-            if constexpr (Q8) return dot_row_q8_1(e.down.format, row, aq.view(size_t(k)), e.ff);
-            else return dot_row(e.down.format, row, act.data() + size_t(k) * size_t(e.ff), e.ff);
-        };
-        float* y = call.out + t * e.N;
-        const float* shared = (stage.features & kSharedExpertSum) ? call.in3 + t * e.N : nullptr;
-        pool.parallel_for(e.N, [&](int64_t begin, int64_t end) {
-            for (int64_t o = begin; o < end; ++o) {
+    const auto gate_up_dot = [&](Format format, const uint8_t* row, int64_t slot) {
+        const int64_t t = slot / e.n_used;
+        if constexpr (Q8) return dot_row_q8_1(format, row, xq.view(size_t(t)), e.K);
+        else return dot_row(format, row, call.in + t * e.K, e.K);
+    };
+    // act [slots][ff]: work items (expert with slots, row of ff).
+    std::vector<float> act(size_t(n_slots) * size_t(e.ff));
+    pool.parallel_for(n_experts * e.ff, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const int ex = by_expert.experts[size_t(i / e.ff)];
+            const int64_t r = i % e.ff, row = int64_t(ex) * e.expert_rows + r, bias_at = int64_t(ex) * e.ff + r;
+            const uint8_t* gate_row = e.gate.data + size_t(row) * e.gate_row;
+            const uint8_t* up_row = e.up.data + size_t(row + e.up_offset) * e.up_row;
+            for (const int64_t slot : by_expert.slots[size_t(i / e.ff)]) {
+                const float g = gate_up_dot(e.gate.format, gate_row, slot) + (e.gate_bias ? e.gate_bias[bias_at] : 0.0f);
+                const float u = gate_up_dot(e.up.format, up_row, slot) + (e.up_bias ? e.up_bias[bias_at] : 0.0f);
+                act[size_t(slot * e.ff + r)] = gated_activation(p.activation, g, u, p.swiglu_alpha, p.swiglu_limit);
+            }
+        }
+    });
+    if constexpr (Q8)
+        pool.parallel_for(n_slots, [&](int64_t begin, int64_t end) {
+            for (int64_t s = begin; s < end; ++s) aq.quantize(size_t(s), act.data() + s * e.ff);
+        });
+    // down [slots][N], its bias added: work items (expert with slots, row of N).
+    std::vector<float> down(size_t(n_slots) * size_t(e.N));
+    pool.parallel_for(n_experts * e.N, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const int ex = by_expert.experts[size_t(i / e.N)];
+            const int64_t o = i % e.N, row = int64_t(ex) * e.N + o;
+            const uint8_t* down_row = e.down.data + size_t(row) * e.down_row;
+            for (const int64_t slot : by_expert.slots[size_t(i / e.N)]) {
+                float v;
+                if constexpr (Q8) v = dot_row_q8_1(e.down.format, down_row, aq.view(size_t(slot)), e.ff);
+                else v = dot_row(e.down.format, down_row, act.data() + slot * e.ff, e.ff);
+                down[size_t(slot * e.N + o)] = v + (e.down_bias ? e.down_bias[row] : 0.0f);
+            }
+        }
+    });
+    const bool shared = (stage.features & kSharedExpertSum) != 0;
+    pool.parallel_for(call.n_tokens, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            const RoutingRow routing{const_cast<float*>(call.in2) + t * 2 * e.n_used, e.n_used};
+            for (int64_t o = 0; o < e.N; ++o) {
                 float sum = 0.0f;
-                for (int k = 0; k < e.n_used; ++k) {
-                    const int64_t row = int64_t(routing.id(k)) * e.N + o;
-                    sum += routing.weight(k) *
-                           (down_dot(e.down.data + size_t(row) * e.down_row, k) + (e.down_bias ? e.down_bias[row] : 0.0f));
-                }
-                y[o] = shared ? sum + shared[o] : sum;
+                for (int k = 0; k < e.n_used; ++k) sum += routing.weight(k) * down[size_t((t * e.n_used + k) * e.N + o)];
+                call.out[t * e.N + o] = shared ? sum + call.in3[t * e.N + o] : sum;
             }
-        });
-    }
+        }
+    });
 }
 
 void moe_shared_gate_kernel(const Stage& stage, const KernelCall& call) {
