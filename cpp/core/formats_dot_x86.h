@@ -72,7 +72,7 @@ inline __m256 signed_bytes_to_float(__m128i bytes) { return _mm256_cvtepi32_ps(_
 // signed or not); the first 16 use (scale_low, offset_low), the last 16 (scale_high,
 // offset_high). The bias (a power of two) goes into the FMA's addend: offset - kBias * scale is
 // exact (the formats with a bias have no offset).
-template <bool kSigned = false, int kBias = 0>
+template <bool kSigned = false, int kBias = 0, bool kOffset = true, bool kOneScale = false>
 inline void accumulate_32(__m256i codes, float scale_low, float offset_low, float scale_high, float offset_high,
                           const float* x, Accumulators& acc) {
     const __m128i low = _mm256_castsi256_si128(codes);
@@ -105,7 +105,9 @@ inline void accumulate_32(__m256i codes, float scale_low, float offset_low, floa
 // within int16: 2 * 128 * 127; the bias times sum(q) subtracted in int32, so nothing cancels in
 // f32), times d * scale; the offsets take d * offset * sum(q) per 16 values. Each 16-value half
 // lands in 4 lanes of lane[0] (run after run: the lanes sum n/32 terms).
-template <bool kSigned = false, int kBias = 0>
+// kOffset false: the format has no offsets (they are 0), so their term is skipped (it would add
+// 0); kOneScale: the two halves share their scale, so one broadcast makes the scale vector.
+template <bool kSigned = false, int kBias = 0, bool kOffset = true, bool kOneScale = false>
 inline void accumulate_32(__m256i codes, float scale_low, float offset_low, float scale_high, float offset_high,
                           Q8Run x, Accumulators& acc) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.v.q));
@@ -127,20 +129,22 @@ inline void accumulate_32(__m256i codes, float scale_low, float offset_low, floa
     }
 #endif
     const float d = x.v.d[0];
-    const __m256 scale = _mm256_setr_ps(d * scale_low, d * scale_low, d * scale_low, d * scale_low, d * scale_high,
-                                        d * scale_high, d * scale_high, d * scale_high);
+    const __m256 scale = kOneScale ? _mm256_set1_ps(d * scale_low)
+                                   : _mm256_setr_ps(d * scale_low, d * scale_low, d * scale_low, d * scale_low,
+                                                    d * scale_high, d * scale_high, d * scale_high, d * scale_high);
 #if KCAP_DOT_WIDE
     acc.q8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(quads), scale, acc.q8);
 #else
     acc.lane[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(quads), scale, acc.lane[0]);
 #endif
-    acc.offsets += d * (offset_low * static_cast<float>(x.v.sum16[0]) + offset_high * static_cast<float>(x.v.sum16[1]));
+    if constexpr (kOffset)
+        acc.offsets += d * (offset_low * static_cast<float>(x.v.sum16[0]) + offset_high * static_cast<float>(x.v.sum16[1]));
 }
 
 // One scale and offset for all 32 codes.
-template <bool kSigned = false, int kBias = 0, class X>
+template <bool kSigned = false, int kBias = 0, bool kOffset = true, class X>
 inline void accumulate_32(__m256i codes, float scale, float offset, X x, Accumulators& acc) {
-    accumulate_32<kSigned, kBias>(codes, scale, offset, scale, offset, x, acc);
+    accumulate_32<kSigned, kBias, kOffset, true>(codes, scale, offset, scale, offset, x, acc);
 }
 
 inline __m256i load_256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -179,7 +183,7 @@ float dot_q4_0(const BlockQ4_0* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const float d = load_half(blocks[b].d);
-        accumulate_32<false, 8>(legacy_nibbles(blocks[b].qs), d, 0.0f, x + kQK * b, acc);
+        accumulate_32<false, 8, false>(legacy_nibbles(blocks[b].qs), d, 0.0f, x + kQK * b, acc);
     }
     return acc.total();
 }
@@ -200,7 +204,7 @@ float dot_q5_0(const BlockQ5_0* blocks, X x, int64_t n_blocks) {
     for (int64_t b = 0; b < n_blocks; ++b) {
         const float d = load_half(blocks[b].d);
         const __m256i codes = _mm256_or_si256(legacy_nibbles(blocks[b].qs), fifth_bits(blocks[b].qh));
-        accumulate_32<false, 16>(codes, d, 0.0f, x + kQK * b, acc);
+        accumulate_32<false, 16, false>(codes, d, 0.0f, x + kQK * b, acc);
     }
     return acc.total();
 }
@@ -220,7 +224,7 @@ float dot_q8_0(const BlockQ8_0* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blocks[b].qs));
-        accumulate_32<true>(codes, load_half(blocks[b].d), 0.0f, x + kQK * b, acc);
+        accumulate_32<true, 0, false>(codes, load_half(blocks[b].d), 0.0f, x + kQK * b, acc);
     }
     return acc.total();
 }
@@ -232,7 +236,7 @@ float dot_mxfp4(const BlockMXFP4* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const __m256i codes = _mm256_shuffle_epi8(table, legacy_nibbles(blocks[b].qs));
-        accumulate_32<true>(codes, mxfp4_half_scale(blocks[b].e), 0.0f, x + kQK * b, acc);
+        accumulate_32<true, 0, false>(codes, mxfp4_half_scale(blocks[b].e), 0.0f, x + kQK * b, acc);
     }
     return acc.total();
 }
@@ -279,7 +283,7 @@ float dot_q3_k(const BlockQ3_K* blocks, X x, int64_t n_blocks) {
                 const __m256i codes = _mm256_or_si256(shift_mask(packed, 2 * shift, 0x03), high);
                 const float scale_low = d * static_cast<float>(q3_k_scale(block.scales, run));
                 const float scale_high = d * static_cast<float>(q3_k_scale(block.scales, run + 1));
-                accumulate_32<false, 4>(codes, scale_low, 0.0f, scale_high, 0.0f,
+                accumulate_32<false, 4, false>(codes, scale_low, 0.0f, scale_high, 0.0f,
                               xb + 128 * half + 32 * shift, acc);
             }
         }
@@ -332,7 +336,7 @@ float dot_q6_k(const BlockQ6_K* blocks, X x, int64_t n_blocks) {
                 const __m256i high = _mm256_slli_epi16(shift_mask(qh, 2 * s, 0x03), 4);
                 const float scale_low = d * static_cast<float>(block.scales[run]);
                 const float scale_high = d * static_cast<float>(block.scales[run + 1]);
-                accumulate_32<false, 32>(_mm256_or_si256(low, high), scale_low, 0.0f, scale_high, 0.0f,
+                accumulate_32<false, 32, false>(_mm256_or_si256(low, high), scale_low, 0.0f, scale_high, 0.0f,
                                          xb + 128 * half + 32 * s, acc);
             }
         }
