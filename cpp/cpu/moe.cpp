@@ -140,7 +140,7 @@ void moe_route_kernel(const Stage& stage, const KernelCall& call) {
     });
 }
 
-// The operands of an experts stage, as both experts rows read them.
+// The operands of an experts stage, as the experts rows read them.
 struct ExpertOperands {
     const TensorRef &gate, &up, &down;
     int64_t K, ff, N;
@@ -162,13 +162,6 @@ struct ExpertOperands {
             return stage.operands.size() > i ? reinterpret_cast<const float*>(stage.operands[i]->data) : nullptr;
         };
         gate_bias = f32(3), up_bias = f32(4), down_bias = f32(5);
-    }
-    // Row r of slot k's expert in the gate tensor (up: + up_offset), and its bias index.
-    int64_t gate_up_row(const RoutingRow& routing, int64_t k, int64_t r) const {
-        return int64_t(routing.id(int(k))) * expert_rows + r;
-    }
-    int64_t gate_up_bias(const RoutingRow& routing, int64_t k, int64_t r) const {
-        return int64_t(routing.id(int(k))) * ff + r;
     }
 };
 
