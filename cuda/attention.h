@@ -3,6 +3,7 @@
 #pragma once
 
 #include "cuda/cuda_context.h"
+#include "cuda/matmul.h"
 #include "kernels/dialect.h"
 
 namespace kcap {
@@ -31,10 +32,6 @@ void run_attention_mma(const Stage& stage, const KernelCall& call);
 // The rope kernels (cuda/rope.cu) on a call's Q (call.out) and K (call.inout2), in place.
 void run_rope(const Stage& stage, const KernelCall& call);
 void run_qk_norm_rope(const Stage& stage, const KernelCall& call);
-
-// The q8_1 of a prefill chunk's attention output (m x k at x) into the q8_1 scratch, for the
-// output projection after it (cuda/matmul_q8.cu's quantize kernel).
-void quantize_into_scratch(const Context& ctx, int m, int k, const float* x);
 
 }  // namespace cuda
 }  // namespace kcap

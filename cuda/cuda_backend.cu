@@ -327,7 +327,9 @@ private:
         // The mixture-of-experts scratch (moe_scratch: max_batch tokens of the widest stage; the
         // grouped experts' tiles of kMmaTokens rows).
         const MoeScratch moe = moe_scratch(plan_, max_batch_, cuda_rows::kMmaTokens);
-        if (moe.logits) ctx.moe_logits = arena_.alloc_n<float>(moe.logits);
+        // The router's logits: cuda.moe_route_tiled writes partial sums of up to
+        // KCAP_MOE_TILE_MAX_SPLITS slices of K.
+        if (moe.logits) ctx.moe_logits = arena_.alloc_n<float>(moe.logits * KCAP_MOE_TILE_MAX_SPLITS);
         if (moe.act) {
             ctx.moe_act = arena_.alloc_n<float>(moe.act);
             ctx.moe_up = arena_.alloc_n<float>(moe.up);
@@ -335,6 +337,16 @@ private:
             ctx.moe_rows = arena_.alloc_n<int>(moe.rows);
             ctx.moe_slot_rows = arena_.alloc_n<int>(moe.slot_rows);
             ctx.moe_tile_expert = arena_.alloc_n<int>(moe.tiles);
+            // The grouped q8_1 experts' rounded activations: every value of moe_act's rows (whole
+            // runs of 32: the q8_1 rows' FFN widths are multiples of 32).
+            bool q8_experts = false;
+            for (const RoutedStage& routed : plan_.stages)
+                for (const Route& route : routed.routes)
+                    q8_experts = q8_experts || (routed.stage.op == Op::MoeExperts && route.row->input_encoding == Encoding::Q8_1);
+            if (q8_experts) {
+                ctx.moe_q8_capacity = size_t(cuda_rows::q8_rows_bytes(1, int64_t(moe.act)));
+                ctx.moe_q8 = arena_.alloc(ctx.moe_q8_capacity);
+            }
         }
         size_t mla_absorbed = 0, mla_latent = 0;
         for (const RoutedStage& routed : plan_.stages) {

@@ -89,6 +89,11 @@ struct Context {
     int* moe_rows = nullptr;
     int* moe_slot_rows = nullptr;
     int* moe_tile_expert = nullptr;
+    // The grouped q8_1 experts' activations rounded to q8_1 (cuda.moe_experts_q8_mma: the sorted
+    // rows' act(gate) * up, the down tiles' input), in the form of q8_rows; null where no q8_1
+    // experts row is planned.
+    void* moe_q8 = nullptr;
+    size_t moe_q8_capacity = 0;
     // Multi-head latent attention (cuda.attention_mla), for max_batch tokens of the widest stage:
     // the absorbed queries [tokens][heads][kv_lora_rank + rope_dim], the weighted latents
     // [tokens][heads][kv_lora_rank].
@@ -102,16 +107,18 @@ struct Q8Rows {
     float* d;            // [m][k / 32]
     int32_t* half_sums;  // [m][k / 16]
 };
-inline Q8Rows q8_rows_layout(const Context& ctx, int m, int k) {
+// m x k q8_1 values at `base`, a scratch of `capacity` bytes.
+inline Q8Rows q8_rows_in(void* base, size_t capacity, int m, int k) {
     const size_t bytes = size_t(cuda_rows::q8_rows_bytes(m, k));
-    if (!ctx.q8_rows || bytes > ctx.q8_rows_capacity)
+    if (!base || bytes > capacity)
         throw Error("q8_1 activations of " + std::to_string(m) + " x " + std::to_string(k) +
-                    " exceed the backend's scratch (" + std::to_string(ctx.q8_rows_capacity) + " bytes)");
-    auto* codes = static_cast<uint32_t*>(ctx.q8_rows);
-    auto* d = reinterpret_cast<float*>(static_cast<uint8_t*>(ctx.q8_rows) + size_t(m) * size_t(k));
+                    " exceed the backend's scratch (" + std::to_string(capacity) + " bytes)");
+    auto* codes = static_cast<uint32_t*>(base);
+    auto* d = reinterpret_cast<float*>(static_cast<uint8_t*>(base) + size_t(m) * size_t(k));
     auto* half_sums = reinterpret_cast<int32_t*>(d + size_t(m) * size_t(k / 32));
     return {codes, d, half_sums};
 }
+inline Q8Rows q8_rows_layout(const Context& ctx, int m, int k) { return q8_rows_in(ctx.q8_rows, ctx.q8_rows_capacity, m, k); }
 
 // The q8_1 scratch of a call's input: the rows of all `rows` tokens of the buffer the stage
 // before wrote (KernelCall::buffer_rows), from row `first` on (a stage that runs on the last

@@ -47,5 +47,10 @@ __device__ __forceinline__ QkvSegment qkv_segment(const QkvParams& q, KcapThread
     return q.segment[which];
 }
 
+// m x k values at x rounded to q8_1 into the q8_1 scratch (cuda/matmul_q8.cu's quantize kernel):
+// a prefill chunk's attention output for the output projection after it, the grouped q8_1
+// experts' x.
+void quantize_into_scratch(const Context& ctx, int m, int k, const float* x);
+
 }  // namespace cuda
 }  // namespace kcap

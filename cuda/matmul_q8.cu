@@ -151,16 +151,31 @@ struct alignas(16) SharedQ8Step {
 template <class F, int TOKENS>
 constexpr int kQ8GroupsPerSm = TOKENS == 128 && KcapCodes<F>::sub == 16 ? 1 : 2;
 
-// One group's tile: row tile bx of `group` (a grid column), token tile blockIdx.y.
-template <class F, bool STAGED, int TOKENS>
+// One group's tile: row tile bx of `group` (a grid column), token tile blockIdx.y. GROUPED: the
+// grouped experts' tiles (group.tile_expert, x_rows, live_rows set; 64 tokens), a form of its own
+// so that the plain matmuls' code stays as it was.
+template <class F, bool STAGED, int TOKENS, bool GROUPED = false>
 __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const Q8Rows& x) {
     static_assert(TOKENS == 64 || TOKENS == 128, "64 or 128 tokens per group");
+    static_assert(!GROUPED || TOKENS == 64, "the grouped experts' tiles are of kMmaTokens rows");
     using Step = SharedQ8Step<TOKENS>;
     constexpr int kWarpTokensQ8 = TOKENS / 2, kMtQ8 = kWarpTokensQ8 / 16;
     constexpr int kTokenPasses = TOKENS / 64;  // activation copies per thread and step: 64 tokens each
     const int which = mma_group_member(group, bx), tile = mma_group_tile(group, which, bx);
     const KcapMatmulParams p = mma_group_pick(group.p, which);
     const kcap_u8* w = mma_group_pick(group.w, which);
+    // Grouped experts (cuda/moe.cu): the token tile is one expert's sorted rows; its weights and
+    // bias row are that expert's, its x rows the rows' source tokens (x_rows, -1: padding).
+    // Their order (tile_expert, x_rows, live_rows) is the sort kernel's output: read after the
+    // wait for it.
+    kcap_u64 bias_offset = 0;
+    if constexpr (GROUPED) {
+        pdl_wait();
+        const int expert = group.tile_expert[blockIdx.y];
+        if (expert < 0) return;  // past the batch's tiles
+        w += kcap_u64(expert) * group.expert_bytes;
+        bias_offset = kcap_u64(expert) * kcap_u64(p.n);
+    }
     using C = KcapCodes<F>;
     using R = RawChunk<F>;
     constexpr int kSub = C::sub;  // elements per sub-block: 16 or 32
@@ -200,8 +215,23 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
     const kcap_u8* w_end = w + kcap_u64(p.n) * p.row_bytes;
     const int steps = (p.k + kStepK - 1) / kStepK;
     const int chunks = (p.k + R::k - 1) / R::k;
-    const bool d_token = token_base + xdt < p.m;
-    const kcap_u64 d_row = kcap_u64(d_token ? token_base + xdt : 0);
+    // GROUPED: the x row of a tile row is its source token (-1: padding; the down tiles, whose
+    // x rows are the sorted rows themselves, have no x_rows), looked up once.
+    const auto x_row = [&](int token) { return token < p.m ? (group.x_rows ? group.x_rows[token] : token) : -1; };
+    int x_src[kTokenPasses];
+#pragma unroll
+    for (int i = 0; i < kTokenPasses; ++i) x_src[i] = GROUPED ? x_row(token_base + xt + 64 * i) : -1;
+    const int d_src = GROUPED ? x_row(token_base + xdt) : -1;
+    const bool d_token = GROUPED ? d_src >= 0 : token_base + xdt < p.m;
+    const kcap_u64 d_row = kcap_u64(d_token ? (GROUPED ? d_src : token_base + xdt) : 0);
+    // GROUPED: a 16-token mma tile whose first row is padding is all padding (an expert's rows
+    // are padded at the end of its tiles), so the warp skips its products.
+    bool live[kMtQ8];
+#pragma unroll
+    for (int mt = 0; mt < kMtQ8; ++mt) {
+        const int first = token_base + warp_tokens + 16 * mt;
+        live[mt] = !GROUPED || (first < p.m && group.live_rows[first] >= 0);
+    }
 
     // Raw weight chunk c into its buffer (STAGED; nothing past the last chunk).
     const auto stage = [&](int c) {
@@ -220,8 +250,8 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
 #pragma unroll
         for (int i = 0; i < kTokenPasses; ++i) {
             const int token = token_base + xt + 64 * i;
-            const bool in = token < p.m && k0 + 16 * xp < p.k;
-            const kcap_u64 row = kcap_u64(in ? token : 0);
+            const bool in = (GROUPED ? x_src[i] >= 0 : token < p.m) && k0 + 16 * xp < p.k;
+            const kcap_u64 row = kcap_u64(in ? (GROUPED ? x_src[i] : token) : 0);
             cp_async16_or_zero(b + x_offset + unsigned(4 * 64 * kStrideQ8 * i),
                                x.codes + (in ? row * k_words + k0 / 4 + 4 * xp : 0), in);
             if (C::has_offset)
@@ -273,6 +303,7 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
             // of one tile live at a time: 16 or 32 registers).
 #pragma unroll
             for (int mt = 0; mt < kMtQ8; ++mt) {
+                if (GROUPED && !live[mt]) continue;  // uniform per warp
                 unsigned a[4];
                 load_a<kStrideQ8>(a, b.x + (warp_tokens + 16 * mt) * kStrideQ8 + 8 * r, lane);
                 // t[h]: the products of sub-block h of the run.
@@ -349,7 +380,7 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
         }
     };
 
-    pdl_wait();
+    if constexpr (!GROUPED) pdl_wait();
     pdl_trigger();
     // The pipeline. Before step s's products: its weights decoded and activations landed in
     // sh[s & 1]; the raw chunks of steps s + 1 (and, with 4-step chunks, the next chunk) staged.
@@ -377,13 +408,14 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
         cp_async_commit();
     }
     // Picked here, not at the start: no registers held through the loop.
-    store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, mma_group_pick(group.bias, which),
+    const float* bias = mma_group_pick(group.bias, which);
+    store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, GROUPED && bias ? bias + bias_offset : bias,
                mma_group_pick(group.y, which));
 }
 
-template <class F, bool STAGED, int TOKENS>
+template <class F, bool STAGED, int TOKENS, bool GROUPED>
 __global__ void __launch_bounds__(kMmaThreads, kQ8GroupsPerSm<F, TOKENS>) mma_q8_kernel(MmaGroup group, Q8Rows x) {
-    mma_q8_tile<F, STAGED, TOKENS>(group, int(blockIdx.x), x);
+    mma_q8_tile<F, STAGED, TOKENS, GROUPED>(group, int(blockIdx.x), x);
 }
 
 // Two groups of matrices of two formats on the same x in one grid (qkv's Q and K in one format,
@@ -409,17 +441,18 @@ constexpr size_t q8_tile_shared_bytes(bool staged) {
     return 2 * sizeof(SharedQ8Step<TOKENS>) + (staged ? RawChunk<F>::bytes : 0);
 }
 
-template <class F, bool STAGED, int TOKENS>
+template <class F, bool STAGED, int TOKENS, bool GROUPED>
 void launch_mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
     constexpr size_t bytes = q8_tile_shared_bytes<F, TOKENS>(STAGED);
-    allow_dynamic_shared<mma_q8_kernel<F, STAGED, TOKENS>>(ctx, bytes);
-    launch(ctx, mma_q8_kernel<F, STAGED, TOKENS>, mma_group_grid(g, TOKENS), dim3(kMmaThreads), bytes, g, x);
+    allow_dynamic_shared<mma_q8_kernel<F, STAGED, TOKENS, GROUPED>>(ctx, bytes);
+    launch(ctx, mma_q8_kernel<F, STAGED, TOKENS, GROUPED>, mma_group_grid(g, TOKENS), dim3(kMmaThreads), bytes, g, x);
 }
 
-template <class F, int TOKENS>
+template <class F, int TOKENS, bool GROUPED = false>
 void mma_q8_tokens(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
+    if (GROUPED != (g.tile_expert != nullptr)) throw Error("mma_q8_tokens: a grouped launch takes the grouped tiles");
     launch_mma_group(ctx, g, q8_tile_shared_bytes<F, TOKENS>(true), [&](const MmaGroup& group, bool staged) {
-        staged ? launch_mma_q8<F, true, TOKENS>(ctx, group, x) : launch_mma_q8<F, false, TOKENS>(ctx, group, x);
+        staged ? launch_mma_q8<F, true, TOKENS, GROUPED>(ctx, group, x) : launch_mma_q8<F, false, TOKENS, GROUPED>(ctx, group, x);
     });
 }
 
@@ -570,6 +603,17 @@ void mma_q8_any(const Context& ctx, Format format, const MmaGroup& g, const Q8Ro
 }  // namespace
 
 void quantize_into_scratch(const Context& ctx, int m, int k, const float* x) { quantize_rows(ctx, m, k, x); }
+
+void mma_tiles::mma_group_q8(const Context& ctx, Format format, const MmaGroup& g, const Q8Rows& x) {
+    switch (format) {
+#define KCAP_MMA_Q8_GROUP_CASE(NAME, DECODER) \
+    case Format::NAME:                        \
+        return g.tile_expert ? mma_q8_tokens<DECODER, 64, true>(ctx, g, x) : mma_q8_tokens<DECODER, 64>(ctx, g, x);
+        KCAP_Q8_WEIGHT_FORMATS(KCAP_MMA_Q8_GROUP_CASE)
+#undef KCAP_MMA_Q8_GROUP_CASE
+        default: throw Error(std::string("mma_group_q8: no int8 tiles for ") + format_name(format));
+    }
+}
 
 }  // namespace cuda
 

@@ -293,6 +293,9 @@ inline MmaFormatGroups mma_groups_by_format(const QkvParams& q) {
 // The bf16 tiles (matmul_mma.cu) of a group of matrices of one tile format (mma_format, K a
 // multiple of 32) on f32 activations x, p.m >= kMmaMinTokens.
 void mma_group_bf16(const Context& ctx, Format format, const MmaGroup& g, const float* x);
+// The int8 tiles (matmul_q8.cu, 64 tokens per group) of a group of matrices of one q8_1 format
+// on q8_1 activations x (a grouped experts' x: the rows of the source tokens x_rows names).
+void mma_group_q8(const Context& ctx, Format format, const MmaGroup& g, const Q8Rows& x);
 
 // Staged weights for long rows only: on the H200 (bench/cuda_sweep.py --pp, pp512, with one
 // kernel forced for every matmul) staging all matmuls took the 8B Q4_K_M file (K 4096 and 14336)

@@ -5,6 +5,9 @@
 //                            (times a per-expert scale where the stage has one), into the Routing
 //                            buffer on the device (no host round trip: the decode step stays one
 //                            captured graph).
+//   cuda.moe_route_tiled     the same from kMoeRouteTiledMinTokens tokens, the logits as a tiled
+//                            matmul over slices of K (kcap_moe_logits_tiled), the slices' sums
+//                            added by the top-k.
 //   cuda.moe_experts.<fmt>   the chosen experts' gated FFNs, slot by slot: the staged gate_up
 //                            matvec of each (token, chosen expert) slot (grid y = slots, the
 //                            expert's rows found from the Routing buffer in the kernel), the down
@@ -19,7 +22,16 @@
 //                            tiles in the down matrix's format, and the weighted sum reads each
 //                            slot's row back. The experts' biases (gpt-oss) are added by each
 //                            tile (its expert's row), its clamped SwiGLU by the activation.
-//   Both experts' rows add an ungated shared expert's output (input3) in their weighted sum where
+//   cuda.moe_experts_q8.<fmt>  the slot matvecs with q8_1 activations (kernels/moe_q8.h: the dp4a
+//                            walk of matvec_q8.h, each group rounding its slot's x, then its
+//                            activations, as it stages them), for plans with activations="q8_1"
+//                            whose experts' matrices all have integer products; the same sum.
+//   cuda.moe_experts_q8_mma.<fmt>  grouped by expert as moe_experts_mma, on the int8 tiles of
+//                            matmul_q8.cu: x rounded to q8_1 once per token, each sorted row's
+//                            activations rounded to q8_1 as the gated activation writes them
+//                            (q8_1 plans from kMoeGroupedMinTokens where gate, up and down all
+//                            have int8 tiles).
+//   All experts' rows add an ungated shared expert's output (input3) in their weighted sum where
 //   the plan asks (kSharedExpertSum).
 //   cuda.moe_shared_gate     out = in + sigmoid(w . x) * shared, one group per token.
 #include <algorithm>
@@ -29,6 +41,7 @@
 #include "dispatch/planner.h"
 #include "kernels/activation.h"
 #include "kernels/moe.h"
+#include "kernels/moe_q8.h"
 
 namespace kcap {
 namespace cuda {
@@ -46,13 +59,22 @@ __global__ void __launch_bounds__(kMoeLogitThreads)
     kcap_moe_logits<F>(kcap_cuda_thread(), p, w, x, logits, xs, bias);
 }
 
+template <class F>
+__global__ void __launch_bounds__(KCAP_MOE_TILE_THREADS)
+    logits_tiled_kernel(KcapMoeParams p, const kcap_u8* w, const float* x, float* partials) {
+    __shared__ float shared[KCAP_MOE_TILE_SHARED_FLOATS];
+    pdl_wait();
+    pdl_trigger();
+    kcap_moe_logits_tiled<F>(kcap_cuda_thread(), p, w, x, partials, shared);
+}
+
 __global__ void __launch_bounds__(kMoeRouteThreads)
     route_kernel(KcapMoeParams p, const float* token_logits, const float* expert_scale, float* routing,
-                 const float* choice_bias) {
+                 const float* choice_bias, const float* logit_bias) {
     __shared__ float logits[KCAP_MOE_MAX_EXPERTS];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_route(kcap_cuda_thread(), p, token_logits, expert_scale, routing, logits, choice_bias);
+    kcap_moe_route(kcap_cuda_thread(), p, token_logits, expert_scale, routing, logits, choice_bias, logit_bias);
 }
 
 // The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
@@ -78,6 +100,30 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
     pdl_trigger();
     kcap_moe_down<F, ROWS>(kcap_cuda_thread(), moe, p, split, chunk_runs, down, routing, act, out, shared,
                                   down_bias);
+}
+
+// kcap_moe_gate_up_q8 / kcap_moe_down_q8 of slot blockIdx.y.
+template <class F, int ROWS>
+__global__ void __launch_bounds__(kMatvecSimds * 32)
+    experts_gate_up_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* gate,
+                              const kcap_u8* up, const float* routing, const float* x, int activation, float* act,
+                              const float* gate_bias, const float* up_bias) {
+    extern __shared__ kcap_i32 q8_shared[];
+    pdl_wait();
+    pdl_trigger();
+    kcap_moe_gate_up_q8<F, ROWS>(kcap_cuda_thread(), moe, p, split, chunk_runs, gate, up, routing, x, activation, act,
+                                 q8_shared, gate_bias, up_bias);
+}
+
+template <class F, int ROWS>
+__global__ void __launch_bounds__(kMatvecSimds * 32)
+    experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* down,
+                           const float* routing, const float* act, float* out, const float* down_bias) {
+    extern __shared__ kcap_i32 q8_shared[];
+    pdl_wait();
+    pdl_trigger();
+    kcap_moe_down_q8<F, ROWS>(kcap_cuda_thread(), moe, p, split, chunk_runs, down, routing, act, out, q8_shared,
+                              down_bias);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -144,6 +190,28 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     gate[i] = kcap_gated(p.activation, gate[i], up[i], alpha, limit);  // gpt-oss's clamped SwiGLU too
 }
 
+// The q8_1 form of grouped_activation_kernel: act(gate) * up of the grouped rows rounded to q8_1
+// (kcap_q8_quantize_quad: a float4 per thread, 8 lanes a run; ff a multiple of 32) into `out`,
+// the int8 down tiles' input. Rows of unused tiles (-1) are skipped.
+__global__ void __launch_bounds__(kQ8QuantizeThreads)
+    grouped_activation_q8_kernel(int rows, int ff, int activation, const int* tile_expert, const float* gate,
+                                 const float* up, float alpha, float limit, Q8Rows out) {
+    pdl_wait();
+    pdl_trigger();
+    const int quads = ff / 4;
+    const int i = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
+    const bool in = i < rows * quads && tile_expert[i / quads / kMmaTokens] >= 0;  // a run's 8 lanes agree
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (in) {
+        const float4 g = *reinterpret_cast<const float4*>(gate + 4 * kcap_u64(i));
+        const float4 u = *reinterpret_cast<const float4*>(up + 4 * kcap_u64(i));
+        v = make_float4(kcap_gated(activation, g.x, u.x, alpha, limit), kcap_gated(activation, g.y, u.y, alpha, limit),
+                        kcap_gated(activation, g.z, u.z, alpha, limit), kcap_gated(activation, g.w, u.w, alpha, limit));
+    }
+    const KcapQ8Quad q = kcap_q8_quantize_quad(v);  // every lane takes part
+    if (in) kcap_q8_store_quad(q, i, out.codes, out.d, out.half_sums);
+}
+
 __global__ void __launch_bounds__(kElementwiseThreads)
     shared_gate_kernel(int width, const float* w, const float* x, const float* in, const float* shared, float* out) {
     __shared__ float partial[kElementwiseThreads / 32];
@@ -195,25 +263,69 @@ void launch_experts_gate_up(const Context& ctx, const Stage& stage, const Kernel
            static_cast<const float*>(data.operands[4]));
 }
 
+template <class F, int ROWS>
+void launch_experts_down_q8_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
+                                 const float* routing, unsigned slots, const float* down_bias) {
+    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k);
+    const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
+    const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * ROWS), slots);
+    const size_t shared = size_t(matvec_q8_shared_words(p.k, ROWS)) * 4;
+    launch(ctx, experts_down_q8_kernel<F, ROWS>, grid, dim3(kMatvecSimds * 32), shared, moe, p, split, chunk_runs, down,
+           routing, static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
+}
+
+// The q8_1 down matvec of every slot in the down matrix's format (one with integer products).
+void launch_experts_down_q8(const Context& ctx, const Stage& stage, const KcapMoeParams& moe, const kcap_u8* down,
+                            const float* routing, unsigned slots, const float* down_bias) {
+    KcapMatmulParams p{};
+    p.k = moe.ff;
+    p.n = moe.n;
+    p.m = 1;
+    p.has_bias = down_bias != nullptr;
+    p.row_bytes = unsigned(row_bytes(stage.operands[2]->format, moe.ff));
+    switch (stage.operands[2]->format) {
+#define KCAP_MOE_DOWN_Q8_CASE(NAME, DECODER)                                                                   \
+    case Format::NAME:                                                                                         \
+        launch_experts_down_q8_rows<DECODER, kMatvecRows>(ctx, p, moe, down, routing, slots, down_bias);       \
+        return;
+        KCAP_Q8_WEIGHT_FORMATS(KCAP_MOE_DOWN_Q8_CASE)
+#undef KCAP_MOE_DOWN_Q8_CASE
+        default:
+            throw Error(std::string("cuda.moe_experts_q8: no q8_1 body for ") + format_name(stage.operands[2]->format));
+    }
+}
+
 }  // namespace
 }  // namespace cuda
 
-void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call) {
+namespace {
+
+// The router's logits into ctx.moe_logits (TILED: kcap_moe_logits_tiled's partial sums over
+// slices of K, which the top-k adds with the bias and logit scale), then its top-k.
+template <bool TILED>
+void moe_route(const Stage& stage, const KernelCall& call) {
     using namespace cuda_rows;
     const cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
-    const KcapMoeParams p = moe_params(stage, call.n_tokens);
+    KcapMoeParams p = moe_params(stage, call.n_tokens);
+    p.logit_splits = TILED ? kcap_moe_tile_splits(p.k) : 0;
     const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
     // The per-expert scale vector (F32), where the stage has one.
     const auto* expert_scale = p.expert_scaled ? static_cast<const float*>(data.operands[1]) : nullptr;
     const auto* bias = static_cast<const float*>(data.operands[2]);  // the router's bias (F32), or null
-    const dim3 grid(cuda::ceil_div(p.n_expert, kMoeLogitThreads / 32 * KCAP_MOE_LOGIT_EXPERTS),
-                    cuda::ceil_div(p.n_tokens, KCAP_MOE_LOGIT_TOKENS));
+    const dim3 grid = TILED ? dim3(unsigned(cuda::ceil_div(p.n_expert, KCAP_MOE_TILE) * p.logit_splits),
+                                   cuda::ceil_div(p.n_tokens, KCAP_MOE_TILE))
+                            : dim3(cuda::ceil_div(p.n_expert, kMoeLogitThreads / 32 * KCAP_MOE_LOGIT_EXPERTS),
+                                   cuda::ceil_div(p.n_tokens, KCAP_MOE_LOGIT_TOKENS));
     switch (stage.operands[0]->format) {
 #define KCAP_MOE_LOGITS_CASE(NAME, DECODER)                                                                       \
     case Format::NAME:                                                                                            \
-        cuda::launch(ctx, cuda::logits_kernel<DECODER>, grid, dim3(kMoeLogitThreads), 0, p, w, call.in, ctx.moe_logits, \
-                     bias);                                                                                       \
+        if (TILED)                                                                                                \
+            cuda::launch(ctx, cuda::logits_tiled_kernel<DECODER>, grid, dim3(KCAP_MOE_TILE_THREADS), 0, p, w,     \
+                         call.in, ctx.moe_logits);                                                                \
+        else                                                                                                      \
+            cuda::launch(ctx, cuda::logits_kernel<DECODER>, grid, dim3(kMoeLogitThreads), 0, p, w, call.in,       \
+                         ctx.moe_logits, bias);                                                                   \
         break;
         KCAP_WEIGHT_FORMATS(KCAP_MOE_LOGITS_CASE)
 #undef KCAP_MOE_LOGITS_CASE
@@ -221,8 +333,14 @@ void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call) {
     }
     cuda::launch(ctx, cuda::route_kernel, dim3(unsigned(p.n_tokens)), dim3(kMoeRouteThreads), 0, p,
                  static_cast<const float*>(ctx.moe_logits), expert_scale, call.out,
-                 static_cast<const float*>(data.operands[3]));  // the choice bias (F32), or null
+                 static_cast<const float*>(data.operands[3]),  // the choice bias (F32), or null
+                 TILED ? bias : nullptr);  // the tiled logits' bias, added to their sum
 }
+
+}  // namespace
+
+void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call) { moe_route<false>(stage, call); }
+void kcap_cuda_moe_route_tiled(const Stage& stage, const KernelCall& call) { moe_route<true>(stage, call); }
 
 template <Format FORMAT>
 void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call) {
@@ -248,27 +366,62 @@ void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call) {
                  (stage.features & kSharedExpertSum) ? call.in3 : nullptr);
 }
 
-// Grouped by expert: the sort, gate and up tiles of the sorted rows (x read through each row's
-// source token), the gated activation, the down tiles (the down matrix's format) and the
-// weighted sum of each token's slot rows.
+// The slot matvecs with q8_1 activations (gate and up in FORMAT, down in its own format), then
+// the weighted sum as kcap_cuda_moe_experts.
 template <Format FORMAT>
-void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
+void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
     using namespace cuda_rows;
-    namespace tiles = cuda::mma_tiles;
+    using F = cuda::Decoder<FORMAT>;
     const cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
+    const KcapMoeParams moe = moe_params(stage, call.n_tokens);
+    const unsigned slots = unsigned(moe.n_tokens * moe.n_used);
+    KcapMatmulParams p{};
+    p.k = moe.k;
+    p.n = moe.ff;
+    p.m = 1;
+    p.row_bytes = unsigned(row_bytes(FORMAT, moe.k));
+    const int split = matvec_split(p.n, ctx.sm_count, kMatvecRows, p.k);
+    const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
+    cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, kMatvecRows>,
+                 dim3(cuda::ceil_div(p.n, (kMatvecSimds / split) * kMatvecRows), slots), dim3(kMatvecSimds * 32),
+                 size_t(matvec_q8_shared_words(p.k, kMatvecRows)) * 4, moe, p, split, chunk_runs,
+                 static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
+                 call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
+                 static_cast<const float*>(data.operands[4]));
+    cuda::launch_experts_down_q8(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
+                                 static_cast<const float*>(data.operands[5]));
+    const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
+    cuda::launch(ctx, cuda::combine_kernel, dim3(cuda::ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads),
+                 0, moe, call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(nullptr), call.out,
+                 (stage.features & kSharedExpertSum) ? call.in3 : nullptr);
+}
+
+namespace cuda {
+namespace {
+
+// Grouped by expert: the sort, gate and up tiles of the sorted rows (x read through each row's
+// source token), the gated activation, the down tiles (the down matrix's format) and the
+// weighted sum of each token's slot rows. Q8: the int8 tiles on q8_1 activations (x rounded once
+// per token, the activations per sorted row as the activation writes them), else split-bf16.
+template <bool Q8>
+void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& call) {
+    using namespace cuda_rows;
+    namespace tiles = mma_tiles;
+    const Context& ctx = context(call);
+    const StageData& data = stage_data(call);
     const KcapMoeParams moe = moe_params(stage, call.n_tokens);
     const int64_t slots = int64_t(moe.n_tokens) * moe.n_used;
     const int n_tiles = int(moe_grouped_tiles(slots, moe.n_expert, kMmaTokens));
     const int rows = n_tiles * kMmaTokens;
-    cuda::launch(ctx, cuda::sort_kernel, dim3(1), dim3(kMoeSortThreads), 0, moe, call.in2, n_tiles, ctx.moe_rows,
-                 ctx.moe_slot_rows, ctx.moe_tile_expert);
+    launch(ctx, sort_kernel, dim3(1), dim3(kMoeSortThreads), 0, moe, call.in2, n_tiles, ctx.moe_rows, ctx.moe_slot_rows,
+           ctx.moe_tile_expert);
     // Gate and up: rows x ff each, from the expert's gate (and up) rows.
     KcapMatmulParams p{};
     p.k = moe.k;
     p.n = moe.ff;
     p.m = rows;
-    p.row_bytes = unsigned(row_bytes(FORMAT, moe.k));
+    p.row_bytes = unsigned(row_bytes(format, moe.k));
     const kcap_u64 expert_rows = kcap_u64(moe.gate_up_merged ? 2 * moe.ff : moe.ff);
     const auto* gate = static_cast<const kcap_u8*>(data.operands[0]);
     const auto* up = static_cast<const kcap_u8*>(data.operands[1]) +
@@ -287,14 +440,29 @@ void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
     g.x_rows = ctx.moe_rows;
     g.live_rows = ctx.moe_rows;
     g.expert_bytes = expert_rows * p.row_bytes;
-    tiles::mma_group_bf16(ctx, FORMAT, g, call.in);
-    KcapElementwiseParams a{};
-    a.count = rows * moe.ff;
-    a.activation = int(stage.params.activation);
-    a.gated = 1;
-    cuda::launch(ctx, cuda::grouped_activation_kernel, dim3(cuda::ceil_div(a.count, kElementwiseThreads)),
-                 dim3(kElementwiseThreads), 0, a, int(moe.ff), static_cast<const int*>(ctx.moe_tile_expert), ctx.moe_act,
-                 static_cast<const float*>(ctx.moe_up), stage.params.swiglu_alpha, stage.params.swiglu_limit);
+    if constexpr (Q8) {
+        quantize_into_scratch(ctx, moe.n_tokens, moe.k, call.in);
+        tiles::mma_group_q8(ctx, format, g, q8_rows_layout(ctx, moe.n_tokens, moe.k));
+    } else {
+        tiles::mma_group_bf16(ctx, format, g, call.in);
+    }
+    const int activation = int(stage.params.activation);
+    Q8Rows act_q8{};
+    if constexpr (Q8) {
+        act_q8 = q8_rows_in(ctx.moe_q8, ctx.moe_q8_capacity, rows, moe.ff);
+        launch(ctx, grouped_activation_q8_kernel, dim3(ceil_div(int64_t(rows) * (moe.ff / 4), kQ8QuantizeThreads)),
+               dim3(kQ8QuantizeThreads), 0, rows, int(moe.ff), activation, static_cast<const int*>(ctx.moe_tile_expert),
+               static_cast<const float*>(ctx.moe_act), static_cast<const float*>(ctx.moe_up), stage.params.swiglu_alpha,
+               stage.params.swiglu_limit, act_q8);
+    } else {
+        KcapElementwiseParams a{};
+        a.count = rows * moe.ff;
+        a.activation = activation;
+        a.gated = 1;
+        launch(ctx, grouped_activation_kernel, dim3(ceil_div(a.count, kElementwiseThreads)), dim3(kElementwiseThreads), 0,
+               a, int(moe.ff), static_cast<const int*>(ctx.moe_tile_expert), ctx.moe_act,
+               static_cast<const float*>(ctx.moe_up), stage.params.swiglu_alpha, stage.params.swiglu_limit);
+    }
     // Down: rows x n from the expert's down rows, on the activations in sorted order.
     const Format down_format = stage.operands[2]->format;
     KcapMatmulParams d{};
@@ -307,11 +475,26 @@ void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
     dg.tile_expert = ctx.moe_tile_expert;
     dg.live_rows = ctx.moe_rows;
     dg.expert_bytes = kcap_u64(moe.n) * d.row_bytes;
-    tiles::mma_group_bf16(ctx, down_format, dg, ctx.moe_act);
+    if constexpr (Q8) tiles::mma_group_q8(ctx, down_format, dg, act_q8);
+    else tiles::mma_group_bf16(ctx, down_format, dg, ctx.moe_act);
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
-    cuda::launch(ctx, cuda::combine_kernel, dim3(cuda::ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads),
-                 0, moe, call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(ctx.moe_slot_rows),
-                 call.out, (stage.features & kSharedExpertSum) ? call.in3 : nullptr);
+    launch(ctx, combine_kernel, dim3(ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads), 0, moe,
+           call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(ctx.moe_slot_rows), call.out,
+           (stage.features & kSharedExpertSum) ? call.in3 : nullptr);
+}
+
+}  // namespace
+}  // namespace cuda
+
+template <Format FORMAT>
+void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
+    cuda::moe_experts_grouped<false>(FORMAT, stage, call);
+}
+
+// The grouped experts on the int8 tiles (q8_1 plans whose experts' matrices all have them).
+template <Format FORMAT>
+void kcap_cuda_moe_experts_q8_mma(const Stage& stage, const KernelCall& call) {
+    cuda::moe_experts_grouped<true>(FORMAT, stage, call);
 }
 
 #define KCAP_INSTANTIATE_MOE(NAME, DECODER)                                                      \
@@ -319,6 +502,11 @@ void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
     template void kcap_cuda_moe_experts_mma<Format::NAME>(const Stage&, const KernelCall&);
 KCAP_WEIGHT_FORMATS(KCAP_INSTANTIATE_MOE)
 #undef KCAP_INSTANTIATE_MOE
+#define KCAP_INSTANTIATE_MOE_Q8(NAME, DECODER)                                                     \
+    template void kcap_cuda_moe_experts_q8<Format::NAME>(const Stage&, const KernelCall&);        \
+    template void kcap_cuda_moe_experts_q8_mma<Format::NAME>(const Stage&, const KernelCall&);
+KCAP_Q8_WEIGHT_FORMATS(KCAP_INSTANTIATE_MOE_Q8)
+#undef KCAP_INSTANTIATE_MOE_Q8
 
 void kcap_cuda_moe_shared_gate(const Stage& stage, const KernelCall& call) {
     const cuda::StageData& data = cuda::stage_data(call);

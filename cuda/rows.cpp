@@ -494,7 +494,9 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
     // The router (its logits over groups of experts and tokens, then one simd group per token);
     // the chosen experts of every (token, expert) slot with the decode matvec's teams, one grid
     // row per slot; from kMoeGroupedMinTokens, grouped by expert on the split-bf16 tiles
-    // (cuda/moe.cu) where gate, up and down all have tiles; the shared expert's gate.
+    // (cuda/moe.cu) where gate, up and down all have tiles; with q8_1 activations the slot
+    // matvecs' and the grouped tiles' int8 forms where gate, up and down all have integer
+    // products; the shared expert's gate.
     // The router's bias (operand 2, F32: gpt-oss) is added to its logits.
     Row route = gpu_family_row(GpuFamily::MoeRoute, Backend::CUDA, Format::F32, KCAP_CUDA_ENTRY(kcap_cuda_moe_route),
                                {kMoeRouteThreads, 0, 0});
@@ -502,6 +504,16 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
     // KCAP_MOE_MAX_GROUPS groups (DeepSeek V2/V3).
     add_moe_route_variants(route);
     rows.push_back(route);
+    // From kMoeRouteTiledMinTokens tokens the logits as a tiled matmul (kcap_moe_logits_tiled),
+    // then the same top-k.
+    Row tiled = route;
+    tiled.kernel = "cuda.moe_route_tiled";
+    tiled.fn = KCAP_CUDA_ENTRY(kcap_cuda_moe_route_tiled);
+    tiled.tokens = {kMoeRouteTiledMinTokens, 0};
+    tiled.priority = route.priority + 1;
+    tiled.launches = {"moe_logits_tiled", "moe_route"};
+    tiled.geometry = {KCAP_MOE_TILE_THREADS, KCAP_MOE_TILE, KCAP_MOE_TILE_SHARED_FLOATS * 4};
+    rows.push_back(tiled);
     // Both experts' rows also take the experts' biases (operands 3-5, F32) and gpt-oss's clamped
     // SwiGLU.
 #define KCAP_MOE_EXPERTS_ROW(NAME, DECODER)                                                              \
@@ -511,6 +523,27 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
                                      KCAP_CUDA_ENTRY(kcap_cuda_moe_experts<f>), kMatvecGeometry);        \
         add_moe_expert_biases(experts);                                                                  \
         rows.push_back(experts);                                                                         \
+        if (q8_format(f)) {                                                                              \
+            Row q8 = experts;                                                                            \
+            q8.kernel = "cuda.moe_experts_q8." + lower(f);                                               \
+            q8.fn = KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_q8<f>);                                        \
+            q8.input_encoding = Encoding::Q8_1;                                                          \
+            q8.operand_formats[2] = q8_formats();                                                        \
+            q8.priority = 1;                                                                             \
+            rows.push_back(q8);                                                                          \
+            Row q8_grouped = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                     \
+                                            KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_q8_mma<f>), kMmaGeometry); \
+            q8_grouped.kernel = "cuda.moe_experts_q8_mma." + lower(f);                                   \
+            q8_grouped.tokens = {kMoeGroupedMinTokens, 0};                                               \
+            q8_grouped.priority = 3;                                                                     \
+            q8_grouped.input_encoding = Encoding::Q8_1;                                                  \
+            q8_grouped.launches = {"moe_sort", "q8_quantize", "mma_q8_tiles", "moe_activation_q8",       \
+                                   "mma_q8_tiles", "moe_combine"};                                       \
+            q8_grouped.operand_formats[2] = q8_formats();                                                \
+            add_moe_expert_biases(q8_grouped);                                                           \
+            q8_grouped.dims.max_experts = KCAP_MOE_MAX_EXPERTS; /* the sort's per-expert counts */       \
+            rows.push_back(q8_grouped);                                                                  \
+        }                                                                                                \
         if (mma_format(f)) {                                                                             \
             Row grouped = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                        \
                                          KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_mma<f>), kMmaGeometry);   \

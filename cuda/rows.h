@@ -240,6 +240,14 @@ constexpr int kEmbedThreads = 128;
 // group of 1024 threads per call.
 constexpr int kMoeLogitThreads = 128;
 constexpr int kMoeRouteThreads = 32;
+// The router's logits as a tiled matmul over slices of K (cuda.moe_route_tiled) from this many
+// tokens: a tile of 32 tokens reads each of its router rows once, where the simd groups of
+// kcap_moe_logits read it once per KCAP_MOE_LOGIT_TOKENS tokens. Measured on the H200
+// (bench/cuda_sweep.py --pp --exclude cuda.moe_route_tiled, 12 layers of the Qwen3-30B-A3B
+// Q4_K_M layout, exact mode): pp512 30,649 tok/s with it, 30,084 without (gpt-oss-20b's layout:
+// the same within the spread); whole-K tiles (64 groups) were 10% slower than without. The
+// switch at 64 is not tuned.
+constexpr int kMoeRouteTiledMinTokens = 64;
 constexpr int kMoeSortThreads = 1024;
 // The experts grouped by expert (cuda.moe_experts_mma) from this many tokens. Measured on the
 // H200 (bench/cuda_moe_tokens.py, 12 layers of the Qwen3-30B-A3B Q4_K_M layout, the switch at 32,
@@ -305,6 +313,8 @@ template <Q8Source SOURCE> void kcap_cuda_qkv_q8_mma(const Stage& stage, const K
 template <bool Q8> void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_moe_experts_q8_mma(const Stage& stage, const KernelCall& call);
 
 void kcap_cuda_qkv(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qkv_tokens(const Stage& stage, const KernelCall& call);
@@ -321,6 +331,7 @@ void kcap_cuda_argmax(const Stage& stage, const KernelCall& call);
 void kcap_cuda_sample(const Stage& stage, const KernelCall& call);
 void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call);
+void kcap_cuda_moe_route_tiled(const Stage& stage, const KernelCall& call);
 template <bool DECODE> void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_shared_gate(const Stage& stage, const KernelCall& call);
 

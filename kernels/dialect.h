@@ -10,6 +10,7 @@
 //
 // What a body gets:
 //   KCAP_FN                function qualifier of every helper and body (device inline)
+//   KCAP_HOST_FN           a helper a host launcher calls too (host and device inline)
 //   KCAP_GLOBAL            address space of device buffers       (Metal: device)
 //   KCAP_SHARED            address space of group-shared memory  (Metal: threadgroup)
 //   KCAP_PRIVATE           address space of a thread's own arrays (Metal: thread)
@@ -238,6 +239,14 @@ KCAP_FN int kcap_round_to_int(float x) { return int(rint(x)); }
 #endif
 
 // ------------------------------------------------------------------ shared by every target
+// KCAP_HOST_FN: a helper that a host launcher and the kernels both call (a geometry both must
+// agree on).
+#if defined(__CUDACC__)
+#define KCAP_HOST_FN __host__ __device__ inline
+#else
+#define KCAP_HOST_FN inline
+#endif
+
 // Butterfly reductions: every lane ends with the result (same order on every target).
 KCAP_FN float kcap_simd_sum(float v) {
     for (int offset = KCAP_SIMD_WIDTH / 2; offset > 0; offset >>= 1) v += kcap_simd_shuffle_xor(v, offset);

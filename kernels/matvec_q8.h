@@ -258,7 +258,8 @@ struct KcapQ8Units<KcapQ6_K> {
 };
 
 // Grid: x = ceil(n / ((simds / split) * ROWS)), y = tokens. MODE and operands as
-// kcap_matvec_staged; x is either f32 (x_codes null: every group quantizes it) or the tokens'
+// kcap_matvec_staged (bias2, alpha, limit: up's bias and the clamped SwiGLU's constants of a
+// gate_up); x is either f32 (x_codes null: every group quantizes it) or the tokens'
 // q8_1 rows (x_codes, x_d, x_half_sums from kcap_q8_quantize_rows; x unused); y is token group_y's row. shared: chunk_runs * (KCAP_Q8_RUN_WORDS + 1)
 // + simds * ROWS * (MODE == KCAP_MATVEC_GATE_UP ? 2 : 1) words (cuda_rows::matvec_q8_shared_words).
 template <class F, int ROWS, int MODE>
@@ -266,7 +267,8 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, int sp
                             const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
                             const KCAP_GLOBAL float* x, const KCAP_GLOBAL kcap_u32* x_codes, const KCAP_GLOBAL float* x_d,
                             const KCAP_GLOBAL kcap_i32* x_half_sums, const KCAP_GLOBAL float* bias, int activation,
-                            KCAP_GLOBAL float* y, KCAP_SHARED kcap_i32* shared) {
+                            KCAP_GLOBAL float* y, KCAP_SHARED kcap_i32* shared,
+                            const KCAP_GLOBAL float* bias2 = nullptr, float alpha = 0.0f, float limit = 0.0f) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
     constexpr int kUnits = KcapQ8Units<F>::per_block;
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
@@ -316,5 +318,5 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, int sp
             }
         }
     }
-    kcap_matvec_finish<ROWS, MODE>(t, p, split, row0, acc, partials, bias, activation, y);
+    kcap_matvec_finish<ROWS, MODE>(t, p, split, row0, acc, partials, bias, activation, y, bias2, alpha, limit);
 }

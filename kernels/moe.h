@@ -6,6 +6,13 @@
 //                      and the grid spreads the router's rows over the device (one group reading
 //                      all of them was 185 us a decode step on the H200 for Qwen3-30B-A3B's 1 MB
 //                      F32 router).
+//   kcap_moe_logits_tiled  the same logits for many tokens as a tiled matmul: a group per tile
+//                      of 32 tokens x 32 experts and slice of K (the slices' partial sums added in
+//                      order by kcap_moe_route), each weight run decoded once per tile and each x
+//                      run staged once per tile (the simd groups above decode a row per
+//                      KCAP_MOE_LOGIT_TOKENS tokens and stage x per expert pair); the slices give
+//                      the grid enough groups (Qwen3-30B-A3B's 128 experts x 512 tokens are 64
+//                      tiles; 512 groups with 8 slices of K 2048).
 //   kcap_moe_route     one simd group per token, from its logits: the n_used largest (the lower
 //                      index first on a tie, as the CPU row does; a sigmoid router's by their
 //                      sigmoid plus a choice bias, within the best groups of group-limited
@@ -100,6 +107,96 @@ KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KC
         }
 }
 
+// The number of K slices of kcap_moe_logits_tiled for K = k (a multiple of 32), and the runs of
+// each (the last may be shorter): slices of KCAP_MOE_TILE_SPLIT_RUNS runs, at most
+// KCAP_MOE_TILE_MAX_SPLITS (longer slices past that). A function of K only.
+KCAP_HOST_FN int kcap_moe_tile_split_runs(int k) {
+    const int runs = k / 32;
+    const int per = (runs + KCAP_MOE_TILE_MAX_SPLITS - 1) / KCAP_MOE_TILE_MAX_SPLITS;
+    return per > KCAP_MOE_TILE_SPLIT_RUNS ? per : KCAP_MOE_TILE_SPLIT_RUNS;
+}
+KCAP_HOST_FN int kcap_moe_tile_splits(int k) {
+    const int per = kcap_moe_tile_split_runs(k);
+    return (k / 32 + per - 1) / per;
+}
+
+// Grid: x = ceil(n_expert / KCAP_MOE_TILE) * splits (kcap_moe_tile_splits: the expert tile is
+// group_x % tiles, the K slice group_x / tiles), y = ceil(n_tokens / KCAP_MOE_TILE);
+// KCAP_MOE_TILE_THREADS threads; shared: KCAP_MOE_TILE_SHARED_FLOATS. K a multiple of 32.
+// partials: [splits][n_tokens][n_expert], each slice's sums (no bias, no scale: kcap_moe_route
+// adds the slices in order, then those). Thread i takes tokens i % 16 and i % 16 + 16 of the
+// tile and its experts 4 (i / 16) .. + 3: in a simd group 16 tokens and 8 experts, so each
+// staged value a lane reads is in a bank of its own or read by all its readers at once. Each
+// stage: the tile's x (float4 loads along K) and one run of one expert's row decoded per thread
+// (32 experts x 4 runs), then 128 products per output.
+template <class F>
+KCAP_FN void kcap_moe_logits_tiled(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL kcap_u8* w,
+                                   const KCAP_GLOBAL float* x, KCAP_GLOBAL float* partials, KCAP_SHARED float* shared) {
+    constexpr int kRunsPerBlock = F::block_elems / 32;
+    constexpr int kTile = KCAP_MOE_TILE, kStride = KCAP_MOE_TILE_STRIDE, kStageRuns = KCAP_MOE_TILE_STAGE_RUNS;
+    KCAP_SHARED float* xs = shared;                  // [token][kStride]
+    KCAP_SHARED float* ws = shared + kTile * kStride;  // [expert][kStride]
+    const int tiles = (p.n_expert + kTile - 1) / kTile;
+    const int split = int(t.group_x) / tiles;
+    const int e0 = (int(t.group_x) % tiles) * kTile, token0 = int(t.group_y) * kTile;
+    const int per = kcap_moe_tile_split_runs(p.k), runs = p.k / 32;
+    const int run0 = split * per, run_end = run0 + per < runs ? run0 + per : runs;
+    const int my_token = int(t.index) % 16, my_experts = 4 * (int(t.index) / 16);
+    float acc[2][4];
+    KCAP_UNROLL for (int i = 0; i < 2; ++i) KCAP_UNROLL for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    for (int stage0 = run0; stage0 < run_end; stage0 += kStageRuns) {
+        const int stage_runs = run_end - stage0 < kStageRuns ? run_end - stage0 : kStageRuns;
+        if (stage0 > run0) kcap_barrier();  // everyone is done with the previous stage
+        // x: float4 i of the stage is token i / (8 kStageRuns), values 4 (i % (8 kStageRuns)) ..;
+        // zeros past the last token and the slice's last run.
+        for (int i = int(t.index); i < kTile * 8 * kStageRuns; i += int(t.threads)) {
+            const int token = i / (8 * kStageRuns), q = i % (8 * kStageRuns);
+            KCAP_SHARED float* to = xs + token * kStride + 4 * q;
+            if (token0 + token < p.n_tokens && q < 8 * stage_runs) {
+                const float4 v = kcap_load_f32x4(x + kcap_u64(token0 + token) * kcap_u64(p.k) + kcap_u64(stage0) * 32 +
+                                                 kcap_u64(4 * q));
+                to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
+            } else {
+                to[0] = to[1] = to[2] = to[3] = 0.0f;
+            }
+        }
+        // Weights: run i % kStageRuns of expert e0 + i / kStageRuns; zeros past the last expert
+        // and the slice's last run.
+        for (int i = int(t.index); i < kTile * kStageRuns; i += int(t.threads)) {
+            const int e = e0 + i / kStageRuns, r = i % kStageRuns, run = stage0 + r;
+            float v[32];
+            if (e < p.n_expert && r < stage_runs) {
+                F::decode32(w + kcap_u64(e) * p.router_row_bytes + kcap_u64(run / kRunsPerBlock) * F::block_bytes,
+                            run % kRunsPerBlock, v);
+            } else {
+                KCAP_UNROLL for (int j = 0; j < 32; ++j) v[j] = 0.0f;
+            }
+            KCAP_SHARED float* to = ws + (i / kStageRuns) * kStride + 32 * r;
+            KCAP_UNROLL for (int j = 0; j < 32; ++j) to[j] = v[j];
+        }
+        kcap_barrier();
+        const int values = 32 * stage_runs;
+        for (int k = 0; k < values; ++k) {
+            const float xa = xs[my_token * kStride + k], xb = xs[(my_token + 16) * kStride + k];
+            KCAP_UNROLL for (int j = 0; j < 4; ++j) {
+                const float wv = ws[(my_experts + j) * kStride + k];
+                acc[0][j] += xa * wv;
+                acc[1][j] += xb * wv;
+            }
+        }
+    }
+    KCAP_UNROLL for (int i = 0; i < 2; ++i) {
+        const int token = token0 + my_token + 16 * i;
+        if (token >= p.n_tokens) continue;
+        KCAP_UNROLL for (int j = 0; j < 4; ++j) {
+            const int e = e0 + my_experts + j;
+            if (e < p.n_expert)
+                partials[(kcap_u64(split) * kcap_u64(p.n_tokens) + kcap_u64(token)) * kcap_u64(p.n_expert) + kcap_u64(e)] =
+                    acc[i][j];
+        }
+    }
+}
+
 // Asks for the router rows this simd group of kcap_moe_logits reads (a hint): the router's
 // weights never change, so a launch issues it before waiting on the kernel that writes x.
 KCAP_FN void kcap_moe_logits_prefetch(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL kcap_u8* w) {
@@ -129,10 +226,21 @@ KCAP_FN void kcap_moe_simd_argmax(KCAP_PRIVATE float& value, KCAP_PRIVATE int& b
 // score for the choice, not to its weight.
 KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL float* token_logits,
                             const KCAP_GLOBAL float* expert_scale, KCAP_GLOBAL float* routing,
-                            KCAP_SHARED float* logits, const KCAP_GLOBAL float* choice_bias = nullptr) {
+                            KCAP_SHARED float* logits, const KCAP_GLOBAL float* choice_bias = nullptr,
+                            const KCAP_GLOBAL float* logit_bias = nullptr) {
     const int token = int(t.group_x);
     const KCAP_GLOBAL float* row = token_logits + kcap_u64(token) * kcap_u64(p.n_expert);
-    for (int e = int(t.index); e < p.n_expert; e += int(t.threads)) logits[e] = row[e];
+    if (p.logit_splits > 0) {
+        // Partial sums over slices of K (kcap_moe_logits_tiled), added in slice order.
+        const kcap_u64 slice = kcap_u64(p.n_tokens) * kcap_u64(p.n_expert);
+        for (int e = int(t.index); e < p.n_expert; e += int(t.threads)) {
+            float sum = 0.0f;
+            for (int s = 0; s < p.logit_splits; ++s) sum += row[kcap_u64(s) * slice + kcap_u64(e)];
+            logits[e] = (logit_bias ? sum + logit_bias[e] : sum) * p.logit_scale;
+        }
+    } else {
+        for (int e = int(t.index); e < p.n_expert; e += int(t.threads)) logits[e] = row[e];
+    }
     kcap_barrier();
     // The lanes take experts lane, lane + 32, ...: the softmax's max and sum as butterfly
     // reductions, then n_used rounds of a (score, index) argmax over the lanes (the lower index

@@ -199,6 +199,19 @@ struct KcapSampleSettings {
 #define KCAP_MOE_LOGIT_EXPERTS 2
 #define KCAP_MOE_LOGIT_CHUNK_RUNS 28
 #define KCAP_MOE_LOGIT_SHARED_FLOATS (KCAP_MOE_LOGIT_TOKENS * KCAP_MOE_LOGIT_CHUNK_RUNS * 36)
+// The router's logits of many tokens as a tiled matmul (kcap_moe_logits_tiled): a group takes a
+// tile of KCAP_MOE_TILE tokens x KCAP_MOE_TILE experts over one slice of K with
+// KCAP_MOE_TILE_THREADS threads, each 2 tokens x 4 experts; the slice's x and weights staged
+// KCAP_MOE_TILE_STAGE_RUNS 32-value runs at a time, rows padded by one float. The slices'
+// partial sums (at most KCAP_MOE_TILE_MAX_SPLITS, each of KCAP_MOE_TILE_SPLIT_RUNS runs or more)
+// are added in slice order by kcap_moe_route.
+#define KCAP_MOE_TILE 32
+#define KCAP_MOE_TILE_THREADS 128
+#define KCAP_MOE_TILE_STAGE_RUNS 4
+#define KCAP_MOE_TILE_STRIDE (32 * KCAP_MOE_TILE_STAGE_RUNS + 1)
+#define KCAP_MOE_TILE_SHARED_FLOATS (2 * KCAP_MOE_TILE * KCAP_MOE_TILE_STRIDE)
+#define KCAP_MOE_TILE_SPLIT_RUNS 8
+#define KCAP_MOE_TILE_MAX_SPLITS 16
 
 // Mixture of experts (kernels/moe.h). Routing rows: per token, n_used expert ids (as floats)
 // then their weights. The experts' stacked matrices: gate and up [n_expert][ff][k], down
@@ -222,6 +235,9 @@ struct KcapMoeParams {
     int n_groups;              // group-limited routing when > 1: experts in n_groups equal groups,
     int n_groups_used;         // only the n_groups_used best groups' experts chosen,
     int group_top2;            // a group scored by its two largest choice scores (else its largest)
+    int logit_splits;          // kcap_moe_route: 0, the logits as given; more, partial sums of the
+                               // logits over that many slices of K ([split][token][expert]), summed
+                               // in slice order, plus the router's bias, times logit_scale
 };
 
 // Multi-head latent attention (kernels/attention_mla.h): per token a cache row of width = lora

@@ -31,6 +31,7 @@
 #include "kernels/matvec.h"
 #include "kernels/matvec_q8.h"
 #include "kernels/moe.h"
+#include "kernels/moe_q8.h"
 #include "kernels/norm.h"
 #include "kernels/ple.h"
 #include "kernels/quant_codes.h"
@@ -746,17 +747,35 @@ std::vector<float> router_logits(const KcapMoeParams& p, const uint8_t* w, const
     return logits;
 }
 
+// The partial sums of the tiled body (kcap_moe_logits_tiled, cuda.moe_route_tiled's) over its
+// p.logit_splits slices of K: [split][tokens][n_expert].
+std::vector<float> router_logits_tiled(const KcapMoeParams& p, const uint8_t* w, const std::vector<float>& x) {
+    std::vector<float> logits = nan_filled(size_t(p.logit_splits) * size_t(p.n_tokens) * size_t(p.n_expert));
+    kcap_sim::launch({unsigned((p.n_expert + KCAP_MOE_TILE - 1) / KCAP_MOE_TILE * p.logit_splits),
+                      unsigned((p.n_tokens + KCAP_MOE_TILE - 1) / KCAP_MOE_TILE), 1},
+                     KCAP_MOE_TILE_THREADS, KCAP_MOE_TILE_SHARED_FLOATS * 4, [&](const KcapThread& t, void* shared) {
+                         kcap_moe_logits_tiled<KcapF32>(t, p, w, x.data(), logits.data(), static_cast<float*>(shared));
+                     });
+    return logits;
+}
+
 void test_moe_route(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     const Row& reference = find_row("cpu.moe_route");
     std::uniform_int_distribution<int> small(-2, 2);
-    // K of two runs, and of 33: two chunks of the logits' staged x, the second partial.
-    for (const int64_t k : {int64_t(64), int64_t(33 * 32)})
+    // K of two runs, and of 33: two chunks of the logits' staged x, the second partial (the tiled
+    // body: 5 slices of K, the last of one run); the tiled body also at 130 runs (15 slices of 9,
+    // past KCAP_MOE_TILE_MAX_SPLITS slices of KCAP_MOE_TILE_SPLIT_RUNS).
+    for (const int64_t k : {int64_t(64), int64_t(33 * 32), int64_t(130 * 32)})
     for (const int n_expert : {8, 61, 128, 256})
         for (const int used : {1, 2, 8})
             for (const bool ties : {true, false})
-                for (const bool renormalize : {false, true}) {
-                    const int m = 11;  // more than one group of the logits' tokens, a partial one
+                for (const bool renormalize : {false, true})
+                for (const bool tiled : {false, true}) {
+                    if (k == 130 * 32 && (!tiled || n_expert == 256 || used == 2)) continue;
+                    // More than one group of the logits' tokens, a partial one; the tiled body's
+                    // tiles: a whole one and a partial one.
+                    const int m = tiled ? 45 : 11;
                     std::vector<float> x = random_floats(rng, size_t(m * k));
                     auto w = random_weights(rng, Format::F32, k, n_expert, "router");
                     if (ties) {
@@ -783,7 +802,13 @@ void test_moe_route(std::mt19937& rng, CpuState& cpu) {
                     p.n_tokens = m, p.k = int(k), p.n_expert = n_expert, p.n_used = used;
                     p.renormalize = renormalize, p.scale = 1.5f, p.logit_scale = 1.0f;
                     p.router_row_bytes = unsigned(row_bytes(Format::F32, k));
-                    const std::vector<float> logits = router_logits(p, w->ref.data, x);
+                    p.logit_splits = tiled ? kcap_moe_tile_splits(int(k)) : 0;
+                    if (tiled && k == 33 * 32)
+                        KCAP_EXPECT(p.logit_splits == 5 && kcap_moe_tile_split_runs(int(k)) == 8, "33 runs: 5 slices of 8");
+                    if (tiled && k == 130 * 32)
+                        KCAP_EXPECT(p.logit_splits == 15 && kcap_moe_tile_split_runs(int(k)) == 9, "130 runs: 15 slices of 9");
+                    const std::vector<float> logits =
+                        tiled ? router_logits_tiled(p, w->ref.data, x) : router_logits(p, w->ref.data, x);
                     kcap_sim::launch({unsigned(m), 1, 1}, kcap::cuda_rows::kMoeRouteThreads, KCAP_MOE_MAX_EXPERTS * 4,
                                      [&](const KcapThread& t, void* shared) {
                                          kcap_moe_route(t, p, logits.data(), nullptr, got.data(),
@@ -791,8 +816,9 @@ void test_moe_route(std::mt19937& rng, CpuState& cpu) {
                                      });
                     const RoutingDiff diff = routing_diff(got, ref, m, used);
                     KCAP_EXPECT(diff.wrong_ids == 0 && diff.weights_error <= kExactTolerance,
-                                "moe_route K=%lld, %d experts, %d used, ties %d, renormalize %d: %d ids differ, weights error %.3g",
-                                (long long)k, n_expert, used, int(ties), int(renormalize), diff.wrong_ids, diff.weights_error);
+                                "moe_route%s K=%lld, %d experts, %d used, ties %d, renormalize %d: %d ids differ, weights error %.3g",
+                                tiled ? " (tiled logits)" : "", (long long)k, n_expert, used, int(ties), int(renormalize),
+                                diff.wrong_ids, diff.weights_error);
                     ++checked;
                 }
     std::printf("moe_route body: %d cases\n", checked);
@@ -942,13 +968,70 @@ void test_moe_experts(std::mt19937& rng, CpuState& cpu) {
     std::printf("moe_experts bodies: %d cases\n", checked);
 }
 
+// The CUDA q8_1 experts row's bodies (cuda.moe_experts_q8.<format>: kcap_moe_gate_up_q8,
+// kcap_moe_down_q8, kcap_moe_combine) as it launches them, at splits 1 and 2, against the
+// reference of the CPU row's test (ref, with its allowance for activations on a rounding boundary).
+void check_moe_experts_q8_bodies(Format gate_up_format, Format down_format, bool gpt_oss, bool merged, bool with_shared,
+                                 const Stage& stage, const std::vector<float>& x, const std::vector<float>& routing,
+                                 const std::vector<float>& gate_bias, const std::vector<float>& up_bias,
+                                 const std::vector<float>& down_bias, const std::vector<float>& shared,
+                                 const std::vector<float>& ref, const std::vector<double>& allow) {
+    const int64_t k = stage.k, ff = stage.k2, n = stage.n;
+    const int used = stage.params.n_expert_used, m = int(x.size() / size_t(k));
+    KcapMoeParams moe{};
+    moe.n_tokens = m, moe.k = int(k), moe.ff = int(ff), moe.n = int(n), moe.n_expert = stage.params.n_expert;
+    moe.n_used = used, moe.gate_up_merged = merged, moe.swiglu_alpha = 1.702f, moe.swiglu_limit = 7.0f;
+    const int slots = m * used;
+    KcapMatmulParams pg{};
+    pg.k = int(k), pg.n = int(ff), pg.m = 1, pg.row_bytes = unsigned(row_bytes(gate_up_format, k));
+    KcapMatmulParams pd{};
+    pd.k = int(ff), pd.n = int(n), pd.m = 1, pd.row_bytes = unsigned(row_bytes(down_format, ff)), pd.has_bias = gpt_oss;
+    const int activation = gpt_oss ? KCAP_ACTIVATION_SWIGLU_OAI : 0;
+    for (const int split : {1, 2}) {
+        std::vector<float> act = nan_filled(size_t(slots) * ff), down_out = nan_filled(size_t(slots) * n);
+        std::vector<float> got = nan_filled(size_t(m) * n);
+        with_decoder(gate_up_format, [&](auto decoder) {
+            using F = decltype(decoder);
+            if constexpr (KcapCodes<F>::has_codes8)
+                kcap_sim::launch({ceil_div(ff, (kMatvecSimds / split) * kMatvecRows), unsigned(slots), 1}, kMatvecSimds * 32,
+                                 size_t(kcap::cuda_rows::matvec_q8_shared_words(k)) * 4,
+                                 [&](const KcapThread& t, void* words) {
+                                     kcap_moe_gate_up_q8<F, kMatvecRows>(
+                                         t, moe, pg, split, int(k / 32), stage.operands[0]->data, stage.operands[1]->data,
+                                         routing.data(), x.data(), activation, act.data(), static_cast<kcap_i32*>(words),
+                                         gpt_oss ? gate_bias.data() : nullptr, gpt_oss ? up_bias.data() : nullptr);
+                                 });
+        });
+        with_decoder(down_format, [&](auto decoder) {
+            using F = decltype(decoder);
+            if constexpr (KcapCodes<F>::has_codes8)
+                kcap_sim::launch({ceil_div(n, (kMatvecSimds / split) * kMatvecRows), unsigned(slots), 1}, kMatvecSimds * 32,
+                                 size_t(kcap::cuda_rows::matvec_q8_shared_words(ff)) * 4,
+                                 [&](const KcapThread& t, void* words) {
+                                     kcap_moe_down_q8<F, kMatvecRows>(t, moe, pd, split, int(ff / 32),
+                                                                      stage.operands[2]->data, routing.data(), act.data(),
+                                                                      down_out.data(), static_cast<kcap_i32*>(words),
+                                                                      gpt_oss ? down_bias.data() : nullptr);
+                                 });
+        });
+        kcap_sim::launch({ceil_div(int64_t(m) * n, 256), 1, 1}, 256, 0, [&](const KcapThread& t, void*) {
+            kcap_moe_combine(t, moe, routing.data(), down_out.data(), nullptr, got.data(),
+                             with_shared ? shared.data() : nullptr);
+        });
+        const double err = relative_error_beyond(got, ref, allow);
+        KCAP_EXPECT(err <= kGateUpTolerance, "moe_experts_q8 bodies %s/%s%s%s%s split %d: error %.3g",
+                    format_name(gate_up_format), format_name(down_format), gpt_oss ? " biases + swiglu_oai" : "",
+                    merged ? " merged" : "", with_shared ? " shared" : "", split, err);
+    }
+}
+
 // The CPU experts rows against a reference in double built from gguf's dequantized weights:
 // gate_e and up_e times x, the gated activation in f32, down_e times the slot's activations,
 // weighed and summed; with q8_1 activations (cpu.moe_experts_q8) x and each slot's activations
 // first rounded (q8_1_values). Routing that gives some experts several slots and leaves some
 // without. For each format with integer products, gate/up and down in different formats (a Q4_K_M file's Q6_K
 // down), with gpt-oss's biases and clamped SwiGLU, a merged gate/up tensor, and a shared
-// expert's output added.
+// expert's output added. Then the CUDA q8_1 row's bodies against the CPU row.
 void test_moe_experts_cpu(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     const int64_t k = 256, ff = 256, n = 64;
@@ -1058,6 +1141,11 @@ void test_moe_experts_cpu(std::mt19937& rng, CpuState& cpu) {
                             format_name(c.down), c.gpt_oss ? " biases + swiglu_oai" : "", c.merged ? " merged" : "",
                             c.shared ? " shared" : "", err);
                 ++checked;
+                if (q8) {
+                    check_moe_experts_q8_bodies(c.gate_up, c.down, c.gpt_oss, c.merged, c.shared, stage, x, routing,
+                                                gate_bias, up_bias, down_bias, shared, ref, allow);
+                    checked += 2;
+                }
             }
         }
     }

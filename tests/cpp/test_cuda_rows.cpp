@@ -64,6 +64,7 @@ int main() {
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -1412,11 +1413,70 @@ void test_sample(std::mt19937& rng) {
         }
 }
 
+// The q8_1 experts' (cuda.moe_experts_q8.*) two references, from the library's q8_1 rounding and
+// integer dot products (formats.h): act, each slot's gated activation of gate and up times q8_1(x);
+// out, the weighted sum of the down matvecs of q8_1 of the given activations (the row's own).
+struct MoeQ8Reference {
+    std::vector<float> act, out;
+};
+// act_q8 (the grouped int8 row): each slot's activations as the row rounded them (slot -> its q8_1
+// view), in place of q8_1 of row_act.
+MoeQ8Reference moe_q8_reference(const Stage& stage, const std::vector<float>& x, const std::vector<float>& routing,
+                                const std::vector<float>& row_act,
+                                const std::function<Q8View(size_t)>& act_q8 = nullptr) {
+    const int64_t k = stage.k, ff = stage.k2, n = stage.n;
+    const int used = stage.params.n_expert_used, m = int(x.size() / size_t(k));
+    const TensorRef &gate = *stage.operands[0], &up = *stage.operands[1], &down = *stage.operands[2];
+    const bool merged = (stage.features & kExpertGateUpMerged) != 0;
+    const auto bias = [&](size_t i) {
+        return stage.operands.size() > i ? reinterpret_cast<const float*>(stage.operands[i]->data) : nullptr;
+    };
+    const float *gate_bias = bias(3), *up_bias = bias(4), *down_bias = bias(5);
+    const auto quantized = [](const float* v, int64_t len, std::vector<int8_t>& q, std::vector<float>& d,
+                              std::vector<int32_t>& sums) {
+        q.resize(size_t(len)), d.resize(size_t(len / 32)), sums.resize(size_t(len / 16));
+        quantize_q8_1(v, len, q.data(), d.data(), sums.data());
+        return Q8View{q.data(), d.data(), sums.data()};
+    };
+    std::vector<int8_t> q;
+    std::vector<float> d;
+    std::vector<int32_t> sums;
+    MoeQ8Reference r;
+    r.act.resize(size_t(m) * used * size_t(ff));
+    r.out.assign(size_t(m) * size_t(n), 0.0f);
+    for (int t = 0; t < m; ++t) {
+        const Q8View xq = quantized(x.data() + size_t(t) * k, k, q, d, sums);
+        for (int j = 0; j < used; ++j) {
+            const int64_t e = int64_t(routing[size_t(t) * 2 * used + j]);
+            for (int64_t i = 0; i < ff; ++i) {
+                const int64_t g_row = e * (merged ? 2 * ff : ff) + i, u_row = merged ? g_row + ff : e * ff + i;
+                const float g = dot_row_q8_1(gate.format, gate.data + size_t(g_row) * row_bytes(gate.format, k), xq, k) +
+                                (gate_bias ? gate_bias[e * ff + i] : 0.0f);
+                const float u = dot_row_q8_1(up.format, up.data + size_t(u_row) * row_bytes(up.format, k), xq, k) +
+                                (up_bias ? up_bias[e * ff + i] : 0.0f);
+                r.act[(size_t(t) * used + j) * ff + i] = gated_activation(stage.params.activation, g, u,
+                                                                          stage.params.swiglu_alpha, stage.params.swiglu_limit);
+            }
+        }
+        for (int j = 0; j < used; ++j) {
+            const int64_t e = int64_t(routing[size_t(t) * 2 * used + j]);
+            const float weight = routing[size_t(t) * 2 * used + used + j];
+            const Q8View aq = act_q8 ? act_q8(size_t(t) * used + j)
+                                     : quantized(row_act.data() + (size_t(t) * used + j) * ff, ff, q, d, sums);
+            for (int64_t o = 0; o < n; ++o)
+                r.out[size_t(t) * n + o] +=
+                    weight * (dot_row_q8_1(down.format, down.data + size_t(e * n + o) * row_bytes(down.format, ff), aq, ff) +
+                              (down_bias ? down_bias[e * n + o] : 0.0f));
+        }
+    }
+    return r;
+}
+
 // Mixture-of-experts rows against the CPU rows: cuda.moe_route (the chosen experts exactly, their
-// weights to 1e-5), cuda.moe_experts.<format> on the CPU's routing (gate and up of the row's
+// weights to 1e-5), cuda.moe_experts.<format> (and its q8_1 form, moe_q8_reference) on the CPU's routing (gate and up of the row's
 // format, down of another where the row allows: a Q4_K_M file's Q6_K down), cuda.moe_shared_gate.
 // Tokens 1 (decode), 3 and 37 (the grouped rows: 37 and 300, so that an expert takes several
-// tiles); 8 experts (the router also 128), 2 or 3 chosen; K at the format's block and longer. Each router and experts case also runs with Gemma 4's features: the router's
+// tiles; a row from more tokens, its first count and 300); 8 experts (the router also 128), 2 or 3 chosen; K at the format's block and longer. Each router and experts case also runs with Gemma 4's features: the router's
 // logit scale and per-expert scales, the experts' gate and up merged into one tensor.
 void test_moe(std::mt19937& rng, CpuState& cpu) {
     const Row& cpu_route = find_row("cpu.moe_route");
@@ -1430,7 +1490,9 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
             const int64_t block = std::max<int64_t>(32, format_info(f).block_elems);
             for (const int64_t k : {block, 3 * block})
                 for (const int used : {2, 3})
-                    for (const int m : is_tile_row(row) ? std::vector<int>{37, 300} : std::vector<int>{1, 3, 37})
+                    for (const int m : is_tile_row(row) || row.tokens.min > 37
+                                           ? std::vector<int>{std::max(37, row.tokens.min), 300}
+                                           : std::vector<int>{1, 3, 37})
                     for (const int variant : {0, 1, 2}) {
                         // 1: Gemma 4's experts (merged gate_up, gelu_tanh) and router (logit and
                         // per-expert scales); 2: gpt-oss's (biases everywhere, the clamped SwiGLU).
@@ -1469,7 +1531,8 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                             call.in = x.data(), call.out = ref.data();
                             run_cpu(cpu_route, stage, call, cpu);
                             float* out = t.arena.nan_floats(ref.size());
-                            t.ctx.moe_logits = t.arena.nan_floats(moe_scratch(stage, m, cuda_rows::kMmaTokens).logits);
+                            t.ctx.moe_logits = t.arena.nan_floats(moe_scratch(stage, m, cuda_rows::kMmaTokens).logits *
+                                                                   KCAP_MOE_TILE_MAX_SPLITS);
                             data.operands[0] = t.arena.upload_bytes(w->ref.data, w->ref.nbytes);
                             if (gemma)
                                 data.operands[1] = t.arena.upload_bytes(expert_scale->ref.data, expert_scale->ref.nbytes);
@@ -1549,6 +1612,10 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         t.ctx.moe_rows = reinterpret_cast<int*>(t.arena.nan_floats(scratch.rows));
                         t.ctx.moe_slot_rows = reinterpret_cast<int*>(t.arena.nan_floats(scratch.slot_rows));
                         t.ctx.moe_tile_expert = reinterpret_cast<int*>(t.arena.nan_floats(scratch.tiles));
+                        t.ctx.moe_q8_capacity = size_t(cuda_rows::q8_rows_bytes(1, int64_t(scratch.act)));
+                        t.ctx.moe_q8 = t.arena.nan_floats(t.ctx.moe_q8_capacity / 4);
+                        const bool q8 = row.input_encoding == Encoding::Q8_1;
+                        stage.input_encoding = row.input_encoding;
                         std::vector<float> ref(size_t(m) * size_t(n));
                         call.in = x.data(), call.in2 = routing.data(), call.out = ref.data();
                         run_cpu(cpu_experts, stage, call, cpu);
@@ -1563,6 +1630,71 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         }
                         call.in = t.arena.upload(x), call.in2 = t.arena.upload(routing), call.out = out;
                         if (!t.run(row, stage, call, data)) continue;
+                        if (q8 && is_tile_row(row)) {
+                            // The grouped int8 row rounds its f32 activations straight to q8_1 (in
+                            // sorted rows): each slot's codes are held to the CPU's activations
+                            // within half a step of their run (and the f32 roundings), the output to
+                            // the CPU's down and sum of the row's own codes (sums of 16 recounted
+                            // from the codes).
+                            const int64_t slots = int64_t(m) * used, ff_q = ff_legal;
+                            const int rows = int(moe_grouped_tiles(slots, n_expert, cuda_rows::kMmaTokens)) *
+                                             cuda_rows::kMmaTokens;
+                            const cuda::Q8Rows device_q8 = cuda::q8_rows_in(t.ctx.moe_q8, t.ctx.moe_q8_capacity, rows, int(ff_q));
+                            const std::vector<int32_t> slot_rows = download(t.ctx.moe_slot_rows, size_t(slots));
+                            const std::vector<uint32_t> words = download(device_q8.codes, size_t(rows) * size_t(ff_q) / 4);
+                            const std::vector<float> scales = download(device_q8.d, size_t(rows) * size_t(ff_q / 32));
+                            std::vector<int8_t> codes(words.size() * 4);
+                            std::memcpy(codes.data(), words.data(), codes.size());
+                            std::vector<int32_t> sums(size_t(rows) * size_t(ff_q / 16));
+                            for (size_t i = 0; i < sums.size(); ++i)
+                                for (int j = 0; j < 16; ++j) sums[i] += codes[16 * i + size_t(j)];
+                            bool rows_ok = true;
+                            const auto view = [&](size_t slot) {
+                                const int r = slot_rows[slot];
+                                if (r < 0 || r >= rows) rows_ok = false;
+                                const size_t row_index = size_t(std::clamp(r, 0, rows - 1));
+                                return Q8View{codes.data() + row_index * size_t(ff_q), scales.data() + row_index * size_t(ff_q / 32),
+                                              sums.data() + row_index * size_t(ff_q / 16)};
+                            };
+                            const MoeQ8Reference q8_ref = moe_q8_reference(stage, x, routing, {}, view);
+                            double act_excess = 0.0;  // worst |d q - act| beyond half a step, in steps
+                            for (int64_t slot = 0; slot < slots; ++slot) {
+                                const Q8View v = view(size_t(slot));
+                                for (int64_t i = 0; i < ff_q; ++i) {
+                                    const double step = v.d[i / 32];
+                                    const double got = step * v.q[i], want = q8_ref.act[size_t(slot) * size_t(ff_q) + size_t(i)];
+                                    const double bound = step * (0.5 + 127.0 * kExactTolerance);
+                                    const double excess = std::abs(got - want) - bound;
+                                    if (!(excess <= 0.0)) act_excess = std::max(act_excess, step > 0 ? excess / step : 1e30);
+                                }
+                            }
+                            const double err = relative_error(download(out, ref.size()), q8_ref.out);
+                            KCAP_EXPECT(rows_ok && act_excess == 0.0 && err <= kExactTolerance,
+                                        "%s down %s K=%lld ff=%lld used %d, %d tokens%s: slot rows %s, activations past "
+                                        "half a step by %.3g steps, output %.3g",
+                                        row.kernel.c_str(), format_name(down_format), (long long)k, (long long)ff_legal,
+                                        used, m, gemma ? " (merged gate_up, gelu_tanh)" : oai ? " (biases, clamped SwiGLU)" : "",
+                                        rows_ok ? "ok" : "out of range", act_excess, err);
+                            ++g_cases;
+                            continue;
+                        }
+                        if (q8) {
+                            // The activations are the row's own f32 sums, which it rounds to q8_1 for
+                            // the down matvec: one that lies on a rounding boundary may round a code
+                            // apart from the CPU's. So the activations are held to the CPU's, and the
+                            // output to the CPU's down and sum of the row's own activations.
+                            const std::vector<float> act = download(t.ctx.moe_act, size_t(m) * used * size_t(ff_legal));
+                            const MoeQ8Reference q8_ref = moe_q8_reference(stage, x, routing, act);
+                            const double act_err = relative_error(act, q8_ref.act);
+                            const double err = relative_error(download(out, ref.size()), q8_ref.out);
+                            KCAP_EXPECT(act_err <= kExactTolerance && err <= kExactTolerance,
+                                        "%s down %s K=%lld ff=%lld used %d, %d tokens%s: activations error %.3g, output %.3g",
+                                        row.kernel.c_str(), format_name(down_format), (long long)k, (long long)ff_legal,
+                                        used, m, gemma ? " (merged gate_up, gelu_tanh)" : oai ? " (biases, clamped SwiGLU)" : "",
+                                        act_err, err);
+                            ++g_cases;
+                            continue;
+                        }
                         const double err = relative_error(download(out, ref.size()), ref);
                         // The grouped rows' split-bf16 tiles: within 2^-16 of exact per product, as the
                         // matmul tile rows.

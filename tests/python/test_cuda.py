@@ -330,11 +330,15 @@ def test_qwen3_30b_a3b_shape_routes_to_cuda(tmp_path):
     assert types["blk.0.ffn_down_exps.weight"] == "Q6_K"  # layer 0 of 1: use_more_bits
     for activations in ("f32", "q8_1", "bf16"):
         routes = explain_file(path, backend="cuda", kv_type="f16", activations=activations)
-        for n in (1, 7, 15, 16, 512):
+        for n in (1, 7, 15, 16, 63, 64, 512):
             kernels = kernels_at(routes, n)
-            assert kernels["ffn_router"] == "cuda.moe_route", (activations, n)
-            # down: its own Q6_K body; from 16 tokens the slots grouped by expert on the tiles
-            want = "cuda.moe_experts.q4_k" if n < 16 else "cuda.moe_experts_mma.q4_k"
+            # the router's logits: from 64 tokens the tiled matmul over slices of K
+            assert kernels["ffn_router"] == ("cuda.moe_route" if n < 64 else "cuda.moe_route_tiled"), (activations, n)
+            # down: its own Q6_K body; from 16 tokens the slots grouped by expert on the tiles;
+            # with q8_1 activations the int8 forms (dp4a slots, int8 tiles) round x and the
+            # activations
+            q8 = "_q8" if activations == "q8_1" else ""
+            want = f"cuda.moe_experts{q8}.q4_k" if n < 16 else f"cuda.moe_experts{q8}_mma.q4_k"
             assert kernels["ffn_moe"] == want, (activations, n)
         moe = [(r["tokens_min"], r["tokens_max"]) for r in routes if r["stage"] == "ffn_moe"]
         assert moe == [(1, 15), (16, None)]

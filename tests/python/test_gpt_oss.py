@@ -78,7 +78,9 @@ def test_cuda_plan_keeps_every_gpt_oss_feature(fixture):
     assert attention and all("sinks" in r["features"].split(",") and "sinks=F32" in r["formats"] for r in attention)
     assert {r["kernel"] for r in attention} == {"cuda.attention_decode_rope", "cuda.attention_prefill_rope"}
     router = [r for r in routes if r["stage"] == "ffn_router"]
-    assert router and all("bias" in r["features"].split(",") and r["kernel"] == "cuda.moe_route" for r in router)
+    assert router and all("bias" in r["features"].split(",") for r in router)
+    assert {(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in router} == {("cuda.moe_route", 1, 63),
+                                                                                  ("cuda.moe_route_tiled", 64, None)}
     experts = [r for r in routes if r["stage"] == "ffn_moe"]
     assert experts and all({"bias", "swiglu_oai"} <= set(r["features"].split(",")) for r in experts)
     ranges = sorted({(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in experts})

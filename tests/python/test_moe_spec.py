@@ -210,13 +210,13 @@ def test_q8_1_plans_round_the_experts_inputs_where_every_expert_matrix_has_integ
     # rounded to q8_1, as the dense matmuls' inputs) where gate, up and down are quantized, the
     # exact row where they are F32; the exact plan never rounds them. One row for every token count.
     def experts(quant, **options):
-        routes = kcap.load(FIXTURES / f"{fixture}-{quant}.gguf", **options).explain()
+        routes = kcap.load(FIXTURES / f"{fixture}-{quant}.gguf", backend="cpu", **options).explain()
         ranges = {(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in routes if r["op"] == "moe_experts"}
         assert len(ranges) == 1 and next(iter(ranges))[1:] == (1, None), ranges
         return {kernel for kernel, _, _ in ranges}
 
     def integer_products(quant):  # gate, up and down all quantized (gpt-oss-mxfp4: MXFP4 in both files)
-        routes = kcap.load(FIXTURES / f"{fixture}-{quant}.gguf").explain()
+        routes = kcap.load(FIXTURES / f"{fixture}-{quant}.gguf", backend="cpu").explain()
         formats = {f.split("=")[1] for r in routes if r["op"] == "moe_experts" for f in r["formats"].split()[:3]}
         return not formats & {"F32", "F16", "BF16"}
 
@@ -238,7 +238,7 @@ def test_q8_1_experts_prefill_and_token_by_token_agree(fixture):
     # these fixtures; Gemma 4's MoE fixture moves 0.046 x std from its 12th token on with the
     # q8_1 experts, 1.2e-6 with the exact ones).
     ids = golden(fixture)["prompt_ids"].tolist()[:16]
-    model = kcap.load(FIXTURES / f"{fixture}-q8_0.gguf", activations="q8_1")
+    model = kcap.load(FIXTURES / f"{fixture}-q8_0.gguf", backend="cpu", activations="q8_1")
     prefill = model.eval(ids, all_logits=True)
     model.reset()
     stepped = np.stack([model.eval([t]) for t in ids])
