@@ -220,18 +220,25 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     kcap_moe_shared_gate(kcap_cuda_thread(), width, w, x, in, shared, out, partial);
 }
 
-template <class F, int ROWS>
+// The down matvec of every slot (Q8: on q8_1 of the activations, dp4a).
+template <bool Q8, class F, int ROWS>
 void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
                               const float* routing, unsigned slots, const float* down_bias) {
     const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k);
-    const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
+    const int chunk_runs = std::min(p.k / 32, Q8 ? kMatvecQ8ChunkRuns : kMatvecChunkRuns);
     const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * ROWS), slots);
-    const size_t shared = size_t(matvec_shared_floats(p.k, ROWS)) * 4;
-    launch(ctx, experts_down_kernel<F, ROWS>, grid, dim3(kMatvecSimds * 32), shared, moe, p, split, chunk_runs, down,
-           routing, static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
+    const size_t shared = size_t(Q8 ? matvec_q8_shared_words(p.k, ROWS) : matvec_shared_floats(p.k, ROWS)) * 4;
+    const auto run = [&](auto kernel) {
+        launch(ctx, kernel, grid, dim3(kMatvecSimds * 32), shared, moe, p, split, chunk_runs, down, routing,
+               static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
+    };
+    if constexpr (Q8) run(experts_down_q8_kernel<F, ROWS>);
+    else run(experts_down_kernel<F, ROWS>);
 }
 
-// The down matvec of every slot in the down matrix's format (fixed per stage).
+// The down matvec of every slot in the down matrix's format (fixed per stage; Q8: one with
+// integer products).
+template <bool Q8>
 void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoeParams& moe, const kcap_u8* down,
                          const float* routing, unsigned slots, const float* down_bias) {
     KcapMatmulParams p{};
@@ -239,16 +246,25 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
     p.n = moe.n;
     p.m = 1;
     p.has_bias = down_bias != nullptr;
-    p.row_bytes = unsigned(row_bytes(stage.operands[2]->format, moe.ff));
-    switch (stage.operands[2]->format) {
-#define KCAP_MOE_DOWN_CASE(NAME, DECODER)                                                                      \
-    case Format::NAME:                                                                                         \
-        launch_experts_down_rows<DECODER, kMatvecRows>(ctx, p, moe, down, routing, slots, down_bias);          \
-        return;
-        KCAP_WEIGHT_FORMATS(KCAP_MOE_DOWN_CASE)
-#undef KCAP_MOE_DOWN_CASE
-        default: throw Error(std::string("cuda.moe_experts: no body for ") + format_name(stage.operands[2]->format));
+    const Format format = stage.operands[2]->format;
+    p.row_bytes = unsigned(row_bytes(format, moe.ff));
+#define KCAP_MOE_DOWN_CASE(NAME, DECODER)                                                            \
+    case Format::NAME:                                                                               \
+        return launch_experts_down_rows<Q8, DECODER, kMatvecRows>(ctx, p, moe, down, routing, slots, down_bias);
+    if constexpr (Q8) {
+        switch (format) {
+            KCAP_Q8_WEIGHT_FORMATS(KCAP_MOE_DOWN_CASE)
+            default: break;
+        }
+    } else {
+        switch (format) {
+            KCAP_WEIGHT_FORMATS(KCAP_MOE_DOWN_CASE)
+            default: break;
+        }
     }
+#undef KCAP_MOE_DOWN_CASE
+    throw Error(std::string(Q8 ? "cuda.moe_experts_q8: no q8_1 body for " : "cuda.moe_experts: no body for ") +
+                format_name(format));
 }
 
 template <class F, int ROWS>
@@ -261,38 +277,6 @@ void launch_experts_gate_up(const Context& ctx, const Stage& stage, const Kernel
            static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
            call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
            static_cast<const float*>(data.operands[4]));
-}
-
-template <class F, int ROWS>
-void launch_experts_down_q8_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
-                                 const float* routing, unsigned slots, const float* down_bias) {
-    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k);
-    const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
-    const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * ROWS), slots);
-    const size_t shared = size_t(matvec_q8_shared_words(p.k, ROWS)) * 4;
-    launch(ctx, experts_down_q8_kernel<F, ROWS>, grid, dim3(kMatvecSimds * 32), shared, moe, p, split, chunk_runs, down,
-           routing, static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
-}
-
-// The q8_1 down matvec of every slot in the down matrix's format (one with integer products).
-void launch_experts_down_q8(const Context& ctx, const Stage& stage, const KcapMoeParams& moe, const kcap_u8* down,
-                            const float* routing, unsigned slots, const float* down_bias) {
-    KcapMatmulParams p{};
-    p.k = moe.ff;
-    p.n = moe.n;
-    p.m = 1;
-    p.has_bias = down_bias != nullptr;
-    p.row_bytes = unsigned(row_bytes(stage.operands[2]->format, moe.ff));
-    switch (stage.operands[2]->format) {
-#define KCAP_MOE_DOWN_Q8_CASE(NAME, DECODER)                                                                   \
-    case Format::NAME:                                                                                         \
-        launch_experts_down_q8_rows<DECODER, kMatvecRows>(ctx, p, moe, down, routing, slots, down_bias);       \
-        return;
-        KCAP_Q8_WEIGHT_FORMATS(KCAP_MOE_DOWN_Q8_CASE)
-#undef KCAP_MOE_DOWN_Q8_CASE
-        default:
-            throw Error(std::string("cuda.moe_experts_q8: no q8_1 body for ") + format_name(stage.operands[2]->format));
-    }
 }
 
 }  // namespace
@@ -358,7 +342,7 @@ void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call) {
     // The gate and up matvecs, then the down (the experts' biases, F32, operands 3-5 (gpt-oss),
     // or null).
     cuda::launch_experts_gate_up<F, kMatvecRows>(ctx, stage, call, data, moe, p, slots);
-    cuda::launch_experts_down(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
+    cuda::launch_experts_down<false>(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
                               static_cast<const float*>(data.operands[5]));
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
     cuda::launch(ctx, cuda::combine_kernel, dim3(cuda::ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads),
@@ -389,7 +373,7 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
                  static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
                  call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
                  static_cast<const float*>(data.operands[4]));
-    cuda::launch_experts_down_q8(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
+    cuda::launch_experts_down<true>(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
                                  static_cast<const float*>(data.operands[5]));
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
     cuda::launch(ctx, cuda::combine_kernel, dim3(cuda::ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads),

@@ -341,6 +341,27 @@ KCAP_FN KcapMoeSlot kcap_moe_slot(const KcapMoeParams p, const KCAP_GLOBAL float
     return s;
 }
 
+// Where a slot's gate and up matvec reads: its token, the byte offsets of its expert's gate rows
+// and up rows in the stacked tensors (gate_up_merged: one tensor, the expert's ff gate rows then
+// its ff up rows), and the offset of the expert's row of a [n_expert][ff] bias.
+struct KcapMoeGateUpRows {
+    int token;
+    kcap_u64 gate;
+    kcap_u64 up;
+    kcap_u64 bias;
+};
+KCAP_FN KcapMoeGateUpRows kcap_moe_gate_up_rows(const KcapMoeParams moe, const KcapMatmulParams p,
+                                                const KCAP_GLOBAL float* routing, int slot) {
+    const KcapMoeSlot s = kcap_moe_slot(moe, routing, slot);
+    const kcap_u64 expert_rows = kcap_u64(moe.gate_up_merged ? 2 * moe.ff : moe.ff);
+    KcapMoeGateUpRows r;
+    r.token = s.token;
+    r.gate = kcap_u64(s.expert) * expert_rows * p.row_bytes;
+    r.up = r.gate + (moe.gate_up_merged ? kcap_u64(moe.ff) * p.row_bytes : kcap_u64(0));
+    r.bias = kcap_u64(s.expert) * kcap_u64(moe.ff);
+    return r;
+}
+
 // Grid: x = the matvec's row groups over ff, y = n_tokens * n_used slots. p: the gate matvec
 // (k = moe.k, n = moe.ff, row_bytes of gate and up). act: [slots][ff]. gate_bias, up_bias
 // ([n_expert][ff], or null): the experts' biases (gpt-oss).
@@ -350,20 +371,16 @@ KCAP_FN void kcap_moe_gate_up(const KcapThread t, const KcapMoeParams moe, const
                               const KCAP_GLOBAL float* routing, const KCAP_GLOBAL float* x, int activation,
                               KCAP_GLOBAL float* act, KCAP_SHARED float* shared,
                               const KCAP_GLOBAL float* gate_bias = nullptr, const KCAP_GLOBAL float* up_bias = nullptr) {
-    const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(t.group_y));
-    const kcap_u64 expert_rows = kcap_u64(moe.gate_up_merged ? 2 * moe.ff : moe.ff);
-    const kcap_u64 expert = kcap_u64(s.expert) * expert_rows * p.row_bytes;
-    const kcap_u64 up_offset = moe.gate_up_merged ? kcap_u64(moe.ff) * p.row_bytes : kcap_u64(0);
-    const kcap_u64 bias_offset = kcap_u64(s.expert) * kcap_u64(moe.ff);
+    const KcapMoeGateUpRows r = kcap_moe_gate_up_rows(moe, p, routing, int(t.group_y));
     // The expert's rows are known only from the Routing buffer: ask for them before staging x,
     // so their loads overlap the staging instead of following it.
-    kcap_matvec_split_prefetch<ROWS>(t, p, split, gate + expert);
-    kcap_matvec_split_prefetch<ROWS>(t, p, split, up + expert + up_offset);
-    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_GATE_UP>(t, p, split, chunk_runs, gate + expert, up + expert + up_offset,
-                                                     x + kcap_u64(s.token) * kcap_u64(moe.k),
-                                                     gate_bias ? gate_bias + bias_offset : nullptr, activation,
+    kcap_matvec_split_prefetch<ROWS>(t, p, split, gate + r.gate);
+    kcap_matvec_split_prefetch<ROWS>(t, p, split, up + r.up);
+    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_GATE_UP>(t, p, split, chunk_runs, gate + r.gate, up + r.up,
+                                                     x + kcap_u64(r.token) * kcap_u64(moe.k),
+                                                     gate_bias ? gate_bias + r.bias : nullptr, activation,
                                                      act + kcap_u64(t.group_y) * kcap_u64(moe.ff), shared,
-                                                     up_bias ? up_bias + bias_offset : nullptr, moe.swiglu_alpha,
+                                                     up_bias ? up_bias + r.bias : nullptr, moe.swiglu_alpha,
                                                      moe.swiglu_limit);
 }
 

@@ -28,19 +28,15 @@ KCAP_FN void kcap_moe_gate_up_q8(const KcapThread t, const KcapMoeParams moe, co
                                  const KCAP_GLOBAL float* routing, const KCAP_GLOBAL float* x, int activation,
                                  KCAP_GLOBAL float* act, KCAP_SHARED kcap_i32* shared,
                                  const KCAP_GLOBAL float* gate_bias = nullptr, const KCAP_GLOBAL float* up_bias = nullptr) {
-    const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(t.group_y));
-    const kcap_u64 expert_rows = kcap_u64(moe.gate_up_merged ? 2 * moe.ff : moe.ff);
-    const kcap_u64 expert = kcap_u64(s.expert) * expert_rows * p.row_bytes;
-    const kcap_u64 up_offset = moe.gate_up_merged ? kcap_u64(moe.ff) * p.row_bytes : kcap_u64(0);
-    const kcap_u64 bias_offset = kcap_u64(s.expert) * kcap_u64(moe.ff);
+    const KcapMoeGateUpRows r = kcap_moe_gate_up_rows(moe, p, routing, int(t.group_y));
     // The expert's rows are known only from the Routing buffer: asked for before x is staged.
-    kcap_matvec_split_prefetch<ROWS>(t, p, split, gate + expert);
-    kcap_matvec_split_prefetch<ROWS>(t, p, split, up + expert + up_offset);
+    kcap_matvec_split_prefetch<ROWS>(t, p, split, gate + r.gate);
+    kcap_matvec_split_prefetch<ROWS>(t, p, split, up + r.up);
     kcap_matvec_q8<F, ROWS, KCAP_MATVEC_GATE_UP>(
-        kcap_moe_q8_row(t), p, split, chunk_runs, gate + expert, up + expert + up_offset,
-        x + kcap_u64(s.token) * kcap_u64(moe.k), nullptr, nullptr, nullptr,
-        gate_bias ? gate_bias + bias_offset : nullptr, activation, act + kcap_u64(t.group_y) * kcap_u64(moe.ff), shared,
-        up_bias ? up_bias + bias_offset : nullptr, moe.swiglu_alpha, moe.swiglu_limit);
+        kcap_moe_q8_row(t), p, split, chunk_runs, gate + r.gate, up + r.up, x + kcap_u64(r.token) * kcap_u64(moe.k),
+        nullptr, nullptr, nullptr, gate_bias ? gate_bias + r.bias : nullptr, activation,
+        act + kcap_u64(t.group_y) * kcap_u64(moe.ff), shared, up_bias ? up_bias + r.bias : nullptr, moe.swiglu_alpha,
+        moe.swiglu_limit);
 }
 
 // Grid: x = the matvec's row groups over n, y = slots. p: the down matvec (k = moe.ff, n = moe.n,
