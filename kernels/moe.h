@@ -221,6 +221,17 @@ KCAP_FN void kcap_moe_simd_argmax(KCAP_PRIVATE float& value, KCAP_PRIVATE int& b
     }
 }
 
+// Expert e's logit of the token whose row of logits (or of the first slice's partial sums) is row.
+KCAP_FN float kcap_moe_token_logit(const KcapMoeParams p, const KCAP_GLOBAL float* row, int e,
+                                   const KCAP_GLOBAL float* logit_bias) {
+    if (p.logit_splits == 0) return row[e];
+    // Partial sums over slices of K (kcap_moe_logits_tiled), added in slice order.
+    const kcap_u64 slice = kcap_u64(p.n_tokens) * kcap_u64(p.n_expert);
+    float sum = 0.0f;
+    for (int s = 0; s < p.logit_splits; ++s) sum += row[kcap_u64(s) * slice + kcap_u64(e)];
+    return (logit_bias ? sum + logit_bias[e] : sum) * p.logit_scale;
+}
+
 // Grid: x = tokens, one simd group each. shared: KCAP_MOE_MAX_EXPERTS floats. logits: as
 // kcap_moe_logits wrote them. choice_bias (sigmoid routers, or null): added to each expert's
 // score for the choice, not to its weight.
@@ -230,17 +241,7 @@ KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCA
                             const KCAP_GLOBAL float* logit_bias = nullptr) {
     const int token = int(t.group_x);
     const KCAP_GLOBAL float* row = token_logits + kcap_u64(token) * kcap_u64(p.n_expert);
-    if (p.logit_splits > 0) {
-        // Partial sums over slices of K (kcap_moe_logits_tiled), added in slice order.
-        const kcap_u64 slice = kcap_u64(p.n_tokens) * kcap_u64(p.n_expert);
-        for (int e = int(t.index); e < p.n_expert; e += int(t.threads)) {
-            float sum = 0.0f;
-            for (int s = 0; s < p.logit_splits; ++s) sum += row[kcap_u64(s) * slice + kcap_u64(e)];
-            logits[e] = (logit_bias ? sum + logit_bias[e] : sum) * p.logit_scale;
-        }
-    } else {
-        for (int e = int(t.index); e < p.n_expert; e += int(t.threads)) logits[e] = row[e];
-    }
+    for (int e = int(t.index); e < p.n_expert; e += int(t.threads)) logits[e] = kcap_moe_token_logit(p, row, e, logit_bias);
     kcap_barrier();
     // The lanes take experts lane, lane + 32, ...: the softmax's max and sum as butterfly
     // reductions, then n_used rounds of a (score, index) argmax over the lanes (the lower index
@@ -320,7 +321,9 @@ KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCA
     // as the CPU row adds them.
     const bool mine = int(t.lane) < p.n_used;
     const float weight =
-        !mine ? 0.0f : p.sigmoid ? 1.0f / (1.0f + kcap_exp(-row[my_expert])) : kcap_exp(my_value - top) / sum;
+        !mine ? 0.0f
+        : p.sigmoid ? 1.0f / (1.0f + kcap_exp(-kcap_moe_token_logit(p, row, my_expert, logit_bias)))
+                    : kcap_exp(my_value - top) / sum;
     float chosen = 0.0f;
     for (int k = 0; k < p.n_used; ++k) chosen += kcap_simd_broadcast(weight, k);
     if (!mine) return;

@@ -826,12 +826,14 @@ void test_moe_route(std::mt19937& rng, CpuState& cpu) {
 
 // DeepSeek's routers (cuda.moe_route with expert groups): V3's sigmoid scores with a choice bias,
 // groups scored by their two best, and V2's softmax with groups scored by their best, against the
-// CPU row: the chosen ids and their weights (the unbiased scores), renormalized or not.
+// CPU row: the chosen ids and their weights (the unbiased scores), renormalized or not; on the
+// logits of both bodies (cuda.moe_route_tiled's partial sums over slices of K: a sigmoid weight
+// is taken from the whole logit, not the first slice's sum).
 void test_moe_route_grouped(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     const Row& reference = find_row("cpu.moe_route");
-    const int64_t k = 64;
     const int m = 9;
+    for (const bool tiled : {false, true})
     for (const int n_expert : {8, 64, 256})
         for (const int groups : {4, 8})
             for (const int groups_used : {1, 2, 3})
@@ -839,6 +841,7 @@ void test_moe_route_grouped(std::mt19937& rng, CpuState& cpu) {
                     for (const bool sigmoid : {false, true}) {
                         if (groups_used > groups || used > groups_used * (n_expert / groups)) continue;
                         if (sigmoid && n_expert / groups < 2) continue;
+                        const int64_t k = tiled ? 33 * 32 : 64;  // tiled: 5 slices of K
                         std::vector<float> x = random_floats(rng, size_t(m * k));
                         auto w = random_weights(rng, Format::F32, k, n_expert, "router");
                         std::vector<float> bias = random_floats(rng, size_t(n_expert), 0.1f);
@@ -866,7 +869,9 @@ void test_moe_route_grouped(std::mt19937& rng, CpuState& cpu) {
                         call.out = ref.data();
                         run_cpu(reference, stage, call, cpu);
                         KcapMoeParams p = moe_params(stage, m);
-                        const std::vector<float> logits = router_logits(p, w->ref.data, x);
+                        p.logit_splits = tiled ? kcap_moe_tile_splits(int(k)) : 0;
+                        const std::vector<float> logits =
+                            tiled ? router_logits_tiled(p, w->ref.data, x) : router_logits(p, w->ref.data, x);
                         kcap_sim::launch({unsigned(m), 1, 1}, kcap::cuda_rows::kMoeRouteThreads, KCAP_MOE_MAX_EXPERTS * 4,
                                          [&](const KcapThread& t, void* shared) {
                                              kcap_moe_route(t, p, logits.data(), nullptr, got.data(),
@@ -874,9 +879,10 @@ void test_moe_route_grouped(std::mt19937& rng, CpuState& cpu) {
                                          });
                         const RoutingDiff diff = routing_diff(got, ref, m, used);
                         KCAP_EXPECT(diff.wrong_ids == 0 && diff.weights_error <= kExactTolerance,
-                                    "grouped moe_route %d experts in %d groups (%d used), %d used, %s: %d ids differ, "
+                                    "grouped moe_route%s %d experts in %d groups (%d used), %d used, %s: %d ids differ, "
                                     "weights error %.3g",
-                                    n_expert, groups, groups_used, used, sigmoid ? "sigmoid" : "softmax", diff.wrong_ids,
+                                    tiled ? " (tiled logits)" : "", n_expert, groups, groups_used, used,
+                                    sigmoid ? "sigmoid" : "softmax", diff.wrong_ids,
                                     diff.weights_error);
                         ++checked;
                     }
