@@ -250,7 +250,8 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
     p.row_bytes = unsigned(row_bytes(format, moe.ff));
 #define KCAP_MOE_DOWN_CASE(NAME, DECODER)                                                            \
     case Format::NAME:                                                                               \
-        return launch_experts_down_rows<Q8, DECODER, kMatvecRows>(ctx, p, moe, down, routing, slots, down_bias);
+        return launch_experts_down_rows<Q8, DECODER, Q8 ? kMoeQ8DownRows : kMatvecRows>(ctx, p, moe, down, routing, \
+                                                                                        slots, down_bias);
     if constexpr (Q8) {
         switch (format) {
             KCAP_Q8_WEIGHT_FORMATS(KCAP_MOE_DOWN_CASE)
@@ -365,11 +366,12 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
     p.n = moe.ff;
     p.m = 1;
     p.row_bytes = unsigned(row_bytes(FORMAT, moe.k));
-    const int split = matvec_split(p.n, ctx.sm_count, kMatvecRows, p.k);
+    constexpr int ROWS = kMoeQ8GateUpRows;
+    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k);
     const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
-    cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, kMatvecRows>,
-                 dim3(cuda::ceil_div(p.n, (kMatvecSimds / split) * kMatvecRows), slots), dim3(kMatvecSimds * 32),
-                 size_t(matvec_q8_shared_words(p.k, kMatvecRows)) * 4, moe, p, split, chunk_runs,
+    cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, ROWS>,
+                 dim3(cuda::ceil_div(p.n, (kMatvecSimds / split) * ROWS), slots), dim3(kMatvecSimds * 32),
+                 size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, split, chunk_runs,
                  static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
                  call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
                  static_cast<const float*>(data.operands[4]));

@@ -530,6 +530,7 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
             q8.input_encoding = Encoding::Q8_1;                                                          \
             q8.operand_formats[2] = q8_formats();                                                        \
             q8.priority = 1;                                                                             \
+            q8.geometry = {kMatvecSimds * 32, kMatvecSimds * kMoeQ8GateUpRows, kMatvecQ8SharedBytes};    \
             rows.push_back(q8);                                                                          \
             Row q8_grouped = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                     \
                                             KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_q8_mma<f>), kMmaGeometry); \

@@ -87,6 +87,14 @@ constexpr bool q8_format(Format f) {
 // is one chunk: with 128-run chunks each lane had one unit per chunk between barriers, and its
 // Q6_K matvec reached 1.4 TB/s against gate_up's 2.5 (ncu, bench/results/cuda_h200_profile.txt).
 constexpr int kMatvecQ8ChunkRuns = 512;
+// Rows per team of the experts' slot matvecs with q8_1 activations (cuda.moe_experts_q8: gate/up,
+// down); the exact ones keep kMatvecRows. Measured on the H200 (tg128 q8_1, 12-layer slices,
+// bench/results/cuda_h200_moe_matvec_rows.txt), gate/up / down rows 1/1, 2/1, 1/2, 2/2, 4/4:
+// Qwen3-30B-A3B's Q4_K_M layout 1,091 / 1,097 / 1,111 / 1,117 / 1,147 tok/s, gpt-oss-20b's
+// 703 / 724 / 727 / 751 / 739; the exact experts with 2/2 went the other way (Qwen3 1,013 -> 978,
+// gpt-oss 590 -> 575).
+constexpr int kMoeQ8GateUpRows = 2;
+constexpr int kMoeQ8DownRows = 2;
 constexpr int matvec_q8_shared_words(long long k, int rows = kMatvecRows) {
     return int((k / 32 < kMatvecQ8ChunkRuns ? k / 32 : kMatvecQ8ChunkRuns) * 13 + kMatvecSimds * rows * 2);
 }
@@ -103,6 +111,8 @@ constexpr int kQ8QuantizeThreads = 256;
 // Gemma 3 270M layout 1170 / 1126 / 1172 / 1181, SmolLM2-135M layout 987 / 1037 / 1003 / 1016.
 constexpr int kQ8QuantizeMinK = 2048;
 constexpr int kMatvecQ8SharedBytes = (kMatvecQ8ChunkRuns * 13 + kMatvecSimds * kMatvecMaxRows * 2) * 4;
+static_assert(kMoeQ8GateUpRows <= kMatvecMaxRows && kMoeQ8DownRows <= kMatvecMaxRows,
+              "kMatvecQ8SharedBytes holds the experts' q8_1 matvecs' partial sums");
 // Matmul with bf16 activations (opt-in: EngineOptions::activations = "bf16"; cuda/matmul_gemm.cu):
 // the bf16 rows take kGemmMinTokens tokens and more, so the plan runs the exact rows (matvec,
 // few-token walk) below; from there each weight matrix is dequantized from its GGUF blocks into
