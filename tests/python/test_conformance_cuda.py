@@ -155,9 +155,11 @@ def test_cuda_router_chooses_the_cpu_experts(fixture, quant):
     # On every token of the fixture's prompt and greedy continuation, in one call (the batched
     # router rows) and one token per call (the decode rows), the CUDA routers choose the experts
     # the CPU's chooses, in the same order, with the same weights: with the exact matmul rows and
-    # with the default (tensor-core) ones feeding the router.
+    # with the default (tensor-core) ones feeding the router. The ids twice over (112 tokens), so
+    # that the call of all of them takes the tiled router (cuda.moe_route_tiled, from 64 tokens),
+    # whose partial sums over slices of K a sigmoid router's weights are taken from too.
     g = golden(fixture)
-    ids = g["prompt_ids"].tolist() + g["greedy_ids"].tolist()
+    ids = 2 * (g["prompt_ids"].tolist() + g["greedy_ids"].tolist())
     path = FIXTURES / f"{fixture}-{quant}.gguf"
     cpu = kcap.load(path, backend="cpu")
     exact = load_cuda(path)
