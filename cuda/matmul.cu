@@ -1,6 +1,6 @@
 // CUDA entry points of the exact matmul rows: kernels/matmul.h bodies launched with the geometry
 // declared in cuda/rows.h. cuda.matvec.<format> (one token): the decode matvec with x staged in
-// threadgroup memory (kernels/matvec.h; teams and parts from cuda_rows::matvec_split), which
+// threadgroup memory (kernels/matvec.h; teams from matvec_teams, cuda/matmul.h), which
 // prefetches its weight rows into L2 before waiting on the previous kernel;
 // cuda.matmul_tokens.<format> (any tokens): the few-token walk (each decoded run of weights
 // reused for kTokensPerPass tokens); the gate_up and qkv forms of both.
@@ -19,41 +19,41 @@ using namespace cuda_rows;
 
 template <class F, int ROWS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
-    matvec_kernel(KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* w, const float* x, const float* bias,
-                  float* y) {
+    matvec_kernel(KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs, const kcap_u8* w, const float* x,
+                  const float* bias, float* y) {
     extern __shared__ float shared[];
     const KcapThread t = kcap_cuda_thread();
-    kcap_matvec_split_prefetch<ROWS>(t, p, split, w);  // weights never change: safe before the wait
+    kcap_matvec_split_prefetch<ROWS>(t, p, teams, w);  // weights never change: safe before the wait
     pdl_wait();
     pdl_trigger();
-    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_PLAIN>(t, p, split, chunk_runs, w, w, x, bias, 0, y, shared);
+    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_PLAIN>(t, p, teams, chunk_runs, w, w, x, bias, 0, y, shared);
 }
 
 template <class F, int ROWS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
-    gate_up_kernel(KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* gate, const kcap_u8* up,
+    gate_up_kernel(KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs, const kcap_u8* gate, const kcap_u8* up,
                    const float* x, int activation, float* y) {
     extern __shared__ float shared[];
     const KcapThread t = kcap_cuda_thread();
-    kcap_matvec_split_prefetch<ROWS>(t, p, split, gate);
-    kcap_matvec_split_prefetch<ROWS>(t, p, split, up);
+    kcap_matvec_split_prefetch<ROWS>(t, p, teams, gate);
+    kcap_matvec_split_prefetch<ROWS>(t, p, teams, up);
     pdl_wait();
     pdl_trigger();
-    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_GATE_UP>(t, p, split, chunk_runs, gate, up, x, nullptr, activation, y,
+    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_GATE_UP>(t, p, teams, chunk_runs, gate, up, x, nullptr, activation, y,
                                                     shared);
 }
 
 // One token: the staged matvec (plain or gate_up) with ROWS rows per team.
 template <class F, int ROWS, bool GATE_UP, class... Args>
 void launch_matvec(const Context& ctx, const KcapMatmulParams& p, Args... args) {
-    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k);
+    const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, p.k / 32);
     const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
-    const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * ROWS)), block(kMatvecSimds * 32);
+    const dim3 grid(matvec_groups(p, teams, ROWS)), block(kMatvecSimds * 32);
     const size_t shared = size_t(matvec_shared_floats(p.k, ROWS)) * 4;
     if constexpr (GATE_UP)
-        launch(ctx, gate_up_kernel<F, ROWS>, grid, block, shared, p, split, chunk_runs, args...);
+        launch(ctx, gate_up_kernel<F, ROWS>, grid, block, shared, p, teams, chunk_runs, args...);
     else
-        launch(ctx, matvec_kernel<F, ROWS>, grid, block, shared, p, split, chunk_runs, args...);
+        launch(ctx, matvec_kernel<F, ROWS>, grid, block, shared, p, teams, chunk_runs, args...);
 }
 
 // The rows per team follow the matrix's height (matvec_rows_for), fixed per stage.
@@ -83,10 +83,10 @@ __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_kernel(QkvParams q, con
     switch (s.format) {
 #define KCAP_QKV_CASE(NAME, DECODER)                                                                             \
     case int(Format::NAME):                                                                                      \
-        kcap_matvec_split_prefetch<kMatvecRows>(t, s.p, s.split, s.w);                                           \
+        kcap_matvec_split_prefetch<kMatvecRows>(t, s.p, s.teams, s.w);                                           \
         pdl_wait();                                                                                              \
         pdl_trigger();                                                                                           \
-        kcap_matvec_staged<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN>(t, s.p, s.split, q.chunk_runs, s.w, s.w, x,  \
+        kcap_matvec_staged<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN>(t, s.p, s.teams, q.chunk_runs, s.w, s.w, x,  \
                                                                     nullptr, 0, s.y, shared);                    \
         break;
         KCAP_WEIGHT_FORMATS(KCAP_QKV_CASE)
@@ -154,7 +154,7 @@ void gate_up_activation(const Stage& stage, const KernelCall& call) {
     run_ffn_activation(act, act_call);
 }
 
-QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_runs_max, int* groups) {
+QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_runs_max, int* groups, bool q8) {
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
     float* outputs[3] = {call.out, call.inout2, call.inout3};
@@ -172,9 +172,9 @@ QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_run
         s.y = outputs[which];
         s.p = matmul_params(matmul, call);
         s.format = int(w->format);
-        s.split = matvec_split(s.p.n, ctx.sm_count, kMatvecRows, s.p.k);
+        s.teams = matvec_teams(ctx, s.p, kMatvecRows, q8 ? q8_row_units(w->format, s.p.k) : s.p.k / 32);
         s.first_group = *groups;
-        *groups += int(ceil_div(s.p.n, (kMatvecSimds / s.split) * kMatvecRows));
+        *groups += int(matvec_groups(s.p, s.teams, kMatvecRows));
     }
     q.chunk_runs = std::min(int(stage.k / 32), chunk_runs_max);
     return q;

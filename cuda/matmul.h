@@ -5,12 +5,33 @@
 #include "dispatch/kernel_params.h"
 #include "cuda/decoders.h"
 #include "kernels/dialect.h"
+#include "kernels/matvec_q8.h"
 
 namespace kcap {
 namespace cuda {
 
 inline KcapMatmulParams matmul_params(const Stage& stage, const KernelCall& call) {
     return kcap::matmul_params(stage, call.n_tokens);
+}
+
+// The teams of a decode matvec (kernels/matvec.h) of p's shape, ROWS rows a team, `units` units
+// a row (the exact matvec's runs, or the q8_1 matvec's units: q8_units_per_row): lanes per team
+// from the row's units (cuda_rows::matvec_lanes), then for whole simd groups the parts that
+// cover the multiprocessors (cuda_rows::matvec_split). Fixed by the stage's shape.
+inline KcapMatvecTeams matvec_teams(const Context& ctx, const KcapMatmulParams& p, int rows, long long units) {
+    KcapMatvecTeams teams;
+    teams.lanes = cuda_rows::matvec_lanes(units);
+    teams.split = teams.lanes == 32 ? cuda_rows::matvec_split(p.n, ctx.sm_count, rows, p.k) : 1;
+    return teams;
+}
+// Groups of the launch: n rows over the teams' rows.
+inline unsigned matvec_groups(const KcapMatmulParams& p, const KcapMatvecTeams& teams, int rows) {
+    return ceil_div(p.n, cuda_rows::matvec_group_rows(teams.split, teams.lanes, rows));
+}
+// Units per row of the q8_1 matvec of a weight format (kernels/matvec_q8.h: KcapQ8Units).
+template <class F>
+constexpr long long q8_units_per_row(long long k) {
+    return k / F::block_elems * KcapQ8Units<F>::per_block;
 }
 
 // A batch of gate_up after its gate and up matmuls: the gated activation of the plan's gate /
@@ -28,7 +49,7 @@ struct QkvSegment {
     float* y;
     KcapMatmulParams p;
     int format;       // int(Format)
-    int split;        // matvec_split of this segment's rows
+    KcapMatvecTeams teams;  // matvec_teams of this segment's rows
     int first_group;  // the segment's first group in the grid
 };
 struct QkvParams {
@@ -38,7 +59,10 @@ struct QkvParams {
 
 // The three segments of a qkv stage for one token; *groups: the grid's groups in all.
 // chunk_runs_max: the runs of x the matvec stages at a time (kMatvecChunkRuns, kMatvecQ8ChunkRuns).
-QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_runs_max, int* groups);
+// q8: the segments of the q8_1 matvec (its units per row, q8_row_units), else of the exact one.
+QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_runs_max, int* groups, bool q8 = false);
+// q8_units_per_row of a format with q8_1 rows (cuda/matmul_q8.cu).
+long long q8_row_units(Format format, long long k);
 
 // In the kernel: the segment of group t.group_x, which becomes the group's index in the segment.
 __device__ __forceinline__ QkvSegment qkv_segment(const QkvParams& q, KcapThread& t) {

@@ -72,28 +72,28 @@ Q8Rows q8_input(const Context& ctx, const KernelCall& call, int k) {
 // ------------------------------------------------------------------------- dp4a matvec
 template <class F, int ROWS, bool GATE_UP>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
-    matvec_q8_kernel(KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* w0, const kcap_u8* w1,
+    matvec_q8_kernel(KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs, const kcap_u8* w0, const kcap_u8* w1,
                      const float* x, Q8Rows rows, const float* bias, int activation, float* y) {
     extern __shared__ kcap_i32 q8_shared[];
     const KcapThread t = kcap_cuda_thread();
     if (t.group_y == 0) {  // weights never change: safe before the wait; one token's groups suffice
-        kcap_matvec_split_prefetch<ROWS>(t, p, split, w0);
-        if (GATE_UP) kcap_matvec_split_prefetch<ROWS>(t, p, split, w1);
+        kcap_matvec_split_prefetch<ROWS>(t, p, teams, w0);
+        if (GATE_UP) kcap_matvec_split_prefetch<ROWS>(t, p, teams, w1);
     }
     pdl_wait();
     pdl_trigger();
     kcap_matvec_q8<F, ROWS, GATE_UP ? KCAP_MATVEC_GATE_UP : KCAP_MATVEC_PLAIN>(
-        t, p, split, chunk_runs, w0, w1, x, rows.codes, rows.d, rows.half_sums, bias, activation, y, q8_shared);
+        t, p, teams, chunk_runs, w0, w1, x, rows.codes, rows.d, rows.half_sums, bias, activation, y, q8_shared);
 }
 
 template <class F, int ROWS, bool GATE_UP>
 void launch_matvec_q8_rows(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w0, const kcap_u8* w1,
                            const float* x, const Q8Rows& rows, const float* bias, int activation, float* y) {
-    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k);
+    const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, q8_units_per_row<F>(p.k));
     const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
-    const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * ROWS), unsigned(p.m)), block(kMatvecSimds * 32);
+    const dim3 grid(matvec_groups(p, teams, ROWS), unsigned(p.m)), block(kMatvecSimds * 32);
     const size_t shared = size_t(matvec_q8_shared_words(p.k, ROWS)) * 4;
-    launch(ctx, matvec_q8_kernel<F, ROWS, GATE_UP>, grid, block, shared, p, split, chunk_runs, w0, w1, x, rows, bias,
+    launch(ctx, matvec_q8_kernel<F, ROWS, GATE_UP>, grid, block, shared, p, teams, chunk_runs, w0, w1, x, rows, bias,
            activation, y);
 }
 
@@ -547,10 +547,10 @@ __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_q8_kernel(QkvParams q, 
     switch (s.format) {
 #define KCAP_QKV_Q8_CASE(NAME, DECODER)                                                                           \
     case int(Format::NAME):                                                                                       \
-        kcap_matvec_split_prefetch<kMatvecRows>(t, s.p, s.split, s.w);                                            \
+        kcap_matvec_split_prefetch<kMatvecRows>(t, s.p, s.teams, s.w);                                            \
         pdl_wait();                                                                                               \
         pdl_trigger();                                                                                            \
-        kcap_matvec_q8<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN>(t, s.p, s.split, q.chunk_runs, s.w, s.w, x, rows.codes, \
+        kcap_matvec_q8<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN>(t, s.p, s.teams, q.chunk_runs, s.w, s.w, x, rows.codes, \
                                                                  rows.d, rows.half_sums, nullptr, 0, s.y, q8_shared); \
         break;
         KCAP_Q8_WEIGHT_FORMATS(KCAP_QKV_Q8_CASE)
@@ -602,6 +602,17 @@ void mma_q8_any(const Context& ctx, Format format, const MmaGroup& g, const Q8Ro
 
 }  // namespace
 
+long long q8_row_units(Format format, long long k) {
+    switch (format) {
+#define KCAP_Q8_UNITS_CASE(NAME, DECODER) \
+    case Format::NAME:                    \
+        return q8_units_per_row<DECODER>(k);
+        KCAP_Q8_WEIGHT_FORMATS(KCAP_Q8_UNITS_CASE)
+#undef KCAP_Q8_UNITS_CASE
+        default: throw Error(std::string("cuda: no q8_1 matvec for ") + format_name(format));
+    }
+}
+
 void quantize_into_scratch(const Context& ctx, int m, int k, const float* x) { quantize_rows(ctx, m, k, x); }
 
 void mma_tiles::mma_group_q8(const Context& ctx, Format format, const MmaGroup& g, const Q8Rows& x) {
@@ -623,7 +634,7 @@ void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call) {
     using namespace cuda_rows;
     const cuda::Context& ctx = cuda::context(call);
     int groups = 0;
-    const cuda::QkvParams q = cuda::qkv_segments(stage, call, kMatvecQ8ChunkRuns, &groups);
+    const cuda::QkvParams q = cuda::qkv_segments(stage, call, kMatvecQ8ChunkRuns, &groups, true);
     const cuda::Q8Rows rows = cuda::q8_input<SOURCE>(ctx, call, int(stage.k));
     const size_t shared = size_t(matvec_q8_shared_words(stage.k, kMatvecRows)) * 4;
     cuda::launch(ctx, cuda::qkv_q8_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q, call.in, rows);
@@ -634,7 +645,7 @@ template <Q8Source SOURCE>
 void kcap_cuda_qkv_q8_tokens(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);
     int groups = 0;
-    const cuda::QkvParams q = cuda::qkv_segments(stage, call, cuda_rows::kMatvecQ8ChunkRuns, &groups);
+    const cuda::QkvParams q = cuda::qkv_segments(stage, call, cuda_rows::kMatvecQ8ChunkRuns, &groups, true);
     const cuda::Q8Rows rows = cuda::q8_input<SOURCE>(ctx, call, int(stage.k));
     for (const cuda::QkvSegment& s : q.segment) cuda::matvec_q8_any(ctx, Format(s.format), s.p, s.w, call.in, rows, s.y);
 }
@@ -644,7 +655,7 @@ template <Q8Source SOURCE>
 void kcap_cuda_qkv_q8_mma(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);
     int groups = 0;
-    const cuda::QkvParams q = cuda::qkv_segments(stage, call, cuda_rows::kMatvecQ8ChunkRuns, &groups);
+    const cuda::QkvParams q = cuda::qkv_segments(stage, call, cuda_rows::kMatvecQ8ChunkRuns, &groups, true);
     const cuda::Q8Rows rows = cuda::q8_input<SOURCE>(ctx, call, int(stage.k));
     const cuda::MmaFormatGroups by_format = cuda::mma_groups_by_format(q);
     if (cuda::mma_q8_pair_any(ctx, by_format, rows)) return;

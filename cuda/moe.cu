@@ -80,49 +80,49 @@ __global__ void __launch_bounds__(kMoeRouteThreads)
 // The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
 template <class F, int ROWS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
-    experts_gate_up_kernel(KcapMoeParams moe, KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* gate,
+    experts_gate_up_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs, const kcap_u8* gate,
                            const kcap_u8* up, const float* routing, const float* x, int activation, float* act,
                            const float* gate_bias, const float* up_bias) {
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_gate_up<F, ROWS>(kcap_cuda_thread(), moe, p, split, chunk_runs, gate, up, routing, x, activation,
+    kcap_moe_gate_up<F, ROWS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
                                      act, shared, gate_bias, up_bias);
 }
 
 // The slot's down matvec into down[slot].
 template <class F, int ROWS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
-    experts_down_kernel(KcapMoeParams moe, KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* down,
+    experts_down_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs, const kcap_u8* down,
                         const float* routing, const float* act, float* out, const float* down_bias) {
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_down<F, ROWS>(kcap_cuda_thread(), moe, p, split, chunk_runs, down, routing, act, out, shared,
+    kcap_moe_down<F, ROWS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, shared,
                                   down_bias);
 }
 
 // kcap_moe_gate_up_q8 / kcap_moe_down_q8 of slot blockIdx.y.
 template <class F, int ROWS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
-    experts_gate_up_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* gate,
+    experts_gate_up_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs, const kcap_u8* gate,
                               const kcap_u8* up, const float* routing, const float* x, int activation, float* act,
                               const float* gate_bias, const float* up_bias) {
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_gate_up_q8<F, ROWS>(kcap_cuda_thread(), moe, p, split, chunk_runs, gate, up, routing, x, activation, act,
+    kcap_moe_gate_up_q8<F, ROWS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation, act,
                                  q8_shared, gate_bias, up_bias);
 }
 
 template <class F, int ROWS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
-    experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, int split, int chunk_runs, const kcap_u8* down,
+    experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs, const kcap_u8* down,
                            const float* routing, const float* act, float* out, const float* down_bias) {
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_down_q8<F, ROWS>(kcap_cuda_thread(), moe, p, split, chunk_runs, down, routing, act, out, q8_shared,
+    kcap_moe_down_q8<F, ROWS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
                               down_bias);
 }
 
@@ -224,12 +224,12 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 template <bool Q8, class F, int ROWS>
 void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
                               const float* routing, unsigned slots, const float* down_bias) {
-    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k);
+    const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, Q8 ? q8_units_per_row<F>(p.k) : p.k / 32);
     const int chunk_runs = std::min(p.k / 32, Q8 ? kMatvecQ8ChunkRuns : kMatvecChunkRuns);
-    const dim3 grid(ceil_div(p.n, (kMatvecSimds / split) * ROWS), slots);
+    const dim3 grid(matvec_groups(p, teams, ROWS), slots);
     const size_t shared = size_t(Q8 ? matvec_q8_shared_words(p.k, ROWS) : matvec_shared_floats(p.k, ROWS)) * 4;
     const auto run = [&](auto kernel) {
-        launch(ctx, kernel, grid, dim3(kMatvecSimds * 32), shared, moe, p, split, chunk_runs, down, routing,
+        launch(ctx, kernel, grid, dim3(kMatvecSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
                static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
     };
     if constexpr (Q8) run(experts_down_q8_kernel<F, ROWS>);
@@ -271,10 +271,10 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
 template <class F, int ROWS>
 void launch_experts_gate_up(const Context& ctx, const Stage& stage, const KernelCall& call, const StageData& data,
                             const KcapMoeParams& moe, KcapMatmulParams p, unsigned slots) {
-    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k);
+    const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, p.k / 32);
     const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
-    launch(ctx, experts_gate_up_kernel<F, ROWS>, dim3(ceil_div(p.n, (kMatvecSimds / split) * ROWS), slots),
-           dim3(kMatvecSimds * 32), size_t(matvec_shared_floats(p.k, ROWS)) * 4, moe, p, split, chunk_runs,
+    launch(ctx, experts_gate_up_kernel<F, ROWS>, dim3(matvec_groups(p, teams, ROWS), slots),
+           dim3(kMatvecSimds * 32), size_t(matvec_shared_floats(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
            static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
            call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
            static_cast<const float*>(data.operands[4]));
@@ -367,11 +367,10 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
     p.m = 1;
     p.row_bytes = unsigned(row_bytes(FORMAT, moe.k));
     constexpr int ROWS = kMoeQ8GateUpRows;
-    const int split = matvec_split(p.n, ctx.sm_count, ROWS, p.k);
+    const KcapMatvecTeams teams = cuda::matvec_teams(ctx, p, ROWS, cuda::q8_units_per_row<F>(p.k));
     const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
-    cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, ROWS>,
-                 dim3(cuda::ceil_div(p.n, (kMatvecSimds / split) * ROWS), slots), dim3(kMatvecSimds * 32),
-                 size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, split, chunk_runs,
+    cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, ROWS>, dim3(cuda::matvec_groups(p, teams, ROWS), slots),
+                 dim3(kMatvecSimds * 32), size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
                  static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
                  call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
                  static_cast<const float*>(data.operands[4]));

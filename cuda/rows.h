@@ -54,6 +54,24 @@ constexpr int matvec_split(long long n, int sm_count, int rows = kMatvecRows, lo
         split *= 2;
     return split;
 }
+// Lanes per team (kernels/matvec.h, KcapMatvecTeams) of a matvec whose rows have `units` units
+// (a lane's work item: a 32-value run, or a unit of kernels/matvec_q8.h): a whole simd group, or
+// for short rows the most lanes, down to kMatvecMinLanes, that leave each lane at least
+// kMatvecLaneUnits units, the rest of the simd group taking the next rows. With 32 lanes a row of
+// 24 runs (the 768-wide down matrix of Qwen3-30B-A3B's experts) leaves a quarter of them idle
+// and each busy lane one load; with 8, every lane has three. Teams of 4 to 16 lanes are checked on
+// the host (test_cuda_kernels_host) but not yet timed on a GPU, so the launchers keep whole simd
+// groups (kMatvecMinLanes 32) until a measurement says otherwise (4 lets them go down to 4).
+constexpr int kMatvecMinLanes = 32;
+constexpr int kMatvecLaneUnits = 2;
+constexpr int matvec_lanes(long long units) {
+    int lanes = 32;
+    while (lanes > kMatvecMinLanes && units < (long long)lanes * kMatvecLaneUnits) lanes /= 2;
+    return lanes;
+}
+// Weight rows per group of a matvec with teams of `split` simd groups of `lanes` lanes each
+// (split 1 where lanes < 32), `rows` rows per team.
+constexpr int matvec_group_rows(int split, int lanes, int rows) { return kMatvecSimds / split * (32 / lanes) * rows; }
 // Threadgroup memory: the staged runs (36 floats each: KCAP_MATVEC_RUN_STRIDE) and the
 // parts' partial sums (two per row for gate_up).
 constexpr int matvec_shared_floats(long long k, int rows = kMatvecRows) {

@@ -34,31 +34,15 @@ KCAP_FN float kcap_dot32(const KCAP_PRIVATE float* a, const KCAP_PRIVATE float* 
     return (s0 + s1) + (s2 + s3);
 }
 
-// Adds the tail elements 32 * (k / 32) .. k - 1 of ROWS rows (lane l: element 32 * runs + l)
-// to this lane's sums, one token.
+// Adds the tail elements 32 * (k / 32) .. k - 1 of ROWS rows to this lane's sums, one token: lane
+// l of a team of `lanes` takes elements 32 * runs + l, + lanes, ...
 template <class F, int ROWS>
-KCAP_FN void kcap_matmul_tail(const KcapThread t, const KcapMatmulParams p, int row0, const KCAP_GLOBAL kcap_u8* w,
+KCAP_FN void kcap_matmul_tail(int lane, int lanes, const KcapMatmulParams p, int row0, const KCAP_GLOBAL kcap_u8* w,
                               const KCAP_GLOBAL float* x, KCAP_PRIVATE float* acc) {
-    const int e = (p.k / 32) * 32 + int(t.lane);
-    if (e >= p.k) return;
-    const float xv = x[e];
-    KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
-        if (row0 + j < p.n) acc[j] += KcapElem<F>::load(w + kcap_u64(row0 + j) * p.row_bytes, e) * xv;
-}
-
-// Asks for the weight rows this simd group will read in the staged decode matvec
-// (kernels/matvec.h: teams of `split` parts, ROWS rows per team): a hint, issued before
-// waiting on the previous kernel so the bytes are on their way while it finishes.
-template <int ROWS>
-KCAP_FN void kcap_matvec_split_prefetch(const KcapThread t, const KcapMatmulParams p, int split,
-                                        const KCAP_GLOBAL kcap_u8* w) {
-    const int team = int(t.simd) / split, part = int(t.simd) % split;
-    const int row0 = (int(t.group_x) * (int(t.simds) / split) + team) * ROWS;
-    const unsigned first = (unsigned(part) * 32u + t.lane) * 128u, stride = unsigned(split) * 32u * 128u;
-    for (int j = 0; j < ROWS; ++j) {
-        if (row0 + j >= p.n) break;
-        const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(row0 + j) * p.row_bytes;
-        for (unsigned offset = first; offset < p.row_bytes; offset += stride) kcap_prefetch(row + offset);
+    for (int e = (p.k / 32) * 32 + lane; e < p.k; e += lanes) {
+        const float xv = x[e];
+        KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
+            if (row0 + j < p.n) acc[j] += KcapElem<F>::load(w + kcap_u64(row0 + j) * p.row_bytes, e) * xv;
     }
 }
 

@@ -9,8 +9,9 @@
 // memory wavefront) land in 8 different bank groups, then every simd group reads its runs
 // from there and reuses them for ROWS weight rows.
 //
-// Layout: the group's simds / split teams each own ROWS consecutive rows; lane l of part s
-// of a team takes runs 32 s + l, 32 s + l + 32 split, ... of each chunk. The parts of a team
+// Layout (KcapMatvecTeams): the group's teams each own ROWS consecutive rows. A team is `split`
+// simd groups (parts), or for short rows `lanes` lanes of one simd group; lane l of part s of a
+// team takes runs lanes s + l, lanes s + l + lanes split, ... of each chunk. The parts of a team
 // meet in threadgroup memory at the end. Exact up to summation order, like kcap_matvec.
 #pragma once
 
@@ -18,6 +19,64 @@
 #include "kernels/matmul.h"
 
 #define KCAP_MATVEC_RUN_STRIDE 36  // floats per staged run: 32 + 4 of padding
+
+// How a staged matvec's group shares out its weight rows: teams of ROWS rows each, a team either
+// `split` whole simd groups (parts; lanes == KCAP_SIMD_WIDTH) or, where a row has too few units
+// (runs, or kernels/matvec_q8.h's units) to keep 32 lanes busy, `lanes` lanes of one simd group
+// (4, 8 or 16: KCAP_SIMD_WIDTH / lanes teams per simd group; split == 1). The host picks both per
+// stage from its shape (cuda_rows::matvec_teams).
+struct KcapMatvecTeams {
+    int split;  // simd groups per team
+    int lanes;  // lanes per team
+};
+// Teams of `split` whole simd groups.
+KCAP_FN KcapMatvecTeams kcap_matvec_parts(int split) {
+    KcapMatvecTeams teams;
+    teams.split = split;
+    teams.lanes = KCAP_SIMD_WIDTH;
+    return teams;
+}
+// Where this thread works: its team's first row, its part of the team and its lane in the team.
+struct KcapMatvecTeam {
+    int row0;
+    int part;
+    int lane;
+};
+KCAP_FN int kcap_matvec_group_teams(const KcapMatvecTeams teams, int simds) {
+    return simds / teams.split * (KCAP_SIMD_WIDTH / teams.lanes);
+}
+template <int ROWS>
+KCAP_FN KcapMatvecTeam kcap_matvec_team(const KcapThread t, const KcapMatvecTeams teams) {
+    const int per_simd = KCAP_SIMD_WIDTH / teams.lanes;
+    const int team = int(t.simd) / teams.split * per_simd + int(t.lane) / teams.lanes;
+    KcapMatvecTeam out;
+    out.row0 = (int(t.group_x) * kcap_matvec_group_teams(teams, int(t.simds)) + team) * ROWS;
+    out.part = int(t.simd) % teams.split;
+    out.lane = int(t.lane) % teams.lanes;
+    return out;
+}
+// Asks for the weight rows this thread's team will read in the staged decode matvec (ROWS rows
+// per team; the q8_1 matvec's teams too): a hint, issued before waiting on the previous kernel
+// so the bytes are on their way while it finishes.
+template <int ROWS>
+KCAP_FN void kcap_matvec_split_prefetch(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams,
+                                        const KCAP_GLOBAL kcap_u8* w) {
+    const KcapMatvecTeam me = kcap_matvec_team<ROWS>(t, teams);
+    const unsigned first = (unsigned(me.part) * unsigned(teams.lanes) + unsigned(me.lane)) * 128u;
+    const unsigned stride = unsigned(teams.split) * unsigned(teams.lanes) * 128u;
+    for (int j = 0; j < ROWS; ++j) {
+        if (me.row0 + j >= p.n) break;
+        const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(me.row0 + j) * p.row_bytes;
+        for (unsigned offset = first; offset < p.row_bytes; offset += stride) kcap_prefetch(row + offset);
+    }
+}
+
+// The sum of v over a team's lanes (every lane of the simd group calls it; each team's lanes
+// get their team's sum). Whole simd groups: kcap_simd_sum's order.
+KCAP_FN float kcap_matvec_team_sum(float v, int lanes) {
+    for (int offset = lanes / 2; offset > 0; offset >>= 1) v += kcap_simd_shuffle_xor(v, offset);
+    return v;
+}
 
 // Floats of threadgroup memory for chunks of chunk_runs runs and simds * sums partials.
 KCAP_FN int kcap_matvec_staged_floats(int chunk_runs, int simds, int sums) {
@@ -30,20 +89,23 @@ KCAP_FN int kcap_matvec_staged_floats(int chunk_runs, int simds, int sums) {
 #define KCAP_MATVEC_GATE_UP 1
 
 // The end of a staged matvec, whatever the activation encoding: each lane holds its runs' partial
-// sums acc[mat][j]; the simd group sums them, the parts of a team meet in `partials` (uniform
+// sums acc[mat][j]; each team's lanes sum them, the parts of a team meet in `partials` (uniform
 // over the group: every thread reaches the barrier or none does) and lane 0 of part 0 writes the
 // team's rows: y = acc (+ bias), or kcap_gated(act, gate (+ bias), up (+ bias2)) with the clamped
 // SwiGLU's alpha and limit (null biases: none).
 template <int ROWS, int MODE>
-KCAP_FN void kcap_matvec_finish(const KcapThread t, const KcapMatmulParams p, int split, int row0,
+KCAP_FN void kcap_matvec_finish(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams,
                                 KCAP_PRIVATE float (&acc)[MODE == KCAP_MATVEC_GATE_UP ? 2 : 1][ROWS],
                                 KCAP_SHARED float* partials, const KCAP_GLOBAL float* bias, int activation,
                                 KCAP_GLOBAL float* y, const KCAP_GLOBAL float* bias2 = nullptr, float alpha = 0.0f,
                                 float limit = 0.0f) {
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
-    const int team = int(t.simd) / split, part = int(t.simd) % split;
-    KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = kcap_simd_sum(acc[mat][j]);
-    if (split > 1) {
+    const int split = teams.split;
+    const KcapMatvecTeam me = kcap_matvec_team<ROWS>(t, teams);
+    const int team = int(t.simd) / split, part = me.part, row0 = me.row0;  // team: of whole simd groups
+    KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
+        acc[mat][j] = kcap_matvec_team_sum(acc[mat][j], teams.lanes);
+    if (split > 1) {  // whole simd groups only (lanes == KCAP_SIMD_WIDTH)
         if (t.lane == 0) {
             KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
                 partials[(int(t.simd) * kMats + mat) * ROWS + j] = acc[mat][j];
@@ -56,7 +118,7 @@ KCAP_FN void kcap_matvec_finish(const KcapThread t, const KcapMatmulParams p, in
             acc[mat][j] = total;
         }
     }
-    if (t.lane != 0) return;
+    if (me.lane != 0) return;
     KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
         if (row0 + j >= p.n) continue;
         if (MODE == KCAP_MATVEC_GATE_UP)
@@ -67,13 +129,14 @@ KCAP_FN void kcap_matvec_finish(const KcapThread t, const KcapMatmulParams p, in
     }
 }
 
-// Grid: x = ceil(n / ((simds / split) * ROWS)), y = 1. chunk_runs: runs staged at a time.
+// Grid: x = ceil(n / (kcap_matvec_group_teams(teams, simds) * ROWS)), y = 1. chunk_runs: runs
+// staged at a time.
 // MODE KCAP_MATVEC_PLAIN: w0 and bias; KCAP_MATVEC_GATE_UP: w0 = gate, w1 = up (same row
 // bytes), `activation` as in kcap_gated, with the gate's bias (bias) and up's (bias2) where not
 // null. shared: kcap_matvec_staged_floats(chunk_runs, simds, ROWS * (MODE == KCAP_MATVEC_GATE_UP
 // ? 2 : 1)) floats.
 template <class F, int ROWS, int MODE>
-KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, int split, int chunk_runs,
+KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams, int chunk_runs,
                                 const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
                                 const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* bias, int activation,
                                 KCAP_GLOBAL float* y, KCAP_SHARED float* shared, const KCAP_GLOBAL float* bias2 = nullptr,
@@ -82,9 +145,8 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, in
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
     KCAP_SHARED float* xs = shared;
     KCAP_SHARED float* partials = shared + chunk_runs * KCAP_MATVEC_RUN_STRIDE;
-    const int team = int(t.simd) / split, part = int(t.simd) % split;
-    const int teams = int(t.simds) / split;
-    const int row0 = (int(t.group_x) * teams + team) * ROWS;
+    const KcapMatvecTeam me = kcap_matvec_team<ROWS>(t, teams);
+    const int row0 = me.row0;
     const int runs = p.k / 32;
     float acc[kMats][ROWS];
     KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = 0.0f;
@@ -98,8 +160,7 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, in
         }
         kcap_barrier();
         if (row0 < p.n) {
-            for (int run = chunk0 + part * KCAP_SIMD_WIDTH + int(t.lane); run < chunk_end;
-                 run += KCAP_SIMD_WIDTH * split) {
+            for (int run = chunk0 + me.part * teams.lanes + me.lane; run < chunk_end; run += teams.lanes * teams.split) {
                 float xv[32];
                 const KCAP_SHARED float* from = xs + (run - chunk0) * KCAP_MATVEC_RUN_STRIDE;
                 KCAP_UNROLL for (int i = 0; i < 32; ++i) xv[i] = from[i];
@@ -118,10 +179,10 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, in
         }
     }
     // Float formats may end in a partial run (K % 32 elements, K a multiple of 4): part 0 of
-    // each team takes them from global memory, one per lane (kcap_matmul_tail).
-    if (part == 0 && row0 < p.n) {
-        kcap_matmul_tail<F, ROWS>(t, p, row0, w0, x, acc[0]);
-        if (kMats == 2) kcap_matmul_tail<F, ROWS>(t, p, row0, w1, x, acc[kMats - 1]);
+    // each team takes them from global memory, one per lane a round (kcap_matmul_tail).
+    if (me.part == 0 && row0 < p.n) {
+        kcap_matmul_tail<F, ROWS>(me.lane, teams.lanes, p, row0, w0, x, acc[0]);
+        if (kMats == 2) kcap_matmul_tail<F, ROWS>(me.lane, teams.lanes, p, row0, w1, x, acc[kMats - 1]);
     }
-    kcap_matvec_finish<ROWS, MODE>(t, p, split, row0, acc, partials, bias, activation, y, bias2, alpha, limit);
+    kcap_matvec_finish<ROWS, MODE>(t, p, teams, acc, partials, bias, activation, y, bias2, alpha, limit);
 }

@@ -19,7 +19,7 @@
 // from x is the option's numerics, stated in the whole-model tests.
 //
 // Layout as kcap_matvec_staged (kernels/matvec.h): the group stages a chunk of runs as int8
-// records, and its teams of `split` parts walk their ROWS rows' blocks one lane per unit (a run,
+// records, and its teams (KcapMatvecTeams) walk their ROWS rows' blocks one lane per unit (a run,
 // or for Q4_K and Q6_K the same 16 positions of the runs that share bytes: KcapQ8Units). A
 // record is KCAP_Q8_RUN_WORDS words: the 32 codes in 8 words, then sum(q) of elements 0..15 and
 // 16..31, then 2 words of padding (48 bytes: the 16-byte reads of 8 lanes, one per record, fall in
@@ -257,13 +257,13 @@ struct KcapQ8Units<KcapQ6_K> {
     }
 };
 
-// Grid: x = ceil(n / ((simds / split) * ROWS)), y = tokens. MODE and operands as
+// Grid: x = ceil(n / (kcap_matvec_group_teams(teams, simds) * ROWS)), y = tokens. MODE and operands as
 // kcap_matvec_staged (bias2, alpha, limit: up's bias and the clamped SwiGLU's constants of a
 // gate_up); x is either f32 (x_codes null: every group quantizes it) or the tokens'
 // q8_1 rows (x_codes, x_d, x_half_sums from kcap_q8_quantize_rows; x unused); y is token group_y's row. shared: chunk_runs * (KCAP_Q8_RUN_WORDS + 1)
 // + simds * ROWS * (MODE == KCAP_MATVEC_GATE_UP ? 2 : 1) words (cuda_rows::matvec_q8_shared_words).
 template <class F, int ROWS, int MODE>
-KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, int split, int chunk_runs,
+KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams, int chunk_runs,
                             const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
                             const KCAP_GLOBAL float* x, const KCAP_GLOBAL kcap_u32* x_codes, const KCAP_GLOBAL float* x_d,
                             const KCAP_GLOBAL kcap_i32* x_half_sums, const KCAP_GLOBAL float* bias, int activation,
@@ -284,9 +284,8 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, int sp
         x += kcap_u64(t.group_y) * kcap_u64(p.k);
     }
     y += kcap_u64(t.group_y) * kcap_u64(p.n);
-    const int team = int(t.simd) / split, part = int(t.simd) % split;
-    const int teams = int(t.simds) / split;
-    const int row0 = (int(t.group_x) * teams + team) * ROWS;
+    const KcapMatvecTeam me = kcap_matvec_team<ROWS>(t, teams);
+    const int row0 = me.row0;
     const int runs = p.k / 32;
     float acc[kMats][ROWS];
     KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = 0.0f;
@@ -302,8 +301,8 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, int sp
         if (row0 < p.n) {
             // Units of the chunk's blocks (chunk0 and chunk_end are multiples of kRunsPerBlock).
             const int unit_end = chunk_end / kRunsPerBlock * kUnits;
-            for (int unit = chunk0 / kRunsPerBlock * kUnits + part * KCAP_SIMD_WIDTH + int(t.lane); unit < unit_end;
-                 unit += KCAP_SIMD_WIDTH * split) {
+            for (int unit = chunk0 / kRunsPerBlock * kUnits + me.part * teams.lanes + me.lane; unit < unit_end;
+                 unit += teams.lanes * teams.split) {
                 const int block = unit / kUnits, block_run = block * kRunsPerBlock - chunk0;
                 const KCAP_SHARED kcap_i32* block_records = records + block_run * KCAP_Q8_RUN_WORDS;
                 const unsigned block_offset = unsigned(block) * unsigned(F::block_bytes);
@@ -318,5 +317,5 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, int sp
             }
         }
     }
-    kcap_matvec_finish<ROWS, MODE>(t, p, split, row0, acc, partials, bias, activation, y, bias2, alpha, limit);
+    kcap_matvec_finish<ROWS, MODE>(t, p, teams, acc, partials, bias, activation, y, bias2, alpha, limit);
 }

@@ -41,6 +41,8 @@
 using namespace kcap_test;
 using kcap::cuda_rows::kMatvecRows;
 using kcap::cuda_rows::kMatvecSimds;
+using kcap::cuda_rows::kMoeQ8DownRows;
+using kcap::cuda_rows::kMoeQ8GateUpRows;
 using kcap::cuda_rows::kTokensPerPass;
 using kcap::cuda_rows::kTokensRows;
 using kcap::cuda_rows::kTokensSimds;
@@ -387,6 +389,18 @@ void test_q8_rounding(std::mt19937& rng) {
     std::printf("q8_1 rounding: %d runs, %d group rows\n", runs, rows_checked);
 }
 
+// The matvec team shapes a launcher may pick (kernels/matvec.h, cuda_rows::matvec_teams): whole
+// simd groups in 1 to kMatvecSimds parts, and short rows' teams of 16, 8 and 4 lanes.
+std::vector<KcapMatvecTeams> matvec_team_shapes() {
+    std::vector<KcapMatvecTeams> shapes;
+    for (int split = 1; split <= kMatvecSimds; split *= 2) shapes.push_back(kcap_matvec_parts(split));
+    for (int lanes = 16; lanes >= kcap::cuda_rows::kMatvecMinLanes; lanes /= 2) shapes.push_back(KcapMatvecTeams{1, lanes});
+    return shapes;
+}
+unsigned matvec_test_groups(int64_t n, const KcapMatvecTeams& teams, int rows) {
+    return ceil_div(n, kcap::cuda_rows::matvec_group_rows(teams.split, teams.lanes, rows));
+}
+
 void test_matmul_rows(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     for (const Row& row : capability_table()) {
@@ -418,25 +432,27 @@ void test_matmul_rows(std::mt19937& rng, CpuState& cpu) {
                             p.has_bias = with_bias;
                             const float* b = with_bias ? reinterpret_cast<const float*>(bias->ref.data) : nullptr;
                             if (m == 1) {
-                                // Every split the launcher may pick (its own pick for this K included).
-                                for (int split = 1; split <= kMatvecSimds; split *= 2) {
-                                    if (split > 1) {
-                                        const double err = matmul_error(got, ref, w->ref, x.data(), k, n, m);
-                                        KCAP_EXPECT(err <= kMatmulTolerance, "%s K=%lld N=%lld split=%d: error %.3g",
-                                                    row.kernel.c_str(), (long long)k, (long long)n, split / 2, err);
-                                        got = nan_filled(size_t(m * n));
-                                    }
-                                    kcap_sim::launch({ceil_div(n, (kMatvecSimds / split) * kMatvecRows), 1, 1},
+                                // Every team shape the launcher may pick (its own pick for this K included).
+                                for (const KcapMatvecTeams teams : matvec_team_shapes()) {
+                                    got = nan_filled(size_t(m * n));
+                                    kcap_sim::launch({matvec_test_groups(n, teams, kMatvecRows), 1, 1},
                                                      kMatvecSimds * 32, kcap::cuda_rows::kMatvecSharedBytes,
                                                      [&](const KcapThread& t, void* shared) {
-                                                         // x staged whole, and (split 2) in chunks of 32 runs.
+                                                         // x staged whole, and (split 2, 8 lanes) in chunks of 32 runs.
                                                          const int runs = int(k / 32);
                                                          const int chunk = std::min(
-                                                             runs, split == 2 ? 32 : kcap::cuda_rows::kMatvecChunkRuns);
+                                                             runs, teams.split == 2 || teams.lanes == 8
+                                                                       ? 32
+                                                                       : kcap::cuda_rows::kMatvecChunkRuns);
                                                          kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_PLAIN>(
-                                                             t, p, split, chunk, w->ref.data, w->ref.data, x.data(), b,
+                                                             t, p, teams, chunk, w->ref.data, w->ref.data, x.data(), b,
                                                              0, got.data(), static_cast<float*>(shared));
                                                      });
+                                    const double err = matmul_error(got, ref, w->ref, x.data(), k, n, m);
+                                    KCAP_EXPECT(err <= kMatmulTolerance,
+                                                "%s K=%lld N=%lld split=%d lanes=%d bias=%d: error %.3g",
+                                                row.kernel.c_str(), (long long)k, (long long)n, teams.split,
+                                                teams.lanes, int(with_bias), err);
                                 }
                             } else {
                                 kcap_sim::launch({ceil_div(n, kTokensSimds * kTokensRows), ceil_div(m, kTokensPerPass), 1},
@@ -945,9 +961,12 @@ void test_moe_experts(std::mt19937& rng, CpuState& cpu) {
                 KcapMatmulParams pg{};
                 pg.k = int(k), pg.n = int(ff), pg.m = 1, pg.row_bytes = unsigned(row_bytes(f, k));
                 const int activation = gpt_oss ? KCAP_ACTIVATION_SWIGLU_OAI : 0;
-                kcap_sim::launch({ceil_div(ff, kMatvecSimds * kMatvecRows), unsigned(slots), 1}, kMatvecSimds * 32,
+                // Teams of 4 lanes for these short rows (2 runs: half of each team idle).
+                const KcapMatvecTeams gate_teams{1, 4};
+                const KcapMatvecTeams down_teams{1, 4};
+                kcap_sim::launch({matvec_test_groups(ff, gate_teams, kMatvecRows), unsigned(slots), 1}, kMatvecSimds * 32,
                                  kcap::cuda_rows::kMatvecSharedBytes, [&](const KcapThread& t, void* shared) {
-                                     kcap_moe_gate_up<F, kMatvecRows>(t, moe, pg, 1, int(k / 32), gate->ref.data,
+                                     kcap_moe_gate_up<F, kMatvecRows>(t, moe, pg, gate_teams, int(k / 32), gate->ref.data,
                                                                       up->ref.data, routing.data(), x.data(), activation,
                                                                       act.data(), static_cast<float*>(shared),
                                                                       gpt_oss ? gate_bias.data() : nullptr,
@@ -955,9 +974,9 @@ void test_moe_experts(std::mt19937& rng, CpuState& cpu) {
                                  });
                 KcapMatmulParams pd{};
                 pd.k = int(ff), pd.n = int(n), pd.m = 1, pd.row_bytes = unsigned(row_bytes(f, ff)), pd.has_bias = gpt_oss;
-                kcap_sim::launch({ceil_div(n, kMatvecSimds * kMatvecRows), unsigned(slots), 1}, kMatvecSimds * 32,
+                kcap_sim::launch({matvec_test_groups(n, down_teams, kMatvecRows), unsigned(slots), 1}, kMatvecSimds * 32,
                                  kcap::cuda_rows::kMatvecSharedBytes, [&](const KcapThread& t, void* shared) {
-                                     kcap_moe_down<F, kMatvecRows>(t, moe, pd, 1, int(ff / 32), down->ref.data,
+                                     kcap_moe_down<F, kMatvecRows>(t, moe, pd, down_teams, int(ff / 32), down->ref.data,
                                                                    routing.data(), act.data(), down_out.data(),
                                                                    static_cast<float*>(shared),
                                                                    gpt_oss ? down_bias.data() : nullptr);
@@ -993,17 +1012,18 @@ void check_moe_experts_q8_bodies(Format gate_up_format, Format down_format, bool
     KcapMatmulParams pd{};
     pd.k = int(ff), pd.n = int(n), pd.m = 1, pd.row_bytes = unsigned(row_bytes(down_format, ff)), pd.has_bias = gpt_oss;
     const int activation = gpt_oss ? KCAP_ACTIVATION_SWIGLU_OAI : 0;
-    for (const int split : {1, 2}) {
+    for (const KcapMatvecTeams teams : {kcap_matvec_parts(1), kcap_matvec_parts(2), KcapMatvecTeams{1, 4},
+                                        KcapMatvecTeams{1, 8}, KcapMatvecTeams{1, 16}}) {
         std::vector<float> act = nan_filled(size_t(slots) * ff), down_out = nan_filled(size_t(slots) * n);
         std::vector<float> got = nan_filled(size_t(m) * n);
         with_decoder(gate_up_format, [&](auto decoder) {
             using F = decltype(decoder);
             if constexpr (KcapCodes<F>::has_codes8)
-                kcap_sim::launch({ceil_div(ff, (kMatvecSimds / split) * kMatvecRows), unsigned(slots), 1}, kMatvecSimds * 32,
-                                 size_t(kcap::cuda_rows::matvec_q8_shared_words(k)) * 4,
+                kcap_sim::launch({matvec_test_groups(ff, teams, kMoeQ8GateUpRows), unsigned(slots), 1}, kMatvecSimds * 32,
+                                 size_t(kcap::cuda_rows::matvec_q8_shared_words(k, kMoeQ8GateUpRows)) * 4,
                                  [&](const KcapThread& t, void* words) {
-                                     kcap_moe_gate_up_q8<F, kMatvecRows>(
-                                         t, moe, pg, split, int(k / 32), stage.operands[0]->data, stage.operands[1]->data,
+                                     kcap_moe_gate_up_q8<F, kMoeQ8GateUpRows>(
+                                         t, moe, pg, teams, int(k / 32), stage.operands[0]->data, stage.operands[1]->data,
                                          routing.data(), x.data(), activation, act.data(), static_cast<kcap_i32*>(words),
                                          gpt_oss ? gate_bias.data() : nullptr, gpt_oss ? up_bias.data() : nullptr);
                                  });
@@ -1011,10 +1031,10 @@ void check_moe_experts_q8_bodies(Format gate_up_format, Format down_format, bool
         with_decoder(down_format, [&](auto decoder) {
             using F = decltype(decoder);
             if constexpr (KcapCodes<F>::has_codes8)
-                kcap_sim::launch({ceil_div(n, (kMatvecSimds / split) * kMatvecRows), unsigned(slots), 1}, kMatvecSimds * 32,
-                                 size_t(kcap::cuda_rows::matvec_q8_shared_words(ff)) * 4,
+                kcap_sim::launch({matvec_test_groups(n, teams, kMoeQ8DownRows), unsigned(slots), 1}, kMatvecSimds * 32,
+                                 size_t(kcap::cuda_rows::matvec_q8_shared_words(ff, kMoeQ8DownRows)) * 4,
                                  [&](const KcapThread& t, void* words) {
-                                     kcap_moe_down_q8<F, kMatvecRows>(t, moe, pd, split, int(ff / 32),
+                                     kcap_moe_down_q8<F, kMoeQ8DownRows>(t, moe, pd, teams, int(ff / 32),
                                                                       stage.operands[2]->data, routing.data(), act.data(),
                                                                       down_out.data(), static_cast<kcap_i32*>(words),
                                                                       gpt_oss ? down_bias.data() : nullptr);
@@ -1025,9 +1045,9 @@ void check_moe_experts_q8_bodies(Format gate_up_format, Format down_format, bool
                              with_shared ? shared.data() : nullptr);
         });
         const double err = relative_error_beyond(got, ref, allow);
-        KCAP_EXPECT(err <= kGateUpTolerance, "moe_experts_q8 bodies %s/%s%s%s%s split %d: error %.3g",
+        KCAP_EXPECT(err <= kGateUpTolerance, "moe_experts_q8 bodies %s/%s%s%s%s split %d lanes %d: error %.3g",
                     format_name(gate_up_format), format_name(down_format), gpt_oss ? " biases + swiglu_oai" : "",
-                    merged ? " merged" : "", with_shared ? " shared" : "", split, err);
+                    merged ? " merged" : "", with_shared ? " shared" : "", teams.split, teams.lanes, err);
     }
 }
 
@@ -2034,27 +2054,28 @@ void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
                         p.k = int(k), p.n = int(n), p.m = m;
                         p.row_bytes = unsigned(row_bytes(f, k));
                         p.has_bias = !gate_up;
-                        for (int split = 1; split <= kMatvecSimds; split *= 2)
+                        for (const KcapMatvecTeams teams : matvec_team_shapes())
                         for (bool quantized : {false, true}) {  // x quantized by the groups, or once
                             std::vector<float> got = nan_filled(size_t(m * n));
                             const int runs = int(k / 32);
+                            const int split = teams.split;
                             // Chunks of 40 runs leave a ragged last chunk (K = 4096: 40, 40, 40, 8).
-                            const int chunk = std::min(runs, split == 2   ? 40
-                                                             : split == 4 ? 32
+                            const int chunk = std::min(runs, split == 2 || teams.lanes == 16 ? 40
+                                                             : split == 4 || teams.lanes == 4 ? 32
                                                                           : kcap::cuda_rows::kMatvecQ8ChunkRuns);
-                            kcap_sim::launch({ceil_div(n, (kMatvecSimds / split) * kMatvecRows), unsigned(m), 1},
+                            kcap_sim::launch({matvec_test_groups(n, teams, kMatvecRows), unsigned(m), 1},
                                              kMatvecSimds * 32, kcap::cuda_rows::kMatvecQ8SharedBytes,
                                              [&](const KcapThread& t, void* shared) {
                                                  auto* words = static_cast<kcap_i32*>(shared);
                                                  if (gate_up)
                                                      kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_GATE_UP>(
-                                                         t, p, split, chunk, w0->ref.data, w1->ref.data,
+                                                         t, p, teams, chunk, w0->ref.data, w1->ref.data,
                                                          quantized ? nullptr : x.data(), quantized ? codes.data() : nullptr,
                                                          x_d.data(), half_sums.data(), nullptr, int(Activation::SiLU),
                                                          got.data(), words);
                                                  else
                                                      kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_PLAIN>(
-                                                         t, p, split, chunk, w0->ref.data, w0->ref.data,
+                                                         t, p, teams, chunk, w0->ref.data, w0->ref.data,
                                                          quantized ? nullptr : x.data(), quantized ? codes.data() : nullptr,
                                                          x_d.data(), half_sums.data(),
                                                          reinterpret_cast<const float*>(bias->ref.data), 0, got.data(),
@@ -2063,8 +2084,8 @@ void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
                             const double err = gate_up ? gate_up_error(got, ref, w0->ref, w1->ref, xr.data(), k, n, m,
                                                                        Activation::SiLU)
                                                        : matmul_error(got, ref, w0->ref, xr.data(), k, n, m);
-                            KCAP_EXPECT(err <= kMatmulTolerance, "%s K=%lld M=%d split=%d quantized=%d: error %.3g",
-                                        row.kernel.c_str(), (long long)k, m, split, int(quantized), err);
+                            KCAP_EXPECT(err <= kMatmulTolerance, "%s K=%lld M=%d split=%d lanes=%d quantized=%d: error %.3g",
+                                        row.kernel.c_str(), (long long)k, m, split, teams.lanes, int(quantized), err);
                             ++checked;
                         }
                     }
@@ -2093,18 +2114,21 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
                             cpu_gate_up(cpu_matmul_row(f), gate->ref, up->ref, x, k, n, 1, act, cpu);
                         KcapMatmulParams p;
                         p.k = int(k), p.n = int(n), p.m = 1, p.row_bytes = unsigned(row_bytes(f, k)), p.has_bias = 0;
-                        for (int split : {1, 4}) {
+                        for (const KcapMatvecTeams teams : {kcap_matvec_parts(1), kcap_matvec_parts(4),
+                                                            KcapMatvecTeams{1, 8}}) {
                             std::vector<float> got = nan_filled(size_t(n));
-                            const int chunk = std::min(int(k / 32), split == 4 ? 32 : kcap::cuda_rows::kMatvecChunkRuns);
-                            kcap_sim::launch({ceil_div(n, (kMatvecSimds / split) * kMatvecRows), 1, 1}, kMatvecSimds * 32,
+                            const int chunk =
+                                std::min(int(k / 32), teams.split == 4 ? 32 : kcap::cuda_rows::kMatvecChunkRuns);
+                            kcap_sim::launch({matvec_test_groups(n, teams, kMatvecRows), 1, 1}, kMatvecSimds * 32,
                                              kcap::cuda_rows::kMatvecSharedBytes, [&](const KcapThread& t, void* shared) {
                                                  kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_GATE_UP>(
-                                                     t, p, split, chunk, gate->ref.data, up->ref.data, x.data(), nullptr,
+                                                     t, p, teams, chunk, gate->ref.data, up->ref.data, x.data(), nullptr,
                                                      int(act), got.data(), static_cast<float*>(shared));
                                              });
                             const double err = gate_up_error(got, ref, gate->ref, up->ref, x.data(), k, n, 1, act);
-                            KCAP_EXPECT(err <= kGateUpTolerance, "%s K=%lld N=%lld %s split=%d: error %.3g",
-                                        row.kernel.c_str(), (long long)k, (long long)n, activation_name(act), split, err);
+                            KCAP_EXPECT(err <= kGateUpTolerance, "%s K=%lld N=%lld %s split=%d lanes=%d: error %.3g",
+                                        row.kernel.c_str(), (long long)k, (long long)n, activation_name(act),
+                                        teams.split, teams.lanes, err);
                             ++checked;
                         }
                     }
