@@ -18,9 +18,10 @@ inline KcapMatmulParams matmul_params(const Stage& stage, const KernelCall& call
 // a row (the exact matvec's runs, or the q8_1 matvec's units: q8_units_per_row): lanes per team
 // from the row's units (cuda_rows::matvec_lanes), then for whole simd groups the parts that
 // cover the multiprocessors (cuda_rows::matvec_split). Fixed by the stage's shape.
-inline KcapMatvecTeams matvec_teams(const Context& ctx, const KcapMatmulParams& p, int rows, long long units) {
+inline KcapMatvecTeams matvec_teams(const Context& ctx, const KcapMatmulParams& p, int rows, long long units,
+                                    int min_lanes = cuda_rows::kMatvecMinLanes) {
     KcapMatvecTeams teams;
-    teams.lanes = cuda_rows::matvec_lanes(units);
+    teams.lanes = cuda_rows::matvec_lanes(units, min_lanes);
     teams.split = teams.lanes == 32 ? cuda_rows::matvec_split(p.n, ctx.sm_count, rows, p.k) : 1;
     return teams;
 }

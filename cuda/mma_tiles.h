@@ -293,6 +293,9 @@ inline MmaFormatGroups mma_groups_by_format(const QkvParams& q) {
 // The bf16 tiles (matmul_mma.cu) of a group of matrices of one tile format (mma_format, K a
 // multiple of 32) on f32 activations x, p.m >= kMmaMinTokens.
 void mma_group_bf16(const Context& ctx, Format format, const MmaGroup& g, const float* x);
+// The same tiles with one bf16 product (activations="bf16"): bf16(W) . bf16(x) with f32 sums,
+// each weight scale * code + offset rounded to bf16, x rounded to bf16.
+void mma_group_bf16_rounded(const Context& ctx, Format format, const MmaGroup& g, const float* x);
 // The int8 tiles (matmul_q8.cu, 64 tokens per group) of a group of matrices of one q8_1 format
 // on q8_1 activations x (a grouped experts' x: the rows of the source tokens x_rows names).
 void mma_group_q8(const Context& ctx, Format format, const MmaGroup& g, const Q8Rows& x);
@@ -303,16 +306,19 @@ void mma_group_q8(const Context& ctx, Format format, const MmaGroup& g, const Q8
 // grids) went from 78186 to 72110: at short K the copies cannot get ahead of the decode. A fixed
 // function of the stage's K and the device (its threadgroup memory), the same for every call.
 constexpr int64_t kStagedMinK = 4096;
+// The grouped experts' tiles (cuda/moe.cu: an expert's weights per tile of its sorted rows)
+// from this K.
+constexpr int64_t kMoeStagedMinK = 4096;
 
-inline bool use_staged(const Context& ctx, const KcapMatmulParams& p, size_t shared_bytes) {
-    return shared_bytes <= size_t(shared_optin_bytes(ctx.device)) && p.k >= kStagedMinK;
+inline bool use_staged(const Context& ctx, const KcapMatmulParams& p, size_t shared_bytes, bool grouped = false) {
+    return shared_bytes <= size_t(shared_optin_bytes(ctx.device)) && p.k >= (grouped ? kMoeStagedMinK : kStagedMinK);
 }
 
 // Runs launch(group, staged) once for all the matrices of g; staged as use_staged decides for
 // a kernel of staged_shared_bytes (the members share k, so one answer serves all).
 template <class Launch>
 void launch_mma_group(const Context& ctx, const MmaGroup& g, size_t staged_shared_bytes, Launch&& launch) {
-    launch(g, use_staged(ctx, g.p[0], staged_shared_bytes));
+    launch(g, use_staged(ctx, g.p[0], staged_shared_bytes, g.tile_expert != nullptr));
 }
 
 // Dynamic shared memory (the bf16 kernel's raw double buffer, with its static tiles over 48 KB

@@ -56,17 +56,25 @@ constexpr int matvec_split(long long n, int sm_count, int rows = kMatvecRows, lo
 }
 // Lanes per team (kernels/matvec.h, KcapMatvecTeams) of a matvec whose rows have `units` units
 // (a lane's work item: a 32-value run, or a unit of kernels/matvec_q8.h): a whole simd group, or
-// for short rows the most lanes, down to kMatvecMinLanes, that leave each lane at least
+// for short rows the most lanes, down to min_lanes, that leave each lane at least
 // kMatvecLaneUnits units, the rest of the simd group taking the next rows. With 32 lanes a row of
 // 24 runs (the 768-wide down matrix of Qwen3-30B-A3B's experts) leaves a quarter of them idle
-// and each busy lane one load; with 8, every lane has three. Teams of 4 to 16 lanes are checked on
-// the host (test_cuda_kernels_host) but not yet timed on a GPU, so the launchers keep whole simd
-// groups (kMatvecMinLanes 32) until a measurement says otherwise (4 lets them go down to 4).
-constexpr int kMatvecMinLanes = 32;
+// and each busy lane one load; with 8, every lane has three. The experts' slot matvecs take
+// teams down to 4 lanes, the dense matvecs whole simd groups. Measured on the H200, tg128 of
+// 12-layer slices and the small dense files, teams down to 4 lanes for every matvec against
+// whole simd groups (bench/results/cuda_h200_matvec_teams.txt), exact / q8_1: Qwen3-30B-A3B
+// 970 -> 1001 / 1075 -> 1078 tok/s and DeepSeek-V2-Lite 831 -> 853 / 932 -> 945 (their only
+// short rows are the experts' down matrices), gpt-oss-20b unchanged, but SmolLM2 135M 1360 ->
+// 1334 / 1331 -> 1281 and Gemma 3 270M 1389 -> 1409 / 1450 -> 1406 (rows of 576 and 640).
+constexpr int kMatvecFewestLanes = 4;  // the fewest lanes per team the bodies take
+constexpr int kMatvecMinLanes = 32;    // dense matvecs
+constexpr int kMoeMatvecMinLanes = 4;  // the experts' slot matvecs (cuda.moe_experts*)
 constexpr int kMatvecLaneUnits = 2;
-constexpr int matvec_lanes(long long units) {
+static_assert(kMatvecMinLanes >= kMatvecFewestLanes && kMoeMatvecMinLanes >= kMatvecFewestLanes,
+              "teams of at least kMatvecFewestLanes lanes (test_cuda_kernels_host checks those)");
+constexpr int matvec_lanes(long long units, int min_lanes = kMatvecMinLanes) {
     int lanes = 32;
-    while (lanes > kMatvecMinLanes && units < (long long)lanes * kMatvecLaneUnits) lanes /= 2;
+    while (lanes > min_lanes && units < (long long)lanes * kMatvecLaneUnits) lanes /= 2;
     return lanes;
 }
 // Weight rows per group of a matvec with teams of `split` simd groups of `lanes` lanes each
@@ -341,6 +349,7 @@ template <Q8Source SOURCE> void kcap_cuda_qkv_q8_mma(const Stage& stage, const K
 template <bool Q8> void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_moe_experts_bf16_mma(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_q8_mma(const Stage& stage, const KernelCall& call);
 

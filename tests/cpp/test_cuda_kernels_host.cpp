@@ -394,7 +394,7 @@ void test_q8_rounding(std::mt19937& rng) {
 std::vector<KcapMatvecTeams> matvec_team_shapes() {
     std::vector<KcapMatvecTeams> shapes;
     for (int split = 1; split <= kMatvecSimds; split *= 2) shapes.push_back(kcap_matvec_parts(split));
-    for (int lanes = 16; lanes >= kcap::cuda_rows::kMatvecMinLanes; lanes /= 2) shapes.push_back(KcapMatvecTeams{1, lanes});
+    for (int lanes = 16; lanes >= kcap::cuda_rows::kMatvecFewestLanes; lanes /= 2) shapes.push_back(KcapMatvecTeams{1, lanes});
     return shapes;
 }
 unsigned matvec_test_groups(int64_t n, const KcapMatvecTeams& teams, int rows) {
