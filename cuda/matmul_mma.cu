@@ -75,11 +75,7 @@ __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(_
 
 // STAGED: the weights' raw chunks go through shared memory (stage_chunk); else each thread
 // decodes its run straight from global memory (faster at short K: kStagedMinK).
-// SPLIT: the exact tiles above. Else the bf16 tiles of activations="bf16" (bf16(W) . bf16(x),
-// what the cuBLAS rows of matmul_gemm.cu compute): each decoded weight is scale * code + offset
-// (one f32 rounding) rounded to bf16, x rounded to bf16 (x_hi alone), and the mma accumulates
-// straight into the f32 outputs: one product per k16 step and no per-sub-block epilogue.
-template <class F, bool STAGED, bool SPLIT>
+template <class F, bool STAGED>
 __global__ void __launch_bounds__(kMmaThreads, 2)
     mma_kernel(MmaGroup group, const float* x) {
     const int which = mma_group_member(group), tile = mma_group_tile(group, which);
@@ -148,13 +144,6 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             float q[32], sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
             if (row_valid && run < runs) {
                 C::codes32(run_block<F, STAGED>(raw, wrow, dr, run, chunk), run % kRunsPerBlock, q, sc, off);
-                if (!SPLIT) {  // the weights themselves, rounded to bf16 by the packing below
-#pragma unroll
-                    for (int i = 0; i < 32; ++i) {
-                        const int h = kSub == 16 ? i / 16 : 0;
-                        q[i] = C::has_offset ? fmaf(sc[h], q[i], off[h]) : sc[h] * q[i];
-                    }
-                }
             } else {
 #pragma unroll
                 for (int i = 0; i < 32; ++i) q[i] = 0.0f;
@@ -164,25 +153,18 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             for (int v = 0; v < 4; ++v)
                 dst[v] = make_uint4(pack_bf16(q[8 * v], q[8 * v + 1]), pack_bf16(q[8 * v + 2], q[8 * v + 3]),
                                     pack_bf16(q[8 * v + 4], q[8 * v + 5]), pack_bf16(q[8 * v + 6], q[8 * v + 7]));
-            if (SPLIT && kSub == 16) {  // (without SPLIT the scales are in the weights)
+            if (kSub == 16) {
                 sh.scale[2 * dhalf][dr] = sc[0], sh.scale[2 * dhalf + 1][dr] = sc[1];
                 if (C::has_offset) sh.offset[2 * dhalf][dr] = off[0], sh.offset[2 * dhalf + 1][dr] = off[1];
-            } else if (SPLIT) {
+            } else {
                 sh.scale[dhalf][dr] = sc[0];
                 if (C::has_offset) sh.offset[dhalf][dr] = off[0];
             }
         }
-        // Activations (loaded a step ahead): split into bf16 hi and lo (SPLIT; else hi alone);
-        // zeros past M or K.
+        // Activations (loaded a step ahead): split into bf16 hi and lo; zeros past M or K.
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const float v[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
-            const int t = xt + 16 * i;
-            if (!SPLIT) {
-                *reinterpret_cast<uint2*>(sh.xhi + t * kStride + 2 * xc) =
-                    make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
-                continue;
-            }
             float hi[4], lo[4], sum = 0.0f;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
@@ -190,6 +172,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                 lo[j] = bf16_round(v[j] - hi[j]);  // v - hi is exact in f32
                 if (C::has_offset) sum += hi[j] + lo[j];
             }
+            const int t = xt + 16 * i;
             *reinterpret_cast<uint2*>(sh.xhi + t * kStride + 2 * xc) = make_uint2(pack_bf16(hi[0], hi[1]), pack_bf16(hi[2], hi[3]));
             *reinterpret_cast<uint2*>(sh.xlo + t * kStride + 2 * xc) = make_uint2(pack_bf16(lo[0], lo[1]), pack_bf16(lo[2], lo[3]));
             if (C::has_offset) {
@@ -203,24 +186,6 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         __syncthreads();
         // The next step's activations: in flight during this step's products.
         if (k0 + kStepK < p.k) load_x(xv, x, p, xsrc, xc, k0 + kStepK);
-        if (!SPLIT) {
-            // bf16(W) . bf16(x): one mma per k16 step, accumulated in the outputs.
-#pragma unroll
-            for (int kw = 0; kw < kStepK / 2; kw += 8) {
-                unsigned a[kMt][4], b[kNt / 2][4];
-#pragma unroll
-                for (int mt = 0; mt < kMt; ++mt)
-                    if (live[mt]) load_a<kStride>(a[mt], sh.xhi + (warp_tokens + 16 * mt) * kStride + kw, lane);
-#pragma unroll
-                for (int np = 0; np < kNt / 2; ++np) load_b2<kStride>(b[np], sh.w + (warp_rows + 16 * np) * kStride + kw, lane);
-#pragma unroll
-                for (int mt = 0; mt < kMt; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < kNt; ++nt)
-                        if (live[mt]) mma_bf16(acc[mt][nt], a[mt], b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]);
-            }
-            continue;
-        }
 #pragma unroll 1
         for (int s = 0; s < kSubs; ++s) {
             float t[kMt][kNt][4] = {};
@@ -279,43 +244,34 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 
 }  // namespace
 
-template <class F, bool STAGED, bool SPLIT>
+template <class F, bool STAGED>
 void launch_mma(const Context& ctx, const MmaGroup& g, const float* x) {
     constexpr size_t raw_bytes = STAGED ? RawChunk<F>::bytes : 0;
-    if (STAGED) allow_dynamic_shared<mma_kernel<F, STAGED, SPLIT>>(ctx, raw_bytes);
-    launch(ctx, mma_kernel<F, STAGED, SPLIT>, mma_group_grid(g), dim3(kMmaThreads), raw_bytes, g, x);
+    if (STAGED) allow_dynamic_shared<mma_kernel<F, STAGED>>(ctx, raw_bytes);
+    launch(ctx, mma_kernel<F, STAGED>, mma_group_grid(g), dim3(kMmaThreads), raw_bytes, g, x);
 }
 
 // The tiles of the matrices of `g` (mma_tiles.h: launch_mma_group).
-template <class F, bool SPLIT>
+template <class F>
 void mma_group_tiles(const Context& ctx, const MmaGroup& g, const float* x) {
-    launch_mma_group(ctx, g, sizeof(Shared) + RawChunk<F>::bytes, [&](const MmaGroup& group, bool staged) {
-        staged ? launch_mma<F, true, SPLIT>(ctx, group, x) : launch_mma<F, false, SPLIT>(ctx, group, x);
+    launch_mma_group<F>(ctx, g, sizeof(Shared) + RawChunk<F>::bytes, [&](const MmaGroup& group, bool staged) {
+        staged ? launch_mma<F, true>(ctx, group, x) : launch_mma<F, false>(ctx, group, x);
     });
 }
 
-template <bool SPLIT>
-void mma_group_format(const Context& ctx, Format format, const MmaGroup& g, const float* x, const char* what) {
+void mma_tiles::mma_group_bf16(const Context& ctx, Format format, const MmaGroup& g, const float* x) {
     if (!cuda_rows::mma_format(format) || g.p[0].k % 32 != 0 || g.p[0].m < kMmaMinTokens)
-        throw Error(std::string(what) + ": no tiles for " + format_name(format) + " at this k and m");
+        throw Error(std::string("mma_group_bf16: no tiles for ") + format_name(format) + " at this k and m");
     switch (format) {
 #define KCAP_MMA_GROUP_CASE(NAME, DECODER)                                         \
     case Format::NAME:                                                             \
-        if constexpr (KcapCodes<DECODER>::factorable) return mma_group_tiles<DECODER, SPLIT>(ctx, g, x); \
+        if constexpr (KcapCodes<DECODER>::factorable) return mma_group_tiles<DECODER>(ctx, g, x); \
         break;
         KCAP_WEIGHT_FORMATS(KCAP_MMA_GROUP_CASE)
 #undef KCAP_MMA_GROUP_CASE
         default: break;
     }
-    throw Error(std::string(what) + ": no tiles for " + format_name(format));
-}
-
-void mma_tiles::mma_group_bf16(const Context& ctx, Format format, const MmaGroup& g, const float* x) {
-    mma_group_format<true>(ctx, format, g, x, "mma_group_bf16");
-}
-
-void mma_tiles::mma_group_bf16_rounded(const Context& ctx, Format format, const MmaGroup& g, const float* x) {
-    mma_group_format<false>(ctx, format, g, x, "mma_group_bf16_rounded");
+    throw Error(std::string("mma_group_bf16: no tiles for ") + format_name(format));
 }
 
 }  // namespace cuda

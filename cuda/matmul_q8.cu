@@ -266,6 +266,8 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
     const auto decode = [&](int s) {
         Step& b = sh[s & 1];
         const int run = 2 * s + dhalf;
+        if (!STAGED && GROUPED && kMoeQ8PrefetchSteps > 0 && row_valid && run + 2 * kMoeQ8PrefetchSteps < k_runs)
+            prefetch_run<F>(wrow, run + 2 * kMoeQ8PrefetchSteps);
         kcap_u32 u[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
         float sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
         if (row_valid && run < k_runs) {
@@ -451,7 +453,7 @@ void launch_mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
 template <class F, int TOKENS, bool GROUPED = false>
 void mma_q8_tokens(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
     if (GROUPED != (g.tile_expert != nullptr)) throw Error("mma_q8_tokens: a grouped launch takes the grouped tiles");
-    launch_mma_group(ctx, g, q8_tile_shared_bytes<F, TOKENS>(true), [&](const MmaGroup& group, bool staged) {
+    launch_mma_group<F>(ctx, g, q8_tile_shared_bytes<F, TOKENS>(true), [&](const MmaGroup& group, bool staged) {
         staged ? launch_mma_q8<F, true, TOKENS, GROUPED>(ctx, group, x) : launch_mma_q8<F, false, TOKENS, GROUPED>(ctx, group, x);
     });
 }

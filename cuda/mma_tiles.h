@@ -152,6 +152,24 @@ __device__ __forceinline__ void stage_chunk(unsigned* buf, const kcap_u8* w, con
     }
 }
 
+// The grouped experts' int8 tiles (matmul_q8.cu) without staged weights also ask L2 for each
+// thread's weight run this many steps ahead (prefetch.global.L2), so that more of an expert's
+// weights are on their way than the one run per thread each step's decode waits for. Measured
+// on the H200 (bench/results/cuda_h200_moe_tiles_staging.txt, pp512 of 12-layer slices): gpt-oss's
+// MXFP4 experts 23,895 -> 24,730 tok/s with q8_1; the split-bf16 tiles gained nothing (exact
+// 15,589 -> 15,520, bf16 27,239 -> 27,544), so they take none.
+constexpr int kMoeQ8PrefetchSteps = 4;
+
+// prefetch.global.L2 of (about) the bytes of run `run` of the weight row starting at wrow: its
+// share of its block (a run's codes lie in order in every format; a K-quant's header sits at
+// the block's start, which the block's first run's request covers).
+template <class F>
+__device__ __forceinline__ void prefetch_run(const kcap_u8* wrow, int run) {
+    constexpr int kRunsPerBlock = F::block_elems / 32;
+    kcap_prefetch(wrow + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes) +
+                  unsigned(run % kRunsPerBlock) * unsigned(F::block_bytes / kRunsPerBlock));
+}
+
 // The x rows of a thread's 4 tokens xt + 16 i of a tile: the token itself, or (x_rows: the grouped
 // experts' sorted rows) the source token x_rows gives it; -1 past M or for a padding row.
 __device__ __forceinline__ void x_sources(int (&src)[4], const int* x_rows, const KcapMatmulParams& p, int token_base,
@@ -293,9 +311,6 @@ inline MmaFormatGroups mma_groups_by_format(const QkvParams& q) {
 // The bf16 tiles (matmul_mma.cu) of a group of matrices of one tile format (mma_format, K a
 // multiple of 32) on f32 activations x, p.m >= kMmaMinTokens.
 void mma_group_bf16(const Context& ctx, Format format, const MmaGroup& g, const float* x);
-// The same tiles with one bf16 product (activations="bf16"): bf16(W) . bf16(x) with f32 sums,
-// each weight scale * code + offset rounded to bf16, x rounded to bf16.
-void mma_group_bf16_rounded(const Context& ctx, Format format, const MmaGroup& g, const float* x);
 // The int8 tiles (matmul_q8.cu, 64 tokens per group) of a group of matrices of one q8_1 format
 // on q8_1 activations x (a grouped experts' x: the rows of the source tokens x_rows names).
 void mma_group_q8(const Context& ctx, Format format, const MmaGroup& g, const Q8Rows& x);
@@ -306,19 +321,26 @@ void mma_group_q8(const Context& ctx, Format format, const MmaGroup& g, const Q8
 // grids) went from 78186 to 72110: at short K the copies cannot get ahead of the decode. A fixed
 // function of the stage's K and the device (its threadgroup memory), the same for every call.
 constexpr int64_t kStagedMinK = 4096;
-// The grouped experts' tiles (cuda/moe.cu: an expert's weights per tile of its sorted rows)
-// from this K.
-constexpr int64_t kMoeStagedMinK = 4096;
+// The grouped experts' tiles (cuda/moe.cu: an expert's weights per tile of its sorted rows) of
+// formats whose chunks span several steps (the K-quants' 256-value super-blocks: the next
+// chunk's copies have four steps to land) stage at every K; those of one-step chunks (32-value
+// blocks: MXFP4, Q8_0, ...) from kStagedMinK, as the dense tiles. Measured on the H200
+// (bench/results/cuda_h200_moe_tiles_staging.txt, pp512 of 12-layer slices, staged at every K
+// against from 4096): Qwen3-30B-A3B (Q4_K gate / up at K 2048, Q6_K down at 768) 30,818 ->
+// 32,312 tok/s exact, 42,367 -> 47,874 q8_1, 56,250 -> 60,365 bf16; gpt-oss-20b (MXFP4 at 2880)
+// 15,589 -> 14,069, 23,895 -> 21,665, 27,239 -> 22,545.
+constexpr int64_t kMoeStagedMinK = 0;
 
-inline bool use_staged(const Context& ctx, const KcapMatmulParams& p, size_t shared_bytes, bool grouped = false) {
-    return shared_bytes <= size_t(shared_optin_bytes(ctx.device)) && p.k >= (grouped ? kMoeStagedMinK : kStagedMinK);
+inline bool use_staged(const Context& ctx, const KcapMatmulParams& p, size_t shared_bytes, int64_t min_k = kStagedMinK) {
+    return shared_bytes <= size_t(shared_optin_bytes(ctx.device)) && p.k >= min_k;
 }
 
-// Runs launch(group, staged) once for all the matrices of g; staged as use_staged decides for
-// a kernel of staged_shared_bytes (the members share k, so one answer serves all).
-template <class Launch>
+// Runs launch(group, staged) once for all the matrices of g (of format F); staged as use_staged
+// decides for a kernel of staged_shared_bytes (the members share k, so one answer serves all).
+template <class F, class Launch>
 void launch_mma_group(const Context& ctx, const MmaGroup& g, size_t staged_shared_bytes, Launch&& launch) {
-    launch(g, use_staged(ctx, g.p[0], staged_shared_bytes, g.tile_expert != nullptr));
+    const bool grouped_long_chunks = g.tile_expert != nullptr && RawChunk<F>::k > kStepK;
+    launch(g, use_staged(ctx, g.p[0], staged_shared_bytes, grouped_long_chunks ? kMoeStagedMinK : kStagedMinK));
 }
 
 // Dynamic shared memory (the bf16 kernel's raw double buffer, with its static tiles over 48 KB

@@ -22,9 +22,6 @@
 //                            tiles in the down matrix's format, and the weighted sum reads each
 //                            slot's row back. The experts' biases (gpt-oss) are added by each
 //                            tile (its expert's row), its clamped SwiGLU by the activation.
-//   cuda.moe_experts_bf16_mma.<fmt>  the same order on the bf16 tiles of matmul_mma.cu (plans
-//                            with activations="bf16"): bf16(W) . bf16(x) with f32 sums, x and
-//                            the activations rounded to bf16 as the tiles stage them.
 //   cuda.moe_experts_q8.<fmt>  the slot matvecs with q8_1 activations (kernels/moe_q8.h: the dp4a
 //                            walk of matvec_q8.h, each group rounding its slot's x, then its
 //                            activations, as it stages them), for plans with activations="q8_1"
@@ -388,18 +385,12 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
 namespace cuda {
 namespace {
 
-// The grouped experts' tiles: split-bf16 (exact to 2^-16 per product), int8 on q8_1 activations,
-// or bf16 (bf16(W) . bf16(x), activations="bf16").
-enum class GroupedTiles { Split, Q8, Bf16 };
-
 // Grouped by expert: the sort, gate and up tiles of the sorted rows (x read through each row's
 // source token), the gated activation, the down tiles (the down matrix's format) and the
 // weighted sum of each token's slot rows. Q8: the int8 tiles on q8_1 activations (x rounded once
-// per token, the activations per sorted row as the activation writes them); Bf16: the tiles
-// round x and the activations to bf16 as they stage them.
-template <GroupedTiles TILES>
+// per token, the activations per sorted row as the activation writes them), else split-bf16.
+template <bool Q8>
 void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& call) {
-    constexpr bool Q8 = TILES == GroupedTiles::Q8;
     using namespace cuda_rows;
     namespace tiles = mma_tiles;
     const Context& ctx = context(call);
@@ -437,8 +428,6 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
     if constexpr (Q8) {
         quantize_into_scratch(ctx, moe.n_tokens, moe.k, call.in);
         tiles::mma_group_q8(ctx, format, g, q8_rows_layout(ctx, moe.n_tokens, moe.k));
-    } else if constexpr (TILES == GroupedTiles::Bf16) {
-        tiles::mma_group_bf16_rounded(ctx, format, g, call.in);
     } else {
         tiles::mma_group_bf16(ctx, format, g, call.in);
     }
@@ -472,7 +461,6 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
     dg.live_rows = ctx.moe_rows;
     dg.expert_bytes = kcap_u64(moe.n) * d.row_bytes;
     if constexpr (Q8) tiles::mma_group_q8(ctx, down_format, dg, act_q8);
-    else if constexpr (TILES == GroupedTiles::Bf16) tiles::mma_group_bf16_rounded(ctx, down_format, dg, ctx.moe_act);
     else tiles::mma_group_bf16(ctx, down_format, dg, ctx.moe_act);
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
     launch(ctx, combine_kernel, dim3(ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads), 0, moe,
@@ -485,25 +473,18 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
 
 template <Format FORMAT>
 void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
-    cuda::moe_experts_grouped<cuda::GroupedTiles::Split>(FORMAT, stage, call);
-}
-
-// The grouped experts on the bf16 tiles (plans with activations="bf16").
-template <Format FORMAT>
-void kcap_cuda_moe_experts_bf16_mma(const Stage& stage, const KernelCall& call) {
-    cuda::moe_experts_grouped<cuda::GroupedTiles::Bf16>(FORMAT, stage, call);
+    cuda::moe_experts_grouped<false>(FORMAT, stage, call);
 }
 
 // The grouped experts on the int8 tiles (q8_1 plans whose experts' matrices all have them).
 template <Format FORMAT>
 void kcap_cuda_moe_experts_q8_mma(const Stage& stage, const KernelCall& call) {
-    cuda::moe_experts_grouped<cuda::GroupedTiles::Q8>(FORMAT, stage, call);
+    cuda::moe_experts_grouped<true>(FORMAT, stage, call);
 }
 
 #define KCAP_INSTANTIATE_MOE(NAME, DECODER)                                                      \
     template void kcap_cuda_moe_experts<Format::NAME>(const Stage&, const KernelCall&);         \
-    template void kcap_cuda_moe_experts_mma<Format::NAME>(const Stage&, const KernelCall&);     \
-    template void kcap_cuda_moe_experts_bf16_mma<Format::NAME>(const Stage&, const KernelCall&);
+    template void kcap_cuda_moe_experts_mma<Format::NAME>(const Stage&, const KernelCall&);
 KCAP_WEIGHT_FORMATS(KCAP_INSTANTIATE_MOE)
 #undef KCAP_INSTANTIATE_MOE
 #define KCAP_INSTANTIATE_MOE_Q8(NAME, DECODER)                                                     \

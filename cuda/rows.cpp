@@ -494,8 +494,7 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
     // The router (its logits over groups of experts and tokens, then one simd group per token);
     // the chosen experts of every (token, expert) slot with the decode matvec's teams, one grid
     // row per slot; from kMoeGroupedMinTokens, grouped by expert on the split-bf16 tiles
-    // (cuda/moe.cu) where gate, up and down all have tiles (with bf16 activations, the bf16
-    // tiles: bf16(W) . bf16(x)); with q8_1 activations the slot
+    // (cuda/moe.cu) where gate, up and down all have tiles; with q8_1 activations the slot
     // matvecs' and the grouped tiles' int8 forms where gate, up and down all have integer
     // products; the shared expert's gate.
     // The router's bias (operand 2, F32: gpt-oss) is added to its logits.
@@ -557,13 +556,6 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
             add_moe_expert_biases(grouped);                                                              \
             grouped.dims.max_experts = KCAP_MOE_MAX_EXPERTS; /* the sort's per-expert counts */          \
             rows.push_back(grouped);                                                                     \
-            Row bf16 = grouped;                                                                          \
-            bf16.kernel = "cuda.moe_experts_bf16_mma." + lower(f);                                       \
-            bf16.fn = KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_bf16_mma<f>);                                \
-            bf16.priority = 3;                                                                           \
-            bf16.input_encoding = Encoding::BF16;                                                        \
-            bf16.launches = {"moe_sort", "mma_bf16_tiles", "moe_activation", "mma_bf16_tiles", "moe_combine"}; \
-            rows.push_back(bf16);                                                                        \
         }                                                                                                \
     }
     KCAP_WEIGHT_FORMATS(KCAP_MOE_EXPERTS_ROW)

@@ -30,11 +30,6 @@
 //       CPU row on bf16(W) and bf16(x) (bf16_weights, bf16_values): 1e-5 + ceil(K / 8) 2^-23,
 //       derived: products of two bf16 values are exact in f32, and the tensor cores' f32 sums
 //       truncate (below), one ulp per mma step of at least 8 values of K.
-//   cuda.moe_experts_bf16_mma.* (bf16 tiles of the grouped experts) the same bound, gate / up
-//       against f64 sums of bf16(W) . bf16(x) and the down against those of the row's own
-//       activations (moe_bf16_reference): each weight is scale * code + offset in f32 rounded
-//       to bf16, as gguf's dequantized value rounded to bf16 but for a tie broken the other way
-//       by a one-ulp difference of the f32 value.
 //   attention (online softmax, f32 exp)                            1e-5
 //   cuda.attention_mma*'s tensor-core prefill                      1e-5 + (2 ceil(span / 16) + head_dim / 8) 2^-23,
 //       derived: the products are exact (f16 K/V, queries and weights split hi + lo: 2^-22), but
@@ -1477,54 +1472,6 @@ MoeQ8Reference moe_q8_reference(const Stage& stage, const std::vector<float>& x,
     return r;
 }
 
-// The bf16 grouped experts' (cuda.moe_experts_bf16_mma.*) two references, in f64 from the
-// weights and inputs rounded to bf16 (bf16_weights, bf16_round): act, each slot's gated
-// activation of bf16(gate) . bf16(x) and bf16(up) . bf16(x); out, the weighted sum of
-// bf16(down) . bf16(a) over the given activations (slot-major: the row's own, which it rounds).
-MoeQ8Reference moe_bf16_reference(const Stage& stage, const std::vector<float>& x, const std::vector<float>& routing,
-                                  const std::vector<float>& row_act) {
-    const int64_t k = stage.k, ff = stage.k2, n = stage.n;
-    const int used = stage.params.n_expert_used, m = int(x.size() / size_t(k));
-    const int n_expert = stage.params.n_expert;
-    const bool merged = (stage.features & kExpertGateUpMerged) != 0;
-    const auto bias = [&](size_t i) {
-        return stage.operands.size() > i ? reinterpret_cast<const float*>(stage.operands[i]->data) : nullptr;
-    };
-    const float *gate_bias = bias(3), *up_bias = bias(4), *down_bias = bias(5);
-    const auto gate = bf16_weights(*stage.operands[0], k, int64_t(n_expert) * ff * (merged ? 2 : 1));
-    const auto up = merged ? nullptr : bf16_weights(*stage.operands[1], k, int64_t(n_expert) * ff);
-    const auto down = bf16_weights(*stage.operands[2], ff, int64_t(n_expert) * n);
-    const float* wg = reinterpret_cast<const float*>(gate->ref.data);
-    const float* wu = merged ? wg : reinterpret_cast<const float*>(up->ref.data);
-    const float* wd = reinterpret_cast<const float*>(down->ref.data);
-    const auto dot = [](const float* w, const float* v, int64_t len) {
-        double sum = 0.0;
-        for (int64_t i = 0; i < len; ++i) sum += double(w[i]) * double(v[i]);
-        return sum;
-    };
-    const std::vector<float> xb = bf16_values(x), ab = bf16_values(row_act);
-    MoeQ8Reference r;
-    r.act.resize(size_t(m) * used * size_t(ff));
-    r.out.assign(size_t(m) * size_t(n), 0.0f);
-    for (int t = 0; t < m; ++t)
-        for (int j = 0; j < used; ++j) {
-            const int64_t e = int64_t(routing[size_t(t) * 2 * used + j]);
-            const float weight = routing[size_t(t) * 2 * used + used + j];
-            const size_t slot = size_t(t) * used + size_t(j);
-            for (int64_t i = 0; i < ff; ++i) {
-                const int64_t g_row = e * (merged ? 2 * ff : ff) + i, u_row = merged ? g_row + ff : e * ff + i;
-                const float g = float(dot(wg + g_row * k, xb.data() + size_t(t) * k, k) + (gate_bias ? gate_bias[e * ff + i] : 0.0));
-                const float u = float(dot(wu + u_row * k, xb.data() + size_t(t) * k, k) + (up_bias ? up_bias[e * ff + i] : 0.0));
-                r.act[slot * ff + i] = gated_activation(stage.params.activation, g, u, stage.params.swiglu_alpha,
-                                                        stage.params.swiglu_limit);
-            }
-            for (int64_t o = 0; o < n; ++o)
-                r.out[size_t(t) * n + o] += float(
-                    double(weight) * (dot(wd + (e * n + o) * ff, ab.data() + slot * ff, ff) + (down_bias ? down_bias[e * n + o] : 0.0)));
-        }
-    return r;
-}
-
 // Mixture-of-experts rows against the CPU rows: cuda.moe_route (the chosen experts exactly, their
 // weights to 1e-5), cuda.moe_experts.<format> (and its q8_1 form, moe_q8_reference) on the CPU's routing (gate and up of the row's
 // format, down of another where the row allows: a Q4_K_M file's Q6_K down), cuda.moe_shared_gate.
@@ -1728,38 +1675,6 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                                         row.kernel.c_str(), format_name(down_format), (long long)k, (long long)ff_legal,
                                         used, m, gemma ? " (merged gate_up, gelu_tanh)" : oai ? " (biases, clamped SwiGLU)" : "",
                                         rows_ok ? "ok" : "out of range", act_excess, err);
-                            ++g_cases;
-                            continue;
-                        }
-                        if (row.input_encoding == Encoding::BF16) {
-                            // The bf16 tiles round the activations (f32, in sorted rows) to bf16 as
-                            // the down tiles stage them: one on a rounding boundary may round apart
-                            // from the reference's, so the activations are held to the reference's,
-                            // and the output to the reference down and sum of the row's own.
-                            const int64_t slots = int64_t(m) * used;
-                            const int rows = int(moe_grouped_tiles(slots, n_expert, cuda_rows::kMmaTokens)) *
-                                             cuda_rows::kMmaTokens;
-                            const std::vector<int32_t> slot_rows = download(t.ctx.moe_slot_rows, size_t(slots));
-                            const std::vector<float> sorted = download(t.ctx.moe_act, size_t(rows) * size_t(ff_legal));
-                            std::vector<float> act(size_t(slots) * size_t(ff_legal));
-                            bool rows_ok = true;
-                            for (int64_t slot = 0; slot < slots; ++slot) {
-                                const int r = slot_rows[size_t(slot)];
-                                if (r < 0 || r >= rows) {
-                                    rows_ok = false;
-                                    continue;
-                                }
-                                std::copy_n(sorted.begin() + int64_t(r) * ff_legal, ff_legal, act.begin() + slot * ff_legal);
-                            }
-                            const MoeQ8Reference bf_ref = moe_bf16_reference(stage, x, routing, act);
-                            const double act_err = relative_error(act, bf_ref.act);
-                            const double err = relative_error(download(out, ref.size()), bf_ref.out);
-                            KCAP_EXPECT(rows_ok && act_err <= gemm_tolerance(k) && err <= gemm_tolerance(ff_legal),
-                                        "%s down %s K=%lld ff=%lld used %d, %d tokens%s: slot rows %s, activations error "
-                                        "%.3g, output %.3g",
-                                        row.kernel.c_str(), format_name(down_format), (long long)k, (long long)ff_legal,
-                                        used, m, gemma ? " (merged gate_up, gelu_tanh)" : oai ? " (biases, clamped SwiGLU)" : "",
-                                        rows_ok ? "ok" : "out of range", act_err, err);
                             ++g_cases;
                             continue;
                         }

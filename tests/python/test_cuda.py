@@ -336,10 +336,9 @@ def test_qwen3_30b_a3b_shape_routes_to_cuda(tmp_path):
             assert kernels["ffn_router"] == ("cuda.moe_route" if n < 64 else "cuda.moe_route_tiled"), (activations, n)
             # down: its own Q6_K body; from 16 tokens the slots grouped by expert on the tiles;
             # with q8_1 activations the int8 forms (dp4a slots, int8 tiles) round x and the
-            # activations; with bf16 the grouped tiles on bf16(W) and bf16(x) (the slots stay exact)
+            # activations
             q8 = "_q8" if activations == "q8_1" else ""
-            tiles = {"q8_1": "_q8", "bf16": "_bf16"}.get(activations, "")
-            want = f"cuda.moe_experts{q8}.q4_k" if n < 16 else f"cuda.moe_experts{tiles}_mma.q4_k"
+            want = f"cuda.moe_experts{q8}.q4_k" if n < 16 else f"cuda.moe_experts{q8}_mma.q4_k"
             assert kernels["ffn_moe"] == want, (activations, n)
         moe = [(r["tokens_min"], r["tokens_max"]) for r in routes if r["stage"] == "ffn_moe"]
         assert moe == [(1, 15), (16, None)]
