@@ -23,10 +23,10 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
                   const float* bias, float* y) {
     extern __shared__ float shared[];
     const KcapThread t = kcap_cuda_thread();
-    kcap_matvec_split_prefetch<ROWS>(t, p, teams, w);  // weights never change: safe before the wait
+    kcap_matvec_split_prefetch<ROWS, false>(t, p, teams, w);  // weights never change: safe before the wait
     pdl_wait();
     pdl_trigger();
-    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_PLAIN>(t, p, teams, chunk_runs, w, w, x, bias, 0, y, shared);
+    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_PLAIN, false>(t, p, teams, chunk_runs, w, w, x, bias, 0, y, shared);
 }
 
 template <class F, int ROWS>
@@ -35,12 +35,12 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
                    const float* x, int activation, float* y) {
     extern __shared__ float shared[];
     const KcapThread t = kcap_cuda_thread();
-    kcap_matvec_split_prefetch<ROWS>(t, p, teams, gate);
-    kcap_matvec_split_prefetch<ROWS>(t, p, teams, up);
+    kcap_matvec_split_prefetch<ROWS, false>(t, p, teams, gate);
+    kcap_matvec_split_prefetch<ROWS, false>(t, p, teams, up);
     pdl_wait();
     pdl_trigger();
-    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_GATE_UP>(t, p, teams, chunk_runs, gate, up, x, nullptr, activation, y,
-                                                    shared);
+    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_GATE_UP, false>(t, p, teams, chunk_runs, gate, up, x, nullptr, activation,
+                                                            y, shared);
 }
 
 // One token: the staged matvec (plain or gate_up) with ROWS rows per team.
@@ -81,13 +81,13 @@ __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_kernel(QkvParams q, con
     KcapThread t = kcap_cuda_thread();
     const QkvSegment s = qkv_segment(q, t);
     switch (s.format) {
-#define KCAP_QKV_CASE(NAME, DECODER)                                                                             \
-    case int(Format::NAME):                                                                                      \
-        kcap_matvec_split_prefetch<kMatvecRows>(t, s.p, s.teams, s.w);                                           \
-        pdl_wait();                                                                                              \
-        pdl_trigger();                                                                                           \
-        kcap_matvec_staged<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN>(t, s.p, s.teams, q.chunk_runs, s.w, s.w, x,  \
-                                                                    nullptr, 0, s.y, shared);                    \
+#define KCAP_QKV_CASE(NAME, DECODER)                                                                                   \
+    case int(Format::NAME):                                                                                            \
+        kcap_matvec_split_prefetch<kMatvecRows, false>(t, s.p, s.teams, s.w);                                          \
+        pdl_wait();                                                                                                    \
+        pdl_trigger();                                                                                                 \
+        kcap_matvec_staged<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN, false>(t, s.p, s.teams, q.chunk_runs, s.w, s.w, x, \
+                                                                           nullptr, 0, s.y, shared);                   \
         break;
         KCAP_WEIGHT_FORMATS(KCAP_QKV_CASE)
 #undef KCAP_QKV_CASE

@@ -77,12 +77,12 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
     extern __shared__ kcap_i32 q8_shared[];
     const KcapThread t = kcap_cuda_thread();
     if (t.group_y == 0) {  // weights never change: safe before the wait; one token's groups suffice
-        kcap_matvec_split_prefetch<ROWS>(t, p, teams, w0);
-        if (GATE_UP) kcap_matvec_split_prefetch<ROWS>(t, p, teams, w1);
+        kcap_matvec_split_prefetch<ROWS, false>(t, p, teams, w0);
+        if (GATE_UP) kcap_matvec_split_prefetch<ROWS, false>(t, p, teams, w1);
     }
     pdl_wait();
     pdl_trigger();
-    kcap_matvec_q8<F, ROWS, GATE_UP ? KCAP_MATVEC_GATE_UP : KCAP_MATVEC_PLAIN>(
+    kcap_matvec_q8<F, ROWS, GATE_UP ? KCAP_MATVEC_GATE_UP : KCAP_MATVEC_PLAIN, false>(
         t, p, teams, chunk_runs, w0, w1, x, rows.codes, rows.d, rows.half_sums, bias, activation, y, q8_shared);
 }
 
@@ -547,13 +547,14 @@ __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_q8_kernel(QkvParams q, 
     KcapThread t = kcap_cuda_thread();
     const QkvSegment s = qkv_segment(q, t);
     switch (s.format) {
-#define KCAP_QKV_Q8_CASE(NAME, DECODER)                                                                           \
-    case int(Format::NAME):                                                                                       \
-        kcap_matvec_split_prefetch<kMatvecRows>(t, s.p, s.teams, s.w);                                            \
-        pdl_wait();                                                                                               \
-        pdl_trigger();                                                                                            \
-        kcap_matvec_q8<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN>(t, s.p, s.teams, q.chunk_runs, s.w, s.w, x, rows.codes, \
-                                                                 rows.d, rows.half_sums, nullptr, 0, s.y, q8_shared); \
+#define KCAP_QKV_Q8_CASE(NAME, DECODER)                                                                                \
+    case int(Format::NAME):                                                                                            \
+        kcap_matvec_split_prefetch<kMatvecRows, false>(t, s.p, s.teams, s.w);                                          \
+        pdl_wait();                                                                                                    \
+        pdl_trigger();                                                                                                 \
+        kcap_matvec_q8<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN, false>(t, s.p, s.teams, q.chunk_runs, s.w, s.w, x,     \
+                                                                       rows.codes, rows.d, rows.half_sums, nullptr, 0, \
+                                                                       s.y, q8_shared);                                \
         break;
         KCAP_Q8_WEIGHT_FORMATS(KCAP_QKV_Q8_CASE)
 #undef KCAP_QKV_Q8_CASE

@@ -78,52 +78,54 @@ __global__ void __launch_bounds__(kMoeRouteThreads)
 }
 
 // The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
-template <class F, int ROWS>
+template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
-    experts_gate_up_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs, const kcap_u8* gate,
-                           const kcap_u8* up, const float* routing, const float* x, int activation, float* act,
-                           const float* gate_bias, const float* up_bias) {
+    experts_gate_up_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
+                           const kcap_u8* gate, const kcap_u8* up, const float* routing, const float* x, int activation,
+                           float* act, const float* gate_bias, const float* up_bias) {
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_gate_up<F, ROWS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
+    kcap_moe_gate_up<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
                                      act, shared, gate_bias, up_bias);
 }
 
 // The slot's down matvec into down[slot].
-template <class F, int ROWS>
+template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
-    experts_down_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs, const kcap_u8* down,
-                        const float* routing, const float* act, float* out, const float* down_bias) {
+    experts_down_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
+                        const kcap_u8* down, const float* routing, const float* act, float* out,
+                        const float* down_bias) {
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_down<F, ROWS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, shared,
+    kcap_moe_down<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, shared,
                                   down_bias);
 }
 
 // kcap_moe_gate_up_q8 / kcap_moe_down_q8 of slot blockIdx.y.
-template <class F, int ROWS>
+template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
-    experts_gate_up_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs, const kcap_u8* gate,
-                              const kcap_u8* up, const float* routing, const float* x, int activation, float* act,
-                              const float* gate_bias, const float* up_bias) {
+    experts_gate_up_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
+                              const kcap_u8* gate, const kcap_u8* up, const float* routing, const float* x,
+                              int activation, float* act, const float* gate_bias, const float* up_bias) {
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_gate_up_q8<F, ROWS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation, act,
-                                 q8_shared, gate_bias, up_bias);
+    kcap_moe_gate_up_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
+                                        act, q8_shared, gate_bias, up_bias);
 }
 
-template <class F, int ROWS>
+template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
-    experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs, const kcap_u8* down,
-                           const float* routing, const float* act, float* out, const float* down_bias) {
+    experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
+                           const kcap_u8* down, const float* routing, const float* act, float* out,
+                           const float* down_bias) {
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_down_q8<F, ROWS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
-                              down_bias);
+    kcap_moe_down_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
+                                     down_bias);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -224,16 +226,22 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 template <bool Q8, class F, int ROWS>
 void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
                               const float* routing, unsigned slots, const float* down_bias) {
-    const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, Q8 ? q8_units_per_row<F>(p.k) : p.k / 32, kMoeMatvecMinLanes);
+    constexpr int kMinLanes = Q8 ? kMoeQ8MatvecMinLanes : kMoeMatvecMinLanes;
+    const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, Q8 ? q8_units_per_row<F>(p.k) : p.k / 32, kMinLanes);
     const int chunk_runs = std::min(p.k / 32, Q8 ? kMatvecQ8ChunkRuns : kMatvecChunkRuns);
     const dim3 grid(matvec_groups(p, teams, ROWS), slots);
     const size_t shared = size_t(Q8 ? matvec_q8_shared_words(p.k, ROWS) : matvec_shared_floats(p.k, ROWS)) * 4;
-    const auto run = [&](auto kernel) {
-        launch(ctx, kernel, grid, dim3(kMatvecSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
-               static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
-    };
-    if constexpr (Q8) run(experts_down_q8_kernel<F, ROWS>);
-    else run(experts_down_kernel<F, ROWS>);
+    with_matvec_body<kMinLanes>(teams.lanes, [&](auto teams_body) {
+        constexpr bool TEAMS = decltype(teams_body)::value;
+        const auto run = [&](auto kernel) {
+            launch(ctx, kernel, grid, dim3(kMatvecSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
+                   static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
+        };
+        if constexpr (Q8)
+            run(experts_down_q8_kernel<F, ROWS, TEAMS>);
+        else
+            run(experts_down_kernel<F, ROWS, TEAMS>);
+    });
 }
 
 // The down matvec of every slot in the down matrix's format (fixed per stage; Q8: one with
@@ -273,11 +281,14 @@ void launch_experts_gate_up(const Context& ctx, const Stage& stage, const Kernel
                             const KcapMoeParams& moe, KcapMatmulParams p, unsigned slots) {
     const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, p.k / 32, kMoeMatvecMinLanes);
     const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
-    launch(ctx, experts_gate_up_kernel<F, ROWS>, dim3(matvec_groups(p, teams, ROWS), slots),
-           dim3(kMatvecSimds * 32), size_t(matvec_shared_floats(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
-           static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
-           call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
-           static_cast<const float*>(data.operands[4]));
+    with_matvec_body<kMoeMatvecMinLanes>(teams.lanes, [&](auto teams_body) {
+        launch(ctx, experts_gate_up_kernel<F, ROWS, decltype(teams_body)::value>,
+               dim3(matvec_groups(p, teams, ROWS), slots), dim3(kMatvecSimds * 32),
+               size_t(matvec_shared_floats(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
+               static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
+               call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
+               static_cast<const float*>(data.operands[4]));
+    });
 }
 
 }  // namespace
@@ -367,13 +378,16 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
     p.m = 1;
     p.row_bytes = unsigned(row_bytes(FORMAT, moe.k));
     constexpr int ROWS = kMoeQ8GateUpRows;
-    const KcapMatvecTeams teams = cuda::matvec_teams(ctx, p, ROWS, cuda::q8_units_per_row<F>(p.k), kMoeMatvecMinLanes);
+    const KcapMatvecTeams teams = cuda::matvec_teams(ctx, p, ROWS, cuda::q8_units_per_row<F>(p.k), kMoeQ8MatvecMinLanes);
     const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
-    cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, ROWS>, dim3(cuda::matvec_groups(p, teams, ROWS), slots),
-                 dim3(kMatvecSimds * 32), size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
-                 static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
-                 call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
-                 static_cast<const float*>(data.operands[4]));
+    with_matvec_body<kMoeQ8MatvecMinLanes>(teams.lanes, [&](auto teams_body) {
+        cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, ROWS, decltype(teams_body)::value>,
+                     dim3(cuda::matvec_groups(p, teams, ROWS), slots), dim3(kMatvecSimds * 32),
+                     size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
+                     static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]),
+                     call.in2, call.in, int(stage.params.activation), ctx.moe_act,
+                     static_cast<const float*>(data.operands[3]), static_cast<const float*>(data.operands[4]));
+    });
     cuda::launch_experts_down<true>(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
                                  static_cast<const float*>(data.operands[5]));
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;

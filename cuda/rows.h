@@ -15,6 +15,8 @@
 #include "kernels/formats_list.h"
 #include "kernels/params.h"
 
+#include <type_traits>
+
 namespace kcap {
 
 struct Stage;
@@ -59,24 +61,45 @@ constexpr int matvec_split(long long n, int sm_count, int rows = kMatvecRows, lo
 // for short rows the most lanes, down to min_lanes, that leave each lane at least
 // kMatvecLaneUnits units, the rest of the simd group taking the next rows. With 32 lanes a row of
 // 24 runs (the 768-wide down matrix of Qwen3-30B-A3B's experts) leaves a quarter of them idle
-// and each busy lane one load; with 8, every lane has three. The experts' slot matvecs take
-// teams down to 4 lanes, the dense matvecs whole simd groups. Measured on the H200, tg128 of
-// 12-layer slices and the small dense files, teams down to 4 lanes for every matvec against
-// whole simd groups (bench/results/cuda_h200_matvec_teams.txt), exact / q8_1: Qwen3-30B-A3B
-// 970 -> 1001 / 1075 -> 1078 tok/s and DeepSeek-V2-Lite 831 -> 853 / 932 -> 945 (their only
-// short rows are the experts' down matrices), gpt-oss-20b unchanged, but SmolLM2 135M 1360 ->
-// 1334 / 1331 -> 1281 and Gemma 3 270M 1389 -> 1409 / 1450 -> 1406 (rows of 576 and 640).
-constexpr int kMatvecFewestLanes = 4;  // the fewest lanes per team the bodies take
-constexpr int kMatvecMinLanes = 32;    // dense matvecs
-constexpr int kMoeMatvecMinLanes = 4;  // the experts' slot matvecs (cuda.moe_experts*)
+// and each busy lane one load; with 8, every lane has three. The exact experts' slot matvecs take
+// teams down to 4 lanes; the dense matvecs and the q8_1 experts' take whole simd groups. Measured
+// on the H200, tg128 of 12-layer slices and SmolLM2 135M, with the bodies' lanes a compile-time
+// choice (bench/results/cuda_h200_matvec_bodies.txt), the experts' matvecs in teams down to 4
+// lanes against whole simd groups: exact Qwen3-30B-A3B 1018 -> 1045 tok/s and DeepSeek-V2-Lite
+// 872 -> 893 (their only short rows are the experts' down matrices), q8_1 Qwen3-30B-A3B 1110 ->
+// 1100 and DeepSeek-V2-Lite 978 -> 978, gpt-oss-20b unchanged (no short rows). Teams for the
+// dense matvecs too had cost SmolLM2 135M 2-4% and Gemma 3 270M up to 3%
+// (bench/results/cuda_h200_matvec_teams.txt).
+constexpr int kMatvecFewestLanes = 4;     // the fewest lanes per team the bodies take
+constexpr int kMatvecMinLanes = 32;       // dense matvecs
+constexpr int kMoeMatvecMinLanes = 4;     // the exact experts' slot matvecs (cuda.moe_experts)
+constexpr int kMoeQ8MatvecMinLanes = 32;  // the q8_1 experts' slot matvecs (cuda.moe_experts_q8)
 constexpr int kMatvecLaneUnits = 2;
-static_assert(kMatvecMinLanes >= kMatvecFewestLanes && kMoeMatvecMinLanes >= kMatvecFewestLanes,
+static_assert(kMatvecMinLanes >= kMatvecFewestLanes && kMoeMatvecMinLanes >= kMatvecFewestLanes &&
+                  kMoeQ8MatvecMinLanes >= kMatvecFewestLanes,
               "teams of at least kMatvecFewestLanes lanes (test_cuda_kernels_host checks those)");
 constexpr int matvec_lanes(long long units, int min_lanes = kMatvecMinLanes) {
     int lanes = 32;
     while (lanes > min_lanes && units < (long long)lanes * kMatvecLaneUnits) lanes /= 2;
     return lanes;
 }
+// The body a matvec launches whose teams have `lanes` lanes, found by matvec_lanes with
+// MIN_LANES (kernels/matvec.h, TEAMS): fn(std::false_type) for whole simd groups, the bodies
+// whose lanes are a constant, fn(std::true_type) for the short rows' teams. With MIN_LANES 32
+// the lanes are always 32 and only the first is instantiated (the dense matvecs' kernels take
+// that body alone).
+template <int MIN_LANES, class Fn>
+void with_matvec_body(int lanes, Fn&& fn) {
+    if constexpr (MIN_LANES == 32) {
+        fn(std::false_type{});
+    } else {
+        if (lanes == 32)
+            fn(std::false_type{});
+        else
+            fn(std::true_type{});
+    }
+}
+static_assert(kMatvecMinLanes == 32, "the dense matvecs' kernels instantiate the whole-simd-group bodies only");
 // Weight rows per group of a matvec with teams of `split` simd groups of `lanes` lanes each
 // (split 1 where lanes < 32), `rows` rows per team.
 constexpr int matvec_group_rows(int split, int lanes, int rows) { return kMatvecSimds / split * (32 / lanes) * rows; }

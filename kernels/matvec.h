@@ -45,25 +45,46 @@ struct KcapMatvecTeam {
 KCAP_FN int kcap_matvec_group_teams(const KcapMatvecTeams teams, int simds) {
     return simds / teams.split * (KCAP_SIMD_WIDTH / teams.lanes);
 }
-template <int ROWS>
+// A body's teams, fixed at compile time by TEAMS: false, whole simd groups (lanes is
+// KCAP_SIMD_WIDTH, a constant; teams.lanes must be too), true, the short rows' teams of fewer
+// lanes (teams.lanes 4, 8 or 16; split 1). The launchers take the body the host's teams call for
+// (cuda_rows::with_matvec_body): with whole simd groups a constant, the lanes' indices and the lane
+// sums fold to plain simd-group code; as a runtime value they cost decode 2-5%
+// (bench/results/cuda_h200_matvec_bodies.txt).
+template <bool TEAMS>
+KCAP_FN int kcap_matvec_team_lanes(const KcapMatvecTeams teams) {
+    return TEAMS ? teams.lanes : KCAP_SIMD_WIDTH;
+}
+template <bool TEAMS>
+KCAP_FN int kcap_matvec_team_split(const KcapMatvecTeams teams) {
+    return TEAMS ? 1 : teams.split;
+}
+// log2 of a team's lanes (a power of two, 4 to KCAP_SIMD_WIDTH = 32): shifts and masks, not
+// divisions, place the lanes.
+KCAP_FN int kcap_matvec_lane_shift(int lanes) {
+    return lanes >= 32 ? 5 : lanes >= 16 ? 4 : lanes >= 8 ? 3 : 2;
+}
+template <int ROWS, bool TEAMS>
 KCAP_FN KcapMatvecTeam kcap_matvec_team(const KcapThread t, const KcapMatvecTeams teams) {
-    const int per_simd = KCAP_SIMD_WIDTH / teams.lanes;
-    const int team = int(t.simd) / teams.split * per_simd + int(t.lane) / teams.lanes;
+    const int lanes = kcap_matvec_team_lanes<TEAMS>(teams), split = kcap_matvec_team_split<TEAMS>(teams);
+    const int shift = kcap_matvec_lane_shift(lanes), per_simd_shift = 5 - shift;  // log2 teams per simd group
+    const int team = ((int(t.simd) / split) << per_simd_shift) + (int(t.lane) >> shift);
     KcapMatvecTeam out;
-    out.row0 = (int(t.group_x) * kcap_matvec_group_teams(teams, int(t.simds)) + team) * ROWS;
-    out.part = int(t.simd) % teams.split;
-    out.lane = int(t.lane) % teams.lanes;
+    out.row0 = (((int(t.group_x) * (int(t.simds) / split)) << per_simd_shift) + team) * ROWS;
+    out.part = int(t.simd) % split;
+    out.lane = int(t.lane) & (lanes - 1);
     return out;
 }
 // Asks for the weight rows this thread's team will read in the staged decode matvec (ROWS rows
 // per team; the q8_1 matvec's teams too): a hint, issued before waiting on the previous kernel
 // so the bytes are on their way while it finishes.
-template <int ROWS>
+template <int ROWS, bool TEAMS>
 KCAP_FN void kcap_matvec_split_prefetch(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams,
                                         const KCAP_GLOBAL kcap_u8* w) {
-    const KcapMatvecTeam me = kcap_matvec_team<ROWS>(t, teams);
-    const unsigned first = (unsigned(me.part) * unsigned(teams.lanes) + unsigned(me.lane)) * 128u;
-    const unsigned stride = unsigned(teams.split) * unsigned(teams.lanes) * 128u;
+    const KcapMatvecTeam me = kcap_matvec_team<ROWS, TEAMS>(t, teams);
+    const unsigned lanes = unsigned(kcap_matvec_team_lanes<TEAMS>(teams));
+    const unsigned first = (unsigned(me.part) * lanes + unsigned(me.lane)) * 128u;
+    const unsigned stride = unsigned(kcap_matvec_team_split<TEAMS>(teams)) * lanes * 128u;
     for (int j = 0; j < ROWS; ++j) {
         if (me.row0 + j >= p.n) break;
         const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(me.row0 + j) * p.row_bytes;
@@ -74,7 +95,8 @@ KCAP_FN void kcap_matvec_split_prefetch(const KcapThread t, const KcapMatmulPara
 // The sum of v over a team's lanes (every lane of the simd group calls it; each team's lanes
 // get their team's sum). Whole simd groups: kcap_simd_sum's order.
 KCAP_FN float kcap_matvec_team_sum(float v, int lanes) {
-    for (int offset = lanes / 2; offset > 0; offset >>= 1) v += kcap_simd_shuffle_xor(v, offset);
+    KCAP_UNROLL for (int offset = KCAP_SIMD_WIDTH / 2; offset > 0; offset >>= 1)
+        if (offset < lanes) v += kcap_simd_shuffle_xor(v, offset);
     return v;
 }
 
@@ -93,18 +115,18 @@ KCAP_FN int kcap_matvec_staged_floats(int chunk_runs, int simds, int sums) {
 // over the group: every thread reaches the barrier or none does) and lane 0 of part 0 writes the
 // team's rows: y = acc (+ bias), or kcap_gated(act, gate (+ bias), up (+ bias2)) with the clamped
 // SwiGLU's alpha and limit (null biases: none).
-template <int ROWS, int MODE>
+template <int ROWS, int MODE, bool TEAMS>
 KCAP_FN void kcap_matvec_finish(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams,
                                 KCAP_PRIVATE float (&acc)[MODE == KCAP_MATVEC_GATE_UP ? 2 : 1][ROWS],
                                 KCAP_SHARED float* partials, const KCAP_GLOBAL float* bias, int activation,
                                 KCAP_GLOBAL float* y, const KCAP_GLOBAL float* bias2 = nullptr, float alpha = 0.0f,
                                 float limit = 0.0f) {
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
-    const int split = teams.split;
-    const KcapMatvecTeam me = kcap_matvec_team<ROWS>(t, teams);
+    const int split = kcap_matvec_team_split<TEAMS>(teams);
+    const KcapMatvecTeam me = kcap_matvec_team<ROWS, TEAMS>(t, teams);
     const int team = int(t.simd) / split, part = me.part, row0 = me.row0;  // team: of whole simd groups
     KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
-        acc[mat][j] = kcap_matvec_team_sum(acc[mat][j], teams.lanes);
+        acc[mat][j] = kcap_matvec_team_sum(acc[mat][j], kcap_matvec_team_lanes<TEAMS>(teams));
     if (split > 1) {  // whole simd groups only (lanes == KCAP_SIMD_WIDTH)
         if (t.lane == 0) {
             KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
@@ -135,7 +157,7 @@ KCAP_FN void kcap_matvec_finish(const KcapThread t, const KcapMatmulParams p, co
 // bytes), `activation` as in kcap_gated, with the gate's bias (bias) and up's (bias2) where not
 // null. shared: kcap_matvec_staged_floats(chunk_runs, simds, ROWS * (MODE == KCAP_MATVEC_GATE_UP
 // ? 2 : 1)) floats.
-template <class F, int ROWS, int MODE>
+template <class F, int ROWS, int MODE, bool TEAMS>
 KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams, int chunk_runs,
                                 const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
                                 const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* bias, int activation,
@@ -145,7 +167,8 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, co
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
     KCAP_SHARED float* xs = shared;
     KCAP_SHARED float* partials = shared + chunk_runs * KCAP_MATVEC_RUN_STRIDE;
-    const KcapMatvecTeam me = kcap_matvec_team<ROWS>(t, teams);
+    const KcapMatvecTeam me = kcap_matvec_team<ROWS, TEAMS>(t, teams);
+    const int lanes = kcap_matvec_team_lanes<TEAMS>(teams), split = kcap_matvec_team_split<TEAMS>(teams);
     const int row0 = me.row0;
     const int runs = p.k / 32;
     float acc[kMats][ROWS];
@@ -160,7 +183,7 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, co
         }
         kcap_barrier();
         if (row0 < p.n) {
-            for (int run = chunk0 + me.part * teams.lanes + me.lane; run < chunk_end; run += teams.lanes * teams.split) {
+            for (int run = chunk0 + me.part * lanes + me.lane; run < chunk_end; run += lanes * split) {
                 float xv[32];
                 const KCAP_SHARED float* from = xs + (run - chunk0) * KCAP_MATVEC_RUN_STRIDE;
                 KCAP_UNROLL for (int i = 0; i < 32; ++i) xv[i] = from[i];
@@ -181,8 +204,8 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, co
     // Float formats may end in a partial run (K % 32 elements, K a multiple of 4): part 0 of
     // each team takes them from global memory, one per lane a round (kcap_matmul_tail).
     if (me.part == 0 && row0 < p.n) {
-        kcap_matmul_tail<F, ROWS>(me.lane, teams.lanes, p, row0, w0, x, acc[0]);
-        if (kMats == 2) kcap_matmul_tail<F, ROWS>(me.lane, teams.lanes, p, row0, w1, x, acc[kMats - 1]);
+        kcap_matmul_tail<F, ROWS>(me.lane, lanes, p, row0, w0, x, acc[0]);
+        if (kMats == 2) kcap_matmul_tail<F, ROWS>(me.lane, lanes, p, row0, w1, x, acc[kMats - 1]);
     }
-    kcap_matvec_finish<ROWS, MODE>(t, p, teams, acc, partials, bias, activation, y, bias2, alpha, limit);
+    kcap_matvec_finish<ROWS, MODE, TEAMS>(t, p, teams, acc, partials, bias, activation, y, bias2, alpha, limit);
 }

@@ -262,7 +262,7 @@ struct KcapQ8Units<KcapQ6_K> {
 // gate_up); x is either f32 (x_codes null: every group quantizes it) or the tokens'
 // q8_1 rows (x_codes, x_d, x_half_sums from kcap_q8_quantize_rows; x unused); y is token group_y's row. shared: chunk_runs * (KCAP_Q8_RUN_WORDS + 1)
 // + simds * ROWS * (MODE == KCAP_MATVEC_GATE_UP ? 2 : 1) words (cuda_rows::matvec_q8_shared_words).
-template <class F, int ROWS, int MODE>
+template <class F, int ROWS, int MODE, bool TEAMS>
 KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams, int chunk_runs,
                             const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
                             const KCAP_GLOBAL float* x, const KCAP_GLOBAL kcap_u32* x_codes, const KCAP_GLOBAL float* x_d,
@@ -284,7 +284,8 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const 
         x += kcap_u64(t.group_y) * kcap_u64(p.k);
     }
     y += kcap_u64(t.group_y) * kcap_u64(p.n);
-    const KcapMatvecTeam me = kcap_matvec_team<ROWS>(t, teams);
+    const KcapMatvecTeam me = kcap_matvec_team<ROWS, TEAMS>(t, teams);
+    const int lanes = kcap_matvec_team_lanes<TEAMS>(teams), split = kcap_matvec_team_split<TEAMS>(teams);
     const int row0 = me.row0;
     const int runs = p.k / 32;
     float acc[kMats][ROWS];
@@ -301,8 +302,8 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const 
         if (row0 < p.n) {
             // Units of the chunk's blocks (chunk0 and chunk_end are multiples of kRunsPerBlock).
             const int unit_end = chunk_end / kRunsPerBlock * kUnits;
-            for (int unit = chunk0 / kRunsPerBlock * kUnits + me.part * teams.lanes + me.lane; unit < unit_end;
-                 unit += teams.lanes * teams.split) {
+            for (int unit = chunk0 / kRunsPerBlock * kUnits + me.part * lanes + me.lane; unit < unit_end;
+                 unit += lanes * split) {
                 const int block = unit / kUnits, block_run = block * kRunsPerBlock - chunk0;
                 const KCAP_SHARED kcap_i32* block_records = records + block_run * KCAP_Q8_RUN_WORDS;
                 const unsigned block_offset = unsigned(block) * unsigned(F::block_bytes);
@@ -317,5 +318,5 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const 
             }
         }
     }
-    kcap_matvec_finish<ROWS, MODE>(t, p, teams, acc, partials, bias, activation, y, bias2, alpha, limit);
+    kcap_matvec_finish<ROWS, MODE, TEAMS>(t, p, teams, acc, partials, bias, activation, y, bias2, alpha, limit);
 }

@@ -25,7 +25,7 @@ kernel void kcap_matvec_staged_entry(constant KcapMatmulParams& p [[buffer(0)]],
                                      device float* y [[buffer(6)]],
                                      threadgroup float* shared KCAP_METAL_THREADGROUP_INDEX(0), KCAP_METAL_THREAD_ARGS) {
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_matvec_staged<F, kMatvecRows, MODE>(t, p, kcap_matvec_parts(a.split), a.chunk_runs, w0, w1, x, bias, a.activation, y, shared);
+    kcap_matvec_staged<F, kMatvecRows, MODE, false>(t, p, kcap_matvec_parts(a.split), a.chunk_runs, w0, w1, x, bias, a.activation, y, shared);
 }
 
 // Grid: x = ceil(n / (kTokensSimds * kTokensRows)), y = ceil(m / kTokensPerPass); kTokensSimds * 32 threads.

@@ -45,7 +45,7 @@ kernel void kcap_moe_gate_up_entry(constant KcapMoeParams& moe [[buffer(0)]], co
                                    constant int& has_gate_bias [[buffer(10)]], constant int& has_up_bias [[buffer(11)]],
                                    threadgroup float* shared KCAP_METAL_THREADGROUP_INDEX(0), KCAP_METAL_THREAD_ARGS) {
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_moe_gate_up<F, kMatvecRows>(t, moe, p, kcap_matvec_parts(a.split), a.chunk_runs, gate, up, routing, x, a.activation, act, shared,
+    kcap_moe_gate_up<F, kMatvecRows, false>(t, moe, p, kcap_matvec_parts(a.split), a.chunk_runs, gate, up, routing, x, a.activation, act, shared,
                                      has_gate_bias ? gate_bias : nullptr, has_up_bias ? up_bias : nullptr);
 }
 
@@ -58,7 +58,7 @@ kernel void kcap_moe_down_entry(constant KcapMoeParams& moe [[buffer(0)]], const
                                 device float* down_out [[buffer(6)]], device const float* down_bias [[buffer(7)]],
                                 threadgroup float* shared KCAP_METAL_THREADGROUP_INDEX(0), KCAP_METAL_THREAD_ARGS) {
     const KcapThread t = KCAP_METAL_THREAD();
-    kcap_moe_down<F, kMatvecRows>(t, moe, p, kcap_matvec_parts(a.split), a.chunk_runs, down, routing, act, down_out, shared,
+    kcap_moe_down<F, kMatvecRows, false>(t, moe, p, kcap_matvec_parts(a.split), a.chunk_runs, down, routing, act, down_out, shared,
                                   p.has_bias ? down_bias : nullptr);
 }
 

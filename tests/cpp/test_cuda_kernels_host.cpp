@@ -444,9 +444,15 @@ void test_matmul_rows(std::mt19937& rng, CpuState& cpu) {
                                                              runs, teams.split == 2 || teams.lanes == 8
                                                                        ? 32
                                                                        : kcap::cuda_rows::kMatvecChunkRuns);
-                                                         kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_PLAIN>(
-                                                             t, p, teams, chunk, w->ref.data, w->ref.data, x.data(), b,
-                                                             0, got.data(), static_cast<float*>(shared));
+                                                         kcap::cuda_rows::with_matvec_body<
+                                                             kcap::cuda_rows::kMatvecFewestLanes>(
+                                                             teams.lanes, [&](auto body) {
+                                                                 kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_PLAIN,
+                                                                                    decltype(body)::value>(
+                                                                     t, p, teams, chunk, w->ref.data, w->ref.data,
+                                                                     x.data(), b, 0, got.data(),
+                                                                     static_cast<float*>(shared));
+                                                             });
                                                      });
                                     const double err = matmul_error(got, ref, w->ref, x.data(), k, n, m);
                                     KCAP_EXPECT(err <= kMatmulTolerance,
@@ -957,37 +963,46 @@ void test_moe_experts(std::mt19937& rng, CpuState& cpu) {
                 moe.n_tokens = m, moe.k = int(k), moe.ff = int(ff), moe.n = int(n), moe.n_expert = n_expert;
                 moe.n_used = used, moe.swiglu_alpha = 1.702f, moe.swiglu_limit = 7.0f;
                 const int slots = m * used;
-                std::vector<float> act = nan_filled(size_t(slots) * ff), down_out = nan_filled(size_t(slots) * n);
                 KcapMatmulParams pg{};
                 pg.k = int(k), pg.n = int(ff), pg.m = 1, pg.row_bytes = unsigned(row_bytes(f, k));
                 const int activation = gpt_oss ? KCAP_ACTIVATION_SWIGLU_OAI : 0;
-                // Teams of 4 lanes for these short rows (2 runs: half of each team idle).
-                const KcapMatvecTeams gate_teams{1, 4};
-                const KcapMatvecTeams down_teams{1, 4};
-                kcap_sim::launch({matvec_test_groups(ff, gate_teams, kMatvecRows), unsigned(slots), 1}, kMatvecSimds * 32,
-                                 kcap::cuda_rows::kMatvecSharedBytes, [&](const KcapThread& t, void* shared) {
-                                     kcap_moe_gate_up<F, kMatvecRows>(t, moe, pg, gate_teams, int(k / 32), gate->ref.data,
-                                                                      up->ref.data, routing.data(), x.data(), activation,
-                                                                      act.data(), static_cast<float*>(shared),
-                                                                      gpt_oss ? gate_bias.data() : nullptr,
-                                                                      gpt_oss ? up_bias.data() : nullptr);
-                                 });
                 KcapMatmulParams pd{};
                 pd.k = int(ff), pd.n = int(n), pd.m = 1, pd.row_bytes = unsigned(row_bytes(f, ff)), pd.has_bias = gpt_oss;
-                kcap_sim::launch({matvec_test_groups(n, down_teams, kMatvecRows), unsigned(slots), 1}, kMatvecSimds * 32,
-                                 kcap::cuda_rows::kMatvecSharedBytes, [&](const KcapThread& t, void* shared) {
-                                     kcap_moe_down<F, kMatvecRows>(t, moe, pd, down_teams, int(ff / 32), down->ref.data,
-                                                                   routing.data(), act.data(), down_out.data(),
-                                                                   static_cast<float*>(shared),
-                                                                   gpt_oss ? down_bias.data() : nullptr);
-                                 });
-                kcap_sim::launch({ceil_div(m * n, 256), 1, 1}, 256, 0, [&](const KcapThread& t, void*) {
-                    kcap_moe_combine(t, moe, routing.data(), down_out.data(), nullptr, got.data());
-                });
-                const double err = relative_error(got, ref);
-                KCAP_EXPECT(err <= kGateUpTolerance, "moe_experts %s %s: error %.3g", format_name(f),
-                            gpt_oss ? "biases + swiglu_oai" : "silu", err);
-                ++checked;
+                // Teams of 4 lanes, as the launchers take for these short rows (2 runs: half of each
+                // team idle), and whole simd groups in 2 parts.
+                for (const KcapMatvecTeams teams : {KcapMatvecTeams{1, 4}, kcap_matvec_parts(2)}) {
+                    std::vector<float> act = nan_filled(size_t(slots) * ff), down_out = nan_filled(size_t(slots) * n);
+                    got = nan_filled(size_t(m * n));
+                    kcap_sim::launch(
+                        {matvec_test_groups(ff, teams, kMatvecRows), unsigned(slots), 1}, kMatvecSimds * 32,
+                        kcap::cuda_rows::kMatvecSharedBytes, [&](const KcapThread& t, void* shared) {
+                            kcap::cuda_rows::with_matvec_body<kcap::cuda_rows::kMatvecFewestLanes>(
+                                teams.lanes, [&](auto body) {
+                                    kcap_moe_gate_up<F, kMatvecRows, decltype(body)::value>(
+                                        t, moe, pg, teams, int(k / 32), gate->ref.data, up->ref.data, routing.data(),
+                                        x.data(), activation, act.data(), static_cast<float*>(shared),
+                                        gpt_oss ? gate_bias.data() : nullptr, gpt_oss ? up_bias.data() : nullptr);
+                                });
+                        });
+                    kcap_sim::launch({matvec_test_groups(n, teams, kMatvecRows), unsigned(slots), 1}, kMatvecSimds * 32,
+                                     kcap::cuda_rows::kMatvecSharedBytes, [&](const KcapThread& t, void* shared) {
+                                         kcap::cuda_rows::with_matvec_body<kcap::cuda_rows::kMatvecFewestLanes>(
+                                             teams.lanes, [&](auto body) {
+                                                 kcap_moe_down<F, kMatvecRows, decltype(body)::value>(
+                                                     t, moe, pd, teams, int(ff / 32), down->ref.data, routing.data(),
+                                                     act.data(), down_out.data(), static_cast<float*>(shared),
+                                                     gpt_oss ? down_bias.data() : nullptr);
+                                             });
+                                     });
+                    kcap_sim::launch({ceil_div(m * n, 256), 1, 1}, 256, 0, [&](const KcapThread& t, void*) {
+                        kcap_moe_combine(t, moe, routing.data(), down_out.data(), nullptr, got.data());
+                    });
+                    const double err = relative_error(got, ref);
+                    KCAP_EXPECT(err <= kGateUpTolerance, "moe_experts %s %s split %d lanes %d: error %.3g",
+                                format_name(f), gpt_oss ? "biases + swiglu_oai" : "silu", teams.split, teams.lanes,
+                                err);
+                    ++checked;
+                }
             });
         }
     std::printf("moe_experts bodies: %d cases\n", checked);
@@ -1019,14 +1034,18 @@ void check_moe_experts_q8_bodies(Format gate_up_format, Format down_format, bool
         with_decoder(gate_up_format, [&](auto decoder) {
             using F = decltype(decoder);
             if constexpr (KcapCodes<F>::has_codes8)
-                kcap_sim::launch({matvec_test_groups(ff, teams, kMoeQ8GateUpRows), unsigned(slots), 1}, kMatvecSimds * 32,
-                                 size_t(kcap::cuda_rows::matvec_q8_shared_words(k, kMoeQ8GateUpRows)) * 4,
-                                 [&](const KcapThread& t, void* words) {
-                                     kcap_moe_gate_up_q8<F, kMoeQ8GateUpRows>(
-                                         t, moe, pg, teams, int(k / 32), stage.operands[0]->data, stage.operands[1]->data,
-                                         routing.data(), x.data(), activation, act.data(), static_cast<kcap_i32*>(words),
-                                         gpt_oss ? gate_bias.data() : nullptr, gpt_oss ? up_bias.data() : nullptr);
-                                 });
+                kcap_sim::launch(
+                    {matvec_test_groups(ff, teams, kMoeQ8GateUpRows), unsigned(slots), 1}, kMatvecSimds * 32,
+                    size_t(kcap::cuda_rows::matvec_q8_shared_words(k, kMoeQ8GateUpRows)) * 4,
+                    [&](const KcapThread& t, void* words) {
+                        kcap::cuda_rows::with_matvec_body<kcap::cuda_rows::kMatvecFewestLanes>(
+                            teams.lanes, [&](auto body) {
+                                kcap_moe_gate_up_q8<F, kMoeQ8GateUpRows, decltype(body)::value>(
+                                    t, moe, pg, teams, int(k / 32), stage.operands[0]->data, stage.operands[1]->data,
+                                    routing.data(), x.data(), activation, act.data(), static_cast<kcap_i32*>(words),
+                                    gpt_oss ? gate_bias.data() : nullptr, gpt_oss ? up_bias.data() : nullptr);
+                            });
+                    });
         });
         with_decoder(down_format, [&](auto decoder) {
             using F = decltype(decoder);
@@ -1034,10 +1053,13 @@ void check_moe_experts_q8_bodies(Format gate_up_format, Format down_format, bool
                 kcap_sim::launch({matvec_test_groups(n, teams, kMoeQ8DownRows), unsigned(slots), 1}, kMatvecSimds * 32,
                                  size_t(kcap::cuda_rows::matvec_q8_shared_words(ff, kMoeQ8DownRows)) * 4,
                                  [&](const KcapThread& t, void* words) {
-                                     kcap_moe_down_q8<F, kMoeQ8DownRows>(t, moe, pd, teams, int(ff / 32),
-                                                                      stage.operands[2]->data, routing.data(), act.data(),
-                                                                      down_out.data(), static_cast<kcap_i32*>(words),
-                                                                      gpt_oss ? down_bias.data() : nullptr);
+                                     kcap::cuda_rows::with_matvec_body<kcap::cuda_rows::kMatvecFewestLanes>(
+                                         teams.lanes, [&](auto body) {
+                                             kcap_moe_down_q8<F, kMoeQ8DownRows, decltype(body)::value>(
+                                                 t, moe, pd, teams, int(ff / 32), stage.operands[2]->data,
+                                                 routing.data(), act.data(), down_out.data(),
+                                                 static_cast<kcap_i32*>(words), gpt_oss ? down_bias.data() : nullptr);
+                                         });
                                  });
         });
         kcap_sim::launch({ceil_div(int64_t(m) * n, 256), 1, 1}, 256, 0, [&](const KcapThread& t, void*) {
@@ -2068,18 +2090,30 @@ void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
                                              [&](const KcapThread& t, void* shared) {
                                                  auto* words = static_cast<kcap_i32*>(shared);
                                                  if (gate_up)
-                                                     kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_GATE_UP>(
-                                                         t, p, teams, chunk, w0->ref.data, w1->ref.data,
-                                                         quantized ? nullptr : x.data(), quantized ? codes.data() : nullptr,
-                                                         x_d.data(), half_sums.data(), nullptr, int(Activation::SiLU),
-                                                         got.data(), words);
+                                                     kcap::cuda_rows::with_matvec_body<
+                                                         kcap::cuda_rows::kMatvecFewestLanes>(
+                                                         teams.lanes, [&](auto body) {
+                                                             kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_GATE_UP,
+                                                                            decltype(body)::value>(
+                                                                 t, p, teams, chunk, w0->ref.data, w1->ref.data,
+                                                                 quantized ? nullptr : x.data(),
+                                                                 quantized ? codes.data() : nullptr, x_d.data(),
+                                                                 half_sums.data(), nullptr, int(Activation::SiLU),
+                                                                 got.data(), words);
+                                                         });
                                                  else
-                                                     kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_PLAIN>(
-                                                         t, p, teams, chunk, w0->ref.data, w0->ref.data,
-                                                         quantized ? nullptr : x.data(), quantized ? codes.data() : nullptr,
-                                                         x_d.data(), half_sums.data(),
-                                                         reinterpret_cast<const float*>(bias->ref.data), 0, got.data(),
-                                                         words);
+                                                     kcap::cuda_rows::with_matvec_body<
+                                                         kcap::cuda_rows::kMatvecFewestLanes>(
+                                                         teams.lanes, [&](auto body) {
+                                                             kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_PLAIN,
+                                                                            decltype(body)::value>(
+                                                                 t, p, teams, chunk, w0->ref.data, w0->ref.data,
+                                                                 quantized ? nullptr : x.data(),
+                                                                 quantized ? codes.data() : nullptr, x_d.data(),
+                                                                 half_sums.data(),
+                                                                 reinterpret_cast<const float*>(bias->ref.data), 0,
+                                                                 got.data(), words);
+                                                         });
                                              });
                             const double err = gate_up ? gate_up_error(got, ref, w0->ref, w1->ref, xr.data(), k, n, m,
                                                                        Activation::SiLU)
@@ -2119,12 +2153,17 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
                             std::vector<float> got = nan_filled(size_t(n));
                             const int chunk =
                                 std::min(int(k / 32), teams.split == 4 ? 32 : kcap::cuda_rows::kMatvecChunkRuns);
-                            kcap_sim::launch({matvec_test_groups(n, teams, kMatvecRows), 1, 1}, kMatvecSimds * 32,
-                                             kcap::cuda_rows::kMatvecSharedBytes, [&](const KcapThread& t, void* shared) {
-                                                 kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_GATE_UP>(
-                                                     t, p, teams, chunk, gate->ref.data, up->ref.data, x.data(), nullptr,
-                                                     int(act), got.data(), static_cast<float*>(shared));
-                                             });
+                            kcap_sim::launch(
+                                {matvec_test_groups(n, teams, kMatvecRows), 1, 1}, kMatvecSimds * 32,
+                                kcap::cuda_rows::kMatvecSharedBytes, [&](const KcapThread& t, void* shared) {
+                                    kcap::cuda_rows::with_matvec_body<kcap::cuda_rows::kMatvecFewestLanes>(
+                                        teams.lanes, [&](auto body) {
+                                            kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_GATE_UP,
+                                                               decltype(body)::value>(
+                                                t, p, teams, chunk, gate->ref.data, up->ref.data, x.data(), nullptr,
+                                                int(act), got.data(), static_cast<float*>(shared));
+                                        });
+                                });
                             const double err = gate_up_error(got, ref, gate->ref, up->ref, x.data(), k, n, 1, act);
                             KCAP_EXPECT(err <= kGateUpTolerance, "%s K=%lld N=%lld %s split=%d lanes=%d: error %.3g",
                                         row.kernel.c_str(), (long long)k, (long long)n, activation_name(act),
