@@ -2089,31 +2089,25 @@ void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
                                              kMatvecSimds * 32, kcap::cuda_rows::kMatvecQ8SharedBytes,
                                              [&](const KcapThread& t, void* shared) {
                                                  auto* words = static_cast<kcap_i32*>(shared);
-                                                 if (gate_up)
-                                                     kcap::cuda_rows::with_matvec_body<
-                                                         kcap::cuda_rows::kMatvecFewestLanes>(
-                                                         teams.lanes, [&](auto body) {
-                                                             kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_GATE_UP,
-                                                                            decltype(body)::value>(
+                                                 kcap::cuda_rows::with_matvec_body<kcap::cuda_rows::kMatvecFewestLanes>(
+                                                     teams.lanes, [&](auto body) {
+                                                         constexpr bool TEAMS = decltype(body)::value;
+                                                         if (gate_up)
+                                                             kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_GATE_UP, TEAMS>(
                                                                  t, p, teams, chunk, w0->ref.data, w1->ref.data,
                                                                  quantized ? nullptr : x.data(),
                                                                  quantized ? codes.data() : nullptr, x_d.data(),
                                                                  half_sums.data(), nullptr, int(Activation::SiLU),
                                                                  got.data(), words);
-                                                         });
-                                                 else
-                                                     kcap::cuda_rows::with_matvec_body<
-                                                         kcap::cuda_rows::kMatvecFewestLanes>(
-                                                         teams.lanes, [&](auto body) {
-                                                             kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_PLAIN,
-                                                                            decltype(body)::value>(
+                                                         else
+                                                             kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_PLAIN, TEAMS>(
                                                                  t, p, teams, chunk, w0->ref.data, w0->ref.data,
                                                                  quantized ? nullptr : x.data(),
                                                                  quantized ? codes.data() : nullptr, x_d.data(),
                                                                  half_sums.data(),
                                                                  reinterpret_cast<const float*>(bias->ref.data), 0,
                                                                  got.data(), words);
-                                                         });
+                                                     });
                                              });
                             const double err = gate_up ? gate_up_error(got, ref, w0->ref, w1->ref, xr.data(), k, n, m,
                                                                        Activation::SiLU)
