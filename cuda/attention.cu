@@ -166,6 +166,46 @@ __global__ void __launch_bounds__(KCAP_MLA_THREADS)
     kcap_mla_v_up<F>(kcap_cuda_thread(), p, latent, vb, out, ls);
 }
 
+// A prefill chunk's tiled forms (cuda.attention_mla_tiled): the queries absorbed KCAP_MLA_TOKENS
+// tokens of a head at a time (groups x < token tiles x heads) and the call's cache rows appended
+// (the groups after them, y = 0: one per token), then the tiled attend, then the V up-projection
+// in token tiles.
+template <class F>
+__global__ void __launch_bounds__(KCAP_MLA_THREADS)
+    mla_append_absorb_tokens_kernel(KcapMlaParams p, const kcap_i32* step, const float* q, const float* kv_new,
+                                    const float* norm, const kcap_u8* kb, const float2* cos_sin, kcap_u8* cache,
+                                    float* absorbed) {
+    __shared__ float shared[KCAP_MLA_TOKENS_SHARED_FLOATS(KCAP_MLA_MAX_WIDTH)];
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    KcapThread t = kcap_cuda_thread();
+    const unsigned groups = unsigned(KCAP_MLA_TOKEN_TILES(p) * p.n_head);
+    if (t.group_x < groups) {
+        kcap_mla_absorb_tokens<F>(t, p, step, q, kb, cos_sin, absorbed, shared);
+    } else if (t.group_y == 0) {
+        t.group_x -= groups;
+        kcap_mla_append(t, p, step, kv_new, norm, cos_sin, cache, shared);
+    }
+}
+
+__global__ void __launch_bounds__(KCAP_MLA_THREADS)
+    mla_attend_tiled_kernel(KcapMlaParams p, const kcap_i32* step, const float* absorbed, const kcap_u8* cache,
+                            float* latent) {
+    extern __shared__ __align__(16) float tile_shared[];
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_mla_attend_tiled(kcap_cuda_thread(), p, step, absorbed, cache, latent, tile_shared);
+}
+
+template <class F>
+__global__ void __launch_bounds__(KCAP_MLA_THREADS)
+    mla_v_up_tokens_kernel(KcapMlaParams p, const float* latent, const kcap_u8* vb, float* out) {
+    __shared__ float ls[KCAP_MLA_TOKENS_SHARED_FLOATS(KCAP_MLA_MAX_LORA)];
+    cuda::pdl_wait();
+    cuda::pdl_trigger();
+    kcap_mla_v_up_tokens<F>(kcap_cuda_thread(), p, latent, vb, out, ls);
+}
+
 }  // namespace
 
 namespace cuda {
@@ -312,6 +352,56 @@ void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call) {
 }
 template void kcap_cuda_attention_mla<true>(const Stage&, const KernelCall&);
 template void kcap_cuda_attention_mla<false>(const Stage&, const KernelCall&);
+
+// cuda.attention_mla_tiled, three launches: the queries absorbed in token tiles beside the cache
+// rows appended, the tiled attend (each staged cache row scored and summed for 32 query rows at
+// once, the latents written normalized: no combine), the V up-projection in token tiles.
+void kcap_cuda_attention_mla_tiled(const Stage& stage, const KernelCall& call) {
+    const cuda::Context& ctx = cuda::context(call);
+    const cuda::StageData& data = cuda::stage_data(call);
+    const KcapMlaParams p = mla_params(stage, call.n_tokens, ctx.kv_format);
+    auto* cache = static_cast<kcap_u8*>(ctx.kv.at(size_t(stage.layer)).k);
+    const auto* cos_sin = reinterpret_cast<const float2*>(data.rope_table);
+    const auto* kb = static_cast<const kcap_u8*>(data.operands[1]);
+    const auto* vb = p.combined ? kb : static_cast<const kcap_u8*>(data.operands[2]);
+    const dim3 block(KCAP_MLA_THREADS);
+    const unsigned token_groups = unsigned(KCAP_MLA_TOKEN_TILES(p) * p.n_head);
+    const Format kb_format = stage.operands[1]->format;
+    const Format vb_format = (p.combined ? stage.operands[1] : stage.operands[2])->format;
+    const dim3 absorb_grid(token_groups + unsigned(p.n_tokens), unsigned(KCAP_MLA_ABSORB_BLOCKS(p)));
+    switch (kb_format) {
+#define KCAP_MLA_ABSORB_CASE(NAME, DECODER)                                                                        \
+    case Format::NAME:                                                                                             \
+        cuda::launch(ctx, mla_append_absorb_tokens_kernel<DECODER>, absorb_grid, block, 0, p, ctx.step, call.in,   \
+                     call.in2, static_cast<const float*>(data.operands[0]), kb, cos_sin, cache, ctx.mla_absorbed); \
+        break;
+        KCAP_WEIGHT_FORMATS(KCAP_MLA_ABSORB_CASE)
+#undef KCAP_MLA_ABSORB_CASE
+        default:
+            throw Error(std::string("cuda.attention_mla_tiled: no body for ") + format_name(kb_format));
+    }
+    const int bytes = cuda_rows::mla_tiled_shared_bytes(p.width);
+    // Above 48 KB a kernel must opt in to its dynamic threadgroup memory: once per process, for
+    // the widest row the launch can take (the row's legal dims).
+    static const cudaError_t opted_in =
+        cudaFuncSetAttribute(mla_attend_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             cuda_rows::mla_tiled_shared_bytes(KCAP_MLA_MAX_WIDTH));
+    KCAP_CUDA_CHECK(opted_in);
+    cuda::launch(ctx, mla_attend_tiled_kernel, dim3(unsigned(KCAP_MLA_ATTEND_TILES(p))), block, size_t(bytes), p,
+                 ctx.step, static_cast<const float*>(ctx.mla_absorbed), static_cast<const kcap_u8*>(cache),
+                 ctx.mla_latent);
+    switch (vb_format) {
+#define KCAP_MLA_V_UP_CASE(NAME, DECODER)                                                                         \
+    case Format::NAME:                                                                                            \
+        cuda::launch(ctx, mla_v_up_tokens_kernel<DECODER>, dim3(token_groups, unsigned(KCAP_MLA_V_UP_BLOCKS(p))), \
+                     block, 0, p, static_cast<const float*>(ctx.mla_latent), vb, call.out);                       \
+        break;
+        KCAP_WEIGHT_FORMATS(KCAP_MLA_V_UP_CASE)
+#undef KCAP_MLA_V_UP_CASE
+        default:
+            throw Error(std::string("cuda.attention_mla_tiled: no body for ") + format_name(vb_format));
+    }
+}
 
 #define KCAP_INSTANTIATE_ATTENTION(KIND, ROPE)                                                             \
     template void kcap_cuda_attention<AttnKind::KIND, AttnRope::ROPE, false>(const Stage&, const KernelCall&); \

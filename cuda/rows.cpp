@@ -366,6 +366,19 @@ namespace {
 
 int attention_mma_shared_bytes(const Stage& stage) { return attn_mma_shared_bytes(stage.params.head_dim); }
 
+// cuda.attention_mla_tiled's legal dims: the latent attention family's, and cache rows of whole
+// float4s (the tiled attend stages and reads them 4 values at a time).
+std::string mla_tiled_rejection(const Stage& stage) {
+    std::string why = mla_rejection(stage);
+    if (why.empty() && stage.params.rope_dim % 4)
+        why = "the rope part " + std::to_string(stage.params.rope_dim) +
+              " is not a multiple of 4 (the tiled attend reads cache rows 4 values at a time)";
+    return why;
+}
+int mla_tiled_stage_shared_bytes(const Stage& stage) {
+    return mla_tiled_shared_bytes(stage.params.kv_lora_rank + stage.params.rope_dim);
+}
+
 template <AttnKind KIND, AttnRope ROPE, bool Q8>
 KernelFn attention_launcher() {
     return KCAP_CUDA_ENTRY(kcap_cuda_attention<KIND, ROPE, Q8>);
@@ -463,6 +476,20 @@ void add_cuda_attention_rows(std::vector<Row>& rows) {
                                   KCAP_CUDA_ENTRY(kcap_cuda_attention_mla<true>), mla_geometry));
     rows.push_back(gpu_family_row(GpuFamily::AttentionMla, Backend::CUDA, Format::F32,
                                   KCAP_CUDA_ENTRY(kcap_cuda_attention_mla<false>), mla_geometry));
+    // cuda.attention_mla_tiled (a prefill chunk; preferred where the device has its threadgroup
+    // memory): the absorb and V up in tiles of KCAP_MLA_TOKENS tokens of a head (each decoded
+    // weight run used for all of them), and the tiled attend: 32 query rows (tokens x heads) share
+    // every staged cache row, the latents come out normalized (no combine). Same f32 arithmetic
+    // as the rows above, summed in another order.
+    Row tiled = gpu_family_row(GpuFamily::AttentionMla, Backend::CUDA, Format::F32,
+                               KCAP_CUDA_ENTRY(kcap_cuda_attention_mla_tiled),
+                               {KCAP_MLA_THREADS, KCAP_MLA_TILE_ROWS, mla_tiled_shared_bytes(KCAP_MLA_MAX_WIDTH)});
+    tiled.kernel = "cuda.attention_mla_tiled";
+    tiled.launches = {"mla_append_absorb_tokens", "mla_attend_tiled", "mla_v_up_tokens"};
+    tiled.dims.reject_of = &mla_tiled_rejection;
+    tiled.dims.shared_bytes_of = &mla_tiled_stage_shared_bytes;
+    tiled.priority = 1;
+    rows.push_back(tiled);
 }
 
 void add_cuda_activation_rows(std::vector<Row>& rows) {

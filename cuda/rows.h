@@ -236,6 +236,12 @@ constexpr int attn_mma_shared_bytes(int head_dim) {
 }
 static_assert(attn_mma_shared_bytes(256) == 135424 && attn_mma_shared_bytes(128) == 104704,
               "one group per multiprocessor at head_dim 256, two at 128");
+// cuda.attention_mla_tiled's attend: threadgroup memory for cache rows of `width` values
+// (KCAP_MLA_TILE_SHARED_FLOATS: 165 KB at DeepSeek's 576, so one group per multiprocessor).
+constexpr int mla_tiled_shared_bytes(int width) {
+    return KCAP_MLA_TILE_SHARED_FLOATS(width) * 4;
+}
+static_assert(mla_tiled_shared_bytes(576) == 168960, "the tiled attend's threadgroup memory at DeepSeek's width");
 // Combine of the decode splits: one thread per output dim (kernels/attention.h).
 constexpr int attn_combine_threads(int head_dim_v) { return head_dim_v <= 128 ? 128 : 256; }
 constexpr int kAttnDecodeSimds = 4;  // KCAP_ATTN_DECODE_SIMDS: simd groups of a decode group
@@ -392,6 +398,7 @@ void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_route_tiled(const Stage& stage, const KernelCall& call);
 template <bool DECODE> void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call);
+void kcap_cuda_attention_mla_tiled(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_shared_gate(const Stage& stage, const KernelCall& call);
 
 }  // namespace kcap

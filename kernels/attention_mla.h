@@ -336,8 +336,256 @@ KCAP_FN void kcap_mla_v_up(const KcapThread t, const KcapMlaParams p, const KCAP
                      out + kcap_u64(slot) * kcap_u64(p.dv));
 }
 
+// A prefill chunk's forms (CUDA's cuda.attention_mla_tiled; the other backends run the per-slot
+// bodies above for every token count).
+
+// kcap_mla_rows for T tokens at once: y_j[r] = W[first + r] . x_j for tokens j < n, x_j staged
+// by kcap_mla_stage_tokens (token j's runs at xs + j * (k / 32) * KCAP_MLA_RUN_STRIDE), y_j at
+// y + j * y_stride. Each decoded weight run is used for all T tokens.
+template <class F, int T>
+KCAP_FN void kcap_mla_rows_tokens(const KcapThread t, const KCAP_GLOBAL kcap_u8* w, kcap_u64 row_bytes, int first,
+                                  int n_rows, int k, int row0, const KCAP_SHARED float* xs, int n, KCAP_GLOBAL float* y,
+                                  kcap_u64 y_stride) {
+    constexpr int kRunsPerBlock = F::block_elems / 32;
+    const int runs = k / 32, per_simd = KCAP_MLA_ROWS_PER_SIMD(k);
+    const int lanes = per_simd == 1 ? KCAP_SIMD_WIDTH : runs;
+    const int x_stride = runs * KCAP_MLA_RUN_STRIDE;
+    const int r = row0 + int(t.simd) * per_simd + int(t.lane) / lanes, own = int(t.lane) % lanes;
+    float acc[T];
+    KCAP_UNROLL for (int j = 0; j < T; ++j) acc[j] = 0.0f;
+    if (r < n_rows) {
+        const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(first + r) * row_bytes;
+        float wv[32];
+        for (int run = own; run < runs; run += lanes) {
+            F::decode32(row + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock, wv);
+            const KCAP_SHARED float* xr = xs + run * KCAP_MLA_RUN_STRIDE;
+            KCAP_UNROLL for (int j = 0; j < T; ++j) {
+                float a = 0.0f;
+                KCAP_UNROLL for (int i = 0; i < 32; ++i) a += wv[i] * xr[j * x_stride + i];
+                acc[j] += a;
+            }
+        }
+    }
+    for (int offset = lanes / 2; offset > 0; offset /= 2)
+        KCAP_UNROLL for (int j = 0; j < T; ++j) acc[j] += kcap_simd_shuffle_xor(acc[j], offset);
+    if (own == 0 && r < n_rows)
+        KCAP_UNROLL for (int j = 0; j < T; ++j) if (j < n) y[kcap_u64(j) * y_stride + kcap_u64(r)] = acc[j];
+}
+
+// Stages k values of T tokens' vectors (token j's at x + j * x_stride; zeros for j >= n) in
+// runs of KCAP_MLA_RUN_STRIDE floats, token j's at xs + j * (k / 32) * KCAP_MLA_RUN_STRIDE.
+template <int T>
+KCAP_FN void kcap_mla_stage_tokens(const KcapThread t, const KCAP_GLOBAL float* x, kcap_u64 x_stride, int n, int k,
+                                   KCAP_SHARED float* xs) {
+    const int per_token = k / 32 * KCAP_MLA_RUN_STRIDE;
+    for (int i = int(t.index); i < T * k; i += int(t.threads)) {
+        const int j = i / k, e = i % k;
+        xs[j * per_token + (e / 32) * KCAP_MLA_RUN_STRIDE + e % 32] =
+            j < n ? x[kcap_u64(j) * x_stride + kcap_u64(e)] : 0.0f;
+    }
+}
+
+// kcap_mla_absorb for KCAP_MLA_TOKENS tokens of one head. Grid: x = token tiles x heads
+// (group_x = tile * n_head + head), y = KCAP_MLA_ABSORB_BLOCKS(p). shared:
+// KCAP_MLA_TOKENS_SHARED_FLOATS(KCAP_MLA_MAX_WIDTH).
+template <class F>
+KCAP_FN void kcap_mla_absorb_tokens(const KcapThread t, const KcapMlaParams p, const KCAP_GLOBAL kcap_i32* step,
+                                    const KCAP_GLOBAL float* q, const KCAP_GLOBAL kcap_u8* kb,
+                                    const KCAP_GLOBAL float2* cos_sin, KCAP_GLOBAL float* absorbed,
+                                    KCAP_SHARED float* qs) {
+    constexpr int T = KCAP_MLA_TOKENS;
+    constexpr int kRunsPerBlock = F::block_elems / 32;
+    const int tile = int(t.group_x) / p.n_head, head = int(t.group_x) % p.n_head;
+    const int token0 = tile * T, n = p.n_tokens - token0 < T ? p.n_tokens - token0 : T;
+    const kcap_u64 q_stride = kcap_u64(p.n_head) * kcap_u64(p.nope + p.rope);
+    const kcap_u64 out_stride = kcap_u64(p.n_head) * kcap_u64(p.width);
+    const KCAP_GLOBAL float* q0 =
+        q + (kcap_u64(token0) * kcap_u64(p.n_head) + kcap_u64(head)) * kcap_u64(p.nope + p.rope);
+    KCAP_GLOBAL float* out0 = absorbed + (kcap_u64(token0) * kcap_u64(p.n_head) + kcap_u64(head)) * kcap_u64(p.width);
+    kcap_mla_stage_tokens<T>(t, q0, q_stride, n, p.nope, qs);
+    kcap_barrier();
+    if (!p.combined) {
+        kcap_mla_rows_tokens<F, T>(t, kb, p.kb_row_bytes, head * p.lora, p.lora, p.nope,
+                                   int(t.group_y) * KCAP_MLA_ROWS_PER_GROUP(p.nope), qs, n, out0, out_stride);
+    } else {
+        // W_kv_b's K rows of the head, transposed, one token at a time (as kcap_mla_absorb).
+        const int per_token = p.nope / 32 * KCAP_MLA_RUN_STRIDE;
+        float w[32];
+        for (int item = int(t.index); item < n * (p.lora / 32); item += int(t.threads)) {
+            const int j = item / (p.lora / 32), run = item % (p.lora / 32);
+            float acc[32];
+            for (int e = 0; e < 32; ++e) acc[e] = 0.0f;
+            for (int i = 0; i < p.nope; ++i) {
+                const KCAP_GLOBAL kcap_u8* row = kb + kcap_u64(head * (p.nope + p.dv) + i) * kcap_u64(p.kb_row_bytes);
+                F::decode32(row + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock, w);
+                const float qi = qs[j * per_token + (i / 32) * KCAP_MLA_RUN_STRIDE + i % 32];
+                for (int e = 0; e < 32; ++e) acc[e] += qi * w[e];
+            }
+            for (int e = 0; e < 32; ++e) out0[kcap_u64(j) * out_stride + kcap_u64(run * 32 + e)] = acc[e];
+        }
+    }
+    if (t.group_y != 0) return;
+    const int pairs = p.rope / 2;
+    for (int i = int(t.index); i < n * pairs; i += int(t.threads)) {
+        const int j = i / pairs, pair = i % pairs;
+        const int pos = step[0] + token0 + j;
+        const float2 cs = cos_sin[kcap_u64(pos) * kcap_u64(pairs) + kcap_u64(pair)];
+        const KCAP_GLOBAL float* qr = q0 + kcap_u64(j) * q_stride + kcap_u64(p.nope);
+        const float x0 = qr[2 * pair], x1 = qr[2 * pair + 1];
+        KCAP_GLOBAL float* o = out0 + kcap_u64(j) * out_stride + kcap_u64(p.lora);
+        o[2 * pair] = x0 * cs.x - x1 * cs.y;
+        o[2 * pair + 1] = x0 * cs.y + x1 * cs.x;
+    }
+}
+
+// kcap_mla_v_up for KCAP_MLA_TOKENS tokens of one head. Grid: x = token tiles x heads (as the
+// absorb), y = KCAP_MLA_V_UP_BLOCKS(p). shared: KCAP_MLA_TOKENS_SHARED_FLOATS(KCAP_MLA_MAX_LORA).
+template <class F>
+KCAP_FN void kcap_mla_v_up_tokens(const KcapThread t, const KcapMlaParams p, const KCAP_GLOBAL float* latent,
+                                  const KCAP_GLOBAL kcap_u8* vb, KCAP_GLOBAL float* out, KCAP_SHARED float* ls) {
+    constexpr int T = KCAP_MLA_TOKENS;
+    const int tile = int(t.group_x) / p.n_head, head = int(t.group_x) % p.n_head;
+    const int token0 = tile * T, n = p.n_tokens - token0 < T ? p.n_tokens - token0 : T;
+    const kcap_u64 slot0 = kcap_u64(token0) * kcap_u64(p.n_head) + kcap_u64(head);
+    kcap_mla_stage_tokens<T>(t, latent + slot0 * kcap_u64(p.lora), kcap_u64(p.n_head) * kcap_u64(p.lora), n, p.lora,
+                             ls);
+    kcap_barrier();
+    const int first = p.combined ? head * (p.nope + p.dv) + p.nope : head * p.dv;
+    kcap_mla_rows_tokens<F, T>(t, vb, p.vb_row_bytes, first, p.dv, p.lora,
+                               int(t.group_y) * KCAP_MLA_ROWS_PER_GROUP(p.lora), ls, n, out + slot0 * kcap_u64(p.dv),
+                               kcap_u64(p.n_head) * kcap_u64(p.dv));
+}
+
+// A prefill chunk's attend, tiled: grid x = tiles of KCAP_MLA_TILE_ROWS consecutive rows
+// (row = token * n_head + head, the absorb's slots), the tiles of the last tokens, which see
+// the most keys, first; KCAP_MLA_THREADS threads; shared: KCAP_MLA_TILE_SHARED_FLOATS(p.width).
+// The tile's absorbed queries are staged once; the causal span's cache rows are staged
+// KCAP_MLA_TILE_KEYS at a time (zeros past the tile's last position), and every staged row
+// serves all of the tile's rows. Per step:
+//   scores   each thread a 4 x 4 block of (row, key) over a quarter of the width (rows rg + 8i,
+//            keys kg + 8j: a simd group's float4 reads land on distinct banks), the quarters'
+//            partial sums through threadgroup memory;
+//   softmax  simd group w owns rows 4w .. 4w + 3, lane = key: the masked scores, the online
+//            max and sum (f32, as kcap_mla_attend), the weights to threadgroup memory;
+//   P V      the same simd group, lanes over the latent's values (4 per lane per 128), adds
+//            the step's weighted rows to its rows' latents (64 values per thread).
+// Writes each row's normalized weighted latent to latent_out [slot][lora] (no key splits, no
+// combine). Legal dims as kcap_mla_attend's, and the width a multiple of 4.
+KCAP_FN void kcap_mla_attend_tiled(const KcapThread t, const KcapMlaParams p, const KCAP_GLOBAL kcap_i32* step,
+                                   const KCAP_GLOBAL float* absorbed, const KCAP_GLOBAL kcap_u8* cache,
+                                   KCAP_GLOBAL float* latent_out, KCAP_SHARED float* shared) {
+    constexpr int R = KCAP_MLA_TILE_ROWS, KT = KCAP_MLA_TILE_KEYS;
+    const int ws = KCAP_MLA_TILE_STRIDE(p.width);
+    KCAP_SHARED float* qs = shared;           // [R][ws]
+    KCAP_SHARED float* cs = qs + R * ws;      // [KT][ws]
+    KCAP_SHARED float* ss = cs + KT * ws;     // [4][R][KT]
+    KCAP_SHARED float* ps = ss + 4 * R * KT;  // [KT][R]
+    const int total = p.n_tokens * p.n_head;
+    const int tiles = (total + R - 1) / R;
+    const int row0 = (tiles - 1 - int(t.group_x)) * R;
+    const int last_row = row0 + R < total ? row0 + R - 1 : total - 1;
+    const int pos0 = step[0];
+    const int pos_hi = pos0 + last_row / p.n_head;  // the last key any row of the tile sees
+    const int f4 = p.width / 4;
+    for (int i = int(t.index); i < R * f4; i += int(t.threads)) {
+        const int r = i / f4, e = 4 * (i % f4);
+        const int row = row0 + r;
+        const float4 v = row < total ? kcap_load_f32x4(absorbed + kcap_u64(row) * kcap_u64(p.width) + kcap_u64(e))
+                                     : float4{0.0f, 0.0f, 0.0f, 0.0f};
+        *reinterpret_cast<KCAP_SHARED float4*>(qs + r * ws + e) = v;
+    }
+    // Score roles: a 4 x 4 block (rows rg + 8i, keys kg + 8j) over depth quarter dq.
+    const int block = int(t.index) % 64, dq = int(t.index) / 64;
+    const int rg = block / 8, kg = block % 8;
+    const int per_quarter = (f4 + 3) / 4;
+    const int f_begin = dq * per_quarter, f_end = f_begin + per_quarter < f4 ? f_begin + per_quarter : f4;
+    // Softmax and P V roles: simd group w's rows 4w + r, their positions (-1: past the chunk).
+    const int w = int(t.simd), lane = int(t.lane);
+    int pos_r[4];
+    float m[4], l[4];
+    float4 o[4][4];
+    KCAP_UNROLL for (int r = 0; r < 4; ++r) {
+        const int row = row0 + 4 * w + r;
+        pos_r[r] = row < total ? pos0 + row / p.n_head : -1;
+        m[r] = KCAP_NEG_INFINITY;
+        l[r] = 0.0f;
+        KCAP_UNROLL for (int i = 0; i < 4; ++i) o[r][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
+    }
+    for (int kb = 0; kb <= pos_hi; kb += KT) {
+        kcap_barrier();  // the previous step's reads of cs, ss and ps are done (and qs is staged)
+        for (int i = int(t.index); i < KT * f4; i += int(t.threads)) {
+            const int k = i / f4, e = 4 * (i % f4);
+            const float4 v = kb + k <= pos_hi
+                                 ? kcap_kv_load4(cache, kcap_u64(kb + k) * kcap_u64(p.width) + kcap_u64(e), p.kv_f16)
+                                 : float4{0.0f, 0.0f, 0.0f, 0.0f};
+            *reinterpret_cast<KCAP_SHARED float4*>(cs + k * ws + e) = v;
+        }
+        kcap_barrier();
+        float acc[4][4];
+        KCAP_UNROLL for (int i = 0; i < 4; ++i) KCAP_UNROLL for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+        for (int f = f_begin; f < f_end; ++f) {
+            float4 qv[4], kv[4];
+            KCAP_UNROLL for (int i = 0; i < 4; ++i) qv[i] =
+                *reinterpret_cast<const KCAP_SHARED float4*>(qs + (rg + 8 * i) * ws + 4 * f);
+            KCAP_UNROLL for (int j = 0; j < 4; ++j) kv[j] =
+                *reinterpret_cast<const KCAP_SHARED float4*>(cs + (kg + 8 * j) * ws + 4 * f);
+            KCAP_UNROLL for (int i = 0; i < 4; ++i) KCAP_UNROLL for (int j = 0; j < 4; ++j) acc[i][j] +=
+                qv[i].x * kv[j].x + qv[i].y * kv[j].y + qv[i].z * kv[j].z + qv[i].w * kv[j].w;
+        }
+        KCAP_UNROLL for (int i = 0; i < 4; ++i) KCAP_UNROLL for (int j = 0; j < 4; ++j)
+            ss[(dq * R + rg + 8 * i) * KT + kg + 8 * j] = acc[i][j];
+        kcap_barrier();
+        float corr[4];
+        KCAP_UNROLL for (int r = 0; r < 4; ++r) {
+            const int row = 4 * w + r;
+            const bool seen = kb + lane <= pos_r[r];
+            const float s = (ss[row * KT + lane] + ss[(R + row) * KT + lane] + ss[(2 * R + row) * KT + lane] +
+                             ss[(3 * R + row) * KT + lane]) *
+                            p.scale;
+            const float m_new = kcap_fmax(m[r], kcap_simd_max(seen ? s : KCAP_NEG_INFINITY));
+            // 1 while no key was seen (no -inf - -inf), 0 when the first ones are
+            corr[r] = m_new == KCAP_NEG_INFINITY ? 1.0f : kcap_exp(m[r] - m_new);
+            const float weight = seen ? kcap_exp(s - m_new) : 0.0f;
+            l[r] = l[r] * corr[r] + kcap_simd_sum(weight);
+            m[r] = m_new;
+            ps[lane * R + row] = weight;
+        }
+        kcap_barrier();  // (the weights are the simd group's own; a group barrier keeps the dialect simple)
+        KCAP_UNROLL for (int r = 0; r < 4; ++r) KCAP_UNROLL for (int i = 0; i < 4; ++i) {
+            o[r][i].x *= corr[r], o[r][i].y *= corr[r], o[r][i].z *= corr[r], o[r][i].w *= corr[r];
+        }
+        const int keys = pos_hi - kb + 1 < KT ? pos_hi - kb + 1 : KT;
+        for (int k = 0; k < keys; ++k) {
+            const float4 pw = *reinterpret_cast<const KCAP_SHARED float4*>(ps + k * R + 4 * w);
+            KCAP_UNROLL for (int i = 0; i < 4; ++i) {
+                const int d = 4 * lane + 128 * i;
+                if (d >= p.lora) continue;
+                const float4 c = *reinterpret_cast<const KCAP_SHARED float4*>(cs + k * ws + d);
+                o[0][i].x += pw.x * c.x, o[0][i].y += pw.x * c.y, o[0][i].z += pw.x * c.z, o[0][i].w += pw.x * c.w;
+                o[1][i].x += pw.y * c.x, o[1][i].y += pw.y * c.y, o[1][i].z += pw.y * c.z, o[1][i].w += pw.y * c.w;
+                o[2][i].x += pw.z * c.x, o[2][i].y += pw.z * c.y, o[2][i].z += pw.z * c.z, o[2][i].w += pw.z * c.w;
+                o[3][i].x += pw.w * c.x, o[3][i].y += pw.w * c.y, o[3][i].z += pw.w * c.z, o[3][i].w += pw.w * c.w;
+            }
+        }
+    }
+    KCAP_UNROLL for (int r = 0; r < 4; ++r) {
+        const int row = row0 + 4 * w + r;
+        if (row >= total) continue;
+        const float inv = 1.0f / l[r];
+        KCAP_UNROLL for (int i = 0; i < 4; ++i) {
+            const int d = 4 * lane + 128 * i;
+            if (d < p.lora)
+                kcap_store_f32x4(latent_out + kcap_u64(row) * kcap_u64(p.lora) + kcap_u64(d),
+                                 float4{o[r][i].x * inv, o[r][i].y * inv, o[r][i].z * inv, o[r][i].w * inv});
+        }
+    }
+}
+
 // The groups along y of the absorb, combine and V up launches (host and device).
 #define KCAP_MLA_ABSORB_BLOCKS(p) \
     ((p).combined ? 1 : ((p).lora + KCAP_MLA_ROWS_PER_GROUP((p).nope) - 1) / KCAP_MLA_ROWS_PER_GROUP((p).nope))
 #define KCAP_MLA_COMBINE_BLOCKS(p) (((p).lora + KCAP_MLA_COMBINE_COLS - 1) / KCAP_MLA_COMBINE_COLS)
 #define KCAP_MLA_V_UP_BLOCKS(p) (((p).dv + KCAP_MLA_ROWS_PER_GROUP((p).lora) - 1) / KCAP_MLA_ROWS_PER_GROUP((p).lora))
+// A prefill chunk's: token tiles of the absorb and V up (times the heads), row tiles of the attend.
+#define KCAP_MLA_TOKEN_TILES(p) (((p).n_tokens + KCAP_MLA_TOKENS - 1) / KCAP_MLA_TOKENS)
+#define KCAP_MLA_ATTEND_TILES(p) (((p).n_tokens * (p).n_head + KCAP_MLA_TILE_ROWS - 1) / KCAP_MLA_TILE_ROWS)

@@ -192,6 +192,21 @@ struct KcapSampleSettings {
 #define KCAP_MLA_COMBINE_SHARED_FLOATS (KCAP_MLA_MAX_SPLITS + KCAP_MLA_THREADS)
 // kcap_mla_absorb's and kcap_mla_v_up's: x in runs of KCAP_MLA_RUN_STRIDE.
 #define KCAP_MLA_ROWS_SHARED_FLOATS (KCAP_MLA_MAX_WIDTH / 32 * KCAP_MLA_RUN_STRIDE)
+// A prefill chunk's forms (kernels/attention_mla.h, *_tokens and kcap_mla_attend_tiled): the
+// tokens one absorb or V-up group takes (each decoded weight run used for all of them); the
+// tiled attend's query rows and keys per step (its thread roles assume both are 32 and
+// KCAP_MLA_THREADS is 256), its threadgroup row stride (floats; 16-byte aligned, and 4 past a
+// multiple of 32 at DeepSeek's 576 so the simd groups' float4 reads of 8 rows hit 32 banks) and
+// its threadgroup memory: the queries, the staged cache rows, the depth quarters' partial scores
+// and the softmax weights.
+#define KCAP_MLA_TOKENS 16
+#define KCAP_MLA_TOKENS_SHARED_FLOATS(k) (KCAP_MLA_TOKENS * ((k) / 32) * KCAP_MLA_RUN_STRIDE)
+#define KCAP_MLA_TILE_ROWS 32
+#define KCAP_MLA_TILE_KEYS 32
+#define KCAP_MLA_TILE_STRIDE(width) (((width) + 3) / 4 * 4 + 4)
+#define KCAP_MLA_TILE_SHARED_FLOATS(width)                                     \
+    ((KCAP_MLA_TILE_ROWS + KCAP_MLA_TILE_KEYS) * KCAP_MLA_TILE_STRIDE(width) + \
+     4 * KCAP_MLA_TILE_ROWS * KCAP_MLA_TILE_KEYS + KCAP_MLA_TILE_KEYS * KCAP_MLA_TILE_ROWS)
 // The router's logits (kernels/moe.h): tokens per group, experts per simd group, runs of x
 // staged at a time, and the staged floats (runs padded to 36 floats: KCAP_MATVEC_RUN_STRIDE;
 // 8 tokens of 28 runs fit Metal's 32 KB of threadgroup memory).

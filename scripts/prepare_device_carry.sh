@@ -35,7 +35,11 @@ if ! ls "$carry"/whl/gguf-*.whl > /dev/null 2>&1; then
 fi
 if [ ! -f "$carry/llama_cpp_src.tar.xz" ]; then
     sdist_dir=$(mktemp -d)
-    python3 -m pip download -q --no-deps --no-binary=:all: -d "$sdist_dir" llama-cpp-python==0.3.36
+    # --no-binary for this package only, no build isolation: pip reads the sdist's metadata with
+    # the scikit-build-core already installed instead of building its build tools (cmake among
+    # them) from source first.
+    python3 -m pip download -q --no-deps --no-binary=llama-cpp-python --no-build-isolation -d "$sdist_dir" \
+        llama-cpp-python==0.3.36
     bash bench/pack_llama_cpp.sh "$sdist_dir"/llama_cpp_python-*.tar.gz "$carry/llama_cpp_src.tar.xz"
 fi
 du -sh "$carry"/*

@@ -6,10 +6,6 @@
 
 namespace kcap {
 
-namespace {
-
-constexpr FeatureMask kActivationFeatures = kSilu | kGeluTanh | kGeluErf | kRelu;
-
 // The latent attention bodies' legal dims: whole 32-value runs of the latent and of the query's
 // non-rotated part (kcap_mla_rows), the latent's weighted sum in registers (KCAP_MLA_MAX_LORA),
 // the cache row and the queries in threadgroup memory (KCAP_MLA_MAX_WIDTH), the rope key's
@@ -26,6 +22,10 @@ std::string mla_rejection(const Stage& stage) {
                std::to_string(KCAP_MLA_MAX_WIDTH) + ", the rope part at most " + std::to_string(32 * KCAP_MLA_ROPE_PER_LANE);
     return "";
 }
+
+namespace {
+
+constexpr FeatureMask kActivationFeatures = kSilu | kGeluTanh | kGeluErf | kRelu;
 
 // Group-limited routing takes one group per lane of the route's simd group.
 std::string expert_groups_rejection(const Stage& stage) {

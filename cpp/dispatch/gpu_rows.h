@@ -87,6 +87,10 @@ enum class GpuFamily {
 // The family's row on `backend` (format: the weight format of the per-format families).
 Row gpu_family_row(GpuFamily family, Backend backend, Format format, KernelFn fn, Geometry geometry);
 
+// The latent attention families' legal dims (their rows' dims.reject_of; a backend's own latent
+// attention row adds its own to them): "" when the bodies take the stage, else why not.
+std::string mla_rejection(const Stage& stage);
+
 // What the router and the experts' bodies (kernels/moe.h) take beyond their family rows, for a
 // backend whose launchers bind it: the router's bias (operand 2: gpt-oss), the sigmoid router
 // with its choice bias (operand 3) and group-limited routing of up to KCAP_MOE_MAX_GROUPS groups

@@ -1575,19 +1575,20 @@ void test_attention_mla(std::mt19937& rng, CpuState& cpu) {
         Format kb, vb, kv;
         bool combined;
         int prefill, decode_steps, n_splits;
+        int second = 0;  // a second prefill chunk after the first (its rows see the first's)
     };
     const Case cases[] = {
-        {4, 64, 32, 16, 32, Format::F32, Format::F32, Format::F32, false, 70, 2, 4},  // two splits used of four
-        {6, 64, 32, 16, 32, Format::Q8_0, Format::F16, Format::F16, false, 20, 2, 3},  // a partial head group
-        {5, 96, 64, 8, 48, Format::Q5_0, Format::Q5_0, Format::F32, true, 9, 2, 2},   // combined W_kv_b
-        {4, 64, 32, 16, 32, Format::F16, Format::F16, Format::F16, true, 130, 1, 4},  // three splits used
+        {4, 64, 32, 16, 32, Format::F32, Format::F32, Format::F32, false, 70, 2, 4},       // two splits used of four
+        {6, 64, 32, 16, 32, Format::Q8_0, Format::F16, Format::F16, false, 20, 2, 3, 37},  // a partial head group
+        {5, 96, 64, 8, 48, Format::Q5_0, Format::Q5_0, Format::F32, true, 9, 2, 2, 19},    // combined W_kv_b
+        {4, 64, 32, 16, 32, Format::F16, Format::F16, Format::F16, true, 130, 1, 4},       // three splits used
         // DeepSeek-V2-Lite's dims and formats (8 absorb rows per simd group, 2 V rows), 8 heads
-        {8, 512, 128, 64, 128, Format::Q5_0, Format::Q4_K, Format::F16, false, 80, 2, 4},
+        {8, 512, 128, 64, 128, Format::Q5_0, Format::Q4_K, Format::F16, false, 80, 2, 4, 33},
         {3, 64, 96, 16, 32, Format::Q8_0, Format::Q8_0, Format::F32, false, 40, 2, 2},  // 3 runs of q_nope
     };
     int checked = 0;
     for (const Case& c : cases) {
-        const int n_ctx = c.prefill + c.decode_steps, width = c.lora + c.rope;
+        const int n_ctx = c.prefill + c.second + c.decode_steps, width = c.lora + c.rope;
         auto kb = c.combined ? random_weights(rng, c.kb, c.lora, int64_t(c.n_head) * (c.nope + c.dv), "kv_b")
                              : random_weights(rng, c.kb, c.nope, int64_t(c.n_head) * c.lora, "k_b");
         auto vb = random_weights(rng, c.vb, c.lora, int64_t(c.n_head) * c.dv, "v_b");
@@ -1615,8 +1616,11 @@ void test_attention_mla(std::mt19937& rng, CpuState& cpu) {
         const size_t elem = c.kv == Format::F16 ? 2 : 4;
         std::vector<uint8_t> cache(size_t(n_ctx) * size_t(width) * elem + 16);
         int pos = 0;
-        for (int call_index = 0; call_index <= c.decode_steps; ++call_index) {
-            const int m = call_index == 0 ? c.prefill : 1, splits = m == 1 ? c.n_splits : 1;
+        std::vector<int> calls = {c.prefill};
+        if (c.second) calls.push_back(c.second);
+        calls.insert(calls.end(), size_t(c.decode_steps), 1);
+        for (const int m : calls) {
+            const int splits = m == 1 ? c.n_splits : 1;
             const std::vector<float> q = random_floats(rng, size_t(m) * c.n_head * (c.nope + c.rope));
             const std::vector<float> kv_new = random_floats(rng, size_t(m) * width);
             std::vector<float> ref(size_t(m) * c.n_head * c.dv), got = nan_filled(ref.size());
@@ -1688,6 +1692,43 @@ void test_attention_mla(std::mt19937& rng, CpuState& cpu) {
                         c.combined ? " (combined)" : "", format_name(c.kv), m == 1 ? "decode" : "prefill", m, pos, splits,
                         err);
             ++checked;
+            if (m > 1) {
+                // The same prefill chunk through the tiled forms (cuda.attention_mla_tiled): token
+                // tiles of the absorb and V up, the tiled attend writing the latents (no combine).
+                absorbed = nan_filled(absorbed.size()), latent = nan_filled(latent.size()),
+                got = nan_filled(got.size());
+                const unsigned token_groups = unsigned(KCAP_MLA_TOKEN_TILES(p) * c.n_head);
+                with_decoder(c.kb, [&](auto decoder) {
+                    using F = decltype(decoder);
+                    kcap_sim::launch({token_groups, unsigned(KCAP_MLA_ABSORB_BLOCKS(p)), 1}, KCAP_MLA_THREADS,
+                                     KCAP_MLA_TOKENS_SHARED_FLOATS(KCAP_MLA_MAX_WIDTH) * 4,
+                                     [&](const KcapThread& t, void* sh) {
+                                         kcap_mla_absorb_tokens<F>(t, p, step, q.data(), kb->ref.data, cos_sin,
+                                                                   absorbed.data(), static_cast<float*>(sh));
+                                     });
+                });
+                kcap_sim::launch({unsigned(KCAP_MLA_ATTEND_TILES(p)), 1, 1}, KCAP_MLA_THREADS,
+                                 KCAP_MLA_TILE_SHARED_FLOATS(width) * 4, [&](const KcapThread& t, void* sh) {
+                                     kcap_mla_attend_tiled(t, p, step, absorbed.data(), cache.data(), latent.data(),
+                                                           static_cast<float*>(sh));
+                                 });
+                with_decoder(vb_format, [&](auto decoder) {
+                    using F = decltype(decoder);
+                    kcap_sim::launch(
+                        {token_groups, unsigned(KCAP_MLA_V_UP_BLOCKS(p)), 1}, KCAP_MLA_THREADS,
+                        KCAP_MLA_TOKENS_SHARED_FLOATS(KCAP_MLA_MAX_LORA) * 4, [&](const KcapThread& t, void* sh) {
+                            kcap_mla_v_up_tokens<F>(t, p, latent.data(), vb_data, got.data(), static_cast<float*>(sh));
+                        });
+                });
+                const double tiled_err = relative_error(got, ref);
+                KCAP_EXPECT(
+                    tiled_err <= kAttentionTolerance,
+                    "attention_mla tiled heads %d lora %d nope %d rope %d dv %d W_k_b %s W_v_b %s%s kv %s, prefill of "
+                    "%d at %d: error %.3g",
+                    c.n_head, c.lora, c.nope, c.rope, c.dv, format_name(c.kb), format_name(c.vb),
+                    c.combined ? " (combined)" : "", format_name(c.kv), m, pos, tiled_err);
+                ++checked;
+            }
             pos += m;
         }
     }

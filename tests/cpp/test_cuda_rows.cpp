@@ -776,11 +776,12 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
     }
 }
 
-// Multi-head latent attention (cuda.attention_mla_decode, cuda.attention_mla) against
-// cpu.attention_mla: each row at the calls its token range takes (a prefill chunk; decode steps in
-// the key splits the backend would fix), the other calls run by the CPU and its appended cache
-// rows copied to the device; W_k_b / W_v_b split or combined in several formats, f32 and f16
-// caches, partial head groups, DeepSeek-V2-Lite's dims, a long prefix in many splits. Each call
+// Multi-head latent attention (cuda.attention_mla_decode, cuda.attention_mla,
+// cuda.attention_mla_tiled) against cpu.attention_mla: each row at the calls its token range
+// takes (a prefill chunk; decode steps in the key splits the backend would fix), the other calls
+// run by the CPU and its appended cache rows copied to the device; W_k_b / W_v_b split or
+// combined in several formats, f32 and f16 caches, partial head groups, DeepSeek-V2-Lite's dims,
+// a long prefix in many splits, a prefill chunk after a prefix. Each call
 // first checks the rows the device appended (normed latent, rotated rope key) against the CPU's.
 // The f16 cases append rows that are exact in f16 on both sides (unit-RMS latents of +-1 under
 // f16-exact norm weights with eps 0, zero rope keys), so both attend over the same cache; the
@@ -794,11 +795,13 @@ void test_attention_mla(std::mt19937& rng, CpuState& cpu) {
     };
     const Case cases[] = {
         {4, 64, 32, 16, 32, Format::F32, Format::F32, Format::F32, false, 0, 70, 3, 4},
-        {6, 64, 32, 16, 32, Format::Q8_0, Format::F16, Format::F16, false, 0, 20, 2, 3},     // partial head group
-        {5, 96, 64, 8, 48, Format::Q5_0, Format::Q5_0, Format::F32, true, 0, 9, 2, 2},       // combined W_kv_b
-        {16, 512, 128, 64, 128, Format::Q5_0, Format::Q4_K, Format::F16, false, 0, 80, 2, 4},  // V2-Lite
+        {6, 64, 32, 16, 32, Format::Q8_0, Format::F16, Format::F16, false, 0, 20, 2, 3},          // partial head group
+        {5, 96, 64, 8, 48, Format::Q5_0, Format::Q5_0, Format::F32, true, 0, 9, 2, 2},            // combined W_kv_b
+        {16, 512, 128, 64, 128, Format::Q5_0, Format::Q4_K, Format::F16, false, 0, 80, 2, 4},     // V2-Lite
         {16, 512, 128, 64, 128, Format::Q8_0, Format::Q6_K, Format::F32, false, 3000, 0, 2, 33},  // long span
-        {3, 64, 96, 16, 32, Format::F16, Format::Q8_0, Format::F32, false, 0, 2, 1, 1},      // 2-token prefill
+        {3, 64, 96, 16, 32, Format::F16, Format::Q8_0, Format::F32, false, 0, 2, 1, 1},           // 2-token prefill
+        // a prefill chunk after a long prefix (the tiled attend's rows see 700+ keys)
+        {16, 512, 128, 64, 128, Format::Q8_0, Format::Q6_K, Format::F32, false, 700, 100, 1, 8},
     };
     const Row& cpu_row = find_row("cpu.attention_mla");
     for (const Row& row : capability_table()) {

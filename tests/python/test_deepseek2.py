@@ -183,9 +183,16 @@ def test_metal_takes_deepseek_latent_dims(tmp_path):
     path = synth.deepseek2_q4_k_m(str(tmp_path / "v2-latent.gguf"), n_layer=2, n_embd=256, n_head=16,
                                   kv_lora_rank=512, qk_nope=128, qk_rope=64, v_head_dim=128, n_ff=512, n_expert=4,
                                   n_expert_used=2, n_shared=1, n_vocab=256, context_length=4096)
-    for backend in ("cuda", "metal"):
-        attention = [r for r in explain_file(path, backend=backend) if r["op"] == "attention_mla"]
-        assert {r["kernel"] for r in attention} == {f"{backend}.attention_mla_decode", f"{backend}.attention_mla"}
+    # CUDA's prefill chunks take the tiled form (its threadgroup memory is the CUDA device's to give;
+    # without the row, the per-slot form); Metal's the per-slot one.
+    cuda_tiled = explain_file(path, backend="cuda")
+    cuda_slots = explain_file(path, backend="cuda", excluded_kernels=["cuda.attention_mla_tiled"])
+    for backend, routes, prefill in (("cuda", cuda_tiled, "cuda.attention_mla_tiled"),
+                                     ("cuda", cuda_slots, "cuda.attention_mla"),
+                                     ("metal", explain_file(path, backend="metal"), "metal.attention_mla")):
+        attention = [r for r in routes if r["op"] == "attention_mla"]
+        assert {(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in attention} == {
+            (prefill, 2, None), (f"{backend}.attention_mla_decode", 1, 1)}
         assert all("kv_lora=512" in r["dims"] and "rope_dim=64" in r["dims"] for r in attention), attention[0]["dims"]
 
 
