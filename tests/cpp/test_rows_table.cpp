@@ -393,7 +393,15 @@ int main() {
             KCAP_EXPECT(row_tokens(row, routed, small).min <= range.min, "%s: a smaller device starts later",
                         row.kernel.c_str());
         }
-        const std::vector<const Row*> chosen = check_routes(row, routed, max_batch, device);
+        std::vector<const Row*> chosen = check_routes(row, routed, max_batch, device);
+        if (std::find(chosen.begin(), chosen.end(), &row) == chosen.end()) {
+            // A fallback for devices without the threadgroup memory the rows preferred over it
+            // opt in to (cuda.attention_mla under cuda.attention_mla_tiled): routed on a device
+            // that lets no group opt in to more than its static share.
+            DeviceInfo smaller = device;
+            smaller.shared_optin_bytes = 0;
+            chosen = check_routes(row, routed, max_batch, smaller);
+        }
         ++routes_checked;
         if (std::find(chosen.begin(), chosen.end(), &row) == chosen.end()) unreached.push_back(row.kernel);
     }
