@@ -117,24 +117,28 @@ __global__ void __launch_bounds__(KCAP_ATTN_PREFILL_MAX_SIMDS * 32)
     kcap_attention_prefill(kcap_cuda_thread(), p, step, q, k_cache, v_cache, out, shared, sinks);
 }
 
-// The call's cache rows appended (groups x >= slots, y = 0: one per token) and the queries
-// absorbed (groups x < slots: one per (token, head), y: blocks of latent values), in one launch:
-// the attend needs both.
-template <class F>
+// The call's cache rows appended and the queries absorbed, in one launch (the attend needs both):
+// groups x < the absorb's (one per (token, head), or with TOKENS one per KCAP_MLA_TOKENS tokens of
+// a head; y: blocks of latent values) absorb, the next n_tokens groups (y = 0) append a row each.
+template <class F, bool TOKENS>
 __global__ void __launch_bounds__(KCAP_MLA_THREADS)
     mla_append_absorb_kernel(KcapMlaParams p, const kcap_i32* step, const float* q, const float* kv_new,
                              const float* norm, const kcap_u8* kb, const float2* cos_sin, kcap_u8* cache,
                              float* absorbed) {
-    __shared__ float shared[KCAP_MLA_ROWS_SHARED_FLOATS > KCAP_MLA_MAX_SIMDS ? KCAP_MLA_ROWS_SHARED_FLOATS
-                                                                             : KCAP_MLA_MAX_SIMDS];
+    constexpr int kAbsorbFloats =
+        TOKENS ? KCAP_MLA_TOKENS_SHARED_FLOATS(KCAP_MLA_MAX_WIDTH) : KCAP_MLA_ROWS_SHARED_FLOATS;
+    __shared__ float shared[kAbsorbFloats > KCAP_MLA_MAX_SIMDS ? kAbsorbFloats : KCAP_MLA_MAX_SIMDS];
     cuda::pdl_wait();
     cuda::pdl_trigger();
     KcapThread t = kcap_cuda_thread();
-    const unsigned slots = unsigned(p.n_tokens * p.n_head);
-    if (t.group_x < slots) {
-        kcap_mla_absorb<F>(t, p, step, q, kb, cos_sin, absorbed, shared);
+    const unsigned groups = unsigned(TOKENS ? KCAP_MLA_TOKEN_TILES(p) * p.n_head : p.n_tokens * p.n_head);
+    if (t.group_x < groups) {
+        if constexpr (TOKENS)
+            kcap_mla_absorb_tokens<F>(t, p, step, q, kb, cos_sin, absorbed, shared);
+        else
+            kcap_mla_absorb<F>(t, p, step, q, kb, cos_sin, absorbed, shared);
     } else if (t.group_y == 0) {
-        t.group_x -= slots;
+        t.group_x -= groups;
         kcap_mla_append(t, p, step, kv_new, norm, cos_sin, cache, shared);
     }
 }
@@ -166,28 +170,8 @@ __global__ void __launch_bounds__(KCAP_MLA_THREADS)
     kcap_mla_v_up<F>(kcap_cuda_thread(), p, latent, vb, out, ls);
 }
 
-// A prefill chunk's tiled forms (cuda.attention_mla_tiled): the queries absorbed KCAP_MLA_TOKENS
-// tokens of a head at a time (groups x < token tiles x heads) and the call's cache rows appended
-// (the groups after them, y = 0: one per token), then the tiled attend, then the V up-projection
-// in token tiles.
-template <class F>
-__global__ void __launch_bounds__(KCAP_MLA_THREADS)
-    mla_append_absorb_tokens_kernel(KcapMlaParams p, const kcap_i32* step, const float* q, const float* kv_new,
-                                    const float* norm, const kcap_u8* kb, const float2* cos_sin, kcap_u8* cache,
-                                    float* absorbed) {
-    __shared__ float shared[KCAP_MLA_TOKENS_SHARED_FLOATS(KCAP_MLA_MAX_WIDTH)];
-    cuda::pdl_wait();
-    cuda::pdl_trigger();
-    KcapThread t = kcap_cuda_thread();
-    const unsigned groups = unsigned(KCAP_MLA_TOKEN_TILES(p) * p.n_head);
-    if (t.group_x < groups) {
-        kcap_mla_absorb_tokens<F>(t, p, step, q, kb, cos_sin, absorbed, shared);
-    } else if (t.group_y == 0) {
-        t.group_x -= groups;
-        kcap_mla_append(t, p, step, kv_new, norm, cos_sin, cache, shared);
-    }
-}
-
+// A prefill chunk's tiled forms (cuda.attention_mla_tiled, after mla_append_absorb_kernel<F, true>):
+// the tiled attend, then the V up-projection in token tiles.
 __global__ void __launch_bounds__(KCAP_MLA_THREADS)
     mla_attend_tiled_kernel(KcapMlaParams p, const kcap_i32* step, const float* absorbed, const kcap_u8* cache,
                             float* latent) {
@@ -321,11 +305,10 @@ void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call) {
     const Format vb_format = (p.combined ? stage.operands[1] : stage.operands[2])->format;
     const dim3 absorb_grid(slots + unsigned(p.n_tokens), unsigned(KCAP_MLA_ABSORB_BLOCKS(p)));
     switch (kb_format) {
-#define KCAP_MLA_ABSORB_CASE(NAME, DECODER)                                                               \
-    case Format::NAME:                                                                                    \
-        cuda::launch(ctx, mla_append_absorb_kernel<DECODER>, absorb_grid, block, 0, p, ctx.step, call.in, \
-                     call.in2, static_cast<const float*>(data.operands[0]), kb, cos_sin, cache,           \
-                     ctx.mla_absorbed);                                                                   \
+#define KCAP_MLA_ABSORB_CASE(NAME, DECODER)                                                                        \
+    case Format::NAME:                                                                                             \
+        cuda::launch(ctx, mla_append_absorb_kernel<DECODER, false>, absorb_grid, block, 0, p, ctx.step, call.in,   \
+                     call.in2, static_cast<const float*>(data.operands[0]), kb, cos_sin, cache, ctx.mla_absorbed); \
         break;
         KCAP_WEIGHT_FORMATS(KCAP_MLA_ABSORB_CASE)
 #undef KCAP_MLA_ABSORB_CASE
@@ -372,7 +355,7 @@ void kcap_cuda_attention_mla_tiled(const Stage& stage, const KernelCall& call) {
     switch (kb_format) {
 #define KCAP_MLA_ABSORB_CASE(NAME, DECODER)                                                                        \
     case Format::NAME:                                                                                             \
-        cuda::launch(ctx, mla_append_absorb_tokens_kernel<DECODER>, absorb_grid, block, 0, p, ctx.step, call.in,   \
+        cuda::launch(ctx, mla_append_absorb_kernel<DECODER, true>, absorb_grid, block, 0, p, ctx.step, call.in,    \
                      call.in2, static_cast<const float*>(data.operands[0]), kb, cos_sin, cache, ctx.mla_absorbed); \
         break;
         KCAP_WEIGHT_FORMATS(KCAP_MLA_ABSORB_CASE)

@@ -56,30 +56,45 @@ KCAP_FN void kcap_mla_stage_runs(const KcapThread t, const KCAP_GLOBAL float* x,
     for (int i = int(t.index); i < n; i += int(t.threads)) xs[(i / 32) * KCAP_MLA_RUN_STRIDE + i % 32] = x[i];
 }
 
-// y[r] = W[first + r] . x for the group's rows r: row0 + [0, KCAP_MLA_ROWS_PER_GROUP(k)), those
-// under n_rows. W rows of k values (k a multiple of 32) in format F, row_bytes each; x staged by
-// kcap_mla_stage_runs. A simd group takes KCAP_MLA_ROWS_PER_SIMD(k) rows: each row's lanes (an
-// aligned segment of k / 32 lanes, or all 32 when a row is longer than 32 runs or its runs are
-// not a power of two) take its runs in turn and meet by shuffles.
-template <class F>
-KCAP_FN void kcap_mla_rows(const KcapThread t, const KCAP_GLOBAL kcap_u8* w, kcap_u64 row_bytes, int first, int n_rows,
-                           int k, int row0, const KCAP_SHARED float* xs, KCAP_GLOBAL float* y) {
+// y_j[r] = W[first + r] . x_j for the group's rows r: row0 + [0, KCAP_MLA_ROWS_PER_GROUP(k)), those
+// under n_rows, and the vectors j < n of T (y_j at y + j * y_stride). W rows of k values (k a
+// multiple of 32) in format F, row_bytes each; the x_j staged by kcap_mla_stage_runs (one) or
+// kcap_mla_stage_tokens (x_j's runs at xs + j * (k / 32) * KCAP_MLA_RUN_STRIDE). A simd group
+// takes KCAP_MLA_ROWS_PER_SIMD(k) rows: each row's lanes (an aligned segment of k / 32 lanes, or
+// all 32 when a row is longer than 32 runs or its runs are not a power of two) take its runs in
+// turn and meet by shuffles. Each decoded weight run is used for all T vectors.
+template <class F, int T>
+KCAP_FN void kcap_mla_rows_tokens(const KcapThread t, const KCAP_GLOBAL kcap_u8* w, kcap_u64 row_bytes, int first,
+                                  int n_rows, int k, int row0, const KCAP_SHARED float* xs, int n, KCAP_GLOBAL float* y,
+                                  kcap_u64 y_stride) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
     const int runs = k / 32, per_simd = KCAP_MLA_ROWS_PER_SIMD(k);
     const int lanes = per_simd == 1 ? KCAP_SIMD_WIDTH : runs;
+    const int x_stride = runs * KCAP_MLA_RUN_STRIDE;
     const int r = row0 + int(t.simd) * per_simd + int(t.lane) / lanes, own = int(t.lane) % lanes;
-    float acc = 0.0f;
+    float acc[T];
+    KCAP_UNROLL for (int j = 0; j < T; ++j) acc[j] = 0.0f;
     if (r < n_rows) {
         const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(first + r) * row_bytes;
         float wv[32];
         for (int run = own; run < runs; run += lanes) {
             F::decode32(row + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock, wv);
             const KCAP_SHARED float* xr = xs + run * KCAP_MLA_RUN_STRIDE;
-            KCAP_UNROLL for (int i = 0; i < 32; ++i) acc += wv[i] * xr[i];
+            KCAP_UNROLL for (int j = 0; j < T; ++j) KCAP_UNROLL for (int i = 0; i < 32; ++i) acc[j] +=
+                wv[i] * xr[j * x_stride + i];
         }
     }
-    for (int offset = lanes / 2; offset > 0; offset /= 2) acc += kcap_simd_shuffle_xor(acc, offset);
-    if (own == 0 && r < n_rows) y[r] = acc;
+    for (int offset = lanes / 2; offset > 0; offset /= 2)
+        KCAP_UNROLL for (int j = 0; j < T; ++j) acc[j] += kcap_simd_shuffle_xor(acc[j], offset);
+    if (own == 0 && r < n_rows)
+        KCAP_UNROLL for (int j = 0; j < T; ++j) if (j < n) y[kcap_u64(j) * y_stride + kcap_u64(r)] = acc[j];
+}
+
+// One vector: y[r] = W[first + r] . x (the per-slot forms).
+template <class F>
+KCAP_FN void kcap_mla_rows(const KcapThread t, const KCAP_GLOBAL kcap_u8* w, kcap_u64 row_bytes, int first, int n_rows,
+                           int k, int row0, const KCAP_SHARED float* xs, KCAP_GLOBAL float* y) {
+    kcap_mla_rows_tokens<F, 1>(t, w, row_bytes, first, n_rows, k, row0, xs, 1, y, 0);
 }
 
 // shared: KCAP_MLA_ROWS_SHARED_FLOATS. kb: W_k_b (or W_kv_b, combined) in format F.
@@ -338,39 +353,6 @@ KCAP_FN void kcap_mla_v_up(const KcapThread t, const KcapMlaParams p, const KCAP
 
 // A prefill chunk's forms (CUDA's cuda.attention_mla_tiled; the other backends run the per-slot
 // bodies above for every token count).
-
-// kcap_mla_rows for T tokens at once: y_j[r] = W[first + r] . x_j for tokens j < n, x_j staged
-// by kcap_mla_stage_tokens (token j's runs at xs + j * (k / 32) * KCAP_MLA_RUN_STRIDE), y_j at
-// y + j * y_stride. Each decoded weight run is used for all T tokens.
-template <class F, int T>
-KCAP_FN void kcap_mla_rows_tokens(const KcapThread t, const KCAP_GLOBAL kcap_u8* w, kcap_u64 row_bytes, int first,
-                                  int n_rows, int k, int row0, const KCAP_SHARED float* xs, int n, KCAP_GLOBAL float* y,
-                                  kcap_u64 y_stride) {
-    constexpr int kRunsPerBlock = F::block_elems / 32;
-    const int runs = k / 32, per_simd = KCAP_MLA_ROWS_PER_SIMD(k);
-    const int lanes = per_simd == 1 ? KCAP_SIMD_WIDTH : runs;
-    const int x_stride = runs * KCAP_MLA_RUN_STRIDE;
-    const int r = row0 + int(t.simd) * per_simd + int(t.lane) / lanes, own = int(t.lane) % lanes;
-    float acc[T];
-    KCAP_UNROLL for (int j = 0; j < T; ++j) acc[j] = 0.0f;
-    if (r < n_rows) {
-        const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(first + r) * row_bytes;
-        float wv[32];
-        for (int run = own; run < runs; run += lanes) {
-            F::decode32(row + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock, wv);
-            const KCAP_SHARED float* xr = xs + run * KCAP_MLA_RUN_STRIDE;
-            KCAP_UNROLL for (int j = 0; j < T; ++j) {
-                float a = 0.0f;
-                KCAP_UNROLL for (int i = 0; i < 32; ++i) a += wv[i] * xr[j * x_stride + i];
-                acc[j] += a;
-            }
-        }
-    }
-    for (int offset = lanes / 2; offset > 0; offset /= 2)
-        KCAP_UNROLL for (int j = 0; j < T; ++j) acc[j] += kcap_simd_shuffle_xor(acc[j], offset);
-    if (own == 0 && r < n_rows)
-        KCAP_UNROLL for (int j = 0; j < T; ++j) if (j < n) y[kcap_u64(j) * y_stride + kcap_u64(r)] = acc[j];
-}
 
 // Stages k values of T tokens' vectors (token j's at x + j * x_stride; zeros for j >= n) in
 // runs of KCAP_MLA_RUN_STRIDE floats, token j's at xs + j * (k / 32) * KCAP_MLA_RUN_STRIDE.
