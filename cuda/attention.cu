@@ -284,54 +284,101 @@ void kcap_cuda_attention(const Stage& stage, const KernelCall& call) {
         cuda::run_attention_mma<ROPE, Q8>(stage, call);
 }
 
-// cuda.attention_mla[_decode], four launches: the call's cache rows appended and the queries
-// absorbed, each
-// (token, group of heads) attending over its span (the decode in the key splits fixed at load
-// time from the stage's longest span, a prefill chunk in one), the splits merged, then the V
-// up-projection (kernels/attention_mla.h). Positions come from the device (step[0]), so the
-// decode graph replays at any position.
-template <bool DECODE>
-void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call) {
+namespace {
+
+// What every latent attention launcher reads of its stage and call.
+struct MlaLaunch {
+    const cuda::Context& ctx;
+    const cuda::StageData& data;
+    KcapMlaParams p;
+    kcap_u8* cache;
+    const float2* cos_sin;
+    const kcap_u8* kb;
+    const kcap_u8* vb;
+    Format kb_format, vb_format;
+    const char* row;  // the row's kernel name, for errors
+};
+
+MlaLaunch mla_launch(const Stage& stage, const KernelCall& call, const char* row) {
     const cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
     const KcapMlaParams p = mla_params(stage, call.n_tokens, ctx.kv_format);
-    auto* cache = static_cast<kcap_u8*>(ctx.kv.at(size_t(stage.layer)).k);
-    const auto* cos_sin = reinterpret_cast<const float2*>(data.rope_table);
     const auto* kb = static_cast<const kcap_u8*>(data.operands[1]);
-    const auto* vb = p.combined ? kb : static_cast<const kcap_u8*>(data.operands[2]);
-    const dim3 block(KCAP_MLA_THREADS);
-    const unsigned slots = unsigned(p.n_tokens * p.n_head);
-    const Format kb_format = stage.operands[1]->format;
-    const Format vb_format = (p.combined ? stage.operands[1] : stage.operands[2])->format;
-    const dim3 absorb_grid(slots + unsigned(p.n_tokens), unsigned(KCAP_MLA_ABSORB_BLOCKS(p)));
-    switch (kb_format) {
-#define KCAP_MLA_ABSORB_CASE(NAME, DECODER)                                                                        \
-    case Format::NAME:                                                                                             \
-        cuda::launch(ctx, mla_append_absorb_kernel<DECODER, false>, absorb_grid, block, 0, p, ctx.step, call.in,   \
-                     call.in2, static_cast<const float*>(data.operands[0]), kb, cos_sin, cache, ctx.mla_absorbed); \
+    return {ctx,
+            data,
+            p,
+            static_cast<kcap_u8*>(ctx.kv.at(size_t(stage.layer)).k),
+            reinterpret_cast<const float2*>(data.rope_table),
+            kb,
+            p.combined ? kb : static_cast<const kcap_u8*>(data.operands[2]),
+            stage.operands[1]->format,
+            (p.combined ? stage.operands[1] : stage.operands[2])->format,
+            row};
+}
+
+// The appended cache rows and the absorbed queries (with TOKENS in token tiles).
+template <bool TOKENS>
+void launch_append_absorb(const MlaLaunch& m, const KernelCall& call) {
+    const KcapMlaParams& p = m.p;
+    const unsigned absorb_groups = unsigned(TOKENS ? KCAP_MLA_TOKEN_TILES(p) * p.n_head : p.n_tokens * p.n_head);
+    const dim3 grid(absorb_groups + unsigned(p.n_tokens), unsigned(KCAP_MLA_ABSORB_BLOCKS(p)));
+    switch (m.kb_format) {
+#define KCAP_MLA_ABSORB_CASE(NAME, DECODER)                                                                            \
+    case Format::NAME:                                                                                                 \
+        cuda::launch(m.ctx, mla_append_absorb_kernel<DECODER, TOKENS>, grid, dim3(KCAP_MLA_THREADS), 0, p, m.ctx.step, \
+                     call.in, call.in2, static_cast<const float*>(m.data.operands[0]), m.kb, m.cos_sin, m.cache,       \
+                     m.ctx.mla_absorbed);                                                                              \
         break;
         KCAP_WEIGHT_FORMATS(KCAP_MLA_ABSORB_CASE)
 #undef KCAP_MLA_ABSORB_CASE
-        default: throw Error(std::string("cuda.attention_mla: no body for ") + format_name(kb_format));
+        default:
+            throw Error(std::string(m.row) + ": no body for " + format_name(m.kb_format));
     }
-    const int splits = DECODE ? data.attn_splits : 1;
-    const unsigned groups = unsigned(p.n_tokens * cuda::ceil_div(p.n_head, KCAP_MLA_HEADS_PER_GROUP));
-    cuda::launch(ctx, mla_attend_kernel, dim3(groups, unsigned(splits)), block, 0, p, ctx.step,
-                 static_cast<const float*>(ctx.mla_absorbed), static_cast<const kcap_u8*>(cache), splits,
-                 ctx.attn_partial_o, ctx.attn_partial_ml);
-    cuda::launch(ctx, mla_combine_kernel, dim3(slots, unsigned(KCAP_MLA_COMBINE_BLOCKS(p))), block, 0, p, ctx.step, splits,
-                 static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml),
-                 ctx.mla_latent);
-    switch (vb_format) {
-#define KCAP_MLA_V_UP_CASE(NAME, DECODER)                                                                      \
-    case Format::NAME:                                                                                         \
-        cuda::launch(ctx, mla_v_up_kernel<DECODER>, dim3(slots, unsigned(KCAP_MLA_V_UP_BLOCKS(p))), block, 0, p, \
-                     static_cast<const float*>(ctx.mla_latent), vb, call.out);                                 \
+}
+
+// W_v_b applied to the weighted latents (with TOKENS in token tiles).
+template <bool TOKENS>
+void launch_v_up(const MlaLaunch& m, const KernelCall& call) {
+    const KcapMlaParams& p = m.p;
+    const dim3 grid(unsigned(TOKENS ? KCAP_MLA_TOKEN_TILES(p) * p.n_head : p.n_tokens * p.n_head),
+                    unsigned(KCAP_MLA_V_UP_BLOCKS(p)));
+    switch (m.vb_format) {
+#define KCAP_MLA_V_UP_CASE(NAME, DECODER)                                                                        \
+    case Format::NAME:                                                                                           \
+        cuda::launch(m.ctx, TOKENS ? mla_v_up_tokens_kernel<DECODER> : mla_v_up_kernel<DECODER>, grid,           \
+                     dim3(KCAP_MLA_THREADS), 0, p, static_cast<const float*>(m.ctx.mla_latent), m.vb, call.out); \
         break;
         KCAP_WEIGHT_FORMATS(KCAP_MLA_V_UP_CASE)
 #undef KCAP_MLA_V_UP_CASE
-        default: throw Error(std::string("cuda.attention_mla: no body for ") + format_name(vb_format));
+        default:
+            throw Error(std::string(m.row) + ": no body for " + format_name(m.vb_format));
     }
+}
+
+}  // namespace
+
+// cuda.attention_mla[_decode], four launches: the call's cache rows appended and the queries
+// absorbed, each (token, group of heads) attending over its span (the decode in the key splits
+// fixed at load time from the stage's longest span, a prefill chunk in one), the splits merged,
+// then the V up-projection (kernels/attention_mla.h). Positions come from the device (step[0]),
+// so the decode graph replays at any position.
+template <bool DECODE>
+void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call) {
+    const MlaLaunch m = mla_launch(stage, call, DECODE ? "cuda.attention_mla_decode" : "cuda.attention_mla");
+    const cuda::Context& ctx = m.ctx;
+    const KcapMlaParams& p = m.p;
+    const dim3 block(KCAP_MLA_THREADS);
+    launch_append_absorb<false>(m, call);
+    const int splits = DECODE ? m.data.attn_splits : 1;
+    const unsigned groups = unsigned(p.n_tokens * cuda::ceil_div(p.n_head, KCAP_MLA_HEADS_PER_GROUP));
+    cuda::launch(ctx, mla_attend_kernel, dim3(groups, unsigned(splits)), block, 0, p, ctx.step,
+                 static_cast<const float*>(ctx.mla_absorbed), static_cast<const kcap_u8*>(m.cache), splits,
+                 ctx.attn_partial_o, ctx.attn_partial_ml);
+    const unsigned slots = unsigned(p.n_tokens * p.n_head);
+    cuda::launch(ctx, mla_combine_kernel, dim3(slots, unsigned(KCAP_MLA_COMBINE_BLOCKS(p))), block, 0, p, ctx.step, splits,
+                 static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml),
+                 ctx.mla_latent);
+    launch_v_up<false>(m, call);
 }
 template void kcap_cuda_attention_mla<true>(const Stage&, const KernelCall&);
 template void kcap_cuda_attention_mla<false>(const Stage&, const KernelCall&);
@@ -340,50 +387,18 @@ template void kcap_cuda_attention_mla<false>(const Stage&, const KernelCall&);
 // rows appended, the tiled attend (each staged cache row scored and summed for 32 query rows at
 // once, the latents written normalized: no combine), the V up-projection in token tiles.
 void kcap_cuda_attention_mla_tiled(const Stage& stage, const KernelCall& call) {
-    const cuda::Context& ctx = cuda::context(call);
-    const cuda::StageData& data = cuda::stage_data(call);
-    const KcapMlaParams p = mla_params(stage, call.n_tokens, ctx.kv_format);
-    auto* cache = static_cast<kcap_u8*>(ctx.kv.at(size_t(stage.layer)).k);
-    const auto* cos_sin = reinterpret_cast<const float2*>(data.rope_table);
-    const auto* kb = static_cast<const kcap_u8*>(data.operands[1]);
-    const auto* vb = p.combined ? kb : static_cast<const kcap_u8*>(data.operands[2]);
-    const dim3 block(KCAP_MLA_THREADS);
-    const unsigned token_groups = unsigned(KCAP_MLA_TOKEN_TILES(p) * p.n_head);
-    const Format kb_format = stage.operands[1]->format;
-    const Format vb_format = (p.combined ? stage.operands[1] : stage.operands[2])->format;
-    const dim3 absorb_grid(token_groups + unsigned(p.n_tokens), unsigned(KCAP_MLA_ABSORB_BLOCKS(p)));
-    switch (kb_format) {
-#define KCAP_MLA_ABSORB_CASE(NAME, DECODER)                                                                        \
-    case Format::NAME:                                                                                             \
-        cuda::launch(ctx, mla_append_absorb_kernel<DECODER, true>, absorb_grid, block, 0, p, ctx.step, call.in,    \
-                     call.in2, static_cast<const float*>(data.operands[0]), kb, cos_sin, cache, ctx.mla_absorbed); \
-        break;
-        KCAP_WEIGHT_FORMATS(KCAP_MLA_ABSORB_CASE)
-#undef KCAP_MLA_ABSORB_CASE
-        default:
-            throw Error(std::string("cuda.attention_mla_tiled: no body for ") + format_name(kb_format));
-    }
-    const int bytes = cuda_rows::mla_tiled_shared_bytes(p.width);
+    const MlaLaunch m = mla_launch(stage, call, "cuda.attention_mla_tiled");
+    launch_append_absorb<true>(m, call);
     // Above 48 KB a kernel must opt in to its dynamic threadgroup memory: once per process, for
     // the widest row the launch can take (the row's legal dims).
     static const cudaError_t opted_in =
         cudaFuncSetAttribute(mla_attend_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              cuda_rows::mla_tiled_shared_bytes(KCAP_MLA_MAX_WIDTH));
     KCAP_CUDA_CHECK(opted_in);
-    cuda::launch(ctx, mla_attend_tiled_kernel, dim3(unsigned(KCAP_MLA_ATTEND_TILES(p))), block, size_t(bytes), p,
-                 ctx.step, static_cast<const float*>(ctx.mla_absorbed), static_cast<const kcap_u8*>(cache),
-                 ctx.mla_latent);
-    switch (vb_format) {
-#define KCAP_MLA_V_UP_CASE(NAME, DECODER)                                                                         \
-    case Format::NAME:                                                                                            \
-        cuda::launch(ctx, mla_v_up_tokens_kernel<DECODER>, dim3(token_groups, unsigned(KCAP_MLA_V_UP_BLOCKS(p))), \
-                     block, 0, p, static_cast<const float*>(ctx.mla_latent), vb, call.out);                       \
-        break;
-        KCAP_WEIGHT_FORMATS(KCAP_MLA_V_UP_CASE)
-#undef KCAP_MLA_V_UP_CASE
-        default:
-            throw Error(std::string("cuda.attention_mla_tiled: no body for ") + format_name(vb_format));
-    }
+    cuda::launch(m.ctx, mla_attend_tiled_kernel, dim3(unsigned(KCAP_MLA_ATTEND_TILES(m.p))), dim3(KCAP_MLA_THREADS),
+                 size_t(cuda_rows::mla_tiled_shared_bytes(m.p.width)), m.p, m.ctx.step,
+                 static_cast<const float*>(m.ctx.mla_absorbed), static_cast<const kcap_u8*>(m.cache), m.ctx.mla_latent);
+    launch_v_up<true>(m, call);
 }
 
 #define KCAP_INSTANTIATE_ATTENTION(KIND, ROPE)                                                             \
