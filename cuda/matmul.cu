@@ -7,6 +7,7 @@
 #include "cuda/matmul.h"
 #include "cuda/mma_tiles.h"
 #include <algorithm>
+#include <climits>
 
 #include "kernels/matmul.h"
 #include "kernels/matvec.h"
@@ -162,8 +163,14 @@ QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_run
     matmul.op = Op::MatMul;
     matmul.features = 0;
     QkvParams q = {};
+    q.count = int(stage.operands.size());
+    q.segment[2].first_group = INT_MAX;  // a pair's groups never reach segment 2
     *groups = 0;
-    for (int which = 0; which < 3; ++which) {
+    // The segments share one grid: each one's split (matvec_split: the parts per team that fill
+    // the device) counts the rows of all of them.
+    int all_rows = 0;
+    for (int which = 0; which < q.count; ++which) all_rows += int(stage.operands[size_t(which)]->n_rows());
+    for (int which = 0; which < q.count; ++which) {
         const TensorRef* w = stage.operands[size_t(which)];
         matmul.operands = {w, nullptr};
         matmul.n = w->n_rows();
@@ -172,7 +179,9 @@ QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_run
         s.y = outputs[which];
         s.p = matmul_params(matmul, call);
         s.format = int(w->format);
-        s.teams = matvec_teams(ctx, s.p, kMatvecRows, q8 ? q8_row_units(w->format, s.p.k) : s.p.k / 32);
+        KcapMatmulParams grid_rows = s.p;
+        grid_rows.n = all_rows;
+        s.teams = matvec_teams(ctx, grid_rows, kMatvecRows, q8 ? q8_row_units(w->format, s.p.k) : s.p.k / 32);
         s.first_group = *groups;
         *groups += int(matvec_groups(s.p, s.teams, kMatvecRows));
     }
@@ -220,7 +229,8 @@ void kcap_cuda_qkv(const Stage& stage, const KernelCall& call) {
 void kcap_cuda_qkv_tokens(const Stage& stage, const KernelCall& call) {
     int groups = 0;
     const cuda::QkvParams q = cuda::qkv_segments(stage, call, cuda_rows::kMatvecChunkRuns, &groups);
-    for (const cuda::QkvSegment& s : q.segment) {
+    for (int which = 0; which < q.count; ++which) {
+        const cuda::QkvSegment& s = q.segment[which];
         switch (Format(s.format)) {
 #define KCAP_QKV_TOKENS_CASE(NAME, DECODER)                                                        \
     case Format::NAME:                                                                             \

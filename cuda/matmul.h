@@ -42,9 +42,9 @@ void gate_up_activation(const Stage& stage, const KernelCall& call);
 void run_ffn_activation(const Stage& stage, const KernelCall& call);
 
 // qkv (cuda.qkv, cuda.qkv_q8) for one token: one launch whose grid's groups are cut into
-// three segments, one per matrix, each with its own format, rows and split; every group stages
-// the shared x and runs the matvec of its segment's format (a switch over the formats: one
-// kernel serves any mix, e.g. Gemma's Q5_0 q/k with a Q8_0 v).
+// three segments (two for a latent attention's pair), one per matrix, each with its own format,
+// rows and split; every group stages the shared x and runs the matvec of its segment's format (a
+// switch over the formats: one kernel serves any mix, e.g. Gemma's Q5_0 q/k with a Q8_0 v).
 struct QkvSegment {
     const kcap_u8* w;
     float* y;
@@ -55,10 +55,11 @@ struct QkvSegment {
 };
 struct QkvParams {
     QkvSegment segment[3];
+    int count;  // segments: 3, or 2 (segment 2 unused, its first_group past every group)
     int chunk_runs;
 };
 
-// The three segments of a qkv stage for one token; *groups: the grid's groups in all.
+// The segments of a qkv stage for one token; *groups: the grid's groups in all.
 // chunk_runs_max: the runs of x the matvec stages at a time (kMatvecChunkRuns, kMatvecQ8ChunkRuns).
 // q8: the segments of the q8_1 matvec (its units per row, q8_row_units), else of the exact one.
 QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_runs_max, int* groups, bool q8 = false);

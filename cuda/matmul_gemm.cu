@@ -336,8 +336,8 @@ void kcap_cuda_qkv_bf16(const Stage& stage, const KernelCall& call) {
     Stage matmul = stage;
     matmul.op = Op::MatMul;
     matmul.features = 0;
-    for (int which = 0; which < 3; ++which) {
-        const TensorRef* w = stage.operands[size_t(which)];
+    for (size_t which = 0; which < stage.operands.size(); ++which) {  // three, or a latent attention's pair
+        const TensorRef* w = stage.operands[which];
         matmul.operands = {w, nullptr};
         matmul.n = w->n_rows();
         cuda::gemm_matmul(ctx, w->format, cuda::matmul_params(matmul, call), static_cast<const kcap_u8*>(data.operands[which]),

@@ -650,7 +650,10 @@ void kcap_cuda_qkv_q8_tokens(const Stage& stage, const KernelCall& call) {
     int groups = 0;
     const cuda::QkvParams q = cuda::qkv_segments(stage, call, cuda_rows::kMatvecQ8ChunkRuns, &groups, true);
     const cuda::Q8Rows rows = cuda::q8_input<SOURCE>(ctx, call, int(stage.k));
-    for (const cuda::QkvSegment& s : q.segment) cuda::matvec_q8_any(ctx, Format(s.format), s.p, s.w, call.in, rows, s.y);
+    for (int which = 0; which < q.count; ++which) {
+        const cuda::QkvSegment& s = q.segment[which];
+        cuda::matvec_q8_any(ctx, Format(s.format), s.p, s.w, call.in, rows, s.y);
+    }
 }
 
 // cuda.qkv_q8_mma[_in]: a batch on the int8 tiles, one launch per format or per pair of formats.

@@ -286,8 +286,8 @@ __device__ __forceinline__ T mma_group_pick(const T (&v)[3], int which) {
     return which == 0 ? v[0] : which == 1 ? v[1] : v[2];
 }
 
-// qkv's three matrices (a batch's QkvParams) grouped by format, in order of first appearance:
-// one group for Q, K and V of one format, two or three for a mix.
+// qkv's matrices (a batch's QkvParams: three, or a latent attention's pair) grouped by format,
+// in order of first appearance: one group for Q, K and V of one format, two or three for a mix.
 struct MmaFormatGroups {
     Format format[3];
     MmaGroup group[3];
@@ -295,7 +295,8 @@ struct MmaFormatGroups {
 };
 inline MmaFormatGroups mma_groups_by_format(const QkvParams& q) {
     MmaFormatGroups out;
-    for (const QkvSegment& s : q.segment) {
+    for (int which = 0; which < q.count; ++which) {
+        const QkvSegment& s = q.segment[which];
         int i = 0;
         while (i < out.count && out.format[i] != Format(s.format)) ++i;
         if (i == out.count) {

@@ -44,7 +44,9 @@ enum class Op {
     AddNorm,          // residual += scale * [post_norm](branch); normed = norm(residual)
     GateUp,           // act(W_gate x) * (W_up x): the gate and up matmuls and the gated activation
     QkNormRope,       // per-head RMS norm of Q and K (their own weights), then rope of both, in place
-    Qkv,              // the Q, K and V matmuls of one input (each weight its own format), no biases
+    // The Q, K and V matmuls of one input (each weight its own format), no biases; or a latent
+    // attention's pair (two operands): the query's (first) matmul and the compressed KV row's.
+    Qkv,
     // Mixture of experts: the router (its matmul, the gating and the top-k choice of experts
     // and their weights per token), the chosen experts' gated FFNs weighted and summed, and a
     // shared expert's output added under its sigmoid gate.

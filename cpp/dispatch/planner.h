@@ -149,9 +149,9 @@ bool bind_stage_buffers(const Plan& plan, const Stage& stage, int64_t n, bool ne
             break;
         case Op::AddNorm: call.inout2 = buffer(stage.input); break;  // the residual, read and written
         case Op::GateUp:  // the batched path's gate and up scratch
-        case Op::Qkv:     // the K and V outputs (Q is out)
+        case Op::Qkv:     // the K and V outputs (Q is out; a pair has no V)
             call.inout2 = buffer(stage.input2);
-            call.inout3 = buffer(stage.input3);
+            call.inout3 = stage.input3 != Buffer::None ? buffer(stage.input3) : nullptr;
             break;
         default: break;
     }

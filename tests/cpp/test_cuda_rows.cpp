@@ -442,13 +442,14 @@ void test_matmul_rows(std::mt19937& rng, CpuState& cpu, Op op) {
     }
 }
 
-// Qkv rows: three matrices of mixed formats against one x, each compared with the exact CPU
-// row of its format (on q8_1(x), or on bf16(W) and bf16(x), as the row rounds). Every mix the
-// row takes, at the token edges of its range.
+// Qkv rows: three matrices of mixed formats against one x (or a latent attention's pair: two,
+// no V), each compared with the exact CPU row of its format (on q8_1(x), or on bf16(W) and
+// bf16(x), as the row rounds). Every mix the row takes, at the token edges of its range.
 void test_qkv(std::mt19937& rng, CpuState& cpu) {
     struct Mix {
         Format q, k, v;
         int64_t width;
+        int matrices = 3;
     };
     const Mix mixes[] = {
         {Format::Q5_0, Format::Q5_0, Format::Q8_0, 640},   // Gemma 3 270M
@@ -463,6 +464,9 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
         // Both sides of kQ8QuantizeMinK: rows the groups round (K 2016) and the _quant rows (2048).
         {Format::Q8_0, Format::Q4_0, Format::Q8_0, 2016},
         {Format::Q8_0, Format::Q4_0, Format::Q8_0, 2048},
+        // Pairs (the latent attention's query and compressed KV row): one format, then two.
+        {Format::Q4_K, Format::Q4_K, Format::F32, 512, 2},
+        {Format::Q8_0, Format::Q6_K, Format::F32, 256, 2},
     };
     for (const Row& row : capability_table()) {
         if (row.backend != Backend::CUDA || row.op != Op::Qkv) continue;
@@ -470,6 +474,7 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
         for (const Mix& mix : mixes) {
             const Format formats[3] = {mix.q, mix.k, mix.v};
             const int64_t k = mix.width, rows[3] = {k * 2 + 7, k / 2 + 3, k / 2 + 3};
+            const int matrices = mix.matrices;
             Weights probe[3];
             Stage stage;
             stage.op = Op::Qkv;
@@ -477,7 +482,7 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
             stage.features = row.requires_all;
             stage.k = k;
             stage.n = rows[0];
-            for (int i = 0; i < 3; ++i) {
+            for (int i = 0; i < matrices; ++i) {
                 probe[i].ref.format = formats[i];
                 stage.operands.push_back(&probe[i].ref);
             }
@@ -495,9 +500,9 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
                 StageData data;
                 std::vector<std::unique_ptr<Weights>> weights, rounded;
                 std::vector<std::vector<float>> refs;
-                float* outs[3];
+                float* outs[3] = {nullptr, nullptr, nullptr};
                 stage.operands.clear();
-                for (int i = 0; i < 3; ++i) {
+                for (int i = 0; i < matrices; ++i) {
                     weights.push_back(random_weights(rng, formats[i], k, rows[i]));
                     stage.operands.push_back(&weights.back()->ref);
                     data.operands[i] = t.arena.upload_bytes(weights.back()->ref.data, weights.back()->ref.nbytes);
@@ -518,14 +523,14 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
                 call.inout2 = outs[1];
                 call.inout3 = outs[2];
                 if (!t.run(row, stage, call, data)) continue;
-                for (int i = 0; i < 3; ++i) {
+                for (int i = 0; i < matrices; ++i) {
                     const double tolerance = matmul_tolerance(row, k, formats[i]);
                     const double err = matmul_error(download(outs[i], refs[size_t(i)].size()), refs[size_t(i)],
                                                     gemm ? rounded[size_t(i)]->ref : weights[size_t(i)]->ref, in.xr.data(),
                                                     k, rows[i], m);
-                    KCAP_EXPECT(err <= tolerance, "%s %s/%s/%s K=%lld tokens=%d matrix %d: error %.3g > %.2g",
+                    KCAP_EXPECT(err <= tolerance, "%s %s/%s/%s K=%lld tokens=%d matrix %d of %d: error %.3g > %.2g",
                                 row.kernel.c_str(), format_name(mix.q), format_name(mix.k), format_name(mix.v),
-                                (long long)k, m, i, err, tolerance);
+                                (long long)k, m, i, matrices, err, tolerance);
                 }
                 ++g_cases;
             }

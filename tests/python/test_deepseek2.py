@@ -196,6 +196,34 @@ def test_metal_takes_deepseek_latent_dims(tmp_path):
         assert all("kv_lora=512" in r["dims"] and "rope_dim=64" in r["dims"] for r in attention), attention[0]["dims"]
 
 
+@pytest.mark.parametrize("fixture,query", [("deepseek2", "attn_q"), ("deepseek3", "attn_q_a")])
+def test_cuda_q8_plan_fuses_query_and_compressed_kv_matmuls(fixture, query):
+    # The query's (first) matmul and the compressed KV row's both read the normed row: a q8_1 plan
+    # on CUDA makes them one qkv stage of two matrices (x rounded once for both; one launch for a
+    # token), at every token count; excluding the qkv rows gives the two matmuls back. Exact
+    # plans, and the CPU and Metal ones (no qkv rows), keep them apart.
+    path = str(FIXTURES / f"{fixture}-q8_0.gguf")
+    md = metadata(fixture)
+    fused_name = f"{query}+attn_kv_a_mqa"
+    routes = explain_file(path, backend="cuda", activations="q8_1")
+    pairs = [r for r in routes if r["stage"] == fused_name]
+    assert {r["layer"] for r in pairs} == set(range(md["deepseek2.block_count"]))
+    assert all(r["op"] == "qkv" and r["formats"] == "W_q=Q8_0 W_kv_a=Q8_0" for r in pairs)
+    kv_width = md["deepseek2.attention.kv_lora_rank"] + md["deepseek2.rope.dimension_count"]
+    assert all(r["dims"].endswith(f"/{kv_width}") for r in pairs), pairs[0]["dims"]
+    assert {r["kernel"] for r in pairs if r["tokens_min"] == 1} <= {"cuda.qkv_q8", "cuda.qkv_q8_quant",
+                                                                     "cuda.qkv_q8_in"}
+    assert max(r["tokens_max"] or 1 << 30 for r in pairs) == 1 << 30  # a route for every token count
+    qkv_rows = sorted({r["kernel"] for r in routes if r["op"] == "qkv"})
+    apart = explain_file(path, backend="cuda", activations="q8_1", excluded_kernels=qkv_rows)
+    assert not [r for r in apart if r["op"] == "qkv"]
+    assert {r["stage"] for r in apart if r["layer"] == 0} >= {query, "attn_kv_a_mqa"}
+    for backend, activations in (("cuda", "f32"), ("cuda", "bf16"), ("cpu", "q8_1"), ("metal", "f32")):
+        kept = explain_file(path, backend=backend, activations=activations)
+        assert not [r for r in kept if r["op"] == "qkv"], (backend, activations)
+        assert {r["stage"] for r in kept if r["layer"] == 0} >= {query, "attn_kv_a_mqa"}, (backend, activations)
+
+
 def test_v2_lite_q4_k_m_mix_routes_on_every_backend(tmp_path):
     # DeepSeek-V2-Lite's Q4_K_M types (synth.deepseek2_q4_k_m, narrowed): Q4_K gate and up with
     # 1408-value expert rows, whose down takes llama-quant.cpp's Q8_0 / Q5_0 fallback, and a Q5_0
