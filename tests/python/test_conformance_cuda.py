@@ -170,3 +170,29 @@ def test_cuda_router_chooses_the_cpu_experts(fixture, quant):
         for name, model in (("exact", exact), ("default", default)):
             check_same_choices(router_choices(model, ids, stepped), want,
                                f"{fixture}-{quant} {name} stepped={stepped}", ROUTING_WEIGHT_TOLERANCE[name])
+
+
+# activations="q8_1" on the routed fixtures, CUDA against the CPU on the same option: every
+# matmul's input rounded to q8_1 on both (the q8_1 experts' slots and grouped tiles, the latent
+# attention's query + compressed KV pair in one qkv launch, the dense int8 rows). The two
+# backends' roundings of nearly equal values can differ by a code, and that noise grows through
+# the layers, so the bound is test_cuda.py's Q8_TOLERANCE for the same comparison on the real
+# models' layouts (0.25 x std): it catches a wrong buffer, scale or plan (near 1 x std or
+# beyond), not a subtle row error (test_cuda_rows' job).
+Q8_TOLERANCE = 0.25
+
+
+@pytest.mark.parametrize("fixture", ROUTED_FAMILIES)
+def test_q8_1_activations_match_the_cpu_on_cuda(fixture):
+    path = FIXTURES / f"{fixture}-q8_0.gguf"
+    try:
+        cuda = kcap.load(path, backend="cuda", activations="q8_1")
+    except kcap.BackendUnavailableError:
+        pytest.skip("no CUDA device")
+    assert any("_q8" in r["kernel"] for r in cuda.engine.routes())
+    cpu = kcap.load(path, backend="cpu", activations="q8_1")
+    ids = golden(fixture)["prompt_ids"].tolist()
+    assert relative_error(cuda.eval(ids, all_logits=True), cpu.eval(ids, all_logits=True)) <= Q8_TOLERANCE
+    cuda.reset(), cpu.reset()
+    for token in ids[:8]:  # the captured decode graph, one token a call
+        assert relative_error(cuda.eval([token]), cpu.eval([token])) <= Q8_TOLERANCE
