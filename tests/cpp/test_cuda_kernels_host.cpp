@@ -1450,6 +1450,19 @@ void cpu_attention(const Stage& stage, int m, int pos, const float* q, const flo
     run_cpu(cpu_twin(find_row("cuda.attention_prefill")), stage, call, cpu);
 }
 
+// NaN in cache rows [0, rows) of K and V (f16 or f32 elements of elem bytes).
+void poison_cache_rows(std::vector<uint8_t>& k_cache, std::vector<uint8_t>& v_cache, const KcapAttentionParams& p,
+                       int rows, size_t elem) {
+    const uint16_t half_nan = 0x7e00;
+    const float nan = NAN;
+    const auto fill = [&](std::vector<uint8_t>& cache, int width) {
+        for (size_t i = 0; i < size_t(rows) * size_t(width); ++i)
+            std::memcpy(cache.data() + i * elem, elem == 2 ? static_cast<const void*>(&half_nan) : &nan, elem);
+    };
+    fill(k_cache, p.k_width);
+    fill(v_cache, p.v_width);
+}
+
 void test_attention(std::mt19937& rng, CpuState& cpu) {
     const AttentionCase cases[] = {
         {4, 1, 256, 256, 0, 0.0f, Format::F32, 70, 3, 3},   // Gemma-like heads, three splits
@@ -1500,6 +1513,9 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
             if (m == 1) {
                 p.n_splits = c.n_splits;
                 std::fill(partial_o.begin(), partial_o.end(), NAN);
+                // A sliding-window layer reads only its window: the cached rows before it are
+                // made NaN first, so one read of them would reach the output.
+                if (c.window > 0) poison_cache_rows(k_cache, v_cache, p, std::max(0, pos - c.window + 1), elem);
                 sim_attention_decode(p, c.n_splits, step, q.data(), k.data(), v.data(), k_cache.data(), v_cache.data(),
                                      partial_o.data(), partial_ml.data(), got.data(), nullptr, nullptr, nullptr, sinks);
                 if (c.n_splits > 1)

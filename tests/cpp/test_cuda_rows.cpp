@@ -692,6 +692,15 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                 std::vector<float> ref(size_t(m) * c.n_head * c.head_dim_v);
                 std::vector<float> q_rot = q, k_rot = k;
                 if (owns_rope) cpu_owned_rope(stage, m, pos, q_rot, k_rot, cpu);
+                // A decode step of a sliding-window layer reads only its window (its key splits
+                // start at the window's first row): the device cache's rows before it are NaN
+                // (all bits set, f16 or f32), so one read of them would reach the output. (A
+                // prefill chunk's key tiles may start below a query's window and mask those rows.)
+                if (m == 1 && c.window > 0 && pos - c.window + 1 > 0) {
+                    const size_t rows = size_t(pos - c.window + 1);
+                    CHECK(cudaMemset(t.ctx.kv[0].k, 0xff, rows * size_t(cache.k_width) * elem));
+                    CHECK(cudaMemset(t.ctx.kv[0].v, 0xff, rows * size_t(cache.v_width) * elem));
+                }
                 // The device first: a rope-owning row appends the K rows it rotated itself.
                 KernelCall call;
                 call.n_tokens = m;
