@@ -166,9 +166,7 @@ QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_run
     q.count = int(stage.operands.size());
     q.segment[2].first_group = INT_MAX;  // a pair's groups never reach segment 2
     *groups = 0;
-    // The segments share one grid: each one's split (matvec_split: the parts per team that fill
-    // the device) counts the rows of all of them.
-    int all_rows = 0;
+    int all_rows = 0;  // the segments share one grid
     for (int which = 0; which < q.count; ++which) all_rows += int(stage.operands[size_t(which)]->n_rows());
     for (int which = 0; which < q.count; ++which) {
         const TensorRef* w = stage.operands[size_t(which)];
@@ -179,9 +177,8 @@ QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_run
         s.y = outputs[which];
         s.p = matmul_params(matmul, call);
         s.format = int(w->format);
-        KcapMatmulParams grid_rows = s.p;
-        grid_rows.n = all_rows;
-        s.teams = matvec_teams(ctx, grid_rows, kMatvecRows, q8 ? q8_row_units(w->format, s.p.k) : s.p.k / 32);
+        s.teams = matvec_teams(ctx, s.p, kMatvecRows, q8 ? q8_row_units(w->format, s.p.k) : s.p.k / 32, kMatvecMinLanes,
+                               all_rows);
         s.first_group = *groups;
         *groups += int(matvec_groups(s.p, s.teams, kMatvecRows));
     }

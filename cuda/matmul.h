@@ -17,12 +17,16 @@ inline KcapMatmulParams matmul_params(const Stage& stage, const KernelCall& call
 // The teams of a decode matvec (kernels/matvec.h) of p's shape, ROWS rows a team, `units` units
 // a row (the exact matvec's runs, or the q8_1 matvec's units: q8_units_per_row): lanes per team
 // from the row's units (cuda_rows::matvec_lanes), then for whole simd groups the parts that
-// cover the multiprocessors (cuda_rows::matvec_split). Fixed by the stage's shape.
+// cover the multiprocessors (cuda_rows::matvec_split) from the rows of the launch's whole grid:
+// grid_rows where one launch holds several matrices (the experts' slots, the qkv segments), else
+// p.n. Fixed by the stage's shape. Counting one matrix of a shared grid gave it parts the device
+// had no room for (bench/results/cuda_h200_slot_split.txt).
 inline KcapMatvecTeams matvec_teams(const Context& ctx, const KcapMatmulParams& p, int rows, long long units,
-                                    int min_lanes = cuda_rows::kMatvecMinLanes) {
+                                    int min_lanes = cuda_rows::kMatvecMinLanes, long long grid_rows = 0) {
     KcapMatvecTeams teams;
     teams.lanes = cuda_rows::matvec_lanes(units, min_lanes);
-    teams.split = teams.lanes == 32 ? cuda_rows::matvec_split(p.n, ctx.sm_count, rows, p.k) : 1;
+    teams.split =
+        teams.lanes == 32 ? cuda_rows::matvec_split(grid_rows > 0 ? grid_rows : p.n, ctx.sm_count, rows, p.k) : 1;
     return teams;
 }
 // Groups of the launch: n rows over the teams' rows.

@@ -222,21 +222,13 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     kcap_moe_shared_gate(kcap_cuda_thread(), width, w, x, in, shared, out, partial);
 }
 
-// The teams of the slot matvecs (gate/up, down): one grid holds every slot's p.n rows, so the
-// split (matvec_split: the parts per team that fill the device) counts all of them.
-KcapMatvecTeams slot_matvec_teams(const Context& ctx, const KcapMatmulParams& p, unsigned slots, int rows, long long units,
-                                  int min_lanes) {
-    KcapMatmulParams all = p;
-    all.n = int(p.n * slots);
-    return matvec_teams(ctx, all, rows, units, min_lanes);
-}
-
 // The down matvec of every slot (Q8: on q8_1 of the activations, dp4a).
 template <bool Q8, class F, int ROWS>
 void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
                               const float* routing, unsigned slots, const float* down_bias) {
     constexpr int kMinLanes = Q8 ? kMoeQ8MatvecMinLanes : kMoeMatvecMinLanes;
-    const KcapMatvecTeams teams = slot_matvec_teams(ctx, p, slots, ROWS, Q8 ? q8_units_per_row<F>(p.k) : p.k / 32, kMinLanes);
+    const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, Q8 ? q8_units_per_row<F>(p.k) : p.k / 32, kMinLanes,
+                                               (long long)p.n * slots);  // one grid holds every slot
     const int chunk_runs = std::min(p.k / 32, Q8 ? kMatvecQ8ChunkRuns : kMatvecChunkRuns);
     const dim3 grid(matvec_groups(p, teams, ROWS), slots);
     const size_t shared = size_t(Q8 ? matvec_q8_shared_words(p.k, ROWS) : matvec_shared_floats(p.k, ROWS)) * 4;
@@ -288,7 +280,7 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
 template <class F, int ROWS>
 void launch_experts_gate_up(const Context& ctx, const Stage& stage, const KernelCall& call, const StageData& data,
                             const KcapMoeParams& moe, KcapMatmulParams p, unsigned slots) {
-    const KcapMatvecTeams teams = slot_matvec_teams(ctx, p, slots, ROWS, p.k / 32, kMoeMatvecMinLanes);
+    const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, p.k / 32, kMoeMatvecMinLanes, (long long)p.n * slots);
     const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
     with_matvec_body<kMoeMatvecMinLanes>(teams.lanes, [&](auto teams_body) {
         launch(ctx, experts_gate_up_kernel<F, ROWS, decltype(teams_body)::value>,
@@ -387,7 +379,8 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
     p.m = 1;
     p.row_bytes = unsigned(row_bytes(FORMAT, moe.k));
     constexpr int ROWS = kMoeQ8GateUpRows;
-    const KcapMatvecTeams teams = cuda::slot_matvec_teams(ctx, p, slots, ROWS, cuda::q8_units_per_row<F>(p.k), kMoeQ8MatvecMinLanes);
+    const KcapMatvecTeams teams =
+        cuda::matvec_teams(ctx, p, ROWS, cuda::q8_units_per_row<F>(p.k), kMoeQ8MatvecMinLanes, (long long)p.n * slots);
     const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
     with_matvec_body<kMoeQ8MatvecMinLanes>(teams.lanes, [&](auto teams_body) {
         cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, ROWS, decltype(teams_body)::value>,
