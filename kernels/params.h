@@ -209,9 +209,10 @@ struct KcapSampleSettings {
      4 * KCAP_MLA_TILE_ROWS * KCAP_MLA_TILE_KEYS + KCAP_MLA_TILE_KEYS * KCAP_MLA_TILE_ROWS)
 // The router's logits (kernels/moe.h): tokens per group, experts per simd group, runs of x
 // staged at a time, and the staged floats (runs padded to 36 floats: KCAP_MATVEC_RUN_STRIDE;
-// 8 tokens of 28 runs fit Metal's 32 KB of threadgroup memory).
+// 8 tokens of 28 runs fit Metal's 32 KB of threadgroup memory). One expert per simd group spreads
+// a decode's router rows over twice the groups (CUDA: cuda_rows::kMoeLogitThreads).
 #define KCAP_MOE_LOGIT_TOKENS 8
-#define KCAP_MOE_LOGIT_EXPERTS 2
+#define KCAP_MOE_LOGIT_EXPERTS 1
 #define KCAP_MOE_LOGIT_CHUNK_RUNS 28
 #define KCAP_MOE_LOGIT_SHARED_FLOATS (KCAP_MOE_LOGIT_TOKENS * KCAP_MOE_LOGIT_CHUNK_RUNS * 36)
 // The router's logits of many tokens as a tiled matmul (kcap_moe_logits_tiled): a group takes a
