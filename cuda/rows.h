@@ -303,13 +303,14 @@ constexpr int kEmbedThreads = 128;
 // Mixture of experts: the router's logits take groups of 2 simd groups (KCAP_MOE_LOGIT_EXPERTS
 // experts' rows each, for KCAP_MOE_LOGIT_TOKENS tokens), its top-k one simd group per token; the
 // grouped experts' sort one group of 1024 threads per call. A decode's router is a few hundred KB
-// read by few groups: its latency. Measured on the H200 (tg128, bench/cuda_sweep.py, all in one
-// call beside another change common to the four), experts per simd group / threads per group
-// 2 / 128 (the old setting), 1 / 128, 1 / 64, 1 / 32: DeepSeek-V2-Lite Q4_K_M layout (64
-// experts) q8_1 457.1 / 468.5 / 479.2 / 479.4 tok/s, exact 428.0 / 437.5 / 447.2 / 449.3;
-// 12-layer slices q8_1, Qwen3-30B-A3B (128 experts) 1,176 / 1,198 / 1,185 / 1,147, gpt-oss-20b
-// (32) 804 / 816 / 806 / 781. Without that change: 2 / 128 DeepSeek q8_1 464.6, exact 428.0;
-// 1 / 64 in the next call 487.0 and 445.6.
+// read by few groups: its latency. Measured on the H200 (tg128, bench/cuda_sweep.py; one call,
+// all four on a tree that also had a latent-attention change since dropped), experts per simd
+// group / threads per group 2 / 128 (the old setting), 1 / 128, 1 / 64, 1 / 32:
+// DeepSeek-V2-Lite Q4_K_M layout (64 experts) q8_1 457.1 / 468.5 / 479.2 / 479.4 tok/s, exact
+// 428.0 / 437.5 / 447.2 / 449.3; 12-layer slices q8_1, Qwen3-30B-A3B (128 experts) 1,176 / 1,198
+// / 1,185 / 1,147, gpt-oss-20b (32) 804 / 816 / 806 / 781. On the tree itself, 2 / 128 then 1 /
+// 64 (two calls): DeepSeek q8_1 464.6 -> 487.0, exact 428.0 -> 445.6
+// (bench/results/cuda_h200_router_logits.txt).
 constexpr int kMoeLogitThreads = 64;
 constexpr int kMoeRouteThreads = 32;
 // The router's logits as a tiled matmul over slices of K (cuda.moe_route_tiled) from this many
