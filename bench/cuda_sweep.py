@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_cuda  # noqa: E402
 from bench_cuda import load_cuda, make_models  # noqa: E402
 
 
@@ -69,6 +70,7 @@ def main() -> int:
                         help="also time the plan without these rows (excluded_kernels), once per --exclude, "
                              "between the two base runs: a row against the one the plan takes without it")
     args = parser.parse_args()
+    bench_cuda.DEPTH = max(bench_cuda.DEPTH, args.depth)  # load_cuda's context: the depth and the timed tokens
     variants = ["base"] + [f"without {e}" for e in args.exclude] + ["base again"]
     excluded = {f"without {e}": tuple(e.split(",")) for e in args.exclude}
     paths = make_models(Path(args.models), args.which.split(","))

@@ -54,7 +54,7 @@ __device__ __forceinline__ void decode_prefetch(const KcapAttentionParams& p, in
     }
 }
 
-template <int DG>
+template <int DG, int KS>
 __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32)
     decode_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new, const float* v_new,
                   kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out, cuda::Q8Rows q8,
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32)
     decode_prefetch(p, step[0], k_cache, v_cache);
     cuda::pdl_trigger();
     const KcapThread t = kcap_cuda_thread();
-    kcap_attention_decode_dims<DG>(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge,
+    kcap_attention_decode_dims<DG, KS>(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge,
                                    cos_sin, q_norm, k_norm, sinks);
     // One split covered every key: this group wrote its query heads' outputs (contiguous), so
     // it also writes their q8_1 for the output projection.
@@ -246,12 +246,15 @@ void run_attention_decode(const Stage& stage, const KernelCall& call) {
     const KcapAttentionParams& p = a.p;
     const StageData& data = stage_data(call);
     const Q8Rows q8 = Q8 ? q8_rows_layout(ctx, 1, p.n_head * p.head_dim_v) : Q8Rows{nullptr, nullptr, nullptr};
-    // The head's dims fix the kernel's dim groups (per stage, like its launch geometry).
-    const auto kernel = cuda_rows::attn_decode_dim_groups(p.head_dim, p.head_dim_v) == 1 ? decode_kernel<1> : decode_kernel<2>;
-    launch(ctx, kernel, dim3(p.n_head_kv * p.head_blocks, p.n_splits), dim3(32 * cuda_rows::attn_decode_simds(p.n_head, p.n_head_kv)),
-           0, p, ctx.step, call.in, call.in2, call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml,
-           call.out, q8, reinterpret_cast<const float2*>(data.rope_table), static_cast<const float*>(data.operands[0]),
-           static_cast<const float*>(data.operands[1]), sinks_of(call));
+    // The head's dims fix the kernel's dim groups and key streams (per stage, like its launch
+    // geometry).
+    cuda_rows::with_attn_decode_body(p.head_dim, p.head_dim_v, [&](auto dg, auto ks) {
+        launch(ctx, decode_kernel<decltype(dg)::value, decltype(ks)::value>, dim3(p.n_head_kv * p.head_blocks, p.n_splits),
+               dim3(32 * cuda_rows::attn_decode_simds(p.n_head, p.n_head_kv)), 0, p, ctx.step, call.in, call.in2, call.in3,
+               a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out, q8,
+               reinterpret_cast<const float2*>(data.rope_table), static_cast<const float*>(data.operands[0]),
+               static_cast<const float*>(data.operands[1]), sinks_of(call));
+    });
     if (p.n_splits > 1)
         launch(ctx, combine_kernel, dim3(p.n_head), dim3(cuda_rows::attn_combine_threads(p.head_dim_v)), 0, p, ctx.step,
                static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml), call.out,

@@ -313,12 +313,13 @@ private:
             }
             if (stage.op == Op::Attention) {
                 // Enough splits that each takes about kAttnMinChunk keys at the longest span,
-                // capped at a few groups per multiprocessor (longer spans: longer splits).
-                const int64_t groups = int64_t(std::max(1, stage.params.n_head_kv)) *
-                                       cuda_rows::attn_decode_head_blocks(stage.params.n_head,
-                                                                          std::max(1, stage.params.n_head_kv));
+                // capped at a few simd groups per multiprocessor (longer spans: longer splits).
+                const int n_head_kv = std::max(1, stage.params.n_head_kv);
+                const int64_t simds = int64_t(n_head_kv) *
+                                      cuda_rows::attn_decode_head_blocks(stage.params.n_head, n_head_kv) *
+                                      cuda_rows::attn_decode_simds(stage.params.n_head, n_head_kv);
                 data.attn_splits = decode_key_splits(stage.max_span, cuda_rows::kAttnMinChunk,
-                                                     int64_t(cuda_rows::kAttnSplitsPerSm) * ctx.sm_count, groups, INT_MAX);
+                                                     int64_t(cuda_rows::kAttnSimdsPerSm) * ctx.sm_count, simds, INT_MAX);
                 const size_t slots = size_t(stage.params.n_head) * size_t(data.attn_splits);
                 partial_o = std::max(partial_o, slots * size_t(stage.params.head_dim_v));
                 partial_ml = std::max(partial_ml, slots * 2);

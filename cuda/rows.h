@@ -266,17 +266,46 @@ constexpr int kAttnFewGroups = 8;
 constexpr int attn_decode_simds(int n_head, int n_head_kv) {
     return n_head_kv * attn_decode_head_blocks(n_head, n_head_kv) <= kAttnFewGroups ? 8 : kAttnDecodeSimds;
 }
-// The decode's 4-dim groups per lane: 1 for heads of at most 128 dims, else 2 (KCAP_ATTN_MAX_HEAD_DIM).
+// The decode's key streams per simd group (kcap_attention_decode_dims' KS) by the head's dims
+// (the larger of K's and V's): 2 at heads of at most 64 dims (gpt-oss, SmolLM2), where a lane's 4
+// dims of a row leave half the simd group idle, else 1. Measured on the H200, q8_1 tg128 (bench/
+// results/cuda_h200_attention_key_streams.txt): gpt-oss-20b's 12-layer slice after 8,192 tokens
+// 488 -> 693 tok/s with the split cap below (decode 79 -> 28 us a layer under Nsight Compute),
+// from empty 807 -> 825; SmolLM2 after 4,096 tokens 1,002 -> 1,103, from empty 1,454 -> 1,430.
+// Four streams at 64 dims (gpt-oss 645 / 801, SmolLM2 795 / 1,271) and two at 128 dims (Qwen3-30B-
+// A3B's slice after 8,192 tokens 774 -> 665, from empty 1,186 -> 1,136) were slower.
+constexpr int attn_decode_key_streams(int head_dim, int head_dim_v) {
+    return head_dim <= 64 && head_dim_v <= 64 ? 2 : 1;
+}
+// Its 4-dim groups per lane: 1 for heads of at most 128 dims, else 2 (KCAP_ATTN_MAX_HEAD_DIM).
 constexpr int attn_decode_dim_groups(int head_dim, int head_dim_v) {
     return head_dim <= 128 && head_dim_v <= 128 ? 1 : 2;
+}
+// Calls fn(DG, KS) (std::integral_constant) with the decode body's dim groups and key streams
+// for the stage's heads: the CUDA launch and the host tests instantiate the same bodies.
+template <class Fn>
+void with_attn_decode_body(int head_dim, int head_dim_v, Fn&& fn) {
+    using One = std::integral_constant<int, 1>;
+    using Two = std::integral_constant<int, 2>;
+    if (attn_decode_dim_groups(head_dim, head_dim_v) == 2)
+        fn(Two{}, One{});
+    else if (attn_decode_key_streams(head_dim, head_dim_v) == 2)
+        fn(One{}, Two{});
+    else
+        fn(One{}, One{});
 }
 // Decode splits (bench/cuda_sweep.py, tg128 on the H200): 32-key chunks at short spans took
 // Gemma 3 270M from 874 to 1038 tok/s and the 8B from 242 to 254 (64-key chunks before); at
 // 4096 tokens of context the 8B did best with fewer, longer splits (34 splits: 187 -> 195
 // tok/s) and Gemma (one KV head) with more (136 splits: 765 -> 944). At most 2 groups per
-// multiprocessor gives both: 33 splits for the 8B's 8 KV heads, 136 for Gemma's one.
-constexpr int kAttnMinChunk = 32;    // fewest keys per decode split (a multiple of 32)
-constexpr int kAttnSplitsPerSm = 2;  // decode grid: at most this many groups per multiprocessor
+// multiprocessor gives both: 33 splits for the 8B's 8 KV heads, 136 for Gemma's one. The cap
+// counts simd groups (16 per multiprocessor: two groups of 8), so stages of many groups of 4
+// simd groups (gpt-oss: 8 KV heads x 2 head groups) get as many simd groups as the others.
+constexpr int kAttnMinChunk = 32;     // fewest keys per decode split (a multiple of 32)
+#ifndef KCAP_CUDA_ATTN_SIMDS_PER_SM
+#define KCAP_CUDA_ATTN_SIMDS_PER_SM 16
+#endif
+constexpr int kAttnSimdsPerSm = KCAP_CUDA_ATTN_SIMDS_PER_SM;  // decode grid: at most this many simd groups per multiprocessor
 // Multi-head latent attention's decode: fewest cache rows per key split, and at most this many
 // attend groups (a token's head groups x splits) per multiprocessor. An attend group of two heads
 // (KCAP_MLA_HEADS_PER_GROUP) holds their weighted latents in 128 registers per thread, so two

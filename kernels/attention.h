@@ -160,12 +160,13 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
 // Decode (one token at position step[0]), flash-decoding. Grid: x = n_head_kv, y = n_splits;
 // threads 32 * simd groups (KCAP_ATTN_DECODE_SIMDS, at most KCAP_ATTN_DECODE_MAX_SIMDS); shared: KCAP_ATTN_DECODE_SHARED_FLOATS floats.
 // Split s takes the s-th chunk of the visible keys (kcap_decode_splits); its simd groups take
-// KCAP_ATTN_KEYS_PER_STEP consecutive keys in turn. Lanes split the head dims (lane l holds
-// dims 4 l .. 4 l + 3 of each 128), so every K/V row is read with coalesced 16-byte (f32) or
-// 8-byte (f16) loads, and each key's row serves up to KCAP_ATTN_HEADS_PER_PASS query heads
-// of the KV head at once (more heads: another pass over the chunk). Scores are summed across
-// the lanes; each simd group keeps an online softmax (max, sum, output) per head, and the
-// groups merge theirs in threadgroup memory. The split holding pos appends this token's K/V
+// KCAP_ATTN_KEYS_PER_STEP consecutive keys in turn (per key stream: see
+// kcap_attention_decode_dims). Lanes split the head dims (lane l holds dims 4 l .. 4 l + 3 of
+// each 128; with key streams, of a stream's share), so every K/V row is read with coalesced
+// 16-byte (f32) or 8-byte (f16) loads, and each key's row serves up to KCAP_ATTN_HEADS_PER_PASS
+// query heads of the KV head at once (more heads: another pass over the chunk). Scores are
+// summed across the lanes; each simd group keeps an online softmax (max, sum, output) per head,
+// and the groups merge theirs in threadgroup memory. The split holding pos appends this token's K/V
 // to the cache (no group of this launch reads cache[pos]: the key at pos comes from the new
 // K/V, rounded as the cache stores it); a shared-KV layer (p.append == 0) reads it from the
 // cache. With p.rope the decode rotates the query heads and the new K itself (cos_sin: the
@@ -176,7 +177,7 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
 #define KCAP_ATTN_DECODE_SIMDS 4      // Metal's launch; CUDA: 4 or 8 (cuda_rows::attn_decode_simds)
 #define KCAP_ATTN_DECODE_MAX_SIMDS 8  // the most simd groups a launch may have (threadgroup memory)
 #define KCAP_ATTN_HEADS_PER_PASS 4
-#define KCAP_ATTN_KEYS_PER_STEP 4  // keys a simd group loads and scores at once
+#define KCAP_ATTN_KEYS_PER_STEP 4  // keys a simd group (or key stream) loads and scores at once
 #define KCAP_ATTN_DIM_GROUPS (KCAP_ATTN_MAX_HEAD_DIM / 128)  // 4-dim groups per lane
 // The states of one pass's simd groups (max, sum, output per head), merged by every thread;
 // a launch of `simds` simd groups needs KCAP_ATTN_DECODE_SHARED_FLOATS_FOR(simds) floats.
@@ -187,22 +188,23 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
 // heads of at most 128 dims, 2 up to KCAP_ATTN_MAX_HEAD_DIM (the launch picks it from the
 // stage's head_dim; the helpers below take the same DG).
 
-// Dims 4 lane + 128 i .. +3 of a row (f32 or f16 elements; zeros past `dim`).
-template <int DG>
+// Dims 4 lane + STRIDE i .. +3 of a row (f32 or f16 elements; zeros past `dim`). STRIDE: 128
+// as a simd group holds a head, 128 / KS as a lane of one of KS key streams holds it.
+template <int DG, int STRIDE = 128>
 KCAP_FN void kcap_attn_load_row(const KcapThread t, const KCAP_GLOBAL kcap_u8* cache, kcap_u64 row, int dim, int f16,
                                 KCAP_PRIVATE float4* out) {
     KCAP_UNROLL for (int i = 0; i < DG; ++i) {
-        const int d = 4 * int(t.lane) + 128 * i;
+        const int d = 4 * int(t.lane) + STRIDE * i;
         out[i] = d < dim ? kcap_kv_load4(cache, row + kcap_u64(d), f16) : float4{0.0f, 0.0f, 0.0f, 0.0f};
     }
 }
 
 // The same dims of this token's new K or V (f32), unrounded.
-template <int DG>
+template <int DG, int STRIDE = 128>
 KCAP_FN void kcap_attn_load_fresh_raw(const KcapThread t, const KCAP_GLOBAL float* fresh, int dim,
                                       KCAP_PRIVATE float4* out) {
     KCAP_UNROLL for (int i = 0; i < DG; ++i) {
-        const int d = 4 * int(t.lane) + 128 * i;
+        const int d = 4 * int(t.lane) + STRIDE * i;
         out[i] = d < dim ? kcap_load_f32x4(fresh + d) : float4{0.0f, 0.0f, 0.0f, 0.0f};
     }
 }
@@ -217,10 +219,10 @@ KCAP_FN void kcap_attn_round_row(int f16, KCAP_PRIVATE float4* x) {
 }
 
 // The same dims of this token's new K or V (f32), rounded as the cache would store them.
-template <int DG>
+template <int DG, int STRIDE = 128>
 KCAP_FN void kcap_attn_load_fresh(const KcapThread t, const KCAP_GLOBAL float* fresh, int dim, int f16,
                                   KCAP_PRIVATE float4* out) {
-    kcap_attn_load_fresh_raw<DG>(t, fresh, dim, out);
+    kcap_attn_load_fresh_raw<DG, STRIDE>(t, fresh, dim, out);
     kcap_attn_round_row<DG>(f16, out);
 }
 
@@ -310,8 +312,41 @@ KCAP_FN KcapDecodeHeads kcap_decode_heads(const KcapAttentionParams p, int group
     return h;
 }
 
-// DG: the dim groups of the stage's heads (DG * 128 >= head_dim and head_dim_v).
-template <int DG>
+// Key streams (KS): with KS > 1 a simd group is KS streams of 32 / KS lanes, each taking its own
+// keys: a lane holds dims 4 (lane % (32 / KS)) + (128 / KS) i .. +3 of a row (i < DG), a row is
+// read by its stream's lanes in runs of 128 / KS dims, the dot products are summed over the
+// stream, and each stream keeps its own online softmax; the streams merge theirs before the simd
+// groups merge. At heads of at most 64 dims a lane's 4 dims of one row (KS = 1) leave half the
+// simd group idle; at 128 dims, fewer lanes per key cut the shuffles of the dot products.
+// The query and the new K are loaded (and rotated) as the whole simd group holds a head of at
+// most 128 dims (dims 4 lane ..), then each lane takes its stream's dims from the lanes holding
+// them.
+template <int KS>
+KCAP_FN KcapThread kcap_attn_stream_thread(const KcapThread t) {
+    KcapThread s = t;
+    s.lane = t.lane % unsigned(KCAP_SIMD_WIDTH / KS);
+    return s;
+}
+
+// A head held as the whole simd group holds it (`full`: dims 4 lane .. +3), as the lane's key
+// stream holds it (x[i]: dims 4 (lane % L) + 4 L i .., L = 32 / KS lanes per stream): x[i] is
+// lane (lane % L) + L i's, which is lane ^ (L (stream ^ i)): KS shuffles of uniform masks.
+template <int DG, int KS>
+KCAP_FN void kcap_attn_to_streams(const KcapThread t, const float4 full, KCAP_PRIVATE float4* x) {
+    constexpr int lanes = KCAP_SIMD_WIDTH / KS;
+    const int stream = int(t.lane) / lanes;
+    KCAP_UNROLL for (int i = 0; i < DG; ++i) x[i] = full;
+    KCAP_UNROLL for (int j = 1; j < KS; ++j) {
+        const float4 v = float4{kcap_simd_shuffle_xor(full.x, lanes * j), kcap_simd_shuffle_xor(full.y, lanes * j),
+                                kcap_simd_shuffle_xor(full.z, lanes * j), kcap_simd_shuffle_xor(full.w, lanes * j)};
+        KCAP_UNROLL for (int i = 0; i < DG; ++i)
+            if ((stream ^ i) == j) x[i] = v;
+    }
+}
+
+// DG: the dim groups of a lane's share of a head (KS == 1: DG * 128 >= head_dim and head_dim_v;
+// KS > 1: DG * 128 / KS >= both, at most 128); KS: key streams per simd group.
+template <int DG, int KS = 1>
 KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
                                         const KCAP_GLOBAL float* q, const KCAP_GLOBAL float* k_new,
                                         const KCAP_GLOBAL float* v_new, KCAP_GLOBAL kcap_u8* k_cache,
@@ -334,21 +369,33 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
     // the decode owns the rope and rounded as the cache stores it, and simd group 0 of the KV
     // head's first group appends the new K and V to the cache (no group of this launch reads
     // cache[pos]).
+    static_assert(KS == 1 || DG <= KS, "key streams hold heads of at most 128 dims");
+    constexpr int DGF = KS == 1 ? DG : 1;             // dim groups of a head as the whole simd group holds it
+    constexpr int STRIDE = KCAP_SIMD_WIDTH * 4 / KS;  // dims between a stream lane's dim groups
+    constexpr int KPS = KCAP_ATTN_KEYS_PER_STEP;
     const int fresh_pos = p.append ? pos : -1;
+    const KcapThread ts = kcap_attn_stream_thread<KS>(t);  // the lane's place in its key stream
+    const int stream = int(t.lane) / (KCAP_SIMD_WIDTH / KS);
     float4 k_fresh[DG];
     if (p.append && split == splits.active - 1) {
-        kcap_attn_load_fresh_raw<DG>(t, k_new + kcap_u64(kv_head) * p.head_dim, p.head_dim, k_fresh);
-        if (p.rope) kcap_attn_rope_head<DG>(t, p, cs_row, k_norm, k_fresh);
-        kcap_attn_round_row<DG>(p.kv_f16, k_fresh);
+        float4 k_full[DGF];
+        kcap_attn_load_fresh_raw<DGF>(t, k_new + kcap_u64(kv_head) * p.head_dim, p.head_dim, k_full);
+        if (p.rope) kcap_attn_rope_head<DGF>(t, p, cs_row, k_norm, k_full);
+        kcap_attn_round_row<DGF>(p.kv_f16, k_full);
+        if (KS == 1) {
+            KCAP_UNROLL for (int i = 0; i < DG; ++i) k_fresh[i] = k_full[i < DGF ? i : 0];
+        } else {
+            kcap_attn_to_streams<DG, KS>(t, k_full[0], k_fresh);
+        }
         if (t.simd == 0 && heads_of_group.first == 0) {
             const kcap_u64 k_row = kcap_u64(pos) * p.k_width + kcap_u64(kv_head) * p.head_dim;
-            KCAP_UNROLL for (int i = 0; i < DG; ++i) {
+            KCAP_UNROLL for (int i = 0; i < DGF; ++i) {
                 const int d = 4 * int(t.lane) + 128 * i;
                 if (d < p.head_dim) {
-                    kcap_kv_store(k_cache, k_row + d, k_fresh[i].x, p.kv_f16);
-                    kcap_kv_store(k_cache, k_row + d + 1, k_fresh[i].y, p.kv_f16);
-                    kcap_kv_store(k_cache, k_row + d + 2, k_fresh[i].z, p.kv_f16);
-                    kcap_kv_store(k_cache, k_row + d + 3, k_fresh[i].w, p.kv_f16);
+                    kcap_kv_store(k_cache, k_row + d, k_full[i].x, p.kv_f16);
+                    kcap_kv_store(k_cache, k_row + d + 1, k_full[i].y, p.kv_f16);
+                    kcap_kv_store(k_cache, k_row + d + 2, k_full[i].z, p.kv_f16);
+                    kcap_kv_store(k_cache, k_row + d + 3, k_full[i].w, p.kv_f16);
                 }
             }
             for (int d = int(t.lane); d < p.head_dim_v; d += KCAP_SIMD_WIDTH)
@@ -369,57 +416,68 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
             m[h] = KCAP_NEG_INFINITY;
             l[h] = 0.0f;
             const int head = kv_head * group + g0 + (h < heads ? h : 0);
-            KCAP_UNROLL for (int i = 0; i < DG; ++i) {
+            float4 q_full[DGF];
+            KCAP_UNROLL for (int i = 0; i < DGF; ++i) {
                 const int d = 4 * int(t.lane) + 128 * i;
-                qv[h][i] = d < p.head_dim ? kcap_load_f32x4(q + kcap_u64(head) * p.head_dim + d) : float4{0.0f, 0.0f, 0.0f, 0.0f};
-                o[h][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
+                q_full[i] = d < p.head_dim ? kcap_load_f32x4(q + kcap_u64(head) * p.head_dim + d) : float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
-            if (p.rope) kcap_attn_rope_head<DG>(t, p, cs_row, q_norm, qv[h]);
+            if (p.rope) kcap_attn_rope_head<DGF>(t, p, cs_row, q_norm, q_full);
+            if (KS == 1) {
+                KCAP_UNROLL for (int i = 0; i < DG; ++i) qv[h][i] = q_full[i < DGF ? i : 0];
+            } else {
+                kcap_attn_to_streams<DG, KS>(t, q_full[0], qv[h]);
+            }
+            KCAP_UNROLL for (int i = 0; i < DG; ++i) o[h][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
         }
-        // Each step a simd group loads KCAP_ATTN_KEYS_PER_STEP keys' K and V rows at once (so
-        // that many row loads are in flight, not one memory latency per key), reduces all their
-        // heads' dot products across the lanes together (independent shuffles), then folds the
-        // keys into the online softmax with one rescale.
-        for (int j0 = start + int(t.simd) * KCAP_ATTN_KEYS_PER_STEP; j0 < end;
-             j0 += int(t.simds) * KCAP_ATTN_KEYS_PER_STEP) {
-            float4 k[KCAP_ATTN_KEYS_PER_STEP][DG], v[KCAP_ATTN_KEYS_PER_STEP][DG];
-            KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) {
+        // Each step a simd group loads KPS keys' K and V rows per key stream at once (so that
+        // many row loads are in flight, not one memory latency per key), reduces all their heads'
+        // dot products across the stream's lanes together (independent shuffles), then folds the
+        // keys into the stream's online softmax with one rescale.
+        for (int j_simd = start + int(t.simd) * KS * KPS; j_simd < end;
+             j_simd += int(t.simds) * KS * KPS) {
+            const int j0 = j_simd + stream * KPS;  // this stream's first key
+            float4 k[KPS][DG], v[KPS][DG];
+            KCAP_UNROLL for (int b = 0; b < KPS; ++b) {
                 const int j = j0 + b;
                 if (j < end && j == fresh_pos) {
                     KCAP_UNROLL for (int i = 0; i < DG; ++i) k[b][i] = k_fresh[i];
-                    kcap_attn_load_fresh<DG>(t, v_fresh, p.head_dim_v, p.kv_f16, v[b]);
+                    kcap_attn_load_fresh<DG, STRIDE>(ts, v_fresh, p.head_dim_v, p.kv_f16, v[b]);
                 } else if (j < end) {
-                    kcap_attn_load_row<DG>(t, k_cache, kcap_u64(j) * p.k_width + k_head, p.head_dim, p.kv_f16, k[b]);
-                    kcap_attn_load_row<DG>(t, v_cache, kcap_u64(j) * p.v_width + v_head, p.head_dim_v, p.kv_f16, v[b]);
+                    kcap_attn_load_row<DG, STRIDE>(ts, k_cache, kcap_u64(j) * p.k_width + k_head, p.head_dim, p.kv_f16, k[b]);
+                    kcap_attn_load_row<DG, STRIDE>(ts, v_cache, kcap_u64(j) * p.v_width + v_head, p.head_dim_v, p.kv_f16,
+                                                   v[b]);
                 } else {
                     KCAP_UNROLL for (int i = 0; i < DG; ++i)
                         k[b][i] = float4{0.0f, 0.0f, 0.0f, 0.0f}, v[b][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
                 }
             }
-            float dot[KCAP_ATTN_KEYS_PER_STEP][KCAP_ATTN_HEADS_PER_PASS];
-            KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
+            float dot[KPS][KCAP_ATTN_HEADS_PER_PASS];
+            KCAP_UNROLL for (int b = 0; b < KPS; ++b) KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
                 dot[b][h] = 0.0f;
                 KCAP_UNROLL for (int i = 0; i < DG; ++i)
                     dot[b][h] += qv[h][i].x * k[b][i].x + qv[h][i].y * k[b][i].y + qv[h][i].z * k[b][i].z +
                                  qv[h][i].w * k[b][i].w;
             }
-            KCAP_UNROLL for (int offset = KCAP_SIMD_WIDTH / 2; offset > 0; offset >>= 1)
-                KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b)
+            KCAP_UNROLL for (int offset = KCAP_SIMD_WIDTH / (2 * KS); offset > 0; offset >>= 1)
+                KCAP_UNROLL for (int b = 0; b < KPS; ++b)
                     KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h)
                         dot[b][h] += kcap_simd_shuffle_xor(dot[b][h], offset);
+            // Heads past `heads`: uniform over the simd group; a stream whose first key is past
+            // the chunk (only the last stream of the last step can be) has nothing to fold. No
+            // shuffles below, so the streams may part.
             KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
-                if (h >= heads) continue;  // uniform over the simd group
-                float s[KCAP_ATTN_KEYS_PER_STEP];
+                if (h >= heads || j0 >= end) continue;
+                float s[KPS];
                 float m_new = m[h];
-                KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) {
+                KCAP_UNROLL for (int b = 0; b < KPS; ++b) {
                     s[b] = dot[b][h] * p.scale;
                     if (p.softcap > 0.0f) s[b] = p.softcap * kcap_tanh(s[b] / p.softcap);
-                    if (j0 + b < end) m_new = kcap_fmax(m_new, s[b]);  // key j0 < end always: m_new is finite
+                    if (j0 + b < end) m_new = kcap_fmax(m_new, s[b]);  // key j0 < end: m_new is finite
                 }
                 const float correction = kcap_exp(m[h] - m_new);  // 0 while m is still -inf
-                float weight[KCAP_ATTN_KEYS_PER_STEP];
+                float weight[KPS];
                 float weight_sum = 0.0f;
-                KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) {
+                KCAP_UNROLL for (int b = 0; b < KPS; ++b) {
                     weight[b] = j0 + b < end ? kcap_exp(s[b] - m_new) : 0.0f;
                     weight_sum += weight[b];
                 }
@@ -427,7 +485,7 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
                 KCAP_UNROLL for (int i = 0; i < DG; ++i) {
                     float4 acc = float4{o[h][i].x * correction, o[h][i].y * correction, o[h][i].z * correction,
                                         o[h][i].w * correction};
-                    KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) {
+                    KCAP_UNROLL for (int b = 0; b < KPS; ++b) {
                         acc.x += weight[b] * v[b][i].x;
                         acc.y += weight[b] * v[b][i].y;
                         acc.z += weight[b] * v[b][i].z;
@@ -441,6 +499,26 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
         // Merge the simd groups' states: each writes its (max, sum) and output per head to
         // threadgroup memory, then every thread merges output dims of every head (one barrier;
         // a single simd group folding the others in was most of the decode's time at short spans).
+        // With key streams, the streams first merge their states in pairs (a stream without keys
+        // has m = -inf and l = 0: weight 0); every stream then holds the simd group's state.
+        KCAP_UNROLL for (int mask = KCAP_SIMD_WIDTH / KS; mask < KCAP_SIMD_WIDTH; mask <<= 1) {
+            KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
+                if (h >= heads) break;
+                const float m_other = kcap_simd_shuffle_xor(m[h], mask), l_other = kcap_simd_shuffle_xor(l[h], mask);
+                const float m_both = kcap_fmax(m[h], m_other);
+                const float w_self = l[h] > 0.0f ? kcap_exp(m[h] - m_both) : 0.0f;
+                const float w_other = l_other > 0.0f ? kcap_exp(m_other - m_both) : 0.0f;
+                KCAP_UNROLL for (int i = 0; i < DG; ++i) {
+                    const float4 x = o[h][i];
+                    o[h][i] = float4{x.x * w_self + kcap_simd_shuffle_xor(x.x, mask) * w_other,
+                                     x.y * w_self + kcap_simd_shuffle_xor(x.y, mask) * w_other,
+                                     x.z * w_self + kcap_simd_shuffle_xor(x.z, mask) * w_other,
+                                     x.w * w_self + kcap_simd_shuffle_xor(x.w, mask) * w_other};
+                }
+                l[h] = l[h] * w_self + l_other * w_other;
+                m[h] = m_both;
+            }
+        }
         KCAP_SHARED float* shared_ml = shared;                                                // [simds][heads][2]
         KCAP_SHARED float* shared_o = shared + int(t.simds) * KCAP_ATTN_HEADS_PER_PASS * 2;  // [simds][heads][dv]
         KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
@@ -449,8 +527,8 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
             if (t.lane == 0) shared_ml[2 * state] = m[h], shared_ml[2 * state + 1] = l[h];
             KCAP_SHARED float* slot = shared_o + state * p.head_dim_v;
             KCAP_UNROLL for (int i = 0; i < DG; ++i) {
-                const int d = 4 * int(t.lane) + 128 * i;
-                if (d < p.head_dim_v)
+                const int d = 4 * int(ts.lane) + STRIDE * i;
+                if (stream == 0 && d < p.head_dim_v)
                     slot[d] = o[h][i].x, slot[d + 1] = o[h][i].y, slot[d + 2] = o[h][i].z, slot[d + 3] = o[h][i].w;
             }
         }

@@ -1376,24 +1376,22 @@ void test_sample(std::mt19937& rng) {
 // The tiled prefill body with the launch geometry cuda/attention.cu uses (cuda_rows), or with
 // another key split (1 or 2) where the body allows it.
 // The decode as the CUDA row launches it (cuda/attention.cu): head_blocks groups per KV head
-// and the dim groups of the heads' dims, so the host runs the shapes the device runs.
+// and the dim groups and key streams of the heads' dims, so the host runs the shapes the device
+// runs.
 void sim_attention_decode(KcapAttentionParams p, int n_splits, const int32_t* step, const float* q, const float* k,
                           const float* v, uint8_t* k_cache, uint8_t* v_cache, float* partial_o, float* partial_ml,
                           float* out, const float2* cos_sin = nullptr, const float* q_norm = nullptr,
                           const float* k_norm = nullptr, const float* sinks = nullptr) {
     p.head_blocks = kcap::cuda_rows::attn_decode_head_blocks(p.n_head, p.n_head_kv);
-    const bool one_group = kcap::cuda_rows::attn_decode_dim_groups(p.head_dim, p.head_dim_v) == 1;
-    kcap_sim::launch({unsigned(p.n_head_kv * p.head_blocks), unsigned(n_splits), 1},
-                     32 * kcap::cuda_rows::attn_decode_simds(p.n_head, p.n_head_kv), sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS,
-                     [&](const KcapThread& t, void* shared) {
-                         auto* sh = static_cast<float*>(shared);
-                         if (one_group)
-                             kcap_attention_decode_dims<1>(t, p, step, q, k, v, k_cache, v_cache, partial_o, partial_ml,
-                                                           out, sh, cos_sin, q_norm, k_norm, sinks);
-                         else
-                             kcap_attention_decode_dims<2>(t, p, step, q, k, v, k_cache, v_cache, partial_o, partial_ml,
-                                                           out, sh, cos_sin, q_norm, k_norm, sinks);
-                     });
+    kcap::cuda_rows::with_attn_decode_body(p.head_dim, p.head_dim_v, [&](auto dg, auto ks) {
+        kcap_sim::launch({unsigned(p.n_head_kv * p.head_blocks), unsigned(n_splits), 1},
+                         32 * kcap::cuda_rows::attn_decode_simds(p.n_head, p.n_head_kv),
+                         sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS, [&](const KcapThread& t, void* shared) {
+                             kcap_attention_decode_dims<decltype(dg)::value, decltype(ks)::value>(
+                                 t, p, step, q, k, v, k_cache, v_cache, partial_o, partial_ml, out,
+                                 static_cast<float*>(shared), cos_sin, q_norm, k_norm, sinks);
+                         });
+    });
 }
 
 void run_prefill(const KcapAttentionParams& p, const int32_t* step, const float* q, const uint8_t* k_cache,
