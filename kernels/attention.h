@@ -188,23 +188,22 @@ KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, con
 // heads of at most 128 dims, 2 up to KCAP_ATTN_MAX_HEAD_DIM (the launch picks it from the
 // stage's head_dim; the helpers below take the same DG).
 
-// Dims 4 lane + STRIDE i .. +3 of a row (f32 or f16 elements; zeros past `dim`). STRIDE: 128
-// as a simd group holds a head, 128 / KS as a lane of one of KS key streams holds it.
-template <int DG, int STRIDE = 128>
+// Dims 4 lane + 128 i .. +3 of a row (f32 or f16 elements; zeros past `dim`).
+template <int DG>
 KCAP_FN void kcap_attn_load_row(const KcapThread t, const KCAP_GLOBAL kcap_u8* cache, kcap_u64 row, int dim, int f16,
                                 KCAP_PRIVATE float4* out) {
     KCAP_UNROLL for (int i = 0; i < DG; ++i) {
-        const int d = 4 * int(t.lane) + STRIDE * i;
+        const int d = 4 * int(t.lane) + 128 * i;
         out[i] = d < dim ? kcap_kv_load4(cache, row + kcap_u64(d), f16) : float4{0.0f, 0.0f, 0.0f, 0.0f};
     }
 }
 
 // The same dims of this token's new K or V (f32), unrounded.
-template <int DG, int STRIDE = 128>
+template <int DG>
 KCAP_FN void kcap_attn_load_fresh_raw(const KcapThread t, const KCAP_GLOBAL float* fresh, int dim,
                                       KCAP_PRIVATE float4* out) {
     KCAP_UNROLL for (int i = 0; i < DG; ++i) {
-        const int d = 4 * int(t.lane) + STRIDE * i;
+        const int d = 4 * int(t.lane) + 128 * i;
         out[i] = d < dim ? kcap_load_f32x4(fresh + d) : float4{0.0f, 0.0f, 0.0f, 0.0f};
     }
 }
@@ -219,10 +218,10 @@ KCAP_FN void kcap_attn_round_row(int f16, KCAP_PRIVATE float4* x) {
 }
 
 // The same dims of this token's new K or V (f32), rounded as the cache would store them.
-template <int DG, int STRIDE = 128>
+template <int DG>
 KCAP_FN void kcap_attn_load_fresh(const KcapThread t, const KCAP_GLOBAL float* fresh, int dim, int f16,
                                   KCAP_PRIVATE float4* out) {
-    kcap_attn_load_fresh_raw<DG, STRIDE>(t, fresh, dim, out);
+    kcap_attn_load_fresh_raw<DG>(t, fresh, dim, out);
     kcap_attn_round_row<DG>(f16, out);
 }
 
@@ -313,14 +312,12 @@ KCAP_FN KcapDecodeHeads kcap_decode_heads(const KcapAttentionParams p, int group
 }
 
 // Key streams (KS): with KS > 1 a simd group is KS streams of 32 / KS lanes, each taking its own
-// keys: a lane holds dims 4 (lane % (32 / KS)) + (128 / KS) i .. +3 of a row (i < DG), a row is
-// read by its stream's lanes in runs of 128 / KS dims, the dot products are summed over the
-// stream, and each stream keeps its own online softmax; the streams merge theirs before the simd
-// groups merge. At heads of at most 64 dims a lane's 4 dims of one row (KS = 1) leave half the
-// simd group idle; at 128 dims, fewer lanes per key cut the shuffles of the dot products.
-// The query and the new K are loaded (and rotated) as the whole simd group holds a head of at
-// most 128 dims (dims 4 lane ..), then each lane takes its stream's dims from the lanes holding
-// them.
+// keys, for heads of at most 128 / KS dims: a lane holds dims 4 (lane % (32 / KS)) .. +3 of a
+// row, the dot products are summed over the stream, and each stream keeps its own online
+// softmax; the streams merge theirs before the simd groups merge. At heads of at most 64 dims a
+// lane's 4 dims of one row (KS = 1) leave half the simd group idle. The query and the new K are
+// loaded (and rotated) as the whole simd group holds a head (dims 4 lane ..), then each lane
+// takes its stream's dims from the lane holding them.
 template <int KS>
 KCAP_FN KcapThread kcap_attn_stream_thread(const KcapThread t) {
     KcapThread s = t;
@@ -329,23 +326,23 @@ KCAP_FN KcapThread kcap_attn_stream_thread(const KcapThread t) {
 }
 
 // A head held as the whole simd group holds it (`full`: dims 4 lane .. +3), as the lane's key
-// stream holds it (x[i]: dims 4 (lane % L) + 4 L i .., L = 32 / KS lanes per stream): x[i] is
-// lane (lane % L) + L i's, which is lane ^ (L (stream ^ i)): KS shuffles of uniform masks.
-template <int DG, int KS>
-KCAP_FN void kcap_attn_to_streams(const KcapThread t, const float4 full, KCAP_PRIVATE float4* x) {
+// stream holds it (dims 4 (lane % L) .., L = 32 / KS lanes per stream): lane lane % L's, which is
+// lane ^ (L stream): KS - 1 shuffles of uniform masks.
+template <int KS>
+KCAP_FN float4 kcap_attn_to_stream(const KcapThread t, const float4 full) {
     constexpr int lanes = KCAP_SIMD_WIDTH / KS;
     const int stream = int(t.lane) / lanes;
-    KCAP_UNROLL for (int i = 0; i < DG; ++i) x[i] = full;
+    float4 x = full;
     KCAP_UNROLL for (int j = 1; j < KS; ++j) {
         const float4 v = float4{kcap_simd_shuffle_xor(full.x, lanes * j), kcap_simd_shuffle_xor(full.y, lanes * j),
                                 kcap_simd_shuffle_xor(full.z, lanes * j), kcap_simd_shuffle_xor(full.w, lanes * j)};
-        KCAP_UNROLL for (int i = 0; i < DG; ++i)
-            if ((stream ^ i) == j) x[i] = v;
+        if (stream == j) x = v;
     }
+    return x;
 }
 
-// DG: the dim groups of a lane's share of a head (KS == 1: DG * 128 >= head_dim and head_dim_v;
-// KS > 1: DG * 128 / KS >= both, at most 128); KS: key streams per simd group.
+// DG: the dim groups of the stage's heads (DG * 128 >= head_dim and head_dim_v); KS: key streams
+// per simd group (KS > 1: DG == 1 and heads of at most 128 / KS dims).
 template <int DG, int KS = 1>
 KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
                                         const KCAP_GLOBAL float* q, const KCAP_GLOBAL float* k_new,
@@ -369,39 +366,32 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
     // the decode owns the rope and rounded as the cache stores it, and simd group 0 of the KV
     // head's first group appends the new K and V to the cache (no group of this launch reads
     // cache[pos]).
-    static_assert(KS == 1 || DG <= KS, "key streams hold heads of at most 128 dims");
-    constexpr int DGF = KS == 1 ? DG : 1;             // dim groups of a head as the whole simd group holds it
-    constexpr int STRIDE = KCAP_SIMD_WIDTH * 4 / KS;  // dims between a stream lane's dim groups
+    static_assert(KS == 1 || DG == 1, "key streams hold heads of at most 128 / KS dims");
     constexpr int KPS = KCAP_ATTN_KEYS_PER_STEP;
     const int fresh_pos = p.append ? pos : -1;
     const KcapThread ts = kcap_attn_stream_thread<KS>(t);  // the lane's place in its key stream
     const int stream = int(t.lane) / (KCAP_SIMD_WIDTH / KS);
     float4 k_fresh[DG];
     if (p.append && split == splits.active - 1) {
-        float4 k_full[DGF];
-        kcap_attn_load_fresh_raw<DGF>(t, k_new + kcap_u64(kv_head) * p.head_dim, p.head_dim, k_full);
-        if (p.rope) kcap_attn_rope_head<DGF>(t, p, cs_row, k_norm, k_full);
-        kcap_attn_round_row<DGF>(p.kv_f16, k_full);
-        if (KS == 1) {
-            KCAP_UNROLL for (int i = 0; i < DG; ++i) k_fresh[i] = k_full[i < DGF ? i : 0];
-        } else {
-            kcap_attn_to_streams<DG, KS>(t, k_full[0], k_fresh);
-        }
+        kcap_attn_load_fresh_raw<DG>(t, k_new + kcap_u64(kv_head) * p.head_dim, p.head_dim, k_fresh);
+        if (p.rope) kcap_attn_rope_head<DG>(t, p, cs_row, k_norm, k_fresh);
+        kcap_attn_round_row<DG>(p.kv_f16, k_fresh);
         if (t.simd == 0 && heads_of_group.first == 0) {
             const kcap_u64 k_row = kcap_u64(pos) * p.k_width + kcap_u64(kv_head) * p.head_dim;
-            KCAP_UNROLL for (int i = 0; i < DGF; ++i) {
+            KCAP_UNROLL for (int i = 0; i < DG; ++i) {
                 const int d = 4 * int(t.lane) + 128 * i;
                 if (d < p.head_dim) {
-                    kcap_kv_store(k_cache, k_row + d, k_full[i].x, p.kv_f16);
-                    kcap_kv_store(k_cache, k_row + d + 1, k_full[i].y, p.kv_f16);
-                    kcap_kv_store(k_cache, k_row + d + 2, k_full[i].z, p.kv_f16);
-                    kcap_kv_store(k_cache, k_row + d + 3, k_full[i].w, p.kv_f16);
+                    kcap_kv_store(k_cache, k_row + d, k_fresh[i].x, p.kv_f16);
+                    kcap_kv_store(k_cache, k_row + d + 1, k_fresh[i].y, p.kv_f16);
+                    kcap_kv_store(k_cache, k_row + d + 2, k_fresh[i].z, p.kv_f16);
+                    kcap_kv_store(k_cache, k_row + d + 3, k_fresh[i].w, p.kv_f16);
                 }
             }
             for (int d = int(t.lane); d < p.head_dim_v; d += KCAP_SIMD_WIDTH)
                 kcap_kv_store(v_cache, kcap_u64(pos) * p.v_width + kcap_u64(kv_head) * p.head_dim_v + d, v_fresh[d],
                               p.kv_f16);
         }
+        if (KS > 1) k_fresh[0] = kcap_attn_to_stream<KS>(t, k_fresh[0]);
     }
     const int group = p.n_head / p.n_head_kv;
     const kcap_u64 k_head = kcap_u64(kv_head) * p.head_dim;
@@ -416,18 +406,13 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
             m[h] = KCAP_NEG_INFINITY;
             l[h] = 0.0f;
             const int head = kv_head * group + g0 + (h < heads ? h : 0);
-            float4 q_full[DGF];
-            KCAP_UNROLL for (int i = 0; i < DGF; ++i) {
+            KCAP_UNROLL for (int i = 0; i < DG; ++i) {
                 const int d = 4 * int(t.lane) + 128 * i;
-                q_full[i] = d < p.head_dim ? kcap_load_f32x4(q + kcap_u64(head) * p.head_dim + d) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+                qv[h][i] = d < p.head_dim ? kcap_load_f32x4(q + kcap_u64(head) * p.head_dim + d) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+                o[h][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
-            if (p.rope) kcap_attn_rope_head<DGF>(t, p, cs_row, q_norm, q_full);
-            if (KS == 1) {
-                KCAP_UNROLL for (int i = 0; i < DG; ++i) qv[h][i] = q_full[i < DGF ? i : 0];
-            } else {
-                kcap_attn_to_streams<DG, KS>(t, q_full[0], qv[h]);
-            }
-            KCAP_UNROLL for (int i = 0; i < DG; ++i) o[h][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
+            if (p.rope) kcap_attn_rope_head<DG>(t, p, cs_row, q_norm, qv[h]);
+            if (KS > 1) qv[h][0] = kcap_attn_to_stream<KS>(t, qv[h][0]);
         }
         // Each step a simd group loads KPS keys' K and V rows per key stream at once (so that
         // many row loads are in flight, not one memory latency per key), reduces all their heads'
@@ -441,11 +426,10 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
                 const int j = j0 + b;
                 if (j < end && j == fresh_pos) {
                     KCAP_UNROLL for (int i = 0; i < DG; ++i) k[b][i] = k_fresh[i];
-                    kcap_attn_load_fresh<DG, STRIDE>(ts, v_fresh, p.head_dim_v, p.kv_f16, v[b]);
+                    kcap_attn_load_fresh<DG>(ts, v_fresh, p.head_dim_v, p.kv_f16, v[b]);
                 } else if (j < end) {
-                    kcap_attn_load_row<DG, STRIDE>(ts, k_cache, kcap_u64(j) * p.k_width + k_head, p.head_dim, p.kv_f16, k[b]);
-                    kcap_attn_load_row<DG, STRIDE>(ts, v_cache, kcap_u64(j) * p.v_width + v_head, p.head_dim_v, p.kv_f16,
-                                                   v[b]);
+                    kcap_attn_load_row<DG>(ts, k_cache, kcap_u64(j) * p.k_width + k_head, p.head_dim, p.kv_f16, k[b]);
+                    kcap_attn_load_row<DG>(ts, v_cache, kcap_u64(j) * p.v_width + v_head, p.head_dim_v, p.kv_f16, v[b]);
                 } else {
                     KCAP_UNROLL for (int i = 0; i < DG; ++i)
                         k[b][i] = float4{0.0f, 0.0f, 0.0f, 0.0f}, v[b][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
@@ -527,7 +511,7 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
             if (t.lane == 0) shared_ml[2 * state] = m[h], shared_ml[2 * state + 1] = l[h];
             KCAP_SHARED float* slot = shared_o + state * p.head_dim_v;
             KCAP_UNROLL for (int i = 0; i < DG; ++i) {
-                const int d = 4 * int(ts.lane) + STRIDE * i;
+                const int d = 4 * int(ts.lane) + 128 * i;
                 if (stream == 0 && d < p.head_dim_v)
                     slot[d] = o[h][i].x, slot[d + 1] = o[h][i].y, slot[d + 2] = o[h][i].z, slot[d + 3] = o[h][i].w;
             }
