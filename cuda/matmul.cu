@@ -156,6 +156,7 @@ void gate_up_activation(const Stage& stage, const KernelCall& call) {
 }
 
 QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_runs_max, int* groups, bool q8) {
+    const int simds = q8 ? cuda_rows::kMatvecQ8Simds : cuda_rows::kMatvecSimds;  // per group
     const Context& ctx = context(call);
     const StageData& data = stage_data(call);
     float* outputs[3] = {call.out, call.inout2, call.inout3};
@@ -178,9 +179,9 @@ QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_run
         s.p = matmul_params(matmul, call);
         s.format = int(w->format);
         s.teams = matvec_teams(ctx, s.p, kMatvecRows, q8 ? q8_row_units(w->format, s.p.k) : s.p.k / 32, kMatvecMinLanes,
-                               all_rows);
+                               all_rows, simds);
         s.first_group = *groups;
-        *groups += int(matvec_groups(s.p, s.teams, kMatvecRows));
+        *groups += int(matvec_groups(s.p, s.teams, kMatvecRows, simds));
     }
     q.chunk_runs = std::min(int(stage.k / 32), chunk_runs_max);
     return q;

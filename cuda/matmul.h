@@ -20,18 +20,22 @@ inline KcapMatmulParams matmul_params(const Stage& stage, const KernelCall& call
 // cover the multiprocessors (cuda_rows::matvec_split) from the rows of the launch's whole grid:
 // grid_rows where one launch holds several matrices (the experts' slots, the qkv segments), else
 // p.n. Fixed by the stage's shape. Counting one matrix of a shared grid gave it parts the device
-// had no room for (bench/results/cuda_h200_slot_split.txt).
+// had no room for (bench/results/cuda_h200_slot_split.txt). simds: the launch's simd groups per
+// group (kMatvecSimds; the q8_1 matvecs' kMatvecQ8Simds).
 inline KcapMatvecTeams matvec_teams(const Context& ctx, const KcapMatmulParams& p, int rows, long long units,
-                                    int min_lanes = cuda_rows::kMatvecMinLanes, long long grid_rows = 0) {
+                                    int min_lanes = cuda_rows::kMatvecMinLanes, long long grid_rows = 0,
+                                    int simds = cuda_rows::kMatvecSimds) {
     KcapMatvecTeams teams;
     teams.lanes = cuda_rows::matvec_lanes(units, min_lanes);
-    teams.split =
-        teams.lanes == 32 ? cuda_rows::matvec_split(grid_rows > 0 ? grid_rows : p.n, ctx.sm_count, rows, p.k) : 1;
+    teams.split = teams.lanes == 32
+                      ? cuda_rows::matvec_split(grid_rows > 0 ? grid_rows : p.n, ctx.sm_count, rows, p.k, simds)
+                      : 1;
     return teams;
 }
 // Groups of the launch: n rows over the teams' rows.
-inline unsigned matvec_groups(const KcapMatmulParams& p, const KcapMatvecTeams& teams, int rows) {
-    return ceil_div(p.n, cuda_rows::matvec_group_rows(teams.split, teams.lanes, rows));
+inline unsigned matvec_groups(const KcapMatmulParams& p, const KcapMatvecTeams& teams, int rows,
+                              int simds = cuda_rows::kMatvecSimds) {
+    return ceil_div(p.n, cuda_rows::matvec_group_rows(teams.split, teams.lanes, rows, simds));
 }
 // Units per row of the q8_1 matvec of a weight format (kernels/matvec_q8.h: KcapQ8Units).
 template <class F>

@@ -71,7 +71,7 @@ Q8Rows q8_input(const Context& ctx, const KernelCall& call, int k) {
 
 // ------------------------------------------------------------------------- dp4a matvec
 template <class F, int ROWS, bool GATE_UP>
-__global__ void __launch_bounds__(kMatvecSimds * 32)
+__global__ void __launch_bounds__(kMatvecQ8Simds * 32)
     matvec_q8_kernel(KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs, const kcap_u8* w0, const kcap_u8* w1,
                      const float* x, Q8Rows rows, const float* bias, int activation, float* y) {
     extern __shared__ kcap_i32 q8_shared[];
@@ -89,9 +89,10 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
 template <class F, int ROWS, bool GATE_UP>
 void launch_matvec_q8_rows(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w0, const kcap_u8* w1,
                            const float* x, const Q8Rows& rows, const float* bias, int activation, float* y) {
-    const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, q8_units_per_row<F>(p.k));
+    const KcapMatvecTeams teams =
+        matvec_teams(ctx, p, ROWS, q8_units_per_row<F>(p.k), kMatvecMinLanes, 0, kMatvecQ8Simds);
     const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
-    const dim3 grid(matvec_groups(p, teams, ROWS), unsigned(p.m)), block(kMatvecSimds * 32);
+    const dim3 grid(matvec_groups(p, teams, ROWS, kMatvecQ8Simds), unsigned(p.m)), block(kMatvecQ8Simds * 32);
     const size_t shared = size_t(matvec_q8_shared_words(p.k, ROWS)) * 4;
     launch(ctx, matvec_q8_kernel<F, ROWS, GATE_UP>, grid, block, shared, p, teams, chunk_runs, w0, w1, x, rows, bias,
            activation, y);
@@ -542,7 +543,7 @@ void run_gate_up_q8_mma(const Stage& stage, const KernelCall& call) {
 
 // qkv for one token: the three-segment launch of cuda.qkv (cuda/matmul.h), each segment on the
 // q8_1 matvec of its format.
-__global__ void __launch_bounds__(kMatvecSimds * 32) qkv_q8_kernel(QkvParams q, const float* x, Q8Rows rows) {
+__global__ void __launch_bounds__(kMatvecQ8Simds * 32) qkv_q8_kernel(QkvParams q, const float* x, Q8Rows rows) {
     extern __shared__ kcap_i32 q8_shared[];
     KcapThread t = kcap_cuda_thread();
     const QkvSegment s = qkv_segment(q, t);
@@ -640,7 +641,7 @@ void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call) {
     const cuda::QkvParams q = cuda::qkv_segments(stage, call, kMatvecQ8ChunkRuns, &groups, true);
     const cuda::Q8Rows rows = cuda::q8_input<SOURCE>(ctx, call, int(stage.k));
     const size_t shared = size_t(matvec_q8_shared_words(stage.k, kMatvecRows)) * 4;
-    cuda::launch(ctx, cuda::qkv_q8_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q, call.in, rows);
+    cuda::launch(ctx, cuda::qkv_q8_kernel, dim3(unsigned(groups)), dim3(kMatvecQ8Simds * 32), shared, q, call.in, rows);
 }
 
 // cuda.qkv_q8_tokens[_quant|_in]: up to kMmaMinTokens - 1 tokens, each matrix's q8_1 matvec.

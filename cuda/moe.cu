@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
 
 // kcap_moe_gate_up_q8 / kcap_moe_down_q8 of slot blockIdx.y.
 template <class F, int ROWS, bool TEAMS>
-__global__ void __launch_bounds__(kMatvecSimds * 32)
+__global__ void __launch_bounds__(kMatvecQ8Simds * 32)
     experts_gate_up_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                               const kcap_u8* gate, const kcap_u8* up, const float* routing, const float* x,
                               int activation, float* act, const float* gate_bias, const float* up_bias) {
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
 }
 
 template <class F, int ROWS, bool TEAMS>
-__global__ void __launch_bounds__(kMatvecSimds * 32)
+__global__ void __launch_bounds__(kMatvecQ8Simds * 32)
     experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* down, const float* routing, const float* act, float* out,
                            const float* down_bias) {
@@ -227,15 +227,16 @@ template <bool Q8, class F, int ROWS>
 void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
                               const float* routing, unsigned slots, const float* down_bias) {
     constexpr int kMinLanes = Q8 ? kMoeQ8MatvecMinLanes : kMoeMatvecMinLanes;
+    constexpr int kSimds = Q8 ? kMatvecQ8Simds : kMatvecSimds;
     const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, Q8 ? q8_units_per_row<F>(p.k) : p.k / 32, kMinLanes,
-                                               (long long)p.n * slots);  // one grid holds every slot
+                                               (long long)p.n * slots, kSimds);  // one grid holds every slot
     const int chunk_runs = std::min(p.k / 32, Q8 ? kMatvecQ8ChunkRuns : kMatvecChunkRuns);
-    const dim3 grid(matvec_groups(p, teams, ROWS), slots);
+    const dim3 grid(matvec_groups(p, teams, ROWS, kSimds), slots);
     const size_t shared = size_t(Q8 ? matvec_q8_shared_words(p.k, ROWS) : matvec_shared_floats(p.k, ROWS)) * 4;
     with_matvec_body<kMinLanes>(teams.lanes, [&](auto teams_body) {
         constexpr bool TEAMS = decltype(teams_body)::value;
         const auto run = [&](auto kernel) {
-            launch(ctx, kernel, grid, dim3(kMatvecSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
+            launch(ctx, kernel, grid, dim3(kSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
                    static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
         };
         if constexpr (Q8)
@@ -379,12 +380,12 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
     p.m = 1;
     p.row_bytes = unsigned(row_bytes(FORMAT, moe.k));
     constexpr int ROWS = kMoeQ8GateUpRows;
-    const KcapMatvecTeams teams =
-        cuda::matvec_teams(ctx, p, ROWS, cuda::q8_units_per_row<F>(p.k), kMoeQ8MatvecMinLanes, (long long)p.n * slots);
+    const KcapMatvecTeams teams = cuda::matvec_teams(ctx, p, ROWS, cuda::q8_units_per_row<F>(p.k), kMoeQ8MatvecMinLanes,
+                                                     (long long)p.n * slots, kMatvecQ8Simds);
     const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
     with_matvec_body<kMoeQ8MatvecMinLanes>(teams.lanes, [&](auto teams_body) {
         cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, ROWS, decltype(teams_body)::value>,
-                     dim3(cuda::matvec_groups(p, teams, ROWS), slots), dim3(kMatvecSimds * 32),
+                     dim3(cuda::matvec_groups(p, teams, ROWS, kMatvecQ8Simds), slots), dim3(kMatvecQ8Simds * 32),
                      size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
                      static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]),
                      call.in2, call.in, int(stage.params.activation), ctx.moe_act,

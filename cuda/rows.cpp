@@ -46,7 +46,7 @@ Row make_row(const std::string& kernel, Op op, KernelFn fn, Geometry geometry, T
 }
 
 const Geometry kMatvecGeometry = {kMatvecSimds * 32, kMatvecSimds * kMatvecRows, kMatvecSharedBytes};
-const Geometry kMatvecQ8Geometry = {kMatvecSimds * 32, kMatvecSimds * kMatvecRows, kMatvecQ8SharedBytes};
+const Geometry kMatvecQ8Geometry = {kMatvecQ8Simds * 32, kMatvecQ8Simds * kMatvecRows, kMatvecQ8SharedBytes};
 const Geometry kTokensGeometry = {kTokensSimds * 32, kTokensSimds * kTokensRows, 0};
 const Geometry kMmaGeometry = {kMmaThreads, kMmaRows, 0};
 
@@ -557,7 +557,7 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
             q8.input_encoding = Encoding::Q8_1;                                                          \
             q8.operand_formats[2] = q8_formats();                                                        \
             q8.priority = 1;                                                                             \
-            q8.geometry = {kMatvecSimds * 32, kMatvecSimds * kMoeQ8GateUpRows, kMatvecQ8SharedBytes};    \
+            q8.geometry = {kMatvecQ8Simds * 32, kMatvecQ8Simds * kMoeQ8GateUpRows, kMatvecQ8SharedBytes};\
             rows.push_back(q8);                                                                          \
             Row q8_grouped = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                     \
                                             KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_q8_mma<f>), kMmaGeometry); \

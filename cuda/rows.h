@@ -26,6 +26,13 @@ namespace cuda_rows {
 
 // Matmul, exact (f32 activations): decode matvec (kernels/matvec.h) and the few-token walk.
 constexpr int kMatvecSimds = 8;       // simd groups (warps) per group
+// The q8_1 matvecs' groups (cuda.matvec_q8, cuda.qkv_q8, cuda.moe_experts_q8): 16 simd groups,
+// so each group's staging of x (rounded to q8_1, or copied) serves twice the rows. Measured on
+// the H200 (tg128, bench/cuda_sweep.py, bench/results/cuda_h200_matvec_simds.txt), 8 / 16 simd
+// groups for every matvec: q8_1 Qwen3-30B-A3B 12-layer slice 1,191 / 1,202, gpt-oss-20b 12L
+// 824 / 834, Llama-3-8B 8L 1,221 / 1,235, SmolLM2-135M 1,438 / 1,454; with f32 activations the
+// MoE slices and the 8B lost 2-5% at 16 (and at 4), so the exact matvecs keep 8.
+constexpr int kMatvecQ8Simds = 16;
 // Weight rows per team, and how many simd groups per multiprocessor the split aims at
 // (matvec_split). Measured on the H200 (tg128, bench/cuda_sweep.py, KCAP_MATVEC_ROWS /
 // KCAP_MATVEC_WARPS; one run): from 2 rows and the old "cover the multiprocessors" split,
@@ -49,10 +56,11 @@ constexpr int kMatvecChunkRuns = 128;  // runs of x staged in threadgroup memory
 // The group's simd groups form kMatvecSimds / split teams; a team's `split` parts share its
 // rows' runs: the fewest parts that give about target_warps simd groups per multiprocessor,
 // as long as each part keeps at least two runs per lane.
-constexpr int matvec_split(long long n, int sm_count, int rows = kMatvecRows, long long k = 0) {
+constexpr int matvec_split(long long n, int sm_count, int rows = kMatvecRows, long long k = 0,
+                           int simds = kMatvecSimds) {
     const long long teams = (n + rows - 1) / rows;
     int split = 1;
-    while (split < kMatvecSimds && teams * split < (long long)sm_count * kMatvecTargetWarps && k / 32 >= 64LL * split)
+    while (split < simds && teams * split < (long long)sm_count * kMatvecTargetWarps && k / 32 >= 64LL * split)
         split *= 2;
     return split;
 }
@@ -100,9 +108,11 @@ void with_matvec_body(int lanes, Fn&& fn) {
     }
 }
 static_assert(kMatvecMinLanes == 32, "the dense matvecs' kernels instantiate the whole-simd-group bodies only");
-// Weight rows per group of a matvec with teams of `split` simd groups of `lanes` lanes each
-// (split 1 where lanes < 32), `rows` rows per team.
-constexpr int matvec_group_rows(int split, int lanes, int rows) { return kMatvecSimds / split * (32 / lanes) * rows; }
+// Weight rows per group of `simds` simd groups of a matvec with teams of `split` simd groups of
+// `lanes` lanes each (split 1 where lanes < 32), `rows` rows per team.
+constexpr int matvec_group_rows(int split, int lanes, int rows, int simds = kMatvecSimds) {
+    return simds / split * (32 / lanes) * rows;
+}
 // Threadgroup memory: the staged runs (36 floats each: KCAP_MATVEC_RUN_STRIDE) and the
 // parts' partial sums (two per row for gate_up).
 constexpr int matvec_shared_floats(long long k, int rows = kMatvecRows) {
@@ -145,7 +155,7 @@ constexpr int kMatvecQ8ChunkRuns = 512;
 constexpr int kMoeQ8GateUpRows = 2;
 constexpr int kMoeQ8DownRows = 2;
 constexpr int matvec_q8_shared_words(long long k, int rows = kMatvecRows) {
-    return int((k / 32 < kMatvecQ8ChunkRuns ? k / 32 : kMatvecQ8ChunkRuns) * 13 + kMatvecSimds * rows * 2);
+    return int((k / 32 < kMatvecQ8ChunkRuns ? k / 32 : kMatvecQ8ChunkRuns) * 13 + kMatvecQ8Simds * rows * 2);
 }
 // A matmul's q8_1 input (one token or a batch; the matvec and the int8 tiles read it): m x k
 // codes, m x k / 32 scales and m x k / 16 half sums (4 bytes each).
@@ -159,7 +169,7 @@ constexpr int kQ8QuantizeThreads = 256;
 // 1) / never (0, and no add_norm epilogue) / K = 1024 / 2048: Llama-3-8B Q4_K_M 308 / 248 / - / - (every K >= 4096),
 // Gemma 3 270M layout 1170 / 1126 / 1172 / 1181, SmolLM2-135M layout 987 / 1037 / 1003 / 1016.
 constexpr int kQ8QuantizeMinK = 2048;
-constexpr int kMatvecQ8SharedBytes = (kMatvecQ8ChunkRuns * 13 + kMatvecSimds * kMatvecMaxRows * 2) * 4;
+constexpr int kMatvecQ8SharedBytes = (kMatvecQ8ChunkRuns * 13 + kMatvecQ8Simds * kMatvecMaxRows * 2) * 4;
 static_assert(kMoeQ8GateUpRows <= kMatvecMaxRows && kMoeQ8DownRows <= kMatvecMaxRows,
               "kMatvecQ8SharedBytes holds the experts' q8_1 matvecs' partial sums");
 // Matmul with bf16 activations (opt-in: EngineOptions::activations = "bf16"; cuda/matmul_gemm.cu):

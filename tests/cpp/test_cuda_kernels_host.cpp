@@ -40,6 +40,7 @@
 
 using namespace kcap_test;
 using kcap::cuda_rows::kMatvecRows;
+using kcap::cuda_rows::kMatvecQ8Simds;
 using kcap::cuda_rows::kMatvecSimds;
 using kcap::cuda_rows::kMoeQ8DownRows;
 using kcap::cuda_rows::kMoeQ8GateUpRows;
@@ -390,15 +391,16 @@ void test_q8_rounding(std::mt19937& rng) {
 }
 
 // The matvec team shapes a launcher may pick (kernels/matvec.h, cuda_rows::matvec_teams): whole
-// simd groups in 1 to kMatvecSimds parts, and short rows' teams of 16, 8 and 4 lanes.
-std::vector<KcapMatvecTeams> matvec_team_shapes() {
+// simd groups in 1 to `simds` parts (a group's simd groups), and short rows' teams of 16, 8 and
+// 4 lanes.
+std::vector<KcapMatvecTeams> matvec_team_shapes(int simds = kMatvecSimds) {
     std::vector<KcapMatvecTeams> shapes;
-    for (int split = 1; split <= kMatvecSimds; split *= 2) shapes.push_back(kcap_matvec_parts(split));
+    for (int split = 1; split <= simds; split *= 2) shapes.push_back(kcap_matvec_parts(split));
     for (int lanes = 16; lanes >= kcap::cuda_rows::kMatvecFewestLanes; lanes /= 2) shapes.push_back(KcapMatvecTeams{1, lanes});
     return shapes;
 }
-unsigned matvec_test_groups(int64_t n, const KcapMatvecTeams& teams, int rows) {
-    return ceil_div(n, kcap::cuda_rows::matvec_group_rows(teams.split, teams.lanes, rows));
+unsigned matvec_test_groups(int64_t n, const KcapMatvecTeams& teams, int rows, int simds = kMatvecSimds) {
+    return ceil_div(n, kcap::cuda_rows::matvec_group_rows(teams.split, teams.lanes, rows, simds));
 }
 
 void test_matmul_rows(std::mt19937& rng, CpuState& cpu) {
@@ -1035,7 +1037,7 @@ void check_moe_experts_q8_bodies(Format gate_up_format, Format down_format, bool
             using F = decltype(decoder);
             if constexpr (KcapCodes<F>::has_codes8)
                 kcap_sim::launch(
-                    {matvec_test_groups(ff, teams, kMoeQ8GateUpRows), unsigned(slots), 1}, kMatvecSimds * 32,
+                    {matvec_test_groups(ff, teams, kMoeQ8GateUpRows, kMatvecQ8Simds), unsigned(slots), 1}, kMatvecQ8Simds * 32,
                     size_t(kcap::cuda_rows::matvec_q8_shared_words(k, kMoeQ8GateUpRows)) * 4,
                     [&](const KcapThread& t, void* words) {
                         kcap::cuda_rows::with_matvec_body<kcap::cuda_rows::kMatvecFewestLanes>(
@@ -1050,7 +1052,8 @@ void check_moe_experts_q8_bodies(Format gate_up_format, Format down_format, bool
         with_decoder(down_format, [&](auto decoder) {
             using F = decltype(decoder);
             if constexpr (KcapCodes<F>::has_codes8)
-                kcap_sim::launch({matvec_test_groups(n, teams, kMoeQ8DownRows), unsigned(slots), 1}, kMatvecSimds * 32,
+                kcap_sim::launch({matvec_test_groups(n, teams, kMoeQ8DownRows, kMatvecQ8Simds), unsigned(slots), 1},
+                                 kMatvecQ8Simds * 32,
                                  size_t(kcap::cuda_rows::matvec_q8_shared_words(ff, kMoeQ8DownRows)) * 4,
                                  [&](const KcapThread& t, void* words) {
                                      kcap::cuda_rows::with_matvec_body<kcap::cuda_rows::kMatvecFewestLanes>(
@@ -2131,7 +2134,7 @@ void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
                         p.k = int(k), p.n = int(n), p.m = m;
                         p.row_bytes = unsigned(row_bytes(f, k));
                         p.has_bias = !gate_up;
-                        for (const KcapMatvecTeams teams : matvec_team_shapes())
+                        for (const KcapMatvecTeams teams : matvec_team_shapes(kMatvecQ8Simds))
                         for (bool quantized : {false, true}) {  // x quantized by the groups, or once
                             std::vector<float> got = nan_filled(size_t(m * n));
                             const int runs = int(k / 32);
@@ -2140,8 +2143,8 @@ void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
                             const int chunk = std::min(runs, split == 2 || teams.lanes == 16 ? 40
                                                              : split == 4 || teams.lanes == 4 ? 32
                                                                           : kcap::cuda_rows::kMatvecQ8ChunkRuns);
-                            kcap_sim::launch({matvec_test_groups(n, teams, kMatvecRows), unsigned(m), 1},
-                                             kMatvecSimds * 32, kcap::cuda_rows::kMatvecQ8SharedBytes,
+                            kcap_sim::launch({matvec_test_groups(n, teams, kMatvecRows, kMatvecQ8Simds), unsigned(m), 1},
+                                             kMatvecQ8Simds * 32, kcap::cuda_rows::kMatvecQ8SharedBytes,
                                              [&](const KcapThread& t, void* shared) {
                                                  auto* words = static_cast<kcap_i32*>(shared);
                                                  kcap::cuda_rows::with_matvec_body<kcap::cuda_rows::kMatvecFewestLanes>(
