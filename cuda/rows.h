@@ -147,13 +147,16 @@ constexpr bool q8_format(Format f) {
 // Q6_K matvec reached 1.4 TB/s against gate_up's 2.5 (ncu, bench/results/cuda_h200_profile.txt).
 constexpr int kMatvecQ8ChunkRuns = 512;
 // Rows per team of the experts' slot matvecs with q8_1 activations (cuda.moe_experts_q8: gate/up,
-// down); the exact ones keep kMatvecRows. Measured on the H200 (tg128 q8_1, 12-layer slices,
-// bench/results/cuda_h200_moe_matvec_rows.txt), gate/up / down rows 1/1, 2/1, 1/2, 2/2, 4/4:
-// Qwen3-30B-A3B's Q4_K_M layout 1,091 / 1,097 / 1,111 / 1,117 / 1,147 tok/s, gpt-oss-20b's
-// 703 / 724 / 727 / 751 / 739; the exact experts with 2/2 went the other way (Qwen3 1,013 -> 978,
-// gpt-oss 590 -> 575).
-constexpr int kMoeQ8GateUpRows = 2;
-constexpr int kMoeQ8DownRows = 2;
+// down); the exact ones keep kMatvecRows. Measured on the H200 (tg128 q8_1, 12-layer slices),
+// gate/up / down rows. In groups of 8 simd groups (bench/results/cuda_h200_moe_matvec_rows.txt)
+// 1/1, 2/1, 1/2, 2/2, 4/4: Qwen3-30B-A3B's Q4_K_M layout 1,091 / 1,097 / 1,111 / 1,117 / 1,147
+// tok/s, gpt-oss-20b's 703 / 724 / 727 / 751 / 739, so 2/2 was kept; in groups of 16
+// (kMatvecQ8Simds; bench/results/cuda_h200_matvec_simds.txt) 2/2, 1/1, 4/4, 4/2: Qwen3 1,199 /
+// 1,216 / 1,149 / 1,133, gpt-oss 832 / 828 / 755 / 778, DeepSeek-V2-Lite's Q4_K_M layout 1,060 /
+// 1,072 / 993 / 1,006: 1/1 (Qwen3 +1.4%, DeepSeek +1.1%, gpt-oss -0.5%). The exact experts with
+// 2/2 went the other way (Qwen3 1,013 -> 978, gpt-oss 590 -> 575).
+constexpr int kMoeQ8GateUpRows = 1;
+constexpr int kMoeQ8DownRows = 1;
 constexpr int matvec_q8_shared_words(long long k, int rows = kMatvecRows) {
     return int((k / 32 < kMatvecQ8ChunkRuns ? k / 32 : kMatvecQ8ChunkRuns) * 13 + kMatvecQ8Simds * rows * 2);
 }
