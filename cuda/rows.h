@@ -26,7 +26,7 @@ namespace cuda_rows {
 
 // Matmul, exact (f32 activations): decode matvec (kernels/matvec.h) and the few-token walk.
 constexpr int kMatvecSimds = 8;       // simd groups (warps) per group
-// The q8_1 matvecs' groups (cuda.matvec_q8, cuda.qkv_q8, cuda.moe_experts_q8): 16 simd groups,
+// The q8_1 matvecs' groups (cuda.matvec_q8, cuda.gate_up_q8, cuda.qkv_q8, cuda.moe_experts_q8): 16,
 // so each group's staging of x (rounded to q8_1, or copied) serves twice the rows. Measured on
 // the H200 (tg128, bench/cuda_sweep.py, bench/results/cuda_h200_matvec_simds.txt), 8 / 16 simd
 // groups for every matvec: q8_1 Qwen3-30B-A3B 12-layer slice 1,191 / 1,202, gpt-oss-20b 12L
