@@ -412,8 +412,10 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
     }
     // Picked here, not at the start: no registers held through the loop.
     const float* bias = mma_group_pick(group.bias, which);
+    // The grouped tiles leave their padding rows unwritten: nothing reads them (the gated
+    // activation writes zeros for them, the weighted sum reads the slots' rows).
     store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, GROUPED && bias ? bias + bias_offset : bias,
-               mma_group_pick(group.y, which));
+               mma_group_pick(group.y, which), GROUPED ? group.live_rows : nullptr);
 }
 
 template <class F, bool STAGED, int TOKENS, bool GROUPED>

@@ -206,22 +206,28 @@ __device__ __forceinline__ const kcap_u8* run_block(const unsigned* raw, const k
 }
 
 // A warp's outputs (C fragments: [mt][nt][0], [1] at token g, rows 2tg, 2tg + 1; [2], [3] at
-// token g + 8) from its first token and row, plus the bias, where token < m and row < n.
+// token g + 8) from its first token and row, plus the bias, where token < m and row < n (and,
+// given live_rows, where live_rows[token] >= 0: the grouped tiles' padding rows are left unwritten).
 template <int MT>
 __device__ __forceinline__ void store_tile(const float (&acc)[MT][kNt][4], const KcapMatmulParams& p, int token0,
-                                           int row0, int lane, const float* bias, float* y) {
+                                           int row0, int lane, const float* bias, float* y,
+                                           const int* live_rows = nullptr) {
     const int g = lane >> 2, tg = lane & 3;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < kNt; ++nt)
+        for (int h = 0; h < 2; ++h) {
+            const int token = token0 + 16 * mt + g + 8 * h;
+            if (token >= p.m || (live_rows && live_rows[token] < 0)) continue;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int token = token0 + 16 * mt + g + 8 * (e >> 1);
-                const int row = row0 + 8 * nt + 2 * tg + (e & 1);
-                if (token < p.m && row < p.n)
-                    y[kcap_u64(token) * p.n + row] = p.has_bias ? acc[mt][nt][e] + bias[row] : acc[mt][nt][e];
-            }
+            for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+                for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                    const int row = row0 + 8 * nt + 2 * tg + (e & 1);
+                    if (row < p.n)
+                        y[kcap_u64(token) * p.n + row] = p.has_bias ? acc[mt][nt][e] + bias[row] : acc[mt][nt][e];
+                }
+        }
 }
 
 // Up to three matrices of one format on the same x (qkv's, gate_up's) in one launch: the grid's

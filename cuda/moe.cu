@@ -194,17 +194,18 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 
 // The q8_1 form of grouped_activation_kernel: act(gate) * up of the grouped rows rounded to q8_1
 // (kcap_q8_quantize_quad: a float4 per thread, 8 lanes a run; ff a multiple of 32) into `out`,
-// the int8 down tiles' input. Rows of unused tiles (-1) are skipped.
+// the int8 down tiles' input. Rows of unused tiles (-1) are skipped; the padding rows of used
+// tiles (source token -1), which the int8 gate and up tiles leave unwritten, get zeros.
 __global__ void __launch_bounds__(kQ8QuantizeThreads)
-    grouped_activation_q8_kernel(int rows, int ff, int activation, const int* tile_expert, const float* gate,
-                                 const float* up, float alpha, float limit, Q8Rows out) {
+    grouped_activation_q8_kernel(int rows, int ff, int activation, const int* tile_expert, const int* row_tokens,
+                                 const float* gate, const float* up, float alpha, float limit, Q8Rows out) {
     pdl_wait();
     pdl_trigger();
     const int quads = ff / 4;
     const int i = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
     const bool in = i < rows * quads && tile_expert[i / quads / kMmaTokens] >= 0;  // a run's 8 lanes agree
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (in) {
+    if (in && row_tokens[i / quads] >= 0) {
         const float4 g = *reinterpret_cast<const float4*>(gate + 4 * kcap_u64(i));
         const float4 u = *reinterpret_cast<const float4*>(up + 4 * kcap_u64(i));
         v = make_float4(kcap_gated(activation, g.x, u.x, alpha, limit), kcap_gated(activation, g.y, u.y, alpha, limit),
@@ -454,8 +455,8 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
         act_q8 = q8_rows_in(ctx.moe_q8, ctx.moe_q8_capacity, rows, moe.ff);
         launch(ctx, grouped_activation_q8_kernel, dim3(ceil_div(int64_t(rows) * (moe.ff / 4), kQ8QuantizeThreads)),
                dim3(kQ8QuantizeThreads), 0, rows, int(moe.ff), activation, static_cast<const int*>(ctx.moe_tile_expert),
-               static_cast<const float*>(ctx.moe_act), static_cast<const float*>(ctx.moe_up), stage.params.swiglu_alpha,
-               stage.params.swiglu_limit, act_q8);
+               static_cast<const int*>(ctx.moe_rows), static_cast<const float*>(ctx.moe_act),
+               static_cast<const float*>(ctx.moe_up), stage.params.swiglu_alpha, stage.params.swiglu_limit, act_q8);
     } else {
         KcapElementwiseParams a{};
         a.count = rows * moe.ff;
