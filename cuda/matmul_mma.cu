@@ -132,6 +132,21 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     }
     float4 xv[4];
     load_x(xv, x, p, xsrc, xc, 0);
+    // Unstaged MXFP4 and Q8_0 (RunAhead): the words of the thread's run of the next step,
+    // loaded with the next step's activations, in flight during this step's products.
+    using Ahead = RunAhead<F>;
+    constexpr bool kAhead = !STAGED && Ahead::kWords > 0;
+    static_assert(!kAhead || kRunsPerBlock == 1, "RunAhead: 32-element blocks");
+    kcap_u32 ahead[kAhead ? Ahead::kWords : 1];
+    kcap_u32 ahead_off = 0;
+    const auto load_ahead = [&](int k0) {
+        if constexpr (kAhead) {
+            const int run = k0 / 32 + dhalf;
+            const bool in = row_valid && run < runs;
+            ahead_off = Ahead::load(wrow + unsigned(in ? run : 0) * unsigned(F::block_bytes), in, ahead);
+        }
+    };
+    load_ahead(0);
     for (int k0 = 0; k0 < p.k; k0 += kStepK) {
         const int chunk = k0 / R::k;
         const bool chunk_start = k0 % R::k == 0;
@@ -149,7 +164,13 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             const int run = k0 / 32 + dhalf;
             float q[32], sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
             if (row_valid && run < runs) {
-                C::codes32(run_block<F, STAGED>(raw, wrow, dr, run, chunk), run % kRunsPerBlock, q, sc, off);
+                if constexpr (kAhead) {
+                    kcap_u32 u[8];
+                    Ahead::decode(ahead, ahead_off, u, sc);
+                    kcap_codes32_from_words<C>(u, q);
+                } else {
+                    C::codes32(run_block<F, STAGED>(raw, wrow, dr, run, chunk), run % kRunsPerBlock, q, sc, off);
+                }
             } else {
 #pragma unroll
                 for (int i = 0; i < 32; ++i) q[i] = 0.0f;
@@ -190,8 +211,9 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             }
         }
         __syncthreads();
-        // The next step's activations: in flight during this step's products.
+        // The next step's activations (and RunAhead's weights): in flight during this step's products.
         if (k0 + kStepK < p.k) load_x(xv, x, p, xsrc, xc, k0 + kStepK);
+        load_ahead(k0 + kStepK);
 #pragma unroll 1
         for (int s = 0; s < kSubs; ++s) {
             float t[kMt][kNt][4] = {};

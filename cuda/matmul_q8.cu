@@ -152,6 +152,7 @@ struct alignas(16) SharedQ8Step {
 template <class F, int TOKENS>
 constexpr int kQ8GroupsPerSm = TOKENS == 128 && KcapCodes<F>::sub == 16 ? 1 : 2;
 
+
 // One group's tile: row tile bx of `group` (a grid column), token tile blockIdx.y. GROUPED: the
 // grouped experts' tiles (group.tile_expert, x_rows, live_rows set; 64 tokens), a form of its own
 // so that the plain matmuls' code stays as it was.
@@ -263,6 +264,22 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
             cp_async4_or_zero(b + d_offset, x.d + (d_in ? d_row * k_runs + k0 / 32 + xr : 0), d_in);
         }
     };
+    // Unstaged MXFP4 and Q8_0 (RunAhead): the words of the thread's run of step s, loaded an
+    // iteration before decode(s) (load_ahead(s + 1) follows decode(s)); zeros past N or K. Not
+    // the grouped Q8_0 tiles: DeepSeek-V2-Lite's Q8_0 experts' down took 0.8% off its pp512 with
+    // it (the MXFP4 ones gained; bench/results/cuda_h200_run_ahead.txt).
+    using Ahead = RunAhead<F>;
+    constexpr bool kAhead = !STAGED && Ahead::kWords > 0 && !(GROUPED && std::is_same<F, KcapQ8_0>::value);
+    static_assert(!kAhead || (C::bias == 0 && kRunsPerBlock == 1), "RunAhead: signed codes of 32-element blocks");
+    kcap_u32 ahead[kAhead ? Ahead::kWords : 1];
+    kcap_u32 ahead_off = 0;
+    const auto load_ahead = [&](int s) {
+        if constexpr (kAhead) {
+            const int run = 2 * s + dhalf;
+            const bool in = row_valid && run < k_runs;
+            ahead_off = Ahead::load(wrow + unsigned(in ? run : 0) * unsigned(F::block_bytes), in, ahead);
+        }
+    };
     // Step s's weights into sh[s & 1]: code bytes, (scale, offset) per sub-block; zeros past N or K.
     const auto decode = [&](int s) {
         Step& b = sh[s & 1];
@@ -271,7 +288,10 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
             prefetch_run<F>(wrow, run + 2 * kMoeQ8PrefetchSteps);
         kcap_u32 u[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
         float sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
-        if (row_valid && run < k_runs) {
+        if constexpr (kAhead) {
+            if (row_valid && run < k_runs) Ahead::decode(ahead, ahead_off, u, sc);
+            load_ahead(s + 1);
+        } else if (row_valid && run < k_runs) {
             C::codes8(run_block<F, STAGED>(raw_q8, wrow, dr, run, s / kStepsPerChunk), run % kRunsPerBlock, u, sc, off);
             // Signed codes for the s8 products: byte - bias in two's complement, so the
             // epilogue needs no "- bias * sum q" per output and sub-block. Bytes are 0..127,
@@ -391,6 +411,7 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
     // (one-step chunks) step s + 2's chunk, then one barrier; then step s + 2's activations go to
     // the tiles step s just freed, and where step s + 2 starts a chunk, the chunk after it to the
     // raw buffer whose last step was just decoded.
+    load_ahead(0);
     stage(0);
     cp_async_commit();
     copy_x(0);

@@ -205,6 +205,53 @@ __device__ __forceinline__ const kcap_u8* run_block(const unsigned* raw, const k
            unsigned(run % R::runs / kRunsPerBlock) * unsigned(F::block_bytes);
 }
 
+// A thread's run of weights read one step ahead into registers, for the tiles that decode
+// straight from global memory (not staged): the aligned words that hold the run's block, loaded
+// an iteration before the decode that uses them, so their latency passes under a step of
+// products instead of stalling the decode (staging these formats' blocks through shared memory
+// was slower: bench/results/cuda_h200_run_ahead.txt). kWords 0: the format reads its block
+// in its decode (KcapCodes::codes8). Where given, decode() is codes8 on the loaded words, and
+// load() loads them for the run at `at` (the 32-element block's first byte).
+template <class F>
+struct RunAhead {
+    static constexpr int kWords = 0;
+};
+// MXFP4 (17-byte blocks at any alignment): the 5 words that hold [p, p + 17) (the CUDA backend
+// pads each weight allocation to 16 bytes, so they lie inside it), the scale byte and the 16
+// code bytes rebuilt by funnel shifts, as kcap_load_u8_u32s_a1 does.
+template <>
+struct RunAhead<KcapMXFP4> {
+    static constexpr int kWords = 5;
+    static __device__ __forceinline__ kcap_u32 load(const kcap_u8* at, bool in, kcap_u32 (&w)[kWords]) {
+        const kcap_u32 off = kcap_address_bits(at) & 3u;
+        KCAP_UNROLL for (int i = 0; i < kWords; ++i) w[i] = in ? kcap_load_u32(at - off + 4 * i) : 0u;
+        return off;
+    }
+    static __device__ __forceinline__ void decode(const kcap_u32 (&w)[kWords], kcap_u32 off, kcap_u32 (&u)[8],
+                                                  float (&scale)[2]) {
+        const kcap_u32 e = (w[0] >> (8u * off)) & 0xffu;
+        scale[0] = scale[1] = kcap_mxfp4_scale(e);
+        const kcap_u32 shift = 8u * (off + 1u);
+        KCAP_UNROLL for (int i = 0; i < 4; ++i) kcap_mxfp4_doubled_bytes(kcap_funnel_r(w[i], w[i + 1], shift), u[i], u[4 + i]);
+    }
+};
+// Q8_0 (34-byte blocks at even offsets): the 9 words that hold [p, p + 34) (p % 4 == 2: from
+// p - 2; else up to p + 36, inside the padded allocation), the f16 scale and the 32 code bytes.
+template <>
+struct RunAhead<KcapQ8_0> {
+    static constexpr int kWords = 9;
+    static __device__ __forceinline__ kcap_u32 load(const kcap_u8* at, bool in, kcap_u32 (&w)[kWords]) {
+        const kcap_u32 off = kcap_address_bits(at) & 2u;
+        KCAP_UNROLL for (int i = 0; i < kWords; ++i) w[i] = in ? kcap_load_u32(at - off + 4 * i) : 0u;
+        return off;
+    }
+    static __device__ __forceinline__ void decode(const kcap_u32 (&w)[kWords], kcap_u32 off, kcap_u32 (&u)[8],
+                                                  float (&scale)[2]) {
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16((w[0] >> (8u * off)) & 0xffffu));
+        const kcap_u32 shift = 8u * (off + 2u);  // 32 where off == 2: the next word itself
+        KCAP_UNROLL for (int i = 0; i < 8; ++i) u[i] = kcap_funnel_r(w[i], w[i + 1], shift);
+    }
+};
 // A warp's outputs (C fragments: [mt][nt][0], [1] at token g, rows 2tg, 2tg + 1; [2], [3] at
 // token g + 8) from its first token and row, plus the bias, where token < m and row < n (and,
 // given live_rows, where live_rows[token] >= 0: the grouped tiles' padding rows are left unwritten).

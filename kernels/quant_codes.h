@@ -58,18 +58,24 @@ struct KcapCodes {
         (q)[3] = kcap_byte_to_float((word), 3) - (bias);       \
     } while (0)
 
-// codes32 of a format with codes8 (C = its KcapCodes): the code bytes less their bias, as floats
+// The codes of codes8's eight words (C = the format's KcapCodes) less their bias, as floats
 // (signed bytes, Q8_0 and MXFP4: byte ^ 0x80 reads them as byte + 128).
 template <class C>
-KCAP_FN void kcap_codes32_from_codes8(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q,
-                                      KCAP_PRIVATE float* scale, KCAP_PRIVATE float* offset) {
-    kcap_u32 u[8];
-    C::codes8(b, run, u, scale, offset);
+KCAP_FN void kcap_codes32_from_words(const KCAP_PRIVATE kcap_u32* u, KCAP_PRIVATE float* q) {
     if (C::signed_codes) {  // read as byte + 128
         KCAP_UNROLL for (int w = 0; w < 8; ++w) KCAP_CODES4(q + 4 * w, u[w] ^ 0x80808080u, float(128 + C::bias));
     } else {
         KCAP_UNROLL for (int w = 0; w < 8; ++w) KCAP_CODES4(q + 4 * w, u[w], float(C::bias));
     }
+}
+
+// codes32 of a format with codes8: its words' codes (kcap_codes32_from_words).
+template <class C>
+KCAP_FN void kcap_codes32_from_codes8(const KCAP_GLOBAL kcap_u8* b, int run, KCAP_PRIVATE float* q,
+                                      KCAP_PRIVATE float* scale, KCAP_PRIVATE float* offset) {
+    kcap_u32 u[8];
+    C::codes8(b, run, u, scale, offset);
+    kcap_codes32_from_words<C>(u, q);
 }
 
 template <>
@@ -353,6 +359,11 @@ struct KcapCodes<KcapQ6_K> {
     }
 };
 
+// An MXFP4 block's scale byte e (E8M0, 2^(e - 127)) as the int8 codes' scale: the doubled
+// codes (kcap_mxfp4_doubled_bytes) take 2^(e - 128), a normal float from e = 2 (e - 1 in the
+// exponent field) and a subnormal below (0x00200000 << e).
+KCAP_FN float kcap_mxfp4_scale(kcap_u32 e) { return kcap_as_float(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23)); }
+
 template <>
 struct KcapCodes<KcapMXFP4> {
     static constexpr bool factorable = true;
@@ -369,7 +380,7 @@ struct KcapCodes<KcapMXFP4> {
                                KCAP_PRIVATE float* offset) {
         kcap_u32 qs[4];  // the 16 code bytes as words (kcap_load_u8_u32s_a1: any alignment)
         const kcap_u32 e = kcap_load_u8_u32s_a1<4>(b, qs);
-        scale[0] = scale[1] = kcap_as_float(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
+        scale[0] = scale[1] = kcap_mxfp4_scale(e);
         offset[0] = offset[1] = 0.0f;
         KCAP_UNROLL for (int w = 0; w < 4; ++w) kcap_mxfp4_doubled_bytes(qs[w], u[w], u[4 + w]);  // signed bytes
     }
