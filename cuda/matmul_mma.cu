@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         if constexpr (kAhead) {
             const int run = k0 / 32 + dhalf;
             const bool in = row_valid && run < runs;
-            ahead_off = Ahead::load(wrow + unsigned(in ? run : 0) * unsigned(F::block_bytes), in, ahead);
+            ahead_off = run_ahead_load<F>(wrow + unsigned(in ? run : 0) * unsigned(F::block_bytes), in, ahead);
         }
     };
     load_ahead(0);

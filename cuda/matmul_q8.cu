@@ -277,7 +277,7 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
         if constexpr (kAhead) {
             const int run = 2 * s + dhalf;
             const bool in = row_valid && run < k_runs;
-            ahead_off = Ahead::load(wrow + unsigned(in ? run : 0) * unsigned(F::block_bytes), in, ahead);
+            ahead_off = run_ahead_load<F>(wrow + unsigned(in ? run : 0) * unsigned(F::block_bytes), in, ahead);
         }
     };
     // Step s's weights into sh[s & 1]: code bytes, (scale, offset) per sub-block; zeros past N or K.

@@ -210,8 +210,8 @@ __device__ __forceinline__ const kcap_u8* run_block(const unsigned* raw, const k
 // an iteration before the decode that uses them, so their latency passes under a step of
 // products instead of stalling the decode (staging these formats' blocks through shared memory
 // was slower: bench/results/cuda_h200_run_ahead.txt). kWords 0: the format reads its block
-// in its decode (KcapCodes::codes8). Where given, decode() is codes8 on the loaded words, and
-// load() loads them for the run at `at` (the 32-element block's first byte).
+// in its decode (KcapCodes::codes8). Where given, decode() is codes8 on the words that
+// run_ahead_load loads (kOffsetMask: the address bits a block's start may have past 4-alignment).
 template <class F>
 struct RunAhead {
     static constexpr int kWords = 0;
@@ -222,11 +222,7 @@ struct RunAhead {
 template <>
 struct RunAhead<KcapMXFP4> {
     static constexpr int kWords = 5;
-    static __device__ __forceinline__ kcap_u32 load(const kcap_u8* at, bool in, kcap_u32 (&w)[kWords]) {
-        const kcap_u32 off = kcap_address_bits(at) & 3u;
-        KCAP_UNROLL for (int i = 0; i < kWords; ++i) w[i] = in ? kcap_load_u32(at - off + 4 * i) : 0u;
-        return off;
-    }
+    static constexpr kcap_u32 kOffsetMask = 3u;  // any alignment
     static __device__ __forceinline__ void decode(const kcap_u32 (&w)[kWords], kcap_u32 off, kcap_u32 (&u)[8],
                                                   float (&scale)[2]) {
         const kcap_u32 e = (w[0] >> (8u * off)) & 0xffu;
@@ -240,11 +236,7 @@ struct RunAhead<KcapMXFP4> {
 template <>
 struct RunAhead<KcapQ8_0> {
     static constexpr int kWords = 9;
-    static __device__ __forceinline__ kcap_u32 load(const kcap_u8* at, bool in, kcap_u32 (&w)[kWords]) {
-        const kcap_u32 off = kcap_address_bits(at) & 2u;
-        KCAP_UNROLL for (int i = 0; i < kWords; ++i) w[i] = in ? kcap_load_u32(at - off + 4 * i) : 0u;
-        return off;
-    }
+    static constexpr kcap_u32 kOffsetMask = 2u;  // even offsets
     static __device__ __forceinline__ void decode(const kcap_u32 (&w)[kWords], kcap_u32 off, kcap_u32 (&u)[8],
                                                   float (&scale)[2]) {
         scale[0] = scale[1] = kcap_half_to_float(kcap_u16((w[0] >> (8u * off)) & 0xffffu));
@@ -252,6 +244,15 @@ struct RunAhead<KcapQ8_0> {
         KCAP_UNROLL for (int i = 0; i < 8; ++i) u[i] = kcap_funnel_r(w[i], w[i + 1], shift);
     }
 };
+// The RunAhead<F> words of the block at `at` (zeros where !in) from its 4-aligned start; returns
+// at's offset into the first word.
+template <class F>
+__device__ __forceinline__ kcap_u32 run_ahead_load(const kcap_u8* at, bool in, kcap_u32 (&w)[RunAhead<F>::kWords]) {
+    const kcap_u32 off = kcap_address_bits(at) & RunAhead<F>::kOffsetMask;
+    KCAP_UNROLL for (int i = 0; i < RunAhead<F>::kWords; ++i) w[i] = in ? kcap_load_u32(at - off + 4 * i) : 0u;
+    return off;
+}
+
 // A warp's outputs (C fragments: [mt][nt][0], [1] at token g, rows 2tg, 2tg + 1; [2], [3] at
 // token g + 8) from its first token and row, plus the bias, where token < m and row < n (and,
 // given live_rows, where live_rows[token] >= 0: the grouped tiles' padding rows are left unwritten).
