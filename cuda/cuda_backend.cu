@@ -667,6 +667,7 @@ DeviceInfo cuda_device_info() {
     info.reference = false;
     info.sm_count = props.multiProcessorCount;
     info.shared_optin_bytes = cuda::shared_optin_bytes(0);
+    info.sm_version = props.major * 10 + props.minor;
     return info;
 }
 

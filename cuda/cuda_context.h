@@ -142,21 +142,35 @@ inline const StageData& stage_data(const KernelCall& call) { return *static_cast
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
 
 // Launches kernel on the context's stream, with programmatic dependent launch when enabled
-// (each kernel then waits for its predecessor with kcap_pdl_wait before touching memory).
+// (each kernel then waits for its predecessor with kcap_pdl_wait before touching memory), in
+// thread-block clusters of cluster_x groups along x where cluster_x > 0 (sm_90: the rows that
+// launch clusters say so in their legal dims).
 template <typename... Params, typename... Args>
-void launch(const Context& ctx, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-            Args&&... args) {
+void launch_clusters(const Context& ctx, unsigned cluster_x, void (*kernel)(Params...), dim3 grid, dim3 block,
+                     size_t shared_bytes, Args&&... args) {
     cudaLaunchConfig_t config = {};
     config.gridDim = grid;
     config.blockDim = block;
     config.dynamicSmemBytes = shared_bytes;
     config.stream = ctx.stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attribute[2];
+    unsigned n = 0;
+    if (ctx.pdl) {
+        attribute[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attribute[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_x > 0) {
+        attribute[n].id = cudaLaunchAttributeClusterDimension;
+        attribute[n++].val.clusterDim = {cluster_x, 1, 1};
+    }
     config.attrs = attribute;
-    config.numAttrs = ctx.pdl ? 1 : 0;
+    config.numAttrs = n;
     KCAP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+template <typename... Params, typename... Args>
+void launch(const Context& ctx, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+            Args&&... args) {
+    launch_clusters(ctx, 0, kernel, grid, block, shared_bytes, std::forward<Args>(args)...);
 }
 
 // Kernel side of programmatic dependent launch: wait until the previous kernel finished and
@@ -169,6 +183,16 @@ __device__ __forceinline__ void pdl_wait() {
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// Every thread of the cluster waits for all of them: what each wrote before (global and shared
+// memory) is visible to the others after (release / acquire at cluster scope). sm_90 only: the
+// rows whose kernels call it need it (LegalDims::min_sm_version).
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+    __trap();
 #endif
 }
 

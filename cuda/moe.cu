@@ -8,6 +8,10 @@
 //   cuda.moe_route_tiled     the same from kMoeRouteTiledMinTokens tokens, the logits as a tiled
 //                            matmul over slices of K (kcap_moe_logits_tiled), the slices' sums
 //                            added by the top-k.
+//   cuda.moe_route_cluster   (sm_90) below kMoeRouteTiledMinTokens tokens, the logits and the top-k
+//                            in one launch: each group of tokens a thread-block cluster whose
+//                            groups write their experts' logits into group 0's threadgroup
+//                            memory, which then chooses by rank (kcap_moe_route_ranked).
 //   cuda.moe_experts.<fmt>   the chosen experts' gated FFNs, slot by slot: the staged gate_up
 //                            matvec of each (token, chosen expert) slot (grid y = slots, the
 //                            expert's rows found from the Routing buffer in the kernel), the down
@@ -25,7 +29,9 @@
 //   cuda.moe_experts_q8.<fmt>  the slot matvecs with q8_1 activations (kernels/moe_q8.h: the dp4a
 //                            walk of matvec_q8.h, each group rounding its slot's x, then its
 //                            activations, as it stages them), for plans with activations="q8_1"
-//                            whose experts' matrices all have integer products; the same sum.
+//                            whose experts' matrices all have integer products; the same sum. A
+//                            down matrix of short rows (cuda_rows::moe_q8_short_down) takes
+//                            kMoeQ8ShortDownRows rows per team.
 //   cuda.moe_experts_q8_mma.<fmt>  grouped by expert as moe_experts_mma, on the int8 tiles of
 //                            matmul_q8.cu: x rounded to q8_1 once per token, each sorted row's
 //                            activations rounded to q8_1 as the gated activation writes them
@@ -35,6 +41,8 @@
 //   the plan asks (kSharedExpertSum).
 //   cuda.moe_shared_gate     out = in + sigmoid(w . x) * shared, one group per token.
 #include <algorithm>
+
+#include <cooperative_groups.h>
 
 #include "cuda/matmul.h"
 #include "cuda/mma_tiles.h"
@@ -75,6 +83,43 @@ __global__ void __launch_bounds__(kMoeRouteThreads)
     pdl_wait();
     pdl_trigger();
     kcap_moe_route(kcap_cuda_thread(), p, token_logits, expert_scale, routing, logits, choice_bias, logit_bias);
+}
+
+// The address of this group's threadgroup array p in the cluster's group 0 (distributed shared
+// memory, sm_90; the code for older devices is never launched: its row needs sm_90).
+__device__ __forceinline__ float* cluster_group0(float* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return cooperative_groups::this_cluster().map_shared_rank(p, 0);
+#else
+    return p;
+#endif
+}
+
+// cuda.moe_route_cluster: logits_kernel's body and the top-k in one launch. Grid: x = the
+// cluster's groups (moe_route_cluster_groups), y = groups of KCAP_MOE_LOGIT_TOKENS tokens, one
+// cluster each; 32 * moe_route_cluster_simds threads. The groups write their experts' logits of
+// the cluster's tokens into group 0's threadgroup memory (distributed shared memory: no round
+// trip through global memory) and meet at the cluster's barrier; group 0 then takes the tokens'
+// top-k by rank (kcap_moe_route_ranked).
+template <class F>
+__global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
+    route_cluster_kernel(KcapMoeParams p, const kcap_u8* w, const float* x, const float* bias,
+                         const float* expert_scale, float* routing, const float* choice_bias) {
+    static_assert(KCAP_MOE_RANKED_FLOATS(kMoeRouteClusterMaxExperts) <= KCAP_MOE_LOGIT_SHARED_FLOATS,
+                  "the top-k's scores and choices fit where x was staged");
+    __shared__ float xs[KCAP_MOE_LOGIT_SHARED_FLOATS];  // x staged; in group 0 then the top-k's work
+    __shared__ float logits[KCAP_MOE_LOGIT_TOKENS * kMoeRouteClusterMaxExperts];  // group 0's: [tokens][n_expert]
+    const KcapThread t = kcap_cuda_thread();
+    if (blockIdx.y == 0) kcap_moe_logits_prefetch(t, p, w);  // before the wait: weights never change
+    pdl_wait();
+    pdl_trigger();
+    const int token0 = int(blockIdx.y) * KCAP_MOE_LOGIT_TOKENS;
+    kcap_moe_logits<F>(t, p, w, x, cluster_group0(logits), xs, bias, token0);
+    cluster_sync();  // every expert's logit of the cluster's tokens is in group 0's memory
+    if (blockIdx.x != 0) return;
+    const int tokens = p.n_tokens - token0 < KCAP_MOE_LOGIT_TOKENS ? p.n_tokens - token0 : KCAP_MOE_LOGIT_TOKENS;
+    kcap_moe_route_ranked(t, p, tokens, logits, xs, expert_scale, routing + kcap_u64(token0) * kcap_u64(2 * p.n_used),
+                          choice_bias);
 }
 
 // The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
@@ -126,6 +171,20 @@ __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
     pdl_trigger();
     kcap_moe_down_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
                                      down_bias);
+}
+
+// The same for a down matrix of short rows (cuda_rows::moe_q8_short_down): kMoeQ8ShortDownRows rows
+// per team, kMoeQ8ShortDownGroups groups per multiprocessor (the registers that leaves).
+template <class F, bool TEAMS>
+__global__ void __launch_bounds__(kMatvecQ8Simds * 32, kMoeQ8ShortDownGroups)
+    experts_short_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
+                                 const kcap_u8* down, const float* routing, const float* act, float* out,
+                                 const float* down_bias) {
+    extern __shared__ kcap_i32 q8_shared[];
+    pdl_wait();
+    pdl_trigger();
+    kcap_moe_down_q8<F, kMoeQ8ShortDownRows, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act,
+                                                    out, q8_shared, down_bias);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -240,11 +299,26 @@ void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const Kcap
             launch(ctx, kernel, grid, dim3(kSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
                    static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
         };
-        if constexpr (Q8)
+        if constexpr (Q8 && ROWS == kMoeQ8ShortDownRows)
+            run(experts_short_down_q8_kernel<F, TEAMS>);
+        else if constexpr (Q8)
             run(experts_down_q8_kernel<F, ROWS, TEAMS>);
         else
             run(experts_down_kernel<F, ROWS, TEAMS>);
     });
+}
+
+// Its rows per team by the stage's shape: with Q8, kMoeQ8ShortDownRows for short rows.
+template <bool Q8, class F>
+void launch_experts_down_of(const Context& ctx, const KcapMatmulParams& p, const KcapMoeParams& moe, const kcap_u8* down,
+                            const float* routing, unsigned slots, const float* down_bias) {
+    if constexpr (Q8) {
+        if (moe_q8_short_down(q8_units_per_row<F>(p.k)))
+            return launch_experts_down_rows<true, F, kMoeQ8ShortDownRows>(ctx, p, moe, down, routing, slots, down_bias);
+        return launch_experts_down_rows<true, F, kMoeQ8DownRows>(ctx, p, moe, down, routing, slots, down_bias);
+    } else {
+        return launch_experts_down_rows<false, F, kMatvecRows>(ctx, p, moe, down, routing, slots, down_bias);
+    }
 }
 
 // The down matvec of every slot in the down matrix's format (fixed per stage; Q8: one with
@@ -259,10 +333,9 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
     p.has_bias = down_bias != nullptr;
     const Format format = stage.operands[2]->format;
     p.row_bytes = unsigned(row_bytes(format, moe.ff));
-#define KCAP_MOE_DOWN_CASE(NAME, DECODER)                                                            \
-    case Format::NAME:                                                                               \
-        return launch_experts_down_rows<Q8, DECODER, Q8 ? kMoeQ8DownRows : kMatvecRows>(ctx, p, moe, down, routing, \
-                                                                                        slots, down_bias);
+#define KCAP_MOE_DOWN_CASE(NAME, DECODER) \
+    case Format::NAME:                    \
+        return launch_experts_down_of<Q8, DECODER>(ctx, p, moe, down, routing, slots, down_bias);
     if constexpr (Q8) {
         switch (format) {
             KCAP_Q8_WEIGHT_FORMATS(KCAP_MOE_DOWN_CASE)
@@ -336,10 +409,46 @@ void moe_route(const Stage& stage, const KernelCall& call) {
                  TILED ? bias : nullptr);  // the tiled logits' bias, added to their sum
 }
 
+// cuda.moe_route_cluster: the logits and the top-k in one launch of clusters (route_cluster_kernel).
+template <class F>
+void moe_route_cluster(const cuda::Context& ctx, const KcapMoeParams& p, const kcap_u8* w, const float* x,
+                       const float* bias, const float* expert_scale, float* routing, const float* choice_bias) {
+    using namespace cuda_rows;
+    // Clusters of more than 8 groups are sm_90's non-portable size: each kernel opts in once.
+    static const cudaError_t allowed =
+        cudaFuncSetAttribute(cuda::route_cluster_kernel<F>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    KCAP_CUDA_CHECK(allowed);
+    const unsigned groups = unsigned(moe_route_cluster_groups(p.n_expert));
+    cuda::launch_clusters(ctx, groups, cuda::route_cluster_kernel<F>,
+                          dim3(groups, cuda::ceil_div(p.n_tokens, KCAP_MOE_LOGIT_TOKENS)),
+                          dim3(unsigned(32 * moe_route_cluster_simds(p.n_expert))), 0, p, w, x, bias, expert_scale,
+                          routing, choice_bias);
+}
+
 }  // namespace
 
 void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call) { moe_route<false>(stage, call); }
 void kcap_cuda_moe_route_tiled(const Stage& stage, const KernelCall& call) { moe_route<true>(stage, call); }
+
+void kcap_cuda_moe_route_cluster(const Stage& stage, const KernelCall& call) {
+    const cuda::Context& ctx = cuda::context(call);
+    const cuda::StageData& data = cuda::stage_data(call);
+    const KcapMoeParams p = moe_params(stage, call.n_tokens);
+    const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
+    const auto* expert_scale = p.expert_scaled ? static_cast<const float*>(data.operands[1]) : nullptr;
+    const auto* bias = static_cast<const float*>(data.operands[2]);
+    const auto* choice_bias = static_cast<const float*>(data.operands[3]);
+    switch (stage.operands[0]->format) {
+#define KCAP_MOE_ROUTE_CLUSTER_CASE(NAME, DECODER)                                                  \
+    case Format::NAME:                                                                             \
+        moe_route_cluster<DECODER>(ctx, p, w, call.in, bias, expert_scale, call.out, choice_bias); \
+        break;
+        KCAP_WEIGHT_FORMATS(KCAP_MOE_ROUTE_CLUSTER_CASE)
+#undef KCAP_MOE_ROUTE_CLUSTER_CASE
+        default:
+            throw Error(std::string("cuda.moe_route_cluster: no body for ") + format_name(stage.operands[0]->format));
+    }
+}
 
 template <Format FORMAT>
 void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call) {

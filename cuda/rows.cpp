@@ -541,6 +541,18 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
     tiled.launches = {"moe_logits_tiled", "moe_route"};
     tiled.geometry = {KCAP_MOE_TILE_THREADS, KCAP_MOE_TILE, KCAP_MOE_TILE_SHARED_FLOATS * 4};
     rows.push_back(tiled);
+    // Below it on sm_90, the logits and the top-k in one launch of thread-block clusters (the
+    // same bodies; the groups' threads follow the expert count: moe_route_cluster_simds).
+    Row cluster = route;
+    cluster.kernel = "cuda.moe_route_cluster";
+    cluster.fn = KCAP_CUDA_ENTRY(kcap_cuda_moe_route_cluster);
+    cluster.tokens = {1, kMoeRouteTiledMinTokens - 1};
+    cluster.priority = route.priority + 1;
+    cluster.launches = {"moe_route_cluster"};
+    cluster.geometry = {kMoeLogitThreads, 0, 0};
+    cluster.dims.max_experts = kMoeRouteClusterMaxExperts;
+    cluster.dims.min_sm_version = 90;
+    rows.push_back(cluster);
     // Both experts' rows also take the experts' biases (operands 3-5, F32) and gpt-oss's clamped
     // SwiGLU.
 #define KCAP_MOE_EXPERTS_ROW(NAME, DECODER)                                                              \

@@ -157,6 +157,19 @@ constexpr int kMatvecQ8ChunkRuns = 512;
 // 2/2 went the other way (Qwen3 1,013 -> 978, gpt-oss 590 -> 575).
 constexpr int kMoeQ8GateUpRows = 1;
 constexpr int kMoeQ8DownRows = 1;
+// A q8_1 down matrix of short rows, fewer units than a simd group's lanes (Qwen3-30B-A3B's
+// 768-wide rows: 24 units in Q4_K, 12 in Q6_K), leaves most lanes one load or none per row, and
+// its slots' grid of one row per simd group was 2-2.6 waves of the device (16-warp groups at
+// 32-40 registers: 3-4 per multiprocessor, 1,024 groups). Its teams take kMoeQ8ShortDownRows rows
+// each instead, and its kernel asks for kMoeQ8ShortDownGroups groups per multiprocessor (at most
+// 64 registers): 256 groups, one wave, each simd group's four rows' loads in flight together.
+// Measured on the H200 (tg128 q8_1, 12-layer slice of Qwen3-30B-A3B's Q4_K_M layout): 1,221 ->
+// 1,259 tok/s; 2 rows with 3 or 4 groups per multiprocessor (spilling) 1,151 and 1,000. The
+// longer rows of gpt-oss-20b (MXFP4, 2,880: 90 units) and DeepSeek-V2-Lite (Q8_0, 1,408: 44)
+// keep one row (with four rows: 830 -> 808 and 1,130 -> 1,114 tok/s).
+constexpr int kMoeQ8ShortDownRows = 4;
+constexpr int kMoeQ8ShortDownGroups = 2;
+constexpr bool moe_q8_short_down(long long units) { return units < 32; }
 constexpr int matvec_q8_shared_words(long long k, int rows = kMatvecRows) {
     return int((k / 32 < kMatvecQ8ChunkRuns ? k / 32 : kMatvecQ8ChunkRuns) * 13 + kMatvecQ8Simds * rows * 2);
 }
@@ -355,6 +368,28 @@ constexpr int kEmbedThreads = 128;
 // (bench/results/cuda_h200_router_logits.txt).
 constexpr int kMoeLogitThreads = 64;
 constexpr int kMoeRouteThreads = 32;
+// cuda.moe_route_cluster (sm_90, up to kMoeRouteTiledMinTokens - 1 tokens): the logits and the
+// top-k in one launch, each group of KCAP_MOE_LOGIT_TOKENS tokens a thread-block cluster whose
+// groups take the router's rows (one expert per simd group, as kcap_moe_logits' simd groups
+// above) and, after the cluster's barrier, one token's top-k each: no second launch, whose
+// wait on the first was most of the router's time in a decode step (bench/cuda_trace.py, Qwen3-
+// 30B-A3B's layout, q8_1: logits 4.7 us, top-k 5.5 us a layer). Clusters of at most 16 groups
+// (sm_90's non-portable size), at least 2 experts per group (64 threads, as kMoeLogitThreads),
+// at most 16 simd groups per group (kcap_moe_logits' registers): up to 256 experts.
+constexpr int kMoeRouteClusterGroups = 16;
+constexpr int kMoeRouteClusterMaxSimds = 16;
+constexpr int kMoeRouteClusterMaxExperts = kMoeRouteClusterGroups * kMoeRouteClusterMaxSimds;
+constexpr int moe_route_cluster_groups(int n_expert) {
+    return (n_expert + 1) / 2 < kMoeRouteClusterGroups ? (n_expert + 1) / 2 : kMoeRouteClusterGroups;
+}
+constexpr int moe_route_cluster_simds(int n_expert) {
+    return (n_expert + moe_route_cluster_groups(n_expert) - 1) / moe_route_cluster_groups(n_expert);
+}
+static_assert(moe_route_cluster_groups(128) == 16 && moe_route_cluster_simds(128) == 8 &&
+                  moe_route_cluster_simds(kMoeRouteClusterMaxExperts) == kMoeRouteClusterMaxSimds &&
+                  moe_route_cluster_groups(8) == 4 && moe_route_cluster_simds(8) == 2 &&
+                  moe_route_cluster_groups(1) == 1,
+              "the router's clusters at Qwen3-MoE's 128 experts, the most, and Mixtral's 8");
 // The router's logits as a tiled matmul over slices of K (cuda.moe_route_tiled) from this many
 // tokens: a tile of 32 tokens reads each of its router rows once, where the simd groups of
 // kcap_moe_logits read it once per KCAP_MOE_LOGIT_TOKENS tokens. Measured on the H200
@@ -447,6 +482,7 @@ void kcap_cuda_sample(const Stage& stage, const KernelCall& call);
 void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_route_tiled(const Stage& stage, const KernelCall& call);
+void kcap_cuda_moe_route_cluster(const Stage& stage, const KernelCall& call);
 template <bool DECODE> void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call);
 void kcap_cuda_attention_mla_tiled(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_shared_gate(const Stage& stage, const KernelCall& call);

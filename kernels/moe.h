@@ -39,7 +39,8 @@
 
 // Grid: x = ceil(n_expert / (simds * KCAP_MOE_LOGIT_EXPERTS)), y = ceil(n_tokens /
 // KCAP_MOE_LOGIT_TOKENS). K a multiple of 32 (whole runs). shared: KCAP_MOE_LOGIT_SHARED_FLOATS.
-// logits: [n_tokens][n_expert].
+// logits: [n_tokens - first_token][n_expert], from token first_token (a group's own tokens only:
+// cuda.moe_route_cluster's cluster writes its tokens' rows into one group's threadgroup memory).
 // The group stages its tokens' x, KCAP_MOE_LOGIT_CHUNK_RUNS runs at a time, in threadgroup
 // memory (coalesced loads; runs padded to KCAP_MATVEC_RUN_STRIDE floats, so a lane's reads of its
 // own run do not collide), as the decode matvec does: a lane reading its run of x straight from
@@ -48,7 +49,7 @@
 template <class F>
 KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL kcap_u8* w,
                              const KCAP_GLOBAL float* x, KCAP_GLOBAL float* logits, KCAP_SHARED float* xs,
-                             const KCAP_GLOBAL float* bias = nullptr) {
+                             const KCAP_GLOBAL float* bias = nullptr, int first_token = 0) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
     constexpr int kChunk = KCAP_MOE_LOGIT_CHUNK_RUNS;
     constexpr int kExperts = KCAP_MOE_LOGIT_EXPERTS;
@@ -101,7 +102,7 @@ KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KC
             if (j < tokens) {
                 const float sum = kcap_simd_sum(acc[i][j]);
                 if (t.lane == 0 && e0 + i < p.n_expert)
-                    logits[kcap_u64(token0 + j) * kcap_u64(p.n_expert) + kcap_u64(e0 + i)] =
+                    logits[kcap_u64(token0 + j - first_token) * kcap_u64(p.n_expert) + kcap_u64(e0 + i)] =
                         (bias ? sum + bias[e0 + i] : sum) * p.logit_scale;
             }
         }
@@ -232,32 +233,41 @@ KCAP_FN float kcap_moe_token_logit(const KcapMoeParams p, const KCAP_GLOBAL floa
     return (logit_bias ? sum + logit_bias[e] : sum) * p.logit_scale;
 }
 
-// Grid: x = tokens, one simd group each. shared: KCAP_MOE_MAX_EXPERTS floats. logits: as
-// kcap_moe_logits wrote them. choice_bias (sigmoid routers, or null): added to each expert's
-// score for the choice, not to its weight.
-KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL float* token_logits,
-                            const KCAP_GLOBAL float* expert_scale, KCAP_GLOBAL float* routing,
-                            KCAP_SHARED float* logits, const KCAP_GLOBAL float* choice_bias = nullptr,
-                            const KCAP_GLOBAL float* logit_bias = nullptr) {
-    const int token = int(t.group_x);
+// Token `token`'s logits (kcap_moe_token_logit) into threadgroup memory, by every thread of the
+// group; the caller's barrier then lets kcap_moe_route_token read them.
+KCAP_FN void kcap_moe_route_stage(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL float* token_logits,
+                                  int token, KCAP_SHARED float* logits, const KCAP_GLOBAL float* logit_bias) {
     const KCAP_GLOBAL float* row = token_logits + kcap_u64(token) * kcap_u64(p.n_expert);
     for (int e = int(t.index); e < p.n_expert; e += int(t.threads)) logits[e] = kcap_moe_token_logit(p, row, e, logit_bias);
-    kcap_barrier();
-    // The lanes take experts lane, lane + 32, ...: the softmax's max and sum as butterfly
-    // reductions, then n_used rounds of a (score, index) argmax over the lanes (the lower index
-    // on a tie, as the CPU row), each round's expert masked out in the shared scores after its
-    // weight is taken. No lane waits on global memory. A sigmoid router's choice scores are
-    // sigmoid(logit) + choice bias (the softmax's are the logits, which it keeps in order).
-    float top = KCAP_NEG_INFINITY;
-    float sum = 0.0f;
+}
+
+// The softmax's max and sum over a token's logits (a sigmoid router's: unused).
+struct KcapMoeSoftmax {
+    float top;
+    float sum;
+};
+
+// One simd group (t.lane; no group barrier), on one token's logits staged by
+// kcap_moe_route_stage: turns them into the choice scores in place (a sigmoid router's
+// sigmoid(logit) + choice bias; the softmax's are the logits, which it keeps in order), with
+// group-limited routing the experts of the groups left out at -infinity, and returns the
+// softmax's max and sum. The lanes take experts lane, lane + 32, ...: butterfly reductions, no
+// lane waits on global memory.
+KCAP_FN KcapMoeSoftmax kcap_moe_route_scores(const KcapThread t, const KcapMoeParams p, KCAP_SHARED float* logits,
+                                             const KCAP_GLOBAL float* choice_bias) {
+    KcapMoeSoftmax softmax;
+    softmax.top = KCAP_NEG_INFINITY;
+    softmax.sum = 0.0f;
     if (p.sigmoid) {
         for (int e = int(t.lane); e < p.n_expert; e += KCAP_SIMD_WIDTH)
             logits[e] = 1.0f / (1.0f + kcap_exp(-logits[e])) + (choice_bias ? choice_bias[e] : 0.0f);
     } else {
+        float top = KCAP_NEG_INFINITY, sum = 0.0f;
         for (int e = int(t.lane); e < p.n_expert; e += KCAP_SIMD_WIDTH) top = kcap_fmax(top, logits[e]);
         top = kcap_simd_max(top);
         for (int e = int(t.lane); e < p.n_expert; e += KCAP_SIMD_WIDTH) sum += kcap_exp(logits[e] - top);
-        sum = kcap_simd_sum(sum);
+        softmax.top = top;
+        softmax.sum = kcap_simd_sum(sum);
     }
     kcap_simd_barrier();
     if (p.n_groups > 1) {
@@ -294,13 +304,22 @@ KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCA
         }
         kcap_simd_barrier();
     }
-    KCAP_GLOBAL float* out = routing + kcap_u64(token) * kcap_u64(2 * p.n_used);
-    // Lane k keeps round k's expert and score in registers (n_used <= KCAP_MOE_MAX_USED == the
-    // lanes), and the lanes write their Routing entries side by side at the end: with lane 0
-    // writing each round's entry and reading them back for the renormalization, every round
-    // waited on global memory (6 us of a Qwen3-MoE decode layer's 8 in Nsight Compute).
-    int my_expert = 0;
-    float my_value = 0.0f;
+    return softmax;
+}
+
+// A chosen expert (lane k's: round k's) and its choice score.
+struct KcapMoeChoice {
+    int expert;
+    float value;
+};
+
+// One simd group: n_used rounds of a (score, index) argmax over the lanes (the lower index on a
+// tie, as the CPU row), each round's expert masked out in the shared scores; lane k keeps round
+// k's expert and score in registers (n_used <= KCAP_MOE_MAX_USED == the lanes).
+KCAP_FN KcapMoeChoice kcap_moe_route_rounds(const KcapThread t, const KcapMoeParams p, KCAP_SHARED float* logits) {
+    KcapMoeChoice mine;
+    mine.expert = 0;
+    mine.value = 0.0f;
     for (int k = 0; k < p.n_used; ++k) {
         float value = KCAP_NEG_INFINITY;
         int best = p.n_expert;  // none yet: loses every comparison below
@@ -311,25 +330,132 @@ KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCA
             }
         kcap_moe_simd_argmax(value, best);
         if (best >= p.n_expert) best = 0;  // only where every logit is NaN: stay in bounds
-        if (int(t.lane) == k) my_expert = best, my_value = value;
+        if (int(t.lane) == k) mine.expert = best, mine.value = value;
         kcap_simd_barrier();  // every lane has read logits[best] before it is masked
         if (t.lane == 0) logits[best] = KCAP_NEG_INFINITY;
         kcap_simd_barrier();
     }
-    // The chosen experts' weights, lane k round k's: the softmax over every expert, or the
-    // sigmoid of the logit (the choice score holds the choice bias); their sum in round order,
-    // as the CPU row adds them.
+    return mine;
+}
+
+// A choice score as the ranks compare it: NaN as -infinity (never above another score).
+KCAP_FN float kcap_moe_rank_score(float s) { return s == s ? s : KCAP_NEG_INFINITY; }
+
+// The whole group at once, the choice of `tokens` tokens by rank instead of rounds: expert e's
+// rank is the number of experts with a higher choice score or an equal one at a lower index (the
+// rounds' order: the highest first, the lower index on a tie), and the expert of rank k <
+// n_used is chosen[token][k] (its index as a float). Each thread ranks (token, expert) pairs
+// index, index + threads, ... against all of the token's scores (broadcast reads of threadgroup
+// memory, four at a time); n_used argmax rounds of one simd group wait on a chain of shuffles
+// each (Nsight Compute, 128 experts, top 8: the route kernel 6.8 us). scores: [tokens][n_expert],
+// chosen: [tokens][KCAP_MOE_MAX_USED], both threadgroup memory; the caller's barriers go before
+// and after.
+KCAP_FN void kcap_moe_rank_choice(const KcapThread t, const KcapMoeParams p, int tokens,
+                                  const KCAP_SHARED float* scores, KCAP_SHARED float* chosen) {
+    for (int i = int(t.index); i < tokens * p.n_expert; i += int(t.threads)) {
+        const int j = i / p.n_expert, e = i % p.n_expert;
+        const KCAP_SHARED float* s = scores + j * p.n_expert;
+        const float mine = kcap_moe_rank_score(s[e]);
+        int above = 0;
+        int f = 0;
+        for (; f + 4 <= p.n_expert; f += 4) {
+            KCAP_UNROLL for (int u = 0; u < 4; ++u) {
+                const float other = kcap_moe_rank_score(s[f + u]);
+                above += other > mine || (other == mine && f + u < e) ? 1 : 0;
+            }
+        }
+        for (; f < p.n_expert; ++f) {
+            const float other = kcap_moe_rank_score(s[f]);
+            above += other > mine || (other == mine && f < e) ? 1 : 0;
+        }
+        if (above < p.n_used) chosen[j * KCAP_MOE_MAX_USED + above] = float(e);
+    }
+}
+
+// One simd group: the token's Routing row (ids as floats, then weights) from lane k's choice
+// (round or rank k's): the softmax over every expert, or the sigmoid of the chosen expert's logit
+// (logit: the lane's; the choice score holds the choice bias); their sum in round order, as the
+// CPU row adds them, for the renormalization; times the scale and (expert_scaled) the expert's
+// entry of expert_scale. The lanes write side by side.
+KCAP_FN void kcap_moe_route_write(const KcapThread t, const KcapMoeParams p, KcapMoeChoice choice, float logit,
+                                  KcapMoeSoftmax softmax, const KCAP_GLOBAL float* expert_scale,
+                                  KCAP_GLOBAL float* out) {
     const bool mine = int(t.lane) < p.n_used;
-    const float weight =
-        !mine ? 0.0f
-        : p.sigmoid ? 1.0f / (1.0f + kcap_exp(-kcap_moe_token_logit(p, row, my_expert, logit_bias)))
-                    : kcap_exp(my_value - top) / sum;
+    const float weight = !mine       ? 0.0f
+                         : p.sigmoid ? 1.0f / (1.0f + kcap_exp(-logit))
+                                     : kcap_exp(choice.value - softmax.top) / softmax.sum;
     float chosen = 0.0f;
     for (int k = 0; k < p.n_used; ++k) chosen += kcap_simd_broadcast(weight, k);
     if (!mine) return;
-    out[t.lane] = float(my_expert);
+    out[t.lane] = float(choice.expert);
     out[p.n_used + int(t.lane)] = (p.renormalize ? weight / chosen : weight) * p.scale *
-                                  (p.expert_scaled ? expert_scale[my_expert] : 1.0f);
+                                  (p.expert_scaled ? expert_scale[choice.expert] : 1.0f);
+}
+
+// One simd group (t.lane; no group barrier): token `token`'s Routing row from its logits staged by
+// kcap_moe_route_stage, which it overwrites (the choice scores, chosen experts masked out). With
+// lane 0 writing each round's entry and reading them back for the renormalization, every round
+// waited on global memory (6 us of a Qwen3-MoE decode layer's 8 in Nsight Compute): the lanes
+// keep their rounds' choices in registers instead.
+KCAP_FN void kcap_moe_route_token(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL float* token_logits,
+                                  int token, const KCAP_GLOBAL float* expert_scale, KCAP_GLOBAL float* routing,
+                                  KCAP_SHARED float* logits, const KCAP_GLOBAL float* choice_bias,
+                                  const KCAP_GLOBAL float* logit_bias) {
+    const KcapMoeSoftmax softmax = kcap_moe_route_scores(t, p, logits, choice_bias);
+    const KcapMoeChoice choice = kcap_moe_route_rounds(t, p, logits);
+    const KCAP_GLOBAL float* row = token_logits + kcap_u64(token) * kcap_u64(p.n_expert);
+    const float logit = p.sigmoid && int(t.lane) < p.n_used ? kcap_moe_token_logit(p, row, choice.expert, logit_bias) : 0.0f;
+    kcap_moe_route_write(t, p, choice, logit, softmax, expert_scale, routing + kcap_u64(token) * kcap_u64(2 * p.n_used));
+}
+
+// Threadgroup memory of kcap_moe_route_ranked besides the logits: each token's choice scores,
+// choices and softmax (floats, for KCAP_MOE_LOGIT_TOKENS tokens of n_expert experts).
+#define KCAP_MOE_RANKED_FLOATS(n_expert) (KCAP_MOE_LOGIT_TOKENS * ((n_expert) + KCAP_MOE_MAX_USED + 2))
+
+// The top-k of up to KCAP_MOE_LOGIT_TOKENS tokens by one group (cuda.moe_route_cluster's), from
+// their logits in threadgroup memory ([tokens][n_expert], as kcap_moe_logits writes them; not
+// modified): simd group s turns a copy of token s's (s + simds, ...) into its choice scores
+// (kcap_moe_route_scores), the whole group ranks them (kcap_moe_rank_choice: the experts of
+// kcap_moe_route's rounds, in their order), then simd group s writes the token's Routing row
+// (routing: the first token's). work: KCAP_MOE_RANKED_FLOATS(n_expert) floats.
+KCAP_FN void kcap_moe_route_ranked(const KcapThread t, const KcapMoeParams p, int tokens, const KCAP_SHARED float* logits,
+                                   KCAP_SHARED float* work, const KCAP_GLOBAL float* expert_scale,
+                                   KCAP_GLOBAL float* routing, const KCAP_GLOBAL float* choice_bias) {
+    KCAP_SHARED float* scores = work;                                                  // [tokens][n_expert]
+    KCAP_SHARED float* chosen = work + KCAP_MOE_LOGIT_TOKENS * p.n_expert;             // [tokens][MAX_USED]
+    KCAP_SHARED float* softmax = chosen + KCAP_MOE_LOGIT_TOKENS * KCAP_MOE_MAX_USED;  // [tokens][2]
+    for (int j = int(t.simd); j < tokens; j += int(t.simds)) {
+        KCAP_SHARED float* own = scores + j * p.n_expert;
+        for (int e = int(t.lane); e < p.n_expert; e += KCAP_SIMD_WIDTH) own[e] = logits[j * p.n_expert + e];
+        kcap_simd_barrier();
+        const KcapMoeSoftmax sm = kcap_moe_route_scores(t, p, own, choice_bias);
+        if (t.lane == 0) softmax[2 * j] = sm.top, softmax[2 * j + 1] = sm.sum;
+    }
+    kcap_barrier();
+    kcap_moe_rank_choice(t, p, tokens, scores, chosen);
+    kcap_barrier();
+    for (int j = int(t.simd); j < tokens; j += int(t.simds)) {
+        const bool mine = int(t.lane) < p.n_used;
+        KcapMoeChoice choice;
+        choice.expert = mine ? int(chosen[j * KCAP_MOE_MAX_USED + int(t.lane)]) : 0;
+        choice.value = scores[j * p.n_expert + choice.expert];
+        KcapMoeSoftmax sm;
+        sm.top = softmax[2 * j], sm.sum = softmax[2 * j + 1];
+        kcap_moe_route_write(t, p, choice, logits[j * p.n_expert + choice.expert], sm, expert_scale,
+                             routing + kcap_u64(j) * kcap_u64(2 * p.n_used));
+    }
+}
+
+// Grid: x = tokens, one simd group each. shared: KCAP_MOE_MAX_EXPERTS floats. logits: as
+// kcap_moe_logits wrote them. choice_bias (sigmoid routers, or null): added to each expert's
+// score for the choice, not to its weight.
+KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL float* token_logits,
+                            const KCAP_GLOBAL float* expert_scale, KCAP_GLOBAL float* routing,
+                            KCAP_SHARED float* logits, const KCAP_GLOBAL float* choice_bias = nullptr,
+                            const KCAP_GLOBAL float* logit_bias = nullptr) {
+    kcap_moe_route_stage(t, p, token_logits, int(t.group_x), logits, logit_bias);
+    kcap_barrier();
+    kcap_moe_route_token(t, p, token_logits, int(t.group_x), expert_scale, routing, logits, choice_bias, logit_bias);
 }
 
 // Grid y of the experts' matvecs: slot = token * n_used + k.

@@ -267,6 +267,7 @@ void init_engine(py::module_& m) {
             d["device"] = s.device;
             d["sm_count"] = s.sm_count;
             d["shared_optin_bytes"] = s.shared_optin_bytes;
+            d["sm_version"] = s.sm_version;
             return d;
         },
         py::arg("backend") = "cpu", py::arg("max_batch") = 512,

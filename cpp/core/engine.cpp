@@ -54,7 +54,8 @@ std::vector<RouteInfo> explain_routes(const ModelSpec& spec, const EngineOptions
 
 PlanSummary explain_summary(const EngineOptions& options) {
     const PlanOptions plan = plan_options(options, false);
-    return {plan.max_batch, plan.device.name, plan.device.sm_count, plan.device.shared_optin_bytes};
+    return {plan.max_batch, plan.device.name, plan.device.sm_count, plan.device.shared_optin_bytes,
+            plan.device.sm_version};
 }
 
 Engine::Engine(std::shared_ptr<const ModelSpec> spec, const EngineOptions& options) : spec_(std::move(spec)) {

@@ -255,6 +255,10 @@ std::string rejection_reason(const Row& row, const Stage& stage, const DeviceInf
         std::string reason = dims.reject_of(stage);
         if (!reason.empty()) return reason;
     }
+    if (dims.min_sm_version && device.sm_version < dims.min_sm_version) {
+        why << "needs sm_" << dims.min_sm_version << " or newer; " << device.name << " is sm_" << device.sm_version;
+        return why.str();
+    }
     if (dims.shared_bytes_of && dims.shared_bytes_of(stage) > device.shared_optin_bytes) {
         why << "needs " << dims.shared_bytes_of(stage) << " bytes of threadgroup memory; " << device.name << " allows "
             << device.shared_optin_bytes;

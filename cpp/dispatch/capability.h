@@ -178,6 +178,9 @@ struct LegalDims {
     int64_t (*k_multiple_of)(Format format) = nullptr;
     int max_experts = 0;       // mixture-of-experts rows: the most experts (0: any)
     int max_experts_used = 0;  // ... and the most chosen per token (0: any)
+    // Rows whose kernels need a newer device than the backend's least (thread-block clusters:
+    // sm_90), checked against the plan's device (DeviceInfo::sm_version); 0: any.
+    int min_sm_version = 0;
     // Rows whose kernels take more threadgroup memory than every device allows: the bytes one
     // group of the stage needs, checked against the plan's device (DeviceInfo).
     int (*shared_bytes_of)(const Stage& stage) = nullptr;
@@ -194,6 +197,7 @@ struct DeviceInfo {
     bool reference = true;             // not a device that was queried
     int sm_count = 132;                // multiprocessors
     int shared_optin_bytes = 232448;   // threadgroup memory one group may opt in to
+    int sm_version = 90;               // compute capability, major * 10 + minor
 };
 
 // Tokens per call of one route: [min, max], max 0 for no upper bound.

@@ -78,6 +78,6 @@ def format_header(backend: str, activations: str, kv_type: str, max_batch: int) 
         # kcap.cap_cpu_kernels / KCAP_CPU_KERNELS)
         line += f"; cpu kernels {_core.cpu_kernels()}"
     if backend == "cuda":
-        line += (f"; planned for {summary['device']} ({summary['sm_count']} multiprocessors, "
+        line += (f"; planned for {summary['device']} (sm_{summary['sm_version']}, {summary['sm_count']} multiprocessors, "
                  f"{summary['shared_optin_bytes'] // 1024} KB threadgroup memory): an engine plans for its own device")
     return line

@@ -783,6 +783,27 @@ std::vector<float> router_logits_tiled(const KcapMoeParams& p, const uint8_t* w,
     return logits;
 }
 
+// cuda.moe_route_cluster's top-k (kcap_moe_route_ranked) over p.n_tokens tokens' logits as
+// kcap_moe_logits writes them: groups of KCAP_MOE_LOGIT_TOKENS tokens, `threads` threads each (the
+// cluster's group 0 has 2 to kMoeRouteClusterMaxSimds simd groups), the logits staged first.
+std::vector<float> route_ranked(const KcapMoeParams& p, const std::vector<float>& logits, unsigned threads,
+                                const float* choice_bias = nullptr) {
+    std::vector<float> got = nan_filled(size_t(p.n_tokens) * 2 * size_t(p.n_used));
+    const unsigned groups = unsigned((p.n_tokens + KCAP_MOE_LOGIT_TOKENS - 1) / KCAP_MOE_LOGIT_TOKENS);
+    const size_t shared = size_t(KCAP_MOE_LOGIT_TOKENS * p.n_expert + KCAP_MOE_RANKED_FLOATS(p.n_expert)) * 4;
+    kcap_sim::launch({groups, 1, 1}, threads, shared, [&](const KcapThread& t, void* memory) {
+        float* staged = static_cast<float*>(memory);
+        const int token0 = int(t.group_x) * KCAP_MOE_LOGIT_TOKENS;
+        const int tokens = std::min(KCAP_MOE_LOGIT_TOKENS, p.n_tokens - token0);
+        for (int i = int(t.index); i < tokens * p.n_expert; i += int(t.threads))
+            staged[i] = logits[size_t(token0) * size_t(p.n_expert) + size_t(i)];
+        kcap_barrier();
+        kcap_moe_route_ranked(t, p, tokens, staged, staged + KCAP_MOE_LOGIT_TOKENS * p.n_expert, nullptr,
+                              got.data() + size_t(token0) * 2 * size_t(p.n_used), choice_bias);
+    });
+    return got;
+}
+
 void test_moe_route(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     const Row& reference = find_row("cpu.moe_route");
@@ -844,6 +865,18 @@ void test_moe_route(std::mt19937& rng, CpuState& cpu) {
                                 tiled ? " (tiled logits)" : "", (long long)k, n_expert, used, int(ties), int(renormalize),
                                 diff.wrong_ids, diff.weights_error);
                     ++checked;
+                    if (tiled || n_expert > kcap::cuda_rows::kMoeRouteClusterMaxExperts) continue;
+                    // The cluster row's top-k by rank, in groups of 2 and 8 simd groups (fewer and as
+                    // many as the KCAP_MOE_LOGIT_TOKENS tokens of a group).
+                    for (const unsigned threads : {64u, 256u}) {
+                        const RoutingDiff ranked = routing_diff(route_ranked(p, logits, threads), ref, m, used);
+                        KCAP_EXPECT(ranked.wrong_ids == 0 && ranked.weights_error <= kExactTolerance,
+                                    "moe_route ranked (%u threads) K=%lld, %d experts, %d used, ties %d, renormalize %d: "
+                                    "%d ids differ, weights error %.3g",
+                                    threads, (long long)k, n_expert, used, int(ties), int(renormalize), ranked.wrong_ids,
+                                    ranked.weights_error);
+                        ++checked;
+                    }
                 }
     std::printf("moe_route body: %d cases\n", checked);
 }
@@ -908,6 +941,15 @@ void test_moe_route_grouped(std::mt19937& rng, CpuState& cpu) {
                                     tiled ? " (tiled logits)" : "", n_expert, groups, groups_used, used,
                                     sigmoid ? "sigmoid" : "softmax", diff.wrong_ids,
                                     diff.weights_error);
+                        ++checked;
+                        if (tiled) continue;
+                        const RoutingDiff ranked =
+                            routing_diff(route_ranked(p, logits, 128u, sigmoid ? bias.data() : nullptr), ref, m, used);
+                        KCAP_EXPECT(ranked.wrong_ids == 0 && ranked.weights_error <= kExactTolerance,
+                                    "grouped moe_route ranked %d experts in %d groups (%d used), %d used, %s: %d ids "
+                                    "differ, weights error %.3g",
+                                    n_expert, groups, groups_used, used, sigmoid ? "sigmoid" : "softmax", ranked.wrong_ids,
+                                    ranked.weights_error);
                         ++checked;
                     }
     std::printf("grouped moe_route body: %d cases\n", checked);

@@ -255,6 +255,16 @@ void check_refusals(const Row& row, const Stage& legal, Operands& operands) {
         KCAP_EXPECT(rejection_reason(row, legal, small).empty(), "%s refuses a device with the %d bytes it needs",
                     row.kernel.c_str(), small.shared_optin_bytes);
     }
+    if (dims.min_sm_version) {  // a device of the compute capability before the one the row needs
+        DeviceInfo older;
+        older.name = "an older device";
+        older.sm_version = dims.min_sm_version - 10;
+        refused(legal, "needs sm_" + std::to_string(dims.min_sm_version), "on sm_" + std::to_string(older.sm_version),
+                older);
+        older.sm_version = dims.min_sm_version;
+        KCAP_EXPECT(rejection_reason(row, legal, older).empty(), "%s refuses a device of sm_%d", row.kernel.c_str(),
+                    older.sm_version);
+    }
     // An operand format the row does not decode (the first format of the table's formats it lacks).
     if (!row.operand_formats.empty()) {
         for (Format f : gpu_weight_formats())
@@ -397,10 +407,16 @@ int main() {
         if (std::find(chosen.begin(), chosen.end(), &row) == chosen.end()) {
             // A fallback for devices without the threadgroup memory the rows preferred over it
             // opt in to (cuda.attention_mla under cuda.attention_mla_tiled): routed on a device
-            // that lets no group opt in to more than its static share.
+            // that lets no group opt in to more than its static share; or for devices older than
+            // those rows need (cuda.moe_route under cuda.moe_route_cluster): routed on sm_80.
             DeviceInfo smaller = device;
             smaller.shared_optin_bytes = 0;
             chosen = check_routes(row, routed, max_batch, smaller);
+            if (std::find(chosen.begin(), chosen.end(), &row) == chosen.end()) {
+                DeviceInfo older = device;
+                older.sm_version = 80;
+                chosen = check_routes(row, routed, max_batch, older);
+            }
         }
         ++routes_checked;
         if (std::find(chosen.begin(), chosen.end(), &row) == chosen.end()) unreached.push_back(row.kernel);

@@ -94,7 +94,7 @@ ATTENTION_ROWS = [r["kernel"] for r in _core.capability_rows() if r["backend"] =
     ("gemma4", ["cuda.per_layer_gate"], "ple_act"),
     ("gemma4", ["cuda.scale"], "layer_output_scale"),
     ("gemma4-kvshare", ATTENTION_ROWS, "attention"),
-    ("gemma4-moe", ["cuda.moe_route"], "ffn_router"),
+    ("gemma4-moe", ["cuda.moe_route", "cuda.moe_route_cluster"], "ffn_router"),
     ("gemma4-moe", [r["kernel"] for r in _core.capability_rows() if r["kernel"].startswith("cuda.moe_experts.")],
      "ffn_moe"),
 ])

@@ -332,8 +332,10 @@ def test_qwen3_30b_a3b_shape_routes_to_cuda(tmp_path):
         routes = explain_file(path, backend="cuda", kv_type="f16", activations=activations)
         for n in (1, 7, 15, 16, 63, 64, 512):
             kernels = kernels_at(routes, n)
-            # the router's logits: from 64 tokens the tiled matmul over slices of K
-            assert kernels["ffn_router"] == ("cuda.moe_route" if n < 64 else "cuda.moe_route_tiled"), (activations, n)
+            # the router: below 64 tokens the logits and top-k in one launch of clusters (the H200
+            # is sm_90), from 64 the logits as a tiled matmul over slices of K
+            assert kernels["ffn_router"] == ("cuda.moe_route_cluster" if n < 64 else "cuda.moe_route_tiled"), \
+                (activations, n)
             # down: its own Q6_K body; from 16 tokens the slots grouped by expert on the tiles;
             # with q8_1 activations the int8 forms (dp4a slots, int8 tiles) round x and the
             # activations

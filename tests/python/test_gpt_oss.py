@@ -79,7 +79,7 @@ def test_cuda_plan_keeps_every_gpt_oss_feature(fixture):
     assert {r["kernel"] for r in attention} == {"cuda.attention_decode_rope", "cuda.attention_prefill_rope"}
     router = [r for r in routes if r["stage"] == "ffn_router"]
     assert router and all("bias" in r["features"].split(",") for r in router)
-    assert {(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in router} == {("cuda.moe_route", 1, 63),
+    assert {(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in router} == {("cuda.moe_route_cluster", 1, 63),
                                                                                   ("cuda.moe_route_tiled", 64, None)}
     experts = [r for r in routes if r["stage"] == "ffn_moe"]
     assert experts and all({"bias", "swiglu_oai"} <= set(r["features"].split(",")) for r in experts)

@@ -78,6 +78,7 @@ struct PlanSummary {
     std::string device;
     int sm_count;
     int shared_optin_bytes;
+    int sm_version;  // compute capability, major * 10 + minor
 };
 PlanSummary explain_summary(const EngineOptions& options);
 
