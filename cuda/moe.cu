@@ -161,8 +161,10 @@ __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
                                         act, q8_shared, gate_bias, up_bias);
 }
 
+// The groups per multiprocessor its registers must allow: moe_q8_down_min_groups(ROWS) (the
+// short rows' teams: kMoeQ8ShortDownGroups; 0, no minimum, compiles as no second bound).
 template <class F, int ROWS, bool TEAMS>
-__global__ void __launch_bounds__(kMatvecQ8Simds * 32)
+__global__ void __launch_bounds__(kMatvecQ8Simds * 32, moe_q8_down_min_groups(ROWS))
     experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* down, const float* routing, const float* act, float* out,
                            const float* down_bias) {
@@ -171,20 +173,6 @@ __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
     pdl_trigger();
     kcap_moe_down_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
                                      down_bias);
-}
-
-// The same for a down matrix of short rows (cuda_rows::moe_q8_short_down): kMoeQ8ShortDownRows rows
-// per team, kMoeQ8ShortDownGroups groups per multiprocessor (the registers that leaves).
-template <class F, bool TEAMS>
-__global__ void __launch_bounds__(kMatvecQ8Simds * 32, kMoeQ8ShortDownGroups)
-    experts_short_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
-                                 const kcap_u8* down, const float* routing, const float* act, float* out,
-                                 const float* down_bias) {
-    extern __shared__ kcap_i32 q8_shared[];
-    pdl_wait();
-    pdl_trigger();
-    kcap_moe_down_q8<F, kMoeQ8ShortDownRows, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act,
-                                                    out, q8_shared, down_bias);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -299,9 +287,7 @@ void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const Kcap
             launch(ctx, kernel, grid, dim3(kSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
                    static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
         };
-        if constexpr (Q8 && ROWS == kMoeQ8ShortDownRows)
-            run(experts_short_down_q8_kernel<F, TEAMS>);
-        else if constexpr (Q8)
+        if constexpr (Q8)
             run(experts_down_q8_kernel<F, ROWS, TEAMS>);
         else
             run(experts_down_kernel<F, ROWS, TEAMS>);

@@ -170,6 +170,7 @@ constexpr int kMoeQ8DownRows = 1;
 constexpr int kMoeQ8ShortDownRows = 4;
 constexpr int kMoeQ8ShortDownGroups = 2;
 constexpr bool moe_q8_short_down(long long units) { return units < 32; }
+constexpr int moe_q8_down_min_groups(int rows) { return rows == kMoeQ8ShortDownRows ? kMoeQ8ShortDownGroups : 0; }
 constexpr int matvec_q8_shared_words(long long k, int rows = kMatvecRows) {
     return int((k / 32 < kMatvecQ8ChunkRuns ? k / 32 : kMatvecQ8ChunkRuns) * 13 + kMatvecQ8Simds * rows * 2);
 }
@@ -371,9 +372,9 @@ constexpr int kMoeRouteThreads = 32;
 // cuda.moe_route_cluster (sm_90, up to kMoeRouteTiledMinTokens - 1 tokens): the logits and the
 // top-k in one launch, each group of KCAP_MOE_LOGIT_TOKENS tokens a thread-block cluster whose
 // groups take the router's rows (one expert per simd group, as kcap_moe_logits' simd groups
-// above) and, after the cluster's barrier, one token's top-k each: no second launch, whose
-// wait on the first was most of the router's time in a decode step (bench/cuda_trace.py, Qwen3-
-// 30B-A3B's layout, q8_1: logits 4.7 us, top-k 5.5 us a layer). Clusters of at most 16 groups
+// above) and, after the cluster's barrier, group 0 takes the tokens' top-k by rank: no second
+// launch, whose wait on the first was most of the router's time in a decode step
+// (bench/cuda_trace.py, Qwen3-30B-A3B's layout, q8_1: logits 4.7 us, top-k 5.5 us a layer). Clusters of at most 16 groups
 // (sm_90's non-portable size), at least 2 experts per group (64 threads, as kMoeLogitThreads),
 // at most 16 simd groups per group (kcap_moe_logits' registers): up to 256 experts.
 constexpr int kMoeRouteClusterGroups = 16;

@@ -233,22 +233,13 @@ KCAP_FN float kcap_moe_token_logit(const KcapMoeParams p, const KCAP_GLOBAL floa
     return (logit_bias ? sum + logit_bias[e] : sum) * p.logit_scale;
 }
 
-// Token `token`'s logits (kcap_moe_token_logit) into threadgroup memory, by every thread of the
-// group; the caller's barrier then lets kcap_moe_route_token read them.
-KCAP_FN void kcap_moe_route_stage(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL float* token_logits,
-                                  int token, KCAP_SHARED float* logits, const KCAP_GLOBAL float* logit_bias) {
-    const KCAP_GLOBAL float* row = token_logits + kcap_u64(token) * kcap_u64(p.n_expert);
-    for (int e = int(t.index); e < p.n_expert; e += int(t.threads)) logits[e] = kcap_moe_token_logit(p, row, e, logit_bias);
-}
-
 // The softmax's max and sum over a token's logits (a sigmoid router's: unused).
 struct KcapMoeSoftmax {
     float top;
     float sum;
 };
 
-// One simd group (t.lane; no group barrier), on one token's logits staged by
-// kcap_moe_route_stage: turns them into the choice scores in place (a sigmoid router's
+// One simd group (t.lane; no group barrier), on one token's logits in threadgroup memory: turns them into the choice scores in place (a sigmoid router's
 // sigmoid(logit) + choice bias; the softmax's are the logits, which it keeps in order), with
 // group-limited routing the experts of the groups left out at -infinity, and returns the
 // softmax's max and sum. The lanes take experts lane, lane + 32, ...: butterfly reductions, no
@@ -392,22 +383,6 @@ KCAP_FN void kcap_moe_route_write(const KcapThread t, const KcapMoeParams p, Kca
                                   (p.expert_scaled ? expert_scale[choice.expert] : 1.0f);
 }
 
-// One simd group (t.lane; no group barrier): token `token`'s Routing row from its logits staged by
-// kcap_moe_route_stage, which it overwrites (the choice scores, chosen experts masked out). With
-// lane 0 writing each round's entry and reading them back for the renormalization, every round
-// waited on global memory (6 us of a Qwen3-MoE decode layer's 8 in Nsight Compute): the lanes
-// keep their rounds' choices in registers instead.
-KCAP_FN void kcap_moe_route_token(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL float* token_logits,
-                                  int token, const KCAP_GLOBAL float* expert_scale, KCAP_GLOBAL float* routing,
-                                  KCAP_SHARED float* logits, const KCAP_GLOBAL float* choice_bias,
-                                  const KCAP_GLOBAL float* logit_bias) {
-    const KcapMoeSoftmax softmax = kcap_moe_route_scores(t, p, logits, choice_bias);
-    const KcapMoeChoice choice = kcap_moe_route_rounds(t, p, logits);
-    const KCAP_GLOBAL float* row = token_logits + kcap_u64(token) * kcap_u64(p.n_expert);
-    const float logit = p.sigmoid && int(t.lane) < p.n_used ? kcap_moe_token_logit(p, row, choice.expert, logit_bias) : 0.0f;
-    kcap_moe_route_write(t, p, choice, logit, softmax, expert_scale, routing + kcap_u64(token) * kcap_u64(2 * p.n_used));
-}
-
 // Threadgroup memory of kcap_moe_route_ranked besides the logits: each token's choice scores,
 // choices and softmax (floats, for KCAP_MOE_LOGIT_TOKENS tokens of n_expert experts).
 #define KCAP_MOE_RANKED_FLOATS(n_expert) (KCAP_MOE_LOGIT_TOKENS * ((n_expert) + KCAP_MOE_MAX_USED + 2))
@@ -448,14 +423,23 @@ KCAP_FN void kcap_moe_route_ranked(const KcapThread t, const KcapMoeParams p, in
 
 // Grid: x = tokens, one simd group each. shared: KCAP_MOE_MAX_EXPERTS floats. logits: as
 // kcap_moe_logits wrote them. choice_bias (sigmoid routers, or null): added to each expert's
-// score for the choice, not to its weight.
+// score for the choice, not to its weight. The token's logits are staged in threadgroup memory,
+// turned into choice scores, chosen by n_used argmax rounds (each round's expert masked out),
+// and written. With lane 0 writing each round's entry and reading them back for the
+// renormalization, every round waited on global memory (6 us of a Qwen3-MoE decode layer's 8 in
+// Nsight Compute): the lanes keep their rounds' choices in registers instead.
 KCAP_FN void kcap_moe_route(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL float* token_logits,
                             const KCAP_GLOBAL float* expert_scale, KCAP_GLOBAL float* routing,
                             KCAP_SHARED float* logits, const KCAP_GLOBAL float* choice_bias = nullptr,
                             const KCAP_GLOBAL float* logit_bias = nullptr) {
-    kcap_moe_route_stage(t, p, token_logits, int(t.group_x), logits, logit_bias);
+    const int token = int(t.group_x);
+    const KCAP_GLOBAL float* row = token_logits + kcap_u64(token) * kcap_u64(p.n_expert);
+    for (int e = int(t.index); e < p.n_expert; e += int(t.threads)) logits[e] = kcap_moe_token_logit(p, row, e, logit_bias);
     kcap_barrier();
-    kcap_moe_route_token(t, p, token_logits, int(t.group_x), expert_scale, routing, logits, choice_bias, logit_bias);
+    const KcapMoeSoftmax softmax = kcap_moe_route_scores(t, p, logits, choice_bias);
+    const KcapMoeChoice choice = kcap_moe_route_rounds(t, p, logits);
+    const float logit = p.sigmoid && int(t.lane) < p.n_used ? kcap_moe_token_logit(p, row, choice.expert, logit_bias) : 0.0f;
+    kcap_moe_route_write(t, p, choice, logit, softmax, expert_scale, routing + kcap_u64(token) * kcap_u64(2 * p.n_used));
 }
 
 // Grid y of the experts' matvecs: slot = token * n_used + k.
