@@ -385,7 +385,9 @@ private:
             bool bf16 = false;
             for (const Route& route : routed.routes) bf16 = bf16 || route.row->input_encoding == Encoding::BF16;
             if (!bf16) continue;
-            const size_t matrices = stage.op == Op::MatMul ? 1 : stage.operands.size();
+            const size_t matrices = stage.op == Op::MatMul ? 1
+                                    : stage.op == Op::Qkv  ? size_t(qkv_matrices(stage))  // not its biases
+                                                           : stage.operands.size();
             for (size_t j = 0; j < matrices; ++j) {
                 const size_t values = size_t(stage.operands[j]->n_rows()) * size_t(stage.k);
                 gemm_weights = std::max(gemm_weights, stage.last_token_only ? std::min(values, 128 * size_t(stage.k)) : values);

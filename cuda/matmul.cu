@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_kernel(QkvParams q, con
         pdl_wait();                                                                                                    \
         pdl_trigger();                                                                                                 \
         kcap_matvec_staged<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN, false>(t, s.p, s.teams, q.chunk_runs, s.w, s.w, x, \
-                                                                           nullptr, 0, s.y, shared);                   \
+                                                                           s.bias, 0, s.y, shared);                    \
         break;
         KCAP_WEIGHT_FORMATS(KCAP_QKV_CASE)
 #undef KCAP_QKV_CASE
@@ -164,17 +164,19 @@ QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_run
     matmul.op = Op::MatMul;
     matmul.features = 0;
     QkvParams q = {};
-    q.count = int(stage.operands.size());
+    q.count = qkv_matrices(stage);
     q.segment[2].first_group = INT_MAX;  // a pair's groups never reach segment 2
     *groups = 0;
     int all_rows = 0;  // the segments share one grid
     for (int which = 0; which < q.count; ++which) all_rows += int(stage.operands[size_t(which)]->n_rows());
     for (int which = 0; which < q.count; ++which) {
         const TensorRef* w = stage.operands[size_t(which)];
-        matmul.operands = {w, nullptr};
+        const TensorRef* bias = qkv_bias(stage, which);
+        matmul.operands = {w, bias};  // p.has_bias where the matrix has one
         matmul.n = w->n_rows();
         QkvSegment& s = q.segment[which];
         s.w = static_cast<const kcap_u8*>(data.operands[which]);
+        s.bias = bias ? static_cast<const float*>(data.operands[3 + which]) : nullptr;
         s.y = outputs[which];
         s.p = matmul_params(matmul, call);
         s.format = int(w->format);
@@ -232,7 +234,7 @@ void kcap_cuda_qkv_tokens(const Stage& stage, const KernelCall& call) {
         switch (Format(s.format)) {
 #define KCAP_QKV_TOKENS_CASE(NAME, DECODER)                                                        \
     case Format::NAME:                                                                             \
-        cuda::launch_tokens<DECODER>(cuda::context(call), s.p, s.w, call.in, nullptr, s.y);       \
+        cuda::launch_tokens<DECODER>(cuda::context(call), s.p, s.w, call.in, s.bias, s.y);        \
         break;
             KCAP_WEIGHT_FORMATS(KCAP_QKV_TOKENS_CASE)
 #undef KCAP_QKV_TOKENS_CASE

@@ -52,9 +52,11 @@ void run_ffn_activation(const Stage& stage, const KernelCall& call);
 // qkv (cuda.qkv, cuda.qkv_q8) for one token: one launch whose grid's groups are cut into
 // three segments (two for a latent attention's pair), one per matrix, each with its own format,
 // rows and split; every group stages the shared x and runs the matvec of its segment's format (a
-// switch over the formats: one kernel serves any mix, e.g. Gemma's Q5_0 q/k with a Q8_0 v).
+// switch over the formats: one kernel serves any mix, e.g. Gemma's Q5_0 q/k with a Q8_0 v). The
+// batched qkv rows take each segment's matrix, bias and output from here too.
 struct QkvSegment {
     const kcap_u8* w;
+    const float* bias;  // the matrix's bias (p.has_bias), or null
     float* y;
     KcapMatmulParams p;
     int format;       // int(Format)

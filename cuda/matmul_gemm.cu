@@ -336,12 +336,13 @@ void kcap_cuda_qkv_bf16(const Stage& stage, const KernelCall& call) {
     Stage matmul = stage;
     matmul.op = Op::MatMul;
     matmul.features = 0;
-    for (size_t which = 0; which < stage.operands.size(); ++which) {  // three, or a latent attention's pair
-        const TensorRef* w = stage.operands[which];
-        matmul.operands = {w, nullptr};
+    for (int which = 0; which < qkv_matrices(stage); ++which) {  // three, or a latent attention's pair
+        const TensorRef* w = stage.operands[size_t(which)];
+        const TensorRef* bias = qkv_bias(stage, which);
+        matmul.operands = {w, bias};
         matmul.n = w->n_rows();
         cuda::gemm_matmul(ctx, w->format, cuda::matmul_params(matmul, call), static_cast<const kcap_u8*>(data.operands[which]),
-                          x, nullptr, outputs[which]);
+                          x, bias ? static_cast<const float*>(data.operands[3 + which]) : nullptr, outputs[which]);
     }
 }
 

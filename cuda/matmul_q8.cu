@@ -577,7 +577,7 @@ __global__ void __launch_bounds__(kMatvecQ8Simds * 32) qkv_q8_kernel(QkvParams q
         pdl_wait();                                                                                                    \
         pdl_trigger();                                                                                                 \
         kcap_matvec_q8<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN, false>(t, s.p, s.teams, q.chunk_runs, s.w, s.w, x,     \
-                                                                       rows.codes, rows.d, rows.half_sums, nullptr, 0, \
+                                                                       rows.codes, rows.d, rows.half_sums, s.bias, 0,  \
                                                                        s.y, q8_shared);                                \
         break;
         KCAP_Q8_WEIGHT_FORMATS(KCAP_QKV_Q8_CASE)
@@ -589,11 +589,11 @@ __global__ void __launch_bounds__(kMatvecQ8Simds * 32) qkv_q8_kernel(QkvParams q
 // The q8_1 matvec of one matrix of any q8_1 format (qkv's few-token calls) on `x` (its q8_1 in
 // `rows` where the call has it, else rounded by the groups).
 void matvec_q8_any(const Context& ctx, Format format, const KcapMatmulParams& p, const kcap_u8* w, const float* x,
-                   const Q8Rows& rows, float* y) {
+                   const Q8Rows& rows, const float* bias, float* y) {
     switch (format) {
 #define KCAP_MATMUL_Q8_CASE(NAME, DECODER)                                                           \
     case Format::NAME:                                                                               \
-        return launch_matvec_q8<DECODER, false>(ctx, p, w, w, x, rows, nullptr, 0, y);
+        return launch_matvec_q8<DECODER, false>(ctx, p, w, w, x, rows, bias, 0, y);
         KCAP_Q8_WEIGHT_FORMATS(KCAP_MATMUL_Q8_CASE)
 #undef KCAP_MATMUL_Q8_CASE
         default: throw Error(std::string("cuda.qkv_q8: no q8_1 body for ") + format_name(format));
@@ -676,7 +676,7 @@ void kcap_cuda_qkv_q8_tokens(const Stage& stage, const KernelCall& call) {
     const cuda::Q8Rows rows = cuda::q8_input<SOURCE>(ctx, call, int(stage.k));
     for (int which = 0; which < q.count; ++which) {
         const cuda::QkvSegment& s = q.segment[which];
-        cuda::matvec_q8_any(ctx, Format(s.format), s.p, s.w, call.in, rows, s.y);
+        cuda::matvec_q8_any(ctx, Format(s.format), s.p, s.w, call.in, rows, s.bias, s.y);
     }
 }
 

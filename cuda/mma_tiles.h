@@ -355,9 +355,9 @@ inline MmaFormatGroups mma_groups_by_format(const QkvParams& q) {
         while (i < out.count && out.format[i] != Format(s.format)) ++i;
         if (i == out.count) {
             out.format[out.count++] = Format(s.format);
-            out.group[i] = mma_group(s.p, s.w, nullptr, s.y);
+            out.group[i] = mma_group(s.p, s.w, s.bias, s.y);
         } else {
-            mma_group_add(out.group[i], s.p, s.w, nullptr, s.y);
+            mma_group_add(out.group[i], s.p, s.w, s.bias, s.y);
         }
     }
     return out;

@@ -257,27 +257,34 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
     KCAP_WEIGHT_FORMATS(KCAP_BF16_ROWS)
 #undef KCAP_BF16_ROWS
 
-    // Fused Q, K and V matmuls of one input (no biases), each weight in any format: one token
-    // runs one launch whose groups take the three matrices' rows (cuda.qkv), a few tokens the
-    // walk for each matrix, a batch the tensor-core tiles of the matrices of one format in one
-    // launch (every weight in a tile format). K must suit every operand's format.
+    // Fused Q, K and V matmuls of one input, each weight in any format, each with its F32 bias
+    // where it has one (operands 3..5, kBias): one token runs one launch whose groups take the
+    // three matrices' rows (cuda.qkv), a few tokens the walk for each matrix, a batch the
+    // tensor-core tiles of the matrices of one format in one launch (every weight in a tile
+    // format). K must suit every weight's format.
     const std::vector<Format> all = gpu_weight_formats();
+    const auto qkv_operands = [](const std::vector<Format>& weights) -> std::vector<std::vector<Format>> {
+        return {weights, weights, weights, {Format::F32}, {Format::F32}, {Format::F32}};
+    };
     {
         Row row = make_row("cuda.qkv", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv), kMatvecGeometry, kOneToken,
                            {"qkv_matvec"});
-        row.operand_formats = {all, all, all};
+        row.operand_formats = qkv_operands(all);
+        row.features = kBias;
         row.dims.k_multiple_of = &exact_k_multiple;
         row.priority = 1;
         rows.push_back(row);
         Row walk = make_row("cuda.qkv_tokens", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv_tokens), kTokensGeometry,
                             kAnyTokens, {"matmul_tokens", "matmul_tokens", "matmul_tokens"});
         walk.operand_formats = row.operand_formats;
+        walk.features = kBias;
         walk.dims.k_multiple_of = &exact_k_multiple;
         rows.push_back(walk);
         const std::vector<Format> tiles = mma_formats();
         Row mma = make_row("cuda.qkv_mma", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv_mma), kMmaGeometry, kTileTokens,
                            {"mma_tiles", "(mma_tiles)", "(mma_tiles)"});  // one launch per format
-        mma.operand_formats = {tiles, tiles, tiles};
+        mma.operand_formats = qkv_operands(tiles);
+        mma.features = kBias;
         mma.dims.k_multiple_of = &run_k_multiple;
         mma.priority = 2;
         rows.push_back(mma);
@@ -293,7 +300,8 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
                                     KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8<Q8Source::Quantize>),
                                     KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8<Q8Source::Scratch>)),
                                kMatvecQ8Geometry, kOneToken, {"qkv_matvec_q8"});
-            one.operand_formats = {formats, formats, formats};
+            one.operand_formats = qkv_operands(formats);
+            one.features = kBias;
             one.dims.k_multiple_of = &exact_k_multiple;
             one.priority = 4;
             set_q8_source(one, source, false);
@@ -304,6 +312,7 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
                                     KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8_tokens<Q8Source::Scratch>)),
                                kMatvecQ8Geometry, kFewTokens, {"matvec_q8", "matvec_q8", "matvec_q8"});
             few.operand_formats = one.operand_formats;
+            few.features = kBias;
             few.dims.k_multiple_of = &exact_k_multiple;
             few.priority = 3;
             set_q8_source(few, source, false);
@@ -314,6 +323,7 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
                                                               : KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8_mma<Q8Source::Scratch>),
                                  kMmaGeometry, kTileTokens, {"mma_q8_tiles", "(mma_q8_tiles)", "(mma_q8_tiles)"});
             batch.operand_formats = one.operand_formats;
+            batch.features = kBias;
             batch.dims.k_multiple_of = &exact_k_multiple;
             batch.priority = 3;
             set_q8_source(batch, source, true);
@@ -325,7 +335,8 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
                            {kGemmMinTokens, 0},
                            {"bf16_convert", "bf16_dequantize", "cublas_gemm", "bf16_dequantize", "cublas_gemm",
                             "bf16_dequantize", "cublas_gemm"});
-        row.operand_formats = {all, all, all};
+        row.operand_formats = qkv_operands(all);
+        row.features = kBias;
         row.dims.k_multiple_of = &run_k_multiple;
         row.input_encoding = Encoding::BF16;
         row.priority = 5;

@@ -6,7 +6,7 @@
 # CARRY_DIR (carried with the call) holds whl/*.whl (gguf: not in the device image) and
 # llama_cpp_src.tar.xz (bench/pack_llama_cpp.sh); scripts/prepare_device_carry.sh makes it and
 # says how to call. Switches: SKIP_LLAMA=1, SKIP_TESTS=1,
-# SKIP_BENCH=1, BENCH_MODELS=gemma3_270m,smollm2_135m,llama3_8b_q4_k_m; WHILE_LLAMA_BUILDS="command" runs
+# SKIP_BENCH=1, BENCH_MODELS=gemma3_270m,smollm2_135m,llama3_8b_q4_k_m, BENCH_DEPTH=4096 (the deep decode's context); WHILE_LLAMA_BUILDS="command" runs
 # a command (a profile, say) after kcap's benchmark while llama.cpp still builds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -103,7 +103,7 @@ fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
     step bench kcap
-    timeout "$(budget 170)" python3 bench/bench_cuda.py --models /tmp/kcap_models \
+    timeout "$(budget 170)" python3 bench/bench_cuda.py --models /tmp/kcap_models --depth "${BENCH_DEPTH:-4096}" \
         --which "${BENCH_MODELS:-gemma3_270m,smollm2_135m,llama3_8b_q4_k_m}" --out "$OUT/cuda_h200_kcap.json" \
         --table "$OUT/cuda_h200_kcap.md" 2>&1 | tee "$OUT/bench_kcap.log" | tail -30
     if [ -n "${WHILE_LLAMA_BUILDS:-}" ]; then
@@ -118,11 +118,11 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
         if [ -x "$LLAMA_BIN" ]; then
             step bench llama.cpp
             # Re-runs the table with both engines (kcap numbers are re-measured side by side).
-            timeout "$(budget 400)" python3 bench/bench_cuda.py --models /tmp/kcap_models \
+            timeout "$(budget 400)" python3 bench/bench_cuda.py --models /tmp/kcap_models --depth "${BENCH_DEPTH:-4096}" \
                 --which "${BENCH_MODELS:-gemma3_270m,smollm2_135m,llama3_8b_q4_k_m}" --llama-bench "$LLAMA_BIN" \
                 --skip-kcap --out "$OUT/cuda_h200_llama.json" --table "$OUT/cuda_h200_llama.md" 2>&1 |
                 tee "$OUT/bench_llama.log" | tail -20
-            python3 bench/bench_cuda.py --merge "$OUT/cuda_h200_kcap.json" "$OUT/cuda_h200_llama.json" \
+            python3 bench/bench_cuda.py --depth "${BENCH_DEPTH:-4096}" --merge "$OUT/cuda_h200_kcap.json" "$OUT/cuda_h200_llama.json" \
                 --out "$OUT/cuda_h200.json" --table "$OUT/cuda_h200.md" > /dev/null
         fi
     fi

@@ -188,7 +188,8 @@ std::string rejection_reason(const Row& row, const Stage& stage, const DeviceInf
         for (size_t j = 0; j < stage.operands.size(); ++j) {
             const TensorRef* operand = stage.operands[j];
             const bool along_k2 = stage.op == Op::MoeExperts && j == 2;
-            if (!operand || along_k2 != (i == 1) || k % dims.k_multiple_of(operand->format) == 0) continue;
+            const bool qkv_bias = stage.op == Op::Qkv && j >= 3;  // vectors of n, not multiplied along K
+            if (!operand || qkv_bias || along_k2 != (i == 1) || k % dims.k_multiple_of(operand->format) == 0) continue;
             why << "K=" << k << " is not a multiple of " << dims.k_multiple_of(operand->format) << " ("
                 << operand->name << " is " << format_name(operand->format) << ")";
             return why.str();

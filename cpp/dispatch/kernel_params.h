@@ -44,6 +44,11 @@ inline const TensorRef* stage_operand(const Stage& stage, size_t i) {
     return i < stage.operands.size() ? stage.operands[i] : nullptr;
 }
 
+// A qkv stage's matrices, operands 0..2: Q, K and V, or a latent attention's pair (two). The
+// biases of Q, K and V, where their matmuls had any (kBias), are operands 3..5, null where absent.
+inline int qkv_matrices(const Stage& stage) { return stage.operands.size() == 2 ? 2 : 3; }
+inline const TensorRef* qkv_bias(const Stage& stage, int which) { return stage_operand(stage, size_t(3 + which)); }
+
 // RMS or Layer norm of stage.groups groups of stage.k per token; operands (weight, bias).
 inline KcapNormParams norm_params(const Stage& stage, int n_tokens) {
     KcapNormParams p;

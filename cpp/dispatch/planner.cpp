@@ -47,7 +47,7 @@ std::string describe_formats(const Stage& stage) {
         if (!operand) continue;
         static const char* add_norm_roles[] = {"post_weight", "post_bias", "weight", "bias"};
         static const char* gate_up_roles[] = {"W_gate", "W_up"};
-        static const char* qkv_roles[] = {"W_q", "W_k", "W_v"};
+        static const char* qkv_roles[] = {"W_q", "W_k", "W_v", "q_bias", "k_bias", "v_bias"};
         static const char* latent_pair_roles[] = {"W_q", "W_kv_a"};  // a qkv of two: the latent attention's
         static const char* qk_norm_rope_roles[] = {"q_norm", "k_norm", "freq_factors", "sinks"};
         static const char* mla_roles[] = {"kv_a_norm", "W_k_b", "W_v_b", "freq_factors"};
@@ -58,7 +58,7 @@ std::string describe_formats(const Stage& stage) {
                            : stage.op == Op::GateUp  ? gate_up_roles[std::min<size_t>(i, 1)]
                            : stage.op == Op::Qkv && stage.operands.size() == 2
                                ? latent_pair_roles[std::min<size_t>(i, 1)]
-                           : stage.op == Op::Qkv     ? qkv_roles[std::min<size_t>(i, 2)]
+                           : stage.op == Op::Qkv     ? qkv_roles[std::min<size_t>(i, 5)]
                            : stage.op == Op::QkNormRope || stage.op == Op::Attention
                                ? qk_norm_rope_roles[std::min<size_t>(i, 3)]
                            : stage.op == Op::Rope ? "freq_factors"
@@ -928,11 +928,15 @@ size_t fuse_add_norm(const std::vector<Stage>& stages, size_t i, const PlanOptio
     return j + 2 - i;
 }
 
-// A matmul of the normed row into `out`, no bias, on every position: what gate_up and qkv fuse.
-bool is_plain_matmul(const Stage& s, Buffer out) {
+// A matmul of the normed row into `out` on every position, perhaps with a bias (operand 1).
+bool is_normed_matmul(const Stage& s, Buffer out) {
     return s.op == Op::MatMul && s.input == Buffer::Normed && s.output == out && !s.last_token_only &&
-           !s.operands.empty() && s.operands[0] && (s.operands.size() < 2 || !s.operands[1]);
+           !s.operands.empty() && s.operands[0];
 }
+const TensorRef* matmul_bias(const Stage& s) { return s.operands.size() > 1 ? s.operands[1] : nullptr; }
+
+// The same without a bias: what gate_up and a latent attention's pair fuse.
+bool is_plain_matmul(const Stage& s, Buffer out) { return is_normed_matmul(s, out) && !matmul_bias(s); }
 
 // matmul(normed -> gate) + matmul(normed -> up) + gated activation(gate, up -> act) -> gate_up.
 size_t fuse_gate_up(const std::vector<Stage>& stages, size_t i, const PlanOptions& options, Stage& fused) {
@@ -962,8 +966,13 @@ size_t fuse_gate_up(const std::vector<Stage>& stages, size_t i, const PlanOption
     return 3;
 }
 
-// matmul(normed -> q) + matmul(normed -> k) + matmul(normed -> v) -> qkv (no biases; each
-// weight keeps its own format). The pair of a latent attention, matmul(normed -> Q, or Gate:
+// matmul(normed -> q) + matmul(normed -> k) + matmul(normed -> v) -> qkv (each weight keeps its
+// own format). Their biases (Qwen 2, gpt-oss, StarCoder2), where they have any, become operands
+// 3..5 (null where a matmul has none) and the stage's kBias: only rows that add them take it.
+// Measured on the H200 (gpt-oss-20b's 12-layer slice, whose Q, K and V have biases): one decode
+// launch for the three matvecs instead of three, and at 512 tokens one grid of the tiles where
+// K's and V's 32 groups each took a launch of its own (bench/results/cuda_h200_qkv_bias.txt).
+// The pair of a latent attention, matmul(normed -> Q, or Gate:
 // the low-rank query's first matmul) + matmul(normed -> K: the compressed KV row), fuses the
 // same way into a qkv of two matrices (no V operand) in q8_1 plans, where the pair rounds x to
 // q8_1 once for both. Measured on the H200 (DeepSeek-V2-Lite's Q4_K_M layout, tg128): q8_1 449.7
@@ -974,10 +983,10 @@ size_t fuse_qkv(const std::vector<Stage>& stages, size_t i, const PlanOptions& o
     const Stage& q = stages[i];
     const Stage& k = stages[i + 1];
     const Stage* v = i + 2 < stages.size() ? &stages[i + 2] : nullptr;
-    if (!is_plain_matmul(k, Buffer::K) || q.k != k.k) return 0;
-    const bool triple = v && is_plain_matmul(q, Buffer::Q) && is_plain_matmul(*v, Buffer::V) && q.k == v->k;
+    if (!is_normed_matmul(k, Buffer::K) || q.k != k.k) return 0;
+    const bool triple = v && is_normed_matmul(q, Buffer::Q) && is_normed_matmul(*v, Buffer::V) && q.k == v->k;
     // The latent pair: Q then the attention, or the low-rank query's Gate then its norm.
-    const bool latent_pair = !triple && v && options.activations == Encoding::Q8_1 &&
+    const bool latent_pair = !triple && v && options.activations == Encoding::Q8_1 && is_plain_matmul(k, Buffer::K) &&
                              ((is_plain_matmul(q, Buffer::Q) && v->op == Op::AttentionMla) ||
                               (is_plain_matmul(q, Buffer::Gate) && v->op == Op::Norm && v->input == Buffer::Gate));
     if (!triple && !latent_pair) return 0;
@@ -987,9 +996,14 @@ size_t fuse_qkv(const std::vector<Stage>& stages, size_t i, const PlanOptions& o
     fused.operands = {q.operands[0], k.operands[0]};
     fused.input2 = Buffer::K;
     fused.input3 = Buffer::None;
+    fused.features = q.features & ~FeatureMask(kBias);
     if (triple) {
         fused.operands.push_back(v->operands[0]);
         fused.input3 = Buffer::V;
+        if (matmul_bias(q) || matmul_bias(k) || matmul_bias(*v)) {
+            fused.operands.insert(fused.operands.end(), {matmul_bias(q), matmul_bias(k), matmul_bias(*v)});
+            fused.features = kBias;
+        }
     }
     std::vector<const Stage*> parts = {&q, &k};
     if (triple) parts.push_back(v);

@@ -443,13 +443,15 @@ void test_matmul_rows(std::mt19937& rng, CpuState& cpu, Op op) {
 }
 
 // Qkv rows: three matrices of mixed formats against one x (or a latent attention's pair: two,
-// no V), each compared with the exact CPU row of its format (on q8_1(x), or on bf16(W) and
-// bf16(x), as the row rounds). Every mix the row takes, at the token edges of its range.
+// no V), some with biases (operands 3..5), each compared with the exact CPU row of its format
+// and bias (on q8_1(x), or on bf16(W) and bf16(x), as the row rounds). Every mix the row takes,
+// at the token edges of its range.
 void test_qkv(std::mt19937& rng, CpuState& cpu) {
     struct Mix {
         Format q, k, v;
         int64_t width;
         int matrices = 3;
+        unsigned biases = 0;  // bit i: matrix i has a bias
     };
     const Mix mixes[] = {
         {Format::Q5_0, Format::Q5_0, Format::Q8_0, 640},   // Gemma 3 270M
@@ -467,6 +469,11 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
         // Pairs (the latent attention's query and compressed KV row): one format, then two.
         {Format::Q4_K, Format::Q4_K, Format::F32, 512, 2},
         {Format::Q8_0, Format::Q6_K, Format::F32, 256, 2},
+        // Biases: on all three (gpt-oss's Q8_0 attention, Qwen 2), on Q and V only, on K alone of
+        // a format mix.
+        {Format::Q8_0, Format::Q8_0, Format::Q8_0, 1024, 3, 7u},
+        {Format::Q4_K, Format::Q4_K, Format::Q6_K, 512, 3, 5u},
+        {Format::F16, Format::BF16, Format::F32, 100, 3, 2u},
     };
     for (const Row& row : capability_table()) {
         if (row.backend != Backend::CUDA || row.op != Op::Qkv) continue;
@@ -486,6 +493,12 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
                 probe[i].ref.format = formats[i];
                 stage.operands.push_back(&probe[i].ref);
             }
+            Weights probe_bias;
+            probe_bias.ref.format = Format::F32;
+            if (mix.biases) {
+                for (int i = 0; i < 3; ++i) stage.operands.push_back(mix.biases >> i & 1u ? &probe_bias.ref : nullptr);
+                stage.features |= kBias;
+            }
             if (!rejection_reason(row, stage, g_device).empty()) continue;  // refusals: test_rows_table
             std::vector<int> ms = token_edges(row, stage, {40, 100});
             // The long rows (2016 and more values): the first two counts only (a partial tile of
@@ -498,10 +511,13 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
                 if (gemm) t.use_gemm(m == 100 ? size_t(64 * k) : size_t(1) << 22);
                 const MatmulInputs in = matmul_inputs(rng, row, m, k);
                 StageData data;
-                std::vector<std::unique_ptr<Weights>> weights, rounded;
+                std::vector<std::unique_ptr<Weights>> weights, rounded, biases;
                 std::vector<std::vector<float>> refs;
                 float* outs[3] = {nullptr, nullptr, nullptr};
                 stage.operands.clear();
+                for (int i = 0; i < matrices; ++i)
+                    biases.push_back(mix.biases >> i & 1u ? float_vector(random_floats(rng, size_t(rows[i])), "bias")
+                                                          : nullptr);
                 for (int i = 0; i < matrices; ++i) {
                     weights.push_back(random_weights(rng, formats[i], k, rows[i]));
                     stage.operands.push_back(&weights.back()->ref);
@@ -513,10 +529,17 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
                     cpu_call.n_tokens = m;
                     cpu_call.in = in.xr.data();
                     cpu_call.out = refs.back().data();
-                    run_cpu(cpu_matmul_row(gemm ? Format::F32 : formats[i]), matmul_stage(&w_ref, nullptr, k, rows[i]),
+                    const TensorRef* b_ref = biases[size_t(i)] ? &biases[size_t(i)]->ref : nullptr;
+                    run_cpu(cpu_matmul_row(gemm ? Format::F32 : formats[i]), matmul_stage(&w_ref, b_ref, k, rows[i]),
                             cpu_call, cpu);
                     outs[i] = t.arena.nan_floats(refs.back().size());
                 }
+                if (mix.biases)
+                    for (int i = 0; i < 3; ++i) {
+                        const Weights* b = biases[size_t(i)].get();
+                        stage.operands.push_back(b ? &b->ref : nullptr);
+                        if (b) data.operands[3 + i] = t.arena.upload_bytes(b->ref.data, b->ref.nbytes);
+                    }
                 KernelCall call;
                 bind_matmul_input(t, row, in.x, m, k, false, call);
                 call.out = outs[0];
@@ -528,9 +551,9 @@ void test_qkv(std::mt19937& rng, CpuState& cpu) {
                     const double err = matmul_error(download(outs[i], refs[size_t(i)].size()), refs[size_t(i)],
                                                     gemm ? rounded[size_t(i)]->ref : weights[size_t(i)]->ref, in.xr.data(),
                                                     k, rows[i], m);
-                    KCAP_EXPECT(err <= tolerance, "%s %s/%s/%s K=%lld tokens=%d matrix %d of %d: error %.3g > %.2g",
+                    KCAP_EXPECT(err <= tolerance, "%s %s/%s/%s K=%lld tokens=%d matrix %d of %d biases %u: error %.3g > %.2g",
                                 row.kernel.c_str(), format_name(mix.q), format_name(mix.k), format_name(mix.v),
-                                (long long)k, m, i, matrices, err, tolerance);
+                                (long long)k, m, i, matrices, mix.biases, err, tolerance);
                 }
                 ++g_cases;
             }

