@@ -301,6 +301,11 @@ private:
             add_matmul(il, "attn_k", layer.wk, layer.bk, Buffer::Normed, Buffer::K, d, k_width);
             add_matmul(il, "attn_v", layer.wv, layer.bv, Buffer::Normed, Buffer::V, d, v_width);
         }
+        // The V norm (Gemma 4: an RMS norm of each head without weights) reads and writes V only,
+        // so it goes before the QK-norms: those and the rope stay adjacent for their fusion
+        // (qk_norm_rope, then into the attention).
+        if (layer.v_norm && !shared_kv)
+            add_norm(il, "attn_v_norm", "", "", Buffer::V, Buffer::V, layer.head_dim_v, layer.n_head_kv, NormKind::RMS);
         // QK-norm is an RMS norm over each head in every family that has it.
         if (!layer.q_norm.empty())
             add_norm(il, "attn_q_norm", layer.q_norm, "", Buffer::Q, Buffer::Q, layer.head_dim, layer.n_head,
@@ -308,8 +313,6 @@ private:
         if (!layer.k_norm.empty() && !shared_kv)
             add_norm(il, "attn_k_norm", layer.k_norm, "", Buffer::K, Buffer::K, layer.head_dim, layer.n_head_kv,
                      NormKind::RMS);
-        if (layer.v_norm && !shared_kv)
-            add_norm(il, "attn_v_norm", "", "", Buffer::V, Buffer::V, layer.head_dim_v, layer.n_head_kv, NormKind::RMS);
         if (layer.rope_style != RopeStyle::None) {
             check_rope(il, layer);
             Stage& rope = add(il, "rope", Op::Rope);
