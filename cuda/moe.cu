@@ -12,6 +12,10 @@
 //                            in one launch: each group of tokens a thread-block cluster whose
 //                            groups write their experts' logits into group 0's threadgroup
 //                            memory, which then chooses by rank (kcap_moe_route_ranked).
+//   <router row>_add_norm    a router stage with the add_norm before it (kAddNormInput): the
+//                            add_norm's kernel, then the row's launches.
+//   cuda.moe_route_cluster_norm  (sm_90, one token) the same in one launch: every group of the
+//                            cluster adds and norms the row itself (route_cluster_norm_kernel).
 //   cuda.moe_experts.<fmt>   the chosen experts' gated FFNs, slot by slot: the staged gate_up
 //                            matvec of each (token, chosen expert) slot (grid y = slots, the
 //                            expert's rows found from the Routing buffer in the kernel), the down
@@ -48,6 +52,7 @@
 #include "cuda/mma_tiles.h"
 #include "dispatch/planner.h"
 #include "kernels/activation.h"
+#include "kernels/group.h"
 #include "kernels/moe.h"
 #include "kernels/moe_q8.h"
 
@@ -120,6 +125,102 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
     const int tokens = p.n_tokens - token0 < KCAP_MOE_LOGIT_TOKENS ? p.n_tokens - token0 : KCAP_MOE_LOGIT_TOKENS;
     kcap_moe_route_ranked(t, p, tokens, logits, xs, expert_scale, routing + kcap_u64(token0) * kcap_u64(2 * p.n_used),
                           choice_bias);
+}
+
+// cuda.moe_route_cluster_norm (one token): route_cluster_kernel with the add_norm before it
+// (residual += branch; x = rms_norm(residual) * weight) done by every group of the cluster into
+// its own threadgroup memory, in the layout kcap_moe_logits stages x in (run r at r *
+// KCAP_MATVEC_RUN_STRIDE), instead of a launch of its own and a reload of x. All groups compute
+// the same row in the same order. A group has at least kMoeRouteNormMinSimds simd groups for
+// the norm (its loads kRouteNormBatch float4s per thread at a time); its first `simds` (as
+// route_cluster_kernel's) take the experts' logits. After the cluster's barrier (every group has
+// read the residual by then) the last group writes the residual and the normed row back for
+// the layer's later stages while group 0 takes the top-k (a cluster of one group does both, the
+// writes first: the top-k reuses its staged row's memory).
+constexpr int kRouteNormBatch = 4;
+
+template <class F>
+__global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
+    route_cluster_norm_kernel(KcapMoeParams p, int simds, const kcap_u8* w, float* residual, const float* branch,
+                              const float* norm_weight, float eps, float* normed, const float* bias,
+                              const float* expert_scale, float* routing, const float* choice_bias) {
+    static_assert(kMoeRouteNormMaxK == KCAP_MOE_LOGIT_TOKENS * KCAP_MOE_LOGIT_CHUNK_RUNS * 32,
+                  "the whole row fits where kcap_moe_logits stages x");
+    __shared__ float xs[KCAP_MOE_LOGIT_SHARED_FLOATS];
+    __shared__ float logits[KCAP_MOE_LOGIT_TOKENS * kMoeRouteClusterMaxExperts];  // group 0's: [n_expert]
+    __shared__ float scratch[32];
+    const KcapThread t = kcap_cuda_thread();
+    KcapThread experts = t;  // the simd groups that take the logits, as route_cluster_kernel's
+    experts.simds = unsigned(simds);
+    experts.threads = 32u * unsigned(simds);
+    if (t.simd < experts.simds) kcap_moe_logits_prefetch(experts, p, w);  // before the wait: weights never change
+    pdl_wait();
+    pdl_trigger();
+    const int n4 = p.k / 4, stride = int(t.threads);
+    const auto staged = [&](int i) { return xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8); };
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float sq = 0.0f;
+    for (int base = int(t.index); base < n4; base += kRouteNormBatch * stride) {
+        float4 r[kRouteNormBatch], b[kRouteNormBatch];
+#pragma unroll
+        for (int u = 0; u < kRouteNormBatch; ++u) {
+            const int i = base + u * stride;
+            r[u] = i < n4 ? kcap_load_f32x4(residual + 4 * i) : zero;
+            b[u] = i < n4 ? kcap_load_f32x4(branch + 4 * i) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < kRouteNormBatch; ++u) {
+            const int i = base + u * stride;
+            if (i >= n4) continue;
+            const float4 v = make_float4(r[u].x + b[u].x, r[u].y + b[u].y, r[u].z + b[u].z, r[u].w + b[u].w);
+            float* to = staged(i);
+            to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
+            sq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    }
+    const float inv = kcap_rsqrt(kcap_group_sum(t, sq, scratch) / float(p.k) + eps);
+    for (int base = int(t.index); base < n4; base += kRouteNormBatch * stride) {
+        float4 g[kRouteNormBatch];
+#pragma unroll
+        for (int u = 0; u < kRouteNormBatch; ++u) {
+            const int i = base + u * stride;
+            g[u] = i < n4 ? kcap_load_f32x4(norm_weight + 4 * i) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < kRouteNormBatch; ++u) {
+            const int i = base + u * stride;
+            if (i >= n4) continue;
+            float* at = staged(i);
+            at[0] = at[0] * inv * g[u].x, at[1] = at[1] * inv * g[u].y, at[2] = at[2] * inv * g[u].z,
+            at[3] = at[3] * inv * g[u].w;
+        }
+    }
+    __syncthreads();  // the normed row in xs for every simd group
+    if (t.simd < experts.simds) kcap_moe_logits<F>(experts, p, w, nullptr, cluster_group0(logits), xs, bias, 0, true);
+    cluster_sync();  // every expert's logit is in group 0's memory; every group has read the residual
+    if (blockIdx.x == gridDim.x - 1) {
+        for (int base = int(t.index); base < n4; base += kRouteNormBatch * stride) {
+            float4 r[kRouteNormBatch], b[kRouteNormBatch];
+#pragma unroll
+            for (int u = 0; u < kRouteNormBatch; ++u) {
+                const int i = base + u * stride;
+                r[u] = i < n4 ? kcap_load_f32x4(residual + 4 * i) : zero;
+                b[u] = i < n4 ? kcap_load_f32x4(branch + 4 * i) : zero;
+            }
+#pragma unroll
+            for (int u = 0; u < kRouteNormBatch; ++u) {
+                const int i = base + u * stride;
+                if (i >= n4) continue;
+                kcap_store_f32x4(residual + 4 * i,
+                                 make_float4(r[u].x + b[u].x, r[u].y + b[u].y, r[u].z + b[u].z, r[u].w + b[u].w));
+                const float* from = staged(i);
+                kcap_store_f32x4(normed + 4 * i, make_float4(from[0], from[1], from[2], from[3]));
+            }
+        }
+        __syncthreads();  // a cluster of one group: xs read before the top-k reuses it
+    }
+    if (blockIdx.x != 0) return;
+    kcap_moe_route_ranked(t, p, 1, logits, xs, expert_scale, routing, choice_bias);
 }
 
 // The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
@@ -433,6 +534,76 @@ void kcap_cuda_moe_route_cluster(const Stage& stage, const KernelCall& call) {
 #undef KCAP_MOE_ROUTE_CLUSTER_CASE
         default:
             throw Error(std::string("cuda.moe_route_cluster: no body for ") + format_name(stage.operands[0]->format));
+    }
+}
+
+namespace {
+
+// A router stage with the add_norm before it (kAddNormInput): that add_norm's kernel (residual
+// call.inout2 += branch call.in2; normed call.inout3 = rms_norm(residual) * operand 4), then
+// `route` on the normed rows.
+void route_after_add_norm(const Stage& stage, const KernelCall& call, void (*route)(const Stage&, const KernelCall&)) {
+    const cuda::StageData& data = cuda::stage_data(call);
+    Stage add;
+    add.op = Op::AddNorm;
+    add.layer = stage.layer;
+    add.name = stage.name;
+    add.operands = {nullptr, nullptr, stage.operands[4], nullptr};
+    add.k = add.n = stage.k;
+    add.params.eps = stage.params.eps;
+    add.features = kRmsNorm;
+    cuda::StageData add_data = data;
+    add_data.operands[0] = add_data.operands[1] = add_data.operands[3] = nullptr;
+    add_data.operands[2] = data.operands[4];
+    KernelCall add_call = call;
+    add_call.stage_state = &add_data;
+    add_call.out = call.inout3;
+    kcap_cuda_add_norm<false>(add, add_call);
+    KernelCall route_call = call;
+    route_call.in = call.inout3;
+    route(stage, route_call);
+}
+
+}  // namespace
+
+void kcap_cuda_moe_route_add_norm(const Stage& stage, const KernelCall& call) {
+    route_after_add_norm(stage, call, kcap_cuda_moe_route);
+}
+void kcap_cuda_moe_route_tiled_add_norm(const Stage& stage, const KernelCall& call) {
+    route_after_add_norm(stage, call, kcap_cuda_moe_route_tiled);
+}
+void kcap_cuda_moe_route_cluster_add_norm(const Stage& stage, const KernelCall& call) {
+    route_after_add_norm(stage, call, kcap_cuda_moe_route_cluster);
+}
+
+void kcap_cuda_moe_route_cluster_norm(const Stage& stage, const KernelCall& call) {
+    using namespace cuda_rows;
+    const cuda::Context& ctx = cuda::context(call);
+    const cuda::StageData& data = cuda::stage_data(call);
+    const KcapMoeParams p = moe_params(stage, call.n_tokens);
+    const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
+    const auto* expert_scale = p.expert_scaled ? static_cast<const float*>(data.operands[1]) : nullptr;
+    const auto* bias = static_cast<const float*>(data.operands[2]);
+    const auto* choice_bias = static_cast<const float*>(data.operands[3]);
+    const auto* norm_weight = static_cast<const float*>(data.operands[4]);
+    const unsigned groups = unsigned(moe_route_cluster_groups(p.n_expert));
+    const int simds = moe_route_cluster_simds(p.n_expert);
+    const dim3 grid(groups, 1), block(unsigned(32 * std::max(simds, kMoeRouteNormMinSimds)));
+    switch (stage.operands[0]->format) {
+#define KCAP_MOE_ROUTE_NORM_CASE(NAME, DECODER)                                                                      \
+    case Format::NAME: {                                                                                             \
+        static const cudaError_t allowed = cudaFuncSetAttribute(cuda::route_cluster_norm_kernel<DECODER>,            \
+                                                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1); \
+        KCAP_CUDA_CHECK(allowed);                                                                                    \
+        cuda::launch_clusters(ctx, groups, cuda::route_cluster_norm_kernel<DECODER>, grid, block, 0, p, simds, w,   \
+                              call.inout2, static_cast<const float*>(call.in2), norm_weight, stage.params.eps,       \
+                              call.inout3, bias, expert_scale, call.out, choice_bias);                               \
+        break;                                                                                                       \
+    }
+        KCAP_WEIGHT_FORMATS(KCAP_MOE_ROUTE_NORM_CASE)
+#undef KCAP_MOE_ROUTE_NORM_CASE
+        default:
+            throw Error(std::string("cuda.moe_route_cluster_norm: no body for ") + format_name(stage.operands[0]->format));
     }
 }
 

@@ -564,6 +564,34 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
     cluster.dims.max_experts = kMoeRouteClusterMaxExperts;
     cluster.dims.min_sm_version = 90;
     rows.push_back(cluster);
+    // A router with the add_norm before it fused in (kAddNormInput: operand 4 the norm's weight;
+    // the planner's fuse_add_norm_route). One token on sm_90: every group of the cluster adds the
+    // branch to the residual and norms the row itself, straight into the threadgroup memory its
+    // logits read (the whole row: K up to kMoeRouteNormMaxK), and one group writes the residual
+    // and the normed row back after the cluster's barrier: the add_norm's launch saved. Every
+    // other token count (and one token without it): each router row's twin, the add_norm's
+    // kernel and then its launches.
+    const auto with_add_norm = [&](Row row, KernelFn fn) {
+        row.kernel += "_add_norm";
+        row.fn = fn;
+        row.launches.insert(row.launches.begin(), "add_norm");
+        return row;
+    };
+    Row fused = cluster;
+    fused.kernel = "cuda.moe_route_cluster_norm";
+    fused.fn = KCAP_CUDA_ENTRY(kcap_cuda_moe_route_cluster_norm);
+    fused.tokens = {1, 1};
+    fused.priority = cluster.priority + 1;
+    fused.launches = {"moe_route_cluster_norm"};
+    fused.dims.k_max = kMoeRouteNormMaxK;
+    for (Row row : {with_add_norm(route, KCAP_CUDA_ENTRY(kcap_cuda_moe_route_add_norm)),
+                    with_add_norm(tiled, KCAP_CUDA_ENTRY(kcap_cuda_moe_route_tiled_add_norm)),
+                    with_add_norm(cluster, KCAP_CUDA_ENTRY(kcap_cuda_moe_route_cluster_add_norm)), fused}) {
+        row.operand_formats.push_back({Format::F32});  // 4: the norm's weight
+        row.features |= kAddNormInput;
+        row.requires_all |= kAddNormInput;
+        rows.push_back(row);
+    }
     // Both experts' rows also take the experts' biases (operands 3-5, F32) and gpt-oss's clamped
     // SwiGLU.
 #define KCAP_MOE_EXPERTS_ROW(NAME, DECODER)                                                              \

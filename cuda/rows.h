@@ -380,6 +380,12 @@ constexpr int kMoeRouteThreads = 32;
 constexpr int kMoeRouteClusterGroups = 16;
 constexpr int kMoeRouteClusterMaxSimds = 16;
 constexpr int kMoeRouteClusterMaxExperts = kMoeRouteClusterGroups * kMoeRouteClusterMaxSimds;
+// cuda.moe_route_cluster_norm holds a token's whole normed row where the logits stage x: at
+// most KCAP_MOE_LOGIT_TOKENS * KCAP_MOE_LOGIT_CHUNK_RUNS runs (DeepSeek V3's 7,168 values).
+constexpr int kMoeRouteNormMaxK = 8 * 28 * 32;
+// ... and its groups have at least this many simd groups for the norm (gpt-oss's 32 experts take
+// two per group for the logits: its 2,880 values were 45 per thread).
+constexpr int kMoeRouteNormMinSimds = 8;
 constexpr int moe_route_cluster_groups(int n_expert) {
     return (n_expert + 1) / 2 < kMoeRouteClusterGroups ? (n_expert + 1) / 2 : kMoeRouteClusterGroups;
 }
@@ -484,6 +490,10 @@ void kcap_cuda_per_layer_gate(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_route(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_route_tiled(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_route_cluster(const Stage& stage, const KernelCall& call);
+void kcap_cuda_moe_route_add_norm(const Stage& stage, const KernelCall& call);
+void kcap_cuda_moe_route_tiled_add_norm(const Stage& stage, const KernelCall& call);
+void kcap_cuda_moe_route_cluster_add_norm(const Stage& stage, const KernelCall& call);
+void kcap_cuda_moe_route_cluster_norm(const Stage& stage, const KernelCall& call);
 template <bool DECODE> void kcap_cuda_attention_mla(const Stage& stage, const KernelCall& call);
 void kcap_cuda_attention_mla_tiled(const Stage& stage, const KernelCall& call);
 void kcap_cuda_moe_shared_gate(const Stage& stage, const KernelCall& call);

@@ -46,10 +46,13 @@
 // own run do not collide), as the decode matvec does: a lane reading its run of x straight from
 // global memory touches 32 lines per load, which bounded the router at 840 us for 512 tokens.
 // Each simd group takes KCAP_MOE_LOGIT_EXPERTS experts, so a staged run of x serves all of them.
+// x_staged: one token whose whole row the caller already put in xs (run r at r *
+// KCAP_MATVEC_RUN_STRIDE; K at most KCAP_MOE_LOGIT_TOKENS * KCAP_MOE_LOGIT_CHUNK_RUNS runs) and
+// the group met at a barrier since; x is not read.
 template <class F>
 KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KCAP_GLOBAL kcap_u8* w,
                              const KCAP_GLOBAL float* x, KCAP_GLOBAL float* logits, KCAP_SHARED float* xs,
-                             const KCAP_GLOBAL float* bias = nullptr, int first_token = 0) {
+                             const KCAP_GLOBAL float* bias = nullptr, int first_token = 0, bool x_staged = false) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
     constexpr int kChunk = KCAP_MOE_LOGIT_CHUNK_RUNS;
     constexpr int kExperts = KCAP_MOE_LOGIT_EXPERTS;
@@ -67,16 +70,18 @@ KCAP_FN void kcap_moe_logits(const KcapThread t, const KcapMoeParams p, const KC
     const int chunk = kTokens * kChunk / tokens;
     for (int chunk0 = 0; chunk0 < runs; chunk0 += chunk) {
         const int chunk_runs = runs - chunk0 < chunk ? runs - chunk0 : chunk;
-        if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
-        // float4 i: token i / (chunk_runs * 8), run (i / 8) % chunk_runs, values 4 (i % 8) ..
-        for (int i = int(t.index); i < tokens * chunk_runs * 8; i += int(t.threads)) {
-            const int j = i / (chunk_runs * 8), r = (i / 8) % chunk_runs;
-            const float4 v = kcap_load_f32x4(x + kcap_u64(token0 + j) * kcap_u64(p.k) + kcap_u64(chunk0 + r) * 32 +
-                                             kcap_u64(4 * (i % 8)));
-            KCAP_SHARED float* to = xs + (j * chunk + r) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8);
-            to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
+        if (!x_staged) {
+            if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
+            // float4 i: token i / (chunk_runs * 8), run (i / 8) % chunk_runs, values 4 (i % 8) ..
+            for (int i = int(t.index); i < tokens * chunk_runs * 8; i += int(t.threads)) {
+                const int j = i / (chunk_runs * 8), r = (i / 8) % chunk_runs;
+                const float4 v = kcap_load_f32x4(x + kcap_u64(token0 + j) * kcap_u64(p.k) +
+                                                 kcap_u64(chunk0 + r) * 32 + kcap_u64(4 * (i % 8)));
+                KCAP_SHARED float* to = xs + (j * chunk + r) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8);
+                to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
+            }
+            kcap_barrier();
         }
-        kcap_barrier();
         if (!active) continue;
         for (int r = int(t.lane); r < chunk_runs; r += KCAP_SIMD_WIDTH) {
             const int run = chunk0 + r;

@@ -137,7 +137,10 @@ const std::vector<Encoding>& encodings();              // every encoding, for op
     X(MlaKvBCombined, mla_kv_b_combined)                                                           \
     /* the experts' weighted sum plus a shared expert's output without a gate (input3), in the     \
        same pass: no separate add */                                                               \
-    X(SharedExpertSum, shared_expert_sum)
+    X(SharedExpertSum, shared_expert_sum)                                                          \
+    /* a router that first adds the branch to the residual and RMS-norms it (the add_norm before   \
+       it fused in: input Residual, input2 the branch, input3 the normed row it also writes) */    \
+    X(AddNormInput, add_norm_input)
 
 enum FeatureIndex : int {
 #define KCAP_FEATURE_INDEX(NAME, TEXT) kFeatureIndex##NAME,

@@ -65,7 +65,11 @@ std::string describe_formats(const Stage& stage) {
                            : stage.op == Op::AttentionMla
                                ? (i == 1 && (stage.features & kMlaKvBCombined) ? "W_kv_b" : mla_roles[std::min<size_t>(i, 3)])
                            : stage.op == Op::MoeRoute
-                               ? (i == 0 ? "W_router" : i == 1 ? "expert_scale" : i == 2 ? "bias" : "choice_bias")
+                               ? (i == 0   ? "W_router"
+                                  : i == 1 ? "expert_scale"
+                                  : i == 2 ? "bias"
+                                  : i == 3 ? "choice_bias"
+                                           : "norm_weight")
                            : stage.op == Op::MoeExperts && (stage.features & kExpertGateUpMerged) && i < 2
                                ? "W_gate_up_exps"
                            : stage.op == Op::MoeExperts ? experts_roles[std::min<size_t>(i, 5)]
@@ -1073,6 +1077,35 @@ size_t fuse_rope_attention(const std::vector<Stage>& stages, size_t i, const Pla
     return 2;
 }
 
+// add_norm(residual += branch; normed = rms_norm(residual) * weight) + the router of the normed
+// row -> a router that does the add_norm first (kAddNormInput): operand 4 the norm's weight,
+// input Residual, input2 the branch, input3 Normed (still written: the experts read it). Only a
+// plain add_norm (RMS with a weight, no bias, post-norm or residual scale). Where a row of the
+// backend computes the norm in the router's own launch (CUDA's cuda.moe_route_cluster_norm, one
+// token) a decode step saves the add_norm's launch; the other token counts run the add_norm's
+// kernel, then the router's.
+size_t fuse_add_norm_route(const std::vector<Stage>& stages, size_t i, const PlanOptions& options, Stage& fused) {
+    if (i + 1 >= stages.size()) return 0;
+    const Stage& add = stages[i];
+    const Stage& route = stages[i + 1];
+    if (add.op != Op::AddNorm || route.op != Op::MoeRoute || add.output != Buffer::Normed ||
+        route.input != Buffer::Normed || add.input != Buffer::Residual || add.n != route.k ||
+        add.features != FeatureMask(kRmsNorm) || add.params.scale != 1.0f || add.operands.size() < 3 ||
+        !add.operands[2] || (add.operands.size() > 3 && add.operands[3]) || add.operands[0] || add.operands[1] ||
+        route.operands.size() != 4)
+        return 0;
+    fused = route;
+    fused.name = add.name + "+" + route.name;
+    fused.operands.push_back(add.operands[2]);
+    fused.input = Buffer::Residual;
+    fused.input2 = add.input2;
+    fused.input3 = Buffer::Normed;
+    fused.params.eps = add.params.eps;
+    fused.features = route.features | kAddNormInput;
+    if (!fits(fused, options)) return 0;
+    return 2;
+}
+
 std::vector<Stage> fuse_pairs_and_triples(const std::vector<Stage>& stages, const PlanOptions& options) {
     std::vector<Stage> out;
     for (size_t i = 0; i < stages.size();) {
@@ -1093,11 +1126,14 @@ std::vector<Stage> fuse_pairs_and_triples(const std::vector<Stage>& stages, cons
 
 std::vector<Stage> fuse_stages(const std::vector<Stage>& stages, const PlanOptions& options) {
     std::vector<Stage> out = fuse_pairs_and_triples(stages, options);
-    // A second pass: the rope stage may itself be the qk_norm_rope just fused.
+    // A second pass: the rope stage may itself be the qk_norm_rope just fused, the add_norm
+    // before a router the one just fused.
     std::vector<Stage> second;
     for (size_t i = 0; i < out.size();) {
         Stage fused;
-        if (const size_t used = fuse_rope_attention(out, i, options, fused)) {
+        size_t used = fuse_rope_attention(out, i, options, fused);
+        if (!used) used = fuse_add_norm_route(out, i, options, fused);
+        if (used) {
             second.push_back(std::move(fused));
             i += used;
         } else {
@@ -1239,6 +1275,10 @@ Plan make_plan(const ModelSpec& spec, const PlanOptions& in_options) {
         if (stage.op == Op::MoeExperts) {
             widen(stage.input2, 2 * int64_t(stage.params.n_expert_used));
             if (stage.features & kSharedExpertSum) widen(stage.input3, stage.n);
+        }
+        if (stage.op == Op::MoeRoute && (stage.features & kAddNormInput)) {
+            widen(stage.input2, stage.k);
+            widen(stage.input3, stage.k);
         }
         if (stage.op == Op::MoeSharedGate) {
             widen(stage.input2, stage.n);

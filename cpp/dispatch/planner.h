@@ -148,6 +148,12 @@ bool bind_stage_buffers(const Plan& plan, const Stage& stage, int64_t n, bool ne
             call.inout2 = stage.input2 != Buffer::None ? buffer(stage.input2) : nullptr;
             break;
         case Op::AddNorm: call.inout2 = buffer(stage.input); break;  // the residual, read and written
+        case Op::MoeRoute:  // with the add_norm before it: the residual and the normed row, written
+            if (stage.features & kAddNormInput) {
+                call.inout2 = buffer(stage.input);
+                call.inout3 = buffer(stage.input3);
+            }
+            break;
         case Op::GateUp:  // the batched path's gate and up scratch
         case Op::Qkv:     // the K and V outputs (Q is out; a pair has no V)
             call.inout2 = buffer(stage.input2);

@@ -1517,7 +1517,8 @@ MoeQ8Reference moe_q8_reference(const Stage& stage, const std::vector<float>& x,
 }
 
 // Mixture-of-experts rows against the CPU rows: cuda.moe_route (the chosen experts exactly, their
-// weights to 1e-5), cuda.moe_experts.<format> (and its q8_1 form, moe_q8_reference) on the CPU's routing (gate and up of the row's
+// weights to 1e-5; the _add_norm and _norm rows on the CPU's add_norm of a residual and a branch,
+// whose residual and normed rows they also write, to 1e-5), cuda.moe_experts.<format> (and its q8_1 form, moe_q8_reference) on the CPU's routing (gate and up of the row's
 // format, down of another where the row allows: a Q4_K_M file's Q6_K down), cuda.moe_shared_gate.
 // Tokens 1 (decode), 3 and 37 (the grouped rows: 37 and 300, so that an expert takes several
 // tiles; a row from more tokens, its first count and 300); 8 experts (the router also 128), 2 or 3 chosen; K at the format's block and longer. Each router and experts case also runs with Gemma 4's features: the router's
@@ -1542,6 +1543,7 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         // per-expert scales); 2: gpt-oss's (biases everywhere, the clamped SwiGLU).
                         const bool gemma = variant == 1, oai = variant == 2;
                         if (variant && row.op == Op::MoeSharedGate) continue;
+                        if (!row.tokens.contains(m)) continue;  // cuda.moe_route_cluster_norm: one token
                         if (over_case_cap(row)) continue;
                         TestContext t;
                         // The router also at 128 experts (Qwen3-MoE): each lane of its top-k scans several.
@@ -1571,8 +1573,30 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                                              (gemma ? FeatureMask(kExpertLogitScale | kPerExpertScale) : 0u) |
                                              (oai ? FeatureMask(kBias) : 0u);
                             stage.params.expert_logit_scale = gemma ? 0.125f : 1.0f;
+                            // A router with the add_norm before it (kAddNormInput rows): x is
+                            // then rms_norm(residual + branch) * weight, and the row also writes
+                            // the residual and the normed rows (checked against the CPU's add_norm).
+                            const bool add_norm = (row.requires_all & kAddNormInput) != 0;
+                            const auto norm_w = float_vector(random_floats(rng, size_t(k), 1.0f), "ffn_norm");
+                            std::vector<float> residual = random_floats(rng, size_t(m) * size_t(k));
+                            const std::vector<float> branch = random_floats(rng, size_t(m) * size_t(k));
+                            const std::vector<float> residual_in = residual;
+                            std::vector<float> x_used = x;
+                            if (add_norm) {
+                                Stage add;
+                                add.op = Op::AddNorm;
+                                add.operands = {nullptr, nullptr, &norm_w->ref, nullptr};
+                                add.k = add.n = k;
+                                add.params.eps = 1e-6f;
+                                add.features = kRmsNorm;
+                                x_used = cpu_add_norm(add, m, residual, branch, cpu);  // residual: the sum now
+                                stage.operands.resize(4);
+                                stage.operands.push_back(&norm_w->ref);
+                                stage.params.eps = add.params.eps;
+                                stage.features |= kAddNormInput;
+                            }
                             std::vector<float> ref(size_t(m) * 2 * used);
-                            call.in = x.data(), call.out = ref.data();
+                            call.in = x_used.data(), call.out = ref.data();
                             run_cpu(cpu_route, stage, call, cpu);
                             float* out = t.arena.nan_floats(ref.size());
                             t.ctx.moe_logits = t.arena.nan_floats(moe_scratch(stage, m, cuda_rows::kMmaTokens).logits *
@@ -1583,14 +1607,31 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                             if (oai)
                                 data.operands[2] = t.arena.upload_bytes(router_bias->ref.data, router_bias->ref.nbytes);
                             call.in = t.arena.upload(x), call.out = out;
+                            float* d_residual = nullptr;
+                            float* d_normed = nullptr;
+                            if (add_norm) {
+                                data.operands[4] = t.arena.upload_bytes(norm_w->ref.data, norm_w->ref.nbytes);
+                                d_residual = t.arena.upload(residual_in);
+                                d_normed = t.arena.nan_floats(x_used.size());
+                                call.in = call.inout2 = d_residual;
+                                call.in2 = t.arena.upload(branch);
+                                call.inout3 = d_normed;
+                            }
                             if (!t.run(row, stage, call, data)) continue;
+                            if (add_norm) {
+                                const double residual_err = relative_error(download(d_residual, residual.size()), residual);
+                                const double normed_err = relative_error(download(d_normed, x_used.size()), x_used);
+                                KCAP_EXPECT(residual_err <= kExactTolerance && normed_err <= kExactTolerance,
+                                            "%s K=%lld, %d tokens: residual error %.3g, normed error %.3g",
+                                            row.kernel.c_str(), (long long)k, m, residual_err, normed_err);
+                            }
                             const std::vector<float> got = download(out, ref.size());
                             const RoutingDiff diff = routing_diff(got, ref, m, used);
                             KCAP_EXPECT(diff.wrong_ids == 0 && diff.weights_error <= kExactTolerance,
-                                        "%s %s K=%lld used %d, %d tokens%s: %d experts chosen differently, weights error %.3g",
+                                        "%s %s K=%lld used %d, %d tokens%s%s: %d experts chosen differently, weights error %.3g",
                                         row.kernel.c_str(), format_name(f), (long long)k, used, m,
-                                        gemma ? " (logit scale, per-expert scales)" : oai ? " (bias)" : "", diff.wrong_ids,
-                                        diff.weights_error);
+                                        gemma ? " (logit scale, per-expert scales)" : oai ? " (bias)" : "",
+                                        add_norm ? " (add_norm first)" : "", diff.wrong_ids, diff.weights_error);
                             ++g_cases;
                             continue;
                         }

@@ -162,7 +162,7 @@ void check_refusals(const Row& row, const Stage& legal, Operands& operands) {
     }
     if (dims.k_max > 0) {
         Stage s = legal;
-        s.k = round_up(dims.k_max + 1, dims.k_multiple);
+        s.k = round_up(dims.k_max + 1, k_step(row, legal));  // a K the row's formats take
         refused(s, "exceeds " + std::to_string(dims.k_max), "K=" + std::to_string(s.k));
     }
     if (dims.n_multiple > 1) {

@@ -353,10 +353,14 @@ def test_qwen3_30b_a3b_shape_routes_to_cuda(tmp_path):
         routes = explain_file(path, backend="cuda", kv_type="f16", activations=activations)
         for n in (1, 7, 15, 16, 63, 64, 512):
             kernels = kernels_at(routes, n)
-            # the router: below 64 tokens the logits and top-k in one launch of clusters (the H200
-            # is sm_90), from 64 the logits as a tiled matmul over slices of K
-            assert kernels["ffn_router"] == ("cuda.moe_route_cluster" if n < 64 else "cuda.moe_route_tiled"), \
-                (activations, n)
+            # the router, with the add_norm before it fused in: one token in one launch of clusters
+            # that add and norm the row themselves (the H200 is sm_90); below 64 tokens the
+            # add_norm's kernel, then the logits and top-k in one launch of clusters; from 64 the
+            # logits as a tiled matmul over slices of K
+            want = ("cuda.moe_route_cluster_norm" if n == 1 else "cuda.moe_route_cluster_add_norm" if n < 64
+                    else "cuda.moe_route_tiled_add_norm")
+            assert kernels["attn_residual+ffn_norm+ffn_router"] == want, (activations, n)
+            assert "attn_residual+ffn_norm" not in kernels
             # down: its own Q6_K body; from 16 tokens the slots grouped by expert on the tiles;
             # with q8_1 activations the int8 forms (dp4a slots, int8 tiles) round x and the
             # activations
@@ -365,8 +369,21 @@ def test_qwen3_30b_a3b_shape_routes_to_cuda(tmp_path):
             assert kernels["ffn_moe"] == want, (activations, n)
         moe = [(r["tokens_min"], r["tokens_max"]) for r in routes if r["stage"] == "ffn_moe"]
         assert moe == [(1, 15), (16, None)]
-        router = [r for r in routes if r["stage"] == "ffn_router"]
-        assert router and all(set(r["features"].split(",")) == {"expert_softmax", "expert_weights_norm"} for r in router)
+        router = [r for r in routes if r["stage"] == "attn_residual+ffn_norm+ffn_router"]
+        assert router and all(set(r["features"].split(",")) == {"expert_softmax", "expert_weights_norm",
+                                                                 "add_norm_input"} for r in router)
+        assert all(r["formats"] == "W_router=F32 norm_weight=F32" for r in router)
+        # Without the one-launch row a token takes the add_norm's kernel, then the clusters; without
+        # any of the fused rows the plan keeps the add_norm and the router apart.
+        twin = explain_file(path, backend="cuda", kv_type="f16", activations=activations,
+                            excluded_kernels=["cuda.moe_route_cluster_norm"])
+        assert kernels_at(twin, 1)["attn_residual+ffn_norm+ffn_router"] == "cuda.moe_route_cluster_add_norm"
+        fused = [r["kernel"] for r in _core.capability_rows() if "add_norm_input" in r["requires_all"]]
+        assert sorted(fused) == ["cuda.moe_route_add_norm", "cuda.moe_route_cluster_add_norm",
+                                 "cuda.moe_route_cluster_norm", "cuda.moe_route_tiled_add_norm"]
+        apart = explain_file(path, backend="cuda", kv_type="f16", activations=activations, excluded_kernels=fused)
+        assert kernels_at(apart, 1)["ffn_router"] == "cuda.moe_route_cluster"
+        assert kernels_at(apart, 1)["attn_residual+ffn_norm"].startswith("cuda.add_norm")
 
 
 def test_q8_1_activations_route_matmuls_to_the_int8_rows(tmp_path):

@@ -77,10 +77,13 @@ def test_cuda_plan_keeps_every_gpt_oss_feature(fixture):
     attention = [r for r in routes if r["stage"].endswith("attention")]
     assert attention and all("sinks" in r["features"].split(",") and "sinks=F32" in r["formats"] for r in attention)
     assert {r["kernel"] for r in attention} == {"cuda.attention_decode_rope", "cuda.attention_prefill_rope"}
-    router = [r for r in routes if r["stage"] == "ffn_router"]
-    assert router and all("bias" in r["features"].split(",") for r in router)
-    assert {(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in router} == {("cuda.moe_route_cluster", 1, 63),
-                                                                                  ("cuda.moe_route_tiled", 64, None)}
+    # The router with the add_norm before it fused in (one token: the clusters add and norm the
+    # row themselves).
+    router = [r for r in routes if r["stage"] == "attn_residual+ffn_norm+ffn_router"]
+    assert router and all({"bias", "add_norm_input"} <= set(r["features"].split(",")) for r in router)
+    assert {(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in router} == {
+        ("cuda.moe_route_cluster_norm", 1, 1), ("cuda.moe_route_cluster_add_norm", 2, 63),
+        ("cuda.moe_route_tiled_add_norm", 64, None)}
     experts = [r for r in routes if r["stage"] == "ffn_moe"]
     assert experts and all({"bias", "swiglu_oai"} <= set(r["features"].split(",")) for r in experts)
     ranges = sorted({(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in experts})

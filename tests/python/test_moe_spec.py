@@ -155,7 +155,7 @@ def router_choices(model, ids, stepped: bool) -> dict:
     for i, call in enumerate(calls):
         ran, _ = model.engine.trace(np.asarray(call, np.int32), keep_cache=i > 0, routing=True)
         for e in ran:
-            if e["stage"] == "ffn_router":
+            if e["stage"].split("+")[-1] == "ffn_router":  # or the add_norm before it fused in
                 experts, weights = got.setdefault(e["layer"], ([], []))
                 experts.append(e["experts"])
                 weights.append(e["weights"])
