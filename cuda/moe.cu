@@ -159,15 +159,20 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
     const int n4 = p.k / 4, stride = int(t.threads);
     const auto staged = [&](int i) { return xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8); };
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float sq = 0.0f;
-    for (int base = int(t.index); base < n4; base += kRouteNormBatch * stride) {
-        float4 r[kRouteNormBatch], b[kRouteNormBatch];
+    // The residual's and the branch's float4s base + u * stride (u < kRouteNormBatch; zeros past
+    // the row), their loads issued together: for the norm, and again for the write-back.
+    const auto load_batch = [&](int base, float4(&r)[kRouteNormBatch], float4(&b)[kRouteNormBatch]) {
 #pragma unroll
         for (int u = 0; u < kRouteNormBatch; ++u) {
             const int i = base + u * stride;
             r[u] = i < n4 ? kcap_load_f32x4(residual + 4 * i) : zero;
             b[u] = i < n4 ? kcap_load_f32x4(branch + 4 * i) : zero;
         }
+    };
+    float sq = 0.0f;
+    for (int base = int(t.index); base < n4; base += kRouteNormBatch * stride) {
+        float4 r[kRouteNormBatch], b[kRouteNormBatch];
+        load_batch(base, r, b);
 #pragma unroll
         for (int u = 0; u < kRouteNormBatch; ++u) {
             const int i = base + u * stride;
@@ -201,12 +206,7 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
     if (blockIdx.x == gridDim.x - 1) {
         for (int base = int(t.index); base < n4; base += kRouteNormBatch * stride) {
             float4 r[kRouteNormBatch], b[kRouteNormBatch];
-#pragma unroll
-            for (int u = 0; u < kRouteNormBatch; ++u) {
-                const int i = base + u * stride;
-                r[u] = i < n4 ? kcap_load_f32x4(residual + 4 * i) : zero;
-                b[u] = i < n4 ? kcap_load_f32x4(branch + 4 * i) : zero;
-            }
+            load_batch(base, r, b);
 #pragma unroll
             for (int u = 0; u < kRouteNormBatch; ++u) {
                 const int i = base + u * stride;
