@@ -263,28 +263,26 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
     // tensor-core tiles of the matrices of one format in one launch (every weight in a tile
     // format). K must suit every weight's format.
     const std::vector<Format> all = gpu_weight_formats();
-    const auto qkv_operands = [](const std::vector<Format>& weights) -> std::vector<std::vector<Format>> {
-        return {weights, weights, weights, {Format::F32}, {Format::F32}, {Format::F32}};
+    const auto takes = [](Row& row, const std::vector<Format>& weights) {  // the weights, their biases
+        row.operand_formats = {weights, weights, weights, {Format::F32}, {Format::F32}, {Format::F32}};
+        row.features |= kBias;
     };
     {
         Row row = make_row("cuda.qkv", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv), kMatvecGeometry, kOneToken,
                            {"qkv_matvec"});
-        row.operand_formats = qkv_operands(all);
-        row.features = kBias;
+        takes(row, all);
         row.dims.k_multiple_of = &exact_k_multiple;
         row.priority = 1;
         rows.push_back(row);
         Row walk = make_row("cuda.qkv_tokens", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv_tokens), kTokensGeometry,
                             kAnyTokens, {"matmul_tokens", "matmul_tokens", "matmul_tokens"});
-        walk.operand_formats = row.operand_formats;
-        walk.features = kBias;
+        takes(walk, all);
         walk.dims.k_multiple_of = &exact_k_multiple;
         rows.push_back(walk);
         const std::vector<Format> tiles = mma_formats();
         Row mma = make_row("cuda.qkv_mma", Op::Qkv, KCAP_CUDA_ENTRY(kcap_cuda_qkv_mma), kMmaGeometry, kTileTokens,
                            {"mma_tiles", "(mma_tiles)", "(mma_tiles)"});  // one launch per format
-        mma.operand_formats = qkv_operands(tiles);
-        mma.features = kBias;
+        takes(mma, tiles);
         mma.dims.k_multiple_of = &run_k_multiple;
         mma.priority = 2;
         rows.push_back(mma);
@@ -300,8 +298,7 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
                                     KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8<Q8Source::Quantize>),
                                     KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8<Q8Source::Scratch>)),
                                kMatvecQ8Geometry, kOneToken, {"qkv_matvec_q8"});
-            one.operand_formats = qkv_operands(formats);
-            one.features = kBias;
+            takes(one, formats);
             one.dims.k_multiple_of = &exact_k_multiple;
             one.priority = 4;
             set_q8_source(one, source, false);
@@ -311,8 +308,7 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
                                     KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8_tokens<Q8Source::Quantize>),
                                     KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8_tokens<Q8Source::Scratch>)),
                                kMatvecQ8Geometry, kFewTokens, {"matvec_q8", "matvec_q8", "matvec_q8"});
-            few.operand_formats = one.operand_formats;
-            few.features = kBias;
+            takes(few, formats);
             few.dims.k_multiple_of = &exact_k_multiple;
             few.priority = 3;
             set_q8_source(few, source, false);
@@ -322,8 +318,7 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
                                  source == Q8Source::Quantize ? KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8_mma<Q8Source::Quantize>)
                                                               : KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8_mma<Q8Source::Scratch>),
                                  kMmaGeometry, kTileTokens, {"mma_q8_tiles", "(mma_q8_tiles)", "(mma_q8_tiles)"});
-            batch.operand_formats = one.operand_formats;
-            batch.features = kBias;
+            takes(batch, formats);
             batch.dims.k_multiple_of = &exact_k_multiple;
             batch.priority = 3;
             set_q8_source(batch, source, true);
@@ -335,8 +330,7 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
                            {kGemmMinTokens, 0},
                            {"bf16_convert", "bf16_dequantize", "cublas_gemm", "bf16_dequantize", "cublas_gemm",
                             "bf16_dequantize", "cublas_gemm"});
-        row.operand_formats = qkv_operands(all);
-        row.features = kBias;
+        takes(row, all);
         row.dims.k_multiple_of = &run_k_multiple;
         row.input_encoding = Encoding::BF16;
         row.priority = 5;

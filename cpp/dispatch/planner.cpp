@@ -1088,11 +1088,11 @@ size_t fuse_add_norm_route(const std::vector<Stage>& stages, size_t i, const Pla
     if (i + 1 >= stages.size()) return 0;
     const Stage& add = stages[i];
     const Stage& route = stages[i + 1];
+    // Exactly kRmsNorm: a post-norm, a norm bias, a norm without weight and a residual scale are
+    // each a feature of their own (so operand 2, the weight, is there and 0, 1 and 3 are not).
     if (add.op != Op::AddNorm || route.op != Op::MoeRoute || add.output != Buffer::Normed ||
         route.input != Buffer::Normed || add.input != Buffer::Residual || add.n != route.k ||
-        add.features != FeatureMask(kRmsNorm) || add.params.scale != 1.0f || add.operands.size() < 3 ||
-        !add.operands[2] || (add.operands.size() > 3 && add.operands[3]) || add.operands[0] || add.operands[1] ||
-        route.operands.size() != 4)
+        add.features != FeatureMask(kRmsNorm) || route.operands.size() != 4)
         return 0;
     fused = route;
     fused.name = add.name + "+" + route.name;
