@@ -26,6 +26,8 @@
 //   address with about one load per word (see the shared section below)
 //   kcap_exp / kcap_tanh / kcap_erf / kcap_sqrt / kcap_rsqrt, kcap_prefetch (a hint; may be a no-op)
 //   kcap_dot4_i8(a, b, acc): acc + the dot product of the four signed bytes of a and b (dp4a)
+//   kcap_byte_perm(a, b, s) (selectors 0..7) / kcap_byte_perm_sx (4-bit selectors, bit 3 the
+//   sign-replicating one): CUDA's PRMT
 //   kcap_round_to_int: round to nearest, ties to even (the q8_1 activation rows' rounding)
 // Integer types: kcap_u8, kcap_i8, kcap_u16, kcap_u32, kcap_i32, kcap_u64 (Metal has no <cstdint>).
 #pragma once
@@ -95,6 +97,14 @@ KCAP_FN float kcap_byte_to_float(kcap_u32 w, int which) {
 // Byte i of the result is byte (s >> 4i) & 7 of b:a (selectors 0..7 only: the sign-replicating
 // selectors of PRMT are not used).
 KCAP_FN kcap_u32 kcap_byte_perm(kcap_u32 a, kcap_u32 b, kcap_u32 s) { return __byte_perm(a, b, s); }
+// PRMT with its whole 4-bit selectors: (s >> 4i) & 7 picks byte i of the result from b:a as above,
+// and where bit 3 of that selector is set the byte becomes the sign of the picked byte, 0x00 or
+// 0xff (one instruction).
+KCAP_FN kcap_u32 kcap_byte_perm_sx(kcap_u32 a, kcap_u32 b, kcap_u32 s) {
+    kcap_u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+    return r;
+}
 
 KCAP_FN kcap_u32 kcap_load_u16(const kcap_u8* p) { return *reinterpret_cast<const unsigned short*>(p); }
 KCAP_FN kcap_u32 kcap_load_u32(const kcap_u8* p) { return *reinterpret_cast<const unsigned*>(p); }
@@ -196,6 +206,16 @@ KCAP_FN kcap_u32 kcap_byte_perm(kcap_u32 a, kcap_u32 b, kcap_u32 s) {
     for (int i = 0; i < 4; ++i) {
         const kcap_u32 sel = (s >> (4 * i)) & 7u;
         r |= (((sel < 4u ? a : b) >> (8u * (sel & 3u))) & 0xffu) << (8 * i);
+    }
+    return r;
+}
+KCAP_FN kcap_u32 kcap_byte_perm_sx(kcap_u32 a, kcap_u32 b, kcap_u32 s) {
+    kcap_u32 r = 0u;
+    for (int i = 0; i < 4; ++i) {
+        const kcap_u32 sel = (s >> (4 * i)) & 15u;
+        kcap_u32 byte = ((sel & 7u) < 4u ? a : b) >> (8u * (sel & 3u)) & 0xffu;
+        if (sel & 8u) byte = (byte & 0x80u) ? 0xffu : 0u;
+        r |= byte << (8 * i);
     }
     return r;
 }

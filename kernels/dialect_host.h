@@ -243,6 +243,18 @@ inline kcap_u32 kcap_byte_perm(kcap_u32 a, kcap_u32 b, kcap_u32 s) {
     }
     return r;
 }
+// PRMT with 4-bit selectors: where bit 3 of byte i's selector is set, byte i is the sign of the
+// picked byte (0x00 or 0xff).
+inline kcap_u32 kcap_byte_perm_sx(kcap_u32 a, kcap_u32 b, kcap_u32 s) {
+    kcap_u32 r = 0u;
+    for (int i = 0; i < 4; ++i) {
+        const kcap_u32 sel = (s >> (4 * i)) & 15u;
+        kcap_u32 byte = (((sel & 7u) < 4u ? a : b) >> (8u * (sel & 3u))) & 0xffu;
+        if (sel & 8u) byte = (byte & 0x80u) ? 0xffu : 0u;
+        r |= byte << (8 * i);
+    }
+    return r;
+}
 
 // Tests may name the only bytes that loads may touch (say, one weight block copied to a buffer
 // of its exact size): kcap_sim::Readable guard(begin, end). The multi-byte loads check it.

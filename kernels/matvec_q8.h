@@ -21,7 +21,8 @@
 // Layout as kcap_matvec_staged (kernels/matvec.h): the group stages a chunk of runs as int8
 // records, and its teams (KcapMatvecTeams) walk their ROWS rows' blocks one lane per unit (a run,
 // or for Q4_K and Q6_K the same 16 positions of the runs that share bytes: KcapQ8Units). A
-// record is KCAP_Q8_RUN_WORDS words: the 32 codes in 8 words, then sum(q) of elements 0..15 and
+// record is KCAP_Q8_RUN_WORDS words: the 32 codes in 8 words (in element order, or for MXFP4 in
+// the order of its nibbles: kcap_q8_nibble_word), then sum(q) of elements 0..15 and
 // 16..31, then 2 words of padding (48 bytes: the 16-byte reads of 8 lanes, one per record, fall in
 // 8 different bank groups); each run's d sits in a float array after the records. Grid y = m:
 // one row of groups per token (few-token batches run this same body).
@@ -86,9 +87,20 @@ KCAP_FN void kcap_q8_quantize_rows(const KcapThread t, const KCAP_GLOBAL float* 
     if (in) kcap_q8_store_quad(q, i, codes, d, half_sums);
 }
 
+// The code words of a record in the order of MXFP4's nibbles (KcapQ8Units<KcapMXFP4>): byte j
+// of a block's code word w holds elements 4w + j (low nibble) and 4w + j + 16 (high), so record
+// word 2w holds the codes of elements 4w, 4w + 16, 4w + 1, 4w + 17 and word 2w + 1 those of 4w +
+// 2, 4w + 18, 4w + 3, 4w + 19. From the run's code words in element order c[0..7] (word w: 4w ..
+// 4w + 3): word 2w is bytes 0, 1 of c[w] and c[w + 4] interleaved, word 2w + 1 bytes 2, 3.
+KCAP_FN kcap_u32 kcap_q8_nibble_word(kcap_u32 low_quad, kcap_u32 high_quad, int odd) {
+    return kcap_byte_perm(low_quad, high_quad, odd ? 0x7362u : 0x5140u);
+}
+
 // All threads of the group: q8_1 of runs [0, n_runs) of x into records (and d) in shared memory,
 // a float4 per thread (so lanes 8r .. 8r + 7 of a simd group hold one run), every lane of a simd
-// group in every round.
+// group in every round. NIBBLES: the code words in MXFP4's nibble order (kcap_q8_nibble_word):
+// lane 8r + w (w < 4) takes word 2w from its quad and lane 8r + w + 4's, that lane word 2w + 1.
+template <bool NIBBLES = false>
 KCAP_FN void kcap_q8_stage_runs(const KcapThread t, const KCAP_GLOBAL float* x, int n_runs,
                                 KCAP_SHARED kcap_i32* records, KCAP_SHARED float* scales) {
     const int n4 = n_runs * 8;
@@ -98,9 +110,15 @@ KCAP_FN void kcap_q8_stage_runs(const KcapThread t, const KCAP_GLOBAL float* x, 
         float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
         if (in) v = kcap_load_f32x4(x + 4 * kcap_u64(i));
         const KcapQ8Quad q = kcap_q8_quantize_quad(v);
+        kcap_u32 word = q.codes;
+        if (NIBBLES) {
+            const kcap_u32 other = kcap_u32(kcap_simd_shuffle_xor(int(q.codes), 4));  // every lane
+            const bool high = (i % 8) >= 4;
+            word = high ? kcap_q8_nibble_word(other, q.codes, 1) : kcap_q8_nibble_word(q.codes, other, 0);
+        }
         if (in) {
             KCAP_SHARED kcap_i32* record = records + (i / 8) * KCAP_Q8_RUN_WORDS;
-            record[i % 8] = kcap_i32(q.codes);
+            record[NIBBLES ? 2 * (i % 4) + (i % 8) / 4 : i % 8] = kcap_i32(word);
             if (i % 4 == 0) record[8 + (i % 8) / 4] = q.half_sum;
             if (i % 8 == 0) scales[i / 8] = q.d;
         }
@@ -109,16 +127,29 @@ KCAP_FN void kcap_q8_stage_runs(const KcapThread t, const KCAP_GLOBAL float* x, 
 
 // All threads of the group: runs [0, n_runs) of one token's q8_1 rows (kcap_q8_quantize_rows:
 // codes, d and half_sums from that token's run 0) into the matvec's records and scales, two
-// threads per run (16 code bytes and a half sum each; the first also the run's d).
+// threads per run (16 code bytes and a half sum each; the first also the run's d), every lane of
+// a simd group in every round. NIBBLES: in MXFP4's nibble order, the two lanes of a run (adjacent
+// lanes) swapping their code words, the first writing words 0, 2, 4, 6, the second 1, 3, 5, 7.
+template <bool NIBBLES = false>
 KCAP_FN void kcap_q8_copy_runs(const KcapThread t, const KCAP_GLOBAL kcap_u32* codes, const KCAP_GLOBAL float* d,
                                const KCAP_GLOBAL kcap_i32* half_sums, int n_runs, KCAP_SHARED kcap_i32* records,
                                KCAP_SHARED float* scales) {
-    for (int i = int(t.index); i < 2 * n_runs; i += int(t.threads)) {
+    for (int base = 0; base < 2 * n_runs; base += int(t.threads)) {
+        const int i = base + int(t.index);
+        const bool in = i < 2 * n_runs;
         const int run = i / 2, half = i % 2;
-        const uint4 c = kcap_load_u32x4(reinterpret_cast<const KCAP_GLOBAL kcap_u8*>(codes + 8 * run + 4 * half));
+        uint4 c = {0u, 0u, 0u, 0u};
+        if (in) c = kcap_load_u32x4(reinterpret_cast<const KCAP_GLOBAL kcap_u8*>(codes + 8 * run + 4 * half));
+        kcap_u32 w[4] = {c.x, c.y, c.z, c.w};
+        if (NIBBLES) {
+            kcap_u32 other[4];
+            KCAP_UNROLL for (int j = 0; j < 4; ++j) other[j] = kcap_u32(kcap_simd_shuffle_xor(int(w[j]), 1));  // every lane
+            KCAP_UNROLL for (int j = 0; j < 4; ++j)
+                w[j] = half ? kcap_q8_nibble_word(other[j], w[j], 1) : kcap_q8_nibble_word(w[j], other[j], 0);
+        }
+        if (!in) continue;
         KCAP_SHARED kcap_i32* record = records + run * KCAP_Q8_RUN_WORDS;
-        record[4 * half] = kcap_i32(c.x), record[4 * half + 1] = kcap_i32(c.y);
-        record[4 * half + 2] = kcap_i32(c.z), record[4 * half + 3] = kcap_i32(c.w);
+        KCAP_UNROLL for (int j = 0; j < 4; ++j) record[NIBBLES ? 2 * j + half : 4 * half + j] = kcap_i32(w[j]);
         record[8 + half] = half_sums[2 * run + half];
         if (half == 0) scales[run] = d[run];
     }
@@ -190,6 +221,7 @@ KCAP_FN float kcap_q8_run_dot(const KCAP_GLOBAL kcap_u8* block, int run, const K
 template <class F>
 struct KcapQ8Units {
     static constexpr int per_block = F::block_elems / 32;
+    static constexpr bool nibbles = false;  // records in element order
     static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* block, int unit, const KCAP_SHARED kcap_i32* records,
                              const KCAP_SHARED float* scales) {
         return kcap_q8_run_dot<F>(block, unit, records + unit * KCAP_Q8_RUN_WORDS, scales[unit]);
@@ -201,6 +233,7 @@ struct KcapQ8Units {
 template <>
 struct KcapQ8Units<KcapQ4_K> {
     static constexpr int per_block = 8;
+    static constexpr bool nibbles = false;
     static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* b, int unit, const KCAP_SHARED kcap_i32* records,
                              const KCAP_SHARED float* scales) {
         const int j = unit >> 1, i = unit & 1;
@@ -230,6 +263,7 @@ struct KcapQ8Units<KcapQ4_K> {
 template <>
 struct KcapQ8Units<KcapQ6_K> {
     static constexpr int per_block = 4;
+    static constexpr bool nibbles = false;
     static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* b, int unit, const KCAP_SHARED kcap_i32* records,
                              const KCAP_SHARED float* scales) {
         const int h = unit >> 1, i = unit & 1;
@@ -254,6 +288,33 @@ struct KcapQ8Units<KcapQ6_K> {
             sum += scales[4 * h + s] * (float(scale) * float(dot));
         }
         return d * sum;
+    }
+};
+
+// MXFP4 unit (one block, one run): its records in nibble order (kcap_q8_nibble_word), so each
+// code word's low and high 16 bits select four doubled E2M1 values straight from the table
+// (kcap_byte_perm_sx): with the nibble's sign bit as the selector's bit 3, a negative code picks
+// the sign of a positive entry (0), and with the sign bits flipped a positive one does. The
+// positive codes' magnitudes and the negative codes' magnitudes are two dp4a sums, subtracted:
+// 7 ALU instructions a word where building the signed codes in element order took about 16.
+template <>
+struct KcapQ8Units<KcapMXFP4> {
+    static constexpr int per_block = 1;
+    static constexpr bool nibbles = true;
+    static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* b, int, const KCAP_SHARED kcap_i32* record,
+                             const KCAP_SHARED float* scales) {
+        kcap_u32 qs[4];  // the 16 code bytes as words (kcap_load_u8_u32s_a1: any alignment)
+        const kcap_u32 e = kcap_load_u8_u32s_a1<4>(b, qs);
+        constexpr kcap_u32 kLow = 0x03020100u, kHigh = 0x0C080604u;  // doubled E2M1: 0 1 2 3 4 6 8 12
+        int positive = 0, negative = 0;
+        KCAP_UNROLL for (int w = 0; w < 4; ++w) {
+            const kcap_u32 q = qs[w], flipped = q ^ 0x88888888u;
+            positive = kcap_dot4_i8(int(kcap_byte_perm_sx(kLow, kHigh, q)), record[2 * w], positive);
+            positive = kcap_dot4_i8(int(kcap_byte_perm_sx(kLow, kHigh, q >> 16)), record[2 * w + 1], positive);
+            negative = kcap_dot4_i8(int(kcap_byte_perm_sx(kLow, kHigh, flipped)), record[2 * w], negative);
+            negative = kcap_dot4_i8(int(kcap_byte_perm_sx(kLow, kHigh, flipped >> 16)), record[2 * w + 1], negative);
+        }
+        return scales[0] * (kcap_mxfp4_scale(e) * float(positive - negative));
     }
 };
 
@@ -294,10 +355,10 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const 
         const int chunk_end = chunk0 + chunk_runs < runs ? chunk0 + chunk_runs : runs;
         if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
         if (quantized)
-            kcap_q8_copy_runs(t, x_codes + 8 * chunk0, x_d + chunk0, x_half_sums + 2 * chunk0, chunk_end - chunk0,
+            kcap_q8_copy_runs<KcapQ8Units<F>::nibbles>(t, x_codes + 8 * chunk0, x_d + chunk0, x_half_sums + 2 * chunk0, chunk_end - chunk0,
                               records, scales);
         else
-            kcap_q8_stage_runs(t, x + kcap_u64(chunk0) * 32, chunk_end - chunk0, records, scales);
+            kcap_q8_stage_runs<KcapQ8Units<F>::nibbles>(t, x + kcap_u64(chunk0) * 32, chunk_end - chunk0, records, scales);
         kcap_barrier();
         if (row0 < p.n) {
             // Units of the chunk's blocks (chunk0 and chunk_end are multiples of kRunsPerBlock).

@@ -350,6 +350,34 @@ void test_q8_rounding(std::mt19937& rng) {
         KCAP_EXPECT(records[size_t(r * KCAP_Q8_RUN_WORDS + 8)] == sums[0] && records[size_t(r * KCAP_Q8_RUN_WORDS + 9)] == sums[1],
                     "q8_1 staged run %d: half sums", r);
     }
+    // MXFP4's records (nibble order), from both the copy and the groups' own rounding, into
+    // poisoned records: code byte of element e where KcapQ8Units<KcapMXFP4> reads it (byte j of
+    // word 2w is element 4w + j / 2 + 16 (j % 2), of word 2w + 1 element 4w + 2 + j / 2 + 16 (j % 2)),
+    // the half sums and d as in element order.
+    std::vector<kcap_i32> nibble_copied(records.size(), -7777), nibble_staged(records.size(), -7777);
+    std::vector<float> nibble_copied_scales(scales.size(), NAN), nibble_staged_scales(scales.size(), NAN);
+    kcap_sim::launch({1, 1, 1}, 96, 0, [&](const KcapThread& t, void*) {
+        kcap_q8_copy_runs<true>(t, codes.data(), row_d.data(), half_sums.data(), runs, nibble_copied.data(),
+                                nibble_copied_scales.data());
+    });
+    kcap_sim::launch({1, 1, 1}, 96, 0, [&](const KcapThread& t, void*) {
+        kcap_q8_stage_runs<true>(t, x.data(), runs, nibble_staged.data(), nibble_staged_scales.data());
+    });
+    for (int r = 0; r < runs; ++r) {
+        const kcap_i32* plain = records.data() + r * KCAP_Q8_RUN_WORDS;
+        for (const auto* nibble : {nibble_copied.data() + r * KCAP_Q8_RUN_WORDS, nibble_staged.data() + r * KCAP_Q8_RUN_WORDS}) {
+            for (int word = 0; word < 8; ++word)
+                for (int j = 0; j < 4; ++j) {
+                    const int e = 4 * (word / 2) + 2 * (word % 2) + j / 2 + 16 * (j % 2);
+                    const uint32_t got = (uint32_t(nibble[word]) >> (8 * j)) & 0xffu;
+                    const uint32_t want_byte = (uint32_t(plain[e / 4]) >> (8 * (e % 4))) & 0xffu;
+                    KCAP_EXPECT(got == want_byte, "q8_1 nibble-order run %d word %d byte %d: element %d", r, word, j, e);
+                }
+            KCAP_EXPECT(nibble[8] == plain[8] && nibble[9] == plain[9], "q8_1 nibble-order run %d: half sums", r);
+        }
+        KCAP_EXPECT(nibble_copied_scales[size_t(r)] == scales[size_t(r)] && nibble_staged_scales[size_t(r)] == scales[size_t(r)],
+                    "q8_1 nibble-order run %d: d", r);
+    }
     // One group's row quantization (kcap_q8_quantize_row, cuda.add_norm's epilogue), several rounds
     // per thread at the wide widths, against kcap_q8_quantize_rows, bit for bit; the row starts with
     // the special runs above.
