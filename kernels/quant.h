@@ -299,13 +299,12 @@ KCAP_FN float kcap_mxfp4_doubled(kcap_u32 code) {
 }
 
 // The doubled e2m1 values (kcap_mxfp4_doubled) of the 8 codes of a word of MXFP4 code bytes,
-// as signed bytes: lo = the low nibbles of its bytes 0..3, hi = their high nibbles. Table
-// lookups by byte permutation (one PRMT per value on CUDA, where the arithmetic of
-// kcap_mxfp4_doubled took about ten instructions a value and bounded gpt-oss's expert matvecs):
-// the 3-bit magnitude picks a byte of {0, 1, 2, 3, 4, 6, 8, 12} or of its negation, the sign bit
-// picks between the two.
-KCAP_FN void kcap_mxfp4_doubled_bytes(kcap_u32 q, KCAP_PRIVATE kcap_u32& lo, KCAP_PRIVATE kcap_u32& hi) {
-    kcap_u32 v[2];  // the values of nibbles 0..3 (bytes 0 and 1), then of nibbles 4..7
+// as signed bytes in the order of the nibbles: v[0] = nibbles 0..3 (bytes 0 and 1, low nibble
+// first), v[1] = nibbles 4..7. Table lookups by byte permutation (one PRMT per value on CUDA,
+// where the arithmetic of kcap_mxfp4_doubled took about ten instructions a value and bounded
+// gpt-oss's expert matvecs): the 3-bit magnitude picks a byte of {0, 1, 2, 3, 4, 6, 8, 12} or of
+// its negation, the sign bit picks between the two.
+KCAP_FN void kcap_mxfp4_nibble_bytes(kcap_u32 q, KCAP_PRIVATE kcap_u32* v) {
     KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
         const kcap_u32 n = q >> (16 * half16);  // four nibbles in bits 0..15
         const kcap_u32 magnitude = n & 0x7777u;
@@ -313,6 +312,11 @@ KCAP_FN void kcap_mxfp4_doubled_bytes(kcap_u32 q, KCAP_PRIVATE kcap_u32& lo, KCA
         const kcap_u32 negative = kcap_byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, magnitude);
         v[half16] = kcap_byte_perm(positive, negative, 0x3210u | ((n & 0x8888u) >> 1));
     }
+}
+// The same values in element order: lo = the low nibbles of bytes 0..3, hi = their high nibbles.
+KCAP_FN void kcap_mxfp4_doubled_bytes(kcap_u32 q, KCAP_PRIVATE kcap_u32& lo, KCAP_PRIVATE kcap_u32& hi) {
+    kcap_u32 v[2];
+    kcap_mxfp4_nibble_bytes(q, v);
     lo = kcap_byte_perm(v[0], v[1], 0x6420u);
     hi = kcap_byte_perm(v[0], v[1], 0x7531u);
 }
@@ -324,13 +328,16 @@ struct KcapMXFP4 {
         kcap_u32 qs[4];  // the block's 16 code bytes as words (5 loads on CUDA: any alignment)
         const kcap_u32 e = kcap_load_u8_u32s_a1<4>(b, qs);
         const float scale = kcap_as_float(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
+        // Each value v as the float 2^23 + 128 + v (its byte + 128 in the mantissa of 2^23: one
+        // byte permute), minus 2^23 + 128 (exact), times scale. The values come in the order of
+        // the nibbles; the stores place them (nibble n of word w is element 4w + n / 2, + 16 for
+        // a high nibble), so no permute splits low and high nibbles.
         KCAP_UNROLL for (int w = 0; w < 4; ++w) {
-            kcap_u32 lo, hi;
-            kcap_mxfp4_doubled_bytes(qs[w], lo, hi);
-            lo ^= 0x80808080u, hi ^= 0x80808080u;  // signed bytes read as byte + 128
-            KCAP_UNROLL for (int j = 0; j < 4; ++j) {
-                out[4 * w + j] = (kcap_byte_to_float(lo, j) - 128.0f) * scale;
-                out[16 + 4 * w + j] = (kcap_byte_to_float(hi, j) - 128.0f) * scale;
+            kcap_u32 v[2];
+            kcap_mxfp4_nibble_bytes(qs[w], v);
+            KCAP_UNROLL for (int n = 0; n < 8; ++n) {
+                const kcap_u32 biased = kcap_byte_perm(v[n / 4] ^ 0x80808080u, 0x4B000000u, kcap_u32(n % 4) | 0x7540u);
+                out[4 * w + n / 2 + 16 * (n % 2)] = (kcap_as_float(biased) - 8388736.0f) * scale;
             }
         }
     }
