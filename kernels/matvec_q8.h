@@ -143,7 +143,8 @@ KCAP_FN void kcap_q8_copy_runs(const KcapThread t, const KCAP_GLOBAL kcap_u32* c
         kcap_u32 w[4] = {c.x, c.y, c.z, c.w};
         if (NIBBLES) {
             kcap_u32 other[4];
-            KCAP_UNROLL for (int j = 0; j < 4; ++j) other[j] = kcap_u32(kcap_simd_shuffle_xor(int(w[j]), 1));  // every lane
+            KCAP_UNROLL for (int j = 0; j < 4; ++j)
+                other[j] = kcap_u32(kcap_simd_shuffle_xor(int(w[j]), 1));  // every lane
             KCAP_UNROLL for (int j = 0; j < 4; ++j)
                 w[j] = half ? kcap_q8_nibble_word(other[j], w[j], 1) : kcap_q8_nibble_word(w[j], other[j], 0);
         }
@@ -312,7 +313,8 @@ struct KcapQ8Units<KcapMXFP4> {
             positive = kcap_dot4_i8(int(kcap_byte_perm_sx(kLow, kHigh, q)), record[2 * w], positive);
             positive = kcap_dot4_i8(int(kcap_byte_perm_sx(kLow, kHigh, q >> 16)), record[2 * w + 1], positive);
             negative = kcap_dot4_i8(int(kcap_byte_perm_sx(kLow, kHigh, flipped)), record[2 * w], negative);
-            negative = kcap_dot4_i8(int(kcap_byte_perm_sx(kLow, kHigh, flipped >> 16)), record[2 * w + 1], negative);
+            negative =
+                kcap_dot4_i8(int(kcap_byte_perm_sx(kLow, kHigh, flipped >> 16)), record[2 * w + 1], negative);
         }
         return scales[0] * (kcap_mxfp4_scale(e) * float(positive - negative));
     }
@@ -355,10 +357,11 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const 
         const int chunk_end = chunk0 + chunk_runs < runs ? chunk0 + chunk_runs : runs;
         if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
         if (quantized)
-            kcap_q8_copy_runs<KcapQ8Units<F>::nibbles>(t, x_codes + 8 * chunk0, x_d + chunk0, x_half_sums + 2 * chunk0, chunk_end - chunk0,
-                              records, scales);
+            kcap_q8_copy_runs<KcapQ8Units<F>::nibbles>(t, x_codes + 8 * chunk0, x_d + chunk0, x_half_sums + 2 * chunk0,
+                                                       chunk_end - chunk0, records, scales);
         else
-            kcap_q8_stage_runs<KcapQ8Units<F>::nibbles>(t, x + kcap_u64(chunk0) * 32, chunk_end - chunk0, records, scales);
+            kcap_q8_stage_runs<KcapQ8Units<F>::nibbles>(t, x + kcap_u64(chunk0) * 32, chunk_end - chunk0, records,
+                                                        scales);
         kcap_barrier();
         if (row0 < p.n) {
             // Units of the chunk's blocks (chunk0 and chunk_end are multiples of kRunsPerBlock).
