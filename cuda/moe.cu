@@ -159,30 +159,31 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
     const int n4 = p.k / 4, stride = int(t.threads);
     const auto staged = [&](int i) { return xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8); };
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    // The residual's and the branch's float4s base + u * stride (u < kRouteNormBatch; zeros past
-    // the row), their loads issued together: for the norm, and again for the write-back.
-    const auto load_batch = [&](int base, float4(&r)[kRouteNormBatch], float4(&b)[kRouteNormBatch]) {
+    // fn(i, residual + branch) for every float4 i of the row, the residual's and the branch's
+    // float4s base + u * stride (u < kRouteNormBatch) loaded together: for the norm, and again
+    // for the write-back.
+    const auto each_sum = [&](auto&& fn) {
+        for (int base = int(t.index); base < n4; base += kRouteNormBatch * stride) {
+            float4 r[kRouteNormBatch], b[kRouteNormBatch];
 #pragma unroll
-        for (int u = 0; u < kRouteNormBatch; ++u) {
-            const int i = base + u * stride;
-            r[u] = i < n4 ? kcap_load_f32x4(residual + 4 * i) : zero;
-            b[u] = i < n4 ? kcap_load_f32x4(branch + 4 * i) : zero;
+            for (int u = 0; u < kRouteNormBatch; ++u) {
+                const int i = base + u * stride;
+                r[u] = i < n4 ? kcap_load_f32x4(residual + 4 * i) : zero;
+                b[u] = i < n4 ? kcap_load_f32x4(branch + 4 * i) : zero;
+            }
+#pragma unroll
+            for (int u = 0; u < kRouteNormBatch; ++u) {
+                const int i = base + u * stride;
+                if (i < n4) fn(i, make_float4(r[u].x + b[u].x, r[u].y + b[u].y, r[u].z + b[u].z, r[u].w + b[u].w));
+            }
         }
     };
     float sq = 0.0f;
-    for (int base = int(t.index); base < n4; base += kRouteNormBatch * stride) {
-        float4 r[kRouteNormBatch], b[kRouteNormBatch];
-        load_batch(base, r, b);
-#pragma unroll
-        for (int u = 0; u < kRouteNormBatch; ++u) {
-            const int i = base + u * stride;
-            if (i >= n4) continue;
-            const float4 v = make_float4(r[u].x + b[u].x, r[u].y + b[u].y, r[u].z + b[u].z, r[u].w + b[u].w);
-            float* to = staged(i);
-            to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
-            sq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-    }
+    each_sum([&](int i, float4 v) {
+        float* to = staged(i);
+        to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
+        sq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    });
     const float inv = kcap_rsqrt(kcap_group_sum(t, sq, scratch) / float(p.k) + eps);
     for (int base = int(t.index); base < n4; base += kRouteNormBatch * stride) {
         float4 g[kRouteNormBatch];
@@ -204,19 +205,11 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
     if (t.simd < experts.simds) kcap_moe_logits<F>(experts, p, w, nullptr, cluster_group0(logits), xs, bias, 0, true);
     cluster_sync();  // every expert's logit is in group 0's memory; every group has read the residual
     if (blockIdx.x == gridDim.x - 1) {
-        for (int base = int(t.index); base < n4; base += kRouteNormBatch * stride) {
-            float4 r[kRouteNormBatch], b[kRouteNormBatch];
-            load_batch(base, r, b);
-#pragma unroll
-            for (int u = 0; u < kRouteNormBatch; ++u) {
-                const int i = base + u * stride;
-                if (i >= n4) continue;
-                kcap_store_f32x4(residual + 4 * i,
-                                 make_float4(r[u].x + b[u].x, r[u].y + b[u].y, r[u].z + b[u].z, r[u].w + b[u].w));
-                const float* from = staged(i);
-                kcap_store_f32x4(normed + 4 * i, make_float4(from[0], from[1], from[2], from[3]));
-            }
-        }
+        each_sum([&](int i, float4 v) {
+            kcap_store_f32x4(residual + 4 * i, v);
+            const float* from = staged(i);
+            kcap_store_f32x4(normed + 4 * i, make_float4(from[0], from[1], from[2], from[3]));
+        });
         __syncthreads();  // a cluster of one group: xs read before the top-k reuses it
     }
     if (blockIdx.x != 0) return;
