@@ -452,6 +452,20 @@ void launch_experts_gate_up(const Context& ctx, const Stage& stage, const Kernel
 
 namespace {
 
+// A router stage's operands (cuda/rows.cpp): its weight, the per-expert scale vector (F32, where
+// the stage has one), its bias and the choice bias (F32, or null).
+struct RouterOperands {
+    const kcap_u8* w;
+    const float* expert_scale;
+    const float* bias;
+    const float* choice_bias;
+};
+RouterOperands router_operands(const cuda::StageData& data, const KcapMoeParams& p) {
+    return {static_cast<const kcap_u8*>(data.operands[0]),
+            p.expert_scaled ? static_cast<const float*>(data.operands[1]) : nullptr,
+            static_cast<const float*>(data.operands[2]), static_cast<const float*>(data.operands[3])};
+}
+
 // The router's logits into ctx.moe_logits (TILED: kcap_moe_logits_tiled's partial sums over
 // slices of K, which the top-k adds with the bias and logit scale), then its top-k.
 template <bool TILED>
@@ -461,10 +475,7 @@ void moe_route(const Stage& stage, const KernelCall& call) {
     const cuda::StageData& data = cuda::stage_data(call);
     KcapMoeParams p = moe_params(stage, call.n_tokens);
     p.logit_splits = TILED ? kcap_moe_tile_splits(p.k) : 0;
-    const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
-    // The per-expert scale vector (F32), where the stage has one.
-    const auto* expert_scale = p.expert_scaled ? static_cast<const float*>(data.operands[1]) : nullptr;
-    const auto* bias = static_cast<const float*>(data.operands[2]);  // the router's bias (F32), or null
+    const auto [w, expert_scale, bias, choice_bias] = router_operands(data, p);
     const dim3 grid = TILED ? dim3(unsigned(cuda::ceil_div(p.n_expert, KCAP_MOE_TILE) * p.logit_splits),
                                    cuda::ceil_div(p.n_tokens, KCAP_MOE_TILE))
                             : dim3(cuda::ceil_div(p.n_expert, kMoeLogitThreads / 32 * KCAP_MOE_LOGIT_EXPERTS),
@@ -485,8 +496,7 @@ void moe_route(const Stage& stage, const KernelCall& call) {
     }
     cuda::launch(ctx, cuda::route_kernel, dim3(unsigned(p.n_tokens)), dim3(kMoeRouteThreads), 0, p,
                  static_cast<const float*>(ctx.moe_logits), expert_scale, call.out,
-                 static_cast<const float*>(data.operands[3]),  // the choice bias (F32), or null
-                 TILED ? bias : nullptr);  // the tiled logits' bias, added to their sum
+                 choice_bias, TILED ? bias : nullptr);  // the tiled logits' bias, added to their sum
 }
 
 // cuda.moe_route_cluster: the logits and the top-k in one launch of clusters (route_cluster_kernel).
@@ -514,10 +524,7 @@ void kcap_cuda_moe_route_cluster(const Stage& stage, const KernelCall& call) {
     const cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
     const KcapMoeParams p = moe_params(stage, call.n_tokens);
-    const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
-    const auto* expert_scale = p.expert_scaled ? static_cast<const float*>(data.operands[1]) : nullptr;
-    const auto* bias = static_cast<const float*>(data.operands[2]);
-    const auto* choice_bias = static_cast<const float*>(data.operands[3]);
+    const auto [w, expert_scale, bias, choice_bias] = router_operands(data, p);
     switch (stage.operands[0]->format) {
 #define KCAP_MOE_ROUTE_CLUSTER_CASE(NAME, DECODER)                                                  \
     case Format::NAME:                                                                             \
@@ -574,10 +581,7 @@ void kcap_cuda_moe_route_cluster_norm(const Stage& stage, const KernelCall& call
     const cuda::Context& ctx = cuda::context(call);
     const cuda::StageData& data = cuda::stage_data(call);
     const KcapMoeParams p = moe_params(stage, call.n_tokens);
-    const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
-    const auto* expert_scale = p.expert_scaled ? static_cast<const float*>(data.operands[1]) : nullptr;
-    const auto* bias = static_cast<const float*>(data.operands[2]);
-    const auto* choice_bias = static_cast<const float*>(data.operands[3]);
+    const auto [w, expert_scale, bias, choice_bias] = router_operands(data, p);
     const auto* norm_weight = static_cast<const float*>(data.operands[4]);
     const unsigned groups = unsigned(moe_route_cluster_groups(p.n_expert));
     const int simds = moe_route_cluster_simds(p.n_expert);
