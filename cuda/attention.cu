@@ -54,14 +54,23 @@ __device__ __forceinline__ void decode_prefetch(const KcapAttentionParams& p, in
     }
 }
 
+// The position (step[0]) into L1 before a kernel's PDL wait: the step's last kernel (the
+// argmax) wrote it before the step's first kernel ran, so a kernel of the step reads the same
+// value before and after its wait, and after the wait reads it from L1 instead of L2.
+__device__ __forceinline__ void prefetch_position(const kcap_i32* step) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(step));
+}
+
 template <int DG, int KS>
 __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32)
     decode_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new, const float* v_new,
                   kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out, cuda::Q8Rows q8,
                   const float2* cos_sin, const float* q_norm, const float* k_norm, const float* sinks) {
     __shared__ float merge[KCAP_ATTN_DECODE_SHARED_FLOATS];
-    cuda::pdl_wait();
+    // Before the wait: the position (see prefetch_position) and the cached rows it reads
+    // (written by earlier steps); the prefetch is a hint, the body reads the position again.
     decode_prefetch(p, step[0], k_cache, v_cache);
+    cuda::pdl_wait();
     cuda::pdl_trigger();
     const KcapThread t = kcap_cuda_thread();
     kcap_attention_decode_dims<DG, KS>(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge,
@@ -82,6 +91,7 @@ __global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, con
                                                       const float* partial_ml, float* out, cuda::Q8Rows q8,
                                                       const float* sinks) {
     __shared__ float shared[KCAP_ATTN_COMBINE_SHARED_FLOATS];
+    prefetch_position(step);
     cuda::pdl_wait();
     cuda::pdl_trigger();
     const KcapThread t = kcap_cuda_thread();
