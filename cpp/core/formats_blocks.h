@@ -297,19 +297,25 @@ static inline int q3_k_scale(const uint8_t* scales, int i) {
     return (low | (high << 4)) - 32;
 }
 
-// Q3_K: (d * scale) * q, q = the low two bits, minus 4 unless element i's hmask bit is set
-// (bit i / 32 of hmask[i % 32]). Stored as q + 4 = low + 4 * bit, which fits a byte.
-static inline void decode_q3_k(const BlockQ3_K& b, float* __restrict out) {
-    const float d = load_half(b.d);
-    float run_scale[16];
-    for (int run = 0; run < 16; ++run) run_scale[run] = d * static_cast<float>(q3_k_scale(b.scales, run));
-    uint8_t codes[kQK_K];
+// Q3_K's codes plus 4: the low two bits, plus 4 where element i's hmask bit is set (bit i / 32
+// of hmask[i % 32]).
+static inline void q3_k_codes(const BlockQ3_K& b, uint8_t* __restrict codes) {
     unpack_crumbs_256(b.qs, codes);
     for (int bit = 0; bit < 8; ++bit)
         for (int w = 0; w < 4; ++w) {
             uint8_t* dst = codes + 32 * bit + 8 * w;
             store_u64(dst, load_u64(dst) + (((load_u64(b.hmask + 8 * w) >> bit) & kLow1) << 2));
         }
+}
+
+// Q3_K: (d * scale) * q, q = the low two bits, minus 4 unless element i's hmask bit is set.
+// Stored as q + 4 = low + 4 * bit, which fits a byte.
+static inline void decode_q3_k(const BlockQ3_K& b, float* __restrict out) {
+    const float d = load_half(b.d);
+    float run_scale[16];
+    for (int run = 0; run < 16; ++run) run_scale[run] = d * static_cast<float>(q3_k_scale(b.scales, run));
+    uint8_t codes[kQK_K];
+    q3_k_codes(b, codes);
     scale_pairs_of_16(codes, 4, run_scale, out);
 }
 
@@ -357,26 +363,27 @@ static inline void decode_q4_k(const BlockQ4_K& b, float* __restrict out) {
     scale_k4_runs(codes, b.scales, load_half(b.d), load_half(b.dmin), out);
 }
 
-// Q5_K: Q4_K plus a fifth bit per element; run r's bits are bit r of qh[0..31].
-static inline void decode_q5_k(const BlockQ5_K& b, float* __restrict out) {
-    uint8_t codes[kQK_K];
+// Q5_K's codes: Q4_K's nibbles plus a fifth bit per element; run r's bits are bit r of qh[0..31].
+static inline void q5_k_codes(const BlockQ5_K& b, uint8_t* __restrict codes) {
     unpack_k4_nibbles_256(b.qs, codes);
     for (int run = 0; run < 8; ++run)
         for (int w = 0; w < 4; ++w) {
             uint8_t* dst = codes + 32 * run + 8 * w;
             store_u64(dst, load_u64(dst) | (((load_u64(b.qh + 8 * w) >> run) & kLow1) << 4));
         }
+}
+
+// Q5_K: Q4_K plus a fifth bit per element.
+static inline void decode_q5_k(const BlockQ5_K& b, float* __restrict out) {
+    uint8_t codes[kQK_K];
+    q5_k_codes(b, codes);
     scale_k4_runs(codes, b.scales, load_half(b.d), load_half(b.dmin), out);
 }
 
-// Q6_K: sixteen runs of 16; element = (d * scale) * (q - 32), q = 4 low bits from ql and 2
-// high bits from qh. In each 128-element half h, element 32s + l takes the low (s < 2) or
-// high nibble of ql[64h + 32(s & 1) + l] and bits 2s..2s+1 of qh[32h + l].
-static inline void decode_q6_k(const BlockQ6_K& b, float* __restrict out) {
-    const float d = load_half(b.d);
-    float run_scale[16];
-    for (int run = 0; run < 16; ++run) run_scale[run] = d * static_cast<float>(b.scales[run]);
-    uint8_t codes[kQK_K];
+// Q6_K's codes (0..63): 4 low bits from ql and 2 high bits from qh. In each 128-element half
+// h, element 32s + l takes the low (s < 2) or high nibble of ql[64h + 32(s & 1) + l] and bits
+// 2s..2s+1 of qh[32h + l].
+static inline void q6_k_codes(const BlockQ6_K& b, uint8_t* __restrict codes) {
     for (int half = 0; half < 2; ++half)
         for (int s = 0; s < 4; ++s)
             for (int w = 0; w < 4; ++w) {
@@ -385,8 +392,164 @@ static inline void decode_q6_k(const BlockQ6_K& b, float* __restrict out) {
                 const uint64_t high = (load_u64(b.qh + 32 * half + 8 * w) >> (2 * s)) & kLow2;
                 store_u64(codes + 128 * half + 32 * s + 8 * w, low | (high << 4));
             }
+}
+
+// Q6_K: sixteen runs of 16; element = (d * scale) * (q - 32).
+static inline void decode_q6_k(const BlockQ6_K& b, float* __restrict out) {
+    const float d = load_half(b.d);
+    float run_scale[16];
+    for (int run = 0; run < 16; ++run) run_scale[run] = d * static_cast<float>(b.scales[run]);
+    uint8_t codes[kQK_K];
+    q6_k_codes(b, codes);
     scale_pairs_of_16(codes, 32, run_scale, out);
 }
+
+// ------------------------------------------------------------------------------------------
+// Blocks as integer codes, for the CPU's int8 GEMM (cpu/matmul_q8_gemm.h): element i of a block
+// of kElems is scale[i / 16] * (codes[i] - kBias) + offset[i / 16], with codes[i] a byte. The
+// codes are the bit fields the decoders above read (the signed codes of Q8_0 plus 128), and
+// scale and offset the same f32 products, so in real arithmetic the form is the decoded value.
+template <int kElems>
+struct BlockCodes {
+    uint8_t codes[kElems];
+    float scale[kElems / 16];
+    float offset[kElems / 16];
+};
+
+template <int kElems>
+static inline void fill_runs(BlockCodes<kElems>& c, float scale, float offset) {
+    for (int g = 0; g < kElems / 16; ++g) c.scale[g] = scale, c.offset[g] = offset;
+}
+
+// Per format: the block type, elements per block, the codes' bias, whether offsets are used.
+template <class Block>
+struct CodesOf;
+
+template <>
+struct CodesOf<BlockQ4_0> {
+    static constexpr int kElems = kQK, kBias = 8;
+    static constexpr bool kOffset = false;
+    static void get(const BlockQ4_0& b, BlockCodes<kElems>& c) {
+        unpack_nibbles_32(b.qs, c.codes);
+        fill_runs(c, load_half(b.d), 0.0f);
+    }
+};
+template <>
+struct CodesOf<BlockQ4_1> {
+    static constexpr int kElems = kQK, kBias = 0;
+    static constexpr bool kOffset = true;
+    static void get(const BlockQ4_1& b, BlockCodes<kElems>& c) {
+        unpack_nibbles_32(b.qs, c.codes);
+        fill_runs(c, load_half(b.d), load_half(b.m));
+    }
+};
+template <>
+struct CodesOf<BlockQ5_0> {
+    static constexpr int kElems = kQK, kBias = 16;
+    static constexpr bool kOffset = false;
+    static void get(const BlockQ5_0& b, BlockCodes<kElems>& c) {
+        unpack_nibbles_32(b.qs, c.codes);
+        add_fifth_bits_32(b.qh, c.codes);
+        fill_runs(c, load_half(b.d), 0.0f);
+    }
+};
+template <>
+struct CodesOf<BlockQ5_1> {
+    static constexpr int kElems = kQK, kBias = 0;
+    static constexpr bool kOffset = true;
+    static void get(const BlockQ5_1& b, BlockCodes<kElems>& c) {
+        unpack_nibbles_32(b.qs, c.codes);
+        add_fifth_bits_32(b.qh, c.codes);
+        fill_runs(c, load_half(b.d), load_half(b.m));
+    }
+};
+template <>
+struct CodesOf<BlockQ8_0> {
+    static constexpr int kElems = kQK, kBias = 128;
+    static constexpr bool kOffset = false;
+    static void get(const BlockQ8_0& b, BlockCodes<kElems>& c) {
+        for (int i = 0; i < kQK; ++i) c.codes[i] = static_cast<uint8_t>(static_cast<uint8_t>(b.qs[i]) ^ 0x80u);
+        fill_runs(c, load_half(b.d), 0.0f);
+    }
+};
+template <>
+struct CodesOf<BlockMXFP4> {
+    static constexpr int kElems = kQK, kBias = 12;
+    static constexpr bool kOffset = false;
+    static void get(const BlockMXFP4& b, BlockCodes<kElems>& c) {
+        uint8_t nibbles[kQK];
+        unpack_nibbles_32(b.qs, nibbles);
+        for (int i = 0; i < kQK; ++i) c.codes[i] = static_cast<uint8_t>(kMXFP4DoubledValues[nibbles[i]] + 12);
+        fill_runs(c, mxfp4_half_scale(b.e), 0.0f);
+    }
+};
+template <>
+struct CodesOf<BlockQ2_K> {
+    static constexpr int kElems = kQK_K, kBias = 0;
+    static constexpr bool kOffset = true;
+    static void get(const BlockQ2_K& b, BlockCodes<kElems>& c) {
+        const float d = load_half(b.d), dmin = load_half(b.dmin);
+        for (int run = 0; run < 16; ++run) {
+            c.scale[run] = d * static_cast<float>(b.scales[run] & 0x0f);
+            c.offset[run] = -(dmin * static_cast<float>(b.scales[run] >> 4));
+        }
+        unpack_crumbs_256(b.qs, c.codes);
+    }
+};
+template <>
+struct CodesOf<BlockQ3_K> {
+    static constexpr int kElems = kQK_K, kBias = 4;
+    static constexpr bool kOffset = false;
+    static void get(const BlockQ3_K& b, BlockCodes<kElems>& c) {
+        const float d = load_half(b.d);
+        for (int run = 0; run < 16; ++run) {
+            c.scale[run] = d * static_cast<float>(q3_k_scale(b.scales, run));
+            c.offset[run] = 0.0f;
+        }
+        q3_k_codes(b, c.codes);
+    }
+};
+template <class Block>
+static inline void k4_runs_of_16(const Block& b, BlockCodes<kQK_K>& c) {
+    const float d = load_half(b.d), dmin = load_half(b.dmin);
+    for (int run = 0; run < 8; ++run) {
+        int scale, min;
+        k4_scale_min(b.scales, run, scale, min);
+        c.scale[2 * run] = c.scale[2 * run + 1] = d * static_cast<float>(scale);
+        c.offset[2 * run] = c.offset[2 * run + 1] = -(dmin * static_cast<float>(min));
+    }
+}
+template <>
+struct CodesOf<BlockQ4_K> {
+    static constexpr int kElems = kQK_K, kBias = 0;
+    static constexpr bool kOffset = true;
+    static void get(const BlockQ4_K& b, BlockCodes<kElems>& c) {
+        k4_runs_of_16(b, c);
+        unpack_k4_nibbles_256(b.qs, c.codes);
+    }
+};
+template <>
+struct CodesOf<BlockQ5_K> {
+    static constexpr int kElems = kQK_K, kBias = 0;
+    static constexpr bool kOffset = true;
+    static void get(const BlockQ5_K& b, BlockCodes<kElems>& c) {
+        k4_runs_of_16(b, c);
+        q5_k_codes(b, c.codes);
+    }
+};
+template <>
+struct CodesOf<BlockQ6_K> {
+    static constexpr int kElems = kQK_K, kBias = 32;
+    static constexpr bool kOffset = false;
+    static void get(const BlockQ6_K& b, BlockCodes<kElems>& c) {
+        const float d = load_half(b.d);
+        for (int run = 0; run < 16; ++run) {
+            c.scale[run] = d * static_cast<float>(b.scales[run]);
+            c.offset[run] = 0.0f;
+        }
+        q6_k_codes(b, c.codes);
+    }
+};
 
 }  // namespace blocks
 }  // namespace kcap

@@ -8,6 +8,7 @@
 #include <cctype>
 
 #include "cpu/cpu_state.h"
+#include "cpu/matmul_q8_pack.h"
 #include "dispatch/gpu_rows.h"
 #include "dispatch/stage.h"
 #include "kernels/formats_list.h"
@@ -112,7 +113,10 @@ void matmul_kernel(const Stage& stage, const KernelCall& call) {
 // round their input the same way compute (cuda.matvec_q8.*, cuda.matmul_q8_mma.* and the fused
 // rows built on them), so a CPU plan with activations="q8_1" is their reference.
 // cpu.matvec_q8 (one token): integer products per 16 values (dot_row_q8_1, maddubs on AVX2), as
-// llama.cpp's CPU decode does. cpu.matmul_q8 (any tokens): the exact matmul of round_q8_1(x).
+// llama.cpp's CPU decode does. cpu.matmul_q8 (any tokens): where the CPU has AVX-512 VNNI, the
+// int8 GEMM of cpu/matmul_q8_gemm.h (each weight row decoded once to integer codes for all the
+// tokens); elsewhere the exact matmul of round_q8_1(x). Both are W . q8_1(x) up to the f32
+// rounding of their sums.
 void matvec_q8_kernel(const Stage& stage, const KernelCall& call) {
     {
         const TensorRef& w = *stage.operands[0];
@@ -138,8 +142,19 @@ void matvec_q8_kernel(const Stage& stage, const KernelCall& call) {
 
 void matmul_q8_kernel(const Stage& stage, const KernelCall& call) {
     const int64_t K = stage.k;
+    const TensorRef& w = *stage.operands[0];
+    ThreadPool& pool = cpu_state(call.backend_state).pool;
+    if (q8_gemm::runs(w.format)) {
+        const float* bias = stage.operands.size() > 1 && stage.operands[1]
+                                ? reinterpret_cast<const float*>(stage.operands[1]->data)
+                                : nullptr;
+        q8_gemm::Tokens x;
+        x.pack(call.in, call.n_tokens, K, pool);
+        q8_gemm::multiply(w.format, w.data, stage.n, K, x, 0, call.n_tokens, bias, call.out, stage.n, pool);
+        return;
+    }
     std::vector<float> rounded(size_t(call.n_tokens) * size_t(K));
-    cpu_state(call.backend_state).pool.parallel_for(call.n_tokens, [&](int64_t begin, int64_t end) {
+    pool.parallel_for(call.n_tokens, [&](int64_t begin, int64_t end) {
         round_q8_1(call.in + begin * K, (end - begin) * K, rounded.data() + begin * K);
     });
     KernelCall exact = call;

@@ -17,12 +17,16 @@
 //                         gated activation (gpt-oss's clamped SwiGLU too).
 //                         With expert_gate_up_merged, gate and up are one tensor (operands 0 and
 //                         1 the same): expert e's gate rows 2e*ff.., its up rows (2e+1)*ff...
-//   cpu.moe_experts_q8    the same with q8_1 activations (activations="q8_1", the experts' formats
-//                         all in KCAP_Q8_WEIGHT_FORMATS): gate_e and up_e against q8_1(x), down_e
-//                         against q8_1 of the slot's activations (each slot's ff values rounded on
-//                         their own), integer products per 16 values (dot_row_q8_1) as the dense
-//                         cpu.matvec_q8 rows and llama.cpp's CPU experts; biases, the weighted sum
-//                         and the shared expert's output in f32 as above.
+//   cpu.moe_experts_q8    the same with q8_1 activations for one token (activations="q8_1", the
+//                         experts' formats all in KCAP_Q8_WEIGHT_FORMATS): gate_e and up_e against
+//                         q8_1(x), down_e against q8_1 of the slot's activations (each slot's ff
+//                         values rounded on their own), integer products per 16 values
+//                         (dot_row_q8_1) as the dense cpu.matvec_q8 rows and llama.cpp's CPU
+//                         experts; biases, the weighted sum and the shared expert's output in f32
+//                         as above.
+//   cpu.moe_experts_q8_tiles  the same for any number of tokens: where the CPU has AVX-512 VNNI,
+//                         each expert's rows decoded once per call into the int8 GEMM's tiles
+//                         (cpu/matmul_q8_gemm.h) for all of its slots; elsewhere the slot loop.
 //   cpu.moe_shared_gate   out = in + sigmoid(w . x) * shared (w absent: gate 1).
 // Every sum in f32, each expert's rows decoded exactly (dot_row), as the dense matmul rows do.
 #include <algorithm>
@@ -31,6 +35,7 @@
 #include <vector>
 
 #include "cpu/cpu_state.h"
+#include "cpu/matmul_q8_pack.h"
 #include "dispatch/stage.h"
 #include "kernels/formats_list.h"
 
@@ -201,20 +206,106 @@ ExpertSlots slots_by_expert(const float* routing, int64_t n_tokens, int n_used, 
     return out;
 }
 
-// cpu.moe_experts (Q8 false) and cpu.moe_experts_q8: for each slot s = token * n_used + k, the
+// Per token, the weighted sum over its slots in routing order of each slot's down row (plus the
+// shared expert's output with kSharedExpertSum).
+template <class DownRow>
+void weighted_sum(const Stage& stage, const KernelCall& call, const ExpertOperands& e, const DownRow& down_row) {
+    const bool shared = (stage.features & kSharedExpertSum) != 0;
+    cpu_state(call.backend_state).pool.parallel_for(call.n_tokens, [&](int64_t begin, int64_t end) {
+        std::vector<const float*> rows(size_t(e.n_used));
+        for (int64_t t = begin; t < end; ++t) {
+            const RoutingRow routing{const_cast<float*>(call.in2) + t * 2 * e.n_used, e.n_used};
+            for (int k = 0; k < e.n_used; ++k) rows[size_t(k)] = down_row(t * e.n_used + k);
+            for (int64_t o = 0; o < e.N; ++o) {
+                float sum = 0.0f;
+                for (int k = 0; k < e.n_used; ++k) sum += routing.weight(k) * rows[size_t(k)][o];
+                call.out[t * e.N + o] = shared ? sum + call.in3[t * e.N + o] : sum;
+            }
+        }
+    });
+}
+
+// cpu.moe_experts_q8_tiles where the int8 GEMM runs (cpu/matmul_q8_pack.h: AVX-512 VNNI): the slots in
+// expert order, each expert's gate, up and down rows decoded once per call and multiplied with all
+// of its slots (x and each slot's activations rounded to q8_1 as in moe_experts_kernel). The same
+// products as dot_row_q8_1 up to the f32 rounding of their per-group steps; the weighted sum is
+// the same loop.
+void moe_experts_q8_gemm(const Stage& stage, const KernelCall& call, const ExpertOperands& e,
+                         const ExpertSlots& by_expert, ThreadPool& pool) {
+    const StageParams& p = stage.params;
+    const int64_t n_slots = call.n_tokens * e.n_used, n_experts = int64_t(by_expert.experts.size());
+    // Position of each slot in expert order; expert i's slots are positions start[i] .. start[i + 1] - 1.
+    std::vector<int64_t> start(static_cast<size_t>(n_experts) + 1, 0), pos_of_slot(static_cast<size_t>(n_slots));
+    std::vector<int32_t> token_at(static_cast<size_t>(n_slots));
+    int64_t pos = 0;
+    for (int64_t i = 0; i < n_experts; ++i) {
+        start[size_t(i)] = pos;
+        for (const int64_t slot : by_expert.slots[size_t(i)]) {
+            pos_of_slot[size_t(slot)] = pos;
+            token_at[size_t(pos++)] = int32_t(slot / e.n_used);
+        }
+    }
+    start[size_t(n_experts)] = pos;
+    q8_gemm::Tokens xq, aq;
+    xq.pack_rows(call.in, token_at.data(), n_slots, e.K, pool);
+    q8_gemm::check(e.gate.format, e.K, xq);
+    q8_gemm::check(e.up.format, e.K, xq);
+    // gate and up [positions][ff]: work items (expert, tile of ff rows, gate or up).
+    std::vector<float> gate(size_t(n_slots * e.ff)), up(size_t(n_slots * e.ff));
+    const int64_t ff_tiles = q8_gemm::tiles(e.ff);
+    pool.parallel_for(n_experts * ff_tiles * 2, [&](int64_t begin, int64_t end) {
+        for (int64_t item = begin; item < end; ++item) {
+            const int64_t i = item / (2 * ff_tiles), n0 = (item / 2 % ff_tiles) * q8_gemm::kTileRows;
+            const bool is_up = item % 2 == 1;
+            const int64_t ex = by_expert.experts[size_t(i)], rows = std::min(q8_gemm::kTileRows, e.ff - n0);
+            const TensorRef& w = is_up ? e.up : e.gate;
+            const int64_t row = ex * e.expert_rows + (is_up ? e.up_offset : 0) + n0;
+            const float* bias = is_up ? e.up_bias : e.gate_bias;
+            const int64_t s0 = start[size_t(i)];
+            q8_gemm::multiply_tile(w.format, w.data + size_t(row) * (is_up ? e.up_row : e.gate_row), rows, e.K, xq, s0,
+                                   start[size_t(i) + 1] - s0, bias ? bias + ex * e.ff + n0 : nullptr,
+                                   (is_up ? up : gate).data() + s0 * e.ff + n0, e.ff);
+        }
+    });
+    pool.parallel_for(n_slots, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin * e.ff; i < end * e.ff; ++i)
+            gate[size_t(i)] = gated_activation(p.activation, gate[size_t(i)], up[size_t(i)], p.swiglu_alpha, p.swiglu_limit);
+    });
+    aq.pack(gate.data(), n_slots, e.ff, pool);
+    q8_gemm::check(e.down.format, e.ff, aq);
+    // down [positions][N], its bias added: work items (expert, tile of N rows).
+    std::vector<float> down(size_t(n_slots * e.N));
+    const int64_t n_tiles = q8_gemm::tiles(e.N);
+    pool.parallel_for(n_experts * n_tiles, [&](int64_t begin, int64_t end) {
+        for (int64_t item = begin; item < end; ++item) {
+            const int64_t i = item / n_tiles, n0 = (item % n_tiles) * q8_gemm::kTileRows;
+            const int64_t ex = by_expert.experts[size_t(i)], rows = std::min(q8_gemm::kTileRows, e.N - n0);
+            const int64_t s0 = start[size_t(i)];
+            q8_gemm::multiply_tile(e.down.format, e.down.data + size_t(ex * e.N + n0) * e.down_row, rows, e.ff, aq, s0,
+                                   start[size_t(i) + 1] - s0, e.down_bias ? e.down_bias + ex * e.N + n0 : nullptr,
+                                   down.data() + s0 * e.N + n0, e.N);
+        }
+    });
+    weighted_sum(stage, call, e, [&](int64_t slot) { return down.data() + pos_of_slot[size_t(slot)] * e.N; });
+}
+
+// cpu.moe_experts (Q8 false), cpu.moe_experts_q8 and, without the GEMM, cpu.moe_experts_q8_tiles: for each slot s = token * n_used + k, the
 // chosen expert's activations act(gate_e x) * up_e x (ff values), then down_e of them plus its
 // bias, and per token the weighted sum over its slots in routing order. With Q8 the tokens' x and
 // then each slot's activations are rounded to q8_1 before their products. The work goes expert
 // by expert, row by row, each row's products with every slot of that expert taken while the row
 // is in cache (a prompt's experts are read once, not once per slot); every product is the same
 // dot whatever the call's other tokens, so a prompt gives the values of its tokens one by one.
-template <bool Q8>
+template <bool Q8, bool Tiles>
 void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
     const ExpertOperands e(stage);
     const StageParams& p = stage.params;
     ThreadPool& pool = cpu_state(call.backend_state).pool;
     const int64_t n_slots = call.n_tokens * e.n_used;
     const ExpertSlots by_expert = slots_by_expert(call.in2, call.n_tokens, e.n_used, p.n_expert);
+    if constexpr (Tiles)
+        if (q8_gemm::runs(e.gate.format) && q8_gemm::runs(e.up.format) && q8_gemm::runs(e.down.format))
+            return moe_experts_q8_gemm(stage, call, e, by_expert, pool);
     const int64_t n_experts = int64_t(by_expert.experts.size());
     Q8Rows xq(Q8 ? size_t(call.n_tokens) : 0, e.K), aq(Q8 ? size_t(n_slots) : 0, e.ff);
     if constexpr (Q8)
@@ -260,17 +351,7 @@ void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
             }
         }
     });
-    const bool shared = (stage.features & kSharedExpertSum) != 0;
-    pool.parallel_for(call.n_tokens, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) {
-            const RoutingRow routing{const_cast<float*>(call.in2) + t * 2 * e.n_used, e.n_used};
-            for (int64_t o = 0; o < e.N; ++o) {
-                float sum = 0.0f;
-                for (int k = 0; k < e.n_used; ++k) sum += routing.weight(k) * down[size_t((t * e.n_used + k) * e.N + o)];
-                call.out[t * e.N + o] = shared ? sum + call.in3[t * e.N + o] : sum;
-            }
-        }
-    });
+    weighted_sum(stage, call, e, [&](int64_t slot) { return down.data() + slot * e.N; });
 }
 
 void moe_shared_gate_kernel(const Stage& stage, const KernelCall& call) {
@@ -317,7 +398,7 @@ void add_cpu_moe_rows(std::vector<Row>& rows) {
                        kSharedExpertSum;
     experts.dims.k_multiple_of = &block_multiple;  // K (gate, up) and the FFN width (down)
     experts.launches = {"moe_experts"};
-    experts.fn = moe_experts_kernel<false>;
+    experts.fn = moe_experts_kernel<false, false>;
     rows.push_back(experts);
     // q8_1 activations: preferred where the plan rounds activations to q8_1 and every expert
     // matrix is a format with integer products.
@@ -325,13 +406,20 @@ void add_cpu_moe_rows(std::vector<Row>& rows) {
 #define KCAP_CPU_Q8_FORMAT(NAME, DECODER) q8.push_back(Format::NAME);
     KCAP_Q8_WEIGHT_FORMATS(KCAP_CPU_Q8_FORMAT)
 #undef KCAP_CPU_Q8_FORMAT
-    Row experts_q8 = experts;
-    experts_q8.kernel = "cpu.moe_experts_q8";
-    experts_q8.operand_formats = {q8, q8, q8, {Format::F32}, {Format::F32}, {Format::F32}};
-    experts_q8.input_encoding = Encoding::Q8_1;
-    experts_q8.priority = 1;
-    experts_q8.fn = moe_experts_kernel<true>;
-    rows.push_back(experts_q8);
+    // cpu.moe_experts_q8 takes one token (each chosen expert's rows against its one slot, read as
+    // they are decoded: dot_row_q8_1), cpu.moe_experts_q8_tiles any count (each expert's rows
+    // decoded once for all its slots into the int8 GEMM's tiles where the CPU has AVX-512 VNNI,
+    // else the same slot products as the one-token row), as cpu.matvec_q8 and cpu.matmul_q8 do.
+    for (const bool one_token : {true, false}) {
+        Row experts_q8 = experts;
+        experts_q8.kernel = one_token ? "cpu.moe_experts_q8" : "cpu.moe_experts_q8_tiles";
+        experts_q8.operand_formats = {q8, q8, q8, {Format::F32}, {Format::F32}, {Format::F32}};
+        experts_q8.input_encoding = Encoding::Q8_1;
+        experts_q8.tokens = {1, one_token ? 1 : 0};
+        experts_q8.priority = one_token ? 2 : 1;
+        experts_q8.fn = one_token ? moe_experts_kernel<true, false> : moe_experts_kernel<true, true>;
+        rows.push_back(experts_q8);
+    }
     Row shared;
     shared.kernel = "cpu.moe_shared_gate";
     shared.op = Op::MoeSharedGate;

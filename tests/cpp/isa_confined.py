@@ -2,8 +2,8 @@
 
     python3 tests/cpp/isa_confined.py LIBKCAP_CORE.a [--objdump OBJDUMP] [--nm NM]
 
-A portable x86-64 build compiles cpp/core/formats_dot_avx512.cpp with AVX-512 and
-formats_dot_avx2.cpp with AVX2, a portable AArch64 build formats_dot_neon_dotprod.cpp with the
+A portable x86-64 build compiles cpp/core/formats_dot_avx512.cpp and cpp/cpu/matmul_q8_avx512.cpp
+with AVX-512 and formats_dot_avx2.cpp with AVX2, a portable AArch64 build formats_dot_neon_dotprod.cpp with the
 dot product extension (CMakeLists.txt), and picks one at run time. That is only safe if no code
 compiled for those instructions can run elsewhere: no other object of the library may use them
 (zmm registers for AVX-512, SDOT/UDOT for the Arm dot product), the kernel object must (its
@@ -19,13 +19,13 @@ import shutil
 import subprocess
 import sys
 
-# Per architecture: the object whose kernels need the widest instructions, how to spot those
-# instructions in objdump's output and what to call them, and the objects compiled for
-# instructions beyond the baseline (none may define a weak symbol).
+# Per architecture: the objects whose kernels need the widest instructions (each must use them,
+# no other may), how to spot those instructions in objdump's output and what to call them, and
+# the objects compiled for instructions beyond the baseline (none may define a weak symbol).
 ARCHITECTURES = {
-    "x86-64": ("formats_dot_avx512.cpp.o", re.compile(r"%zmm"), "zmm registers (AVX-512)",
-               {"formats_dot_avx512.cpp.o", "formats_dot_avx2.cpp.o"}),
-    "aarch64": ("formats_dot_neon_dotprod.cpp.o", re.compile(r"\s[su]dot\s"), "SDOT/UDOT (dot product)",
+    "x86-64": ({"formats_dot_avx512.cpp.o", "matmul_q8_avx512.cpp.o"}, re.compile(r"%zmm"), "zmm registers (AVX-512)",
+               {"formats_dot_avx512.cpp.o", "formats_dot_avx2.cpp.o", "matmul_q8_avx512.cpp.o"}),
+    "aarch64": ({"formats_dot_neon_dotprod.cpp.o"}, re.compile(r"\s[su]dot\s"), "SDOT/UDOT (dot product)",
                 {"formats_dot_neon_dotprod.cpp.o"}),
 }
 
@@ -49,7 +49,7 @@ def main() -> int:
         print(f"isa_confined: {objdump} reads {sorted(formats)}: no run-time kernels there, or an architecture "
               "this objdump does not know (pass --objdump and --nm of its binutils): skipped")
         return 77
-    kernel, wide, what, kernels = ARCHITECTURES[architecture]
+    wide_kernels, wide, what, kernels = ARCHITECTURES[architecture]
     command = [objdump, "-d", "--no-show-raw-insn", args.library]
     version = subprocess.run([objdump, "--version"], capture_output=True, text=True).stdout
     if architecture == "aarch64" and "LLVM" in version:
@@ -67,9 +67,9 @@ def main() -> int:
             member = re.sub(r"^.*\((.*)\)$", r"\1", line.split(":", 1)[0].strip())
         elif wide.search(line):
             uses[member] = uses.get(member, 0) + 1
-    failures = [f"{name} uses {what} ({count} instructions)" for name, count in uses.items() if name != kernel]
-    if kernel not in uses:
-        failures.append(f"{kernel} has no {what} instruction: its kernels were not compiled")
+    failures = [f"{name} uses {what} ({count} instructions)" for name, count in uses.items() if name not in wide_kernels]
+    failures += [f"{kernel} has no {what} instruction: its kernels were not compiled"
+                 for kernel in sorted(wide_kernels - set(uses))]
     symbols = subprocess.run([nm, "-C", args.library], capture_output=True, text=True, check=True).stdout
     member = "?"
     for line in symbols.splitlines():

@@ -7,12 +7,16 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
+#include <utility>
 #include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/formats_dot_paths.h"
+#include "cpu/matmul_q8_pack.h"
+#include "cpu/thread_pool.h"
 #include "kcap/errors.h"
 #include "kcap/formats.h"
 
@@ -336,6 +340,85 @@ void test_dot_q8_1(const char* build, DotQ8Function dot) {
     std::printf("%s: largest error as a fraction of the tolerance:%s\n", build, summary.c_str());
 }
 
+// The CPU's int8 GEMM (cpu/matmul_q8_pack.h: cpu.matmul_q8.* over several tokens where the CPU
+// has AVX-512 VNNI) against the same f64 sums as test_dot_q8_1 (the same bound: its per-group
+// f32 steps are those of dot_row_q8_1), for every format with integer codes: row counts that
+// fill a 16-row tile or leave part of it, token counts around the 4-token micro-kernel and past
+// the 64-token block, and lengths that end inside a 256-value super-block. The output is
+// poisoned first, and a token offset into the packed activations is used.
+void test_gemm_q8() {
+    if (!kcap::q8_gemm::runs(Format::Q4_K)) {
+        std::printf("note: no int8 GEMM here (build or CPU); it is not tested\n");
+        return;
+    }
+    std::mt19937 rng(777);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    kcap::ThreadPool pool(2);
+    std::string summary;
+    int formats = 0;
+    for (const kcap::FormatInfo& info : kcap::all_formats()) {
+        if (!kcap::q8_gemm::runs(info.format)) continue;
+        ++formats;
+        double worst_ratio = 0.0;
+        int failures_here = 0;
+        const int64_t block = info.block_elems;
+        for (int64_t k : {block * ((96 + block - 1) / block), int64_t(768), int64_t(2048 + 256 + block)}) {
+            if (k % block) continue;
+            for (const auto& [n_rows, n_tokens] : {std::pair<int64_t, int64_t>{16, 4}, {19, 7}, {5, 1}, {33, 70}}) {
+                const int64_t t0 = 2, all_tokens = n_tokens + t0;
+                std::vector<uint8_t> w;
+                std::vector<float> wf(size_t(n_rows * k));
+                for (int64_t r = 0; r < n_rows; ++r) {
+                    const std::vector<uint8_t> row = random_row(info.format, k, rng);
+                    kcap::dequantize_row(info.format, row.data(), wf.data() + r * k, k);
+                    w.insert(w.end(), row.begin(), row.end());
+                }
+                std::vector<float> x(size_t(all_tokens * k)), xr(x.size());
+                for (float& v : x) v = normal(rng);
+                for (int64_t i = 0; i < 32; ++i) x[size_t(t0 * k + i)] = 0.0f;  // a run of zeros: d = 0
+                if (n_tokens > 1)  // one sign: a bias folded into f32 would cancel
+                    for (int64_t i = 0; i < k; ++i) x[size_t((t0 + 1) * k + i)] = std::fabs(x[size_t((t0 + 1) * k + i)]);
+                kcap::round_q8_1(x.data(), int64_t(x.size()), xr.data());
+                kcap::q8_gemm::Tokens packed;
+                packed.pack(x.data(), all_tokens, k, pool);
+                std::vector<float> bias(static_cast<size_t>(n_rows));
+                for (float& b : bias) b = normal(rng);
+                const int64_t y_stride = n_rows + 3;
+                std::vector<float> y(size_t(n_tokens * y_stride), std::nanf(""));
+                kcap::q8_gemm::multiply(info.format, w.data(), n_rows, k, packed, t0, n_tokens, bias.data(), y.data(),
+                                        y_stride, pool);
+                for (int64_t t = 0; t < n_tokens; ++t)
+                    for (int64_t r = 0; r < n_rows; ++r) {
+                        double reference = bias[size_t(r)], magnitude = std::fabs(bias[size_t(r)]);
+                        for (int64_t i = 0; i < k; ++i) {
+                            const double p = static_cast<double>(wf[size_t(r * k + i)]) * xr[size_t((t0 + t) * k + i)];
+                            reference += p;
+                            magnitude += std::fabs(p);
+                        }
+                        const double got = y[size_t(t * y_stride + r)];
+                        const double error = std::fabs(got - reference), tolerance = 8.0 * dot_tolerance(k, magnitude);
+                        if (tolerance > 0) worst_ratio = std::max(worst_ratio, error / tolerance);
+                        if (!(error <= tolerance)) {
+                            if (++failures_here <= 3)
+                                std::printf("  gemm %s k=%lld row %lld token %lld: got %.9g, f64 %.9g, error %.3g > %.3g\n",
+                                            info.name, static_cast<long long>(k), static_cast<long long>(r),
+                                            static_cast<long long>(t), got, reference, error, tolerance);
+                        }
+                    }
+                for (int64_t t = 0; t < n_tokens; ++t)
+                    for (int64_t r = n_rows; r < y_stride; ++r)
+                        if (!std::isnan(y[size_t(t * y_stride + r)])) ++failures_here;  // written past the rows
+            }
+        }
+        check(failures_here == 0, std::string("q8_gemm ") + info.name + " within tolerance");
+        char ratio[32];
+        std::snprintf(ratio, sizeof ratio, " %s %.3f", info.name, worst_ratio);
+        summary += ratio;
+    }
+    check(formats == 11, "the int8 GEMM covers the 11 quantized formats");
+    std::printf("q8_gemm: largest error as a fraction of the tolerance:%s\n", summary.c_str());
+}
+
 // dot_row with x = e_i (one-hot) is exactly w_i: every other product is a zero and the sum
 // of one value and zeros is exact. This pins the fused decode of every element to
 // dequantize_row's value bit for bit (the scale * code products of these formats are exact
@@ -488,6 +571,7 @@ int main() {
     }
     std::printf("cpu kernels in use: %s\n", kcap::cpu_kernels_in_use());
     test_dot_against_dequantize("kcap::dot_row", kcap::dot_row);
+    test_gemm_q8();
     test_cpu_kernel_caps();
     test_dot_special_rows();
     test_bad_sizes();

@@ -206,25 +206,29 @@ Q8_EXPERT_FIXTURES = ALL_MOE_FIXTURES + ["deepseek2", "deepseek3", "gpt-oss", "g
 
 @pytest.mark.parametrize("fixture", Q8_EXPERT_FIXTURES)
 def test_q8_1_plans_round_the_experts_inputs_where_every_expert_matrix_has_integer_products(fixture):
-    # activations="q8_1": the experts take cpu.moe_experts_q8 (x and each slot's activations
-    # rounded to q8_1, as the dense matmuls' inputs) where gate, up and down are quantized, the
-    # exact row where they are F32; the exact plan never rounds them. One row for every token count.
+    # activations="q8_1": the experts take cpu.moe_experts_q8 for one token and
+    # cpu.moe_experts_q8_tiles for more (x and each slot's activations rounded to q8_1, as the
+    # dense matmuls' inputs) where gate, up and down are quantized, the exact row where they are
+    # F32; the exact plan never rounds them and has one row for every token count.
     def experts(quant, **options):
         routes = kcap.load(FIXTURES / f"{fixture}-{quant}.gguf", backend="cpu", **options).explain()
-        ranges = {(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in routes if r["op"] == "moe_experts"}
-        assert len(ranges) == 1 and next(iter(ranges))[1:] == (1, None), ranges
-        return {kernel for kernel, _, _ in ranges}
+        return {(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in routes if r["op"] == "moe_experts"}
 
     def integer_products(quant):  # gate, up and down all quantized (gpt-oss-mxfp4: MXFP4 in both files)
         routes = kcap.load(FIXTURES / f"{fixture}-{quant}.gguf", backend="cpu").explain()
         formats = {f.split("=")[1] for r in routes if r["op"] == "moe_experts" for f in r["formats"].split()[:3]}
         return not formats & {"F32", "F16", "BF16"}
 
+    q8_rows = {("cpu.moe_experts_q8", 1, 1), ("cpu.moe_experts_q8_tiles", 2, None)}
+    exact = {("cpu.moe_experts", 1, None)}
     assert integer_products("q8_0")
-    assert experts("q8_0", activations="q8_1") == {"cpu.moe_experts_q8"}
-    assert experts("f32", activations="q8_1") == {"cpu.moe_experts_q8" if integer_products("f32") else "cpu.moe_experts"}
-    assert experts("q8_0") == {"cpu.moe_experts"}
-    assert experts("q8_0", activations="q8_1", excluded_kernels=["cpu.moe_experts_q8"]) == {"cpu.moe_experts"}
+    assert experts("q8_0", activations="q8_1") == q8_rows
+    assert experts("f32", activations="q8_1") == (q8_rows if integer_products("f32") else exact)
+    assert experts("q8_0") == exact
+    assert experts("q8_0", activations="q8_1", excluded_kernels=["cpu.moe_experts_q8_tiles"]) == {
+        ("cpu.moe_experts_q8", 1, 1), ("cpu.moe_experts", 2, None)}
+    assert experts("q8_0", activations="q8_1",
+                   excluded_kernels=["cpu.moe_experts_q8", "cpu.moe_experts_q8_tiles"]) == exact
 
 
 @pytest.mark.parametrize("fixture", ["qwen3moe", "gpt-oss-mxfp4", "deepseek2"])

@@ -1,0 +1,123 @@
+// The int8 GEMM of cpu/matmul_q8_gemm.h with AVX-512 VNNI: a micro-kernel of 4 weight rows x up
+// to 4 tokens keeps 16 int32 accumulators (one per row and token, a lane per 16-value group) over
+// a super-block's four vpdpbusd steps, then one f32 step per super-block. Compiled with those
+// instructions on every x86-64 build (CMakeLists.txt) and run only where the CPU has them; the
+// object uses raw pointers and intrinsics only, so it defines no inline function that the linker
+// could keep for other objects (tests/cpp/isa_confined.py checks).
+#include "cpu/matmul_q8_gemm.h"
+
+#if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
+      defined(__AVX512VNNI__))
+
+namespace kcap {
+namespace q8_gemm {
+namespace avx512 {
+bool compiled() { return false; }
+void rows_times_tokens(const PackedRows&, const PackedTokens&, int64_t, float*, int64_t) {}
+}  // namespace avx512
+}  // namespace q8_gemm
+}  // namespace kcap
+
+#else
+
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC's AVX-512 intrinsics start some results from _mm512_undefined_*(), which -Wuninitialized
+// then reports at every inlined use.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <type_traits>
+
+namespace kcap {
+namespace q8_gemm {
+namespace avx512 {
+
+namespace {
+
+// Rows r0 .. r0+3 of w times tokens t0 .. t0+kTokens-1 of x.
+template <int kRows, int kTokens, bool kOffset>
+void micro_kernel(const PackedRows& w, int64_t r0, const PackedTokens& x, int64_t t0, int64_t n_super, float* out,
+                  int64_t out_stride) {
+    const int64_t k_bytes = n_super * kSuper, n_groups = n_super * kGroups;
+    const uint8_t* wc = w.codes + r0 * k_bytes;
+    const float* ws = w.scale + r0 * n_groups;
+    const float* wo = kOffset ? w.offset + r0 * n_groups : nullptr;
+    const int8_t* xc = x.codes + t0 * k_bytes;
+    const float* xd = x.d + t0 * n_groups;
+    const int32_t* xs = x.sum + t0 * n_groups;
+    const __m512i bias = _mm512_set1_epi32(w.bias);
+    const float* xo = kOffset ? x.offset_sum + t0 * n_groups : nullptr;
+    __m512 sums[kRows][kTokens];
+    for (int r = 0; r < kRows; ++r)
+        for (int t = 0; t < kTokens; ++t) sums[r][t] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < n_super; ++s) {
+        __m512i acc[kRows][kTokens];
+        for (int r = 0; r < kRows; ++r)
+            for (int t = 0; t < kTokens; ++t) acc[r][t] = _mm512_setzero_si512();
+        for (int j = 0; j < 4; ++j) {
+            const int64_t at = s * kSuper + 64 * j;
+            __m512i xv[kTokens];
+            for (int t = 0; t < kTokens; ++t) xv[t] = _mm512_loadu_si512(xc + t * k_bytes + at);
+            for (int r = 0; r < kRows; ++r) {
+                const __m512i wv = _mm512_loadu_si512(wc + r * k_bytes + at);
+                for (int t = 0; t < kTokens; ++t) acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], wv, xv[t]);
+            }
+        }
+        const int64_t g = s * kGroups;
+        __m512 d[kTokens], offset_sum[kTokens];
+        __m512i bias_sum[kTokens];
+        for (int t = 0; t < kTokens; ++t) {
+            d[t] = _mm512_loadu_ps(xd + t * n_groups + g);
+            bias_sum[t] = _mm512_mullo_epi32(bias, _mm512_loadu_si512(xs + t * n_groups + g));
+            if (kOffset) offset_sum[t] = _mm512_loadu_ps(xo + t * n_groups + g);
+        }
+        for (int r = 0; r < kRows; ++r) {
+            const __m512 scale = _mm512_loadu_ps(ws + r * n_groups + g);
+            const __m512 offset = kOffset ? _mm512_loadu_ps(wo + r * n_groups + g) : _mm512_setzero_ps();
+            for (int t = 0; t < kTokens; ++t) {
+                const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][t], bias_sum[t]));
+                sums[r][t] = _mm512_fmadd_ps(exact, _mm512_mul_ps(scale, d[t]), sums[r][t]);
+                if (kOffset) sums[r][t] = _mm512_fmadd_ps(offset, offset_sum[t], sums[r][t]);
+            }
+        }
+    }
+    for (int t = 0; t < kTokens; ++t)
+        for (int r = 0; r < kRows; ++r) out[t * out_stride + r] = _mm512_reduce_add_ps(sums[r][t]);
+}
+
+template <bool kOffset>
+void all_rows(const PackedRows& w, const PackedTokens& x, int64_t n_super, float* out, int64_t out_stride) {
+    for (int64_t r0 = 0; r0 < w.rows; r0 += kRowBlock) {
+        const auto micro = [&](auto tokens, int64_t t0) {
+            micro_kernel<kRowBlock, decltype(tokens)::value, kOffset>(w, r0, x, t0, n_super,
+                                                                      out + t0 * out_stride + r0, out_stride);
+        };
+        int64_t t0 = 0;
+        for (; t0 + 4 <= x.tokens; t0 += 4) micro(std::integral_constant<int, 4>(), t0);
+        switch (x.tokens - t0) {
+            case 3: micro(std::integral_constant<int, 3>(), t0); break;
+            case 2: micro(std::integral_constant<int, 2>(), t0); break;
+            case 1: micro(std::integral_constant<int, 1>(), t0); break;
+            default: break;
+        }
+    }
+}
+
+}  // namespace
+
+bool compiled() { return true; }
+
+void rows_times_tokens(const PackedRows& w, const PackedTokens& x, int64_t n_super, float* out, int64_t out_stride) {
+    if (w.offset)
+        all_rows<true>(w, x, n_super, out, out_stride);
+    else
+        all_rows<false>(w, x, n_super, out, out_stride);
+}
+
+}  // namespace avx512
+}  // namespace q8_gemm
+}  // namespace kcap
+
+#endif

@@ -1,0 +1,205 @@
+// Packing for the int8 GEMM (cpu/matmul_q8_gemm.h, cpu/matmul_q8_pack.h): q8_1 activations of
+// every token once per call, weight rows a tile at a time on each thread (their codes from
+// cpp/core/formats_blocks.h's CodesOf), then the AVX-512 VNNI kernel on each tile.
+#include "cpu/matmul_q8_pack.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/formats_blocks.h"
+#include "core/formats_dot_paths.h"
+#include "kcap/errors.h"
+
+namespace kcap {
+namespace q8_gemm {
+
+namespace {
+
+using namespace blocks;
+
+// Tokens per pass over a tile: their packed codes (64 x K bytes) stay in L2 across the tile.
+constexpr int64_t kTokenBlock = 64;
+
+// The byte of value i (< kSuper) of a super-block in the interleaved layout: step j = (i % 16)
+// / 4 holds values 4j..4j+3 of each group g = i / 16 at bytes 4g..4g+3.
+inline int64_t interleaved(int64_t i) { return ((i % 16) / 4) * 64 + (i / 16) * 4 + i % 4; }
+
+// Copies the codes of values [e0, e0 + n) (e0 and n multiples of 4) into the interleaved row.
+inline void place_codes(const uint8_t* codes, int64_t e0, int64_t n, uint8_t* row) {
+    for (int64_t e = e0; e < e0 + n; e += 4) {
+        const int64_t s = e / kSuper;
+        std::memcpy(row + s * kSuper + interleaved(e % kSuper), codes + (e - e0), 4);
+    }
+}
+
+struct RowTile {
+    std::vector<uint8_t> codes;
+    std::vector<float> scale, offset;
+    std::vector<float> out;  // the last tile's rows when they do not fill it
+    int64_t n_super = 0;
+    int32_t bias = 0;
+    bool has_offset = false;
+
+    void resize(int64_t super_blocks) {
+        if (super_blocks == n_super) return;
+        n_super = super_blocks;
+        codes.assign(size_t(kTileRows * n_super * kSuper), 0);
+        scale.assign(size_t(kTileRows * n_super * kGroups), 0.0f);
+        offset.assign(size_t(kTileRows * n_super * kGroups), 0.0f);
+    }
+    PackedRows view() const {
+        return {codes.data(), scale.data(), has_offset ? offset.data() : nullptr, kTileRows, bias};
+    }
+};
+
+// Packs rows [0, n) of w (row_stride bytes apart, k elements each) into tile rows 0..n-1 and
+// zeroes the rest (their products are computed and dropped).
+template <class Block>
+void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTile& tile) {
+    using Codes = CodesOf<Block>;
+    constexpr int kElems = Codes::kElems;
+    const int64_t k_bytes = tile.n_super * kSuper, n_groups = tile.n_super * kGroups;
+    tile.bias = Codes::kBias;
+    tile.has_offset = Codes::kOffset;
+    BlockCodes<kElems> c;
+    for (int64_t r = 0; r < kTileRows; ++r) {
+        uint8_t* codes = tile.codes.data() + r * k_bytes;
+        float* scale = tile.scale.data() + r * n_groups;
+        float* offset = tile.offset.data() + r * n_groups;
+        if (r >= n) {
+            std::memset(codes, 0, size_t(k_bytes));
+            std::fill(scale, scale + n_groups, 0.0f);
+            std::fill(offset, offset + n_groups, 0.0f);
+            continue;
+        }
+        const auto* blocks = reinterpret_cast<const Block*>(w + size_t(r) * row_stride);
+        for (int64_t b = 0; b < k / kElems; ++b) {
+            Codes::get(blocks[b], c);
+            place_codes(c.codes, b * kElems, kElems, codes);
+            std::copy(c.scale, c.scale + kElems / 16, scale + b * (kElems / 16));
+            std::copy(c.offset, c.offset + kElems / 16, offset + b * (kElems / 16));
+        }
+        // The padding past k (to whole super-blocks) keeps zero codes and scales.
+        std::fill(scale + k / 16, scale + n_groups, 0.0f);
+        std::fill(offset + k / 16, offset + n_groups, 0.0f);
+        if (k % kSuper)  // the last super-block's padding values sit between the real ones
+            for (int64_t e = k; e < k_bytes; e += 4)
+                std::memset(codes + (e / kSuper) * kSuper + interleaved(e % kSuper), 0, 4);
+    }
+}
+
+using PackFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, RowTile&);
+
+PackFn pack_fn(Format format) {
+    switch (format) {
+        case Format::Q4_0: return pack_rows<BlockQ4_0>;
+        case Format::Q4_1: return pack_rows<BlockQ4_1>;
+        case Format::Q5_0: return pack_rows<BlockQ5_0>;
+        case Format::Q5_1: return pack_rows<BlockQ5_1>;
+        case Format::Q8_0: return pack_rows<BlockQ8_0>;
+        case Format::MXFP4: return pack_rows<BlockMXFP4>;
+        case Format::Q2_K: return pack_rows<BlockQ2_K>;
+        case Format::Q3_K: return pack_rows<BlockQ3_K>;
+        case Format::Q4_K: return pack_rows<BlockQ4_K>;
+        case Format::Q5_K: return pack_rows<BlockQ5_K>;
+        case Format::Q6_K: return pack_rows<BlockQ6_K>;
+        default: return nullptr;
+    }
+}
+
+}  // namespace
+
+bool runs(Format weights) { return pack_fn(weights) && avx512::compiled() && avx512_kernels_in_use(); }
+
+void Tokens::resize(int64_t tokens, int64_t k) {
+    k_ = k;
+    tokens_ = tokens;
+    n_super_ = (k + kSuper - 1) / kSuper;
+    codes_.assign(size_t(tokens * n_super_ * kSuper), 0);
+    d_.assign(size_t(tokens * n_super_ * kGroups), 0.0f);
+    sum_.assign(size_t(tokens * n_super_ * kGroups), 0);
+    offset_sum_.assign(size_t(tokens * n_super_ * kGroups), 0.0f);
+}
+
+void Tokens::pack_one(const float* x, int64_t t) {
+    thread_local std::vector<int8_t> q;
+    thread_local std::vector<float> d;
+    thread_local std::vector<int32_t> sum16;
+    q.resize(size_t(k_)), d.resize(size_t(k_ / 32)), sum16.resize(size_t(k_ / 16));
+    quantize_q8_1(x, k_, q.data(), d.data(), sum16.data());
+    const int64_t n_groups = n_super_ * kGroups;
+    place_codes(reinterpret_cast<const uint8_t*>(q.data()), 0, k_,
+                reinterpret_cast<uint8_t*>(codes_.data()) + t * n_super_ * kSuper);
+    for (int64_t g = 0; g < k_ / 16; ++g) {
+        const float dg = d[size_t(g / 2)];
+        d_[size_t(t * n_groups + g)] = dg;
+        sum_[size_t(t * n_groups + g)] = sum16[size_t(g)];
+        offset_sum_[size_t(t * n_groups + g)] = dg * static_cast<float>(sum16[size_t(g)]);
+    }
+}
+
+void Tokens::pack(const float* x, int64_t tokens, int64_t k, ThreadPool& pool) {
+    resize(tokens, k);
+    pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) pack_one(x + t * k, t);
+    });
+}
+
+void Tokens::pack_rows(const float* x, const int32_t* row_of, int64_t tokens, int64_t k, ThreadPool& pool) {
+    resize(tokens, k);
+    pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) pack_one(x + int64_t(row_of[t]) * k, t);
+    });
+}
+
+PackedTokens Tokens::view(int64_t t0, int64_t n) const {
+    const int64_t n_groups = n_super_ * kGroups;
+    return {codes_.data() + t0 * n_super_ * kSuper, d_.data() + t0 * n_groups, sum_.data() + t0 * n_groups,
+            offset_sum_.data() + t0 * n_groups, n};
+}
+
+void check(Format format, int64_t k, const Tokens& x) {
+    if (!pack_fn(format) || k % format_info(format).block_elems || x.n_super() != (k + kSuper - 1) / kSuper)
+        throw Error(std::string("q8_gemm: ") + format_name(format) + " rows of " + std::to_string(k) +
+                    " elements do not match the packed activations (or the format has no integer codes)");
+}
+
+void multiply_tile(Format format, const uint8_t* w, int64_t n_rows, int64_t k, const Tokens& x, int64_t t0,
+                   int64_t n_tokens, const float* bias, float* y, int64_t y_stride) {
+    const PackFn pack = pack_fn(format);
+    thread_local RowTile tile;
+    tile.resize(x.n_super());
+    pack(w, row_bytes(format, k), n_rows, k, tile);
+    const PackedRows packed = tile.view();
+    for (int64_t b0 = 0; b0 < n_tokens; b0 += kTokenBlock) {
+        const int64_t m = std::min(kTokenBlock, n_tokens - b0);
+        float* out = y + b0 * y_stride;
+        if (n_rows == kTileRows) {
+            avx512::rows_times_tokens(packed, x.view(t0 + b0, m), x.n_super(), out, y_stride);
+        } else {
+            tile.out.resize(size_t(m * kTileRows));
+            avx512::rows_times_tokens(packed, x.view(t0 + b0, m), x.n_super(), tile.out.data(), kTileRows);
+            for (int64_t t = 0; t < m; ++t)
+                std::copy(tile.out.data() + t * kTileRows, tile.out.data() + t * kTileRows + n_rows, out + t * y_stride);
+        }
+        if (bias)
+            for (int64_t t = 0; t < m; ++t)
+                for (int64_t r = 0; r < n_rows; ++r) out[t * y_stride + r] += bias[r];
+    }
+}
+
+void multiply(Format format, const uint8_t* w, int64_t n_rows, int64_t k, const Tokens& x, int64_t t0,
+              int64_t n_tokens, const float* bias, float* y, int64_t y_stride, ThreadPool& pool) {
+    check(format, k, x);
+    const size_t row_stride = row_bytes(format, k);
+    pool.parallel_for(tiles(n_rows), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const int64_t n0 = i * kTileRows;
+            multiply_tile(format, w + size_t(n0) * row_stride, std::min(kTileRows, n_rows - n0), k, x, t0, n_tokens,
+                          bias ? bias + n0 : nullptr, y + n0, y_stride);
+        }
+    });
+}
+
+}  // namespace q8_gemm
+}  // namespace kcap
