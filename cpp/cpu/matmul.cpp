@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cctype>
 
+#include "core/formats_dot_paths.h"
 #include "cpu/cpu_state.h"
+#include "cpu/matmul_f32_gemm.h"
 #include "cpu/matmul_q8_pack.h"
 #include "dispatch/gpu_rows.h"
 #include "dispatch/stage.h"
@@ -93,6 +95,16 @@ void matmul_kernel(const Stage& stage, const KernelCall& call) {
         });
         return;
     }
+    if (f32_gemm::runs()) {
+        pool.parallel_for(f32_gemm::tiles(N), [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) {
+                const int64_t n0 = i * f32_gemm::kTileRows;
+                f32_gemm::multiply_tile(w.format, w.data + n0 * row_stride, std::min(f32_gemm::kTileRows, N - n0), K,
+                                        call.in, K, M, bias ? bias + n0 : nullptr, call.out + n0, N);
+            }
+        });
+        return;
+    }
     const int64_t n_tiles = (N + kPrefillRowTile - 1) / kPrefillRowTile;
     pool.parallel_for(n_tiles, [&](int64_t begin, int64_t end) {
         std::vector<float> tile(kPrefillRowTile * K);
@@ -163,6 +175,31 @@ void matmul_q8_kernel(const Stage& stage, const KernelCall& call) {
 }
 
 }  // namespace
+
+bool f32_gemm::runs() { return f32_gemm::avx512::compiled() && avx512_kernels_in_use(); }
+
+void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, int64_t k, const float* x,
+                             int64_t x_stride, int64_t n_tokens, const float* bias, float* y, int64_t y_stride) {
+    // The rows decoded exactly, then stored k-major (zero rows past n_rows), as the kernel reads them.
+    thread_local std::vector<float> rows, tile, partial;
+    rows.resize(size_t(kTileRows * k));
+    tile.resize(size_t(kTileRows * k));
+    const size_t row_stride = row_bytes(format, k);
+    for (int64_t r = 0; r < n_rows; ++r) dequantize_row(format, w + r * row_stride, rows.data() + r * k, k);
+    for (int64_t r = 0; r < kTileRows; ++r)
+        for (int64_t i = 0; i < k; ++i) tile[size_t(i * kTileRows + r)] = r < n_rows ? rows[size_t(r * k + i)] : 0.0f;
+    if (n_rows == kTileRows) {
+        avx512::tile_times_tokens(tile.data(), k, x, x_stride, n_tokens, y, y_stride);
+    } else {
+        partial.resize(size_t(n_tokens * kTileRows));
+        avx512::tile_times_tokens(tile.data(), k, x, x_stride, n_tokens, partial.data(), kTileRows);
+        for (int64_t t = 0; t < n_tokens; ++t)
+            std::copy(partial.data() + t * kTileRows, partial.data() + t * kTileRows + n_rows, y + t * y_stride);
+    }
+    if (bias)
+        for (int64_t t = 0; t < n_tokens; ++t)
+            for (int64_t r = 0; r < n_rows; ++r) y[t * y_stride + r] += bias[r];
+}
 
 void add_cpu_matmul_rows(std::vector<Row>& rows) {
     for (const FormatInfo& info : all_formats()) {

@@ -17,6 +17,10 @@
 //                         gated activation (gpt-oss's clamped SwiGLU too).
 //                         With expert_gate_up_merged, gate and up are one tensor (operands 0 and
 //                         1 the same): expert e's gate rows 2e*ff.., its up rows (2e+1)*ff...
+//   cpu.moe_experts_tiles the same for any number of tokens: where the CPU has AVX-512, each
+//                         expert's rows decoded exactly once per call into the f32 GEMM's tiles
+//                         (cpu/matmul_f32_gemm.h) for all of its slots; elsewhere the slot loop.
+//                         cpu.moe_experts itself takes one token.
 //   cpu.moe_experts_q8    the same with q8_1 activations for one token (activations="q8_1", the
 //                         experts' formats all in KCAP_Q8_WEIGHT_FORMATS): gate_e and up_e against
 //                         q8_1(x), down_e against q8_1 of the slot's activations (each slot's ff
@@ -35,6 +39,7 @@
 #include <vector>
 
 #include "cpu/cpu_state.h"
+#include "cpu/matmul_f32_gemm.h"
 #include "cpu/matmul_q8_pack.h"
 #include "dispatch/stage.h"
 #include "kernels/formats_list.h"
@@ -225,15 +230,18 @@ void weighted_sum(const Stage& stage, const KernelCall& call, const ExpertOperan
     });
 }
 
-// cpu.moe_experts_q8_tiles where the int8 GEMM runs (cpu/matmul_q8_pack.h: AVX-512 VNNI): the slots in
-// expert order, each expert's gate, up and down rows decoded once per call and multiplied with all
-// of its slots (x and each slot's activations rounded to q8_1 as in moe_experts_kernel). The same
-// products as dot_row_q8_1 up to the f32 rounding of their per-group steps; the weighted sum is
-// the same loop.
-void moe_experts_q8_gemm(const Stage& stage, const KernelCall& call, const ExpertOperands& e,
-                         const ExpertSlots& by_expert, ThreadPool& pool) {
+// cpu.moe_experts_tiles and cpu.moe_experts_q8_tiles where their GEMM runs (AVX-512): the slots
+// in expert order, each expert's gate, up and down rows decoded once per call into tiles and
+// multiplied with all of its slots. Exact (Q8 false): rows dequantized exactly, f32 activations,
+// f32 FMA chains (cpu/matmul_f32_gemm.h). Q8: x and each slot's activations rounded to q8_1 as in
+// moe_experts_kernel, the int8 GEMM (cpu/matmul_q8_pack.h). The same products as the slot loop
+// up to the order and rounding of the sums; the weighted sum is the same loop.
+template <bool Q8>
+void moe_experts_tiles(const Stage& stage, const KernelCall& call, const ExpertOperands& e,
+                       const ExpertSlots& by_expert, ThreadPool& pool) {
     const StageParams& p = stage.params;
     const int64_t n_slots = call.n_tokens * e.n_used, n_experts = int64_t(by_expert.experts.size());
+    const int64_t tile_rows = Q8 ? q8_gemm::kTileRows : f32_gemm::kTileRows;
     // Position of each slot in expert order; expert i's slots are positions start[i] .. start[i + 1] - 1.
     std::vector<int64_t> start(static_cast<size_t>(n_experts) + 1, 0), pos_of_slot(static_cast<size_t>(n_slots));
     std::vector<int32_t> token_at(static_cast<size_t>(n_slots));
@@ -246,44 +254,62 @@ void moe_experts_q8_gemm(const Stage& stage, const KernelCall& call, const Exper
         }
     }
     start[size_t(n_experts)] = pos;
+    // The inputs by position: q8_1-packed (Q8), or the tokens' rows gathered (exact).
     q8_gemm::Tokens xq, aq;
-    xq.pack_rows(call.in, token_at.data(), n_slots, e.K, pool);
-    q8_gemm::check(e.gate.format, e.K, xq);
-    q8_gemm::check(e.up.format, e.K, xq);
+    std::vector<float> xg(Q8 ? 0 : size_t(n_slots * e.K));
+    if constexpr (Q8) {
+        xq.pack_rows(call.in, token_at.data(), n_slots, e.K, pool);
+        q8_gemm::check(e.gate.format, e.K, xq);
+        q8_gemm::check(e.up.format, e.K, xq);
+    } else {
+        pool.parallel_for(n_slots, [&](int64_t begin, int64_t end) {
+            for (int64_t s = begin; s < end; ++s)
+                std::copy(call.in + token_at[size_t(s)] * e.K, call.in + (token_at[size_t(s)] + 1) * e.K,
+                          xg.data() + s * e.K);
+        });
+    }
+    // Rows of W (row_bytes apart from w) times expert i's positions: their inputs x (the exact
+    // tiles; rows of k by position) or the packed ones (Q8: aq for down, else xq).
+    const auto tile = [&](Format format, const uint8_t* w, int64_t rows, int64_t k, bool down, const float* x,
+                          int64_t i, const float* bias, float* y, int64_t y_stride) {
+        const int64_t s0 = start[size_t(i)], count = start[size_t(i) + 1] - s0;
+        if constexpr (Q8)
+            q8_gemm::multiply_tile(format, w, rows, k, down ? aq : xq, s0, count, bias, y + s0 * y_stride, y_stride);
+        else
+            f32_gemm::multiply_tile(format, w, rows, k, x + s0 * k, k, count, bias, y + s0 * y_stride, y_stride);
+    };
     // gate and up [positions][ff]: work items (expert, tile of ff rows, gate or up).
     std::vector<float> gate(size_t(n_slots * e.ff)), up(size_t(n_slots * e.ff));
-    const int64_t ff_tiles = q8_gemm::tiles(e.ff);
+    const int64_t ff_tiles = (e.ff + tile_rows - 1) / tile_rows;
     pool.parallel_for(n_experts * ff_tiles * 2, [&](int64_t begin, int64_t end) {
         for (int64_t item = begin; item < end; ++item) {
-            const int64_t i = item / (2 * ff_tiles), n0 = (item / 2 % ff_tiles) * q8_gemm::kTileRows;
+            const int64_t i = item / (2 * ff_tiles), n0 = (item / 2 % ff_tiles) * tile_rows;
             const bool is_up = item % 2 == 1;
-            const int64_t ex = by_expert.experts[size_t(i)], rows = std::min(q8_gemm::kTileRows, e.ff - n0);
+            const int64_t ex = by_expert.experts[size_t(i)], rows = std::min(tile_rows, e.ff - n0);
             const TensorRef& w = is_up ? e.up : e.gate;
             const int64_t row = ex * e.expert_rows + (is_up ? e.up_offset : 0) + n0;
             const float* bias = is_up ? e.up_bias : e.gate_bias;
-            const int64_t s0 = start[size_t(i)];
-            q8_gemm::multiply_tile(w.format, w.data + size_t(row) * (is_up ? e.up_row : e.gate_row), rows, e.K, xq, s0,
-                                   start[size_t(i) + 1] - s0, bias ? bias + ex * e.ff + n0 : nullptr,
-                                   (is_up ? up : gate).data() + s0 * e.ff + n0, e.ff);
+            tile(w.format, w.data + size_t(row) * (is_up ? e.up_row : e.gate_row), rows, e.K, false, xg.data(), i,
+                 bias ? bias + ex * e.ff + n0 : nullptr, (is_up ? up : gate).data() + n0, e.ff);
         }
     });
     pool.parallel_for(n_slots, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin * e.ff; i < end * e.ff; ++i)
             gate[size_t(i)] = gated_activation(p.activation, gate[size_t(i)], up[size_t(i)], p.swiglu_alpha, p.swiglu_limit);
     });
-    aq.pack(gate.data(), n_slots, e.ff, pool);
-    q8_gemm::check(e.down.format, e.ff, aq);
+    if constexpr (Q8) {
+        aq.pack(gate.data(), n_slots, e.ff, pool);
+        q8_gemm::check(e.down.format, e.ff, aq);
+    }
     // down [positions][N], its bias added: work items (expert, tile of N rows).
     std::vector<float> down(size_t(n_slots * e.N));
-    const int64_t n_tiles = q8_gemm::tiles(e.N);
+    const int64_t n_tiles = (e.N + tile_rows - 1) / tile_rows;
     pool.parallel_for(n_experts * n_tiles, [&](int64_t begin, int64_t end) {
         for (int64_t item = begin; item < end; ++item) {
-            const int64_t i = item / n_tiles, n0 = (item % n_tiles) * q8_gemm::kTileRows;
-            const int64_t ex = by_expert.experts[size_t(i)], rows = std::min(q8_gemm::kTileRows, e.N - n0);
-            const int64_t s0 = start[size_t(i)];
-            q8_gemm::multiply_tile(e.down.format, e.down.data + size_t(ex * e.N + n0) * e.down_row, rows, e.ff, aq, s0,
-                                   start[size_t(i) + 1] - s0, e.down_bias ? e.down_bias + ex * e.N + n0 : nullptr,
-                                   down.data() + s0 * e.N + n0, e.N);
+            const int64_t i = item / n_tiles, n0 = (item % n_tiles) * tile_rows;
+            const int64_t ex = by_expert.experts[size_t(i)], rows = std::min(tile_rows, e.N - n0);
+            tile(e.down.format, e.down.data + size_t(ex * e.N + n0) * e.down_row, rows, e.ff, true, gate.data(), i,
+                 e.down_bias ? e.down_bias + ex * e.N + n0 : nullptr, down.data() + n0, e.N);
         }
     });
     weighted_sum(stage, call, e, [&](int64_t slot) { return down.data() + pos_of_slot[size_t(slot)] * e.N; });
@@ -303,9 +329,14 @@ void moe_experts_kernel(const Stage& stage, const KernelCall& call) {
     ThreadPool& pool = cpu_state(call.backend_state).pool;
     const int64_t n_slots = call.n_tokens * e.n_used;
     const ExpertSlots by_expert = slots_by_expert(call.in2, call.n_tokens, e.n_used, p.n_expert);
-    if constexpr (Tiles)
-        if (q8_gemm::runs(e.gate.format) && q8_gemm::runs(e.up.format) && q8_gemm::runs(e.down.format))
-            return moe_experts_q8_gemm(stage, call, e, by_expert, pool);
+    if constexpr (Tiles) {
+        if constexpr (Q8) {
+            if (q8_gemm::runs(e.gate.format) && q8_gemm::runs(e.up.format) && q8_gemm::runs(e.down.format))
+                return moe_experts_tiles<true>(stage, call, e, by_expert, pool);
+        } else if (f32_gemm::runs()) {
+            return moe_experts_tiles<false>(stage, call, e, by_expert, pool);
+        }
+    }
     const int64_t n_experts = int64_t(by_expert.experts.size());
     Q8Rows xq(Q8 ? size_t(call.n_tokens) : 0, e.K), aq(Q8 ? size_t(n_slots) : 0, e.ff);
     if constexpr (Q8)
@@ -398,8 +429,17 @@ void add_cpu_moe_rows(std::vector<Row>& rows) {
                        kSharedExpertSum;
     experts.dims.k_multiple_of = &block_multiple;  // K (gate, up) and the FFN width (down)
     experts.launches = {"moe_experts"};
-    experts.fn = moe_experts_kernel<false, false>;
-    rows.push_back(experts);
+    // cpu.moe_experts takes one token (each chosen expert's rows against its one slot: dot_row),
+    // cpu.moe_experts_tiles any count (each expert's rows decoded once into the f32 GEMM's tiles
+    // for all of its slots where the CPU has AVX-512, else the same slot loop).
+    for (const bool one_token : {true, false}) {
+        Row row = experts;
+        row.kernel = one_token ? "cpu.moe_experts" : "cpu.moe_experts_tiles";
+        row.tokens = {1, one_token ? 1 : 0};
+        row.priority = one_token ? 1 : 0;
+        row.fn = one_token ? moe_experts_kernel<false, false> : moe_experts_kernel<false, true>;
+        rows.push_back(row);
+    }
     // q8_1 activations: preferred where the plan rounds activations to q8_1 and every expert
     // matrix is a format with integer products.
     std::vector<Format> q8;

@@ -2,7 +2,7 @@
 
     python3 tests/cpp/isa_confined.py LIBKCAP_CORE.a [--objdump OBJDUMP] [--nm NM]
 
-A portable x86-64 build compiles cpp/core/formats_dot_avx512.cpp and cpp/cpu/matmul_q8_avx512.cpp
+A portable x86-64 build compiles cpp/core/formats_dot_avx512.cpp and cpp/cpu/matmul_*_avx512.cpp
 with AVX-512 and formats_dot_avx2.cpp with AVX2, a portable AArch64 build formats_dot_neon_dotprod.cpp with the
 dot product extension (CMakeLists.txt), and picks one at run time. That is only safe if no code
 compiled for those instructions can run elsewhere: no other object of the library may use them
@@ -23,8 +23,9 @@ import sys
 # no other may), how to spot those instructions in objdump's output and what to call them, and
 # the objects compiled for instructions beyond the baseline (none may define a weak symbol).
 ARCHITECTURES = {
-    "x86-64": ({"formats_dot_avx512.cpp.o", "matmul_q8_avx512.cpp.o"}, re.compile(r"%zmm"), "zmm registers (AVX-512)",
-               {"formats_dot_avx512.cpp.o", "formats_dot_avx2.cpp.o", "matmul_q8_avx512.cpp.o"}),
+    "x86-64": ({"formats_dot_avx512.cpp.o", "matmul_q8_avx512.cpp.o", "matmul_f32_avx512.cpp.o"}, re.compile(r"%zmm"),
+               "zmm registers (AVX-512)",
+               {"formats_dot_avx512.cpp.o", "formats_dot_avx2.cpp.o", "matmul_q8_avx512.cpp.o", "matmul_f32_avx512.cpp.o"}),
     "aarch64": ({"formats_dot_neon_dotprod.cpp.o"}, re.compile(r"\s[su]dot\s"), "SDOT/UDOT (dot product)",
                 {"formats_dot_neon_dotprod.cpp.o"}),
 }

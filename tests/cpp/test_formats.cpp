@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/formats_dot_paths.h"
+#include "cpu/matmul_f32_gemm.h"
 #include "cpu/matmul_q8_pack.h"
 #include "cpu/thread_pool.h"
 #include "kcap/errors.h"
@@ -419,6 +420,69 @@ void test_gemm_q8() {
     std::printf("q8_gemm: largest error as a fraction of the tolerance:%s\n", summary.c_str());
 }
 
+// The CPU's exact f32 GEMM tile (cpu/matmul_f32_gemm.h: cpu.matmul.* and cpu.moe_experts_tiles
+// over several tokens where the CPU has AVX-512) against f64 sums over dequantize_row, for every
+// format: a full tile of 32 rows and a partial one, token counts through each micro-kernel width
+// (12, 8, 4, 2, 1), poisoned output past the rows. Each output is one FMA chain over k (the weights
+// exact, each step one rounding), so the bound is (k + 16) * 2^-24 * sum|w x|.
+void test_gemm_f32() {
+    if (!kcap::f32_gemm::runs()) {
+        std::printf("note: no f32 GEMM here (build or CPU); it is not tested\n");
+        return;
+    }
+    std::mt19937 rng(555);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::string summary;
+    for (const kcap::FormatInfo& info : kcap::all_formats()) {
+        const int64_t block = std::max<int64_t>(32, info.block_elems);
+        double worst_ratio = 0.0;
+        int failures_here = 0;
+        for (const int64_t k : {block, 3 * block}) {
+            for (const auto& [n_rows, n_tokens] : {std::pair<int64_t, int64_t>{32, 27}, {7, 3}}) {
+                std::vector<uint8_t> w;
+                std::vector<float> wf(size_t(n_rows * k));
+                for (int64_t r = 0; r < n_rows; ++r) {
+                    const std::vector<uint8_t> row = random_row(info.format, k, rng);
+                    kcap::dequantize_row(info.format, row.data(), wf.data() + r * k, k);
+                    w.insert(w.end(), row.begin(), row.end());
+                }
+                std::vector<float> x(size_t(n_tokens * k)), bias(static_cast<size_t>(n_rows));
+                for (float& v : x) v = normal(rng);
+                for (float& b : bias) b = normal(rng);
+                const int64_t y_stride = n_rows + 2;
+                std::vector<float> y(size_t(n_tokens * y_stride), std::nanf(""));
+                kcap::f32_gemm::multiply_tile(info.format, w.data(), n_rows, k, x.data(), k, n_tokens, bias.data(),
+                                              y.data(), y_stride);
+                for (int64_t t = 0; t < n_tokens; ++t) {
+                    for (int64_t r = 0; r < n_rows; ++r) {
+                        double reference = bias[size_t(r)], magnitude = std::fabs(bias[size_t(r)]);
+                        for (int64_t i = 0; i < k; ++i) {
+                            const double p = static_cast<double>(wf[size_t(r * k + i)]) * x[size_t(t * k + i)];
+                            reference += p;
+                            magnitude += std::fabs(p);
+                        }
+                        const double got = y[size_t(t * y_stride + r)];
+                        const double error = std::fabs(got - reference);
+                        const double tolerance = (static_cast<double>(k) + 16.0) * std::ldexp(1.0, -24) * magnitude;
+                        if (tolerance > 0) worst_ratio = std::max(worst_ratio, error / tolerance);
+                        if (!(error <= tolerance) && ++failures_here <= 3)
+                            std::printf("  f32 gemm %s k=%lld row %lld token %lld: got %.9g, f64 %.9g\n", info.name,
+                                        static_cast<long long>(k), static_cast<long long>(r),
+                                        static_cast<long long>(t), got, reference);
+                    }
+                    for (int64_t r = n_rows; r < y_stride; ++r)
+                        if (!std::isnan(y[size_t(t * y_stride + r)])) ++failures_here;  // written past the rows
+                }
+            }
+        }
+        check(failures_here == 0, std::string("f32_gemm ") + info.name + " within tolerance");
+        char ratio[32];
+        std::snprintf(ratio, sizeof ratio, " %s %.3f", info.name, worst_ratio);
+        summary += ratio;
+    }
+    std::printf("f32_gemm: largest error as a fraction of the tolerance:%s\n", summary.c_str());
+}
+
 // dot_row with x = e_i (one-hot) is exactly w_i: every other product is a zero and the sum
 // of one value and zeros is exact. This pins the fused decode of every element to
 // dequantize_row's value bit for bit (the scale * code products of these formats are exact
@@ -572,6 +636,7 @@ int main() {
     std::printf("cpu kernels in use: %s\n", kcap::cpu_kernels_in_use());
     test_dot_against_dequantize("kcap::dot_row", kcap::dot_row);
     test_gemm_q8();
+    test_gemm_f32();
     test_cpu_kernel_caps();
     test_dot_special_rows();
     test_bad_sizes();

@@ -208,8 +208,9 @@ Q8_EXPERT_FIXTURES = ALL_MOE_FIXTURES + ["deepseek2", "deepseek3", "gpt-oss", "g
 def test_q8_1_plans_round_the_experts_inputs_where_every_expert_matrix_has_integer_products(fixture):
     # activations="q8_1": the experts take cpu.moe_experts_q8 for one token and
     # cpu.moe_experts_q8_tiles for more (x and each slot's activations rounded to q8_1, as the
-    # dense matmuls' inputs) where gate, up and down are quantized, the exact row where they are
-    # F32; the exact plan never rounds them and has one row for every token count.
+    # dense matmuls' inputs) where gate, up and down are quantized, the exact rows where they are
+    # F32; the exact plan never rounds them (cpu.moe_experts for one token, cpu.moe_experts_tiles
+    # for more).
     def experts(quant, **options):
         routes = kcap.load(FIXTURES / f"{fixture}-{quant}.gguf", backend="cpu", **options).explain()
         return {(r["kernel"], r["tokens_min"], r["tokens_max"]) for r in routes if r["op"] == "moe_experts"}
@@ -220,13 +221,13 @@ def test_q8_1_plans_round_the_experts_inputs_where_every_expert_matrix_has_integ
         return not formats & {"F32", "F16", "BF16"}
 
     q8_rows = {("cpu.moe_experts_q8", 1, 1), ("cpu.moe_experts_q8_tiles", 2, None)}
-    exact = {("cpu.moe_experts", 1, None)}
+    exact = {("cpu.moe_experts", 1, 1), ("cpu.moe_experts_tiles", 2, None)}
     assert integer_products("q8_0")
     assert experts("q8_0", activations="q8_1") == q8_rows
     assert experts("f32", activations="q8_1") == (q8_rows if integer_products("f32") else exact)
     assert experts("q8_0") == exact
     assert experts("q8_0", activations="q8_1", excluded_kernels=["cpu.moe_experts_q8_tiles"]) == {
-        ("cpu.moe_experts_q8", 1, 1), ("cpu.moe_experts", 2, None)}
+        ("cpu.moe_experts_q8", 1, 1), ("cpu.moe_experts_tiles", 2, None)}
     assert experts("q8_0", activations="q8_1",
                    excluded_kernels=["cpu.moe_experts_q8", "cpu.moe_experts_q8_tiles"]) == exact
 

@@ -1,0 +1,39 @@
+// Internal to cpp/cpu: the f32 GEMM of the CPU's exact matmul rows (cpu.matmul.*) for a call of
+// several tokens where the CPU has AVX-512: a tile of kTileRows weight rows, decoded exactly
+// (dequantize_row) and stored k-major (tile[k * kTileRows + r]), times every token's f32
+// activations, each output one f32 FMA chain over k. The weights are dequantize_row's exactly and
+// every sum is f32, so the result differs from dot_row's only in the order of the additions.
+#pragma once
+
+#include <cstdint>
+
+#include "kcap/formats.h"
+
+namespace kcap {
+namespace f32_gemm {
+
+constexpr int64_t kTileRows = 32;  // two 16-lane vectors of rows per k
+inline int64_t tiles(int64_t n_rows) { return (n_rows + kTileRows - 1) / kTileRows; }
+
+// Whether the GEMM runs on this CPU: compiled, and the CPU has AVX-512 (with VNNI, the level
+// kcap.cap_cpu_kernels calls "avx512") and the cap allows it. Checked per call, like dot_row's
+// choice of instructions.
+bool runs();
+
+// One tile on the calling thread (cpu/matmul.cpp): y[t * y_stride + n] = W[n] . x[t * x_stride ..]
+// (+ bias[n]) for n < n_rows <= kTileRows, t < n_tokens; W is n_rows rows of k elements in
+// `format`, row_bytes apart, each decoded with dequantize_row.
+void multiply_tile(Format format, const uint8_t* w, int64_t n_rows, int64_t k, const float* x, int64_t x_stride,
+                   int64_t n_tokens, const float* bias, float* y, int64_t y_stride);
+
+namespace avx512 {
+// Whether the library was compiled with the AVX-512 kernel (matmul_f32_avx512.cpp).
+bool compiled();
+// out[t * out_stride + r] = sum over k < k_len of tile[k * kTileRows + r] * x[t * x_stride + k],
+// r < kTileRows, t < tokens. Only where avx512_kernels_in_use().
+void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t x_stride, int64_t tokens, float* out,
+                       int64_t out_stride);
+}  // namespace avx512
+
+}  // namespace f32_gemm
+}  // namespace kcap
