@@ -3,10 +3,10 @@
 // in registers over the whole k loop. Compiled with AVX-512 on every x86-64 build
 // (CMakeLists.txt) and run only where the CPU has it; raw pointers and intrinsics only, so the
 // object defines no inline function the linker could keep for other objects (isa_confined).
+#include "core/formats_dot_paths.h"
 #include "cpu/matmul_f32_gemm.h"
 
-#if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
-      defined(__AVX512VNNI__))
+#if !defined(KCAP_DOT_AVX512)  // the instructions this file is compiled with (formats_dot_paths.h)
 
 namespace kcap {
 namespace f32_gemm {

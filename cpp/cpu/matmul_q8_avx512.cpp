@@ -4,10 +4,10 @@
 // instructions on every x86-64 build (CMakeLists.txt) and run only where the CPU has them; the
 // object uses raw pointers and intrinsics only, so it defines no inline function that the linker
 // could keep for other objects (tests/cpp/isa_confined.py checks).
+#include "core/formats_dot_paths.h"
 #include "cpu/matmul_q8_gemm.h"
 
-#if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
-      defined(__AVX512VNNI__))
+#if !defined(KCAP_DOT_AVX512)  // the instructions this file is compiled with (formats_dot_paths.h)
 
 namespace kcap {
 namespace q8_gemm {

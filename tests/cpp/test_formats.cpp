@@ -341,6 +341,50 @@ void test_dot_q8_1(const char* build, DotQ8Function dot) {
     std::printf("%s: largest error as a fraction of the tolerance:%s\n", build, summary.c_str());
 }
 
+// n_rows random rows of k elements in `format`, one after another; values gets their decoded weights.
+std::vector<uint8_t> random_matrix(Format format, int64_t n_rows, int64_t k, std::mt19937& rng,
+                                   std::vector<float>& values) {
+    std::vector<uint8_t> w;
+    values.resize(size_t(n_rows * k));
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const std::vector<uint8_t> row = random_row(format, k, rng);
+        kcap::dequantize_row(format, row.data(), values.data() + r * k, k);
+        w.insert(w.end(), row.begin(), row.end());
+    }
+    return w;
+}
+
+// A GEMM's output y[t * y_stride + r] (r < n_rows, t < n_tokens) against the f64 sums
+// bias[r] + w[r] . x[t] (rows of k), within tolerance(sum |w x|); past n_rows y must still hold its
+// NaN poison. Returns the failures (the first three printed) and raises worst_ratio to the largest
+// error as a fraction of the tolerance.
+template <class Tolerance>
+int check_gemm_output(const char* what, const char* format, int64_t k, const std::vector<float>& w, const float* x,
+                      const std::vector<float>& bias, const std::vector<float>& y, int64_t n_rows, int64_t n_tokens,
+                      int64_t y_stride, Tolerance tolerance, double& worst_ratio) {
+    int failures = 0;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t r = 0; r < n_rows; ++r) {
+            double reference = bias[size_t(r)], magnitude = std::fabs(bias[size_t(r)]);
+            for (int64_t i = 0; i < k; ++i) {
+                const double p = static_cast<double>(w[size_t(r * k + i)]) * x[t * k + i];
+                reference += p;
+                magnitude += std::fabs(p);
+            }
+            const double got = y[size_t(t * y_stride + r)];
+            const double error = std::fabs(got - reference), bound = tolerance(magnitude);
+            if (bound > 0) worst_ratio = std::max(worst_ratio, error / bound);
+            if (!(error <= bound) && ++failures <= 3)
+                std::printf("  %s %s k=%lld row %lld token %lld: got %.9g, f64 %.9g, error %.3g > %.3g\n", what, format,
+                            static_cast<long long>(k), static_cast<long long>(r), static_cast<long long>(t), got,
+                            reference, error, bound);
+        }
+        for (int64_t r = n_rows; r < y_stride; ++r)
+            if (!std::isnan(y[size_t(t * y_stride + r)])) ++failures;  // written past the rows
+    }
+    return failures;
+}
+
 // The CPU's int8 GEMM (cpu/matmul_q8_pack.h: cpu.matmul_q8.* over several tokens where the CPU
 // has AVX-512 VNNI) against the same f64 sums as test_dot_q8_1 (the same bound: its per-group
 // f32 steps are those of dot_row_q8_1), for every format with integer codes: row counts that
@@ -367,13 +411,8 @@ void test_gemm_q8() {
             if (k % block) continue;
             for (const auto& [n_rows, n_tokens] : {std::pair<int64_t, int64_t>{16, 4}, {19, 7}, {5, 1}, {33, 70}}) {
                 const int64_t t0 = 2, all_tokens = n_tokens + t0;
-                std::vector<uint8_t> w;
-                std::vector<float> wf(size_t(n_rows * k));
-                for (int64_t r = 0; r < n_rows; ++r) {
-                    const std::vector<uint8_t> row = random_row(info.format, k, rng);
-                    kcap::dequantize_row(info.format, row.data(), wf.data() + r * k, k);
-                    w.insert(w.end(), row.begin(), row.end());
-                }
+                std::vector<float> wf;
+                const std::vector<uint8_t> w = random_matrix(info.format, n_rows, k, rng, wf);
                 std::vector<float> x(size_t(all_tokens * k)), xr(x.size());
                 for (float& v : x) v = normal(rng);
                 for (int64_t i = 0; i < 32; ++i) x[size_t(t0 * k + i)] = 0.0f;  // a run of zeros: d = 0
@@ -388,27 +427,9 @@ void test_gemm_q8() {
                 std::vector<float> y(size_t(n_tokens * y_stride), std::nanf(""));
                 kcap::q8_gemm::multiply(info.format, w.data(), n_rows, k, packed, t0, n_tokens, bias.data(), y.data(),
                                         y_stride, pool);
-                for (int64_t t = 0; t < n_tokens; ++t)
-                    for (int64_t r = 0; r < n_rows; ++r) {
-                        double reference = bias[size_t(r)], magnitude = std::fabs(bias[size_t(r)]);
-                        for (int64_t i = 0; i < k; ++i) {
-                            const double p = static_cast<double>(wf[size_t(r * k + i)]) * xr[size_t((t0 + t) * k + i)];
-                            reference += p;
-                            magnitude += std::fabs(p);
-                        }
-                        const double got = y[size_t(t * y_stride + r)];
-                        const double error = std::fabs(got - reference), tolerance = 8.0 * dot_tolerance(k, magnitude);
-                        if (tolerance > 0) worst_ratio = std::max(worst_ratio, error / tolerance);
-                        if (!(error <= tolerance)) {
-                            if (++failures_here <= 3)
-                                std::printf("  gemm %s k=%lld row %lld token %lld: got %.9g, f64 %.9g, error %.3g > %.3g\n",
-                                            info.name, static_cast<long long>(k), static_cast<long long>(r),
-                                            static_cast<long long>(t), got, reference, error, tolerance);
-                        }
-                    }
-                for (int64_t t = 0; t < n_tokens; ++t)
-                    for (int64_t r = n_rows; r < y_stride; ++r)
-                        if (!std::isnan(y[size_t(t * y_stride + r)])) ++failures_here;  // written past the rows
+                failures_here += check_gemm_output(
+                    "q8_gemm", info.name, k, wf, xr.data() + t0 * k, bias, y, n_rows, n_tokens, y_stride,
+                    [&](double magnitude) { return 8.0 * dot_tolerance(k, magnitude); }, worst_ratio);
             }
         }
         check(failures_here == 0, std::string("q8_gemm ") + info.name + " within tolerance");
@@ -439,13 +460,8 @@ void test_gemm_f32() {
         int failures_here = 0;
         for (const int64_t k : {block, 3 * block}) {
             for (const auto& [n_rows, n_tokens] : {std::pair<int64_t, int64_t>{32, 27}, {7, 3}}) {
-                std::vector<uint8_t> w;
-                std::vector<float> wf(size_t(n_rows * k));
-                for (int64_t r = 0; r < n_rows; ++r) {
-                    const std::vector<uint8_t> row = random_row(info.format, k, rng);
-                    kcap::dequantize_row(info.format, row.data(), wf.data() + r * k, k);
-                    w.insert(w.end(), row.begin(), row.end());
-                }
+                std::vector<float> wf;
+                const std::vector<uint8_t> w = random_matrix(info.format, n_rows, k, rng, wf);
                 std::vector<float> x(size_t(n_tokens * k)), bias(static_cast<size_t>(n_rows));
                 for (float& v : x) v = normal(rng);
                 for (float& b : bias) b = normal(rng);
@@ -453,26 +469,12 @@ void test_gemm_f32() {
                 std::vector<float> y(size_t(n_tokens * y_stride), std::nanf(""));
                 kcap::f32_gemm::multiply_tile(info.format, w.data(), n_rows, k, x.data(), k, n_tokens, bias.data(),
                                               y.data(), y_stride);
-                for (int64_t t = 0; t < n_tokens; ++t) {
-                    for (int64_t r = 0; r < n_rows; ++r) {
-                        double reference = bias[size_t(r)], magnitude = std::fabs(bias[size_t(r)]);
-                        for (int64_t i = 0; i < k; ++i) {
-                            const double p = static_cast<double>(wf[size_t(r * k + i)]) * x[size_t(t * k + i)];
-                            reference += p;
-                            magnitude += std::fabs(p);
-                        }
-                        const double got = y[size_t(t * y_stride + r)];
-                        const double error = std::fabs(got - reference);
-                        const double tolerance = (static_cast<double>(k) + 16.0) * std::ldexp(1.0, -24) * magnitude;
-                        if (tolerance > 0) worst_ratio = std::max(worst_ratio, error / tolerance);
-                        if (!(error <= tolerance) && ++failures_here <= 3)
-                            std::printf("  f32 gemm %s k=%lld row %lld token %lld: got %.9g, f64 %.9g\n", info.name,
-                                        static_cast<long long>(k), static_cast<long long>(r),
-                                        static_cast<long long>(t), got, reference);
-                    }
-                    for (int64_t r = n_rows; r < y_stride; ++r)
-                        if (!std::isnan(y[size_t(t * y_stride + r)])) ++failures_here;  // written past the rows
-                }
+                failures_here += check_gemm_output(
+                    "f32_gemm", info.name, k, wf, x.data(), bias, y, n_rows, n_tokens, y_stride,
+                    [&](double magnitude) {
+                        return (static_cast<double>(k) + 16.0) * std::ldexp(1.0, -24) * magnitude;
+                    },
+                    worst_ratio);
             }
         }
         check(failures_here == 0, std::string("f32_gemm ") + info.name + " within tolerance");
