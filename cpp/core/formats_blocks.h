@@ -330,6 +330,19 @@ static inline void k4_scale_min(const uint8_t* scales, int j, int& scale, int& m
     }
 }
 
+// All eight at once, as k4_scale_min gives them: bytes 0-7 of out the scales of runs 0-7, bytes
+// 8-15 their mins. Four 32-bit words: scales 0-3 and mins 0-3 are the low six bits of bytes 0-7;
+// scales 4-7 (mins 4-7) the low (high) nibbles of bytes 8-11 with the top two bits of bytes 0-3
+// (4-7) above them.
+static inline void k4_scales_mins(const uint8_t* scales, uint8_t* out) {
+    uint32_t w[3];
+    std::memcpy(w, scales, sizeof w);
+    const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;
+    const uint32_t words[4] = {w[0] & six, (w[2] & nibble) | (((w[0] >> 6) & two) << 4), w[1] & six,
+                               ((w[2] >> 4) & nibble) | (((w[1] >> 6) & two) << 4)};
+    std::memcpy(out, words, sizeof words);
+}
+
 // Q4_K/Q5_K low bits: runs 2j and 2j+1 share qs[32j .. 32j+31], low nibbles then high.
 static inline void unpack_k4_nibbles_256(const uint8_t* __restrict qs, uint8_t* __restrict codes) {
     for (int j = 0; j < 4; ++j)

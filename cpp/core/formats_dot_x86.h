@@ -344,6 +344,206 @@ float dot_q6_k(const BlockQ6_K* blocks, X x, int64_t n_blocks) {
     return acc.total();
 }
 
+// q8_1 activations, the K-quants of Q4_K_M files a super-block at a time (these overloads are
+// more specialized than the templates above, so the dispatch takes them for Q8Run). Integer
+// products of one q8_1 block (32 values) give exact int32 sums of 4 products per lane (vpdpbusd
+// on AVX-512, maddubs + madd on AVX2); each lane is converted and multiplied into an accumulator
+// by its own factor d_x * (d * scale), the same two f32 products the per-run kernels form. The
+// factors of a super-block are computed in one vector and moved to the lanes by a permute, so
+// the per-run scalar work of the kernels above (scale unpacking, the mins' terms, broadcasts)
+// becomes a few vector operations per 256 values.
+
+inline float reduce_256(__m256 v) {
+    __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    half = _mm_add_ss(half, _mm_movehdup_ps(half));
+    return _mm_cvtss_f32(half);
+}
+
+// Q4_K/Q5_K's per-run factors of one super-block against q8_1 blocks xb: factor[r] =
+// d_x[r] * (d * scale[r]); the mins' terms d_x[r] * -(dmin * min[r]) * sum(q of run r) added to
+// acc_mins (sum(q) of a run from q8_1's sums of 16).
+template <typename Block>
+inline __m256 k4_factors(const Block& block, Q8Run xb, __m256& acc_mins) {
+    alignas(16) uint8_t scales_mins[16];
+    k4_scales_mins(block.scales, scales_mins);
+    const __m128i packed = _mm_load_si128(reinterpret_cast<const __m128i*>(scales_mins));
+    const __m256 scales = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed));
+    const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)));
+    const __m256 dx = _mm256_loadu_ps(xb.v.d);
+    const __m256 offset = _mm256_mul_ps(dx, _mm256_mul_ps(_mm256_set1_ps(-load_half(block.dmin)), mins));
+    // hadd gives runs (0 1 4 5 2 3 6 7) by 64-bit pairs; the permute puts them in order.
+    const __m256i run_sums =
+        _mm256_permute4x64_epi64(_mm256_hadd_epi32(load_256(reinterpret_cast<const uint8_t*>(xb.v.sum16)),
+                                                   load_256(reinterpret_cast<const uint8_t*>(xb.v.sum16 + 8))),
+                                 0xd8);
+    acc_mins = _mm256_fmadd_ps(offset, _mm256_cvtepi32_ps(run_sums), acc_mins);
+    return _mm256_mul_ps(dx, _mm256_mul_ps(_mm256_set1_ps(load_half(block.d)), scales));
+}
+
+// Q6_K's per-group factors d_x[g / 2] * (d * scale[g]) of one super-block, groups 0-7 in
+// low and 8-15 in high.
+inline void q6_k_factors(const BlockQ6_K& block, Q8Run xb, __m256& low, __m256& high) {
+    const __m256 dx = _mm256_loadu_ps(xb.v.d);
+    const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block.scales));
+    const __m256 d = _mm256_set1_ps(load_half(block.d));
+    const __m256 dx_low = _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+    const __m256 dx_high = _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+    low = _mm256_mul_ps(dx_low, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scales))));
+    high = _mm256_mul_ps(dx_high, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(scales, 8)))));
+}
+
+#if KCAP_DOT_WIDE
+// AVX-512: a chunk c of 64 values (q8_1 blocks 2c and 2c+1) is one register of codes against one
+// of q; lanes 0-7 of the sums are block 2c's, 8-15 block 2c+1's (Q6_K: lanes 4g..4g+3 its
+// 16-value group 4c + g). Accumulator c for chunk c.
+
+// The same 256 bits in both halves of a register.
+inline __m512i both_halves(const uint8_t* p) { return _mm512_broadcast_i64x4(load_256(p)); }
+
+// A value per half of a register, in 16-bit or 8-bit lanes.
+inline __m512i halves_epi16(int low, int high) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(short(low))), _mm256_set1_epi16(short(high)), 1);
+}
+inline __m512i halves_epi8(int low, int high) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8(char(low))), _mm256_set1_epi8(char(high)), 1);
+}
+
+// Lanes 0-7 factor[2c], 8-15 factor[2c+1].
+inline __m512 chunk_factors(__m256 factor, int c) {
+    const __m512i index =
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(2 * c)), _mm256_set1_epi32(2 * c + 1), 1);
+    return _mm512_permutexvar_ps(index, _mm512_castps256_ps512(factor));
+}
+
+inline float reduce_chunks(const __m512 (&acc)[4]) {
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+// Q4_K and Q5_K: chunk c is runs 2c (low nibbles of qs[32c..]) and 2c+1 (high nibbles); the fifth
+// bits (Q5_K) bits 2c and 2c+1 of qh.
+template <typename Block, bool kFifthBit>
+float dot_k4(const Block* blocks, Q8Run x, int64_t n_blocks) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m256 acc_mins = _mm256_setzero_ps();
+    const __m512i nibble_shift = halves_epi16(0, 4), low4 = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const Block& block = blocks[b];
+        const Q8Run xb = x + kQK_K * b;
+        const __m256 factor = k4_factors(block, xb, acc_mins);
+        __m512i qh = _mm512_setzero_si512();
+        if constexpr (kFifthBit) qh = both_halves(block.qh);
+        for (int c = 0; c < 4; ++c) {
+            __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(both_halves(block.qs + 32 * c), nibble_shift), low4);
+            if constexpr (kFifthBit) {
+                const __mmask64 fifth = _mm512_test_epi8_mask(qh, halves_epi8(1 << (2 * c), 1 << (2 * c + 1)));
+                codes = _mm512_mask_add_epi8(codes, fifth, codes, _mm512_set1_epi8(16));
+            }
+            const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(xb.v.q + 64 * c));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), chunk_factors(factor, c), acc[c]);
+        }
+    }
+    return reduce_chunks(acc) + reduce_256(acc_mins);
+}
+
+// Q6_K: half h's 128 values are chunks 2h (low nibbles of ql[64h..64h+63], bits 0-1 and 2-3 of
+// qh[32h..32h+31] above them) and 2h+1 (high nibbles, bits 4-5 and 6-7). The bias 32 comes off
+// each lane's int32 sum (32 times its sum of q, a second vpdpbusd), so nothing cancels in f32.
+float dot_q6_k(const BlockQ6_K* blocks, Q8Run x, int64_t n_blocks) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    const __m512i low4 = _mm512_set1_epi8(0x0f), high2 = _mm512_set1_epi8(0x30), bias = _mm512_set1_epi8(32);
+    const __m512i low_pair_shift = halves_epi16(4, 2), high_pair_shift = halves_epi16(0, 2);
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const BlockQ6_K& block = blocks[b];
+        const Q8Run xb = x + kQK_K * b;
+        __m256 factor_low, factor_high;
+        q6_k_factors(block, xb, factor_low, factor_high);
+        const __m512 factor = _mm512_insertf32x8(_mm512_castps256_ps512(factor_low), factor_high, 1);
+        for (int half = 0; half < 2; ++half) {
+            const __m512i ql = _mm512_loadu_si512(block.ql + 64 * half);
+            const __m512i qh = both_halves(block.qh + 32 * half);
+            const __m512i codes[2] = {
+                _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_and_si512(_mm512_sllv_epi16(qh, low_pair_shift), high2)),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                                _mm512_and_si512(_mm512_srlv_epi16(qh, high_pair_shift), high2))};
+            for (int part = 0; part < 2; ++part) {
+                const int c = 2 * half + part, g = 4 * c;
+                const __m512i q = _mm512_loadu_si512(xb.v.q + 64 * c);
+                const __m512i sums = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[part], q),
+                                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, q));
+                const __m512i group = _mm512_setr_epi32(g, g, g, g, g + 1, g + 1, g + 1, g + 1, g + 2, g + 2, g + 2,
+                                                        g + 2, g + 3, g + 3, g + 3, g + 3);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_permutexvar_ps(group, factor), acc[c]);
+            }
+        }
+    }
+    return reduce_chunks(acc);
+}
+#else
+// AVX2: one register of codes per q8_1 block (run r of 32 values), all 8 lanes of its sums run
+// r's (Q6_K: lanes 0-3 group 2r, 4-7 group 2r+1). Accumulators by run parity.
+
+// Run r's integer sums of 4 products: maddubs pairs (within int16: 2 * 63 * 127) added by madd.
+inline __m256i run_sums(__m256i codes, const int8_t* q) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))),
+                             _mm256_set1_epi16(1));
+}
+
+template <typename Block, bool kFifthBit>
+float dot_k4(const Block* blocks, Q8Run x, int64_t n_blocks) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 acc_mins = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const Block& block = blocks[b];
+        const Q8Run xb = x + kQK_K * b;
+        const __m256 factor = k4_factors(block, xb, acc_mins);
+        __m256i qh = _mm256_setzero_si256();
+        if constexpr (kFifthBit) qh = load_256(block.qh);
+        for (int j = 0; j < 4; ++j) {
+            const __m256i packed = load_256(block.qs + 32 * j);
+            for (int nibble = 0; nibble < 2; ++nibble) {
+                const int run = 2 * j + nibble;
+                __m256i codes = shift_mask(packed, 4 * nibble, 0x0f);
+                if constexpr (kFifthBit)
+                    codes = _mm256_or_si256(codes, _mm256_slli_epi16(shift_mask(qh, run, 0x01), 4));
+                const __m256 run_factor = _mm256_permutevar8x32_ps(factor, _mm256_set1_epi32(run));
+                acc[nibble] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(run_sums(codes, xb.v.q + 32 * run)), run_factor, acc[nibble]);
+            }
+        }
+    }
+    return reduce_256(_mm256_add_ps(acc[0], acc[1])) + reduce_256(acc_mins);
+}
+
+// Q6_K: the bias 32 comes off in int16 before madd (32 times each pair of q: the difference is
+// within 2 * 63 * 127 + 2 * 32 * 128), so nothing cancels in f32.
+float dot_q6_k(const BlockQ6_K* blocks, Q8Run x, int64_t n_blocks) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i bias = _mm256_set1_epi8(32), ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const BlockQ6_K& block = blocks[b];
+        const Q8Run xb = x + kQK_K * b;
+        __m256 factors[2];
+        q6_k_factors(block, xb, factors[0], factors[1]);
+        for (int half = 0; half < 2; ++half) {
+            const __m256i ql[2] = {load_256(block.ql + 64 * half), load_256(block.ql + 64 * half + 32)};
+            const __m256i qh = load_256(block.qh + 32 * half);
+            for (int s = 0; s < 4; ++s) {
+                const int run = 4 * half + s;
+                const __m256i low = shift_mask(ql[s & 1], s < 2 ? 0 : 4, 0x0f);
+                const __m256i codes = _mm256_or_si256(low, _mm256_slli_epi16(shift_mask(qh, 2 * s, 0x03), 4));
+                const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.v.q + 32 * run));
+                const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(codes, q), _mm256_maddubs_epi16(bias, q));
+                // lanes 0-3 group 2s of this half's factors, 4-7 group 2s + 1
+                const __m256 group_factor = _mm256_permutevar8x32_ps(
+                    factors[half], _mm256_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1, 2 * s + 1, 2 * s + 1));
+                acc[s & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones)), group_factor, acc[s & 1]);
+            }
+        }
+    }
+    return reduce_256(_mm256_add_ps(acc[0], acc[1]));
+}
+#endif
+
 // Float rows: 32 elements per step into the four accumulators. The last n % 32 elements are
 // converted into a zero-padded stack buffer and take one more step, so that they too go
 // through the accumulators (a scalar tail would be one long rounding chain).
