@@ -181,13 +181,20 @@ bool f32_gemm::runs() { return f32_gemm::avx512::compiled() && avx512_kernels_in
 void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, int64_t k, const float* x,
                              int64_t x_stride, int64_t n_tokens, const float* bias, float* y, int64_t y_stride) {
     // The rows decoded exactly, then stored k-major (zero rows past n_rows), as the kernel reads them.
+    // A span of 256 values (whole blocks of every format) of each row at a time, so that the decoded
+    // rows stay in L1 until they are stored k-major.
+    constexpr int64_t kSpan = 256;
     thread_local std::vector<float> rows, tile, partial;
-    rows.resize(size_t(kTileRows * k));
+    rows.resize(size_t(kTileRows * kSpan));
     tile.resize(size_t(kTileRows * k));
     const size_t row_stride = row_bytes(format, k);
-    for (int64_t r = 0; r < n_rows; ++r) dequantize_row(format, w + r * row_stride, rows.data() + r * k, k);
-    for (int64_t r = 0; r < kTileRows; ++r)
-        for (int64_t i = 0; i < k; ++i) tile[size_t(i * kTileRows + r)] = r < n_rows ? rows[size_t(r * k + i)] : 0.0f;
+    for (int64_t i = 0; i < k; i += kSpan) {
+        const int64_t span = std::min(kSpan, k - i);
+        const size_t offset = row_bytes(format, i);
+        for (int64_t r = 0; r < n_rows; ++r)
+            dequantize_row(format, w + r * row_stride + offset, rows.data() + r * kSpan, span);
+        avx512::store_k_major(rows.data(), n_rows, span, kSpan, tile.data() + i * kTileRows);
+    }
     if (n_rows == kTileRows) {
         avx512::tile_times_tokens(tile.data(), k, x, x_stride, n_tokens, y, y_stride);
     } else {

@@ -458,8 +458,11 @@ void test_gemm_f32() {
         const int64_t block = std::max<int64_t>(32, info.block_elems);
         double worst_ratio = 0.0;
         int failures_here = 0;
-        for (const int64_t k : {block, 3 * block}) {
-            for (const auto& [n_rows, n_tokens] : {std::pair<int64_t, int64_t>{32, 27}, {7, 3}}) {
+        // k past the tile's 256-value decoding spans, ending inside a span (and, for the float
+        // formats, which take any k, inside a 16-value transpose).
+        const int64_t long_k = info.block_elems == 1 ? 261 : (288 + info.block_elems - 1) / info.block_elems * info.block_elems;
+        for (const int64_t k : {block, 3 * block, long_k}) {
+            for (const auto& [n_rows, n_tokens] : {std::pair<int64_t, int64_t>{32, 27}, {7, 3}, {19, 12}}) {
                 std::vector<float> wf;
                 const std::vector<uint8_t> w = random_matrix(info.format, n_rows, k, rng, wf);
                 std::vector<float> x(size_t(n_tokens * k)), bias(static_cast<size_t>(n_rows));
