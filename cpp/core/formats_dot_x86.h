@@ -291,14 +291,23 @@ float dot_q3_k(const BlockQ3_K* blocks, X x, int64_t n_blocks) {
     return acc.total();
 }
 
-// Q4_K and Q5_K share everything but the fifth bit.
-template <typename Block, bool kFifthBit, class X>
-float dot_k4(const Block* blocks, X x, int64_t n_blocks) {
+// Q4_K and Q5_K share everything but the fifth bit. f32 activations (q8_1 takes the overloads
+// below): a super-block's run scales d * scale and offsets -(dmin * min) are computed as vectors
+// (the same products) and stored, so that each run's broadcasts are loads.
+template <typename Block, bool kFifthBit>
+float dot_k4(const Block* blocks, const float* x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const Block& block = blocks[b];
-        const float d = load_half(block.d), dmin = load_half(block.dmin);
-        const X xb = x + kQK_K * b;
+        const float* xb = x + kQK_K * b;
+        alignas(16) uint8_t scales_mins[16];
+        k4_scales_mins(block.scales, scales_mins);
+        const __m128i packed_scales = _mm_load_si128(reinterpret_cast<const __m128i*>(scales_mins));
+        alignas(32) float run_scale[8], run_offset[8];
+        _mm256_store_ps(run_scale, _mm256_mul_ps(_mm256_set1_ps(load_half(block.d)),
+                                                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed_scales))));
+        _mm256_store_ps(run_offset, _mm256_mul_ps(_mm256_set1_ps(-load_half(block.dmin)),
+                                                  _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed_scales, 8)))));
         __m256i qh = _mm256_setzero_si256();
         if constexpr (kFifthBit) qh = load_256(block.qh);
         for (int j = 0; j < 4; ++j) {
@@ -308,44 +317,46 @@ float dot_k4(const Block* blocks, X x, int64_t n_blocks) {
                 __m256i codes = shift_mask(packed, 4 * nibble, 0x0f);
                 if constexpr (kFifthBit)
                     codes = _mm256_or_si256(codes, _mm256_slli_epi16(shift_mask(qh, run, 0x01), 4));
-                int scale, min;
-                k4_scale_min(block.scales, run, scale, min);
-                const float run_scale = d * static_cast<float>(scale);
-                const float run_offset = -(dmin * static_cast<float>(min));
-                accumulate_32(codes, run_scale, run_offset, xb + 32 * run, acc);
+                accumulate_32(codes, run_scale[run], run_offset[run], xb + 32 * run, acc);
             }
         }
     }
     return acc.total();
 }
 
-template <class X>
-float dot_q6_k(const BlockQ6_K* blocks, X x, int64_t n_blocks) {
+// Q6_K with f32 activations: the 16 scales d * scale and their offsets -32 * d * scale (the bias
+// folded, exactly: a power of two) computed as vectors per super-block and stored, as for Q4_K.
+float dot_q6_k(const BlockQ6_K* blocks, const float* x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
         const BlockQ6_K& block = blocks[b];
-        const float d = load_half(block.d);
-        const X xb = x + kQK_K * b;
+        const float* xb = x + kQK_K * b;
+        const __m128i packed_scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block.scales));
+        const __m256 d = _mm256_set1_ps(load_half(block.d)), minus_bias = _mm256_set1_ps(-32.0f);
+        alignas(32) float scale[16], offset[16];
+        for (int h = 0; h < 2; ++h) {
+            const __m256 group_scale = _mm256_mul_ps(
+                d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h == 0 ? packed_scales : _mm_srli_si128(packed_scales, 8))));
+            _mm256_store_ps(scale + 8 * h, group_scale);
+            _mm256_store_ps(offset + 8 * h, _mm256_mul_ps(minus_bias, group_scale));
+        }
         for (int half = 0; half < 2; ++half) {
             const __m256i ql[2] = {load_256(block.ql + 64 * half), load_256(block.ql + 64 * half + 32)};
             const __m256i qh = load_256(block.qh + 32 * half);
             for (int s = 0; s < 4; ++s) {
-                const int run = 8 * half + 2 * s;
+                const int g = 8 * half + 2 * s;  // the 16-value groups of this run of 32
                 // code = 4 low bits | 2 high bits << 4 (0..63); value = code - 32.
                 const __m256i low = shift_mask(ql[s & 1], s < 2 ? 0 : 4, 0x0f);
                 const __m256i high = _mm256_slli_epi16(shift_mask(qh, 2 * s, 0x03), 4);
-                const float scale_low = d * static_cast<float>(block.scales[run]);
-                const float scale_high = d * static_cast<float>(block.scales[run + 1]);
-                accumulate_32<false, 32, false>(_mm256_or_si256(low, high), scale_low, 0.0f, scale_high, 0.0f,
-                                         xb + 128 * half + 32 * s, acc);
+                accumulate_32(_mm256_or_si256(low, high), scale[g], offset[g], scale[g + 1], offset[g + 1],
+                              xb + 128 * half + 32 * s, acc);
             }
         }
     }
     return acc.total();
 }
 
-// q8_1 activations, the K-quants of Q4_K_M files a super-block at a time (these overloads are
-// more specialized than the templates above, so the dispatch takes them for Q8Run). Integer
+// q8_1 activations, the K-quants of Q4_K_M files a super-block at a time. Integer
 // products of one q8_1 block (32 values) give exact int32 sums of 4 products per lane (vpdpbusd
 // on AVX-512, maddubs + madd on AVX2); each lane is converted and multiplied into an accumulator
 // by its own factor d_x * (d * scale), the same two f32 products the per-run kernels form. The
