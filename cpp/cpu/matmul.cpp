@@ -176,7 +176,11 @@ void matmul_q8_kernel(const Stage& stage, const KernelCall& call) {
 
 }  // namespace
 
-bool f32_gemm::runs() { return f32_gemm::avx512::compiled() && avx512_kernels_in_use(); }
+namespace {
+bool f32_gemm_avx512() { return f32_gemm::avx512::compiled() && avx512_kernels_in_use(); }
+}  // namespace
+
+bool f32_gemm::runs() { return f32_gemm_avx512() || (f32_gemm::avx2::compiled() && avx2_kernels_in_use()); }
 
 void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, int64_t k, const float* x,
                              int64_t x_stride, int64_t n_tokens, const float* bias, float* y, int64_t y_stride) {
@@ -184,6 +188,7 @@ void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, in
     // A span of 256 values (whole blocks of every format) of each row at a time, so that the decoded
     // rows stay in L1 until they are stored k-major.
     constexpr int64_t kSpan = 256;
+    const bool wide = f32_gemm_avx512();
     thread_local std::vector<float> rows, tile, partial;
     rows.resize(size_t(kTileRows * kSpan));
     tile.resize(size_t(kTileRows * k));
@@ -193,13 +198,14 @@ void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, in
         const size_t offset = row_bytes(format, i);
         for (int64_t r = 0; r < n_rows; ++r)
             dequantize_row(format, w + r * row_stride + offset, rows.data() + r * kSpan, span);
-        avx512::store_k_major(rows.data(), n_rows, span, kSpan, tile.data() + i * kTileRows);
+        (wide ? avx512::store_k_major : avx2::store_k_major)(rows.data(), n_rows, span, kSpan, tile.data() + i * kTileRows);
     }
+    const auto times_tokens = wide ? avx512::tile_times_tokens : avx2::tile_times_tokens;
     if (n_rows == kTileRows) {
-        avx512::tile_times_tokens(tile.data(), k, x, x_stride, n_tokens, y, y_stride);
+        times_tokens(tile.data(), k, x, x_stride, n_tokens, y, y_stride);
     } else {
         partial.resize(size_t(n_tokens * kTileRows));
-        avx512::tile_times_tokens(tile.data(), k, x, x_stride, n_tokens, partial.data(), kTileRows);
+        times_tokens(tile.data(), k, x, x_stride, n_tokens, partial.data(), kTileRows);
         for (int64_t t = 0; t < n_tokens; ++t)
             std::copy(partial.data() + t * kTileRows, partial.data() + t * kTileRows + n_rows, y + t * y_stride);
     }

@@ -1,5 +1,5 @@
 // Internal to cpp/cpu: the f32 GEMM of the CPU's exact matmul rows (cpu.matmul.*) for a call of
-// several tokens where the CPU has AVX-512: a tile of kTileRows weight rows, decoded exactly
+// several tokens where the CPU has AVX-512 or AVX2: a tile of kTileRows weight rows, decoded exactly
 // (dequantize_row) and stored k-major (tile[k * kTileRows + r]), times every token's f32
 // activations, each output one f32 FMA chain over k. The weights are dequantize_row's exactly and
 // every sum is f32, so the result differs from dot_row's only in the order of the additions.
@@ -16,8 +16,8 @@ constexpr int64_t kTileRows = 32;  // two 16-lane vectors of rows per k
 inline int64_t tiles(int64_t n_rows) { return (n_rows + kTileRows - 1) / kTileRows; }
 
 // Whether the GEMM runs on this CPU: compiled, and the CPU has AVX-512 (with VNNI, the level
-// kcap.cap_cpu_kernels calls "avx512") and the cap allows it. Checked per call, like dot_row's
-// choice of instructions.
+// kcap.cap_cpu_kernels calls "avx512") or AVX2+FMA ("avx2") and the cap allows it. Checked per
+// call, like dot_row's choice of instructions.
 bool runs();
 
 // One tile on the calling thread (cpu/matmul.cpp): y[t * y_stride + n] = W[n] . x[t * x_stride ..]
@@ -26,6 +26,9 @@ bool runs();
 void multiply_tile(Format format, const uint8_t* w, int64_t n_rows, int64_t k, const float* x, int64_t x_stride,
                    int64_t n_tokens, const float* bias, float* y, int64_t y_stride);
 
+// Two builds of the kernel and of the tile's k-major store, each only where the CPU has its
+// instructions: AVX-512 (matmul_f32_avx512.cpp) where dot_row runs its AVX-512 kernels, else
+// AVX2+FMA (matmul_f32_avx2.cpp) where it runs the AVX2 ones. Both give the same results.
 namespace avx512 {
 // Whether the library was compiled with the AVX-512 kernel (matmul_f32_avx512.cpp).
 bool compiled();
@@ -37,6 +40,15 @@ void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t
 // n_rows rows of k floats stored k-major, as tile_times_tokens reads them.
 void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_stride, float* tile);
 }  // namespace avx512
+
+namespace avx2 {
+// The same with AVX2+FMA (matmul_f32_avx2.cpp): 16 rows x 6 tokens per micro-kernel. Only where
+// avx2_kernels_in_use().
+bool compiled();
+void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t x_stride, int64_t tokens, float* out,
+                       int64_t out_stride);
+void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_stride, float* tile);
+}  // namespace avx2
 
 }  // namespace f32_gemm
 }  // namespace kcap

@@ -17,9 +17,10 @@
 //                         gated activation (gpt-oss's clamped SwiGLU too).
 //                         With expert_gate_up_merged, gate and up are one tensor (operands 0 and
 //                         1 the same): expert e's gate rows 2e*ff.., its up rows (2e+1)*ff...
-//   cpu.moe_experts_tiles the same for any number of tokens: where the CPU has AVX-512, each
-//                         expert's rows decoded exactly once per call into the f32 GEMM's tiles
-//                         (cpu/matmul_f32_gemm.h) for all of its slots; elsewhere the slot loop.
+//   cpu.moe_experts_tiles the same for any number of tokens: where the CPU has AVX-512 or
+//                         AVX2, each expert's rows decoded exactly once per call into the f32
+//                         GEMM's tiles (cpu/matmul_f32_gemm.h) for all of its slots; elsewhere
+//                         the slot loop.
 //                         cpu.moe_experts itself takes one token.
 //   cpu.moe_experts_q8    the same with q8_1 activations for one token (activations="q8_1", the
 //                         experts' formats all in KCAP_Q8_WEIGHT_FORMATS): gate_e and up_e against
@@ -230,9 +231,9 @@ void weighted_sum(const Stage& stage, const KernelCall& call, const ExpertOperan
     });
 }
 
-// cpu.moe_experts_tiles and cpu.moe_experts_q8_tiles where their GEMM runs (AVX-512): the slots
-// in expert order, each expert's gate, up and down rows decoded once per call into tiles and
-// multiplied with all of its slots. Exact (Q8 false): rows dequantized exactly, f32 activations,
+// cpu.moe_experts_tiles and cpu.moe_experts_q8_tiles where their GEMM runs (f32: AVX-512 or
+// AVX2; int8: AVX-512 VNNI): the slots in expert order, each expert's gate, up and down rows
+// decoded once per call into tiles and multiplied with all of its slots. Exact (Q8 false): rows dequantized exactly, f32 activations,
 // f32 FMA chains (cpu/matmul_f32_gemm.h). Q8: x and each slot's activations rounded to q8_1 as in
 // moe_experts_kernel, the int8 GEMM (cpu/matmul_q8_pack.h). The same products as the slot loop
 // up to the order and rounding of the sums; the weighted sum is the same loop.
@@ -431,7 +432,7 @@ void add_cpu_moe_rows(std::vector<Row>& rows) {
     experts.launches = {"moe_experts"};
     // cpu.moe_experts takes one token (each chosen expert's rows against its one slot: dot_row),
     // cpu.moe_experts_tiles any count (each expert's rows decoded once into the f32 GEMM's tiles
-    // for all of its slots where the CPU has AVX-512, else the same slot loop).
+    // for all of its slots where the CPU has AVX-512 or AVX2, else the same slot loop).
     for (const bool one_token : {true, false}) {
         Row row = experts;
         row.kernel = one_token ? "cpu.moe_experts" : "cpu.moe_experts_tiles";

@@ -442,13 +442,14 @@ void test_gemm_q8() {
 }
 
 // The CPU's exact f32 GEMM tile (cpu/matmul_f32_gemm.h: cpu.matmul.* and cpu.moe_experts_tiles
-// over several tokens where the CPU has AVX-512) against f64 sums over dequantize_row, for every
-// format: a full tile of 32 rows and a partial one, token counts through each micro-kernel width
-// (12, 8, 4, 2, 1), poisoned output past the rows. Each output is one FMA chain over k (the weights
-// exact, each step one rounding), so the bound is (k + 16) * 2^-24 * sum|w x|.
-void test_gemm_f32() {
+// over several tokens where the CPU has AVX-512 or AVX2; the build the cap allows) against f64 sums
+// over dequantize_row, for every format: a full tile of 32 rows and partial ones, token counts
+// through each micro-kernel width (AVX-512: 12, 8, 4, 2, 1; AVX2: 6 then the rest), poisoned
+// output past the rows. Each output is one FMA chain over k (the weights exact, each step one
+// rounding), so the bound is (k + 16) * 2^-24 * sum|w x|.
+void test_gemm_f32(const std::string& label) {
     if (!kcap::f32_gemm::runs()) {
-        std::printf("note: no f32 GEMM here (build or CPU); it is not tested\n");
+        std::printf("note: no f32 GEMM for %s (build or CPU); it is not tested\n", label.c_str());
         return;
     }
     std::mt19937 rng(555);
@@ -473,19 +474,45 @@ void test_gemm_f32() {
                 kcap::f32_gemm::multiply_tile(info.format, w.data(), n_rows, k, x.data(), k, n_tokens, bias.data(),
                                               y.data(), y_stride);
                 failures_here += check_gemm_output(
-                    "f32_gemm", info.name, k, wf, x.data(), bias, y, n_rows, n_tokens, y_stride,
+                    label.c_str(), info.name, k, wf, x.data(), bias, y, n_rows, n_tokens, y_stride,
                     [&](double magnitude) {
                         return (static_cast<double>(k) + 16.0) * std::ldexp(1.0, -24) * magnitude;
                     },
                     worst_ratio);
             }
         }
-        check(failures_here == 0, std::string("f32_gemm ") + info.name + " within tolerance");
+        check(failures_here == 0, label + " " + info.name + " within tolerance");
         char ratio[32];
         std::snprintf(ratio, sizeof ratio, " %s %.3f", info.name, worst_ratio);
         summary += ratio;
     }
-    std::printf("f32_gemm: largest error as a fraction of the tolerance:%s\n", summary.c_str());
+    std::printf("%s: largest error as a fraction of the tolerance:%s\n", label.c_str(), summary.c_str());
+}
+
+// The AVX-512 and AVX2 builds of the f32 GEMM form every output by the same FMA chain over k, so
+// they agree bit for bit (where the CPU runs both: capped at avx2 for the second).
+void test_gemm_f32_builds_agree() {
+    if (!kcap::avx512_kernels_in_use() || !kcap::f32_gemm::runs()) {
+        std::printf("note: the f32 GEMM's AVX-512 and AVX2 builds are not compared here (build or CPU)\n");
+        return;
+    }
+    std::mt19937 rng(556);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (const Format format : {Format::Q4_K, Format::F16}) {
+        const int64_t n_rows = 29, k = 512, n_tokens = 23;
+        std::vector<float> wf;
+        const std::vector<uint8_t> w = random_matrix(format, n_rows, k, rng, wf);
+        std::vector<float> x(size_t(n_tokens * k));
+        for (float& v : x) v = normal(rng);
+        std::vector<float> wide(size_t(n_tokens * n_rows)), narrow(wide.size(), std::nanf(""));
+        kcap::f32_gemm::multiply_tile(format, w.data(), n_rows, k, x.data(), k, n_tokens, nullptr, wide.data(), n_rows);
+        kcap::cap_cpu_kernels("avx2");
+        check(kcap::f32_gemm::runs(), "the f32 GEMM runs capped at avx2");
+        kcap::f32_gemm::multiply_tile(format, w.data(), n_rows, k, x.data(), k, n_tokens, nullptr, narrow.data(), n_rows);
+        kcap::cap_cpu_kernels("avx512");
+        check(std::memcmp(wide.data(), narrow.data(), wide.size() * sizeof(float)) == 0,
+              std::string("f32_gemm AVX-512 and AVX2 builds agree bit for bit on ") + kcap::format_info(format).name);
+    }
 }
 
 // dot_row with x = e_i (one-hot) is exactly w_i: every other product is a zero and the sum
@@ -541,6 +568,7 @@ void test_cpu_kernel_caps() {
         test_dot_against_dequantize(label.c_str(), kcap::dot_row);
         const std::string label_q8 = "kcap::dot_row_q8_1 (cap " + name + ", " + in_use + ")";
         test_dot_q8_1(label_q8.c_str(), kcap::dot_row_q8_1);
+        test_gemm_f32("f32_gemm (cap " + name + ", " + in_use + ")");
     }
     kcap::cap_cpu_kernels(names.front());
     std::string message;
@@ -641,7 +669,7 @@ int main() {
     std::printf("cpu kernels in use: %s\n", kcap::cpu_kernels_in_use());
     test_dot_against_dequantize("kcap::dot_row", kcap::dot_row);
     test_gemm_q8();
-    test_gemm_f32();
+    test_gemm_f32_builds_agree();
     test_cpu_kernel_caps();
     test_dot_special_rows();
     test_bad_sizes();

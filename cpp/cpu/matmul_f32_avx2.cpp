@@ -1,0 +1,111 @@
+// The f32 GEMM of cpu/matmul_f32_gemm.h with AVX2+FMA, for CPUs without AVX-512: per k, 16 of the
+// tile's 32 rows in two vectors times each of 6 tokens' broadcast activation, into 12 accumulators
+// (15 of the 16 registers with the operands), each half of the tile in turn. Every output is the
+// same FMA chain over k as the AVX-512 kernel's, so both give the same results bit for bit.
+// Compiled with AVX2+FMA on every x86-64 build (CMakeLists.txt) and run only where the CPU has
+// them; raw pointers and intrinsics only, so the object defines no inline function the linker
+// could keep for other objects (isa_confined).
+#include "core/formats_dot_paths.h"
+#include "cpu/matmul_f32_gemm.h"
+
+#if !defined(KCAP_DOT_AVX2)  // the instructions this file is compiled with (formats_dot_paths.h)
+
+namespace kcap {
+namespace f32_gemm {
+namespace avx2 {
+bool compiled() { return false; }
+void tile_times_tokens(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t) {}
+void store_k_major(const float*, int64_t, int64_t, int64_t, float*) {}
+}  // namespace avx2
+}  // namespace f32_gemm
+}  // namespace kcap
+
+#else
+
+#include <immintrin.h>
+
+namespace kcap {
+namespace f32_gemm {
+namespace avx2 {
+
+namespace {
+
+constexpr int64_t kHalf = 16;  // rows per pass: two 8-lane vectors
+
+// Rows 0-15 of the tile from `tile` (a half's first row) times kTokens tokens.
+template <int kTokens>
+void micro_kernel(const float* tile, int64_t k_len, const float* x, int64_t x_stride, float* out,
+                  int64_t out_stride) {
+    __m256 acc[2][kTokens];
+    for (int t = 0; t < kTokens; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < k_len; ++k) {
+        const __m256 w0 = _mm256_loadu_ps(tile + k * kTileRows), w1 = _mm256_loadu_ps(tile + k * kTileRows + 8);
+        for (int t = 0; t < kTokens; ++t) {
+            const __m256 b = _mm256_broadcast_ss(x + t * x_stride + k);
+            acc[0][t] = _mm256_fmadd_ps(w0, b, acc[0][t]);
+            acc[1][t] = _mm256_fmadd_ps(w1, b, acc[1][t]);
+        }
+    }
+    for (int t = 0; t < kTokens; ++t) {
+        _mm256_storeu_ps(out + t * out_stride, acc[0][t]);
+        _mm256_storeu_ps(out + t * out_stride + 8, acc[1][t]);
+    }
+}
+
+}  // namespace
+
+bool compiled() { return true; }
+
+void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t x_stride, int64_t tokens, float* out,
+                       int64_t out_stride) {
+    for (int64_t half = 0; half < kTileRows; half += kHalf) {
+        const float* w = tile + half;
+        float* y = out + half;
+        int64_t t = 0;
+        for (; t + 6 <= tokens; t += 6) micro_kernel<6>(w, k_len, x + t * x_stride, x_stride, y + t * out_stride, out_stride);
+        switch (tokens - t) {
+            case 5: micro_kernel<5>(w, k_len, x + t * x_stride, x_stride, y + t * out_stride, out_stride); break;
+            case 4: micro_kernel<4>(w, k_len, x + t * x_stride, x_stride, y + t * out_stride, out_stride); break;
+            case 3: micro_kernel<3>(w, k_len, x + t * x_stride, x_stride, y + t * out_stride, out_stride); break;
+            case 2: micro_kernel<2>(w, k_len, x + t * x_stride, x_stride, y + t * out_stride, out_stride); break;
+            case 1: micro_kernel<1>(w, k_len, x + t * x_stride, x_stride, y + t * out_stride, out_stride); break;
+            default: break;
+        }
+    }
+}
+
+void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_stride, float* tile) {
+    // 8 rows by 8 values at a time, transposed in registers: 32-bit interleaves, then 64-bit
+    // shuffles give each 128-bit half of u[c] (u[4 + c]) rows 0-3 (4-7) of columns c and c + 4;
+    // permute2f128 puts each column's 8 rows together.
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        for (int64_t r0 = 0; r0 < kTileRows; r0 += 8) {
+            __m256 r[8], t[8], u[8];
+            for (int j = 0; j < 8; ++j)
+                r[j] = r0 + j < n_rows ? _mm256_loadu_ps(rows + (r0 + j) * row_stride + i) : _mm256_setzero_ps();
+            for (int j = 0; j < 4; ++j) {
+                t[2 * j] = _mm256_unpacklo_ps(r[2 * j], r[2 * j + 1]);
+                t[2 * j + 1] = _mm256_unpackhi_ps(r[2 * j], r[2 * j + 1]);
+            }
+            for (int q = 0; q < 2; ++q) {  // rows 4q .. 4q+3
+                u[4 * q] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0x44);
+                u[4 * q + 1] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0xee);
+                u[4 * q + 2] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0x44);
+                u[4 * q + 3] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0xee);
+            }
+            for (int c = 0; c < 4; ++c) {
+                _mm256_storeu_ps(tile + (i + c) * kTileRows + r0, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
+                _mm256_storeu_ps(tile + (i + c + 4) * kTileRows + r0, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
+            }
+        }
+    }
+    for (; i < k; ++i)
+        for (int64_t r = 0; r < kTileRows; ++r) tile[i * kTileRows + r] = r < n_rows ? rows[r * row_stride + i] : 0.0f;
+}
+
+}  // namespace avx2
+}  // namespace f32_gemm
+}  // namespace kcap
+
+#endif
