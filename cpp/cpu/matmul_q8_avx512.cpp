@@ -14,6 +14,7 @@ namespace q8_gemm {
 namespace avx512 {
 bool compiled() { return false; }
 void rows_times_tokens(const PackedRows&, const PackedTokens&, int64_t, float*, int64_t) {}
+void interleave(const uint8_t*, int64_t, uint8_t*) {}
 }  // namespace avx512
 }  // namespace q8_gemm
 }  // namespace kcap
@@ -50,32 +51,43 @@ void micro_kernel(const PackedRows& w, int64_t r0, const PackedTokens& x, int64_
     const __m512i bias = _mm512_set1_epi32(w.bias);
     const float* xo = kOffset ? x.offset_sum + t0 * n_groups : nullptr;
     __m512 sums[kRows][kTokens];
+    #pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r)
+        #pragma GCC unroll 16
         for (int t = 0; t < kTokens; ++t) sums[r][t] = _mm512_setzero_ps();
     for (int64_t s = 0; s < n_super; ++s) {
         __m512i acc[kRows][kTokens];
+        #pragma GCC unroll 16
         for (int r = 0; r < kRows; ++r)
+            #pragma GCC unroll 16
             for (int t = 0; t < kTokens; ++t) acc[r][t] = _mm512_setzero_si512();
+        #pragma GCC unroll 16
         for (int j = 0; j < 4; ++j) {
             const int64_t at = s * kSuper + 64 * j;
             __m512i xv[kTokens];
+            #pragma GCC unroll 16
             for (int t = 0; t < kTokens; ++t) xv[t] = _mm512_loadu_si512(xc + t * k_bytes + at);
+            #pragma GCC unroll 16
             for (int r = 0; r < kRows; ++r) {
                 const __m512i wv = _mm512_loadu_si512(wc + r * k_bytes + at);
+                #pragma GCC unroll 16
                 for (int t = 0; t < kTokens; ++t) acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], wv, xv[t]);
             }
         }
         const int64_t g = s * kGroups;
         __m512 d[kTokens], offset_sum[kTokens];
         __m512i bias_sum[kTokens];
+        #pragma GCC unroll 16
         for (int t = 0; t < kTokens; ++t) {
             d[t] = _mm512_loadu_ps(xd + t * n_groups + g);
             bias_sum[t] = _mm512_mullo_epi32(bias, _mm512_loadu_si512(xs + t * n_groups + g));
             if (kOffset) offset_sum[t] = _mm512_loadu_ps(xo + t * n_groups + g);
         }
+        #pragma GCC unroll 16
         for (int r = 0; r < kRows; ++r) {
             const __m512 scale = _mm512_loadu_ps(ws + r * n_groups + g);
             const __m512 offset = kOffset ? _mm512_loadu_ps(wo + r * n_groups + g) : _mm512_setzero_ps();
+            #pragma GCC unroll 16
             for (int t = 0; t < kTokens; ++t) {
                 const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][t], bias_sum[t]));
                 sums[r][t] = _mm512_fmadd_ps(exact, _mm512_mul_ps(scale, d[t]), sums[r][t]);
@@ -83,7 +95,9 @@ void micro_kernel(const PackedRows& w, int64_t r0, const PackedTokens& x, int64_
             }
         }
     }
+    #pragma GCC unroll 16
     for (int t = 0; t < kTokens; ++t)
+        #pragma GCC unroll 16
         for (int r = 0; r < kRows; ++r) out[t * out_stride + r] = _mm512_reduce_add_ps(sums[r][t]);
 }
 
@@ -108,6 +122,25 @@ void all_rows(const PackedRows& w, const PackedTokens& x, int64_t n_super, float
 }  // namespace
 
 bool compiled() { return true; }
+
+void interleave(const uint8_t* linear, int64_t n_super, uint8_t* out) {
+    // A super-block as 64 words of 4 values: word 4g + j (group g, values 4j..4j+3 of it) goes to
+    // word 16j + g. Step j gathers word 4g + j for groups 0-7 from the first two registers and for
+    // groups 8-15 from the last two (the same indices), then blends the halves.
+    for (int64_t s = 0; s < n_super; ++s) {
+        const uint8_t* in = linear + s * kSuper;
+        const __m512i a = _mm512_loadu_si512(in), b = _mm512_loadu_si512(in + 64);
+        const __m512i c = _mm512_loadu_si512(in + 128), d = _mm512_loadu_si512(in + 192);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+            // lane g: group g % 8 of the pair, word 4 (g % 4) + j of its register (16 + for the second)
+            const __m512i index = _mm512_add_epi32(
+                _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28), _mm512_set1_epi32(j));
+            const __m512i low = _mm512_permutex2var_epi32(a, index, b), high = _mm512_permutex2var_epi32(c, index, d);
+            _mm512_storeu_si512(out + s * kSuper + 64 * j, _mm512_mask_blend_epi32(0xff00, low, high));
+        }
+    }
+}
 
 void rows_times_tokens(const PackedRows& w, const PackedTokens& x, int64_t n_super, float* out, int64_t out_stride) {
     if (w.offset)

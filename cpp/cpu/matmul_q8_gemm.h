@@ -54,6 +54,9 @@ bool compiled();
 // out[t * out_stride + r] = W[r] . x[t] for r < w.rows, t < x.tokens. Only where
 // avx512_kernels_in_use() (the CPU has AVX-512 VNNI and kcap.cap_cpu_kernels allows it).
 void rows_times_tokens(const PackedRows& w, const PackedTokens& x, int64_t n_super, float* out, int64_t out_stride);
+// out = the n_super super-blocks of `linear` (value i of super-block s at byte 256 s + i) in the
+// interleaved layout above. Only where avx512_kernels_in_use().
+void interleave(const uint8_t* linear, int64_t n_super, uint8_t* out);
 }  // namespace avx512
 
 }  // namespace q8_gemm

@@ -20,18 +20,6 @@ using namespace blocks;
 // Tokens per pass over a tile: their packed codes (64 x K bytes) stay in L2 across the tile.
 constexpr int64_t kTokenBlock = 64;
 
-// The byte of value i (< kSuper) of a super-block in the interleaved layout: step j = (i % 16)
-// / 4 holds values 4j..4j+3 of each group g = i / 16 at bytes 4g..4g+3.
-inline int64_t interleaved(int64_t i) { return ((i % 16) / 4) * 64 + (i / 16) * 4 + i % 4; }
-
-// Copies the codes of values [e0, e0 + n) (e0 and n multiples of 4) into the interleaved row.
-inline void place_codes(const uint8_t* codes, int64_t e0, int64_t n, uint8_t* row) {
-    for (int64_t e = e0; e < e0 + n; e += 4) {
-        const int64_t s = e / kSuper;
-        std::memcpy(row + s * kSuper + interleaved(e % kSuper), codes + (e - e0), 4);
-    }
-}
-
 struct RowTile {
     std::vector<uint8_t> codes;
     std::vector<float> scale, offset;
@@ -62,6 +50,8 @@ void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTil
     tile.bias = Codes::kBias;
     tile.has_offset = Codes::kOffset;
     BlockCodes<kElems> c;
+    thread_local std::vector<uint8_t> linear;  // a row's codes in order, zero past k
+    linear.assign(size_t(k_bytes), 0);
     for (int64_t r = 0; r < kTileRows; ++r) {
         uint8_t* codes = tile.codes.data() + r * k_bytes;
         float* scale = tile.scale.data() + r * n_groups;
@@ -75,16 +65,14 @@ void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTil
         const auto* blocks = reinterpret_cast<const Block*>(w + size_t(r) * row_stride);
         for (int64_t b = 0; b < k / kElems; ++b) {
             Codes::get(blocks[b], c);
-            place_codes(c.codes, b * kElems, kElems, codes);
+            std::memcpy(linear.data() + b * kElems, c.codes, kElems);
             std::copy(c.scale, c.scale + kElems / 16, scale + b * (kElems / 16));
             std::copy(c.offset, c.offset + kElems / 16, offset + b * (kElems / 16));
         }
         // The padding past k (to whole super-blocks) keeps zero codes and scales.
+        avx512::interleave(linear.data(), tile.n_super, codes);
         std::fill(scale + k / 16, scale + n_groups, 0.0f);
         std::fill(offset + k / 16, offset + n_groups, 0.0f);
-        if (k % kSuper)  // the last super-block's padding values sit between the real ones
-            for (int64_t e = k; e < k_bytes; e += 4)
-                std::memset(codes + (e / kSuper) * kSuper + interleaved(e % kSuper), 0, 4);
     }
 }
 
@@ -125,11 +113,12 @@ void Tokens::pack_one(const float* x, int64_t t) {
     thread_local std::vector<int8_t> q;
     thread_local std::vector<float> d;
     thread_local std::vector<int32_t> sum16;
-    q.resize(size_t(k_)), d.resize(size_t(k_ / 32)), sum16.resize(size_t(k_ / 16));
+    q.assign(size_t(n_super_ * kSuper), 0);  // zero past k
+    d.resize(size_t(k_ / 32)), sum16.resize(size_t(k_ / 16));
     quantize_q8_1(x, k_, q.data(), d.data(), sum16.data());
     const int64_t n_groups = n_super_ * kGroups;
-    place_codes(reinterpret_cast<const uint8_t*>(q.data()), 0, k_,
-                reinterpret_cast<uint8_t*>(codes_.data()) + t * n_super_ * kSuper);
+    avx512::interleave(reinterpret_cast<const uint8_t*>(q.data()), n_super_,
+                       reinterpret_cast<uint8_t*>(codes_.data()) + t * n_super_ * kSuper);
     for (int64_t g = 0; g < k_ / 16; ++g) {
         const float dg = d[size_t(g / 2)];
         d_[size_t(t * n_groups + g)] = dg;
