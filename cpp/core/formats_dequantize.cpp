@@ -19,7 +19,6 @@
 #include <string>
 
 #include "core/formats_blocks.h"
-#include "core/hot_loop.h"
 #include "kcap/errors.h"
 #include "kcap/formats.h"
 
@@ -53,7 +52,10 @@ void dequantize_bf16(const uint8_t* src, float* dst, int64_t n) {
 
 }  // namespace
 
-KCAP_HOT_LOOP void dequantize_row(Format format, const void* src, float* dst, int64_t n_elems) {
+// One copy, for the baseline: GCC's AVX2+FMA copy of these decoders (KCAP_HOT_LOOP) ran slower
+// than the baseline one (an exact prefill, which decodes every weight row it multiplies: 4-5%
+// fewer tokens per second on an AMD Zen 4).
+void dequantize_row(Format format, const void* src, float* dst, int64_t n_elems) {
     using namespace blocks;
     row_bytes(format, n_elems);  // validates the format and that n_elems fills whole blocks
     const int64_t n_qk = n_elems / kQK;

@@ -50,11 +50,7 @@ KCAP_HOT_LOOP void attend(const StageParams& p, const KernelCall& call, const Kv
             const float sink = sinks ? sinks[int64_t(kvh) * group + g] : -std::numeric_limits<float>::infinity();
             float max_score = sink;
             for (int64_t j = 0; j < span; ++j) max_score = std::max(max_score, sc[j]);
-            double total = sinks ? std::exp(double(sink - max_score)) : 0.0;
-            for (int64_t j = 0; j < span; ++j) {
-                sc[j] = std::exp(sc[j] - max_score);
-                total += sc[j];
-            }
+            const double total = (sinks ? std::exp(double(sink - max_score)) : 0.0) + exp_shifted(sc, span, max_score);
             const float inv_total = float(1.0 / total);
             for (int64_t j = 0; j < span; ++j) sc[j] *= inv_total;
         }
@@ -68,8 +64,7 @@ KCAP_HOT_LOOP void attend(const StageParams& p, const KernelCall& call, const Kv
                                      : kv.v_span(first + j, kvh * layout.v_head_stride, p.head_dim_v, value.data());
             for (int g = 0; g < group; ++g) {
                 const float w = scores[size_t(g) * span + j];
-                float* out = call.out + (m * p.n_head + int64_t(kvh) * group + g) * p.head_dim_v;
-                for (int i = 0; i < p.head_dim_v; ++i) out[i] += w * v_row[i];
+                add_scaled(call.out + (m * p.n_head + int64_t(kvh) * group + g) * p.head_dim_v, v_row, w, p.head_dim_v);
             }
         }
     }

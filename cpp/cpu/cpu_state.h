@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include <algorithm>
@@ -44,16 +45,75 @@ struct CpuState {
 inline CpuState& cpu_state(void* state) { return *static_cast<CpuState*>(state); }
 
 // f32 dot product of two contiguous vectors, written so the compiler vectorizes it.
+// The 16 lanes are summed pairwise (lane j with lane j + 8, then + 4, ...), which vectorizes
+// too, where a sum lane by lane would be 15 dependent scalar additions per call.
 inline float dot_f32(const float* a, const float* b, int64_t n) {
     constexpr int kLanes = 16;
     float acc[kLanes] = {};
     int64_t i = 0;
     for (; i + kLanes <= n; i += kLanes)
         for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
-    float sum = 0.0f;
-    for (int j = 0; j < kLanes; ++j) sum += acc[j];
+    for (int j = 0; j < 8; ++j) acc[j] += acc[j + 8];
+    for (int j = 0; j < 4; ++j) acc[j] += acc[j + 4];
+    for (int j = 0; j < 2; ++j) acc[j] += acc[j + 2];
+    float sum = acc[0] + acc[1];
     for (; i < n; ++i) sum += a[i] * b[i];
     return sum;
+}
+
+// out[i] += w * v[i] for i < n, 8 values at a time with all of a step's loads before its stores,
+// so that the step vectorizes whatever the compiler can prove about out and v (inlined into
+// attention's loops it could prove nothing, and ran the loop value by value).
+inline void add_scaled(float* out, const float* v, float w, int64_t n) {
+    constexpr int kStep = 8;
+    int64_t i = 0;
+    for (; i + kStep <= n; i += kStep) {
+        float step[kStep];
+        for (int l = 0; l < kStep; ++l) step[l] = out[i + l] + w * v[i + l];
+        for (int l = 0; l < kStep; ++l) out[i + l] = step[l];
+    }
+    for (; i < n; ++i) out[i] += w * v[i];
+}
+
+// exp(x) for x <= 0 (a softmax's scores less their maximum), written so that a loop of it
+// vectorizes (std::exp is a library call per value): x = k ln 2 + r with k an integer and
+// |r| <= ln 2 / 2 (ln 2 in two parts, the first with few bits so that k times it is exact),
+// exp(r) by Cephes' expf polynomial, times 2^k built in the exponent bits. Within 2 ulp of exp
+// (tests/cpp/test_attention.cpp). Below -87 (exp < 2^-125.5, under a softmax's largest weight 1
+// by that much) it gives 0; NaN stays NaN.
+inline float exp_nonpositive(float x) {
+    const bool in_range = x >= -87.0f;  // false for NaN too
+    const float xc = in_range ? x : 0.0f;
+    const float round = 12582912.0f;    // 1.5 * 2^23: adding it rounds to an integer
+    const float k = (xc * 1.44269504088896341f + round) - round;
+    const float r = (xc - k * 0.693359375f) - k * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * r * r + r + 1.0f;
+    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;  // k in [-126, 0]: a normal power of two
+    float power;
+    std::memcpy(&power, &bits, sizeof power);
+    return in_range ? y * power : (x != x ? x : 0.0f);
+}
+
+// v[i] = exp_nonpositive(v[i] - shift) for i < n; returns their sum (in double, in 8 lanes).
+inline double exp_shifted(float* v, int64_t n, float shift) {
+    constexpr int kLanes = 8;
+    double lanes[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+        for (int j = 0; j < kLanes; ++j) {
+            v[i + j] = exp_nonpositive(v[i + j] - shift);
+            lanes[j] += double(v[i + j]);
+        }
+    double total = 0.0;
+    for (int j = 0; j < kLanes; ++j) total += lanes[j];
+    for (; i < n; ++i) total += double(v[i] = exp_nonpositive(v[i] - shift));
+    return total;
 }
 
 // Rotates the rope_dim values at x in place: Normal style pairs (x[2i], x[2i+1]), NeoX style

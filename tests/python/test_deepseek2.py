@@ -59,11 +59,13 @@ def test_dense_attention_states_its_cache_too():
 
 def test_older_kv_b_layout_computes_the_same_model():
     # deepseek2-kvb holds deepseek2's weights with both up-projections in one attn_kv_b (the K part
-    # untransposed); only the order of the absorbed query's sums differs.
+    # untransposed); only the order of the absorbed query's sums differs. The order of f32 sums
+    # alone moves this model's logits by up to 1.03e-5 x std (the same file run with the AVX-512,
+    # AVX2 and portable dot kernels: 0.76e-5 to 1.03e-5), so the layouts are held to three times that.
     ids = golden("deepseek2")["prompt_ids"].tolist()
     split = kcap.load(FIXTURES / "deepseek2-f32.gguf").eval(ids, all_logits=True)
     combined = kcap.load(FIXTURES / "deepseek2-kvb-f32.gguf").eval(ids, all_logits=True)
-    assert relative_error(combined, split) <= 1e-5
+    assert relative_error(combined, split) <= 3e-5
     kinds = {r["stage"]: r["features"] for r in kcap.load(FIXTURES / "deepseek2-kvb-f32.gguf").explain()}
     assert "mla_kv_b_combined" in kinds["attention_mla"].split(",")
 
