@@ -525,11 +525,11 @@ struct CodesOf<BlockQ3_K> {
 template <class Block>
 static inline void k4_runs_of_16(const Block& b, BlockCodes<kQK_K>& c) {
     const float d = load_half(b.d), dmin = load_half(b.dmin);
+    uint8_t scales_mins[16];
+    k4_scales_mins(b.scales, scales_mins);
     for (int run = 0; run < 8; ++run) {
-        int scale, min;
-        k4_scale_min(b.scales, run, scale, min);
-        c.scale[2 * run] = c.scale[2 * run + 1] = d * static_cast<float>(scale);
-        c.offset[2 * run] = c.offset[2 * run + 1] = -(dmin * static_cast<float>(min));
+        c.scale[2 * run] = c.scale[2 * run + 1] = d * static_cast<float>(scales_mins[run]);
+        c.offset[2 * run] = c.offset[2 * run + 1] = -(dmin * static_cast<float>(scales_mins[8 + run]));
     }
 }
 template <>

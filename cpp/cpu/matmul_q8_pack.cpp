@@ -136,8 +136,28 @@ void Tokens::pack(const float* x, int64_t tokens, int64_t k, ThreadPool& pool) {
 
 void Tokens::pack_rows(const float* x, const int32_t* row_of, int64_t tokens, int64_t k, ThreadPool& pool) {
     resize(tokens, k);
+    // Each row of x is rounded and packed once, at the first position that takes it; the other
+    // positions with that row (a token's other experts) copy it.
+    std::vector<int64_t> first_at(tokens > 0 ? size_t(*std::max_element(row_of, row_of + tokens)) + 1 : 0, -1);
+    std::vector<int64_t> firsts, source(static_cast<size_t>(tokens));
+    for (int64_t t = 0; t < tokens; ++t) {
+        int64_t& first = first_at[size_t(row_of[t])];
+        if (first < 0) first = t, firsts.push_back(t);
+        source[size_t(t)] = first;
+    }
+    pool.parallel_for(int64_t(firsts.size()), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) pack_one(x + int64_t(row_of[firsts[size_t(i)]]) * k, firsts[size_t(i)]);
+    });
+    const int64_t bytes = n_super_ * kSuper, groups = n_super_ * kGroups;
     pool.parallel_for(tokens, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) pack_one(x + int64_t(row_of[t]) * k, t);
+        for (int64_t t = begin; t < end; ++t) {
+            const int64_t from = source[size_t(t)];
+            if (from == t) continue;
+            std::copy_n(codes_.data() + from * bytes, bytes, codes_.data() + t * bytes);
+            std::copy_n(d_.data() + from * groups, groups, d_.data() + t * groups);
+            std::copy_n(sum_.data() + from * groups, groups, sum_.data() + t * groups);
+            std::copy_n(offset_sum_.data() + from * groups, groups, offset_sum_.data() + t * groups);
+        }
     });
 }
 
