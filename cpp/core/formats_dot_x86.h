@@ -291,6 +291,26 @@ float dot_q3_k(const BlockQ3_K* blocks, X x, int64_t n_blocks) {
     return acc.total();
 }
 
+// Q4_K/Q5_K's eight run scales d * scale and offsets -(dmin * min) of a super-block, as vectors.
+template <typename Block>
+inline void k4_scales_offsets(const Block& block, __m256& scale, __m256& offset) {
+    alignas(16) uint8_t scales_mins[16];
+    k4_scales_mins(block.scales, scales_mins);
+    const __m128i packed = _mm_load_si128(reinterpret_cast<const __m128i*>(scales_mins));
+    scale = _mm256_mul_ps(_mm256_set1_ps(load_half(block.d)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed)));
+    offset = _mm256_mul_ps(_mm256_set1_ps(-load_half(block.dmin)),
+                           _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8))));
+}
+
+// Run 2j + nibble's 32 codes: the low (nibble 0) or high nibbles of qs[32j..32j+31] (`packed`),
+// with Q5_K's fifth bit (bit `run` of qh[0..31]) above them.
+template <bool kFifthBit>
+inline __m256i k4_run_codes(__m256i packed, __m256i qh, int nibble, int run) {
+    __m256i codes = shift_mask(packed, 4 * nibble, 0x0f);
+    if constexpr (kFifthBit) codes = _mm256_or_si256(codes, _mm256_slli_epi16(shift_mask(qh, run, 0x01), 4));
+    return codes;
+}
+
 // Q4_K and Q5_K share everything but the fifth bit. f32 activations (q8_1 takes the overloads
 // below): a super-block's run scales d * scale and offsets -(dmin * min) are computed as vectors
 // (the same products) and stored, so that each run's broadcasts are loads.
@@ -300,24 +320,19 @@ float dot_k4(const Block* blocks, const float* x, int64_t n_blocks) {
     for (int64_t b = 0; b < n_blocks; ++b) {
         const Block& block = blocks[b];
         const float* xb = x + kQK_K * b;
-        alignas(16) uint8_t scales_mins[16];
-        k4_scales_mins(block.scales, scales_mins);
-        const __m128i packed_scales = _mm_load_si128(reinterpret_cast<const __m128i*>(scales_mins));
+        __m256 scale, offset;
+        k4_scales_offsets(block, scale, offset);
         alignas(32) float run_scale[8], run_offset[8];
-        _mm256_store_ps(run_scale, _mm256_mul_ps(_mm256_set1_ps(load_half(block.d)),
-                                                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed_scales))));
-        _mm256_store_ps(run_offset, _mm256_mul_ps(_mm256_set1_ps(-load_half(block.dmin)),
-                                                  _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed_scales, 8)))));
+        _mm256_store_ps(run_scale, scale);
+        _mm256_store_ps(run_offset, offset);
         __m256i qh = _mm256_setzero_si256();
         if constexpr (kFifthBit) qh = load_256(block.qh);
         for (int j = 0; j < 4; ++j) {
             const __m256i packed = load_256(block.qs + 32 * j);
             for (int nibble = 0; nibble < 2; ++nibble) {
                 const int run = 2 * j + nibble;
-                __m256i codes = shift_mask(packed, 4 * nibble, 0x0f);
-                if constexpr (kFifthBit)
-                    codes = _mm256_or_si256(codes, _mm256_slli_epi16(shift_mask(qh, run, 0x01), 4));
-                accumulate_32(codes, run_scale[run], run_offset[run], xb + 32 * run, acc);
+                accumulate_32(k4_run_codes<kFifthBit>(packed, qh, nibble, run), run_scale[run], run_offset[run],
+                              xb + 32 * run, acc);
             }
         }
     }
@@ -376,20 +391,16 @@ inline float reduce_256(__m256 v) {
 // acc_mins (sum(q) of a run from q8_1's sums of 16).
 template <typename Block>
 inline __m256 k4_factors(const Block& block, Q8Run xb, __m256& acc_mins) {
-    alignas(16) uint8_t scales_mins[16];
-    k4_scales_mins(block.scales, scales_mins);
-    const __m128i packed = _mm_load_si128(reinterpret_cast<const __m128i*>(scales_mins));
-    const __m256 scales = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed));
-    const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)));
+    __m256 scale, offset;
+    k4_scales_offsets(block, scale, offset);
     const __m256 dx = _mm256_loadu_ps(xb.v.d);
-    const __m256 offset = _mm256_mul_ps(dx, _mm256_mul_ps(_mm256_set1_ps(-load_half(block.dmin)), mins));
     // hadd gives runs (0 1 4 5 2 3 6 7) by 64-bit pairs; the permute puts them in order.
     const __m256i run_sums =
         _mm256_permute4x64_epi64(_mm256_hadd_epi32(load_256(reinterpret_cast<const uint8_t*>(xb.v.sum16)),
                                                    load_256(reinterpret_cast<const uint8_t*>(xb.v.sum16 + 8))),
                                  0xd8);
-    acc_mins = _mm256_fmadd_ps(offset, _mm256_cvtepi32_ps(run_sums), acc_mins);
-    return _mm256_mul_ps(dx, _mm256_mul_ps(_mm256_set1_ps(load_half(block.d)), scales));
+    acc_mins = _mm256_fmadd_ps(_mm256_mul_ps(dx, offset), _mm256_cvtepi32_ps(run_sums), acc_mins);
+    return _mm256_mul_ps(dx, scale);
 }
 
 // Q6_K's per-group factors d_x[g / 2] * (d * scale[g]) of one super-block, groups 0-7 in
@@ -514,9 +525,7 @@ float dot_k4(const Block* blocks, Q8Run x, int64_t n_blocks) {
             const __m256i packed = load_256(block.qs + 32 * j);
             for (int nibble = 0; nibble < 2; ++nibble) {
                 const int run = 2 * j + nibble;
-                __m256i codes = shift_mask(packed, 4 * nibble, 0x0f);
-                if constexpr (kFifthBit)
-                    codes = _mm256_or_si256(codes, _mm256_slli_epi16(shift_mask(qh, run, 0x01), 4));
+                const __m256i codes = k4_run_codes<kFifthBit>(packed, qh, nibble, run);
                 const __m256 run_factor = _mm256_permutevar8x32_ps(factor, _mm256_set1_epi32(run));
                 acc[nibble] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(run_sums(codes, xb.v.q + 32 * run)), run_factor, acc[nibble]);
             }
