@@ -339,6 +339,22 @@ float dot_k4(const Block* blocks, const float* x, int64_t n_blocks) {
     return acc.total();
 }
 
+// Q6_K's sixteen group scales d * scale of a super-block, as vectors: groups 0-7 and 8-15.
+inline void q6_k_scales(const BlockQ6_K& block, __m256 (&scale)[2]) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block.scales));
+    const __m256 d = _mm256_set1_ps(load_half(block.d));
+    scale[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(packed)));
+    scale[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(packed, 8))));
+}
+
+// Run s (values 32s..32s+31) of a Q6_K half's 32 codes (0..63; the value is code - 32): the low
+// (s < 2) or high nibbles of ql[s & 1] (the half's ql bytes 0-31 and 32-63) with bits 2s..2s+1 of
+// the half's qh above them.
+inline __m256i q6_k_run_codes(const __m256i (&ql)[2], __m256i qh, int s) {
+    const __m256i low = shift_mask(ql[s & 1], s < 2 ? 0 : 4, 0x0f);
+    return _mm256_or_si256(low, _mm256_slli_epi16(shift_mask(qh, 2 * s, 0x03), 4));
+}
+
 // Q6_K with f32 activations: the 16 scales d * scale and their offsets -32 * d * scale (the bias
 // folded, exactly: a power of two) computed as vectors per super-block and stored, as for Q4_K.
 float dot_q6_k(const BlockQ6_K* blocks, const float* x, int64_t n_blocks) {
@@ -346,24 +362,19 @@ float dot_q6_k(const BlockQ6_K* blocks, const float* x, int64_t n_blocks) {
     for (int64_t b = 0; b < n_blocks; ++b) {
         const BlockQ6_K& block = blocks[b];
         const float* xb = x + kQK_K * b;
-        const __m128i packed_scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block.scales));
-        const __m256 d = _mm256_set1_ps(load_half(block.d)), minus_bias = _mm256_set1_ps(-32.0f);
+        __m256 group_scale[2];
+        q6_k_scales(block, group_scale);
         alignas(32) float scale[16], offset[16];
         for (int h = 0; h < 2; ++h) {
-            const __m256 group_scale = _mm256_mul_ps(
-                d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h == 0 ? packed_scales : _mm_srli_si128(packed_scales, 8))));
-            _mm256_store_ps(scale + 8 * h, group_scale);
-            _mm256_store_ps(offset + 8 * h, _mm256_mul_ps(minus_bias, group_scale));
+            _mm256_store_ps(scale + 8 * h, group_scale[h]);
+            _mm256_store_ps(offset + 8 * h, _mm256_mul_ps(_mm256_set1_ps(-32.0f), group_scale[h]));
         }
         for (int half = 0; half < 2; ++half) {
             const __m256i ql[2] = {load_256(block.ql + 64 * half), load_256(block.ql + 64 * half + 32)};
             const __m256i qh = load_256(block.qh + 32 * half);
             for (int s = 0; s < 4; ++s) {
                 const int g = 8 * half + 2 * s;  // the 16-value groups of this run of 32
-                // code = 4 low bits | 2 high bits << 4 (0..63); value = code - 32.
-                const __m256i low = shift_mask(ql[s & 1], s < 2 ? 0 : 4, 0x0f);
-                const __m256i high = _mm256_slli_epi16(shift_mask(qh, 2 * s, 0x03), 4);
-                accumulate_32(_mm256_or_si256(low, high), scale[g], offset[g], scale[g + 1], offset[g + 1],
+                accumulate_32(q6_k_run_codes(ql, qh, s), scale[g], offset[g], scale[g + 1], offset[g + 1],
                               xb + 128 * half + 32 * s, acc);
             }
         }
@@ -376,8 +387,8 @@ float dot_q6_k(const BlockQ6_K* blocks, const float* x, int64_t n_blocks) {
 // on AVX-512, maddubs + madd on AVX2); each lane is converted and multiplied into an accumulator
 // by its own factor d_x * (d * scale), the same two f32 products the per-run kernels form. The
 // factors of a super-block are computed in one vector and moved to the lanes by a permute, so
-// the per-run scalar work of the kernels above (scale unpacking, the mins' terms, broadcasts)
-// becomes a few vector operations per 256 values.
+// a kernel that went run by run (scale unpacking, the mins' terms and broadcasts in scalar code)
+// takes a few vector operations per 256 values instead.
 
 inline float reduce_256(__m256 v) {
     __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -407,12 +418,10 @@ inline __m256 k4_factors(const Block& block, Q8Run xb, __m256& acc_mins) {
 // low and 8-15 in high.
 inline void q6_k_factors(const BlockQ6_K& block, Q8Run xb, __m256& low, __m256& high) {
     const __m256 dx = _mm256_loadu_ps(xb.v.d);
-    const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block.scales));
-    const __m256 d = _mm256_set1_ps(load_half(block.d));
-    const __m256 dx_low = _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-    const __m256 dx_high = _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
-    low = _mm256_mul_ps(dx_low, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scales))));
-    high = _mm256_mul_ps(dx_high, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(scales, 8)))));
+    __m256 scale[2];
+    q6_k_scales(block, scale);
+    low = _mm256_mul_ps(_mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)), scale[0]);
+    high = _mm256_mul_ps(_mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)), scale[1]);
 }
 
 #if KCAP_DOT_WIDE
@@ -549,8 +558,7 @@ float dot_q6_k(const BlockQ6_K* blocks, Q8Run x, int64_t n_blocks) {
             const __m256i qh = load_256(block.qh + 32 * half);
             for (int s = 0; s < 4; ++s) {
                 const int run = 4 * half + s;
-                const __m256i low = shift_mask(ql[s & 1], s < 2 ? 0 : 4, 0x0f);
-                const __m256i codes = _mm256_or_si256(low, _mm256_slli_epi16(shift_mask(qh, 2 * s, 0x03), 4));
+                const __m256i codes = q6_k_run_codes(ql, qh, s);
                 const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.v.q + 32 * run));
                 const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(codes, q), _mm256_maddubs_epi16(bias, q));
                 // lanes 0-3 group 2s of this half's factors, 4-7 group 2s + 1
