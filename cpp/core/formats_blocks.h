@@ -434,13 +434,14 @@ static inline void fill_runs(BlockCodes<kElems>& c, float scale, float offset) {
     for (int g = 0; g < kElems / 16; ++g) c.scale[g] = scale, c.offset[g] = offset;
 }
 
-// Per format: the block type, elements per block, the codes' bias, whether offsets are used.
+// Per format: the block type, elements per block, the codes' bias, the largest code byte (from
+// the codes' bits: MXFP4's doubled E2M1 values plus 12 reach 24), whether offsets are used.
 template <class Block>
 struct CodesOf;
 
 template <>
 struct CodesOf<BlockQ4_0> {
-    static constexpr int kElems = kQK, kBias = 8;
+    static constexpr int kElems = kQK, kBias = 8, kMax = 15;
     static constexpr bool kOffset = false;
     static void get(const BlockQ4_0& b, BlockCodes<kElems>& c) {
         unpack_nibbles_32(b.qs, c.codes);
@@ -449,7 +450,7 @@ struct CodesOf<BlockQ4_0> {
 };
 template <>
 struct CodesOf<BlockQ4_1> {
-    static constexpr int kElems = kQK, kBias = 0;
+    static constexpr int kElems = kQK, kBias = 0, kMax = 15;
     static constexpr bool kOffset = true;
     static void get(const BlockQ4_1& b, BlockCodes<kElems>& c) {
         unpack_nibbles_32(b.qs, c.codes);
@@ -458,7 +459,7 @@ struct CodesOf<BlockQ4_1> {
 };
 template <>
 struct CodesOf<BlockQ5_0> {
-    static constexpr int kElems = kQK, kBias = 16;
+    static constexpr int kElems = kQK, kBias = 16, kMax = 31;
     static constexpr bool kOffset = false;
     static void get(const BlockQ5_0& b, BlockCodes<kElems>& c) {
         unpack_nibbles_32(b.qs, c.codes);
@@ -468,7 +469,7 @@ struct CodesOf<BlockQ5_0> {
 };
 template <>
 struct CodesOf<BlockQ5_1> {
-    static constexpr int kElems = kQK, kBias = 0;
+    static constexpr int kElems = kQK, kBias = 0, kMax = 31;
     static constexpr bool kOffset = true;
     static void get(const BlockQ5_1& b, BlockCodes<kElems>& c) {
         unpack_nibbles_32(b.qs, c.codes);
@@ -478,7 +479,7 @@ struct CodesOf<BlockQ5_1> {
 };
 template <>
 struct CodesOf<BlockQ8_0> {
-    static constexpr int kElems = kQK, kBias = 128;
+    static constexpr int kElems = kQK, kBias = 128, kMax = 255;
     static constexpr bool kOffset = false;
     static void get(const BlockQ8_0& b, BlockCodes<kElems>& c) {
         for (int i = 0; i < kQK; ++i) c.codes[i] = static_cast<uint8_t>(static_cast<uint8_t>(b.qs[i]) ^ 0x80u);
@@ -487,7 +488,7 @@ struct CodesOf<BlockQ8_0> {
 };
 template <>
 struct CodesOf<BlockMXFP4> {
-    static constexpr int kElems = kQK, kBias = 12;
+    static constexpr int kElems = kQK, kBias = 12, kMax = 24;
     static constexpr bool kOffset = false;
     static void get(const BlockMXFP4& b, BlockCodes<kElems>& c) {
         uint8_t nibbles[kQK];
@@ -498,7 +499,7 @@ struct CodesOf<BlockMXFP4> {
 };
 template <>
 struct CodesOf<BlockQ2_K> {
-    static constexpr int kElems = kQK_K, kBias = 0;
+    static constexpr int kElems = kQK_K, kBias = 0, kMax = 3;
     static constexpr bool kOffset = true;
     static void get(const BlockQ2_K& b, BlockCodes<kElems>& c) {
         const float d = load_half(b.d), dmin = load_half(b.dmin);
@@ -511,7 +512,7 @@ struct CodesOf<BlockQ2_K> {
 };
 template <>
 struct CodesOf<BlockQ3_K> {
-    static constexpr int kElems = kQK_K, kBias = 4;
+    static constexpr int kElems = kQK_K, kBias = 4, kMax = 7;
     static constexpr bool kOffset = false;
     static void get(const BlockQ3_K& b, BlockCodes<kElems>& c) {
         const float d = load_half(b.d);
@@ -534,7 +535,7 @@ static inline void k4_runs_of_16(const Block& b, BlockCodes<kQK_K>& c) {
 }
 template <>
 struct CodesOf<BlockQ4_K> {
-    static constexpr int kElems = kQK_K, kBias = 0;
+    static constexpr int kElems = kQK_K, kBias = 0, kMax = 15;
     static constexpr bool kOffset = true;
     static void get(const BlockQ4_K& b, BlockCodes<kElems>& c) {
         k4_runs_of_16(b, c);
@@ -543,7 +544,7 @@ struct CodesOf<BlockQ4_K> {
 };
 template <>
 struct CodesOf<BlockQ5_K> {
-    static constexpr int kElems = kQK_K, kBias = 0;
+    static constexpr int kElems = kQK_K, kBias = 0, kMax = 31;
     static constexpr bool kOffset = true;
     static void get(const BlockQ5_K& b, BlockCodes<kElems>& c) {
         k4_runs_of_16(b, c);
@@ -552,7 +553,7 @@ struct CodesOf<BlockQ5_K> {
 };
 template <>
 struct CodesOf<BlockQ6_K> {
-    static constexpr int kElems = kQK_K, kBias = 32;
+    static constexpr int kElems = kQK_K, kBias = 32, kMax = 63;
     static constexpr bool kOffset = false;
     static void get(const BlockQ6_K& b, BlockCodes<kElems>& c) {
         const float d = load_half(b.d);

@@ -125,7 +125,7 @@ void matmul_kernel(const Stage& stage, const KernelCall& call) {
 // round their input the same way compute (cuda.matvec_q8.*, cuda.matmul_q8_mma.* and the fused
 // rows built on them), so a CPU plan with activations="q8_1" is their reference.
 // cpu.matvec_q8 (one token): integer products per 16 values (dot_row_q8_1, maddubs on AVX2), as
-// llama.cpp's CPU decode does. cpu.matmul_q8 (any tokens): where the CPU has AVX-512 VNNI, the
+// llama.cpp's CPU decode does. cpu.matmul_q8 (any tokens): where the CPU has AVX-512 VNNI or AVX2, the
 // int8 GEMM of cpu/matmul_q8_gemm.h (each weight row decoded once to integer codes for all the
 // tokens); elsewhere the exact matmul of round_q8_1(x). Both are W . q8_1(x) up to the f32
 // rounding of their sums.

@@ -14,7 +14,8 @@
 // Operand layout (K padded with zero groups to a multiple of kSuper = 256 values): a 256-value
 // super-block is 16 groups of 16, stored as 4 steps of 64 bytes, step j holding values 4j..4j+3
 // of each group g at bytes 4g..4g+3. One 512-bit vpdpbusd per step then adds four products of
-// each group into that group's lane, and four steps leave each lane with its group's whole sum.
+// each group into that group's lane, and four steps leave each lane with its group's whole sum
+// (the AVX2 build: two 32-byte halves of 8 groups, matmul_q8_avx2.cpp).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,7 @@ struct PackedRows {
     const float* offset;
     int64_t rows;  // a multiple of kRowBlock
     int32_t bias;
+    int32_t max_code;  // the largest code byte the format has (AVX2 sums products in int16 below it)
 };
 
 // Packed q8_1 activations of `tokens` tokens: codes [tokens][n_super * kSuper] (int8, the same
@@ -58,6 +60,15 @@ void rows_times_tokens(const PackedRows& w, const PackedTokens& x, int64_t n_sup
 // interleaved layout above. Only where avx512_kernels_in_use().
 void interleave(const uint8_t* linear, int64_t n_super, uint8_t* out);
 }  // namespace avx512
+
+namespace avx2 {
+// Whether the library was compiled with the AVX2 GEMM (matmul_q8_avx2.cpp): the same results as
+// avx512:: bit for bit, from vpmaddubsw products summed in int16 within the codes' bounds.
+bool compiled();
+// As avx512::rows_times_tokens and avx512::interleave, where avx2_kernels_in_use().
+void rows_times_tokens(const PackedRows& w, const PackedTokens& x, int64_t n_super, float* out, int64_t out_stride);
+void interleave(const uint8_t* linear, int64_t n_super, uint8_t* out);
+}  // namespace avx2
 
 }  // namespace q8_gemm
 }  // namespace kcap

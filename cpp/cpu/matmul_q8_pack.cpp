@@ -1,6 +1,7 @@
 // Packing for the int8 GEMM (cpu/matmul_q8_gemm.h, cpu/matmul_q8_pack.h): q8_1 activations of
 // every token once per call, weight rows a tile at a time on each thread (their codes from
-// cpp/core/formats_blocks.h's CodesOf), then the AVX-512 VNNI kernel on each tile.
+// cpp/core/formats_blocks.h's CodesOf), then on each tile the AVX-512 VNNI kernel, or the AVX2
+// one where the CPU (or kcap.cap_cpu_kernels) allows no AVX-512.
 #include "cpu/matmul_q8_pack.h"
 
 #include <algorithm>
@@ -17,6 +18,18 @@ namespace {
 
 using namespace blocks;
 
+// The kernels in use: AVX-512 VNNI, else AVX2, else none (the GEMM does not run).
+struct Kernels {
+    void (*rows_times_tokens)(const PackedRows&, const PackedTokens&, int64_t, float*, int64_t);
+    void (*interleave)(const uint8_t*, int64_t, uint8_t*);
+};
+
+Kernels kernels() {
+    if (avx512::compiled() && avx512_kernels_in_use()) return {avx512::rows_times_tokens, avx512::interleave};
+    if (avx2::compiled() && avx2_kernels_in_use()) return {avx2::rows_times_tokens, avx2::interleave};
+    return {nullptr, nullptr};
+}
+
 // Tokens per pass over a tile: their packed codes (64 x K bytes) stay in L2 across the tile.
 constexpr int64_t kTokenBlock = 64;
 
@@ -25,7 +38,7 @@ struct RowTile {
     std::vector<float> scale, offset;
     std::vector<float> out;  // the last tile's rows when they do not fill it
     int64_t n_super = 0;
-    int32_t bias = 0;
+    int32_t bias = 0, max_code = 0;
     bool has_offset = false;
 
     void resize(int64_t super_blocks) {
@@ -36,18 +49,22 @@ struct RowTile {
         offset.assign(size_t(kTileRows * n_super * kGroups), 0.0f);
     }
     PackedRows view() const {
-        return {codes.data(), scale.data(), has_offset ? offset.data() : nullptr, kTileRows, bias};
+        return {codes.data(), scale.data(), has_offset ? offset.data() : nullptr, kTileRows, bias, max_code};
     }
 };
 
 // Packs rows [0, n) of w (row_stride bytes apart, k elements each) into tile rows 0..n-1 and
 // zeroes the rest (their products are computed and dropped).
 template <class Block>
-void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTile& tile) {
+void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTile& tile,
+               void (*interleave)(const uint8_t*, int64_t, uint8_t*)) {
     using Codes = CodesOf<Block>;
     constexpr int kElems = Codes::kElems;
     const int64_t k_bytes = tile.n_super * kSuper, n_groups = tile.n_super * kGroups;
     tile.bias = Codes::kBias;
+    tile.max_code = Codes::kMax;
+    // The AVX2 kernel multiplies codes of 64 and more only as Q8_0's (signed, plus 128).
+    static_assert(Codes::kMax < 64 || Codes::kBias == 128, "codes the AVX2 kernel cannot sum in int16");
     tile.has_offset = Codes::kOffset;
     BlockCodes<kElems> c;
     thread_local std::vector<uint8_t> linear;  // a row's codes in order, zero past k
@@ -70,13 +87,13 @@ void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTil
             std::copy(c.offset, c.offset + kElems / 16, offset + b * (kElems / 16));
         }
         // The padding past k (to whole super-blocks) keeps zero codes and scales.
-        avx512::interleave(linear.data(), tile.n_super, codes);
+        interleave(linear.data(), tile.n_super, codes);
         std::fill(scale + k / 16, scale + n_groups, 0.0f);
         std::fill(offset + k / 16, offset + n_groups, 0.0f);
     }
 }
 
-using PackFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, RowTile&);
+using PackFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, RowTile&, void (*)(const uint8_t*, int64_t, uint8_t*));
 
 PackFn pack_fn(Format format) {
     switch (format) {
@@ -97,7 +114,7 @@ PackFn pack_fn(Format format) {
 
 }  // namespace
 
-bool runs(Format weights) { return pack_fn(weights) && avx512::compiled() && avx512_kernels_in_use(); }
+bool runs(Format weights) { return pack_fn(weights) && kernels().rows_times_tokens; }
 
 void Tokens::resize(int64_t tokens, int64_t k) {
     k_ = k;
@@ -117,7 +134,7 @@ void Tokens::pack_one(const float* x, int64_t t) {
     d.resize(size_t(k_ / 32)), sum16.resize(size_t(k_ / 16));
     quantize_q8_1(x, k_, q.data(), d.data(), sum16.data());
     const int64_t n_groups = n_super_ * kGroups;
-    avx512::interleave(reinterpret_cast<const uint8_t*>(q.data()), n_super_,
+    kernels().interleave(reinterpret_cast<const uint8_t*>(q.data()), n_super_,
                        reinterpret_cast<uint8_t*>(codes_.data()) + t * n_super_ * kSuper);
     for (int64_t g = 0; g < k_ / 16; ++g) {
         const float dg = d[size_t(g / 2)];
@@ -168,9 +185,10 @@ PackedTokens Tokens::view(int64_t t0, int64_t n) const {
 }
 
 void check(Format format, int64_t k, const Tokens& x) {
-    if (!pack_fn(format) || k % format_info(format).block_elems || x.n_super() != (k + kSuper - 1) / kSuper)
+    if (!runs(format) || k % format_info(format).block_elems || x.n_super() != (k + kSuper - 1) / kSuper)
         throw Error(std::string("q8_gemm: ") + format_name(format) + " rows of " + std::to_string(k) +
-                    " elements do not match the packed activations (or the format has no integer codes)");
+                    " elements do not match the packed activations (or the format has no integer codes, or this "
+                    "CPU has no int8 GEMM)");
 }
 
 void multiply_tile(Format format, const uint8_t* w, int64_t n_rows, int64_t k, const Tokens& x, int64_t t0,
@@ -178,16 +196,17 @@ void multiply_tile(Format format, const uint8_t* w, int64_t n_rows, int64_t k, c
     const PackFn pack = pack_fn(format);
     thread_local RowTile tile;
     tile.resize(x.n_super());
-    pack(w, row_bytes(format, k), n_rows, k, tile);
+    const Kernels use = kernels();
+    pack(w, row_bytes(format, k), n_rows, k, tile, use.interleave);
     const PackedRows packed = tile.view();
     for (int64_t b0 = 0; b0 < n_tokens; b0 += kTokenBlock) {
         const int64_t m = std::min(kTokenBlock, n_tokens - b0);
         float* out = y + b0 * y_stride;
         if (n_rows == kTileRows) {
-            avx512::rows_times_tokens(packed, x.view(t0 + b0, m), x.n_super(), out, y_stride);
+            use.rows_times_tokens(packed, x.view(t0 + b0, m), x.n_super(), out, y_stride);
         } else {
             tile.out.resize(size_t(m * kTileRows));
-            avx512::rows_times_tokens(packed, x.view(t0 + b0, m), x.n_super(), tile.out.data(), kTileRows);
+            use.rows_times_tokens(packed, x.view(t0 + b0, m), x.n_super(), tile.out.data(), kTileRows);
             for (int64_t t = 0; t < m; ++t)
                 std::copy(tile.out.data() + t * kTileRows, tile.out.data() + t * kTileRows + n_rows, out + t * y_stride);
         }

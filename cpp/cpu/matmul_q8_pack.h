@@ -13,7 +13,7 @@ namespace kcap {
 namespace q8_gemm {
 
 // Whether the GEMM runs on this CPU for this weight format: compiled, the CPU has AVX-512 VNNI
-// and kcap.cap_cpu_kernels allows it, and the format is one with integer codes (the formats of
+// or AVX2 and kcap.cap_cpu_kernels allows it, and the format is one with integer codes (the formats of
 // KCAP_Q8_WEIGHT_FORMATS). Checked per call, like dot_row's choice of instructions.
 bool runs(Format weights);
 

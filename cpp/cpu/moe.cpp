@@ -29,8 +29,8 @@
 //                         (dot_row_q8_1) as the dense cpu.matvec_q8 rows and llama.cpp's CPU
 //                         experts; biases, the weighted sum and the shared expert's output in f32
 //                         as above.
-//   cpu.moe_experts_q8_tiles  the same for any number of tokens: where the CPU has AVX-512 VNNI,
-//                         each expert's rows decoded once per call into the int8 GEMM's tiles
+//   cpu.moe_experts_q8_tiles  the same for any number of tokens: where the CPU has AVX-512 VNNI
+//                         or AVX2, each expert's rows decoded once per call into the int8 GEMM's tiles
 //                         (cpu/matmul_q8_gemm.h) for all of its slots; elsewhere the slot loop.
 //   cpu.moe_shared_gate   out = in + sigmoid(w . x) * shared (w absent: gate 1).
 // Every sum in f32, each expert's rows decoded exactly (dot_row), as the dense matmul rows do.
@@ -232,7 +232,7 @@ void weighted_sum(const Stage& stage, const KernelCall& call, const ExpertOperan
 }
 
 // cpu.moe_experts_tiles and cpu.moe_experts_q8_tiles where their GEMM runs (f32: AVX-512 or
-// AVX2; int8: AVX-512 VNNI): the slots in expert order, each expert's gate, up and down rows
+// AVX2; int8: AVX-512 VNNI or AVX2): the slots in expert order, each expert's gate, up and down rows
 // decoded once per call into tiles and multiplied with all of its slots. Exact (Q8 false): rows dequantized exactly, f32 activations,
 // f32 FMA chains (cpu/matmul_f32_gemm.h). Q8: x and each slot's activations rounded to q8_1 as in
 // moe_experts_kernel, the int8 GEMM (cpu/matmul_q8_pack.h). The same products as the slot loop
@@ -449,8 +449,8 @@ void add_cpu_moe_rows(std::vector<Row>& rows) {
 #undef KCAP_CPU_Q8_FORMAT
     // cpu.moe_experts_q8 takes one token (each chosen expert's rows against its one slot, read as
     // they are decoded: dot_row_q8_1), cpu.moe_experts_q8_tiles any count (each expert's rows
-    // decoded once for all its slots into the int8 GEMM's tiles where the CPU has AVX-512 VNNI,
-    // else the same slot products as the one-token row), as cpu.matvec_q8 and cpu.matmul_q8 do.
+    // decoded once for all its slots into the int8 GEMM's tiles where the CPU has AVX-512 VNNI
+    // or AVX2, else the same slot products as the one-token row), as cpu.matvec_q8 and cpu.matmul_q8 do.
     for (const bool one_token : {true, false}) {
         Row experts_q8 = experts;
         experts_q8.kernel = one_token ? "cpu.moe_experts_q8" : "cpu.moe_experts_q8_tiles";

@@ -3,8 +3,8 @@
     python3 tests/cpp/isa_confined.py LIBKCAP_CORE.a [--objdump OBJDUMP] [--nm NM]
 
 A portable x86-64 build compiles cpp/core/formats_dot_avx512.cpp and cpp/cpu/matmul_*_avx512.cpp
-with AVX-512 and formats_dot_avx2.cpp and matmul_f32_avx2.cpp with AVX2, a portable AArch64 build formats_dot_neon_dotprod.cpp with the
-dot product extension (CMakeLists.txt), and picks one at run time. That is only safe if no code
+with AVX-512 and formats_dot_avx2.cpp and cpp/cpu/matmul_*_avx2.cpp with AVX2, a portable AArch64
+build formats_dot_neon_dotprod.cpp with the dot product extension (CMakeLists.txt), and picks one at run time. That is only safe if no code
 compiled for those instructions can run elsewhere: no other object of the library may use them
 (zmm registers for AVX-512, SDOT/UDOT for the Arm dot product), the kernel object must (its
 kernels are real), and no such kernel object may define a weak symbol (an inline function the
@@ -26,7 +26,7 @@ ARCHITECTURES = {
     "x86-64": ({"formats_dot_avx512.cpp.o", "matmul_q8_avx512.cpp.o", "matmul_f32_avx512.cpp.o"}, re.compile(r"%zmm"),
                "zmm registers (AVX-512)",
                {"formats_dot_avx512.cpp.o", "formats_dot_avx2.cpp.o", "matmul_q8_avx512.cpp.o", "matmul_f32_avx512.cpp.o",
-                "matmul_f32_avx2.cpp.o"}),
+                "matmul_f32_avx2.cpp.o", "matmul_q8_avx2.cpp.o"}),
     "aarch64": ({"formats_dot_neon_dotprod.cpp.o"}, re.compile(r"\s[su]dot\s"), "SDOT/UDOT (dot product)",
                 {"formats_dot_neon_dotprod.cpp.o"}),
 }

@@ -386,14 +386,14 @@ int check_gemm_output(const char* what, const char* format, int64_t k, const std
 }
 
 // The CPU's int8 GEMM (cpu/matmul_q8_pack.h: cpu.matmul_q8.* over several tokens where the CPU
-// has AVX-512 VNNI) against the same f64 sums as test_dot_q8_1 (the same bound: its per-group
+// has AVX-512 VNNI or AVX2; the build the cap allows) against the same f64 sums as test_dot_q8_1 (the same bound: its per-group
 // f32 steps are those of dot_row_q8_1), for every format with integer codes: row counts that
 // fill a 16-row tile or leave part of it, token counts around the 4-token micro-kernel and past
 // the 64-token block, and lengths that end inside a 256-value super-block. The output is
 // poisoned first, and a token offset into the packed activations is used.
-void test_gemm_q8() {
+void test_gemm_q8(const std::string& label) {
     if (!kcap::q8_gemm::runs(Format::Q4_K)) {
-        std::printf("note: no int8 GEMM here (build or CPU); it is not tested\n");
+        std::printf("note: no int8 GEMM for %s (build or CPU); it is not tested\n", label.c_str());
         return;
     }
     std::mt19937 rng(777);
@@ -428,17 +428,72 @@ void test_gemm_q8() {
                 kcap::q8_gemm::multiply(info.format, w.data(), n_rows, k, packed, t0, n_tokens, bias.data(), y.data(),
                                         y_stride, pool);
                 failures_here += check_gemm_output(
-                    "q8_gemm", info.name, k, wf, xr.data() + t0 * k, bias, y, n_rows, n_tokens, y_stride,
+                    label.c_str(), info.name, k, wf, xr.data() + t0 * k, bias, y, n_rows, n_tokens, y_stride,
                     [&](double magnitude) { return 8.0 * dot_tolerance(k, magnitude); }, worst_ratio);
             }
         }
-        check(failures_here == 0, std::string("q8_gemm ") + info.name + " within tolerance");
+        check(failures_here == 0, label + " " + info.name + " within tolerance");
         char ratio[32];
         std::snprintf(ratio, sizeof ratio, " %s %.3f", info.name, worst_ratio);
         summary += ratio;
     }
-    check(formats == 11, "the int8 GEMM covers the 11 quantized formats");
-    std::printf("q8_gemm: largest error as a fraction of the tolerance:%s\n", summary.c_str());
+    check(formats == 11, label + " covers the 11 quantized formats");
+    std::printf("%s: largest error as a fraction of the tolerance:%s\n", label.c_str(), summary.c_str());
+}
+
+// The AVX-512 VNNI and AVX2 builds of the int8 GEMM form the same exact int32 group sums and the
+// same f32 steps, so they agree bit for bit (where the CPU runs both: capped at avx2 for the
+// second), for every format with integer codes, rows of random codes and rows of each format's
+// extreme codes against tokens of extreme codes (the AVX2 build sums products in int16 within
+// bounds that those reach: Q8_0's signed codes one step at a time, Q6_K's 64 two, the rest four).
+void test_gemm_q8_builds_agree() {
+    if (!kcap::avx512_kernels_in_use() || !kcap::q8_gemm::runs(Format::Q4_K)) {
+        std::printf("note: the int8 GEMM's AVX-512 and AVX2 builds are not compared here (build or CPU)\n");
+        return;
+    }
+    std::mt19937 rng(778);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    kcap::ThreadPool pool(2);
+    int formats = 0;
+    for (const kcap::FormatInfo& info : kcap::all_formats()) {
+        if (!kcap::q8_gemm::runs(info.format)) continue;
+        ++formats;
+        const int64_t n_rows = 21, n_tokens = 9, k = 768 + 256;
+        std::vector<float> wf;
+        std::vector<uint8_t> w = random_matrix(info.format, n_rows, k, rng, wf);
+        // The first 4 rows with every code at its largest byte (Q8_0: at -128, MXFP4: at 6), the
+        // scales finite; tokens 0 and 1 all +1 and all -1 (codes +-127): the largest int16 sums.
+        const size_t row_size = kcap::row_bytes(info.format, k);
+        for (size_t i = 0; i < 4 * row_size; ++i)
+            w[i] = info.format == Format::Q8_0 ? 0x80 : info.format == Format::MXFP4 ? 0x77 : 0xff;
+        for (int64_t b = 0; b < 4 * k / info.block_elems; ++b) {
+            uint8_t* block = w.data() + b * info.block_bytes;
+            if (info.format == Format::MXFP4) block[0] = 127;
+            for (int offset : half_scale_offsets(info.format)) {
+                const uint16_t one = kcap::f32_to_f16(1.0f);
+                std::memcpy(block + offset, &one, 2);
+            }
+        }
+        std::vector<float> x(size_t(n_tokens * k));
+        for (float& v : x) v = normal(rng);
+        for (int64_t i = 0; i < k; ++i) x[size_t(i)] = 1.0f, x[size_t(k + i)] = -1.0f;
+        for (int64_t i = 0; i < k; ++i) x[size_t(2 * k + i)] = std::fabs(x[size_t(2 * k + i)]);  // one sign
+        std::vector<float> wide(size_t(n_tokens * n_rows)), narrow(wide.size(), std::nanf(""));
+        kcap::q8_gemm::Tokens packed;
+        packed.pack(x.data(), n_tokens, k, pool);
+        kcap::q8_gemm::multiply(info.format, w.data(), n_rows, k, packed, 0, n_tokens, nullptr, wide.data(), n_rows,
+                                pool);
+        kcap::cap_cpu_kernels("avx2");
+        check(kcap::q8_gemm::runs(info.format), std::string("the int8 GEMM runs capped at avx2 on ") + info.name);
+        kcap::q8_gemm::Tokens packed_narrow;
+        packed_narrow.pack(x.data(), n_tokens, k, pool);
+        kcap::q8_gemm::multiply(info.format, w.data(), n_rows, k, packed_narrow, 0, n_tokens, nullptr, narrow.data(),
+                                n_rows, pool);
+        kcap::cap_cpu_kernels("avx512");
+        check(std::memcmp(wide.data(), narrow.data(), wide.size() * sizeof(float)) == 0,
+              std::string("q8_gemm AVX-512 and AVX2 builds agree bit for bit on ") + info.name);
+    }
+    check(formats == 11, "the int8 GEMM builds are compared on the 11 quantized formats");
 }
 
 // The CPU's exact f32 GEMM tile (cpu/matmul_f32_gemm.h: cpu.matmul.* and cpu.moe_experts_tiles
@@ -569,6 +624,7 @@ void test_cpu_kernel_caps() {
         const std::string label_q8 = "kcap::dot_row_q8_1 (cap " + name + ", " + in_use + ")";
         test_dot_q8_1(label_q8.c_str(), kcap::dot_row_q8_1);
         test_gemm_f32("f32_gemm (cap " + name + ", " + in_use + ")");
+        test_gemm_q8("q8_gemm (cap " + name + ", " + in_use + ")");
     }
     kcap::cap_cpu_kernels(names.front());
     std::string message;
@@ -668,8 +724,8 @@ int main() {
     }
     std::printf("cpu kernels in use: %s\n", kcap::cpu_kernels_in_use());
     test_dot_against_dequantize("kcap::dot_row", kcap::dot_row);
-    test_gemm_q8();
     test_gemm_f32_builds_agree();
+    test_gemm_q8_builds_agree();
     test_cpu_kernel_caps();
     test_dot_special_rows();
     test_bad_sizes();
