@@ -26,6 +26,8 @@ namespace avx2 {
 bool compiled() { return false; }
 void rows_times_tokens(const PackedRows&, const PackedTokens&, int64_t, float*, int64_t) {}
 void interleave(const uint8_t*, int64_t, uint8_t*) {}
+void q4_k_codes(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*) {}
+void q6_k_codes(const uint8_t*, int64_t, int64_t, uint8_t*) {}
 }  // namespace avx2
 }  // namespace q8_gemm
 }  // namespace kcap
@@ -167,29 +169,72 @@ void by_codes(const PackedRows& w, const PackedTokens& x, int64_t n_super, float
         all_rows<4, false, kOffset, false>(w, x, n_super, out, out_stride);
 }
 
+// Groups 8h .. 8h + 7 of a super-block (its codes in order: values 128h .. 128h + 127, in r[0..3])
+// into the interleaved layout's half h at out (out + 64 j: step j): word 4g + j of the half (group
+// g, values 4j..4j+3) goes to word 16 j + g of the super-block. Each register's words reordered
+// into pairs (word j of its two groups), then a 4 x 4 transpose of those 64-bit pairs.
+void interleave_half(const __m256i (&r)[4], uint8_t* out) {
+    const __m256i pair_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i p[4];
+    for (int i = 0; i < 4; ++i) p[i] = _mm256_permutevar8x32_epi32(r[i], pair_order);
+    const __m256i t0 = _mm256_unpacklo_epi64(p[0], p[1]), t1 = _mm256_unpackhi_epi64(p[0], p[1]);
+    const __m256i t2 = _mm256_unpacklo_epi64(p[2], p[3]), t3 = _mm256_unpackhi_epi64(p[2], p[3]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(t0, t2, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64), _mm256_permute2x128_si256(t1, t3, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 128), _mm256_permute2x128_si256(t0, t2, 0x31));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 192), _mm256_permute2x128_si256(t1, t3, 0x31));
+}
+
 }  // namespace
 
 bool compiled() { return true; }
 
 void interleave(const uint8_t* linear, int64_t n_super, uint8_t* out) {
-    // Word 4g + j of a super-block (group g, values 4j..4j+3) goes to word 16j + g. Eight groups
-    // at a time (four registers of two groups each): each register's words reordered into pairs
-    // (word j of both groups) then a 4 x 4 transpose of those 64-bit pairs gives step j's half.
-    const __m256i pair_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int64_t s = 0; s < n_super; ++s) {
+    for (int64_t s = 0; s < n_super; ++s)
         for (int h = 0; h < 2; ++h) {
             const uint8_t* in = linear + s * kSuper + 128 * h;
-            __m256i p[4];
-            for (int i = 0; i < 4; ++i)
-                p[i] = _mm256_permutevar8x32_epi32(
-                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 32 * i)), pair_order);
-            const __m256i t0 = _mm256_unpacklo_epi64(p[0], p[1]), t1 = _mm256_unpackhi_epi64(p[0], p[1]);
-            const __m256i t2 = _mm256_unpacklo_epi64(p[2], p[3]), t3 = _mm256_unpackhi_epi64(p[2], p[3]);
-            uint8_t* to = out + s * kSuper + 32 * h;
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), _mm256_permute2x128_si256(t0, t2, 0x20));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 64), _mm256_permute2x128_si256(t1, t3, 0x20));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 128), _mm256_permute2x128_si256(t0, t2, 0x31));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 192), _mm256_permute2x128_si256(t1, t3, 0x31));
+            __m256i r[4];
+            for (int i = 0; i < 4; ++i) r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 32 * i));
+            interleave_half(r, out + s * kSuper + 32 * h);
+        }
+}
+
+void q4_k_codes(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, int64_t qs_offset, uint8_t* out) {
+    // Values 64j .. 64j + 31 are the low nibbles of qs[32j .. 32j + 31], values 64j + 32 .. 64j + 63
+    // the high ones: each 64 qs bytes give a half's four registers of codes in order.
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    for (int64_t s = 0; s < n_blocks; ++s) {
+        const uint8_t* qs = blocks + s * block_bytes + qs_offset;
+        for (int h = 0; h < 2; ++h) {
+            __m256i r[4];
+            for (int j = 0; j < 2; ++j) {
+                const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 64 * h + 32 * j));
+                r[2 * j] = _mm256_and_si256(q, mask);
+                r[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+            }
+            interleave_half(r, out + s * kSuper + 32 * h);
+        }
+    }
+}
+
+void q6_k_codes(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* out) {
+    // Half h (values 128h .. 128h + 127) of a block: ql bytes 64h .. 64h + 31 hold the low four
+    // bits of its values 0-31 (low nibbles) and 64-95 (high), the next 32 of 32-63 and 96-127; qh
+    // bytes 32h .. 32h + 31 the two bits above, at bits 0, 2, 4 and 6 for its four runs of 32.
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
+    for (int64_t s = 0; s < n_blocks; ++s) {
+        const uint8_t* block = blocks + s * block_bytes;
+        for (int h = 0; h < 2; ++h) {
+            const __m256i ql[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * h)),
+                                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * h + 32))};
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * h));
+            __m256i r[4];
+            for (int run = 0; run < 4; ++run) {
+                const __m256i low = _mm256_and_si256(_mm256_srli_epi16(ql[run & 1], run < 2 ? 0 : 4), low4);
+                const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * run), low2);
+                r[run] = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+            }
+            interleave_half(r, out + s * kSuper + 32 * h);
         }
     }
 }

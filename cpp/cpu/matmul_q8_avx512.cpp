@@ -15,6 +15,8 @@ namespace avx512 {
 bool compiled() { return false; }
 void rows_times_tokens(const PackedRows&, const PackedTokens&, int64_t, float*, int64_t) {}
 void interleave(const uint8_t*, int64_t, uint8_t*) {}
+void q4_k_codes(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*) {}
+void q6_k_codes(const uint8_t*, int64_t, int64_t, uint8_t*) {}
 }  // namespace avx512
 }  // namespace q8_gemm
 }  // namespace kcap
@@ -119,26 +121,69 @@ void all_rows(const PackedRows& w, const PackedTokens& x, int64_t n_super, float
     }
 }
 
+// One super-block's 256 codes in order (a: values 0-63, b: 64-127, c, d) into the interleaved
+// layout at out: as 64 words of 4 values, word 4g + j (group g, values 4j..4j+3 of it) goes to
+// word 16j + g. Step j gathers word 4g + j for groups 0-7 from a and b and for groups 8-15 from c
+// and d (the same indices), then blends the halves.
+void interleave_super(__m512i a, __m512i b, __m512i c, __m512i d, uint8_t* out) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+        // lane g: group g % 8 of the pair, word 4 (g % 4) + j of its register (16 + for the second)
+        const __m512i index = _mm512_add_epi32(
+            _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28), _mm512_set1_epi32(j));
+        const __m512i low = _mm512_permutex2var_epi32(a, index, b), high = _mm512_permutex2var_epi32(c, index, d);
+        _mm512_storeu_si512(out + 64 * j, _mm512_mask_blend_epi32(0xff00, low, high));
+    }
+}
+
 }  // namespace
 
 bool compiled() { return true; }
 
 void interleave(const uint8_t* linear, int64_t n_super, uint8_t* out) {
-    // A super-block as 64 words of 4 values: word 4g + j (group g, values 4j..4j+3 of it) goes to
-    // word 16j + g. Step j gathers word 4g + j for groups 0-7 from the first two registers and for
-    // groups 8-15 from the last two (the same indices), then blends the halves.
     for (int64_t s = 0; s < n_super; ++s) {
         const uint8_t* in = linear + s * kSuper;
-        const __m512i a = _mm512_loadu_si512(in), b = _mm512_loadu_si512(in + 64);
-        const __m512i c = _mm512_loadu_si512(in + 128), d = _mm512_loadu_si512(in + 192);
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j) {
-            // lane g: group g % 8 of the pair, word 4 (g % 4) + j of its register (16 + for the second)
-            const __m512i index = _mm512_add_epi32(
-                _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28), _mm512_set1_epi32(j));
-            const __m512i low = _mm512_permutex2var_epi32(a, index, b), high = _mm512_permutex2var_epi32(c, index, d);
-            _mm512_storeu_si512(out + s * kSuper + 64 * j, _mm512_mask_blend_epi32(0xff00, low, high));
+        interleave_super(_mm512_loadu_si512(in), _mm512_loadu_si512(in + 64), _mm512_loadu_si512(in + 128),
+                         _mm512_loadu_si512(in + 192), out + s * kSuper);
+    }
+}
+
+void q4_k_codes(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, int64_t qs_offset, uint8_t* out) {
+    // Values 64j .. 64j + 31 are the low nibbles of qs[32j .. 32j + 31], values 64j + 32 .. 64j + 63
+    // the high ones: each 64 qs bytes give two 64-value registers of codes in order.
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    for (int64_t s = 0; s < n_blocks; ++s) {
+        const uint8_t* qs = blocks + s * block_bytes + qs_offset;
+        __m512i ordered[4];
+        for (int h = 0; h < 2; ++h) {
+            const __m512i q = _mm512_loadu_si512(qs + 64 * h);
+            const __m512i low = _mm512_and_si512(q, mask), high = _mm512_and_si512(_mm512_srli_epi16(q, 4), mask);
+            ordered[2 * h] = _mm512_shuffle_i64x2(low, high, _MM_SHUFFLE(1, 0, 1, 0));
+            ordered[2 * h + 1] = _mm512_shuffle_i64x2(low, high, _MM_SHUFFLE(3, 2, 3, 2));
         }
+        interleave_super(ordered[0], ordered[1], ordered[2], ordered[3], out + s * kSuper);
+    }
+}
+
+void q6_k_codes(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* out) {
+    // Half h (values 128h .. 128h + 127) of a block: its 64 ql bytes as one register hold the low
+    // four bits of values 128h .. 128h + 63 (low nibbles) and of the next 64 (high nibbles); its
+    // 32 qh bytes, shifted by 0 and 2 (then 4 and 6), the two bits above each.
+    const __m512i low4 = _mm512_set1_epi8(0x0f), low2 = _mm512_set1_epi8(0x03);
+    for (int64_t s = 0; s < n_blocks; ++s) {
+        const uint8_t* block = blocks + s * block_bytes;
+        __m512i ordered[4];
+        for (int h = 0; h < 2; ++h) {
+            const __m512i ql = _mm512_loadu_si512(block + 64 * h);
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * h));
+            const __m512i qh_low = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+            const __m512i qh_high = _mm512_srli_epi16(qh_low, 4);
+            ordered[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, low4),
+                                             _mm512_slli_epi16(_mm512_and_si512(qh_low, low2), 4));
+            ordered[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                                                 _mm512_slli_epi16(_mm512_and_si512(qh_high, low2), 4));
+        }
+        interleave_super(ordered[0], ordered[1], ordered[2], ordered[3], out + s * kSuper);
     }
 }
 

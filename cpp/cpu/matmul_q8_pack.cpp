@@ -5,7 +5,9 @@
 #include "cpu/matmul_q8_pack.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <type_traits>
 
 #include "core/formats_blocks.h"
 #include "core/formats_dot_paths.h"
@@ -22,12 +24,16 @@ using namespace blocks;
 struct Kernels {
     void (*rows_times_tokens)(const PackedRows&, const PackedTokens&, int64_t, float*, int64_t);
     void (*interleave)(const uint8_t*, int64_t, uint8_t*);
+    void (*q4_k_codes)(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*);
+    void (*q6_k_codes)(const uint8_t*, int64_t, int64_t, uint8_t*);
 };
 
 Kernels kernels() {
-    if (avx512::compiled() && avx512_kernels_in_use()) return {avx512::rows_times_tokens, avx512::interleave};
-    if (avx2::compiled() && avx2_kernels_in_use()) return {avx2::rows_times_tokens, avx2::interleave};
-    return {nullptr, nullptr};
+    if (avx512::compiled() && avx512_kernels_in_use())
+        return {avx512::rows_times_tokens, avx512::interleave, avx512::q4_k_codes, avx512::q6_k_codes};
+    if (avx2::compiled() && avx2_kernels_in_use())
+        return {avx2::rows_times_tokens, avx2::interleave, avx2::q4_k_codes, avx2::q6_k_codes};
+    return {nullptr, nullptr, nullptr, nullptr};
 }
 
 // Tokens per pass over a tile: their packed codes (64 x K bytes) stay in L2 across the tile.
@@ -53,11 +59,16 @@ struct RowTile {
     }
 };
 
-// Packs rows [0, n) of w (row_stride bytes apart, k elements each) into tile rows 0..n-1 and
-// zeroes the rest (their products are computed and dropped).
+// The formats whose codes the kernels pack straight from the blocks.
 template <class Block>
-void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTile& tile,
-               void (*interleave)(const uint8_t*, int64_t, uint8_t*)) {
+constexpr bool kDirectCodes = std::is_same_v<Block, BlockQ4_K> || std::is_same_v<Block, BlockQ6_K>;
+
+// Packs rows [0, n) of w (row_stride bytes apart, k elements each) into tile rows 0..n-1 and
+// zeroes the rest (their products are computed and dropped). Q4_K's and Q6_K's codes go from
+// their bit fields straight into the interleaved layout (use.q4_k_codes, q6_k_codes; the same
+// codes as CodesOf's), their scales and offsets as CodesOf's.
+template <class Block>
+void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTile& tile, const Kernels& use) {
     using Codes = CodesOf<Block>;
     constexpr int kElems = Codes::kElems;
     const int64_t k_bytes = tile.n_super * kSuper, n_groups = tile.n_super * kGroups;
@@ -68,7 +79,7 @@ void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTil
     tile.has_offset = Codes::kOffset;
     BlockCodes<kElems> c;
     thread_local std::vector<uint8_t> linear;  // a row's codes in order, zero past k
-    linear.assign(size_t(k_bytes), 0);
+    if constexpr (!kDirectCodes<Block>) linear.assign(size_t(k_bytes), 0);
     for (int64_t r = 0; r < kTileRows; ++r) {
         uint8_t* codes = tile.codes.data() + r * k_bytes;
         float* scale = tile.scale.data() + r * n_groups;
@@ -80,6 +91,19 @@ void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTil
             continue;
         }
         const auto* blocks = reinterpret_cast<const Block*>(w + size_t(r) * row_stride);
+        if constexpr (kDirectCodes<Block>) {
+            for (int64_t b = 0; b < k / kElems; ++b) {
+                Codes::scales(blocks[b], c);
+                std::copy(c.scale, c.scale + kElems / 16, scale + b * (kElems / 16));
+                std::copy(c.offset, c.offset + kElems / 16, offset + b * (kElems / 16));
+            }
+            const auto* raw = reinterpret_cast<const uint8_t*>(blocks);
+            if constexpr (std::is_same_v<Block, BlockQ4_K>)
+                use.q4_k_codes(raw, k / kElems, int64_t(sizeof(Block)), int64_t(offsetof(Block, qs)), codes);
+            else
+                use.q6_k_codes(raw, k / kElems, int64_t(sizeof(Block)), codes);
+            continue;  // k is whole super-blocks: no padding
+        }
         for (int64_t b = 0; b < k / kElems; ++b) {
             Codes::get(blocks[b], c);
             std::memcpy(linear.data() + b * kElems, c.codes, kElems);
@@ -87,13 +111,13 @@ void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTil
             std::copy(c.offset, c.offset + kElems / 16, offset + b * (kElems / 16));
         }
         // The padding past k (to whole super-blocks) keeps zero codes and scales.
-        interleave(linear.data(), tile.n_super, codes);
+        use.interleave(linear.data(), tile.n_super, codes);
         std::fill(scale + k / 16, scale + n_groups, 0.0f);
         std::fill(offset + k / 16, offset + n_groups, 0.0f);
     }
 }
 
-using PackFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, RowTile&, void (*)(const uint8_t*, int64_t, uint8_t*));
+using PackFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, RowTile&, const Kernels&);
 
 PackFn pack_fn(Format format) {
     switch (format) {
@@ -197,7 +221,7 @@ void multiply_tile(Format format, const uint8_t* w, int64_t n_rows, int64_t k, c
     thread_local RowTile tile;
     tile.resize(x.n_super());
     const Kernels use = kernels();
-    pack(w, row_bytes(format, k), n_rows, k, tile, use.interleave);
+    pack(w, row_bytes(format, k), n_rows, k, tile, use);
     const PackedRows packed = tile.view();
     for (int64_t b0 = 0; b0 < n_tokens; b0 += kTokenBlock) {
         const int64_t m = std::min(kTokenBlock, n_tokens - b0);
