@@ -435,9 +435,9 @@ static inline void fill_runs(BlockCodes<kElems>& c, float scale, float offset) {
 }
 
 // Per format: the block type, elements per block, the codes' bias, the largest code byte (from
-// the codes' bits: MXFP4's doubled E2M1 values plus 12 reach 24), whether offsets are used;
-// get() fills a BlockCodes (Q4_K and Q6_K also have scales(): the scales and offsets alone, for
-// the CPU's GEMM, which packs their codes with vector code of its own).
+// the codes' bits: MXFP4's doubled E2M1 values plus 12 reach 24), whether offsets are used.
+// (The CPU's GEMM packs Q4_K and Q6_K rows with vector code of its own, cpu/matmul_q8_avx*.cpp,
+// to the same values.)
 template <class Block>
 struct CodesOf;
 
@@ -539,9 +539,8 @@ template <>
 struct CodesOf<BlockQ4_K> {
     static constexpr int kElems = kQK_K, kBias = 0, kMax = 15;
     static constexpr bool kOffset = true;
-    static void scales(const BlockQ4_K& b, BlockCodes<kElems>& c) { k4_runs_of_16(b, c); }
     static void get(const BlockQ4_K& b, BlockCodes<kElems>& c) {
-        scales(b, c);
+        k4_runs_of_16(b, c);
         unpack_k4_nibbles_256(b.qs, c.codes);
     }
 };
@@ -558,15 +557,12 @@ template <>
 struct CodesOf<BlockQ6_K> {
     static constexpr int kElems = kQK_K, kBias = 32, kMax = 63;
     static constexpr bool kOffset = false;
-    static void scales(const BlockQ6_K& b, BlockCodes<kElems>& c) {
+    static void get(const BlockQ6_K& b, BlockCodes<kElems>& c) {
         const float d = load_half(b.d);
         for (int run = 0; run < 16; ++run) {
             c.scale[run] = d * static_cast<float>(b.scales[run]);
             c.offset[run] = 0.0f;
         }
-    }
-    static void get(const BlockQ6_K& b, BlockCodes<kElems>& c) {
-        scales(b, c);
         q6_k_codes(b, c.codes);
     }
 };

@@ -26,8 +26,8 @@ namespace avx2 {
 bool compiled() { return false; }
 void rows_times_tokens(const PackedRows&, const PackedTokens&, int64_t, float*, int64_t) {}
 void interleave(const uint8_t*, int64_t, uint8_t*) {}
-void q4_k_codes(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*) {}
-void q6_k_codes(const uint8_t*, int64_t, int64_t, uint8_t*) {}
+void q4_k_rows(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*) {}
+void q6_k_rows(const uint8_t*, int64_t, int64_t, uint8_t*, float*) {}
 }  // namespace avx2
 }  // namespace q8_gemm
 }  // namespace kcap
@@ -37,6 +37,8 @@ void q6_k_codes(const uint8_t*, int64_t, int64_t, uint8_t*) {}
 #include <immintrin.h>
 
 #include <type_traits>
+
+#include "core/formats_blocks.h"
 
 namespace kcap {
 namespace q8_gemm {
@@ -199,28 +201,44 @@ void interleave(const uint8_t* linear, int64_t n_super, uint8_t* out) {
         }
 }
 
-void q4_k_codes(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, int64_t qs_offset, uint8_t* out) {
-    // Values 64j .. 64j + 31 are the low nibbles of qs[32j .. 32j + 31], values 64j + 32 .. 64j + 63
-    // the high ones: each 64 qs bytes give a half's four registers of codes in order.
+void q4_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale,
+               float* offset) {
+    // Codes: values 64j .. 64j + 31 are the low nibbles of qs[32j .. 32j + 31], values 64j + 32 ..
+    // 64j + 63 the high ones, so each 64 qs bytes give a half's four registers of codes in order.
+    // Scales: the eight runs' d * scale and -(dmin * min) as vectors, each lane then doubled onto
+    // the run's two 16-value groups.
     const __m256i mask = _mm256_set1_epi8(0x0f);
+    const __m256i first = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), second = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
     for (int64_t s = 0; s < n_blocks; ++s) {
-        const uint8_t* qs = blocks + s * block_bytes + qs_offset;
+        const auto& block = *reinterpret_cast<const blocks::BlockQ4_K*>(blocks + s * block_bytes);
         for (int h = 0; h < 2; ++h) {
             __m256i r[4];
             for (int j = 0; j < 2; ++j) {
-                const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 64 * h + 32 * j));
+                const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs + 64 * h + 32 * j));
                 r[2 * j] = _mm256_and_si256(q, mask);
                 r[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
             }
-            interleave_half(r, out + s * kSuper + 32 * h);
+            interleave_half(r, codes + s * kSuper + 32 * h);
         }
+        alignas(16) uint8_t scales_mins[16];
+        blocks::k4_scales_mins(block.scales, scales_mins);
+        const __m128i packed = _mm_load_si128(reinterpret_cast<const __m128i*>(scales_mins));
+        const __m256 run_scale = _mm256_mul_ps(_mm256_set1_ps(blocks::load_half(block.d)),
+                                               _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed)));
+        const __m256 run_offset = _mm256_mul_ps(_mm256_set1_ps(-blocks::load_half(block.dmin)),
+                                                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8))));
+        _mm256_storeu_ps(scale + 16 * s, _mm256_permutevar8x32_ps(run_scale, first));
+        _mm256_storeu_ps(scale + 16 * s + 8, _mm256_permutevar8x32_ps(run_scale, second));
+        _mm256_storeu_ps(offset + 16 * s, _mm256_permutevar8x32_ps(run_offset, first));
+        _mm256_storeu_ps(offset + 16 * s + 8, _mm256_permutevar8x32_ps(run_offset, second));
     }
 }
 
-void q6_k_codes(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* out) {
+void q6_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale) {
     // Half h (values 128h .. 128h + 127) of a block: ql bytes 64h .. 64h + 31 hold the low four
     // bits of its values 0-31 (low nibbles) and 64-95 (high), the next 32 of 32-63 and 96-127; qh
     // bytes 32h .. 32h + 31 the two bits above, at bits 0, 2, 4 and 6 for its four runs of 32.
+    // Scales: d * scale.
     const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
     for (int64_t s = 0; s < n_blocks; ++s) {
         const uint8_t* block = blocks + s * block_bytes;
@@ -234,8 +252,14 @@ void q6_k_codes(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, ui
                 const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * run), low2);
                 r[run] = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
             }
-            interleave_half(r, out + s * kSuper + 32 * h);
+            interleave_half(r, codes + s * kSuper + 32 * h);
         }
+        const auto& q6 = *reinterpret_cast<const blocks::BlockQ6_K*>(block);  // the sixteen d * scale
+        const __m256 d = _mm256_set1_ps(blocks::load_half(q6.d));
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q6.scales));
+        _mm256_storeu_ps(scale + 16 * s, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(packed))));
+        _mm256_storeu_ps(scale + 16 * s + 8,
+                         _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(packed, 8)))));
     }
 }
 

@@ -15,8 +15,8 @@ namespace avx512 {
 bool compiled() { return false; }
 void rows_times_tokens(const PackedRows&, const PackedTokens&, int64_t, float*, int64_t) {}
 void interleave(const uint8_t*, int64_t, uint8_t*) {}
-void q4_k_codes(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*) {}
-void q6_k_codes(const uint8_t*, int64_t, int64_t, uint8_t*) {}
+void q4_k_rows(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*) {}
+void q6_k_rows(const uint8_t*, int64_t, int64_t, uint8_t*, float*) {}
 }  // namespace avx512
 }  // namespace q8_gemm
 }  // namespace kcap
@@ -32,6 +32,8 @@ void q6_k_codes(const uint8_t*, int64_t, int64_t, uint8_t*) {}
 #include <immintrin.h>
 
 #include <type_traits>
+
+#include "core/formats_blocks.h"
 
 namespace kcap {
 namespace q8_gemm {
@@ -148,27 +150,40 @@ void interleave(const uint8_t* linear, int64_t n_super, uint8_t* out) {
     }
 }
 
-void q4_k_codes(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, int64_t qs_offset, uint8_t* out) {
-    // Values 64j .. 64j + 31 are the low nibbles of qs[32j .. 32j + 31], values 64j + 32 .. 64j + 63
-    // the high ones: each 64 qs bytes give two 64-value registers of codes in order.
+void q4_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale,
+               float* offset) {
+    // Codes: values 64j .. 64j + 31 are the low nibbles of qs[32j .. 32j + 31], values 64j + 32 ..
+    // 64j + 63 the high ones, so each 64 qs bytes give two 64-value registers of codes in order.
+    // Scales: the eight runs' d * scale and -(dmin * min) in one vector, each lane then doubled
+    // onto the run's two 16-value groups.
     const __m512i mask = _mm512_set1_epi8(0x0f);
+    const __m512i scale_lanes = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i offset_lanes = _mm512_add_epi32(scale_lanes, _mm512_set1_epi32(8));
     for (int64_t s = 0; s < n_blocks; ++s) {
-        const uint8_t* qs = blocks + s * block_bytes + qs_offset;
+        const auto& block = *reinterpret_cast<const blocks::BlockQ4_K*>(blocks + s * block_bytes);
         __m512i ordered[4];
         for (int h = 0; h < 2; ++h) {
-            const __m512i q = _mm512_loadu_si512(qs + 64 * h);
+            const __m512i q = _mm512_loadu_si512(block.qs + 64 * h);
             const __m512i low = _mm512_and_si512(q, mask), high = _mm512_and_si512(_mm512_srli_epi16(q, 4), mask);
             ordered[2 * h] = _mm512_shuffle_i64x2(low, high, _MM_SHUFFLE(1, 0, 1, 0));
             ordered[2 * h + 1] = _mm512_shuffle_i64x2(low, high, _MM_SHUFFLE(3, 2, 3, 2));
         }
-        interleave_super(ordered[0], ordered[1], ordered[2], ordered[3], out + s * kSuper);
+        interleave_super(ordered[0], ordered[1], ordered[2], ordered[3], codes + s * kSuper);
+        alignas(16) uint8_t scales_mins[16];
+        blocks::k4_scales_mins(block.scales, scales_mins);
+        const __m512 factors = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(blocks::load_half(block.d)),
+                                                    _mm512_set1_ps(-blocks::load_half(block.dmin)));
+        const __m512 products = _mm512_mul_ps(
+            factors, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(scales_mins)))));
+        _mm512_storeu_ps(scale + 16 * s, _mm512_permutexvar_ps(scale_lanes, products));
+        _mm512_storeu_ps(offset + 16 * s, _mm512_permutexvar_ps(offset_lanes, products));
     }
 }
 
-void q6_k_codes(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* out) {
+void q6_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale) {
     // Half h (values 128h .. 128h + 127) of a block: its 64 ql bytes as one register hold the low
     // four bits of values 128h .. 128h + 63 (low nibbles) and of the next 64 (high nibbles); its
-    // 32 qh bytes, shifted by 0 and 2 (then 4 and 6), the two bits above each.
+    // 32 qh bytes, shifted by 0 and 2 (then 4 and 6), the two bits above each. Scales: d * scale.
     const __m512i low4 = _mm512_set1_epi8(0x0f), low2 = _mm512_set1_epi8(0x03);
     for (int64_t s = 0; s < n_blocks; ++s) {
         const uint8_t* block = blocks + s * block_bytes;
@@ -183,7 +198,12 @@ void q6_k_codes(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, ui
             ordered[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
                                                  _mm512_slli_epi16(_mm512_and_si512(qh_high, low2), 4));
         }
-        interleave_super(ordered[0], ordered[1], ordered[2], ordered[3], out + s * kSuper);
+        interleave_super(ordered[0], ordered[1], ordered[2], ordered[3], codes + s * kSuper);
+        const auto& q6 = *reinterpret_cast<const blocks::BlockQ6_K*>(block);  // the sixteen d * scale
+        _mm512_storeu_ps(scale + 16 * s,
+                         _mm512_mul_ps(_mm512_set1_ps(blocks::load_half(q6.d)),
+                                       _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(q6.scales))))));
     }
 }
 

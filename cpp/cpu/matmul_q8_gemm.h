@@ -59,22 +59,25 @@ void rows_times_tokens(const PackedRows& w, const PackedTokens& x, int64_t n_sup
 // out = the n_super super-blocks of `linear` (value i of super-block s at byte 256 s + i) in the
 // interleaved layout above. Only where avx512_kernels_in_use().
 void interleave(const uint8_t* linear, int64_t n_super, uint8_t* out);
-// out = the codes of n_blocks Q4_K blocks (block_bytes apart, their qs at qs_offset: the code
-// nibbles) in the interleaved layout, as interleave() of their codes in order would give.
-void q4_k_codes(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, int64_t qs_offset, uint8_t* out);
-// The same for Q6_K blocks (their ql and qh first: codes 0..63, bias 32).
-void q6_k_codes(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* out);
+// A row of n_blocks Q4_K blocks (block_bytes apart) packed: codes = its codes in the interleaved
+// layout (as interleave() of CodesOf's codes), scale and offset its 16 per block (CodesOf's
+// values, bit for bit).
+void q4_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale,
+               float* offset);
+// The same for Q6_K (codes 0..63, bias 32; no offsets).
+void q6_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale);
 }  // namespace avx512
 
 namespace avx2 {
 // Whether the library was compiled with the AVX2 GEMM (matmul_q8_avx2.cpp): the same results as
 // avx512:: bit for bit, from vpmaddubsw products summed in int16 within the codes' bounds.
 bool compiled();
-// As avx512::rows_times_tokens, interleave, q4_k_codes and q6_k_codes, where avx2_kernels_in_use().
+// As avx512::rows_times_tokens, interleave, q4_k_rows and q6_k_rows, where avx2_kernels_in_use().
 void rows_times_tokens(const PackedRows& w, const PackedTokens& x, int64_t n_super, float* out, int64_t out_stride);
 void interleave(const uint8_t* linear, int64_t n_super, uint8_t* out);
-void q4_k_codes(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, int64_t qs_offset, uint8_t* out);
-void q6_k_codes(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* out);
+void q4_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale,
+               float* offset);
+void q6_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale);
 }  // namespace avx2
 
 }  // namespace q8_gemm

@@ -5,7 +5,6 @@
 #include "cpu/matmul_q8_pack.h"
 
 #include <algorithm>
-#include <cstddef>
 #include <cstring>
 #include <type_traits>
 
@@ -24,15 +23,15 @@ using namespace blocks;
 struct Kernels {
     void (*rows_times_tokens)(const PackedRows&, const PackedTokens&, int64_t, float*, int64_t);
     void (*interleave)(const uint8_t*, int64_t, uint8_t*);
-    void (*q4_k_codes)(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*);
-    void (*q6_k_codes)(const uint8_t*, int64_t, int64_t, uint8_t*);
+    void (*q4_k_rows)(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*);
+    void (*q6_k_rows)(const uint8_t*, int64_t, int64_t, uint8_t*, float*);
 };
 
 Kernels kernels() {
     if (avx512::compiled() && avx512_kernels_in_use())
-        return {avx512::rows_times_tokens, avx512::interleave, avx512::q4_k_codes, avx512::q6_k_codes};
+        return {avx512::rows_times_tokens, avx512::interleave, avx512::q4_k_rows, avx512::q6_k_rows};
     if (avx2::compiled() && avx2_kernels_in_use())
-        return {avx2::rows_times_tokens, avx2::interleave, avx2::q4_k_codes, avx2::q6_k_codes};
+        return {avx2::rows_times_tokens, avx2::interleave, avx2::q4_k_rows, avx2::q6_k_rows};
     return {nullptr, nullptr, nullptr, nullptr};
 }
 
@@ -64,9 +63,9 @@ template <class Block>
 constexpr bool kDirectCodes = std::is_same_v<Block, BlockQ4_K> || std::is_same_v<Block, BlockQ6_K>;
 
 // Packs rows [0, n) of w (row_stride bytes apart, k elements each) into tile rows 0..n-1 and
-// zeroes the rest (their products are computed and dropped). Q4_K's and Q6_K's codes go from
-// their bit fields straight into the interleaved layout (use.q4_k_codes, q6_k_codes; the same
-// codes as CodesOf's), their scales and offsets as CodesOf's.
+// zeroes the rest (their products are computed and dropped). Q4_K and Q6_K rows are packed by
+// vector code (use.q4_k_rows, q6_k_rows: the codes straight from their bit fields into the
+// interleaved layout, the scales as vectors; CodesOf's values bit for bit).
 template <class Block>
 void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTile& tile, const Kernels& use) {
     using Codes = CodesOf<Block>;
@@ -92,16 +91,11 @@ void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTil
         }
         const auto* blocks = reinterpret_cast<const Block*>(w + size_t(r) * row_stride);
         if constexpr (kDirectCodes<Block>) {
-            for (int64_t b = 0; b < k / kElems; ++b) {
-                Codes::scales(blocks[b], c);
-                std::copy(c.scale, c.scale + kElems / 16, scale + b * (kElems / 16));
-                std::copy(c.offset, c.offset + kElems / 16, offset + b * (kElems / 16));
-            }
             const auto* raw = reinterpret_cast<const uint8_t*>(blocks);
             if constexpr (std::is_same_v<Block, BlockQ4_K>)
-                use.q4_k_codes(raw, k / kElems, int64_t(sizeof(Block)), int64_t(offsetof(Block, qs)), codes);
+                use.q4_k_rows(raw, k / kElems, int64_t(sizeof(Block)), codes, scale, offset);
             else
-                use.q6_k_codes(raw, k / kElems, int64_t(sizeof(Block)), codes);
+                use.q6_k_rows(raw, k / kElems, int64_t(sizeof(Block)), codes, scale);
             continue;  // k is whole super-blocks: no padding
         }
         for (int64_t b = 0; b < k / kElems; ++b) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/formats_blocks.h"
 #include "core/formats_dot_paths.h"
 #include "cpu/matmul_f32_gemm.h"
 #include "cpu/matmul_q8_pack.h"
@@ -441,6 +442,64 @@ void test_gemm_q8(const std::string& label) {
     std::printf("%s: largest error as a fraction of the tolerance:%s\n", label.c_str(), summary.c_str());
 }
 
+// The GEMM's vector packing of Q4_K and Q6_K rows (q4_k_rows, q6_k_rows of each build the CPU
+// runs) gives exactly CodesOf's codes (interleaved as interleave() does), scales and offsets.
+void test_gemm_q8_vector_packing() {
+    using kcap::blocks::BlockCodes;
+    using kcap::blocks::CodesOf;
+    std::mt19937 rng(779);
+    struct Build {
+        const char* name;
+        bool runs;
+        void (*interleave)(const uint8_t*, int64_t, uint8_t*);
+        void (*q4_k_rows)(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*);
+        void (*q6_k_rows)(const uint8_t*, int64_t, int64_t, uint8_t*, float*);
+    };
+    namespace g = kcap::q8_gemm;
+    const bool avx2_runs = g::avx2::compiled() && (kcap::avx2_kernels_in_use() || kcap::avx512_kernels_in_use());
+    const Build builds[] = {
+        {"avx512", g::avx512::compiled() && kcap::avx512_kernels_in_use(), g::avx512::interleave,
+         g::avx512::q4_k_rows, g::avx512::q6_k_rows},
+        {"avx2", avx2_runs, g::avx2::interleave, g::avx2::q4_k_rows, g::avx2::q6_k_rows},
+    };
+    for (const Build& build : builds) {
+        if (!build.runs) {
+            std::printf("note: no %s int8 GEMM packing here (build or CPU); it is not tested\n", build.name);
+            continue;
+        }
+        for (const Format format : {Format::Q4_K, Format::Q6_K}) {
+            const int64_t n_blocks = 5, k = 256 * n_blocks;
+            const std::vector<uint8_t> row = random_row(format, k, rng);
+            const int64_t block_bytes = kcap::format_info(format).block_bytes;
+            std::vector<uint8_t> linear(static_cast<size_t>(k)), want(linear.size()), got(linear.size(), 0xee);
+            std::vector<float> want_scale(size_t(k / 16)), want_offset(size_t(k / 16));
+            std::vector<float> got_scale(size_t(k / 16), std::nanf("")), got_offset(size_t(k / 16), std::nanf(""));
+            for (int64_t b = 0; b < n_blocks; ++b) {
+                BlockCodes<256> c;
+                if (format == Format::Q4_K)
+                    CodesOf<kcap::blocks::BlockQ4_K>::get(
+                        *reinterpret_cast<const kcap::blocks::BlockQ4_K*>(row.data() + b * block_bytes), c);
+                else
+                    CodesOf<kcap::blocks::BlockQ6_K>::get(
+                        *reinterpret_cast<const kcap::blocks::BlockQ6_K*>(row.data() + b * block_bytes), c);
+                std::memcpy(linear.data() + 256 * b, c.codes, 256);
+                std::copy(c.scale, c.scale + 16, want_scale.begin() + 16 * b);
+                std::copy(c.offset, c.offset + 16, want_offset.begin() + 16 * b);
+            }
+            build.interleave(linear.data(), n_blocks, want.data());
+            if (format == Format::Q4_K)
+                build.q4_k_rows(row.data(), n_blocks, block_bytes, got.data(), got_scale.data(), got_offset.data());
+            else
+                build.q6_k_rows(row.data(), n_blocks, block_bytes, got.data(), got_scale.data());
+            const bool offsets = format != Format::Q4_K ||
+                                 std::memcmp(want_offset.data(), got_offset.data(), want_offset.size() * 4) == 0;
+            check(got == want && std::memcmp(want_scale.data(), got_scale.data(), want_scale.size() * 4) == 0 && offsets,
+                  std::string(build.name) + " packs " + kcap::format_info(format).name +
+                      " rows as CodesOf's codes, scales and offsets");
+        }
+    }
+}
+
 // The AVX-512 VNNI and AVX2 builds of the int8 GEMM form the same exact int32 group sums and the
 // same f32 steps, so they agree bit for bit (where the CPU runs both: capped at avx2 for the
 // second), for every format with integer codes, rows of random codes and rows of each format's
@@ -725,6 +784,7 @@ int main() {
     std::printf("cpu kernels in use: %s\n", kcap::cpu_kernels_in_use());
     test_dot_against_dequantize("kcap::dot_row", kcap::dot_row);
     test_gemm_f32_builds_agree();
+    test_gemm_q8_vector_packing();
     test_gemm_q8_builds_agree();
     test_cpu_kernel_caps();
     test_dot_special_rows();
