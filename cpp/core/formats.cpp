@@ -40,10 +40,16 @@ std::string supported_names() {
     return names;
 }
 
+// By GGML id: a table built once (the dot kernels look a row's format up on every call).
 const FormatInfo* find_format(int ggml_type) {
-    for (const FormatInfo& info : all_formats())
-        if (static_cast<int>(info.format) == ggml_type) return &info;
-    return nullptr;
+    struct ById {
+        const FormatInfo* info[kGgmlTypeNameCount] = {};
+        ById() {
+            for (const FormatInfo& format : all_formats()) info[static_cast<int>(format.format)] = &format;
+        }
+    };
+    static const ById by_id;
+    return ggml_type >= 0 && ggml_type < kGgmlTypeNameCount ? by_id.info[ggml_type] : nullptr;
 }
 
 uint32_t float_bits(float f) {
