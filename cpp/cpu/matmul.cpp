@@ -189,6 +189,9 @@ void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, in
     // rows stay in L1 until they are stored k-major.
     constexpr int64_t kSpan = 256;
     const bool wide = f32_gemm_avx512();
+    // Q4_K's and Q6_K's spans are one block each, decoded by the build's vector code.
+    const bool vector_decode = (format == Format::Q4_K || format == Format::Q6_K) && kSpan == format_info(format).block_elems;
+    const auto decode_block = wide ? avx512::decode_block : avx2::decode_block;
     thread_local std::vector<float> rows, tile, partial;
     rows.resize(size_t(kTileRows * kSpan));
     tile.resize(size_t(kTileRows * k));
@@ -196,8 +199,11 @@ void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, in
     for (int64_t i = 0; i < k; i += kSpan) {
         const int64_t span = std::min(kSpan, k - i);
         const size_t offset = row_bytes(format, i);
-        for (int64_t r = 0; r < n_rows; ++r)
-            dequantize_row(format, w + r * row_stride + offset, rows.data() + r * kSpan, span);
+        for (int64_t r = 0; r < n_rows; ++r) {
+            const uint8_t* src = w + r * row_stride + offset;
+            float* dst = rows.data() + r * kSpan;
+            if (!(vector_decode && decode_block(format, src, dst))) dequantize_row(format, src, dst, span);
+        }
         (wide ? avx512::store_k_major : avx2::store_k_major)(rows.data(), n_rows, span, kSpan, tile.data() + i * kTileRows);
     }
     const auto times_tokens = wide ? avx512::tile_times_tokens : avx2::tile_times_tokens;

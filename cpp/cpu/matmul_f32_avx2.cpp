@@ -16,6 +16,7 @@ namespace avx2 {
 bool compiled() { return false; }
 void tile_times_tokens(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t) {}
 void store_k_major(const float*, int64_t, int64_t, int64_t, float*) {}
+bool decode_block(Format, const uint8_t*, float*) { return false; }
 }  // namespace avx2
 }  // namespace f32_gemm
 }  // namespace kcap
@@ -23,6 +24,8 @@ void store_k_major(const float*, int64_t, int64_t, int64_t, float*) {}
 #else
 
 #include <immintrin.h>
+
+#include "core/formats_blocks.h"
 
 namespace kcap {
 namespace f32_gemm {
@@ -102,6 +105,63 @@ void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_str
     }
     for (; i < k; ++i)
         for (int64_t r = 0; r < kTileRows; ++r) tile[i * kTileRows + r] = r < n_rows ? rows[r * row_stride + i] : 0.0f;
+}
+
+bool decode_block(Format format, const uint8_t* block, float* out) {
+    // As avx512::decode_block, 8 values at a time.
+    if (format == Format::Q4_K) {
+        const auto& b = *reinterpret_cast<const blocks::BlockQ4_K*>(block);
+        alignas(16) uint8_t scales_mins[16];
+        blocks::k4_scales_mins(b.scales, scales_mins);
+        alignas(32) float run_scale[8], run_offset[8];
+        const __m256 d = _mm256_set1_ps(blocks::load_half(b.d)), minus_dmin = _mm256_set1_ps(-blocks::load_half(b.dmin));
+        const __m128i packed = _mm_load_si128(reinterpret_cast<const __m128i*>(scales_mins));
+        _mm256_store_ps(run_scale, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed))));
+        _mm256_store_ps(run_offset,
+                        _mm256_mul_ps(minus_dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)))));
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        for (int run = 0; run < 8; ++run) {
+            const __m256 scale = _mm256_set1_ps(run_scale[run]), offset = _mm256_set1_ps(run_offset[run]);
+            for (int half = 0; half < 2; ++half) {
+                __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 32 * (run / 2) + 16 * half));
+                q = _mm_and_si128(run % 2 ? _mm_srli_epi16(q, 4) : q, mask);
+                float* to = out + 32 * run + 16 * half;
+                _mm256_storeu_ps(to, _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), offset));
+                _mm256_storeu_ps(to + 8, _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                                    _mm_srli_si128(q, 8))), offset));
+            }
+        }
+        return true;
+    }
+    if (format == Format::Q6_K) {
+        const auto& b = *reinterpret_cast<const blocks::BlockQ6_K*>(block);
+        const __m256 d = _mm256_set1_ps(blocks::load_half(b.d));
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+        alignas(32) float scale[16];
+        _mm256_store_ps(scale, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(packed))));
+        _mm256_store_ps(scale + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(packed, 8)))));
+        const __m128i low4 = _mm_set1_epi8(0x0f), low2 = _mm_set1_epi8(0x03);
+        const __m256i bias = _mm256_set1_epi32(32);
+        for (int h = 0; h < 2; ++h)
+            for (int s = 0; s < 4; ++s)
+                for (int half = 0; half < 2; ++half) {
+                    const int l = 16 * half;
+                    const __m128i ql = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.ql + 64 * h + 32 * (s & 1) + l));
+                    const __m128i qh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qh + 32 * h + l));
+                    const __m128i low = _mm_and_si128(s < 2 ? ql : _mm_srli_epi16(ql, 4), low4);
+                    const __m128i high = _mm_and_si128(_mm_srli_epi16(qh, 2 * s), low2);
+                    const __m128i code = _mm_or_si128(low, _mm_slli_epi16(high, 4));
+                    const int value = 128 * h + 32 * s + l;
+                    const __m256 group = _mm256_set1_ps(scale[value / 16]);
+                    _mm256_storeu_ps(out + value, _mm256_mul_ps(group, _mm256_cvtepi32_ps(
+                                                                           _mm256_sub_epi32(_mm256_cvtepu8_epi32(code), bias))));
+                    _mm256_storeu_ps(out + value + 8,
+                                     _mm256_mul_ps(group, _mm256_cvtepi32_ps(_mm256_sub_epi32(
+                                                              _mm256_cvtepu8_epi32(_mm_srli_si128(code, 8)), bias))));
+                }
+        return true;
+    }
+    return false;
 }
 
 }  // namespace avx2

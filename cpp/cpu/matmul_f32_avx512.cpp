@@ -14,6 +14,7 @@ namespace avx512 {
 bool compiled() { return false; }
 void tile_times_tokens(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t) {}
 void store_k_major(const float*, int64_t, int64_t, int64_t, float*) {}
+bool decode_block(Format, const uint8_t*, float*) { return false; }
 }  // namespace avx512
 }  // namespace f32_gemm
 }  // namespace kcap
@@ -25,6 +26,8 @@ void store_k_major(const float*, int64_t, int64_t, int64_t, float*) {}
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #include <immintrin.h>
+
+#include "core/formats_blocks.h"
 
 namespace kcap {
 namespace f32_gemm {
@@ -101,6 +104,61 @@ void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t
     if (tokens - t >= 4) micro_kernel<4>(tile, k_len, x + t * x_stride, x_stride, out + t * out_stride, out_stride), t += 4;
     if (tokens - t >= 2) micro_kernel<2>(tile, k_len, x + t * x_stride, x_stride, out + t * out_stride, out_stride), t += 2;
     if (tokens - t >= 1) micro_kernel<1>(tile, k_len, x + t * x_stride, x_stride, out + t * out_stride, out_stride);
+}
+
+bool decode_block(Format format, const uint8_t* block, float* out) {
+    if (format == Format::Q4_K) {
+        // Run r (values 32r .. 32r + 31): the low (r even) or high nibbles of qs[32(r / 2) ..],
+        // times d * scale plus -(dmin * min): the products exact, one rounding in the FMA, as
+        // dequantize_row's multiply then add.
+        const auto& b = *reinterpret_cast<const blocks::BlockQ4_K*>(block);
+        alignas(16) uint8_t scales_mins[16];
+        blocks::k4_scales_mins(b.scales, scales_mins);
+        alignas(64) float run_scale[8], run_offset[8];
+        const __m256 d = _mm256_set1_ps(blocks::load_half(b.d)), minus_dmin = _mm256_set1_ps(-blocks::load_half(b.dmin));
+        const __m128i packed = _mm_load_si128(reinterpret_cast<const __m128i*>(scales_mins));
+        _mm256_store_ps(run_scale, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed))));
+        _mm256_store_ps(run_offset,
+                        _mm256_mul_ps(minus_dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)))));
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        for (int run = 0; run < 8; ++run) {
+            const __m512 scale = _mm512_set1_ps(run_scale[run]), offset = _mm512_set1_ps(run_offset[run]);
+            for (int half = 0; half < 2; ++half) {
+                __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 32 * (run / 2) + 16 * half));
+                q = _mm_and_si128(run % 2 ? _mm_srli_epi16(q, 4) : q, mask);
+                _mm512_storeu_ps(out + 32 * run + 16 * half,
+                                 _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), offset));
+            }
+        }
+        return true;
+    }
+    if (format == Format::Q6_K) {
+        // Value 128h + 32s + l: the low (s < 2) or high nibble of ql[64h + 32(s & 1) + l] with bits
+        // 2s, 2s + 1 of qh[32h + l] above it, minus 32, times d * scale of its 16-value group: the
+        // one product dequantize_row forms (exact).
+        const auto& b = *reinterpret_cast<const blocks::BlockQ6_K*>(block);
+        const __m512 d = _mm512_set1_ps(blocks::load_half(b.d));
+        alignas(64) float scale[16];
+        _mm512_store_ps(scale, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales))))));
+        const __m128i low4 = _mm_set1_epi8(0x0f), low2 = _mm_set1_epi8(0x03);
+        const __m512i bias = _mm512_set1_epi32(32);
+        for (int h = 0; h < 2; ++h)
+            for (int s = 0; s < 4; ++s)
+                for (int half = 0; half < 2; ++half) {
+                    const int l = 16 * half;
+                    const __m128i ql = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.ql + 64 * h + 32 * (s & 1) + l));
+                    const __m128i qh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qh + 32 * h + l));
+                    const __m128i low = _mm_and_si128(s < 2 ? ql : _mm_srli_epi16(ql, 4), low4);
+                    const __m128i high = _mm_and_si128(_mm_srli_epi16(qh, 2 * s), low2);
+                    const __m512i code = _mm512_sub_epi32(
+                        _mm512_cvtepu8_epi32(_mm_or_si128(low, _mm_slli_epi16(high, 4))), bias);
+                    const int value = 128 * h + 32 * s + l;
+                    _mm512_storeu_ps(out + value, _mm512_mul_ps(_mm512_set1_ps(scale[value / 16]), _mm512_cvtepi32_ps(code)));
+                }
+        return true;
+    }
+    return false;
 }
 
 }  // namespace avx512

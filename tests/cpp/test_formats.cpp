@@ -603,6 +603,47 @@ void test_gemm_f32(const std::string& label) {
     std::printf("%s: largest error as a fraction of the tolerance:%s\n", label.c_str(), summary.c_str());
 }
 
+// The f32 GEMM builds' vector decoders of Q4_K and Q6_K blocks (decode_block) give
+// dequantize_row's values bit for bit, on random blocks (random and tiny scales, every code), and
+// leave other formats to dequantize_row.
+void test_gemm_f32_block_decoders() {
+    namespace g = kcap::f32_gemm;
+    struct Build {
+        const char* name;
+        bool runs;
+        bool (*decode_block)(Format, const uint8_t*, float*);
+    };
+    const Build builds[] = {
+        {"avx512", g::avx512::compiled() && kcap::avx512_kernels_in_use(), g::avx512::decode_block},
+        {"avx2", g::avx2::compiled() && (kcap::avx2_kernels_in_use() || kcap::avx512_kernels_in_use()),
+         g::avx2::decode_block},
+    };
+    std::mt19937 rng(557);
+    for (const Build& build : builds) {
+        if (!build.runs) {
+            std::printf("note: no %s f32 GEMM block decoder here (build or CPU); it is not tested\n", build.name);
+            continue;
+        }
+        for (const Format format : {Format::Q4_K, Format::Q6_K}) {
+            const int64_t n_blocks = 64;
+            const std::vector<uint8_t> row = random_row(format, 256 * n_blocks, rng);
+            const int64_t block_bytes = kcap::format_info(format).block_bytes;
+            std::vector<float> want(size_t(256 * n_blocks)), got(want.size(), std::nanf(""));
+            kcap::dequantize_row(format, row.data(), want.data(), 256 * n_blocks);
+            bool handled = true;
+            for (int64_t b = 0; b < n_blocks; ++b)
+                handled &= build.decode_block(format, row.data() + b * block_bytes, got.data() + 256 * b);
+            check(handled && std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0,
+                  std::string(build.name) + " decode_block gives dequantize_row's " + kcap::format_info(format).name +
+                      " values bit for bit");
+        }
+        float out[256];
+        const std::vector<uint8_t> q4_0 = random_row(Format::Q4_0, 256, rng);
+        check(!build.decode_block(Format::Q4_0, q4_0.data(), out),
+              std::string(build.name) + " decode_block leaves Q4_0 to dequantize_row");
+    }
+}
+
 // The AVX-512 and AVX2 builds of the f32 GEMM form every output by the same FMA chain over k, so
 // they agree bit for bit (where the CPU runs both: capped at avx2 for the second).
 void test_gemm_f32_builds_agree() {
@@ -784,6 +825,7 @@ int main() {
     std::printf("cpu kernels in use: %s\n", kcap::cpu_kernels_in_use());
     test_dot_against_dequantize("kcap::dot_row", kcap::dot_row);
     test_gemm_f32_builds_agree();
+    test_gemm_f32_block_decoders();
     test_gemm_q8_vector_packing();
     test_gemm_q8_builds_agree();
     test_cpu_kernel_caps();
