@@ -189,9 +189,8 @@ void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, in
     // rows stay in L1 until they are stored k-major.
     constexpr int64_t kSpan = 256;
     const bool wide = f32_gemm_avx512();
-    // Q4_K's and Q6_K's spans are one block each, decoded by the build's vector code.
-    const bool vector_decode = (format == Format::Q4_K || format == Format::Q6_K) && kSpan == format_info(format).block_elems;
-    const auto decode_block = wide ? avx512::decode_block : avx2::decode_block;
+    // Whole spans of the formats the builds decode with vector code (decode_span).
+    const auto decode_span = wide ? avx512::decode_span : avx2::decode_span;
     thread_local std::vector<float> rows, tile, partial;
     rows.resize(size_t(kTileRows * kSpan));
     tile.resize(size_t(kTileRows * k));
@@ -202,7 +201,7 @@ void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, in
         for (int64_t r = 0; r < n_rows; ++r) {
             const uint8_t* src = w + r * row_stride + offset;
             float* dst = rows.data() + r * kSpan;
-            if (!(vector_decode && decode_block(format, src, dst))) dequantize_row(format, src, dst, span);
+            if (!(span == kSpan && decode_span(format, src, dst))) dequantize_row(format, src, dst, span);
         }
         (wide ? avx512::store_k_major : avx2::store_k_major)(rows.data(), n_rows, span, kSpan, tile.data() + i * kTileRows);
     }

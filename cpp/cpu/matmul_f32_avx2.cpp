@@ -16,7 +16,7 @@ namespace avx2 {
 bool compiled() { return false; }
 void tile_times_tokens(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t) {}
 void store_k_major(const float*, int64_t, int64_t, int64_t, float*) {}
-bool decode_block(Format, const uint8_t*, float*) { return false; }
+bool decode_span(Format, const uint8_t*, float*) { return false; }
 }  // namespace avx2
 }  // namespace f32_gemm
 }  // namespace kcap
@@ -53,6 +53,15 @@ void micro_kernel(const float* tile, int64_t k_len, const float* x, int64_t x_st
         _mm256_storeu_ps(out + t * out_stride, acc[0][t]);
         _mm256_storeu_ps(out + t * out_stride + 8, acc[1][t]);
     }
+}
+
+// One 32-value block from its signed values (lo: values 0-15, hi: 16-31, int8) times scale: the
+// one product dequantize_row forms (exact).
+void scale_32(__m128i lo, __m128i hi, float scale, float* out) {
+    const __m256 s = _mm256_set1_ps(scale);
+    const __m128i halves[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int i = 0; i < 4; ++i)
+        _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(halves[i]))));
 }
 
 }  // namespace
@@ -107,8 +116,8 @@ void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_str
         for (int64_t r = 0; r < kTileRows; ++r) tile[i * kTileRows + r] = r < n_rows ? rows[r * row_stride + i] : 0.0f;
 }
 
-bool decode_block(Format format, const uint8_t* block, float* out) {
-    // As avx512::decode_block, 8 values at a time.
+bool decode_span(Format format, const uint8_t* block, float* out) {
+    // As avx512::decode_span, 8 values at a time.
     if (format == Format::Q4_K) {
         const auto& b = *reinterpret_cast<const blocks::BlockQ4_K*>(block);
         alignas(16) uint8_t scales_mins[16];
@@ -159,6 +168,34 @@ bool decode_block(Format format, const uint8_t* block, float* out) {
                                      _mm256_mul_ps(group, _mm256_cvtepi32_ps(_mm256_sub_epi32(
                                                               _mm256_cvtepu8_epi32(_mm_srli_si128(code, 8)), bias))));
                 }
+        return true;
+    }
+    // Eight 32-value blocks: Q8_0's values times d, Q4_0's nibbles (value i < 16 the low nibble
+    // of qs[i], i >= 16 the high nibble of qs[i - 16]) minus 8 times d, MXFP4's nibbles through
+    // the doubled E2M1 table times the halved e8m0 scale.
+    if (format == Format::Q8_0 || format == Format::Q4_0 || format == Format::MXFP4) {
+        const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+        const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks::kMXFP4DoubledValues));
+        for (int i = 0; i < 8; ++i) {
+            float* to = out + 32 * i;
+            if (format == Format::Q8_0) {
+                const auto& b = reinterpret_cast<const blocks::BlockQ8_0*>(block)[i];
+                scale_32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs)),
+                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16)), blocks::load_half(b.d), to);
+                continue;
+            }
+            const uint8_t* qs = format == Format::Q4_0 ? reinterpret_cast<const blocks::BlockQ4_0*>(block)[i].qs
+                                                       : reinterpret_cast<const blocks::BlockMXFP4*>(block)[i].qs;
+            const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+            const __m128i lo = _mm_and_si128(q, low4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
+            if (format == Format::Q4_0) {
+                scale_32(_mm_sub_epi8(lo, eight), _mm_sub_epi8(hi, eight),
+                         blocks::load_half(reinterpret_cast<const blocks::BlockQ4_0*>(block)[i].d), to);
+            } else {
+                scale_32(_mm_shuffle_epi8(table, lo), _mm_shuffle_epi8(table, hi),
+                         blocks::mxfp4_half_scale(reinterpret_cast<const blocks::BlockMXFP4*>(block)[i].e), to);
+            }
+        }
         return true;
     }
     return false;

@@ -14,7 +14,7 @@ namespace avx512 {
 bool compiled() { return false; }
 void tile_times_tokens(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t) {}
 void store_k_major(const float*, int64_t, int64_t, int64_t, float*) {}
-bool decode_block(Format, const uint8_t*, float*) { return false; }
+bool decode_span(Format, const uint8_t*, float*) { return false; }
 }  // namespace avx512
 }  // namespace f32_gemm
 }  // namespace kcap
@@ -52,6 +52,14 @@ void micro_kernel(const float* tile, int64_t k_len, const float* x, int64_t x_st
         _mm512_storeu_ps(out + t * out_stride, acc[0][t]);
         _mm512_storeu_ps(out + t * out_stride + 16, acc[1][t]);
     }
+}
+
+// One 32-value block from its signed values (lo: values 0-15, hi: 16-31, int8) times scale: the
+// one product dequantize_row forms (exact).
+void scale_32(__m128i lo, __m128i hi, float scale, float* out) {
+    const __m512 s = _mm512_set1_ps(scale);
+    _mm512_storeu_ps(out, _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo))));
+    _mm512_storeu_ps(out + 16, _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi))));
 }
 
 }  // namespace
@@ -106,7 +114,7 @@ void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t
     if (tokens - t >= 1) micro_kernel<1>(tile, k_len, x + t * x_stride, x_stride, out + t * out_stride, out_stride);
 }
 
-bool decode_block(Format format, const uint8_t* block, float* out) {
+bool decode_span(Format format, const uint8_t* block, float* out) {
     if (format == Format::Q4_K) {
         // Run r (values 32r .. 32r + 31): the low (r even) or high nibbles of qs[32(r / 2) ..],
         // times d * scale plus -(dmin * min): the products exact, one rounding in the FMA, as
@@ -156,6 +164,34 @@ bool decode_block(Format format, const uint8_t* block, float* out) {
                     const int value = 128 * h + 32 * s + l;
                     _mm512_storeu_ps(out + value, _mm512_mul_ps(_mm512_set1_ps(scale[value / 16]), _mm512_cvtepi32_ps(code)));
                 }
+        return true;
+    }
+    // Eight 32-value blocks: Q8_0's values times d, Q4_0's nibbles (value i < 16 the low nibble
+    // of qs[i], i >= 16 the high nibble of qs[i - 16]) minus 8 times d, MXFP4's nibbles through
+    // the doubled E2M1 table times the halved e8m0 scale.
+    if (format == Format::Q8_0 || format == Format::Q4_0 || format == Format::MXFP4) {
+        const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+        const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks::kMXFP4DoubledValues));
+        for (int i = 0; i < 8; ++i) {
+            float* to = out + 32 * i;
+            if (format == Format::Q8_0) {
+                const auto& b = reinterpret_cast<const blocks::BlockQ8_0*>(block)[i];
+                scale_32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs)),
+                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16)), blocks::load_half(b.d), to);
+                continue;
+            }
+            const uint8_t* qs = format == Format::Q4_0 ? reinterpret_cast<const blocks::BlockQ4_0*>(block)[i].qs
+                                                       : reinterpret_cast<const blocks::BlockMXFP4*>(block)[i].qs;
+            const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+            const __m128i lo = _mm_and_si128(q, low4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
+            if (format == Format::Q4_0) {
+                scale_32(_mm_sub_epi8(lo, eight), _mm_sub_epi8(hi, eight),
+                         blocks::load_half(reinterpret_cast<const blocks::BlockQ4_0*>(block)[i].d), to);
+            } else {
+                scale_32(_mm_shuffle_epi8(table, lo), _mm_shuffle_epi8(table, hi),
+                         blocks::mxfp4_half_scale(reinterpret_cast<const blocks::BlockMXFP4*>(block)[i].e), to);
+            }
+        }
         return true;
     }
     return false;

@@ -603,20 +603,20 @@ void test_gemm_f32(const std::string& label) {
     std::printf("%s: largest error as a fraction of the tolerance:%s\n", label.c_str(), summary.c_str());
 }
 
-// The f32 GEMM builds' vector decoders of Q4_K and Q6_K blocks (decode_block) give
-// dequantize_row's values bit for bit, on random blocks (random and tiny scales, every code), and
-// leave other formats to dequantize_row.
+// The f32 GEMM builds' vector decoders of 256-value spans (decode_span: Q4_K, Q6_K, Q8_0, Q4_0,
+// MXFP4) give dequantize_row's values bit for bit, on random blocks (random and tiny scales, every
+// code), and leave other formats to dequantize_row.
 void test_gemm_f32_block_decoders() {
     namespace g = kcap::f32_gemm;
     struct Build {
         const char* name;
         bool runs;
-        bool (*decode_block)(Format, const uint8_t*, float*);
+        bool (*decode_span)(Format, const uint8_t*, float*);
     };
     const Build builds[] = {
-        {"avx512", g::avx512::compiled() && kcap::avx512_kernels_in_use(), g::avx512::decode_block},
+        {"avx512", g::avx512::compiled() && kcap::avx512_kernels_in_use(), g::avx512::decode_span},
         {"avx2", g::avx2::compiled() && (kcap::avx2_kernels_in_use() || kcap::avx512_kernels_in_use()),
-         g::avx2::decode_block},
+         g::avx2::decode_span},
     };
     std::mt19937 rng(557);
     for (const Build& build : builds) {
@@ -624,23 +624,23 @@ void test_gemm_f32_block_decoders() {
             std::printf("note: no %s f32 GEMM block decoder here (build or CPU); it is not tested\n", build.name);
             continue;
         }
-        for (const Format format : {Format::Q4_K, Format::Q6_K}) {
-            const int64_t n_blocks = 64;
-            const std::vector<uint8_t> row = random_row(format, 256 * n_blocks, rng);
-            const int64_t block_bytes = kcap::format_info(format).block_bytes;
-            std::vector<float> want(size_t(256 * n_blocks)), got(want.size(), std::nanf(""));
-            kcap::dequantize_row(format, row.data(), want.data(), 256 * n_blocks);
+        for (const Format format : {Format::Q4_K, Format::Q6_K, Format::Q8_0, Format::Q4_0, Format::MXFP4}) {
+            const int64_t n_spans = 64;
+            const std::vector<uint8_t> row = random_row(format, 256 * n_spans, rng);
+            const size_t span_bytes = kcap::row_bytes(format, 256);
+            std::vector<float> want(size_t(256 * n_spans)), got(want.size(), std::nanf(""));
+            kcap::dequantize_row(format, row.data(), want.data(), 256 * n_spans);
             bool handled = true;
-            for (int64_t b = 0; b < n_blocks; ++b)
-                handled &= build.decode_block(format, row.data() + b * block_bytes, got.data() + 256 * b);
+            for (int64_t i = 0; i < n_spans; ++i)
+                handled &= build.decode_span(format, row.data() + size_t(i) * span_bytes, got.data() + 256 * i);
             check(handled && std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0,
-                  std::string(build.name) + " decode_block gives dequantize_row's " + kcap::format_info(format).name +
+                  std::string(build.name) + " decode_span gives dequantize_row's " + kcap::format_info(format).name +
                       " values bit for bit");
         }
         float out[256];
-        const std::vector<uint8_t> q4_0 = random_row(Format::Q4_0, 256, rng);
-        check(!build.decode_block(Format::Q4_0, q4_0.data(), out),
-              std::string(build.name) + " decode_block leaves Q4_0 to dequantize_row");
+        const std::vector<uint8_t> q5_k = random_row(Format::Q5_K, 256, rng);
+        check(!build.decode_span(Format::Q5_K, q5_k.data(), out),
+              std::string(build.name) + " decode_span leaves Q5_K to dequantize_row");
     }
 }
 
