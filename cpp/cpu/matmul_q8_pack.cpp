@@ -25,14 +25,15 @@ struct Kernels {
     void (*interleave)(const uint8_t*, int64_t, uint8_t*);
     void (*q4_k_rows)(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*);
     void (*q6_k_rows)(const uint8_t*, int64_t, int64_t, uint8_t*, float*);
+    void (*legacy_rows)(Format, const uint8_t*, int64_t, uint8_t*, float*);
 };
 
 Kernels kernels() {
     if (avx512::compiled() && avx512_kernels_in_use())
-        return {avx512::rows_times_tokens, avx512::interleave, avx512::q4_k_rows, avx512::q6_k_rows};
+        return {avx512::rows_times_tokens, avx512::interleave, avx512::q4_k_rows, avx512::q6_k_rows, avx512::legacy_rows};
     if (avx2::compiled() && avx2_kernels_in_use())
-        return {avx2::rows_times_tokens, avx2::interleave, avx2::q4_k_rows, avx2::q6_k_rows};
-    return {nullptr, nullptr, nullptr, nullptr};
+        return {avx2::rows_times_tokens, avx2::interleave, avx2::q4_k_rows, avx2::q6_k_rows, avx2::legacy_rows};
+    return {nullptr, nullptr, nullptr, nullptr, nullptr};
 }
 
 // Tokens per pass over a tile: their packed codes (64 x K bytes) stay in L2 across the tile.
@@ -58,9 +59,15 @@ struct RowTile {
     }
 };
 
-// The formats whose codes the kernels pack straight from the blocks.
+// The formats whose codes the kernels pack straight from the blocks, and the 32-value formats
+// whose codes and scales they unpack in order (then interleaved here).
 template <class Block>
 constexpr bool kDirectCodes = std::is_same_v<Block, BlockQ4_K> || std::is_same_v<Block, BlockQ6_K>;
+template <class Block>
+constexpr Format kLegacyVector = std::is_same_v<Block, BlockQ8_0>   ? Format::Q8_0
+                                 : std::is_same_v<Block, BlockQ4_0> ? Format::Q4_0
+                                 : std::is_same_v<Block, BlockMXFP4> ? Format::MXFP4
+                                                                     : Format::F32;  // F32: none
 
 // Packs rows [0, n) of w (row_stride bytes apart, k elements each) into tile rows 0..n-1 and
 // zeroes the rest (their products are computed and dropped). Q4_K and Q6_K rows are packed by
@@ -98,11 +105,16 @@ void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTil
                 use.q6_k_rows(raw, k / kElems, int64_t(sizeof(Block)), codes, scale);
             continue;  // k is whole super-blocks: no padding
         }
-        for (int64_t b = 0; b < k / kElems; ++b) {
-            Codes::get(blocks[b], c);
-            std::memcpy(linear.data() + b * kElems, c.codes, kElems);
-            std::copy(c.scale, c.scale + kElems / 16, scale + b * (kElems / 16));
-            std::copy(c.offset, c.offset + kElems / 16, offset + b * (kElems / 16));
+        if constexpr (kLegacyVector<Block> != Format::F32) {
+            use.legacy_rows(kLegacyVector<Block>, reinterpret_cast<const uint8_t*>(blocks), k / kElems, linear.data(),
+                            scale);
+        } else {
+            for (int64_t b = 0; b < k / kElems; ++b) {
+                Codes::get(blocks[b], c);
+                std::memcpy(linear.data() + b * kElems, c.codes, kElems);
+                std::copy(c.scale, c.scale + kElems / 16, scale + b * (kElems / 16));
+                std::copy(c.offset, c.offset + kElems / 16, offset + b * (kElems / 16));
+            }
         }
         // The padding past k (to whole super-blocks) keeps zero codes and scales.
         use.interleave(linear.data(), tile.n_super, codes);

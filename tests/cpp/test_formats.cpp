@@ -443,7 +443,8 @@ void test_gemm_q8(const std::string& label) {
 }
 
 // The GEMM's vector packing of Q4_K and Q6_K rows (q4_k_rows, q6_k_rows of each build the CPU
-// runs) gives exactly CodesOf's codes (interleaved as interleave() does), scales and offsets.
+// runs) gives exactly CodesOf's codes (interleaved as interleave() does), scales and offsets;
+// that of Q8_0, Q4_0 and MXFP4 rows (legacy_rows) CodesOf's codes in order and scales.
 void test_gemm_q8_vector_packing() {
     using kcap::blocks::BlockCodes;
     using kcap::blocks::CodesOf;
@@ -454,13 +455,14 @@ void test_gemm_q8_vector_packing() {
         void (*interleave)(const uint8_t*, int64_t, uint8_t*);
         void (*q4_k_rows)(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*);
         void (*q6_k_rows)(const uint8_t*, int64_t, int64_t, uint8_t*, float*);
+        void (*legacy_rows)(Format, const uint8_t*, int64_t, uint8_t*, float*);
     };
     namespace g = kcap::q8_gemm;
     const bool avx2_runs = g::avx2::compiled() && (kcap::avx2_kernels_in_use() || kcap::avx512_kernels_in_use());
     const Build builds[] = {
         {"avx512", g::avx512::compiled() && kcap::avx512_kernels_in_use(), g::avx512::interleave,
-         g::avx512::q4_k_rows, g::avx512::q6_k_rows},
-        {"avx2", avx2_runs, g::avx2::interleave, g::avx2::q4_k_rows, g::avx2::q6_k_rows},
+         g::avx512::q4_k_rows, g::avx512::q6_k_rows, g::avx512::legacy_rows},
+        {"avx2", avx2_runs, g::avx2::interleave, g::avx2::q4_k_rows, g::avx2::q6_k_rows, g::avx2::legacy_rows},
     };
     for (const Build& build : builds) {
         if (!build.runs) {
@@ -496,6 +498,29 @@ void test_gemm_q8_vector_packing() {
             check(got == want && std::memcmp(want_scale.data(), got_scale.data(), want_scale.size() * 4) == 0 && offsets,
                   std::string(build.name) + " packs " + kcap::format_info(format).name +
                       " rows as CodesOf's codes, scales and offsets");
+        }
+        for (const Format format : {Format::Q8_0, Format::Q4_0, Format::MXFP4}) {
+            const int64_t n_blocks = 37, k = 32 * n_blocks;
+            const std::vector<uint8_t> row = random_row(format, k, rng);
+            const int64_t block_bytes = kcap::format_info(format).block_bytes;
+            std::vector<uint8_t> want(static_cast<size_t>(k)), got(want.size(), 0xee);
+            std::vector<float> want_scale(size_t(k / 16)), got_scale(want_scale.size(), std::nanf(""));
+            for (int64_t b = 0; b < n_blocks; ++b) {
+                BlockCodes<32> c;
+                const uint8_t* block = row.data() + b * block_bytes;
+                if (format == Format::Q8_0)
+                    CodesOf<kcap::blocks::BlockQ8_0>::get(*reinterpret_cast<const kcap::blocks::BlockQ8_0*>(block), c);
+                else if (format == Format::Q4_0)
+                    CodesOf<kcap::blocks::BlockQ4_0>::get(*reinterpret_cast<const kcap::blocks::BlockQ4_0*>(block), c);
+                else
+                    CodesOf<kcap::blocks::BlockMXFP4>::get(*reinterpret_cast<const kcap::blocks::BlockMXFP4*>(block), c);
+                std::memcpy(want.data() + 32 * b, c.codes, 32);
+                std::copy(c.scale, c.scale + 2, want_scale.begin() + 2 * b);
+            }
+            build.legacy_rows(format, row.data(), n_blocks, got.data(), got_scale.data());
+            check(got == want && std::memcmp(want_scale.data(), got_scale.data(), want_scale.size() * 4) == 0,
+                  std::string(build.name) + " unpacks " + kcap::format_info(format).name +
+                      " rows as CodesOf's codes and scales");
         }
     }
 }
@@ -604,8 +629,8 @@ void test_gemm_f32(const std::string& label) {
 }
 
 // The f32 GEMM builds' vector decoders of 256-value spans (decode_span: Q4_K, Q6_K, Q8_0, Q4_0,
-// MXFP4) give dequantize_row's values bit for bit, on random blocks (random and tiny scales, every
-// code), and leave other formats to dequantize_row.
+// MXFP4, F16) give dequantize_row's values bit for bit, on random blocks (random and tiny scales,
+// every code), and leave other formats to dequantize_row.
 void test_gemm_f32_block_decoders() {
     namespace g = kcap::f32_gemm;
     struct Build {
@@ -624,7 +649,7 @@ void test_gemm_f32_block_decoders() {
             std::printf("note: no %s f32 GEMM block decoder here (build or CPU); it is not tested\n", build.name);
             continue;
         }
-        for (const Format format : {Format::Q4_K, Format::Q6_K, Format::Q8_0, Format::Q4_0, Format::MXFP4}) {
+        for (const Format format : {Format::Q4_K, Format::Q6_K, Format::Q8_0, Format::Q4_0, Format::MXFP4, Format::F16}) {
             const int64_t n_spans = 64;
             const std::vector<uint8_t> row = random_row(format, 256 * n_spans, rng);
             const size_t span_bytes = kcap::row_bytes(format, 256);
