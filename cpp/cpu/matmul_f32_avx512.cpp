@@ -62,6 +62,36 @@ void scale_32(__m128i lo, __m128i hi, float scale, float* out) {
     _mm512_storeu_ps(out + 16, _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi))));
 }
 
+// Q4_K (and with kFifthBit Q5_K) blocks: run r (values 32r .. 32r + 31) the low (r even) or high
+// nibbles of qs[32(r / 2) ..] (Q5_K: with bit r of qh[l] above), times d * scale plus -(dmin * min):
+// the products exact, one rounding in the FMA, as dequantize_row's multiply then add.
+template <class Block, bool kFifthBit>
+void decode_k4(const uint8_t* block, float* out) {
+    const auto& b = *reinterpret_cast<const Block*>(block);
+    alignas(16) uint8_t scales_mins[16];
+    blocks::k4_scales_mins(b.scales, scales_mins);
+    alignas(64) float run_scale[8], run_offset[8];
+    const __m256 d = _mm256_set1_ps(blocks::load_half(b.d)), minus_dmin = _mm256_set1_ps(-blocks::load_half(b.dmin));
+    const __m128i packed = _mm_load_si128(reinterpret_cast<const __m128i*>(scales_mins));
+    _mm256_store_ps(run_scale, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed))));
+    _mm256_store_ps(run_offset,
+                    _mm256_mul_ps(minus_dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)))));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    for (int run = 0; run < 8; ++run) {
+        const __m512 scale = _mm512_set1_ps(run_scale[run]), offset = _mm512_set1_ps(run_offset[run]);
+        for (int half = 0; half < 2; ++half) {
+            __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 32 * (run / 2) + 16 * half));
+            q = _mm_and_si128(run % 2 ? _mm_srli_epi16(q, 4) : q, mask);
+            if constexpr (kFifthBit) {  // bit `run` of qh[l] above the nibble
+                const __m128i qh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qh + 16 * half));
+                q = _mm_or_si128(q, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, run), _mm_set1_epi8(1)), 4));
+            }
+            _mm512_storeu_ps(out + 32 * run + 16 * half,
+                             _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), offset));
+        }
+    }
+}
+
 }  // namespace
 
 bool compiled() { return true; }
@@ -115,29 +145,9 @@ void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t
 }
 
 bool decode_span(Format format, const uint8_t* block, float* out) {
-    if (format == Format::Q4_K) {
-        // Run r (values 32r .. 32r + 31): the low (r even) or high nibbles of qs[32(r / 2) ..],
-        // times d * scale plus -(dmin * min): the products exact, one rounding in the FMA, as
-        // dequantize_row's multiply then add.
-        const auto& b = *reinterpret_cast<const blocks::BlockQ4_K*>(block);
-        alignas(16) uint8_t scales_mins[16];
-        blocks::k4_scales_mins(b.scales, scales_mins);
-        alignas(64) float run_scale[8], run_offset[8];
-        const __m256 d = _mm256_set1_ps(blocks::load_half(b.d)), minus_dmin = _mm256_set1_ps(-blocks::load_half(b.dmin));
-        const __m128i packed = _mm_load_si128(reinterpret_cast<const __m128i*>(scales_mins));
-        _mm256_store_ps(run_scale, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed))));
-        _mm256_store_ps(run_offset,
-                        _mm256_mul_ps(minus_dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)))));
-        const __m128i mask = _mm_set1_epi8(0x0f);
-        for (int run = 0; run < 8; ++run) {
-            const __m512 scale = _mm512_set1_ps(run_scale[run]), offset = _mm512_set1_ps(run_offset[run]);
-            for (int half = 0; half < 2; ++half) {
-                __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 32 * (run / 2) + 16 * half));
-                q = _mm_and_si128(run % 2 ? _mm_srli_epi16(q, 4) : q, mask);
-                _mm512_storeu_ps(out + 32 * run + 16 * half,
-                                 _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), offset));
-            }
-        }
+    if (format == Format::Q4_K || format == Format::Q5_K) {
+        if (format == Format::Q4_K) decode_k4<blocks::BlockQ4_K, false>(block, out);
+        else decode_k4<blocks::BlockQ5_K, true>(block, out);
         return true;
     }
     if (format == Format::Q6_K) {

@@ -40,7 +40,7 @@ void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t
 // tile[i * kTileRows + r] = rows[r * row_stride + i] for i < k, r < kTileRows (0 for r >= n_rows):
 // n_rows rows of k floats stored k-major, as tile_times_tokens reads them.
 void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_stride, float* tile);
-// out = the 256 values at block (one Q4_K or Q6_K block, eight Q8_0, Q4_0 or MXFP4 blocks, 256
+// out = the 256 values at block (one Q4_K, Q5_K or Q6_K block, eight Q8_0, Q4_0 or MXFP4 blocks, 256
 // F16 values), dequantize_row's bit for bit (vector code; an F16 signaling NaN comes out quiet);
 // false (nothing written) for other formats, which the caller decodes with dequantize_row.
 bool decode_span(Format format, const uint8_t* block, float* out);

@@ -27,6 +27,7 @@ bool compiled() { return false; }
 void rows_times_tokens(const PackedRows&, const PackedTokens&, int64_t, float*, int64_t) {}
 void interleave(const uint8_t*, int64_t, uint8_t*) {}
 void q4_k_rows(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*) {}
+void q5_k_rows(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*) {}
 void q6_k_rows(const uint8_t*, int64_t, int64_t, uint8_t*, float*) {}
 void legacy_rows(Format, const uint8_t*, int64_t, uint8_t*, float*) {}
 }  // namespace avx2
@@ -202,8 +203,11 @@ void interleave(const uint8_t* linear, int64_t n_super, uint8_t* out) {
         }
 }
 
-void q4_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale,
-               float* offset) {
+namespace {
+
+// Q4_K rows, and with kFifthBit Q5_K rows (bit r of qh[l] above run r's nibbles).
+template <class Block, bool kFifthBit>
+void k4_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale, float* offset) {
     // Codes: values 64j .. 64j + 31 are the low nibbles of qs[32j .. 32j + 31], values 64j + 32 ..
     // 64j + 63 the high ones, so each 64 qs bytes give a half's four registers of codes in order.
     // Scales: the eight runs' d * scale and -(dmin * min) as vectors, each lane then doubled onto
@@ -211,13 +215,21 @@ void q4_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uin
     const __m256i mask = _mm256_set1_epi8(0x0f);
     const __m256i first = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), second = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
     for (int64_t s = 0; s < n_blocks; ++s) {
-        const auto& block = *reinterpret_cast<const blocks::BlockQ4_K*>(blocks + s * block_bytes);
+        const auto& block = *reinterpret_cast<const Block*>(blocks + s * block_bytes);
         for (int h = 0; h < 2; ++h) {
             __m256i r[4];
             for (int j = 0; j < 2; ++j) {
                 const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qs + 64 * h + 32 * j));
                 r[2 * j] = _mm256_and_si256(q, mask);
                 r[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+            }
+            if constexpr (kFifthBit) {  // r[i] is run 4h + i
+                const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh));
+                for (int i = 0; i < 4; ++i) {
+                    const __m256i bits = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(4 * h + i)),
+                                                          _mm256_set1_epi8(1));
+                    r[i] = _mm256_or_si256(r[i], _mm256_slli_epi16(bits, 4));
+                }
             }
             interleave_half(r, codes + s * kSuper + 32 * h);
         }
@@ -233,6 +245,18 @@ void q4_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uin
         _mm256_storeu_ps(offset + 16 * s, _mm256_permutevar8x32_ps(run_offset, first));
         _mm256_storeu_ps(offset + 16 * s + 8, _mm256_permutevar8x32_ps(run_offset, second));
     }
+}
+
+}  // namespace
+
+void q4_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale,
+               float* offset) {
+    k4_rows<blocks::BlockQ4_K, false>(blocks, n_blocks, block_bytes, codes, scale, offset);
+}
+
+void q5_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale,
+               float* offset) {
+    k4_rows<blocks::BlockQ5_K, true>(blocks, n_blocks, block_bytes, codes, scale, offset);
 }
 
 void q6_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale) {

@@ -16,6 +16,7 @@ bool compiled() { return false; }
 void rows_times_tokens(const PackedRows&, const PackedTokens&, int64_t, float*, int64_t) {}
 void interleave(const uint8_t*, int64_t, uint8_t*) {}
 void q4_k_rows(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*) {}
+void q5_k_rows(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*) {}
 void q6_k_rows(const uint8_t*, int64_t, int64_t, uint8_t*, float*) {}
 void legacy_rows(Format, const uint8_t*, int64_t, uint8_t*, float*) {}
 }  // namespace avx512
@@ -151,8 +152,11 @@ void interleave(const uint8_t* linear, int64_t n_super, uint8_t* out) {
     }
 }
 
-void q4_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale,
-               float* offset) {
+namespace {
+
+// Q4_K rows, and with kFifthBit Q5_K rows (bit r of qh[l] above run r's nibbles).
+template <class Block, bool kFifthBit>
+void k4_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale, float* offset) {
     // Codes: values 64j .. 64j + 31 are the low nibbles of qs[32j .. 32j + 31], values 64j + 32 ..
     // 64j + 63 the high ones, so each 64 qs bytes give two 64-value registers of codes in order.
     // Scales: the eight runs' d * scale and -(dmin * min) in one vector, each lane then doubled
@@ -161,13 +165,25 @@ void q4_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uin
     const __m512i scale_lanes = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     const __m512i offset_lanes = _mm512_add_epi32(scale_lanes, _mm512_set1_epi32(8));
     for (int64_t s = 0; s < n_blocks; ++s) {
-        const auto& block = *reinterpret_cast<const blocks::BlockQ4_K*>(blocks + s * block_bytes);
+        const auto& block = *reinterpret_cast<const Block*>(blocks + s * block_bytes);
         __m512i ordered[4];
         for (int h = 0; h < 2; ++h) {
             const __m512i q = _mm512_loadu_si512(block.qs + 64 * h);
             const __m512i low = _mm512_and_si512(q, mask), high = _mm512_and_si512(_mm512_srli_epi16(q, 4), mask);
             ordered[2 * h] = _mm512_shuffle_i64x2(low, high, _MM_SHUFFLE(1, 0, 1, 0));
             ordered[2 * h + 1] = _mm512_shuffle_i64x2(low, high, _MM_SHUFFLE(3, 2, 3, 2));
+            if constexpr (kFifthBit) {
+                // ordered[2h + i] holds runs 4h + 2i and 4h + 2i + 1: qh twice, each half shifted by its run.
+                const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.qh));
+                const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
+                for (int i = 0; i < 2; ++i) {
+                    const int run = 4 * h + 2 * i;
+                    const __m512i counts = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(short(run))),
+                                                              _mm256_set1_epi16(short(run + 1)), 1);
+                    const __m512i bits = _mm512_and_si512(_mm512_srlv_epi16(both, counts), _mm512_set1_epi8(1));
+                    ordered[2 * h + i] = _mm512_or_si512(ordered[2 * h + i], _mm512_slli_epi16(bits, 4));
+                }
+            }
         }
         interleave_super(ordered[0], ordered[1], ordered[2], ordered[3], codes + s * kSuper);
         alignas(16) uint8_t scales_mins[16];
@@ -179,6 +195,18 @@ void q4_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uin
         _mm512_storeu_ps(scale + 16 * s, _mm512_permutexvar_ps(scale_lanes, products));
         _mm512_storeu_ps(offset + 16 * s, _mm512_permutexvar_ps(offset_lanes, products));
     }
+}
+
+}  // namespace
+
+void q4_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale,
+               float* offset) {
+    k4_rows<blocks::BlockQ4_K, false>(blocks, n_blocks, block_bytes, codes, scale, offset);
+}
+
+void q5_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale,
+               float* offset) {
+    k4_rows<blocks::BlockQ5_K, true>(blocks, n_blocks, block_bytes, codes, scale, offset);
 }
 
 void q6_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale) {

@@ -24,16 +24,17 @@ struct Kernels {
     void (*rows_times_tokens)(const PackedRows&, const PackedTokens&, int64_t, float*, int64_t);
     void (*interleave)(const uint8_t*, int64_t, uint8_t*);
     void (*q4_k_rows)(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*);
+    void (*q5_k_rows)(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*);
     void (*q6_k_rows)(const uint8_t*, int64_t, int64_t, uint8_t*, float*);
     void (*legacy_rows)(Format, const uint8_t*, int64_t, uint8_t*, float*);
 };
 
 Kernels kernels() {
     if (avx512::compiled() && avx512_kernels_in_use())
-        return {avx512::rows_times_tokens, avx512::interleave, avx512::q4_k_rows, avx512::q6_k_rows, avx512::legacy_rows};
+        return {avx512::rows_times_tokens, avx512::interleave, avx512::q4_k_rows, avx512::q5_k_rows, avx512::q6_k_rows, avx512::legacy_rows};
     if (avx2::compiled() && avx2_kernels_in_use())
-        return {avx2::rows_times_tokens, avx2::interleave, avx2::q4_k_rows, avx2::q6_k_rows, avx2::legacy_rows};
-    return {nullptr, nullptr, nullptr, nullptr, nullptr};
+        return {avx2::rows_times_tokens, avx2::interleave, avx2::q4_k_rows, avx2::q5_k_rows, avx2::q6_k_rows, avx2::legacy_rows};
+    return {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 }
 
 // Tokens per pass over a tile: their packed codes (64 x K bytes) stay in L2 across the tile.
@@ -62,7 +63,8 @@ struct RowTile {
 // The formats whose codes the kernels pack straight from the blocks, and the 32-value formats
 // whose codes and scales they unpack in order (then interleaved here).
 template <class Block>
-constexpr bool kDirectCodes = std::is_same_v<Block, BlockQ4_K> || std::is_same_v<Block, BlockQ6_K>;
+constexpr bool kDirectCodes =
+    std::is_same_v<Block, BlockQ4_K> || std::is_same_v<Block, BlockQ5_K> || std::is_same_v<Block, BlockQ6_K>;
 template <class Block>
 constexpr Format kLegacyVector = std::is_same_v<Block, BlockQ8_0>   ? Format::Q8_0
                                  : std::is_same_v<Block, BlockQ4_0> ? Format::Q4_0
@@ -70,8 +72,8 @@ constexpr Format kLegacyVector = std::is_same_v<Block, BlockQ8_0>   ? Format::Q8
                                                                      : Format::F32;  // F32: none
 
 // Packs rows [0, n) of w (row_stride bytes apart, k elements each) into tile rows 0..n-1 and
-// zeroes the rest (their products are computed and dropped). Q4_K and Q6_K rows are packed by
-// vector code (use.q4_k_rows, q6_k_rows: the codes straight from their bit fields into the
+// zeroes the rest (their products are computed and dropped). Q4_K, Q5_K and Q6_K rows are packed
+// by vector code (use.q4_k_rows, q5_k_rows, q6_k_rows: the codes straight from their bit fields into the
 // interleaved layout, the scales as vectors; CodesOf's values bit for bit).
 template <class Block>
 void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTile& tile, const Kernels& use) {
@@ -101,6 +103,8 @@ void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTil
             const auto* raw = reinterpret_cast<const uint8_t*>(blocks);
             if constexpr (std::is_same_v<Block, BlockQ4_K>)
                 use.q4_k_rows(raw, k / kElems, int64_t(sizeof(Block)), codes, scale, offset);
+            else if constexpr (std::is_same_v<Block, BlockQ5_K>)
+                use.q5_k_rows(raw, k / kElems, int64_t(sizeof(Block)), codes, scale, offset);
             else
                 use.q6_k_rows(raw, k / kElems, int64_t(sizeof(Block)), codes, scale);
             continue;  // k is whole super-blocks: no padding

@@ -442,9 +442,9 @@ void test_gemm_q8(const std::string& label) {
     std::printf("%s: largest error as a fraction of the tolerance:%s\n", label.c_str(), summary.c_str());
 }
 
-// The GEMM's vector packing of Q4_K and Q6_K rows (q4_k_rows, q6_k_rows of each build the CPU
-// runs) gives exactly CodesOf's codes (interleaved as interleave() does), scales and offsets;
-// that of Q8_0, Q4_0 and MXFP4 rows (legacy_rows) CodesOf's codes in order and scales.
+// The GEMM's vector packing of Q4_K, Q5_K and Q6_K rows (q4_k_rows, q5_k_rows, q6_k_rows of each
+// build the CPU runs) gives exactly CodesOf's codes (interleaved as interleave() does), scales and
+// offsets; that of Q8_0, Q4_0 and MXFP4 rows (legacy_rows) CodesOf's codes in order and scales.
 void test_gemm_q8_vector_packing() {
     using kcap::blocks::BlockCodes;
     using kcap::blocks::CodesOf;
@@ -454,6 +454,7 @@ void test_gemm_q8_vector_packing() {
         bool runs;
         void (*interleave)(const uint8_t*, int64_t, uint8_t*);
         void (*q4_k_rows)(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*);
+        void (*q5_k_rows)(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*);
         void (*q6_k_rows)(const uint8_t*, int64_t, int64_t, uint8_t*, float*);
         void (*legacy_rows)(Format, const uint8_t*, int64_t, uint8_t*, float*);
     };
@@ -461,15 +462,16 @@ void test_gemm_q8_vector_packing() {
     const bool avx2_runs = g::avx2::compiled() && (kcap::avx2_kernels_in_use() || kcap::avx512_kernels_in_use());
     const Build builds[] = {
         {"avx512", g::avx512::compiled() && kcap::avx512_kernels_in_use(), g::avx512::interleave,
-         g::avx512::q4_k_rows, g::avx512::q6_k_rows, g::avx512::legacy_rows},
-        {"avx2", avx2_runs, g::avx2::interleave, g::avx2::q4_k_rows, g::avx2::q6_k_rows, g::avx2::legacy_rows},
+         g::avx512::q4_k_rows, g::avx512::q5_k_rows, g::avx512::q6_k_rows, g::avx512::legacy_rows},
+        {"avx2", avx2_runs, g::avx2::interleave, g::avx2::q4_k_rows, g::avx2::q5_k_rows, g::avx2::q6_k_rows,
+         g::avx2::legacy_rows},
     };
     for (const Build& build : builds) {
         if (!build.runs) {
             std::printf("note: no %s int8 GEMM packing here (build or CPU); it is not tested\n", build.name);
             continue;
         }
-        for (const Format format : {Format::Q4_K, Format::Q6_K}) {
+        for (const Format format : {Format::Q4_K, Format::Q5_K, Format::Q6_K}) {
             const int64_t n_blocks = 5, k = 256 * n_blocks;
             const std::vector<uint8_t> row = random_row(format, k, rng);
             const int64_t block_bytes = kcap::format_info(format).block_bytes;
@@ -481,6 +483,9 @@ void test_gemm_q8_vector_packing() {
                 if (format == Format::Q4_K)
                     CodesOf<kcap::blocks::BlockQ4_K>::get(
                         *reinterpret_cast<const kcap::blocks::BlockQ4_K*>(row.data() + b * block_bytes), c);
+                else if (format == Format::Q5_K)
+                    CodesOf<kcap::blocks::BlockQ5_K>::get(
+                        *reinterpret_cast<const kcap::blocks::BlockQ5_K*>(row.data() + b * block_bytes), c);
                 else
                     CodesOf<kcap::blocks::BlockQ6_K>::get(
                         *reinterpret_cast<const kcap::blocks::BlockQ6_K*>(row.data() + b * block_bytes), c);
@@ -491,9 +496,11 @@ void test_gemm_q8_vector_packing() {
             build.interleave(linear.data(), n_blocks, want.data());
             if (format == Format::Q4_K)
                 build.q4_k_rows(row.data(), n_blocks, block_bytes, got.data(), got_scale.data(), got_offset.data());
+            else if (format == Format::Q5_K)
+                build.q5_k_rows(row.data(), n_blocks, block_bytes, got.data(), got_scale.data(), got_offset.data());
             else
                 build.q6_k_rows(row.data(), n_blocks, block_bytes, got.data(), got_scale.data());
-            const bool offsets = format != Format::Q4_K ||
+            const bool offsets = format == Format::Q6_K ||
                                  std::memcmp(want_offset.data(), got_offset.data(), want_offset.size() * 4) == 0;
             check(got == want && std::memcmp(want_scale.data(), got_scale.data(), want_scale.size() * 4) == 0 && offsets,
                   std::string(build.name) + " packs " + kcap::format_info(format).name +
@@ -628,8 +635,8 @@ void test_gemm_f32(const std::string& label) {
     std::printf("%s: largest error as a fraction of the tolerance:%s\n", label.c_str(), summary.c_str());
 }
 
-// The f32 GEMM builds' vector decoders of 256-value spans (decode_span: Q4_K, Q6_K, Q8_0, Q4_0,
-// MXFP4, F16) give dequantize_row's values bit for bit, on random blocks (random and tiny scales,
+// The f32 GEMM builds' vector decoders of 256-value spans (decode_span: Q4_K, Q5_K, Q6_K, Q8_0,
+// Q4_0, MXFP4, F16) give dequantize_row's values bit for bit, on random blocks (random and tiny scales,
 // every code), and leave other formats to dequantize_row.
 void test_gemm_f32_block_decoders() {
     namespace g = kcap::f32_gemm;
@@ -649,7 +656,8 @@ void test_gemm_f32_block_decoders() {
             std::printf("note: no %s f32 GEMM block decoder here (build or CPU); it is not tested\n", build.name);
             continue;
         }
-        for (const Format format : {Format::Q4_K, Format::Q6_K, Format::Q8_0, Format::Q4_0, Format::MXFP4, Format::F16}) {
+        for (const Format format : {Format::Q4_K, Format::Q5_K, Format::Q6_K, Format::Q8_0, Format::Q4_0, Format::MXFP4,
+                                    Format::F16}) {
             const int64_t n_spans = 64;
             const std::vector<uint8_t> row = random_row(format, 256 * n_spans, rng);
             const size_t span_bytes = kcap::row_bytes(format, 256);
@@ -663,9 +671,9 @@ void test_gemm_f32_block_decoders() {
                       " values bit for bit");
         }
         float out[256];
-        const std::vector<uint8_t> q5_k = random_row(Format::Q5_K, 256, rng);
-        check(!build.decode_span(Format::Q5_K, q5_k.data(), out),
-              std::string(build.name) + " decode_span leaves Q5_K to dequantize_row");
+        const std::vector<uint8_t> q3_k = random_row(Format::Q3_K, 256, rng);
+        check(!build.decode_span(Format::Q3_K, q3_k.data(), out),
+              std::string(build.name) + " decode_span leaves Q3_K to dequantize_row");
     }
 }
 
