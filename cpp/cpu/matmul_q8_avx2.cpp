@@ -288,6 +288,7 @@ void q6_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uin
     }
 }
 
+// 128-bit code (SSSE3's pshufb and below): the AVX-512 build's packing calls it too.
 void legacy_rows(Format format, const uint8_t* blocks, int64_t n_blocks, uint8_t* linear, float* scale) {
     // Each 32-value block: its codes in order into linear (value i < 16 from the low nibble of
     // qs[i], i >= 16 from the high nibble of qs[i - 16]; Q8_0's signed values plus 128; MXFP4's

@@ -18,7 +18,6 @@ void interleave(const uint8_t*, int64_t, uint8_t*) {}
 void q4_k_rows(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*) {}
 void q5_k_rows(const uint8_t*, int64_t, int64_t, uint8_t*, float*, float*) {}
 void q6_k_rows(const uint8_t*, int64_t, int64_t, uint8_t*, float*) {}
-void legacy_rows(Format, const uint8_t*, int64_t, uint8_t*, float*) {}
 }  // namespace avx512
 }  // namespace q8_gemm
 }  // namespace kcap
@@ -233,38 +232,6 @@ void q6_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uin
                          _mm512_mul_ps(_mm512_set1_ps(blocks::load_half(q6.d)),
                                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(q6.scales))))));
-    }
-}
-
-void legacy_rows(Format format, const uint8_t* blocks, int64_t n_blocks, uint8_t* linear, float* scale) {
-    // Each 32-value block: its codes in order into linear (value i < 16 from the low nibble of
-    // qs[i], i >= 16 from the high nibble of qs[i - 16]; Q8_0's signed values plus 128; MXFP4's
-    // doubled E2M1 values plus 12 by pshufb) and its scale into both of its 16-value groups.
-    const __m128i low4 = _mm_set1_epi8(0x0f), flip = _mm_set1_epi8(static_cast<char>(0x80));
-    alignas(16) uint8_t mxfp4[16];
-    for (int i = 0; i < 16; ++i) mxfp4[i] = static_cast<uint8_t>(blocks::kMXFP4DoubledValues[i] + 12);
-    const __m128i table = _mm_load_si128(reinterpret_cast<const __m128i*>(mxfp4));
-    for (int64_t b = 0; b < n_blocks; ++b) {
-        __m128i lo, hi;
-        float s;
-        if (format == Format::Q8_0) {
-            const auto& block = reinterpret_cast<const blocks::BlockQ8_0*>(blocks)[b];
-            lo = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block.qs)), flip);
-            hi = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block.qs + 16)), flip);
-            s = blocks::load_half(block.d);
-        } else {
-            const bool q4_0 = format == Format::Q4_0;
-            const uint8_t* qs = q4_0 ? reinterpret_cast<const blocks::BlockQ4_0*>(blocks)[b].qs
-                                     : reinterpret_cast<const blocks::BlockMXFP4*>(blocks)[b].qs;
-            const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-            lo = _mm_and_si128(q, low4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
-            if (!q4_0) lo = _mm_shuffle_epi8(table, lo), hi = _mm_shuffle_epi8(table, hi);
-            s = q4_0 ? blocks::load_half(reinterpret_cast<const blocks::BlockQ4_0*>(blocks)[b].d)
-                     : blocks::mxfp4_half_scale(reinterpret_cast<const blocks::BlockMXFP4*>(blocks)[b].e);
-        }
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(linear + 32 * b), lo);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(linear + 32 * b + 16), hi);
-        scale[2 * b] = scale[2 * b + 1] = s;
     }
 }
 

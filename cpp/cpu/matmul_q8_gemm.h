@@ -70,16 +70,13 @@ void q4_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uin
 void q5_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale,
                float* offset);
 void q6_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale);
-// n_blocks Q8_0, Q4_0 or MXFP4 blocks (format): linear = their codes in order (CodesOf's), scale
-// = the scale of each 16-value group (no offsets).
-void legacy_rows(Format format, const uint8_t* blocks, int64_t n_blocks, uint8_t* linear, float* scale);
 }  // namespace avx512
 
 namespace avx2 {
 // Whether the library was compiled with the AVX2 GEMM (matmul_q8_avx2.cpp): the same results as
 // avx512:: bit for bit, from vpmaddubsw products summed in int16 within the codes' bounds.
 bool compiled();
-// As avx512::rows_times_tokens, interleave, q4_k_rows, q5_k_rows, q6_k_rows and legacy_rows, where
+// As avx512::rows_times_tokens, interleave, q4_k_rows, q5_k_rows and q6_k_rows, where
 // avx2_kernels_in_use().
 void rows_times_tokens(const PackedRows& w, const PackedTokens& x, int64_t n_super, float* out, int64_t out_stride);
 void interleave(const uint8_t* linear, int64_t n_super, uint8_t* out);
@@ -88,6 +85,8 @@ void q4_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uin
 void q5_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale,
                float* offset);
 void q6_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8_t* codes, float* scale);
+// n_blocks Q8_0, Q4_0 or MXFP4 blocks (format): linear = their codes in order (CodesOf's), scale
+// = the scale of each 16-value group (no offsets). 128-bit code: the AVX-512 build uses it too.
 void legacy_rows(Format format, const uint8_t* blocks, int64_t n_blocks, uint8_t* linear, float* scale);
 }  // namespace avx2
 

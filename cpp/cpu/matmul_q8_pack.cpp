@@ -30,10 +30,12 @@ struct Kernels {
 };
 
 Kernels kernels() {
-    if (avx512::compiled() && avx512_kernels_in_use())
-        return {avx512::rows_times_tokens, avx512::interleave, avx512::q4_k_rows, avx512::q5_k_rows, avx512::q6_k_rows, avx512::legacy_rows};
+    if (avx512::compiled() && avx2::compiled() && avx512_kernels_in_use())  // avx2::legacy_rows too
+        return {avx512::rows_times_tokens, avx512::interleave, avx512::q4_k_rows,
+                avx512::q5_k_rows,         avx512::q6_k_rows,  avx2::legacy_rows};
     if (avx2::compiled() && avx2_kernels_in_use())
-        return {avx2::rows_times_tokens, avx2::interleave, avx2::q4_k_rows, avx2::q5_k_rows, avx2::q6_k_rows, avx2::legacy_rows};
+        return {avx2::rows_times_tokens, avx2::interleave, avx2::q4_k_rows,
+                avx2::q5_k_rows,         avx2::q6_k_rows,  avx2::legacy_rows};
     return {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 }
 

@@ -462,7 +462,7 @@ void test_gemm_q8_vector_packing() {
     const bool avx2_runs = g::avx2::compiled() && (kcap::avx2_kernels_in_use() || kcap::avx512_kernels_in_use());
     const Build builds[] = {
         {"avx512", g::avx512::compiled() && kcap::avx512_kernels_in_use(), g::avx512::interleave,
-         g::avx512::q4_k_rows, g::avx512::q5_k_rows, g::avx512::q6_k_rows, g::avx512::legacy_rows},
+         g::avx512::q4_k_rows, g::avx512::q5_k_rows, g::avx512::q6_k_rows, g::avx2::legacy_rows},
         {"avx2", avx2_runs, g::avx2::interleave, g::avx2::q4_k_rows, g::avx2::q5_k_rows, g::avx2::q6_k_rows,
          g::avx2::legacy_rows},
     };
