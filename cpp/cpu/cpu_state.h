@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core/hot_loop.h"
+#include "cpu/scratch.h"
 #include "cpu/thread_pool.h"
 #include "dispatch/rope_table.h"
 #include "kcap/formats.h"

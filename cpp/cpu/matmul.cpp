@@ -191,7 +191,7 @@ void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, in
     const bool wide = f32_gemm_avx512();
     // Whole spans of the formats the builds decode with vector code (decode_span).
     const auto decode_span = wide ? avx512::decode_span : avx2::decode_span;
-    thread_local std::vector<float> rows, tile, partial;
+    thread_local CacheLineVector<float> rows, tile, partial;
     rows.resize(size_t(kTileRows * kSpan));
     tile.resize(size_t(kTileRows * k));
     const size_t row_stride = row_bytes(format, k);

@@ -40,15 +40,18 @@ template <int kTokens>
 void micro_kernel(const float* tile, int64_t k_len, const float* x, int64_t x_stride, float* out,
                   int64_t out_stride) {
     __m256 acc[2][kTokens];
+#pragma GCC unroll 8
     for (int t = 0; t < kTokens; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
     for (int64_t k = 0; k < k_len; ++k) {
         const __m256 w0 = _mm256_loadu_ps(tile + k * kTileRows), w1 = _mm256_loadu_ps(tile + k * kTileRows + 8);
+#pragma GCC unroll 8
         for (int t = 0; t < kTokens; ++t) {
             const __m256 b = _mm256_broadcast_ss(x + t * x_stride + k);
             acc[0][t] = _mm256_fmadd_ps(w0, b, acc[0][t]);
             acc[1][t] = _mm256_fmadd_ps(w1, b, acc[1][t]);
         }
     }
+#pragma GCC unroll 8
     for (int t = 0; t < kTokens; ++t) {
         _mm256_storeu_ps(out + t * out_stride, acc[0][t]);
         _mm256_storeu_ps(out + t * out_stride + 8, acc[1][t]);
@@ -126,18 +129,22 @@ void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_str
     for (; i + 8 <= k; i += 8) {
         for (int64_t r0 = 0; r0 < kTileRows; r0 += 8) {
             __m256 r[8], t[8], u[8];
+#pragma GCC unroll 8
             for (int j = 0; j < 8; ++j)
                 r[j] = r0 + j < n_rows ? _mm256_loadu_ps(rows + (r0 + j) * row_stride + i) : _mm256_setzero_ps();
+#pragma GCC unroll 8
             for (int j = 0; j < 4; ++j) {
                 t[2 * j] = _mm256_unpacklo_ps(r[2 * j], r[2 * j + 1]);
                 t[2 * j + 1] = _mm256_unpackhi_ps(r[2 * j], r[2 * j + 1]);
             }
+#pragma GCC unroll 8
             for (int q = 0; q < 2; ++q) {  // rows 4q .. 4q+3
                 u[4 * q] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0x44);
                 u[4 * q + 1] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0xee);
                 u[4 * q + 2] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0x44);
                 u[4 * q + 3] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0xee);
             }
+#pragma GCC unroll 8
             for (int c = 0; c < 4; ++c) {
                 _mm256_storeu_ps(tile + (i + c) * kTileRows + r0, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
                 _mm256_storeu_ps(tile + (i + c + 4) * kTileRows + r0, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));

@@ -104,12 +104,15 @@ void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_str
     for (; i + 16 <= k; i += 16) {
         for (int64_t r0 = 0; r0 < kTileRows; r0 += 16) {
             __m512 r[16], a[16], b[16];
+#pragma GCC unroll 16
             for (int j = 0; j < 16; ++j)
                 r[j] = r0 + j < n_rows ? _mm512_loadu_ps(rows + (r0 + j) * row_stride + i) : _mm512_setzero_ps();
+#pragma GCC unroll 16
             for (int j = 0; j < 8; ++j) {
                 a[2 * j] = _mm512_unpacklo_ps(r[2 * j], r[2 * j + 1]);
                 a[2 * j + 1] = _mm512_unpackhi_ps(r[2 * j], r[2 * j + 1]);
             }
+#pragma GCC unroll 16
             for (int j = 0; j < 4; ++j) {
                 const __m512d lo0 = _mm512_castps_pd(a[4 * j]), lo1 = _mm512_castps_pd(a[4 * j + 2]);
                 const __m512d hi0 = _mm512_castps_pd(a[4 * j + 1]), hi1 = _mm512_castps_pd(a[4 * j + 3]);
@@ -118,6 +121,7 @@ void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_str
                 b[4 * j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi0, hi1));
                 b[4 * j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi0, hi1));
             }
+#pragma GCC unroll 16
             for (int c = 0; c < 4; ++c) {
                 const __m512 t0 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x44), t1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xee);
                 const __m512 t2 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x44);

@@ -43,9 +43,9 @@ Kernels kernels() {
 constexpr int64_t kTokenBlock = 64;
 
 struct RowTile {
-    std::vector<uint8_t> codes;
-    std::vector<float> scale, offset;
-    std::vector<float> out;  // the last tile's rows when they do not fill it
+    CacheLineVector<uint8_t> codes;
+    CacheLineVector<float> scale, offset;
+    CacheLineVector<float> out;  // the last tile's rows when they do not fill it
     int64_t n_super = 0;
     int32_t bias = 0, max_code = 0;
     bool has_offset = false;
@@ -88,7 +88,7 @@ void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTil
     static_assert(Codes::kMax < 64 || Codes::kBias == 128, "codes the AVX2 kernel cannot sum in int16");
     tile.has_offset = Codes::kOffset;
     BlockCodes<kElems> c;
-    thread_local std::vector<uint8_t> linear;  // a row's codes in order, zero past k
+    thread_local CacheLineVector<uint8_t> linear;  // a row's codes in order, zero past k
     if constexpr (!kDirectCodes<Block>) linear.assign(size_t(k_bytes), 0);
     for (int64_t r = 0; r < kTileRows; ++r) {
         uint8_t* codes = tile.codes.data() + r * k_bytes;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpu/matmul_q8_gemm.h"
+#include "cpu/scratch.h"
 #include "cpu/thread_pool.h"
 #include "kcap/formats.h"
 
@@ -31,10 +32,10 @@ private:
     void resize(int64_t tokens, int64_t k);
     void pack_one(const float* x, int64_t t);
     int64_t k_ = 0, n_super_ = 0, tokens_ = 0;
-    std::vector<int8_t> codes_;
-    std::vector<float> d_;
-    std::vector<int32_t> sum_;
-    std::vector<float> offset_sum_;
+    CacheLineVector<int8_t> codes_;
+    CacheLineVector<float> d_;
+    CacheLineVector<int32_t> sum_;
+    CacheLineVector<float> offset_sum_;
 };
 
 // Weight rows per tile: a thread packs 16 rows (16 x 2048 code bytes for K = 2048, with their
