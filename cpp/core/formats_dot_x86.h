@@ -153,8 +153,7 @@ inline void accumulate_32(__m256i codes, float scale, float offset, X x, Accumul
 // run: this makes the compiler take them as changed in memory, so that each broadcast is a load
 // (done by the load ports, or folded into the FMA as {1to16}) instead of a shuffle of the
 // vector it still holds, which competes with the FMAs for the vector ports (GCC forwards the
-// stored vector otherwise). 14-19% off the Q4_K, Q5_K and Q6_K rows with f32 activations on
-// AVX-512 (bench/cpu_dot_rows.cpp); no effect on AVX2.
+// stored vector otherwise).
 template <class A, class B>
 inline void from_memory(A& a, B& b) {
     asm volatile("" : "+m"(a), "+m"(b));

@@ -8,8 +8,8 @@
 namespace kcap {
 
 // Scratch of the GEMMs' tiles on 64-byte boundaries: their 64-byte vector loads and stores
-// then never straddle two cache lines (malloc aligns to 16, so where a buffer started decided,
-// run by run, whether every access of a tile was split: 10-15% of an exact MoE prefill).
+// then never straddle two cache lines (malloc aligns to 16, so where a buffer started would
+// decide, run by run, whether every access of a tile is split in two).
 template <class T>
 struct CacheLineAllocator {
     using value_type = T;
