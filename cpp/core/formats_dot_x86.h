@@ -386,33 +386,6 @@ inline __m256i k4_run_codes(__m256i packed, __m256i qh, int nibble, int run) {
 template <typename Block, bool kFifthBit>
 float dot_k4(const Block* blocks, const float* x, int64_t n_blocks) {
     Accumulators acc;
-#if KCAP_DOT_WIDE
-    if constexpr (!kFifthBit) {
-        // Q4_K on AVX-512: each run's weights as a table (accumulate_nibbles); the 32 bytes of qs
-        // for runs 2j and 2j + 1 hold run 2j's codes in their low nibbles and run 2j + 1's in the
-        // high ones.
-        for (int64_t b = 0; b < n_blocks; ++b) {
-            const Block& block = blocks[b];
-            const float* xb = x + kQK_K * b;
-            __m256 scale, offset;
-            k4_scales_offsets(block, scale, offset);
-            alignas(32) float run_scale[8], run_offset[8];
-            _mm256_store_ps(run_scale, scale);
-            _mm256_store_ps(run_offset, offset);
-            from_memory(run_scale, run_offset);
-            for (int j = 0; j < 4; ++j) {
-                __m512 table[2];
-                for (int r = 0; r < 2; ++r)
-                    table[r] = _mm512_fmadd_ps(table_codes(), _mm512_set1_ps(run_scale[2 * j + r]),
-                                               _mm512_set1_ps(run_offset[2 * j + r]));
-                for (int k = 0; k < 2; ++k)
-                    accumulate_nibbles(block.qs + 32 * j + 16 * k, table[0], xb + 64 * j + 16 * k, table[1],
-                                       xb + 64 * j + 32 + 16 * k, k, k, acc);
-            }
-        }
-        return acc.total();
-    }
-#endif
     for (int64_t b = 0; b < n_blocks; ++b) {
         const Block& block = blocks[b];
         const float* xb = x + kQK_K * b;
@@ -422,6 +395,23 @@ float dot_k4(const Block* blocks, const float* x, int64_t n_blocks) {
         _mm256_store_ps(run_scale, scale);
         _mm256_store_ps(run_offset, offset);
         from_memory(run_scale, run_offset);
+#if KCAP_DOT_WIDE
+        if constexpr (!kFifthBit) {
+            // Q4_K on AVX-512: each run's weights as a table (accumulate_nibbles); the 32 bytes
+            // of qs for runs 2j and 2j + 1 hold run 2j's codes in their low nibbles and run
+            // 2j + 1's in the high ones.
+            for (int j = 0; j < 4; ++j) {
+                __m512 table[2];
+                for (int r = 0; r < 2; ++r)
+                    table[r] = _mm512_fmadd_ps(table_codes(), _mm512_set1_ps(run_scale[2 * j + r]),
+                                               _mm512_set1_ps(run_offset[2 * j + r]));
+                for (int k = 0; k < 2; ++k)
+                    accumulate_nibbles(block.qs + 32 * j + 16 * k, table[0], xb + 64 * j + 16 * k, table[1],
+                                       xb + 64 * j + 32 + 16 * k, k, k, acc);
+            }
+            continue;
+        }
+#endif
         __m256i qh = _mm256_setzero_si256();
         if constexpr (kFifthBit) qh = load_256(block.qh);
         for (int j = 0; j < 4; ++j) {
