@@ -154,9 +154,9 @@ inline void accumulate_32(__m256i codes, float scale, float offset, X x, Accumul
 // (done by the load ports, or folded into the FMA as {1to16}) instead of a shuffle of the
 // vector it still holds, which competes with the FMAs for the vector ports (GCC forwards the
 // stored vector otherwise).
-template <class A, class B>
-inline void from_memory(A& a, B& b) {
-    asm volatile("" : "+m"(a), "+m"(b));
+template <class A>
+inline void from_memory(A& a) {
+    asm volatile("" : "+m"(a));
 }
 
 inline __m256i load_256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -394,7 +394,8 @@ float dot_k4(const Block* blocks, const float* x, int64_t n_blocks) {
         alignas(32) float run_scale[8], run_offset[8];
         _mm256_store_ps(run_scale, scale);
         _mm256_store_ps(run_offset, offset);
-        from_memory(run_scale, run_offset);
+        from_memory(run_scale);
+        from_memory(run_offset);
 #if KCAP_DOT_WIDE
         if constexpr (!kFifthBit) {
             // Q4_K on AVX-512: each run's weights as a table (accumulate_nibbles); the 32 bytes
@@ -442,8 +443,9 @@ inline __m256i q6_k_run_codes(const __m256i (&ql)[2], __m256i qh, int s) {
     return _mm256_or_si256(low, _mm256_slli_epi16(shift_mask(qh, 2 * s, 0x03), 4));
 }
 
-// Q6_K with f32 activations: the 16 scales d * scale and their offsets -32 * d * scale (the bias
-// folded, exactly: a power of two) computed as vectors per super-block and stored, as for Q4_K.
+// Q6_K with f32 activations: the 16 scales d * scale computed as vectors per super-block and
+// stored, as for Q4_K; the values code - 32 taken as signed bytes, so each weight is one exact
+// product (value * scale, as dequantize_row's) with no offset to broadcast.
 float dot_q6_k(const BlockQ6_K* blocks, const float* x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
@@ -451,19 +453,17 @@ float dot_q6_k(const BlockQ6_K* blocks, const float* x, int64_t n_blocks) {
         const float* xb = x + kQK_K * b;
         __m256 group_scale[2];
         q6_k_scales(block, group_scale);
-        alignas(32) float scale[16], offset[16];
-        for (int h = 0; h < 2; ++h) {
-            _mm256_store_ps(scale + 8 * h, group_scale[h]);
-            _mm256_store_ps(offset + 8 * h, _mm256_mul_ps(_mm256_set1_ps(-32.0f), group_scale[h]));
-        }
-        from_memory(scale, offset);
+        alignas(32) float scale[16];
+        for (int h = 0; h < 2; ++h) _mm256_store_ps(scale + 8 * h, group_scale[h]);
+        from_memory(scale);
         for (int half = 0; half < 2; ++half) {
             const __m256i ql[2] = {load_256(block.ql + 64 * half), load_256(block.ql + 64 * half + 32)};
             const __m256i qh = load_256(block.qh + 32 * half);
             for (int s = 0; s < 4; ++s) {
                 const int g = 8 * half + 2 * s;  // the 16-value groups of this run of 32
-                accumulate_32(q6_k_run_codes(ql, qh, s), scale[g], offset[g], scale[g + 1], offset[g + 1],
-                              xb + 128 * half + 32 * s, acc);
+                const __m256i values = _mm256_sub_epi8(q6_k_run_codes(ql, qh, s), _mm256_set1_epi8(32));
+                accumulate_32<true, 0, false>(values, scale[g], 0.0f, scale[g + 1], 0.0f, xb + 128 * half + 32 * s,
+                                              acc);
             }
         }
     }

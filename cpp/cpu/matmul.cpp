@@ -194,12 +194,16 @@ void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, in
     thread_local CacheLineVector<float> rows, tile, partial;
     rows.resize(size_t(kTileRows * kSpan));
     tile.resize(size_t(kTileRows * k));
-    const size_t row_stride = row_bytes(format, k);
+    const size_t row_stride = row_bytes(format, k), span_bytes = row_bytes(format, kSpan);
     for (int64_t i = 0; i < k; i += kSpan) {
         const int64_t span = std::min(kSpan, k - i);
         const size_t offset = row_bytes(format, i);
         for (int64_t r = 0; r < n_rows; ++r) {
             const uint8_t* src = w + r * row_stride + offset;
+            // The row's next span, read after this span of all 32 rows: 32 short streams, which
+            // the hardware prefetchers leave to miss.
+            if (i + kSpan < k)
+                for (size_t line = 0; line < span_bytes; line += 64) __builtin_prefetch(src + span_bytes + line);
             float* dst = rows.data() + r * kSpan;
             if (!(span == kSpan && decode_span(format, src, dst))) dequantize_row(format, src, dst, span);
         }
