@@ -189,7 +189,7 @@ void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, in
     // rows stay in L1 until they are stored k-major.
     constexpr int64_t kSpan = 256;
     const bool wide = f32_gemm_avx512();
-    // Whole spans of the formats the builds decode with vector code (decode_span).
+    // The spans of the formats the builds decode with vector code (decode_span).
     const auto decode_span = wide ? avx512::decode_span : avx2::decode_span;
     thread_local CacheLineVector<float> rows, tile, partial;
     rows.resize(size_t(kTileRows * kSpan));
@@ -205,7 +205,7 @@ void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, in
             if (i + kSpan < k)
                 for (size_t line = 0; line < span_bytes; line += 64) __builtin_prefetch(src + span_bytes + line);
             float* dst = rows.data() + r * kSpan;
-            if (!(span == kSpan && decode_span(format, src, dst))) dequantize_row(format, src, dst, span);
+            if (!decode_span(format, src, span, dst)) dequantize_row(format, src, dst, span);
         }
         (wide ? avx512::store_k_major : avx2::store_k_major)(rows.data(), n_rows, span, kSpan, tile.data() + i * kTileRows);
     }

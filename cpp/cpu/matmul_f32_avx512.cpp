@@ -14,7 +14,7 @@ namespace avx512 {
 bool compiled() { return false; }
 void tile_times_tokens(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t) {}
 void store_k_major(const float*, int64_t, int64_t, int64_t, float*) {}
-bool decode_span(Format, const uint8_t*, float*) { return false; }
+bool decode_span(Format, const uint8_t*, int64_t, float*) { return false; }
 }  // namespace avx512
 }  // namespace f32_gemm
 }  // namespace kcap
@@ -148,7 +148,8 @@ void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t
     if (tokens - t >= 1) micro_kernel<1>(tile, k_len, x + t * x_stride, x_stride, out + t * out_stride, out_stride);
 }
 
-bool decode_span(Format format, const uint8_t* block, float* out) {
+bool decode_span(Format format, const uint8_t* block, int64_t n_values, float* out) {
+    if ((format == Format::Q4_K || format == Format::Q5_K || format == Format::Q6_K) && n_values != 256) return false;
     if (format == Format::Q4_K || format == Format::Q5_K) {
         if (format == Format::Q4_K) decode_k4<blocks::BlockQ4_K, false>(block, out);
         else decode_k4<blocks::BlockQ5_K, true>(block, out);
@@ -180,18 +181,18 @@ bool decode_span(Format format, const uint8_t* block, float* out) {
                 }
         return true;
     }
-    if (format == Format::F16) {  // the conversion instruction: exact, as half_to_float (NaNs made quiet)
-        for (int i = 0; i < 256; i += 16)
+    if (format == Format::F16 && n_values % 16 == 0) {  // the conversion instruction: exact, as half_to_float (NaNs made quiet)
+        for (int i = 0; i < n_values; i += 16)
             _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2 * i))));
         return true;
     }
     // Eight 32-value blocks: Q8_0's values times d, Q4_0's nibbles (value i < 16 the low nibble
     // of qs[i], i >= 16 the high nibble of qs[i - 16]) minus 8 times d, MXFP4's nibbles through
     // the doubled E2M1 table times the halved e8m0 scale.
-    if (format == Format::Q8_0 || format == Format::Q4_0 || format == Format::MXFP4) {
+    if ((format == Format::Q8_0 || format == Format::Q4_0 || format == Format::MXFP4) && n_values % 32 == 0) {
         const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
         const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks::kMXFP4DoubledValues));
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < n_values / 32; ++i) {
             float* to = out + 32 * i;
             if (format == Format::Q8_0) {
                 const auto& b = reinterpret_cast<const blocks::BlockQ8_0*>(block)[i];

@@ -22,8 +22,8 @@ bool runs();
 
 // One tile on the calling thread (cpu/matmul.cpp): y[t * y_stride + n] = W[n] . x[t * x_stride ..]
 // (+ bias[n]) for n < n_rows <= kTileRows, t < n_tokens; W is n_rows rows of k elements in
-// `format`, row_bytes apart, each decoded with dequantize_row (whole 256-value spans of the
-// formats decode_span takes with the builds' vector code: the same values).
+// `format`, row_bytes apart, each decoded with dequantize_row (the spans of at most 256 values
+// that decode_span takes with the builds' vector code: the same values).
 void multiply_tile(Format format, const uint8_t* w, int64_t n_rows, int64_t k, const float* x, int64_t x_stride,
                    int64_t n_tokens, const float* bias, float* y, int64_t y_stride);
 
@@ -40,10 +40,11 @@ void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t
 // tile[i * kTileRows + r] = rows[r * row_stride + i] for i < k, r < kTileRows (0 for r >= n_rows):
 // n_rows rows of k floats stored k-major, as tile_times_tokens reads them.
 void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_stride, float* tile);
-// out = the 256 values at block (one Q4_K, Q5_K or Q6_K block, eight Q8_0, Q4_0 or MXFP4 blocks, 256
-// F16 values), dequantize_row's bit for bit (vector code; an F16 signaling NaN comes out quiet);
-// false (nothing written) for other formats, which the caller decodes with dequantize_row.
-bool decode_span(Format format, const uint8_t* block, float* out);
+// out = the n_values <= 256 values at block (256: one Q4_K, Q5_K or Q6_K block; a multiple of 32:
+// that many Q8_0, Q4_0 or MXFP4 values; a multiple of 16: F16 values), dequantize_row's bit for
+// bit (vector code; an F16 signaling NaN comes out quiet); false (nothing written) for other
+// formats and lengths, which the caller decodes with dequantize_row.
+bool decode_span(Format format, const uint8_t* block, int64_t n_values, float* out);
 }  // namespace avx512
 
 namespace avx2 {
@@ -53,7 +54,7 @@ bool compiled();
 void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t x_stride, int64_t tokens, float* out,
                        int64_t out_stride);
 void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_stride, float* tile);
-bool decode_span(Format format, const uint8_t* block, float* out);
+bool decode_span(Format format, const uint8_t* block, int64_t n_values, float* out);
 }  // namespace avx2
 
 }  // namespace f32_gemm

@@ -609,7 +609,8 @@ void test_gemm_f32(const std::string& label) {
         // formats, which take any k, inside a 16-value transpose).
         const int64_t long_k = info.block_elems == 1 ? 261 : (288 + info.block_elems - 1) / info.block_elems * info.block_elems;
         for (const int64_t k : {block, 3 * block, long_k}) {
-            for (const auto& [n_rows, n_tokens] : {std::pair<int64_t, int64_t>{32, 27}, {7, 3}, {19, 12}}) {
+            for (const auto& [n_rows, n_tokens] :
+                 {std::pair<int64_t, int64_t>{32, 27}, {7, 3}, {19, 12}, {32, 13}, {5, 6}, {32, 9}}) {
                 std::vector<float> wf;
                 const std::vector<uint8_t> w = random_matrix(info.format, n_rows, k, rng, wf);
                 std::vector<float> x(size_t(n_tokens * k)), bias(static_cast<size_t>(n_rows));
@@ -643,7 +644,7 @@ void test_gemm_f32_block_decoders() {
     struct Build {
         const char* name;
         bool runs;
-        bool (*decode_span)(Format, const uint8_t*, float*);
+        bool (*decode_span)(Format, const uint8_t*, int64_t, float*);
     };
     const Build builds[] = {
         {"avx512", g::avx512::compiled() && kcap::avx512_kernels_in_use(), g::avx512::decode_span},
@@ -665,14 +666,26 @@ void test_gemm_f32_block_decoders() {
             kcap::dequantize_row(format, row.data(), want.data(), 256 * n_spans);
             bool handled = true;
             for (int64_t i = 0; i < n_spans; ++i)
-                handled &= build.decode_span(format, row.data() + size_t(i) * span_bytes, got.data() + 256 * i);
+                handled &= build.decode_span(format, row.data() + size_t(i) * span_bytes, 256, got.data() + 256 * i);
             check(handled && std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0,
                   std::string(build.name) + " decode_span gives dequantize_row's " + kcap::format_info(format).name +
                       " values bit for bit");
+            // A row's last, shorter span (k = 2880 ends 64 values into one): the 32-value formats
+            // and F16 decode it, the K-quants leave it to dequantize_row (their k is whole blocks).
+            const bool k_quant = kcap::format_info(format).block_elems == 256;
+            for (const int64_t n : {32, 64, 224}) {
+                std::vector<float> part(256, std::nanf(""));
+                const bool took = build.decode_span(format, row.data(), n, part.data());
+                const bool kept_rest = std::isnan(part[size_t(n)]);
+                check(took == !k_quant && (!took || (std::memcmp(want.data(), part.data(), size_t(n) * sizeof(float)) == 0 &&
+                                                     kept_rest)),
+                      std::string(build.name) + " decode_span of " + std::to_string(n) + " " +
+                          kcap::format_info(format).name + " values: " + (k_quant ? "refused" : "dequantize_row's bits"));
+            }
         }
         float out[256];
         const std::vector<uint8_t> q3_k = random_row(Format::Q3_K, 256, rng);
-        check(!build.decode_span(Format::Q3_K, q3_k.data(), out),
+        check(!build.decode_span(Format::Q3_K, q3_k.data(), 256, out),
               std::string(build.name) + " decode_span leaves Q3_K to dequantize_row");
     }
 }
