@@ -185,29 +185,33 @@ bool f32_gemm::runs() { return f32_gemm_avx512() || (f32_gemm::avx2::compiled() 
 void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, int64_t k, const float* x,
                              int64_t x_stride, int64_t n_tokens, const float* bias, float* y, int64_t y_stride) {
     // The rows decoded exactly, then stored k-major (zero rows past n_rows), as the kernel reads them.
-    // A span of 256 values (whole blocks of every format) of each row at a time, so that the decoded
-    // rows stay in L1 until they are stored k-major.
-    constexpr int64_t kSpan = 256;
+    // A span of 256 values (whole blocks of every format) of 16 rows at a time, so that the decoded
+    // rows (16 KB) stay in L1 until they are stored k-major.
+    constexpr int64_t kSpan = 256, kHalf = 16;
     const bool wide = f32_gemm_avx512();
     // The spans of the formats the builds decode with vector code (decode_span).
     const auto decode_span = wide ? avx512::decode_span : avx2::decode_span;
     thread_local CacheLineVector<float> rows, tile, partial;
-    rows.resize(size_t(kTileRows * kSpan));
+    rows.resize(size_t(kHalf * kSpan));
     tile.resize(size_t(kTileRows * k));
     const size_t row_stride = row_bytes(format, k), span_bytes = row_bytes(format, kSpan);
     for (int64_t i = 0; i < k; i += kSpan) {
         const int64_t span = std::min(kSpan, k - i);
         const size_t offset = row_bytes(format, i);
-        for (int64_t r = 0; r < n_rows; ++r) {
-            const uint8_t* src = w + r * row_stride + offset;
-            // The row's next span, read after this span of all 32 rows: 32 short streams, which
-            // the hardware prefetchers leave to miss.
-            if (i + kSpan < k)
-                for (size_t line = 0; line < span_bytes; line += 64) __builtin_prefetch(src + span_bytes + line);
-            float* dst = rows.data() + r * kSpan;
-            if (!decode_span(format, src, span, dst)) dequantize_row(format, src, dst, span);
+        for (int64_t r0 = 0; r0 < kTileRows; r0 += kHalf) {
+            const int64_t half_rows = std::max<int64_t>(0, std::min(kHalf, n_rows - r0));
+            for (int64_t r = 0; r < half_rows; ++r) {
+                const uint8_t* src = w + (r0 + r) * row_stride + offset;
+                // The row's next span, read after this span of all 32 rows: 32 short streams,
+                // which the hardware prefetchers leave to miss.
+                if (i + kSpan < k)
+                    for (size_t line = 0; line < span_bytes; line += 64) __builtin_prefetch(src + span_bytes + line);
+                float* dst = rows.data() + r * kSpan;
+                if (!decode_span(format, src, span, dst)) dequantize_row(format, src, dst, span);
+            }
+            (wide ? avx512::store_k_major : avx2::store_k_major)(rows.data(), half_rows, span, kSpan,
+                                                                 tile.data() + i * kTileRows + r0);
         }
-        (wide ? avx512::store_k_major : avx2::store_k_major)(rows.data(), n_rows, span, kSpan, tile.data() + i * kTileRows);
     }
     const auto times_tokens = wide ? avx512::tile_times_tokens : avx2::tile_times_tokens;
     if (n_rows == kTileRows) {

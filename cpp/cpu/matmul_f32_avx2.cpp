@@ -127,7 +127,7 @@ void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_str
     // permute2f128 puts each column's 8 rows together.
     int64_t i = 0;
     for (; i + 8 <= k; i += 8) {
-        for (int64_t r0 = 0; r0 < kTileRows; r0 += 8) {
+        for (int64_t r0 = 0; r0 < 16; r0 += 8) {
             __m256 r[8], t[8], u[8];
 #pragma GCC unroll 8
             for (int j = 0; j < 8; ++j)
@@ -152,7 +152,7 @@ void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_str
         }
     }
     for (; i < k; ++i)
-        for (int64_t r = 0; r < kTileRows; ++r) tile[i * kTileRows + r] = r < n_rows ? rows[r * row_stride + i] : 0.0f;
+        for (int64_t r = 0; r < 16; ++r) tile[i * kTileRows + r] = r < n_rows ? rows[r * row_stride + i] : 0.0f;
 }
 
 bool decode_span(Format format, const uint8_t* block, int64_t n_values, float* out) {

@@ -102,40 +102,38 @@ void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_str
     // lanes (shuffle_f32x4) gives each column's 16 rows.
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {
-        for (int64_t r0 = 0; r0 < kTileRows; r0 += 16) {
-            __m512 r[16], a[16], b[16];
+        __m512 r[16], a[16], b[16];
 #pragma GCC unroll 16
-            for (int j = 0; j < 16; ++j)
-                r[j] = r0 + j < n_rows ? _mm512_loadu_ps(rows + (r0 + j) * row_stride + i) : _mm512_setzero_ps();
+        for (int j = 0; j < 16; ++j)
+            r[j] = j < n_rows ? _mm512_loadu_ps(rows + j * row_stride + i) : _mm512_setzero_ps();
 #pragma GCC unroll 16
-            for (int j = 0; j < 8; ++j) {
-                a[2 * j] = _mm512_unpacklo_ps(r[2 * j], r[2 * j + 1]);
-                a[2 * j + 1] = _mm512_unpackhi_ps(r[2 * j], r[2 * j + 1]);
-            }
+        for (int j = 0; j < 8; ++j) {
+            a[2 * j] = _mm512_unpacklo_ps(r[2 * j], r[2 * j + 1]);
+            a[2 * j + 1] = _mm512_unpackhi_ps(r[2 * j], r[2 * j + 1]);
+        }
 #pragma GCC unroll 16
-            for (int j = 0; j < 4; ++j) {
-                const __m512d lo0 = _mm512_castps_pd(a[4 * j]), lo1 = _mm512_castps_pd(a[4 * j + 2]);
-                const __m512d hi0 = _mm512_castps_pd(a[4 * j + 1]), hi1 = _mm512_castps_pd(a[4 * j + 3]);
-                b[4 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, lo1));
-                b[4 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, lo1));
-                b[4 * j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi0, hi1));
-                b[4 * j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi0, hi1));
-            }
+        for (int j = 0; j < 4; ++j) {
+            const __m512d lo0 = _mm512_castps_pd(a[4 * j]), lo1 = _mm512_castps_pd(a[4 * j + 2]);
+            const __m512d hi0 = _mm512_castps_pd(a[4 * j + 1]), hi1 = _mm512_castps_pd(a[4 * j + 3]);
+            b[4 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, lo1));
+            b[4 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, lo1));
+            b[4 * j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi0, hi1));
+            b[4 * j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi0, hi1));
+        }
 #pragma GCC unroll 16
-            for (int c = 0; c < 4; ++c) {
-                const __m512 t0 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x44), t1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xee);
-                const __m512 t2 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x44);
-                const __m512 t3 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xee);
-                float* column = tile + (i + c) * kTileRows + r0;  // column 4L + c is k = i + 4L + c
-                _mm512_storeu_ps(column, _mm512_shuffle_f32x4(t0, t2, 0x88));
-                _mm512_storeu_ps(column + 4 * kTileRows, _mm512_shuffle_f32x4(t0, t2, 0xdd));
-                _mm512_storeu_ps(column + 8 * kTileRows, _mm512_shuffle_f32x4(t1, t3, 0x88));
-                _mm512_storeu_ps(column + 12 * kTileRows, _mm512_shuffle_f32x4(t1, t3, 0xdd));
-            }
+        for (int c = 0; c < 4; ++c) {
+            const __m512 t0 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x44), t1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xee);
+            const __m512 t2 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x44);
+            const __m512 t3 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xee);
+            float* column = tile + (i + c) * kTileRows;  // column 4L + c is k = i + 4L + c
+            _mm512_storeu_ps(column, _mm512_shuffle_f32x4(t0, t2, 0x88));
+            _mm512_storeu_ps(column + 4 * kTileRows, _mm512_shuffle_f32x4(t0, t2, 0xdd));
+            _mm512_storeu_ps(column + 8 * kTileRows, _mm512_shuffle_f32x4(t1, t3, 0x88));
+            _mm512_storeu_ps(column + 12 * kTileRows, _mm512_shuffle_f32x4(t1, t3, 0xdd));
         }
     }
     for (; i < k; ++i)
-        for (int64_t r = 0; r < kTileRows; ++r) tile[i * kTileRows + r] = r < n_rows ? rows[r * row_stride + i] : 0.0f;
+        for (int64_t r = 0; r < 16; ++r) tile[i * kTileRows + r] = r < n_rows ? rows[r * row_stride + i] : 0.0f;
 }
 
 void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t x_stride, int64_t tokens, float* out,

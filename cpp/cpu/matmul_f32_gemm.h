@@ -37,8 +37,8 @@ bool compiled();
 // r < kTileRows, t < tokens. Only where avx512_kernels_in_use().
 void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t x_stride, int64_t tokens, float* out,
                        int64_t out_stride);
-// tile[i * kTileRows + r] = rows[r * row_stride + i] for i < k, r < kTileRows (0 for r >= n_rows):
-// n_rows rows of k floats stored k-major, as tile_times_tokens reads them.
+// tile[i * kTileRows + r] = rows[r * row_stride + i] for i < k, r < 16 (0 for r >= n_rows): 16 of
+// the tile's rows (n_rows <= 16 of them given) stored k-major, as tile_times_tokens reads them.
 void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_stride, float* tile);
 // out = the n_values <= 256 values at block (256: one Q4_K, Q5_K or Q6_K block; a multiple of 32:
 // that many Q8_0, Q4_0 or MXFP4 values; a multiple of 16: F16 values), dequantize_row's bit for
