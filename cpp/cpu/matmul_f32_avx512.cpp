@@ -39,15 +39,18 @@ template <int kTokens>
 void micro_kernel(const float* tile, int64_t k_len, const float* x, int64_t x_stride, float* out,
                   int64_t out_stride) {
     __m512 acc[2][kTokens];
+#pragma GCC unroll 16
     for (int t = 0; t < kTokens; ++t) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
     for (int64_t k = 0; k < k_len; ++k) {
         const __m512 w0 = _mm512_loadu_ps(tile + k * kTileRows), w1 = _mm512_loadu_ps(tile + k * kTileRows + 16);
+#pragma GCC unroll 16
         for (int t = 0; t < kTokens; ++t) {
             const __m512 b = _mm512_set1_ps(x[t * x_stride + k]);
             acc[0][t] = _mm512_fmadd_ps(w0, b, acc[0][t]);
             acc[1][t] = _mm512_fmadd_ps(w1, b, acc[1][t]);
         }
     }
+#pragma GCC unroll 16
     for (int t = 0; t < kTokens; ++t) {
         _mm512_storeu_ps(out + t * out_stride, acc[0][t]);
         _mm512_storeu_ps(out + t * out_stride + 16, acc[1][t]);
