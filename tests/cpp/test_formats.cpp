@@ -18,6 +18,7 @@
 #include "core/formats_dot_paths.h"
 #include "cpu/matmul_f32_gemm.h"
 #include "cpu/matmul_q8_pack.h"
+#include "cpu/scratch.h"
 #include "cpu/thread_pool.h"
 #include "kcap/errors.h"
 #include "kcap/formats.h"
@@ -690,6 +691,22 @@ void test_gemm_f32_block_decoders() {
     }
 }
 
+// The GEMMs' scratch (CacheLineVector) starts on a 64-byte boundary at every size and after it
+// grows, so no 64-byte access of a tile straddles two cache lines.
+void test_scratch_alignment() {
+    bool aligned = true;
+    kcap::CacheLineVector<float> grown;
+    for (const size_t n : {size_t(1), size_t(17), size_t(1000), size_t(100000), size_t(3000000)}) {
+        const kcap::CacheLineVector<uint8_t> bytes(n);
+        const kcap::CacheLineVector<float> floats(n);
+        grown.resize(grown.size() + n);
+        for (const void* p : {static_cast<const void*>(bytes.data()), static_cast<const void*>(floats.data()),
+                              static_cast<const void*>(grown.data())})
+            aligned &= reinterpret_cast<uintptr_t>(p) % 64 == 0;
+    }
+    check(aligned, "CacheLineVector data starts on 64-byte boundaries");
+}
+
 // The AVX-512 and AVX2 builds of the f32 GEMM form every output by the same FMA chain over k, so
 // they agree bit for bit (where the CPU runs both: capped at avx2 for the second).
 void test_gemm_f32_builds_agree() {
@@ -872,6 +889,7 @@ int main() {
     test_dot_against_dequantize("kcap::dot_row", kcap::dot_row);
     test_gemm_f32_builds_agree();
     test_gemm_f32_block_decoders();
+    test_scratch_alignment();
     test_gemm_q8_vector_packing();
     test_gemm_q8_builds_agree();
     test_cpu_kernel_caps();
