@@ -295,10 +295,16 @@ float dot_mxfp4(const BlockMXFP4* blocks, X x, int64_t n_blocks) {
 #if KCAP_DOT_WIDE
     if constexpr (kF32Tables<X>) {
         const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(doubled_values));
-        for (int64_t b = 0; b < n_blocks; ++b) {
-            const __m512 weights =
-                _mm512_fmadd_ps(values, _mm512_set1_ps(mxfp4_half_scale(blocks[b].e)), _mm512_setzero_ps());
-            accumulate_legacy(blocks[b].qs, weights, x + kQK * b, acc);
+        alignas(64) float scales[16];
+        for (int64_t b0 = 0; b0 < n_blocks; b0 += 16) {
+            const int64_t n = n_blocks - b0 < 16 ? n_blocks - b0 : 16;
+            for (int64_t i = 0; i < n; ++i) scales[i] = mxfp4_half_scale(blocks[b0 + i].e);
+            from_memory(scales);
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t b = b0 + i;
+                const __m512 weights = _mm512_fmadd_ps(values, _mm512_set1_ps(scales[i]), _mm512_setzero_ps());
+                accumulate_legacy(blocks[b].qs, weights, x + kQK * b, acc);
+            }
         }
         return acc.total();
     }
