@@ -22,7 +22,8 @@
 //   acc += d_x * sum over the run's sub-blocks of (scale * T + offset * sum q)
 // per (token, row) in f32. Bound as the matvec's: the integer sums are exact, the f32 epilogue
 // adds a few roundings per sub-block (test_cuda_rows holds both to the exact rows' 1e-5 against
-// the CPU row on q8_1(x)).
+// the CPU row on q8_1(x)). A plain launch of short grid takes each tile as two groups over the
+// two halves of K, whose sums add into the zeroed outputs (split_k_zero, cuda/mma_tiles.h).
 #include <algorithm>
 #include <cstddef>
 #include <type_traits>
@@ -215,8 +216,14 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
     const bool row_valid = row_base + dr < p.n;
     const kcap_u8* wrow = w + kcap_u64(row_valid ? row_base + dr : 0) * p.row_bytes;
     const kcap_u8* w_end = w + kcap_u64(p.n) * p.row_bytes;
-    const int steps = (p.k + kStepK - 1) / kStepK;
-    const int chunks = (p.k + R::k - 1) / R::k;
+    // Split K (grid z of 2, plain tiles only: split_k_zero in mma_tiles.h): this group's chunks
+    // [c_begin, c_end) and their steps [s_begin, steps); its partial sums are added into y.
+    const int all_chunks = (p.k + R::k - 1) / R::k;
+    const int splits = int(gridDim.z), per_split = (all_chunks + splits - 1) / splits;
+    const int c_begin = min(all_chunks, int(blockIdx.z) * per_split), c_end = min(all_chunks, c_begin + per_split);
+    const int s_begin = c_begin * kStepsPerChunk;
+    const int steps = min((p.k + kStepK - 1) / kStepK, c_end * kStepsPerChunk);  // one past the last step
+    const int chunks = c_end;
     // GROUPED: the x row of a tile row is its source token (-1: padding; the down tiles, whose
     // x rows are the sorted rows themselves, have no x_rows), looked up once.
     const auto x_row = [&](int token) { return token < p.m ? (group.x_rows ? group.x_rows[token] : token) : -1; };
@@ -411,18 +418,18 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
     // (one-step chunks) step s + 2's chunk, then one barrier; then step s + 2's activations go to
     // the tiles step s just freed, and where step s + 2 starts a chunk, the chunk after it to the
     // raw buffer whose last step was just decoded.
-    load_ahead(0);
-    stage(0);
+    load_ahead(s_begin);
+    stage(c_begin);
     cp_async_commit();
-    copy_x(0);
+    copy_x(s_begin);
     cp_async_commit();
-    stage(1);
+    stage(c_begin + 1);
     cp_async_commit();
-    cp_async_wait<2>();  // this thread's copies of chunk 0
+    cp_async_wait<2>();  // this thread's copies of chunk c_begin
     __syncthreads();
-    for (int s = -1; s < steps; ++s) {
+    for (int s = s_begin - 1; s < steps; ++s) {
         if (s + 1 < steps) decode(s + 1);
-        if (s >= 0) products(s);
+        if (s >= s_begin) products(s);
         if (s + 1 == steps) break;  // uniform: no copies left to wait for
         cp_async_wait<kPendingGroups>();
         __syncthreads();  // step s + 1's tiles visible; step s's no longer read
@@ -435,6 +442,11 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
     const float* bias = mma_group_pick(group.bias, which);
     // The grouped tiles leave their padding rows unwritten: nothing reads them (the gated
     // activation writes zeros for them, the weighted sum reads the slots' rows).
+    if (!GROUPED && splits > 1) {
+        store_tile_add(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, blockIdx.z == 0 ? bias : nullptr,
+                       mma_group_pick(group.y, which));
+        return;
+    }
     store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, GROUPED && bias ? bias + bias_offset : bias,
                mma_group_pick(group.y, which), GROUPED ? group.live_rows : nullptr);
 }
@@ -471,7 +483,9 @@ template <class F, bool STAGED, int TOKENS, bool GROUPED>
 void launch_mma_q8(const Context& ctx, const MmaGroup& g, const Q8Rows& x) {
     constexpr size_t bytes = q8_tile_shared_bytes<F, TOKENS>(STAGED);
     allow_dynamic_shared<mma_q8_kernel<F, STAGED, TOKENS, GROUPED>>(ctx, bytes);
-    launch(ctx, mma_q8_kernel<F, STAGED, TOKENS, GROUPED>, mma_group_grid(g, TOKENS), dim3(kMmaThreads), bytes, g, x);
+    dim3 grid = mma_group_grid(g, TOKENS);
+    if (!GROUPED) grid.z = unsigned(split_k_zero(ctx, g, int(grid.x), kQ8GroupsPerSm<F, TOKENS>, TOKENS, RawChunk<F>::k));
+    launch(ctx, mma_q8_kernel<F, STAGED, TOKENS, GROUPED>, grid, dim3(kMmaThreads), bytes, g, x);
 }
 
 template <class F, int TOKENS, bool GROUPED = false>
@@ -495,7 +509,9 @@ template <class F0, class F1, bool STAGED>
 void launch_mma_q8_pair(const Context& ctx, const MmaGroup& g0, const MmaGroup& g1, const Q8Rows& x) {
     constexpr size_t bytes = std::max(q8_tile_shared_bytes<F0, 64>(STAGED), q8_tile_shared_bytes<F1, 64>(STAGED));
     allow_dynamic_shared<mma_q8_pair_kernel<F0, F1, STAGED>>(ctx, bytes);
-    const dim3 grid(unsigned(g0.tiles_end[g0.count - 1] + g1.tiles_end[g1.count - 1]), unsigned(ceil_div(g0.p[0].m, 64)));
+    dim3 grid(unsigned(g0.tiles_end[g0.count - 1] + g1.tiles_end[g1.count - 1]), unsigned(ceil_div(g0.p[0].m, 64)));
+    grid.z = unsigned(split_k_zero(ctx, g0, int(grid.x), 2, 64, std::max(RawChunk<F0>::k, RawChunk<F1>::k)));
+    if (grid.z > 1) split_k_zero_outputs(ctx, g1);
     launch(ctx, mma_q8_pair_kernel<F0, F1, STAGED>, grid, dim3(kMmaThreads), bytes, g0, g1, x);
 }
 
@@ -503,7 +519,8 @@ void launch_mma_q8_pair(const Context& ctx, const MmaGroup& g0, const MmaGroup& 
 template <class F0, class F1>
 bool mma_q8_pair(const Context& ctx, const MmaGroup& g0, const MmaGroup& g1, const Q8Rows& x) {
     constexpr size_t staged_bytes = std::max(q8_tile_shared_bytes<F0, 64>(true), q8_tile_shared_bytes<F1, 64>(true));
-    if (use_staged(ctx, g0.p[0], staged_bytes)) launch_mma_q8_pair<F0, F1, true>(ctx, g0, g1, x);
+    if (use_staged(ctx, g0.p[0], staged_bytes, std::max(staged_min_k<F0>(false), staged_min_k<F1>(false))))
+        launch_mma_q8_pair<F0, F1, true>(ctx, g0, g1, x);
     else launch_mma_q8_pair<F0, F1, false>(ctx, g0, g1, x);
     return true;
 }

@@ -278,6 +278,28 @@ __device__ __forceinline__ void store_tile(const float (&acc)[MT][kNt][4], const
         }
 }
 
+// store_tile's outputs added into y (atomically: a split-K launch's two partial sums into the
+// y its launcher zeroed, split_k_zero), the bias by the first half's groups (given bias).
+template <int MT>
+__device__ __forceinline__ void store_tile_add(const float (&acc)[MT][kNt][4], const KcapMatmulParams& p, int token0,
+                                               int row0, int lane, const float* bias, float* y) {
+    const int g = lane >> 2, tg = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int token = token0 + 16 * mt + g + 8 * h;
+            if (token >= p.m) continue;
+#pragma unroll
+            for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+                for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                    const int row = row0 + 8 * nt + 2 * tg + (e & 1);
+                    if (row < p.n) atomicAdd(&y[kcap_u64(token) * p.n + row], p.has_bias && bias ? acc[mt][nt][e] + bias[row] : acc[mt][nt][e]);
+                }
+        }
+}
+
 // Up to three matrices of one format on the same x (qkv's, gate_up's) in one launch: the grid's
 // row tiles run through the matrices in turn, so a small matrix (K, V: 8 row tiles of 128 rows
 // against 132 multiprocessors) shares its wave with the others, and a grid's last, partial wave
@@ -340,6 +362,35 @@ __device__ __forceinline__ T mma_group_pick(const T (&v)[3], int which) {
     return which == 0 ? v[0] : which == 1 ? v[1] : v[2];
 }
 
+// Split K (the int8 tiles, matmul_q8.cu): a plain launch whose row tiles would fill less than
+// two waves of the device at kSplitKRefTokens tokens, on K of at least kSplitKMinChunks chunks,
+// runs each tile as two groups over the two halves of K's chunks (grid z), which add their
+// partial sums into the outputs, zeroed first (cudaMemsetAsync). Two addends onto zero give the
+// same bits in either order, so the result does not depend on which group adds first; it
+// depends on the stage's shape and the device only, never on the call's token count. Qwen3's
+// qkv (40 row tiles, 320 groups at 512 tokens: 1.21 waves of 2 x 132) and output projection
+// (16 row tiles: 0.48 waves, one group per multiprocessor) were the short grids. Measured on an
+// H100 (pp512 q8_1, 12-layer slices, bench/results/cuda_h100_split_k.txt): Qwen3-30B-A3B 46,692
+// -> 49,879 tok/s (with the K-quant tiles staged from K 2048: 52,156), Gemma 3 270M 97,407 ->
+// 117,964, gpt-oss-20b 26,785 -> 27,209, Llama-3-8B (8 layers) 33,137 -> 33,386.
+constexpr int kSplitKRefTokens = 512;
+constexpr int kSplitKMinChunks = 8;
+
+inline void split_k_zero_outputs(const Context& ctx, const MmaGroup& g) {
+    for (int i = 0; i < g.count; ++i)
+        KCAP_CUDA_CHECK(cudaMemsetAsync(g.y[i], 0, size_t(g.p[i].m) * size_t(g.p[i].n) * sizeof(float), ctx.stream));
+}
+
+// The split (1 or 2) of a launch of g (with row_tiles row tiles in all, groups_per_sm of its
+// groups per multiprocessor, chunks of chunk_k values); where 2, g's outputs are zeroed.
+inline int split_k_zero(const Context& ctx, const MmaGroup& g, int row_tiles, int groups_per_sm, int tokens,
+                        int chunk_k) {
+    const int64_t groups = int64_t(row_tiles) * (kSplitKRefTokens / tokens);
+    if (g.tile_expert || groups >= 2LL * groups_per_sm * ctx.sm_count || g.p[0].k / chunk_k < kSplitKMinChunks) return 1;
+    split_k_zero_outputs(ctx, g);
+    return 2;
+}
+
 // qkv's matrices (a batch's QkvParams: three, or a latent attention's pair) grouped by format,
 // in order of first appearance: one group for Q, K and V of one format, two or three for a mix.
 struct MmaFormatGroups {
@@ -385,6 +436,13 @@ constexpr int64_t kStagedMinK = 4096;
 // 32,312 tok/s exact, 42,367 -> 47,874 q8_1, 56,250 -> 60,365 bf16; gpt-oss-20b (MXFP4 at 2880)
 // 15,589 -> 14,069, 23,895 -> 21,665, 27,239 -> 22,545.
 constexpr int64_t kMoeStagedMinK = 0;
+// The plain tiles of those formats (256-value chunks) stage from K 2048 (not kStagedMinK): the
+// next chunk's copies have four steps to land there too. Measured on an H100 (pp512, 12-layer
+// slices, q8_1; bench/results/cuda_h100_split_k.txt): Qwen3-30B-A3B's Q4_K / Q6_K qkv at K 2048
+// 46,692 -> 49,155 tok/s, Gemma 3 270M's Q4_K / Q6_K down at K 2048 97,407 -> 102,973; the
+// split-bf16 tiles (exact mode) within the spread (34,046 -> 34,257 and 98,547 -> 98,816). The
+// 32-value formats stay at kStagedMinK: gpt-oss-20b's Q8_0 q, k and v staged at K 2880 lost 4%.
+constexpr int64_t kStagedMinKLongChunks = 2048;
 
 inline bool use_staged(const Context& ctx, const KcapMatmulParams& p, size_t shared_bytes, int64_t min_k = kStagedMinK) {
     return shared_bytes <= size_t(shared_optin_bytes(ctx.device)) && p.k >= min_k;
@@ -392,10 +450,15 @@ inline bool use_staged(const Context& ctx, const KcapMatmulParams& p, size_t sha
 
 // Runs launch(group, staged) once for all the matrices of g (of format F); staged as use_staged
 // decides for a kernel of staged_shared_bytes (the members share k, so one answer serves all).
+// The K from which a launch of format F's tiles stages its weights (GROUPED: the grouped
+// experts' tiles).
+template <class F>
+constexpr int64_t staged_min_k(bool grouped) {
+    return RawChunk<F>::k > kStepK ? (grouped ? kMoeStagedMinK : kStagedMinKLongChunks) : kStagedMinK;
+}
 template <class F, class Launch>
 void launch_mma_group(const Context& ctx, const MmaGroup& g, size_t staged_shared_bytes, Launch&& launch) {
-    const bool grouped_long_chunks = g.tile_expert != nullptr && RawChunk<F>::k > kStepK;
-    launch(g, use_staged(ctx, g.p[0], staged_shared_bytes, grouped_long_chunks ? kMoeStagedMinK : kStagedMinK));
+    launch(g, use_staged(ctx, g.p[0], staged_shared_bytes, staged_min_k<F>(g.tile_expert != nullptr)));
 }
 
 // Dynamic shared memory (the bf16 kernel's raw double buffer, with its static tiles over 48 KB

@@ -45,6 +45,7 @@
 //   the plan asks (kSharedExpertSum).
 //   cuda.moe_shared_gate     out = in + sigmoid(w . x) * shared, one group per token.
 #include <algorithm>
+#include <type_traits>
 
 #include <cooperative_groups.h>
 
@@ -255,10 +256,10 @@ __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
                                         act, q8_shared, gate_bias, up_bias);
 }
 
-// The groups per multiprocessor its registers must allow: moe_q8_down_min_groups(ROWS) (the
-// short rows' teams: kMoeQ8ShortDownGroups; 0, no minimum, compiles as no second bound).
-template <class F, int ROWS, bool TEAMS>
-__global__ void __launch_bounds__(kMatvecQ8Simds * 32, moe_q8_down_min_groups(ROWS))
+// The groups per multiprocessor its registers must allow: MIN_GROUPS (the short rows' teams:
+// kMoeQ8ShortDownGroups; 0, no minimum, compiles as no second bound).
+template <class F, int ROWS, bool TEAMS, int MIN_GROUPS>
+__global__ void __launch_bounds__(kMatvecQ8Simds * 32, MIN_GROUPS)
     experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* down, const float* routing, const float* act, float* out,
                            const float* down_bias) {
@@ -365,7 +366,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 }
 
 // The down matvec of every slot (Q8: on q8_1 of the activations, dp4a).
-template <bool Q8, class F, int ROWS>
+template <bool Q8, class F, int ROWS, int MIN_GROUPS = 0>
 void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
                               const float* routing, unsigned slots, const float* down_bias) {
     constexpr int kMinLanes = Q8 ? kMoeQ8MatvecMinLanes : kMoeMatvecMinLanes;
@@ -382,7 +383,7 @@ void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const Kcap
                    static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
         };
         if constexpr (Q8)
-            run(experts_down_q8_kernel<F, ROWS, TEAMS>);
+            run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>);
         else
             run(experts_down_kernel<F, ROWS, TEAMS>);
     });
@@ -393,8 +394,10 @@ template <bool Q8, class F>
 void launch_experts_down_of(const Context& ctx, const KcapMatmulParams& p, const KcapMoeParams& moe, const kcap_u8* down,
                             const float* routing, unsigned slots, const float* down_bias) {
     if constexpr (Q8) {
+        constexpr int kShortRows = std::is_same<F, KcapQ6_K>::value ? kMoeQ8ShortDownRowsQ6_K : kMoeQ8ShortDownRows;
         if (moe_q8_short_down(q8_units_per_row<F>(p.k)))
-            return launch_experts_down_rows<true, F, kMoeQ8ShortDownRows>(ctx, p, moe, down, routing, slots, down_bias);
+            return launch_experts_down_rows<true, F, kShortRows, kMoeQ8ShortDownGroups>(ctx, p, moe, down, routing, slots,
+                                                                                     down_bias);
         return launch_experts_down_rows<true, F, kMoeQ8DownRows>(ctx, p, moe, down, routing, slots, down_bias);
     } else {
         return launch_experts_down_rows<false, F, kMatvecRows>(ctx, p, moe, down, routing, slots, down_bias);

@@ -167,10 +167,14 @@ constexpr int kMoeQ8DownRows = 1;
 // 1,259 tok/s; 2 rows with 3 or 4 groups per multiprocessor (spilling) 1,151 and 1,000. The
 // longer rows of gpt-oss-20b (MXFP4, 2,880: 90 units) and DeepSeek-V2-Lite (Q8_0, 1,408: 44)
 // keep one row (with four rows: 830 -> 808 and 1,130 -> 1,114 tok/s).
+// Q6_K's short rows (its 12 units a row of Qwen3's down) take two rows per team: with four, its
+// kernel spilled 124 bytes at 64 registers. Measured on an H100 (tg128 q8_1, Qwen3-30B-A3B's
+// 12-layer slice, bench/results/cuda_h100_split_k.txt): 4 rows 1,267.5 tok/s, 2 rows 1,294.6, 4
+// rows at one group per multiprocessor (no spills) 1,295.0, 2 rows without a minimum 1,288.9.
 constexpr int kMoeQ8ShortDownRows = 4;
+constexpr int kMoeQ8ShortDownRowsQ6_K = 2;
 constexpr int kMoeQ8ShortDownGroups = 2;
 constexpr bool moe_q8_short_down(long long units) { return units < 32; }
-constexpr int moe_q8_down_min_groups(int rows) { return rows == kMoeQ8ShortDownRows ? kMoeQ8ShortDownGroups : 0; }
 constexpr int matvec_q8_shared_words(long long k, int rows = kMatvecRows) {
     return int((k / 32 < kMatvecQ8ChunkRuns ? k / 32 : kMatvecQ8ChunkRuns) * 13 + kMatvecQ8Simds * rows * 2);
 }
