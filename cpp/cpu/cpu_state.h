@@ -76,18 +76,15 @@ inline void add_scaled(float* out, const float* v, float w, int64_t n) {
     for (; i < n; ++i) out[i] += w * v[i];
 }
 
-// exp(x) for x <= 0 (a softmax's scores less their maximum), written so that a loop of it
-// vectorizes (std::exp is a library call per value): x = k ln 2 + r with k an integer and
-// |r| <= ln 2 / 2 (ln 2 in two parts, the first with few bits so that k times it is exact),
-// exp(r) by Cephes' expf polynomial, times 2^k built in the exponent bits. Within 2 ulp of exp
-// (tests/cpp/test_attention.cpp). Below -87 (exp < 2^-125.5, under a softmax's largest weight 1
-// by that much) it gives 0; NaN stays NaN.
-inline float exp_nonpositive(float x) {
-    const bool in_range = x >= -87.0f;  // false for NaN too
-    const float xc = in_range ? x : 0.0f;
-    const float round = 12582912.0f;    // 1.5 * 2^23: adding it rounds to an integer
-    const float k = (xc * 1.44269504088896341f + round) - round;
-    const float r = (xc - k * 0.693359375f) - k * -2.12194440e-4f;
+// e^x for x in [-87, 88] (unchecked), written so that a loop of it vectorizes (std::exp is a
+// library call per value): x = k ln 2 + r with k an integer and |r| <= ln 2 / 2 (ln 2 in two
+// parts, the first with few bits so that k times it is exact), e^r by Cephes' expf polynomial,
+// times 2^k built in the exponent bits (k in [-126, 127]: a normal power of two). Within 2 ulp
+// of e^x (tests/cpp/test_attention.cpp, tests/cpp/test_activation.cpp).
+inline float exp_in_range(float x) {
+    const float round = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+    const float k = (x * 1.44269504088896341f + round) - round;
+    const float r = (x - k * 0.693359375f) - k * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -95,10 +92,25 @@ inline float exp_nonpositive(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     const float y = p * r * r + r + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;  // k in [-126, 0]: a normal power of two
+    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
     float power;
     std::memcpy(&power, &bits, sizeof power);
-    return in_range ? y * power : (x != x ? x : 0.0f);
+    return y * power;
+}
+
+// exp(x) for x <= 0 (a softmax's scores less their maximum). Below -87 (exp < 2^-125.5, under a
+// softmax's largest weight 1 by that much) it gives 0; NaN stays NaN.
+inline float exp_nonpositive(float x) {
+    const bool in_range = x >= -87.0f;  // false for NaN too
+    const float v = exp_in_range(in_range ? x : 0.0f);
+    return in_range ? v : (x != x ? x : 0.0f);
+}
+
+// e^x with x clamped to [-87, 88] (the activations' sigmoids): it never overflows or leaves the
+// normal range (e^-87 is 1.6e-38: what it adds to 1 is nothing); NaN stays NaN.
+inline float exp_clamped(float x) {
+    const float v = exp_in_range(x >= -87.0f ? (x <= 88.0f ? x : 88.0f) : -87.0f);
+    return x != x ? x : v;
 }
 
 // v[i] = exp_nonpositive(v[i] - shift) for i < n; returns their sum (in double, in 8 lanes).
@@ -148,14 +160,23 @@ inline std::vector<float> rope_cos_sin(const StageParams& p, const float* factor
     return out;
 }
 
-// The activation functions of FFNs and per-layer gates, shared by every CPU row that applies one.
+// tanh(y) = sign(y) (1 - t) / (1 + t) with t = e^-2|y|: within about 1e-7 of tanh(y) (absolute;
+// 1 - t cancels near 0, where GELU adds the result to 1).
+inline float tanh_clamped(float y) {
+    const float t = exp_clamped(-2.0f * std::fabs(y));
+    return std::copysign((1.0f - t) / (1.0f + t), y);
+}
+
+// The activation functions of FFNs and per-layer gates, shared by every CPU row that applies one:
+// SiLU as x / (1 + e^-x) and GELU's tanh form as 0.5 x (1 + tanh(y)), the formulas PyTorch
+// evaluates in f32 (GELU as x * sigmoid(2y) would be closer to the real function where tanh(y)
+// nears -1, and so farther from the models' reference).
 inline float apply_activation(Activation activation, float x) {
     switch (activation) {
-        case Activation::SiLU: return x / (1.0f + std::exp(-x));
+        case Activation::SiLU: return x / (1.0f + exp_clamped(-x));
         case Activation::GeluTanh: {
-            // tanh saturates without overflow in libm, so no clamp is needed on the CPU.
             constexpr float kSqrt2OverPi = 0.7978845608028654f;
-            return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+            return 0.5f * x * (1.0f + tanh_clamped(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
         }
         case Activation::GeluErf: return 0.5f * x * (1.0f + std::erf(x * 0.7071067811865476f));
         case Activation::ReLU: return x > 0.0f ? x : 0.0f;
@@ -170,9 +191,14 @@ inline float gated_activation(Activation activation, float gate, float up, float
     if (activation == Activation::SwigluOai) {
         const float g = std::min(gate, limit);
         const float u = std::min(std::max(up, -limit), limit);
-        return (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+        return (u + 1.0f) * (g / (1.0f + exp_clamped(-alpha * g)));
     }
     return apply_activation(activation, gate) * up;
 }
+
+// out[i] = act(gate[i]) * up[i] (up null: act(gate[i])) for i < n, one loop per activation so
+// that each vectorizes (cpu/activation.cpp).
+void activate_span(Activation activation, const float* gate, const float* up, float* out, int64_t n, float alpha,
+                   float limit);
 
 }  // namespace kcap

@@ -295,8 +295,8 @@ void moe_experts_tiles(const Stage& stage, const KernelCall& call, const ExpertO
         }
     });
     pool.parallel_for(n_slots, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin * e.ff; i < end * e.ff; ++i)
-            gate[size_t(i)] = gated_activation(p.activation, gate[size_t(i)], up[size_t(i)], p.swiglu_alpha, p.swiglu_limit);
+        float* g = gate.data() + begin * e.ff;
+        activate_span(p.activation, g, up.data() + begin * e.ff, g, (end - begin) * e.ff, p.swiglu_alpha, p.swiglu_limit);
     });
     if constexpr (Q8) {
         aq.pack(gate.data(), n_slots, e.ff, pool);
