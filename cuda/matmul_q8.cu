@@ -443,8 +443,8 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
     // The grouped tiles leave their padding rows unwritten: nothing reads them (the gated
     // activation writes zeros for them, the weighted sum reads the slots' rows).
     if (!GROUPED && splits > 1) {
-        store_tile_add(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, blockIdx.z == 0 ? bias : nullptr,
-                       mma_group_pick(group.y, which));
+        store_tile<kMtQ8, true>(acc, p, token_base + warp_tokens, row_base + warp_rows, lane,
+                                blockIdx.z == 0 ? bias : nullptr, mma_group_pick(group.y, which));
         return;
     }
     store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, GROUPED && bias ? bias + bias_offset : bias,

@@ -256,7 +256,9 @@ __device__ __forceinline__ kcap_u32 run_ahead_load(const kcap_u8* at, bool in, k
 // A warp's outputs (C fragments: [mt][nt][0], [1] at token g, rows 2tg, 2tg + 1; [2], [3] at
 // token g + 8) from its first token and row, plus the bias, where token < m and row < n (and,
 // given live_rows, where live_rows[token] >= 0: the grouped tiles' padding rows are left unwritten).
-template <int MT>
+// ADD: added into y (atomically: a split-K launch's two partial sums into the y its launcher
+// zeroed, split_k_zero), the bias by the groups given one (the first half's).
+template <int MT, bool ADD = false>
 __device__ __forceinline__ void store_tile(const float (&acc)[MT][kNt][4], const KcapMatmulParams& p, int token0,
                                            int row0, int lane, const float* bias, float* y,
                                            const int* live_rows = nullptr) {
@@ -272,30 +274,10 @@ __device__ __forceinline__ void store_tile(const float (&acc)[MT][kNt][4], const
 #pragma unroll
                 for (int e = 2 * h; e < 2 * h + 2; ++e) {
                     const int row = row0 + 8 * nt + 2 * tg + (e & 1);
-                    if (row < p.n)
-                        y[kcap_u64(token) * p.n + row] = p.has_bias ? acc[mt][nt][e] + bias[row] : acc[mt][nt][e];
-                }
-        }
-}
-
-// store_tile's outputs added into y (atomically: a split-K launch's two partial sums into the
-// y its launcher zeroed, split_k_zero), the bias by the first half's groups (given bias).
-template <int MT>
-__device__ __forceinline__ void store_tile_add(const float (&acc)[MT][kNt][4], const KcapMatmulParams& p, int token0,
-                                               int row0, int lane, const float* bias, float* y) {
-    const int g = lane >> 2, tg = lane & 3;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int token = token0 + 16 * mt + g + 8 * h;
-            if (token >= p.m) continue;
-#pragma unroll
-            for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-                for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                    const int row = row0 + 8 * nt + 2 * tg + (e & 1);
-                    if (row < p.n) atomicAdd(&y[kcap_u64(token) * p.n + row], p.has_bias && bias ? acc[mt][nt][e] + bias[row] : acc[mt][nt][e]);
+                    if (row >= p.n) continue;
+                    const float v = p.has_bias && (!ADD || bias) ? acc[mt][nt][e] + bias[row] : acc[mt][nt][e];
+                    if constexpr (ADD) atomicAdd(&y[kcap_u64(token) * p.n + row], v);
+                    else y[kcap_u64(token) * p.n + row] = v;
                 }
         }
 }
