@@ -38,11 +38,9 @@ KCAP_HOT_LOOP void activate_span(Activation activation, const float* gate, const
             return activate_loop(
                 [alpha, limit](float g, float u) { return gated_activation(Activation::SwigluOai, g, u, alpha, limit); },
                 gate, up, out, n);
-        default:
-            if (up)
-                for (int64_t i = 0; i < n; ++i) out[i] = apply_activation(activation, gate[i]) * up[i];
-            else
-                for (int64_t i = 0; i < n; ++i) out[i] = apply_activation(activation, gate[i]);
+        default:  // GELU erf (std::erf per value) and ReLU
+            return activate_loop([activation](float g, float u) { return apply_activation(activation, g) * u; }, gate,
+                                 up, out, n);
     }
 }
 
