@@ -164,16 +164,20 @@ inline Bytes32 fifth_bits(const uint8_t* qh_bytes) {
 template <class X>
 float dot_q4_0(const BlockQ4_0* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
-    for (int64_t b = 0; b < n_blocks; ++b)
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         accumulate_32<8>(legacy_nibbles(blocks[b].qs), load_half(blocks[b].d), 0.0f, x + kQK * b, acc);
+    }
     return acc.total();
 }
 
 template <class X>
 float dot_q4_1(const BlockQ4_1* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
-    for (int64_t b = 0; b < n_blocks; ++b)
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         accumulate_32(legacy_nibbles(blocks[b].qs), load_half(blocks[b].d), load_half(blocks[b].m), x + kQK * b, acc);
+    }
     return acc.total();
 }
 
@@ -181,6 +185,7 @@ template <class X>
 float dot_q5_0(const BlockQ5_0* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const Bytes32 codes = bitwise_or(legacy_nibbles(blocks[b].qs), fifth_bits(blocks[b].qh));
         accumulate_32<16>(codes, load_half(blocks[b].d), 0.0f, x + kQK * b, acc);
     }
@@ -191,6 +196,7 @@ template <class X>
 float dot_q5_1(const BlockQ5_1* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const Bytes32 codes = bitwise_or(legacy_nibbles(blocks[b].qs), fifth_bits(blocks[b].qh));
         accumulate_32(codes, load_half(blocks[b].d), load_half(blocks[b].m), x + kQK * b, acc);
     }
@@ -201,6 +207,7 @@ template <class X>
 float dot_q8_0(const BlockQ8_0* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const Bytes32 codes = load_32(reinterpret_cast<const uint8_t*>(blocks[b].qs));  // int8 bit patterns
         accumulate_32(codes, load_half(blocks[b].d), 0.0f, x + kQK * b, acc);
     }
@@ -212,6 +219,7 @@ float dot_mxfp4(const BlockMXFP4* blocks, X x, int64_t n_blocks) {
     const uint8x16_t table = vld1q_u8(reinterpret_cast<const uint8_t*>(kMXFP4DoubledValues));
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const Bytes32 nibbles = legacy_nibbles(blocks[b].qs);
         const Bytes32 codes = {vqtbl1q_u8(table, nibbles.low), vqtbl1q_u8(table, nibbles.high)};  // int8 values
         accumulate_32(codes, mxfp4_half_scale(blocks[b].e), 0.0f, x + kQK * b, acc);
@@ -223,6 +231,7 @@ template <class X>
 float dot_q2_k(const BlockQ2_K* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const BlockQ2_K& block = blocks[b];
         const float d = load_half(block.d), dmin = load_half(block.dmin);
         const X xb = x + kQK_K * b;
@@ -247,6 +256,7 @@ template <class X>
 float dot_q3_k(const BlockQ3_K* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const BlockQ3_K& block = blocks[b];
         const float d = load_half(block.d);
         const X xb = x + kQK_K * b;
@@ -272,6 +282,7 @@ template <typename Block, bool kFifthBit, class X>
 float dot_k4(const Block* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const Block& block = blocks[b];
         const float d = load_half(block.d), dmin = load_half(block.dmin);
         const X xb = x + kQK_K * b;
@@ -297,6 +308,7 @@ template <class X>
 float dot_q6_k(const BlockQ6_K* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const BlockQ6_K& block = blocks[b];
         const float d = load_half(block.d);
         const X xb = x + kQK_K * b;
@@ -328,12 +340,16 @@ inline void float_step(Load load, const uint8_t* src, int64_t i, const float* x,
 
 // Float rows: 32 elements per step into the accumulators. The last n % 32 elements are
 // converted into a zero-padded stack buffer and take one more step, so that they too go
-// through the accumulators (a scalar tail would be one long rounding chain).
-template <typename Load, typename LoadOne>
+// through the accumulators (a scalar tail would be one long rounding chain). kBytes: bytes per
+// weight (the prefetch's stride).
+template <int kBytes, typename Load, typename LoadOne>
 float dot_floats(const uint8_t* src, const float* x, int64_t n, Load load, LoadOne load_one) {
     Accumulators acc;
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) float_step(load, src, i, x + i, acc);
+    for (; i + 32 <= n; i += 32) {
+        prefetch_ahead(src + kBytes * i, 32 * kBytes);
+        float_step(load, src, i, x + i, acc);
+    }
     if (i < n) {
         alignas(16) float weights[32] = {};
         alignas(16) float x_tail[32] = {};
@@ -357,7 +373,7 @@ inline float32x4_t load_bf16(const uint8_t* p, int64_t i) {
 }
 
 float dot_f32(const uint8_t* src, const float* x, int64_t n) {
-    return dot_floats(src, x, n, load_f32, [](const uint8_t* p, int64_t i) {
+    return dot_floats<4>(src, x, n, load_f32, [](const uint8_t* p, int64_t i) {
         float w;
         std::memcpy(&w, p + 4 * i, sizeof w);
         return w;
@@ -365,11 +381,11 @@ float dot_f32(const uint8_t* src, const float* x, int64_t n) {
 }
 
 float dot_f16(const uint8_t* src, const float* x, int64_t n) {
-    return dot_floats(src, x, n, load_f16, [](const uint8_t* p, int64_t i) { return load_half(p + 2 * i); });
+    return dot_floats<2>(src, x, n, load_f16, [](const uint8_t* p, int64_t i) { return load_half(p + 2 * i); });
 }
 
 float dot_bf16(const uint8_t* src, const float* x, int64_t n) {
-    return dot_floats(src, x, n, load_bf16, [](const uint8_t* p, int64_t i) {
+    return dot_floats<2>(src, x, n, load_bf16, [](const uint8_t* p, int64_t i) {
         uint16_t h;
         std::memcpy(&h, p + 2 * i, sizeof h);
         return bits_to_float(static_cast<uint32_t>(h) << 16);

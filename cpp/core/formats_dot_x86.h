@@ -226,6 +226,7 @@ template <class X>
 float dot_q4_0(const BlockQ4_0* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const float d = load_half(blocks[b].d);
 #if KCAP_DOT_WIDE
         if constexpr (kF32Tables<X>) {
@@ -243,6 +244,7 @@ template <class X>
 float dot_q4_1(const BlockQ4_1* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const float d = load_half(blocks[b].d), m = load_half(blocks[b].m);
 #if KCAP_DOT_WIDE
         if constexpr (kF32Tables<X>) {
@@ -260,6 +262,7 @@ template <class X>
 float dot_q5_0(const BlockQ5_0* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const float d = load_half(blocks[b].d);
         const __m256i codes = _mm256_or_si256(legacy_nibbles(blocks[b].qs), fifth_bits(blocks[b].qh));
         accumulate_32<false, 16, false>(codes, d, 0.0f, x + kQK * b, acc);
@@ -271,6 +274,7 @@ template <class X>
 float dot_q5_1(const BlockQ5_1* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const __m256i codes = _mm256_or_si256(legacy_nibbles(blocks[b].qs), fifth_bits(blocks[b].qh));
         accumulate_32(codes, load_half(blocks[b].d), load_half(blocks[b].m), x + kQK * b, acc);
     }
@@ -281,6 +285,7 @@ template <class X>
 float dot_q8_0(const BlockQ8_0* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blocks[b].qs));
         accumulate_32<true, 0, false>(codes, load_half(blocks[b].d), 0.0f, x + kQK * b, acc);
     }
@@ -310,6 +315,7 @@ float dot_mxfp4(const BlockMXFP4* blocks, X x, int64_t n_blocks) {
     }
 #endif
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const __m256i codes = _mm256_shuffle_epi8(table, legacy_nibbles(blocks[b].qs));
         accumulate_32<true, 0, false>(codes, mxfp4_half_scale(blocks[b].e), 0.0f, x + kQK * b, acc);
     }
@@ -320,6 +326,7 @@ template <class X>
 float dot_q2_k(const BlockQ2_K* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const BlockQ2_K& block = blocks[b];
         const float d = load_half(block.d), dmin = load_half(block.dmin);
         const X xb = x + kQK_K * b;
@@ -344,6 +351,7 @@ template <class X>
 float dot_q3_k(const BlockQ3_K* blocks, X x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const BlockQ3_K& block = blocks[b];
         const float d = load_half(block.d);
         const X xb = x + kQK_K * b;
@@ -393,6 +401,7 @@ template <typename Block, bool kFifthBit>
 float dot_k4(const Block* blocks, const float* x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const Block& block = blocks[b];
         const float* xb = x + kQK_K * b;
         __m256 scale, offset;
@@ -455,6 +464,7 @@ inline __m256i q6_k_run_codes(const __m256i (&ql)[2], __m256i qh, int s) {
 float dot_q6_k(const BlockQ6_K* blocks, const float* x, int64_t n_blocks) {
     Accumulators acc;
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const BlockQ6_K& block = blocks[b];
         const float* xb = x + kQK_K * b;
         __m256 group_scale[2];
@@ -553,6 +563,7 @@ float dot_k4(const Block* blocks, Q8Run x, int64_t n_blocks) {
     __m256 acc_mins = _mm256_setzero_ps();
     const __m512i nibble_shift = halves_epi16(0, 4), low4 = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const Block& block = blocks[b];
         const Q8Run xb = x + kQK_K * b;
         const __m256 factor = k4_factors(block, xb, acc_mins);
@@ -579,6 +590,7 @@ float dot_q6_k(const BlockQ6_K* blocks, Q8Run x, int64_t n_blocks) {
     const __m512i low4 = _mm512_set1_epi8(0x0f), high2 = _mm512_set1_epi8(0x30), bias = _mm512_set1_epi8(32);
     const __m512i low_pair_shift = halves_epi16(4, 2), high_pair_shift = halves_epi16(0, 2);
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const BlockQ6_K& block = blocks[b];
         const Q8Run xb = x + kQK_K * b;
         __m256 factor_low, factor_high;
@@ -619,6 +631,7 @@ float dot_k4(const Block* blocks, Q8Run x, int64_t n_blocks) {
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     __m256 acc_mins = _mm256_setzero_ps();
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const Block& block = blocks[b];
         const Q8Run xb = x + kQK_K * b;
         const __m256 factor = k4_factors(block, xb, acc_mins);
@@ -643,6 +656,7 @@ float dot_q6_k(const BlockQ6_K* blocks, Q8Run x, int64_t n_blocks) {
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     const __m256i bias = _mm256_set1_epi8(32), ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < n_blocks; ++b) {
+        prefetch_ahead(blocks[b]);
         const BlockQ6_K& block = blocks[b];
         const Q8Run xb = x + kQK_K * b;
         __m256 factors[2];
@@ -689,12 +703,16 @@ inline void float_step(Load load, const uint8_t* src, int64_t i, const float* x,
 
 // Float rows: 32 elements per step into the accumulators. The last n % 32 elements are
 // converted into a zero-padded stack buffer and take one more step, so that they too go
-// through the accumulators (a scalar tail would be one long rounding chain).
-template <typename Load, typename LoadOne>
+// through the accumulators (a scalar tail would be one long rounding chain). kBytes: bytes per
+// weight (the prefetch's stride).
+template <int kBytes, typename Load, typename LoadOne>
 float dot_floats(const uint8_t* src, const float* x, int64_t n, Load load, LoadOne load_one) {
     Accumulators acc;
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) float_step(load, src, i, x + i, acc);
+    for (; i + 32 <= n; i += 32) {
+        prefetch_ahead(src + kBytes * i, 32 * kBytes);
+        float_step(load, src, i, x + i, acc);
+    }
     if (i < n) {
         alignas(64) float weights[32] = {};
         alignas(64) float x_tail[32] = {};
@@ -737,7 +755,7 @@ inline __m256 load_bf16(const uint8_t* p, int64_t i) {
 static_assert(kFloatStep * (KCAP_DOT_WIDE ? 2 : 4) == 32, "a float step is one 32-element run");
 
 float dot_f32(const uint8_t* src, const float* x, int64_t n) {
-    return dot_floats(src, x, n, load_f32, [](const uint8_t* p, int64_t i) {
+    return dot_floats<4>(src, x, n, load_f32, [](const uint8_t* p, int64_t i) {
         float w;
         std::memcpy(&w, p + 4 * i, sizeof w);
         return w;
@@ -745,11 +763,11 @@ float dot_f32(const uint8_t* src, const float* x, int64_t n) {
 }
 
 float dot_f16(const uint8_t* src, const float* x, int64_t n) {
-    return dot_floats(src, x, n, load_f16, [](const uint8_t* p, int64_t i) { return load_half(p + 2 * i); });
+    return dot_floats<2>(src, x, n, load_f16, [](const uint8_t* p, int64_t i) { return load_half(p + 2 * i); });
 }
 
 float dot_bf16(const uint8_t* src, const float* x, int64_t n) {
-    return dot_floats(src, x, n, load_bf16, [](const uint8_t* p, int64_t i) {
+    return dot_floats<2>(src, x, n, load_bf16, [](const uint8_t* p, int64_t i) {
         uint16_t h;
         std::memcpy(&h, p + 2 * i, sizeof h);
         return bits_to_float(static_cast<uint32_t>(h) << 16);
