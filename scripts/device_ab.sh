@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# An A/B measurement of a change in one device call, "base" against "new": the carried working
-# tree (CARRY/src, new) against a base revision (CARRY/base, made by BASE_REV=<rev>
-# scripts/prepare_device_carry.sh), both built at once. Then
+# An A/B measurement of a change in one device call, "base" against "new": the carried checkout
+# (new) against a copy of it with CARRY/change.patch reversed (base; BASE_REV=<rev>
+# scripts/prepare_device_carry.sh writes the patch), both built at once. Then
 #   1. (AB_NCU=1, the default) Nsight Compute per launch (time, instructions, issue, registers) of
 #      one prefill and its decode steps (bench/cuda_ncu_step.py), base and new side by side
 #      (bench/ncu_compare.py);
@@ -12,9 +12,9 @@
 # The same machine, clocks and files for both, which separate calls do not give (llama.cpp's
 # figures move by 10-20% between calls; kcap's by a few %).
 #
-# Here:    BASE_REV=HEAD bash scripts/prepare_device_carry.sh .kcap_cuda_carry
+# Here:    BASE_REV=HEAD LLAMA=0 bash scripts/prepare_device_carry.sh .kcap_cuda_carry
 # Device:  (carry [".kcap_cuda_carry"])
-#          cd .kcap_cuda_carry/src && bash scripts/device_ab.sh .. > $OUT/ab.txt 2>&1
+#          bash scripts/device_ab.sh .kcap_cuda_carry > $OUT/ab.txt 2>&1
 # About 2.5 minutes warm. Settings (environment):
 #   AB_MODELS       synthetic files to make and time (bench/bench_cuda.py make_models names),
 #                   default llama3_8b_q4_k_m,gemma3_270m,smollm2_135m; ncu runs on the first
@@ -24,10 +24,17 @@
 #   AB_ROUNDS       sweep rounds (default 2); AB_TG=1 also times tg128
 #   AB_ROWS         test_cuda_rows groups to run on the new tree (none by default)
 set -uo pipefail
-CARRY=$(cd "${1:-..}" && pwd)
-SRC="$CARRY/src"
-BASE="$CARRY/base"
-[ -d "$BASE" ] || { echo "no $BASE: BASE_REV=<rev> scripts/prepare_device_carry.sh"; exit 1; }
+cd "$(dirname "$0")/.."
+CARRY=$(cd "${1:-.kcap_cuda_carry}" && pwd)
+SRC=$PWD
+BASE=/tmp/ab_base
+[ -f "$CARRY/change.patch" ] || { echo "no $CARRY/change.patch: BASE_REV=<rev> scripts/prepare_device_carry.sh"; exit 1; }
+# The base: the checkout without its test data (the base is only built and timed) and with the
+# change reversed.
+rm -rf "$BASE" && mkdir -p "$BASE"
+tar -cf - --exclude=./tests/goldens --exclude=./tests/fixtures --exclude=./build --exclude=./.git \
+    --exclude="./$(basename "$CARRY")" . | tar -xf - -C "$BASE"
+(cd "$BASE" && patch -s -R -p1 < "$CARRY/change.patch") || { echo "change.patch does not reverse on the checkout"; exit 1; }
 BASE_TREE=$BASE
 MODELS=${AB_MODELS:-llama3_8b_q4_k_m,gemma3_270m,smollm2_135m}
 ACTIVATIONS=${AB_ACTIVATIONS:-q8_1}
@@ -41,7 +48,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 build() {
     local tree=$1 name
     shift
-    name=$(basename "$tree")
+    name=$([ "$tree" = "$SRC" ] && echo src || echo base)
     (cd "$tree" &&
         cmake -S . -B "/tmp/ab_build_$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKCAP_CUDA=ON -DKCAP_BUILD_PYTHON=ON \
             -DKCAP_BUILD_TESTS="$([ -n "${AB_ROWS:-}" ] && [ "$tree" = "$SRC" ] && echo ON || echo OFF)" \
