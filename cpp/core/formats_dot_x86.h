@@ -680,9 +680,6 @@ float dot_q6_k(const BlockQ6_K* blocks, Q8Run x, int64_t n_blocks) {
 }
 #endif
 
-// Float rows: 32 elements per step into the four accumulators. The last n % 32 elements are
-// converted into a zero-padded stack buffer and take one more step, so that they too go
-// through the accumulators (a scalar tail would be one long rounding chain).
 // One step of a float row: the weights of 32 elements from i (Load: 8 at a time on AVX2, 16 on
 // AVX-512) times x into the accumulators.
 #if KCAP_DOT_WIDE
