@@ -37,7 +37,9 @@
 // Tile: kMmaTokens = 64 tokens x kMmaRows = 128 rows, 8 warps in a 2 (tokens) x 4 (rows) grid,
 // each warp 32 tokens x 32 rows = 2 x 4 mma tiles of 16 x 8. Shared rows are kStride = 36
 // words (36 = 4 mod 32), so the 8 rows one ldmatrix phase (or one plain 32-bit fragment
-// load) reads fall in distinct banks. Grid: x = row tiles, y = token tiles. Shared memory:
+// load) reads fall in distinct banks. Grid: x = row tiles, y = token tiles, z = the halves of K
+// of a plain launch of short grid (split_k_zero, cuda/mma_tiles.h: their sums add into the
+// zeroed outputs, as the int8 tiles' do). Shared memory:
 // the static tiles (Shared, 41 KB) plus the dynamic raw double buffer (RawChunk::bytes, up to
 // 55 KB for Q6_K), at most 96 KB per block so two blocks fit a multiprocessor (228 KB).
 // Build with -DKCAP_MMA_LDMATRIX=0 to load the fragments with plain 32-bit shared loads
@@ -125,13 +127,18 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         live[mt] = !GROUPED || group.live_rows[token_base + warp_tokens + 16 * mt] >= 0;
     float acc[kMt][kNt][4] = {};
     const int runs = p.k / 32;
-    const int chunks = (p.k + R::k - 1) / R::k;
+    // Split K (grid z of 2, plain tiles only: split_k_zero in mma_tiles.h): this group's chunks
+    // [c_begin, chunks) and their values [k_begin, k_end); its partial sums are added into y.
+    const int all_chunks = (p.k + R::k - 1) / R::k;
+    const int per_split = (all_chunks + int(gridDim.z) - 1) / int(gridDim.z);
+    const int c_begin = min(all_chunks, int(blockIdx.z) * per_split), chunks = min(all_chunks, c_begin + per_split);
+    const int k_begin = c_begin * R::k, k_end = min(p.k, chunks * R::k);
     if (STAGED) {
-        stage_chunk<F>(raw, w, w_end, p, row_base, 0, tid);
+        stage_chunk<F>(raw + (c_begin & 1) * R::buffer_words, w, w_end, p, row_base, c_begin, tid);
         cp_async_commit();
     }
     float4 xv[4];
-    load_x(xv, x, p, xsrc, xc, 0);
+    load_x(xv, x, p, xsrc, xc, k_begin);
     // Unstaged MXFP4 and Q8_0 (RunAhead): the words of the thread's run of the next step,
     // loaded with the next step's activations, in flight during this step's products.
     using Ahead = RunAhead<F>;
@@ -146,8 +153,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             ahead_off = run_ahead_load<F>(wrow + unsigned(in ? run : 0) * unsigned(F::block_bytes), in, ahead);
         }
     };
-    load_ahead(0);
-    for (int k0 = 0; k0 < p.k; k0 += kStepK) {
+    load_ahead(k_begin);
+    for (int k0 = k_begin; k0 < k_end; k0 += kStepK) {
         const int chunk = k0 / R::k;
         const bool chunk_start = k0 % R::k == 0;
         if (STAGED && chunk_start) cp_async_wait<0>();  // this thread's copies of chunk `chunk` have landed
@@ -212,8 +219,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         }
         __syncthreads();
         // The next step's activations (and RunAhead's weights): in flight during this step's products.
-        if (k0 + kStepK < p.k) load_x(xv, x, p, xsrc, xc, k0 + kStepK);
-        load_ahead(k0 + kStepK);
+        if (k0 + kStepK < k_end) load_x(xv, x, p, xsrc, xc, k0 + kStepK);
+        if (k0 + kStepK < k_end) load_ahead(k0 + kStepK);
 #pragma unroll 1
         for (int s = 0; s < kSubs; ++s) {
             float t[kMt][kNt][4] = {};
@@ -287,6 +294,11 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         }
     }
     const float* bias = mma_group_pick(group.bias, which);
+    if (!GROUPED && gridDim.z > 1) {
+        store_tile<kMt, true>(acc, p, token_base + warp_tokens, row_base + warp_rows, lane,
+                              blockIdx.z == 0 ? bias : nullptr, mma_group_pick(group.y, which));
+        return;
+    }
     store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, bias ? bias + bias_offset : nullptr,
                mma_group_pick(group.y, which));
 }
@@ -297,7 +309,9 @@ template <class F, bool STAGED, bool GROUPED>
 void launch_mma_tiles(const Context& ctx, const MmaGroup& g, const float* x) {
     constexpr size_t raw_bytes = STAGED ? RawChunk<F>::bytes : 0;
     if (STAGED) allow_dynamic_shared<mma_kernel<F, STAGED, GROUPED>>(ctx, raw_bytes);
-    launch(ctx, mma_kernel<F, STAGED, GROUPED>, mma_group_grid(g), dim3(kMmaThreads), raw_bytes, g, x);
+    dim3 grid = mma_group_grid(g);
+    if (!GROUPED) grid.z = unsigned(split_k_zero(ctx, g, int(grid.x), 2, kMmaTokens, RawChunk<F>::k));
+    launch(ctx, mma_kernel<F, STAGED, GROUPED>, grid, dim3(kMmaThreads), raw_bytes, g, x);
 }
 
 template <class F, bool STAGED>
