@@ -216,6 +216,7 @@ void k4_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8
     const __m256i first = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), second = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
     for (int64_t s = 0; s < n_blocks; ++s) {
         const auto& block = *reinterpret_cast<const Block*>(blocks + s * block_bytes);
+        blocks::prefetch_ahead(block);
         for (int h = 0; h < 2; ++h) {
             __m256i r[4];
             for (int j = 0; j < 2; ++j) {
@@ -267,6 +268,7 @@ void q6_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uin
     const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
     for (int64_t s = 0; s < n_blocks; ++s) {
         const uint8_t* block = blocks + s * block_bytes;
+        blocks::prefetch_ahead(block, int(block_bytes));
         for (int h = 0; h < 2; ++h) {
             const __m256i ql[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * h)),
                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * h + 32))};
@@ -297,7 +299,11 @@ void legacy_rows(Format format, const uint8_t* blocks, int64_t n_blocks, uint8_t
     alignas(16) uint8_t mxfp4[16];
     for (int i = 0; i < 16; ++i) mxfp4[i] = static_cast<uint8_t>(blocks::kMXFP4DoubledValues[i] + 12);
     const __m128i table = _mm_load_si128(reinterpret_cast<const __m128i*>(mxfp4));
+    const int block_bytes = format == Format::Q8_0   ? int(sizeof(blocks::BlockQ8_0))
+                            : format == Format::Q4_0 ? int(sizeof(blocks::BlockQ4_0))
+                                                     : int(sizeof(blocks::BlockMXFP4));
     for (int64_t b = 0; b < n_blocks; ++b) {
+        blocks::prefetch_ahead(blocks + b * block_bytes, block_bytes);
         __m128i lo, hi;
         float s;
         if (format == Format::Q8_0) {

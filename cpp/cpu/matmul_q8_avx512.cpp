@@ -165,6 +165,7 @@ void k4_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uint8
     const __m512i offset_lanes = _mm512_add_epi32(scale_lanes, _mm512_set1_epi32(8));
     for (int64_t s = 0; s < n_blocks; ++s) {
         const auto& block = *reinterpret_cast<const Block*>(blocks + s * block_bytes);
+        blocks::prefetch_ahead(block);
         __m512i ordered[4];
         for (int h = 0; h < 2; ++h) {
             const __m512i q = _mm512_loadu_si512(block.qs + 64 * h);
@@ -215,6 +216,7 @@ void q6_k_rows(const uint8_t* blocks, int64_t n_blocks, int64_t block_bytes, uin
     const __m512i low4 = _mm512_set1_epi8(0x0f), low2 = _mm512_set1_epi8(0x03);
     for (int64_t s = 0; s < n_blocks; ++s) {
         const uint8_t* block = blocks + s * block_bytes;
+        blocks::prefetch_ahead(block, int(block_bytes));
         __m512i ordered[4];
         for (int h = 0; h < 2; ++h) {
             const __m512i ql = _mm512_loadu_si512(block + 64 * h);

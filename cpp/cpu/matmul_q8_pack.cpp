@@ -116,6 +116,7 @@ void pack_rows(const uint8_t* w, size_t row_stride, int64_t n, int64_t k, RowTil
                             scale);
         } else {
             for (int64_t b = 0; b < k / kElems; ++b) {
+                prefetch_ahead(blocks[b]);
                 Codes::get(blocks[b], c);
                 std::memcpy(linear.data() + b * kElems, c.codes, kElems);
                 std::copy(c.scale, c.scale + kElems / 16, scale + b * (kElems / 16));
