@@ -184,13 +184,35 @@ bool f32_gemm::runs() { return f32_gemm_avx512() || (f32_gemm::avx2::compiled() 
 
 void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, int64_t k, const float* x,
                              int64_t x_stride, int64_t n_tokens, const float* bias, float* y, int64_t y_stride) {
-    // The rows decoded exactly, then stored k-major (zero rows past n_rows), as the kernel reads them.
-    // A span of 256 values (whole blocks of every format) of 16 rows at a time, so that the decoded
-    // rows (16 KB) stay in L1 until they are stored k-major.
+    // The rows decoded exactly; for a few tokens (kRowMajorMaxTokens) multiplied as they are,
+    // else stored k-major (zero rows past n_rows), as the tile kernel reads them: a span of 256
+    // values (whole blocks of every format) of 16 rows at a time, so that the decoded rows (16 KB)
+    // stay in L1 until they are stored k-major.
     constexpr int64_t kSpan = 256, kHalf = 16;
     const bool wide = f32_gemm_avx512();
     // The spans of the formats the builds decode with vector code (decode_span).
     const auto decode_span = wide ? avx512::decode_span : avx2::decode_span;
+    if (n_tokens <= kRowMajorMaxTokens && k % 16 == 0) {
+        // Few tokens: the rows decoded one after the other, in address order (one stream for the
+        // hardware prefetcher: a software hint 2 KB ahead here took a third of the gain back),
+        // and multiplied as they are.
+        thread_local CacheLineVector<float> decoded;
+        decoded.resize(size_t(n_rows * k));
+        const size_t row_stride = row_bytes(format, k);
+        for (int64_t r = 0; r < n_rows; ++r)
+            for (int64_t i = 0; i < k; i += kSpan) {
+                const int64_t span = std::min(kSpan, k - i);
+                const uint8_t* src = w + r * row_stride + row_bytes(format, i);
+                float* dst = decoded.data() + r * k + i;
+                if (!decode_span(format, src, span, dst)) dequantize_row(format, src, dst, span);
+            }
+        (wide ? avx512::rows_times_tokens : avx2::rows_times_tokens)(decoded.data(), n_rows, k, x, x_stride, n_tokens,
+                                                                     y, y_stride);
+        if (bias)
+            for (int64_t t = 0; t < n_tokens; ++t)
+                for (int64_t r = 0; r < n_rows; ++r) y[t * y_stride + r] += bias[r];
+        return;
+    }
     thread_local CacheLineVector<float> rows, tile, partial;
     rows.resize(size_t(kHalf * kSpan));
     tile.resize(size_t(kTileRows * k));

@@ -17,6 +17,7 @@ bool compiled() { return false; }
 void tile_times_tokens(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t) {}
 void store_k_major(const float*, int64_t, int64_t, int64_t, float*) {}
 bool decode_span(Format, const uint8_t*, int64_t, float*) { return false; }
+void rows_times_tokens(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*, int64_t) {}
 }  // namespace avx2
 }  // namespace f32_gemm
 }  // namespace kcap
@@ -99,9 +100,55 @@ void decode_k4(const uint8_t* block, float* out) {
     }
 }
 
+// The row-major kernel (rows_times_tokens): the AVX-512 build's 16 lanes as two 8-lane halves,
+// 2 rows by 2 tokens (8 accumulators, 4 row and 2 token vectors: 14 of the 16 registers), the
+// same chains and the same tree (lanes j + 8, then j + 4, j + 2, j + 1).
+float reduce_16(__m256 low, __m256 high) {
+    const __m256 eight = _mm256_add_ps(low, high);
+    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+}
+
+template <int kRows, int kTokens>
+void row_block(const float* rows, int64_t k, const float* x, int64_t x_stride, float* out, int64_t out_stride) {
+    __m256 acc[kRows][kTokens][2];
+    for (int r = 0; r < kRows; ++r)
+        for (int t = 0; t < kTokens; ++t) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k; i += 16) {
+        __m256 w[kRows][2];
+        for (int r = 0; r < kRows; ++r)
+            w[r][0] = _mm256_loadu_ps(rows + r * k + i), w[r][1] = _mm256_loadu_ps(rows + r * k + i + 8);
+        for (int t = 0; t < kTokens; ++t) {
+            const __m256 v0 = _mm256_loadu_ps(x + t * x_stride + i), v1 = _mm256_loadu_ps(x + t * x_stride + i + 8);
+            for (int r = 0; r < kRows; ++r) {
+                acc[r][t][0] = _mm256_fmadd_ps(w[r][0], v0, acc[r][t][0]);
+                acc[r][t][1] = _mm256_fmadd_ps(w[r][1], v1, acc[r][t][1]);
+            }
+        }
+    }
+    for (int t = 0; t < kTokens; ++t)
+        for (int r = 0; r < kRows; ++r) out[t * out_stride + r] = reduce_16(acc[r][t][0], acc[r][t][1]);
+}
+
+template <int kRows>
+void row_blocks(const float* rows, int64_t k, const float* x, int64_t x_stride, int64_t tokens, float* out,
+                int64_t out_stride) {
+    int64_t t = 0;
+    for (; t + 2 <= tokens; t += 2) row_block<kRows, 2>(rows, k, x + t * x_stride, x_stride, out + t * out_stride, out_stride);
+    if (t < tokens) row_block<kRows, 1>(rows, k, x + t * x_stride, x_stride, out + t * out_stride, out_stride);
+}
+
 }  // namespace
 
 bool compiled() { return true; }
+
+void rows_times_tokens(const float* rows, int64_t n_rows, int64_t k, const float* x, int64_t x_stride, int64_t tokens,
+                       float* out, int64_t out_stride) {
+    int64_t r = 0;
+    for (; r + 2 <= n_rows; r += 2) row_blocks<2>(rows + r * k, k, x, x_stride, tokens, out + r, out_stride);
+    if (r < n_rows) row_blocks<1>(rows + r * k, k, x, x_stride, tokens, out + r, out_stride);
+}
 
 void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t x_stride, int64_t tokens, float* out,
                        int64_t out_stride) {

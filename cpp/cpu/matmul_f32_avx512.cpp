@@ -15,6 +15,7 @@ bool compiled() { return false; }
 void tile_times_tokens(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t) {}
 void store_k_major(const float*, int64_t, int64_t, int64_t, float*) {}
 bool decode_span(Format, const uint8_t*, int64_t, float*) { return false; }
+void rows_times_tokens(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*, int64_t) {}
 }  // namespace avx512
 }  // namespace f32_gemm
 }  // namespace kcap
@@ -95,9 +96,67 @@ void decode_k4(const uint8_t* block, float* out) {
     }
 }
 
+// The row-major kernel (rows_times_tokens): kRows rows by kTokens tokens, a 16-lane accumulator
+// each, per 16 values of k the rows' and the tokens' vectors (4 + 6 loads for 24 FMAs).
+float reduce_16(__m512 v) {
+    // Lanes j + 8, then j + 4, j + 2, j + 1: the AVX2 build's tree.
+    const __m256 eight = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+}
+
+template <int kRows, int kTokens>
+void row_block(const float* rows, int64_t k, const float* x, int64_t x_stride, float* out, int64_t out_stride) {
+    __m512 acc[kRows][kTokens];
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 8
+        for (int t = 0; t < kTokens; ++t) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i += 16) {
+        __m512 w[kRows];
+#pragma GCC unroll 8
+        for (int r = 0; r < kRows; ++r) w[r] = _mm512_loadu_ps(rows + r * k + i);
+#pragma GCC unroll 8
+        for (int t = 0; t < kTokens; ++t) {
+            const __m512 v = _mm512_loadu_ps(x + t * x_stride + i);
+#pragma GCC unroll 8
+            for (int r = 0; r < kRows; ++r) acc[r][t] = _mm512_fmadd_ps(w[r], v, acc[r][t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < kTokens; ++t)
+#pragma GCC unroll 8
+        for (int r = 0; r < kRows; ++r) out[t * out_stride + r] = reduce_16(acc[r][t]);
+}
+
+template <int kRows>
+void row_blocks(const float* rows, int64_t k, const float* x, int64_t x_stride, int64_t tokens, float* out,
+                int64_t out_stride) {
+    int64_t t = 0;
+    for (; t + 6 <= tokens; t += 6) row_block<kRows, 6>(rows, k, x + t * x_stride, x_stride, out + t * out_stride, out_stride);
+    const float* xt = x + t * x_stride;
+    float* ot = out + t * out_stride;
+    switch (tokens - t) {
+        case 5: row_block<kRows, 5>(rows, k, xt, x_stride, ot, out_stride); break;
+        case 4: row_block<kRows, 4>(rows, k, xt, x_stride, ot, out_stride); break;
+        case 3: row_block<kRows, 3>(rows, k, xt, x_stride, ot, out_stride); break;
+        case 2: row_block<kRows, 2>(rows, k, xt, x_stride, ot, out_stride); break;
+        case 1: row_block<kRows, 1>(rows, k, xt, x_stride, ot, out_stride); break;
+        default: break;
+    }
+}
+
 }  // namespace
 
 bool compiled() { return true; }
+
+void rows_times_tokens(const float* rows, int64_t n_rows, int64_t k, const float* x, int64_t x_stride, int64_t tokens,
+                       float* out, int64_t out_stride) {
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) row_blocks<4>(rows + r * k, k, x, x_stride, tokens, out + r, out_stride);
+    for (; r < n_rows; ++r) row_blocks<1>(rows + r * k, k, x, x_stride, tokens, out + r, out_stride);
+}
 
 void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_stride, float* tile) {
     // 16 rows by 16 values at a time, transposed in registers: 32-bit then 64-bit interleaves give

@@ -15,6 +15,13 @@ namespace f32_gemm {
 constexpr int64_t kTileRows = 32;  // two 16-lane vectors of rows per k
 inline int64_t tiles(int64_t n_rows) { return (n_rows + kTileRows - 1) / kTileRows; }
 
+// Calls of at most this many tokens, on k a multiple of 16, multiply the decoded rows as they
+// are (rows_times_tokens) instead of storing them k-major first: the store's transpose costs
+// per weight what the products of a dozen tokens do, and a few tokens a tile is what a mixture
+// of experts gives each expert (gpt-oss-20b's exact 128-token prefill: 118-122 -> 148-150
+// tok/s on a 2-core AVX-512 VM, docs/benchmarks.md).
+constexpr int64_t kRowMajorMaxTokens = 24;
+
 // Whether the GEMM runs on this CPU: compiled, and the CPU has AVX-512 (with VNNI, the level
 // kcap.cap_cpu_kernels calls "avx512") or AVX2+FMA ("avx2") and the cap allows it. Checked per
 // call, like dot_row's choice of instructions.
@@ -45,6 +52,11 @@ void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_str
 // bit (vector code; an F16 signaling NaN comes out quiet); false (nothing written) for other
 // formats and lengths, which the caller decodes with dequantize_row.
 bool decode_span(Format format, const uint8_t* block, int64_t n_values, float* out);
+// out[t * out_stride + r] = sum over k of rows[r * k + k'] * x[t * x_stride + k'] for r < n_rows,
+// t < tokens, k a multiple of 16: each output 16 FMA chains (lane j takes k' = j mod 16 in order)
+// summed by one tree (lanes j + 8, then j + 4, j + 2, j + 1), the same in both builds.
+void rows_times_tokens(const float* rows, int64_t n_rows, int64_t k, const float* x, int64_t x_stride, int64_t tokens,
+                       float* out, int64_t out_stride);
 }  // namespace avx512
 
 namespace avx2 {
@@ -55,6 +67,8 @@ void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t
                        int64_t out_stride);
 void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_stride, float* tile);
 bool decode_span(Format format, const uint8_t* block, int64_t n_values, float* out);
+void rows_times_tokens(const float* rows, int64_t n_rows, int64_t k, const float* x, int64_t x_stride, int64_t tokens,
+                       float* out, int64_t out_stride);
 }  // namespace avx2
 
 }  // namespace f32_gemm

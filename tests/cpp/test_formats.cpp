@@ -591,9 +591,11 @@ void test_gemm_q8_builds_agree() {
 // The CPU's exact f32 GEMM tile (cpu/matmul_f32_gemm.h: cpu.matmul.* and cpu.moe_experts_tiles
 // over several tokens where the CPU has AVX-512 or AVX2; the build the cap allows) against f64 sums
 // over dequantize_row, for every format: a full tile of 32 rows and partial ones, token counts
-// through each micro-kernel width (AVX-512: 12, 8, 4, 2, 1; AVX2: 6 then the rest), poisoned
-// output past the rows. Each output is one FMA chain over k (the weights exact, each step one
-// rounding), so the bound is (k + 16) * 2^-24 * sum|w x|.
+// through each kernel width (the k-major tile past kRowMajorMaxTokens tokens: AVX-512 12, 8, 4,
+// 2, 1, AVX2 6 then the rest; the row-major kernel up to it, where k is a multiple of 16: 6-token
+// blocks and remainders of 1 to 5, 4-row blocks and single rows), poisoned output past the rows.
+// Each output is one FMA chain over k, or 16 chains over k / 16 and a tree of 4 additions (the
+// weights exact, each step one rounding), so the bound is (k + 16) * 2^-24 * sum|w x|.
 void test_gemm_f32(const std::string& label) {
     if (!kcap::f32_gemm::runs()) {
         std::printf("note: no f32 GEMM for %s (build or CPU); it is not tested\n", label.c_str());
@@ -602,6 +604,8 @@ void test_gemm_f32(const std::string& label) {
     std::mt19937 rng(555);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::string summary;
+    check(kcap::f32_gemm::kRowMajorMaxTokens >= 23 && kcap::f32_gemm::kRowMajorMaxTokens < 27,
+          "the token counts below reach both the row-major kernel and the k-major tile");
     for (const kcap::FormatInfo& info : kcap::all_formats()) {
         const int64_t block = std::max<int64_t>(32, info.block_elems);
         double worst_ratio = 0.0;
@@ -611,7 +615,8 @@ void test_gemm_f32(const std::string& label) {
         const int64_t long_k = info.block_elems == 1 ? 261 : (288 + info.block_elems - 1) / info.block_elems * info.block_elems;
         for (const int64_t k : {block, 3 * block, long_k}) {
             for (const auto& [n_rows, n_tokens] :
-                 {std::pair<int64_t, int64_t>{32, 27}, {7, 3}, {19, 12}, {32, 13}, {5, 6}, {32, 9}}) {
+                 {std::pair<int64_t, int64_t>{32, 27}, {11, 32}, {32, 28}, {7, 3}, {19, 12}, {32, 13}, {5, 6},
+                  {32, 9}, {6, 23}, {32, 22}, {3, 20}}) {
                 std::vector<float> wf;
                 const std::vector<uint8_t> w = random_matrix(info.format, n_rows, k, rng, wf);
                 std::vector<float> x(size_t(n_tokens * k)), bias(static_cast<size_t>(n_rows));
@@ -707,8 +712,9 @@ void test_scratch_alignment() {
     check(aligned, "CacheLineVector data starts on 64-byte boundaries");
 }
 
-// The AVX-512 and AVX2 builds of the f32 GEMM form every output by the same FMA chain over k, so
-// they agree bit for bit (where the CPU runs both: capped at avx2 for the second).
+// The AVX-512 and AVX2 builds of the f32 GEMM form every output by the same FMA chains over k
+// (and the row-major kernel by the same tree over its 16 chains), so they agree bit for bit (where
+// the CPU runs both: capped at avx2 for the second), past kRowMajorMaxTokens tokens and below.
 void test_gemm_f32_builds_agree() {
     if (!kcap::avx512_kernels_in_use() || !kcap::f32_gemm::runs()) {
         std::printf("note: the f32 GEMM's AVX-512 and AVX2 builds are not compared here (build or CPU)\n");
@@ -716,8 +722,11 @@ void test_gemm_f32_builds_agree() {
     }
     std::mt19937 rng(556);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (const Format format : {Format::Q4_K, Format::F16}) {
-        const int64_t n_rows = 29, k = 512, n_tokens = 23;
+    check(23 <= kcap::f32_gemm::kRowMajorMaxTokens && 29 > kcap::f32_gemm::kRowMajorMaxTokens,
+          "the builds are compared on the row-major kernel (23 tokens) and the k-major tile (29)");
+    for (const Format format : {Format::Q4_K, Format::F16})
+    for (const int64_t n_tokens : {23, 29}) {
+        const int64_t n_rows = 29, k = 512;
         std::vector<float> wf;
         const std::vector<uint8_t> w = random_matrix(format, n_rows, k, rng, wf);
         std::vector<float> x(size_t(n_tokens * k));
@@ -729,7 +738,8 @@ void test_gemm_f32_builds_agree() {
         kcap::f32_gemm::multiply_tile(format, w.data(), n_rows, k, x.data(), k, n_tokens, nullptr, narrow.data(), n_rows);
         kcap::cap_cpu_kernels("avx512");
         check(std::memcmp(wide.data(), narrow.data(), wide.size() * sizeof(float)) == 0,
-              std::string("f32_gemm AVX-512 and AVX2 builds agree bit for bit on ") + kcap::format_info(format).name);
+              std::string("f32_gemm AVX-512 and AVX2 builds agree bit for bit on ") + kcap::format_info(format).name +
+                  ", " + std::to_string(n_tokens) + " tokens");
     }
 }
 
