@@ -219,8 +219,10 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         }
         __syncthreads();
         // The next step's activations (and RunAhead's weights): in flight during this step's products.
-        if (k0 + kStepK < k_end) load_x(xv, x, p, xsrc, xc, k0 + kStepK);
-        if (k0 + kStepK < k_end) load_ahead(k0 + kStepK);
+        if (k0 + kStepK < k_end) {
+            load_x(xv, x, p, xsrc, xc, k0 + kStepK);
+            load_ahead(k0 + kStepK);
+        }
 #pragma unroll 1
         for (int s = 0; s < kSubs; ++s) {
             float t[kMt][kNt][4] = {};

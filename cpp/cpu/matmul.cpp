@@ -190,59 +190,55 @@ void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, in
     // stay in L1 until they are stored k-major.
     constexpr int64_t kSpan = 256, kHalf = 16;
     const bool wide = f32_gemm_avx512();
-    // The spans of the formats the builds decode with vector code (decode_span).
+    const size_t row_stride = row_bytes(format, k);
+    // A span of at most kSpan values into dst: the formats the builds decode with vector code by
+    // decode_span, the others by dequantize_row (the same values bit for bit).
     const auto decode_span = wide ? avx512::decode_span : avx2::decode_span;
+    const auto decode = [&](const uint8_t* src, int64_t span, float* dst) {
+        if (!decode_span(format, src, span, dst)) dequantize_row(format, src, dst, span);
+    };
     if (n_tokens <= kRowMajorMaxTokens && k % 16 == 0) {
         // Few tokens: the rows decoded one after the other, in address order (one stream for the
         // hardware prefetcher: a software hint 2 KB ahead here took a third of the gain back),
         // and multiplied as they are.
         thread_local CacheLineVector<float> decoded;
         decoded.resize(size_t(n_rows * k));
-        const size_t row_stride = row_bytes(format, k);
         for (int64_t r = 0; r < n_rows; ++r)
-            for (int64_t i = 0; i < k; i += kSpan) {
-                const int64_t span = std::min(kSpan, k - i);
-                const uint8_t* src = w + r * row_stride + row_bytes(format, i);
-                float* dst = decoded.data() + r * k + i;
-                if (!decode_span(format, src, span, dst)) dequantize_row(format, src, dst, span);
-            }
+            for (int64_t i = 0; i < k; i += kSpan)
+                decode(w + r * row_stride + row_bytes(format, i), std::min(kSpan, k - i), decoded.data() + r * k + i);
         (wide ? avx512::rows_times_tokens : avx2::rows_times_tokens)(decoded.data(), n_rows, k, x, x_stride, n_tokens,
                                                                      y, y_stride);
-        if (bias)
-            for (int64_t t = 0; t < n_tokens; ++t)
-                for (int64_t r = 0; r < n_rows; ++r) y[t * y_stride + r] += bias[r];
-        return;
-    }
-    thread_local CacheLineVector<float> rows, tile, partial;
-    rows.resize(size_t(kHalf * kSpan));
-    tile.resize(size_t(kTileRows * k));
-    const size_t row_stride = row_bytes(format, k), span_bytes = row_bytes(format, kSpan);
-    for (int64_t i = 0; i < k; i += kSpan) {
-        const int64_t span = std::min(kSpan, k - i);
-        const size_t offset = row_bytes(format, i);
-        for (int64_t r0 = 0; r0 < kTileRows; r0 += kHalf) {
-            const int64_t half_rows = std::max<int64_t>(0, std::min(kHalf, n_rows - r0));
-            for (int64_t r = 0; r < half_rows; ++r) {
-                const uint8_t* src = w + (r0 + r) * row_stride + offset;
-                // The row's next span, read after this span of all 32 rows: 32 short streams,
-                // which the hardware prefetchers leave to miss.
-                if (i + kSpan < k)
-                    for (size_t line = 0; line < span_bytes; line += 64) __builtin_prefetch(src + span_bytes + line);
-                float* dst = rows.data() + r * kSpan;
-                if (!decode_span(format, src, span, dst)) dequantize_row(format, src, dst, span);
-            }
-            (wide ? avx512::store_k_major : avx2::store_k_major)(rows.data(), half_rows, span, kSpan,
-                                                                 tile.data() + i * kTileRows + r0);
-        }
-    }
-    const auto times_tokens = wide ? avx512::tile_times_tokens : avx2::tile_times_tokens;
-    if (n_rows == kTileRows) {
-        times_tokens(tile.data(), k, x, x_stride, n_tokens, y, y_stride);
     } else {
-        partial.resize(size_t(n_tokens * kTileRows));
-        times_tokens(tile.data(), k, x, x_stride, n_tokens, partial.data(), kTileRows);
-        for (int64_t t = 0; t < n_tokens; ++t)
-            std::copy(partial.data() + t * kTileRows, partial.data() + t * kTileRows + n_rows, y + t * y_stride);
+        thread_local CacheLineVector<float> rows, tile, partial;
+        rows.resize(size_t(kHalf * kSpan));
+        tile.resize(size_t(kTileRows * k));
+        const size_t span_bytes = row_bytes(format, kSpan);
+        for (int64_t i = 0; i < k; i += kSpan) {
+            const int64_t span = std::min(kSpan, k - i);
+            const size_t offset = row_bytes(format, i);
+            for (int64_t r0 = 0; r0 < kTileRows; r0 += kHalf) {
+                const int64_t half_rows = std::max<int64_t>(0, std::min(kHalf, n_rows - r0));
+                for (int64_t r = 0; r < half_rows; ++r) {
+                    const uint8_t* src = w + (r0 + r) * row_stride + offset;
+                    // The row's next span, read after this span of all 32 rows: 32 short streams,
+                    // which the hardware prefetchers leave to miss.
+                    if (i + kSpan < k)
+                        for (size_t line = 0; line < span_bytes; line += 64) __builtin_prefetch(src + span_bytes + line);
+                    decode(src, span, rows.data() + r * kSpan);
+                }
+                (wide ? avx512::store_k_major : avx2::store_k_major)(rows.data(), half_rows, span, kSpan,
+                                                                     tile.data() + i * kTileRows + r0);
+            }
+        }
+        const auto times_tokens = wide ? avx512::tile_times_tokens : avx2::tile_times_tokens;
+        if (n_rows == kTileRows) {
+            times_tokens(tile.data(), k, x, x_stride, n_tokens, y, y_stride);
+        } else {
+            partial.resize(size_t(n_tokens * kTileRows));
+            times_tokens(tile.data(), k, x, x_stride, n_tokens, partial.data(), kTileRows);
+            for (int64_t t = 0; t < n_tokens; ++t)
+                std::copy(partial.data() + t * kTileRows, partial.data() + t * kTileRows + n_rows, y + t * y_stride);
+        }
     }
     if (bias)
         for (int64_t t = 0; t < n_tokens; ++t)

@@ -299,9 +299,7 @@ void legacy_rows(Format format, const uint8_t* blocks, int64_t n_blocks, uint8_t
     alignas(16) uint8_t mxfp4[16];
     for (int i = 0; i < 16; ++i) mxfp4[i] = static_cast<uint8_t>(blocks::kMXFP4DoubledValues[i] + 12);
     const __m128i table = _mm_load_si128(reinterpret_cast<const __m128i*>(mxfp4));
-    const int block_bytes = format == Format::Q8_0   ? int(sizeof(blocks::BlockQ8_0))
-                            : format == Format::Q4_0 ? int(sizeof(blocks::BlockQ4_0))
-                                                     : int(sizeof(blocks::BlockMXFP4));
+    const int block_bytes = int(format_info(format).block_bytes);
     for (int64_t b = 0; b < n_blocks; ++b) {
         blocks::prefetch_ahead(blocks + b * block_bytes, block_bytes);
         __m128i lo, hi;
