@@ -61,20 +61,28 @@ __device__ __forceinline__ void prefetch_position(const kcap_i32* step) {
     asm volatile("prefetch.global.L1 [%0];" ::"l"(step));
 }
 
+// The decode body's wait (kcap_attention_decode_dims' Wait): the launch before it complete.
+struct PdlWait {
+    static __device__ __forceinline__ void wait() {
+        cuda::pdl_wait();
+        cuda::pdl_trigger();
+    }
+};
+
 template <int DG, int KS>
-__global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32)
+__global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32, DG == 1 ? 2 : 1)
     decode_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new, const float* v_new,
                   kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out, cuda::Q8Rows q8,
                   const float2* cos_sin, const float* q_norm, const float* k_norm, const float* sinks) {
     __shared__ float merge[KCAP_ATTN_DECODE_SHARED_FLOATS];
     // Before the wait: the position (see prefetch_position) and the cached rows it reads
-    // (written by earlier steps); the prefetch is a hint, the body reads the position again.
+    // (written by earlier steps); the prefetch is a hint, the body reads the position again,
+    // and its cos/sin row, the QK-norm weights and each simd group's first keys before it
+    // waits (PdlWait).
     decode_prefetch(p, step[0], k_cache, v_cache);
-    cuda::pdl_wait();
-    cuda::pdl_trigger();
     const KcapThread t = kcap_cuda_thread();
-    kcap_attention_decode_dims<DG, KS>(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml, out, merge,
-                                   cos_sin, q_norm, k_norm, sinks);
+    kcap_attention_decode_dims<DG, KS, PdlWait>(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml,
+                                                out, merge, cos_sin, q_norm, k_norm, sinks);
     // One split covered every key: this group wrote its query heads' outputs (contiguous), so
     // it also writes their q8_1 for the output projection.
     const KcapDecodeHeads heads = kcap_decode_heads(p, int(blockIdx.x));

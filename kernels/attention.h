@@ -225,17 +225,71 @@ KCAP_FN void kcap_attn_load_fresh(const KcapThread t, const KCAP_GLOBAL float* f
     kcap_attn_round_row<DG>(f16, out);
 }
 
-// The decode's own rope (p.rope, rope_dim == head_dim): one head held as the lanes hold it
-// (dims 4 lane + 128 i), RMS-normed with `norm` first when p.qk_norm, then rotated by the
-// position's row of the cos/sin table, as kcap_qk_norm_rope and kcap_rope compute it. Every
-// lane of the simd group takes part (the norm's sum; NeoX's partner dims, which lie in lane
-// lane ^ (head_dim / 8), or in the lane's other dim group at head_dim 256, where DG == 2).
+// The decode's own rope (p.rope, rope_dim == head_dim): what a lane needs of the position's
+// cos/sin row and of a QK-norm weight for the dims it holds of a head (dims 4 lane + 128 i),
+// read once per group and ahead of the kernel's wait (kcap_attention_decode_dims: neither
+// depends on the launch before it).
+//   normal rope: pairs (d, d + 1): cs[4 i .. 4 i + 1] = the pairs of dims d .. d + 3 of dim group i;
+//   NeoX: pairs (d, d + half_dim): cs[0 .. 3] = those of the lane's dims of the lower half
+//   (its own, or its partner lane's, or at head_dim 256 the lane's in both dim groups).
+template <int DG>
+struct KcapAttnRopeLane {
+    float2 cs[DG * 4];  // [dim group i][pair c] at 4 i + c
+    float4 q_norm[DG];
+    float4 k_norm[DG];
+};
+
+// Dims 4 lane + 128 i .. +3 of a QK-norm weight (zeros without the norm or past head_dim).
+KCAP_FN float4 kcap_attn_norm_lane(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL float* norm, int i) {
+    const int d = 4 * int(t.lane) + 128 * i;
+    if (!p.qk_norm || d >= p.head_dim) return float4{0.0f, 0.0f, 0.0f, 0.0f};
+    return float4{norm[d], norm[d + 1], norm[d + 2], norm[d + 3]};
+}
+
+template <int DG>
+KCAP_FN KcapAttnRopeLane<DG> kcap_attn_rope_lane(const KcapThread t, const KcapAttentionParams p,
+                                                 const KCAP_GLOBAL float2* cs_row, const KCAP_GLOBAL float* q_norm,
+                                                 const KCAP_GLOBAL float* k_norm, bool with_k) {
+    KcapAttnRopeLane<DG> r;
+    const float2 zero = float2{0.0f, 0.0f};
+    const float4 zero4 = float4{0.0f, 0.0f, 0.0f, 0.0f};
+    KCAP_UNROLL for (int i = 0; i < DG; ++i) {
+        r.q_norm[i] = p.rope ? kcap_attn_norm_lane(t, p, q_norm, i) : zero4;
+        r.k_norm[i] = p.rope && with_k ? kcap_attn_norm_lane(t, p, k_norm, i) : zero4;
+        KCAP_UNROLL for (int c = 0; c < 4; ++c) r.cs[4 * i + c] = zero;
+    }
+    if (!p.rope) return r;  // no rope of its own: cos_sin and the norms are null
+    const int d = 4 * int(t.lane);
+    if (p.rope == 1) {
+        KCAP_UNROLL for (int i = 0; i < DG; ++i) {
+            const int di = d + 128 * i;
+            if (di < p.head_dim) r.cs[4 * i] = cs_row[di / 2], r.cs[4 * i + 1] = cs_row[di / 2 + 1];
+        }
+        return r;
+    }
+    const int half_dim = p.head_dim / 2;
+    if (half_dim == 128) {
+        KCAP_UNROLL for (int c = 0; c < 4; ++c) r.cs[c] = cs_row[d + c];
+        return r;
+    }
+    if (d >= p.head_dim) return r;
+    const int mask = half_dim / 4;
+    const int pair = (int(t.lane) & mask) == 0 ? d : d - half_dim;
+    KCAP_UNROLL for (int c = 0; c < 4; ++c) r.cs[c] = cs_row[pair + c];
+    return r;
+}
+
+// One head held as the lanes hold it, RMS-normed with `norm` (the lane's weights) first when
+// p.qk_norm, then rotated by the lane's cos/sin pairs, as kcap_qk_norm_rope and kcap_rope
+// compute it. Every lane of the simd group takes part (the norm's sum; NeoX's partner dims,
+// which lie in lane lane ^ (head_dim / 8), or in the lane's other dim group at head_dim 256,
+// where DG == 2).
 #if KCAP_ATTN_DIM_GROUPS != 2
 #error "kcap_attn_rope_head pairs NeoX halves across two dim groups at head_dim 256"
 #endif
 template <int DG>
-KCAP_FN void kcap_attn_rope_head(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL float2* cs_row,
-                                 const KCAP_GLOBAL float* norm, KCAP_PRIVATE float4* x) {
+KCAP_FN void kcap_attn_rope_head(const KcapThread t, const KcapAttentionParams p, const KCAP_PRIVATE float2* cs,
+                                 const KCAP_PRIVATE float4* norm, KCAP_PRIVATE float4* x) {
     if (p.qk_norm) {
         float sq = 0.0f;
         KCAP_UNROLL for (int i = 0; i < DG; ++i)
@@ -244,8 +298,8 @@ KCAP_FN void kcap_attn_rope_head(const KcapThread t, const KcapAttentionParams p
         KCAP_UNROLL for (int i = 0; i < DG; ++i) {
             const int d = 4 * int(t.lane) + 128 * i;
             if (d < p.head_dim) {
-                x[i].x = x[i].x * inv * norm[d], x[i].y = x[i].y * inv * norm[d + 1];
-                x[i].z = x[i].z * inv * norm[d + 2], x[i].w = x[i].w * inv * norm[d + 3];
+                x[i].x = x[i].x * inv * norm[i].x, x[i].y = x[i].y * inv * norm[i].y;
+                x[i].z = x[i].z * inv * norm[i].z, x[i].w = x[i].w * inv * norm[i].w;
             }
         }
     }
@@ -253,7 +307,7 @@ KCAP_FN void kcap_attn_rope_head(const KcapThread t, const KcapAttentionParams p
         KCAP_UNROLL for (int i = 0; i < DG; ++i) {
             const int d = 4 * int(t.lane) + 128 * i;
             if (d >= p.head_dim) continue;
-            const float2 c0 = cs_row[d / 2], c1 = cs_row[d / 2 + 1];
+            const float2 c0 = cs[4 * i], c1 = cs[4 * i + 1];
             const float4 v = x[i];
             x[i] = float4{v.x * c0.x - v.y * c0.y, v.x * c0.y + v.y * c0.x, v.z * c1.x - v.w * c1.y,
                           v.z * c1.y + v.w * c1.x};
@@ -261,10 +315,9 @@ KCAP_FN void kcap_attn_rope_head(const KcapThread t, const KcapAttentionParams p
         return;
     }
     const int half_dim = p.head_dim / 2;  // NeoX: pairs (d, d + half_dim)
+    const float2 c0 = cs[0], c1 = cs[1], c2 = cs[2], c3 = cs[3];
     if (half_dim == 128) {  // head_dim 256, so DG == 2 (x[DG - 1]: an index valid at DG == 1 too)
         const float4 lo = x[0], hi = x[DG - 1];
-        const int d = 4 * int(t.lane);
-        const float2 c0 = cs_row[d], c1 = cs_row[d + 1], c2 = cs_row[d + 2], c3 = cs_row[d + 3];
         x[0] = float4{lo.x * c0.x - hi.x * c0.y, lo.y * c1.x - hi.y * c1.y, lo.z * c2.x - hi.z * c2.y,
                       lo.w * c3.x - hi.w * c3.y};
         x[DG - 1] = float4{lo.x * c0.y + hi.x * c0.x, lo.y * c1.y + hi.y * c1.x, lo.z * c2.y + hi.z * c2.x,
@@ -278,8 +331,6 @@ KCAP_FN void kcap_attn_rope_head(const KcapThread t, const KcapAttentionParams p
     const int d = 4 * int(t.lane);
     if (d >= p.head_dim) return;
     const bool low = (int(t.lane) & mask) == 0;
-    const int pair = low ? d : d - half_dim;
-    const float2 c0 = cs_row[pair], c1 = cs_row[pair + 1], c2 = cs_row[pair + 2], c3 = cs_row[pair + 3];
     if (low)
         x[0] = float4{v.x * c0.x - other.x * c0.y, v.y * c1.x - other.y * c1.y, v.z * c2.x - other.z * c2.y,
                       v.w * c3.x - other.w * c3.y};
@@ -341,9 +392,46 @@ KCAP_FN float4 kcap_attn_to_stream(const KcapThread t, const float4 full) {
     return x;
 }
 
+// Where a kernel body starts reading what the launch before it wrote: nothing to wait for
+// here; CUDA's decode passes its programmatic-dependent-launch wait.
+struct KcapNoWait {
+    static KCAP_FN void wait() {}
+};
+
+// A step's keys as a lane of a key stream holds them: the K and V rows' dims of KPS keys.
+template <int DG>
+struct KcapAttnKeys {
+    float4 k[KCAP_ATTN_KEYS_PER_STEP][DG];
+    float4 v[KCAP_ATTN_KEYS_PER_STEP][DG];
+};
+
+// The keys j0 .. j0 + KPS - 1 from the cache as the lane's key stream holds them (ts), zeros
+// for a key past `end` and for the new key (fresh_pos, which the caller fills in): their K and
+// V rows, or only the K rows (KV_ROWS 1) or only the V rows (2).
+template <int DG, int KV_ROWS = 3>
+KCAP_FN void kcap_attn_load_keys(const KcapThread ts, const KcapAttentionParams p, const KCAP_GLOBAL kcap_u8* k_cache,
+                                 const KCAP_GLOBAL kcap_u8* v_cache, kcap_u64 k_head, kcap_u64 v_head, int j0, int end,
+                                 int fresh_pos, KCAP_PRIVATE KcapAttnKeys<DG>& keys) {
+    KCAP_UNROLL for (int b = 0; b < KCAP_ATTN_KEYS_PER_STEP; ++b) {
+        const int j = j0 + b;
+        const bool cached = j < end && j != fresh_pos;
+        if (KV_ROWS & 1) {
+            if (cached) kcap_attn_load_row<DG>(ts, k_cache, kcap_u64(j) * p.k_width + k_head, p.head_dim, p.kv_f16, keys.k[b]);
+            else KCAP_UNROLL for (int i = 0; i < DG; ++i) keys.k[b][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
+        }
+        if (KV_ROWS & 2) {
+            if (cached) kcap_attn_load_row<DG>(ts, v_cache, kcap_u64(j) * p.v_width + v_head, p.head_dim_v, p.kv_f16, keys.v[b]);
+            else KCAP_UNROLL for (int i = 0; i < DG; ++i) keys.v[b][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
+        }
+    }
+}
+
 // DG: the dim groups of the stage's heads (DG * 128 >= head_dim and head_dim_v); KS: key streams
-// per simd group (KS > 1: DG == 1 and heads of at most 128 / KS dims).
-template <int DG, int KS = 1>
+// per simd group (KS > 1: DG == 1 and heads of at most 128 / KS dims). Wait::wait() where the
+// body starts reading the launch before's outputs (q, the new K/V): before it, each simd group
+// reads what is older than that launch (the position, its cos/sin row, the QK-norm weights and
+// the cached K/V rows of its first step of keys), so that their latency overlaps the wait.
+template <int DG, int KS = 1, class Wait = KcapNoWait>
 KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
                                         const KCAP_GLOBAL float* q, const KCAP_GLOBAL float* k_new,
                                         const KCAP_GLOBAL float* v_new, KCAP_GLOBAL kcap_u8* k_cache,
@@ -352,12 +440,18 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
                                         const KCAP_GLOBAL float2* cos_sin, const KCAP_GLOBAL float* q_norm,
                                         const KCAP_GLOBAL float* k_norm, const KCAP_GLOBAL float* sinks) {
     const KcapDecodeHeads heads_of_group = kcap_decode_heads(p, int(t.group_x));
-    if (heads_of_group.first >= heads_of_group.end) return;  // the whole group: no query heads left
+    if (heads_of_group.first >= heads_of_group.end) {  // the whole group: no query heads left
+        Wait::wait();
+        return;
+    }
     const int kv_head = heads_of_group.kv_head;
     const int split = int(t.group_y);
     const int pos = step[0];
     const KcapDecodeSplits splits = kcap_decode_splits(p, pos);
-    if (split >= splits.active) return;  // the whole group: past the keys at this position
+    if (split >= splits.active) {  // the whole group: past the keys at this position
+        Wait::wait();
+        return;
+    }
     const int start = splits.first + split * splits.chunk;
     const int end = start + splits.chunk < pos + 1 ? start + splits.chunk : pos + 1;
     const KCAP_GLOBAL float* v_fresh = v_new + kcap_u64(kv_head) * p.head_dim_v;
@@ -371,10 +465,26 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
     const int fresh_pos = p.append ? pos : -1;
     const KcapThread ts = kcap_attn_stream_thread<KS>(t);  // the lane's place in its key stream
     const int stream = int(t.lane) / (KCAP_SIMD_WIDTH / KS);
+    const bool fresh_split = p.append && split == splits.active - 1;
+    const kcap_u64 k_head = kcap_u64(kv_head) * p.head_dim;
+    const kcap_u64 v_head = kcap_u64(kv_head) * p.head_dim_v;
+    // Before the wait: the rope's and the QK-norms' values, and (one key stream per simd group)
+    // the K rows of the simd group's first step of keys: the first pass's first iteration below
+    // loads only their V rows, which it needs after the dot products (holding them too through
+    // the wait spilled registers). Qwen3-30B-A3B's 12-layer slice decodes 3% faster from empty
+    // with it; with two key streams (gpt-oss-20b) the preloaded K rows gained nothing from empty
+    // and lost 1% after 4,096 tokens.
+    const KcapAttnRopeLane<DG> rope = kcap_attn_rope_lane<DG>(t, p, cs_row, q_norm, k_norm, fresh_split);
+    KcapAttnKeys<DG> keys;
+    bool preloaded = KS == 1;
+    if (preloaded)
+        kcap_attn_load_keys<DG, 1>(ts, p, k_cache, v_cache, k_head, v_head, start + int(t.simd) * KPS, end, fresh_pos,
+                                   keys);
+    Wait::wait();
     float4 k_fresh[DG];
-    if (p.append && split == splits.active - 1) {
-        kcap_attn_load_fresh_raw<DG>(t, k_new + kcap_u64(kv_head) * p.head_dim, p.head_dim, k_fresh);
-        if (p.rope) kcap_attn_rope_head<DG>(t, p, cs_row, k_norm, k_fresh);
+    if (fresh_split) {
+        kcap_attn_load_fresh_raw<DG>(t, k_new + k_head, p.head_dim, k_fresh);
+        if (p.rope) kcap_attn_rope_head<DG>(t, p, rope.cs, rope.k_norm, k_fresh);
         kcap_attn_round_row<DG>(p.kv_f16, k_fresh);
         if (t.simd == 0 && heads_of_group.first == 0) {
             const kcap_u64 k_row = kcap_u64(pos) * p.k_width + kcap_u64(kv_head) * p.head_dim;
@@ -394,8 +504,6 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
         if (KS > 1) k_fresh[0] = kcap_attn_to_stream<KS>(t, k_fresh[0]);
     }
     const int group = p.n_head / p.n_head_kv;
-    const kcap_u64 k_head = kcap_u64(kv_head) * p.head_dim;
-    const kcap_u64 v_head = kcap_u64(kv_head) * p.head_dim_v;
     for (int g0 = heads_of_group.first; g0 < heads_of_group.end; g0 += KCAP_ATTN_HEADS_PER_PASS) {
         const int heads =
             heads_of_group.end - g0 < KCAP_ATTN_HEADS_PER_PASS ? heads_of_group.end - g0 : KCAP_ATTN_HEADS_PER_PASS;
@@ -411,7 +519,7 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
                 qv[h][i] = d < p.head_dim ? kcap_load_f32x4(q + kcap_u64(head) * p.head_dim + d) : float4{0.0f, 0.0f, 0.0f, 0.0f};
                 o[h][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
-            if (p.rope) kcap_attn_rope_head<DG>(t, p, cs_row, q_norm, qv[h]);
+            if (p.rope) kcap_attn_rope_head<DG>(t, p, rope.cs, rope.q_norm, qv[h]);
             if (KS > 1) qv[h][0] = kcap_attn_to_stream<KS>(t, qv[h][0]);
         }
         // Each step a simd group loads KPS keys' K and V rows per key stream at once (so that
@@ -421,26 +529,21 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
         for (int j_simd = start + int(t.simd) * KS * KPS; j_simd < end;
              j_simd += int(t.simds) * KS * KPS) {
             const int j0 = j_simd + stream * KPS;  // this stream's first key
-            float4 k[KPS][DG], v[KPS][DG];
+            if (preloaded) kcap_attn_load_keys<DG, 2>(ts, p, k_cache, v_cache, k_head, v_head, j0, end, fresh_pos, keys);
+            else kcap_attn_load_keys<DG>(ts, p, k_cache, v_cache, k_head, v_head, j0, end, fresh_pos, keys);
+            preloaded = false;
             KCAP_UNROLL for (int b = 0; b < KPS; ++b) {
-                const int j = j0 + b;
-                if (j < end && j == fresh_pos) {
-                    KCAP_UNROLL for (int i = 0; i < DG; ++i) k[b][i] = k_fresh[i];
-                    kcap_attn_load_fresh<DG>(ts, v_fresh, p.head_dim_v, p.kv_f16, v[b]);
-                } else if (j < end) {
-                    kcap_attn_load_row<DG>(ts, k_cache, kcap_u64(j) * p.k_width + k_head, p.head_dim, p.kv_f16, k[b]);
-                    kcap_attn_load_row<DG>(ts, v_cache, kcap_u64(j) * p.v_width + v_head, p.head_dim_v, p.kv_f16, v[b]);
-                } else {
-                    KCAP_UNROLL for (int i = 0; i < DG; ++i)
-                        k[b][i] = float4{0.0f, 0.0f, 0.0f, 0.0f}, v[b][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
+                if (j0 + b < end && j0 + b == fresh_pos) {
+                    KCAP_UNROLL for (int i = 0; i < DG; ++i) keys.k[b][i] = k_fresh[i];
+                    kcap_attn_load_fresh<DG>(ts, v_fresh, p.head_dim_v, p.kv_f16, keys.v[b]);
                 }
             }
             float dot[KPS][KCAP_ATTN_HEADS_PER_PASS];
             KCAP_UNROLL for (int b = 0; b < KPS; ++b) KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
                 dot[b][h] = 0.0f;
                 KCAP_UNROLL for (int i = 0; i < DG; ++i)
-                    dot[b][h] += qv[h][i].x * k[b][i].x + qv[h][i].y * k[b][i].y + qv[h][i].z * k[b][i].z +
-                                 qv[h][i].w * k[b][i].w;
+                    dot[b][h] += qv[h][i].x * keys.k[b][i].x + qv[h][i].y * keys.k[b][i].y + qv[h][i].z * keys.k[b][i].z +
+                                 qv[h][i].w * keys.k[b][i].w;
             }
             KCAP_UNROLL for (int offset = KCAP_SIMD_WIDTH / (2 * KS); offset > 0; offset >>= 1)
                 KCAP_UNROLL for (int b = 0; b < KPS; ++b)
@@ -470,10 +573,10 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
                     float4 acc = float4{o[h][i].x * correction, o[h][i].y * correction, o[h][i].z * correction,
                                         o[h][i].w * correction};
                     KCAP_UNROLL for (int b = 0; b < KPS; ++b) {
-                        acc.x += weight[b] * v[b][i].x;
-                        acc.y += weight[b] * v[b][i].y;
-                        acc.z += weight[b] * v[b][i].z;
-                        acc.w += weight[b] * v[b][i].w;
+                        acc.x += weight[b] * keys.v[b][i].x;
+                        acc.y += weight[b] * keys.v[b][i].y;
+                        acc.z += weight[b] * keys.v[b][i].z;
+                        acc.w += weight[b] * keys.v[b][i].w;
                     }
                     o[h][i] = acc;
                 }
