@@ -155,11 +155,20 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
     experts.simds = unsigned(simds);
     experts.threads = 32u * unsigned(simds);
     if (t.simd < experts.simds) kcap_moe_logits_prefetch(experts, p, w);  // before the wait: weights never change
+    const int n4 = p.k / 4, stride = int(t.threads);
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    // The norm's weights of the thread's first batch of float4s (a row of up to kRouteNormBatch *
+    // threads float4s is one batch), read before the wait as well: the norm's second pass then
+    // waits on no load of its own.
+    float4 g_first[kRouteNormBatch];
+#pragma unroll
+    for (int u = 0; u < kRouteNormBatch; ++u) {
+        const int i = int(t.index) + u * stride;
+        g_first[u] = i < n4 ? kcap_load_f32x4(norm_weight + 4 * i) : zero;
+    }
     pdl_wait();
     pdl_trigger();
-    const int n4 = p.k / 4, stride = int(t.threads);
     const auto staged = [&](int i) { return xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8); };
-    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     // fn(i, residual + branch) for every float4 i of the row, the residual's and the branch's
     // float4s base + u * stride (u < kRouteNormBatch) loaded together: for the norm, and again
     // for the write-back.
@@ -191,7 +200,7 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
 #pragma unroll
         for (int u = 0; u < kRouteNormBatch; ++u) {
             const int i = base + u * stride;
-            g[u] = i < n4 ? kcap_load_f32x4(norm_weight + 4 * i) : zero;
+            g[u] = base == int(t.index) ? g_first[u] : i < n4 ? kcap_load_f32x4(norm_weight + 4 * i) : zero;
         }
 #pragma unroll
         for (int u = 0; u < kRouteNormBatch; ++u) {

@@ -692,6 +692,10 @@ KCAP_FN float kcap_attention_combine(const KcapThread t, const KcapAttentionPara
     const KCAP_GLOBAL float* po = partial_o + head * p.n_splits * dv + kcap_u64(d < dv ? d : 0);
     float l = 0.0f, acc = 0.0f, m_all = 0.0f;
     if (active <= KCAP_SIMD_WIDTH) {
+        // The first four splits' outputs are read with their (max, sum), not after them: at
+        // short spans (up to 128 keys: four splits) the combine is then one round of loads.
+        float first[4];
+        KCAP_UNROLL for (int j = 0; j < 4; ++j) first[j] = j < active ? po[kcap_u64(j) * dv] : 0.0f;
         const int s = int(t.lane);
         const float m_s = s < active ? ml[2 * s] : KCAP_NEG_INFINITY;
         const float l_s = s < active ? ml[2 * s + 1] : 0.0f;
@@ -699,7 +703,8 @@ KCAP_FN float kcap_attention_combine(const KcapThread t, const KcapAttentionPara
         m_all = m;
         const float w_s = s < active ? kcap_exp(m_s - m) : 0.0f;
         l = kcap_simd_sum(l_s * w_s);
-        int i = 0;
+        KCAP_UNROLL for (int j = 0; j < 4; ++j) acc += first[j] * kcap_simd_broadcast(w_s, j);  // 0 past active
+        int i = 4;
         for (; i + 4 <= active; i += 4) {
             const float w0 = kcap_simd_broadcast(w_s, i), w1 = kcap_simd_broadcast(w_s, i + 1);
             const float w2 = kcap_simd_broadcast(w_s, i + 2), w3 = kcap_simd_broadcast(w_s, i + 3);
