@@ -27,6 +27,7 @@ void rows_times_tokens(const float*, int64_t, int64_t, const float*, int64_t, in
 #include <immintrin.h>
 
 #include "core/formats_blocks.h"
+#include "cpu/matmul_f32_blocks32.h"
 
 namespace kcap {
 namespace f32_gemm {
@@ -243,35 +244,7 @@ bool decode_span(Format format, const uint8_t* block, int64_t n_values, float* o
             _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 * i))));
         return true;
     }
-    // Eight 32-value blocks: Q8_0's values times d, Q4_0's nibbles (value i < 16 the low nibble
-    // of qs[i], i >= 16 the high nibble of qs[i - 16]) minus 8 times d, MXFP4's nibbles through
-    // the doubled E2M1 table times the halved e8m0 scale.
-    if ((format == Format::Q8_0 || format == Format::Q4_0 || format == Format::MXFP4) && n_values % 32 == 0) {
-        const __m128i low4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
-        const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks::kMXFP4DoubledValues));
-        for (int i = 0; i < n_values / 32; ++i) {
-            float* to = out + 32 * i;
-            if (format == Format::Q8_0) {
-                const auto& b = reinterpret_cast<const blocks::BlockQ8_0*>(block)[i];
-                scale_32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs)),
-                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16)), blocks::load_half(b.d), to);
-                continue;
-            }
-            const uint8_t* qs = format == Format::Q4_0 ? reinterpret_cast<const blocks::BlockQ4_0*>(block)[i].qs
-                                                       : reinterpret_cast<const blocks::BlockMXFP4*>(block)[i].qs;
-            const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-            const __m128i lo = _mm_and_si128(q, low4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
-            if (format == Format::Q4_0) {
-                scale_32(_mm_sub_epi8(lo, eight), _mm_sub_epi8(hi, eight),
-                         blocks::load_half(reinterpret_cast<const blocks::BlockQ4_0*>(block)[i].d), to);
-            } else {
-                scale_32(_mm_shuffle_epi8(table, lo), _mm_shuffle_epi8(table, hi),
-                         blocks::mxfp4_half_scale(reinterpret_cast<const blocks::BlockMXFP4*>(block)[i].e), to);
-            }
-        }
-        return true;
-    }
-    return false;
+    return decode_blocks32<scale_32>(format, block, n_values, out);
 }
 
 }  // namespace avx2
