@@ -251,14 +251,15 @@ KCAP_FN KcapAttnRopeLane<DG> kcap_attn_rope_lane(const KcapThread t, const KcapA
                                                  const KCAP_GLOBAL float2* cs_row, const KCAP_GLOBAL float* q_norm,
                                                  const KCAP_GLOBAL float* k_norm, bool with_k) {
     KcapAttnRopeLane<DG> r;
-    const float2 zero = float2{0.0f, 0.0f};
-    const float4 zero4 = float4{0.0f, 0.0f, 0.0f, 0.0f};
     KCAP_UNROLL for (int i = 0; i < DG; ++i) {
-        r.q_norm[i] = p.rope ? kcap_attn_norm_lane(t, p, q_norm, i) : zero4;
-        r.k_norm[i] = p.rope && with_k ? kcap_attn_norm_lane(t, p, k_norm, i) : zero4;
-        KCAP_UNROLL for (int c = 0; c < 4; ++c) r.cs[4 * i + c] = zero;
+        r.q_norm[i] = r.k_norm[i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
+        KCAP_UNROLL for (int c = 0; c < 4; ++c) r.cs[4 * i + c] = float2{0.0f, 0.0f};
     }
     if (!p.rope) return r;  // no rope of its own: cos_sin and the norms are null
+    KCAP_UNROLL for (int i = 0; i < DG; ++i) {
+        r.q_norm[i] = kcap_attn_norm_lane(t, p, q_norm, i);
+        if (with_k) r.k_norm[i] = kcap_attn_norm_lane(t, p, k_norm, i);
+    }
     const int d = 4 * int(t.lane);
     if (p.rope == 1) {
         KCAP_UNROLL for (int i = 0; i < DG; ++i) {
