@@ -15,30 +15,38 @@ using namespace kcap;
 
 namespace {
 
-// Thrown by SignalCheck's engine check when a signal handler raised (Ctrl-C: KeyboardInterrupt);
+// Thrown by StopCheck's engine check when a signal handler raised (Ctrl-C: KeyboardInterrupt);
 // the Python exception stays set on this thread until eval has unwound and takes the GIL back.
 struct PendingPythonError {};
+// Thrown by StopCheck's engine check when the eval's cancel event is set.
+struct Cancelled {};
 
-// While an eval runs on the main thread (the only one Python runs signal handlers on), the engine
-// checks for signals between stages (Engine::set_interrupt_check), so Ctrl-C during a long
-// prompt lands within a fraction of a chunk and leaves the cache at n_past. Other threads get no
-// check: they could not see a signal, and taking the GIL from them would contend with the main one.
-class SignalCheck {
+// While an eval runs, the engine checks between stages (Engine::set_interrupt_check, at most
+// every 10 ms) for what should stop it: on the main thread (the only one Python runs signal
+// handlers on) a signal, so Ctrl-C during a long prompt lands within a stage or two; on any
+// thread the eval's cancel event (an object with is_set(), a threading.Event: a server's client
+// that went away). Either leaves the cache at n_past. Without a cancel event, other threads get
+// no check: they could not see a signal, and taking the GIL from them would contend with the
+// main one.
+class StopCheck {
 public:
-    explicit SignalCheck(Engine& engine) : engine_(engine) {
+    StopCheck(Engine& engine, const py::object& cancel) : engine_(engine) {
         const py::object threading = py::module_::import("threading");
-        if (!threading.attr("current_thread")().is(threading.attr("main_thread")())) return;
-        engine_.set_interrupt_check([] {
+        const bool main_thread = threading.attr("current_thread")().is(threading.attr("main_thread")());
+        if (!main_thread && cancel.is_none()) return;
+        py::object is_set = cancel.is_none() ? py::object() : py::getattr(cancel, "is_set");
+        engine_.set_interrupt_check([main_thread, is_set]() {
             py::gil_scoped_acquire gil;
-            if (PyErr_CheckSignals() != 0) throw PendingPythonError{};
+            if (main_thread && PyErr_CheckSignals() != 0) throw PendingPythonError{};
+            if (is_set && is_set().cast<bool>()) throw Cancelled{};
         });
         installed_ = true;
     }
-    ~SignalCheck() {
+    ~StopCheck() {
         if (installed_) engine_.set_interrupt_check({});
     }
-    SignalCheck(const SignalCheck&) = delete;
-    SignalCheck& operator=(const SignalCheck&) = delete;
+    StopCheck(const StopCheck&) = delete;
+    StopCheck& operator=(const StopCheck&) = delete;
 
 private:
     Engine& engine_;
@@ -353,24 +361,28 @@ void init_engine(py::module_& m) {
              py::arg("profile") = false, py::arg("cublas_library") = "", py::arg("check_finite") = false)
         .def(
             "eval",
-            [](Engine& engine, py::array tokens, bool all_logits) {
+            [](Engine& engine, py::array tokens, bool all_logits, const py::object& cancel) -> py::object {
                 const std::vector<int32_t> checked = checked_token_ids(engine, tokens);
                 const int64_t n = int64_t(checked.size());
                 py::array_t<float> logits =
                     all_logits ? py::array_t<float>({n, engine.n_vocab()}) : py::array_t<float>(engine.n_vocab());
                 const int32_t* ids = checked.data();
                 float* out = logits.mutable_data();
-                const SignalCheck signals(engine);
+                const StopCheck stop(engine, cancel);
                 try {
                     py::gil_scoped_release release;
                     engine.eval(ids, n, out, all_logits);
                 } catch (const PendingPythonError&) {
                     throw py::error_already_set();  // the KeyboardInterrupt the check left set
+                } catch (const Cancelled&) {
+                    return py::none();
                 }
                 return logits;
             },
-            py::arg("tokens"), py::arg("all_logits") = false,
-            "Appends tokens at n_past and returns the last position's logits [vocab] (or [n, vocab]).")
+            py::arg("tokens"), py::arg("all_logits") = false, py::arg("cancel") = py::none(),
+            "Appends tokens at n_past and returns the last position's logits [vocab] (or [n, vocab]); None, with "
+            "n_past unchanged, when cancel (an object with is_set(), such as a threading.Event) is set while it "
+            "runs (checked between stages on the CPU).")
         .def(
             "decode_greedy",
             [](Engine& engine, int32_t token, int64_t n) {

@@ -69,6 +69,15 @@ void scale_32(__m128i lo, __m128i hi, float scale, float* out) {
         _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(halves[i]))));
 }
 
+// The same from unsigned codes (Q4_1, Q5_1) times scale plus offset: the exact product, then one
+// rounding in the FMA, as dequantize_row's multiply then add.
+void scale_offset_32(__m128i lo, __m128i hi, float scale, float offset, float* out) {
+    const __m256 s = _mm256_set1_ps(scale), m = _mm256_set1_ps(offset);
+    const __m128i halves[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int i = 0; i < 4; ++i)
+        _mm256_storeu_ps(out + 8 * i, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(halves[i])), m));
+}
+
 // Q4_K (and with kFifthBit Q5_K) blocks: run r (values 32r .. 32r + 31) the low (r even) or high
 // nibbles of qs[32(r / 2) ..] (Q5_K: with bit r of qh[l] above), times d * scale plus -(dmin * min):
 // the products exact, one rounding in the FMA, as dequantize_row's multiply then add.
@@ -244,7 +253,13 @@ bool decode_span(Format format, const uint8_t* block, int64_t n_values, float* o
             _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 * i))));
         return true;
     }
-    return decode_blocks32<scale_32>(format, block, n_values, out);
+    if (format == Format::BF16 && n_values % 16 == 0) {  // the high half of an f32: exact, as dequantize_row
+        for (int i = 0; i < n_values; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 * i))), 16)));
+        return true;
+    }
+    return decode_blocks32<scale_32, scale_offset_32>(format, block, n_values, out);
 }
 
 }  // namespace avx2

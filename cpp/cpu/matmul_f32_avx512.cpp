@@ -67,6 +67,14 @@ void scale_32(__m128i lo, __m128i hi, float scale, float* out) {
     _mm512_storeu_ps(out + 16, _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi))));
 }
 
+// The same from unsigned codes (Q4_1, Q5_1) times scale plus offset: the exact product, then one
+// rounding in the FMA, as dequantize_row's multiply then add.
+void scale_offset_32(__m128i lo, __m128i hi, float scale, float offset, float* out) {
+    const __m512 s = _mm512_set1_ps(scale), m = _mm512_set1_ps(offset);
+    _mm512_storeu_ps(out, _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), m));
+    _mm512_storeu_ps(out + 16, _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), m));
+}
+
 // Q4_K (and with kFifthBit Q5_K) blocks: run r (values 32r .. 32r + 31) the low (r even) or high
 // nibbles of qs[32(r / 2) ..] (Q5_K: with bit r of qh[l] above), times d * scale plus -(dmin * min):
 // the products exact, one rounding in the FMA, as dequantize_row's multiply then add.
@@ -247,7 +255,13 @@ bool decode_span(Format format, const uint8_t* block, int64_t n_values, float* o
             _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2 * i))));
         return true;
     }
-    return decode_blocks32<scale_32>(format, block, n_values, out);
+    if (format == Format::BF16 && n_values % 16 == 0) {  // the high half of an f32: exact, as dequantize_row
+        for (int i = 0; i < n_values; i += 16)
+            _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2 * i))), 16)));
+        return true;
+    }
+    return decode_blocks32<scale_32, scale_offset_32>(format, block, n_values, out);
 }
 
 }  // namespace avx512

@@ -48,9 +48,9 @@ void tile_times_tokens(const float* tile, int64_t k_len, const float* x, int64_t
 // the tile's rows (n_rows <= 16 of them given) stored k-major, as tile_times_tokens reads them.
 void store_k_major(const float* rows, int64_t n_rows, int64_t k, int64_t row_stride, float* tile);
 // out = the n_values <= 256 values at block (256: one Q4_K, Q5_K or Q6_K block; a multiple of 32:
-// that many Q8_0, Q4_0 or MXFP4 values; a multiple of 16: F16 values), dequantize_row's bit for
-// bit (vector code; an F16 signaling NaN comes out quiet); false (nothing written) for other
-// formats and lengths, which the caller decodes with dequantize_row.
+// that many Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or MXFP4 values; a multiple of 16: F16 or BF16 values),
+// dequantize_row's bit for bit (vector code; an F16 signaling NaN comes out quiet); false
+// (nothing written) for other formats and lengths, which the caller decodes with dequantize_row.
 bool decode_span(Format format, const uint8_t* block, int64_t n_values, float* out);
 // out[t * out_stride + r] = sum over k of rows[r * k + k'] * x[t * x_stride + k'] for r < n_rows,
 // t < tokens, k a multiple of 16: each output 16 FMA chains (lane j takes k' = j mod 16 in order)

@@ -45,7 +45,8 @@ def token_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 256,
                  repetition_penalty: float = 1.0, seed: int | None = None,
                  stats: GenerationStats | None = None, cancel: threading.Event | None = None) -> Iterator[int]:
     """Yields generated token ids. max_tokens None: until an end-of-generation token or the end
-    of the context. cancel: an Event checked between prefill chunks and between tokens."""
+    of the context. cancel: an Event checked between tokens, and in the prompt between chunks (on the
+    CPU between stages)."""
     if max_tokens is not None and (isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 0):
         raise InvalidArgumentError(f"max_tokens must be an integer ≥ 0 or None, got {max_tokens!r}")
     config = SamplerConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,

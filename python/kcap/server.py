@@ -117,7 +117,8 @@ def _message_text(message: ChatMessage, index: int) -> str:
 # --- generation on a worker thread -------------------------------------------------------------
 class _Generation:
     """One request's generation: a thread runs it under the Model's lock and hands text pieces
-    to the event loop through a queue; cancel() stops it at the next chunk or token."""
+    to the event loop through a queue; cancel() stops it at the next token, or within the prompt at
+    the next chunk (on the CPU the next stage)."""
 
     def __init__(self, server: "_Server", prompt_ids: list[int], options: dict, skip_special_tokens: bool):
         self.loop = asyncio.get_running_loop()

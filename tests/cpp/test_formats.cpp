@@ -643,8 +643,8 @@ void test_gemm_f32(const std::string& label) {
 }
 
 // The f32 GEMM builds' vector decoders of 256-value spans (decode_span: Q4_K, Q5_K, Q6_K, Q8_0,
-// Q4_0, MXFP4, F16) give dequantize_row's values bit for bit, on random blocks (random and tiny scales,
-// every code), and leave other formats to dequantize_row.
+// Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, F16, BF16) give dequantize_row's values bit for bit, on random
+// blocks (random and tiny scales, every code), and leave other formats to dequantize_row.
 void test_gemm_f32_block_decoders() {
     namespace g = kcap::f32_gemm;
     struct Build {
@@ -663,8 +663,8 @@ void test_gemm_f32_block_decoders() {
             std::printf("note: no %s f32 GEMM block decoder here (build or CPU); it is not tested\n", build.name);
             continue;
         }
-        for (const Format format : {Format::Q4_K, Format::Q5_K, Format::Q6_K, Format::Q8_0, Format::Q4_0, Format::MXFP4,
-                                    Format::F16}) {
+        for (const Format format : {Format::Q4_K, Format::Q5_K, Format::Q6_K, Format::Q8_0, Format::Q4_0, Format::Q4_1,
+                                    Format::Q5_0, Format::Q5_1, Format::MXFP4, Format::F16, Format::BF16}) {
             const int64_t n_spans = 64;
             const std::vector<uint8_t> row = random_row(format, 256 * n_spans, rng);
             const size_t span_bytes = kcap::row_bytes(format, 256);
@@ -677,7 +677,7 @@ void test_gemm_f32_block_decoders() {
                   std::string(build.name) + " decode_span gives dequantize_row's " + kcap::format_info(format).name +
                       " values bit for bit");
             // A row's last, shorter span (k = 2880 ends 64 values into one): the 32-value formats
-            // and F16 decode it, the K-quants leave it to dequantize_row (their k is whole blocks).
+            // and F16/BF16 decode it, the K-quants leave it to dequantize_row (their k is whole blocks).
             const bool k_quant = kcap::format_info(format).block_elems == 256;
             for (const int64_t n : {32, 64, 224}) {
                 std::vector<float> part(256, std::nanf(""));

@@ -210,9 +210,9 @@ def test_an_interrupt_between_chunks_leaves_the_cache_as_python_sees_it(good, mo
         def __getattr__(self, name):
             return getattr(model.engine_real, name)
 
-        def eval(self, tokens, all_logits):
+        def eval(self, tokens, all_logits, cancel=None):
             calls["n"] += 1
-            out = real_eval(tokens, all_logits)
+            out = real_eval(tokens, all_logits, cancel=cancel)
             if calls["n"] == 2:
                 raise KeyboardInterrupt
             return out

@@ -88,7 +88,7 @@ def test_cache_record_resyncs_with_the_engine(smollm):
 
 
 def test_long_prompts_are_evaluated_in_chunks_with_the_same_result(smollm):
-    ids = smollm.tokenize("one two three four " * 60)
+    ids = smollm.tokenize("one two three four " * 100)
     assert len(ids) > 3 * smollm.prefill_chunk
     chunked = smollm.logits(ids)
     smollm.reset()
@@ -104,3 +104,69 @@ def test_a_set_cancel_event_stops_before_any_work(smollm):
     assert list(smollm.generate_ids(smollm.tokenize("one two " * 200), max_tokens=50, cancel=cancel,
                                     stats=stats)) == []
     assert stats.finish_reason == "cancelled"
+
+
+def test_the_cpu_engine_stops_a_call_between_stages_when_its_cancel_event_is_set(smollm):
+    # The event set before the call: the engine's first check between stages sees it, on a
+    # thread that is not the main one (a server's worker), and the call returns None with the
+    # cache where it was.
+    import numpy as np
+
+    ids = np.asarray(smollm.tokenize("one two three four " * 20), dtype=np.int32)
+    smollm.reset()
+    cancel = threading.Event()
+    cancel.set()
+    out = {}
+    worker = threading.Thread(target=lambda: out.update(logits=smollm.engine.eval(ids, False, cancel=cancel)))
+    worker.start()
+    worker.join()
+    assert "logits" in out and out["logits"] is None
+    assert smollm.engine.n_past == 0
+    # Unset, the same call runs to the end and gives what a call without an event gives.
+    cancel.clear()
+    logits = smollm.engine.eval(ids, False, cancel=cancel)
+    smollm.engine.reset()
+    assert smollm.engine.n_past == 0
+    assert (logits == smollm.engine.eval(ids, False)).all()
+    smollm.reset()
+
+
+def test_a_cancel_during_a_long_prompt_lands_within_a_chunk(gemma):
+    # A generation on a worker thread, cancelled once its prompt's first chunk is recorded
+    # (mid-prompt on a machine of any speed): it ends within a fraction of a chunk's time with
+    # no token, and the cache holds whole chunks of the prompt only.
+    import time
+
+    from kcap.testing.fuzz import under_address_sanitizer
+
+    if under_address_sanitizer():
+        pytest.skip("a timing bound: AddressSanitizer runs the CPU kernels several times slower")
+    model = gemma
+    model.reset()
+    ids = [2] + [1000 + i % 5000 for i in range(2999)]
+    cancel = threading.Event()
+    stats = GenerationStats()
+    done = {}
+
+    def generate():
+        done["tokens"] = list(model.generate_ids(ids, max_tokens=4, cancel=cancel, stats=stats))
+        done["at"] = time.perf_counter()
+
+    worker = threading.Thread(target=generate)
+    started = time.perf_counter()
+    worker.start()
+    deadline = started + 60
+    while not model._cached and time.perf_counter() < deadline:
+        time.sleep(0.001)
+    first_chunk = time.perf_counter() - started
+    time.sleep(0.05)  # into the next chunk's stages
+    set_at = time.perf_counter()
+    cancel.set()
+    worker.join(60)
+    assert done["tokens"] == [] and stats.finish_reason == "cancelled"
+    latency = done["at"] - set_at
+    assert latency < 0.5 and latency < first_chunk, (latency, first_chunk)
+    cached = len(model._cached)
+    assert 0 < cached < len(ids) and cached % model.prefill_chunk == 0, cached
+    assert model.engine.n_past == cached and model._cached == ids[:cached]
+    model.reset()
