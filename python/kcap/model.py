@@ -24,13 +24,13 @@ from kcap.errors import BackendUnavailableError, ContextOverflowError, FormatErr
 from kcap.gguf import GGUFFile
 
 # Tokens per engine.eval call while prefilling. On the CPU each call decodes every weight row once
-# for all its tokens, so a chunk of 32 tokens prefilled at 60-70% of the speed of one of 128
-# (Gemma 3 270M exact, 2 cores: 585 against 870 tok/s; past 128 the gain is within a few percent
-# and the q8_1 GEMM's token panel outgrows the cache). A GPU takes a whole batch of max_batch
-# tokens (512 by default: tens of milliseconds). Neither a stop nor a cancellation waits for a
-# chunk's end: the CPU engine checks between stages (every 10 ms at most) for Ctrl-C on the main
-# thread and for the cancel event on any thread, and stops with the cache at the last whole
-# chunk. Fixed per backend, so a prompt's chunks (and so its numbers) never depend on timing.
+# for all its tokens, so short chunks repeat that work: 32 tokens a chunk prefilled at 50-70% of
+# the speed of 128, and past 128 the gain is a few percent while the q8_1 GEMM's token panel
+# outgrows the cache (docs/benchmarks.md). A GPU takes a whole batch of max_batch tokens (512 by
+# default: tens of milliseconds). Neither a stop nor a cancellation waits for a chunk's end: the
+# CPU engine checks between stages (every 10 ms at most) for Ctrl-C on the main thread and for
+# the cancel event on any thread, and stops with the cache at the last whole chunk. Fixed per
+# backend, so a prompt's chunks (and so its numbers) never depend on timing.
 CPU_PREFILL_CHUNK = 128
 
 
