@@ -19,6 +19,7 @@
 #include <string>
 
 #include "core/formats_blocks.h"
+#include "core/formats_dot_paths.h"
 #include "kcap/errors.h"
 #include "kcap/formats.h"
 
@@ -94,8 +95,7 @@ void dequantize_row(Format format, const void* src, float* dst, int64_t n_elems)
     throw FormatError("dequantize_row: " + std::string(format_name(format)) + " has no decoder");
 }
 
-void quantize_q8_1(const float* x, int64_t n, int8_t* q, float* d, int32_t* sum16) {
-    if (n % 32 != 0) throw FormatError("q8_1 rounding needs whole runs of 32 values, got " + std::to_string(n));
+void portable::quantize_q8_1(const float* x, int64_t n, int8_t* q, float* d, int32_t* sum16) {
     for (int64_t r = 0; r < n; r += 32) {
         float amax = 0.0f;
         for (int64_t i = r; i < r + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
@@ -111,6 +111,15 @@ void quantize_q8_1(const float* x, int64_t n, int8_t* q, float* d, int32_t* sum1
             sum16[r / 16 + half] = sum;
         }
     }
+}
+
+// The x86 builds' vector loops where the CPU has them (the same bits; test_formats compares them):
+// a q8_1 prefill rounds every matmul input, and the scalar loop called libm's nearbyintf per value.
+void quantize_q8_1(const float* x, int64_t n, int8_t* q, float* d, int32_t* sum16) {
+    if (n % 32 != 0) throw FormatError("q8_1 rounding needs whole runs of 32 values, got " + std::to_string(n));
+    if (avx512_kernels_in_use()) return avx512::quantize_q8_1(x, n, q, d, sum16);
+    if (avx2_kernels_in_use()) return avx2::quantize_q8_1(x, n, q, d, sum16);
+    portable::quantize_q8_1(x, n, q, d, sum16);
 }
 
 void round_q8_1(const float* x, int64_t n, float* out) {

@@ -16,6 +16,9 @@ float dot_row(Format, const void*, const float*, int64_t) {
 float dot_row_q8_1(Format, const void*, Q8View, int64_t) {
     throw Error("kcap was compiled without AVX2+FMA: avx2::dot_row_q8_1 is not available");
 }
+void quantize_q8_1(const float*, int64_t, int8_t*, float*, int32_t*) {
+    throw Error("kcap was compiled without AVX2+FMA: avx2::quantize_q8_1 is not available");
+}
 }  // namespace avx2
 }  // namespace kcap
 

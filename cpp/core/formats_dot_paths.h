@@ -35,6 +35,8 @@ namespace portable {
 // dot_row for a format and a length already validated by the caller (formats_dot.cpp).
 float dot_row(Format format, const void* src, const float* x, int64_t n_elems);
 float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems);
+// kcap::quantize_q8_1's loops, n a multiple of 32 (formats_dequantize.cpp).
+void quantize_q8_1(const float* x, int64_t n, int8_t* q, float* d, int32_t* sum16);
 }  // namespace portable
 
 namespace avx2 {
@@ -45,6 +47,8 @@ bool compiled();
 float dot_row(Format format, const void* src, const float* x, int64_t n_elems);
 // dot_row_q8_1: the same code extraction, integer products (maddubs) per 16 values.
 float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems);
+// portable::quantize_q8_1's codes, scales and sums bit for bit, 8 lanes at a time.
+void quantize_q8_1(const float* x, int64_t n, int8_t* q, float* d, int32_t* sum16);
 }  // namespace avx2
 
 namespace avx512 {
@@ -53,6 +57,7 @@ namespace avx512 {
 bool compiled();
 float dot_row(Format format, const void* src, const float* x, int64_t n_elems);
 float dot_row_q8_1(Format format, const void* src, Q8View x, int64_t n_elems);
+void quantize_q8_1(const float* x, int64_t n, int8_t* q, float* d, int32_t* sum16);
 }  // namespace avx512
 
 namespace neon {

@@ -21,6 +21,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "core/formats_blocks.h"
@@ -774,6 +775,47 @@ float dot_bf16(const uint8_t* src, const float* x, int64_t n) {
 }  // namespace
 
 bool compiled() { return true; }
+
+// 32 values at a time, 8 lanes a vector in both builds: the largest magnitude (max is exact in
+// any order; a NaN is passed over, as std::max(amax, NaN) keeps amax), the same scale and inverse
+// as the scalar code, each code the product x * inverse rounded by cvtps_epi32 (the current
+// rounding mode: to nearest, ties to even, what std::nearbyint does), and a conversion that
+// fails (NaN, infinity: 0x80000000) giving 0 as the scalar float-to-int8 cast's low byte does.
+void quantize_q8_1(const float* x, int64_t n, int8_t* q, float* d, int32_t* sum16) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i invalid = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+    for (int64_t r = 0; r < n; r += 32) {
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int k = 0; k < 4; ++k) {
+            v[k] = _mm256_loadu_ps(x + r + 8 * k);
+            amax = _mm256_max_ps(_mm256_and_ps(v[k], magnitude), amax);  // a NaN lane keeps amax
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float scale = _mm_cvtss_f32(m) / 127.0f;
+        const float inverse = scale >= std::numeric_limits<float>::min() ? 1.0f / scale : 0.0f;
+        d[r / 32] = scale;
+        const __m256 by = _mm256_set1_ps(inverse);
+        __m256i code[4];
+        for (int k = 0; k < 4; ++k) {
+            const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], by));
+            code[k] = _mm256_andnot_si256(_mm256_cmpeq_epi32(c, invalid), c);  // within +-127 now
+        }
+        // int32 -> int8 (no saturation left to do); the packs interleave 128-bit halves, which
+        // the permute puts back in order.
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(code[0], code[1]), _mm256_packs_epi32(code[2], code[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + r),
+                            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        for (int half = 0; half < 2; ++half) {
+            const __m256i s8 = _mm256_add_epi32(code[2 * half], code[2 * half + 1]);
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            sum16[r / 16 + half] = _mm_cvtsi128_si32(s4);
+        }
+    }
+}
 
 #include "core/formats_dot_dispatch.h"
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <utility>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -838,6 +839,34 @@ void test_dot_special_rows() {
     check(kcap::dot_row(Format::F32, storage.data() + 1, xs.data(), 100) == 9900.0f, "F32 row at an odd address");
 }
 
+// The x86 builds' quantize_q8_1 gives the portable loop's codes, scales and sums bit for bit:
+// random magnitudes from 1e-30 to 1e4 per run, an all-zero run, runs of exact ties (amax 127:
+// scale 1, so x.5 rounds to even), a run with NaN and one with an infinity.
+void test_quantize_q8_1_builds(const char* name, void (*quantize)(const float*, int64_t, int8_t*, float*, int32_t*)) {
+    std::mt19937 rng(811);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const int64_t n = 32 * 40;
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n / 32; ++r) {
+        const float magnitude = std::pow(10.0f, float(int(rng() % 35) - 30));
+        for (int i = 0; i < 32; ++i) x[size_t(32 * r + i)] = normal(rng) * magnitude;
+    }
+    for (int i = 0; i < 32; ++i) x[size_t(32 + i)] = 0.0f;
+    for (int i = 0; i < 32; ++i) x[size_t(64 + i)] = i == 0 ? 127.0f : float(int(rng() % 200) - 100) + 0.5f;
+    for (int i = 0; i < 32; ++i) x[size_t(96 + i)] = i == 5 ? -127.0f : float(i) - 15.5f;
+    x[size_t(128 + 7)] = std::nanf("");
+    x[size_t(160 + 20)] = -std::numeric_limits<float>::infinity();
+    std::vector<int8_t> want_q(static_cast<size_t>(n)), got_q(static_cast<size_t>(n), 99);
+    std::vector<float> want_d(size_t(n / 32)), got_d(size_t(n / 32), -1.0f);
+    std::vector<int32_t> want_s(size_t(n / 16)), got_s(size_t(n / 16), -1);
+    kcap::portable::quantize_q8_1(x.data(), n, want_q.data(), want_d.data(), want_s.data());
+    quantize(x.data(), n, got_q.data(), got_d.data(), got_s.data());
+    check(want_q == got_q && std::memcmp(want_d.data(), got_d.data(), want_d.size() * sizeof(float)) == 0 &&
+              want_s == got_s,
+          std::string(name) + " quantize_q8_1 gives the portable codes, scales and sums bit for bit");
+    check(want_q[size_t(64 + 1)] % 2 == 0 && want_d[2] == 1.0f, "the tie run rounds x.5 to even (scale 1)");
+}
+
 void test_bad_sizes() {
     std::vector<uint8_t> raw(4096);
     std::vector<float> out(4096), x(4096);
@@ -871,6 +900,7 @@ int main() {
         test_dot_against_dequantize("avx2::dot_row", kcap::avx2::dot_row);
         test_dot_q8_1("avx2::dot_row_q8_1", kcap::avx2::dot_row_q8_1);
         test_dot_one_hot_recovers_weights("avx2::dot_row", kcap::avx2::dot_row);
+        test_quantize_q8_1_builds("avx2", kcap::avx2::quantize_q8_1);
     } else {
         std::printf("note: no AVX2 dot_row here (build or CPU); it is not tested\n");
     }
@@ -878,6 +908,7 @@ int main() {
         test_dot_against_dequantize("avx512::dot_row", kcap::avx512::dot_row);
         test_dot_q8_1("avx512::dot_row_q8_1", kcap::avx512::dot_row_q8_1);
         test_dot_one_hot_recovers_weights("avx512::dot_row", kcap::avx512::dot_row);
+        test_quantize_q8_1_builds("avx512", kcap::avx512::quantize_q8_1);
     } else {
         std::printf("note: no AVX-512 VNNI dot_row here (build or CPU); it is not tested\n");
     }
