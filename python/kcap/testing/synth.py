@@ -4,7 +4,8 @@ random weights whose block scales are sane (activations stay O(1) through the la
 Used where real weights cannot travel (the device machine takes 64 MiB) and for tests
 that need a particular format, shape or defect. Formats gguf-py can quantize are made by
 quantizing Gaussian weights; the k-quants (which gguf-py only dequantizes) get random
-quant bytes with their f16 super-block scales overwritten by small values.
+quant bytes with their f16 super-block scales overwritten by small values (and, for those with
+a minimum per sub-block, sub-scales and mins that center the weights on 0).
 
     python -m kcap.testing.synth clone SRC.gguf DST.gguf
     python -m kcap.testing.synth llama DST.gguf --layers 2 --embd 64 --type Q8_0
@@ -71,11 +72,50 @@ def random_tensor(type_name: str, shape: tuple[int, ...], rng: np.random.Generat
     block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     n_blocks = row_length // block_elems
     raw = rng.integers(0, 256, size=(n_rows, n_blocks, block_bytes), dtype=np.uint8)
-    # Max |q * sub-scale| is a few hundred for these layouts; scale it to about std.
-    scale = np.float16(std / 200.0)
+    if type_name in CENTERED_MINS:
+        return centered_k_quant(type_name, raw, std, rng).reshape(n_rows, n_blocks * block_bytes)
+    # The symmetric K-quants (signed sub-scales): d such that the weights' std is about std.
+    scale = np.float16(std / RAW_K_QUANT_STD[type_name])
     for offset in F16_SCALE_OFFSETS[type_name]:
         raw[:, :, offset:offset + 2] = np.frombuffer(scale.tobytes(), dtype=np.uint8)
     return raw.reshape(n_rows, n_blocks * block_bytes)
+
+
+# The std of d = 1 weights of the K-quants without mins when their bytes are uniformly random:
+# Q6_K codes q - 32 (std 18.5) times int8 sub-scales (rms 73.9), Q3_K codes q - 4 (rms 2.35)
+# times 6-bit signed sub-scales (rms 18.5).
+RAW_K_QUANT_STD = {"Q6_K": 18.47 * 73.9, "Q3_K": 2.35 * 18.5}
+
+# The K-quants with a minimum per sub-block (w = d * scale * q - dmin * min, q >= 0): the mean of
+# their uniformly random codes, and the sub-scales random_tensor draws for them, each with the
+# min that cancels that mean (min = mean * scale, an integer), so that the weights are centered
+# on 0. Random mins instead gave every matrix a large common offset, every token's hidden state
+# the same direction, and a mixture of experts' router the same experts for every token.
+CENTERED_MINS = {"Q2_K": (1.5, (2, 4, 6, 8, 10)), "Q4_K": (7.5, (2, 4, 6, 8)), "Q5_K": (15.5, (2, 4))}
+
+
+def centered_k_quant(type_name: str, raw: np.ndarray, std: float, rng: np.random.Generator) -> np.ndarray:
+    """raw ([rows, blocks, bytes] random Q2_K/Q4_K/Q5_K blocks) with sub-scales from
+    CENTERED_MINS[type_name], each min cancelling the codes' mean, and d = dmin chosen so that the
+    weights' standard deviation is about std."""
+    mean, choices = CENTERED_MINS[type_name]
+    levels = 2 * mean + 1  # codes 0 .. levels - 1
+    sub_blocks = 16 if type_name == "Q2_K" else 8
+    scale = rng.choice(np.array(choices, dtype=np.int64), size=raw.shape[:2] + (sub_blocks,))
+    minimum = (scale * mean).astype(np.int64)
+    code_std = math.sqrt((levels * levels - 1) / 12.0)  # uniform codes
+    d = np.float16(std / (code_std * math.sqrt(np.mean(np.square(np.array(choices, dtype=np.float64))))))
+    if type_name == "Q2_K":  # scales[16] (scale | min << 4), qs[64], d, dmin
+        raw[:, :, 0:16] = (scale | (minimum << 4)).astype(np.uint8)
+    else:  # d, dmin, scales[12] packed as ggml's get_scale_min_k4 reads them
+        packed = np.empty(raw.shape[:2] + (12,), dtype=np.int64)
+        packed[..., 0:4] = (scale[..., :4] & 63) | ((scale[..., 4:] >> 4) << 6)
+        packed[..., 4:8] = (minimum[..., :4] & 63) | ((minimum[..., 4:] >> 4) << 6)
+        packed[..., 8:12] = (scale[..., 4:] & 15) | ((minimum[..., 4:] & 15) << 4)
+        raw[:, :, 4:16] = packed.astype(np.uint8)
+    for offset in F16_SCALE_OFFSETS[type_name]:  # d and dmin alike
+        raw[:, :, offset:offset + 2] = np.frombuffer(d.tobytes(), dtype=np.uint8)
+    return raw
 
 
 def plausible_weights(type_name: str, shape: tuple[int, ...], rng: np.random.Generator,
