@@ -203,9 +203,11 @@ void f32_gemm::multiply_tile(Format format, const uint8_t* w, int64_t n_rows, in
         // and multiplied as they are.
         thread_local CacheLineVector<float> decoded;
         decoded.resize(size_t(n_rows * k));
+        const size_t span_bytes = row_bytes(format, kSpan);
         for (int64_t r = 0; r < n_rows; ++r)
             for (int64_t i = 0; i < k; i += kSpan)
-                decode(w + r * row_stride + row_bytes(format, i), std::min(kSpan, k - i), decoded.data() + r * k + i);
+                decode(w + r * row_stride + size_t(i / kSpan) * span_bytes, std::min(kSpan, k - i),
+                       decoded.data() + r * k + i);
         (wide ? avx512::rows_times_tokens : avx2::rows_times_tokens)(decoded.data(), n_rows, k, x, x_stride, n_tokens,
                                                                      y, y_stride);
     } else {
