@@ -393,6 +393,16 @@ def _stacked_adder(tensors: list, rng: np.random.Generator, fallback: bool = Fal
     return add
 
 
+# The synthetic Qwen3-MoE layout's QK-norm weights (about 3 instead of 1): its attention logits
+# are q.k / sqrt(128) of RMS-normalized q and k, which with norm weights near 1 have a standard
+# deviation near 1, so over hundreds of positions each head averages, every token's state
+# converges layer by layer and the router picks the same few experts for every token (a 12-layer
+# file: 36 of 128 experts in layer 11, one of them with 486 of 512 tokens). With weights near 3
+# the heads attend sharply, as a trained model's do, and every layer's router reaches all 128
+# experts with at most 50-113 tokens each, as a trained router with its load-balancing loss does.
+QK_NORM_SCALE = 3.0
+
+
 def qwen3moe_q4_k_m(path: str, n_layer: int = 48, n_embd: int = 2048, n_head: int = 32, n_head_kv: int = 4,
                     head_dim: int = 128, n_expert: int = 128, n_expert_used: int = 8, n_ff_exp: int = 768,
                     n_vocab: int = 151936, context_length: int = 40960, seed: int = 0) -> str:
@@ -433,8 +443,10 @@ def qwen3moe_q4_k_m(path: str, n_layer: int = 48, n_embd: int = 2048, n_head: in
         add(f"blk.{il}.attn_q.weight", (n_embd, n_head * head_dim), "Q4_K")
         add(f"blk.{il}.attn_k.weight", (n_embd, n_head_kv * head_dim), "Q4_K")
         add(f"blk.{il}.attn_v.weight", (n_embd, n_head_kv * head_dim), q4_k_m_type(f"blk.{il}.attn_v.weight", n_layer))
-        add(f"blk.{il}.attn_q_norm.weight", (head_dim,), "F32")
-        add(f"blk.{il}.attn_k_norm.weight", (head_dim,), "F32")
+        for norm in ("attn_q_norm", "attn_k_norm"):
+            add(f"blk.{il}.{norm}.weight", (head_dim,), "F32")
+            name, type_name, shape, data = tensors[-1]
+            tensors[-1] = (name, type_name, shape, (data * QK_NORM_SCALE).astype(np.float32))
         add(f"blk.{il}.attn_output.weight", (n_head * head_dim, n_embd), "Q4_K")
         add(f"blk.{il}.ffn_norm.weight", (n_embd,), "F32")
         add(f"blk.{il}.ffn_gate_inp.weight", (n_embd, n_expert), "F32")
