@@ -2,9 +2,10 @@
 """CPU speed comparison: kcap vs llama.cpp (llama-cpp-python) on the SAME GGUF file.
 
 What is measured (per engine, same process, same token ids):
-  * prefill tok/s : reset the KV cache, then evaluate a 128-token prompt in ONE call
-                    (kcap: m.eval(ids128); llama.cpp: llm.eval(ids128), n_batch=512 so
-                    it is a single llama_decode). tok/s = 128 / wall time of that call.
+  * prefill tok/s : reset the KV cache, then evaluate a 128-token prompt (--prompt N) in ONE
+                    call (kcap: m.eval(ids), in the model's prompt chunks; llama.cpp:
+                    llm.eval(ids), n_batch=512 so up to 512 tokens are a single llama_decode).
+                    tok/s = prompt tokens / wall time of that call.
   * decode tok/s  : reset, evaluate a short prompt (first 8 ids of the 128-id prompt,
                     NOT timed), then generate --gen (default 64) tokens greedily, one
                     eval([tok]) per token, argmax over the returned logits with numpy.
@@ -265,6 +266,7 @@ def markdown_table(model: str, path: Path, summ: dict, info: dict) -> str:
 
 # --------------------------------------------------------------------------- main
 def main(argv=None) -> int:
+    global PROMPT_LEN, N_CTX
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="gemma3", help="gemma3 | smollm2 | path to .gguf")
     ap.add_argument("--runs", type=int, default=5, help="timed repetitions (median reported)")
@@ -273,8 +275,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-kcap", action="store_true", help="measure llama.cpp only")
     ap.add_argument("--activations", default="f32",
                     help="kcap's matmul activations: f32 (exact) or q8_1 (int8 per 32 values, as llama.cpp)")
+    ap.add_argument("--prompt", type=int, default=PROMPT_LEN,
+                    help="tokens of the prefill prompt (default 128; llama.cpp takes up to 512 a batch)")
     ap.add_argument("--out-dir", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)
+    PROMPT_LEN = args.prompt
+    N_CTX = max(N_CTX, -(-(PROMPT_LEN + args.gen + 16) // 256) * 256)
 
     model, path = resolve_model(args.model)
     print(f"model: {model}  file: {path}  threads: {args.threads}  runs: {args.runs}", flush=True)

@@ -23,21 +23,6 @@ from kcap.errors import BackendUnavailableError, ContextOverflowError, FormatErr
     InvalidArgumentTypeError, ModelError
 from kcap.gguf import GGUFFile
 
-# Tokens per engine.eval call while prefilling. On the CPU each call decodes every weight row once
-# for all its tokens, so short chunks repeat that work: 32 tokens a chunk prefilled at 50-70% of
-# the speed of 128, and past 128 the gain is a few percent while the q8_1 GEMM's token panel
-# outgrows the cache (docs/benchmarks.md). A GPU takes a whole batch of max_batch tokens (512 by
-# default: tens of milliseconds). Neither a stop nor a cancellation waits for a chunk's end: the
-# CPU engine checks between stages (every 10 ms at most) for Ctrl-C on the main thread and for
-# the cancel event on any thread, and stops with the cache at the last whole chunk. Fixed per
-# backend, so a prompt's chunks (and so its numbers) never depend on timing.
-CPU_PREFILL_CHUNK = 128
-
-
-def prefill_chunk(backend: str, max_batch: int) -> int:
-    """The tokens per engine call of a prompt on this backend."""
-    return CPU_PREFILL_CHUNK if backend == "cpu" else max_batch
-
 # LayerSpec / ModelSpec fields that hold tensor names (the rest are numbers and enums): one list,
 # in the core (KCAP_LAYER_TENSOR_FIELDS / KCAP_MODEL_TENSOR_FIELDS of model_spec.h).
 LAYER_TENSOR_FIELDS = _core.LAYER_TENSOR_FIELDS
@@ -152,7 +137,15 @@ class Model:
         backend = backend or default_backend()
         check_backend(backend)
         self.backend = backend
-        self.prefill_chunk = prefill_chunk(backend, max_batch)
+        # Tokens per engine.eval call of a prompt: max_batch on every backend, the batch each
+        # matmul takes. On the CPU each call decodes every weight row once for all its tokens, and
+        # a mixture of experts gives each expert its share of them, so shorter chunks cost a large
+        # part of a prefill (docs/benchmarks.md). Neither a stop nor a cancellation waits for a
+        # chunk's end: the CPU engine checks between stages (every 10 ms at most) for Ctrl-C on
+        # the main thread and for the cancel event on any thread, and stops with the cache at the
+        # last whole chunk; a GPU's chunk takes tens of milliseconds. Fixed per load, so a
+        # prompt's chunks (and so its numbers) never depend on timing.
+        self.prefill_chunk = max_batch
         cublas = locate_cublas() if backend == "cuda" and activations == "bf16" else None
         self.engine = _core.Engine(
             self.spec,

@@ -201,8 +201,9 @@ def test_engine_checks_ids_and_context_before_allocating(good):
 
 def test_an_interrupt_between_chunks_leaves_the_cache_as_python_sees_it(good, monkeypatch):
     # A KeyboardInterrupt delivered as an engine call returns (the prefill's second chunk): the
-    # engine's cache is cut back to the tokens the model has recorded.
-    model = kcap.load(good)
+    # engine's cache is cut back to the tokens the model has recorded. Chunks of 32 tokens: the
+    # file's context holds 256.
+    model = kcap.load(good, max_batch=32)
     calls = {"n": 0}
     real_eval = model.engine.eval
 

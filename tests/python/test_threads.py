@@ -88,12 +88,15 @@ def test_cache_record_resyncs_with_the_engine(smollm):
 
 
 def test_long_prompts_are_evaluated_in_chunks_with_the_same_result(smollm):
-    ids = smollm.tokenize("one two three four " * 100)
-    assert len(ids) > 3 * smollm.prefill_chunk
-    chunked = smollm.logits(ids)
-    smollm.reset()
-    whole = smollm.engine.eval(__import__("numpy").asarray(ids, dtype="int32"), False)
-    smollm.engine.reset()
+    # A prompt of more than three chunks of max_batch tokens (64 here) against the same prompt
+    # in one call of the default max_batch (512).
+    model = kcap.load(smollm.path, max_batch=64)
+    assert model.prefill_chunk == 64 and smollm.prefill_chunk == 512
+    ids = model.tokenize("one two three four " * 60)
+    assert 3 * model.prefill_chunk < len(ids) <= smollm.prefill_chunk
+    chunked = model.logits(ids)
+    assert model.engine.n_past == len(ids) and model._cached == ids
+    whole = smollm.logits(ids)
     assert abs(chunked - whole).max() <= 1e-3 * abs(whole).max()
 
 
