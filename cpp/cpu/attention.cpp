@@ -22,14 +22,26 @@ struct KvHeadLayout {
     bool values_in_keys = false;
 };
 
-// Query rows [begin, end) (token x KV head) of one call: scores, softmax, the weighted values.
-// sinks (attention sinks, or null): a logit per query head that joins each softmax's
-// denominator and weighs no value.
+// A causal query's work grows with its position, so contiguous halves of a prompt's query rows
+// gave the thread with the later half three times the other's work. Item i of a call's
+// n_tokens x per_token rows is the row of token slot i / per_token taken from alternate ends
+// (tokens 0, n - 1, 1, n - 2, ...): contiguous chunks of items then hold equal work for two
+// threads, and near-equal work for more.
+int64_t balanced_row(int64_t i, int64_t n_tokens, int64_t per_token) {
+    const int64_t slot = i / per_token;
+    const int64_t token = slot % 2 == 0 ? slot / 2 : n_tokens - 1 - slot / 2;
+    return token * per_token + i % per_token;
+}
+
+// The query rows (token x KV head) of items [begin, end) of one call (balanced_row): scores,
+// softmax, the weighted values. sinks (attention sinks, or null): a logit per query head that
+// joins each softmax's denominator and weighs no value.
 KCAP_HOT_LOOP void attend(const StageParams& p, const KernelCall& call, const KvLayer& kv, const float* sinks,
                           const KvHeadLayout& layout, int64_t begin, int64_t end) {
     const int group = p.n_head / p.n_head_kv;  // query heads per KV head
     std::vector<float> scores, key(size_t(p.head_dim)), value(size_t(p.head_dim_v));
-    for (int64_t t = begin; t < end; ++t) {
+    for (int64_t item = begin; item < end; ++item) {
+        const int64_t t = balanced_row(item, call.n_tokens, p.n_head_kv);
         const int64_t m = t / p.n_head_kv;
         const int kvh = int(t % p.n_head_kv);
         const int64_t pos = call.pos0 + m;
@@ -175,11 +187,13 @@ void attention_mla_kernel(const Stage& stage, const KernelCall& call) {
         // Each task: query heads of one token, as one KV head of group 1 reading the shared row.
         StageParams one = latent;
         one.n_head = 1;
-        for (int64_t t = begin; t < end; ++t) {
+        for (int64_t item = begin; item < end; ++item) {
+            const int64_t t = balanced_row(item, call.n_tokens, heads);
             KernelCall head = inner;
             head.in = absorbed.data() + t * width;
             head.out = weighted.data() + t * lora;
             head.pos0 = call.pos0 + int(t / heads);
+            head.n_tokens = 1;
             attend(one, head, kv, nullptr, {0, 0, true}, 0, 1);
         }
     });
