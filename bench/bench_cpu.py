@@ -194,8 +194,8 @@ def time_decode(eng, prompt: list[int], n_gen: int) -> tuple[float, list[int]]:
     return n_gen / (t1 - t0), out
 
 
-def run_engine_rep(eng, ids128, dec_prompt, n_gen, res):
-    res["prefill"].append(time_prefill(eng, ids128))
+def run_engine_rep(eng, prompt_ids, dec_prompt, n_gen, res):
+    res["prefill"].append(time_prefill(eng, prompt_ids))
     tps, toks = time_decode(eng, dec_prompt, n_gen)
     res["decode"].append(tps)
     res["tokens"] = toks
@@ -293,11 +293,11 @@ def main(argv=None) -> int:
     ll = LlamaCppEngine(path, args.threads)
     if has_vocabulary(path):
         sent = ll.tokenize_plain(SENTENCE)
-        ids128 = build_prompt(ll.bos(), sent, PROMPT_LEN)
+        prompt_ids = build_prompt(ll.bos(), sent, PROMPT_LEN)
     else:  # a layout with random weights (bench/bench_cuda.py's files): fixed random ids
-        ids128 = [int(t) for t in np.random.default_rng(0).integers(0, ll.n_vocab, PROMPT_LEN)]
-    dec_prompt = ids128[:DECODE_PROMPT_LEN]
-    assert len(ids128) == PROMPT_LEN and PROMPT_LEN + args.gen + 8 <= N_CTX
+        prompt_ids = [int(t) for t in np.random.default_rng(0).integers(0, ll.n_vocab, PROMPT_LEN)]
+    dec_prompt = prompt_ids[:DECODE_PROMPT_LEN]
+    assert len(prompt_ids) == PROMPT_LEN and PROMPT_LEN + args.gen + 8 <= N_CTX
 
     engines = [ll]
     kcap_error = None
@@ -306,7 +306,7 @@ def main(argv=None) -> int:
         try:
             kc = KcapEngine(path, args.threads, args.activations)
             kc.reset()
-            lg = kc.eval(ids128[:4])
+            lg = kc.eval(prompt_ids[:4])
             if np.asarray(lg).shape != (ll.n_vocab,):
                 raise RuntimeError(f"kcap logits shape {np.asarray(lg).shape}, expected ({ll.n_vocab},)")
             engines.append(kc)
@@ -322,7 +322,7 @@ def main(argv=None) -> int:
         nonlocal kc, kcap_error
         for e in list(engines):
             try:
-                run_engine_rep(e, ids128, dec_prompt, args.gen, results[e.name])
+                run_engine_rep(e, prompt_ids, dec_prompt, args.gen, results[e.name])
             except Exception as ex:
                 if e is ll:
                     raise
@@ -404,7 +404,7 @@ def main(argv=None) -> int:
     out = out_dir / f"cpu_{model}_{stamp}.json"
     out.write_text(json.dumps(
         {"info": info, "results": summ, "ratio_kcap_over_llama_cpp": ratios,
-         "prompt_ids": ids128,
+         "prompt_ids": prompt_ids,
          "generated_ids": {n: r["tokens"] for n, r in results.items()}},
         indent=2) + "\n")
     out.with_suffix(".md").write_text(table + "\n")

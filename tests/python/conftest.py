@@ -110,3 +110,46 @@ def pytest_sessionfinish(session, exitstatus):
     with open(path, "w") as f:
         json.dump(record, f, indent=1, sort_keys=True)
         f.write("\n")
+
+
+def stop_a_long_prompt_mid_chunk(model, prompt, stop):
+    """Runs prompt(ids) on the model (the CPU, from an empty cache) with a 3000-token prompt and
+    calls stop() once its first chunk of model.prefill_chunk tokens is recorded and 50 ms more
+    have passed (so the stop lands mid-prompt, inside a chunk's stages, on a machine of any
+    speed). Checks that the cache then holds whole chunks of the prompt only, in the model's
+    record and in the engine. Returns (ids, seconds from stop() to prompt's return, seconds the
+    first chunk took, the number of tokens cached). Skipped under AddressSanitizer, where the
+    CPU kernels run several times slower than the callers' timing bounds assume."""
+    import threading
+    import time
+
+    from kcap.testing.fuzz import under_address_sanitizer
+
+    if under_address_sanitizer():
+        pytest.skip("a timing bound: AddressSanitizer runs the CPU kernels several times slower")
+    model.reset()
+    ids = [2] + [1000 + i % 5000 for i in range(2999)]
+    started = time.perf_counter()
+    times = {}
+
+    def stopper():
+        deadline = started + 60
+        while not model._cached and time.perf_counter() < deadline:
+            time.sleep(0.001)
+        times["first_chunk"] = time.perf_counter() - started
+        time.sleep(0.05)  # into the next chunk's stages
+        times["stop"] = time.perf_counter()
+        stop()
+
+    thread = threading.Thread(target=stopper, daemon=True)
+    thread.start()
+    try:
+        prompt(ids)
+    finally:
+        returned = time.perf_counter()
+        thread.join(60)
+    cached = len(model._cached)
+    assert 0 < cached < len(ids) and cached % model.prefill_chunk == 0, cached
+    assert model.engine.n_past == cached and model._cached == ids[:cached]
+    return ids, returned - times["stop"], times["first_chunk"], cached
+

@@ -310,42 +310,24 @@ def test_check_finite_names_the_first_stage_that_writes_nan(tmp_path):
 
 
 def test_ctrl_c_during_a_long_prefill_lands_quickly_and_leaves_the_model_consistent(gemma):
-    # SIGINT during a 3000-token prefill of Gemma 3 270M (CPU), sent once the first chunk of
-    # model.prefill_chunk tokens is recorded (so the stop is mid-prompt on a machine of any
-    # speed): KeyboardInterrupt within half a second (the engine checks for signals between
-    # stages, Python between chunks), and the engine's cache holds exactly the tokens the model
-    # recorded, whole chunks only.
+    # SIGINT during a 3000-token prefill of Gemma 3 270M (CPU), mid-chunk:
+    # KeyboardInterrupt within half a second (the engine checks for signals between stages,
+    # Python between chunks), and the engine's cache holds exactly the tokens the model
+    # recorded, whole chunks only (stop_a_long_prompt_mid_chunk checks that).
     import os
     import signal
-    import threading
-    import time
 
-    from kcap.testing.fuzz import under_address_sanitizer
+    from conftest import stop_a_long_prompt_mid_chunk
 
-    if under_address_sanitizer():
-        pytest.skip("a timing bound: AddressSanitizer runs the CPU kernels several times slower")
     model = gemma
-    model.reset()
-    ids = [2] + [1000 + i % 5000 for i in range(2999)]
-    sent = {}
 
-    def interrupt():
-        deadline = time.perf_counter() + 60
-        while not model._cached and time.perf_counter() < deadline:
-            time.sleep(0.001)
-        time.sleep(0.05)  # into the next chunk's stages
-        sent["at"] = time.perf_counter()
-        os.kill(os.getpid(), signal.SIGINT)
+    def prompt(ids):
+        with pytest.raises(KeyboardInterrupt):
+            model.eval(ids)
 
-    threading.Thread(target=interrupt, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        model.eval(ids)
-    latency = time.perf_counter() - sent["at"]
+    ids, latency, _, cached = stop_a_long_prompt_mid_chunk(
+        model, prompt, lambda: os.kill(os.getpid(), signal.SIGINT))
     assert latency < 0.5, latency
-    cached = len(model._cached)
-    assert 0 < cached < len(ids) and cached % model.prefill_chunk == 0, cached
-    assert model.engine.n_past == cached
-    assert model._cached == ids[:cached]
     # The rows the interrupted chunk wrote past n_past are never read: going on from the cut
     # gives the logits of an uninterrupted run.
     more = ids[cached:cached + 37]
