@@ -9,6 +9,7 @@ The CUDA counterpart (device memory over a long generation) is test_long_context
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 import sys
 
@@ -35,6 +36,38 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * 4096
 
 
+def anon_huge_pages_kb() -> int:
+    """The process's anonymous memory held in transparent huge pages (kB), for the failure messages."""
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    return 0
+
+
+PR_SET_THP_DISABLE = 41
+PR_GET_THP_DISABLE = 42
+
+
+@pytest.fixture
+def no_transparent_huge_pages():
+    """Keeps the kernel from collapsing this process's pages into 2 MB huge pages while the test runs.
+
+    numpy asks for huge pages (madvise) on its arrays of 4 MB and more, and the suite's earlier tests
+    leave such arrays in this process; khugepaged may collapse one while a generation runs, and the
+    resident set then jumps by up to 2 MB less the pages already there (a CI run saw 2,016 kB, one
+    2 MB page less 32 resident 4 kB pages, in the middle of a flat stretch). That is the kernel
+    filling pages of memory allocated before the test, not memory the generation takes, so the test
+    turns it off for the process (prctl PR_SET_THP_DISABLE) and restores the setting after.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    before = libc.prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0)
+    if before < 0 or libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
+        pytest.fail(f"prctl(PR_SET_THP_DISABLE) failed: errno {ctypes.get_errno()}")
+    yield
+    libc.prctl(PR_SET_THP_DISABLE, before, 0, 0, 0)
+
+
 def generate_sampling_rss(model) -> dict[int, int]:
     """Greedy generation of GENERATED tokens after PROMPT (eos ignored): position -> RSS."""
     samples = {}
@@ -56,10 +89,11 @@ def long_model(tmp_path_factory):
     return kcap.load(path, backend="cpu", n_ctx=N_CTX, n_threads=1)
 
 
-def test_rss_is_flat_once_the_cache_has_its_size(long_model):
+def test_rss_is_flat_once_the_cache_has_its_size(long_model, no_transparent_huge_pages):
     model = long_model
     gc.collect()
     before = rss_bytes()
+    huge_before = anon_huge_pages_kb()
     cold = generate_sampling_rss(model)
     # Cold: the growth is the cache's (10,240 rows of 2 layers x (K + V) x 32 f32) and a few
     # pages, and none of it after the cache's last growth. The cache doubles as it grows, and
@@ -74,7 +108,8 @@ def test_rss_is_flat_once_the_cache_has_its_size(long_model):
     first = min(after_growth)
     drift = max(after_growth.values()) - after_growth[first]
     assert drift <= FLAT_BYTES, (
-        f"RSS moved {drift / 1e6:.2f} MB between positions {first} and {max(after_growth)}, after the cache's last growth")
+        f"RSS moved {drift / 1e6:.2f} MB between positions {first} and {max(after_growth)}, after the cache's "
+        f"last growth; transparent huge pages {huge_before} -> {anon_huge_pages_kb()} kB")
     # Warm: the same generation again over the cache as it is (reset keeps its rows): flat from
     # the first sample to the last.
     model.reset()
@@ -82,4 +117,5 @@ def test_rss_is_flat_once_the_cache_has_its_size(long_model):
     drift = max(warm.values()) - min(warm.values())
     assert drift <= FLAT_BYTES, (
         f"RSS moved {drift / 1e6:.2f} MB over a 10,000-token generation with the cache at its size: "
-        f"{[round(v / 1e6, 2) for v in warm.values()]}")
+        f"{[round(v / 1e6, 2) for v in warm.values()]}; transparent huge pages {huge_before} -> "
+        f"{anon_huge_pages_kb()} kB")
