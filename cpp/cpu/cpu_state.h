@@ -17,24 +17,36 @@
 
 namespace kcap {
 
-// Keys and values of one layer, position-major: row p holds k_width keys and v_width values
-// (kv_widths: a multi-head latent attention layer keeps its latent and rope key as the key row
-// and no values).
+// Keys and values of one layer. Values position-major: row p holds v_width values. Keys the same
+// (keys_blocked false: a multi-head latent attention layer, which keeps its latent and rope key
+// as the key row and no values, kv_widths), or (keys_blocked) in blocks of kKeyBlock positions,
+// each block k_width x kKeyBlock: element i of position p at
+//   (p / kKeyBlock) * kKeyBlock * k_width + i * kKeyBlock + p % kKeyBlock,
+// so that one dimension of a KV head's key holds kKeyBlock positions side by side: attention
+// multiplies a query by a block's keys as vectors over positions, with no sum across a vector's
+// lanes per key.
 // Storage grows with the sequence (up to n_ctx), so a long context costs memory only when
 // it is used. The element type is a plan parameter: f32 or f16.
 struct KvLayer {
+    static constexpr int kKeyBlock = 16;
     Format format = Format::F32;
     int64_t k_width = 0;
     int64_t v_width = 0;
+    bool keys_blocked = false;
+    int64_t capacity = 0;  // positions the storage holds (the key blocks may hold a few more)
     std::vector<float> k32, v32;
     std::vector<uint16_t> k16, v16;
 
     void reserve_positions(int64_t n_positions);
     void store(int64_t pos, const float* k, const float* v);
-    // Elements [offset, offset + n) of the K or V row at pos, as f32: a pointer into the
-    // cache when it stores f32, else converted into scratch (n elements).
+    // Elements [offset, offset + n) of the K (not keys_blocked) or V row at pos, as f32: a
+    // pointer into the cache when it stores f32, else converted into scratch (n elements).
     const float* k_span(int64_t pos, int64_t offset, int64_t n, float* scratch) const;
     const float* v_span(int64_t pos, int64_t offset, int64_t n, float* scratch) const;
+    // keys_blocked: the block of position block * kKeyBlock, elements [offset, offset + n) of its
+    // rows (n x kKeyBlock values, element-major), as f32: a pointer into the cache when it stores
+    // f32, else converted into scratch (n * kKeyBlock values).
+    const float* key_block(int64_t block, int64_t offset, int64_t n, float* scratch) const;
 };
 
 struct CpuState {

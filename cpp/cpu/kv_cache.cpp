@@ -7,29 +7,29 @@
 namespace kcap {
 
 void KvLayer::reserve_positions(int64_t n_positions) {
-    if (format == Format::F32) {
-        if (int64_t(k32.size()) < n_positions * k_width) {
-            int64_t grown = std::max<int64_t>(n_positions, int64_t(k32.size() / std::max<int64_t>(k_width, 1)) * 2);
-            k32.resize(grown * k_width);
-            v32.resize(grown * v_width);
-        }
-    } else if (format == Format::F16) {
-        if (int64_t(k16.size()) < n_positions * k_width) {
-            int64_t grown = std::max<int64_t>(n_positions, int64_t(k16.size() / std::max<int64_t>(k_width, 1)) * 2);
-            k16.resize(grown * k_width);
-            v16.resize(grown * v_width);
-        }
-    } else {
+    if (format != Format::F32 && format != Format::F16)
         throw FormatError(std::string("KV cache type ") + format_name(format) + " is not supported on cpu");
+    if (capacity >= n_positions) return;
+    capacity = std::max<int64_t>(n_positions, capacity * 2);
+    // Blocked keys: whole blocks (the last one's positions past capacity are never read as keys).
+    const int64_t key_rows = keys_blocked ? (capacity + kKeyBlock - 1) / kKeyBlock * kKeyBlock : capacity;
+    if (format == Format::F32) {
+        k32.resize(size_t(key_rows * k_width));
+        v32.resize(size_t(capacity * v_width));
+    } else {
+        k16.resize(size_t(key_rows * k_width));
+        v16.resize(size_t(capacity * v_width));
     }
 }
 
 void KvLayer::store(int64_t pos, const float* k, const float* v) {
+    const int64_t block_start = (pos / kKeyBlock) * kKeyBlock * k_width + pos % kKeyBlock;
+    const auto key_at = [&](int64_t i) { return keys_blocked ? block_start + i * kKeyBlock : pos * k_width + i; };
     if (format == Format::F32) {
-        std::copy(k, k + k_width, k32.begin() + pos * k_width);
+        for (int64_t i = 0; i < k_width; ++i) k32[size_t(key_at(i))] = k[i];
         std::copy(v, v + v_width, v32.begin() + pos * v_width);
     } else {
-        for (int64_t i = 0; i < k_width; ++i) k16[pos * k_width + i] = f32_to_f16(k[i]);
+        for (int64_t i = 0; i < k_width; ++i) k16[size_t(key_at(i))] = f32_to_f16(k[i]);
         for (int64_t i = 0; i < v_width; ++i) v16[pos * v_width + i] = f32_to_f16(v[i]);
     }
 }
@@ -47,6 +47,10 @@ const float* KvLayer::k_span(int64_t pos, int64_t offset, int64_t n, float* scra
 
 const float* KvLayer::v_span(int64_t pos, int64_t offset, int64_t n, float* scratch) const {
     return span_f32(v32, v16, format, pos * v_width + offset, n, scratch);
+}
+
+const float* KvLayer::key_block(int64_t block, int64_t offset, int64_t n, float* scratch) const {
+    return span_f32(k32, k16, format, block * kKeyBlock * k_width + offset * kKeyBlock, n * kKeyBlock, scratch);
 }
 
 }  // namespace kcap

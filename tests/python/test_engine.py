@@ -72,6 +72,33 @@ def test_gemma_features_sliding_window_qk_norm_softcap(tmp_path, softcaps):
     assert_close(stepped, ref, F32_TOLERANCE, "token by token")
 
 
+# 53 tokens: causal spans of up to four of the CPU cache's 16-position key blocks.
+LONG_PROMPT = [int(v) for v in np.random.default_rng(7).integers(0, 256, 53)]
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_attention_across_key_blocks(tmp_path, family, kv_type):
+    # The CPU attention reads keys in blocks of 16 positions (cpu/attention.cpp): spans over
+    # several blocks, chunks of 7 tokens (chunk starts inside a block), 3 query heads per KV head
+    # (a pair of heads, then one) and 40-dim heads (two 16-dim value chunks and 8 dims past
+    # them); Gemma 3's sliding window of 20 (window starts inside a block) and softcap. All
+    # positions against the reference, prefill in chunks and token by token. f16 keys and values
+    # carry ~5e-4 relative rounding into attention: 1e-2 x std bounds it, as above.
+    if family == "llama":
+        path = tiny_llama(str(tmp_path / "m.gguf"), n_embd=240, n_head=6, n_head_kv=2, weight_type="F32", seed=5)
+    else:
+        path = tiny_gemma3(str(tmp_path / "m.gguf"), n_embd=96, n_head=6, n_head_kv=2, head_dim=40, sliding_window=20,
+                           pattern=2, attn_softcap=20.0, weight_type="F32")
+    tol = F32_TOLERANCE if kv_type == "f32" else 1e-2
+    model = kcap.load(path, backend="cpu", kv_type=kv_type, max_batch=7)
+    ref = reference_logits(GGUFFile(path), model.spec, LONG_PROMPT)
+    assert_close(model.eval(LONG_PROMPT, all_logits=True), ref, tol, f"{family} {kv_type} chunks of 7")
+    model.reset()
+    stepped = np.stack([model.eval([t]) for t in LONG_PROMPT])
+    assert_close(stepped, ref, tol, f"{family} {kv_type} token by token")
+
+
 def test_f16_kv_cache_is_close(tmp_path):
     path = tiny_gemma3(str(tmp_path / "g.gguf"))
     model = kcap.load(path, kv_type="f16")
