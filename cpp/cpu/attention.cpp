@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "cpu/cpu_state.h"
 #include "dispatch/stage.h"
+#include "kcap/errors.h"
 
 namespace kcap {
 
@@ -252,6 +254,8 @@ void attention_kernel(const Stage& stage, const KernelCall& call) {
             kv.store(call.pos0 + m, call.in2 + m * k_width, call.in3 + m * v_width);
     }
 
+    if (!kv.keys_blocked)  // set when the cache is made (cpu_backend.cpp); attend_blocked reads no other layout
+        throw Error("cpu.attention: layer " + std::to_string(stage.layer) + "'s KV cache keeps its keys in rows, not in blocks of positions");
     const float* sinks = stage.operands.size() > 3 && stage.operands[3]
                              ? reinterpret_cast<const float*>(stage.operands[3]->data) : nullptr;
     state.pool.parallel_for(int64_t(call.n_tokens) * p.n_head_kv,

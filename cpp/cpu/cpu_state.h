@@ -39,6 +39,11 @@ struct KvLayer {
 
     void reserve_positions(int64_t n_positions);
     void store(int64_t pos, const float* k, const float* v);
+    // Where element i of position pos's key sits in k32 or k16 (either layout).
+    int64_t key_index(int64_t pos, int64_t i) const {
+        return keys_blocked ? (pos / kKeyBlock) * kKeyBlock * k_width + i * kKeyBlock + pos % kKeyBlock
+                            : pos * k_width + i;
+    }
     // Elements [offset, offset + n) of the K (not keys_blocked) or V row at pos, as f32: a
     // pointer into the cache when it stores f32, else converted into scratch (n elements).
     const float* k_span(int64_t pos, int64_t offset, int64_t n, float* scratch) const;

@@ -23,13 +23,11 @@ void KvLayer::reserve_positions(int64_t n_positions) {
 }
 
 void KvLayer::store(int64_t pos, const float* k, const float* v) {
-    const int64_t block_start = (pos / kKeyBlock) * kKeyBlock * k_width + pos % kKeyBlock;
-    const auto key_at = [&](int64_t i) { return keys_blocked ? block_start + i * kKeyBlock : pos * k_width + i; };
     if (format == Format::F32) {
-        for (int64_t i = 0; i < k_width; ++i) k32[size_t(key_at(i))] = k[i];
+        for (int64_t i = 0; i < k_width; ++i) k32[size_t(key_index(pos, i))] = k[i];
         std::copy(v, v + v_width, v32.begin() + pos * v_width);
     } else {
-        for (int64_t i = 0; i < k_width; ++i) k16[size_t(key_at(i))] = f32_to_f16(k[i]);
+        for (int64_t i = 0; i < k_width; ++i) k16[size_t(key_index(pos, i))] = f32_to_f16(k[i]);
         for (int64_t i = 0; i < v_width; ++i) v16[pos * v_width + i] = f32_to_f16(v[i]);
     }
 }

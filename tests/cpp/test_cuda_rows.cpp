@@ -662,6 +662,7 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
             cache.format = c.kv;
             cache.k_width = int64_t(c.n_head_kv) * c.head_dim;
             cache.v_width = int64_t(c.n_head_kv) * c.head_dim_v;
+            cache.keys_blocked = true;  // as the CPU backend makes an attention layer's cache
             cache.reserve_positions(n_ctx);
             const size_t elem = c.kv == Format::F16 ? 2 : 4;
             t.ctx.kv_format = c.kv;
@@ -690,9 +691,16 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
                 }
                 const size_t k0 = size_t(pos) * size_t(cache.k_width), kn = size_t(m) * size_t(cache.k_width);
                 const size_t v0 = size_t(pos) * size_t(cache.v_width), vn = size_t(m) * size_t(cache.v_width);
-                const void* k_src = c.kv == Format::F16 ? static_cast<const void*>(cache.k16.data() + k0) : cache.k32.data() + k0;
+                // The CPU cache's keys are in blocks of positions (KvLayer::key_index); the
+                // device's in rows.
+                std::vector<uint8_t> k_rows(kn * elem);
+                for (int i = 0; i < m; ++i)
+                    for (int64_t e = 0; e < cache.k_width; ++e) {
+                        const size_t at = size_t(cache.key_index(pos + i, e)), to = (size_t(i) * size_t(cache.k_width) + size_t(e)) * elem;
+                        std::memcpy(k_rows.data() + to, c.kv == Format::F16 ? static_cast<const void*>(&cache.k16[at]) : &cache.k32[at], elem);
+                    }
                 const void* v_src = c.kv == Format::F16 ? static_cast<const void*>(cache.v16.data() + v0) : cache.v32.data() + v0;
-                CHECK(cudaMemcpy(static_cast<uint8_t*>(t.ctx.kv[0].k) + k0 * elem, k_src, kn * elem, cudaMemcpyHostToDevice));
+                CHECK(cudaMemcpy(static_cast<uint8_t*>(t.ctx.kv[0].k) + k0 * elem, k_rows.data(), kn * elem, cudaMemcpyHostToDevice));
                 CHECK(cudaMemcpy(static_cast<uint8_t*>(t.ctx.kv[0].v) + v0 * elem, v_src, vn * elem, cudaMemcpyHostToDevice));
             };
             Stage plain = owns_rope ? without_rope(stage) : stage;
