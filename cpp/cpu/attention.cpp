@@ -15,15 +15,6 @@ namespace kcap {
 
 namespace {
 
-// Where a KV head's keys and values sit in a cache row: KV head h's key at h * k_head_stride, its
-// value at h * v_head_stride of the V row, or (values_in_keys, multi-head latent attention) the
-// first head_dim_v values of its key.
-struct KvHeadLayout {
-    int64_t k_head_stride = 0;
-    int64_t v_head_stride = 0;
-    bool values_in_keys = false;
-};
-
 // A causal query's work grows with its position, so contiguous halves of a prompt's query rows
 // gave the thread with the later half three times the other's work. Item i of a call's
 // n_tokens x per_token rows is the row of token slot i / per_token taken from alternate ends
@@ -66,11 +57,11 @@ QueryRows query_rows(const StageParams& p, const KernelCall& call, int64_t item)
     }
 }
 
-// The query rows (token x KV head) of items [begin, end) of one call (query_rows) over a cache
-// whose keys are rows (KvLayer::keys_blocked false: the latent attention's): scores, softmax,
-// the weighted values. sinks (attention sinks, or null): a logit per query head (softmax_rows).
-KCAP_HOT_LOOP void attend(const StageParams& p, const KernelCall& call, const KvLayer& kv, const float* sinks,
-                          const KvHeadLayout& layout, int64_t begin, int64_t end) {
+// The query rows (token x KV head) of items [begin, end) of one call (query_rows) over the latent
+// attention's cache (KvLayer::keys_blocked false): one KV head whose key is the whole cache row
+// and whose value its first head_dim_v values. Scores, softmax (softmax_rows), the weighted values.
+KCAP_HOT_LOOP void attend_latent(const StageParams& p, const KernelCall& call, const KvLayer& kv, int64_t begin,
+                                 int64_t end) {
     const int group = p.n_head / p.n_head_kv;  // query heads per KV head
     std::vector<float> scores, key(size_t(p.head_dim)), value(size_t(p.head_dim_v));
     for (int64_t item = begin; item < end; ++item) {
@@ -79,7 +70,7 @@ KCAP_HOT_LOOP void attend(const StageParams& p, const KernelCall& call, const Kv
         const int kvh = r.kvh;
         scores.assign(size_t(span) * group, 0.0f);
         for (int64_t j = 0; j < span; ++j) {
-            const float* k_row = kv.k_span(first + j, kvh * layout.k_head_stride, p.head_dim, key.data());
+            const float* k_row = kv.k_span(first + j, 0, p.head_dim, key.data());
             for (int g = 0; g < group; ++g) {
                 const float* q = call.in + (m * p.n_head + int64_t(kvh) * group + g) * p.head_dim;
                 float s = dot_f32(q, k_row, p.head_dim) * p.scale;
@@ -87,15 +78,13 @@ KCAP_HOT_LOOP void attend(const StageParams& p, const KernelCall& call, const Kv
                 scores[size_t(g) * span + j] = s;
             }
         }
-        softmax_rows(scores.data(), span, group, sinks ? sinks + int64_t(kvh) * group : nullptr);
+        softmax_rows(scores.data(), span, group, nullptr);
         for (int g = 0; g < group; ++g) {
             float* out = call.out + (m * p.n_head + int64_t(kvh) * group + g) * p.head_dim_v;
             std::fill(out, out + p.head_dim_v, 0.0f);
         }
         for (int64_t j = 0; j < span; ++j) {
-            const float* v_row = layout.values_in_keys
-                                     ? kv.k_span(first + j, kvh * layout.k_head_stride, p.head_dim_v, value.data())
-                                     : kv.v_span(first + j, kvh * layout.v_head_stride, p.head_dim_v, value.data());
+            const float* v_row = kv.k_span(first + j, 0, p.head_dim_v, value.data());
             for (int g = 0; g < group; ++g) {
                 const float w = scores[size_t(g) * span + j];
                 add_scaled(call.out + (m * p.n_head + int64_t(kvh) * group + g) * p.head_dim_v, v_row, w, p.head_dim_v);
@@ -171,10 +160,11 @@ template <int GC>
     }
 }
 
-// attend's form for a cache whose keys are in blocks of positions (KvLayer::keys_blocked): the
-// scores of a query row's GQA group a block of keys at a time (block_scores, two heads at a
-// time), the softmax, the weighted values 16 keys and 16 dimensions at a time (chunk_values,
-// four heads at a time, then two, then one).
+// The query rows of items [begin, end) of one call (query_rows) over a cache whose keys are in
+// blocks of positions (KvLayer::keys_blocked): the scores of a query row's GQA group a block of
+// keys at a time (block_scores, two heads at a time), the softmax (softmax_rows; sinks: a logit
+// per query head, or null), the weighted values 16 keys and 16 dimensions at a time
+// (chunk_values, four heads at a time, then two, then one).
 KCAP_HOT_LOOP void attend_blocked(const StageParams& p, const KernelCall& call, const KvLayer& kv, const float* sinks,
                                   int64_t begin, int64_t end) {
     const int group = p.n_head / p.n_head_kv;  // query heads per KV head
@@ -248,14 +238,14 @@ void attention_kernel(const Stage& stage, const KernelCall& call) {
     KvLayer& kv = state.kv.at(size_t(shared ? p.kv_layer : stage.layer));
     const int64_t k_width = int64_t(p.n_head_kv) * p.head_dim;
     const int64_t v_width = int64_t(p.n_head_kv) * p.head_dim_v;
+    if (!kv.keys_blocked)  // set when the cache is made (cpu_backend.cpp); attend_blocked reads no other layout
+        throw Error("cpu.attention: layer " + std::to_string(stage.layer) +
+                    "'s KV cache keeps its keys in rows, not in blocks of positions");
     if (!shared) {
         kv.reserve_positions(call.pos0 + call.n_tokens);
         for (int m = 0; m < call.n_tokens; ++m)
             kv.store(call.pos0 + m, call.in2 + m * k_width, call.in3 + m * v_width);
     }
-
-    if (!kv.keys_blocked)  // set when the cache is made (cpu_backend.cpp); attend_blocked reads no other layout
-        throw Error("cpu.attention: layer " + std::to_string(stage.layer) + "'s KV cache keeps its keys in rows, not in blocks of positions");
     const float* sinks = stage.operands.size() > 3 && stage.operands[3]
                              ? reinterpret_cast<const float*>(stage.operands[3]->data) : nullptr;
     state.pool.parallel_for(int64_t(call.n_tokens) * p.n_head_kv,
@@ -351,7 +341,7 @@ void attention_mla_kernel(const Stage& stage, const KernelCall& call) {
             head.out = weighted.data() + t * lora;
             head.pos0 = call.pos0 + int(t / heads);
             head.n_tokens = 1;
-            attend(one, head, kv, nullptr, {0, 0, true}, 0, 1);
+            attend_latent(one, head, kv, 0, 1);
         }
     });
 
