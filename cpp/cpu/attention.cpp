@@ -5,11 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <string>
 
 #include "cpu/cpu_state.h"
 #include "dispatch/stage.h"
-#include "kcap/errors.h"
 
 namespace kcap {
 
@@ -58,8 +56,8 @@ QueryRows query_rows(const StageParams& p, const KernelCall& call, int64_t item)
 }
 
 // The query rows (token x KV head) of items [begin, end) of one call (query_rows) over the latent
-// attention's cache (KvLayer::keys_blocked false): one KV head whose key is the whole cache row
-// and whose value its first head_dim_v values. Scores, softmax (softmax_rows), the weighted values.
+// attention's cache (no values, so its keys are rows: KvLayer::keys_blocked): one KV head whose
+// key is the whole cache row and whose value its first head_dim_v values. Scores, softmax (softmax_rows), the weighted values.
 KCAP_HOT_LOOP void attend_latent(const StageParams& p, const KernelCall& call, const KvLayer& kv, int64_t begin,
                                  int64_t end) {
     const int group = p.n_head / p.n_head_kv;  // query heads per KV head
@@ -238,9 +236,6 @@ void attention_kernel(const Stage& stage, const KernelCall& call) {
     KvLayer& kv = state.kv.at(size_t(shared ? p.kv_layer : stage.layer));
     const int64_t k_width = int64_t(p.n_head_kv) * p.head_dim;
     const int64_t v_width = int64_t(p.n_head_kv) * p.head_dim_v;
-    if (!kv.keys_blocked)  // set when the cache is made (cpu_backend.cpp); attend_blocked reads no other layout
-        throw Error("cpu.attention: layer " + std::to_string(stage.layer) +
-                    "'s KV cache keeps its keys in rows, not in blocks of positions");
     if (!shared) {
         kv.reserve_positions(call.pos0 + call.n_tokens);
         for (int m = 0; m < call.n_tokens; ++m)

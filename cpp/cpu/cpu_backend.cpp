@@ -32,9 +32,6 @@ public:
             const KvWidths widths = kv_widths(spec.layers[i]);
             kv.k_width = widths.k;
             kv.v_width = widths.v;
-            // Latent attention's rows (no values) are read as rows; every other layer's keys
-            // in blocks of positions (cpu/attention.cpp).
-            kv.keys_blocked = widths.v > 0;
         }
         buffers_.resize(plan_.buffer_widths.size());
     }

@@ -18,8 +18,8 @@
 namespace kcap {
 
 // Keys and values of one layer. Values position-major: row p holds v_width values. Keys the same
-// (keys_blocked false: a multi-head latent attention layer, which keeps its latent and rope key
-// as the key row and no values, kv_widths), or (keys_blocked) in blocks of kKeyBlock positions,
+// where the layer has no values (a multi-head latent attention layer, which keeps its latent and
+// rope key as the key row, kv_widths), else (keys_blocked) in blocks of kKeyBlock positions,
 // each block k_width x kKeyBlock: element i of position p at
 //   (p / kKeyBlock) * kKeyBlock * k_width + i * kKeyBlock + p % kKeyBlock,
 // so that one dimension of a KV head's key holds kKeyBlock positions side by side: attention
@@ -32,8 +32,9 @@ struct KvLayer {
     Format format = Format::F32;
     int64_t k_width = 0;
     int64_t v_width = 0;
-    bool keys_blocked = false;
     int64_t capacity = 0;  // positions the storage holds (the key blocks may hold a few more)
+    // The keys' layout follows from the widths: in blocks where the layer has values.
+    bool keys_blocked() const { return v_width > 0; }
     std::vector<float> k32, v32;
     std::vector<uint16_t> k16, v16;
 
@@ -41,8 +42,8 @@ struct KvLayer {
     void store(int64_t pos, const float* k, const float* v);
     // Where element i of position pos's key sits in k32 or k16 (either layout).
     int64_t key_index(int64_t pos, int64_t i) const {
-        return keys_blocked ? (pos / kKeyBlock) * kKeyBlock * k_width + i * kKeyBlock + pos % kKeyBlock
-                            : pos * k_width + i;
+        return keys_blocked() ? (pos / kKeyBlock) * kKeyBlock * k_width + i * kKeyBlock + pos % kKeyBlock
+                              : pos * k_width + i;
     }
     // Elements [offset, offset + n) of the K (not keys_blocked) or V row at pos, as f32: a
     // pointer into the cache when it stores f32, else converted into scratch (n elements).

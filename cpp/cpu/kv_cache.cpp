@@ -12,7 +12,7 @@ void KvLayer::reserve_positions(int64_t n_positions) {
     if (capacity >= n_positions) return;
     capacity = std::max<int64_t>(n_positions, capacity * 2);
     // Blocked keys: whole blocks (the last one's positions past capacity are never read as keys).
-    const int64_t key_rows = keys_blocked ? (capacity + kKeyBlock - 1) / kKeyBlock * kKeyBlock : capacity;
+    const int64_t key_rows = keys_blocked() ? (capacity + kKeyBlock - 1) / kKeyBlock * kKeyBlock : capacity;
     if (format == Format::F32) {
         k32.resize(size_t(key_rows * k_width));
         v32.resize(size_t(capacity * v_width));

@@ -1498,7 +1498,6 @@ void attention_setup(int n_head, int n_head_kv, int head_dim, int head_dim_v, in
     cpu.kv[0].format = kv;
     cpu.kv[0].k_width = int64_t(n_head_kv) * head_dim;
     cpu.kv[0].v_width = int64_t(n_head_kv) * head_dim_v;
-    cpu.kv[0].keys_blocked = true;  // as the CPU backend makes an attention layer's cache
     p = KcapAttentionParams();
     p.n_head = n_head, p.n_head_kv = n_head_kv, p.head_dim = head_dim, p.head_dim_v = head_dim_v;
     p.k_width = n_head_kv * head_dim, p.v_width = n_head_kv * head_dim_v;

@@ -662,7 +662,6 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
             cache.format = c.kv;
             cache.k_width = int64_t(c.n_head_kv) * c.head_dim;
             cache.v_width = int64_t(c.n_head_kv) * c.head_dim_v;
-            cache.keys_blocked = true;  // as the CPU backend makes an attention layer's cache
             cache.reserve_positions(n_ctx);
             const size_t elem = c.kv == Format::F16 ? 2 : 4;
             t.ctx.kv_format = c.kv;
