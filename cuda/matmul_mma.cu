@@ -139,8 +139,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     }
     float4 xv[4];
     load_x(xv, x, p, xsrc, xc, k_begin);
-    // Unstaged MXFP4 and Q8_0 (RunAhead): the words of the thread's run of the next step,
-    // loaded with the next step's activations, in flight during this step's products.
+    // Unstaged MXFP4, Q8_0, Q4_0 and Q5_0 (RunAhead): the words of the thread's run of the next
+    // step, loaded with the next step's activations, in flight during this step's products.
     using Ahead = RunAhead<F>;
     constexpr bool kAhead = !STAGED && Ahead::kWords > 0;
     static_assert(!kAhead || kRunsPerBlock == 1, "RunAhead: 32-element blocks");

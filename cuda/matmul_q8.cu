@@ -271,13 +271,13 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
             cp_async4_or_zero(b + d_offset, x.d + (d_in ? d_row * k_runs + k0 / 32 + xr : 0), d_in);
         }
     };
-    // Unstaged MXFP4 and Q8_0 (RunAhead): the words of the thread's run of step s, loaded an
-    // iteration before decode(s) (load_ahead(s + 1) follows decode(s)); zeros past N or K. Not
-    // the grouped Q8_0 tiles: DeepSeek-V2-Lite's Q8_0 experts' down took 0.8% off its pp512 with
-    // it (the MXFP4 ones gained; bench/results/cuda_h200_run_ahead.txt).
+    // Unstaged MXFP4, Q8_0, Q4_0 and Q5_0 (RunAhead): the words of the thread's run of step s,
+    // loaded an iteration before decode(s) (load_ahead(s + 1) follows decode(s)); zeros past N
+    // or K. Not the grouped Q8_0 tiles: DeepSeek-V2-Lite's Q8_0 experts' down took 0.8% off its
+    // pp512 with it (the MXFP4 ones gained; bench/results/cuda_h200_run_ahead.txt).
     using Ahead = RunAhead<F>;
     constexpr bool kAhead = !STAGED && Ahead::kWords > 0 && !(GROUPED && std::is_same<F, KcapQ8_0>::value);
-    static_assert(!kAhead || (C::bias == 0 && kRunsPerBlock == 1), "RunAhead: signed codes of 32-element blocks");
+    static_assert(!kAhead || (!C::has_offset && kRunsPerBlock == 1), "RunAhead: 32-element blocks, no offsets");
     kcap_u32 ahead[kAhead ? Ahead::kWords : 1];
     kcap_u32 ahead_off = 0;
     const auto load_ahead = [&](int s) {
@@ -295,18 +295,19 @@ __device__ __forceinline__ void mma_q8_tile(const MmaGroup& group, int bx, const
             prefetch_run<F>(wrow, run + 2 * kMoeQ8PrefetchSteps);
         kcap_u32 u[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
         float sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
+        const bool in = row_valid && run < k_runs;
         if constexpr (kAhead) {
-            if (row_valid && run < k_runs) Ahead::decode(ahead, ahead_off, u, sc);
+            if (in) Ahead::decode(ahead, ahead_off, u, sc);
             load_ahead(s + 1);
-        } else if (row_valid && run < k_runs) {
+        } else if (in) {
             C::codes8(run_block<F, STAGED>(raw_q8, wrow, dr, run, s / kStepsPerChunk), run % kRunsPerBlock, u, sc, off);
-            // Signed codes for the s8 products: byte - bias in two's complement, so the
-            // epilogue needs no "- bias * sum q" per output and sub-block. Bytes are 0..127,
-            // so byte + 128 - bias stays below 256 (no carry into the next byte), and the
-            // xor takes the 128 back off modulo 256.
-            if (C::bias != 0)
-                KCAP_UNROLL for (int i = 0; i < 8; ++i) u[i] = (u[i] + kcap_u32(128 - C::bias) * 0x01010101u) ^ 0x80808080u;
         }
+        // Signed codes for the s8 products: byte - bias in two's complement, so the epilogue
+        // needs no "- bias * sum q" per output and sub-block. Bytes are 0..127, so byte + 128 -
+        // bias stays below 256 (no carry into the next byte), and the xor takes the 128 back
+        // off modulo 256. Zeros past N or K stay zeros.
+        if (C::bias != 0 && in)
+            KCAP_UNROLL for (int i = 0; i < 8; ++i) u[i] = (u[i] + kcap_u32(128 - C::bias) * 0x01010101u) ^ 0x80808080u;
         uint4* dst = reinterpret_cast<uint4*>(b.w + dr * kStrideQ8 + 8 * dhalf);
         dst[0] = make_uint4(u[0], u[1], u[2], u[3]);
         dst[1] = make_uint4(u[4], u[5], u[6], u[7]);

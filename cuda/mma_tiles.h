@@ -244,6 +244,41 @@ struct RunAhead<KcapQ8_0> {
         KCAP_UNROLL for (int i = 0; i < 8; ++i) u[i] = kcap_funnel_r(w[i], w[i + 1], shift);
     }
 };
+// Q4_0 (18-byte blocks at even offsets): the 5 words that hold [p, p + 18) (from p - 2 where p %
+// 4 == 2, else up to p + 20), the f16 scale and the 16 bytes of nibbles (codes + 8).
+template <>
+struct RunAhead<KcapQ4_0> {
+    static constexpr int kWords = 5;
+    static constexpr kcap_u32 kOffsetMask = 2u;  // even offsets
+    static __device__ __forceinline__ void decode(const kcap_u32 (&w)[kWords], kcap_u32 off, kcap_u32 (&u)[8],
+                                                  float (&scale)[2]) {
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16((w[0] >> (8u * off)) & 0xffffu));
+        const kcap_u32 shift = 8u * (off + 2u);
+        KCAP_UNROLL for (int i = 0; i < 4; ++i) {
+            const kcap_u32 qs = kcap_funnel_r(w[i], w[i + 1], shift);
+            u[i] = qs & 0x0f0f0f0fu;
+            u[4 + i] = (qs >> 4) & 0x0f0f0f0fu;
+        }
+    }
+};
+// Q5_0 (22-byte blocks at even offsets): the 6 words that hold [p, p + 22), the f16 scale, the
+// high bits' word and the 16 bytes of nibbles (codes + 16), as KcapCodes<KcapQ5_0>::codes8.
+template <>
+struct RunAhead<KcapQ5_0> {
+    static constexpr int kWords = 6;
+    static constexpr kcap_u32 kOffsetMask = 2u;  // even offsets
+    static __device__ __forceinline__ void decode(const kcap_u32 (&w)[kWords], kcap_u32 off, kcap_u32 (&u)[8],
+                                                  float (&scale)[2]) {
+        scale[0] = scale[1] = kcap_half_to_float(kcap_u16((w[0] >> (8u * off)) & 0xffffu));
+        const kcap_u32 shift = 8u * (off + 2u);
+        const kcap_u32 qh = kcap_funnel_r(w[0], w[1], shift);
+        KCAP_UNROLL for (int i = 0; i < 4; ++i) {
+            const kcap_u32 v = kcap_funnel_r(w[i + 1], w[i + 2], shift);
+            u[i] = (v & 0x0f0f0f0fu) | kcap_q5_spread(qh, 4 * i);
+            u[4 + i] = ((v >> 4) & 0x0f0f0f0fu) | kcap_q5_spread(qh, 16 + 4 * i);
+        }
+    }
+};
 // The RunAhead<F> words of the block at `at` (zeros where !in) from its 4-aligned start; returns
 // at's offset into the first word.
 template <class F>
@@ -422,8 +457,8 @@ constexpr int64_t kMoeStagedMinK = 0;
 // next chunk's copies have four steps to land there too. Measured on an H100 (pp512, 12-layer
 // slices, q8_1; bench/results/cuda_h100_split_k.txt): Qwen3-30B-A3B's Q4_K / Q6_K qkv at K 2048
 // 46,692 -> 49,155 tok/s, Gemma 3 270M's Q4_K / Q6_K down at K 2048 97,407 -> 102,973; the
-// split-bf16 tiles (exact mode) within the spread (34,046 -> 34,257 and 98,547 -> 98,816). The
-// 32-value formats stay at kStagedMinK: gpt-oss-20b's Q8_0 q, k and v staged at K 2880 lost 4%.
+// split-bf16 tiles (exact mode) within the spread (34,046 -> 34,257 and 98,547 -> 98,816). Not
+// the 32-value formats: gpt-oss-20b's Q8_0 q, k and v staged at K 2880 lost 4%.
 constexpr int64_t kStagedMinKLongChunks = 2048;
 
 inline bool use_staged(const Context& ctx, const KcapMatmulParams& p, size_t shared_bytes, int64_t min_k = kStagedMinK) {
@@ -434,8 +469,15 @@ inline bool use_staged(const Context& ctx, const KcapMatmulParams& p, size_t sha
 // decides for a kernel of staged_shared_bytes (the members share k, so one answer serves all).
 // The K from which a launch of format F's tiles stages its weights (GROUPED: the grouped
 // experts' tiles).
+// The plain tiles of the formats that read their next run a step ahead (RunAhead: MXFP4, Q8_0,
+// Q4_0, Q5_0) do not stage at any K: on an H100 (pp512,
+// bench/results/cuda_h100_run_ahead_unstaged.txt) Llama-3-8B's shape in Q8_0 went from 28.4k to 30.1k tok/s q8_1 and 18.3k to 22.7k exact, in
+// Q4_0 33.9k -> 36.3k and 21.7k -> 26.6k, in Q5_0 31.1k -> 33.8k and 19.9k -> 24.5k; the other
+// 32-value formats stage from kStagedMinK.
+constexpr int64_t kNeverStaged = INT64_MAX;
 template <class F>
 constexpr int64_t staged_min_k(bool grouped) {
+    if (!grouped && RunAhead<F>::kWords > 0) return kNeverStaged;
     return RawChunk<F>::k > kStepK ? (grouped ? kMoeStagedMinK : kStagedMinKLongChunks) : kStagedMinK;
 }
 template <class F, class Launch>
