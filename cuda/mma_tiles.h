@@ -231,54 +231,30 @@ struct RunAhead<KcapMXFP4> {
         KCAP_UNROLL for (int i = 0; i < 4; ++i) kcap_mxfp4_doubled_bytes(kcap_funnel_r(w[i], w[i + 1], shift), u[i], u[4 + i]);
     }
 };
-// Q8_0 (34-byte blocks at even offsets): the 9 words that hold [p, p + 34) (p % 4 == 2: from
-// p - 2; else up to p + 36, inside the padded allocation), the f16 scale and the 32 code bytes.
-template <>
-struct RunAhead<KcapQ8_0> {
-    static constexpr int kWords = 9;
+// Blocks of an f16 scale and then whole words of codes at even offsets (Q8_0: 34 bytes, Q4_0:
+// 18, Q5_0: 22): the words that hold [p, p + block_bytes) (from p - 2 where p % 4 == 2, else up
+// to 2 bytes past the block, inside the padded allocation), the scale and the code words
+// rebuilt by funnel shifts, then the format's codes of them (KcapCodes<F>::codes8_of_words).
+template <class F>
+struct RunAheadHalfScaled {
+    static constexpr int kCodeWords = (F::block_bytes - 2) / 4;
+    static constexpr int kWords = kCodeWords + 1;
     static constexpr kcap_u32 kOffsetMask = 2u;  // even offsets
     static __device__ __forceinline__ void decode(const kcap_u32 (&w)[kWords], kcap_u32 off, kcap_u32 (&u)[8],
                                                   float (&scale)[2]) {
         scale[0] = scale[1] = kcap_half_to_float(kcap_u16((w[0] >> (8u * off)) & 0xffffu));
         const kcap_u32 shift = 8u * (off + 2u);  // 32 where off == 2: the next word itself
-        KCAP_UNROLL for (int i = 0; i < 8; ++i) u[i] = kcap_funnel_r(w[i], w[i + 1], shift);
+        kcap_u32 words[kCodeWords];
+        KCAP_UNROLL for (int i = 0; i < kCodeWords; ++i) words[i] = kcap_funnel_r(w[i], w[i + 1], shift);
+        KcapCodes<F>::codes8_of_words(words, u);
     }
 };
-// Q4_0 (18-byte blocks at even offsets): the 5 words that hold [p, p + 18) (from p - 2 where p %
-// 4 == 2, else up to p + 20), the f16 scale and the 16 bytes of nibbles (codes + 8).
 template <>
-struct RunAhead<KcapQ4_0> {
-    static constexpr int kWords = 5;
-    static constexpr kcap_u32 kOffsetMask = 2u;  // even offsets
-    static __device__ __forceinline__ void decode(const kcap_u32 (&w)[kWords], kcap_u32 off, kcap_u32 (&u)[8],
-                                                  float (&scale)[2]) {
-        scale[0] = scale[1] = kcap_half_to_float(kcap_u16((w[0] >> (8u * off)) & 0xffffu));
-        const kcap_u32 shift = 8u * (off + 2u);
-        KCAP_UNROLL for (int i = 0; i < 4; ++i) {
-            const kcap_u32 qs = kcap_funnel_r(w[i], w[i + 1], shift);
-            u[i] = qs & 0x0f0f0f0fu;
-            u[4 + i] = (qs >> 4) & 0x0f0f0f0fu;
-        }
-    }
-};
-// Q5_0 (22-byte blocks at even offsets): the 6 words that hold [p, p + 22), the f16 scale, the
-// high bits' word and the 16 bytes of nibbles (codes + 16), as KcapCodes<KcapQ5_0>::codes8.
+struct RunAhead<KcapQ8_0> : RunAheadHalfScaled<KcapQ8_0> {};
 template <>
-struct RunAhead<KcapQ5_0> {
-    static constexpr int kWords = 6;
-    static constexpr kcap_u32 kOffsetMask = 2u;  // even offsets
-    static __device__ __forceinline__ void decode(const kcap_u32 (&w)[kWords], kcap_u32 off, kcap_u32 (&u)[8],
-                                                  float (&scale)[2]) {
-        scale[0] = scale[1] = kcap_half_to_float(kcap_u16((w[0] >> (8u * off)) & 0xffffu));
-        const kcap_u32 shift = 8u * (off + 2u);
-        const kcap_u32 qh = kcap_funnel_r(w[0], w[1], shift);
-        KCAP_UNROLL for (int i = 0; i < 4; ++i) {
-            const kcap_u32 v = kcap_funnel_r(w[i + 1], w[i + 2], shift);
-            u[i] = (v & 0x0f0f0f0fu) | kcap_q5_spread(qh, 4 * i);
-            u[4 + i] = ((v >> 4) & 0x0f0f0f0fu) | kcap_q5_spread(qh, 16 + 4 * i);
-        }
-    }
-};
+struct RunAhead<KcapQ4_0> : RunAheadHalfScaled<KcapQ4_0> {};
+template <>
+struct RunAhead<KcapQ5_0> : RunAheadHalfScaled<KcapQ5_0> {};
 // The RunAhead<F> words of the block at `at` (zeros where !in) from its 4-aligned start; returns
 // at's offset into the first word.
 template <class F>

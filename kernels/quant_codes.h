@@ -109,6 +109,10 @@ struct KcapCodes<KcapQ4_0> {
         kcap_u32 qs[4];
         scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<4>(b, qs)));
         offset[0] = offset[1] = 0.0f;
+        codes8_of_words(qs, u);
+    }
+    // The codes of the block's words after its scale (the 16 bytes of nibbles).
+    static KCAP_FN void codes8_of_words(const KCAP_PRIVATE kcap_u32* qs, KCAP_PRIVATE kcap_u32* u) {
         KCAP_UNROLL for (int w = 0; w < 4; ++w) {
             u[w] = qs[w] & 0x0f0f0f0fu;
             u[4 + w] = (qs[w] >> 4) & 0x0f0f0f0fu;
@@ -165,6 +169,11 @@ struct KcapCodes<KcapQ5_0> {
         kcap_u32 words[5];
         scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<5>(b, words)));
         offset[0] = offset[1] = 0.0f;
+        codes8_of_words(words, u);
+    }
+    // The codes of the block's words after its scale (the high bits' word, then the 16 bytes of
+    // nibbles).
+    static KCAP_FN void codes8_of_words(const KCAP_PRIVATE kcap_u32* words, KCAP_PRIVATE kcap_u32* u) {
         KCAP_UNROLL for (int w = 0; w < 4; ++w) {
             const kcap_u32 v = words[1 + w];
             u[w] = (v & 0x0f0f0f0fu) | kcap_q5_spread(words[0], 4 * w);
@@ -215,6 +224,10 @@ struct KcapCodes<KcapQ8_0> {
                                KCAP_PRIVATE float* offset) {
         scale[0] = scale[1] = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<8>(b, u)));  // the signed bytes as they are
         offset[0] = offset[1] = 0.0f;
+    }
+    // The codes of the block's words after its scale: the signed bytes as they are.
+    static KCAP_FN void codes8_of_words(const KCAP_PRIVATE kcap_u32* words, KCAP_PRIVATE kcap_u32* u) {
+        KCAP_UNROLL for (int w = 0; w < 8; ++w) u[w] = words[w];
     }
 };
 
