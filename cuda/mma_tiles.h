@@ -446,10 +446,10 @@ inline bool use_staged(const Context& ctx, const KcapMatmulParams& p, size_t sha
 // The K from which a launch of format F's tiles stages its weights (GROUPED: the grouped
 // experts' tiles).
 // The plain tiles of the formats that read their next run a step ahead (RunAhead: MXFP4, Q8_0,
-// Q4_0, Q5_0) do not stage at any K: on an H100 (pp512,
-// bench/results/cuda_h100_run_ahead_unstaged.txt) Llama-3-8B's shape in Q8_0 went from 28.4k to 30.1k tok/s q8_1 and 18.3k to 22.7k exact, in
-// Q4_0 33.9k -> 36.3k and 21.7k -> 26.6k, in Q5_0 31.1k -> 33.8k and 19.9k -> 24.5k; the other
-// 32-value formats stage from kStagedMinK.
+// Q4_0, Q5_0) do not stage at any K: staging their 18- to 34-byte blocks takes 4-byte copies of
+// unaligned words and a decode from shared memory, which cost more than the read-ahead's loads
+// wait, on long rows too (bench/results/cuda_h100_run_ahead_unstaged.txt). The other 32-value
+// formats stage from kStagedMinK.
 constexpr int64_t kNeverStaged = INT64_MAX;
 template <class F>
 constexpr int64_t staged_min_k(bool grouped) {
