@@ -441,21 +441,21 @@ inline bool use_staged(const Context& ctx, const KcapMatmulParams& p, size_t sha
     return shared_bytes <= size_t(shared_optin_bytes(ctx.device)) && p.k >= min_k;
 }
 
-// Runs launch(group, staged) once for all the matrices of g (of format F); staged as use_staged
-// decides for a kernel of staged_shared_bytes (the members share k, so one answer serves all).
-// The K from which a launch of format F's tiles stages its weights (GROUPED: the grouped
-// experts' tiles).
-// The plain tiles of the formats that read their next run a step ahead (RunAhead: MXFP4, Q8_0,
-// Q4_0, Q5_0) do not stage at any K: staging their 18- to 34-byte blocks takes 4-byte copies of
-// unaligned words and a decode from shared memory, which cost more than the read-ahead's loads
-// wait, on long rows too (bench/results/cuda_h100_run_ahead_unstaged.txt). The other 32-value
-// formats stage from kStagedMinK.
+// The K from which a launch of format F's tiles stages its weights (grouped: the grouped
+// experts' tiles). The plain tiles of the formats that read their next run a step ahead
+// (RunAhead: MXFP4, Q8_0, Q4_0, Q5_0) do not stage at any K: staging their 18- to 34-byte
+// blocks takes 4-byte copies of unaligned words and a decode from shared memory, which cost
+// more than the read-ahead's loads wait, on long rows too
+// (bench/results/cuda_h100_run_ahead_unstaged.txt). The other 32-value formats stage from
+// kStagedMinK.
 constexpr int64_t kNeverStaged = INT64_MAX;
 template <class F>
 constexpr int64_t staged_min_k(bool grouped) {
     if (!grouped && RunAhead<F>::kWords > 0) return kNeverStaged;
     return RawChunk<F>::k > kStepK ? (grouped ? kMoeStagedMinK : kStagedMinKLongChunks) : kStagedMinK;
 }
+// Runs launch(group, staged) once for all the matrices of g (of format F); staged as use_staged
+// decides for a kernel of staged_shared_bytes (the members share k, so one answer serves all).
 template <class F, class Launch>
 void launch_mma_group(const Context& ctx, const MmaGroup& g, size_t staged_shared_bytes, Launch&& launch) {
     launch(g, use_staged(ctx, g.p[0], staged_shared_bytes, staged_min_k<F>(g.tile_expert != nullptr)));

@@ -57,7 +57,8 @@ QueryRows query_rows(const StageParams& p, const KernelCall& call, int64_t item)
 
 // The query rows (token x KV head) of items [begin, end) of one call (query_rows) over the latent
 // attention's cache (no values, so its keys are rows: KvLayer::keys_blocked): one KV head whose
-// key is the whole cache row and whose value its first head_dim_v values. Scores, softmax (softmax_rows), the weighted values.
+// key is the whole cache row and whose value its first head_dim_v values. Scores, softmax
+// (softmax_rows), the weighted values.
 KCAP_HOT_LOOP void attend_latent(const StageParams& p, const KernelCall& call, const KvLayer& kv, int64_t begin,
                                  int64_t end) {
     const int group = p.n_head / p.n_head_kv;  // query heads per KV head
