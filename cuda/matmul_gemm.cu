@@ -35,7 +35,9 @@
 
 #include "cuda/cuda_context.h"
 #include "cuda/matmul.h"
+#include "cuda/mma_tiles.h"
 #include "kernels/quant.h"
+#include "kernels/quant_codes.h"
 
 namespace kcap {
 namespace cuda {
@@ -179,6 +181,161 @@ __global__ void __launch_bounds__(cuda_rows::kGemmThreads) add_bias_kernel(float
     if (i < count) y[i] += bias[i % n];
 }
 
+// ---- grouped experts' tiles on bf16(W) . bf16(x) ------------------------------------------------
+using namespace cuda_rows;
+using namespace mma_tiles;
+
+// The grouped experts (cuda/moe.cu) of a bf16 plan: an expert's weights cannot be dequantized
+// ahead of the products (which experts a chunk's tokens pick is known only on the device, and
+// all of them in bf16 would be 1.6 GB a layer of gpt-oss-20b per chunk), so these tiles decode
+// them inside their loop, as the split-bf16 tiles do (cuda/matmul_mma.cu: the same tile of 64
+// sorted rows x kMmaRows weight rows, warp grid, fragment loads and raw chunk staging,
+// cuda/mma_tiles.h). What they multiply is what the bf16 GEMM rows multiply: each weight run
+// decoded to f32 by the format's decoder (this file is compiled without FMA contraction, so the
+// values are the dequantize's bit for bit) and rounded to bf16 (nearest even), each activation
+// rounded to bf16 as it is staged; one bf16 mma per product and f32 sums over the whole of K,
+// with no per-sub-block scale or offset after the products and no second (low) activation part.
+struct alignas(16) SharedBf16Tile {
+    unsigned w[kMmaRows * kStrideBf16];    // bf16(W), [row][k / 2] as bf16 pairs (low half = even k)
+    unsigned x[kMmaTokens * kStrideBf16];  // bf16(x), [token][k / 2]
+};
+
+__device__ __forceinline__ unsigned bf16_pair(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low 16 bits
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+
+// STAGED: the raw chunks through shared memory (the K-quants at every K, staged_min_k); else
+// each thread reads its run from global memory, a step ahead where the format has RunAhead
+// (MXFP4, Q8_0, Q4_0, Q5_0: their values are code x scale, one product, as decode32 forms them).
+template <class F, bool STAGED>
+__global__ void __launch_bounds__(kMmaThreads, 2) mma_bf16_rounded_kernel(MmaGroup group, const float* x) {
+    const int which = mma_group_member(group), tile = mma_group_tile(group, which);
+    const KcapMatmulParams p = mma_group_pick(group.p, which);
+    const kcap_u8* w = mma_group_pick(group.w, which);
+    using C = KcapCodes<F>;
+    using R = RawChunk<F>;
+    constexpr int kRunsPerBlock = F::block_elems / 32;
+    __shared__ SharedBf16Tile sh;
+    extern __shared__ __align__(16) unsigned raw[];  // RawChunk<F>: two buffers of buffer_words
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int row_base = tile * kMmaRows, token_base = blockIdx.y * kMmaTokens;
+    const int warp_tokens = kWarpTokens * (warp / kWarpsRows), warp_rows = kWarpRows * (warp % kWarpsRows);
+    // Decoding role: weight row dr, run dhalf of each step. Activation role: float4 column xc
+    // (values 4 xc .. 4 xc + 3 of the step) of tokens xt + 16 i, i < 4.
+    const int dr = tid >> 1, dhalf = tid & 1;
+    const int xt = tid >> 4, xc = tid & 15;
+    const bool row_valid = row_base + dr < p.n;
+    pdl_wait();
+    pdl_trigger();
+    const int expert = group.tile_expert[blockIdx.y];
+    if (expert < 0) return;  // past the batch's tiles
+    w += kcap_u64(expert) * group.expert_bytes;
+    const kcap_u64 bias_offset = kcap_u64(expert) * kcap_u64(p.n);
+    const kcap_u8* wrow = w + kcap_u64(row_valid ? row_base + dr : 0) * p.row_bytes;
+    const kcap_u8* w_end = w + kcap_u64(p.n) * p.row_bytes;
+    int xsrc[4];
+    x_sources(xsrc, group.x_rows, p, token_base, xt);
+    // A 16-token mma tile whose first row is padding is all padding (an expert's rows are padded
+    // at the end of its tiles): the warp skips its products.
+    bool live[kMt];
+#pragma unroll
+    for (int mt = 0; mt < kMt; ++mt) live[mt] = group.live_rows[token_base + warp_tokens + 16 * mt] >= 0;
+    float acc[kMt][kNt][4] = {};
+    const int runs = p.k / 32;
+    const int chunks = (p.k + R::k - 1) / R::k;
+    if (STAGED) {
+        stage_chunk<F>(raw, w, w_end, p, row_base, 0, tid);
+        cp_async_commit();
+    }
+    float4 xv[4];
+    load_x(xv, x, p, xsrc, xc, 0);
+    using Ahead = RunAhead<F>;
+    constexpr bool kAhead = !STAGED && Ahead::kWords > 0;
+    static_assert(!kAhead || kRunsPerBlock == 1, "RunAhead: 32-element blocks");
+    kcap_u32 ahead[kAhead ? Ahead::kWords : 1];
+    kcap_u32 ahead_off = 0;
+    const auto load_ahead = [&](int k0) {
+        if constexpr (kAhead) {
+            const int run = k0 / 32 + dhalf;
+            const bool in = row_valid && run < runs;
+            ahead_off = run_ahead_load<F>(wrow + unsigned(in ? run : 0) * unsigned(F::block_bytes), in, ahead);
+        }
+    };
+    load_ahead(0);
+    for (int k0 = 0; k0 < p.k; k0 += kStepK) {
+        const int chunk = k0 / R::k;
+        const bool chunk_start = k0 % R::k == 0;
+        if (STAGED && chunk_start) cp_async_wait<0>();  // this thread's copies of chunk `chunk` have landed
+        __syncthreads();  // everyone's copies visible; the previous step's tiles no longer read
+        if (STAGED && chunk_start && chunk + 1 < chunks) {
+            stage_chunk<F>(raw + ((chunk + 1) & 1) * R::buffer_words, w, w_end, p, row_base, chunk + 1, tid);
+            cp_async_commit();
+        }
+        // Weights: bf16 of the run's decoded values; zeros past N or K.
+        {
+            const int run = k0 / 32 + dhalf;
+            float v[32];
+            if (row_valid && run < runs) {
+                if constexpr (kAhead) {
+                    kcap_u32 u[8];
+                    float sc[2];
+                    Ahead::decode(ahead, ahead_off, u, sc);
+                    kcap_codes32_from_words<C>(u, v);
+#pragma unroll
+                    for (int i = 0; i < 32; ++i) v[i] = v[i] * sc[0];
+                } else {
+                    F::decode32(run_block<F, STAGED>(raw, wrow, dr, run, chunk), run % kRunsPerBlock, v);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 32; ++i) v[i] = 0.0f;
+            }
+            uint4* dst = reinterpret_cast<uint4*>(sh.w + dr * kStrideBf16 + 16 * dhalf);
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+                dst[q] = make_uint4(bf16_pair(v[8 * q], v[8 * q + 1]), bf16_pair(v[8 * q + 2], v[8 * q + 3]),
+                                    bf16_pair(v[8 * q + 4], v[8 * q + 5]), bf16_pair(v[8 * q + 6], v[8 * q + 7]));
+        }
+        // Activations (loaded a step ahead), rounded to bf16; zeros past M or K.
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            *reinterpret_cast<uint2*>(sh.x + (xt + 16 * i) * kStrideBf16 + 2 * xc) =
+                make_uint2(bf16_pair(xv[i].x, xv[i].y), bf16_pair(xv[i].z, xv[i].w));
+        __syncthreads();
+        // The next step's activations (and RunAhead's weights): in flight during these products.
+        if (k0 + kStepK < p.k) {
+            load_x(xv, x, p, xsrc, xc, k0 + kStepK);
+            load_ahead(k0 + kStepK);
+        }
+#pragma unroll
+        for (int kw = 0; kw < kStepK / 2; kw += 8) {  // the step's k16 slices (8 words each)
+            unsigned b[kNt / 2][4];
+#pragma unroll
+            for (int np = 0; np < kNt / 2; ++np)
+                load_b2<kStrideBf16>(b[np], sh.w + (warp_rows + 16 * np) * kStrideBf16 + kw, lane);
+#pragma unroll
+            for (int mt = 0; mt < kMt; ++mt) {
+                if (!live[mt]) continue;  // uniform per warp
+                unsigned a[4];
+                load_a<kStrideBf16>(a, sh.x + (warp_tokens + 16 * mt) * kStrideBf16 + kw, lane);
+#pragma unroll
+                for (int nt = 0; nt < kNt; ++nt) mma_bf16(acc[mt][nt], a, b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]);
+            }
+        }
+    }
+    const float* bias = mma_group_pick(group.bias, which);
+    store_tile(acc, p, token_base + warp_tokens, row_base + warp_rows, lane, bias ? bias + bias_offset : nullptr,
+               mma_group_pick(group.y, which));
+}
+
+template <class F, bool STAGED>
+void launch_bf16_rounded_tiles(const Context& ctx, const MmaGroup& g, const float* x) {
+    constexpr size_t raw_bytes = STAGED ? RawChunk<F>::bytes : 0;
+    if (STAGED) allow_dynamic_shared<mma_bf16_rounded_kernel<F, STAGED>>(ctx, raw_bytes);
+    launch(ctx, mma_bf16_rounded_kernel<F, STAGED>, mma_group_grid(g), dim3(kMmaThreads), raw_bytes, g, x);
+}
+
 }  // namespace
 
 struct Gemm {
@@ -293,6 +450,27 @@ void gemm_matmul(const Context& ctx, Format format, const KcapMatmulParams& p, c
 }
 
 }  // namespace
+
+void mma_tiles::mma_group_bf16_rounded(const Context& ctx, Format format, const MmaGroup& g, const float* x) {
+    if (!g.tile_expert || !cuda_rows::mma_format(format) || g.p[0].k % 32 != 0 || g.p[0].m < kMmaMinTokens)
+        throw Error(std::string("mma_group_bf16_rounded: no grouped tiles for ") + format_name(format) +
+                    " at this k and m");
+    switch (format) {
+#define KCAP_BF16_TILES_CASE(NAME, DECODER)                                                                     \
+    case Format::NAME:                                                                                        \
+        if constexpr (KcapCodes<DECODER>::factorable)                                                         \
+            return launch_mma_group<DECODER>(ctx, g, sizeof(SharedBf16Tile) + RawChunk<DECODER>::bytes,       \
+                                             [&](const MmaGroup& group, bool staged) {                        \
+                                                 staged ? launch_bf16_rounded_tiles<DECODER, true>(ctx, group, x) \
+                                                        : launch_bf16_rounded_tiles<DECODER, false>(ctx, group, x); \
+                                             });                                                              \
+        break;
+        KCAP_WEIGHT_FORMATS(KCAP_BF16_TILES_CASE)
+#undef KCAP_BF16_TILES_CASE
+        default: break;
+    }
+    throw Error(std::string("mma_group_bf16_rounded: no grouped tiles for ") + format_name(format));
+}
 }  // namespace cuda
 
 // cuda.matmul_bf16.<format> (kGemmMinTokens tokens and more): x converted to bf16, the weights

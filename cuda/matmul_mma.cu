@@ -57,8 +57,7 @@ namespace {
 using namespace cuda_rows;
 using namespace mma_tiles;
 
-constexpr int kStride = kStepK / 2 + 4;    // words (bf16 pairs) per shared row, padded
-static_assert(kStride % 32 == 4 && kStride % 4 == 0, "conflict-free fragment loads, 16-byte aligned rows");
+constexpr int kStride = kStrideBf16;  // words (bf16 pairs) per shared row
 struct alignas(16) Shared {
     unsigned w[kMmaRows * kStride];      // codes, [row][k / 2] as bf16 pairs (low half = even k)
     unsigned xhi[kMmaTokens * kStride];  // x_hi, [token][k / 2]

@@ -30,6 +30,11 @@ constexpr int kSubs16 = kStepK / 16;       // 16-element sub-blocks per step
 constexpr int kWarpsRows = 4;              // warp grid: 2 (tokens) x 4 (rows)
 constexpr int kWarpTokens = 32, kWarpRows = 32;          // the bf16 kernel's warp tile
 constexpr int kMt = kWarpTokens / 16, kNt = kWarpRows / 8;  // mma tiles per warp (kNt: both kernels)
+// Words (bf16 pairs) per shared row of the bf16 tiles' weights and activations, padded: 36 = 4
+// mod 32, so the 8 rows one ldmatrix phase (or one plain 32-bit fragment load) reads fall in
+// distinct banks.
+constexpr int kStrideBf16 = kStepK / 2 + 4;
+static_assert(kStrideBf16 % 32 == 4 && kStrideBf16 % 4 == 0, "conflict-free fragment loads, 16-byte aligned rows");
 static_assert(kMmaThreads == 256 && kMmaTokens == 64 && kMmaRows == 128, "the warp layout assumes these");
 static_assert(kMmaThreads == 2 * kMmaRows, "weights: each thread decodes one run of one row per step");
 static_assert(kMmaThreads * 16 == kMmaTokens * kStepK && kStepK == 64, "activations: each thread stages 4 float4 (of 4 tokens) per step");
@@ -410,6 +415,9 @@ inline MmaFormatGroups mma_groups_by_format(const QkvParams& q) {
 // The bf16 tiles (matmul_mma.cu) of a group of matrices of one tile format (mma_format, K a
 // multiple of 32) on f32 activations x, p.m >= kMmaMinTokens.
 void mma_group_bf16(const Context& ctx, Format format, const MmaGroup& g, const float* x);
+// The grouped experts' tiles of a bf16 plan (matmul_gemm.cu): bf16(W) . bf16(x) with f32 sums,
+// W of one tile format decoded and rounded inside the tiles, x (f32) rounded as it is staged.
+void mma_group_bf16_rounded(const Context& ctx, Format format, const MmaGroup& g, const float* x);
 // The int8 tiles (matmul_q8.cu, 64 tokens per group) of a group of matrices of one q8_1 format
 // on q8_1 activations x (a grouped experts' x: the rows of the source tokens x_rows names).
 void mma_group_q8(const Context& ctx, Format format, const MmaGroup& g, const Q8Rows& x);

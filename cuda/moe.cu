@@ -680,10 +680,15 @@ namespace {
 
 // Grouped by expert: the sort, gate and up tiles of the sorted rows (x read through each row's
 // source token), the gated activation, the down tiles (the down matrix's format) and the
-// weighted sum of each token's slot rows. Q8: the int8 tiles on q8_1 activations (x rounded once
-// per token, the activations per sorted row as the activation writes them), else split-bf16.
-template <bool Q8>
+// weighted sum of each token's slot rows, on one of three kinds of tiles: split-bf16 (exact
+// plans), int8 on q8_1 activations (x rounded once per token, the activations per sorted row as
+// the activation writes them), or bf16(W) . bf16(x) (bf16 plans: x and the activations rounded
+// to bf16 as the tiles stage them).
+enum class GroupedTiles { SplitBf16, Q8, Bf16Rounded };
+
+template <GroupedTiles TILES>
 void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& call) {
+    constexpr bool Q8 = TILES == GroupedTiles::Q8;
     using namespace cuda_rows;
     namespace tiles = mma_tiles;
     const Context& ctx = context(call);
@@ -721,6 +726,8 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
     if constexpr (Q8) {
         quantize_into_scratch(ctx, moe.n_tokens, moe.k, call.in);
         tiles::mma_group_q8(ctx, format, g, q8_rows_layout(ctx, moe.n_tokens, moe.k));
+    } else if constexpr (TILES == GroupedTiles::Bf16Rounded) {
+        tiles::mma_group_bf16_rounded(ctx, format, g, call.in);
     } else {
         tiles::mma_group_bf16(ctx, format, g, call.in);
     }
@@ -754,6 +761,7 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
     dg.live_rows = ctx.moe_rows;
     dg.expert_bytes = kcap_u64(moe.n) * d.row_bytes;
     if constexpr (Q8) tiles::mma_group_q8(ctx, down_format, dg, act_q8);
+    else if constexpr (TILES == GroupedTiles::Bf16Rounded) tiles::mma_group_bf16_rounded(ctx, down_format, dg, ctx.moe_act);
     else tiles::mma_group_bf16(ctx, down_format, dg, ctx.moe_act);
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
     launch(ctx, combine_kernel, dim3(ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads), 0, moe,
@@ -766,18 +774,25 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
 
 template <Format FORMAT>
 void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call) {
-    cuda::moe_experts_grouped<false>(FORMAT, stage, call);
+    cuda::moe_experts_grouped<cuda::GroupedTiles::SplitBf16>(FORMAT, stage, call);
+}
+
+// The grouped experts of a bf16 plan, on bf16(W) . bf16(x).
+template <Format FORMAT>
+void kcap_cuda_moe_experts_bf16_mma(const Stage& stage, const KernelCall& call) {
+    cuda::moe_experts_grouped<cuda::GroupedTiles::Bf16Rounded>(FORMAT, stage, call);
 }
 
 // The grouped experts on the int8 tiles (q8_1 plans whose experts' matrices all have them).
 template <Format FORMAT>
 void kcap_cuda_moe_experts_q8_mma(const Stage& stage, const KernelCall& call) {
-    cuda::moe_experts_grouped<true>(FORMAT, stage, call);
+    cuda::moe_experts_grouped<cuda::GroupedTiles::Q8>(FORMAT, stage, call);
 }
 
 #define KCAP_INSTANTIATE_MOE(NAME, DECODER)                                                      \
     template void kcap_cuda_moe_experts<Format::NAME>(const Stage&, const KernelCall&);         \
-    template void kcap_cuda_moe_experts_mma<Format::NAME>(const Stage&, const KernelCall&);
+    template void kcap_cuda_moe_experts_mma<Format::NAME>(const Stage&, const KernelCall&);      \
+    template void kcap_cuda_moe_experts_bf16_mma<Format::NAME>(const Stage&, const KernelCall&);
 KCAP_WEIGHT_FORMATS(KCAP_INSTANTIATE_MOE)
 #undef KCAP_INSTANTIATE_MOE
 #define KCAP_INSTANTIATE_MOE_Q8(NAME, DECODER)                                                     \

@@ -528,7 +528,8 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
     // row per slot; from kMoeGroupedMinTokens, grouped by expert on the split-bf16 tiles
     // (cuda/moe.cu) where gate, up and down all have tiles; with q8_1 activations the slot
     // matvecs' and the grouped tiles' int8 forms where gate, up and down all have integer
-    // products; the shared expert's gate.
+    // products, with bf16 activations the grouped tiles on bf16(W) . bf16(x); the shared
+    // expert's gate.
     // The router's bias (operand 2, F32: gpt-oss) is added to its logits.
     Row route = gpu_family_row(GpuFamily::MoeRoute, Backend::CUDA, Format::F32, KCAP_CUDA_ENTRY(kcap_cuda_moe_route),
                                {kMoeRouteThreads, 0, 0});
@@ -628,6 +629,14 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
             add_moe_expert_biases(grouped);                                                              \
             grouped.dims.max_experts = KCAP_MOE_MAX_EXPERTS; /* the sort's per-expert counts */          \
             rows.push_back(grouped);                                                                     \
+            /* bf16 plans: the same order on tiles of bf16(W) . bf16(x) (cuda/matmul_gemm.cu). */        \
+            Row bf16 = grouped;                                                                          \
+            bf16.kernel = "cuda.moe_experts_bf16_mma." + lower(f);                                       \
+            bf16.fn = KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_bf16_mma<f>);                                \
+            bf16.priority = 4;                                                                           \
+            bf16.input_encoding = Encoding::BF16;                                                        \
+            bf16.launches = {"moe_sort", "bf16_tiles", "moe_activation", "bf16_tiles", "moe_combine"};   \
+            rows.push_back(bf16);                                                                        \
         }                                                                                                \
     }
     KCAP_WEIGHT_FORMATS(KCAP_MOE_EXPERTS_ROW)

@@ -474,6 +474,7 @@ template <Q8Source SOURCE> void kcap_cuda_qkv_q8_mma(const Stage& stage, const K
 template <bool Q8> void kcap_cuda_add_norm(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_moe_experts_bf16_mma(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_q8_mma(const Stage& stage, const KernelCall& call);
 

@@ -1534,6 +1534,62 @@ MoeQ8Reference moe_q8_reference(const Stage& stage, const std::vector<float>& x,
     return r;
 }
 
+// The bf16 grouped experts' (cuda.moe_experts_bf16_mma.*) two references, in f64 sums of the
+// values the row multiplies: act, each slot's gated activation of gate and up as bf16(W) .
+// bf16(x); out, the weighted sum of the down of bf16(W_down) . bf16(the row's own activations of
+// the slot: row_act).
+struct MoeBf16Reference {
+    std::vector<float> act, out;
+};
+MoeBf16Reference moe_bf16_reference(const Stage& stage, const std::vector<float>& x, const std::vector<float>& routing,
+                                    const std::function<const float*(size_t)>& row_act) {
+    const int64_t k = stage.k, ff = stage.k2, n = stage.n;
+    const int used = stage.params.n_expert_used, m = int(x.size() / size_t(k));
+    const TensorRef &gate = *stage.operands[0], &up = *stage.operands[1], &down = *stage.operands[2];
+    const bool merged = (stage.features & kExpertGateUpMerged) != 0;
+    const auto bias = [&](size_t i) {
+        return stage.operands.size() > i ? reinterpret_cast<const float*>(stage.operands[i]->data) : nullptr;
+    };
+    const float *gate_bias = bias(3), *up_bias = bias(4), *down_bias = bias(5);
+    const auto rounded = [](const TensorRef& w, int64_t len) {  // bf16 of every row's dequantized values
+        const int64_t rows = w.n_rows();
+        std::vector<float> v(size_t(rows * len));
+        for (int64_t j = 0; j < rows; ++j) dequantize_row(w.format, w.row(j), v.data() + j * len, len);
+        return bf16_values(v);
+    };
+    const std::vector<float> wg = rounded(gate, k), wu = rounded(up, k), wd = rounded(down, ff);
+    const auto dot = [](const float* a, const float* b, int64_t len) {
+        double s = 0.0;
+        for (int64_t i = 0; i < len; ++i) s += double(a[i]) * double(b[i]);
+        return s;
+    };
+    MoeBf16Reference r;
+    r.act.resize(size_t(m) * used * size_t(ff));
+    r.out.assign(size_t(m) * size_t(n), 0.0f);
+    for (int t = 0; t < m; ++t) {
+        const std::vector<float> xb = bf16_values(std::vector<float>(x.begin() + t * k, x.begin() + (t + 1) * k));
+        for (int j = 0; j < used; ++j) {
+            const size_t slot = size_t(t) * used + size_t(j);
+            const int64_t e = int64_t(routing[size_t(t) * 2 * used + j]);
+            for (int64_t i = 0; i < ff; ++i) {
+                const int64_t g_row = e * (merged ? 2 * ff : ff) + i, u_row = merged ? g_row + ff : e * ff + i;
+                const float g = float(dot(wg.data() + g_row * k, xb.data(), k) + (gate_bias ? gate_bias[e * ff + i] : 0.0f));
+                const float u = float(dot((merged ? wg : wu).data() + u_row * k, xb.data(), k) +
+                                      (up_bias ? up_bias[e * ff + i] : 0.0f));
+                r.act[slot * ff + i] = gated_activation(stage.params.activation, g, u, stage.params.swiglu_alpha,
+                                                        stage.params.swiglu_limit);
+            }
+            const float weight = routing[size_t(t) * 2 * used + used + j];
+            const float* a = row_act(slot);
+            const std::vector<float> ab = bf16_values(std::vector<float>(a, a + ff));
+            for (int64_t o = 0; o < n; ++o)
+                r.out[size_t(t) * n + o] +=
+                    weight * float(dot(wd.data() + (e * n + o) * ff, ab.data(), ff) + (down_bias ? down_bias[e * n + o] : 0.0f));
+        }
+    }
+    return r;
+}
+
 // Mixture-of-experts rows against the CPU rows: cuda.moe_route (the chosen experts exactly, their
 // weights to 1e-5; the _add_norm and _norm rows on the CPU's add_norm of a residual and a branch,
 // whose residual and normed rows they also write, to 1e-5), cuda.moe_experts.<format> (and its q8_1 form, moe_q8_reference) on the CPU's routing (gate and up of the row's
@@ -1551,7 +1607,11 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
         for (const Format f : row.op == Op::MoeRoute ? std::vector<Format>{Format::F32, Format::F16, Format::Q8_0}
                                                      : std::vector<Format>{row_format(row)}) {
             const int64_t block = std::max<int64_t>(32, format_info(f).block_elems);
-            for (const int64_t k : {block, 3 * block})
+            // The bf16 grouped rows' tiles of 32-value formats stage their weights from K 4096 (a
+            // case there too: 37 tokens, the plain experts).
+            std::vector<int64_t> ks = {block, 3 * block};
+            if (row.input_encoding == Encoding::BF16 && block == 32) ks.push_back(4096);
+            for (const int64_t k : ks)
                 for (const int used : {2, 3})
                     for (const int m : is_tile_row(row) || row.tokens.min > 37
                                            ? std::vector<int>{std::max(37, row.tokens.min), 300}
@@ -1562,6 +1622,7 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         const bool gemma = variant == 1, oai = variant == 2;
                         if (variant && row.op == Op::MoeSharedGate) continue;
                         if (!row.tokens.contains(m)) continue;  // cuda.moe_route_cluster_norm: one token
+                        if (k > 3 * block && (m != 37 || variant != 0)) continue;
                         if (over_case_cap(row)) continue;
                         TestContext t;
                         // The router also at 128 experts (Qwen3-MoE): each lane of its top-k scans several.
@@ -1733,6 +1794,37 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         }
                         call.in = t.arena.upload(x), call.in2 = t.arena.upload(routing), call.out = out;
                         if (!t.run(row, stage, call, data)) continue;
+                        if (row.input_encoding == Encoding::BF16) {
+                            // The bf16 grouped row: its f32 activations (sorted rows, found through
+                            // slot_rows) held to bf16(W) . bf16(x) of gate and up, the output to the
+                            // weighted sum of bf16(W_down) . bf16(its own activations), each to the
+                            // bf16 GEMM rows' bound for its K.
+                            const int64_t slots = int64_t(m) * used;
+                            const int rows = int(moe_grouped_tiles(slots, n_expert, cuda_rows::kMmaTokens)) *
+                                             cuda_rows::kMmaTokens;
+                            const std::vector<int32_t> slot_rows = download(t.ctx.moe_slot_rows, size_t(slots));
+                            const std::vector<float> act_rows = download(t.ctx.moe_act, size_t(rows) * size_t(ff_legal));
+                            bool rows_ok = true;
+                            std::vector<float> act(size_t(slots) * size_t(ff_legal));
+                            const auto row_act = [&](size_t slot) {
+                                const int r = slot_rows[slot];
+                                if (r < 0 || r >= rows) rows_ok = false;
+                                return act_rows.data() + size_t(std::clamp(r, 0, rows - 1)) * size_t(ff_legal);
+                            };
+                            for (size_t slot = 0; slot < size_t(slots); ++slot)
+                                std::copy_n(row_act(slot), ff_legal, act.begin() + slot * size_t(ff_legal));
+                            const MoeBf16Reference bf16_ref = moe_bf16_reference(stage, x, routing, row_act);
+                            const double act_err = relative_error(act, bf16_ref.act);
+                            const double err = relative_error(download(out, ref.size()), bf16_ref.out);
+                            KCAP_EXPECT(rows_ok && act_err <= gemm_tolerance(k) && err <= gemm_tolerance(ff_legal),
+                                        "%s down %s K=%lld ff=%lld used %d, %d tokens%s: slot rows %s, activations "
+                                        "error %.3g, output %.3g",
+                                        row.kernel.c_str(), format_name(down_format), (long long)k, (long long)ff_legal,
+                                        used, m, gemma ? " (merged gate_up, gelu_tanh)" : oai ? " (biases, clamped SwiGLU)" : "",
+                                        rows_ok ? "ok" : "out of range", act_err, err);
+                            ++g_cases;
+                            continue;
+                        }
                         if (q8 && is_tile_row(row)) {
                             // The grouped int8 row rounds its f32 activations straight to q8_1 (in
                             // sorted rows): each slot's codes are held to the CPU's activations
