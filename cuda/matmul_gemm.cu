@@ -208,6 +208,13 @@ __device__ __forceinline__ unsigned bf16_pair(float lo, float hi) {
 // STAGED: the raw chunks through shared memory (the K-quants at every K, staged_min_k); else
 // each thread reads its run from global memory, a step ahead where the format has RunAhead
 // (MXFP4, Q8_0, Q4_0, Q5_0: their values are code x scale, one product, as decode32 forms them).
+// STAGED tiles take two step tiles: step s is written into tile s & 1 while the products of step
+// s - 1 may still read the other, so a step takes one barrier (as the int8 tiles'). Unstaged ones
+// take one tile and a second barrier before writing it, in 27 KB that need no opt-in: with two
+// tiles (55 KB, opted in with the largest shared carveout, allow_dynamic_shared) gpt-oss-20b's
+// MXFP4 experts took 7-17% longer a launch, where the staged Q4_K / Q6_K experts of Qwen3-30B-A3B
+// gained 4% (H100, bench/results/cuda_h100_moe_bf16_tiles.txt). Dynamic shared memory: the
+// step tiles, then (STAGED) the raw chunks' two buffers.
 template <class F, bool STAGED>
 __global__ void __launch_bounds__(kMmaThreads, 2) mma_bf16_rounded_kernel(MmaGroup group, const float* x) {
     const int which = mma_group_member(group), tile = mma_group_tile(group, which);
@@ -216,8 +223,11 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_bf16_rounded_kernel(MmaGro
     using C = KcapCodes<F>;
     using R = RawChunk<F>;
     constexpr int kRunsPerBlock = F::block_elems / 32;
-    __shared__ SharedBf16Tile sh;
-    extern __shared__ __align__(16) unsigned raw[];  // RawChunk<F>: two buffers of buffer_words
+    constexpr int kStepsPerChunk = R::k / kStepK;  // 4 (256-value chunks) or 1
+    constexpr int kTiles = STAGED ? 2 : 1;
+    extern __shared__ __align__(16) unsigned char bf16_shared[];
+    SharedBf16Tile* sh = reinterpret_cast<SharedBf16Tile*>(bf16_shared);
+    unsigned* raw = reinterpret_cast<unsigned*>(bf16_shared + kTiles * sizeof(SharedBf16Tile));
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int row_base = tile * kMmaRows, token_base = blockIdx.y * kMmaTokens;
     const int warp_tokens = kWarpTokens * (warp / kWarpsRows), warp_rows = kWarpRows * (warp % kWarpsRows);
@@ -243,38 +253,44 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_bf16_rounded_kernel(MmaGro
     for (int mt = 0; mt < kMt; ++mt) live[mt] = group.live_rows[token_base + warp_tokens + 16 * mt] >= 0;
     float acc[kMt][kNt][4] = {};
     const int runs = p.k / 32;
+    const int steps = (p.k + kStepK - 1) / kStepK;
     const int chunks = (p.k + R::k - 1) / R::k;
-    if (STAGED) {
-        stage_chunk<F>(raw, w, w_end, p, row_base, 0, tid);
+    // Raw chunk c into buffer c & 1 (STAGED; nothing past the last chunk), one commit group.
+    const auto stage = [&](int c) {
+        if (!STAGED || c >= chunks) return;
+        stage_chunk<F>(raw + (c & 1) * R::buffer_words, w, w_end, p, row_base, c, tid);
         cp_async_commit();
-    }
+    };
     float4 xv[4];
-    load_x(xv, x, p, xsrc, xc, 0);
     using Ahead = RunAhead<F>;
     constexpr bool kAhead = !STAGED && Ahead::kWords > 0;
     static_assert(!kAhead || kRunsPerBlock == 1, "RunAhead: 32-element blocks");
     kcap_u32 ahead[kAhead ? Ahead::kWords : 1];
     kcap_u32 ahead_off = 0;
-    const auto load_ahead = [&](int k0) {
+    // Step s's activations and (RunAhead) weight words into registers.
+    const auto load = [&](int s) {
+        load_x(xv, x, p, xsrc, xc, s * kStepK);
         if constexpr (kAhead) {
-            const int run = k0 / 32 + dhalf;
+            const int run = 2 * s + dhalf;
             const bool in = row_valid && run < runs;
             ahead_off = run_ahead_load<F>(wrow + unsigned(in ? run : 0) * unsigned(F::block_bytes), in, ahead);
         }
     };
-    load_ahead(0);
-    for (int k0 = 0; k0 < p.k; k0 += kStepK) {
-        const int chunk = k0 / R::k;
-        const bool chunk_start = k0 % R::k == 0;
-        if (STAGED && chunk_start) cp_async_wait<0>();  // this thread's copies of chunk `chunk` have landed
-        __syncthreads();  // everyone's copies visible; the previous step's tiles no longer read
-        if (STAGED && chunk_start && chunk + 1 < chunks) {
-            stage_chunk<F>(raw + ((chunk + 1) & 1) * R::buffer_words, w, w_end, p, row_base, chunk + 1, tid);
-            cp_async_commit();
-        }
+    // The first two chunks in flight, the first landed and visible.
+    stage(0);
+    stage(1);
+    if (STAGED) {
+        if (chunks > 1) cp_async_wait<1>();
+        else cp_async_wait<0>();
+    }
+    load(0);
+    __syncthreads();
+    for (int s = 0; s < steps; ++s) {
+        SharedBf16Tile& b = sh[s % kTiles];
+        if (kTiles == 1 && s > 0) __syncthreads();  // the one tile's products of step s - 1 done
         // Weights: bf16 of the run's decoded values; zeros past N or K.
         {
-            const int run = k0 / 32 + dhalf;
+            const int run = 2 * s + dhalf;
             float v[32];
             if (row_valid && run < runs) {
                 if constexpr (kAhead) {
@@ -285,42 +301,46 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_bf16_rounded_kernel(MmaGro
 #pragma unroll
                     for (int i = 0; i < 32; ++i) v[i] = v[i] * sc[0];
                 } else {
-                    F::decode32(run_block<F, STAGED>(raw, wrow, dr, run, chunk), run % kRunsPerBlock, v);
+                    F::decode32(run_block<F, STAGED>(raw, wrow, dr, run, s / kStepsPerChunk), run % kRunsPerBlock, v);
                 }
             } else {
 #pragma unroll
                 for (int i = 0; i < 32; ++i) v[i] = 0.0f;
             }
-            uint4* dst = reinterpret_cast<uint4*>(sh.w + dr * kStrideBf16 + 16 * dhalf);
+            uint4* dst = reinterpret_cast<uint4*>(b.w + dr * kStrideBf16 + 16 * dhalf);
 #pragma unroll
             for (int q = 0; q < 4; ++q)
                 dst[q] = make_uint4(bf16_pair(v[8 * q], v[8 * q + 1]), bf16_pair(v[8 * q + 2], v[8 * q + 3]),
                                     bf16_pair(v[8 * q + 4], v[8 * q + 5]), bf16_pair(v[8 * q + 6], v[8 * q + 7]));
         }
-        // Activations (loaded a step ahead), rounded to bf16; zeros past M or K.
+        // Activations, rounded to bf16; zeros past M or K.
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-            *reinterpret_cast<uint2*>(sh.x + (xt + 16 * i) * kStrideBf16 + 2 * xc) =
+            *reinterpret_cast<uint2*>(b.x + (xt + 16 * i) * kStrideBf16 + 2 * xc) =
                 make_uint2(bf16_pair(xv[i].x, xv[i].y), bf16_pair(xv[i].z, xv[i].w));
+        // The next step's loads, in flight during this step's products.
+        const bool next_chunk = (s + 1) % kStepsPerChunk == 0;  // step s + 1 decodes a new chunk
+        if (s + 1 < steps) load(s + 1);
+        if (STAGED && next_chunk) cp_async_wait<0>();  // this thread's copies of that chunk
+        // Step s's tile written by every thread (and the next chunk's copies visible); every
+        // decode of this step's chunk done.
         __syncthreads();
-        // The next step's activations (and RunAhead's weights): in flight during these products.
-        if (k0 + kStepK < p.k) {
-            load_x(xv, x, p, xsrc, xc, k0 + kStepK);
-            load_ahead(k0 + kStepK);
-        }
+        // Step s + 1 starts chunk c + 1: chunk c + 2 into chunk c's buffer.
+        if (next_chunk) stage((s + 1) / kStepsPerChunk + 1);
 #pragma unroll
         for (int kw = 0; kw < kStepK / 2; kw += 8) {  // the step's k16 slices (8 words each)
-            unsigned b[kNt / 2][4];
+            unsigned bw[kNt / 2][4];
 #pragma unroll
             for (int np = 0; np < kNt / 2; ++np)
-                load_b2<kStrideBf16>(b[np], sh.w + (warp_rows + 16 * np) * kStrideBf16 + kw, lane);
+                load_b2<kStrideBf16>(bw[np], b.w + (warp_rows + 16 * np) * kStrideBf16 + kw, lane);
 #pragma unroll
             for (int mt = 0; mt < kMt; ++mt) {
                 if (!live[mt]) continue;  // uniform per warp
                 unsigned a[4];
-                load_a<kStrideBf16>(a, sh.x + (warp_tokens + 16 * mt) * kStrideBf16 + kw, lane);
+                load_a<kStrideBf16>(a, b.x + (warp_tokens + 16 * mt) * kStrideBf16 + kw, lane);
 #pragma unroll
-                for (int nt = 0; nt < kNt; ++nt) mma_bf16(acc[mt][nt], a, b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]);
+                for (int nt = 0; nt < kNt; ++nt)
+                    mma_bf16(acc[mt][nt], a, bw[nt >> 1][2 * (nt & 1)], bw[nt >> 1][2 * (nt & 1) + 1]);
             }
         }
     }
@@ -329,11 +349,18 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_bf16_rounded_kernel(MmaGro
                mma_group_pick(group.y, which));
 }
 
+// Shared memory of a launch: the step tiles and (STAGED) the raw chunks.
+template <class F, bool STAGED>
+constexpr size_t bf16_rounded_shared_bytes() {
+    return STAGED ? 2 * sizeof(SharedBf16Tile) + RawChunk<F>::bytes : sizeof(SharedBf16Tile);
+}
+static_assert(sizeof(SharedBf16Tile) <= 48 * 1024, "one step tile needs no opt-in");
+
 template <class F, bool STAGED>
 void launch_bf16_rounded_tiles(const Context& ctx, const MmaGroup& g, const float* x) {
-    constexpr size_t raw_bytes = STAGED ? RawChunk<F>::bytes : 0;
-    if (STAGED) allow_dynamic_shared<mma_bf16_rounded_kernel<F, STAGED>>(ctx, raw_bytes);
-    launch(ctx, mma_bf16_rounded_kernel<F, STAGED>, mma_group_grid(g), dim3(kMmaThreads), raw_bytes, g, x);
+    constexpr size_t bytes = bf16_rounded_shared_bytes<F, STAGED>();
+    if (STAGED) allow_dynamic_shared<mma_bf16_rounded_kernel<F, STAGED>>(ctx, bytes);
+    launch(ctx, mma_bf16_rounded_kernel<F, STAGED>, mma_group_grid(g), dim3(kMmaThreads), bytes, g, x);
 }
 
 }  // namespace
@@ -459,7 +486,7 @@ void mma_tiles::mma_group_bf16_rounded(const Context& ctx, Format format, const 
 #define KCAP_BF16_TILES_CASE(NAME, DECODER)                                                                     \
     case Format::NAME:                                                                                        \
         if constexpr (KcapCodes<DECODER>::factorable)                                                         \
-            return launch_mma_group<DECODER>(ctx, g, sizeof(SharedBf16Tile) + RawChunk<DECODER>::bytes,       \
+            return launch_mma_group<DECODER>(ctx, g, bf16_rounded_shared_bytes<DECODER, true>(),          \
                                              [&](const MmaGroup& group, bool staged) {                        \
                                                  staged ? launch_bf16_rounded_tiles<DECODER, true>(ctx, group, x) \
                                                         : launch_bf16_rounded_tiles<DECODER, false>(ctx, group, x); \
