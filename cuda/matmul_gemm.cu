@@ -205,6 +205,49 @@ __device__ __forceinline__ unsigned bf16_pair(float lo, float hi) {
     return *reinterpret_cast<const unsigned*>(&v);
 }
 
+// An MXFP4 run straight to its bf16 pairs (pair j: elements 2j, 2j + 1, the low one in the low
+// half), from RunAhead<KcapMXFP4>'s five words at byte offset off: false (nothing written) where
+// the block's scale byte e is outside [2, 248]. Each doubled code c (-12..12, the value times 2)
+// is looked up as the byte c + 12 (two byte permutes per four nibbles, as kcap_mxfp4_nibble_bytes
+// does with c), put under the bf16 high byte 0x43 (the bf16 128 + c + 12: its 7 mantissa bits hold
+// 0..127), and fma.rn.bf16x2 takes (128 + c + 12) s - 140 s, s = 2^(e - 128) the half scale:
+// exactly c s, the value decode32 gives, in one rounding of an exact, representable result, so
+// the same bits as rounding decode32's f32 to bf16. The range keeps every operand and nonzero
+// result normal (|c s| >= 2^(e - 128) >= 2^-126, 140 s < 2^128); others take the f32 decode.
+// 2 instructions a pair after the lookups, where the f32 decode, its product and the rounding
+// take about 7.
+__device__ __forceinline__ bool mxfp4_bf16_pairs(const kcap_u32 (&w)[RunAhead<KcapMXFP4>::kWords], kcap_u32 off,
+                                                 unsigned (&pairs)[16]) {
+    const kcap_u32 e = (w[0] >> (8u * off)) & 0xffu;
+    if (e < 2u || e > 248u) return false;
+    const kcap_u32 scale = (e - 1u) << 7, minus = 0x8000u | ((e + 6u) << 7) | 0x0Cu;  // 2^(e-128), -140 x it
+    const kcap_u32 scale2 = scale | (scale << 16), minus2 = minus | (minus << 16);
+    const kcap_u32 shift = 8u * (off + 1u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const kcap_u32 q = kcap_funnel_r(w[i], w[i + 1], shift);  // code bytes 4i..4i+3
+        kcap_u32 v[2];  // c + 12 of the nibbles in nibble order, as kcap_mxfp4_nibble_bytes
+#pragma unroll
+        for (int half16 = 0; half16 < 2; ++half16) {
+            const kcap_u32 n = q >> (16 * half16);
+            const kcap_u32 magnitude = n & 0x7777u;
+            const kcap_u32 positive = kcap_byte_perm(0x0F0E0D0Cu, 0x18141210u, magnitude);  // 12 + {0,1,2,3,4,6,8,12}
+            const kcap_u32 negative = kcap_byte_perm(0x090A0B0Cu, 0x00040608u, magnitude);  // 12 - the same
+            v[half16] = kcap_byte_perm(positive, negative, 0x3210u | ((n & 0x8888u) >> 1));
+        }
+        // Element order: the low nibbles of bytes 4i..4i+3 are elements 4i..4i+3, the high ones 16 + 4i...
+        const kcap_u32 lo = kcap_byte_perm(v[0], v[1], 0x6420u), hi = kcap_byte_perm(v[0], v[1], 0x7531u);
+        const kcap_u32 biased[4] = {kcap_byte_perm(lo, 0x43434343u, 0x4140u), kcap_byte_perm(lo, 0x43434343u, 0x4342u),
+                                    kcap_byte_perm(hi, 0x43434343u, 0x4140u), kcap_byte_perm(hi, 0x43434343u, 0x4342u)};
+        unsigned out[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out[j]) : "r"(biased[j]), "r"(scale2), "r"(minus2));
+        pairs[2 * i] = out[0], pairs[2 * i + 1] = out[1], pairs[8 + 2 * i] = out[2], pairs[8 + 2 * i + 1] = out[3];
+    }
+    return true;
+}
+
 // STAGED: the raw chunks through shared memory (the K-quants at every K, staged_min_k); else
 // each thread reads its run from global memory, a step ahead where the format has RunAhead
 // (MXFP4, Q8_0, Q4_0, Q5_0: their values are code x scale, one product, as decode32 forms them).
@@ -291,27 +334,33 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_bf16_rounded_kernel(MmaGro
         // Weights: bf16 of the run's decoded values; zeros past N or K.
         {
             const int run = 2 * s + dhalf;
-            float v[32];
-            if (row_valid && run < runs) {
-                if constexpr (kAhead) {
-                    kcap_u32 u[8];
-                    float sc[2];
-                    Ahead::decode(ahead, ahead_off, u, sc);
-                    kcap_codes32_from_words<C>(u, v);
+            const bool in = row_valid && run < runs;
+            unsigned pairs[16];
+            bool paired = false;  // MXFP4 read ahead: its pairs straight from the codes where the scale allows
+            if constexpr (kAhead && std::is_same<F, KcapMXFP4>::value) paired = in && mxfp4_bf16_pairs(ahead, ahead_off, pairs);
+            if (!paired) {
+                float v[32];
+                if (in) {
+                    if constexpr (kAhead) {
+                        kcap_u32 u[8];
+                        float sc[2];
+                        Ahead::decode(ahead, ahead_off, u, sc);
+                        kcap_codes32_from_words<C>(u, v);
 #pragma unroll
-                    for (int i = 0; i < 32; ++i) v[i] = v[i] * sc[0];
+                        for (int i = 0; i < 32; ++i) v[i] = v[i] * sc[0];
+                    } else {
+                        F::decode32(run_block<F, STAGED>(raw, wrow, dr, run, s / kStepsPerChunk), run % kRunsPerBlock, v);
+                    }
                 } else {
-                    F::decode32(run_block<F, STAGED>(raw, wrow, dr, run, s / kStepsPerChunk), run % kRunsPerBlock, v);
-                }
-            } else {
 #pragma unroll
-                for (int i = 0; i < 32; ++i) v[i] = 0.0f;
+                    for (int i = 0; i < 32; ++i) v[i] = 0.0f;
+                }
+#pragma unroll
+                for (int i = 0; i < 16; ++i) pairs[i] = bf16_pair(v[2 * i], v[2 * i + 1]);
             }
             uint4* dst = reinterpret_cast<uint4*>(b.w + dr * kStrideBf16 + 16 * dhalf);
 #pragma unroll
-            for (int q = 0; q < 4; ++q)
-                dst[q] = make_uint4(bf16_pair(v[8 * q], v[8 * q + 1]), bf16_pair(v[8 * q + 2], v[8 * q + 3]),
-                                    bf16_pair(v[8 * q + 4], v[8 * q + 5]), bf16_pair(v[8 * q + 6], v[8 * q + 7]));
+            for (int q = 0; q < 4; ++q) dst[q] = make_uint4(pairs[4 * q], pairs[4 * q + 1], pairs[4 * q + 2], pairs[4 * q + 3]);
         }
         // Activations, rounded to bf16; zeros past M or K.
 #pragma unroll
