@@ -29,7 +29,10 @@
 //   cuda.matmul_bf16.*, cuda.gate_up_bf16.*, cuda.qkv_bf16 (dequantize + cuBLAS) against the exact
 //       CPU row on bf16(W) and bf16(x) (bf16_weights, bf16_values): 1e-5 + ceil(K / 8) 2^-23,
 //       derived: products of two bf16 values are exact in f32, and the tensor cores' f32 sums
-//       truncate (below), one ulp per mma step of at least 8 values of K.
+//       truncate (below), one ulp per mma step of at least 8 values of K. The same bound for
+//       cuda.moe_experts_bf16_mma.* (tiles of bf16(W) . bf16(x)), its activations against f64
+//       sums of those values, its output against the down of bf16 of its own activations
+//       (moe_bf16_reference).
 //   attention (online softmax, f32 exp)                            1e-5
 //   cuda.attention_mma*'s tensor-core prefill                      1e-5 + (2 ceil(span / 16) + head_dim / 8) 2^-23,
 //       derived: the products are exact (f16 K/V, queries and weights split hi + lo: 2^-22), but
