@@ -208,14 +208,13 @@ __device__ __forceinline__ unsigned bf16_pair(float lo, float hi) {
 // An MXFP4 run straight to its bf16 pairs (pair j: elements 2j, 2j + 1, the low one in the low
 // half), from RunAhead<KcapMXFP4>'s five words at byte offset off: false (nothing written) where
 // the block's scale byte e is outside [2, 248]. Each doubled code c (-12..12, the value times 2)
-// is looked up as the byte c + 12 (two byte permutes per four nibbles, as kcap_mxfp4_nibble_bytes
-// does with c), put under the bf16 high byte 0x43 (the bf16 128 + c + 12: its 7 mantissa bits hold
-// 0..127), and fma.rn.bf16x2 takes (128 + c + 12) s - 140 s, s = 2^(e - 128) the half scale:
-// exactly c s, the value decode32 gives, in one rounding of an exact, representable result, so
-// the same bits as rounding decode32's f32 to bf16. The range keeps every operand and nonzero
-// result normal (|c s| >= 2^(e - 128) >= 2^-126, 140 s < 2^128); others take the f32 decode.
-// 2 instructions a pair after the lookups, where the f32 decode, its product and the rounding
-// take about 7.
+// is looked up as the byte c + 12 (kcap_mxfp4_doubled_bytes<12>), put under the bf16 high byte
+// 0x43 (the bf16 128 + c + 12: its 7 mantissa bits hold 0..127), and fma.rn.bf16x2 takes
+// (128 + c + 12) s - 140 s, s = 2^(e - 128) the half scale: exactly c s, the value decode32
+// gives, in one rounding of an exact, representable result, so the same bits as rounding
+// decode32's f32 to bf16. The range keeps every operand and nonzero result normal (|c s| >=
+// 2^(e - 128) >= 2^-126, 140 s < 2^128); others take the f32 decode. 2 instructions a pair after
+// the lookups, where the f32 decode, its product and the rounding take about 7.
 __device__ __forceinline__ bool mxfp4_bf16_pairs(const kcap_u32 (&w)[RunAhead<KcapMXFP4>::kWords], kcap_u32 off,
                                                  unsigned (&pairs)[16]) {
     const kcap_u32 e = (w[0] >> (8u * off)) & 0xffu;
@@ -225,18 +224,9 @@ __device__ __forceinline__ bool mxfp4_bf16_pairs(const kcap_u32 (&w)[RunAhead<Kc
     const kcap_u32 shift = 8u * (off + 1u);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const kcap_u32 q = kcap_funnel_r(w[i], w[i + 1], shift);  // code bytes 4i..4i+3
-        kcap_u32 v[2];  // c + 12 of the nibbles in nibble order, as kcap_mxfp4_nibble_bytes
-#pragma unroll
-        for (int half16 = 0; half16 < 2; ++half16) {
-            const kcap_u32 n = q >> (16 * half16);
-            const kcap_u32 magnitude = n & 0x7777u;
-            const kcap_u32 positive = kcap_byte_perm(0x0F0E0D0Cu, 0x18141210u, magnitude);  // 12 + {0,1,2,3,4,6,8,12}
-            const kcap_u32 negative = kcap_byte_perm(0x090A0B0Cu, 0x00040608u, magnitude);  // 12 - the same
-            v[half16] = kcap_byte_perm(positive, negative, 0x3210u | ((n & 0x8888u) >> 1));
-        }
-        // Element order: the low nibbles of bytes 4i..4i+3 are elements 4i..4i+3, the high ones 16 + 4i...
-        const kcap_u32 lo = kcap_byte_perm(v[0], v[1], 0x6420u), hi = kcap_byte_perm(v[0], v[1], 0x7531u);
+        // c + 12 of code bytes 4i..4i+3: elements 4i..4i+3 (lo), 16 + 4i.. (hi).
+        kcap_u32 lo, hi;
+        kcap_mxfp4_doubled_bytes<12>(kcap_funnel_r(w[i], w[i + 1], shift), lo, hi);
         const kcap_u32 biased[4] = {kcap_byte_perm(lo, 0x43434343u, 0x4140u), kcap_byte_perm(lo, 0x43434343u, 0x4342u),
                                     kcap_byte_perm(hi, 0x43434343u, 0x4140u), kcap_byte_perm(hi, 0x43434343u, 0x4342u)};
         unsigned out[4];

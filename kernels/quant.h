@@ -298,25 +298,37 @@ KCAP_FN float kcap_mxfp4_doubled(kcap_u32 code) {
     return (code & 8u) ? -magnitude : magnitude;
 }
 
-// The doubled e2m1 values (kcap_mxfp4_doubled) of the 8 codes of a word of MXFP4 code bytes,
-// as signed bytes in the order of the nibbles: v[0] = nibbles 0..3 (bytes 0 and 1, low nibble
-// first), v[1] = nibbles 4..7. Table lookups by byte permutation (one PRMT per value on CUDA,
-// where the arithmetic of kcap_mxfp4_doubled took about ten instructions a value and bounded
-// gpt-oss's expert matvecs): the 3-bit magnitude picks a byte of {0, 1, 2, 3, 4, 6, 8, 12} or of
-// its negation, the sign bit picks between the two.
+// The word of bytes b0 (lowest) .. b3, each taken mod 256 (constant arguments fold away).
+KCAP_FN kcap_u32 kcap_bytes4(int b0, int b1, int b2, int b3) {
+    return kcap_u32(b0 & 0xff) | (kcap_u32(b1 & 0xff) << 8) | (kcap_u32(b2 & 0xff) << 16) | (kcap_u32(b3 & 0xff) << 24);
+}
+
+// The doubled e2m1 values (kcap_mxfp4_doubled) plus BIAS of the 8 codes of a word of MXFP4 code
+// bytes, as bytes in the order of the nibbles: v[0] = nibbles 0..3 (bytes 0 and 1, low nibble
+// first), v[1] = nibbles 4..7. BIAS 0: the signed values; the bf16 tiles take 12 (0..24, bytes
+// that fit a bf16 mantissa: cuda/matmul_gemm.cu). Table lookups by byte permutation (one PRMT
+// per value on CUDA, where the arithmetic of kcap_mxfp4_doubled took about ten instructions a
+// value and bounded gpt-oss's expert matvecs): the 3-bit magnitude picks a byte of BIAS + {0, 1,
+// 2, 3, 4, 6, 8, 12} or of BIAS minus them, the sign bit picks between the two.
+template <int BIAS = 0>
 KCAP_FN void kcap_mxfp4_nibble_bytes(kcap_u32 q, KCAP_PRIVATE kcap_u32* v) {
+    const kcap_u32 plus_lo = kcap_bytes4(BIAS, BIAS + 1, BIAS + 2, BIAS + 3);
+    const kcap_u32 plus_hi = kcap_bytes4(BIAS + 4, BIAS + 6, BIAS + 8, BIAS + 12);
+    const kcap_u32 minus_lo = kcap_bytes4(BIAS, BIAS - 1, BIAS - 2, BIAS - 3);
+    const kcap_u32 minus_hi = kcap_bytes4(BIAS - 4, BIAS - 6, BIAS - 8, BIAS - 12);
     KCAP_UNROLL for (int half16 = 0; half16 < 2; ++half16) {
         const kcap_u32 n = q >> (16 * half16);  // four nibbles in bits 0..15
         const kcap_u32 magnitude = n & 0x7777u;
-        const kcap_u32 positive = kcap_byte_perm(0x03020100u, 0x0C080604u, magnitude);
-        const kcap_u32 negative = kcap_byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, magnitude);
+        const kcap_u32 positive = kcap_byte_perm(plus_lo, plus_hi, magnitude);
+        const kcap_u32 negative = kcap_byte_perm(minus_lo, minus_hi, magnitude);
         v[half16] = kcap_byte_perm(positive, negative, 0x3210u | ((n & 0x8888u) >> 1));
     }
 }
 // The same values in element order: lo = the low nibbles of bytes 0..3, hi = their high nibbles.
+template <int BIAS = 0>
 KCAP_FN void kcap_mxfp4_doubled_bytes(kcap_u32 q, KCAP_PRIVATE kcap_u32& lo, KCAP_PRIVATE kcap_u32& hi) {
     kcap_u32 v[2];
-    kcap_mxfp4_nibble_bytes(q, v);
+    kcap_mxfp4_nibble_bytes<BIAS>(q, v);
     lo = kcap_byte_perm(v[0], v[1], 0x6420u);
     hi = kcap_byte_perm(v[0], v[1], 0x7531u);
 }

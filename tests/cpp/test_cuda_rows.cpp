@@ -1467,6 +1467,30 @@ void test_sample(std::mt19937& rng) {
         }
 }
 
+// An experts stage as its references read it: widths, token count, the three matrices, where
+// an expert's gate and up rows lie (one merged tensor: Gemma 4), the biases ([n_expert][rows],
+// gpt-oss; else null), and each slot's expert and weight in the Routing buffer.
+struct MoeReferenceStage {
+    const Stage& stage;
+    const std::vector<float>& routing;
+    const int64_t k = stage.k, ff = stage.k2, n = stage.n;
+    const int used = stage.params.n_expert_used;
+    const int m;
+    const TensorRef &gate = *stage.operands[0], &up = *stage.operands[1], &down = *stage.operands[2];
+    const bool merged = (stage.features & kExpertGateUpMerged) != 0;
+    const float *gate_bias = bias(3), *up_bias = bias(4), *down_bias = bias(5);
+
+    MoeReferenceStage(const Stage& s, const std::vector<float>& x, const std::vector<float>& r)
+        : stage(s), routing(r), m(int(x.size() / size_t(s.k))) {}
+    const float* bias(size_t i) const {
+        return stage.operands.size() > i ? reinterpret_cast<const float*>(stage.operands[i]->data) : nullptr;
+    }
+    int64_t expert(int t, int j) const { return int64_t(routing[size_t(t) * 2 * used + size_t(j)]); }
+    float weight(int t, int j) const { return routing[size_t(t) * 2 * used + size_t(used + j)]; }
+    int64_t gate_row(int64_t e, int64_t i) const { return e * (merged ? 2 * ff : ff) + i; }
+    int64_t up_row(int64_t e, int64_t i) const { return merged ? gate_row(e, i) + ff : e * ff + i; }
+};
+
 // The q8_1 experts' (cuda.moe_experts_q8.*) two references, from the library's q8_1 rounding and
 // integer dot products (formats.h): act, each slot's gated activation of gate and up times q8_1(x);
 // out, the weighted sum of the down matvecs of q8_1 of the given activations (the row's own).
@@ -1486,14 +1510,9 @@ struct MoeQ8Reference {
 MoeQ8Reference moe_q8_reference(const Stage& stage, const std::vector<float>& x, const std::vector<float>& routing,
                                 const std::vector<float>& row_act,
                                 const std::function<Q8View(size_t)>& act_q8 = nullptr) {
-    const int64_t k = stage.k, ff = stage.k2, n = stage.n;
-    const int used = stage.params.n_expert_used, m = int(x.size() / size_t(k));
-    const TensorRef &gate = *stage.operands[0], &up = *stage.operands[1], &down = *stage.operands[2];
-    const bool merged = (stage.features & kExpertGateUpMerged) != 0;
-    const auto bias = [&](size_t i) {
-        return stage.operands.size() > i ? reinterpret_cast<const float*>(stage.operands[i]->data) : nullptr;
-    };
-    const float *gate_bias = bias(3), *up_bias = bias(4), *down_bias = bias(5);
+    const MoeReferenceStage s(stage, x, routing);
+    const int64_t k = s.k, ff = s.ff, n = s.n;
+    const int used = s.used, m = s.m;
     const auto quantized = [](const float* v, int64_t len, std::vector<int8_t>& q, std::vector<float>& d,
                               std::vector<int32_t>& sums) {
         q.resize(size_t(len)), d.resize(size_t(len / 32)), sums.resize(size_t(len / 16));
@@ -1511,27 +1530,25 @@ MoeQ8Reference moe_q8_reference(const Stage& stage, const std::vector<float>& x,
     for (int t = 0; t < m; ++t) {
         const Q8View xq = quantized(x.data() + size_t(t) * k, k, q, d, sums);
         for (int j = 0; j < used; ++j) {
-            const int64_t e = int64_t(routing[size_t(t) * 2 * used + j]);
+            const int64_t e = s.expert(t, j);
             for (int64_t i = 0; i < ff; ++i) {
-                const int64_t g_row = e * (merged ? 2 * ff : ff) + i, u_row = merged ? g_row + ff : e * ff + i;
-                const float g = dot_row_q8_1(gate.format, gate.data + size_t(g_row) * row_bytes(gate.format, k), xq, k) +
-                                (gate_bias ? gate_bias[e * ff + i] : 0.0f);
-                const float u = dot_row_q8_1(up.format, up.data + size_t(u_row) * row_bytes(up.format, k), xq, k) +
-                                (up_bias ? up_bias[e * ff + i] : 0.0f);
+                const float g = dot_row_q8_1(s.gate.format, s.gate.row(s.gate_row(e, i)), xq, k) +
+                                (s.gate_bias ? s.gate_bias[e * ff + i] : 0.0f);
+                const float u = dot_row_q8_1(s.up.format, s.up.row(s.up_row(e, i)), xq, k) +
+                                (s.up_bias ? s.up_bias[e * ff + i] : 0.0f);
                 r.act[(size_t(t) * used + j) * ff + i] = gated_activation(stage.params.activation, g, u,
                                                                           stage.params.swiglu_alpha, stage.params.swiglu_limit);
                 if (gelu) r.tail[(size_t(t) * used + j) * ff + i] = 0.5 * std::abs(double(g) * double(u)) * 0x1p-22;
             }
         }
         for (int j = 0; j < used; ++j) {
-            const int64_t e = int64_t(routing[size_t(t) * 2 * used + j]);
-            const float weight = routing[size_t(t) * 2 * used + used + j];
+            const int64_t e = s.expert(t, j);
+            const float weight = s.weight(t, j);
             const Q8View aq = act_q8 ? act_q8(size_t(t) * used + j)
                                      : quantized(row_act.data() + (size_t(t) * used + j) * ff, ff, q, d, sums);
             for (int64_t o = 0; o < n; ++o)
-                r.out[size_t(t) * n + o] +=
-                    weight * (dot_row_q8_1(down.format, down.data + size_t(e * n + o) * row_bytes(down.format, ff), aq, ff) +
-                              (down_bias ? down_bias[e * n + o] : 0.0f));
+                r.out[size_t(t) * n + o] += weight * (dot_row_q8_1(s.down.format, s.down.row(e * n + o), aq, ff) +
+                                                      (s.down_bias ? s.down_bias[e * n + o] : 0.0f));
         }
     }
     return r;
@@ -1546,21 +1563,18 @@ struct MoeBf16Reference {
 };
 MoeBf16Reference moe_bf16_reference(const Stage& stage, const std::vector<float>& x, const std::vector<float>& routing,
                                     const std::function<const float*(size_t)>& row_act) {
-    const int64_t k = stage.k, ff = stage.k2, n = stage.n;
-    const int used = stage.params.n_expert_used, m = int(x.size() / size_t(k));
-    const TensorRef &gate = *stage.operands[0], &up = *stage.operands[1], &down = *stage.operands[2];
-    const bool merged = (stage.features & kExpertGateUpMerged) != 0;
-    const auto bias = [&](size_t i) {
-        return stage.operands.size() > i ? reinterpret_cast<const float*>(stage.operands[i]->data) : nullptr;
-    };
-    const float *gate_bias = bias(3), *up_bias = bias(4), *down_bias = bias(5);
+    const MoeReferenceStage s(stage, x, routing);
+    const int64_t k = s.k, ff = s.ff, n = s.n;
+    const int used = s.used, m = s.m;
     const auto rounded = [](const TensorRef& w, int64_t len) {  // bf16 of every row's dequantized values
         const int64_t rows = w.n_rows();
         std::vector<float> v(size_t(rows * len));
         for (int64_t j = 0; j < rows; ++j) dequantize_row(w.format, w.row(j), v.data() + j * len, len);
         return bf16_values(v);
     };
-    const std::vector<float> wg = rounded(gate, k), wu = rounded(up, k), wd = rounded(down, ff);
+    const std::vector<float> wg = rounded(s.gate, k), wu = s.merged ? std::vector<float>() : rounded(s.up, k),
+                             wd = rounded(s.down, ff);
+    const std::vector<float>& wup = s.merged ? wg : wu;  // Gemma 4: the up rows in the gate tensor
     const auto dot = [](const float* a, const float* b, int64_t len) {
         double s = 0.0;
         for (int64_t i = 0; i < len; ++i) s += double(a[i]) * double(b[i]);
@@ -1573,21 +1587,21 @@ MoeBf16Reference moe_bf16_reference(const Stage& stage, const std::vector<float>
         const std::vector<float> xb = bf16_values(std::vector<float>(x.begin() + t * k, x.begin() + (t + 1) * k));
         for (int j = 0; j < used; ++j) {
             const size_t slot = size_t(t) * used + size_t(j);
-            const int64_t e = int64_t(routing[size_t(t) * 2 * used + j]);
+            const int64_t e = s.expert(t, j);
             for (int64_t i = 0; i < ff; ++i) {
-                const int64_t g_row = e * (merged ? 2 * ff : ff) + i, u_row = merged ? g_row + ff : e * ff + i;
-                const float g = float(dot(wg.data() + g_row * k, xb.data(), k) + (gate_bias ? gate_bias[e * ff + i] : 0.0f));
-                const float u = float(dot((merged ? wg : wu).data() + u_row * k, xb.data(), k) +
-                                      (up_bias ? up_bias[e * ff + i] : 0.0f));
+                const float g = float(dot(wg.data() + s.gate_row(e, i) * k, xb.data(), k) +
+                                      (s.gate_bias ? s.gate_bias[e * ff + i] : 0.0f));
+                const float u = float(dot(wup.data() + s.up_row(e, i) * k, xb.data(), k) +
+                                      (s.up_bias ? s.up_bias[e * ff + i] : 0.0f));
                 r.act[slot * ff + i] = gated_activation(stage.params.activation, g, u, stage.params.swiglu_alpha,
                                                         stage.params.swiglu_limit);
             }
-            const float weight = routing[size_t(t) * 2 * used + used + j];
+            const float weight = s.weight(t, j);
             const float* a = row_act(slot);
             const std::vector<float> ab = bf16_values(std::vector<float>(a, a + ff));
             for (int64_t o = 0; o < n; ++o)
-                r.out[size_t(t) * n + o] +=
-                    weight * float(dot(wd.data() + (e * n + o) * ff, ab.data(), ff) + (down_bias ? down_bias[e * n + o] : 0.0f));
+                r.out[size_t(t) * n + o] += weight * float(dot(wd.data() + (e * n + o) * ff, ab.data(), ff) +
+                                                           (s.down_bias ? s.down_bias[e * n + o] : 0.0f));
         }
     }
     return r;

@@ -204,10 +204,11 @@ def test_q8_1_activations_match_the_cpu_on_cuda(fixture):
 # weight and matmul input here is rounded to 8 significant bits: on these tiny random models a
 # router near a tie then picks another expert at a few positions, whose logits move by up to
 # 1.3 x std (gemma4-moe; q8_1 against the same reference moves them as far, and so does the bf16
-# plan with its experts on the exact weights of the split-bf16 tiles). So the bound is per position: at the median position the
-# logits stay within q8_1's bound above, and the argmax agrees at 80% of positions or more
-# (the real models' bf16 test in test_cuda.py asks the same). A wrong buffer, scale or expert
-# moves every position by about 1 x std or more; test_cuda_rows holds the rows to their own bound.
+# plan with its experts on the exact weights of the split-bf16 tiles). So the bound is per
+# position: at the median position the logits stay within q8_1's bound above, and the argmax
+# agrees at 80% of positions or more (the real models' bf16 test in test_cuda.py asks the same).
+# A wrong buffer, scale or expert moves every position by about 1 x std or more; test_cuda_rows
+# holds the rows to their own bound. Without a CUDA device the test skips, as every test here.
 @pytest.mark.parametrize("fixture", ROUTED_FAMILIES)
 def test_bf16_activations_match_the_exact_cpu_on_cuda(fixture):
     path = FIXTURES / f"{fixture}-q8_0.gguf"
