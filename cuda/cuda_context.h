@@ -94,6 +94,11 @@ struct Context {
     // experts row is planned.
     void* moe_q8 = nullptr;
     size_t moe_q8_capacity = 0;
+    // The grouped bf16 experts' inputs in bf16 (cuda.moe_experts_bf16_mma: the tokens' x [tokens][k],
+    // then the sorted rows' activations [rows][ff]), moe_bf16_capacity values; null where no bf16
+    // experts row is planned.
+    unsigned short* moe_bf16 = nullptr;  // bf16 bits
+    size_t moe_bf16_capacity = 0;
     // Multi-head latent attention (cuda.attention_mla), for max_batch tokens of the widest stage:
     // the absorbed queries [tokens][heads][kv_lora_rank + rope_dim], the weighted latents
     // [tokens][heads][kv_lora_rank].

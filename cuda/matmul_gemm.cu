@@ -238,6 +238,18 @@ __device__ __forceinline__ bool mxfp4_bf16_pairs(const kcap_u32 (&w)[RunAhead<Kc
     return true;
 }
 
+// load_x of bf16 rows: thread (token xt + 16 i, reading x row src[i]) takes values 4 xc .. 4 xc
+// + 3 of the step as one 8-byte word (zeros for a row of -1 or past K).
+__device__ __forceinline__ void load_x_bf16(uint2 (&v)[4], const kcap_u16* x, const KcapMatmulParams& p,
+                                            const int (&src)[4], int xc, int k0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[i] = make_uint2(0u, 0u);
+        if (src[i] >= 0 && k0 + 4 * xc < p.k)
+            v[i] = *reinterpret_cast<const uint2*>(x + kcap_u64(src[i]) * p.k + k0 + 4 * xc);
+    }
+}
+
 // STAGED: the raw chunks through shared memory (the K-quants at every K, staged_min_k); else
 // each thread reads its run from global memory, a step ahead where the format has RunAhead
 // (MXFP4, Q8_0, Q4_0, Q5_0: their values are code x scale, one product, as decode32 forms them).
@@ -248,8 +260,12 @@ __device__ __forceinline__ bool mxfp4_bf16_pairs(const kcap_u32 (&w)[RunAhead<Kc
 // MXFP4 experts took 7-17% longer a launch, where the staged Q4_K / Q6_K experts of Qwen3-30B-A3B
 // gained 4% (H100, bench/results/cuda_h100_moe_bf16_tiles.txt). Dynamic shared memory: the
 // step tiles, then (STAGED) the raw chunks' two buffers.
+//   x arrives in bf16 (convert_bf16 of the tokens' rows for gate and up; the gated activation
+// writes the down's input in bf16): a thread stages its tokens' 4 values a step as one 8-byte
+// load and store, where rounding f32 x in the tile took 16-byte loads, conversions and twice
+// the traffic, in every one of the row tiles that read the same x.
 template <class F, bool STAGED>
-__global__ void __launch_bounds__(kMmaThreads, 2) mma_bf16_rounded_kernel(MmaGroup group, const float* x) {
+__global__ void __launch_bounds__(kMmaThreads, 2) mma_bf16_rounded_kernel(MmaGroup group, const kcap_u16* x) {
     const int which = mma_group_member(group), tile = mma_group_tile(group, which);
     const KcapMatmulParams p = mma_group_pick(group.p, which);
     const kcap_u8* w = mma_group_pick(group.w, which);
@@ -294,7 +310,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_bf16_rounded_kernel(MmaGro
         stage_chunk<F>(raw + (c & 1) * R::buffer_words, w, w_end, p, row_base, c, tid);
         cp_async_commit();
     };
-    float4 xv[4];
+    uint2 xv[4];
     using Ahead = RunAhead<F>;
     constexpr bool kAhead = !STAGED && Ahead::kWords > 0;
     static_assert(!kAhead || kRunsPerBlock == 1, "RunAhead: 32-element blocks");
@@ -302,7 +318,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_bf16_rounded_kernel(MmaGro
     kcap_u32 ahead_off = 0;
     // Step s's activations and (RunAhead) weight words into registers.
     const auto load = [&](int s) {
-        load_x(xv, x, p, xsrc, xc, s * kStepK);
+        load_x_bf16(xv, x, p, xsrc, xc, s * kStepK);
         if constexpr (kAhead) {
             const int run = 2 * s + dhalf;
             const bool in = row_valid && run < runs;
@@ -352,11 +368,9 @@ __global__ void __launch_bounds__(kMmaThreads, 2) mma_bf16_rounded_kernel(MmaGro
 #pragma unroll
             for (int q = 0; q < 4; ++q) dst[q] = make_uint4(pairs[4 * q], pairs[4 * q + 1], pairs[4 * q + 2], pairs[4 * q + 3]);
         }
-        // Activations, rounded to bf16; zeros past M or K.
+        // Activations (bf16 already); zeros past M or K.
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-            *reinterpret_cast<uint2*>(b.x + (xt + 16 * i) * kStrideBf16 + 2 * xc) =
-                make_uint2(bf16_pair(xv[i].x, xv[i].y), bf16_pair(xv[i].z, xv[i].w));
+        for (int i = 0; i < 4; ++i) *reinterpret_cast<uint2*>(b.x + (xt + 16 * i) * kStrideBf16 + 2 * xc) = xv[i];
         // The next step's loads, in flight during this step's products.
         const bool next_chunk = (s + 1) % kStepsPerChunk == 0;  // step s + 1 decodes a new chunk
         if (s + 1 < steps) load(s + 1);
@@ -396,7 +410,7 @@ constexpr size_t bf16_rounded_shared_bytes() {
 static_assert(sizeof(SharedBf16Tile) <= 48 * 1024, "one step tile needs no opt-in");
 
 template <class F, bool STAGED>
-void launch_bf16_rounded_tiles(const Context& ctx, const MmaGroup& g, const float* x) {
+void launch_bf16_rounded_tiles(const Context& ctx, const MmaGroup& g, const kcap_u16* x) {
     constexpr size_t bytes = bf16_rounded_shared_bytes<F, STAGED>();
     if (STAGED) allow_dynamic_shared<mma_bf16_rounded_kernel<F, STAGED>>(ctx, bytes);
     launch(ctx, mma_bf16_rounded_kernel<F, STAGED>, mma_group_grid(g), dim3(kMmaThreads), bytes, g, x);
@@ -460,8 +474,7 @@ const __nv_bfloat16* convert_input(const Context& ctx, const float* x, int m, in
     if (size_t(count) > g.input_values)
         throw Error("bf16 input of " + std::to_string(m) + " x " + std::to_string(k) + " exceeds the GEMM's scratch (" +
                     std::to_string(g.input_values) + " values)");
-    launch(ctx, convert_bf16_kernel, dim3(ceil_div(count / 8, cuda_rows::kGemmThreads)), dim3(cuda_rows::kGemmThreads),
-           0, x, count, g.input);
+    mma_tiles::convert_bf16(ctx, x, count, reinterpret_cast<kcap_u16*>(g.input));
     return g.input;
 }
 
@@ -517,7 +530,13 @@ void gemm_matmul(const Context& ctx, Format format, const KcapMatmulParams& p, c
 
 }  // namespace
 
-void mma_tiles::mma_group_bf16_rounded(const Context& ctx, Format format, const MmaGroup& g, const float* x) {
+void mma_tiles::convert_bf16(const Context& ctx, const float* x, long long count, kcap_u16* out) {
+    if (count % 8 != 0) throw Error("convert_bf16: a count of whole runs of 8 values");
+    launch(ctx, convert_bf16_kernel, dim3(ceil_div(count / 8, cuda_rows::kGemmThreads)), dim3(cuda_rows::kGemmThreads),
+           0, x, count, reinterpret_cast<__nv_bfloat16*>(out));
+}
+
+void mma_tiles::mma_group_bf16_rounded(const Context& ctx, Format format, const MmaGroup& g, const kcap_u16* x) {
     if (!g.tile_expert || !cuda_rows::mma_format(format) || g.p[0].k % 32 != 0 || g.p[0].m < kMmaMinTokens)
         throw Error(std::string("mma_group_bf16_rounded: no grouped tiles for ") + format_name(format) +
                     " at this k and m");

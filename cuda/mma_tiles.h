@@ -415,9 +415,12 @@ inline MmaFormatGroups mma_groups_by_format(const QkvParams& q) {
 // The bf16 tiles (matmul_mma.cu) of a group of matrices of one tile format (mma_format, K a
 // multiple of 32) on f32 activations x, p.m >= kMmaMinTokens.
 void mma_group_bf16(const Context& ctx, Format format, const MmaGroup& g, const float* x);
-// The grouped experts' tiles of a bf16 plan (matmul_gemm.cu): bf16(W) . bf16(x) with f32 sums,
-// W of one tile format decoded and rounded inside the tiles, x (f32) rounded as it is staged.
-void mma_group_bf16_rounded(const Context& ctx, Format format, const MmaGroup& g, const float* x);
+// The grouped experts' tiles of a bf16 plan (matmul_gemm.cu): bf16(W) . x with f32 sums, W of
+// one tile format decoded and rounded to bf16 inside the tiles, x in bf16 ([row][k], the sorted
+// rows' sources through x_rows).
+void mma_group_bf16_rounded(const Context& ctx, Format format, const MmaGroup& g, const kcap_u16* x);
+// out = bf16(x) (round to nearest even) of count values, a multiple of 8.
+void convert_bf16(const Context& ctx, const float* x, long long count, kcap_u16* out);
 // The int8 tiles (matmul_q8.cu, 64 tokens per group) of a group of matrices of one q8_1 format
 // on q8_1 activations x (a grouped experts' x: the rows of the source tokens x_rows names).
 void mma_group_q8(const Context& ctx, Format format, const MmaGroup& g, const Q8Rows& x);

@@ -48,6 +48,7 @@
 #include <type_traits>
 
 #include <cooperative_groups.h>
+#include <cuda_bf16.h>
 
 #include "cuda/matmul.h"
 #include "cuda/mma_tiles.h"
@@ -341,6 +342,33 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     const kcap_u64 i = kcap_u64(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= kcap_u64(p.count) || tile_expert[i / (kcap_u64(ff) * kMmaTokens)] < 0) return;
     gate[i] = kcap_gated(p.activation, gate[i], up[i], alpha, limit);  // gpt-oss's clamped SwiGLU too
+}
+
+// The bf16 form of grouped_activation_kernel (the bf16 tiles' down input): act(gate) * up of the
+// grouped rows rounded to bf16 (nearest even, as the tiles rounded f32 activations), 8 values a
+// thread (ff a multiple of 32) into out ([rows][ff]); rows of unused tiles are skipped.
+__global__ void __launch_bounds__(kElementwiseThreads)
+    grouped_activation_bf16_kernel(long long count, int ff, int activation, const int* tile_expert, const float* gate,
+                                   const float* up, float alpha, float limit, kcap_u16* out) {
+    pdl_wait();
+    pdl_trigger();
+    const kcap_u64 i = 8 * (kcap_u64(blockIdx.x) * blockDim.x + threadIdx.x);
+    if (i >= kcap_u64(count) || tile_expert[i / (kcap_u64(ff) * kMmaTokens)] < 0) return;
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; j += 4) {
+        const float4 g = *reinterpret_cast<const float4*>(gate + i + j);
+        const float4 u = *reinterpret_cast<const float4*>(up + i + j);
+        v[j] = kcap_gated(activation, g.x, u.x, alpha, limit), v[j + 1] = kcap_gated(activation, g.y, u.y, alpha, limit);
+        v[j + 2] = kcap_gated(activation, g.z, u.z, alpha, limit), v[j + 3] = kcap_gated(activation, g.w, u.w, alpha, limit);
+    }
+    unsigned pairs[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);  // .x (even) in the low half
+        pairs[j] = *reinterpret_cast<const unsigned*>(&b);
+    }
+    *reinterpret_cast<uint4*>(out + i) = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
 }
 
 // The q8_1 form of grouped_activation_kernel: act(gate) * up of the grouped rows rounded to q8_1
@@ -682,8 +710,8 @@ namespace {
 // source token), the gated activation, the down tiles (the down matrix's format) and the
 // weighted sum of each token's slot rows, on one of three kinds of tiles: split-bf16 (exact
 // plans), int8 on q8_1 activations (x rounded once per token, the activations per sorted row as
-// the activation writes them), or bf16(W) . bf16(x) (bf16 plans: x and the activations rounded
-// to bf16 as the tiles stage them).
+// the activation writes them), or bf16(W) . bf16(x) (bf16 plans: x rounded to bf16 once, the
+// activation writes its values rounded to bf16).
 enum class GroupedTiles { SplitBf16, Q8, Bf16Rounded };
 
 template <GroupedTiles TILES>
@@ -723,11 +751,19 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
     g.x_rows = ctx.moe_rows;
     g.live_rows = ctx.moe_rows;
     g.expert_bytes = expert_rows * p.row_bytes;
+    // bf16 tiles: the tokens' x, then the sorted rows' activations, in bf16 (moe_bf16).
+    kcap_u16* x16 = ctx.moe_bf16;
+    kcap_u16* act16 = x16 + kcap_u64(moe.n_tokens) * kcap_u64(moe.k);
+    if (TILES == GroupedTiles::Bf16Rounded &&
+        (!x16 || kcap_u64(moe.n_tokens) * moe.k + kcap_u64(rows) * moe.ff > ctx.moe_bf16_capacity))
+        throw Error("cuda.moe_experts_bf16_mma: the bf16 experts' scratch is missing or too small for " +
+                    std::to_string(moe.n_tokens) + " tokens");
     if constexpr (Q8) {
         quantize_into_scratch(ctx, moe.n_tokens, moe.k, call.in);
         tiles::mma_group_q8(ctx, format, g, q8_rows_layout(ctx, moe.n_tokens, moe.k));
     } else if constexpr (TILES == GroupedTiles::Bf16Rounded) {
-        tiles::mma_group_bf16_rounded(ctx, format, g, call.in);
+        tiles::convert_bf16(ctx, call.in, (long long)moe.n_tokens * moe.k, x16);
+        tiles::mma_group_bf16_rounded(ctx, format, g, x16);
     } else {
         tiles::mma_group_bf16(ctx, format, g, call.in);
     }
@@ -739,6 +775,12 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
                dim3(kQ8QuantizeThreads), 0, rows, int(moe.ff), activation, static_cast<const int*>(ctx.moe_tile_expert),
                static_cast<const int*>(ctx.moe_rows), static_cast<const float*>(ctx.moe_act),
                static_cast<const float*>(ctx.moe_up), stage.params.swiglu_alpha, stage.params.swiglu_limit, act_q8);
+    } else if constexpr (TILES == GroupedTiles::Bf16Rounded) {
+        const long long count = (long long)rows * moe.ff;
+        launch(ctx, grouped_activation_bf16_kernel, dim3(ceil_div(count / 8, kElementwiseThreads)),
+               dim3(kElementwiseThreads), 0, count, int(moe.ff), activation,
+               static_cast<const int*>(ctx.moe_tile_expert), static_cast<const float*>(ctx.moe_act),
+               static_cast<const float*>(ctx.moe_up), stage.params.swiglu_alpha, stage.params.swiglu_limit, act16);
     } else {
         KcapElementwiseParams a{};
         a.count = rows * moe.ff;
@@ -761,7 +803,7 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
     dg.live_rows = ctx.moe_rows;
     dg.expert_bytes = kcap_u64(moe.n) * d.row_bytes;
     if constexpr (Q8) tiles::mma_group_q8(ctx, down_format, dg, act_q8);
-    else if constexpr (TILES == GroupedTiles::Bf16Rounded) tiles::mma_group_bf16_rounded(ctx, down_format, dg, ctx.moe_act);
+    else if constexpr (TILES == GroupedTiles::Bf16Rounded) tiles::mma_group_bf16_rounded(ctx, down_format, dg, act16);
     else tiles::mma_group_bf16(ctx, down_format, dg, ctx.moe_act);
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
     launch(ctx, combine_kernel, dim3(ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads), 0, moe,
