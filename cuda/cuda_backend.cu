@@ -340,21 +340,22 @@ private:
             ctx.moe_tile_expert = arena_.alloc_n<int>(moe.tiles);
             // The grouped q8_1 experts' rounded activations: every value of moe_act's rows (whole
             // runs of 32: the q8_1 rows' FFN widths are multiples of 32).
-            bool q8_experts = false, bf16_experts = false;
+            bool q8_experts = false, grouped_f_experts = false;
             for (const RoutedStage& routed : plan_.stages)
                 for (const Route& route : routed.routes) {
                     if (routed.stage.op != Op::MoeExperts) continue;
-                    q8_experts = q8_experts || route.row->input_encoding == Encoding::Q8_1;
-                    bf16_experts = bf16_experts || route.row->input_encoding == Encoding::BF16;
+                    const bool q8 = route.row->input_encoding == Encoding::Q8_1;
+                    q8_experts = q8_experts || q8;
+                    grouped_f_experts = grouped_f_experts || (!q8 && route.row->tokens.min >= cuda_rows::kMoeGroupedMinTokens);
                 }
             if (q8_experts) {
                 ctx.moe_q8_capacity = size_t(cuda_rows::q8_rows_bytes(1, int64_t(moe.act)));
                 ctx.moe_q8 = arena_.alloc(ctx.moe_q8_capacity);
             }
-            // The bf16 experts' x and activations: at most max_batch x k (k = n for the experts,
-            // and the down rows hold at least max_batch) and the activations' rows.
-            if (bf16_experts) {
-                ctx.moe_bf16_capacity = moe.down + moe.act;
+            // The grouped bf16 and split-bf16 experts' inputs (x and the activations, in bf16 or
+            // split): moe_input_values.
+            if (grouped_f_experts) {
+                ctx.moe_bf16_capacity = cuda_rows::moe_input_values(moe.down, moe.act);
                 ctx.moe_bf16 = arena_.alloc_n<unsigned short>(ctx.moe_bf16_capacity);
             }
         }

@@ -94,9 +94,10 @@ struct Context {
     // experts row is planned.
     void* moe_q8 = nullptr;
     size_t moe_q8_capacity = 0;
-    // The grouped bf16 experts' inputs in bf16 (cuda.moe_experts_bf16_mma: the tokens' x [tokens][k],
-    // then the sorted rows' activations [rows][ff]), moe_bf16_capacity values; null where no bf16
-    // experts row is planned.
+    // The grouped experts' inputs of the bf16 and split-bf16 tiles (cuda.moe_experts_bf16_mma: the
+    // tokens' x [tokens][k], then the sorted rows' activations [rows][ff], in bf16;
+    // cuda.moe_experts_mma: the same split, mma_tiles::SplitRows), moe_bf16_capacity values; null
+    // where no such row is planned.
     unsigned short* moe_bf16 = nullptr;  // bf16 bits
     size_t moe_bf16_capacity = 0;
     // Multi-head latent attention (cuda.attention_mla), for max_batch tokens of the widest stage:

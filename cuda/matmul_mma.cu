@@ -46,6 +46,8 @@
 // instead of ldmatrix (the same layouts spelled out lane by lane; for diagnosis).
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include "cuda/matmul.h"
 #include "cuda/mma_tiles.h"
 #include "kernels/quant_codes.h"
@@ -73,6 +75,77 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 }
 
 __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// A thread's activations of one step in registers (load_x's 4 tokens x 4 values): f32 for the
+// plain tiles, which split them as they stage them; split ahead (SplitRows) for the grouped
+// experts' tiles, with the sub-block sums the thread writes where the format has offsets.
+struct StepX {
+    float4 v[4];
+};
+struct StepXSplit {
+    uint2 hi[4], lo[4];
+    float sum[4];
+};
+
+// load_x of split rows: tokens xt + 16 i (x row src[i]), values 4 xc .. 4 xc + 3 of the step at
+// k0, zeros for a row of -1 or past K; the sub-block's sum (SUB values: one or two 16-value
+// sums, added as the tiles' staging adds them) by the sub-block's first thread (OFFSET).
+template <int SUB, bool OFFSET>
+__device__ __forceinline__ void load_x_split(StepXSplit& r, const SplitRows& xs, const KcapMatmulParams& p,
+                                             const int (&src)[4], int xc, int k0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        r.hi[i] = r.lo[i] = make_uint2(0u, 0u);
+        r.sum[i] = 0.0f;
+        if (src[i] < 0 || k0 + 4 * xc >= p.k) continue;
+        const kcap_u64 at = kcap_u64(src[i]) * p.k + k0 + 4 * xc;
+        r.hi[i] = *reinterpret_cast<const uint2*>(xs.hi + at);
+        r.lo[i] = *reinterpret_cast<const uint2*>(xs.lo + at);
+        if (OFFSET && (xc & (SUB / 4 - 1)) == 0) {
+            const float* s = xs.sum16 + at / 16;
+            r.sum[i] = SUB == 32 ? s[0] + s[1] : s[0];
+        }
+    }
+}
+
+// A thread's activations of the step into the shared tiles: f32 split into bf16 hi and lo, and
+// (OFFSET) each SUB-value sub-block's sum of hi + lo by its first thread, over the SUB / 4
+// lanes of the token that hold it.
+template <int SUB, bool OFFSET>
+__device__ __forceinline__ void stage_x(Shared& sh, const StepX& x, int xt, int xc) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float v[4] = {x.v[i].x, x.v[i].y, x.v[i].z, x.v[i].w};
+        float hi[4], lo[4], sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            hi[j] = bf16_round(v[j]);
+            lo[j] = bf16_round(v[j] - hi[j]);  // v - hi is exact in f32
+            if (OFFSET) sum += hi[j] + lo[j];
+        }
+        const int t = xt + 16 * i;
+        *reinterpret_cast<uint2*>(sh.xhi + t * kStride + 2 * xc) = make_uint2(pack_bf16(hi[0], hi[1]), pack_bf16(hi[2], hi[3]));
+        *reinterpret_cast<uint2*>(sh.xlo + t * kStride + 2 * xc) = make_uint2(pack_bf16(lo[0], lo[1]), pack_bf16(lo[2], lo[3]));
+        if (OFFSET) {
+            // The sub-block's SUB / 4 lanes (aligned groups of the 16 lanes of token t).
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            if (SUB == 32) sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+            if ((xc & (SUB / 4 - 1)) == 0) sh.xsum[xc / (SUB / 4)][t] = sum;
+        }
+    }
+}
+// ... split ahead: copied, the sums already added.
+template <int SUB, bool OFFSET>
+__device__ __forceinline__ void stage_x(Shared& sh, const StepXSplit& x, int xt, int xc) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int t = xt + 16 * i;
+        *reinterpret_cast<uint2*>(sh.xhi + t * kStride + 2 * xc) = x.hi[i];
+        *reinterpret_cast<uint2*>(sh.xlo + t * kStride + 2 * xc) = x.lo[i];
+        if (OFFSET && (xc & (SUB / 4 - 1)) == 0) sh.xsum[xc / (SUB / 4)][t] = x.sum[i];
+    }
+}
 
 // STAGED: the weights' raw chunks go through shared memory (stage_chunk); else each thread
 // decodes its run straight from global memory (faster at short K: kStagedMinK). GROUPED: the
@@ -136,8 +209,13 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
         stage_chunk<F>(raw + (c_begin & 1) * R::buffer_words, w, w_end, p, row_base, c_begin, tid);
         cp_async_commit();
     }
-    float4 xv[4];
-    load_x(xv, x, p, xsrc, xc, k_begin);
+    // GROUPED: x split ahead (group.x_split), the sums read where the format has offsets.
+    std::conditional_t<GROUPED, StepXSplit, StepX> xv;
+    const auto load_step_x = [&](int k0) {
+        if constexpr (GROUPED) load_x_split<kSub, C::has_offset>(xv, group.x_split, p, xsrc, xc, k0);
+        else load_x(xv.v, x, p, xsrc, xc, k0);
+    };
+    load_step_x(k_begin);
     // Unstaged MXFP4, Q8_0, Q4_0 and Q5_0 (RunAhead): the words of the thread's run of the next
     // step, loaded with the next step's activations, in flight during this step's products.
     using Ahead = RunAhead<F>;
@@ -194,32 +272,13 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                 if (C::has_offset) sh.offset[dhalf][dr] = off[0];
             }
         }
-        // Activations (loaded a step ahead): split into bf16 hi and lo; zeros past M or K.
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float v[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
-            float hi[4], lo[4], sum = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                hi[j] = bf16_round(v[j]);
-                lo[j] = bf16_round(v[j] - hi[j]);  // v - hi is exact in f32
-                if (C::has_offset) sum += hi[j] + lo[j];
-            }
-            const int t = xt + 16 * i;
-            *reinterpret_cast<uint2*>(sh.xhi + t * kStride + 2 * xc) = make_uint2(pack_bf16(hi[0], hi[1]), pack_bf16(hi[2], hi[3]));
-            *reinterpret_cast<uint2*>(sh.xlo + t * kStride + 2 * xc) = make_uint2(pack_bf16(lo[0], lo[1]), pack_bf16(lo[2], lo[3]));
-            if (C::has_offset) {
-                // The sub-block's kSub / 4 lanes (aligned groups of the 16 lanes of token t).
-                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                if (kSub == 32) sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-                if ((xc & (kSub / 4 - 1)) == 0) sh.xsum[xc / (kSub / 4)][t] = sum;
-            }
-        }
+        // Activations (loaded a step ahead): split into bf16 hi and lo (GROUPED: split ahead);
+        // zeros past M or K.
+        stage_x<kSub, C::has_offset>(sh, xv, xt, xc);
         __syncthreads();
         // The next step's activations (and RunAhead's weights): in flight during this step's products.
         if (k0 + kStepK < k_end) {
-            load_x(xv, x, p, xsrc, xc, k0 + kStepK);
+            load_step_x(k0 + kStepK);
             load_ahead(k0 + kStepK);
         }
 #pragma unroll 1
@@ -326,6 +385,26 @@ void mma_group_tiles(const Context& ctx, const MmaGroup& g, const float* x) {
     launch_mma_group<F>(ctx, g, sizeof(Shared) + RawChunk<F>::bytes, [&](const MmaGroup& group, bool staged) {
         staged ? launch_mma<F, true>(ctx, group, x) : launch_mma<F, false>(ctx, group, x);
     });
+}
+
+namespace {
+// split_bf16's kernel: a quad of values per thread (split_store_quad).
+__global__ void __launch_bounds__(kElementwiseThreads) split_bf16_kernel(const float* x, kcap_u64 quads, SplitRows out) {
+    pdl_wait();
+    pdl_trigger();
+    const kcap_u64 q = kcap_u64(blockIdx.x) * blockDim.x + threadIdx.x;
+    const bool in = q < quads;
+    const float4 v4 = in ? *reinterpret_cast<const float4*>(x + 4 * q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+    split_store_quad(v, q, in, out);  // every lane: the 16-value sums take 4 lanes
+}
+}  // namespace
+
+void mma_tiles::split_bf16(const Context& ctx, const float* x, int64_t rows, int64_t k, const SplitRows& out) {
+    if (k % 32 != 0) throw Error("split_bf16: rows of a multiple of 32 values");
+    const kcap_u64 quads = kcap_u64(rows * k / 4);
+    launch(ctx, split_bf16_kernel, dim3(unsigned(ceil_div(int64_t(quads), kElementwiseThreads))), dim3(kElementwiseThreads),
+           0, x, quads, out);
 }
 
 void mma_tiles::mma_group_bf16(const Context& ctx, Format format, const MmaGroup& g, const float* x) {

@@ -7,6 +7,8 @@
 // (matmul_q8.cu: warps of 32 or 64 tokens x kWarpRows).
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <atomic>
 #include <climits>
 
@@ -308,6 +310,48 @@ __device__ __forceinline__ void store_tile(const float (&acc)[MT][kNt][4], const
 // expert's row of n values of a [n_expert][n] bias, and its x rows are x_rows[token] (-1: a
 // padding row, zeros). live_rows (the sorted rows' source tokens, -1 for padding) lets a warp skip the
 // products of 16-token tiles of padding. The outputs stay in sorted order.
+// x split ahead for the grouped experts' split-bf16 tiles (exact plans), rows of k values: hi =
+// bf16(x) and lo = bf16(x - hi) (bf16 bits, [row][k]), and sum16, the f32 sum of hi + lo over
+// each 16 values ([row][k / 16]) in the order the tiles' own staging adds them (4 values in
+// turn, then pairs of 4s, then of 8s): what a tile computed from f32 x, bit for bit, done once
+// instead of in every row tile that reads the row. split_rows_values: the u16 values it takes
+// (a multiple of 4 where k is a multiple of 32, so that a second layout after it stays 8-byte
+// aligned).
+struct SplitRows {
+    kcap_u16* hi;
+    kcap_u16* lo;
+    float* sum16;
+};
+inline int64_t split_rows_values(int64_t rows, int64_t k) { return 2 * rows * k + 2 * (rows * k / 16); }
+inline SplitRows split_rows_layout(kcap_u16* base, int64_t rows, int64_t k) {
+    SplitRows s;
+    s.hi = base;
+    s.lo = base + rows * k;
+    s.sum16 = reinterpret_cast<float*>(base + 2 * rows * k);
+    return s;
+}
+
+// Every lane of a warp: its 4 values v, quad q of the rows' flat order (values 4q .. 4q + 3;
+// `in`: whether it has them), split into out. Four lanes in a row hold a 16-value run (lane
+// order = quad order, k a multiple of 16), whose sum the first of them writes.
+__device__ __forceinline__ void split_store_quad(const float (&v)[4], kcap_u64 q, bool in, const SplitRows& out) {
+    unsigned short hi[4], lo[4];
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const __nv_bfloat16 h = __float2bfloat16_rn(v[j]);
+        const __nv_bfloat16 l = __float2bfloat16_rn(v[j] - __bfloat162float(h));  // v - hi is exact in f32
+        sum += __bfloat162float(h) + __bfloat162float(l);
+        hi[j] = *reinterpret_cast<const unsigned short*>(&h), lo[j] = *reinterpret_cast<const unsigned short*>(&l);
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (!in) return;
+    *reinterpret_cast<uint2*>(out.hi + 4 * q) = make_uint2(hi[0] | unsigned(hi[1]) << 16, hi[2] | unsigned(hi[3]) << 16);
+    *reinterpret_cast<uint2*>(out.lo + 4 * q) = make_uint2(lo[0] | unsigned(lo[1]) << 16, lo[2] | unsigned(lo[3]) << 16);
+    if ((q & 3) == 0) out.sum16[q / 4] = sum;
+}
+
 struct MmaGroup {
     KcapMatmulParams p[3];  // the same k, m and row_bytes (mma_group_add); n and has_bias their own
     const kcap_u8* w[3];
@@ -319,6 +363,7 @@ struct MmaGroup {
     const int* x_rows;       // the x row of each token (-1: zeros); null: the token's own
     const int* live_rows;    // grouped: -1 marks a padding row (its products skipped); null: none
     kcap_u64 expert_bytes;   // bytes of one expert's rows in each member
+    SplitRows x_split;       // the split-bf16 grouped tiles: x split ahead (their x is null)
 };
 
 inline MmaGroup mma_group(const KcapMatmulParams& p, const kcap_u8* w, const float* bias, float* y) {
@@ -415,6 +460,9 @@ inline MmaFormatGroups mma_groups_by_format(const QkvParams& q) {
 // The bf16 tiles (matmul_mma.cu) of a group of matrices of one tile format (mma_format, K a
 // multiple of 32) on f32 activations x, p.m >= kMmaMinTokens.
 void mma_group_bf16(const Context& ctx, Format format, const MmaGroup& g, const float* x);
+// x of rows x k values (k a multiple of 32) split into out (SplitRows), for the grouped
+// split-bf16 tiles.
+void split_bf16(const Context& ctx, const float* x, int64_t rows, int64_t k, const SplitRows& out);
 // The grouped experts' tiles of a bf16 plan (matmul_gemm.cu): bf16(W) . x with f32 sums, W of
 // one tile format decoded and rounded to bf16 inside the tiles, x in bf16 ([row][k], the sorted
 // rows' sources through x_rows).

@@ -330,22 +330,8 @@ __global__ void __launch_bounds__(kMoeSortThreads)
     }
 }
 
-// act(gate) * up over the grouped rows, in place in gate: the rows of the tiles the batch uses.
-// The grid covers every tile the host sized for (moe_grouped_tiles); a tile of -1 is one no gate
-// or up tile wrote and no down tile reads (both end at once on it), so its values are skipped
-// rather than read uninitialized (compute-sanitizer's initcheck found that read).
-__global__ void __launch_bounds__(kElementwiseThreads)
-    grouped_activation_kernel(KcapElementwiseParams p, int ff, const int* tile_expert, float* gate, const float* up,
-                              float alpha, float limit) {
-    pdl_wait();
-    pdl_trigger();
-    const kcap_u64 i = kcap_u64(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= kcap_u64(p.count) || tile_expert[i / (kcap_u64(ff) * kMmaTokens)] < 0) return;
-    gate[i] = kcap_gated(p.activation, gate[i], up[i], alpha, limit);  // gpt-oss's clamped SwiGLU too
-}
-
-// The bf16 form of grouped_activation_kernel (the bf16 tiles' down input): act(gate) * up of the
-// grouped rows rounded to bf16 (nearest even, as the tiles rounded f32 activations), 8 values a
+// The bf16 tiles' gated activation (their down input): act(gate) * up of the grouped rows (the
+// gate and up tiles' f32 sums, skipping the rows of unused tiles: no tile writes those) rounded to bf16 (nearest even, as the tiles rounded f32 activations), 8 values a
 // thread (ff a multiple of 32) into out ([rows][ff]); rows of unused tiles are skipped.
 __global__ void __launch_bounds__(kElementwiseThreads)
     grouped_activation_bf16_kernel(long long count, int ff, int activation, const int* tile_expert, const float* gate,
@@ -371,7 +357,27 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     *reinterpret_cast<uint4*>(out + i) = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
 }
 
-// The q8_1 form of grouped_activation_kernel: act(gate) * up of the grouped rows rounded to q8_1
+// The split-bf16 tiles' gated activation (their down input): act(gate) *
+// up of the grouped rows split into out (SplitRows [rows][ff]), a quad of values per thread;
+// rows of unused tiles are skipped.
+__global__ void __launch_bounds__(kElementwiseThreads)
+    grouped_activation_split_kernel(kcap_u64 quads, int ff, int activation, const int* tile_expert, const float* gate,
+                                    const float* up, float alpha, float limit, mma_tiles::SplitRows out) {
+    pdl_wait();
+    pdl_trigger();
+    const kcap_u64 q = kcap_u64(blockIdx.x) * blockDim.x + threadIdx.x;
+    const bool in = q < quads && tile_expert[4 * q / (kcap_u64(ff) * kMmaTokens)] >= 0;  // a 16-value run's lanes agree
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (in) {
+        const float4 g = *reinterpret_cast<const float4*>(gate + 4 * q);
+        const float4 u = *reinterpret_cast<const float4*>(up + 4 * q);
+        v[0] = kcap_gated(activation, g.x, u.x, alpha, limit), v[1] = kcap_gated(activation, g.y, u.y, alpha, limit);
+        v[2] = kcap_gated(activation, g.z, u.z, alpha, limit), v[3] = kcap_gated(activation, g.w, u.w, alpha, limit);
+    }
+    mma_tiles::split_store_quad(v, q, in, out);  // every lane
+}
+
+// The int8 tiles' gated activation: act(gate) * up of the grouped rows rounded to q8_1
 // (kcap_q8_quantize_quad: a float4 per thread, 8 lanes a run; ff a multiple of 32) into `out`,
 // the int8 down tiles' input. Rows of unused tiles (-1) are skipped; the padding rows of used
 // tiles (source token -1), which the int8 gate and up tiles leave unwritten, get zeros.
@@ -711,7 +717,8 @@ namespace {
 // weighted sum of each token's slot rows, on one of three kinds of tiles: split-bf16 (exact
 // plans), int8 on q8_1 activations (x rounded once per token, the activations per sorted row as
 // the activation writes them), or bf16(W) . bf16(x) (bf16 plans: x rounded to bf16 once, the
-// activation writes its values rounded to bf16).
+// activation writes its values rounded to bf16). The split-bf16 tiles too read x and the
+// activations split ahead (SplitRows), once, instead of splitting them in every row tile.
 enum class GroupedTiles { SplitBf16, Q8, Bf16Rounded };
 
 template <GroupedTiles TILES>
@@ -751,13 +758,18 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
     g.x_rows = ctx.moe_rows;
     g.live_rows = ctx.moe_rows;
     g.expert_bytes = expert_rows * p.row_bytes;
-    // bf16 tiles: the tokens' x, then the sorted rows' activations, in bf16 (moe_bf16).
+    // The bf16 and split-bf16 tiles' inputs (moe_bf16): the tokens' x, then the sorted rows'
+    // activations, in bf16 (bf16 tiles) or split (split-bf16 tiles: SplitRows).
+    const bool bf16_tiles = TILES == GroupedTiles::Bf16Rounded;
     kcap_u16* x16 = ctx.moe_bf16;
-    kcap_u16* act16 = x16 + kcap_u64(moe.n_tokens) * kcap_u64(moe.k);
-    if (TILES == GroupedTiles::Bf16Rounded &&
-        (!x16 || kcap_u64(moe.n_tokens) * moe.k + kcap_u64(rows) * moe.ff > ctx.moe_bf16_capacity))
-        throw Error("cuda.moe_experts_bf16_mma: the bf16 experts' scratch is missing or too small for " +
-                    std::to_string(moe.n_tokens) + " tokens");
+    const int64_t x_values = bf16_tiles ? int64_t(moe.n_tokens) * moe.k : tiles::split_rows_values(moe.n_tokens, moe.k);
+    const int64_t act_values = bf16_tiles ? int64_t(rows) * moe.ff : tiles::split_rows_values(rows, moe.ff);
+    kcap_u16* act16 = x16 + x_values;
+    if (!Q8 && (!x16 || size_t(x_values + act_values) > ctx.moe_bf16_capacity))
+        throw Error(std::string(bf16_tiles ? "cuda.moe_experts_bf16_mma" : "cuda.moe_experts_mma") +
+                    ": the experts' input scratch is missing or too small for " + std::to_string(moe.n_tokens) + " tokens");
+    const tiles::SplitRows x_split = tiles::split_rows_layout(x16, moe.n_tokens, moe.k);
+    const tiles::SplitRows act_split = tiles::split_rows_layout(act16, rows, moe.ff);
     if constexpr (Q8) {
         quantize_into_scratch(ctx, moe.n_tokens, moe.k, call.in);
         tiles::mma_group_q8(ctx, format, g, q8_rows_layout(ctx, moe.n_tokens, moe.k));
@@ -765,7 +777,9 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
         tiles::convert_bf16(ctx, call.in, (long long)moe.n_tokens * moe.k, x16);
         tiles::mma_group_bf16_rounded(ctx, format, g, x16);
     } else {
-        tiles::mma_group_bf16(ctx, format, g, call.in);
+        tiles::split_bf16(ctx, call.in, moe.n_tokens, moe.k, x_split);
+        g.x_split = x_split;
+        tiles::mma_group_bf16(ctx, format, g, nullptr);
     }
     const int activation = int(stage.params.activation);
     Q8Rows act_q8{};
@@ -782,13 +796,11 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
                static_cast<const int*>(ctx.moe_tile_expert), static_cast<const float*>(ctx.moe_act),
                static_cast<const float*>(ctx.moe_up), stage.params.swiglu_alpha, stage.params.swiglu_limit, act16);
     } else {
-        KcapElementwiseParams a{};
-        a.count = rows * moe.ff;
-        a.activation = activation;
-        a.gated = 1;
-        launch(ctx, grouped_activation_kernel, dim3(ceil_div(a.count, kElementwiseThreads)), dim3(kElementwiseThreads), 0,
-               a, int(moe.ff), static_cast<const int*>(ctx.moe_tile_expert), ctx.moe_act,
-               static_cast<const float*>(ctx.moe_up), stage.params.swiglu_alpha, stage.params.swiglu_limit);
+        const kcap_u64 quads = kcap_u64(rows) * kcap_u64(moe.ff / 4);
+        launch(ctx, grouped_activation_split_kernel, dim3(unsigned(ceil_div(int64_t(quads), kElementwiseThreads))),
+               dim3(kElementwiseThreads), 0, quads, int(moe.ff), activation, static_cast<const int*>(ctx.moe_tile_expert),
+               static_cast<const float*>(ctx.moe_act), static_cast<const float*>(ctx.moe_up), stage.params.swiglu_alpha,
+               stage.params.swiglu_limit, act_split);
     }
     // Down: rows x n from the expert's down rows, on the activations in sorted order.
     const Format down_format = stage.operands[2]->format;
@@ -804,7 +816,10 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
     dg.expert_bytes = kcap_u64(moe.n) * d.row_bytes;
     if constexpr (Q8) tiles::mma_group_q8(ctx, down_format, dg, act_q8);
     else if constexpr (TILES == GroupedTiles::Bf16Rounded) tiles::mma_group_bf16_rounded(ctx, down_format, dg, act16);
-    else tiles::mma_group_bf16(ctx, down_format, dg, ctx.moe_act);
+    else {
+        dg.x_split = act_split;
+        tiles::mma_group_bf16(ctx, down_format, dg, nullptr);
+    }
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
     launch(ctx, combine_kernel, dim3(ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads), 0, moe,
            call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(ctx.moe_slot_rows), call.out,

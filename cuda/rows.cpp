@@ -624,7 +624,8 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
             grouped.kernel = "cuda.moe_experts_mma." + lower(f);                                         \
             grouped.tokens = {kMoeGroupedMinTokens, 0};                                                  \
             grouped.priority = 2;                                                                        \
-            grouped.launches = {"moe_sort", "mma_tiles", "moe_activation", "mma_tiles", "moe_combine"};   \
+            grouped.launches = {"moe_sort",       "split_bf16", "mma_tiles", "moe_activation_split",       \
+                                "mma_tiles",      "moe_combine"};                                        \
             grouped.operand_formats[2] = mma_formats();                                                  \
             add_moe_expert_biases(grouped);                                                              \
             grouped.dims.max_experts = KCAP_MOE_MAX_EXPERTS; /* the sort's per-expert counts */          \
@@ -635,7 +636,8 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
             bf16.fn = KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_bf16_mma<f>);                                \
             bf16.priority = 4;                                                                           \
             bf16.input_encoding = Encoding::BF16;                                                        \
-            bf16.launches = {"moe_sort", "bf16_tiles", "moe_activation", "bf16_tiles", "moe_combine"};   \
+            bf16.launches = {"moe_sort",   "convert_bf16", "bf16_tiles", "moe_activation_bf16",          \
+                             "bf16_tiles", "moe_combine"};                                               \
             rows.push_back(bf16);                                                                        \
         }                                                                                                \
     }

@@ -416,6 +416,11 @@ constexpr int kMoeSortThreads = 1024;
 // 10.8 for 31, the grouped tiles 7.1 ms for 32 and 7.5 for 64: the slot matvecs read each
 // chosen expert's weights once per slot, so their time grows with the tokens from the first.
 constexpr int kMoeGroupedMinTokens = kMmaMinTokens;
+// The u16 values of the grouped bf16 and split-bf16 experts' inputs (Context::moe_bf16) for a
+// stage whose moe_scratch has `down` and `act` values: x of max_batch x k (k = n for the experts:
+// at most `down`, whose rows hold every slot) and the activations (`act`), each at most 2 + 1/8
+// u16 a value when split (two bf16 halves and an f32 sum of 16 values).
+constexpr size_t moe_input_values(size_t down, size_t act) { return (down + act) / 8 * 17 + 64; }
 
 // The int8 tiles' tokens per group (cuda/matmul_q8.cu): 64, or 128 where the batch has more than
 // 64 tokens and the 128-token groups fill at least 90% of one wave (q8_groups_per_sm of them per

@@ -1815,7 +1815,7 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         t.ctx.moe_tile_expert = reinterpret_cast<int*>(t.arena.nan_floats(scratch.tiles));
                         t.ctx.moe_q8_capacity = size_t(cuda_rows::q8_rows_bytes(1, int64_t(scratch.act)));
                         t.ctx.moe_q8 = t.arena.nan_floats(t.ctx.moe_q8_capacity / 4);
-                        t.ctx.moe_bf16_capacity = scratch.down + scratch.act;  // as the backend sizes it
+                        t.ctx.moe_bf16_capacity = cuda_rows::moe_input_values(scratch.down, scratch.act);  // as the backend
                         t.ctx.moe_bf16 = reinterpret_cast<unsigned short*>(t.arena.nan_floats(t.ctx.moe_bf16_capacity / 2 + 1));
                         const bool q8 = row.input_encoding == Encoding::Q8_1;
                         stage.input_encoding = row.input_encoding;
