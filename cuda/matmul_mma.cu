@@ -74,8 +74,6 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return *reinterpret_cast<const unsigned*>(&v);
 }
 
-__device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
-
 // A thread's activations of one step in registers (load_x's 4 tokens x 4 values): f32 for the
 // plain tiles, which split them as they stage them; split ahead (SplitRows) for the grouped
 // experts' tiles, with the sub-block sums the thread writes where the format has offsets.
@@ -116,16 +114,12 @@ __device__ __forceinline__ void stage_x(Shared& sh, const StepX& x, int xt, int 
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const float v[4] = {x.v[i].x, x.v[i].y, x.v[i].z, x.v[i].w};
-        float hi[4], lo[4], sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            hi[j] = bf16_round(v[j]);
-            lo[j] = bf16_round(v[j] - hi[j]);  // v - hi is exact in f32
-            if (OFFSET) sum += hi[j] + lo[j];
-        }
+        uint2 hi, lo;
+        float sum;
+        split_quad(v, hi, lo, sum);  // (sum unused and dropped without OFFSET)
         const int t = xt + 16 * i;
-        *reinterpret_cast<uint2*>(sh.xhi + t * kStride + 2 * xc) = make_uint2(pack_bf16(hi[0], hi[1]), pack_bf16(hi[2], hi[3]));
-        *reinterpret_cast<uint2*>(sh.xlo + t * kStride + 2 * xc) = make_uint2(pack_bf16(lo[0], lo[1]), pack_bf16(lo[2], lo[3]));
+        *reinterpret_cast<uint2*>(sh.xhi + t * kStride + 2 * xc) = hi;
+        *reinterpret_cast<uint2*>(sh.xlo + t * kStride + 2 * xc) = lo;
         if (OFFSET) {
             // The sub-block's SUB / 4 lanes (aligned groups of the 16 lanes of token t).
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);

@@ -331,24 +331,39 @@ inline SplitRows split_rows_layout(kcap_u16* base, int64_t rows, int64_t k) {
     return s;
 }
 
-// Every lane of a warp: its 4 values v, quad q of the rows' flat order (values 4q .. 4q + 3;
-// `in`: whether it has them), split into out. Four lanes in a row hold a 16-value run (lane
-// order = quad order, k a multiple of 16), whose sum the first of them writes.
-__device__ __forceinline__ void split_store_quad(const float (&v)[4], kcap_u64 q, bool in, const SplitRows& out) {
-    unsigned short hi[4], lo[4];
-    float sum = 0.0f;
+// The split of 4 values: hi = bf16(v) and lo = bf16(v - hi) as bf16 pairs (the even value in
+// the low half), and the f32 sum of hi + lo of the 4 in turn. Every split-bf16 tile's x goes
+// through it, in the tile or ahead (split_store_quad), so both give the same bits.
+__device__ __forceinline__ void split_quad(const float (&v)[4], uint2& hi, uint2& lo, float& sum) {
+    float h[4], l[4];
+    sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const __nv_bfloat16 h = __float2bfloat16_rn(v[j]);
-        const __nv_bfloat16 l = __float2bfloat16_rn(v[j] - __bfloat162float(h));  // v - hi is exact in f32
-        sum += __bfloat162float(h) + __bfloat162float(l);
-        hi[j] = *reinterpret_cast<const unsigned short*>(&h), lo[j] = *reinterpret_cast<const unsigned short*>(&l);
+        h[j] = __bfloat162float(__float2bfloat16_rn(v[j]));
+        l[j] = __bfloat162float(__float2bfloat16_rn(v[j] - h[j]));  // v - hi is exact in f32
+        sum += h[j] + l[j];
     }
+    const auto pair = [](float a, float b) {
+        const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);  // exact: both are bf16 values
+        return *reinterpret_cast<const unsigned*>(&p);
+    };
+    hi = make_uint2(pair(h[0], h[1]), pair(h[2], h[3]));
+    lo = make_uint2(pair(l[0], l[1]), pair(l[2], l[3]));
+}
+
+// Every lane of a warp: its 4 values v, quad q of the rows' flat order (values 4q .. 4q + 3;
+// `in`: whether it has them), split into out. Four lanes in a row hold a 16-value run (lane
+// order = quad order, k a multiple of 16), whose sum (pairs of lanes, then pairs of pairs, as
+// the tiles add them) the first of them writes.
+__device__ __forceinline__ void split_store_quad(const float (&v)[4], kcap_u64 q, bool in, const SplitRows& out) {
+    uint2 hi, lo;
+    float sum;
+    split_quad(v, hi, lo, sum);
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     if (!in) return;
-    *reinterpret_cast<uint2*>(out.hi + 4 * q) = make_uint2(hi[0] | unsigned(hi[1]) << 16, hi[2] | unsigned(hi[3]) << 16);
-    *reinterpret_cast<uint2*>(out.lo + 4 * q) = make_uint2(lo[0] | unsigned(lo[1]) << 16, lo[2] | unsigned(lo[3]) << 16);
+    *reinterpret_cast<uint2*>(out.hi + 4 * q) = hi;
+    *reinterpret_cast<uint2*>(out.lo + 4 * q) = lo;
     if ((q & 3) == 0) out.sum16[q / 4] = sum;
 }
 

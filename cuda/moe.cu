@@ -331,8 +331,11 @@ __global__ void __launch_bounds__(kMoeSortThreads)
 }
 
 // The bf16 tiles' gated activation (their down input): act(gate) * up of the grouped rows (the
-// gate and up tiles' f32 sums, skipping the rows of unused tiles: no tile writes those) rounded to bf16 (nearest even, as the tiles rounded f32 activations), 8 values a
-// thread (ff a multiple of 32) into out ([rows][ff]); rows of unused tiles are skipped.
+// gate and up tiles' f32 sums) rounded to bf16 (nearest even, as the tiles rounded f32
+// activations), 8 values a thread (ff a multiple of 32) into out ([rows][ff]). The grid covers
+// every tile the host sized for (moe_grouped_tiles); a tile of -1 is one no gate or up tile
+// wrote and no down tile reads, so its rows are skipped rather than read uninitialized
+// (compute-sanitizer's initcheck found that read).
 __global__ void __launch_bounds__(kElementwiseThreads)
     grouped_activation_bf16_kernel(long long count, int ff, int activation, const int* tile_expert, const float* gate,
                                    const float* up, float alpha, float limit, kcap_u16* out) {
@@ -357,9 +360,9 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     *reinterpret_cast<uint4*>(out + i) = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
 }
 
-// The split-bf16 tiles' gated activation (their down input): act(gate) *
-// up of the grouped rows split into out (SplitRows [rows][ff]), a quad of values per thread;
-// rows of unused tiles are skipped.
+// The split-bf16 tiles' gated activation (their down input): act(gate) * up of the grouped rows
+// split into out (SplitRows [rows][ff]), a quad of values per thread; rows of unused tiles are
+// skipped, as above.
 __global__ void __launch_bounds__(kElementwiseThreads)
     grouped_activation_split_kernel(kcap_u64 quads, int ff, int activation, const int* tile_expert, const float* gate,
                                     const float* up, float alpha, float limit, mma_tiles::SplitRows out) {
