@@ -314,15 +314,12 @@ __device__ __forceinline__ void store_tile(const float (&acc)[MT][kNt][4], const
 // bf16(x) and lo = bf16(x - hi) (bf16 bits, [row][k]), and sum16, the f32 sum of hi + lo over
 // each 16 values ([row][k / 16]) in the order the tiles' own staging adds them (4 values in
 // turn, then pairs of 4s, then of 8s): what a tile computed from f32 x, bit for bit, done once
-// instead of in every row tile that reads the row. split_rows_values: the u16 values it takes
-// (a multiple of 4 where k is a multiple of 32, so that a second layout after it stays 8-byte
-// aligned).
+// instead of in every row tile that reads the row. Its size: cuda_rows::split_rows_values.
 struct SplitRows {
     kcap_u16* hi;
     kcap_u16* lo;
     float* sum16;
 };
-inline int64_t split_rows_values(int64_t rows, int64_t k) { return 2 * rows * k + 2 * (rows * k / 16); }
 inline SplitRows split_rows_layout(kcap_u16* base, int64_t rows, int64_t k) {
     SplitRows s;
     s.hi = base;

@@ -765,8 +765,8 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
     // activations, in bf16 (bf16 tiles) or split (split-bf16 tiles: SplitRows).
     const bool bf16_tiles = TILES == GroupedTiles::Bf16Rounded;
     kcap_u16* x16 = ctx.moe_bf16;
-    const int64_t x_values = bf16_tiles ? int64_t(moe.n_tokens) * moe.k : tiles::split_rows_values(moe.n_tokens, moe.k);
-    const int64_t act_values = bf16_tiles ? int64_t(rows) * moe.ff : tiles::split_rows_values(rows, moe.ff);
+    const int64_t x_values = bf16_tiles ? int64_t(moe.n_tokens) * moe.k : split_rows_values(moe.n_tokens, moe.k);
+    const int64_t act_values = bf16_tiles ? int64_t(rows) * moe.ff : split_rows_values(rows, moe.ff);
     kcap_u16* act16 = x16 + x_values;
     if (!Q8 && (!x16 || size_t(x_values + act_values) > ctx.moe_bf16_capacity))
         throw Error(std::string(bf16_tiles ? "cuda.moe_experts_bf16_mma" : "cuda.moe_experts_mma") +

@@ -416,10 +416,14 @@ constexpr int kMoeSortThreads = 1024;
 // 10.8 for 31, the grouped tiles 7.1 ms for 32 and 7.5 for 64: the slot matvecs read each
 // chosen expert's weights once per slot, so their time grows with the tokens from the first.
 constexpr int kMoeGroupedMinTokens = kMmaMinTokens;
+// The u16 values of rows x k values split for the split-bf16 tiles (mma_tiles::SplitRows: two
+// bf16 halves and an f32 sum of each 16 values; a multiple of 4 where k is a multiple of 32, so
+// that a second layout after it stays 8-byte aligned).
+constexpr int64_t split_rows_values(int64_t rows, int64_t k) { return 2 * rows * k + 2 * (rows * k / 16); }
 // The u16 values of the grouped bf16 and split-bf16 experts' inputs (Context::moe_bf16) for a
 // stage whose moe_scratch has `down` and `act` values: x of max_batch x k (k = n for the experts:
 // at most `down`, whose rows hold every slot) and the activations (`act`), each at most 2 + 1/8
-// u16 a value when split (two bf16 halves and an f32 sum of 16 values).
+// u16 a value when split (test_cuda_kernels_host checks the bound over the families' shapes).
 constexpr size_t moe_input_values(size_t down, size_t act) { return (down + act) / 8 * 17 + 64; }
 
 // The int8 tiles' tokens per group (cuda/matmul_q8.cu): 64, or 128 where the batch has more than

@@ -19,6 +19,7 @@
 #include "dispatch/rope_table.h"
 #include "kcap/engine.h"
 #include "dispatch/kernel_params.h"
+#include "dispatch/planner.h"
 #include "cuda/rows.h"
 #include "kernels/activation.h"
 #include "kernels/argmax.h"
@@ -2303,6 +2304,44 @@ void test_gate_up(std::mt19937& rng, CpuState& cpu) {
     std::printf("gate_up bodies: %d cases\n", checked);
 }
 
+// The grouped experts' input scratch (Context::moe_bf16, cuda_rows::moe_input_values of the
+// stage's moe_scratch) holds what cuda/moe.cu puts there for every batch a plan may run: x of
+// n_tokens x k and the activations of the batch's sorted rows, in bf16 or split
+// (split_rows_values), for the families' expert shapes and every batch from the grouped rows'
+// first up to max_batch.
+void test_moe_input_scratch() {
+    struct Shape {
+        const char* name;
+        int64_t k, ff, n_expert, used;
+    };
+    const Shape shapes[] = {{"Qwen3-30B-A3B", 2048, 768, 128, 8}, {"gpt-oss-20b", 2880, 2880, 32, 4},
+                            {"Mixtral-8x7B", 4096, 14336, 8, 2},  {"Qwen2-57B-A14B", 3584, 2560, 64, 8},
+                            {"DeepSeek-V2-Lite", 2048, 1408, 64, 6}, {"tiny", 64, 32, 8, 2}};
+    int checked = 0;
+    for (const Shape& sh : shapes)
+        for (const int64_t max_batch : {16, 17, 64, 100, 512, 2048}) {
+            Stage stage;
+            stage.op = Op::MoeExperts;
+            stage.k = sh.k, stage.k2 = sh.ff, stage.n = sh.k;
+            stage.params.n_expert = int(sh.n_expert), stage.params.n_expert_used = int(sh.used);
+            const MoeScratch scratch = moe_scratch(stage, max_batch, cuda_rows::kMmaTokens);
+            const int64_t capacity = int64_t(cuda_rows::moe_input_values(scratch.down, scratch.act));
+            for (int64_t tokens = cuda_rows::kMoeGroupedMinTokens; tokens <= max_batch; ++tokens) {
+                const int64_t rows =
+                    moe_grouped_tiles(tokens * sh.used, sh.n_expert, cuda_rows::kMmaTokens) * cuda_rows::kMmaTokens;
+                const int64_t split = cuda_rows::split_rows_values(tokens, sh.k) + cuda_rows::split_rows_values(rows, sh.ff);
+                const int64_t bf16 = tokens * sh.k + rows * sh.ff;
+                KCAP_EXPECT(split <= capacity && bf16 <= capacity && rows * sh.ff <= int64_t(scratch.act),
+                            "%s, max_batch %lld, %lld tokens: the experts' inputs need %lld values (bf16 %lld), the "
+                            "scratch has %lld",
+                            sh.name, (long long)max_batch, (long long)tokens, (long long)split, (long long)bf16,
+                            (long long)capacity);
+                ++checked;
+            }
+        }
+    std::printf("moe input scratch: %d batches\n", checked);
+}
+
 // Every CUDA row is declared (also where CUDA is not compiled in) and has its kernel exactly
 // where CUDA is; the legal and just-illegal stages of every row of every backend and the token
 // ranges of the routes are test_rows_table's.
@@ -2370,6 +2409,7 @@ int main() {
     if (wanted("test_moe_route_grouped")) test_moe_route_grouped(rng, cpu);
     if (wanted("test_moe_experts")) test_moe_experts(rng, cpu);
     if (wanted("test_moe_experts_cpu")) test_moe_experts_cpu(rng, cpu);
+    if (wanted("test_moe_input_scratch")) test_moe_input_scratch();
     if (wanted("test_ple")) test_ple(rng, cpu);
     if (wanted("test_argmax")) test_argmax(rng);
     if (wanted("test_sample")) test_sample(rng);
