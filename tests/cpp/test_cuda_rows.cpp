@@ -1833,16 +1833,28 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         }
                         call.in = t.arena.upload(x), call.in2 = t.arena.upload(routing), call.out = out;
                         if (!t.run(row, stage, call, data)) continue;
+                        char what[256];  // the case, for the messages below
+                        std::snprintf(what, sizeof what, "%s down %s K=%lld ff=%lld used %d, %d tokens%s", row.kernel.c_str(),
+                                      format_name(down_format), (long long)k, (long long)ff_legal, used, m,
+                                      gemma ? " (merged gate_up, gelu_tanh)" : oai ? " (biases, clamped SwiGLU)" : "");
+                        // The grouped rows' sorted row of each slot, within the batch's tiles (a
+                        // row outside them clears slot_rows_ok; the lookup clamps).
+                        const int64_t slots = int64_t(m) * used;
+                        const int rows = int(moe_grouped_tiles(slots, n_expert, cuda_rows::kMmaTokens)) * cuda_rows::kMmaTokens;
+                        bool slot_rows_ok = true;
+                        std::vector<int32_t> slot_rows;
+                        const auto slot_row = [&](size_t slot) {
+                            const int r = slot_rows[slot];
+                            if (r < 0 || r >= rows) slot_rows_ok = false;
+                            return size_t(std::clamp(r, 0, rows - 1));
+                        };
                         if (row.input_encoding == Encoding::BF16) {
                             // The bf16 grouped row: its bf16 activations (sorted rows after the
                             // tokens' bf16 x, found through slot_rows) held to bf16(W) . bf16(x) of
                             // gate and up beyond their rounding (bf16_excess_error), the output to
                             // the weighted sum of bf16(W_down) . its own activations, each to the
                             // bf16 GEMM rows' bound for its K.
-                            const int64_t slots = int64_t(m) * used;
-                            const int rows = int(moe_grouped_tiles(slots, n_expert, cuda_rows::kMmaTokens)) *
-                                             cuda_rows::kMmaTokens;
-                            const std::vector<int32_t> slot_rows = download(t.ctx.moe_slot_rows, size_t(slots));
+                            slot_rows = download(t.ctx.moe_slot_rows, size_t(slots));
                             const std::vector<unsigned short> act_bits =
                                 download(t.ctx.moe_bf16 + size_t(m) * size_t(k), size_t(rows) * size_t(ff_legal));
                             std::vector<float> act_rows(act_bits.size());
@@ -1850,24 +1862,16 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                                 const uint32_t bits = uint32_t(act_bits[i]) << 16;
                                 std::memcpy(&act_rows[i], &bits, 4);
                             }
-                            bool rows_ok = true;
                             std::vector<float> act(size_t(slots) * size_t(ff_legal));
-                            const auto row_act = [&](size_t slot) {
-                                const int r = slot_rows[slot];
-                                if (r < 0 || r >= rows) rows_ok = false;
-                                return act_rows.data() + size_t(std::clamp(r, 0, rows - 1)) * size_t(ff_legal);
-                            };
+                            const auto row_act = [&](size_t slot) { return act_rows.data() + slot_row(slot) * size_t(ff_legal); };
                             for (size_t slot = 0; slot < size_t(slots); ++slot)
                                 std::copy_n(row_act(slot), ff_legal, act.begin() + slot * size_t(ff_legal));
                             const MoeBf16Reference bf16_ref = moe_bf16_reference(stage, x, routing, row_act);
                             const double act_err = bf16_excess_error(act, bf16_ref.act);
                             const double err = relative_error(download(out, ref.size()), bf16_ref.out);
-                            KCAP_EXPECT(rows_ok && act_err <= gemm_tolerance(k) && err <= gemm_tolerance(ff_legal),
-                                        "%s down %s K=%lld ff=%lld used %d, %d tokens%s: slot rows %s, activations "
-                                        "error %.3g, output %.3g",
-                                        row.kernel.c_str(), format_name(down_format), (long long)k, (long long)ff_legal,
-                                        used, m, gemma ? " (merged gate_up, gelu_tanh)" : oai ? " (biases, clamped SwiGLU)" : "",
-                                        rows_ok ? "ok" : "out of range", act_err, err);
+                            KCAP_EXPECT(slot_rows_ok && act_err <= gemm_tolerance(k) && err <= gemm_tolerance(ff_legal),
+                                        "%s: slot rows %s, activations error %.3g, output %.3g", what,
+                                        slot_rows_ok ? "ok" : "out of range", act_err, err);
                             ++g_cases;
                             continue;
                         }
@@ -1878,11 +1882,9 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                             // absolute error in its tail: MoeQ8Reference::tail), the output to
                             // the CPU's down and sum of the row's own codes (sums of 16 recounted
                             // from the codes).
-                            const int64_t slots = int64_t(m) * used, ff_q = ff_legal;
-                            const int rows = int(moe_grouped_tiles(slots, n_expert, cuda_rows::kMmaTokens)) *
-                                             cuda_rows::kMmaTokens;
+                            const int64_t ff_q = ff_legal;
                             const cuda::Q8Rows device_q8 = cuda::q8_rows_in(t.ctx.moe_q8, t.ctx.moe_q8_capacity, rows, int(ff_q));
-                            const std::vector<int32_t> slot_rows = download(t.ctx.moe_slot_rows, size_t(slots));
+                            slot_rows = download(t.ctx.moe_slot_rows, size_t(slots));
                             const std::vector<uint32_t> words = download(device_q8.codes, size_t(rows) * size_t(ff_q) / 4);
                             const std::vector<float> scales = download(device_q8.d, size_t(rows) * size_t(ff_q / 32));
                             std::vector<int8_t> codes(words.size() * 4);
@@ -1890,11 +1892,8 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                             std::vector<int32_t> sums(size_t(rows) * size_t(ff_q / 16));
                             for (size_t i = 0; i < sums.size(); ++i)
                                 for (int j = 0; j < 16; ++j) sums[i] += codes[16 * i + size_t(j)];
-                            bool rows_ok = true;
                             const auto view = [&](size_t slot) {
-                                const int r = slot_rows[slot];
-                                if (r < 0 || r >= rows) rows_ok = false;
-                                const size_t row_index = size_t(std::clamp(r, 0, rows - 1));
+                                const size_t row_index = slot_row(slot);
                                 return Q8View{codes.data() + row_index * size_t(ff_q), scales.data() + row_index * size_t(ff_q / 32),
                                               sums.data() + row_index * size_t(ff_q / 16)};
                             };
@@ -1912,12 +1911,9 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                                 }
                             }
                             const double err = relative_error(download(out, ref.size()), q8_ref.out);
-                            KCAP_EXPECT(rows_ok && act_excess == 0.0 && err <= kExactTolerance,
-                                        "%s down %s K=%lld ff=%lld used %d, %d tokens%s: slot rows %s, activations past "
-                                        "half a step by %.3g steps, output %.3g",
-                                        row.kernel.c_str(), format_name(down_format), (long long)k, (long long)ff_legal,
-                                        used, m, gemma ? " (merged gate_up, gelu_tanh)" : oai ? " (biases, clamped SwiGLU)" : "",
-                                        rows_ok ? "ok" : "out of range", act_excess, err);
+                            KCAP_EXPECT(slot_rows_ok && act_excess == 0.0 && err <= kExactTolerance,
+                                        "%s: slot rows %s, activations past half a step by %.3g steps, output %.3g", what,
+                                        slot_rows_ok ? "ok" : "out of range", act_excess, err);
                             ++g_cases;
                             continue;
                         }
@@ -1931,10 +1927,7 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                             const double act_err = relative_error(act, q8_ref.act);
                             const double err = relative_error(download(out, ref.size()), q8_ref.out);
                             KCAP_EXPECT(act_err <= kExactTolerance && err <= kExactTolerance,
-                                        "%s down %s K=%lld ff=%lld used %d, %d tokens%s: activations error %.3g, output %.3g",
-                                        row.kernel.c_str(), format_name(down_format), (long long)k, (long long)ff_legal,
-                                        used, m, gemma ? " (merged gate_up, gelu_tanh)" : oai ? " (biases, clamped SwiGLU)" : "",
-                                        act_err, err);
+                                        "%s: activations error %.3g, output %.3g", what, act_err, err);
                             ++g_cases;
                             continue;
                         }
@@ -1942,9 +1935,7 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         // The grouped rows' split-bf16 tiles: within 2^-16 of exact per product, as the
                         // matmul tile rows.
                         const double bound = is_tile_row(row) ? kMmaTolerance : kExactTolerance;
-                        KCAP_EXPECT(err <= bound, "%s down %s K=%lld ff=%lld used %d, %d tokens%s: error %.3g",
-                                    row.kernel.c_str(), format_name(down_format), (long long)k, (long long)ff_legal, used,
-                                    m, gemma ? " (merged gate_up, gelu_tanh)" : oai ? " (biases, clamped SwiGLU)" : "", err);
+                        KCAP_EXPECT(err <= bound, "%s: error %.3g", what, err);
                         ++g_cases;
                     }
         }

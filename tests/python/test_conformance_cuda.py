@@ -39,9 +39,10 @@ def family(request):
     return request.param
 
 
-def load_cuda(path: Path):
+def load_cuda(path: Path, excluded_kernels=MMA_ROWS, **options):
+    """The fixture on CUDA (by default without the tensor-core rows), or a skip without a device."""
     try:
-        return kcap.load(path, backend="cuda", excluded_kernels=MMA_ROWS)
+        return kcap.load(path, backend="cuda", excluded_kernels=excluded_kernels, **options)
     except kcap.BackendUnavailableError:
         pytest.skip("no CUDA device")
 
@@ -185,10 +186,7 @@ Q8_TOLERANCE = 0.25
 @pytest.mark.parametrize("fixture", ROUTED_FAMILIES)
 def test_q8_1_activations_match_the_cpu_on_cuda(fixture):
     path = FIXTURES / f"{fixture}-q8_0.gguf"
-    try:
-        cuda = kcap.load(path, backend="cuda", activations="q8_1")
-    except kcap.BackendUnavailableError:
-        pytest.skip("no CUDA device")
+    cuda = load_cuda(path, excluded_kernels=(), activations="q8_1")
     assert any("_q8" in r["kernel"] for r in cuda.engine.routes())
     cpu = kcap.load(path, backend="cpu", activations="q8_1")
     ids = golden(fixture)["prompt_ids"].tolist()
@@ -212,10 +210,7 @@ def test_q8_1_activations_match_the_cpu_on_cuda(fixture):
 @pytest.mark.parametrize("fixture", ROUTED_FAMILIES)
 def test_bf16_activations_match_the_exact_cpu_on_cuda(fixture):
     path = FIXTURES / f"{fixture}-q8_0.gguf"
-    try:
-        cuda = kcap.load(path, backend="cuda", activations="bf16")
-    except kcap.BackendUnavailableError:
-        pytest.skip("no CUDA device")
+    cuda = load_cuda(path, excluded_kernels=(), activations="bf16")
     ids = golden(fixture)["prompt_ids"].tolist()
     assert len(ids) >= 16
     assert any(r["kernel"].startswith("cuda.moe_experts_bf16_mma.") for r in cuda.engine.routes())
