@@ -205,39 +205,6 @@ __device__ __forceinline__ unsigned bf16_pair(float lo, float hi) {
     return *reinterpret_cast<const unsigned*>(&v);
 }
 
-// An MXFP4 run straight to its bf16 pairs (pair j: elements 2j, 2j + 1, the low one in the low
-// half), from RunAhead<KcapMXFP4>'s five words at byte offset off: false (nothing written) where
-// the block's scale byte e is outside [2, 248]. Each doubled code c (-12..12, the value times 2)
-// is looked up as the byte c + 12 (kcap_mxfp4_doubled_bytes<12>), put under the bf16 high byte
-// 0x43 (the bf16 128 + c + 12: its 7 mantissa bits hold 0..127), and fma.rn.bf16x2 takes
-// (128 + c + 12) s - 140 s, s = 2^(e - 128) the half scale: exactly c s, the value decode32
-// gives, in one rounding of an exact, representable result, so the same bits as rounding
-// decode32's f32 to bf16. The range keeps every operand and nonzero result normal (|c s| >=
-// 2^(e - 128) >= 2^-126, 140 s < 2^128); others take the f32 decode. 2 instructions a pair after
-// the lookups, where the f32 decode, its product and the rounding take about 7.
-__device__ __forceinline__ bool mxfp4_bf16_pairs(const kcap_u32 (&w)[RunAhead<KcapMXFP4>::kWords], kcap_u32 off,
-                                                 unsigned (&pairs)[16]) {
-    const kcap_u32 e = (w[0] >> (8u * off)) & 0xffu;
-    if (e < 2u || e > 248u) return false;
-    const kcap_u32 scale = (e - 1u) << 7, minus = 0x8000u | ((e + 6u) << 7) | 0x0Cu;  // 2^(e-128), -140 x it
-    const kcap_u32 scale2 = scale | (scale << 16), minus2 = minus | (minus << 16);
-    const kcap_u32 shift = 8u * (off + 1u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        // c + 12 of code bytes 4i..4i+3: elements 4i..4i+3 (lo), 16 + 4i.. (hi).
-        kcap_u32 lo, hi;
-        kcap_mxfp4_doubled_bytes<12>(kcap_funnel_r(w[i], w[i + 1], shift), lo, hi);
-        const kcap_u32 biased[4] = {kcap_byte_perm(lo, 0x43434343u, 0x4140u), kcap_byte_perm(lo, 0x43434343u, 0x4342u),
-                                    kcap_byte_perm(hi, 0x43434343u, 0x4140u), kcap_byte_perm(hi, 0x43434343u, 0x4342u)};
-        unsigned out[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out[j]) : "r"(biased[j]), "r"(scale2), "r"(minus2));
-        pairs[2 * i] = out[0], pairs[2 * i + 1] = out[1], pairs[8 + 2 * i] = out[2], pairs[8 + 2 * i + 1] = out[3];
-    }
-    return true;
-}
-
 // load_x of bf16 rows: thread (token xt + 16 i, reading x row src[i]) takes values 4 xc .. 4 xc
 // + 3 of the step as one 8-byte word (zeros for a row of -1 or past K).
 __device__ __forceinline__ void load_x_bf16(uint2 (&v)[4], const kcap_u16* x, const KcapMatmulParams& p,

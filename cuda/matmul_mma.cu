@@ -21,7 +21,12 @@
 //             registers one step ahead: step k + 1's loads are in flight during step k's mma.
 //   products  per sub-block, T = sum_k x_lo q + sum_k x_hi q on the tensor cores (products of
 //             bf16 values are exact; f32 accumulation), then per output
-//             acc += scale * T (+ offset * xsum) in f32 FMAs.
+//             acc += scale * T (+ offset * xsum) in f32 FMAs. The grouped experts' MXFP4 read
+//             ahead (unstaged) is the exception: a value c x 2^(e - 128) with scale byte e in [2, 248] (every
+//             block of a real file) is exact in bf16 (mma_tiles.h: mxfp4_bf16_pairs), so its
+//             steps stage the values themselves and sum x_lo w + x_hi w into acc over all of
+//             K on the tensor cores; a step with any block outside that range is staged again
+//             as codes and scales and takes the per-sub-block form.
 // So the result is the exact weights (as decode32 gives them) times x_hi + x_lo, summed in f32:
 // |x - x_hi - x_lo| <= 2^-16 |x| (8 + 8 significant bits, two round-to-nearest steps), so each
 // output errs by at most 2^-16 * sum_k |w_k x_k| plus f32 summation. The parity test states
@@ -217,6 +222,12 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     static_assert(!kAhead || kRunsPerBlock == 1, "RunAhead: 32-element blocks");
     kcap_u32 ahead[kAhead ? Ahead::kWords : 1];
     kcap_u32 ahead_off = 0;
+    // The grouped experts' MXFP4 read ahead: its values c x 2^(e - 128) are exact in bf16 where
+    // the block's scale byte allows (mxfp4_bf16_pairs), so a step's products take the weights
+    // themselves and sum into acc over all of K on the tensor cores, with no per-sub-block sums,
+    // scale loads and FMAs. (The plain tiles keep codes and scales: with both forms in their
+    // loop, the split-K tiles' registers spilled.)
+    constexpr bool kFold = GROUPED && kAhead && std::is_same<F, KcapMXFP4>::value;
     const auto load_ahead = [&](int k0) {
         if constexpr (kAhead) {
             const int run = k0 / 32 + dhalf;
@@ -238,10 +249,11 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
             cp_async_commit();
         }
         // Weights: codes as bf16 pairs, (scale, offset) per sub-block; zeros past N or K.
-        {
-            const int run = k0 / 32 + dhalf;
+        const int run = k0 / 32 + dhalf;
+        const bool run_in = row_valid && run < runs;
+        const auto write_codes = [&] {
             float q[32], sc[2] = {0.0f, 0.0f}, off[2] = {0.0f, 0.0f};
-            if (row_valid && run < runs) {
+            if (run_in) {
                 if constexpr (kAhead) {
                     kcap_u32 u[8];
                     Ahead::decode(ahead, ahead_off, u, sc);
@@ -265,43 +277,65 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                 sh.scale[dhalf][dr] = sc[0];
                 if (C::has_offset) sh.offset[dhalf][dr] = off[0];
             }
+        };
+        // kFold: the run's values themselves, where its scale allows (else `unfolded`).
+        bool unfolded = false;
+        if constexpr (kFold) {
+            unsigned pairs[16];
+            if (run_in) unfolded = !mxfp4_bf16_pairs(ahead, ahead_off, pairs);
+            if (!run_in || unfolded) {
+#pragma unroll
+                for (int i = 0; i < 16; ++i) pairs[i] = 0u;
+            }
+            uint4* dst = reinterpret_cast<uint4*>(sh.w + dr * kStride + 16 * dhalf);
+#pragma unroll
+            for (int v = 0; v < 4; ++v) dst[v] = make_uint4(pairs[4 * v], pairs[4 * v + 1], pairs[4 * v + 2], pairs[4 * v + 3]);
+        } else {
+            write_codes();
         }
         // Activations (loaded a step ahead): split into bf16 hi and lo (GROUPED: split ahead);
         // zeros past M or K.
         stage_x<kSub, C::has_offset>(sh, xv, xt, xc);
-        __syncthreads();
+        // Everyone's tiles written. kFold: a step with any run outside the folded range is
+        // written again as codes and scales (every thread, after the barrier that finds it).
+        bool folded = kFold;
+        if constexpr (kFold) {
+            folded = !__syncthreads_or(unfolded);
+            if (!folded) {
+                load_ahead(k0);  // read again: the words need not stay in registers across the barrier
+                write_codes();
+                __syncthreads();
+            }
+        } else {
+            __syncthreads();
+        }
         // The next step's activations (and RunAhead's weights): in flight during this step's products.
         if (k0 + kStepK < k_end) {
             load_step_x(k0 + kStepK);
             load_ahead(k0 + kStepK);
         }
-#pragma unroll 1
-        for (int s = 0; s < kSubs; ++s) {
-            float t[kMt][kNt][4] = {};
+        // The products of one k16 slice (word kw of the shared rows) added into out.
+        const auto multiply = [&](float (&out)[kMt][kNt][4], int kw) {
+            if constexpr (GROUPED) {
+                // One m16 tile of tokens at a time: its fragments, then its products.
+                unsigned b[kNt / 2][4];
 #pragma unroll
-            for (int u = 0; u < kSub / 16; ++u) {
-                const int kw = (s * kSub + 16 * u) / 2;  // word of the k16 step in a shared row
-                if constexpr (GROUPED) {
-                    // One m16 tile of tokens at a time: its fragments, then its products.
-                    unsigned b[kNt / 2][4];
+                for (int np = 0; np < kNt / 2; ++np)
+                    load_b2<kStride>(b[np], sh.w + (warp_rows + 16 * np) * kStride + kw, lane);
 #pragma unroll
-                    for (int np = 0; np < kNt / 2; ++np)
-                        load_b2<kStride>(b[np], sh.w + (warp_rows + 16 * np) * kStride + kw, lane);
+                for (int mt = 0; mt < kMt; ++mt) {
+                    if (!live[mt]) continue;
+                    unsigned ahi[4], alo[4];
+                    load_a<kStride>(ahi, sh.xhi + (warp_tokens + 16 * mt) * kStride + kw, lane);
+                    load_a<kStride>(alo, sh.xlo + (warp_tokens + 16 * mt) * kStride + kw, lane);
 #pragma unroll
-                    for (int mt = 0; mt < kMt; ++mt) {
-                        if (!live[mt]) continue;
-                        unsigned ahi[4], alo[4];
-                        load_a<kStride>(ahi, sh.xhi + (warp_tokens + 16 * mt) * kStride + kw, lane);
-                        load_a<kStride>(alo, sh.xlo + (warp_tokens + 16 * mt) * kStride + kw, lane);
-#pragma unroll
-                        for (int nt = 0; nt < kNt; ++nt) {
-                            const unsigned b0 = b[nt >> 1][2 * (nt & 1)], b1 = b[nt >> 1][2 * (nt & 1) + 1];
-                            mma_bf16(t[mt][nt], alo, b0, b1);  // the small part first
-                            mma_bf16(t[mt][nt], ahi, b0, b1);
-                        }
+                    for (int nt = 0; nt < kNt; ++nt) {
+                        const unsigned b0 = b[nt >> 1][2 * (nt & 1)], b1 = b[nt >> 1][2 * (nt & 1) + 1];
+                        mma_bf16(out[mt][nt], alo, b0, b1);  // the small part first
+                        mma_bf16(out[mt][nt], ahi, b0, b1);
                     }
-                    continue;
                 }
+            } else {
                 unsigned ahi[kMt][4], alo[kMt][4], b[kNt / 2][4];
 #pragma unroll
                 for (int mt = 0; mt < kMt; ++mt) {
@@ -310,17 +344,62 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                     load_a<kStride>(alo[mt], sh.xlo + (warp_tokens + 16 * mt) * kStride + kw, lane);
                 }
 #pragma unroll
-                for (int np = 0; np < kNt / 2; ++np) load_b2<kStride>(b[np], sh.w + (warp_rows + 16 * np) * kStride + kw, lane);
+                for (int np = 0; np < kNt / 2; ++np)
+                    load_b2<kStride>(b[np], sh.w + (warp_rows + 16 * np) * kStride + kw, lane);
 #pragma unroll
                 for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
                     for (int nt = 0; nt < kNt; ++nt) {
                         if (!live[mt]) continue;
                         const unsigned b0 = b[nt >> 1][2 * (nt & 1)], b1 = b[nt >> 1][2 * (nt & 1) + 1];
-                        mma_bf16(t[mt][nt], alo[mt], b0, b1);  // the small part first
-                        mma_bf16(t[mt][nt], ahi[mt], b0, b1);
+                        mma_bf16(out[mt][nt], alo[mt], b0, b1);  // the small part first
+                        mma_bf16(out[mt][nt], ahi[mt], b0, b1);
                     }
             }
+        };
+        if (folded) {
+#pragma unroll
+            for (int kw = 0; kw < kStepK / 2; kw += 8) multiply(acc, kw);
+            continue;
+        }
+        if constexpr (kFold) {
+            // A step of codes and scales (rare: a scale byte outside the folded range): one m16 x n8
+            // tile at a time, its fragments loaded again for each, so that its sums take 4
+            // registers beside the folded steps' instead of the whole tile's 32.
+#pragma unroll 1
+            for (int s = 0; s < kSubs; ++s)
+#pragma unroll
+                for (int mt = 0; mt < kMt; ++mt) {
+                    if (!live[mt]) continue;
+#pragma unroll
+                    for (int nt = 0; nt < kNt; ++nt) {
+                        float t[4] = {};
+#pragma unroll
+                        for (int u = 0; u < kSub / 16; ++u) {
+                            const int kw = (s * kSub + 16 * u) / 2;
+                            unsigned ahi[4], alo[4], b[4];
+                            load_a<kStride>(ahi, sh.xhi + (warp_tokens + 16 * mt) * kStride + kw, lane);
+                            load_a<kStride>(alo, sh.xlo + (warp_tokens + 16 * mt) * kStride + kw, lane);
+                            load_b2<kStride>(b, sh.w + (warp_rows + 16 * (nt >> 1)) * kStride + kw, lane);
+                            mma_bf16(t, alo, b[2 * (nt & 1)], b[2 * (nt & 1) + 1]);
+                            mma_bf16(t, ahi, b[2 * (nt & 1)], b[2 * (nt & 1) + 1]);
+                        }
+                        const int r = warp_rows + 8 * nt + 2 * tg;
+                        const float sx = sh.scale[s][r], sy = sh.scale[s][r + 1];
+                        float* a = acc[mt][nt];
+                        a[0] = fmaf(sx, t[0], a[0]);
+                        a[1] = fmaf(sy, t[1], a[1]);
+                        a[2] = fmaf(sx, t[2], a[2]);
+                        a[3] = fmaf(sy, t[3], a[3]);
+                    }
+                }
+            continue;
+        }
+#pragma unroll 1
+        for (int s = 0; s < kSubs; ++s) {
+            float t[kMt][kNt][4] = {};
+#pragma unroll
+            for (int u = 0; u < kSub / 16; ++u) multiply(t, (s * kSub + 16 * u) / 2);
             // C fragment: t[.][.][0], [1] at (token g, rows 2tg, 2tg + 1); [2], [3] at token g + 8.
 #pragma unroll
             for (int nt = 0; nt < kNt; ++nt) {

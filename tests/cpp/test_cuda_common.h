@@ -203,6 +203,18 @@ inline std::unique_ptr<Weights> random_weights(std::mt19937& rng, Format f, int6
     return w;
 }
 
+// MXFP4 scale bytes below 2 (values of at most 12 x 2^-128) in one block of every `every`: the
+// grouped split-bf16 tiles multiply MXFP4 values as bf16 only where the scale byte lies in [2,
+// 248] (cuda/mma_tiles.h, mxfp4_bf16_pairs) and stage any step that meets another block as codes
+// and scales, so a weight tensor with such blocks checks both forms. Tiny values keep the outputs
+// those of the other blocks.
+inline void plant_tiny_mxfp4_scales(Weights& w, int every = 499) {
+    if (w.ref.format != Format::MXFP4) return;
+    const size_t bytes = format_info(Format::MXFP4).block_bytes;
+    const size_t blocks = w.ref.nbytes / bytes;
+    for (size_t b = size_t(every / 2); b < blocks; b += size_t(every)) w.bytes[b * bytes] = uint8_t((b / size_t(every)) % 2);
+}
+
 inline std::unique_ptr<Weights> float_vector(const std::vector<float>& v, const std::string& name) {
     auto w = std::make_unique<Weights>();
     w->bytes.resize(v.size() * 4);

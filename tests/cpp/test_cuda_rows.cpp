@@ -1793,6 +1793,9 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         const auto own_up = gemma ? nullptr : random_weights(rng, f, k, ff_legal * n_expert, "up_exps");
                         const auto* up = gemma ? gate.get() : own_up.get();
                         const auto down = random_weights(rng, down_format, ff_legal, n * n_expert, "down_exps");
+                        plant_tiny_mxfp4_scales(*gate);
+                        if (own_up) plant_tiny_mxfp4_scales(*own_up);
+                        plant_tiny_mxfp4_scales(*down);
                         // gpt-oss: F32 biases [n_expert][rows] of gate, up and down.
                         const auto gate_bias = float_vector(random_floats(rng, size_t(ff_legal * n_expert), 0.5f), "gate_bias");
                         const auto up_bias = float_vector(random_floats(rng, size_t(ff_legal * n_expert), 0.5f), "up_bias");
