@@ -94,6 +94,11 @@ KCAP_FN float kcap_u8_to_float(kcap_u32 b) { return __uint_as_float(0x4B000000u 
 KCAP_FN float kcap_byte_to_float(kcap_u32 w, int which) {
     return __uint_as_float(__byte_perm(w, 0x4B000000u, unsigned(which) | 0x7540u)) - 8388608.0f;
 }
+// The same less `less` (a small integer: 2^23 + less is exact), in one subtraction: codes less
+// their bias.
+KCAP_FN float kcap_byte_to_float_less(kcap_u32 w, int which, float less) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, unsigned(which) | 0x7540u)) - (8388608.0f + less);
+}
 // Byte i of the result is byte (s >> 4i) & 7 of b:a (selectors 0..7 only: the sign-replicating
 // selectors of PRMT are not used).
 KCAP_FN kcap_u32 kcap_byte_perm(kcap_u32 a, kcap_u32 b, kcap_u32 s) { return __byte_perm(a, b, s); }
@@ -201,6 +206,9 @@ KCAP_FN kcap_u16 kcap_float_to_half(float f) { return as_type<ushort>(half(f)); 
 KCAP_FN float kcap_bf16_to_float(kcap_u16 h) { return as_type<float>(uint(h) << 16); }
 KCAP_FN float kcap_u8_to_float(kcap_u32 b) { return float(b); }
 KCAP_FN float kcap_byte_to_float(kcap_u32 w, int which) { return float((w >> (8 * which)) & 0xffu); }
+KCAP_FN float kcap_byte_to_float_less(kcap_u32 w, int which, float less) {
+    return float((w >> (8 * which)) & 0xffu) - less;
+}
 KCAP_FN kcap_u32 kcap_byte_perm(kcap_u32 a, kcap_u32 b, kcap_u32 s) {
     kcap_u32 r = 0u;
     for (int i = 0; i < 4; ++i) {

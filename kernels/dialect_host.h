@@ -234,6 +234,9 @@ inline kcap_u16 kcap_float_to_half(float f) { return kcap::f32_to_f16(f); }
 inline float kcap_bf16_to_float(kcap_u16 h) { return kcap::bf16_to_f32(h); }
 inline float kcap_u8_to_float(kcap_u32 b) { return float(b); }
 inline float kcap_byte_to_float(kcap_u32 w, int which) { return float((w >> (8 * which)) & 0xffu); }
+inline float kcap_byte_to_float_less(kcap_u32 w, int which, float less) {
+    return float((w >> (8 * which)) & 0xffu) - less;
+}
 // CUDA's __byte_perm for selectors 0..7: byte i of the result is byte (s >> 4i) & 7 of b:a.
 inline kcap_u32 kcap_byte_perm(kcap_u32 a, kcap_u32 b, kcap_u32 s) {
     kcap_u32 r = 0u;

@@ -23,6 +23,17 @@ KCAP_FN void kcap_load_x32(const KCAP_GLOBAL float* x, KCAP_PRIVATE float* xs) {
     }
 }
 
+KCAP_FN float kcap_dot16(const KCAP_PRIVATE float* a, const KCAP_PRIVATE float* b) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    KCAP_UNROLL for (int i = 0; i < 16; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    return (s0 + s1) + (s2 + s3);
+}
+
 KCAP_FN float kcap_dot32(const KCAP_PRIVATE float* a, const KCAP_PRIVATE float* b) {
     float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
     KCAP_UNROLL for (int i = 0; i < 32; i += 4) {

@@ -9,6 +9,12 @@
 // memory wavefront) land in 8 different bank groups, then every simd group reads its runs
 // from there and reuses them for ROWS weight rows.
 //
+// Formats of integer codes (KcapCodes<F>::has_codes8: the block formats) are multiplied as codes:
+// per 16- or 32-value sub-block, scale * sum(q x) (+ offset * sum(x)), q the codes less their
+// bias (codes32), so each value takes its conversion and one FMA where the decoded weight took a
+// multiply more (decode32: q * scale + offset, then the FMA). The x sums the offsets need are
+// staged beside each run, in its padding. The same products up to f32 rounding.
+//
 // Layout (KcapMatvecTeams): the group's teams each own ROWS consecutive rows. A team is `split`
 // simd groups (parts), or for short rows `lanes` lanes of one simd group; lane l of part s of a
 // team takes runs lanes s + l, lanes s + l + lanes split, ... of each chunk. The parts of a team
@@ -17,6 +23,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/matmul.h"
+#include "kernels/quant_codes.h"
 
 #define KCAP_MATVEC_RUN_STRIDE 36  // floats per staged run: 32 + 4 of padding
 
@@ -151,6 +158,35 @@ KCAP_FN void kcap_matvec_finish(const KcapThread t, const KcapMatmulParams p, co
     }
 }
 
+// One run of one weight row times the staged run xv (xsum: its two 16-value sums, where
+// `offsets`): decoded (decode32) and multiplied, or for formats of integer codes multiplied as
+// codes, scale * sum(q x) (+ offset * sum(x)) per sub-block (see the top).
+template <class F, bool CODES = KcapCodes<F>::has_codes8>
+struct KcapMatvecRun {
+    static constexpr bool offsets = false;
+    static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* block, int run, const KCAP_PRIVATE float* xv,
+                             const KCAP_PRIVATE float*) {
+        float wv[32];
+        F::decode32(block, run, wv);
+        return kcap_dot32(wv, xv);
+    }
+};
+template <class F>
+struct KcapMatvecRun<F, true> {
+    typedef KcapCodes<F> C;
+    static constexpr bool offsets = C::has_offset;
+    static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* block, int run, const KCAP_PRIVATE float* xv,
+                             const KCAP_PRIVATE float* xsum) {
+        float q[32], scale[2], offset[2];
+        C::codes32(block, run, q, scale, offset);
+        const float d0 = kcap_dot16(q, xv), d1 = kcap_dot16(q + 16, xv + 16);
+        float sum = C::sub == 32 ? scale[0] * (d0 + d1) : scale[0] * d0 + scale[1] * d1;
+        if (C::has_offset)
+            sum += C::sub == 32 ? offset[0] * (xsum[0] + xsum[1]) : offset[0] * xsum[0] + offset[1] * xsum[1];
+        return sum;
+    }
+};
+
 // Grid: x = ceil(n / (kcap_matvec_group_teams(teams, simds) * ROWS)), y = 1. chunk_runs: runs
 // staged at a time.
 // MODE KCAP_MATVEC_PLAIN: w0 and bias; KCAP_MATVEC_GATE_UP: w0 = gate, w1 = up (same row
@@ -165,6 +201,7 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, co
                                 float alpha = 0.0f, float limit = 0.0f) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
+    constexpr bool kOffsets = KcapMatvecRun<F>::offsets;  // the x sums beside each run
     KCAP_SHARED float* xs = shared;
     KCAP_SHARED float* partials = shared + chunk_runs * KCAP_MATVEC_RUN_STRIDE;
     const KcapMatvecTeam me = kcap_matvec_team<ROWS, TEAMS>(t, teams);
@@ -176,26 +213,45 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, co
     for (int chunk0 = 0; chunk0 < runs; chunk0 += chunk_runs) {
         const int chunk_end = chunk0 + chunk_runs < runs ? chunk0 + chunk_runs : runs;
         if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
-        for (int i = int(t.index); i < (chunk_end - chunk0) * 8; i += int(t.threads)) {
-            const float4 v = kcap_load_f32x4(x + kcap_u64(chunk0) * 32 + 4 * kcap_u64(i));
-            KCAP_SHARED float* to = xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8);
-            to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
+        if (kOffsets) {
+            // Every lane in every round (the 16-value sums take 4 lanes of a run: threads is a
+            // multiple of 32): the sums at floats 32 and 33 of the run.
+            const int n4 = (chunk_end - chunk0) * 8;
+            for (int base = 0; base < n4; base += int(t.threads)) {
+                const int i = base + int(t.index);
+                const bool in = i < n4;
+                float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (in) v = kcap_load_f32x4(x + kcap_u64(chunk0) * 32 + 4 * kcap_u64(i));
+                float sum = (v.x + v.y) + (v.z + v.w);
+                sum += kcap_simd_shuffle_xor(sum, 1);
+                sum += kcap_simd_shuffle_xor(sum, 2);
+                if (!in) continue;
+                KCAP_SHARED float* run = xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE;
+                KCAP_SHARED float* to = run + 4 * (i % 8);
+                to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
+                if (i % 4 == 0) run[32 + (i % 8) / 4] = sum;
+            }
+        } else {
+            for (int i = int(t.index); i < (chunk_end - chunk0) * 8; i += int(t.threads)) {
+                const float4 v = kcap_load_f32x4(x + kcap_u64(chunk0) * 32 + 4 * kcap_u64(i));
+                KCAP_SHARED float* to = xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8);
+                to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
+            }
         }
         kcap_barrier();
         if (row0 < p.n) {
             for (int run = chunk0 + me.part * lanes + me.lane; run < chunk_end; run += lanes * split) {
-                float xv[32];
+                float xv[32], xsum[2] = {0.0f, 0.0f};
                 const KCAP_SHARED float* from = xs + (run - chunk0) * KCAP_MATVEC_RUN_STRIDE;
                 KCAP_UNROLL for (int i = 0; i < 32; ++i) xv[i] = from[i];
+                if (kOffsets) xsum[0] = from[32], xsum[1] = from[33];
                 const unsigned block_offset = unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
                 KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) {
                     const KCAP_GLOBAL kcap_u8* w = mat == 0 ? w0 : w1;
                     KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
-                        if (row0 + j < p.n) {
-                            float wv[32];
-                            F::decode32(w + kcap_u64(row0 + j) * p.row_bytes + block_offset, run % kRunsPerBlock, wv);
-                            acc[mat][j] += kcap_dot32(wv, xv);
-                        }
+                        if (row0 + j < p.n)
+                            acc[mat][j] += KcapMatvecRun<F>::dot(w + kcap_u64(row0 + j) * p.row_bytes + block_offset,
+                                                                 run % kRunsPerBlock, xv, xsum);
                     }
                 }
             }

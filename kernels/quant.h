@@ -75,8 +75,8 @@ struct KcapQ4_0 {
             const kcap_u32 q = qs[w];
             const kcap_u32 lo = q & 0x0f0f0f0fu, hi = (q >> 4) & 0x0f0f0f0fu;
             KCAP_UNROLL for (int j = 0; j < 4; ++j) {
-                out[4 * w + j] = d * (kcap_byte_to_float(lo, j) - 8.0f);
-                out[16 + 4 * w + j] = d * (kcap_byte_to_float(hi, j) - 8.0f);
+                out[4 * w + j] = d * kcap_byte_to_float_less(lo, j, 8.0f);
+                out[16 + 4 * w + j] = d * kcap_byte_to_float_less(hi, j, 8.0f);
             }
         }
     }
@@ -114,8 +114,8 @@ struct KcapQ5_0 {
             const kcap_u32 spread_hi = ((h_hi & 1u) << 4) | ((h_hi & 2u) << 11) | ((h_hi & 4u) << 18) | ((h_hi & 8u) << 25);
             const kcap_u32 lo = (q & 0x0f0f0f0fu) | spread_lo, hi = ((q >> 4) & 0x0f0f0f0fu) | spread_hi;
             KCAP_UNROLL for (int j = 0; j < 4; ++j) {
-                out[4 * w + j] = d * (kcap_byte_to_float(lo, j) - 16.0f);
-                out[16 + 4 * w + j] = d * (kcap_byte_to_float(hi, j) - 16.0f);
+                out[4 * w + j] = d * kcap_byte_to_float_less(lo, j, 16.0f);
+                out[16 + 4 * w + j] = d * kcap_byte_to_float_less(hi, j, 16.0f);
             }
         }
     }
@@ -150,7 +150,7 @@ struct KcapQ8_0 {
         const float d = kcap_half_to_float(kcap_u16(kcap_load_u16_u32s_a2<8>(b, qs)));
         KCAP_UNROLL for (int w = 0; w < 8; ++w) {
             const kcap_u32 q = qs[w] ^ 0x80808080u;
-            KCAP_UNROLL for (int j = 0; j < 4; ++j) out[4 * w + j] = (kcap_byte_to_float(q, j) - 128.0f) * d;
+            KCAP_UNROLL for (int j = 0; j < 4; ++j) out[4 * w + j] = kcap_byte_to_float_less(q, j, 128.0f) * d;
         }
     }
 };

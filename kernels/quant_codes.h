@@ -52,10 +52,10 @@ struct KcapCodes {
 // Four bytes of a word (masked to small integers), minus bias, into q[0..3].
 #define KCAP_CODES4(q, word, bias)                             \
     do {                                                       \
-        (q)[0] = kcap_byte_to_float((word), 0) - (bias);       \
-        (q)[1] = kcap_byte_to_float((word), 1) - (bias);       \
-        (q)[2] = kcap_byte_to_float((word), 2) - (bias);       \
-        (q)[3] = kcap_byte_to_float((word), 3) - (bias);       \
+        (q)[0] = kcap_byte_to_float_less((word), 0, (bias));   \
+        (q)[1] = kcap_byte_to_float_less((word), 1, (bias));   \
+        (q)[2] = kcap_byte_to_float_less((word), 2, (bias));   \
+        (q)[3] = kcap_byte_to_float_less((word), 3, (bias));   \
     } while (0)
 
 // The codes of codes8's eight words (C = the format's KcapCodes) less their bias, as floats
