@@ -23,9 +23,11 @@ KCAP_FN void kcap_load_x32(const KCAP_GLOBAL float* x, KCAP_PRIVATE float* xs) {
     }
 }
 
-KCAP_FN float kcap_dot16(const KCAP_PRIVATE float* a, const KCAP_PRIVATE float* b) {
+// The dot product of N values (a multiple of 4) in four interleaved sums.
+template <int N>
+KCAP_FN float kcap_dot(const KCAP_PRIVATE float* a, const KCAP_PRIVATE float* b) {
     float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-    KCAP_UNROLL for (int i = 0; i < 16; i += 4) {
+    KCAP_UNROLL for (int i = 0; i < N; i += 4) {
         s0 += a[i] * b[i];
         s1 += a[i + 1] * b[i + 1];
         s2 += a[i + 2] * b[i + 2];
@@ -33,17 +35,8 @@ KCAP_FN float kcap_dot16(const KCAP_PRIVATE float* a, const KCAP_PRIVATE float* 
     }
     return (s0 + s1) + (s2 + s3);
 }
-
-KCAP_FN float kcap_dot32(const KCAP_PRIVATE float* a, const KCAP_PRIVATE float* b) {
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-    KCAP_UNROLL for (int i = 0; i < 32; i += 4) {
-        s0 += a[i] * b[i];
-        s1 += a[i + 1] * b[i + 1];
-        s2 += a[i + 2] * b[i + 2];
-        s3 += a[i + 3] * b[i + 3];
-    }
-    return (s0 + s1) + (s2 + s3);
-}
+KCAP_FN float kcap_dot16(const KCAP_PRIVATE float* a, const KCAP_PRIVATE float* b) { return kcap_dot<16>(a, b); }
+KCAP_FN float kcap_dot32(const KCAP_PRIVATE float* a, const KCAP_PRIVATE float* b) { return kcap_dot<32>(a, b); }
 
 // Adds the tail elements 32 * (k / 32) .. k - 1 of ROWS rows to this lane's sums, one token: lane
 // l of a team of `lanes` takes elements 32 * runs + l, + lanes, ...
