@@ -213,30 +213,25 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, co
     for (int chunk0 = 0; chunk0 < runs; chunk0 += chunk_runs) {
         const int chunk_end = chunk0 + chunk_runs < runs ? chunk0 + chunk_runs : runs;
         if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
-        if (kOffsets) {
-            // Every lane in every round (the 16-value sums take 4 lanes of a run: threads is a
-            // multiple of 32): the sums at floats 32 and 33 of the run.
-            const int n4 = (chunk_end - chunk0) * 8;
-            for (int base = 0; base < n4; base += int(t.threads)) {
-                const int i = base + int(t.index);
-                const bool in = i < n4;
-                float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (in) v = kcap_load_f32x4(x + kcap_u64(chunk0) * 32 + 4 * kcap_u64(i));
-                float sum = (v.x + v.y) + (v.z + v.w);
+        // Every lane in every round (kOffsets: the 16-value sums take 4 lanes of a run, threads a
+        // multiple of 32, and land at floats 32 and 33 of the run).
+        const int n4 = (chunk_end - chunk0) * 8;
+        for (int base = 0; base < n4; base += int(t.threads)) {
+            const int i = base + int(t.index);
+            const bool in = i < n4;
+            float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (in) v = kcap_load_f32x4(x + kcap_u64(chunk0) * 32 + 4 * kcap_u64(i));
+            float sum = 0.0f;
+            if (kOffsets) {
+                sum = (v.x + v.y) + (v.z + v.w);
                 sum += kcap_simd_shuffle_xor(sum, 1);
                 sum += kcap_simd_shuffle_xor(sum, 2);
-                if (!in) continue;
-                KCAP_SHARED float* run = xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE;
-                KCAP_SHARED float* to = run + 4 * (i % 8);
-                to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
-                if (i % 4 == 0) run[32 + (i % 8) / 4] = sum;
             }
-        } else {
-            for (int i = int(t.index); i < (chunk_end - chunk0) * 8; i += int(t.threads)) {
-                const float4 v = kcap_load_f32x4(x + kcap_u64(chunk0) * 32 + 4 * kcap_u64(i));
-                KCAP_SHARED float* to = xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8);
-                to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
-            }
+            if (!in) continue;
+            KCAP_SHARED float* run = xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE;
+            KCAP_SHARED float* to = run + 4 * (i % 8);
+            to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
+            if (kOffsets && i % 4 == 0) run[32 + (i % 8) / 4] = sum;
         }
         kcap_barrier();
         if (row0 < p.n) {
