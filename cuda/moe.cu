@@ -253,6 +253,256 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
                                   down_bias);
 }
 
+// cuda.moe_experts_tc.mxfp4: the slot matvecs of MXFP4 experts on the tensor cores, exact. The
+// SIMT slot matvecs spend about five instructions a value converting codes and multiplying, and
+// exact decode is bound by them there, not by the weights' bytes; here a value takes its
+// conversion to bf16 (half a byte permute and half a bf16x2 FMA past the nibble table) and the
+// products are mma.sync m16n8k16's:
+//   - x is staged as three bf16 parts, hi + mid + lo = x exactly (8 + 8 + 8 significant bits),
+//     the B operand's columns 0, 1 and 2 (columns 3..7 zero); a weight c x 2^(e-128) (c the
+//     doubled e2m1 code) is exact in bf16 for scale bytes e in [2, 248] (mxfp4_bf16_pairs' form),
+//     so every product is exact and the tensor cores sum them in f32; a row's result is the sum
+//     of its three columns.
+//   - A warp takes 16-row tiles (kMoeTcTiles of each matrix) and every kMoeTcWarps-th round of
+//     four 32-value blocks of K: quad lane t of row group g decodes block t of the round of rows
+//     g and g + 8, whole (kcap_load_u8_u32s_a1), and feeds its 32 values to the round's eight
+//     m16n8k16 steps, 4 a step, in the order the nibble table gives them (code word w: pairs of
+//     elements (4w + j, 16 + 4w + j)); the x parts are staged in that order. A step mixes four
+//     blocks, which the values' own scales allow. The warps' sums meet in shared memory.
+//   - A round in which a scale byte of any block the warp holds falls outside [2, 248] is
+//     multiplied in f32 instead (each lane its blocks, decoded as the CPU decodes them, x rebuilt
+//     from its parts).
+// x staged per round of 4 blocks (4 x kMoeTcRunBytes): [chunk c 0..3][part 0..2][block 0..3] of 16
+// bytes, chunk c of a block holding the pairs (x[4c + j], x[16 + 4c + j]), j = 0..3, of one part:
+// the B words of steps 2c and 2c + 1. A lane's B load of a chunk: 12 lanes, 192 bytes in a row.
+
+__device__ __forceinline__ unsigned tc_bf16_pair(float a, float b) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);  // a in the low half
+    return *reinterpret_cast<const unsigned*>(&p);
+}
+__device__ __forceinline__ float tc_bf16_low(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float tc_bf16_high(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Threads of the group: x[0..k) (f32, k a multiple of 32) into xs, zeros for the blocks of the
+// last round past k. Each thread one (block, chunk): values 4c..4c+3 and 16 + 4c..
+__device__ __forceinline__ void tc_stage_x(const float* x, int k, unsigned char* xs) {
+    const int blocks = k / 32, padded = (blocks + 3) / 4 * 4;
+    for (int i = int(threadIdx.x); i < padded * 4; i += int(blockDim.x)) {
+        const int block = i / 4, c = i % 4;
+        uint4 part[3] = {make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u)};
+        if (block < blocks) {
+            const float4 a = *reinterpret_cast<const float4*>(x + 32 * block + 4 * c);
+            const float4 b = *reinterpret_cast<const float4*>(x + 32 * block + 16 + 4 * c);
+            const float v[8] = {a.x, b.x, a.y, b.y, a.z, b.z, a.w, b.w};  // pairs (4c + j, 16 + 4c + j)
+            float h[8], m[8], l[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                h[j] = __bfloat162float(__float2bfloat16_rn(v[j]));
+                const float r = v[j] - h[j];  // exact in f32
+                m[j] = __bfloat162float(__float2bfloat16_rn(r));
+                l[j] = __bfloat162float(__float2bfloat16_rn(r - m[j]));  // r - m: exact, 8 bits at most
+            }
+            part[0] = make_uint4(tc_bf16_pair(h[0], h[1]), tc_bf16_pair(h[2], h[3]), tc_bf16_pair(h[4], h[5]),
+                                 tc_bf16_pair(h[6], h[7]));
+            part[1] = make_uint4(tc_bf16_pair(m[0], m[1]), tc_bf16_pair(m[2], m[3]), tc_bf16_pair(m[4], m[5]),
+                                 tc_bf16_pair(m[6], m[7]));
+            part[2] = make_uint4(tc_bf16_pair(l[0], l[1]), tc_bf16_pair(l[2], l[3]), tc_bf16_pair(l[4], l[5]),
+                                 tc_bf16_pair(l[6], l[7]));
+        }
+        unsigned char* round = xs + (block / 4) * (4 * kMoeTcRunBytes);
+#pragma unroll
+        for (int n = 0; n < 3; ++n)
+            *reinterpret_cast<uint4*>(round + ((c * 3 + n) * 4 + block % 4) * 16) = part[n];
+    }
+}
+
+// The A pairs of one block's code words in the nibble table's order: pairs[w][j] = elements
+// (4w + j, 16 + 4w + j) as c x 2^(e-128) in bf16 (e in [2, 248]).
+__device__ __forceinline__ void tc_mxfp4_pairs(const kcap_u32 (&qs)[4], kcap_u32 e, unsigned (&pairs)[4][4]) {
+    // 2^(e-128) and -140 x it in both halves (e - 1 and e + 6 in the exponent field): one IMAD each.
+    const kcap_u32 scale2 = e * 0x00800080u - 0x00800080u, minus2 = e * 0x00800080u + (6u * 0x00800080u + 0x800C800Cu);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        kcap_u32 v[2];
+        kcap_mxfp4_nibble_bytes<12>(qs[w], v);  // c + 12: v[0] elements 4w, 16+4w, 4w+1, 17+4w; v[1] the next two pairs
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const kcap_u32 biased = kcap_byte_perm(v[j / 2], 0x43434343u, (j % 2) ? 0x4342u : 0x4140u);  // 140 + c
+            asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(pairs[w][j]) : "r"(biased), "r"(scale2), "r"(minus2));
+        }
+    }
+}
+
+// Chunk c (elements 4c..4c+3 and 16 + 4c..) of one block of a row times x in f32 (the rounds
+// outside the bf16 form): xv[j] = the pair (x[4c + j], x[16 + 4c + j]) rebuilt from its parts.
+__device__ __forceinline__ float tc_mxfp4_f32_chunk(kcap_u32 word, kcap_u32 e, const float (&xv)[4][2]) {
+    const float scale = kcap_as_float(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));  // 2^(e-128)
+    kcap_u32 lo, hi;
+    kcap_mxfp4_doubled_bytes<0>(word, lo, hi);  // signed doubled codes of elements 4c.. and 16 + 4c..
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        sum += (float(static_cast<signed char>(lo >> (8 * j))) * scale) * xv[j][0];
+        sum += (float(static_cast<signed char>(hi >> (8 * j))) * scale) * xv[j][1];
+    }
+    return sum;
+}
+
+// The body: MATS matrices (2: gate and up into kcap_gated; 1: plain) of n rows of k values
+// (row_bytes each) times x, rows [blockIdx.x * kMoeTcTiles * 16, + kMoeTcTiles * 16); y[row] =
+// the result (+ bias). shared: xs (moe_tc_shared_bytes: the rounds, then the warps' sums).
+template <int MATS>
+__device__ __forceinline__ void tc_matvec(int k, int n, unsigned row_bytes, const kcap_u8* w0, const kcap_u8* w1,
+                                          const float* x, const float* bias0, const float* bias1, int activation,
+                                          float alpha, float limit, float* y, unsigned char* shared) {
+    constexpr int kRows = kMoeTcTiles * 16;
+    const int blocks = k / 32, rounds = (blocks + 3) / 4;
+    unsigned char* xs = shared;
+    float* sums = reinterpret_cast<float*>(shared + rounds * (4 * kMoeTcRunBytes));  // [warp][mat][kRows]
+    tc_stage_x(x, k, xs);
+    __syncthreads();
+    const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = int(blockIdx.x) * kRows;
+    const kcap_u8* rows[MATS][kMoeTcTiles][2];  // this lane's rows g and g + 8 of each tile, at its block t
+#pragma unroll
+    for (int m = 0; m < MATS; ++m)
+#pragma unroll
+        for (int tile = 0; tile < kMoeTcTiles; ++tile)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = min(row0 + tile * 16 + g + 8 * r, n - 1);  // rows past n: read, not written
+                rows[m][tile][r] = (m == 0 ? w0 : w1) + kcap_u64(row) * row_bytes + unsigned(t) * 17u;
+            }
+    float acc[MATS][kMoeTcTiles][4], side[MATS][kMoeTcTiles][2];
+#pragma unroll
+    for (int m = 0; m < MATS; ++m)
+#pragma unroll
+        for (int tile = 0; tile < kMoeTcTiles; ++tile) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[m][tile][j] = 0.0f;
+            side[m][tile][0] = side[m][tile][1] = 0.0f;
+        }
+    for (int round = warp; round < rounds; round += kMoeTcWarps) {
+        const bool have = round * 4 + t < blocks;  // the last round's lanes past K: zeros
+        kcap_u32 qs[MATS][kMoeTcTiles][2][4], e[MATS][kMoeTcTiles][2];
+        bool outside = false;
+#pragma unroll
+        for (int m = 0; m < MATS; ++m)
+#pragma unroll
+            for (int tile = 0; tile < kMoeTcTiles; ++tile)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    e[m][tile][r] = 127u;
+#pragma unroll
+                    for (int w = 0; w < 4; ++w) qs[m][tile][r][w] = 0u;
+                    if (have) e[m][tile][r] = kcap_load_u8_u32s_a1<4>(rows[m][tile][r] + unsigned(round) * 68u, qs[m][tile][r]);
+                    outside |= e[m][tile][r] - 2u > 246u;
+                }
+        const unsigned char* rec = xs + round * (4 * kMoeTcRunBytes);
+        if (__any_sync(0xffffffffu, outside)) {
+#pragma unroll 1
+            for (int c = 0; c < 4; ++c) {
+                float xv[4][2];
+                uint4 part[3];
+#pragma unroll
+                for (int p = 0; p < 3; ++p) part[p] = *reinterpret_cast<const uint4*>(rec + ((c * 3 + p) * 4 + t) * 16);
+                const unsigned words[3][4] = {{part[0].x, part[0].y, part[0].z, part[0].w},
+                                              {part[1].x, part[1].y, part[1].z, part[1].w},
+                                              {part[2].x, part[2].y, part[2].z, part[2].w}};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    xv[j][0] = (tc_bf16_low(words[0][j]) + tc_bf16_low(words[1][j])) + tc_bf16_low(words[2][j]);
+                    xv[j][1] = (tc_bf16_high(words[0][j]) + tc_bf16_high(words[1][j])) + tc_bf16_high(words[2][j]);
+                }
+#pragma unroll
+                for (int m = 0; m < MATS; ++m)
+#pragma unroll
+                    for (int tile = 0; tile < kMoeTcTiles; ++tile)
+#pragma unroll
+                        for (int r = 0; r < 2; ++r)
+                            side[m][tile][r] += tc_mxfp4_f32_chunk(qs[m][tile][r][c], e[m][tile][r], xv);
+            }
+            continue;
+        }
+        unsigned b[4][4];  // [chunk]: steps 2c (b[c][0], b[c][1]) and 2c + 1: column g's part (g < 3)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (g < 3) v = *reinterpret_cast<const uint4*>(rec + ((c * 3 + g) * 4 + t) * 16);
+            b[c][0] = v.x, b[c][1] = v.y, b[c][2] = v.z, b[c][3] = v.w;
+        }
+#pragma unroll
+        for (int m = 0; m < MATS; ++m)
+#pragma unroll
+            for (int tile = 0; tile < kMoeTcTiles; ++tile) {
+                unsigned pa[4][4], pb[4][4];  // rows g and g + 8
+                tc_mxfp4_pairs(qs[m][tile][0], e[m][tile][0], pa);
+                tc_mxfp4_pairs(qs[m][tile][1], e[m][tile][1], pb);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const unsigned s0[4] = {pa[c][0], pb[c][0], pa[c][1], pb[c][1]};
+                    const unsigned s1[4] = {pa[c][2], pb[c][2], pa[c][3], pb[c][3]};
+                    mma_bf16(acc[m][tile], s0, b[c][0], b[c][1]);
+                    mma_bf16(acc[m][tile], s1, b[c][2], b[c][3]);
+                }
+            }
+    }
+    // Row g's sum: columns 0 and 1 (quad lane 0), 2 (lane 1), the f32 rounds of every lane.
+#pragma unroll
+    for (int m = 0; m < MATS; ++m)
+#pragma unroll
+        for (int tile = 0; tile < kMoeTcTiles; ++tile)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float v = (acc[m][tile][2 * r] + acc[m][tile][2 * r + 1]) + side[m][tile][r];
+                v += __shfl_xor_sync(0xffffffffu, v, 1);
+                v += __shfl_xor_sync(0xffffffffu, v, 2);
+                if (t == 0) sums[(warp * MATS + m) * kRows + tile * 16 + g + 8 * r] = v;
+            }
+    __syncthreads();
+    const int i = int(threadIdx.x);
+    if (i >= kRows || row0 + i >= n) return;
+    float total[MATS];
+#pragma unroll
+    for (int m = 0; m < MATS; ++m) {
+        total[m] = 0.0f;
+        for (int w = 0; w < kMoeTcWarps; ++w) total[m] += sums[(w * MATS + m) * kRows + i];
+    }
+    const int row = row0 + i;
+    if (MATS == 2)
+        y[row] = kcap_gated(activation, bias0 ? total[0] + bias0[row] : total[0],
+                            bias1 ? total[MATS - 1] + bias1[row] : total[MATS - 1], alpha, limit);
+    else
+        y[row] = bias0 ? total[0] + bias0[row] : total[0];
+}
+
+// Slot blockIdx.y's gate and up (act[slot]), or its down (down_out[slot]).
+__global__ void __launch_bounds__(kMoeTcWarps * 32, 3)
+    experts_gate_up_tc_kernel(KcapMoeParams moe, KcapMatmulParams p, const kcap_u8* gate, const kcap_u8* up,
+                              const float* routing, const float* x, int activation, float* act, const float* gate_bias,
+                              const float* up_bias) {
+    extern __shared__ __align__(16) unsigned char tc_shared[];
+    pdl_wait();
+    pdl_trigger();
+    const KcapMoeGateUpRows r = kcap_moe_gate_up_rows(moe, p, routing, int(blockIdx.y));
+    tc_matvec<2>(p.k, p.n, p.row_bytes, gate + r.gate, up + r.up, x + kcap_u64(r.token) * kcap_u64(moe.k),
+                 gate_bias ? gate_bias + r.bias : nullptr, up_bias ? up_bias + r.bias : nullptr, activation,
+                 moe.swiglu_alpha, moe.swiglu_limit, act + kcap_u64(blockIdx.y) * kcap_u64(moe.ff), tc_shared);
+}
+__global__ void __launch_bounds__(kMoeTcWarps * 32, 3)
+    experts_down_tc_kernel(KcapMoeParams moe, KcapMatmulParams p, const kcap_u8* down, const float* routing,
+                           const float* act, float* down_out, const float* down_bias) {
+    extern __shared__ __align__(16) unsigned char tc_shared[];
+    pdl_wait();
+    pdl_trigger();
+    const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(blockIdx.y));
+    const kcap_u8* w = down + kcap_u64(s.expert) * kcap_u64(moe.n) * p.row_bytes;
+    tc_matvec<1>(p.k, p.n, p.row_bytes, w, w, act + kcap_u64(blockIdx.y) * kcap_u64(moe.ff),
+                 down_bias ? down_bias + kcap_u64(s.expert) * kcap_u64(moe.n) : nullptr, nullptr, 0, 0.0f, 0.0f,
+                 down_out + kcap_u64(blockIdx.y) * kcap_u64(moe.n), tc_shared);
+}
+
 // kcap_moe_gate_up_q8 / kcap_moe_down_q8 of slot blockIdx.y.
 template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
@@ -711,6 +961,41 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
                  0, moe, call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(nullptr), call.out,
                  (stage.features & kSharedExpertSum) ? call.in3 : nullptr);
 }
+
+// cuda.moe_experts_tc.<fmt> (MXFP4 gate, up and down): the slot matvecs on the tensor cores
+// (tc_matvec), then the weighted sum as kcap_cuda_moe_experts.
+template <Format FORMAT>
+void kcap_cuda_moe_experts_tc(const Stage& stage, const KernelCall& call) {
+    using namespace cuda_rows;
+    static_assert(FORMAT == Format::MXFP4, "the tensor-core slot matvecs take MXFP4 weights");
+    const cuda::Context& ctx = cuda::context(call);
+    const cuda::StageData& data = cuda::stage_data(call);
+    const KcapMoeParams moe = moe_params(stage, call.n_tokens);
+    const unsigned slots = unsigned(moe.n_tokens * moe.n_used);
+    constexpr int kRows = kMoeTcTiles * 16;
+    KcapMatmulParams p{};
+    p.k = moe.k;
+    p.n = moe.ff;
+    p.m = 1;
+    p.row_bytes = unsigned(row_bytes(FORMAT, moe.k));
+    cuda::launch(ctx, cuda::experts_gate_up_tc_kernel, dim3(cuda::ceil_div(p.n, kRows), slots), dim3(kMoeTcWarps * 32),
+                 moe_tc_shared_bytes(p.k, 2), moe, p, static_cast<const kcap_u8*>(data.operands[0]),
+                 static_cast<const kcap_u8*>(data.operands[1]), call.in2, call.in, int(stage.params.activation),
+                 ctx.moe_act, static_cast<const float*>(data.operands[3]), static_cast<const float*>(data.operands[4]));
+    KcapMatmulParams d{};
+    d.k = moe.ff;
+    d.n = moe.n;
+    d.m = 1;
+    d.row_bytes = unsigned(row_bytes(stage.operands[2]->format, moe.ff));
+    cuda::launch(ctx, cuda::experts_down_tc_kernel, dim3(cuda::ceil_div(d.n, kRows), slots), dim3(kMoeTcWarps * 32),
+                 moe_tc_shared_bytes(d.k, 1), moe, d, static_cast<const kcap_u8*>(data.operands[2]), call.in2,
+                 static_cast<const float*>(ctx.moe_act), ctx.moe_down, static_cast<const float*>(data.operands[5]));
+    const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
+    cuda::launch(ctx, cuda::combine_kernel, dim3(cuda::ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads),
+                 0, moe, call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(nullptr), call.out,
+                 (stage.features & kSharedExpertSum) ? call.in3 : nullptr);
+}
+template void kcap_cuda_moe_experts_tc<Format::MXFP4>(const Stage&, const KernelCall&);
 
 namespace cuda {
 namespace {
