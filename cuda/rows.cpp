@@ -602,14 +602,14 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
             q8.fn = KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_q8<f>);                                        \
             q8.input_encoding = Encoding::Q8_1;                                                          \
             q8.operand_formats[2] = q8_formats();                                                        \
-            q8.priority = 2;                                                                             \
+            q8.priority = 1;                                                                             \
             q8.geometry = {kMatvecQ8Simds * 32, kMatvecQ8Simds * kMoeQ8GateUpRows, kMatvecQ8SharedBytes};\
             rows.push_back(q8);                                                                          \
             Row q8_grouped = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                     \
                                             KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_q8_mma<f>), kMmaGeometry); \
             q8_grouped.kernel = "cuda.moe_experts_q8_mma." + lower(f);                                   \
             q8_grouped.tokens = {kMoeGroupedMinTokens, 0};                                               \
-            q8_grouped.priority = 4;                                                                     \
+            q8_grouped.priority = 3;                                                                     \
             q8_grouped.input_encoding = Encoding::Q8_1;                                                  \
             q8_grouped.launches = {"moe_sort", "q8_quantize", "mma_q8_tiles", "moe_activation_q8",       \
                                    "mma_q8_tiles", "moe_combine"};                                       \
@@ -623,7 +623,7 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
                                          KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_mma<f>), kMmaGeometry);   \
             grouped.kernel = "cuda.moe_experts_mma." + lower(f);                                         \
             grouped.tokens = {kMoeGroupedMinTokens, 0};                                                  \
-            grouped.priority = 3;                                                                        \
+            grouped.priority = 2;                                                                        \
             grouped.launches = {"moe_sort",       "split_bf16", "mma_tiles", "moe_activation_split",       \
                                 "mma_tiles",      "moe_combine"};                                        \
             grouped.operand_formats[2] = mma_formats();                                                  \
@@ -634,7 +634,7 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
             Row bf16 = grouped;                                                                          \
             bf16.kernel = "cuda.moe_experts_bf16_mma." + lower(f);                                       \
             bf16.fn = KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_bf16_mma<f>);                                \
-            bf16.priority = 5;                                                                           \
+            bf16.priority = 4;                                                                           \
             bf16.input_encoding = Encoding::BF16;                                                        \
             bf16.launches = {"moe_sort",   "convert_bf16", "bf16_tiles", "moe_activation_bf16",          \
                              "bf16_tiles", "moe_combine"};                                               \
@@ -643,22 +643,6 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
     }
     KCAP_WEIGHT_FORMATS(KCAP_MOE_EXPERTS_ROW)
 #undef KCAP_MOE_EXPERTS_ROW
-    // MXFP4 experts (gate, up and down) in exact plans: the slot matvecs on the tensor cores, x in
-    // three bf16 parts (cuda/moe.cu, tc_matvec), above the SIMT slot matvecs and below the q8_1
-    // ones and the grouped tiles. K and the FFN width up to kMoeTcMaxK (x staged whole).
-    {
-        Row tc = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, Format::MXFP4,
-                                KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_tc<Format::MXFP4>),
-                                {kMoeTcWarps * 32, kMoeTcTiles * 16, int(moe_tc_shared_bytes(kMoeTcMaxK, 2))});
-        tc.kernel = "cuda.moe_experts_tc.mxfp4";
-        tc.priority = 1;
-        tc.operand_formats[2] = {Format::MXFP4};
-        tc.launches = {"moe_gate_up_tc", "moe_down_tc", "moe_combine"};
-        add_moe_expert_biases(tc);
-        tc.dims.min_sm_version = 80;  // mma.sync on bf16
-        tc.dims.k_max = kMoeTcMaxK;   // both inner dimensions: K and the FFN width
-        rows.push_back(tc);
-    }
     rows.push_back(gpu_family_row(GpuFamily::MoeSharedGate, Backend::CUDA, Format::F32,
                                   KCAP_CUDA_ENTRY(kcap_cuda_moe_shared_gate), {kElementwiseThreads, 0, 0}));
 }

@@ -416,19 +416,6 @@ constexpr int kMoeSortThreads = 1024;
 // 10.8 for 31, the grouped tiles 7.1 ms for 32 and 7.5 for 64: the slot matvecs read each
 // chosen expert's weights once per slot, so their time grows with the tokens from the first.
 constexpr int kMoeGroupedMinTokens = kMmaMinTokens;
-// The exact experts' slot matvecs on the tensor cores (cuda.moe_experts_tc, MXFP4): groups of
-// kMoeTcWarps warps over kMoeTcTiles 16-row tiles of each matrix, the warps taking turns over
-// K's 32-value runs; x staged whole as three bf16 parts (192 bytes a run) beside the warps' sums,
-// which bounds K (and the down matrix's, the FFN width) to kMoeTcMaxK: 48 KB of dynamic shared
-// memory, the most without opting in.
-constexpr int kMoeTcWarps = 8;
-constexpr int kMoeTcTiles = 1;
-constexpr int kMoeTcMaxK = 7680;
-constexpr int kMoeTcRunBytes = 192;  // x's three bf16 parts of a 32-value run
-constexpr size_t moe_tc_shared_bytes(int k, int mats) {
-    return size_t((k / 32 + 3) / 4 * 4) * kMoeTcRunBytes + size_t(kMoeTcWarps) * size_t(mats) * kMoeTcTiles * 16 * 4;
-}
-static_assert(moe_tc_shared_bytes(kMoeTcMaxK, 2) <= 48 * 1024, "kMoeTcMaxK fits the default shared memory");
 // The u16 values of rows x k values split for the split-bf16 tiles (mma_tiles::SplitRows: two
 // bf16 halves and an f32 sum of each 16 values; a multiple of 4 where k is a multiple of 32, so
 // that a second layout after it stays 8-byte aligned).
@@ -499,7 +486,6 @@ template <Format FORMAT> void kcap_cuda_moe_experts_mma(const Stage& stage, cons
 template <Format FORMAT> void kcap_cuda_moe_experts_bf16_mma(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_q8_mma(const Stage& stage, const KernelCall& call);
-template <Format FORMAT> void kcap_cuda_moe_experts_tc(const Stage& stage, const KernelCall& call);
 
 void kcap_cuda_qkv(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qkv_tokens(const Stage& stage, const KernelCall& call);

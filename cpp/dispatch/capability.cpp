@@ -211,10 +211,6 @@ std::string rejection_reason(const Row& row, const Stage& stage, const DeviceInf
         why << "K=" << stage.k << " exceeds " << dims.k_max;
         return why.str();
     }
-    if (dims.k_max && stage.k2 > dims.k_max) {  // the experts' down projection's inner dimension
-        why << "ff=" << stage.k2 << " exceeds " << dims.k_max;
-        return why.str();
-    }
     if (stage.n % dims.n_multiple != 0) {
         why << "N=" << stage.n << " is not a multiple of " << dims.n_multiple;
         return why.str();

@@ -165,7 +165,7 @@ struct KernelCall;
 struct LegalDims {
     int64_t k_multiple = 1;  // the inner dimension must be a multiple of this
     int64_t k_min = 0;       // the inner dimension must be at least this
-    int64_t k_max = 0;       // 0: unbounded; bounds k2 too (the experts' FFN width)
+    int64_t k_max = 0;       // 0: unbounded
     int64_t n_multiple = 1;  // output rows must be a multiple of this
     int max_head_dim = 0;    // 0: unbounded
     int head_dim_v_multiple = 1;  // attention rows that write whole 32-value runs of each head

@@ -1784,10 +1784,7 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         run_cpu(cpu_route, route, call, cpu);
                         // The down matrix in the row's format at the shorter K; at the longer, in another
                         // (Q6_K where K takes it, as in a Q4_K_M file, else Q8_0).
-                        // (A row that takes one down format, cuda.moe_experts_tc's MXFP4: the row's.)
-                        Format down_format = k == block ? f : k % 256 == 0 ? Format::Q6_K : Format::Q8_0;
-                        const std::vector<Format>& downs = row.operand_formats[2];
-                        if (std::find(downs.begin(), downs.end(), down_format) == downs.end()) down_format = f;
+                        const Format down_format = k == block ? f : k % 256 == 0 ? Format::Q6_K : Format::Q8_0;
                         const int64_t down_block = std::max<int64_t>(32, format_info(down_format).block_elems);
                         const int64_t ff_legal = (ff + down_block - 1) / down_block * down_block;
                         // Gemma 4: gate and up in one tensor, each expert's gate rows then its up rows.
