@@ -481,6 +481,28 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
                 format_name(format));
 }
 
+// The slot matvecs' gate (and up) matmul: K = the model's width, N = the FFN width, rows of
+// FORMAT.
+KcapMatmulParams experts_gate_up_params(const KcapMoeParams& moe, Format format) {
+    KcapMatmulParams p{};
+    p.k = moe.k;
+    p.n = moe.ff;
+    p.m = 1;
+    p.row_bytes = unsigned(row_bytes(format, moe.k));
+    return p;
+}
+
+// The weighted sum of each token's slots from ctx.moe_down (slot_rows: the row of each slot
+// there, the grouped rows' order; null: the slots in order), plus the shared expert's output
+// (input3) where the stage adds it.
+void launch_experts_combine(const Context& ctx, const Stage& stage, const KernelCall& call, const KcapMoeParams& moe,
+                            const int* slot_rows) {
+    const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
+    launch(ctx, combine_kernel, dim3(ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads), 0, moe,
+           call.in2, static_cast<const float*>(ctx.moe_down), slot_rows, call.out,
+           (stage.features & kSharedExpertSum) ? call.in3 : nullptr);
+}
+
 template <class F, int ROWS>
 void launch_experts_gate_up(const Context& ctx, const Stage& stage, const KernelCall& call, const StageData& data,
                             const KcapMoeParams& moe, KcapMatmulParams p, unsigned slots) {
@@ -661,20 +683,13 @@ void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call) {
     const cuda::StageData& data = cuda::stage_data(call);
     const KcapMoeParams moe = moe_params(stage, call.n_tokens);
     const unsigned slots = unsigned(moe.n_tokens * moe.n_used);
-    KcapMatmulParams p{};
-    p.k = moe.k;
-    p.n = moe.ff;
-    p.m = 1;
-    p.row_bytes = unsigned(row_bytes(FORMAT, moe.k));
+    const KcapMatmulParams p = cuda::experts_gate_up_params(moe, FORMAT);
     // The gate and up matvecs, then the down (the experts' biases, F32, operands 3-5 (gpt-oss),
     // or null).
     cuda::launch_experts_gate_up<F, kMatvecRows>(ctx, stage, call, data, moe, p, slots);
     cuda::launch_experts_down<false>(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
                               static_cast<const float*>(data.operands[5]));
-    const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
-    cuda::launch(ctx, cuda::combine_kernel, dim3(cuda::ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads),
-                 0, moe, call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(nullptr), call.out,
-                 (stage.features & kSharedExpertSum) ? call.in3 : nullptr);
+    cuda::launch_experts_combine(ctx, stage, call, moe, nullptr);
 }
 
 // The slot matvecs with q8_1 activations (gate and up in FORMAT, down in its own format), then
@@ -687,11 +702,7 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
     const cuda::StageData& data = cuda::stage_data(call);
     const KcapMoeParams moe = moe_params(stage, call.n_tokens);
     const unsigned slots = unsigned(moe.n_tokens * moe.n_used);
-    KcapMatmulParams p{};
-    p.k = moe.k;
-    p.n = moe.ff;
-    p.m = 1;
-    p.row_bytes = unsigned(row_bytes(FORMAT, moe.k));
+    const KcapMatmulParams p = cuda::experts_gate_up_params(moe, FORMAT);
     constexpr int ROWS = kMoeQ8GateUpRows;
     const KcapMatvecTeams teams = cuda::matvec_teams(ctx, p, ROWS, cuda::q8_units_per_row<F>(p.k), kMoeQ8MatvecMinLanes,
                                                      (long long)p.n * slots, kMatvecQ8Simds);
@@ -706,10 +717,7 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
     });
     cuda::launch_experts_down<true>(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
                                  static_cast<const float*>(data.operands[5]));
-    const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
-    cuda::launch(ctx, cuda::combine_kernel, dim3(cuda::ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads),
-                 0, moe, call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(nullptr), call.out,
-                 (stage.features & kSharedExpertSum) ? call.in3 : nullptr);
+    cuda::launch_experts_combine(ctx, stage, call, moe, nullptr);
 }
 
 namespace cuda {
@@ -823,10 +831,7 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
         dg.x_split = act_split;
         tiles::mma_group_bf16(ctx, down_format, dg, nullptr);
     }
-    const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
-    launch(ctx, combine_kernel, dim3(ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads), 0, moe,
-           call.in2, static_cast<const float*>(ctx.moe_down), static_cast<const int*>(ctx.moe_slot_rows), call.out,
-           (stage.features & kSharedExpertSum) ? call.in3 : nullptr);
+    launch_experts_combine(ctx, stage, call, moe, static_cast<const int*>(ctx.moe_slot_rows));
 }
 
 }  // namespace
