@@ -36,6 +36,12 @@
 //                            whose experts' matrices all have integer products; the same sum. A
 //                            down matrix of short rows (cuda_rows::moe_q8_short_down) takes
 //                            kMoeQ8ShortDownRows rows per team.
+//   cuda.moe_experts_q8_stream.<fmt>  (sm_90, one token) the same products, streamed: each
+//                            group takes a contiguous range of whole-row tiles of every slot's
+//                            matrices, brought into a ring in its threadgroup memory by bulk
+//                            copies (several tiles in flight while its simd groups multiply one),
+//                            x rounded to q8_1 once per group; the down launch asks for its first
+//                            tiles before its dependent-launch wait (cuda_rows::moe_stream_shape).
 //   cuda.moe_experts_q8_mma.<fmt>  grouped by expert as moe_experts_mma, on the int8 tiles of
 //                            matmul_q8.cu: x rounded to q8_1 once per token, each sorted row's
 //                            activations rounded to q8_1 as the gated activation writes them
@@ -518,6 +524,268 @@ void launch_experts_gate_up(const Context& ctx, const Stage& stage, const Kernel
     });
 }
 
+// The streamed slot matvecs of one token (cuda.moe_experts_q8_stream; cuda/rows.h says the
+// shape). Tile i of a group's range [t0, t1) is slot i / tiles_per_slot's rows from
+// (i % tiles_per_slot) * tile_rows: for gate/up that many gate rows then the same up rows, in
+// ring stage i % stages, which completes on barrier full[i % stages] in phase i / stages. Team
+// i % kMoeStreamTeams multiplies it (the stage count is a multiple of the teams', so a stage
+// always serves the same team), then has it refilled with tile i + stages.
+struct MoeStream {
+    int tiles;           // of all slots
+    int tiles_per_slot;  // rows / tile_rows
+    int tile_rows;
+    int lanes;           // per row
+    int stages;
+    unsigned tile_bytes;  // one matrix's rows of a tile
+    int groups;
+    int staged_slots;  // the down: slots whose activations one group's records hold at most
+};
+
+__device__ __forceinline__ int moe_stream_first_tile(const MoeStream& s, int group) {
+    return int((long long)group * s.tiles / s.groups);
+}
+
+// The q8_1 walk of one row of a tile's staged weights, or of the same row of two matrices (MATS
+// 2: gate and up, `other` bytes after w): lane `sub` of the row's `lanes` adds its units'
+// products, the units of two rows interleaved so that their loads overlap; then the row's lanes
+// sum. w: the row's first block.
+template <class F, int MATS>
+__device__ __forceinline__ void moe_stream_row(const kcap_u8* w, unsigned other, int units, int lanes, int sub,
+                                               const kcap_i32* records, const float* scales, float (&acc)[MATS]) {
+    constexpr int kUnits = KcapQ8Units<F>::per_block;
+    constexpr int kRunsPerBlock = F::block_elems / 32;
+    KCAP_UNROLL for (int mat = 0; mat < MATS; ++mat) acc[mat] = 0.0f;
+#pragma unroll 2
+    for (int unit = sub; unit < units; unit += lanes) {
+        const int block = unit / kUnits, run = block * kRunsPerBlock;
+        const unsigned at = unsigned(block) * unsigned(F::block_bytes);
+        KCAP_UNROLL for (int mat = 0; mat < MATS; ++mat)
+            acc[mat] += KcapQ8Units<F>::dot(w + at + mat * other, unit % kUnits, records + run * KCAP_Q8_RUN_WORDS,
+                                            scales + run);
+    }
+    KCAP_UNROLL for (int mat = 0; mat < MATS; ++mat)
+        for (int offset = lanes / 2; offset > 0; offset /= 2) acc[mat] += __shfl_xor_sync(0xffffffffu, acc[mat], offset);
+}
+
+// The simd groups of a team (kMoeStreamTeamSimds of them) meet: the team is done with its stage.
+__device__ __forceinline__ void moe_stream_team_sync(int team) {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(kMoeStreamTeamSimds * 32) : "memory");
+}
+
+template <class F>
+__global__ void __launch_bounds__(kMoeStreamSimds * 32, kMoeStreamMinGroups)
+    experts_gate_up_stream_kernel(KcapMoeParams moe, KcapMatmulParams p, MoeStream s, const kcap_u8* gate,
+                                  const kcap_u8* up, const float* routing, const float* x, int activation, float* act,
+                                  const float* gate_bias, const float* up_bias) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    static_assert(KcapQ8Units<F>::per_block * 32 == F::block_elems ||
+                      (std::is_same<F, KcapQ6_K>::value && KcapQ8Units<F>::per_block * 64 == F::block_elems),
+                  "cuda_rows::moe_stream_units counts this format's units");
+    extern __shared__ __align__(128) kcap_u8 stream_shared[];
+    __shared__ unsigned long long full[kMoeStreamMaxStages];
+    const KcapThread t = kcap_cuda_thread();
+    const int t0 = moe_stream_first_tile(s, int(blockIdx.x)), n = moe_stream_first_tile(s, int(blockIdx.x) + 1) - t0;
+    const unsigned stage_bytes = 2 * s.tile_bytes;
+    kcap_i32* records = reinterpret_cast<kcap_i32*>(stream_shared + s.stages * stage_bytes + 16);
+    float* scales = reinterpret_cast<float*>(records + (p.k / 32) * KCAP_Q8_RUN_WORDS);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < s.stages; ++i) mbarrier_init(&full[i], 1);
+        mbarrier_init_fence();
+    }
+    __syncthreads();
+    pdl_wait();  // the routing is the router's
+    pdl_trigger();
+    const auto issue = [&](int i) {  // thread 0: tile t0 + i into its stage
+        const int tile = t0 + i, slot = tile / s.tiles_per_slot;
+        const KcapMoeGateUpRows r = kcap_moe_gate_up_rows(moe, p, routing, slot);
+        const kcap_u64 rows = kcap_u64(tile % s.tiles_per_slot) * kcap_u64(s.tile_rows) * p.row_bytes;
+        kcap_u8* dst = stream_shared + (i % s.stages) * stage_bytes;
+        unsigned long long* bar = &full[i % s.stages];
+        mbarrier_arrive_expect(bar, stage_bytes);
+        bulk_copy_to_shared(dst, gate + r.gate + rows, s.tile_bytes, bar);
+        bulk_copy_to_shared(dst + s.tile_bytes, up + r.up + rows, s.tile_bytes, bar);
+    };
+    if (threadIdx.x == 0)
+        for (int i = 0; i < n && i < s.stages; ++i) issue(i);
+    // One token: x is token 0's row, rounded to q8_1 once for every tile of the group.
+    kcap_q8_stage_runs<KcapQ8Units<F>::nibbles>(t, x, p.k / 32, records, scales);
+    __syncthreads();
+    const int units = p.k / F::block_elems * KcapQ8Units<F>::per_block;
+    const int team = int(t.simd) / kMoeStreamTeamSimds, team_simd = int(t.simd) % kMoeStreamTeamSimds;
+    const int sub = int(t.lane) % s.lanes;
+    const int row_in_tile = team_simd * (32 / s.lanes) + int(t.lane) / s.lanes;
+    for (int i = team; i < n; i += kMoeStreamTeams) {
+        mbarrier_wait_parity(&full[i % s.stages], unsigned(i / s.stages) & 1u);
+        const kcap_u8* w = stream_shared + (i % s.stages) * stage_bytes + unsigned(row_in_tile) * p.row_bytes;
+        float gu[2];
+        moe_stream_row<F, 2>(w, s.tile_bytes, units, s.lanes, sub, records, scales, gu);
+        if (sub == 0) {
+            const int tile = t0 + i, slot = tile / s.tiles_per_slot;
+            const int row = (tile % s.tiles_per_slot) * s.tile_rows + row_in_tile;
+            const kcap_u64 bias = kcap_u64(kcap_moe_slot(moe, routing, slot).expert) * kcap_u64(moe.ff) + kcap_u64(row);
+            act[kcap_u64(slot) * kcap_u64(moe.ff) + kcap_u64(row)] =
+                kcap_gated(activation, gate_bias ? gu[0] + gate_bias[bias] : gu[0], up_bias ? gu[1] + up_bias[bias] : gu[1],
+                           moe.swiglu_alpha, moe.swiglu_limit);
+        }
+        moe_stream_team_sync(team);  // the team is done with the stage: its next tile may fill it
+        if (team_simd == 0 && t.lane == 0 && i + s.stages < n) issue(i + s.stages);
+    }
+#else
+    __trap();
+#endif
+}
+
+// The down of every slot, its activations rounded to q8_1 per group (the slots its range
+// touches). Its weights' first tiles are asked for before the dependent-launch wait: the
+// gate/up launch before it passed its own wait, so the router's routing is complete (read
+// through L2).
+template <class F>
+__global__ void __launch_bounds__(kMoeStreamSimds * 32, kMoeStreamMinGroups)
+    experts_down_stream_kernel(KcapMoeParams moe, KcapMatmulParams p, MoeStream s, const kcap_u8* down,
+                               const float* routing, const float* act, float* out, const float* down_bias) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    static_assert(KcapQ8Units<F>::per_block * 32 == F::block_elems ||
+                      (std::is_same<F, KcapQ6_K>::value && KcapQ8Units<F>::per_block * 64 == F::block_elems),
+                  "cuda_rows::moe_stream_units counts this format's units");
+    extern __shared__ __align__(128) kcap_u8 stream_shared[];
+    __shared__ unsigned long long full[kMoeStreamMaxStages];
+    const KcapThread t = kcap_cuda_thread();
+    const int t0 = moe_stream_first_tile(s, int(blockIdx.x)), n = moe_stream_first_tile(s, int(blockIdx.x) + 1) - t0;
+    const int runs = p.k / 32;
+    kcap_i32* records = reinterpret_cast<kcap_i32*>(stream_shared + s.stages * s.tile_bytes + 16);
+    float* scales = reinterpret_cast<float*>(records + s.staged_slots * runs * KCAP_Q8_RUN_WORDS);
+    const auto expert_of = [&](int slot) {
+        return int(__ldcg(routing + kcap_u64(slot / moe.n_used) * kcap_u64(2 * moe.n_used) + kcap_u64(slot % moe.n_used)));
+    };
+    const auto issue = [&](int i) {  // thread 0
+        const int tile = t0 + i, slot = tile / s.tiles_per_slot;
+        const kcap_u64 at = (kcap_u64(expert_of(slot)) * kcap_u64(moe.n) +
+                             kcap_u64(tile % s.tiles_per_slot) * kcap_u64(s.tile_rows)) * p.row_bytes;
+        unsigned long long* bar = &full[i % s.stages];
+        mbarrier_arrive_expect(bar, s.tile_bytes);
+        bulk_copy_to_shared(stream_shared + (i % s.stages) * s.tile_bytes, down + at, s.tile_bytes, bar);
+    };
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < s.stages; ++i) mbarrier_init(&full[i], 1);
+        mbarrier_init_fence();
+        for (int i = 0; i < n && i < s.stages; ++i) issue(i);
+    }
+    pdl_wait();  // the activations are the gate/up launch's
+    pdl_trigger();
+    const int first_slot = n > 0 ? t0 / s.tiles_per_slot : 0;
+    const int last_slot = n > 0 ? (t0 + n - 1) / s.tiles_per_slot : -1;
+    for (int slot = first_slot; slot <= last_slot; ++slot)
+        kcap_q8_stage_runs<KcapQ8Units<F>::nibbles>(t, act + kcap_u64(slot) * kcap_u64(moe.ff), runs,
+                                                    records + (slot - first_slot) * runs * KCAP_Q8_RUN_WORDS,
+                                                    scales + (slot - first_slot) * runs);
+    __syncthreads();  // also orders the barriers' init before every wait
+    const int units = p.k / F::block_elems * KcapQ8Units<F>::per_block;
+    const int team = int(t.simd) / kMoeStreamTeamSimds, team_simd = int(t.simd) % kMoeStreamTeamSimds;
+    const int sub = int(t.lane) % s.lanes;
+    const int row_in_tile = team_simd * (32 / s.lanes) + int(t.lane) / s.lanes;
+    for (int i = team; i < n; i += kMoeStreamTeams) {
+        const int tile = t0 + i, slot = tile / s.tiles_per_slot, staged = slot - first_slot;
+        mbarrier_wait_parity(&full[i % s.stages], unsigned(i / s.stages) & 1u);
+        const kcap_u8* w = stream_shared + (i % s.stages) * s.tile_bytes + unsigned(row_in_tile) * p.row_bytes;
+        float y[1];
+        moe_stream_row<F, 1>(w, 0, units, s.lanes, sub, records + staged * runs * KCAP_Q8_RUN_WORDS,
+                             scales + staged * runs, y);
+        if (sub == 0) {
+            const int row = (tile % s.tiles_per_slot) * s.tile_rows + row_in_tile;
+            out[kcap_u64(slot) * kcap_u64(moe.n) + kcap_u64(row)] =
+                down_bias ? y[0] + down_bias[kcap_u64(expert_of(slot)) * kcap_u64(moe.n) + kcap_u64(row)] : y[0];
+        }
+        moe_stream_team_sync(team);
+        if (team_simd == 0 && t.lane == 0 && i + s.stages < n) issue(i + s.stages);
+    }
+#else
+    __trap();
+#endif
+}
+
+// The tiles of one streamed matrix of `rows` rows a slot over `slots` slots (groups and
+// staged_slots: the launcher's).
+MoeStream moe_stream(const cuda_rows::MoeStreamShape& shape, long long rows, unsigned slots) {
+    MoeStream s{};
+    s.tiles_per_slot = int(rows / shape.tile_rows);
+    s.tiles = s.tiles_per_slot * int(slots);
+    s.tile_rows = shape.tile_rows;
+    s.lanes = shape.lanes;
+    s.stages = shape.stages;
+    s.tile_bytes = unsigned(shape.tile_bytes);
+    return s;
+}
+
+// cudaFuncSetAttribute for the launch's threadgroup memory, then the groups that fit at once.
+template <class KERNEL>
+int moe_stream_groups(const Context& ctx, KERNEL kernel, size_t shared, int tiles) {
+    KCAP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
+    int per_sm = 0;
+    KCAP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kMoeStreamSimds * 32, shared));
+    if (per_sm < 1) throw Error("cuda.moe_experts_q8_stream: a group's " + std::to_string(shared) +
+                                " bytes of threadgroup memory do not fit a multiprocessor");
+    return std::min(tiles, per_sm * ctx.sm_count);
+}
+
+template <Format FORMAT>
+void launch_experts_gate_up_stream(const Context& ctx, const Stage& stage, const KernelCall& call,
+                                   const StageData& data, const KcapMoeParams& moe, const KcapMatmulParams& p) {
+    using namespace cuda_rows;
+    using F = Decoder<FORMAT>;
+    const MoeStreamShape shape = moe_stream_shape(FORMAT, p.k, p.row_bytes, 2);
+    MoeStream s = moe_stream(shape, moe.ff, unsigned(moe.n_used));
+    const size_t shared = size_t(moe_stream_shared_bytes(shape, 2, p.k, 1));
+    const auto kernel = experts_gate_up_stream_kernel<F>;
+    s.groups = moe_stream_groups(ctx, kernel, shared, s.tiles);
+    s.staged_slots = 1;
+    launch(ctx, kernel, dim3(unsigned(s.groups)), dim3(kMoeStreamSimds * 32), shared, moe, p, s,
+           static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
+           call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
+           static_cast<const float*>(data.operands[4]));
+}
+
+template <Format FORMAT>
+void launch_experts_down_stream_of(const Context& ctx, const KcapMatmulParams& p, const KcapMoeParams& moe,
+                                   const kcap_u8* down, const float* routing, const float* down_bias) {
+    using namespace cuda_rows;
+    using F = Decoder<FORMAT>;
+    const MoeStreamShape shape = moe_stream_shape(FORMAT, p.k, p.row_bytes, 1);
+    MoeStream s = moe_stream(shape, moe.n, unsigned(moe.n_used));
+    const auto kernel = experts_down_stream_kernel<F>;
+    // The fewest staged slots whose threadgroup memory leaves room for groups whose ranges touch
+    // no more slots than that (a range of r tiles touches at most ceil(r / tiles_per_slot) + 1).
+    size_t shared = 0;
+    for (s.staged_slots = 1;; ++s.staged_slots) {
+        shared = size_t(moe_stream_shared_bytes(shape, 1, p.k, s.staged_slots));
+        s.groups = moe_stream_groups(ctx, kernel, shared, s.tiles);
+        const int per_group = (s.tiles + s.groups - 1) / s.groups;
+        if (s.staged_slots >= moe.n_used || (per_group + s.tiles_per_slot - 1) / s.tiles_per_slot + 1 <= s.staged_slots)
+            break;
+    }
+    launch(ctx, kernel, dim3(unsigned(s.groups)), dim3(kMoeStreamSimds * 32), shared, moe, p, s, down, routing,
+           static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
+}
+
+void launch_experts_down_stream(const Context& ctx, const Stage& stage, const KcapMoeParams& moe, const kcap_u8* down,
+                                const float* routing, const float* down_bias) {
+    KcapMatmulParams p{};
+    p.k = moe.ff;
+    p.n = moe.n;
+    p.m = 1;
+    p.has_bias = down_bias != nullptr;
+    const Format format = stage.operands[2]->format;
+    p.row_bytes = unsigned(row_bytes(format, moe.ff));
+    switch (format) {
+#define KCAP_MOE_DOWN_STREAM_CASE(NAME, DECODER) \
+    case Format::NAME:                           \
+        return launch_experts_down_stream_of<Format::NAME>(ctx, p, moe, down, routing, down_bias);
+        KCAP_Q8_WEIGHT_FORMATS(KCAP_MOE_DOWN_STREAM_CASE)
+#undef KCAP_MOE_DOWN_STREAM_CASE
+        default: break;
+    }
+    throw Error(std::string("cuda.moe_experts_q8_stream: no q8_1 body for ") + format_name(format));
+}
+
 }  // namespace
 }  // namespace cuda
 
@@ -720,6 +988,21 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
     cuda::launch_experts_combine(ctx, stage, call, moe, nullptr);
 }
 
+// One token's slot matvecs streamed through each group's ring (cuda.moe_experts_q8_stream, sm_90):
+// gate and up in FORMAT, the down in its own format, then the weighted sum.
+template <Format FORMAT>
+void kcap_cuda_moe_experts_q8_stream(const Stage& stage, const KernelCall& call) {
+    const cuda::Context& ctx = cuda::context(call);
+    const cuda::StageData& data = cuda::stage_data(call);
+    const KcapMoeParams moe = moe_params(stage, call.n_tokens);
+    if (moe.n_tokens != 1) throw Error("cuda.moe_experts_q8_stream: one token a call, not " + std::to_string(moe.n_tokens));
+    const KcapMatmulParams p = cuda::experts_gate_up_params(moe, FORMAT);
+    cuda::launch_experts_gate_up_stream<FORMAT>(ctx, stage, call, data, moe, p);
+    cuda::launch_experts_down_stream(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2,
+                                     static_cast<const float*>(data.operands[5]));
+    cuda::launch_experts_combine(ctx, stage, call, moe, nullptr);
+}
+
 namespace cuda {
 namespace {
 
@@ -862,7 +1145,8 @@ KCAP_WEIGHT_FORMATS(KCAP_INSTANTIATE_MOE)
 #undef KCAP_INSTANTIATE_MOE
 #define KCAP_INSTANTIATE_MOE_Q8(NAME, DECODER)                                                     \
     template void kcap_cuda_moe_experts_q8<Format::NAME>(const Stage&, const KernelCall&);        \
-    template void kcap_cuda_moe_experts_q8_mma<Format::NAME>(const Stage&, const KernelCall&);
+    template void kcap_cuda_moe_experts_q8_mma<Format::NAME>(const Stage&, const KernelCall&);    \
+    template void kcap_cuda_moe_experts_q8_stream<Format::NAME>(const Stage&, const KernelCall&);
 KCAP_Q8_WEIGHT_FORMATS(KCAP_INSTANTIATE_MOE_Q8)
 #undef KCAP_INSTANTIATE_MOE_Q8
 
