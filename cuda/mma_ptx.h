@@ -1,6 +1,5 @@
 // PTX wrappers shared by the CUDA-only tensor-core kernels (matmul_mma.cu, attention_mma.cu):
-// mma.sync m16n8k16 with f32 accumulation, int8 mma.sync, ldmatrix, cp.async (sm_80 and newer);
-// the bulk copies and mbarriers of the streamed experts' matvecs (moe.cu, sm_90).
+// mma.sync m16n8k16 with f32 accumulation, int8 mma.sync, ldmatrix, cp.async. sm_80 and newer.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -89,40 +88,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// Bulk copies (sm_90): one thread asks the copy engine for `bytes` contiguous bytes (16-byte
-// aligned source and destination, a multiple of 16 bytes), which arrive in shared memory and
-// count themselves off an mbarrier's expected transaction bytes. The waiting threads spin on the
-// barrier's phase parity. Callers guard them with __CUDA_ARCH__ >= 900 (their rows say sm_90).
-__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(arrivals) : "memory");
-}
-// After the barriers' init, before the copy engine (the async proxy) may use them.
-__device__ __forceinline__ void mbarrier_init_fence() {
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// One arrival that also expects `bytes` more transaction bytes in the current phase.
-__device__ __forceinline__ void mbarrier_arrive_expect(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait_parity(unsigned long long* bar, unsigned parity) {
-    asm volatile(
-        "{\n\t.reg .pred done;\n"
-        "kcap_mbarrier_wait_%=:\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
-        "@!done bra kcap_mbarrier_wait_%=;\n}" ::"r"(shared_address(bar)),
-        "r"(parity)
-        : "memory");
-}
-__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes,
-                                                    unsigned long long* bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-            shared_address(dst)),
-        "l"(src), "r"(bytes), "r"(shared_address(bar))
-        : "memory");
 }
 
 }  // namespace cuda

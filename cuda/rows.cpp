@@ -13,9 +13,7 @@
 //                          tensor-core prefill (1) where the cache is f16 and the head dims fit.
 #include "cuda/rows.h"
 
-#include <algorithm>
 #include <iterator>
-#include <sstream>
 
 #include "dispatch/gpu_rows.h"
 #include "dispatch/stage.h"
@@ -106,53 +104,6 @@ void set_q8_source(Row& row, Q8Source source, bool batch) {
 }
 
 std::string lower(Format f) { return lowercase(format_name(f)); }
-
-// cuda.moe_experts_q8_stream: the shapes of the stage's gate/up and down matrices
-// (cuda_rows::moe_stream_shape).
-MoeStreamShape moe_stream_gate_up_shape(const Stage& stage) {
-    const Format f = stage.operands[0]->format;
-    return moe_stream_shape(f, stage.k, int64_t(row_bytes(f, stage.k)), 2);
-}
-MoeStreamShape moe_stream_down_shape(const Stage& stage) {
-    const Format f = stage.operands[2]->format;
-    return moe_stream_shape(f, stage.k2, int64_t(row_bytes(f, stage.k2)), 1);
-}
-// Whole tiles of whole rows that the copy engine can move (16-byte runs), at least two ring
-// stages, x short enough for its staged records.
-std::string moe_stream_rejection(const Stage& stage) {
-    const MoeStreamShape g = moe_stream_gate_up_shape(stage), d = moe_stream_down_shape(stage);
-    std::ostringstream why;
-    if (stage.k > kMoeStreamMaxK || stage.k2 > kMoeStreamMaxK)
-        why << "rows of " << std::max(stage.k, stage.k2) << " values exceed its staged x of " << kMoeStreamMaxK;
-    else if (stage.k2 % g.tile_rows != 0 || stage.n % d.tile_rows != 0)
-        why << "its tiles of " << g.tile_rows << " gate/up rows and " << d.tile_rows << " down rows do not divide "
-            << stage.k2 << " and " << stage.n << " rows";
-    else if (g.tile_bytes % 16 != 0 || d.tile_bytes % 16 != 0)
-        why << "its tiles of " << g.tile_bytes << " and " << d.tile_bytes << " bytes are not whole 16-byte copies";
-    else if (g.stages < 2 || d.stages < 2)
-        why << "tiles of " << g.tile_bytes << " and " << d.tile_bytes << " bytes leave its ring fewer than two stages";
-    return why.str();
-}
-int moe_stream_shared(const Stage& stage) {
-    const MoeStreamShape g = moe_stream_gate_up_shape(stage), d = moe_stream_down_shape(stage);
-    return int(std::max(moe_stream_shared_bytes(g, 2, stage.k, 1),
-                        moe_stream_shared_bytes(d, 1, stage.k2, stage.params.n_expert_used)));
-}
-// The one-token twin of a q8_1 experts' row, streamed.
-Row moe_stream_row(const Row& q8, Format f, KernelFn fn) {
-    Row stream = q8;
-    stream.kernel = "cuda.moe_experts_q8_stream." + lower(f);
-    stream.fn = fn;
-    stream.tokens = {1, 1};
-    stream.priority = q8.priority + 1;
-    stream.launches = {"moe_gate_up_stream", "moe_down_stream", "moe_combine"};
-    stream.geometry = {kMoeStreamSimds * 32, 0, 0};
-    stream.dims.min_sm_version = 90;
-    stream.dims.n_multiple = 32;  // whole down tiles of any lanes per row (8, 16 or 32 rows)
-    stream.dims.reject_of = &moe_stream_rejection;
-    stream.dims.shared_bytes_of = &moe_stream_shared;
-    return stream;
-}
 
 }  // namespace
 
@@ -654,7 +605,6 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
             q8.priority = 1;                                                                             \
             q8.geometry = {kMatvecQ8Simds * 32, kMatvecQ8Simds * kMoeQ8GateUpRows, kMatvecQ8SharedBytes};\
             rows.push_back(q8);                                                                          \
-            rows.push_back(moe_stream_row(q8, f, KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_q8_stream<f>)));  \
             Row q8_grouped = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                     \
                                             KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_q8_mma<f>), kMmaGeometry); \
             q8_grouped.kernel = "cuda.moe_experts_q8_mma." + lower(f);                                   \

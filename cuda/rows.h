@@ -175,54 +175,6 @@ constexpr int kMoeQ8ShortDownRows = 4;
 constexpr int kMoeQ8ShortDownRowsQ6_K = 2;
 constexpr int kMoeQ8ShortDownGroups = 2;
 constexpr bool moe_q8_short_down(long long units) { return units < 32; }
-// The q8_1 experts' slot matvecs of one token, streamed (cuda.moe_experts_q8_stream, sm_90):
-// every slot's matrix rows cut into tiles of whole rows, each group of kMoeStreamSimds simd
-// groups takes a contiguous range of the tiles of all slots and has the copy engine bring them
-// into a ring of stages in its threadgroup memory (bulk copies completing on
-// mbarriers), the next tiles in flight while its simd groups multiply the current one; x (the
-// down: the activations of the slots its range touches) is rounded to q8_1 once per group. The
-// down launch asks for its first tiles before its dependent-launch wait (the routing is known
-// by then). A group's simd groups form kMoeStreamTeams teams, which take its tiles in turn, each
-// at its own pace (a team's simd groups meet on a named barrier, not the whole group). A tile's
-// rows: a team's kMoeStreamTeamSimds simd groups of 32 / lanes rows each, lanes per row from
-// the row's units (the per-row q8_1 walk's units: KcapQ8Units); a gate/up tile holds those rows
-// of both matrices.
-constexpr int kMoeStreamTeamSimds = 8;
-constexpr int kMoeStreamTeams = 2;
-constexpr int kMoeStreamSimds = kMoeStreamTeamSimds * kMoeStreamTeams;
-constexpr int kMoeStreamMinGroups = 2;          // per multiprocessor (at most 64 registers)
-constexpr int kMoeStreamRingBytes = 96 * 1024;  // weight bytes in flight per group
-constexpr int kMoeStreamMaxStages = 8;
-constexpr int kMoeStreamMaxK = 8192;            // the staged q8_1 records of one row of x
-// Units per row of a format's q8_1 walk (KcapQ8Units<F>::per_block per block: cuda/moe.cu
-// checks it against the decoders).
-constexpr long long moe_stream_units(Format f, long long k) {
-    return f == Format::Q6_K ? k / 64 : k / 32;
-}
-constexpr int moe_stream_lanes(long long units) { return units >= 48 ? 32 : units >= 24 ? 16 : 8; }
-struct MoeStreamShape {
-    int lanes;             // lanes per row
-    int tile_rows;         // rows of one matrix in a tile
-    long long tile_bytes;  // bytes of one matrix's rows of a tile
-    int stages;            // ring stages
-};
-// One matrix of the streamed matvec: rows of k values of `format`; mats: 2 for gate/up (a
-// tile's bytes twice).
-constexpr MoeStreamShape moe_stream_shape(Format format, long long k, long long row_bytes, int mats) {
-    MoeStreamShape s{};
-    s.lanes = moe_stream_lanes(moe_stream_units(format, k));
-    s.tile_rows = kMoeStreamTeamSimds * (32 / s.lanes);
-    s.tile_bytes = s.tile_rows * row_bytes;
-    const long long stages = kMoeStreamRingBytes / (mats * s.tile_bytes);
-    // A multiple of the teams (each stage serves one team).
-    s.stages = int(stages < kMoeStreamMaxStages ? stages : kMoeStreamMaxStages) / kMoeStreamTeams * kMoeStreamTeams;
-    return s;
-}
-// Threadgroup memory of a streamed launch: the ring (plus 16 bytes the MXFP4 walk's aligned
-// word loads may read past the last tile), then staged_rows rows of q8_1 records of k values.
-constexpr long long moe_stream_shared_bytes(const MoeStreamShape& s, int mats, long long k, int staged_rows) {
-    return s.stages * mats * s.tile_bytes + 16 + staged_rows * (k / 32) * 13 * 4;
-}
 constexpr int matvec_q8_shared_words(long long k, int rows = kMatvecRows) {
     return int((k / 32 < kMatvecQ8ChunkRuns ? k / 32 : kMatvecQ8ChunkRuns) * 13 + kMatvecQ8Simds * rows * 2);
 }
@@ -533,7 +485,6 @@ template <Format FORMAT> void kcap_cuda_moe_experts(const Stage& stage, const Ke
 template <Format FORMAT> void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_bf16_mma(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call);
-template <Format FORMAT> void kcap_cuda_moe_experts_q8_stream(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_q8_mma(const Stage& stage, const KernelCall& call);
 
 void kcap_cuda_qkv(const Stage& stage, const KernelCall& call);
