@@ -481,8 +481,8 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
                 format_name(format));
 }
 
-// The slot matvecs' gate (and up) matmul: K = the model's width, N = the FFN width, rows of
-// FORMAT.
+// The experts' gate (and up) matmul: K = the model's width, N = the FFN width, rows of FORMAT;
+// one row of x (the slot matvecs; the grouped tiles set their rows).
 KcapMatmulParams experts_gate_up_params(const KcapMoeParams& moe, Format format) {
     KcapMatmulParams p{};
     p.k = moe.k;
@@ -746,11 +746,8 @@ void moe_experts_grouped(Format format, const Stage& stage, const KernelCall& ca
     launch(ctx, sort_kernel, dim3(1), dim3(kMoeSortThreads), 0, moe, call.in2, n_tiles, ctx.moe_rows, ctx.moe_slot_rows,
            ctx.moe_tile_expert);
     // Gate and up: rows x ff each, from the expert's gate (and up) rows.
-    KcapMatmulParams p{};
-    p.k = moe.k;
-    p.n = moe.ff;
+    KcapMatmulParams p = experts_gate_up_params(moe, format);
     p.m = rows;
-    p.row_bytes = unsigned(row_bytes(format, moe.k));
     const kcap_u64 expert_rows = kcap_u64(moe.gate_up_merged ? 2 * moe.ff : moe.ff);
     const auto* gate = static_cast<const kcap_u8*>(data.operands[0]);
     const auto* up = static_cast<const kcap_u8*>(data.operands[1]) +
