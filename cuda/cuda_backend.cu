@@ -265,8 +265,6 @@ private:
         ctx.tokens = arena_.alloc_n<int32_t>(size_t(max_batch_));
         ctx.history = arena_.alloc_n<int32_t>(size_t(ctx.n_ctx) + 1);
         ctx.argmax_result = arena_.alloc_n<int32_t>(1);
-        ctx.arrivals = arena_.alloc_n<unsigned>(1);
-        KCAP_CUDA_CHECK(cudaMemset(ctx.arrivals, 0, sizeof(unsigned)));
         ctx.argmax_partials = int(ceil_div(n_vocab_, cuda_rows::kArgmaxChunk));
         ctx.argmax_partial_value = arena_.alloc_n<float>(size_t(ctx.argmax_partials));
         ctx.argmax_partial_index = arena_.alloc_n<int32_t>(size_t(ctx.argmax_partials));

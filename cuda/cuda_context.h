@@ -69,9 +69,6 @@ struct Context {
     Format kv_format = Format::F32;
     int64_t n_ctx = 0;
     std::vector<KvCache> kv;     // one per layer (null for a shared-KV layer: it reads its source's)
-    // The arrival count of the qkv launches that add and norm their own input (cuda.qkv_norm,
-    // cuda.qkv_q8_norm: kernels/matvec.h's KcapMatvecNormInput); 0 between launches.
-    unsigned* arrivals = nullptr;
     float* attn_partial_o = nullptr;   // split-K decode partials
     float* attn_partial_ml = nullptr;
     // q8_1 activations of a matmul's input (cuda/matmul_q8.cu): codes, run scales and half sums
@@ -140,7 +137,7 @@ inline Q8Rows q8_rows_at(const Context& ctx, int rows, int k, int first) {
 
 // Bound to one stage when the backend is built.
 struct StageData {
-    const void* operands[7] = {};  // device copies of the stage's operands (null where absent)
+    const void* operands[6] = {};  // device copies of the stage's operands (null where absent)
     const float* rope_table = nullptr;             // rope: [n_ctx][rope_dim / 2] (cos, sin)
     int attn_splits = 1;                           // attention: decode key-range splits
 };

@@ -77,20 +77,9 @@ __global__ void __launch_bounds__(kTokensSimds * 32)
 }
 
 // qkv (cuda.qkv): the Q, K and V matvecs of one token in one launch (segments: cuda/matmul.h).
-// NORM (cuda.qkv_norm): x is the add_norm's row before it, added and normed by every group as it
-// stages it (kernels/matvec.h: KcapMatvecNormInput; x unused).
-// The launch then has one group more, its last, which writes the residual and the normed row
-// back once every other group has staged (kcap_matvec_norm_write_back).
-template <bool NORM>
-__global__ void __launch_bounds__(kMatvecSimds * 32) qkv_kernel(QkvParams q, const float* x, KcapMatvecNormInput norm) {
+__global__ void __launch_bounds__(kMatvecSimds * 32) qkv_kernel(QkvParams q, const float* x) {
     extern __shared__ float shared[];
     KcapThread t = kcap_cuda_thread();
-    if (NORM && blockIdx.x == gridDim.x - 1) {
-        pdl_wait();
-        pdl_trigger();
-        kcap_matvec_norm_write_back(t, norm, q.segment[0].p.k, shared);
-        return;
-    }
     const QkvSegment s = qkv_segment(q, t);
     switch (s.format) {
 #define KCAP_QKV_CASE(NAME, DECODER)                                                                                   \
@@ -98,8 +87,8 @@ __global__ void __launch_bounds__(kMatvecSimds * 32) qkv_kernel(QkvParams q, con
         kcap_matvec_split_prefetch<kMatvecRows, false>(t, s.p, s.teams, s.w);                                          \
         pdl_wait();                                                                                                    \
         pdl_trigger();                                                                                                 \
-        kcap_matvec_staged<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN, false, NORM>(                                      \
-            t, s.p, s.teams, q.chunk_runs, s.w, s.w, x, s.bias, 0, s.y, shared, nullptr, 0.0f, 0.0f, norm);            \
+        kcap_matvec_staged<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN, false>(t, s.p, s.teams, q.chunk_runs, s.w, s.w, x, \
+                                                                           s.bias, 0, s.y, shared);                    \
         break;
         KCAP_WEIGHT_FORMATS(KCAP_QKV_CASE)
 #undef KCAP_QKV_CASE
@@ -200,19 +189,6 @@ QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_run
     return q;
 }
 
-KcapMatvecNormInput qkv_norm_input(const Stage& stage, const KernelCall& call, int groups) {
-    const Context& ctx = context(call);
-    KcapMatvecNormInput norm;
-    norm.residual = call.inout4;
-    norm.branch = call.in4;
-    norm.weight = static_cast<const float*>(stage_data(call).operands[6]);
-    norm.normed = call.inout5;
-    norm.arrivals = ctx.arrivals;
-    norm.groups = kcap_u32(groups);
-    norm.eps = stage.params.eps;
-    return norm;
-}
-
 }  // namespace cuda
 
 template <Format FORMAT>
@@ -245,72 +221,8 @@ void kcap_cuda_qkv(const Stage& stage, const KernelCall& call) {
     int groups = 0;
     const cuda::QkvParams q = cuda::qkv_segments(stage, call, kMatvecChunkRuns, &groups);
     const size_t shared = size_t(matvec_shared_floats(stage.k, kMatvecRows)) * 4;
-    cuda::launch(cuda::context(call), cuda::qkv_kernel<false>, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared,
-                 q, call.in, KcapMatvecNormInput());
-}
-
-// cuda.qkv_norm: one token, the add_norm before it in the same launch (kAddNormInput), one group
-// more for the write-back.
-void kcap_cuda_qkv_norm(const Stage& stage, const KernelCall& call) {
-    using namespace cuda_rows;
-    int groups = 0;
-    const cuda::QkvParams q = cuda::qkv_segments(stage, call, kMatvecChunkRuns, &groups);
-    const size_t shared = size_t(matvec_shared_floats(stage.k, kMatvecRows) + kMatvecSimds) * 4;
-    cuda::launch(cuda::context(call), cuda::qkv_kernel<true>, dim3(unsigned(groups + 1)), dim3(kMatvecSimds * 32),
-                 shared, q, nullptr, cuda::qkv_norm_input(stage, call, groups));
-}
-
-namespace {
-
-// A qkv stage with the add_norm before it (kAddNormInput) for a call the fused launch does not
-// take: that add_norm's kernel (residual call.inout4 += branch call.in4; normed call.inout5 =
-// rms_norm(residual) * operand 6; Q8: also the normed rows' q8_1 into the q8_1 scratch, which the
-// twins of the q8_1 rows read), then `qkv` on the normed rows.
-template <bool Q8>
-void qkv_after_add_norm(const Stage& stage, const KernelCall& call, void (*qkv)(const Stage&, const KernelCall&)) {
-    const cuda::StageData& data = cuda::stage_data(call);
-    Stage add;
-    add.op = Op::AddNorm;
-    add.layer = stage.layer;
-    add.name = stage.name;
-    add.operands = {nullptr, nullptr, stage.operands[6], nullptr};
-    add.k = add.n = stage.k;
-    add.params.eps = stage.params.eps;
-    add.features = FeatureMask(kRmsNorm) | (Q8 ? FeatureMask(kQ8Output) : FeatureMask(0));
-    cuda::StageData add_data = data;
-    for (const void*& operand : add_data.operands) operand = nullptr;
-    add_data.operands[2] = data.operands[6];
-    KernelCall add_call = call;
-    add_call.stage_state = &add_data;
-    add_call.inout2 = call.inout4;
-    add_call.in2 = call.in4;
-    add_call.out = call.inout5;
-    kcap_cuda_add_norm<Q8>(add, add_call);
-    Stage matrices = stage;
-    matrices.operands.resize(6);
-    matrices.features &= ~FeatureMask(kAddNormInput);
-    if (Q8) matrices.features |= kQ8Input;
-    KernelCall qkv_call = call;
-    qkv_call.in = call.inout5;
-    qkv(matrices, qkv_call);
-}
-
-}  // namespace
-
-void kcap_cuda_qkv_tokens_add_norm(const Stage& stage, const KernelCall& call) {
-    qkv_after_add_norm<false>(stage, call, kcap_cuda_qkv_tokens);
-}
-void kcap_cuda_qkv_mma_add_norm(const Stage& stage, const KernelCall& call) {
-    qkv_after_add_norm<false>(stage, call, kcap_cuda_qkv_mma);
-}
-void kcap_cuda_qkv_bf16_add_norm(const Stage& stage, const KernelCall& call) {
-    qkv_after_add_norm<false>(stage, call, kcap_cuda_qkv_bf16);
-}
-void kcap_cuda_qkv_q8_tokens_add_norm(const Stage& stage, const KernelCall& call) {
-    qkv_after_add_norm<true>(stage, call, kcap_cuda_qkv_q8_tokens<Q8Source::Scratch>);
-}
-void kcap_cuda_qkv_q8_mma_add_norm(const Stage& stage, const KernelCall& call) {
-    qkv_after_add_norm<true>(stage, call, kcap_cuda_qkv_q8_mma<Q8Source::Scratch>);
+    cuda::launch(cuda::context(call), cuda::qkv_kernel, dim3(unsigned(groups)), dim3(kMatvecSimds * 32), shared, q,
+                 call.in);
 }
 
 // cuda.qkv_tokens: the walk of each matrix in its own format.

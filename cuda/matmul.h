@@ -75,9 +75,6 @@ struct QkvParams {
 QkvParams qkv_segments(const Stage& stage, const KernelCall& call, int chunk_runs_max, int* groups, bool q8 = false);
 // q8_units_per_row of a format with q8_1 rows (cuda/matmul_q8.cu).
 long long q8_row_units(Format format, long long k);
-// The add_norm input of a qkv stage with the add_norm before it (kAddNormInput: cuda.qkv_norm,
-// cuda.qkv_q8_norm) for a launch of `groups` groups.
-KcapMatvecNormInput qkv_norm_input(const Stage& stage, const KernelCall& call, int groups);
 
 // In the kernel: the segment of group t.group_x, which becomes the group's index in the segment.
 __device__ __forceinline__ QkvSegment qkv_segment(const QkvParams& q, KcapThread& t) {

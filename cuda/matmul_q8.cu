@@ -583,20 +583,10 @@ void run_gate_up_q8_mma(const Stage& stage, const KernelCall& call) {
 }
 
 // qkv for one token: the three-segment launch of cuda.qkv (cuda/matmul.h), each segment on the
-// q8_1 matvec of its format. NORM (cuda.qkv_q8_norm): x is the add_norm's row before it, added,
-// normed and rounded by every group as it stages it (kernels/matvec.h: KcapMatvecNormInput).
-// The launch then has one group more for the write-back, as qkv_kernel's.
-template <bool NORM>
-__global__ void __launch_bounds__(kMatvecQ8Simds * 32)
-    qkv_q8_kernel(QkvParams q, const float* x, Q8Rows rows, KcapMatvecNormInput norm) {
+// q8_1 matvec of its format.
+__global__ void __launch_bounds__(kMatvecQ8Simds * 32) qkv_q8_kernel(QkvParams q, const float* x, Q8Rows rows) {
     extern __shared__ kcap_i32 q8_shared[];
     KcapThread t = kcap_cuda_thread();
-    if (NORM && blockIdx.x == gridDim.x - 1) {
-        pdl_wait();
-        pdl_trigger();
-        kcap_matvec_norm_write_back(t, norm, q.segment[0].p.k, reinterpret_cast<float*>(q8_shared));
-        return;
-    }
     const QkvSegment s = qkv_segment(q, t);
     switch (s.format) {
 #define KCAP_QKV_Q8_CASE(NAME, DECODER)                                                                                \
@@ -604,9 +594,9 @@ __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
         kcap_matvec_split_prefetch<kMatvecRows, false>(t, s.p, s.teams, s.w);                                          \
         pdl_wait();                                                                                                    \
         pdl_trigger();                                                                                                 \
-        kcap_matvec_q8<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN, false, NORM>(                                          \
-            t, s.p, s.teams, q.chunk_runs, s.w, s.w, x, rows.codes, rows.d, rows.half_sums, s.bias, 0, s.y, q8_shared, \
-            nullptr, 0.0f, 0.0f, norm);                                                                                \
+        kcap_matvec_q8<DECODER, kMatvecRows, KCAP_MATVEC_PLAIN, false>(t, s.p, s.teams, q.chunk_runs, s.w, s.w, x,     \
+                                                                       rows.codes, rows.d, rows.half_sums, s.bias, 0,  \
+                                                                       s.y, q8_shared);                                \
         break;
         KCAP_Q8_WEIGHT_FORMATS(KCAP_QKV_Q8_CASE)
 #undef KCAP_QKV_Q8_CASE
@@ -692,20 +682,7 @@ void kcap_cuda_qkv_q8(const Stage& stage, const KernelCall& call) {
     const cuda::QkvParams q = cuda::qkv_segments(stage, call, kMatvecQ8ChunkRuns, &groups, true);
     const cuda::Q8Rows rows = cuda::q8_input<SOURCE>(ctx, call, int(stage.k));
     const size_t shared = size_t(matvec_q8_shared_words(stage.k, kMatvecRows)) * 4;
-    cuda::launch(ctx, cuda::qkv_q8_kernel<false>, dim3(unsigned(groups)), dim3(kMatvecQ8Simds * 32), shared, q, call.in,
-                 rows, KcapMatvecNormInput());
-}
-
-// cuda.qkv_q8_norm: one token, the add_norm before it in the same launch (kAddNormInput), every
-// group rounding its normed x.
-void kcap_cuda_qkv_q8_norm(const Stage& stage, const KernelCall& call) {
-    using namespace cuda_rows;
-    const cuda::Context& ctx = cuda::context(call);
-    int groups = 0;
-    const cuda::QkvParams q = cuda::qkv_segments(stage, call, kMatvecQ8ChunkRuns, &groups, true);
-    const size_t shared = size_t(matvec_q8_shared_words(stage.k, kMatvecRows) + kMatvecQ8Simds) * 4;
-    cuda::launch(ctx, cuda::qkv_q8_kernel<true>, dim3(unsigned(groups + 1)), dim3(kMatvecQ8Simds * 32), shared, q, nullptr,
-                 cuda::Q8Rows{nullptr, nullptr, nullptr}, cuda::qkv_norm_input(stage, call, groups));
+    cuda::launch(ctx, cuda::qkv_q8_kernel, dim3(unsigned(groups)), dim3(kMatvecQ8Simds * 32), shared, q, call.in, rows);
 }
 
 // cuda.qkv_q8_tokens[_quant|_in]: up to kMmaMinTokens - 1 tokens, each matrix's q8_1 matvec.

@@ -14,7 +14,6 @@
 #include "cuda/rows.h"
 
 #include <iterator>
-#include <stdexcept>
 
 #include "dispatch/gpu_rows.h"
 #include "dispatch/stage.h"
@@ -336,48 +335,6 @@ void add_cuda_matmul_rows(std::vector<Row>& rows) {
         row.input_encoding = Encoding::BF16;
         row.priority = 5;
         rows.push_back(row);
-    }
-    // The add_norm before a qkv fused in (kAddNormInput: operand 6 the norm's weight; the
-    // planner's fuse_add_norm_qkv). One token: cuda.qkv_norm and cuda.qkv_q8_norm, the qkv launch
-    // whose groups add the branch to the residual and norm the row as they stage it (x * weight
-    // staged, the sums scaled by the norm's rsqrt at the end: kernels/matvec.h's
-    // KcapMatvecNormInput), the last group to finish staging writing the residual and the normed
-    // row back: the add_norm's launch saved. Every other token count: each row's twin, the
-    // add_norm's kernel, then the row's launches (in q8_1 plans the add_norm also writes the
-    // row's q8_1 and the twin of the row that reads it runs, as an add_norm linked to the qkv
-    // after it would).
-    {
-        const auto base = [&](const std::string& kernel) {
-            for (const Row& row : rows)
-                if (row.kernel == kernel) return row;
-            throw std::logic_error("add_cuda_matmul_rows: no row " + kernel);
-        };
-        const auto fused = [](Row row, const std::string& kernel, KernelFn fn) {
-            row.kernel = kernel;
-            row.fn = fn;
-            const bool q8_input = (row.requires_all & kQ8Input) != 0;
-            row.features = (row.features & ~FeatureMask(kQ8Input)) | kAddNormInput;
-            row.requires_all = (row.requires_all & ~FeatureMask(kQ8Input)) | kAddNormInput;
-            row.launches.insert(row.launches.begin(), q8_input ? "add_norm_q8" : "add_norm");
-            row.operand_formats.push_back({Format::F32});  // 6: the norm's weight
-            return row;
-        };
-        Row one = fused(base("cuda.qkv"), "cuda.qkv_norm", KCAP_CUDA_ENTRY(kcap_cuda_qkv_norm));
-        one.launches = {"qkv_matvec_norm"};
-        one.dims.k_multiple = 32;  // whole runs (the f32 matvec's partial run reads x itself)
-        Row one_q8 = fused(base("cuda.qkv_q8"), "cuda.qkv_q8_norm", KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8_norm));
-        one_q8.launches = {"qkv_matvec_q8_norm"};
-        one_q8.dims.k_max = 0;  // the groups round x themselves at any K
-        for (const Row& row :
-             {one, one_q8,
-              fused(base("cuda.qkv_tokens"), "cuda.qkv_tokens_add_norm", KCAP_CUDA_ENTRY(kcap_cuda_qkv_tokens_add_norm)),
-              fused(base("cuda.qkv_mma"), "cuda.qkv_mma_add_norm", KCAP_CUDA_ENTRY(kcap_cuda_qkv_mma_add_norm)),
-              fused(base("cuda.qkv_bf16"), "cuda.qkv_bf16_add_norm", KCAP_CUDA_ENTRY(kcap_cuda_qkv_bf16_add_norm)),
-              fused(base("cuda.qkv_q8_tokens_in"), "cuda.qkv_q8_tokens_add_norm",
-                    KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8_tokens_add_norm)),
-              fused(base("cuda.qkv_q8_mma_in"), "cuda.qkv_q8_mma_add_norm",
-                    KCAP_CUDA_ENTRY(kcap_cuda_qkv_q8_mma_add_norm))})
-            rows.push_back(row);
     }
 }
 

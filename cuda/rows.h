@@ -491,15 +491,6 @@ void kcap_cuda_qkv(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qkv_tokens(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qkv_mma(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qkv_bf16(const Stage& stage, const KernelCall& call);
-// A qkv with the add_norm before it (kAddNormInput): one token in one launch, or each row's twin
-// (the add_norm's kernel, then the row's launches).
-void kcap_cuda_qkv_norm(const Stage& stage, const KernelCall& call);
-void kcap_cuda_qkv_q8_norm(const Stage& stage, const KernelCall& call);
-void kcap_cuda_qkv_tokens_add_norm(const Stage& stage, const KernelCall& call);
-void kcap_cuda_qkv_mma_add_norm(const Stage& stage, const KernelCall& call);
-void kcap_cuda_qkv_bf16_add_norm(const Stage& stage, const KernelCall& call);
-void kcap_cuda_qkv_q8_tokens_add_norm(const Stage& stage, const KernelCall& call);
-void kcap_cuda_qkv_q8_mma_add_norm(const Stage& stage, const KernelCall& call);
 void kcap_cuda_norm(const Stage& stage, const KernelCall& call);
 void kcap_cuda_rope(const Stage& stage, const KernelCall& call);
 void kcap_cuda_qk_norm_rope(const Stage& stage, const KernelCall& call);

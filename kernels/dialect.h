@@ -25,7 +25,6 @@
 //   kcap_load_u32s_a2<N> / kcap_load_u16_u32s_a2<N>: runs of 32-bit words at a 2-byte-aligned
 //   address with about one load per word (see the shared section below)
 //   kcap_exp / kcap_tanh / kcap_erf / kcap_sqrt / kcap_rsqrt, kcap_prefetch (a hint; may be a no-op)
-//   kcap_atomic_add(p, v): the device word at p plus v (relaxed), returning the word before
 //   kcap_dot4_i8(a, b, acc): acc + the dot product of the four signed bytes of a and b (dp4a)
 //   kcap_byte_perm(a, b, s) (selectors 0..7) / kcap_byte_perm_sx (4-bit selectors, bit 3 the
 //   sign-replicating one): CUDA's PRMT
@@ -123,8 +122,6 @@ KCAP_FN void kcap_store_f32x4(float* p, float4 v) { *reinterpret_cast<float4*>(p
 KCAP_FN uint4 kcap_load_u32x4(const kcap_u8* p) { return *reinterpret_cast<const uint4*>(p); }
 KCAP_FN float kcap_as_float(kcap_u32 bits) { return __uint_as_float(bits); }
 KCAP_FN void kcap_prefetch(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-// The word at p plus v (relaxed, device scope); returns the word before.
-KCAP_FN kcap_u32 kcap_atomic_add(kcap_u32* p, kcap_u32 v) { return atomicAdd(p, v); }
 // For the a2 word runs below: the low address bits of p, and the 32 bits of hi:lo starting at
 // bit shift (0, 16 or 32; one SHF.R.U32.HI, which clamps a shift of 32 to `hi`).
 KCAP_FN kcap_u32 kcap_address_bits(const kcap_u8* p) { return kcap_u32(reinterpret_cast<unsigned long long>(p)); }
@@ -242,9 +239,6 @@ KCAP_FN void kcap_store_f32x4(device float* p, float4 v) { *reinterpret_cast<dev
 KCAP_FN uint4 kcap_load_u32x4(const device kcap_u8* p) { return *reinterpret_cast<const device uint4*>(p); }
 KCAP_FN float kcap_as_float(kcap_u32 bits) { return as_type<float>(bits); }
 KCAP_FN void kcap_prefetch(const device void*) {}
-KCAP_FN kcap_u32 kcap_atomic_add(device kcap_u32* p, kcap_u32 v) {
-    return atomic_fetch_add_explicit(reinterpret_cast<volatile device atomic_uint*>(p), v, memory_order_relaxed);
-}
 
 KCAP_FN float kcap_exp(float x) { return precise::exp(x); }
 KCAP_FN float kcap_tanh(float x) { return precise::tanh(x); }

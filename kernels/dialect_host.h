@@ -336,7 +336,6 @@ inline float kcap_as_float(kcap_u32 bits) {
     return f;
 }
 inline void kcap_prefetch(const void*) {}
-inline kcap_u32 kcap_atomic_add(kcap_u32* p, kcap_u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 // The a2 word runs of dialect.h: the same aligned loads as on CUDA (kcap_load_u16/u32 above
 // check their alignment and the readable range), shifts for CUDA's funnel shift.
 inline kcap_u32 kcap_address_bits(const kcap_u8* p) { return kcap_u32(reinterpret_cast<uintptr_t>(p)); }

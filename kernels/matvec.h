@@ -22,7 +22,6 @@
 #pragma once
 
 #include "kernels/activation.h"
-#include "kernels/group.h"
 #include "kernels/matmul.h"
 #include "kernels/quant_codes.h"
 
@@ -113,78 +112,6 @@ KCAP_FN int kcap_matvec_staged_floats(int chunk_runs, int simds, int sums) {
     return chunk_runs * KCAP_MATVEC_RUN_STRIDE + simds * sums;
 }
 
-// A decode matvec that adds and norms its own input (a qkv with the add_norm before it fused in,
-// one token): x = residual + branch, normed = rms_norm(x) * weight. Every group stages x * weight
-// where it would stage x, with its threads' sums of x^2; the barrier that ends the staging also
-// gives the group inv = rsqrt(mean(x^2) + eps), and its rows' sums are scaled by it at the end:
-// W (x inv weight) = inv W (x weight), the same products up to f32 rounding (the row's q8_1 is
-// that of x * weight, whose codes the scale does not change, up to the rounding of d). Each group
-// counts its arrival once staged; one more group, the launch's last (kcap_matvec_norm_write_back),
-// waits for every other group's arrival and then writes the residual and the normed row back (no
-// group reads the residual after that) and clears the count: the write-back is off the products'
-// path. A row of k values, k a multiple of 32.
-struct KcapMatvecNormInput {
-    KCAP_GLOBAL float* residual;  // read; the write-back group writes residual + branch
-    const KCAP_GLOBAL float* branch;
-    const KCAP_GLOBAL float* weight;
-    KCAP_GLOBAL float* normed;       // written by the write-back group
-    KCAP_GLOBAL kcap_u32* arrivals;  // 0 before the launch; the write-back group sets it to 0 again
-    kcap_u32 groups;                 // the launch's groups that stage (all but the write-back group)
-    float eps;
-};
-
-// x * weight at value `at` (a float4) of the row, adding x's squares to sq.
-KCAP_FN float4 kcap_matvec_norm_load(const KcapMatvecNormInput n, kcap_u64 at, KCAP_PRIVATE float& sq) {
-    const float4 r = kcap_load_f32x4(n.residual + at), b = kcap_load_f32x4(n.branch + at);
-    const float4 g = kcap_load_f32x4(n.weight + at);
-    const float4 v = float4{r.x + b.x, r.y + b.y, r.z + b.z, r.w + b.w};
-    sq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    return float4{v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w};
-}
-
-// Every thread, after staging the row's last chunk and before the barrier that ends it: the
-// simd group's sum of squares into scratch (simds floats no one else uses).
-KCAP_FN void kcap_matvec_norm_partial(const KcapThread t, float sq, KCAP_SHARED float* scratch) {
-    sq = kcap_simd_sum(sq);
-    if (t.lane == 0) scratch[t.simd] = sq;
-}
-
-// Every thread, after that barrier: the norm's inv; thread 0 counts the group's arrival (every
-// thread's reads of the residual are done).
-KCAP_FN float kcap_matvec_norm_inv(const KcapThread t, const KcapMatvecNormInput n, int k,
-                                   const KCAP_SHARED float* scratch) {
-    if (t.index == 0) kcap_atomic_add(n.arrivals, 1u);
-    float total = 0.0f;
-    for (unsigned s = 0; s < t.simds; ++s) total += scratch[s];
-    return kcap_rsqrt(total / float(k) + n.eps);
-}
-
-// The write-back group (every thread; scratch: 32 floats): once every staging group has arrived,
-// residual += branch and normed = x inv weight (kcap_add_norm's arithmetic), and the count back
-// to 0.
-KCAP_FN void kcap_matvec_norm_write_back(const KcapThread t, const KcapMatvecNormInput n, int k,
-                                         KCAP_SHARED float* scratch) {
-    if (t.index == 0)
-        while (kcap_atomic_add(n.arrivals, 0u) < n.groups) {
-        }
-    kcap_barrier();
-    float sq = 0.0f;
-    for (int i = int(t.index); i < k / 4; i += int(t.threads)) {
-        const float4 r = kcap_load_f32x4(n.residual + 4 * i), b = kcap_load_f32x4(n.branch + 4 * i);
-        sq += (r.x + b.x) * (r.x + b.x) + (r.y + b.y) * (r.y + b.y) + (r.z + b.z) * (r.z + b.z) +
-              (r.w + b.w) * (r.w + b.w);
-    }
-    const float inv = kcap_rsqrt(kcap_group_sum(t, sq, scratch) / float(k) + n.eps);
-    for (int i = int(t.index); i < k / 4; i += int(t.threads)) {
-        const float4 r = kcap_load_f32x4(n.residual + 4 * i), b = kcap_load_f32x4(n.branch + 4 * i);
-        const float4 g = kcap_load_f32x4(n.weight + 4 * i);
-        const float4 v = float4{r.x + b.x, r.y + b.y, r.z + b.z, r.w + b.w};
-        kcap_store_f32x4(n.residual + 4 * i, v);
-        kcap_store_f32x4(n.normed + 4 * i, float4{v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w});
-    }
-    if (t.index == 0) n.arrivals[0] = 0u;
-}
-
 // What a staged matvec writes per output row: y = W x (+ bias), or the gated FFN
 // activation act(W_gate x) * (W_up x) of two matrices with the same format and shape.
 #define KCAP_MATVEC_PLAIN 0
@@ -266,15 +193,12 @@ struct KcapMatvecRun<F, true> {
 // bytes), `activation` as in kcap_gated, with the gate's bias (bias) and up's (bias2) where not
 // null. shared: kcap_matvec_staged_floats(chunk_runs, simds, ROWS * (MODE == KCAP_MATVEC_GATE_UP
 // ? 2 : 1)) floats.
-// NORM: x is norm's row added and normed (KcapMatvecNormInput; x unused; k a multiple of 32),
-// shared then has simds floats more.
-template <class F, int ROWS, int MODE, bool TEAMS, bool NORM = false>
+template <class F, int ROWS, int MODE, bool TEAMS>
 KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams, int chunk_runs,
                                 const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
                                 const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* bias, int activation,
                                 KCAP_GLOBAL float* y, KCAP_SHARED float* shared, const KCAP_GLOBAL float* bias2 = nullptr,
-                                float alpha = 0.0f, float limit = 0.0f,
-                                const KcapMatvecNormInput norm = KcapMatvecNormInput()) {
+                                float alpha = 0.0f, float limit = 0.0f) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
     constexpr bool kOffsets = KcapMatvecRun<F>::offsets;  // the x sums beside each run
@@ -286,8 +210,6 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, co
     const int runs = p.k / 32;
     float acc[kMats][ROWS];
     KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = 0.0f;
-    float sq = 0.0f, inv = 1.0f;  // NORM: this thread's sum of x^2; the norm's scale
-    KCAP_SHARED float* norm_scratch = partials + kcap_matvec_staged_floats(0, int(t.simds), ROWS * kMats);
     for (int chunk0 = 0; chunk0 < runs; chunk0 += chunk_runs) {
         const int chunk_end = chunk0 + chunk_runs < runs ? chunk0 + chunk_runs : runs;
         if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
@@ -298,8 +220,7 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, co
             const int i = base + int(t.index);
             const bool in = i < n4;
             float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (in && NORM) v = kcap_matvec_norm_load(norm, kcap_u64(chunk0) * 32 + 4 * kcap_u64(i), sq);
-            else if (in) v = kcap_load_f32x4(x + kcap_u64(chunk0) * 32 + 4 * kcap_u64(i));
+            if (in) v = kcap_load_f32x4(x + kcap_u64(chunk0) * 32 + 4 * kcap_u64(i));
             float sum = 0.0f;
             if (kOffsets) {
                 sum = (v.x + v.y) + (v.z + v.w);
@@ -312,9 +233,7 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, co
             to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
             if (kOffsets && i % 4 == 0) run[32 + (i % 8) / 4] = sum;
         }
-        if (NORM && chunk_end == runs) kcap_matvec_norm_partial(t, sq, norm_scratch);
         kcap_barrier();
-        if (NORM && chunk_end == runs) inv = kcap_matvec_norm_inv(t, norm, p.k, norm_scratch);
         if (row0 < p.n) {
             for (int run = chunk0 + me.part * lanes + me.lane; run < chunk_end; run += lanes * split) {
                 float xv[32], xsum[2] = {0.0f, 0.0f};
@@ -335,10 +254,9 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, co
     }
     // Float formats may end in a partial run (K % 32 elements, K a multiple of 4): part 0 of
     // each team takes them from global memory, one per lane a round (kcap_matmul_tail).
-    if (!NORM && me.part == 0 && row0 < p.n) {
+    if (me.part == 0 && row0 < p.n) {
         kcap_matmul_tail<F, ROWS>(me.lane, lanes, p, row0, w0, x, acc[0]);
         if (kMats == 2) kcap_matmul_tail<F, ROWS>(me.lane, lanes, p, row0, w1, x, acc[kMats - 1]);
     }
-    if (NORM) KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] *= inv;
     kcap_matvec_finish<ROWS, MODE, TEAMS>(t, p, teams, acc, partials, bias, activation, y, bias2, alpha, limit);
 }

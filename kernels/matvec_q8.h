@@ -100,20 +100,15 @@ KCAP_FN kcap_u32 kcap_q8_nibble_word(kcap_u32 low_quad, kcap_u32 high_quad, int 
 // a float4 per thread (so lanes 8r .. 8r + 7 of a simd group hold one run), every lane of a simd
 // group in every round. NIBBLES: the code words in MXFP4's nibble order (kcap_q8_nibble_word):
 // lane 8r + w (w < 4) takes word 2w from its quad and lane 8r + w + 4's, that lane word 2w + 1.
-// NORM: the runs from value `at` of norm's row added and normed (kcap_matvec_norm_load; x
-// unused), x^2 summed into sq.
-template <bool NIBBLES = false, bool NORM = false>
+template <bool NIBBLES = false>
 KCAP_FN void kcap_q8_stage_runs(const KcapThread t, const KCAP_GLOBAL float* x, int n_runs,
-                                KCAP_SHARED kcap_i32* records, KCAP_SHARED float* scales,
-                                const KcapMatvecNormInput norm = KcapMatvecNormInput(), kcap_u64 at = 0,
-                                KCAP_PRIVATE float* sq = nullptr) {
+                                KCAP_SHARED kcap_i32* records, KCAP_SHARED float* scales) {
     const int n4 = n_runs * 8;
     for (int base = 0; base < n4; base += int(t.threads)) {
         const int i = base + int(t.index);
         const bool in = i < n4;
         float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (in && NORM) v = kcap_matvec_norm_load(norm, at + 4 * kcap_u64(i), *sq);
-        else if (in) v = kcap_load_f32x4(x + 4 * kcap_u64(i));
+        if (in) v = kcap_load_f32x4(x + 4 * kcap_u64(i));
         const KcapQ8Quad q = kcap_q8_quantize_quad(v);
         kcap_u32 word = q.codes;
         if (NIBBLES) {
@@ -330,28 +325,25 @@ struct KcapQ8Units<KcapMXFP4> {
 // gate_up); x is either f32 (x_codes null: every group quantizes it) or the tokens'
 // q8_1 rows (x_codes, x_d, x_half_sums from kcap_q8_quantize_rows; x unused); y is token group_y's row. shared: chunk_runs * (KCAP_Q8_RUN_WORDS + 1)
 // + simds * ROWS * (MODE == KCAP_MATVEC_GATE_UP ? 2 : 1) words (cuda_rows::matvec_q8_shared_words).
-// NORM: x is norm's row added and normed (kernels/matvec.h: KcapMatvecNormInput; x and x_codes
-// unused), shared then has simds words more.
-template <class F, int ROWS, int MODE, bool TEAMS, bool NORM = false>
+template <class F, int ROWS, int MODE, bool TEAMS>
 KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams, int chunk_runs,
                             const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
                             const KCAP_GLOBAL float* x, const KCAP_GLOBAL kcap_u32* x_codes, const KCAP_GLOBAL float* x_d,
                             const KCAP_GLOBAL kcap_i32* x_half_sums, const KCAP_GLOBAL float* bias, int activation,
                             KCAP_GLOBAL float* y, KCAP_SHARED kcap_i32* shared,
-                            const KCAP_GLOBAL float* bias2 = nullptr, float alpha = 0.0f, float limit = 0.0f,
-                            const KcapMatvecNormInput norm = KcapMatvecNormInput()) {
+                            const KCAP_GLOBAL float* bias2 = nullptr, float alpha = 0.0f, float limit = 0.0f) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
     constexpr int kUnits = KcapQ8Units<F>::per_block;
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
     KCAP_SHARED kcap_i32* records = shared;
     KCAP_SHARED float* scales = reinterpret_cast<KCAP_SHARED float*>(shared + chunk_runs * KCAP_Q8_RUN_WORDS);
     KCAP_SHARED float* partials = scales + chunk_runs;
-    const bool quantized = !NORM && x_codes != nullptr;
+    const bool quantized = x_codes != nullptr;
     if (quantized) {
         x_codes += kcap_u64(t.group_y) * kcap_u64(p.k / 4);
         x_d += kcap_u64(t.group_y) * kcap_u64(p.k / 32);
         x_half_sums += kcap_u64(t.group_y) * kcap_u64(p.k / 16);
-    } else if (!NORM) {
+    } else {
         x += kcap_u64(t.group_y) * kcap_u64(p.k);
     }
     y += kcap_u64(t.group_y) * kcap_u64(p.n);
@@ -361,23 +353,16 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const 
     const int runs = p.k / 32;
     float acc[kMats][ROWS];
     KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = 0.0f;
-    float sq = 0.0f, inv = 1.0f;  // NORM: this thread's sum of x^2; the norm's scale
-    KCAP_SHARED float* norm_scratch = partials + int(t.simds) * ROWS * kMats;
     for (int chunk0 = 0; chunk0 < runs; chunk0 += chunk_runs) {
         const int chunk_end = chunk0 + chunk_runs < runs ? chunk0 + chunk_runs : runs;
         if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
-        if (NORM)
-            kcap_q8_stage_runs<KcapQ8Units<F>::nibbles, true>(t, x, chunk_end - chunk0, records, scales, norm,
-                                                              kcap_u64(chunk0) * 32, &sq);
-        else if (quantized)
+        if (quantized)
             kcap_q8_copy_runs<KcapQ8Units<F>::nibbles>(t, x_codes + 8 * chunk0, x_d + chunk0, x_half_sums + 2 * chunk0,
                                                        chunk_end - chunk0, records, scales);
         else
             kcap_q8_stage_runs<KcapQ8Units<F>::nibbles>(t, x + kcap_u64(chunk0) * 32, chunk_end - chunk0, records,
                                                         scales);
-        if (NORM && chunk_end == runs) kcap_matvec_norm_partial(t, sq, norm_scratch);
         kcap_barrier();
-        if (NORM && chunk_end == runs) inv = kcap_matvec_norm_inv(t, norm, p.k, norm_scratch);
         if (row0 < p.n) {
             // Units of the chunk's blocks (chunk0 and chunk_end are multiples of kRunsPerBlock).
             const int unit_end = chunk_end / kRunsPerBlock * kUnits;
@@ -397,6 +382,5 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const 
             }
         }
     }
-    if (NORM) KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] *= inv;
     kcap_matvec_finish<ROWS, MODE, TEAMS>(t, p, teams, acc, partials, bias, activation, y, bias2, alpha, limit);
 }

@@ -138,9 +138,8 @@ const std::vector<Encoding>& encodings();              // every encoding, for op
     /* the experts' weighted sum plus a shared expert's output without a gate (input3), in the     \
        same pass: no separate add */                                                               \
     X(SharedExpertSum, shared_expert_sum)                                                          \
-    /* a router or qkv that first adds the branch to the residual and RMS-norms it (the add_norm   \
-       before it fused in: input Residual; the branch and the normed row it also writes are a      \
-       router's input2 and input3, a qkv's input4 and input5) */                                   \
+    /* a router that first adds the branch to the residual and RMS-norms it (the add_norm before   \
+       it fused in: input Residual, input2 the branch, input3 the normed row it also writes) */    \
     X(AddNormInput, add_norm_input)
 
 enum FeatureIndex : int {

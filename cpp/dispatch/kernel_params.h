@@ -44,11 +44,9 @@ inline const TensorRef* stage_operand(const Stage& stage, size_t i) {
     return i < stage.operands.size() ? stage.operands[i] : nullptr;
 }
 
-// A qkv stage's matrices, operands 0..2: Q, K and V, or a latent attention's pair (two; operand
-// 2 absent). The biases of Q, K and V, where their matmuls had any (kBias), are operands 3..5,
-// null where absent; with the add_norm before it fused in (kAddNormInput), operand 6 is the
-// norm's weight.
-inline int qkv_matrices(const Stage& stage) { return stage.operands.size() > 2 && stage.operands[2] ? 3 : 2; }
+// A qkv stage's matrices, operands 0..2: Q, K and V, or a latent attention's pair (two). The
+// biases of Q, K and V, where their matmuls had any (kBias), are operands 3..5, null where absent.
+inline int qkv_matrices(const Stage& stage) { return stage.operands.size() == 2 ? 2 : 3; }
 inline const TensorRef* qkv_bias(const Stage& stage, int which) { return stage_operand(stage, size_t(3 + which)); }
 
 // RMS or Layer norm of stage.groups groups of stage.k per token; operands (weight, bias).

@@ -56,9 +56,8 @@ std::string describe_formats(const Stage& stage) {
         const char* role = stage.op == Op::Norm      ? norm_roles[std::min<size_t>(i, 1)]
                            : stage.op == Op::AddNorm ? add_norm_roles[std::min<size_t>(i, 3)]
                            : stage.op == Op::GateUp  ? gate_up_roles[std::min<size_t>(i, 1)]
-                           : stage.op == Op::Qkv && i == 6 ? "norm_weight"  // kAddNormInput
-                           : stage.op == Op::Qkv && !(stage.operands.size() > 2 && stage.operands[2]) && i < 2
-                               ? latent_pair_roles[i]
+                           : stage.op == Op::Qkv && stage.operands.size() == 2
+                               ? latent_pair_roles[std::min<size_t>(i, 1)]
                            : stage.op == Op::Qkv     ? qkv_roles[std::min<size_t>(i, 5)]
                            : stage.op == Op::QkNormRope || stage.op == Op::Attention
                                ? qk_norm_rope_roles[std::min<size_t>(i, 3)]
@@ -92,7 +91,7 @@ std::string describe_dims(const Stage& stage) {
         case Op::GateUp: out << "K=" << stage.k << " N=" << stage.n; break;
         case Op::Qkv:
             out << "K=" << stage.k << " N=" << stage.n << "/" << stage.operands[1]->n_rows();
-            if (stage.operands.size() > 2 && stage.operands[2]) out << "/" << stage.operands[2]->n_rows();
+            if (stage.operands.size() > 2) out << "/" << stage.operands[2]->n_rows();
             break;
         case Op::Norm: out << "n=" << stage.k << " groups=" << stage.groups; break;
         case Op::MoeRoute:
@@ -1107,33 +1106,6 @@ size_t fuse_add_norm_route(const std::vector<Stage>& stages, size_t i, const Pla
     return 2;
 }
 
-// add_norm + the qkv of its normed row -> a qkv that does the add_norm first (kAddNormInput):
-// operand 6 the norm's weight, input Residual, input4 the branch, input5 Normed (still written).
-// The same plain add_norm as fuse_add_norm_route. Where a row of the backend norms the row in
-// the qkv's own launch (CUDA's cuda.qkv_norm and cuda.qkv_q8_norm, one token: every group adds
-// and norms the row it stages) a decode step saves the add_norm's launch; the other token counts
-// run the add_norm's kernel, then the qkv's.
-size_t fuse_add_norm_qkv(const std::vector<Stage>& stages, size_t i, const PlanOptions& options, Stage& fused) {
-    if (i + 1 >= stages.size()) return 0;
-    const Stage& add = stages[i];
-    const Stage& qkv = stages[i + 1];
-    if (add.op != Op::AddNorm || qkv.op != Op::Qkv || add.output != Buffer::Normed || qkv.input != Buffer::Normed ||
-        add.input != Buffer::Residual || add.n != qkv.k || add.features != FeatureMask(kRmsNorm) ||
-        qkv.last_token_only)
-        return 0;
-    fused = qkv;
-    fused.name = add.name + "+" + qkv.name;
-    fused.operands.resize(6, nullptr);  // the weights and their biases (absent: null)
-    fused.operands.push_back(add.operands[2]);
-    fused.input = Buffer::Residual;
-    fused.input4 = add.input2;
-    fused.input5 = Buffer::Normed;
-    fused.params.eps = add.params.eps;
-    fused.features = qkv.features | kAddNormInput;
-    if (!fits(fused, options)) return 0;
-    return 2;
-}
-
 std::vector<Stage> fuse_pairs_and_triples(const std::vector<Stage>& stages, const PlanOptions& options) {
     std::vector<Stage> out;
     for (size_t i = 0; i < stages.size();) {
@@ -1161,7 +1133,6 @@ std::vector<Stage> fuse_stages(const std::vector<Stage>& stages, const PlanOptio
         Stage fused;
         size_t used = fuse_rope_attention(out, i, options, fused);
         if (!used) used = fuse_add_norm_route(out, i, options, fused);
-        if (!used) used = fuse_add_norm_qkv(out, i, options, fused);
         if (used) {
             second.push_back(std::move(fused));
             i += used;
@@ -1315,11 +1286,7 @@ Plan make_plan(const ModelSpec& spec, const PlanOptions& in_options) {
         }
         if (stage.op == Op::Qkv) {
             widen(stage.input2, stage.operands[1]->n_rows());
-            if (stage.operands.size() > 2 && stage.operands[2]) widen(stage.input3, stage.operands[2]->n_rows());
-            if (stage.features & kAddNormInput) {
-                widen(stage.input4, stage.k);
-                widen(stage.input5, stage.k);
-            }
+            if (stage.operands.size() > 2) widen(stage.input3, stage.operands[2]->n_rows());
         }
         if (stage.op == Op::Add || stage.op == Op::FfnActivation || stage.op == Op::AddNorm ||
             stage.op == Op::GateUp)

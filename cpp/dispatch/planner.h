@@ -158,11 +158,6 @@ bool bind_stage_buffers(const Plan& plan, const Stage& stage, int64_t n, bool ne
         case Op::Qkv:     // the K and V outputs (Q is out; a pair has no V)
             call.inout2 = buffer(stage.input2);
             call.inout3 = stage.input3 != Buffer::None ? buffer(stage.input3) : nullptr;
-            if (stage.op == Op::Qkv && (stage.features & kAddNormInput)) {  // the add_norm before it
-                call.in4 = buffer(stage.input4);
-                call.inout4 = buffer(stage.input);
-                call.inout5 = buffer(stage.input5);
-            }
             break;
         default: break;
     }

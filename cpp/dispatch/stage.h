@@ -65,10 +65,6 @@ struct Stage {
     Buffer input = Buffer::None;
     Buffer input2 = Buffer::None;
     Buffer input3 = Buffer::None;
-    // A qkv with the add_norm before it fused in (kAddNormInput; input the residual, read and
-    // written): the branch added to the residual, and the normed row it also writes.
-    Buffer input4 = Buffer::None;
-    Buffer input5 = Buffer::None;
     Buffer output = Buffer::None;
     int64_t k = 0;        // inner dimension (matmul K; norm row length; rope/attn head dim)
     int64_t n = 0;        // output width per token
@@ -101,11 +97,6 @@ struct KernelCall {
     float* inout2 = nullptr;  // rope: the K buffer rotated alongside Q; add_norm: the residual
                               // (read and written); gate_up: gate scratch
     float* inout3 = nullptr;  // gate_up: up scratch
-    // A qkv with the add_norm before it (kAddNormInput): the branch (stage.input4), the residual
-    // (stage.input, read and written) and the normed row (stage.input5, written).
-    const float* in4 = nullptr;
-    float* inout4 = nullptr;
-    float* inout5 = nullptr;
     // The per-token buffers of this call hold buffer_rows rows (the call's tokens); a stage
     // that runs on the last position only reads from row row_offset (buffer_rows - 1) of them.
     int buffer_rows = 0;

@@ -93,12 +93,6 @@ T simd_sum(T value);
 template <class T>
 T simd_max(T value);
 
-struct atomic_uint {
-    uint value;
-};
-enum memory_order { memory_order_relaxed };
-uint atomic_fetch_add_explicit(volatile device atomic_uint* object, uint operand, memory_order order);
-
 float fabs(float x);
 float fmax(float a, float b);
 float fmin(float a, float b);

@@ -2258,111 +2258,6 @@ void test_matvec_q8(std::mt19937& rng, CpuState& cpu) {
     std::printf("q8_1 matvec bodies: %d cases\n", checked);
 }
 
-// The decode matvec bodies that add and norm their own input (NORM: cuda.qkv_norm's f32 staged
-// matvec, cuda.qkv_q8_norm's q8_1 one; kernels/matvec.h's KcapMatvecNormInput) against the CPU's
-// add_norm and then its matmul row on the normed row (rounded to q8_1 for the q8_1 body): every
-// group stages residual + branch times the norm's weight and scales its sums by the norm at the
-// end; one group more writes the residual and the normed row back once every other group has
-// staged, and clears the arrival count. Whole rows and chunks of 8 runs, several groups, each team
-// shape.
-void test_matvec_norm(std::mt19937& rng, CpuState& cpu) {
-    int checked = 0;
-    for (const Format f : {Format::F32, Format::F16, Format::Q4_K, Format::Q6_K, Format::Q8_0, Format::MXFP4,
-                           Format::Q5_0}) {
-        with_decoder(f, [&](auto decoder) {
-            using F = decltype(decoder);
-            for (int64_t k : {int64_t(512), int64_t(2880)}) {
-                if (k % F::block_elems != 0) continue;
-                for (bool q8 : {false, true}) {
-                    if constexpr (!KcapCodes<F>::has_codes8) {
-                        if (q8) continue;
-                    }
-                    const int64_t n = 37;
-                    auto w = random_weights(rng, f, k, n);
-                    auto bias = float_vector(random_floats(rng, size_t(n)), "bias");
-                    auto weight = float_vector(random_floats(rng, size_t(k), 1.0f), "attn_norm");
-                    const std::vector<float> residual = random_floats(rng, size_t(k));
-                    const std::vector<float> branch = random_floats(rng, size_t(k));
-                    Stage add;
-                    add.op = Op::AddNorm;
-                    add.operands = {nullptr, nullptr, &weight->ref, nullptr};
-                    add.k = add.n = k;
-                    add.params.eps = 1e-6f;
-                    add.features = kRmsNorm;
-                    std::vector<float> sum = residual;
-                    const std::vector<float> normed = cpu_add_norm(add, 1, sum, branch, cpu);
-                    const std::vector<float> xr = q8 ? q8_1_values(normed) : normed;
-                    std::vector<float> ref(static_cast<size_t>(n));
-                    KernelCall call;
-                    call.n_tokens = 1;
-                    call.in = xr.data();
-                    call.out = ref.data();
-                    run_cpu(cpu_matmul_row(f), matmul_stage(&w->ref, &bias->ref, k, n), call, cpu);
-                    KcapMatmulParams p;
-                    p.k = int(k), p.n = int(n), p.m = 1;
-                    p.row_bytes = unsigned(row_bytes(f, k));
-                    p.has_bias = true;
-                    const float* b = reinterpret_cast<const float*>(bias->ref.data);
-                    const int simds = q8 ? kMatvecQ8Simds : kMatvecSimds;
-                    for (const KcapMatvecTeams teams : matvec_team_shapes(simds))
-                        for (const int chunk : {int(k / 32), 8}) {
-                            std::vector<float> got = nan_filled(size_t(n)), got_normed = nan_filled(size_t(k));
-                            std::vector<float> got_residual = residual;
-                            kcap_u32 arrivals = 0;
-                            const unsigned groups = matvec_test_groups(n, teams, kMatvecRows, simds);
-                            KcapMatvecNormInput norm;
-                            norm.residual = got_residual.data();
-                            norm.branch = branch.data();
-                            norm.weight = reinterpret_cast<const float*>(weight->ref.data);
-                            norm.normed = got_normed.data();
-                            norm.arrivals = &arrivals;
-                            norm.groups = groups;
-                            norm.eps = add.params.eps;
-                            const int shared = q8 ? kcap::cuda_rows::kMatvecQ8SharedBytes + 4 * simds
-                                                  : kcap::cuda_rows::kMatvecSharedBytes + 4 * simds;
-                            // The staging groups, then the write-back group (simulated groups run
-                            // in order: it finds every other group arrived).
-                            kcap_sim::launch({groups + 1, 1, 1}, unsigned(simds * 32), shared, [&](const KcapThread& t,
-                                                                                                   void* mem) {
-                                if (t.group_x == groups) {
-                                    kcap_matvec_norm_write_back(t, norm, int(k), static_cast<float*>(mem));
-                                    return;
-                                }
-                                kcap::cuda_rows::with_matvec_body<kcap::cuda_rows::kMatvecFewestLanes>(
-                                    teams.lanes, [&](auto body) {
-                                        constexpr bool TEAMS = decltype(body)::value;
-                                        if constexpr (KcapCodes<F>::has_codes8) {
-                                            if (q8) {
-                                                kcap_matvec_q8<F, kMatvecRows, KCAP_MATVEC_PLAIN, TEAMS, true>(
-                                                    t, p, teams, chunk, w->ref.data, w->ref.data, nullptr, nullptr,
-                                                    nullptr, nullptr, b, 0, got.data(), static_cast<kcap_i32*>(mem),
-                                                    nullptr, 0.0f, 0.0f, norm);
-                                                return;
-                                            }
-                                        }
-                                        kcap_matvec_staged<F, kMatvecRows, KCAP_MATVEC_PLAIN, TEAMS, true>(
-                                            t, p, teams, chunk, w->ref.data, w->ref.data, nullptr, b, 0, got.data(),
-                                            static_cast<float*>(mem), nullptr, 0.0f, 0.0f, norm);
-                                    });
-                            });
-                            const double err = matmul_error(got, ref, w->ref, xr.data(), k, n, 1);
-                            const double residual_err = relative_error(got_residual, sum);
-                            const double normed_err = relative_error(got_normed, normed);
-                            KCAP_EXPECT(err <= kMatmulTolerance && residual_err <= kExactTolerance &&
-                                            normed_err <= kExactTolerance && arrivals == 0,
-                                        "%s K=%lld q8=%d split=%d lanes=%d chunk=%d: error %.3g, residual %.3g, "
-                                        "normed %.3g, arrivals left %u",
-                                        format_name(f), (long long)k, int(q8), teams.split, teams.lanes, chunk, err,
-                                        residual_err, normed_err, arrivals);
-                            ++checked;
-                        }
-                }
-            }
-        });
-    }
-    std::printf("matvec bodies that norm their input: %d cases\n", checked);
-}
-
 void test_gate_up(std::mt19937& rng, CpuState& cpu) {
     int checked = 0;
     for (const Row& row : capability_table()) {
@@ -2506,7 +2401,6 @@ int main() {
     if (wanted("test_embed_rows")) test_embed_rows(rng, cpu);
     if (wanted("test_norm")) test_norm(rng, cpu);
     if (wanted("test_add_norm")) test_add_norm(rng, cpu);
-    if (wanted("test_matvec_norm")) test_matvec_norm(rng, cpu);
     if (wanted("test_gate_up")) test_gate_up(rng, cpu);
     if (wanted("test_rope")) test_rope(rng, cpu);
     if (wanted("test_qk_norm_rope")) test_qk_norm_rope(rng, cpu);

@@ -175,32 +175,21 @@ def test_cuda_plan_fuses_residual_norms_qkv_gate_up_and_rope(model_files, name):
                         "qk_norm_rope")}
     # Every layer's two residual adds become add_norms (the first feeds the FFN norm, the
     # second the next layer's attention norm or the output norm); each gated FFN one gate_up.
-    # A plain add_norm before the next layer's qkv (no post-norm) goes into that qkv
-    # (cuda.qkv_norm: one launch adds, norms and multiplies).
-    post_norm = "post_norm" in next(r for r in fused if r["op"] == "add_norm")["features"]
-    into_qkv = 0 if post_norm else n_layer - 1
-    assert len(by_op["add_norm"]) == 2 * n_layer - into_qkv and not by_op["add"]
+    assert len(by_op["add_norm"]) == 2 * n_layer and not by_op["add"]
     assert len(by_op["gate_up"]) == n_layer and not by_op["ffn_activation"]
     assert all(r["kernel"] == "cuda.add_norm" for r in by_op["add_norm"])
     assert all(r["kernel"].startswith("cuda.gate_up.") and "gated" in r["features"] for r in by_op["gate_up"])
     # A batch's fused stages run their walk or tensor-core forms (rows of the same fusion).
     prefill = at(explain_file(path, backend="cuda"), 64)
     assert {r["kernel"].split(".")[1] for r in prefill if r["op"] == "gate_up"} == {"gate_up_mma"}
-    assert {r["kernel"] for r in prefill if r["op"] == "qkv"} == {"cuda.qkv_mma"} | (
-        {"cuda.qkv_mma_add_norm"} if into_qkv else set())  # the twin: the add_norm's kernel, then the tiles
+    assert {r["kernel"] for r in prefill if r["op"] == "qkv"} == {"cuda.qkv_mma"}
     assert {r["kernel"] for r in prefill if r["op"] == "attention"} <= {"cuda.attention_prefill_rope",
                                                                           "cuda.attention_prefill_qk_norm_rope"}
     assert by_op["add_norm"][-1]["stage"].endswith("+output_norm")
     # Each layer's Q, K and V matmuls (any formats each) become one qkv stage; the
     # matmuls left are attn_output, ffn_down and the LM head.
     assert len(by_op["qkv"]) == n_layer
-    assert by_op["qkv"][0]["kernel"] == "cuda.qkv" and by_op["qkv"][0]["stage"] == "attn_q+attn_k+attn_v"
-    for r in by_op["qkv"][1:]:
-        if post_norm:
-            assert r["kernel"] == "cuda.qkv" and r["stage"] == "attn_q+attn_k+attn_v", r
-        else:
-            assert r["kernel"] == "cuda.qkv_norm" and r["stage"].endswith("+attn_norm+attn_q+attn_k+attn_v"), r
-            assert "add_norm_input" in r["features"] and r["formats"].endswith("norm_weight=F32"), r
+    assert all(r["kernel"] == "cuda.qkv" and r["stage"] == "attn_q+attn_k+attn_v" for r in by_op["qkv"])
     assert len(by_op["matmul"]) == 2 * n_layer + 1
     # Each layer's attention owns its rope (with the QK-norm where the model has one).
     qk_norm = any(r["stage"] == "attn_q_norm" for r in cpu)
@@ -224,7 +213,7 @@ def test_cuda_plan_fuses_residual_norms_qkv_gate_up_and_rope(model_files, name):
     # Stages saved per layer: each add_norm replaces 3 stages with a post-norm (Gemma) or 2,
     # qkv, gate_up and qk_norm_rope 3 each, and the attention takes the rope stage in.
     merged = 3 if "post_norm" in by_op["add_norm"][0]["features"] else 2
-    assert len(fused) == len(cpu) - n_layer * (2 * (merged - 1) + 2 + 2 + (2 if qk_norm else 0) + 1) - into_qkv
+    assert len(fused) == len(cpu) - n_layer * (2 * (merged - 1) + 2 + 2 + (2 if qk_norm else 0) + 1)
 
 
 def test_attention_owns_only_a_whole_rotary_rope_it_can_pair(tmp_path):
@@ -391,8 +380,7 @@ def test_qwen3_30b_a3b_shape_routes_to_cuda(tmp_path):
         twin = explain_file(path, backend="cuda", kv_type="f16", activations=activations,
                             excluded_kernels=["cuda.moe_route_cluster_norm"])
         assert kernels_at(twin, 1)["attn_residual+ffn_norm+ffn_router"] == "cuda.moe_route_cluster_add_norm"
-        fused = [r["kernel"] for r in _core.capability_rows()
-                 if "add_norm_input" in r["requires_all"] and r["op"] == "moe_route"]
+        fused = [r["kernel"] for r in _core.capability_rows() if "add_norm_input" in r["requires_all"]]
         assert sorted(fused) == ["cuda.moe_route_add_norm", "cuda.moe_route_cluster_add_norm",
                                  "cuda.moe_route_cluster_norm", "cuda.moe_route_tiled_add_norm"]
         apart = explain_file(path, backend="cuda", kv_type="f16", activations=activations, excluded_kernels=fused)
@@ -443,48 +431,6 @@ def test_q8_1_activations_route_matmuls_to_the_int8_rows(tmp_path):
     with pytest.raises(kcap.RoutingError, match=r"rounds its input to q8_1; the plan keeps f32 activations"):
         explain_file(path, backend="cuda", kv_type="f16",
                      excluded_kernels=["cuda.matvec.q4_k", "cuda.matmul_tokens.q4_k", "cuda.matmul_mma.q4_k"])
-
-
-def test_qkv_takes_the_add_norm_before_it(tmp_path):
-    # From layer 1 on, the add_norm that ends a layer (residual += FFN output, then the next
-    # layer's attention norm) goes into the next layer's qkv stage (add_norm_input, the norm's
-    # weight as operand norm_weight): one token runs one launch that adds, norms and multiplies
-    # (cuda.qkv_norm, in q8_1 plans cuda.qkv_q8_norm), every other token count the twin of its
-    # row (the add_norm's kernel, in q8_1 plans its q8_1 form, then the row's launches). The CPU
-    # has no such rows and keeps the stages apart, as does a plan without them.
-    path = synth.llama3_8b_q4_k_m(str(tmp_path / "l3.gguf"), n_layer=2, n_vocab=512)
-    name = "ffn_residual+attn_norm+attn_q+attn_k+attn_v"
-    want = {"f32": {1: "cuda.qkv_norm", 8: "cuda.qkv_tokens_add_norm", 512: "cuda.qkv_mma_add_norm"},
-            "q8_1": {1: "cuda.qkv_q8_norm", 8: "cuda.qkv_q8_tokens_add_norm", 512: "cuda.qkv_q8_mma_add_norm"},
-            "bf16": {1: "cuda.qkv_norm", 8: "cuda.qkv_tokens_add_norm", 512: "cuda.qkv_bf16_add_norm"}}
-    for activations, kernels in want.items():
-        routes = explain_file(path, backend="cuda", kv_type="f16", activations=activations)
-        for n, kernel in kernels.items():
-            assert kernels_at(routes, n, layer=1)[name] == kernel, (activations, n)
-            assert "attn_norm" not in kernels_at(routes, n, layer=1)
-            assert kernels_at(routes, n)["attn_q+attn_k+attn_v"].startswith("cuda.qkv")  # layer 0: a plain norm
-        fused = [r for r in routes if r["stage"] == name]
-        assert all(r["features"] == "add_norm_input" for r in fused)
-        assert all(r["formats"] == "W_q=Q4_K W_k=Q4_K W_v=Q6_K norm_weight=F32" for r in fused)
-        assert [(r["tokens_min"], r["tokens_max"]) for r in fused] == [(1, 1), (2, 15), (16, None)]
-    # The rows' launches say what runs: the one-token rows one launch, the twins the add_norm first.
-    rows = {r["kernel"]: r for r in _core.capability_rows() if "add_norm_input" in r["requires_all"]
-            and r["op"] == "qkv"}
-    assert sorted(rows) == ["cuda.qkv_bf16_add_norm", "cuda.qkv_mma_add_norm", "cuda.qkv_norm",
-                            "cuda.qkv_q8_mma_add_norm", "cuda.qkv_q8_norm", "cuda.qkv_q8_tokens_add_norm",
-                            "cuda.qkv_tokens_add_norm"]
-    assert rows["cuda.qkv_norm"]["launches"] == ["qkv_matvec_norm"]
-    assert rows["cuda.qkv_q8_norm"]["launches"] == ["qkv_matvec_q8_norm"]
-    assert rows["cuda.qkv_q8_mma_add_norm"]["launches"][0] == "add_norm_q8"
-    assert rows["cuda.qkv_tokens_add_norm"]["launches"][0] == "add_norm"
-    # Without the one-launch row a token takes the twin; without any of them the plan keeps the
-    # add_norm and the qkv apart; the CPU never fuses them.
-    twin = explain_file(path, backend="cuda", kv_type="f16", excluded_kernels=["cuda.qkv_norm"])
-    assert kernels_at(twin, 1, layer=1)[name] == "cuda.qkv_tokens_add_norm"
-    apart = at(explain_file(path, backend="cuda", kv_type="f16", excluded_kernels=sorted(rows)), 1)
-    assert [r["kernel"] for r in apart if r["stage"] == "ffn_residual+attn_norm"] == [
-        "cuda.add_norm"]
-    assert not [r for r in explain_file(path, backend="cpu") if "add_norm_input" in r["features"]]
 
 
 def test_bf16_activations_route_matmuls_to_the_gemm_rows(tmp_path):

@@ -208,17 +208,13 @@ def test_cuda_q8_plan_fuses_query_and_compressed_kv_matmuls(fixture, query):
     md = metadata(fixture)
     fused_name = f"{query}+attn_kv_a_mqa"
     routes = explain_file(path, backend="cuda", activations="q8_1")
-    # From layer 1 on the pair also takes the add_norm before it (the previous layer's residual
-    # add and this layer's attention norm: cuda.qkv_q8_norm for one token).
-    pairs = [r for r in routes if r["stage"] == fused_name or r["stage"].endswith("+attn_norm+" + fused_name)]
+    pairs = [r for r in routes if r["stage"] == fused_name]
     assert {r["layer"] for r in pairs} == set(range(md["deepseek2.block_count"]))
-    assert all(r["op"] == "qkv" and r["formats"].startswith("W_q=Q8_0 W_kv_a=Q8_0") for r in pairs)
-    assert all(r["formats"].endswith("norm_weight=F32") == (r["layer"] > 0) for r in pairs)
+    assert all(r["op"] == "qkv" and r["formats"] == "W_q=Q8_0 W_kv_a=Q8_0" for r in pairs)
     kv_width = md["deepseek2.attention.kv_lora_rank"] + md["deepseek2.rope.dimension_count"]
     assert all(r["dims"].endswith(f"/{kv_width}") for r in pairs), pairs[0]["dims"]
-    assert {r["kernel"] for r in pairs if r["tokens_min"] == 1 and r["layer"] == 0} <= {
-        "cuda.qkv_q8", "cuda.qkv_q8_quant", "cuda.qkv_q8_in"}
-    assert {r["kernel"] for r in pairs if r["tokens_min"] == 1 and r["layer"] > 0} == {"cuda.qkv_q8_norm"}
+    assert {r["kernel"] for r in pairs if r["tokens_min"] == 1} <= {"cuda.qkv_q8", "cuda.qkv_q8_quant",
+                                                                     "cuda.qkv_q8_in"}
     assert max(r["tokens_max"] or 1 << 30 for r in pairs) == 1 << 30  # a route for every token count
     qkv_rows = sorted({r["kernel"] for r in routes if r["op"] == "qkv"})
     apart = explain_file(path, backend="cuda", activations="q8_1", excluded_kernels=qkv_rows)
