@@ -21,8 +21,12 @@
 #   AB_ACTIVATIONS  f32, q8_1 or bf16, or several separated by commas (default q8_1; ncu takes the first)
 #   AB_NCU          0 skips Nsight Compute
 #   AB_KERNELS      ncu kernel regex (default mma_q8: the int8 tiles); AB_LAUNCHES (default 24)
-#   AB_ROUNDS       sweep rounds (default 2); AB_TG=1 also times tg128
+#   AB_ROUNDS       sweep rounds (default 2); AB_TG=1 also times tg128; AB_MODES (pp512, tg128 or
+#                   both) replaces that choice
 #   AB_ROWS         test_cuda_rows groups to run on the new tree (none by default)
+#   AB_ARMS         the arms the sweeps time, in turn (default "base new"); an arm new+VAR=VALUE
+#                   runs the new tree with VAR=VALUE in its environment (a probe's switch), so
+#                   one build times several variants; without base in it the base is not built
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CARRY=$(cd "${1:-.kcap_cuda_carry}" && pwd)
@@ -60,11 +64,18 @@ build() {
 step build
 targets=(_core)
 [ -n "${AB_ROWS:-}" ] && targets+=(test_cuda_rows)
-JOBS=$(( $(nproc) / 2 ))
-build "$BASE" _core &
-build "$SRC" "${targets[@]}" &
-wait
-ls "$BASE_TREE"/python/kcap/_core*.so "$SRC"/python/kcap/_core*.so > /dev/null || exit 1
+ARMS=${AB_ARMS:-base new}
+if [[ " $ARMS " == *" base "* ]]; then
+    JOBS=$(( $(nproc) / 2 ))
+    build "$BASE" _core &
+    build "$SRC" "${targets[@]}" &
+    wait
+    ls "$BASE_TREE"/python/kcap/_core*.so > /dev/null || exit 1
+else
+    JOBS=$(nproc)
+    build "$SRC" "${targets[@]}"
+fi
+ls "$SRC"/python/kcap/_core*.so > /dev/null || exit 1
 
 step models
 PYTHONPATH="$SRC/python:/tmp/site" python3 -c "
@@ -72,16 +83,14 @@ import sys; sys.path.insert(0, '$SRC/bench')
 from bench_cuda import make_models; from pathlib import Path
 make_models(Path('/tmp/kcap_models'), '$MODELS'.split(','))" 2>&1 | tail -3
 
-# tree NAME: base's or new's tree. run NAME COMMAND...: COMMAND with that tree on PYTHONPATH.
-tree() { if [ "$1" = new ]; then echo "$SRC"; else echo "$BASE_TREE"; fi; }
+# tree NAME: base's or new's tree (an arm new+VAR=VALUE: new's). run NAME COMMAND...: COMMAND
+# with that tree on PYTHONPATH (and the arm's VAR=VALUE in its environment).
+tree() { if [[ "$1" == new* ]]; then echo "$SRC"; else echo "$BASE_TREE"; fi; }
 run() {
-    local name=$1
+    local name=$1 extra=()
     shift
-    if [ "$name" = new ]; then
-        env PYTHONPATH="$SRC/python:/tmp/site" "$@"
-    else
-        env PYTHONPATH="$BASE_TREE/python:/tmp/site" "$@"
-    fi
+    [[ "$name" == new+* ]] && extra=("${name#new+}")
+    env PYTHONPATH="$(tree "$name")/python:/tmp/site" "${extra[@]}" "$@"
 }
 
 FIRST=/tmp/kcap_models/${MODELS%%,*}.gguf
@@ -97,8 +106,8 @@ done
 
 for round in $(seq "${AB_ROUNDS:-2}"); do
     for activations in ${ACTIVATIONS//,/ }; do
-        for name in base new; do
-            for mode in pp512 ${AB_TG:+tg128}; do
+        for name in $ARMS; do
+            for mode in ${AB_MODES:-pp512 ${AB_TG:+tg128}}; do
                 step "$mode $activations $name round $round"
                 flags=()
                 [ "$mode" = pp512 ] && flags=(--pp)
