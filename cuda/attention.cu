@@ -10,9 +10,6 @@
 // The split count was fixed at load time from the stage's longest span (cuda_backend.cu),
 // so the captured graph replays at any position; each split's share of keys follows the
 // position read from device memory.
-#include <cstdlib>
-#include <cstring>
-
 #include "cuda/attention.h"
 #include "dispatch/kernel_params.h"
 #include "kernels/attention.h"
@@ -64,21 +61,10 @@ __device__ __forceinline__ void prefetch_position(const kcap_i32* step) {
     asm volatile("prefetch.global.L1 [%0];" ::"l"(step));
 }
 
-// Probe: timestamps (globaltimer, ns) of the decode attention and its combine per invocation.
-__device__ unsigned long long g_at[64][6];  // decode start (min), wait (max), end (max); combine start, wait, end
-__device__ unsigned g_at_inv;
-__device__ unsigned g_at_done;
-__device__ __forceinline__ unsigned long long at_now() {
-    unsigned long long v;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
-    return v;
-}
-
 // The decode body's wait (kcap_attention_decode_dims' Wait): the launch before it complete.
 struct PdlWait {
     static __device__ __forceinline__ void wait() {
         cuda::pdl_wait();
-        if (threadIdx.x == 0) atomicMax(&g_at[*static_cast<volatile unsigned*>(&g_at_inv) % 64][1], at_now());
         cuda::pdl_trigger();
     }
 };
@@ -89,8 +75,6 @@ __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32, DG == 1 ? 2 :
                   kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out, cuda::Q8Rows q8,
                   const float2* cos_sin, const float* q_norm, const float* k_norm, const float* sinks) {
     __shared__ float merge[KCAP_ATTN_DECODE_SHARED_FLOATS];
-    const unsigned inv = *static_cast<volatile unsigned*>(&g_at_inv);
-    if (threadIdx.x == 0) atomicMin(&g_at[inv % 64][0], at_now());
     // Before the wait: the position (see prefetch_position) and the cached rows it reads
     // (written by earlier steps); the prefetch is a hint, the body reads the position again,
     // and its cos/sin row, the QK-norm weights and each simd group's first keys before it
@@ -99,8 +83,6 @@ __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32, DG == 1 ? 2 :
     const KcapThread t = kcap_cuda_thread();
     kcap_attention_decode_dims<DG, KS, PdlWait>(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml,
                                                 out, merge, cos_sin, q_norm, k_norm, sinks);
-    __syncthreads();
-    if (threadIdx.x == 0) atomicMax(&g_at[inv % 64][2], at_now());
     // One split covered every key: this group wrote its query heads' outputs (contiguous), so
     // it also writes their q8_1 for the output projection.
     const KcapDecodeHeads heads = kcap_decode_heads(p, int(blockIdx.x));
@@ -118,32 +100,10 @@ __global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, con
                                                       const float* sinks) {
     __shared__ float shared[KCAP_ATTN_COMBINE_SHARED_FLOATS];
     prefetch_position(step);
-    const unsigned inv = *static_cast<volatile unsigned*>(&g_at_inv);
-    if (threadIdx.x == 0) atomicMin(&g_at[inv % 64][3], at_now());
     cuda::pdl_wait();
-    if (threadIdx.x == 0) atomicMax(&g_at[inv % 64][4], at_now());
     cuda::pdl_trigger();
     const KcapThread t = kcap_cuda_thread();
     const float v = kcap_attention_combine(t, p, step, partial_o, partial_ml, out, shared, sinks);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        atomicMax(&g_at[inv % 64][5], at_now());
-        __threadfence();
-        if (atomicAdd(&g_at_done, 1u) == gridDim.x - 1) {
-            if (inv == 1000)
-                for (unsigned j = inv - 24; j < inv - 12; ++j) {
-                    const auto* a = g_at[j % 64];
-                    printf("AT inv %u: decode wait %lld end %lld; combine start %lld wait %lld end %lld; next decode start %lld\n", j,
-                           (long long)(a[1] - a[0]), (long long)(a[2] - a[0]), (long long)(a[3] - a[0]),
-                           (long long)(a[4] - a[0]), (long long)(a[5] - a[0]), (long long)(g_at[(j + 1) % 64][0] - a[0]));
-                }
-            unsigned long long* n = g_at[(inv + 1) % 64];
-            n[0] = ~0ull, n[1] = 0, n[2] = 0, n[3] = ~0ull, n[4] = 0, n[5] = 0;
-            g_at_done = 0;
-            __threadfence();
-            g_at_inv = inv + 1;
-        }
-    }
     // The merged head's q8_1 for the output projection, from the registers: thread d holds dim d,
     // so a simd group holds one 32-value run (head_dim_v % 32 == 0; groups past it hold none).
     if (q8.codes && kcap_decode_splits(p, step[0]).active > 1 && int(t.simd) * 32 < p.head_dim_v) {
@@ -298,7 +258,6 @@ const float* sinks_of(const KernelCall& call) { return static_cast<const float*>
 // groups where one split covered every key, else by the combine (whole heads: head_dim_v % 32).
 template <bool Q8>
 void run_attention_decode(const Stage& stage, const KernelCall& call) {
-    if (const char* e = std::getenv("KCAP_PROBE"); e && std::strstr(e, "attention")) return;
     const Context& ctx = context(call);
     AttentionCall a = attention_call(stage, call);
     a.p.head_blocks = cuda_rows::attn_decode_head_blocks(a.p.n_head, a.p.n_head_kv);

@@ -285,12 +285,6 @@ private:
             StageData& data = stage_data_[i];
             for (size_t j = 0; j < stage.operands.size() && j < std::size(data.operands); ++j)
                 if (stage.operands[j]) data.operands[j] = device_weights_.at(stage.operands[j]->data);
-            if (i + 1 < plan_.stages.size() && plan_.stages[i + 1].stage.op == Op::MoeRoute &&
-                plan_.stages[i + 1].stage.operands[0]) {
-                const Stage& next = plan_.stages[i + 1].stage;
-                data.prefetch = device_weights_.at(next.operands[0]->data);
-                data.prefetch_bytes = size_t(next.params.n_expert) * row_bytes(next.operands[0]->format, next.k);
-            }
             if (stage.op == Op::Rope || stage.op == Op::QkNormRope || stage_owns_rope(stage) ||
                 stage.op == Op::AttentionMla) {
                 const RopeTableKey key = rope_table_key(stage);

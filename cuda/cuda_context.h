@@ -140,8 +140,6 @@ struct StageData {
     const void* operands[6] = {};  // device copies of the stage's operands (null where absent)
     const float* rope_table = nullptr;             // rope: [n_ctx][rope_dim / 2] (cos, sin)
     int attn_splits = 1;                           // attention: decode key-range splits
-    const void* prefetch = nullptr;                // probe: the next stage's weights (a router's), into L2
-    size_t prefetch_bytes = 0;
 };
 
 inline Context& context(const KernelCall& call) { return *static_cast<Context*>(call.backend_state); }

@@ -26,12 +26,7 @@
 // two halves of K, whose sums add into the zeroed outputs (split_k_zero, cuda/mma_tiles.h).
 #include <algorithm>
 #include <cstddef>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
-
-#include <cstdlib>
-#include <cstring>
 
 #include "cuda/matmul.h"
 #include "cuda/mma_tiles.h"
@@ -79,27 +74,18 @@ Q8Rows q8_input(const Context& ctx, const KernelCall& call, int k) {
 template <class F, int ROWS, bool GATE_UP>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
     matvec_q8_kernel(KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs, const kcap_u8* w0, const kcap_u8* w1,
-                     const float* x, Q8Rows rows, const float* bias, int activation, float* y, const kcap_u8* pf,
-                     unsigned long long pf_bytes) {
+                     const float* x, Q8Rows rows, const float* bias, int activation, float* y) {
     extern __shared__ kcap_i32 q8_shared[];
     const KcapThread t = kcap_cuda_thread();
     if (t.group_y == 0) {  // weights never change: safe before the wait; one token's groups suffice
         kcap_matvec_split_prefetch<ROWS, false>(t, p, teams, w0);
         if (GATE_UP) kcap_matvec_split_prefetch<ROWS, false>(t, p, teams, w1);
-        if (pf)
-            for (unsigned long long at = (unsigned long long)(blockIdx.x * blockDim.x + threadIdx.x) * 128u; at < pf_bytes;
-                 at += (unsigned long long)(gridDim.x * blockDim.x) * 128u)
-                asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(pf + at));
     }
     pdl_wait();
     pdl_trigger();
     kcap_matvec_q8<F, ROWS, GATE_UP ? KCAP_MATVEC_GATE_UP : KCAP_MATVEC_PLAIN, false>(
         t, p, teams, chunk_runs, w0, w1, x, rows.codes, rows.d, rows.half_sums, bias, activation, y, q8_shared);
 }
-
-// Probe: the L2 prefetch the next matvec launch issues (set around one stage's launch).
-inline const kcap_u8* g_probe_prefetch = nullptr;
-inline size_t g_probe_prefetch_bytes = 0;
 
 template <class F, int ROWS, bool GATE_UP>
 void launch_matvec_q8_rows(const Context& ctx, const KcapMatmulParams& p, const kcap_u8* w0, const kcap_u8* w1,
@@ -110,7 +96,7 @@ void launch_matvec_q8_rows(const Context& ctx, const KcapMatmulParams& p, const 
     const dim3 grid(matvec_groups(p, teams, ROWS, kMatvecQ8Simds), unsigned(p.m)), block(kMatvecQ8Simds * 32);
     const size_t shared = size_t(matvec_q8_shared_words(p.k, ROWS)) * 4;
     launch(ctx, matvec_q8_kernel<F, ROWS, GATE_UP>, grid, block, shared, p, teams, chunk_runs, w0, w1, x, rows, bias,
-           activation, y, g_probe_prefetch, (unsigned long long)g_probe_prefetch_bytes);
+           activation, y);
 }
 
 // kMatvecRows rows per team, 2 for a wide matrix (matvec_rows_for), fixed per stage.
@@ -553,18 +539,8 @@ void run_matvec_q8(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
     const KcapMatmulParams p = matmul_params(stage, call);
     const auto* w = static_cast<const kcap_u8*>(data.operands[0]);
-    static const bool probe = [] {
-        const char* e = std::getenv("KCAP_PROBE");
-        return e && std::strstr(e, "prefetch");
-    }();
-    if (probe && call.n_tokens == 1) {
-        g_probe_prefetch = static_cast<const kcap_u8*>(data.prefetch);
-        g_probe_prefetch_bytes = data.prefetch_bytes;
-    }
     launch_matvec_q8<F, false>(ctx, p, w, w, call.in, q8_input<SOURCE>(ctx, call, p.k),
                                static_cast<const float*>(data.operands[1]), 0, call.out);
-    g_probe_prefetch = nullptr;
-    g_probe_prefetch_bytes = 0;
 }
 
 // cuda.matmul_q8_mma[128].<format>[_in]: a batch on the int8 tiles, TOKENS per group.

@@ -45,8 +45,6 @@
 //   the plan asks (kSharedExpertSum).
 //   cuda.moe_shared_gate     out = in + sigmoid(w . x) * shared, one group per token.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include <cooperative_groups.h>
@@ -143,37 +141,6 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
 // writes first: the top-k reuses its staged row's memory).
 constexpr int kRouteNormBatch = 4;
 
-// Probe only (KCAP_PROBE=router): residual += branch, normed = residual / 1024, and a fixed
-// choice of distinct experts per layer, in one small launch.
-__global__ void __launch_bounds__(256) probe_route_kernel(KcapMoeParams p, const kcap_u8* w, float* residual,
-                                                          const float* branch, float* normed, float* routing) {
-    pdl_wait();
-    pdl_trigger();
-    for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < p.k; i += int(gridDim.x * blockDim.x)) {
-        const float v = residual[i] + branch[i];
-        residual[i] = v;
-        normed[i] = v * (1.0f / 1024.0f);
-    }
-    if (blockIdx.x == 0 && int(threadIdx.x) < p.n_used) {
-        const int e = int((threadIdx.x * 16u + unsigned((reinterpret_cast<unsigned long long>(w) >> 10) % 16u)) %
-                          unsigned(p.n_expert));
-        routing[threadIdx.x] = float(e);
-        routing[p.n_used + int(threadIdx.x)] = 1.0f / float(p.n_used);
-    }
-}
-
-// Probe: timestamps of the router's phases (globaltimer, ns) per invocation and group.
-__device__ unsigned long long g_rt[64][16][8];
-__device__ unsigned long long g_gu[64];
-__device__ unsigned g_rt_inv;
-__device__ __forceinline__ unsigned long long probe_now() {
-    unsigned long long v;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
-    return v;
-}
-#define RT_MARK(i) \
-    if (threadIdx.x == 0) g_rt[rinv % 64][blockIdx.x][i] = probe_now();
-
 template <class F>
 __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
     route_cluster_norm_kernel(KcapMoeParams p, int simds, const kcap_u8* w, float* residual, const float* branch,
@@ -184,8 +151,6 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
     __shared__ float xs[KCAP_MOE_LOGIT_SHARED_FLOATS];
     __shared__ float logits[KCAP_MOE_LOGIT_TOKENS * kMoeRouteClusterMaxExperts];  // group 0's: [n_expert]
     __shared__ float scratch[32];
-    const unsigned rinv = *static_cast<volatile unsigned*>(&g_rt_inv);
-    RT_MARK(0)
     const KcapThread t = kcap_cuda_thread();
     KcapThread experts = t;  // the simd groups that take the logits, as route_cluster_kernel's
     experts.simds = unsigned(simds);
@@ -202,9 +167,7 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
         const int i = int(t.index) + u * stride;
         g_first[u] = i < n4 ? kcap_load_f32x4(norm_weight + 4 * i) : zero;
     }
-    RT_MARK(1)
     pdl_wait();
-    RT_MARK(2)
     pdl_trigger();
     const auto staged = [&](int i) { return xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8); };
     // fn(i, residual + branch) for every float4 i of the row, the residual's and the branch's
@@ -250,12 +213,8 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
         }
     }
     __syncthreads();  // the normed row in xs for every simd group
-    RT_MARK(3)
     if (t.simd < experts.simds) kcap_moe_logits<F>(experts, p, w, nullptr, cluster_group0(logits), xs, bias, 0, true);
-    __syncthreads();
-    RT_MARK(4)
     cluster_sync();  // every expert's logit is in group 0's memory; every group has read the residual
-    RT_MARK(5)
     if (blockIdx.x == gridDim.x - 1) {
         each_sum([&](int i, float4 v) {
             kcap_store_f32x4(residual + 4 * i, v);
@@ -264,122 +223,8 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
         });
         __syncthreads();  // a cluster of one group: xs read before the top-k reuses it
     }
-    RT_MARK(6)
     if (blockIdx.x != 0) return;
     kcap_moe_route_ranked(t, p, 1, logits, xs, expert_scale, routing, choice_bias);
-    __syncthreads();
-    RT_MARK(7)
-    if (threadIdx.x == 0) {
-        if (rinv == 1000) {
-            for (unsigned j = rinv - 24; j < rinv - 12; ++j) {
-                const auto* r = g_rt[j % 64];
-                unsigned long long t0 = ~0ull, t2max = 0, t6max = 0, t1max = 0;
-                for (int b = 0; b < int(gridDim.x); ++b) {
-                    t0 = r[b][0] < t0 ? r[b][0] : t0;
-                    t1max = r[b][1] > t1max ? r[b][1] : t1max;
-                    t2max = r[b][2] > t2max ? r[b][2] : t2max;
-                    t6max = r[b][6] > t6max ? r[b][6] : t6max;
-                }
-                const auto d = [&](unsigned long long x) { return (long long)(x - t0); };
-                printf("RT inv %u: start spread %lld, prewait-done(max) %lld, wait(b0 %lld max %lld), norm %lld, logits %lld, "
-                       "cluster %lld, wb(max) %lld, topk-end %lld, gate_up wait %lld; prev gate_up->this start %lld\n",
-                       j, d(r[gridDim.x - 1][0]), d(t1max), d(r[0][2]), d(t2max), d(r[0][3]), d(r[0][4]), d(r[0][5]),
-                       d(t6max), d(r[0][7]), d(g_gu[j % 64]), (long long)(t0 - g_gu[(j - 1) % 64]));
-            }
-        }
-        g_rt_inv = rinv + 1;
-    }
-}
-
-// Probe: the one-token router without clusters. Groups of kRouteFlatSimds simd groups, one
-// expert each; before the wait each simd group decodes its expert's row times the norm's weight
-// into threadgroup memory; after it every group adds residual + branch into threadgroup memory,
-// each simd group takes its dot product and the row's sum of squares together (the norm's scale
-// applied to the sum), writes its logit, and the last group to arrive (an arrival count) writes
-// the residual and the normed row back and takes the top-k by rank.
-constexpr int kRouteFlatSimds = 4;
-__device__ unsigned g_route_flat_arrivals;
-__device__ float g_route_flat_logits[256];
-
-template <class F>
-__global__ void __launch_bounds__(kRouteFlatSimds * 32)
-    route_flat_norm_kernel(KcapMoeParams p, const kcap_u8* w, float* residual, const float* branch,
-                           const float* norm_weight, float eps, float* normed, const float* bias,
-                           const float* expert_scale, float* routing, const float* choice_bias) {
-    extern __shared__ __align__(16) float flat[];
-    __shared__ unsigned ticket;
-    __shared__ float inv_shared;
-    constexpr int kRunsPerBlock = F::block_elems / 32;
-    const KcapThread t = kcap_cuda_thread();
-    const int runs = p.k / 32;
-    const int row_floats = runs * KCAP_MATVEC_RUN_STRIDE;
-    float* vs = flat;                                   // residual + branch, runs padded
-    float* ws = flat + row_floats * (1 + int(t.simd));  // the simd group's expert row times the norm's weight
-    const int e = int(blockIdx.x) * kRouteFlatSimds + int(t.simd);
-    if (e < p.n_expert) {
-        const kcap_u8* row = w + kcap_u64(e) * p.router_row_bytes;
-        for (int run = int(t.lane); run < runs; run += 32) {
-            float wv[32];
-            F::decode32(row + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock, wv);
-            float* to = ws + run * KCAP_MATVEC_RUN_STRIDE;
-#pragma unroll
-            for (int i = 0; i < 32; i += 4) {
-                const float4 g = kcap_load_f32x4(norm_weight + run * 32 + i);
-                *reinterpret_cast<float4*>(to + i) =
-                    make_float4(wv[i] * g.x, wv[i + 1] * g.y, wv[i + 2] * g.z, wv[i + 3] * g.w);
-            }
-        }
-    }
-    pdl_wait();
-    pdl_trigger();
-    const int n4 = p.k / 4;
-    for (int i = int(t.index); i < n4; i += int(t.threads)) {
-        const float4 r = kcap_load_f32x4(residual + 4 * i), b = kcap_load_f32x4(branch + 4 * i);
-        *reinterpret_cast<float4*>(vs + (i / 8) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8)) =
-            make_float4(r.x + b.x, r.y + b.y, r.z + b.z, r.w + b.w);
-    }
-    __syncthreads();
-    if (e < p.n_expert) {
-        float dot = 0.0f, sq = 0.0f;
-        for (int run = int(t.lane); run < runs; run += 32) {
-            const float* v = vs + run * KCAP_MATVEC_RUN_STRIDE;
-            const float* wr = ws + run * KCAP_MATVEC_RUN_STRIDE;
-#pragma unroll
-            for (int i = 0; i < 32; i += 4) {
-                const float4 a = *reinterpret_cast<const float4*>(v + i), c = *reinterpret_cast<const float4*>(wr + i);
-                dot += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
-                sq += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-            }
-        }
-        dot = kcap_simd_sum(dot);
-        sq = kcap_simd_sum(sq);
-        const float inv = kcap_rsqrt(sq / float(p.k) + eps);
-        if (t.lane == 0) {
-            g_route_flat_logits[e] = (bias ? dot * inv + bias[e] : dot * inv) * p.logit_scale;
-            if (t.simd == 0) inv_shared = inv;
-        }
-    }
-    __syncthreads();
-    if (t.index == 0) {
-        __threadfence();
-        ticket = atomicAdd(&g_route_flat_arrivals, 1u);
-    }
-    __syncthreads();
-    if (ticket != gridDim.x - 1) return;
-    __threadfence();
-    float* logits = flat + row_floats;  // the expert rows are done with
-    float* work = logits + 256;
-    for (int i = int(t.index); i < p.n_expert; i += int(t.threads)) logits[i] = __ldcg(g_route_flat_logits + i);
-    const float inv = inv_shared;
-    for (int i = int(t.index); i < n4; i += int(t.threads)) {
-        const float4 v = *reinterpret_cast<const float4*>(vs + (i / 8) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8));
-        const float4 g = kcap_load_f32x4(norm_weight + 4 * i);
-        kcap_store_f32x4(residual + 4 * i, v);
-        kcap_store_f32x4(normed + 4 * i, make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w));
-    }
-    if (t.index == 0) g_route_flat_arrivals = 0;
-    __syncthreads();
-    kcap_moe_route_ranked(t, p, 1, logits, work, expert_scale, routing, choice_bias);
 }
 
 // The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
@@ -416,7 +261,6 @@ __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
                               int activation, float* act, const float* gate_bias, const float* up_bias) {
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) g_gu[(*static_cast<volatile unsigned*>(&g_rt_inv) - 1) % 64] = probe_now();
     pdl_trigger();
     kcap_moe_gate_up_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
                                         act, q8_shared, gate_bias, up_bias);
@@ -813,33 +657,6 @@ void kcap_cuda_moe_route_cluster_norm(const Stage& stage, const KernelCall& call
     const unsigned groups = unsigned(moe_route_cluster_groups(p.n_expert));
     const int simds = moe_route_cluster_simds(p.n_expert);
     const dim3 grid(groups, 1), block(unsigned(32 * std::max(simds, kMoeRouteNormMinSimds)));
-    if (const char* e = std::getenv("KCAP_PROBE"); e && std::strstr(e, "router_flat")) {
-        const int runs = p.k / 32;
-        const size_t bytes = size_t(runs) * KCAP_MATVEC_RUN_STRIDE * 4 * (1 + cuda::kRouteFlatSimds);
-        const unsigned flat_groups = unsigned((p.n_expert + cuda::kRouteFlatSimds - 1) / cuda::kRouteFlatSimds);
-        switch (stage.operands[0]->format) {
-#define KCAP_MOE_ROUTE_FLAT_CASE(NAME, DECODER)                                                                        \
-    case Format::NAME: {                                                                                               \
-        static const cudaError_t allowed = cudaFuncSetAttribute(                                                       \
-            cuda::route_flat_norm_kernel<DECODER>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);          \
-        KCAP_CUDA_CHECK(allowed);                                                                                      \
-        cuda::launch(ctx, cuda::route_flat_norm_kernel<DECODER>, dim3(flat_groups), dim3(32 * cuda::kRouteFlatSimds), \
-                     bytes, p, w, call.inout2, static_cast<const float*>(call.in2), norm_weight, stage.params.eps,   \
-                     call.inout3, bias, expert_scale, call.out, choice_bias);                                          \
-        break;                                                                                                         \
-    }
-            KCAP_WEIGHT_FORMATS(KCAP_MOE_ROUTE_FLAT_CASE)
-#undef KCAP_MOE_ROUTE_FLAT_CASE
-            default:
-                throw Error("probe: no body");
-        }
-        return;
-    }
-    if (const char* e = std::getenv("KCAP_PROBE"); e && std::strstr(e, "router")) {
-        cuda::launch(ctx, cuda::probe_route_kernel, dim3(8), dim3(256), 0, p, w, call.inout2,
-                     static_cast<const float*>(call.in2), call.inout3, call.out);
-        return;
-    }
     switch (stage.operands[0]->format) {
 #define KCAP_MOE_ROUTE_NORM_CASE(NAME, DECODER)                                                                      \
     case Format::NAME: {                                                                                             \
