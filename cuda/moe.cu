@@ -141,30 +141,6 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
 // writes first: the top-k reuses its staged row's memory).
 constexpr int kRouteNormBatch = 4;
 
-// The one-token logits of an F32 router (the common case: llama.cpp keeps ffn_gate_inp in F32)
-// from x staged as kcap_moe_logits stages it (run r at r * KCAP_MATVEC_RUN_STRIDE): simd group s
-// of group g takes expert g * simds + s (one each, as kcap_moe_logits with KCAP_MOE_LOGIT_EXPERTS
-// 1), its lanes consecutive float4s of the row (lane l: values 4 (l + 32 j) .. + 3), so every
-// load of the simd group is 512 contiguous bytes. kcap_moe_logits gives each lane a run of 32
-// values (one 128-byte line a lane, 32 lines a load): in a Qwen3-30B-A3B decode router that
-// took 3.1 us of the launch's 9.5 (bench/results/cuda_h100_router_attention_probe.txt).
-__device__ __forceinline__ void route_logits_f32(const KcapThread t, const KcapMoeParams p, const kcap_u8* w,
-                                                 float* logits, const float* xs, const float* bias) {
-    const int e = int(t.group_x * t.simds + t.simd);
-    if (e >= p.n_expert) return;
-    const float* row = reinterpret_cast<const float*>(w + kcap_u64(e) * p.router_row_bytes);
-    const int n4 = p.k / 4;
-    float acc = 0.0f;
-#pragma unroll 8  // 8 loads in flight a lane: a Qwen3 row (2,048 values) in two rounds
-    for (int i = int(t.lane); i < n4; i += 32) {
-        const float4 a = kcap_load_f32x4(row + 4 * i);
-        const float4 x = *reinterpret_cast<const float4*>(xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8));
-        acc += a.x * x.x + a.y * x.y + a.z * x.z + a.w * x.w;
-    }
-    const float sum = kcap_simd_sum(acc);
-    if (t.lane == 0) logits[e] = (bias ? sum + bias[e] : sum) * p.logit_scale;
-}
-
 template <class F>
 __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
     route_cluster_norm_kernel(KcapMoeParams p, int simds, const kcap_u8* w, float* residual, const float* branch,
@@ -172,7 +148,7 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
                               const float* expert_scale, float* routing, const float* choice_bias) {
     static_assert(kMoeRouteNormMaxK == KCAP_MOE_LOGIT_TOKENS * KCAP_MOE_LOGIT_CHUNK_RUNS * 32,
                   "the whole row fits where kcap_moe_logits stages x");
-    __shared__ __align__(16) float xs[KCAP_MOE_LOGIT_SHARED_FLOATS];
+    __shared__ float xs[KCAP_MOE_LOGIT_SHARED_FLOATS];
     __shared__ float logits[KCAP_MOE_LOGIT_TOKENS * kMoeRouteClusterMaxExperts];  // group 0's: [n_expert]
     __shared__ float scratch[32];
     const KcapThread t = kcap_cuda_thread();
@@ -237,12 +213,7 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
         }
     }
     __syncthreads();  // the normed row in xs for every simd group
-    if (t.simd < experts.simds) {
-        if constexpr (std::is_same_v<F, KcapF32>)
-            route_logits_f32(experts, p, w, cluster_group0(logits), xs, bias);
-        else
-            kcap_moe_logits<F>(experts, p, w, nullptr, cluster_group0(logits), xs, bias, 0, true);
-    }
+    if (t.simd < experts.simds) kcap_moe_logits<F>(experts, p, w, nullptr, cluster_group0(logits), xs, bias, 0, true);
     cluster_sync();  // every expert's logit is in group 0's memory; every group has read the residual
     if (blockIdx.x == gridDim.x - 1) {
         each_sum([&](int i, float4 v) {
