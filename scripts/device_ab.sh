@@ -26,19 +26,24 @@
 #   AB_ROWS         test_cuda_rows groups to run on the new tree (none by default)
 #   AB_ARMS         the arms the sweeps time, in turn (default "base new"); an arm new+VAR=VALUE
 #                   runs the new tree with VAR=VALUE in its environment (a probe's switch), so
-#                   one build times several variants; without base in it the base is not built
+#                   one build times several variants; without base in it the base is neither
+#                   made nor built (and change.patch is not needed)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CARRY=$(cd "${1:-.kcap_cuda_carry}" && pwd)
 SRC=$PWD
 BASE=/tmp/ab_base
-[ -f "$CARRY/change.patch" ] || { echo "no $CARRY/change.patch: BASE_REV=<rev> scripts/prepare_device_carry.sh"; exit 1; }
-# The base: the checkout without its test data (the base is only built and timed) and with the
-# change reversed.
-rm -rf "$BASE" && mkdir -p "$BASE"
-tar -cf - --exclude=./tests/goldens --exclude=./tests/fixtures --exclude=./build --exclude=./.git \
-    --exclude="./$(basename "$CARRY")" . | tar -xf - -C "$BASE"
-(cd "$BASE" && patch -s -R -p1 < "$CARRY/change.patch") || { echo "change.patch does not reverse on the checkout"; exit 1; }
+ARMS=${AB_ARMS:-base new}
+WITH_BASE=$([[ " $ARMS " == *" base "* ]] && echo 1 || echo 0)
+if [ "$WITH_BASE" = 1 ]; then
+    [ -f "$CARRY/change.patch" ] || { echo "no $CARRY/change.patch: BASE_REV=<rev> scripts/prepare_device_carry.sh"; exit 1; }
+    # The base: the checkout without its test data (the base is only built and timed) and with the
+    # change reversed.
+    rm -rf "$BASE" && mkdir -p "$BASE"
+    tar -cf - --exclude=./tests/goldens --exclude=./tests/fixtures --exclude=./build --exclude=./.git \
+        --exclude="./$(basename "$CARRY")" . | tar -xf - -C "$BASE"
+    (cd "$BASE" && patch -s -R -p1 < "$CARRY/change.patch") || { echo "change.patch does not reverse on the checkout"; exit 1; }
+fi
 BASE_TREE=$BASE
 MODELS=${AB_MODELS:-llama3_8b_q4_k_m,gemma3_270m,smollm2_135m}
 ACTIVATIONS=${AB_ACTIVATIONS:-q8_1}
@@ -64,8 +69,7 @@ build() {
 step build
 targets=(_core)
 [ -n "${AB_ROWS:-}" ] && targets+=(test_cuda_rows)
-ARMS=${AB_ARMS:-base new}
-if [[ " $ARMS " == *" base "* ]]; then
+if [ "$WITH_BASE" = 1 ]; then
     JOBS=$(( $(nproc) / 2 ))
     build "$BASE" _core &
     build "$SRC" "${targets[@]}" &
@@ -95,14 +99,15 @@ run() {
 
 FIRST=/tmp/kcap_models/${MODELS%%,*}.gguf
 METRICS=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size
-for name in $([ "${AB_NCU:-1}" = 1 ] && echo base new); do
+# Nsight Compute on base and new (on new alone where base is not an arm).
+for name in $([ "${AB_NCU:-1}" = 1 ] && { [ "$WITH_BASE" = 1 ] && echo base new || echo new; }); do
     step "ncu $name"
     run "$name" timeout 120 ncu --clock-control none -k "regex:${AB_KERNELS:-mma_q8}" \
         --launch-count "${AB_LAUNCHES:-24}" --csv --page raw --metrics "$METRICS" \
         python3 "$(tree "$name")/bench/cuda_ncu_step.py" "$FIRST" "${ACTIVATIONS%%,*}" > "/tmp/ab_ncu_$name.csv" 2> "/tmp/ab_ncu_$name.err" ||
         tail -5 "/tmp/ab_ncu_$name.err"
 done
-[ "${AB_NCU:-1}" = 1 ] && python3 "$SRC/bench/ncu_compare.py" /tmp/ab_ncu_base.csv /tmp/ab_ncu_new.csv --names base,new
+[ "${AB_NCU:-1}" = 1 ] && [ "$WITH_BASE" = 1 ] && python3 "$SRC/bench/ncu_compare.py" /tmp/ab_ncu_base.csv /tmp/ab_ncu_new.csv --names base,new
 
 for round in $(seq "${AB_ROUNDS:-2}"); do
     for activations in ${ACTIVATIONS//,/ }; do
