@@ -432,7 +432,7 @@ KCAP_FN void kcap_attn_load_keys(const KcapThread ts, const KcapAttentionParams 
 // body starts reading the launch before's outputs (q, the new K/V): before it, each simd group
 // reads what is older than that launch (the position, its cos/sin row, the QK-norm weights and
 // the cached K/V rows of its first step of keys), so that their latency overlaps the wait.
-template <int DG, int KS = 1, class Wait = KcapNoWait, int HOIST = 1>
+template <int DG, int KS = 1, class Wait = KcapNoWait>
 KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
                                         const KCAP_GLOBAL float* q, const KCAP_GLOBAL float* k_new,
                                         const KCAP_GLOBAL float* v_new, KCAP_GLOBAL kcap_u8* k_cache,
@@ -482,29 +482,6 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
         kcap_attn_load_keys<DG, 1>(ts, p, k_cache, v_cache, k_head, v_head, start + int(t.simd) * KPS, end, fresh_pos,
                                    keys);
     Wait::wait();
-    // Right after the wait, in one round of loads (HOIST >= 1): the first pass's query heads with
-    // this token's K (both written by the launch before), and with HOIST 2 also the V rows of the
-    // simd group's first step of keys (after the K rows above). Loaded in the pass below they
-    // waited on the new K/V's stores to the cache (which the compiler must keep ahead of any later
-    // load of the cache or the queries) and on each other: up to three round trips instead of one.
-    // HOIST 0 is that former order (a probe's switch on CUDA, KCAP_PROBE=hoist0 / hoist2).
-    const int group = p.n_head / p.n_head_kv;
-    float4 qv[KCAP_ATTN_HEADS_PER_PASS][DG];
-    const auto load_queries = [&](int g0) {
-        const int heads = heads_of_group.end - g0 < KCAP_ATTN_HEADS_PER_PASS ? heads_of_group.end - g0
-                                                                              : KCAP_ATTN_HEADS_PER_PASS;
-        KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
-            const int head = kv_head * group + g0 + (h < heads ? h : 0);
-            KCAP_UNROLL for (int i = 0; i < DG; ++i) {
-                const int d = 4 * int(t.lane) + 128 * i;
-                qv[h][i] = d < p.head_dim ? kcap_load_f32x4(q + kcap_u64(head) * p.head_dim + d) : float4{0.0f, 0.0f, 0.0f, 0.0f};
-            }
-        }
-    };
-    if (HOIST >= 1) load_queries(heads_of_group.first);
-    if (HOIST >= 2 && preloaded)
-        kcap_attn_load_keys<DG, 2>(ts, p, k_cache, v_cache, k_head, v_head, start + int(t.simd) * KPS, end, fresh_pos,
-                                   keys);
     float4 k_fresh[DG];
     if (fresh_split) {
         kcap_attn_load_fresh_raw<DG>(t, k_new + k_head, p.head_dim, k_fresh);
@@ -527,16 +504,22 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
         }
         if (KS > 1) k_fresh[0] = kcap_attn_to_stream<KS>(t, k_fresh[0]);
     }
+    const int group = p.n_head / p.n_head_kv;
     for (int g0 = heads_of_group.first; g0 < heads_of_group.end; g0 += KCAP_ATTN_HEADS_PER_PASS) {
         const int heads =
             heads_of_group.end - g0 < KCAP_ATTN_HEADS_PER_PASS ? heads_of_group.end - g0 : KCAP_ATTN_HEADS_PER_PASS;
-        if (HOIST == 0 || g0 != heads_of_group.first) load_queries(g0);
+        float4 qv[KCAP_ATTN_HEADS_PER_PASS][DG];
         float m[KCAP_ATTN_HEADS_PER_PASS], l[KCAP_ATTN_HEADS_PER_PASS];
         float4 o[KCAP_ATTN_HEADS_PER_PASS][DG];
         KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h) {
             m[h] = KCAP_NEG_INFINITY;
             l[h] = 0.0f;
-            KCAP_UNROLL for (int i = 0; i < DG; ++i) o[h][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
+            const int head = kv_head * group + g0 + (h < heads ? h : 0);
+            KCAP_UNROLL for (int i = 0; i < DG; ++i) {
+                const int d = 4 * int(t.lane) + 128 * i;
+                qv[h][i] = d < p.head_dim ? kcap_load_f32x4(q + kcap_u64(head) * p.head_dim + d) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+                o[h][i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
+            }
             if (p.rope) kcap_attn_rope_head<DG>(t, p, rope.cs, rope.q_norm, qv[h]);
             if (KS > 1) qv[h][0] = kcap_attn_to_stream<KS>(t, qv[h][0]);
         }
@@ -547,11 +530,8 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
         for (int j_simd = start + int(t.simd) * KS * KPS; j_simd < end;
              j_simd += int(t.simds) * KS * KPS) {
             const int j0 = j_simd + stream * KPS;  // this stream's first key
-            if (preloaded) {
-                if (HOIST < 2) kcap_attn_load_keys<DG, 2>(ts, p, k_cache, v_cache, k_head, v_head, j0, end, fresh_pos, keys);
-            } else {
-                kcap_attn_load_keys<DG>(ts, p, k_cache, v_cache, k_head, v_head, j0, end, fresh_pos, keys);
-            }
+            if (preloaded) kcap_attn_load_keys<DG, 2>(ts, p, k_cache, v_cache, k_head, v_head, j0, end, fresh_pos, keys);
+            else kcap_attn_load_keys<DG>(ts, p, k_cache, v_cache, k_head, v_head, j0, end, fresh_pos, keys);
             preloaded = false;
             KCAP_UNROLL for (int b = 0; b < KPS; ++b) {
                 if (j0 + b < end && j0 + b == fresh_pos) {
