@@ -141,6 +141,88 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
 // writes first: the top-k reuses its staged row's memory).
 constexpr int kRouteNormBatch = 4;
 
+// The one-token logits of an F32 router (the common case: llama.cpp keeps ffn_gate_inp in F32)
+// from x staged as kcap_moe_logits stages it (run r at r * KCAP_MATVEC_RUN_STRIDE). Every simd
+// group of the group takes part: expert g * simds + s of group g is taken by `sub` = (the
+// group's simd groups) / simds consecutive simd groups (gpt-oss: 2 experts a group, 4 simd groups
+// each), whose lanes read consecutive float4s of the row (lane l of part c: float4 c * 32 + l,
+// then every 32 * sub), so every load of a simd group is 512 contiguous bytes. The first
+// kRouterPreload float4s of each lane are loaded before the launch's wait (the weights never
+// change) and held in registers: a Qwen3-30B-A3B row (2,048 values, one simd group an expert) and
+// a gpt-oss one (2,880, four) are then read whole ahead, and after the norm the logits are
+// products of registers and the staged row. kcap_moe_logits gave each lane a run of 32 values
+// (one 128-byte line a lane, 32 lines a load) after the wait: 3.1 us of a Qwen3-30B-A3B decode
+// router's 9.5 (bench/results/cuda_h100_router_attention_probe.txt). With groups of 16 simd
+// groups and the rank of kcap_moe_rank_choice, 12-layer decode on an H100 went from 1,302 to
+// 1,335 tokens/s (Qwen3-30B-A3B) and 898 to 913 (gpt-oss-20b), q8_1; the read-ahead alone is
+// 0.8% and 1.5% of that (bench/results/cuda_h100_router_preload_ab.txt).
+constexpr int kRouterPreload = 8;  // float4s a lane loads before the wait
+
+struct RouterF32Lane {
+    const float* row;  // the expert's row; null: the simd group takes no expert
+    int expert;
+    int first;   // the lane's first float4 of the row
+    int stride;  // float4s between the lane's
+    int sub;     // simd groups per expert
+    float4 pre[kRouterPreload];
+};
+
+__device__ __forceinline__ RouterF32Lane route_f32_preload(const KcapThread t, const KcapMoeParams p, int simds,
+                                                           const kcap_u8* w) {
+    RouterF32Lane r;
+    r.sub = int(t.simds) / simds > 1 ? int(t.simds) / simds : 1;
+    const int local = int(t.simd) / r.sub;
+    r.expert = int(t.group_x) * simds + local;
+    r.row = local < simds && r.expert < p.n_expert
+                ? reinterpret_cast<const float*>(w + kcap_u64(r.expert) * p.router_row_bytes)
+                : nullptr;
+    r.first = (int(t.simd) % r.sub) * 32 + int(t.lane);
+    r.stride = 32 * r.sub;
+    const int n4 = p.k / 4;
+#pragma unroll
+    for (int j = 0; j < kRouterPreload; ++j) {
+        const int i = r.first + j * r.stride;
+        r.pre[j] = r.row && i < n4 ? kcap_load_f32x4(r.row + 4 * i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    return r;
+}
+
+// After the normed row is staged (a barrier after it): the logits of the lane's expert into group
+// 0's logits. Every thread of the group calls it (a barrier inside when sub > 1).
+__device__ __forceinline__ void route_logits_f32(const KcapThread t, const KcapMoeParams p, const RouterF32Lane& r,
+                                                 float* logits, const float* xs, float* scratch,
+                                                 const float* bias) {
+    const int n4 = p.k / 4;
+    const auto staged4 = [&](int i) {
+        return *reinterpret_cast<const float4*>(xs + (i / 8) * KCAP_MATVEC_RUN_STRIDE + 4 * (i % 8));
+    };
+    float acc = 0.0f;
+    if (r.row) {
+        int i = r.first;
+#pragma unroll
+        for (int j = 0; j < kRouterPreload; ++j, i += r.stride) {
+            if (i < n4) {
+                const float4 a = r.pre[j], x = staged4(i);
+                acc += a.x * x.x + a.y * x.y + a.z * x.z + a.w * x.w;
+            }
+        }
+#pragma unroll 8
+        for (; i < n4; i += r.stride) {
+            const float4 a = kcap_load_f32x4(r.row + 4 * i), x = staged4(i);
+            acc += a.x * x.x + a.y * x.y + a.z * x.z + a.w * x.w;
+        }
+    }
+    float sum = kcap_simd_sum(acc);
+    if (r.sub > 1) {  // uniform over the group
+        if (t.lane == 0) scratch[t.simd] = sum;
+        __syncthreads();
+        if (int(t.simd) % r.sub == 0)
+            for (int c = 1; c < r.sub; ++c) sum += scratch[int(t.simd) + c];
+    }
+    if (r.row && int(t.simd) % r.sub == 0 && t.lane == 0)
+        logits[r.expert] = (bias ? sum + bias[r.expert] : sum) * p.logit_scale;
+}
+
 template <class F>
 __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
     route_cluster_norm_kernel(KcapMoeParams p, int simds, const kcap_u8* w, float* residual, const float* branch,
@@ -148,14 +230,17 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
                               const float* expert_scale, float* routing, const float* choice_bias) {
     static_assert(kMoeRouteNormMaxK == KCAP_MOE_LOGIT_TOKENS * KCAP_MOE_LOGIT_CHUNK_RUNS * 32,
                   "the whole row fits where kcap_moe_logits stages x");
-    __shared__ float xs[KCAP_MOE_LOGIT_SHARED_FLOATS];
+    __shared__ __align__(16) float xs[KCAP_MOE_LOGIT_SHARED_FLOATS];
     __shared__ float logits[KCAP_MOE_LOGIT_TOKENS * kMoeRouteClusterMaxExperts];  // group 0's: [n_expert]
     __shared__ float scratch[32];
     const KcapThread t = kcap_cuda_thread();
     KcapThread experts = t;  // the simd groups that take the logits, as route_cluster_kernel's
     experts.simds = unsigned(simds);
     experts.threads = 32u * unsigned(simds);
-    if (t.simd < experts.simds) kcap_moe_logits_prefetch(experts, p, w);  // before the wait: weights never change
+    constexpr bool kF32 = std::is_same_v<F, KcapF32>;
+    RouterF32Lane f32_lane{};
+    if (kF32) f32_lane = route_f32_preload(t, p, simds, w);  // before the wait: weights never change
+    else if (t.simd < experts.simds) kcap_moe_logits_prefetch(experts, p, w);
     const int n4 = p.k / 4, stride = int(t.threads);
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     // The norm's weights of the thread's first batch of float4s (a row of up to kRouteNormBatch *
@@ -213,7 +298,10 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
         }
     }
     __syncthreads();  // the normed row in xs for every simd group
-    if (t.simd < experts.simds) kcap_moe_logits<F>(experts, p, w, nullptr, cluster_group0(logits), xs, bias, 0, true);
+    if (kF32)
+        route_logits_f32(t, p, f32_lane, cluster_group0(logits), xs, scratch, bias);
+    else if (t.simd < experts.simds)
+        kcap_moe_logits<F>(experts, p, w, nullptr, cluster_group0(logits), xs, bias, 0, true);
     cluster_sync();  // every expert's logit is in group 0's memory; every group has read the residual
     if (blockIdx.x == gridDim.x - 1) {
         each_sum([&](int i, float4 v) {

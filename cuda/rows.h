@@ -388,8 +388,9 @@ constexpr int kMoeRouteClusterMaxExperts = kMoeRouteClusterGroups * kMoeRouteClu
 // most KCAP_MOE_LOGIT_TOKENS * KCAP_MOE_LOGIT_CHUNK_RUNS runs (DeepSeek V3's 7,168 values).
 constexpr int kMoeRouteNormMaxK = 8 * 28 * 32;
 // ... and its groups have at least this many simd groups for the norm (gpt-oss's 32 experts take
-// two per group for the logits: its 2,880 values were 45 per thread).
-constexpr int kMoeRouteNormMinSimds = 8;
+// two per group for the logits: its 2,880 values were 45 per thread), which with an F32 router
+// also share the logits (route_logits_f32) and the rank (four threads a Qwen3-MoE expert).
+constexpr int kMoeRouteNormMinSimds = 16;
 constexpr int moe_route_cluster_groups(int n_expert) {
     return (n_expert + 1) / 2 < kMoeRouteClusterGroups ? (n_expert + 1) / 2 : kMoeRouteClusterGroups;
 }

@@ -340,31 +340,38 @@ KCAP_FN float kcap_moe_rank_score(float s) { return s == s ? s : KCAP_NEG_INFINI
 // The whole group at once, the choice of `tokens` tokens by rank instead of rounds: expert e's
 // rank is the number of experts with a higher choice score or an equal one at a lower index (the
 // rounds' order: the highest first, the lower index on a tie), and the expert of rank k <
-// n_used is chosen[token][k] (its index as a float). Each thread ranks (token, expert) pairs
-// index, index + threads, ... against all of the token's scores (broadcast reads of threadgroup
-// memory, four at a time); n_used argmax rounds of one simd group wait on a chain of shuffles
-// each (Nsight Compute, 128 experts, top 8: the route kernel 6.8 us). scores: [tokens][n_expert],
-// chosen: [tokens][KCAP_MOE_MAX_USED], both threadgroup memory; the caller's barriers go before
-// and after.
+// n_used is chosen[token][k] (its index as a float). Each (token, expert) pair is ranked by
+// `sub` neighbouring threads of one simd group (as many as the group's threads allow, a power of
+// two up to 32), each against every sub-th score (broadcast reads of threadgroup memory: those
+// below e counted where at least as high, those above where higher), their counts summed by
+// shuffles; n_used argmax rounds of one simd group wait on a chain of shuffles each (Nsight
+// Compute, 128 experts, top 8: the route kernel 6.8 us), and one thread per pair left the
+// rank a serial loop over every score (about 3 us of a Qwen3-30B-A3B decode router with 128 of
+// its 256 threads busy). scores: [tokens][n_expert], chosen: [tokens][KCAP_MOE_MAX_USED], both
+// threadgroup memory; the caller's barriers go before and after. The group's threads: a multiple
+// of the simd width.
 KCAP_FN void kcap_moe_rank_choice(const KcapThread t, const KcapMoeParams p, int tokens,
                                   const KCAP_SHARED float* scores, KCAP_SHARED float* chosen) {
-    for (int i = int(t.index); i < tokens * p.n_expert; i += int(t.threads)) {
-        const int j = i / p.n_expert, e = i % p.n_expert;
-        const KCAP_SHARED float* s = scores + j * p.n_expert;
-        const float mine = kcap_moe_rank_score(s[e]);
+    const int pairs = tokens * p.n_expert;
+    int sub = 1;
+    while (sub < KCAP_SIMD_WIDTH && pairs * sub * 2 <= int(t.threads)) sub *= 2;
+    const int slots = pairs * sub;
+    for (int base = 0; base < slots; base += int(t.threads)) {  // uniform: every lane shuffles
+        const int i = base + int(t.index);
+        const int pair = i / sub, part = i % sub;
         int above = 0;
-        int f = 0;
-        for (; f + 4 <= p.n_expert; f += 4) {
-            KCAP_UNROLL for (int u = 0; u < 4; ++u) {
-                const float other = kcap_moe_rank_score(s[f + u]);
-                above += other > mine || (other == mine && f + u < e) ? 1 : 0;
-            }
+        if (pair < pairs) {
+            const int j = pair / p.n_expert, e = pair % p.n_expert;
+            const KCAP_SHARED float* s = scores + j * p.n_expert;
+            const float mine = kcap_moe_rank_score(s[e]);
+            int f = part;
+            for (; f < e; f += sub) above += kcap_moe_rank_score(s[f]) >= mine ? 1 : 0;
+            if (f == e) f += sub;
+            for (; f < p.n_expert; f += sub) above += kcap_moe_rank_score(s[f]) > mine ? 1 : 0;
         }
-        for (; f < p.n_expert; ++f) {
-            const float other = kcap_moe_rank_score(s[f]);
-            above += other > mine || (other == mine && f < e) ? 1 : 0;
-        }
-        if (above < p.n_used) chosen[j * KCAP_MOE_MAX_USED + above] = float(e);
+        for (int offset = sub / 2; offset > 0; offset >>= 1) above += kcap_simd_shuffle_xor(above, offset);
+        if (pair < pairs && part == 0 && above < p.n_used)
+            chosen[(pair / p.n_expert) * KCAP_MOE_MAX_USED + above] = float(pair % p.n_expert);
     }
 }
 
