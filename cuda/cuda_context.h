@@ -149,11 +149,11 @@ inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b
 
 // Launches kernel on the context's stream, with programmatic dependent launch when enabled
 // (each kernel then waits for its predecessor with kcap_pdl_wait before touching memory), in
-// thread-block clusters of `cluster` groups where cluster.x > 0 (launch_clusters: cluster_x
-// groups along x) (sm_90: the rows that launch clusters say so in their legal dims).
+// thread-block clusters of cluster_x groups along x where cluster_x > 0 (sm_90: the rows that
+// launch clusters say so in their legal dims).
 template <typename... Params, typename... Args>
-void launch_cluster_dims(const Context& ctx, dim3 cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
-                         size_t shared_bytes, Args&&... args) {
+void launch_clusters(const Context& ctx, unsigned cluster_x, void (*kernel)(Params...), dim3 grid, dim3 block,
+                     size_t shared_bytes, Args&&... args) {
     cudaLaunchConfig_t config = {};
     config.gridDim = grid;
     config.blockDim = block;
@@ -165,18 +165,13 @@ void launch_cluster_dims(const Context& ctx, dim3 cluster, void (*kernel)(Params
         attribute[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attribute[n++].val.programmaticStreamSerializationAllowed = 1;
     }
-    if (cluster.x > 0) {  // x 0: no cluster attribute
+    if (cluster_x > 0) {
         attribute[n].id = cudaLaunchAttributeClusterDimension;
-        attribute[n++].val.clusterDim = {cluster.x, cluster.y, cluster.z};
+        attribute[n++].val.clusterDim = {cluster_x, 1, 1};
     }
     config.attrs = attribute;
     config.numAttrs = n;
     KCAP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
-}
-template <typename... Params, typename... Args>
-void launch_clusters(const Context& ctx, unsigned cluster_x, void (*kernel)(Params...), dim3 grid, dim3 block,
-                     size_t shared_bytes, Args&&... args) {
-    launch_cluster_dims(ctx, dim3(cluster_x, 1, 1), kernel, grid, block, shared_bytes, std::forward<Args>(args)...);
 }
 template <typename... Params, typename... Args>
 void launch(const Context& ctx, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,

@@ -45,8 +45,6 @@
 //   the plan asks (kSharedExpertSum).
 //   cuda.moe_shared_gate     out = in + sigmoid(w . x) * shared, one group per token.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include <cooperative_groups.h>
@@ -331,44 +329,16 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
 }
 
 // The slot's down matvec into down[slot].
-// With a SlotSum (rows > 0; probe switch KCAP_PROBE=dsum) the launch is in clusters of one
-// token's n_used slots (grid y), and after every slot's down rows of the group are written the
-// cluster's groups sum them, weighted, into the stage's output (kcap_moe_combine's sum, in its
-// order): no combine launch.
-struct SlotSum {
-    int rows;             // the group's output rows (0: no sum here)
-    float* out;           // [n_tokens][n]
-    const float* shared;  // the shared expert's output to add, or null
-};
-
-__device__ __forceinline__ void cluster_slot_sum(const KcapMoeParams& moe, const SlotSum& sum, const float* routing,
-                                                 const float* down) {
-    cluster_sync();  // release / acquire: every slot's rows of this group are written
-    const int token = int(blockIdx.y) / moe.n_used, rank = int(blockIdx.y) % moe.n_used;
-    const int row0 = int(blockIdx.x) * sum.rows;
-    const float* weights = routing + kcap_u64(token) * kcap_u64(2 * moe.n_used) + kcap_u64(moe.n_used);
-    for (int r = rank * int(blockDim.x) + int(threadIdx.x); r < sum.rows; r += moe.n_used * int(blockDim.x)) {
-        const int o = row0 + r;
-        if (o >= moe.n) break;
-        float acc = 0.0f;
-        for (int k = 0; k < moe.n_used; ++k)
-            acc += weights[k] * __ldcg(down + kcap_u64(token * moe.n_used + k) * kcap_u64(moe.n) + kcap_u64(o));
-        const kcap_u64 i = kcap_u64(token) * kcap_u64(moe.n) + kcap_u64(o);
-        sum.out[i] = sum.shared ? acc + sum.shared[i] : acc;
-    }
-}
-
 template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_down_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                         const kcap_u8* down, const float* routing, const float* act, float* out,
-                        const float* down_bias, SlotSum sum) {
+                        const float* down_bias) {
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
     kcap_moe_down<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, shared,
                                   down_bias);
-    if (sum.rows) cluster_slot_sum(moe, sum, routing, out);
 }
 
 // kcap_moe_gate_up_q8 / kcap_moe_down_q8 of slot blockIdx.y.
@@ -390,13 +360,12 @@ template <class F, int ROWS, bool TEAMS, int MIN_GROUPS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32, MIN_GROUPS)
     experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* down, const float* routing, const float* act, float* out,
-                           const float* down_bias, SlotSum sum) {
+                           const float* down_bias) {
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
     kcap_moe_down_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
                                      down_bias);
-    if (sum.rows) cluster_slot_sum(moe, sum, routing, out);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -533,7 +502,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 // The down matvec of every slot (Q8: on q8_1 of the activations, dp4a).
 template <bool Q8, class F, int ROWS, int MIN_GROUPS = 0>
 void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
-                              const float* routing, unsigned slots, const float* down_bias, SlotSum sum) {
+                              const float* routing, unsigned slots, const float* down_bias) {
     constexpr int kMinLanes = Q8 ? kMoeQ8MatvecMinLanes : kMoeMatvecMinLanes;
     constexpr int kSimds = Q8 ? kMatvecQ8Simds : kMatvecSimds;
     const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, Q8 ? q8_units_per_row<F>(p.k) : p.k / 32, kMinLanes,
@@ -543,11 +512,9 @@ void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const Kcap
     const size_t shared = size_t(Q8 ? matvec_q8_shared_words(p.k, ROWS) : matvec_shared_floats(p.k, ROWS)) * 4;
     with_matvec_body<kMinLanes>(teams.lanes, [&](auto teams_body) {
         constexpr bool TEAMS = decltype(teams_body)::value;
-        if (sum.out) sum.rows = matvec_group_rows(teams.split, teams.lanes, ROWS, kSimds);
         const auto run = [&](auto kernel) {
-            launch_cluster_dims(ctx, dim3(sum.out ? 1u : 0u, sum.out ? unsigned(moe.n_used) : 1u, 1), kernel, grid,
-                                dim3(kSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
-                                static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias, sum);
+            launch(ctx, kernel, grid, dim3(kSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
+                   static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
         };
         if constexpr (Q8)
             run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>);
@@ -559,15 +526,15 @@ void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const Kcap
 // Its rows per team by the stage's shape: with Q8, kMoeQ8ShortDownRows for short rows.
 template <bool Q8, class F>
 void launch_experts_down_of(const Context& ctx, const KcapMatmulParams& p, const KcapMoeParams& moe, const kcap_u8* down,
-                            const float* routing, unsigned slots, const float* down_bias, SlotSum sum) {
+                            const float* routing, unsigned slots, const float* down_bias) {
     if constexpr (Q8) {
         constexpr int kShortRows = std::is_same<F, KcapQ6_K>::value ? kMoeQ8ShortDownRowsQ6_K : kMoeQ8ShortDownRows;
         if (moe_q8_short_down(q8_units_per_row<F>(p.k)))
             return launch_experts_down_rows<true, F, kShortRows, kMoeQ8ShortDownGroups>(ctx, p, moe, down, routing, slots,
-                                                                                     down_bias, sum);
-        return launch_experts_down_rows<true, F, kMoeQ8DownRows>(ctx, p, moe, down, routing, slots, down_bias, sum);
+                                                                                     down_bias);
+        return launch_experts_down_rows<true, F, kMoeQ8DownRows>(ctx, p, moe, down, routing, slots, down_bias);
     } else {
-        return launch_experts_down_rows<false, F, kMatvecRows>(ctx, p, moe, down, routing, slots, down_bias, sum);
+        return launch_experts_down_rows<false, F, kMatvecRows>(ctx, p, moe, down, routing, slots, down_bias);
     }
 }
 
@@ -575,7 +542,7 @@ void launch_experts_down_of(const Context& ctx, const KcapMatmulParams& p, const
 // integer products).
 template <bool Q8>
 void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoeParams& moe, const kcap_u8* down,
-                         const float* routing, unsigned slots, const float* down_bias, SlotSum sum = {}) {
+                         const float* routing, unsigned slots, const float* down_bias) {
     KcapMatmulParams p{};
     p.k = moe.ff;
     p.n = moe.n;
@@ -585,7 +552,7 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
     p.row_bytes = unsigned(row_bytes(format, moe.ff));
 #define KCAP_MOE_DOWN_CASE(NAME, DECODER) \
     case Format::NAME:                    \
-        return launch_experts_down_of<Q8, DECODER>(ctx, p, moe, down, routing, slots, down_bias, sum);
+        return launch_experts_down_of<Q8, DECODER>(ctx, p, moe, down, routing, slots, down_bias);
     if constexpr (Q8) {
         switch (format) {
             KCAP_Q8_WEIGHT_FORMATS(KCAP_MOE_DOWN_CASE)
@@ -611,17 +578,6 @@ KcapMatmulParams experts_gate_up_params(const KcapMoeParams& moe, Format format)
     p.m = 1;
     p.row_bytes = unsigned(row_bytes(format, moe.k));
     return p;
-}
-
-// The experts' weighted sum in the down launch's clusters (SlotSum) instead of a combine launch:
-// probe switch KCAP_PROBE=dsum, where a token's slots fit a portable cluster.
-SlotSum slot_sum(const Stage& stage, const KernelCall& call, const KcapMoeParams& moe) {
-    static const bool on = [] {
-        const char* e = std::getenv("KCAP_PROBE");
-        return e && std::strstr(e, "dsum");
-    }();
-    if (!on || moe.n_used > 8) return {};
-    return {0, call.out, (stage.features & kSharedExpertSum) ? call.in3 : nullptr};
 }
 
 // The weighted sum of each token's slots from ctx.moe_down (slot_rows: the row of each slot
@@ -819,10 +775,9 @@ void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call) {
     // The gate and up matvecs, then the down (the experts' biases, F32, operands 3-5 (gpt-oss),
     // or null).
     cuda::launch_experts_gate_up<F, kMatvecRows>(ctx, stage, call, data, moe, p, slots);
-    const cuda::SlotSum sum = cuda::slot_sum(stage, call, moe);
     cuda::launch_experts_down<false>(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
-                              static_cast<const float*>(data.operands[5]), sum);
-    if (!sum.out) cuda::launch_experts_combine(ctx, stage, call, moe, nullptr);
+                              static_cast<const float*>(data.operands[5]));
+    cuda::launch_experts_combine(ctx, stage, call, moe, nullptr);
 }
 
 // The slot matvecs with q8_1 activations (gate and up in FORMAT, down in its own format), then
@@ -848,10 +803,9 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
                      call.in2, call.in, int(stage.params.activation), ctx.moe_act,
                      static_cast<const float*>(data.operands[3]), static_cast<const float*>(data.operands[4]));
     });
-    const cuda::SlotSum sum = cuda::slot_sum(stage, call, moe);
     cuda::launch_experts_down<true>(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
-                                 static_cast<const float*>(data.operands[5]), sum);
-    if (!sum.out) cuda::launch_experts_combine(ctx, stage, call, moe, nullptr);
+                                 static_cast<const float*>(data.operands[5]));
+    cuda::launch_experts_combine(ctx, stage, call, moe, nullptr);
 }
 
 namespace cuda {
