@@ -153,9 +153,9 @@ constexpr int kRouteNormBatch = 4;
 // products of registers and the staged row. kcap_moe_logits gave each lane a run of 32 values
 // (one 128-byte line a lane, 32 lines a load) after the wait: 3.1 us of a Qwen3-30B-A3B decode
 // router's 9.5 (bench/results/cuda_h100_router_attention_probe.txt). With groups of 16 simd
-// groups and the rank of kcap_moe_rank_choice, 12-layer decode on an H100 went from 1,302 to
-// 1,335 tokens/s (Qwen3-30B-A3B) and 898 to 913 (gpt-oss-20b), q8_1; the read-ahead alone is
-// 0.8% and 1.5% of that (bench/results/cuda_h100_router_preload_ab.txt).
+// groups and the rank of kcap_moe_rank_choice, 12-layer q8_1 decode on an H100 went from 1,298
+// to 1,334 tokens/s (Qwen3-30B-A3B) and 898 to 914 (gpt-oss-20b), means of two rounds; without
+// the read-ahead 1,327 and 900 (bench/results/cuda_h100_router_preload_ab.txt, docs/benchmarks.md).
 constexpr int kRouterPreload = 8;  // float4s a lane loads before the wait
 
 struct RouterF32Lane {
