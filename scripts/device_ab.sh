@@ -21,8 +21,8 @@
 #   AB_ACTIVATIONS  f32, q8_1 or bf16, or several separated by commas (default q8_1; ncu takes the first)
 #   AB_NCU          0 skips Nsight Compute
 #   AB_KERNELS      ncu kernel regex (default mma_q8: the int8 tiles); AB_LAUNCHES (default 24);
-#                   AB_LAUNCH_SKIP matching launches to pass over first (default 0: a decode step's
-#                   launches follow the prefill's, and each decode kernel comes once a layer)
+#                   AB_LAUNCH_SKIP matching launches to pass over first (default 0; the decode
+#                   steps' launches come after the prefill's, each decode kernel once a layer)
 #   AB_NCU_SECTIONS Nsight Compute sections (e.g. "SpeedOfLight WarpStateStats SchedulerStats
 #                   Occupancy MemoryWorkloadAnalysis"): instead of the metrics table, each arm's
 #                   details page for those sections, printed in full
@@ -104,24 +104,22 @@ run() {
 
 FIRST=/tmp/kcap_models/${MODELS%%,*}.gguf
 METRICS=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size
-# Nsight Compute on base and new (on new alone where base is not an arm).
-SECTIONS=()
-for section in ${AB_NCU_SECTIONS:-}; do SECTIONS+=(--section "$section"); done
+# Nsight Compute on base and new (on new alone where base is not an arm): the metrics table
+# (CSV, compared by ncu_compare.py), or with AB_NCU_SECTIONS those sections' details pages.
+REPORT=(--csv --page raw --metrics "$METRICS") EXT=csv
+if [ -n "${AB_NCU_SECTIONS:-}" ]; then
+    REPORT=() EXT=txt
+    for section in $AB_NCU_SECTIONS; do REPORT+=(--section "$section"); done
+fi
 for name in $([ "${AB_NCU:-1}" = 1 ] && { [ "$WITH_BASE" = 1 ] && echo base new || echo new; }); do
     step "ncu $name"
-    if [ ${#SECTIONS[@]} -gt 0 ]; then
-        run "$name" timeout 300 ncu --clock-control none -k "regex:${AB_KERNELS:-mma_q8}" \
-            --launch-skip "${AB_LAUNCH_SKIP:-0}" --launch-count "${AB_LAUNCHES:-24}" "${SECTIONS[@]}" \
-            python3 "$(tree "$name")/bench/cuda_ncu_step.py" "$FIRST" "${ACTIVATIONS%%,*}" 2>&1 | grep -v "^==PROF==" ||
-            true
-        continue
-    fi
-    run "$name" timeout 120 ncu --clock-control none -k "regex:${AB_KERNELS:-mma_q8}" \
-        --launch-skip "${AB_LAUNCH_SKIP:-0}" --launch-count "${AB_LAUNCHES:-24}" --csv --page raw --metrics "$METRICS" \
-        python3 "$(tree "$name")/bench/cuda_ncu_step.py" "$FIRST" "${ACTIVATIONS%%,*}" > "/tmp/ab_ncu_$name.csv" 2> "/tmp/ab_ncu_$name.err" ||
+    run "$name" timeout 300 ncu --clock-control none -k "regex:${AB_KERNELS:-mma_q8}" \
+        --launch-skip "${AB_LAUNCH_SKIP:-0}" --launch-count "${AB_LAUNCHES:-24}" "${REPORT[@]}" \
+        python3 "$(tree "$name")/bench/cuda_ncu_step.py" "$FIRST" "${ACTIVATIONS%%,*}" > "/tmp/ab_ncu_$name.$EXT" 2> "/tmp/ab_ncu_$name.err" ||
         tail -5 "/tmp/ab_ncu_$name.err"
+    [ "$EXT" = txt ] && grep -v "^==PROF==" "/tmp/ab_ncu_$name.txt"
 done
-[ "${AB_NCU:-1}" = 1 ] && [ -z "${AB_NCU_SECTIONS:-}" ] && [ "$WITH_BASE" = 1 ] &&
+[ "${AB_NCU:-1}" = 1 ] && [ "$EXT" = csv ] && [ "$WITH_BASE" = 1 ] &&
     python3 "$SRC/bench/ncu_compare.py" /tmp/ab_ncu_base.csv /tmp/ab_ncu_new.csv --names base,new
 
 for round in $(seq "${AB_ROUNDS:-2}"); do
