@@ -352,49 +352,24 @@ KCAP_FN kcap_u32 kcap_load_u16_u32s_a2(const KCAP_GLOBAL kcap_u8* p, KCAP_PRIVAT
 // multiple of 16 bytes (and zeroes the padding), so those words lie inside it. Elsewhere (Metal
 // has no pointer-to-integer conversion; the host tests check that a decoder reads only its
 // block): byte loads of exactly the run.
-// In two steps, so a loop can issue the loads of its next block before it decodes this one:
-// kcap_fetch_u8_u32s_a1<N> loads (KcapFetchedU8U32s<N>: on CUDA the aligned words and p's
-// offset in the first, elsewhere the byte and the words already built), kcap_unpack_u8_u32s_a1
-// builds the byte and the words from what was fetched.
-template <int N>
-struct KcapFetchedU8U32s {
-    kcap_u32 w[N + 1];
-    kcap_u32 off;
-};
 #if defined(__CUDACC__)
 template <int N>
-KCAP_FN KcapFetchedU8U32s<N> kcap_fetch_u8_u32s_a1(const KCAP_GLOBAL kcap_u8* p) {
-    KcapFetchedU8U32s<N> f;
-    f.off = kcap_address_bits(p) & 3u;
-    const KCAP_GLOBAL kcap_u8* a = p - f.off;  // 4-aligned
-    KCAP_UNROLL for (int i = 0; i <= N; ++i) f.w[i] = kcap_load_u32(a + 4 * i);
-    return f;
-}
-template <int N>
-KCAP_FN kcap_u32 kcap_unpack_u8_u32s_a1(const KcapFetchedU8U32s<N> f, KCAP_PRIVATE kcap_u32* out) {
+KCAP_FN kcap_u32 kcap_load_u8_u32s_a1(const KCAP_GLOBAL kcap_u8* p, KCAP_PRIVATE kcap_u32* out) {
+    const kcap_u32 off = kcap_address_bits(p) & 3u;
+    const KCAP_GLOBAL kcap_u8* a = p - off;  // 4-aligned
+    kcap_u32 w[N + 1];
+    KCAP_UNROLL for (int i = 0; i <= N; ++i) w[i] = kcap_load_u32(a + 4 * i);
     // Byte p + 1 + 4i is byte off + 1 of w[i]:w[i + 1] (a shift of 32: w[i + 1] itself).
-    const kcap_u32 shift = 8u * (f.off + 1u);
-    KCAP_UNROLL for (int i = 0; i < N; ++i) out[i] = kcap_funnel_r(f.w[i], f.w[i + 1], shift);
-    return (f.w[0] >> (8u * f.off)) & 0xffu;
+    const kcap_u32 shift = 8u * (off + 1u);
+    KCAP_UNROLL for (int i = 0; i < N; ++i) out[i] = kcap_funnel_r(w[i], w[i + 1], shift);
+    return (w[0] >> (8u * off)) & 0xffu;
 }
 #else
 template <int N>
-KCAP_FN KcapFetchedU8U32s<N> kcap_fetch_u8_u32s_a1(const KCAP_GLOBAL kcap_u8* p) {
-    KcapFetchedU8U32s<N> f;
-    f.off = 0u;
-    f.w[0] = p[0];
+KCAP_FN kcap_u32 kcap_load_u8_u32s_a1(const KCAP_GLOBAL kcap_u8* p, KCAP_PRIVATE kcap_u32* out) {
     KCAP_UNROLL for (int i = 0; i < N; ++i)
-        f.w[i + 1] = kcap_u32(p[1 + 4 * i]) | (kcap_u32(p[2 + 4 * i]) << 8) | (kcap_u32(p[3 + 4 * i]) << 16) |
-                     (kcap_u32(p[4 + 4 * i]) << 24);
-    return f;
-}
-template <int N>
-KCAP_FN kcap_u32 kcap_unpack_u8_u32s_a1(const KcapFetchedU8U32s<N> f, KCAP_PRIVATE kcap_u32* out) {
-    KCAP_UNROLL for (int i = 0; i < N; ++i) out[i] = f.w[i + 1];
-    return f.w[0];
+        out[i] = kcap_u32(p[1 + 4 * i]) | (kcap_u32(p[2 + 4 * i]) << 8) | (kcap_u32(p[3 + 4 * i]) << 16) |
+                 (kcap_u32(p[4 + 4 * i]) << 24);
+    return p[0];
 }
 #endif
-template <int N>
-KCAP_FN kcap_u32 kcap_load_u8_u32s_a1(const KCAP_GLOBAL kcap_u8* p, KCAP_PRIVATE kcap_u32* out) {
-    return kcap_unpack_u8_u32s_a1<N>(kcap_fetch_u8_u32s_a1<N>(p), out);
-}

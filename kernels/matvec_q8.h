@@ -223,18 +223,9 @@ template <class F>
 struct KcapQ8Units {
     static constexpr int per_block = F::block_elems / 32;
     static constexpr bool nibbles = false;  // records in element order
-    static constexpr int ahead_slots = 1;   // only the block's address is fetched ahead
-    struct Fetched {
-        const KCAP_GLOBAL kcap_u8* block;
-    };
-    static KCAP_FN Fetched fetch(const KCAP_GLOBAL kcap_u8* block, int) {
-        Fetched f;
-        f.block = block;
-        return f;
-    }
-    static KCAP_FN float dot(const Fetched f, int unit, const KCAP_SHARED kcap_i32* records,
+    static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* block, int unit, const KCAP_SHARED kcap_i32* records,
                              const KCAP_SHARED float* scales) {
-        return kcap_q8_run_dot<F>(f.block, unit, records + unit * KCAP_Q8_RUN_WORDS, scales[unit]);
+        return kcap_q8_run_dot<F>(block, unit, records + unit * KCAP_Q8_RUN_WORDS, scales[unit]);
     }
 };
 
@@ -244,23 +235,11 @@ template <>
 struct KcapQ8Units<KcapQ4_K> {
     static constexpr int per_block = 8;
     static constexpr bool nibbles = false;
-    static constexpr int ahead_slots = 1;  // 8 words a unit and matrix
-    struct Fetched {
-        uint4 head;  // d, dmin (x) and the 12 scale bytes (y, z, w)
-        uint4 q;
-    };
-    static KCAP_FN Fetched fetch(const KCAP_GLOBAL kcap_u8* b, int unit) {
-        const int j = unit >> 1, i = unit & 1;
-        Fetched f;
-        f.head = kcap_load_u32x4(b);
-        f.q = kcap_load_u32x4(b + 16 + 32 * j + 16 * i);
-        return f;
-    }
-    static KCAP_FN float dot(const Fetched f, int unit, const KCAP_SHARED kcap_i32* records,
+    static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* b, int unit, const KCAP_SHARED kcap_i32* records,
                              const KCAP_SHARED float* scales) {
         const int j = unit >> 1, i = unit & 1;
-        const uint4 q = f.q;
-        const kcap_u32 dd = f.head.x;
+        const uint4 q = kcap_load_u32x4(b + 16 + 32 * j + 16 * i);
+        const kcap_u32 dd = kcap_load_u32(b);
         const kcap_u32 words[4] = {q.x, q.y, q.z, q.w};
         float sum = 0.0f;
         KCAP_UNROLL for (int r = 0; r < 2; ++r) {
@@ -270,7 +249,7 @@ struct KcapQ8Units<KcapQ4_K> {
             KCAP_UNROLL for (int w = 0; w < 4; ++w)
                 dot = kcap_dot4_i8(int((words[w] >> (4 * r)) & 0x0f0f0f0fu), record[4 * i + w], dot);
             int sc, m;
-            kcap_k4_scale_min_words(f.head.y, f.head.z, f.head.w, run, &sc, &m);
+            kcap_k4_scale_min(b + 4, run, &sc, &m);
             const float scale = kcap_half_to_float(kcap_u16(dd & 0xffffu)) * float(sc);
             const float offset = -(kcap_half_to_float(kcap_u16(dd >> 16)) * float(m));
             sum += scales[run] * (scale * float(dot) + offset * float(record[8 + i]));
@@ -286,18 +265,8 @@ template <>
 struct KcapQ8Units<KcapQ6_K> {
     static constexpr int per_block = 4;
     static constexpr bool nibbles = false;
-    static constexpr int ahead_slots = 1;  // only the block's address is fetched ahead
-    struct Fetched {
-        const KCAP_GLOBAL kcap_u8* block;
-    };
-    static KCAP_FN Fetched fetch(const KCAP_GLOBAL kcap_u8* block, int) {
-        Fetched f;
-        f.block = block;
-        return f;
-    }
-    static KCAP_FN float dot(const Fetched f, int unit, const KCAP_SHARED kcap_i32* records,
+    static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* b, int unit, const KCAP_SHARED kcap_i32* records,
                              const KCAP_SHARED float* scales) {
-        const KCAP_GLOBAL kcap_u8* b = f.block;
         const int h = unit >> 1, i = unit & 1;
         kcap_u32 ql[2][4], qh[4], sc[2];
         kcap_load_u32s_a2<4>(b + 64 * h + 16 * i, ql[0]);
@@ -333,13 +302,10 @@ template <>
 struct KcapQ8Units<KcapMXFP4> {
     static constexpr int per_block = 1;
     static constexpr bool nibbles = true;
-    static constexpr int ahead_slots = 2;  // 6 words a unit and matrix
-    typedef KcapFetchedU8U32s<4> Fetched;  // the block's 17 bytes at any alignment
-    static KCAP_FN Fetched fetch(const KCAP_GLOBAL kcap_u8* b, int) { return kcap_fetch_u8_u32s_a1<4>(b); }
-    static KCAP_FN float dot(const Fetched f, int, const KCAP_SHARED kcap_i32* record,
+    static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* b, int, const KCAP_SHARED kcap_i32* record,
                              const KCAP_SHARED float* scales) {
-        kcap_u32 qs[4];  // the 16 code bytes as words
-        const kcap_u32 e = kcap_unpack_u8_u32s_a1<4>(f, qs);
+        kcap_u32 qs[4];  // the 16 code bytes as words (kcap_load_u8_u32s_a1: any alignment)
+        const kcap_u32 e = kcap_load_u8_u32s_a1<4>(b, qs);
         constexpr kcap_u32 kLow = 0x03020100u, kHigh = 0x0C080604u;  // doubled E2M1: 0 1 2 3 4 6 8 12
         int positive = 0, negative = 0;
         KCAP_UNROLL for (int w = 0; w < 4; ++w) {
@@ -353,70 +319,6 @@ struct KcapQ8Units<KcapMXFP4> {
         return scales[0] * (kcap_mxfp4_scale(e) * float(positive - negative));
     }
 };
-
-// KcapQ8Units<F> with nothing fetched ahead but the block's address: its fetch and dot in one
-// step, at the dot. The walk of teams of several rows takes it: their rows' units together
-// would hold too many registers while x is staged (Q4_K's short down rows in teams of four
-// spilled 144 bytes).
-template <class F>
-struct KcapQ8Deferred {
-    static constexpr int per_block = KcapQ8Units<F>::per_block;
-    static constexpr bool nibbles = KcapQ8Units<F>::nibbles;
-    static constexpr int ahead_slots = 1;
-    struct Fetched {
-        const KCAP_GLOBAL kcap_u8* block;
-    };
-    static KCAP_FN Fetched fetch(const KCAP_GLOBAL kcap_u8* block, int) {
-        Fetched f;
-        f.block = block;
-        return f;
-    }
-    static KCAP_FN float dot(const Fetched f, int unit, const KCAP_SHARED kcap_i32* records,
-                             const KCAP_SHARED float* scales) {
-        return KcapQ8Units<F>::dot(KcapQ8Units<F>::fetch(f.block, unit), unit, records, scales);
-    }
-};
-
-// The units a walk of ROWS rows a team fetches ahead: KcapQ8Units<F> for one row, else
-// KcapQ8Deferred<F>.
-template <class F, bool ONE_ROW>
-struct KcapQ8WalkUnits {
-    typedef KcapQ8Units<F> type;
-};
-template <class F>
-struct KcapQ8WalkUnits<F, false> {
-    typedef KcapQ8Deferred<F> type;
-};
-
-// U::fetch (U: KcapQ8Units<F> or KcapQ8Deferred<F>) of unit `unit` of rows row0 .. row0 + ROWS -
-// 1 of the MATS matrices w0 (and w1) into f[mat * ROWS + j] (rows from p.n on, which
-// kcap_q8_dot_unit skips, fetch row0's unit again, so every entry is set).
-template <class F, class U, int ROWS, int MATS>
-KCAP_FN void kcap_q8_fetch_unit(const KcapMatmulParams p, int row0, int unit, const KCAP_GLOBAL kcap_u8* w0,
-                                const KCAP_GLOBAL kcap_u8* w1, KCAP_PRIVATE typename U::Fetched* f) {
-    const unsigned block_offset = unsigned(unit / U::per_block) * unsigned(F::block_bytes);
-    KCAP_UNROLL for (int mat = 0; mat < MATS; ++mat) {
-        const KCAP_GLOBAL kcap_u8* w = mat == 0 ? w0 : w1;
-        KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
-            const int row = row0 + j < p.n ? row0 + j : row0;
-            f[mat * ROWS + j] = U::fetch(w + kcap_u64(row) * p.row_bytes + block_offset, unit % U::per_block);
-        }
-    }
-}
-
-// acc[mat][j] += the fetched unit `unit` of row row0 + j (those below p.n) of matrix mat against
-// the chunk's staged records and scales (the chunk starting at run chunk0).
-template <class F, class U, int ROWS, int MATS>
-KCAP_FN void kcap_q8_dot_unit(const KcapMatmulParams p, int row0, int unit, int chunk0,
-                              KCAP_PRIVATE const typename U::Fetched* f, const KCAP_SHARED kcap_i32* records,
-                              const KCAP_SHARED float* scales, KCAP_PRIVATE float (*acc)[ROWS]) {
-    const int block_run = unit / U::per_block * (F::block_elems / 32) - chunk0;
-    KCAP_UNROLL for (int mat = 0; mat < MATS; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
-        if (row0 + j < p.n)
-            acc[mat][j] += U::dot(f[mat * ROWS + j], unit % U::per_block, records + block_run * KCAP_Q8_RUN_WORDS,
-                                  scales + block_run);
-    }
-}
 
 // Grid: x = ceil(n / (kcap_matvec_group_teams(teams, simds) * ROWS)), y = tokens. MODE and operands as
 // kcap_matvec_staged (bias2, alpha, limit: up's bias and the clamped SwiGLU's constants of a
@@ -433,12 +335,6 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const 
     constexpr int kRunsPerBlock = F::block_elems / 32;
     constexpr int kUnits = KcapQ8Units<F>::per_block;
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
-    // What a lane fetches ahead (U) and how many units (kSlots): a format's own fetch and
-    // ahead_slots (1 or 2) for one row a team; only addresses for a team of several rows.
-    typedef typename KcapQ8WalkUnits<F, ROWS == 1>::type U;
-    typedef typename U::Fetched Fetched;
-    constexpr int kSlots = U::ahead_slots;
-    constexpr bool kEarly = ROWS == 1;  // the first units fetched before x is staged
     KCAP_SHARED kcap_i32* records = shared;
     KCAP_SHARED float* scales = reinterpret_cast<KCAP_SHARED float*>(shared + chunk_runs * KCAP_Q8_RUN_WORDS);
     KCAP_SHARED float* partials = scales + chunk_runs;
@@ -457,22 +353,8 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const 
     const int runs = p.k / 32;
     float acc[kMats][ROWS];
     KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = 0.0f;
-    const int step = lanes * split;
     for (int chunk0 = 0; chunk0 < runs; chunk0 += chunk_runs) {
         const int chunk_end = chunk0 + chunk_runs < runs ? chunk0 + chunk_runs : runs;
-        // The lane's units of the chunk's blocks (chunk0 and chunk_end are multiples of
-        // kRunsPerBlock): unit0, unit0 + step, ... below unit_end, fetched kSlots at a time ahead
-        // (f[slot]): the first ones before x is staged (kEarly: the weights do not wait for it),
-        // each later one as soon as its slot's unit has been multiplied.
-        const int unit_end = chunk_end / kRunsPerBlock * kUnits;
-        const int unit0 = chunk0 / kRunsPerBlock * kUnits + me.part * lanes + me.lane;
-        const bool walks = row0 < p.n && unit0 < unit_end;
-        Fetched f[kSlots][kMats * ROWS];
-        if (kEarly && walks) {
-            kcap_q8_fetch_unit<F, U, ROWS, kMats>(p, row0, unit0, w0, w1, f[0]);
-            if (kSlots > 1 && unit0 + step < unit_end)
-                kcap_q8_fetch_unit<F, U, ROWS, kMats>(p, row0, unit0 + step, w0, w1, f[kSlots - 1]);
-        }
         if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
         if (quantized)
             kcap_q8_copy_runs<KcapQ8Units<F>::nibbles>(t, x_codes + 8 * chunk0, x_d + chunk0, x_half_sums + 2 * chunk0,
@@ -481,21 +363,21 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const 
             kcap_q8_stage_runs<KcapQ8Units<F>::nibbles>(t, x + kcap_u64(chunk0) * 32, chunk_end - chunk0, records,
                                                         scales);
         kcap_barrier();
-        if (!kEarly && walks) {
-            for (int unit = unit0; unit < unit_end; unit += step) {
-                kcap_q8_fetch_unit<F, U, ROWS, kMats>(p, row0, unit, w0, w1, f[0]);
-                kcap_q8_dot_unit<F, U, ROWS, kMats>(p, row0, unit, chunk0, f[0], records, scales, acc);
-            }
-        } else if (walks) {
-            for (int unit = unit0; unit < unit_end; unit += kSlots * step) {
-                kcap_q8_dot_unit<F, U, ROWS, kMats>(p, row0, unit, chunk0, f[0], records, scales, acc);
-                if (unit + kSlots * step < unit_end)
-                    kcap_q8_fetch_unit<F, U, ROWS, kMats>(p, row0, unit + kSlots * step, w0, w1, f[0]);
-                if (kSlots > 1) {
-                    if (unit + step >= unit_end) break;
-                    kcap_q8_dot_unit<F, U, ROWS, kMats>(p, row0, unit + step, chunk0, f[kSlots - 1], records, scales, acc);
-                    if (unit + 3 * step < unit_end)
-                        kcap_q8_fetch_unit<F, U, ROWS, kMats>(p, row0, unit + 3 * step, w0, w1, f[kSlots - 1]);
+        if (row0 < p.n) {
+            // Units of the chunk's blocks (chunk0 and chunk_end are multiples of kRunsPerBlock).
+            const int unit_end = chunk_end / kRunsPerBlock * kUnits;
+            for (int unit = chunk0 / kRunsPerBlock * kUnits + me.part * lanes + me.lane; unit < unit_end;
+                 unit += lanes * split) {
+                const int block = unit / kUnits, block_run = block * kRunsPerBlock - chunk0;
+                const KCAP_SHARED kcap_i32* block_records = records + block_run * KCAP_Q8_RUN_WORDS;
+                const unsigned block_offset = unsigned(block) * unsigned(F::block_bytes);
+                KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) {
+                    const KCAP_GLOBAL kcap_u8* w = mat == 0 ? w0 : w1;
+                    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+                        if (row0 + j < p.n)
+                            acc[mat][j] += KcapQ8Units<F>::dot(w + kcap_u64(row0 + j) * p.row_bytes + block_offset,
+                                                               unit % kUnits, block_records, scales + block_run);
+                    }
                 }
             }
         }

@@ -220,20 +220,6 @@ KCAP_FN void kcap_k4_scale_min(const KCAP_GLOBAL kcap_u8* scales, int j, KCAP_PR
     }
 }
 
-// kcap_k4_scale_min of the 12 scale bytes held in three words (s0: bytes 0-3, s1: 4-7, s2: 8-11).
-KCAP_FN void kcap_k4_scale_min_words(kcap_u32 s0, kcap_u32 s1, kcap_u32 s2, int j, KCAP_PRIVATE int* scale,
-                                     KCAP_PRIVATE int* min) {
-    const kcap_u32 shift = 8u * kcap_u32(j & 3);
-    const kcap_u32 b0 = (s0 >> shift) & 0xffu, b1 = (s1 >> shift) & 0xffu, b2 = (s2 >> shift) & 0xffu;
-    if (j < 4) {
-        *scale = int(b0 & 0x3fu);
-        *min = int(b1 & 0x3fu);
-    } else {
-        *scale = int((b2 & 0x0fu) | ((b0 >> 6) << 4));
-        *min = int((b2 >> 4) | ((b1 >> 6) << 4));
-    }
-}
-
 // Q4_K: eight runs of 32; runs 2j and 2j+1 share qs[32j .. 32j+31] (low nibbles, then high);
 // value = (d * scale) * q - (dmin * min).
 struct KcapQ4_K {
