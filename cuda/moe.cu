@@ -341,35 +341,17 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
                                   down_bias);
 }
 
-// The row passes of a q8_1 slot matvec (kcap_matvec_q8's passes and pass_rows) and its grid x.
-struct MoeRowPasses {
-    int passes;
-    int rows;
-};
-// kMoeQ8RowPasses passes where each team is one simd group of one row (split 1, whole simd
-// groups, one staging chunk: x is staged once for every pass); else one.
-MoeRowPasses moe_row_passes(const KcapMatmulParams& p, const KcapMatvecTeams& teams, int rows, unsigned* groups_x) {
-    const unsigned groups = matvec_groups(p, teams, rows, cuda_rows::kMatvecQ8Simds);
-    const bool fits = rows == 1 && teams.split == 1 && teams.lanes == 32 && p.k / 32 <= cuda_rows::kMatvecQ8ChunkRuns;
-    MoeRowPasses out;
-    out.passes = fits ? cuda_rows::kMoeQ8RowPasses : 1;
-    *groups_x = ceil_div(groups, unsigned(out.passes));
-    out.rows = int(*groups_x) * cuda_rows::matvec_group_rows(teams.split, teams.lanes, rows, cuda_rows::kMatvecQ8Simds);
-    return out;
-}
-
 // kcap_moe_gate_up_q8 / kcap_moe_down_q8 of slot blockIdx.y.
 template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
     experts_gate_up_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                               const kcap_u8* gate, const kcap_u8* up, const float* routing, const float* x,
-                              int activation, float* act, const float* gate_bias, const float* up_bias,
-                              MoeRowPasses passes) {
+                              int activation, float* act, const float* gate_bias, const float* up_bias) {
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
     kcap_moe_gate_up_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
-                                        act, q8_shared, gate_bias, up_bias, passes.passes, passes.rows);
+                                        act, q8_shared, gate_bias, up_bias);
 }
 
 // The groups per multiprocessor its registers must allow: MIN_GROUPS (the short rows' teams:
@@ -378,12 +360,12 @@ template <class F, int ROWS, bool TEAMS, int MIN_GROUPS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32, MIN_GROUPS)
     experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* down, const float* routing, const float* act, float* out,
-                           const float* down_bias, MoeRowPasses passes) {
+                           const float* down_bias) {
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
     kcap_moe_down_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
-                                     down_bias, passes.passes, passes.rows);
+                                     down_bias);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
@@ -526,18 +508,16 @@ void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const Kcap
     const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, Q8 ? q8_units_per_row<F>(p.k) : p.k / 32, kMinLanes,
                                                (long long)p.n * slots, kSimds);  // one grid holds every slot
     const int chunk_runs = std::min(p.k / 32, Q8 ? kMatvecQ8ChunkRuns : kMatvecChunkRuns);
-    unsigned groups_x = matvec_groups(p, teams, ROWS, kSimds);
-    const MoeRowPasses passes = Q8 ? moe_row_passes(p, teams, ROWS, &groups_x) : MoeRowPasses{1, 0};
-    const dim3 grid(groups_x, slots);
+    const dim3 grid(matvec_groups(p, teams, ROWS, kSimds), slots);
     const size_t shared = size_t(Q8 ? matvec_q8_shared_words(p.k, ROWS) : matvec_shared_floats(p.k, ROWS)) * 4;
     with_matvec_body<kMinLanes>(teams.lanes, [&](auto teams_body) {
         constexpr bool TEAMS = decltype(teams_body)::value;
-        const auto run = [&](auto kernel, auto... extra) {
+        const auto run = [&](auto kernel) {
             launch(ctx, kernel, grid, dim3(kSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
-                   static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias, extra...);
+                   static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
         };
         if constexpr (Q8)
-            run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>, passes);
+            run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>);
         else
             run(experts_down_kernel<F, ROWS, TEAMS>);
     });
@@ -815,15 +795,13 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
     const KcapMatvecTeams teams = cuda::matvec_teams(ctx, p, ROWS, cuda::q8_units_per_row<F>(p.k), kMoeQ8MatvecMinLanes,
                                                      (long long)p.n * slots, kMatvecQ8Simds);
     const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
-    unsigned groups_x = 0;
-    const cuda::MoeRowPasses passes = cuda::moe_row_passes(p, teams, ROWS, &groups_x);
     with_matvec_body<kMoeQ8MatvecMinLanes>(teams.lanes, [&](auto teams_body) {
-        cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, ROWS, decltype(teams_body)::value>, dim3(groups_x, slots),
-                     dim3(kMatvecQ8Simds * 32), size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, teams,
-                     chunk_runs, static_cast<const kcap_u8*>(data.operands[0]),
-                     static_cast<const kcap_u8*>(data.operands[1]), call.in2, call.in, int(stage.params.activation),
-                     ctx.moe_act, static_cast<const float*>(data.operands[3]),
-                     static_cast<const float*>(data.operands[4]), passes);
+        cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, ROWS, decltype(teams_body)::value>,
+                     dim3(cuda::matvec_groups(p, teams, ROWS, kMatvecQ8Simds), slots), dim3(kMatvecQ8Simds * 32),
+                     size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
+                     static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]),
+                     call.in2, call.in, int(stage.params.activation), ctx.moe_act,
+                     static_cast<const float*>(data.operands[3]), static_cast<const float*>(data.operands[4]));
     });
     cuda::launch_experts_down<true>(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
                                  static_cast<const float*>(data.operands[5]));

@@ -171,11 +171,6 @@ constexpr int kMoeQ8DownRows = 1;
 // kernel spilled 124 bytes at 64 registers. Measured on an H100 (tg128 q8_1, Qwen3-30B-A3B's
 // 12-layer slice, bench/results/cuda_h100_split_k.txt): 4 rows 1,267.5 tok/s, 2 rows 1,294.6, 4
 // rows at one group per multiprocessor (no spills) 1,295.0, 2 rows without a minimum 1,288.9.
-// The q8_1 slot matvecs' row passes (kcap_matvec_q8): each group stages x once and its teams of
-// one row walk kMoeQ8RowPasses rows, a whole grid of rows apart, so the grid is a fraction of
-// the rows' simd groups (gpt-oss-20b's decode gate/up: 11,520 rows, 360 groups, one wave at
-// three groups a multiprocessor, where 720 were 1.8).
-constexpr int kMoeQ8RowPasses = 2;
 constexpr int kMoeQ8ShortDownRows = 4;
 constexpr int kMoeQ8ShortDownRowsQ6_K = 2;
 constexpr int kMoeQ8ShortDownGroups = 2;

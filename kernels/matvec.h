@@ -85,21 +85,17 @@ KCAP_FN KcapMatvecTeam kcap_matvec_team(const KcapThread t, const KcapMatvecTeam
 // Asks for the weight rows this thread's team will read in the staged decode matvec (ROWS rows
 // per team; the q8_1 matvec's teams too): a hint, issued before waiting on the previous kernel
 // so the bytes are on their way while it finishes.
-// With row passes (kcap_matvec_q8's passes, pass_rows): the team's rows of every pass.
 template <int ROWS, bool TEAMS>
 KCAP_FN void kcap_matvec_split_prefetch(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams,
-                                        const KCAP_GLOBAL kcap_u8* w, int passes = 1, int pass_rows = 0) {
+                                        const KCAP_GLOBAL kcap_u8* w) {
     const KcapMatvecTeam me = kcap_matvec_team<ROWS, TEAMS>(t, teams);
     const unsigned lanes = unsigned(kcap_matvec_team_lanes<TEAMS>(teams));
     const unsigned first = (unsigned(me.part) * lanes + unsigned(me.lane)) * 128u;
     const unsigned stride = unsigned(kcap_matvec_team_split<TEAMS>(teams)) * lanes * 128u;
-    for (int pass = 0; pass < passes; ++pass) {
-        const int row0 = me.row0 + pass * pass_rows;
-        for (int j = 0; j < ROWS; ++j) {
-            if (row0 + j >= p.n) break;
-            const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(row0 + j) * p.row_bytes;
-            for (unsigned offset = first; offset < p.row_bytes; offset += stride) kcap_prefetch(row + offset);
-        }
+    for (int j = 0; j < ROWS; ++j) {
+        if (me.row0 + j >= p.n) break;
+        const KCAP_GLOBAL kcap_u8* row = w + kcap_u64(me.row0 + j) * p.row_bytes;
+        for (unsigned offset = first; offset < p.row_bytes; offset += stride) kcap_prefetch(row + offset);
     }
 }
 
@@ -125,17 +121,17 @@ KCAP_FN int kcap_matvec_staged_floats(int chunk_runs, int simds, int sums) {
 // sums acc[mat][j]; each team's lanes sum them, the parts of a team meet in `partials` (uniform
 // over the group: every thread reaches the barrier or none does) and lane 0 of part 0 writes the
 // team's rows: y = acc (+ bias), or kcap_gated(act, gate (+ bias), up (+ bias2)) with the clamped
-// SwiGLU's alpha and limit (null biases: none). row_offset: added to the team's rows (a row pass).
+// SwiGLU's alpha and limit (null biases: none).
 template <int ROWS, int MODE, bool TEAMS>
 KCAP_FN void kcap_matvec_finish(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams,
                                 KCAP_PRIVATE float (&acc)[MODE == KCAP_MATVEC_GATE_UP ? 2 : 1][ROWS],
                                 KCAP_SHARED float* partials, const KCAP_GLOBAL float* bias, int activation,
                                 KCAP_GLOBAL float* y, const KCAP_GLOBAL float* bias2 = nullptr, float alpha = 0.0f,
-                                float limit = 0.0f, int row_offset = 0) {
+                                float limit = 0.0f) {
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
     const int split = kcap_matvec_team_split<TEAMS>(teams);
     const KcapMatvecTeam me = kcap_matvec_team<ROWS, TEAMS>(t, teams);
-    const int team = int(t.simd) / split, part = me.part, row0 = me.row0 + row_offset;  // team: of whole simd groups
+    const int team = int(t.simd) / split, part = me.part, row0 = me.row0;  // team: of whole simd groups
     KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j)
         acc[mat][j] = kcap_matvec_team_sum(acc[mat][j], kcap_matvec_team_lanes<TEAMS>(teams));
     if (split > 1) {  // whole simd groups only (lanes == KCAP_SIMD_WIDTH)

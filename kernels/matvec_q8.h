@@ -325,16 +325,13 @@ struct KcapQ8Units<KcapMXFP4> {
 // gate_up); x is either f32 (x_codes null: every group quantizes it) or the tokens'
 // q8_1 rows (x_codes, x_d, x_half_sums from kcap_q8_quantize_rows; x unused); y is token group_y's row. shared: chunk_runs * (KCAP_Q8_RUN_WORDS + 1)
 // + simds * ROWS * (MODE == KCAP_MATVEC_GATE_UP ? 2 : 1) words (cuda_rows::matvec_q8_shared_words).
-// passes > 1: each group's teams take rows t, t + pass_rows, ..., (passes of them) and grid x is
-// ceil(that grid's x / passes), pass_rows its rows (groups * teams a group * ROWS).
 template <class F, int ROWS, int MODE, bool TEAMS>
 KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams, int chunk_runs,
                             const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
                             const KCAP_GLOBAL float* x, const KCAP_GLOBAL kcap_u32* x_codes, const KCAP_GLOBAL float* x_d,
                             const KCAP_GLOBAL kcap_i32* x_half_sums, const KCAP_GLOBAL float* bias, int activation,
                             KCAP_GLOBAL float* y, KCAP_SHARED kcap_i32* shared,
-                            const KCAP_GLOBAL float* bias2 = nullptr, float alpha = 0.0f, float limit = 0.0f,
-                            int passes = 1, int pass_rows = 0) {
+                            const KCAP_GLOBAL float* bias2 = nullptr, float alpha = 0.0f, float limit = 0.0f) {
     constexpr int kRunsPerBlock = F::block_elems / 32;
     constexpr int kUnits = KcapQ8Units<F>::per_block;
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
@@ -352,49 +349,38 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const 
     y += kcap_u64(t.group_y) * kcap_u64(p.n);
     const KcapMatvecTeam me = kcap_matvec_team<ROWS, TEAMS>(t, teams);
     const int lanes = kcap_matvec_team_lanes<TEAMS>(teams), split = kcap_matvec_team_split<TEAMS>(teams);
+    const int row0 = me.row0;
     const int runs = p.k / 32;
-    // Row passes: the group's teams walk `passes` sets of rows, pass_rows apart, on one staging of
-    // x where one chunk holds it (otherwise each pass stages its chunks again).
-    const bool restage = runs > chunk_runs;
-    for (int pass = 0; pass < passes; ++pass) {
-        const int row0 = me.row0 + pass * pass_rows;
-        // The previous pass's parts are done with the partials, and with the records if restaged.
-        if (pass > 0 && (split > 1 || restage)) kcap_barrier();
-        float acc[kMats][ROWS];
-        KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = 0.0f;
-        for (int chunk0 = 0; chunk0 < runs; chunk0 += chunk_runs) {
-            const int chunk_end = chunk0 + chunk_runs < runs ? chunk0 + chunk_runs : runs;
-            if (pass == 0 || restage) {
-                if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
-                if (quantized)
-                    kcap_q8_copy_runs<KcapQ8Units<F>::nibbles>(t, x_codes + 8 * chunk0, x_d + chunk0,
-                                                               x_half_sums + 2 * chunk0, chunk_end - chunk0, records,
-                                                               scales);
-                else
-                    kcap_q8_stage_runs<KcapQ8Units<F>::nibbles>(t, x + kcap_u64(chunk0) * 32, chunk_end - chunk0,
-                                                                records, scales);
-                kcap_barrier();
-            }
-            if (row0 < p.n) {
-                // Units of the chunk's blocks (chunk0 and chunk_end are multiples of kRunsPerBlock).
-                const int unit_end = chunk_end / kRunsPerBlock * kUnits;
-                for (int unit = chunk0 / kRunsPerBlock * kUnits + me.part * lanes + me.lane; unit < unit_end;
-                     unit += lanes * split) {
-                    const int block = unit / kUnits, block_run = block * kRunsPerBlock - chunk0;
-                    const KCAP_SHARED kcap_i32* block_records = records + block_run * KCAP_Q8_RUN_WORDS;
-                    const unsigned block_offset = unsigned(block) * unsigned(F::block_bytes);
-                    KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) {
-                        const KCAP_GLOBAL kcap_u8* w = mat == 0 ? w0 : w1;
-                        KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
-                            if (row0 + j < p.n)
-                                acc[mat][j] += KcapQ8Units<F>::dot(w + kcap_u64(row0 + j) * p.row_bytes + block_offset,
-                                                                   unit % kUnits, block_records, scales + block_run);
-                        }
+    float acc[kMats][ROWS];
+    KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) KCAP_UNROLL for (int j = 0; j < ROWS; ++j) acc[mat][j] = 0.0f;
+    for (int chunk0 = 0; chunk0 < runs; chunk0 += chunk_runs) {
+        const int chunk_end = chunk0 + chunk_runs < runs ? chunk0 + chunk_runs : runs;
+        if (chunk0 > 0) kcap_barrier();  // everyone is done with the previous chunk
+        if (quantized)
+            kcap_q8_copy_runs<KcapQ8Units<F>::nibbles>(t, x_codes + 8 * chunk0, x_d + chunk0, x_half_sums + 2 * chunk0,
+                                                       chunk_end - chunk0, records, scales);
+        else
+            kcap_q8_stage_runs<KcapQ8Units<F>::nibbles>(t, x + kcap_u64(chunk0) * 32, chunk_end - chunk0, records,
+                                                        scales);
+        kcap_barrier();
+        if (row0 < p.n) {
+            // Units of the chunk's blocks (chunk0 and chunk_end are multiples of kRunsPerBlock).
+            const int unit_end = chunk_end / kRunsPerBlock * kUnits;
+            for (int unit = chunk0 / kRunsPerBlock * kUnits + me.part * lanes + me.lane; unit < unit_end;
+                 unit += lanes * split) {
+                const int block = unit / kUnits, block_run = block * kRunsPerBlock - chunk0;
+                const KCAP_SHARED kcap_i32* block_records = records + block_run * KCAP_Q8_RUN_WORDS;
+                const unsigned block_offset = unsigned(block) * unsigned(F::block_bytes);
+                KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) {
+                    const KCAP_GLOBAL kcap_u8* w = mat == 0 ? w0 : w1;
+                    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+                        if (row0 + j < p.n)
+                            acc[mat][j] += KcapQ8Units<F>::dot(w + kcap_u64(row0 + j) * p.row_bytes + block_offset,
+                                                               unit % kUnits, block_records, scales + block_run);
                     }
                 }
             }
         }
-        kcap_matvec_finish<ROWS, MODE, TEAMS>(t, p, teams, acc, partials, bias, activation, y, bias2, alpha, limit,
-                                              pass * pass_rows);
     }
+    kcap_matvec_finish<ROWS, MODE, TEAMS>(t, p, teams, acc, partials, bias, activation, y, bias2, alpha, limit);
 }

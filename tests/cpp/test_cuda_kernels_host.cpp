@@ -45,7 +45,6 @@ using kcap::cuda_rows::kMatvecQ8Simds;
 using kcap::cuda_rows::kMatvecSimds;
 using kcap::cuda_rows::kMoeQ8DownRows;
 using kcap::cuda_rows::kMoeQ8GateUpRows;
-using kcap::cuda_rows::kMoeQ8RowPasses;
 using kcap::cuda_rows::kTokensPerPass;
 using kcap::cuda_rows::kTokensRows;
 using kcap::cuda_rows::kTokensSimds;
@@ -1103,58 +1102,39 @@ void check_moe_experts_q8_bodies(Format gate_up_format, Format down_format, bool
     KcapMatmulParams pd{};
     pd.k = int(ff), pd.n = int(n), pd.m = 1, pd.row_bytes = unsigned(row_bytes(down_format, ff)), pd.has_bias = gpt_oss;
     const int activation = gpt_oss ? KCAP_ACTIVATION_SWIGLU_OAI : 0;
-    // Row passes (kcap_matvec_q8's passes: the launcher's one and more), and with the shortest
-    // chunks (a block's runs) so that each pass stages x again where a block is one run.
-    struct Passes {
-        int passes;
-        bool short_chunks;
-    };
     for (const KcapMatvecTeams teams : {kcap_matvec_parts(1), kcap_matvec_parts(2), KcapMatvecTeams{1, 4},
-                                        KcapMatvecTeams{1, 8}, KcapMatvecTeams{1, 16}})
-    for (const Passes passes : {Passes{1, false}, Passes{kMoeQ8RowPasses, false}, Passes{3, false}, Passes{2, true}}) {
+                                        KcapMatvecTeams{1, 8}, KcapMatvecTeams{1, 16}}) {
         std::vector<float> act = nan_filled(size_t(slots) * ff), down_out = nan_filled(size_t(slots) * n);
         std::vector<float> got = nan_filled(size_t(m) * n);
-        // Grid x and the rows between passes, as cuda::moe_row_passes.
-        const auto pass_grid = [&](int64_t rows, int team_rows, unsigned* groups) {
-            *groups = ceil_div(matvec_test_groups(rows, teams, team_rows, kMatvecQ8Simds), passes.passes);
-            return int(*groups) * kcap::cuda_rows::matvec_group_rows(teams.split, teams.lanes, team_rows, kMatvecQ8Simds);
-        };
         with_decoder(gate_up_format, [&](auto decoder) {
             using F = decltype(decoder);
-            unsigned groups = 0;
-            const int pass_rows = pass_grid(ff, kMoeQ8GateUpRows, &groups);
-            const int chunk_runs = passes.short_chunks ? F::block_elems / 32 : int(k / 32);
             if constexpr (KcapCodes<F>::has_codes8)
                 kcap_sim::launch(
-                    {groups, unsigned(slots), 1}, kMatvecQ8Simds * 32,
+                    {matvec_test_groups(ff, teams, kMoeQ8GateUpRows, kMatvecQ8Simds), unsigned(slots), 1}, kMatvecQ8Simds * 32,
                     size_t(kcap::cuda_rows::matvec_q8_shared_words(k, kMoeQ8GateUpRows)) * 4,
                     [&](const KcapThread& t, void* words) {
                         kcap::cuda_rows::with_matvec_body<kcap::cuda_rows::kMatvecFewestLanes>(
                             teams.lanes, [&](auto body) {
                                 kcap_moe_gate_up_q8<F, kMoeQ8GateUpRows, decltype(body)::value>(
-                                    t, moe, pg, teams, chunk_runs, stage.operands[0]->data, stage.operands[1]->data,
+                                    t, moe, pg, teams, int(k / 32), stage.operands[0]->data, stage.operands[1]->data,
                                     routing.data(), x.data(), activation, act.data(), static_cast<kcap_i32*>(words),
-                                    gpt_oss ? gate_bias.data() : nullptr, gpt_oss ? up_bias.data() : nullptr,
-                                    passes.passes, pass_rows);
+                                    gpt_oss ? gate_bias.data() : nullptr, gpt_oss ? up_bias.data() : nullptr);
                             });
                     });
         });
         with_decoder(down_format, [&](auto decoder) {
             using F = decltype(decoder);
-            unsigned groups = 0;
-            const int pass_rows = pass_grid(n, kMoeQ8DownRows, &groups);
-            const int chunk_runs = passes.short_chunks ? F::block_elems / 32 : int(ff / 32);
             if constexpr (KcapCodes<F>::has_codes8)
-                kcap_sim::launch({groups, unsigned(slots), 1}, kMatvecQ8Simds * 32,
+                kcap_sim::launch({matvec_test_groups(n, teams, kMoeQ8DownRows, kMatvecQ8Simds), unsigned(slots), 1},
+                                 kMatvecQ8Simds * 32,
                                  size_t(kcap::cuda_rows::matvec_q8_shared_words(ff, kMoeQ8DownRows)) * 4,
                                  [&](const KcapThread& t, void* words) {
                                      kcap::cuda_rows::with_matvec_body<kcap::cuda_rows::kMatvecFewestLanes>(
                                          teams.lanes, [&](auto body) {
                                              kcap_moe_down_q8<F, kMoeQ8DownRows, decltype(body)::value>(
-                                                 t, moe, pd, teams, chunk_runs, stage.operands[2]->data,
+                                                 t, moe, pd, teams, int(ff / 32), stage.operands[2]->data,
                                                  routing.data(), act.data(), down_out.data(),
-                                                 static_cast<kcap_i32*>(words), gpt_oss ? down_bias.data() : nullptr,
-                                                 passes.passes, pass_rows);
+                                                 static_cast<kcap_i32*>(words), gpt_oss ? down_bias.data() : nullptr);
                                          });
                                  });
         });
@@ -1163,11 +1143,9 @@ void check_moe_experts_q8_bodies(Format gate_up_format, Format down_format, bool
                              with_shared ? shared.data() : nullptr);
         });
         const double err = relative_error_beyond(got, ref, allow);
-        KCAP_EXPECT(err <= kGateUpTolerance,
-                    "moe_experts_q8 bodies %s/%s%s%s%s split %d lanes %d passes %d%s: error %.3g",
+        KCAP_EXPECT(err <= kGateUpTolerance, "moe_experts_q8 bodies %s/%s%s%s%s split %d lanes %d: error %.3g",
                     format_name(gate_up_format), format_name(down_format), gpt_oss ? " biases + swiglu_oai" : "",
-                    merged ? " merged" : "", with_shared ? " shared" : "", teams.split, teams.lanes, passes.passes,
-                    passes.short_chunks ? " short chunks" : "", err);
+                    merged ? " merged" : "", with_shared ? " shared" : "", teams.split, teams.lanes, err);
     }
 }
 
