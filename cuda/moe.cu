@@ -45,7 +45,6 @@
 //   the plan asks (kSharedExpertSum).
 //   cuda.moe_shared_gate     out = in + sigmoid(w . x) * shared, one group per token.
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include <cooperative_groups.h>
@@ -316,15 +315,9 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
     kcap_moe_route_ranked(t, p, 1, logits, xs, expert_scale, routing, choice_bias);
 }
 
-// Groups a multiprocessor the exact gate/up kernel of format F asks for: MXFP4's paired gate and
-// up loads (kernels/matvec.h: KcapMatvecPair) took 90 registers unbounded (two groups of 8 simd
-// groups a multiprocessor), 64-68 with three asked for; the other formats ask for nothing.
-template <class F>
-constexpr int kExpertsGateUpMinGroups = std::is_same<F, KcapMXFP4>::value ? 3 : 1;
-
 // The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
 template <class F, int ROWS, bool TEAMS>
-__global__ void __launch_bounds__(kMatvecSimds * 32, kExpertsGateUpMinGroups<F>)
+__global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_gate_up_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* gate, const kcap_u8* up, const float* routing, const float* x, int activation,
                            float* act, const float* gate_bias, const float* up_bias) {
@@ -336,7 +329,7 @@ __global__ void __launch_bounds__(kMatvecSimds * 32, kExpertsGateUpMinGroups<F>)
 }
 
 // The slot's down matvec into down[slot].
-template <class F, int ROWS, bool TEAMS, bool PAIR_UNITS = false>
+template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_down_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                         const kcap_u8* down, const float* routing, const float* act, float* out,
@@ -344,7 +337,7 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_down<F, ROWS, TEAMS, PAIR_UNITS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, shared,
+    kcap_moe_down<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, shared,
                                   down_bias);
 }
 
@@ -363,7 +356,7 @@ __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
 
 // The groups per multiprocessor its registers must allow: MIN_GROUPS (the short rows' teams:
 // kMoeQ8ShortDownGroups; 0, no minimum, compiles as no second bound).
-template <class F, int ROWS, bool TEAMS, int MIN_GROUPS, bool PAIR_UNITS = false>
+template <class F, int ROWS, bool TEAMS, int MIN_GROUPS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32, MIN_GROUPS)
     experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* down, const float* routing, const float* act, float* out,
@@ -371,7 +364,7 @@ __global__ void __launch_bounds__(kMatvecQ8Simds * 32, MIN_GROUPS)
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_down_q8<F, ROWS, TEAMS, PAIR_UNITS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
+    kcap_moe_down_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
                                      down_bias);
 }
 
@@ -523,15 +516,8 @@ void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const Kcap
             launch(ctx, kernel, grid, dim3(kSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
                    static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
         };
-        static const bool probe_pair = std::getenv("KCAP_PROBE_DOWN_PAIR") != nullptr;
-        if constexpr (Q8) {
-            if (probe_pair)
-                run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS, true>);
-            else
-                run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>);
-        }
-        else if (probe_pair)
-            run(experts_down_kernel<F, ROWS, TEAMS, true>);
+        if constexpr (Q8)
+            run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>);
         else
             run(experts_down_kernel<F, ROWS, TEAMS>);
     });

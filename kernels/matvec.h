@@ -179,81 +179,11 @@ struct KcapMatvecRun<F, true> {
                              const KCAP_PRIVATE float* xsum) {
         float q[32], scale[2], offset[2];
         C::codes32(block, run, q, scale, offset);
-        return codes_dot(q, scale, offset, xv, xsum);
-    }
-    static KCAP_FN float codes_dot(const KCAP_PRIVATE float* q, const KCAP_PRIVATE float* scale,
-                                   const KCAP_PRIVATE float* offset, const KCAP_PRIVATE float* xv,
-                                   const KCAP_PRIVATE float* xsum) {
         const float d0 = kcap_dot16(q, xv), d1 = kcap_dot16(q + 16, xv + 16);
         float sum = C::sub == 32 ? scale[0] * (d0 + d1) : scale[0] * d0 + scale[1] * d1;
         if (C::has_offset)
             sum += C::sub == 32 ? offset[0] * (xsum[0] + xsum[1]) : offset[0] * xsum[0] + offset[1] * xsum[1];
         return sum;
-    }
-};
-
-// The same run of gate's and up's row against one staged run, added to s0 and s1: two dots, or
-// for MXFP4 both blocks' loads issued before either product. zero: 0, from a value the compiler
-// cannot see is 0; the first block's first code word takes the second's words ANDed with it,
-// so the first product waits on the second's loads too and ptxas cannot put those loads after
-// it (it does otherwise: two round trips a run instead of one).
-template <class F>
-struct KcapMatvecPair {
-    static KCAP_FN void dot(const KCAP_GLOBAL kcap_u8* b0, const KCAP_GLOBAL kcap_u8* b1, int run,
-                            const KCAP_PRIVATE float* xv, const KCAP_PRIVATE float* xsum, kcap_u32,
-                            KCAP_PRIVATE float& s0, KCAP_PRIVATE float& s1) {
-        s0 += KcapMatvecRun<F>::dot(b0, run, xv, xsum);
-        s1 += KcapMatvecRun<F>::dot(b1, run, xv, xsum);
-    }
-    // Two runs of one row: only formats with runs = true take it (KcapMatvecPair<KcapMXFP4>).
-    static constexpr bool runs = false;
-    static KCAP_FN void dot_runs(const KCAP_GLOBAL kcap_u8* b0, const KCAP_GLOBAL kcap_u8* b1,
-                                 const KCAP_SHARED float* x0, const KCAP_SHARED float* x1, kcap_u32,
-                                 KCAP_PRIVATE float& s) {
-        float xv[32], xsum[2] = {x0[32], x0[33]};
-        KCAP_UNROLL for (int i = 0; i < 32; ++i) xv[i] = x0[i];
-        s += KcapMatvecRun<F>::dot(b0, 0, xv, xsum);
-        xsum[0] = x1[32], xsum[1] = x1[33];
-        KCAP_UNROLL for (int i = 0; i < 32; ++i) xv[i] = x1[i];
-        s += KcapMatvecRun<F>::dot(b1, 0, xv, xsum);
-    }
-};
-template <>
-struct KcapMatvecPair<KcapMXFP4> {
-    typedef KcapCodes<KcapMXFP4> C;
-    static KCAP_FN void dot(const KCAP_GLOBAL kcap_u8* b0, const KCAP_GLOBAL kcap_u8* b1, int,
-                            const KCAP_PRIVATE float* xv, const KCAP_PRIVATE float* xsum, kcap_u32 zero,
-                            KCAP_PRIVATE float& s0, KCAP_PRIVATE float& s1) {
-        kcap_u32 q0[4], q1[4];
-        const kcap_u32 e0 = kcap_load_u8_u32s_a1<4>(b0, q0);
-        const kcap_u32 e1 = kcap_load_u8_u32s_a1<4>(b1, q1);
-        q0[0] ^= (q1[0] ^ q1[2] ^ q1[3] ^ e1) & zero;
-        s0 += words_dot(q0, e0, xv, xsum);
-        s1 += words_dot(q1, e1, xv, xsum);
-    }
-    // Two runs of one row (blocks b0, b1) against their staged runs x0, x1, added to s: both
-    // blocks' loads together, each staged run read from threadgroup memory when multiplied.
-    static constexpr bool runs = true;
-    static KCAP_FN void dot_runs(const KCAP_GLOBAL kcap_u8* b0, const KCAP_GLOBAL kcap_u8* b1,
-                                 const KCAP_SHARED float* x0, const KCAP_SHARED float* x1, kcap_u32 zero,
-                                 KCAP_PRIVATE float& s) {
-        kcap_u32 q0[4], q1[4];
-        const kcap_u32 e0 = kcap_load_u8_u32s_a1<4>(b0, q0);
-        const kcap_u32 e1 = kcap_load_u8_u32s_a1<4>(b1, q1);
-        q0[0] ^= (q1[0] ^ q1[2] ^ q1[3] ^ e1) & zero;
-        float xv[32];
-        KCAP_UNROLL for (int i = 0; i < 32; ++i) xv[i] = x0[i];
-        s += words_dot(q0, e0, xv, xv);
-        KCAP_UNROLL for (int i = 0; i < 32; ++i) xv[i] = x1[i];
-        s += words_dot(q1, e1, xv, xv);
-    }
-    static KCAP_FN float words_dot(const KCAP_PRIVATE kcap_u32* qs, kcap_u32 e, const KCAP_PRIVATE float* xv,
-                                   const KCAP_PRIVATE float* xsum) {
-        kcap_u32 u[8];
-        float q[32], scale[2], offset[2];
-        C::words8(qs, e, u, scale, offset);
-        kcap_codes32_from_words<C>(u, q);
-        return KcapMatvecRun<KcapMXFP4>::codes_dot(q, scale, offset, xv, xsum);
     }
 };
 
@@ -263,7 +193,7 @@ struct KcapMatvecPair<KcapMXFP4> {
 // bytes), `activation` as in kcap_gated, with the gate's bias (bias) and up's (bias2) where not
 // null. shared: kcap_matvec_staged_floats(chunk_runs, simds, ROWS * (MODE == KCAP_MATVEC_GATE_UP
 // ? 2 : 1)) floats.
-template <class F, int ROWS, int MODE, bool TEAMS, bool PAIR_UNITS = false>
+template <class F, int ROWS, int MODE, bool TEAMS>
 KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams, int chunk_runs,
                                 const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
                                 const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* bias, int activation,
@@ -272,9 +202,6 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, co
     constexpr int kRunsPerBlock = F::block_elems / 32;
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
     constexpr bool kOffsets = KcapMatvecRun<F>::offsets;  // the x sums beside each run
-    const kcap_u32 zero = kcap_u32(p.n) >> 31;                // 0 (p.n > 0), for KcapMatvecPair
-    // PAIR_UNITS (one row a team, a format with dot_runs): a lane's runs two at a time.
-    constexpr bool kPairRuns = PAIR_UNITS && MODE != KCAP_MATVEC_GATE_UP && ROWS == 1 && KcapMatvecPair<F>::runs;
     KCAP_SHARED float* xs = shared;
     KCAP_SHARED float* partials = shared + chunk_runs * KCAP_MATVEC_RUN_STRIDE;
     const KcapMatvecTeam me = kcap_matvec_team<ROWS, TEAMS>(t, teams);
@@ -308,30 +235,19 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, co
         }
         kcap_barrier();
         if (row0 < p.n) {
-            const int step = lanes * split;
-            for (int run = chunk0 + me.part * lanes + me.lane; run < chunk_end; run += step) {
-                if (kPairRuns && run + step < chunk_end) {
-                    const kcap_u64 at = kcap_u64(row0) * p.row_bytes;
-                    KcapMatvecPair<F>::dot_runs(w0 + at + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes),
-                                                w0 + at + unsigned((run + step) / kRunsPerBlock) * unsigned(F::block_bytes),
-                                                xs + (run - chunk0) * KCAP_MATVEC_RUN_STRIDE,
-                                                xs + (run + step - chunk0) * KCAP_MATVEC_RUN_STRIDE, zero, acc[0][0]);
-                    run += step;
-                    continue;
-                }
+            for (int run = chunk0 + me.part * lanes + me.lane; run < chunk_end; run += lanes * split) {
                 float xv[32], xsum[2] = {0.0f, 0.0f};
                 const KCAP_SHARED float* from = xs + (run - chunk0) * KCAP_MATVEC_RUN_STRIDE;
                 KCAP_UNROLL for (int i = 0; i < 32; ++i) xv[i] = from[i];
                 if (kOffsets) xsum[0] = from[32], xsum[1] = from[33];
                 const unsigned block_offset = unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes);
-                KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
-                    const kcap_u64 at = kcap_u64(row0 + j) * p.row_bytes + block_offset;
-                    if (row0 + j >= p.n) continue;
-                    if (kMats == 2)
-                        KcapMatvecPair<F>::dot(w0 + at, w1 + at, run % kRunsPerBlock, xv, xsum, zero, acc[0][j],
-                                               acc[kMats - 1][j]);
-                    else
-                        acc[0][j] += KcapMatvecRun<F>::dot(w0 + at, run % kRunsPerBlock, xv, xsum);
+                KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) {
+                    const KCAP_GLOBAL kcap_u8* w = mat == 0 ? w0 : w1;
+                    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
+                        if (row0 + j < p.n)
+                            acc[mat][j] += KcapMatvecRun<F>::dot(w + kcap_u64(row0 + j) * p.row_bytes + block_offset,
+                                                                 run % kRunsPerBlock, xv, xsum);
+                    }
                 }
             }
         }

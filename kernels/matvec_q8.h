@@ -223,7 +223,6 @@ template <class F>
 struct KcapQ8Units {
     static constexpr int per_block = F::block_elems / 32;
     static constexpr bool nibbles = false;  // records in element order
-    static constexpr bool pairs = false;    // no dot_pair: gate and up are two dots
     static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* block, int unit, const KCAP_SHARED kcap_i32* records,
                              const KCAP_SHARED float* scales) {
         return kcap_q8_run_dot<F>(block, unit, records + unit * KCAP_Q8_RUN_WORDS, scales[unit]);
@@ -236,7 +235,6 @@ template <>
 struct KcapQ8Units<KcapQ4_K> {
     static constexpr int per_block = 8;
     static constexpr bool nibbles = false;
-    static constexpr bool pairs = false;
     static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* b, int unit, const KCAP_SHARED kcap_i32* records,
                              const KCAP_SHARED float* scales) {
         const int j = unit >> 1, i = unit & 1;
@@ -267,7 +265,6 @@ template <>
 struct KcapQ8Units<KcapQ6_K> {
     static constexpr int per_block = 4;
     static constexpr bool nibbles = false;
-    static constexpr bool pairs = false;
     static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* b, int unit, const KCAP_SHARED kcap_i32* records,
                              const KCAP_SHARED float* scales) {
         const int h = unit >> 1, i = unit & 1;
@@ -305,33 +302,10 @@ template <>
 struct KcapQ8Units<KcapMXFP4> {
     static constexpr int per_block = 1;
     static constexpr bool nibbles = true;
-    static constexpr bool pairs = true;  // dot_pair below
     static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* b, int, const KCAP_SHARED kcap_i32* record,
                              const KCAP_SHARED float* scales) {
         kcap_u32 qs[4];  // the 16 code bytes as words (kcap_load_u8_u32s_a1: any alignment)
         const kcap_u32 e = kcap_load_u8_u32s_a1<4>(b, qs);
-        return words_dot(qs, e, record, scales);
-    }
-    // The same unit of two matrices (gate and up) against one record: both blocks' loads issued
-    // before either product. zero: 0, from a value the compiler cannot see is 0; the first
-    // matrix's first code word takes the second's words ANDed with it, so the first product
-    // waits on the second's loads too and ptxas cannot put those loads after it (it does
-    // otherwise, at 40 registers: two round trips a unit instead of one).
-    // The same unit of two matrices (gate and up) against one record, or two units of one row
-    // against their own records (record0 / scales0, record1 / scales1; s0 and s1 may be one sum).
-    static KCAP_FN void dot_pair(const KCAP_GLOBAL kcap_u8* b0, const KCAP_GLOBAL kcap_u8* b1,
-                                 const KCAP_SHARED kcap_i32* record0, const KCAP_SHARED float* scales0,
-                                 const KCAP_SHARED kcap_i32* record1, const KCAP_SHARED float* scales1, kcap_u32 zero,
-                                 KCAP_PRIVATE float& s0, KCAP_PRIVATE float& s1) {
-        kcap_u32 q0[4], q1[4];
-        const kcap_u32 e0 = kcap_load_u8_u32s_a1<4>(b0, q0);
-        const kcap_u32 e1 = kcap_load_u8_u32s_a1<4>(b1, q1);
-        q0[0] ^= (q1[0] ^ q1[2] ^ q1[3] ^ e1) & zero;
-        s0 += words_dot(q0, e0, record0, scales0);
-        s1 += words_dot(q1, e1, record1, scales1);
-    }
-    static KCAP_FN float words_dot(const KCAP_PRIVATE kcap_u32* qs, kcap_u32 e, const KCAP_SHARED kcap_i32* record,
-                                   const KCAP_SHARED float* scales) {
         constexpr kcap_u32 kLow = 0x03020100u, kHigh = 0x0C080604u;  // doubled E2M1: 0 1 2 3 4 6 8 12
         int positive = 0, negative = 0;
         KCAP_UNROLL for (int w = 0; w < 4; ++w) {
@@ -346,35 +320,12 @@ struct KcapQ8Units<KcapMXFP4> {
     }
 };
 
-// Two units against their records, added to s0 and s1 (which may be one sum): the same unit of
-// gate's and up's row (one record), or two units of one row. The format's dot_pair where it has
-// one (KcapQ8Units<F>::pairs), else its dot twice.
-template <class F, bool PAIRS = KcapQ8Units<F>::pairs>
-struct KcapQ8Pair {
-    static KCAP_FN void dot(const KCAP_GLOBAL kcap_u8* b0, const KCAP_GLOBAL kcap_u8* b1, int unit0, int unit1,
-                            const KCAP_SHARED kcap_i32* records0, const KCAP_SHARED float* scales0,
-                            const KCAP_SHARED kcap_i32* records1, const KCAP_SHARED float* scales1, kcap_u32,
-                            KCAP_PRIVATE float& s0, KCAP_PRIVATE float& s1) {
-        s0 += KcapQ8Units<F>::dot(b0, unit0, records0, scales0);
-        s1 += KcapQ8Units<F>::dot(b1, unit1, records1, scales1);
-    }
-};
-template <class F>
-struct KcapQ8Pair<F, true> {
-    static KCAP_FN void dot(const KCAP_GLOBAL kcap_u8* b0, const KCAP_GLOBAL kcap_u8* b1, int, int,
-                            const KCAP_SHARED kcap_i32* records0, const KCAP_SHARED float* scales0,
-                            const KCAP_SHARED kcap_i32* records1, const KCAP_SHARED float* scales1, kcap_u32 zero,
-                            KCAP_PRIVATE float& s0, KCAP_PRIVATE float& s1) {
-        KcapQ8Units<F>::dot_pair(b0, b1, records0, scales0, records1, scales1, zero, s0, s1);
-    }
-};
-
 // Grid: x = ceil(n / (kcap_matvec_group_teams(teams, simds) * ROWS)), y = tokens. MODE and operands as
 // kcap_matvec_staged (bias2, alpha, limit: up's bias and the clamped SwiGLU's constants of a
 // gate_up); x is either f32 (x_codes null: every group quantizes it) or the tokens'
 // q8_1 rows (x_codes, x_d, x_half_sums from kcap_q8_quantize_rows; x unused); y is token group_y's row. shared: chunk_runs * (KCAP_Q8_RUN_WORDS + 1)
 // + simds * ROWS * (MODE == KCAP_MATVEC_GATE_UP ? 2 : 1) words (cuda_rows::matvec_q8_shared_words).
-template <class F, int ROWS, int MODE, bool TEAMS, bool PAIR_UNITS = false>
+template <class F, int ROWS, int MODE, bool TEAMS>
 KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams, int chunk_runs,
                             const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
                             const KCAP_GLOBAL float* x, const KCAP_GLOBAL kcap_u32* x_codes, const KCAP_GLOBAL float* x_d,
@@ -384,11 +335,6 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const 
     constexpr int kRunsPerBlock = F::block_elems / 32;
     constexpr int kUnits = KcapQ8Units<F>::per_block;
     constexpr int kMats = MODE == KCAP_MATVEC_GATE_UP ? 2 : 1;
-    const kcap_u32 zero = kcap_u32(p.n) >> 31;  // 0 (p.n > 0), for KcapQ8Pair; the compiler cannot know it
-    // PAIR_UNITS (one row a team, a format with dot_pair, one block a unit): a lane's units two
-    // at a time, both loads in flight together.
-    constexpr bool kPairUnits = PAIR_UNITS && MODE != KCAP_MATVEC_GATE_UP && ROWS == 1 && KcapQ8Units<F>::pairs &&
-                                KcapQ8Units<F>::per_block == 1;
     KCAP_SHARED kcap_i32* records = shared;
     KCAP_SHARED float* scales = reinterpret_cast<KCAP_SHARED float*>(shared + chunk_runs * KCAP_Q8_RUN_WORDS);
     KCAP_SHARED float* partials = scales + chunk_runs;
@@ -420,33 +366,17 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const 
         if (row0 < p.n) {
             // Units of the chunk's blocks (chunk0 and chunk_end are multiples of kRunsPerBlock).
             const int unit_end = chunk_end / kRunsPerBlock * kUnits;
-            const int step = lanes * split;
             for (int unit = chunk0 / kRunsPerBlock * kUnits + me.part * lanes + me.lane; unit < unit_end;
-                 unit += step) {
+                 unit += lanes * split) {
                 const int block = unit / kUnits, block_run = block * kRunsPerBlock - chunk0;
                 const KCAP_SHARED kcap_i32* block_records = records + block_run * KCAP_Q8_RUN_WORDS;
                 const unsigned block_offset = unsigned(block) * unsigned(F::block_bytes);
-                if (kMats == 2) {
-                    KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
-                        const kcap_u64 at = kcap_u64(row0 + j) * p.row_bytes + block_offset;
-                        if (row0 + j < p.n)
-                            KcapQ8Pair<F>::dot(w0 + at, w1 + at, unit % kUnits, unit % kUnits, block_records,
-                                               scales + block_run, block_records, scales + block_run, zero, acc[0][j],
-                                               acc[kMats - 1][j]);
-                    }
-                } else if (kPairUnits && unit + step < unit_end) {
-                    // This unit and the lane's next one (a block further by step), their loads together.
-                    const int block_run1 = block_run + step;
-                    const kcap_u64 at = kcap_u64(row0) * p.row_bytes + block_offset;
-                    KcapQ8Pair<F>::dot(w0 + at, w0 + at + unsigned(step) * unsigned(F::block_bytes), 0, 0,
-                                       block_records, scales + block_run, records + block_run1 * KCAP_Q8_RUN_WORDS,
-                                       scales + block_run1, zero, acc[0][0], acc[0][0]);
-                    unit += step;
-                } else {
+                KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) {
+                    const KCAP_GLOBAL kcap_u8* w = mat == 0 ? w0 : w1;
                     KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
                         if (row0 + j < p.n)
-                            acc[0][j] += KcapQ8Units<F>::dot(w0 + kcap_u64(row0 + j) * p.row_bytes + block_offset,
-                                                             unit % kUnits, block_records, scales + block_run);
+                            acc[mat][j] += KcapQ8Units<F>::dot(w + kcap_u64(row0 + j) * p.row_bytes + block_offset,
+                                                               unit % kUnits, block_records, scales + block_run);
                     }
                 }
             }

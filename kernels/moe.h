@@ -512,7 +512,7 @@ KCAP_FN void kcap_moe_gate_up(const KcapThread t, const KcapMoeParams moe, const
 // Grid: x = the matvec's row groups over n, y = slots. p: the down matvec (k = moe.ff, n = moe.n,
 // the down matrix's row bytes; has_bias with down_bias). down_out: [slots][n]. down_bias
 // ([n_expert][n], or null): the experts' down biases, added before the combine weighs the slot.
-template <class F, int ROWS, bool TEAMS, bool PAIR_UNITS = false>
+template <class F, int ROWS, bool TEAMS>
 KCAP_FN void kcap_moe_down(const KcapThread t, const KcapMoeParams moe, const KcapMatmulParams p, const KcapMatvecTeams teams,
                            int chunk_runs, const KCAP_GLOBAL kcap_u8* down, const KCAP_GLOBAL float* routing,
                            const KCAP_GLOBAL float* act, KCAP_GLOBAL float* down_out, KCAP_SHARED float* shared,
@@ -520,7 +520,7 @@ KCAP_FN void kcap_moe_down(const KcapThread t, const KcapMoeParams moe, const Kc
     const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(t.group_y));
     const kcap_u64 expert = kcap_u64(s.expert) * kcap_u64(moe.n) * p.row_bytes;
     kcap_matvec_split_prefetch<ROWS, TEAMS>(t, p, teams, down + expert);  // as in kcap_moe_gate_up
-    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_PLAIN, TEAMS, PAIR_UNITS>(t, p, teams, chunk_runs, down + expert, down + expert,
+    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_PLAIN, TEAMS>(t, p, teams, chunk_runs, down + expert, down + expert,
                                                    act + kcap_u64(t.group_y) * kcap_u64(moe.ff),
                                                    down_bias ? down_bias + kcap_u64(s.expert) * kcap_u64(moe.n) : nullptr,
                                                    0, down_out + kcap_u64(t.group_y) * kcap_u64(moe.n), shared);

@@ -393,11 +393,6 @@ struct KcapCodes<KcapMXFP4> {
                                KCAP_PRIVATE float* offset) {
         kcap_u32 qs[4];  // the 16 code bytes as words (kcap_load_u8_u32s_a1: any alignment)
         const kcap_u32 e = kcap_load_u8_u32s_a1<4>(b, qs);
-        words8(qs, e, u, scale, offset);
-    }
-    // codes8 of a block already loaded: its code words qs and scale byte e.
-    static KCAP_FN void words8(const KCAP_PRIVATE kcap_u32* qs, kcap_u32 e, KCAP_PRIVATE kcap_u32* u,
-                               KCAP_PRIVATE float* scale, KCAP_PRIVATE float* offset) {
         scale[0] = scale[1] = kcap_mxfp4_scale(e);
         offset[0] = offset[1] = 0.0f;
         KCAP_UNROLL for (int w = 0; w < 4; ++w) kcap_mxfp4_doubled_bytes(qs[w], u[w], u[4 + w]);  // signed bytes
