@@ -45,7 +45,6 @@
 //   the plan asks (kSharedExpertSum).
 //   cuda.moe_shared_gate     out = in + sigmoid(w . x) * shared, one group per token.
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include <cooperative_groups.h>
@@ -316,47 +315,15 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
     kcap_moe_route_ranked(t, p, 1, logits, xs, expert_scale, routing, choice_bias);
 }
 
-// Probe: the group `ahead` groups after this one in launch order (the one that takes this
-// group's place in the next wave) has its gate and up rows asked of L2 by this group.
-template <int ROWS, bool TEAMS>
-__device__ __forceinline__ void prefetch_next_wave_gate_up(int ahead, const KcapMoeParams& moe,
-                                                           const KcapMatmulParams& p, const KcapMatvecTeams& teams,
-                                                           const kcap_u8* gate, const kcap_u8* up,
-                                                           const float* routing) {
-    if (ahead <= 0) return;
-    const unsigned target = blockIdx.y * gridDim.x + blockIdx.x + unsigned(ahead);
-    if (target >= gridDim.x * gridDim.y) return;
-    KcapThread t = kcap_cuda_thread();
-    t.group_x = target % gridDim.x;
-    t.group_y = target / gridDim.x;
-    const KcapMoeGateUpRows r = kcap_moe_gate_up_rows(moe, p, routing, int(t.group_y));
-    kcap_matvec_split_prefetch<ROWS, TEAMS>(t, p, teams, gate + r.gate);
-    kcap_matvec_split_prefetch<ROWS, TEAMS>(t, p, teams, up + r.up);
-}
-template <int ROWS, bool TEAMS>
-__device__ __forceinline__ void prefetch_next_wave_down(int ahead, const KcapMoeParams& moe, const KcapMatmulParams& p,
-                                                        const KcapMatvecTeams& teams, const kcap_u8* down,
-                                                        const float* routing) {
-    if (ahead <= 0) return;
-    const unsigned target = blockIdx.y * gridDim.x + blockIdx.x + unsigned(ahead);
-    if (target >= gridDim.x * gridDim.y) return;
-    KcapThread t = kcap_cuda_thread();
-    t.group_x = target % gridDim.x;
-    t.group_y = target / gridDim.x;
-    const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(t.group_y));
-    kcap_matvec_split_prefetch<ROWS, TEAMS>(t, p, teams, down + kcap_u64(s.expert) * kcap_u64(moe.n) * p.row_bytes);
-}
-
 // The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
 template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_gate_up_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* gate, const kcap_u8* up, const float* routing, const float* x, int activation,
-                           float* act, const float* gate_bias, const float* up_bias, int ahead) {
+                           float* act, const float* gate_bias, const float* up_bias) {
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    prefetch_next_wave_gate_up<ROWS, TEAMS>(ahead, moe, p, teams, gate, up, routing);
     kcap_moe_gate_up<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
                                      act, shared, gate_bias, up_bias);
 }
@@ -366,11 +333,10 @@ template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_down_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                         const kcap_u8* down, const float* routing, const float* act, float* out,
-                        const float* down_bias, int ahead) {
+                        const float* down_bias) {
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    prefetch_next_wave_down<ROWS, TEAMS>(ahead, moe, p, teams, down, routing);
     kcap_moe_down<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, shared,
                                   down_bias);
 }
@@ -380,11 +346,10 @@ template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
     experts_gate_up_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                               const kcap_u8* gate, const kcap_u8* up, const float* routing, const float* x,
-                              int activation, float* act, const float* gate_bias, const float* up_bias, int ahead) {
+                              int activation, float* act, const float* gate_bias, const float* up_bias) {
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
-    prefetch_next_wave_gate_up<ROWS, TEAMS>(ahead, moe, p, teams, gate, up, routing);
     kcap_moe_gate_up_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
                                         act, q8_shared, gate_bias, up_bias);
 }
@@ -395,11 +360,10 @@ template <class F, int ROWS, bool TEAMS, int MIN_GROUPS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32, MIN_GROUPS)
     experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* down, const float* routing, const float* act, float* out,
-                           const float* down_bias, int ahead) {
+                           const float* down_bias) {
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
-    prefetch_next_wave_down<ROWS, TEAMS>(ahead, moe, p, teams, down, routing);
     kcap_moe_down_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
                                      down_bias);
 }
@@ -536,23 +500,6 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 }
 
 // The down matvec of every slot (Q8: on q8_1 of the activations, dp4a).
-// Probe (KCAP_PROBE_WAVE_PREFETCH): the groups of a launch that fit the device at once, the
-// distance a group prefetches ahead (prefetch_next_wave_*); 0 without the probe.
-template <class Kernel>
-int wave_ahead(const Context& ctx, Kernel kernel, int threads, size_t shared) {
-    static const bool probe = std::getenv("KCAP_PROBE_WAVE_PREFETCH") != nullptr;
-    if (!probe) return 0;
-    static size_t cached_shared = ~size_t(0);
-    static int cached = 0;
-    if (shared != cached_shared) {
-        int per_sm = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared) != cudaSuccess) per_sm = 0;
-        cached_shared = shared;
-        cached = per_sm * ctx.sm_count;
-    }
-    return cached;
-}
-
 template <bool Q8, class F, int ROWS, int MIN_GROUPS = 0>
 void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
                               const float* routing, unsigned slots, const float* down_bias) {
@@ -567,8 +514,7 @@ void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const Kcap
         constexpr bool TEAMS = decltype(teams_body)::value;
         const auto run = [&](auto kernel) {
             launch(ctx, kernel, grid, dim3(kSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
-                   static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias,
-                   wave_ahead(ctx, kernel, kSimds * 32, shared));
+                   static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
         };
         if constexpr (Q8)
             run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>);
@@ -651,13 +597,12 @@ void launch_experts_gate_up(const Context& ctx, const Stage& stage, const Kernel
     const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, p.k / 32, kMoeMatvecMinLanes, (long long)p.n * slots);
     const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
     with_matvec_body<kMoeMatvecMinLanes>(teams.lanes, [&](auto teams_body) {
-        const auto kernel = experts_gate_up_kernel<F, ROWS, decltype(teams_body)::value>;
-        const size_t shared = size_t(matvec_shared_floats(p.k, ROWS)) * 4;
-        launch(ctx, kernel, dim3(matvec_groups(p, teams, ROWS), slots), dim3(kMatvecSimds * 32), shared, moe, p, teams,
-               chunk_runs, static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]),
-               call.in2, call.in, int(stage.params.activation), ctx.moe_act,
-               static_cast<const float*>(data.operands[3]), static_cast<const float*>(data.operands[4]),
-               wave_ahead(ctx, kernel, kMatvecSimds * 32, shared));
+        launch(ctx, experts_gate_up_kernel<F, ROWS, decltype(teams_body)::value>,
+               dim3(matvec_groups(p, teams, ROWS), slots), dim3(kMatvecSimds * 32),
+               size_t(matvec_shared_floats(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
+               static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
+               call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
+               static_cast<const float*>(data.operands[4]));
     });
 }
 
@@ -851,14 +796,12 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
                                                      (long long)p.n * slots, kMatvecQ8Simds);
     const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
     with_matvec_body<kMoeQ8MatvecMinLanes>(teams.lanes, [&](auto teams_body) {
-        const auto kernel = cuda::experts_gate_up_q8_kernel<F, ROWS, decltype(teams_body)::value>;
-        const size_t shared = size_t(matvec_q8_shared_words(p.k, ROWS)) * 4;
-        cuda::launch(ctx, kernel, dim3(cuda::matvec_groups(p, teams, ROWS, kMatvecQ8Simds), slots),
-                     dim3(kMatvecQ8Simds * 32), shared, moe, p, teams, chunk_runs,
+        cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, ROWS, decltype(teams_body)::value>,
+                     dim3(cuda::matvec_groups(p, teams, ROWS, kMatvecQ8Simds), slots), dim3(kMatvecQ8Simds * 32),
+                     size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
                      static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]),
                      call.in2, call.in, int(stage.params.activation), ctx.moe_act,
-                     static_cast<const float*>(data.operands[3]), static_cast<const float*>(data.operands[4]),
-                     cuda::wave_ahead(ctx, kernel, kMatvecQ8Simds * 32, shared));
+                     static_cast<const float*>(data.operands[3]), static_cast<const float*>(data.operands[4]));
     });
     cuda::launch_experts_down<true>(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
                                  static_cast<const float*>(data.operands[5]));
