@@ -45,7 +45,6 @@
 //   the plan asks (kSharedExpertSum).
 //   cuda.moe_shared_gate     out = in + sigmoid(w . x) * shared, one group per token.
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include <cooperative_groups.h>
@@ -317,7 +316,7 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
 }
 
 // The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
-template <class F, int ROWS, bool TEAMS, bool PROBE = false>
+template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_gate_up_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* gate, const kcap_u8* up, const float* routing, const float* x, int activation,
@@ -325,12 +324,12 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_gate_up<F, ROWS, TEAMS, PROBE>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
+    kcap_moe_gate_up<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
                                      act, shared, gate_bias, up_bias);
 }
 
 // The slot's down matvec into down[slot].
-template <class F, int ROWS, bool TEAMS, bool PROBE = false>
+template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_down_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                         const kcap_u8* down, const float* routing, const float* act, float* out,
@@ -338,12 +337,12 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_down<F, ROWS, TEAMS, PROBE>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, shared,
+    kcap_moe_down<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, shared,
                                   down_bias);
 }
 
 // kcap_moe_gate_up_q8 / kcap_moe_down_q8 of slot blockIdx.y.
-template <class F, int ROWS, bool TEAMS, bool PROBE = false>
+template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
     experts_gate_up_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                               const kcap_u8* gate, const kcap_u8* up, const float* routing, const float* x,
@@ -351,13 +350,13 @@ __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_gate_up_q8<F, ROWS, TEAMS, PROBE>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
+    kcap_moe_gate_up_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
                                         act, q8_shared, gate_bias, up_bias);
 }
 
 // The groups per multiprocessor its registers must allow: MIN_GROUPS (the short rows' teams:
 // kMoeQ8ShortDownGroups; 0, no minimum, compiles as no second bound).
-template <class F, int ROWS, bool TEAMS, int MIN_GROUPS, bool PROBE = false>
+template <class F, int ROWS, bool TEAMS, int MIN_GROUPS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32, MIN_GROUPS)
     experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* down, const float* routing, const float* act, float* out,
@@ -365,7 +364,7 @@ __global__ void __launch_bounds__(kMatvecQ8Simds * 32, MIN_GROUPS)
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
-    kcap_moe_down_q8<F, ROWS, TEAMS, PROBE>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
+    kcap_moe_down_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
                                      down_bias);
 }
 
@@ -517,17 +516,10 @@ void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const Kcap
             launch(ctx, kernel, grid, dim3(kSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
                    static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
         };
-        static const bool probe = std::getenv("KCAP_PROBE_ALIGNED") != nullptr;
-        if constexpr (Q8) {
-            if (probe)
-                run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS, true>);
-            else
-                run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>);
-        } else if (probe) {
-            run(experts_down_kernel<F, ROWS, TEAMS, true>);
-        } else {
+        if constexpr (Q8)
+            run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>);
+        else
             run(experts_down_kernel<F, ROWS, TEAMS>);
-        }
     });
 }
 
@@ -604,19 +596,13 @@ void launch_experts_gate_up(const Context& ctx, const Stage& stage, const Kernel
                             const KcapMoeParams& moe, KcapMatmulParams p, unsigned slots) {
     const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, p.k / 32, kMoeMatvecMinLanes, (long long)p.n * slots);
     const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
-    static const bool probe = std::getenv("KCAP_PROBE_ALIGNED") != nullptr;
     with_matvec_body<kMoeMatvecMinLanes>(teams.lanes, [&](auto teams_body) {
-        const auto run = [&](auto kernel) {
-            launch(ctx, kernel, dim3(matvec_groups(p, teams, ROWS), slots), dim3(kMatvecSimds * 32),
-                   size_t(matvec_shared_floats(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
-                   static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]),
-                   call.in2, call.in, int(stage.params.activation), ctx.moe_act,
-                   static_cast<const float*>(data.operands[3]), static_cast<const float*>(data.operands[4]));
-        };
-        if (probe)
-            run(experts_gate_up_kernel<F, ROWS, decltype(teams_body)::value, true>);
-        else
-            run(experts_gate_up_kernel<F, ROWS, decltype(teams_body)::value>);
+        launch(ctx, experts_gate_up_kernel<F, ROWS, decltype(teams_body)::value>,
+               dim3(matvec_groups(p, teams, ROWS), slots), dim3(kMatvecSimds * 32),
+               size_t(matvec_shared_floats(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
+               static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
+               call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
+               static_cast<const float*>(data.operands[4]));
     });
 }
 
@@ -809,20 +795,13 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
     const KcapMatvecTeams teams = cuda::matvec_teams(ctx, p, ROWS, cuda::q8_units_per_row<F>(p.k), kMoeQ8MatvecMinLanes,
                                                      (long long)p.n * slots, kMatvecQ8Simds);
     const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
-    static const bool probe = std::getenv("KCAP_PROBE_ALIGNED") != nullptr;
     with_matvec_body<kMoeQ8MatvecMinLanes>(teams.lanes, [&](auto teams_body) {
-        const auto run = [&](auto kernel) {
-            cuda::launch(ctx, kernel, dim3(cuda::matvec_groups(p, teams, ROWS, kMatvecQ8Simds), slots),
-                         dim3(kMatvecQ8Simds * 32), size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, teams,
-                         chunk_runs, static_cast<const kcap_u8*>(data.operands[0]),
-                         static_cast<const kcap_u8*>(data.operands[1]), call.in2, call.in,
-                         int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
-                         static_cast<const float*>(data.operands[4]));
-        };
-        if (probe)
-            run(cuda::experts_gate_up_q8_kernel<F, ROWS, decltype(teams_body)::value, true>);
-        else
-            run(cuda::experts_gate_up_q8_kernel<F, ROWS, decltype(teams_body)::value>);
+        cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, ROWS, decltype(teams_body)::value>,
+                     dim3(cuda::matvec_groups(p, teams, ROWS, kMatvecQ8Simds), slots), dim3(kMatvecQ8Simds * 32),
+                     size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
+                     static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]),
+                     call.in2, call.in, int(stage.params.activation), ctx.moe_act,
+                     static_cast<const float*>(data.operands[3]), static_cast<const float*>(data.operands[4]));
     });
     cuda::launch_experts_down<true>(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
                                  static_cast<const float*>(data.operands[5]));

@@ -187,43 +187,13 @@ struct KcapMatvecRun<F, true> {
     }
 };
 
-// Probe (timing only, wrong values): an MXFP4 run read as if the row were laid out as 16-byte
-// code chunks from the row's start rounded down to 16, then the row's scale bytes.
-template <class F>
-struct KcapMatvecProbe {
-    static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* row, int run, int, const KCAP_PRIVATE float* xv,
-                             const KCAP_PRIVATE float* xsum) {
-        constexpr int kRunsPerBlock = F::block_elems / 32;
-        return KcapMatvecRun<F>::dot(row + unsigned(run / kRunsPerBlock) * unsigned(F::block_bytes), run % kRunsPerBlock,
-                                     xv, xsum);
-    }
-};
-#if defined(__CUDACC__)
-template <>
-struct KcapMatvecProbe<KcapMXFP4> {
-    static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* row, int run, int nb, const KCAP_PRIVATE float* xv,
-                             const KCAP_PRIVATE float*) {
-        typedef KcapCodes<KcapMXFP4> C;
-        const uint4 w = kcap_load_u32x4(row - (kcap_address_bits(row) & 15u) + 16u * unsigned(run));
-        const kcap_u32 qs[4] = {w.x, w.y, w.z, w.w};
-        const float scale = kcap_mxfp4_scale(row[16 * nb + run]);
-        kcap_u32 u[8];
-        KCAP_UNROLL for (int i = 0; i < 4; ++i) kcap_mxfp4_doubled_bytes(qs[i], u[i], u[4 + i]);
-        float q[32];
-        kcap_codes32_from_words<C>(u, q);
-        const float d0 = kcap_dot16(q, xv), d1 = kcap_dot16(q + 16, xv + 16);
-        return scale * (d0 + d1);
-    }
-};
-#endif
-
 // Grid: x = ceil(n / (kcap_matvec_group_teams(teams, simds) * ROWS)), y = 1. chunk_runs: runs
 // staged at a time.
 // MODE KCAP_MATVEC_PLAIN: w0 and bias; KCAP_MATVEC_GATE_UP: w0 = gate, w1 = up (same row
 // bytes), `activation` as in kcap_gated, with the gate's bias (bias) and up's (bias2) where not
 // null. shared: kcap_matvec_staged_floats(chunk_runs, simds, ROWS * (MODE == KCAP_MATVEC_GATE_UP
 // ? 2 : 1)) floats.
-template <class F, int ROWS, int MODE, bool TEAMS, bool PROBE = false>
+template <class F, int ROWS, int MODE, bool TEAMS>
 KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams, int chunk_runs,
                                 const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
                                 const KCAP_GLOBAL float* x, const KCAP_GLOBAL float* bias, int activation,
@@ -274,14 +244,9 @@ KCAP_FN void kcap_matvec_staged(const KcapThread t, const KcapMatmulParams p, co
                 KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) {
                     const KCAP_GLOBAL kcap_u8* w = mat == 0 ? w0 : w1;
                     KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
-                        if (row0 + j < p.n) {
-                            if (PROBE)
-                                acc[mat][j] += KcapMatvecProbe<F>::dot(w + kcap_u64(row0 + j) * p.row_bytes, run,
-                                                                       p.k / 32, xv, xsum);
-                            else
-                                acc[mat][j] += KcapMatvecRun<F>::dot(w + kcap_u64(row0 + j) * p.row_bytes + block_offset,
-                                                                     run % kRunsPerBlock, xv, xsum);
-                        }
+                        if (row0 + j < p.n)
+                            acc[mat][j] += KcapMatvecRun<F>::dot(w + kcap_u64(row0 + j) * p.row_bytes + block_offset,
+                                                                 run % kRunsPerBlock, xv, xsum);
                     }
                 }
             }

@@ -306,10 +306,6 @@ struct KcapQ8Units<KcapMXFP4> {
                              const KCAP_SHARED float* scales) {
         kcap_u32 qs[4];  // the 16 code bytes as words (kcap_load_u8_u32s_a1: any alignment)
         const kcap_u32 e = kcap_load_u8_u32s_a1<4>(b, qs);
-        return words_dot(qs, e, record, scales);
-    }
-    static KCAP_FN float words_dot(const KCAP_PRIVATE kcap_u32* qs, kcap_u32 e, const KCAP_SHARED kcap_i32* record,
-                                   const KCAP_SHARED float* scales) {
         constexpr kcap_u32 kLow = 0x03020100u, kHigh = 0x0C080604u;  // doubled E2M1: 0 1 2 3 4 6 8 12
         int positive = 0, negative = 0;
         KCAP_UNROLL for (int w = 0; w < 4; ++w) {
@@ -329,28 +325,7 @@ struct KcapQ8Units<KcapMXFP4> {
 // gate_up); x is either f32 (x_codes null: every group quantizes it) or the tokens'
 // q8_1 rows (x_codes, x_d, x_half_sums from kcap_q8_quantize_rows; x unused); y is token group_y's row. shared: chunk_runs * (KCAP_Q8_RUN_WORDS + 1)
 // + simds * ROWS * (MODE == KCAP_MATVEC_GATE_UP ? 2 : 1) words (cuda_rows::matvec_q8_shared_words).
-// Probe (timing only, wrong values): an MXFP4 unit read as if the row were laid out as 16-byte
-// code chunks from the row's start rounded down to 16, then the row's scale bytes.
-template <class F>
-struct KcapQ8Probe {
-    static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* row, int block, int, int unit, const KCAP_SHARED kcap_i32* records,
-                             const KCAP_SHARED float* scales) {
-        return KcapQ8Units<F>::dot(row + unsigned(block) * unsigned(F::block_bytes), unit, records, scales);
-    }
-};
-#if defined(__CUDACC__)
-template <>
-struct KcapQ8Probe<KcapMXFP4> {
-    static KCAP_FN float dot(const KCAP_GLOBAL kcap_u8* row, int block, int nb, int, const KCAP_SHARED kcap_i32* records,
-                             const KCAP_SHARED float* scales) {
-        const uint4 q = kcap_load_u32x4(row - (kcap_address_bits(row) & 15u) + 16u * unsigned(block));
-        const kcap_u32 qs[4] = {q.x, q.y, q.z, q.w};
-        return KcapQ8Units<KcapMXFP4>::words_dot(qs, row[16 * nb + block], records, scales);
-    }
-};
-#endif
-
-template <class F, int ROWS, int MODE, bool TEAMS, bool PROBE = false>
+template <class F, int ROWS, int MODE, bool TEAMS>
 KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const KcapMatvecTeams teams, int chunk_runs,
                             const KCAP_GLOBAL kcap_u8* w0, const KCAP_GLOBAL kcap_u8* w1,
                             const KCAP_GLOBAL float* x, const KCAP_GLOBAL kcap_u32* x_codes, const KCAP_GLOBAL float* x_d,
@@ -399,14 +374,9 @@ KCAP_FN void kcap_matvec_q8(const KcapThread t, const KcapMatmulParams p, const 
                 KCAP_UNROLL for (int mat = 0; mat < kMats; ++mat) {
                     const KCAP_GLOBAL kcap_u8* w = mat == 0 ? w0 : w1;
                     KCAP_UNROLL for (int j = 0; j < ROWS; ++j) {
-                        if (row0 + j < p.n) {
-                            if (PROBE)
-                                acc[mat][j] += KcapQ8Probe<F>::dot(w + kcap_u64(row0 + j) * p.row_bytes, block, p.k / 32,
-                                                                   unit % kUnits, block_records, scales + block_run);
-                            else
-                                acc[mat][j] += KcapQ8Units<F>::dot(w + kcap_u64(row0 + j) * p.row_bytes + block_offset,
-                                                                   unit % kUnits, block_records, scales + block_run);
-                        }
+                        if (row0 + j < p.n)
+                            acc[mat][j] += KcapQ8Units<F>::dot(w + kcap_u64(row0 + j) * p.row_bytes + block_offset,
+                                                               unit % kUnits, block_records, scales + block_run);
                     }
                 }
             }

@@ -490,7 +490,7 @@ KCAP_FN KcapMoeGateUpRows kcap_moe_gate_up_rows(const KcapMoeParams moe, const K
 // Grid: x = the matvec's row groups over ff, y = n_tokens * n_used slots. p: the gate matvec
 // (k = moe.k, n = moe.ff, row_bytes of gate and up). act: [slots][ff]. gate_bias, up_bias
 // ([n_expert][ff], or null): the experts' biases (gpt-oss).
-template <class F, int ROWS, bool TEAMS, bool PROBE = false>
+template <class F, int ROWS, bool TEAMS>
 KCAP_FN void kcap_moe_gate_up(const KcapThread t, const KcapMoeParams moe, const KcapMatmulParams p, const KcapMatvecTeams teams,
                               int chunk_runs, const KCAP_GLOBAL kcap_u8* gate, const KCAP_GLOBAL kcap_u8* up,
                               const KCAP_GLOBAL float* routing, const KCAP_GLOBAL float* x, int activation,
@@ -501,7 +501,7 @@ KCAP_FN void kcap_moe_gate_up(const KcapThread t, const KcapMoeParams moe, const
     // so their loads overlap the staging instead of following it.
     kcap_matvec_split_prefetch<ROWS, TEAMS>(t, p, teams, gate + r.gate);
     kcap_matvec_split_prefetch<ROWS, TEAMS>(t, p, teams, up + r.up);
-    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_GATE_UP, TEAMS, PROBE>(t, p, teams, chunk_runs, gate + r.gate, up + r.up,
+    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_GATE_UP, TEAMS>(t, p, teams, chunk_runs, gate + r.gate, up + r.up,
                                                      x + kcap_u64(r.token) * kcap_u64(moe.k),
                                                      gate_bias ? gate_bias + r.bias : nullptr, activation,
                                                      act + kcap_u64(t.group_y) * kcap_u64(moe.ff), shared,
@@ -512,7 +512,7 @@ KCAP_FN void kcap_moe_gate_up(const KcapThread t, const KcapMoeParams moe, const
 // Grid: x = the matvec's row groups over n, y = slots. p: the down matvec (k = moe.ff, n = moe.n,
 // the down matrix's row bytes; has_bias with down_bias). down_out: [slots][n]. down_bias
 // ([n_expert][n], or null): the experts' down biases, added before the combine weighs the slot.
-template <class F, int ROWS, bool TEAMS, bool PROBE = false>
+template <class F, int ROWS, bool TEAMS>
 KCAP_FN void kcap_moe_down(const KcapThread t, const KcapMoeParams moe, const KcapMatmulParams p, const KcapMatvecTeams teams,
                            int chunk_runs, const KCAP_GLOBAL kcap_u8* down, const KCAP_GLOBAL float* routing,
                            const KCAP_GLOBAL float* act, KCAP_GLOBAL float* down_out, KCAP_SHARED float* shared,
@@ -520,7 +520,7 @@ KCAP_FN void kcap_moe_down(const KcapThread t, const KcapMoeParams moe, const Kc
     const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(t.group_y));
     const kcap_u64 expert = kcap_u64(s.expert) * kcap_u64(moe.n) * p.row_bytes;
     kcap_matvec_split_prefetch<ROWS, TEAMS>(t, p, teams, down + expert);  // as in kcap_moe_gate_up
-    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_PLAIN, TEAMS, PROBE>(t, p, teams, chunk_runs, down + expert, down + expert,
+    kcap_matvec_staged<F, ROWS, KCAP_MATVEC_PLAIN, TEAMS>(t, p, teams, chunk_runs, down + expert, down + expert,
                                                    act + kcap_u64(t.group_y) * kcap_u64(moe.ff),
                                                    down_bias ? down_bias + kcap_u64(s.expert) * kcap_u64(moe.n) : nullptr,
                                                    0, down_out + kcap_u64(t.group_y) * kcap_u64(moe.n), shared);
