@@ -338,8 +338,6 @@ private:
             ctx.moe_rows = arena_.alloc_n<int>(moe.rows);
             ctx.moe_slot_rows = arena_.alloc_n<int>(moe.slot_rows);
             ctx.moe_tile_expert = arena_.alloc_n<int>(moe.tiles);
-            ctx.moe_flags = arena_.alloc_n<int>(4096);
-            KCAP_CUDA_CHECK(cudaMemset(ctx.moe_flags, 0, 4096 * sizeof(int)));
             // The grouped q8_1 experts' rounded activations: every value of moe_act's rows (whole
             // runs of 32: the q8_1 rows' FFN widths are multiples of 32).
             bool q8_experts = false, grouped_f_experts = false;

@@ -89,8 +89,6 @@ struct Context {
     int* moe_rows = nullptr;
     int* moe_slot_rows = nullptr;
     int* moe_tile_expert = nullptr;
-    // Probe (KCAP_PROBE_SLOT_FLAGS): per slot, the gate/up groups done (kMoeSlotFlags, zeroed).
-    int* moe_flags = nullptr;
     // The grouped q8_1 experts' activations rounded to q8_1 (cuda.moe_experts_q8_mma: the sorted
     // rows' act(gate) * up, the down tiles' input), in the form of q8_rows; null where no q8_1
     // experts row is planned.

@@ -320,17 +320,12 @@ template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_gate_up_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* gate, const kcap_u8* up, const float* routing, const float* x, int activation,
-                           float* act, const float* gate_bias, const float* up_bias, int* flags) {
+                           float* act, const float* gate_bias, const float* up_bias) {
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
     kcap_moe_gate_up<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
                                      act, shared, gate_bias, up_bias);
-    if (flags) {  // probe: this group's rows of slot blockIdx.y are written
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) atomicAdd(flags + blockIdx.y, 1);
-    }
 }
 
 // The slot's down matvec into down[slot].
@@ -338,19 +333,10 @@ template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_down_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                         const kcap_u8* down, const float* routing, const float* act, float* out,
-                        const float* down_bias, int* flags, int flag_target) {
+                        const float* down_bias) {
     extern __shared__ float shared[];
-    if (flags) {  // probe: wait for slot blockIdx.y's gate/up groups only
-        pdl_trigger();
-        if (threadIdx.x == 0) {
-            while (atomicAdd(flags + blockIdx.y, 0) < flag_target) __nanosleep(32);
-            __threadfence();
-        }
-        __syncthreads();
-    } else {
-        pdl_wait();
-        pdl_trigger();
-    }
+    pdl_wait();
+    pdl_trigger();
     kcap_moe_down<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, shared,
                                   down_bias);
 }
@@ -360,18 +346,12 @@ template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
     experts_gate_up_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                               const kcap_u8* gate, const kcap_u8* up, const float* routing, const float* x,
-                              int activation, float* act, const float* gate_bias, const float* up_bias,
-                              int* flags) {
+                              int activation, float* act, const float* gate_bias, const float* up_bias) {
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
     kcap_moe_gate_up_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
                                         act, q8_shared, gate_bias, up_bias);
-    if (flags) {  // probe: this group's rows of slot blockIdx.y are written
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) atomicAdd(flags + blockIdx.y, 1);
-    }
 }
 
 // The groups per multiprocessor its registers must allow: MIN_GROUPS (the short rows' teams:
@@ -380,30 +360,19 @@ template <class F, int ROWS, bool TEAMS, int MIN_GROUPS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32, MIN_GROUPS)
     experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* down, const float* routing, const float* act, float* out,
-                           const float* down_bias, int* flags, int flag_target) {
+                           const float* down_bias) {
     extern __shared__ kcap_i32 q8_shared[];
-    if (flags) {  // probe: wait for slot blockIdx.y's gate/up groups only
-        pdl_trigger();
-        if (threadIdx.x == 0) {
-            while (atomicAdd(flags + blockIdx.y, 0) < flag_target) __nanosleep(32);
-            __threadfence();
-        }
-        __syncthreads();
-    } else {
-        pdl_wait();
-        pdl_trigger();
-    }
+    pdl_wait();
+    pdl_trigger();
     kcap_moe_down_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
                                      down_bias);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
     combine_kernel(KcapMoeParams p, const float* routing, const float* down, const int* slot_rows, float* out,
-                   const float* shared, int* flags, int n_flags) {
+                   const float* shared) {
     pdl_wait();
     pdl_trigger();
-    if (flags && blockIdx.x == 0)  // probe: the slots' counts back to 0 for the next stage
-        for (int i = threadIdx.x; i < n_flags; i += blockDim.x) flags[i] = 0;
     kcap_moe_combine(kcap_cuda_thread(), p, routing, down, slot_rows, out, shared);
 }
 
@@ -531,17 +500,6 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 }
 
 // The down matvec of every slot (Q8: on q8_1 of the activations, dp4a).
-// Probe (KCAP_PROBE_SLOT_FLAGS): the per-slot counts of gate/up groups done, or null.
-inline int* slot_flags(const Context& ctx, long long slots) {
-    static const bool probe = std::getenv("KCAP_PROBE_SLOT_FLAGS") != nullptr;
-    return probe && ctx.moe_flags && slots <= 4096 ? ctx.moe_flags : nullptr;
-}
-// The gate/up launch's groups per slot (its grid's x), for the down launch's wait.
-inline int& slot_flag_target() {
-    static int target = 0;
-    return target;
-}
-
 template <bool Q8, class F, int ROWS, int MIN_GROUPS = 0>
 void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
                               const float* routing, unsigned slots, const float* down_bias) {
@@ -554,14 +512,14 @@ void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const Kcap
     const size_t shared = size_t(Q8 ? matvec_q8_shared_words(p.k, ROWS) : matvec_shared_floats(p.k, ROWS)) * 4;
     with_matvec_body<kMinLanes>(teams.lanes, [&](auto teams_body) {
         constexpr bool TEAMS = decltype(teams_body)::value;
+        const auto run = [&](auto kernel) {
+            launch(ctx, kernel, grid, dim3(kSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
+                   static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
+        };
         if constexpr (Q8)
-            launch(ctx, experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>, grid, dim3(kSimds * 32), shared, moe, p,
-                   teams, chunk_runs, down, routing, static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias,
-                   slot_flags(ctx, slots), slot_flag_target());
+            run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>);
         else
-            launch(ctx, experts_down_kernel<F, ROWS, TEAMS>, grid, dim3(kSimds * 32), shared, moe, p, teams,
-                   chunk_runs, down, routing, static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias,
-                   slot_flags(ctx, slots), slot_flag_target());
+            run(experts_down_kernel<F, ROWS, TEAMS>);
     });
 }
 
@@ -630,8 +588,7 @@ void launch_experts_combine(const Context& ctx, const Stage& stage, const Kernel
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
     launch(ctx, combine_kernel, dim3(ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads), 0, moe,
            call.in2, static_cast<const float*>(ctx.moe_down), slot_rows, call.out,
-           (stage.features & kSharedExpertSum) ? call.in3 : nullptr, slot_flags(ctx, moe.n_tokens * moe.n_used),
-           moe.n_tokens * moe.n_used);
+           (stage.features & kSharedExpertSum) ? call.in3 : nullptr);
 }
 
 template <class F, int ROWS>
@@ -645,9 +602,8 @@ void launch_experts_gate_up(const Context& ctx, const Stage& stage, const Kernel
                size_t(matvec_shared_floats(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
                static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
                call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
-               static_cast<const float*>(data.operands[4]), slot_flags(ctx, slots));
+               static_cast<const float*>(data.operands[4]));
     });
-    slot_flag_target() = int(matvec_groups(p, teams, ROWS));
 }
 
 }  // namespace
@@ -845,10 +801,8 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
                      size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
                      static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]),
                      call.in2, call.in, int(stage.params.activation), ctx.moe_act,
-                     static_cast<const float*>(data.operands[3]), static_cast<const float*>(data.operands[4]),
-                     cuda::slot_flags(ctx, slots));
+                     static_cast<const float*>(data.operands[3]), static_cast<const float*>(data.operands[4]));
     });
-    cuda::slot_flag_target() = int(cuda::matvec_groups(p, teams, ROWS, kMatvecQ8Simds));
     cuda::launch_experts_down<true>(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
                                  static_cast<const float*>(data.operands[5]));
     cuda::launch_experts_combine(ctx, stage, call, moe, nullptr);
