@@ -12,15 +12,10 @@ import kcap
 
 # The Ctrl-C tests need SIGINT to reach Python as KeyboardInterrupt, here and in the kcap
 # processes they start. A shell without job control starts a background command with SIGINT
-# ignored, and Python then keeps it ignored: restore the default where it was inherited so.
+# ignored, and Python then keeps it ignored: restore the default where it was inherited so (a
+# handled signal is back to its default in an exec'd child, so the kcap processes get it too).
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def sigint_not_ignored() -> None:
-    """A subprocess preexec_fn: SIGINT back to its default in the child, so the Python it runs
-    installs its KeyboardInterrupt handler even where this process inherited SIGINT ignored."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def gemma_path() -> str:

@@ -16,7 +16,7 @@ import pytest
 import kcap
 from kcap import cli
 from kcap.generate import chat_prompt_ids
-from conftest import MODEL_PATHS, sigint_not_ignored
+from conftest import MODEL_PATHS
 
 KCAP = [sys.executable, "-m", "kcap"]
 
@@ -209,8 +209,7 @@ def test_prompt_from_stdin_with_timings():
 
 def test_ctrl_c_during_a_long_prompt_stops_at_once():
     process = subprocess.Popen(KCAP + ["run", "-", "--model", MODEL_PATHS["gemma3_270m"](), "--max-tokens", "5"],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=sigint_not_ignored)
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     process.stdin.write("The history of the world, told one word at a time: " + "word " * 3000)
     process.stdin.close()
     for _ in range(20):  # after the loading bar, "kcap: FILE on cpu (chosen)": the prompt's evaluation starts now
