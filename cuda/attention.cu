@@ -64,8 +64,8 @@ __device__ __forceinline__ void prefetch_position(const kcap_i32* step) {
 }
 
 // Probe: timestamps of the decode attention's phases per invocation and group.
-__device__ unsigned long long g_ts[16][64][12];
-__device__ long long g_ck[16][64][12];
+__device__ unsigned long long g_ts[16][64][10];
+__device__ long long g_ck[16][64][10];
 __device__ unsigned long long g_cb[16][3];
 __device__ unsigned g_inv;
 __device__ unsigned g_done;
@@ -74,23 +74,13 @@ __device__ __forceinline__ unsigned long long at_now() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
     return v;
 }
-__device__ unsigned long long g_cur_ts[64][12];
-__device__ long long g_cur_ck[64][12];
 __device__ __forceinline__ void at_stamp(int phase) {
     if (threadIdx.x != 0) return;
     const unsigned g = blockIdx.x + blockIdx.y * gridDim.x;
     if (g >= 64) return;
-    g_cur_ts[g][phase] = at_now();
-    g_cur_ck[g][phase] = clock64();
-}
-// At the kernel's end: the group's stamps into the invocation's slot.
-__device__ __forceinline__ void at_flush() {
-    if (threadIdx.x != 0) return;
-    const unsigned g = blockIdx.x + blockIdx.y * gridDim.x;
-    if (g >= 64) return;
     const unsigned inv = *static_cast<volatile unsigned*>(&g_inv) % 16;
-    for (int ph = 0; ph < 12; ++ph) g_ts[inv][g][ph] = g_cur_ts[g][ph], g_ck[inv][g][ph] = g_cur_ck[g][ph];
-    for (int ph = 0; ph < 12; ++ph) g_cur_ts[g][ph] = 0, g_cur_ck[g][ph] = 0;
+    g_ts[inv][g][phase] = at_now();
+    g_ck[inv][g][phase] = clock64();
 }
 
 // The decode body's wait (kcap_attention_decode_dims' Wait): the launch before it complete.
@@ -127,8 +117,7 @@ __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32, DG == 1 ? 2 :
         kcap_q8_quantize_row(t, out + base, (heads.end - heads.first) * p.head_dim_v, q8.codes + base / 4,
                              q8.d + base / 32, q8.half_sums + base / 16);
     }
-    at_stamp(11);
-    at_flush();
+    at_stamp(8);
 }
 
 __global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, const kcap_i32* step, const float* partial_o,
@@ -160,15 +149,15 @@ __global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, con
                     const auto* c = g_ck[j][g];
                     if (!a[0] || !a[2]) continue;
                     printf("AT %u g%2d ns:", inv, g);
-                    for (int ph = 0; ph < 12; ++ph) printf(" %lld", a[ph] ? (long long)(a[ph] - t0) : -1ll);
+                    for (int ph = 0; ph < 9; ++ph) printf(" %lld", a[ph] ? (long long)(a[ph] - t0) : -1ll);
                     printf(" | cyc:");
-                    for (int ph = 1; ph < 12; ++ph) printf(" %lld", c[ph] ? (long long)(c[ph] - c[0]) : -1ll);
+                    for (int ph = 1; ph < 9; ++ph) printf(" %lld", c[ph] ? (long long)(c[ph] - c[0]) : -1ll);
                     printf("\n");
                 }
             }
             const unsigned n = (inv + 1) % 16;
             for (int g = 0; g < 64; ++g)
-                for (int ph = 0; ph < 12; ++ph) g_ts[n][g][ph] = 0, g_ck[n][g][ph] = 0;
+                for (int ph = 0; ph < 10; ++ph) g_ts[n][g][ph] = 0, g_ck[n][g][ph] = 0;
             g_cb[n][0] = ~0ull, g_cb[n][1] = 0, g_cb[n][2] = 0;
             g_done = 0;
             __threadfence();

@@ -538,8 +538,6 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
             if (preloaded) kcap_attn_load_keys<DG, 2>(ts, p, k_cache, v_cache, k_head, v_head, j0, end, fresh_pos, keys);
             else kcap_attn_load_keys<DG>(ts, p, k_cache, v_cache, k_head, v_head, j0, end, fresh_pos, keys);
             preloaded = false;
-            const bool first_step = j_simd == start + int(t.simd) * KS * KPS;
-            if (first_step) Wait::stamp(5);
             KCAP_UNROLL for (int b = 0; b < KPS; ++b) {
                 if (j0 + b < end && j0 + b == fresh_pos) {
                     KCAP_UNROLL for (int i = 0; i < DG; ++i) keys.k[b][i] = k_fresh[i];
@@ -557,7 +555,6 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
                 KCAP_UNROLL for (int b = 0; b < KPS; ++b)
                     KCAP_UNROLL for (int h = 0; h < KCAP_ATTN_HEADS_PER_PASS; ++h)
                         dot[b][h] += kcap_simd_shuffle_xor(dot[b][h], offset);
-            if (first_step) Wait::stamp(6);
             // Heads past `heads`: uniform over the simd group; a stream whose first key is past
             // the chunk (only the last stream of the last step can be) has nothing to fold. No
             // shuffles below, so the streams may part.
@@ -591,9 +588,8 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
                 }
                 m[h] = m_new;
             }
-            if (first_step) Wait::stamp(7);
         }
-        Wait::stamp(8);
+        Wait::stamp(5);
         // Merge the simd groups' states: each writes its (max, sum) and output per head to
         // threadgroup memory, then every thread merges output dims of every head (one barrier;
         // a single simd group folding the others in was most of the decode's time at short spans).
@@ -631,7 +627,7 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
             }
         }
         kcap_barrier();
-        Wait::stamp(9);
+        Wait::stamp(6);
         const bool whole = splits.active == 1;
         if (MERGE == 1) {
             // Every thread merges one (head, dim) from threadgroup memory alone: no shuffles.
@@ -689,7 +685,7 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
             }
         }
         kcap_barrier();  // shared is reused by the next pass
-        Wait::stamp(10);
+        Wait::stamp(7);
     }
 }
 
