@@ -10,8 +10,6 @@
 // The split count was fixed at load time from the stage's longest span (cuda_backend.cu),
 // so the captured graph replays at any position; each split's share of keys follows the
 // position read from device memory.
-#include <cstdlib>
-
 #include "cuda/attention.h"
 #include "dispatch/kernel_params.h"
 #include "kernels/attention.h"
@@ -92,7 +90,7 @@ struct PdlWait {
     static __device__ __forceinline__ void stamp(int phase) { at_stamp(phase); }
 };
 
-template <int DG, int KS, int MERGE>
+template <int DG, int KS>
 __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32, DG == 1 ? 2 : 1)
     decode_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new, const float* v_new,
                   kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out, cuda::Q8Rows q8,
@@ -105,7 +103,7 @@ __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32, DG == 1 ? 2 :
     // waits (PdlWait).
     decode_prefetch(p, step[0], k_cache, v_cache);
     const KcapThread t = kcap_cuda_thread();
-    kcap_attention_decode_dims<DG, KS, PdlWait, MERGE>(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml,
+    kcap_attention_decode_dims<DG, KS, PdlWait>(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml,
                                                 out, merge, cos_sin, q_norm, k_norm, sinks);
     // One split covered every key: this group wrote its query heads' outputs (contiguous), so
     // it also writes their q8_1 for the output projection.
@@ -326,9 +324,8 @@ void run_attention_decode(const Stage& stage, const KernelCall& call) {
     const Q8Rows q8 = Q8 ? q8_rows_layout(ctx, 1, p.n_head * p.head_dim_v) : Q8Rows{nullptr, nullptr, nullptr};
     // The head's dims fix the kernel's dim groups and key streams (per stage, like its launch
     // geometry).
-    static const bool merge1 = std::getenv("KCAP_PROBE_MERGE") != nullptr;
     cuda_rows::with_attn_decode_body(p.head_dim, p.head_dim_v, [&](auto dg, auto ks) {
-        launch(ctx, merge1 ? decode_kernel<decltype(dg)::value, decltype(ks)::value, 1> : decode_kernel<decltype(dg)::value, decltype(ks)::value, 0>, dim3(p.n_head_kv * p.head_blocks, p.n_splits),
+        launch(ctx, decode_kernel<decltype(dg)::value, decltype(ks)::value>, dim3(p.n_head_kv * p.head_blocks, p.n_splits),
                dim3(32 * cuda_rows::attn_decode_simds(p.n_head, p.n_head_kv)), 0, p, ctx.step, call.in, call.in2, call.in3,
                a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out, q8,
                reinterpret_cast<const float2*>(data.rope_table), static_cast<const float*>(data.operands[0]),

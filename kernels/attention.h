@@ -433,7 +433,7 @@ KCAP_FN void kcap_attn_load_keys(const KcapThread ts, const KcapAttentionParams 
 // body starts reading the launch before's outputs (q, the new K/V): before it, each simd group
 // reads what is older than that launch (the position, its cos/sin row, the QK-norm weights and
 // the cached K/V rows of its first step of keys), so that their latency overlaps the wait.
-template <int DG, int KS = 1, class Wait = KcapNoWait, int MERGE = 0>
+template <int DG, int KS = 1, class Wait = KcapNoWait>
 KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
                                         const KCAP_GLOBAL float* q, const KCAP_GLOBAL float* k_new,
                                         const KCAP_GLOBAL float* v_new, KCAP_GLOBAL kcap_u8* k_cache,
@@ -629,35 +629,6 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
         kcap_barrier();
         Wait::stamp(6);
         const bool whole = splits.active == 1;
-        if (MERGE == 1) {
-            // Every thread merges one (head, dim) from threadgroup memory alone: no shuffles.
-            const int dv = p.head_dim_v;
-            for (int e = int(t.index); e < heads * dv; e += int(t.threads)) {
-                const int h = e / dv, d = e - h * dv;
-                float ms[KCAP_ATTN_DECODE_MAX_SIMDS], ls[KCAP_ATTN_DECODE_MAX_SIMDS];
-                float m_all = KCAP_NEG_INFINITY;
-                KCAP_UNROLL for (int g = 0; g < KCAP_ATTN_DECODE_MAX_SIMDS; ++g) {
-                    ms[g] = g < int(t.simds) ? shared_ml[2 * (g * KCAP_ATTN_HEADS_PER_PASS + h)] : KCAP_NEG_INFINITY;
-                    ls[g] = g < int(t.simds) ? shared_ml[2 * (g * KCAP_ATTN_HEADS_PER_PASS + h) + 1] : 0.0f;
-                    if (ls[g] > 0.0f) m_all = kcap_fmax(m_all, ms[g]);
-                }
-                float acc = 0.0f, l_all = 0.0f;
-                KCAP_UNROLL for (int g = 0; g < KCAP_ATTN_DECODE_MAX_SIMDS; ++g) {
-                    const float w = ls[g] > 0.0f ? kcap_exp(ms[g] - m_all) : 0.0f;
-                    l_all += ls[g] * w;
-                    if (g < int(t.simds)) acc += w * shared_o[(g * KCAP_ATTN_HEADS_PER_PASS + h) * dv + d];
-                }
-                const int head = kv_head * group + g0 + h;
-                const kcap_u64 slot = kcap_u64(head) * p.n_splits + split;
-                KCAP_GLOBAL float* to = whole ? out + kcap_u64(head) * dv : partial_o + slot * dv;
-                const float scale = whole ? 1.0f / kcap_attn_denominator(sinks, head, m_all, l_all) : 1.0f;
-                to[d] = acc * scale;
-                if (!whole && d == 0) {
-                    partial_ml[2 * slot] = m_all;
-                    partial_ml[2 * slot + 1] = l_all;
-                }
-            }
-        } else
         for (int h = 0; h < heads; ++h) {
             // Lane s holds simd group s's weight exp(m_s - m): a group without keys has m = -inf
             // and l = 0, weight 0 (simd group 0 always has the chunk's first key: m is finite).
