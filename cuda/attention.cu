@@ -61,33 +61,12 @@ __device__ __forceinline__ void prefetch_position(const kcap_i32* step) {
     asm volatile("prefetch.global.L1 [%0];" ::"l"(step));
 }
 
-// Probe: timestamps of the decode attention's phases per invocation and group.
-__device__ unsigned long long g_ts[16][64][10];
-__device__ long long g_ck[16][64][10];
-__device__ unsigned long long g_cb[16][3];
-__device__ unsigned g_inv;
-__device__ unsigned g_done;
-__device__ __forceinline__ unsigned long long at_now() {
-    unsigned long long v;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
-    return v;
-}
-__device__ __forceinline__ void at_stamp(int phase) {
-    if (threadIdx.x != 0) return;
-    const unsigned g = blockIdx.x + blockIdx.y * gridDim.x;
-    if (g >= 64) return;
-    const unsigned inv = *static_cast<volatile unsigned*>(&g_inv) % 16;
-    g_ts[inv][g][phase] = at_now();
-    g_ck[inv][g][phase] = clock64();
-}
-
 // The decode body's wait (kcap_attention_decode_dims' Wait): the launch before it complete.
 struct PdlWait {
     static __device__ __forceinline__ void wait() {
         cuda::pdl_wait();
         cuda::pdl_trigger();
     }
-    static __device__ __forceinline__ void stamp(int phase) { at_stamp(phase); }
 };
 
 template <int DG, int KS>
@@ -96,7 +75,6 @@ __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32, DG == 1 ? 2 :
                   kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml, float* out, cuda::Q8Rows q8,
                   const float2* cos_sin, const float* q_norm, const float* k_norm, const float* sinks) {
     __shared__ float merge[KCAP_ATTN_DECODE_SHARED_FLOATS];
-    at_stamp(0);
     // Before the wait: the position (see prefetch_position) and the cached rows it reads
     // (written by earlier steps); the prefetch is a hint, the body reads the position again,
     // and its cos/sin row, the QK-norm weights and each simd group's first keys before it
@@ -115,7 +93,6 @@ __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32, DG == 1 ? 2 :
         kcap_q8_quantize_row(t, out + base, (heads.end - heads.first) * p.head_dim_v, q8.codes + base / 4,
                              q8.d + base / 32, q8.half_sums + base / 16);
     }
-    at_stamp(8);
 }
 
 __global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, const kcap_i32* step, const float* partial_o,
@@ -123,45 +100,10 @@ __global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, con
                                                       const float* sinks) {
     __shared__ float shared[KCAP_ATTN_COMBINE_SHARED_FLOATS];
     prefetch_position(step);
-    const unsigned inv = *static_cast<volatile unsigned*>(&g_inv);
-    if (threadIdx.x == 0) atomicMin(&g_cb[inv % 16][0], at_now());
     cuda::pdl_wait();
-    if (threadIdx.x == 0) atomicMax(&g_cb[inv % 16][1], at_now());
     cuda::pdl_trigger();
     const KcapThread t = kcap_cuda_thread();
     const float v = kcap_attention_combine(t, p, step, partial_o, partial_ml, out, shared, sinks);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        atomicMax(&g_cb[inv % 16][2], at_now());
-        __threadfence();
-        if (atomicAdd(&g_done, 1u) == gridDim.x - 1) {
-            if (inv == 1000 || inv == 1001) {
-                const unsigned j = inv % 16;
-                unsigned long long t0 = ~0ull;
-                for (int g = 0; g < 64; ++g)
-                    if (g_ts[j][g][0] && g_ts[j][g][0] < t0) t0 = g_ts[j][g][0];
-                printf("AT inv %u pos %d grid %d: combine start %lld wait %lld end %lld\n", inv, step[0], int(gridDim.x),
-                       (long long)(g_cb[j][0] - t0), (long long)(g_cb[j][1] - t0), (long long)(g_cb[j][2] - t0));
-                for (int g = 0; g < 64; ++g) {
-                    const auto* a = g_ts[j][g];
-                    const auto* c = g_ck[j][g];
-                    if (!a[0] || !a[2]) continue;
-                    printf("AT %u g%2d ns:", inv, g);
-                    for (int ph = 0; ph < 9; ++ph) printf(" %lld", a[ph] ? (long long)(a[ph] - t0) : -1ll);
-                    printf(" | cyc:");
-                    for (int ph = 1; ph < 9; ++ph) printf(" %lld", c[ph] ? (long long)(c[ph] - c[0]) : -1ll);
-                    printf("\n");
-                }
-            }
-            const unsigned n = (inv + 1) % 16;
-            for (int g = 0; g < 64; ++g)
-                for (int ph = 0; ph < 10; ++ph) g_ts[n][g][ph] = 0, g_ck[n][g][ph] = 0;
-            g_cb[n][0] = ~0ull, g_cb[n][1] = 0, g_cb[n][2] = 0;
-            g_done = 0;
-            __threadfence();
-            g_inv = inv + 1;
-        }
-    }
     // The merged head's q8_1 for the output projection, from the registers: thread d holds dim d,
     // so a simd group holds one 32-value run (head_dim_v % 32 == 0; groups past it hold none).
     if (q8.codes && kcap_decode_splits(p, step[0]).active > 1 && int(t.simd) * 32 < p.head_dim_v) {

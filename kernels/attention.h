@@ -397,7 +397,6 @@ KCAP_FN float4 kcap_attn_to_stream(const KcapThread t, const float4 full) {
 // here; CUDA's decode passes its programmatic-dependent-launch wait.
 struct KcapNoWait {
     static KCAP_FN void wait() {}
-    static KCAP_FN void stamp(int) {}
 };
 
 // A step's keys as a lane of a key stream holds them: the K and V rows' dims of KPS keys.
@@ -482,9 +481,7 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
     if (preloaded)
         kcap_attn_load_keys<DG, 1>(ts, p, k_cache, v_cache, k_head, v_head, start + int(t.simd) * KPS, end, fresh_pos,
                                    keys);
-    Wait::stamp(1);
     Wait::wait();
-    Wait::stamp(2);
     float4 k_fresh[DG];
     if (fresh_split) {
         kcap_attn_load_fresh_raw<DG>(t, k_new + k_head, p.head_dim, k_fresh);
@@ -507,7 +504,6 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
         }
         if (KS > 1) k_fresh[0] = kcap_attn_to_stream<KS>(t, k_fresh[0]);
     }
-    Wait::stamp(3);
     const int group = p.n_head / p.n_head_kv;
     for (int g0 = heads_of_group.first; g0 < heads_of_group.end; g0 += KCAP_ATTN_HEADS_PER_PASS) {
         const int heads =
@@ -527,7 +523,6 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
             if (p.rope) kcap_attn_rope_head<DG>(t, p, rope.cs, rope.q_norm, qv[h]);
             if (KS > 1) qv[h][0] = kcap_attn_to_stream<KS>(t, qv[h][0]);
         }
-        Wait::stamp(4);
         // Each step a simd group loads KPS keys' K and V rows per key stream at once (so that
         // many row loads are in flight, not one memory latency per key), reduces all their heads'
         // dot products across the stream's lanes together (independent shuffles), then folds the
@@ -589,7 +584,6 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
                 m[h] = m_new;
             }
         }
-        Wait::stamp(5);
         // Merge the simd groups' states: each writes its (max, sum) and output per head to
         // threadgroup memory, then every thread merges output dims of every head (one barrier;
         // a single simd group folding the others in was most of the decode's time at short spans).
@@ -627,7 +621,6 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
             }
         }
         kcap_barrier();
-        Wait::stamp(6);
         const bool whole = splits.active == 1;
         for (int h = 0; h < heads; ++h) {
             // Lane s holds simd group s's weight exp(m_s - m): a group without keys has m = -inf
@@ -656,7 +649,6 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
             }
         }
         kcap_barrier();  // shared is reused by the next pass
-        Wait::stamp(7);
     }
 }
 
