@@ -32,13 +32,14 @@ static_assert(cuda_rows::kAttnHeadsPerPass == KCAP_ATTN_HEADS_PER_PASS && cuda_r
 // read), so the body in kernels/attention.h stays the same on every backend. Measured on the
 // H200 (q8_1, 12-layer slices): tg128 at 4096 keys +4% Qwen3-30B-A3B, +8% gpt-oss-20b and
 // SmolLM2, from empty +2-6% (bench/results/cuda_h200_attn_prefetch.txt).
+// `skip`: the split's first keys not to ask for (the tiled body reads its first tile at once).
 __device__ __forceinline__ void decode_prefetch(const KcapAttentionParams& p, int pos, const kcap_u8* k_cache,
-                                                const kcap_u8* v_cache) {
+                                                const kcap_u8* v_cache, int skip = 0) {
     const KcapDecodeHeads heads = kcap_decode_heads(p, int(blockIdx.x));
     if (heads.first != 0) return;  // one group per KV head asks: its other groups read the same rows
     const KcapDecodeSplits splits = kcap_decode_splits(p, pos);
     if (int(blockIdx.y) >= splits.active) return;
-    const int start = splits.first + int(blockIdx.y) * splits.chunk;
+    const int start = splits.first + int(blockIdx.y) * splits.chunk + skip;
     const int end = start + splits.chunk < pos ? start + splits.chunk : pos;
     const int elem = p.kv_f16 ? 2 : 4;
     const int k_lines = (p.head_dim * elem + 127) / 128, v_lines = (p.head_dim_v * elem + 127) / 128;
@@ -92,6 +93,27 @@ __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32, DG == 1 ? 2 :
         const kcap_u64 base = (kcap_u64(heads.kv_head) * group + heads.first) * p.head_dim_v;
         kcap_q8_quantize_row(t, out + base, (heads.end - heads.first) * p.head_dim_v, q8.codes + base / 4,
                              q8.d + base / 32, q8.half_sums + base / 16);
+    }
+}
+
+// The decode with staged key tiles (kcap_attention_decode_tiles): grid x = n_head_kv, y = n_splits,
+// S simd groups. Where one split covered every key, the KV head's S query heads' outputs
+// (contiguous) also go out as q8_1 for the output projection.
+template <int D, int F16, int S>
+__global__ void __launch_bounds__(S * 32)
+    decode_tiles_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new,
+                        const float* v_new, kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml,
+                        float* out, cuda::Q8Rows q8, const float2* cos_sin, const float* q_norm, const float* k_norm,
+                        const float* sinks) {
+    __shared__ __align__(16) float shared[KCAP_ATTN_TILE_SHARED_FLOATS(D)];
+    decode_prefetch(p, step[0], k_cache, v_cache, KCAP_ATTN_TILE_KEYS);
+    const KcapThread t = kcap_cuda_thread();
+    kcap_attention_decode_tiles<D, F16, S, PdlWait>(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o,
+                                                    partial_ml, out, shared, cos_sin, q_norm, k_norm, sinks);
+    if (q8.codes && blockIdx.y == 0 && kcap_decode_splits(p, step[0]).active == 1) {
+        __syncthreads();  // the group's writes of the output are visible to it
+        const kcap_u64 base = kcap_u64(blockIdx.x) * S * D;
+        kcap_q8_quantize_row(t, out + base, S * D, q8.codes + base / 4, q8.d + base / 32, q8.half_sums + base / 16);
     }
 }
 
@@ -260,19 +282,30 @@ template <bool Q8>
 void run_attention_decode(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
     AttentionCall a = attention_call(stage, call);
-    a.p.head_blocks = cuda_rows::attn_decode_head_blocks(a.p.n_head, a.p.n_head_kv);
+    a.p.head_blocks = cuda_rows::attn_decode_head_blocks(a.p.n_head, a.p.n_head_kv, a.p.head_dim, a.p.head_dim_v);
     const KcapAttentionParams& p = a.p;
     const StageData& data = stage_data(call);
     const Q8Rows q8 = Q8 ? q8_rows_layout(ctx, 1, p.n_head * p.head_dim_v) : Q8Rows{nullptr, nullptr, nullptr};
-    // The head's dims fix the kernel's dim groups and key streams (per stage, like its launch
-    // geometry).
-    cuda_rows::with_attn_decode_body(p.head_dim, p.head_dim_v, [&](auto dg, auto ks) {
-        launch(ctx, decode_kernel<decltype(dg)::value, decltype(ks)::value>, dim3(p.n_head_kv * p.head_blocks, p.n_splits),
-               dim3(32 * cuda_rows::attn_decode_simds(p.n_head, p.n_head_kv)), 0, p, ctx.step, call.in, call.in2, call.in3,
-               a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out, q8,
-               reinterpret_cast<const float2*>(data.rope_table), static_cast<const float*>(data.operands[0]),
-               static_cast<const float*>(data.operands[1]), sinks_of(call));
-    });
+    const auto* cos_sin = reinterpret_cast<const float2*>(data.rope_table);
+    const auto* q_norm = static_cast<const float*>(data.operands[0]);
+    const auto* k_norm = static_cast<const float*>(data.operands[1]);
+    // The heads' dims and count fix the body and its geometry (per stage, like its splits).
+    const int simds = cuda_rows::attn_decode_simds(p.n_head, p.n_head_kv, p.head_dim, p.head_dim_v);
+    if (cuda_rows::attn_decode_tiles(p.n_head, p.n_head_kv, p.head_dim, p.head_dim_v)) {
+        cuda_rows::with_attn_decode_tiles(p.head_dim, p.kv_f16, p.n_head / p.n_head_kv, [&](auto d, auto f16, auto s) {
+            launch(ctx, decode_tiles_kernel<decltype(d)::value, decltype(f16)::value, decltype(s)::value>,
+                   dim3(p.n_head_kv, p.n_splits), dim3(32 * simds), 0, p, ctx.step, call.in, call.in2, call.in3,
+                   a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out, q8, cos_sin, q_norm,
+                   k_norm, sinks_of(call));
+        });
+    } else {
+        cuda_rows::with_attn_decode_body(p.head_dim, p.head_dim_v, [&](auto dg, auto ks) {
+            launch(ctx, decode_kernel<decltype(dg)::value, decltype(ks)::value>,
+                   dim3(p.n_head_kv * p.head_blocks, p.n_splits), dim3(32 * simds), 0, p, ctx.step, call.in, call.in2,
+                   call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out, q8, cos_sin,
+                   q_norm, k_norm, sinks_of(call));
+        });
+    }
     if (p.n_splits > 1)
         launch(ctx, combine_kernel, dim3(p.n_head), dim3(cuda_rows::attn_combine_threads(p.head_dim_v)), 0, p, ctx.step,
                static_cast<const float*>(ctx.attn_partial_o), static_cast<const float*>(ctx.attn_partial_ml), call.out,

@@ -393,7 +393,8 @@ KernelFn attention_launcher() {
 
 void add_cuda_attention_rows(std::vector<Row>& rows) {
     // cuda.attention_decode (one token: flash-decoding over key splits, which also appends the
-    // token's K/V, then the combine where the stage's longest span takes more than one split),
+    // token's K/V, then the combine where the stage's longest span takes more than one split;
+    // the body by the stage's head dims and count, cuda_rows::attn_decode_tiles),
     // cuda.attention_prefill (the chunk's K/V appended, then every token attends: tiled SIMT) and
     // cuda.attention_mma (the same on the tensor cores: f16 mma.sync, queries and weights split
     // hi + lo, exact products, the tensor cores' truncating f32 sums bound in test_cuda_rows;

@@ -282,8 +282,20 @@ constexpr int kAttnDecodeSimds = 4;  // KCAP_ATTN_DECODE_SIMDS: simd groups of a
 // its two passes in turn (Nsight Compute, Qwen3-30B-A3B's layout at 512 keys: 4 groups of 2
 // passes per split, 27 us a layer, one warp per scheduler issuing every 6.7 cycles).
 constexpr int kAttnHeadsPerPass = 4;  // KCAP_ATTN_HEADS_PER_PASS
-constexpr int attn_decode_head_blocks(int n_head, int n_head_kv) {
-    return (n_head / n_head_kv + kAttnHeadsPerPass - 1) / kAttnHeadsPerPass;
+// Which decode body a stage's heads take (fixed by its dims, like the body's geometry):
+// kcap_attention_decode_tiles (kernels/attention_decode_tiles.h: the split's keys staged in
+// threadgroup memory, one query head per simd group, no merge of simd groups' states) for heads
+// of 64 or 128 dims (K and V alike) with 4 or 8 query heads per KV head; else
+// kcap_attention_decode_dims (several query heads per simd group, keys over the simd groups,
+// their states merged in threadgroup memory).
+constexpr bool attn_decode_tiles(int n_head, int n_head_kv, int head_dim, int head_dim_v) {
+    return n_head_kv > 0 && n_head % n_head_kv == 0 && (n_head / n_head_kv == 4 || n_head / n_head_kv == 8) &&
+           head_dim == head_dim_v && (head_dim == 64 || head_dim == 128);
+}
+constexpr int attn_decode_head_blocks(int n_head, int n_head_kv, int head_dim, int head_dim_v) {
+    return attn_decode_tiles(n_head, n_head_kv, head_dim, head_dim_v)
+               ? 1
+               : (n_head / n_head_kv + kAttnHeadsPerPass - 1) / kAttnHeadsPerPass;
 }
 // Stages with few decode groups per key split (KV heads x head groups: Gemma 3 270M has one,
 // Qwen3-MoE and Llama-3-8B eight) give each 8 simd groups, so a split's keys take fewer serial
@@ -294,8 +306,11 @@ constexpr int attn_decode_head_blocks(int n_head, int n_head_kv) {
 // split cap on top took gpt-oss at 4096 from 1,835 to 2,000 but the others down (Qwen3 2,882,
 // SmolLM2 752), so the cap stays at two.
 constexpr int kAttnFewGroups = 8;
-constexpr int attn_decode_simds(int n_head, int n_head_kv) {
-    return n_head_kv * attn_decode_head_blocks(n_head, n_head_kv) <= kAttnFewGroups ? 8 : kAttnDecodeSimds;
+constexpr int attn_decode_simds(int n_head, int n_head_kv, int head_dim, int head_dim_v) {
+    if (attn_decode_tiles(n_head, n_head_kv, head_dim, head_dim_v)) return n_head / n_head_kv;
+    return n_head_kv * attn_decode_head_blocks(n_head, n_head_kv, head_dim, head_dim_v) <= kAttnFewGroups
+               ? 8
+               : kAttnDecodeSimds;
 }
 // The decode's key streams per simd group (kcap_attention_decode_dims' KS) by the head's dims
 // (the larger of K's and V's): 2 at heads of at most 64 dims (gpt-oss, SmolLM2), where a lane's 4
@@ -324,6 +339,33 @@ void with_attn_decode_body(int head_dim, int head_dim_v, Fn&& fn) {
         fn(One{}, Two{});
     else
         fn(One{}, One{});
+}
+// Calls fn(D, F16, S) (std::integral_constant) with kcap_attention_decode_tiles' template
+// arguments for a stage it takes (attn_decode_tiles): head dims, f16 cache, query heads per KV head.
+template <class Fn>
+void with_attn_decode_tiles(int head_dim, int kv_f16, int group, Fn&& fn) {
+    using D64 = std::integral_constant<int, 64>;
+    using D128 = std::integral_constant<int, 128>;
+    using F32 = std::integral_constant<int, 0>;
+    using F16 = std::integral_constant<int, 1>;
+    using S4 = std::integral_constant<int, 4>;
+    using S8 = std::integral_constant<int, 8>;
+    const auto with_s = [&](auto d, auto f) {
+        if (group == 4)
+            fn(d, f, S4{});
+        else
+            fn(d, f, S8{});
+    };
+    const auto with_f = [&](auto d) {
+        if (kv_f16)
+            with_s(d, F16{});
+        else
+            with_s(d, F32{});
+    };
+    if (head_dim == 64)
+        with_f(D64{});
+    else
+        with_f(D128{});
 }
 // Decode splits (bench/cuda_sweep.py, tg128 on the H200): 32-key chunks at short spans took
 // Gemma 3 270M from 874 to 1038 tok/s and the 8B from 242 to 254 (64-key chunks before); at

@@ -664,6 +664,9 @@ KCAP_FN void kcap_attention_decode(const KcapThread t, const KcapAttentionParams
                                                      partial_ml, out, shared, cos_sin, q_norm, k_norm, sinks);
 }
 
+// The decode with its keys staged in threadgroup memory, one query head per simd group.
+#include "kernels/attention_decode_tiles.h"
+
 // Merges the active splits of kcap_attention_decode (none to merge when one split covered
 // every key: it wrote the output itself). Grid: x = n_head; any multiple of 32 threads.
 // Threadgroup memory of the combine: the weights of a chunk of splits, and one slot per simd

@@ -26,8 +26,8 @@
 #   AB_NCU_SECTIONS Nsight Compute sections (e.g. "SpeedOfLight WarpStateStats SchedulerStats
 #                   Occupancy MemoryWorkloadAnalysis"): instead of the metrics table, each arm's
 #                   details page for those sections, printed in full
-#   AB_ROUNDS       sweep rounds (default 2); AB_TG=1 also times tg128; AB_MODES (pp512, tg128 or
-#                   both) replaces that choice
+#   AB_ROUNDS       sweep rounds (default 2); AB_TG=1 also times tg128; AB_MODES (pp512, tg128,
+#                   tg128d: tg128 after AB_DEPTH tokens of context, default 4096) replaces that choice
 #   AB_ROWS         test_cuda_rows groups to run on the new tree (none by default)
 #   AB_ARMS         the arms the sweeps time, in turn (default "base new"); an arm new+VAR=VALUE
 #                   runs the new tree with VAR=VALUE in its environment (a probe's switch), so
@@ -129,6 +129,7 @@ for round in $(seq "${AB_ROUNDS:-2}"); do
                 step "$mode $activations $name round $round"
                 flags=()
                 [ "$mode" = pp512 ] && flags=(--pp)
+                [ "$mode" = tg128d ] && flags=(--depth "${AB_DEPTH:-4096}")
                 run "$name" timeout 200 python3 "$(tree "$name")/bench/cuda_sweep.py" "${flags[@]}" \
                     --activations "$activations" --models /tmp/kcap_models --which "$MODELS" --repeats 1 2>&1 |
                     grep -E "^\| [a-z0-9]" | grep -v "^| model" | sed "s/^/$name $activations /"

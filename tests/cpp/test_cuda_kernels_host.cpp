@@ -1458,10 +1458,23 @@ void sim_attention_decode(KcapAttentionParams p, int n_splits, const int32_t* st
                           const float* v, uint8_t* k_cache, uint8_t* v_cache, float* partial_o, float* partial_ml,
                           float* out, const float2* cos_sin = nullptr, const float* q_norm = nullptr,
                           const float* k_norm = nullptr, const float* sinks = nullptr) {
-    p.head_blocks = kcap::cuda_rows::attn_decode_head_blocks(p.n_head, p.n_head_kv);
-    kcap::cuda_rows::with_attn_decode_body(p.head_dim, p.head_dim_v, [&](auto dg, auto ks) {
-        kcap_sim::launch({unsigned(p.n_head_kv * p.head_blocks), unsigned(n_splits), 1},
-                         32 * kcap::cuda_rows::attn_decode_simds(p.n_head, p.n_head_kv),
+    using namespace kcap::cuda_rows;
+    p.head_blocks = attn_decode_head_blocks(p.n_head, p.n_head_kv, p.head_dim, p.head_dim_v);
+    const unsigned threads = 32 * attn_decode_simds(p.n_head, p.n_head_kv, p.head_dim, p.head_dim_v);
+    if (attn_decode_tiles(p.n_head, p.n_head_kv, p.head_dim, p.head_dim_v)) {
+        with_attn_decode_tiles(p.head_dim, p.kv_f16, p.n_head / p.n_head_kv, [&](auto d, auto f16, auto s) {
+            constexpr int D = decltype(d)::value;
+            kcap_sim::launch({unsigned(p.n_head_kv), unsigned(n_splits), 1}, threads,
+                             sizeof(float) * KCAP_ATTN_TILE_SHARED_FLOATS(D), [&](const KcapThread& t, void* shared) {
+                                 kcap_attention_decode_tiles<D, decltype(f16)::value, decltype(s)::value>(
+                                     t, p, step, q, k, v, k_cache, v_cache, partial_o, partial_ml, out,
+                                     static_cast<float*>(shared), cos_sin, q_norm, k_norm, sinks);
+                             });
+        });
+        return;
+    }
+    with_attn_decode_body(p.head_dim, p.head_dim_v, [&](auto dg, auto ks) {
+        kcap_sim::launch({unsigned(p.n_head_kv * p.head_blocks), unsigned(n_splits), 1}, threads,
                          sizeof(float) * KCAP_ATTN_DECODE_SHARED_FLOATS, [&](const KcapThread& t, void* shared) {
                              kcap_attention_decode_dims<decltype(dg)::value, decltype(ks)::value>(
                                  t, p, step, q, k, v, k_cache, v_cache, partial_o, partial_ml, out,
@@ -1549,6 +1562,9 @@ void test_attention(std::mt19937& rng, CpuState& cpu) {
         {32, 4, 128, 128, 0, 0.0f, Format::F16, 70, 3, 3},      // Qwen3-MoE heads: 8 per KV head, two groups each
         {16, 2, 64, 64, 0, 0.0f, Format::F32, 40, 2, 2, true},  // gpt-oss's ratio (8): two groups, sinks
         {12, 1, 128, 128, 0, 0.0f, Format::F32, 33, 2, 2},      // 12 per KV head: three groups
+        {16, 2, 128, 128, 0, 0.0f, Format::F32, 150, 3, 2},     // staged tiles: three tiles a split
+        {16, 4, 64, 64, 40, 0.0f, Format::F16, 100, 3, 1, true},  // staged tiles, window, one split, sinks
+        {8, 2, 64, 64, 0, 10.0f, Format::F32, 45, 2, 3},        // staged tiles, softcap, a split left empty
     };
     int checked = 0;
     for (const AttentionCase& c : cases) {
@@ -1849,6 +1865,8 @@ void test_attention_own_rope(std::mt19937& rng, CpuState& cpu) {
         {4, 2, 64, false, true, false, Format::F32, 3, 2, 1},     // normal pairs with the QK-norm
         {8, 2, 16, true, false, true, Format::F32, 12, 3, 2, 7, 20.0f},  // NeoX lane xor 2, window, softcap
         {2, 1, 8, true, true, false, Format::F16, 6, 2, 1, 4, 0.0f},     // NeoX lane xor 1, window
+        {16, 2, 64, true, false, false, Format::F32, 70, 2, 1},   // gpt-oss-like: staged tiles, one split
+        {32, 4, 128, true, true, false, Format::F16, 80, 2, 2},   // Qwen3-MoE-like: staged tiles, two a split
     };
     int checked = 0;
     for (const Case& c : cases) {
