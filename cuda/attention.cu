@@ -283,7 +283,6 @@ void run_attention_decode(const Stage& stage, const KernelCall& call) {
     const Context& ctx = context(call);
     AttentionCall a = attention_call(stage, call);
     a.p.head_blocks = cuda_rows::attn_decode_head_blocks(a.p.n_head, a.p.n_head_kv, a.p.head_dim, a.p.head_dim_v);
-    a.p.probe = std::getenv("KCAP_PROBE_AHEAD") ? 1 : 0;
     const KcapAttentionParams& p = a.p;
     const StageData& data = stage_data(call);
     const Q8Rows q8 = Q8 ? q8_rows_layout(ctx, 1, p.n_head * p.head_dim_v) : Q8Rows{nullptr, nullptr, nullptr};

@@ -182,17 +182,14 @@ KCAP_FN void kcap_attention_decode_tiles(const KcapThread t, const KcapAttention
     float m = KCAP_NEG_INFINITY, l = 0.0f;
     float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the first PER_LANE are the lane's dims
     for (int j0 = start; j0 < end; j0 += KT) {
-        const bool ahead = C::per_thread <= 4 && p.probe == 1;
         if (j0 != start) {
             kcap_barrier();  // every simd group is done with the previous tile
-            if (!ahead) kcap_attn_tile_load<D, F16, S>(t, p, k_cache, v_cache, k_head, v_head, j0, end, fresh_pos, raw);
+            kcap_attn_tile_load<D, F16, S>(t, p, k_cache, v_cache, k_head, v_head, j0, end, fresh_pos, raw);
             kcap_attn_tile_store<D, F16, S>(t, j0, fresh_pos, raw, k_tile, v_tile);
             if (fresh_split && t.simd == 0 && pos >= j0 && pos < j0 + KT)
                 kcap_attn_tile_fresh<D>(t, p, pos - j0, k_fresh[0], v_fresh, k_tile, v_tile);
             kcap_barrier();
         }
-        if (ahead && j0 + KT < end)
-            kcap_attn_tile_load<D, F16, S>(t, p, k_cache, v_cache, k_head, v_head, j0 + KT, end, fresh_pos, raw);
         // Scores of keys j0 + 8 b + key8 (b = 0 .. 3), this lane's quarter, then summed over the quarters.
         float s[4];
         KCAP_UNROLL for (int b = 0; b < 4; ++b) {

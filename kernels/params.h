@@ -77,7 +77,6 @@ struct KcapAttentionParams {
     float qk_norm_eps;
     int head_blocks;  // decode: groups per KV head, each taking a share of its query heads
                       // (kcap_decode_heads; grid x = n_head_kv * head_blocks); 0 or 1: one
-    int probe;
 };
 
 // Elementwise stages over n_tokens * n values.
