@@ -239,7 +239,7 @@ AttentionCall attention_call(const Stage& stage, const KernelCall& call) {
     const StageData& data = stage_data(call);
     const StageParams& s = stage.params;
     const KvCache& kv = ctx.kv.at(size_t(s.kv_layer >= 0 ? s.kv_layer : stage.layer));
-    return {attention_params(stage, call.n_tokens, ctx.kv_format, data.attn_splits, cuda_rows::probe_attn_min_chunk()),
+    return {attention_params(stage, call.n_tokens, ctx.kv_format, data.attn_splits, cuda_rows::kAttnMinChunk),
             static_cast<kcap_u8*>(kv.k), static_cast<kcap_u8*>(kv.v)};
 }
 

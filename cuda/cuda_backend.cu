@@ -319,7 +319,7 @@ private:
                 const int64_t simds = int64_t(n_head_kv) *
                                       cuda_rows::attn_decode_head_blocks(sp.n_head, n_head_kv, sp.head_dim, sp.head_dim_v) *
                                       cuda_rows::attn_decode_simds(sp.n_head, n_head_kv, sp.head_dim, sp.head_dim_v);
-                data.attn_splits = decode_key_splits(stage.max_span, cuda_rows::probe_attn_min_chunk(),
+                data.attn_splits = decode_key_splits(stage.max_span, cuda_rows::kAttnMinChunk,
                                                      int64_t(cuda_rows::kAttnSimdsPerSm) * ctx.sm_count, simds, INT_MAX);
                 const size_t slots = size_t(stage.params.n_head) * size_t(data.attn_splits);
                 partial_o = std::max(partial_o, slots * size_t(stage.params.head_dim_v));

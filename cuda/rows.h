@@ -15,7 +15,6 @@
 #include "kernels/formats_list.h"
 #include "kernels/params.h"
 
-#include <cstdlib>
 #include <type_traits>
 
 namespace kcap {
@@ -376,10 +375,6 @@ void with_attn_decode_tiles(int head_dim, int kv_f16, int group, Fn&& fn) {
 // counts simd groups (16 per multiprocessor: two groups of 8), so stages of many groups of 4
 // simd groups (gpt-oss: 8 KV heads x 2 head groups) get as many simd groups as the others.
 constexpr int kAttnMinChunk = 32;     // fewest keys per decode split (a multiple of 32)
-inline int probe_attn_min_chunk() {
-    const char* v = std::getenv("KCAP_PROBE_CHUNK");
-    return v ? std::atoi(v) : kAttnMinChunk;
-}
 #ifndef KCAP_CUDA_ATTN_SIMDS_PER_SM
 #define KCAP_CUDA_ATTN_SIMDS_PER_SM 16
 #endif
