@@ -37,10 +37,10 @@ __device__ __forceinline__ void decode_prefetch(const KcapAttentionParams& p, in
                                                 const kcap_u8* v_cache, int skip = 0) {
     const KcapDecodeHeads heads = kcap_decode_heads(p, int(blockIdx.x));
     if (heads.first != 0) return;  // one group per KV head asks: its other groups read the same rows
-    const KcapDecodeSplits splits = kcap_decode_splits(p, pos);
-    if (int(blockIdx.y) >= splits.active) return;
-    const int start = splits.first + int(blockIdx.y) * splits.chunk + skip;
-    const int end = start + splits.chunk < pos ? start + splits.chunk : pos;
+    const KcapDecodeRange range = kcap_decode_range(kcap_decode_splits(p, pos), int(blockIdx.y), pos);
+    if (!range.active) return;
+    const int start = range.start + skip;
+    const int end = range.end < pos ? range.end : pos;  // the new key (pos) is not in the cache yet
     const int elem = p.kv_f16 ? 2 : 4;
     const int k_lines = (p.head_dim * elem + 127) / 128, v_lines = (p.head_dim_v * elem + 127) / 128;
     const int per_row = k_lines + v_lines;

@@ -139,6 +139,21 @@ KCAP_FN KcapDecodeSplits kcap_decode_splits(const KcapAttentionParams p, int pos
     return s;
 }
 
+// The keys [start, end) split `split` of a decode at `pos` takes; active == false: none (a split
+// past the keys at this position).
+struct KcapDecodeRange {
+    int start, end;
+    bool active;
+};
+
+KCAP_FN KcapDecodeRange kcap_decode_range(const KcapDecodeSplits splits, int split, int pos) {
+    KcapDecodeRange r;
+    r.active = split < splits.active;
+    r.start = splits.first + split * splits.chunk;
+    r.end = r.start + splits.chunk < pos + 1 ? r.start + splits.chunk : pos + 1;
+    return r;
+}
+
 // Appends the new K/V rows of n_tokens tokens at positions step[0].. to the cache.
 // One thread per element. Grid: x = ceil(n_tokens * (k_width + v_width) / threads).
 KCAP_FN void kcap_kv_append(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_i32* step,
@@ -223,6 +238,26 @@ KCAP_FN void kcap_attn_load_fresh(const KcapThread t, const KCAP_GLOBAL float* f
                                   KCAP_PRIVATE float4* out) {
     kcap_attn_load_fresh_raw<DG>(t, fresh, dim, out);
     kcap_attn_round_row<DG>(f16, out);
+}
+
+// The decode's append of this token's K/V of KV head kv_head at pos, by one simd group: K as the
+// lanes hold it (dims 4 lane + 128 i; rotated and rounded), V from v_fresh (the stage's f32 row).
+template <int DG>
+KCAP_FN void kcap_attn_append_fresh(const KcapThread t, const KcapAttentionParams p, int pos, int kv_head,
+                                    const KCAP_PRIVATE float4* k_fresh, const KCAP_GLOBAL float* v_fresh,
+                                    KCAP_GLOBAL kcap_u8* k_cache, KCAP_GLOBAL kcap_u8* v_cache) {
+    const kcap_u64 k_row = kcap_u64(pos) * p.k_width + kcap_u64(kv_head) * p.head_dim;
+    KCAP_UNROLL for (int i = 0; i < DG; ++i) {
+        const int d = 4 * int(t.lane) + 128 * i;
+        if (d < p.head_dim) {
+            kcap_kv_store(k_cache, k_row + d, k_fresh[i].x, p.kv_f16);
+            kcap_kv_store(k_cache, k_row + d + 1, k_fresh[i].y, p.kv_f16);
+            kcap_kv_store(k_cache, k_row + d + 2, k_fresh[i].z, p.kv_f16);
+            kcap_kv_store(k_cache, k_row + d + 3, k_fresh[i].w, p.kv_f16);
+        }
+    }
+    for (int d = int(t.lane); d < p.head_dim_v; d += KCAP_SIMD_WIDTH)
+        kcap_kv_store(v_cache, kcap_u64(pos) * p.v_width + kcap_u64(kv_head) * p.head_dim_v + d, v_fresh[d], p.kv_f16);
 }
 
 // The decode's own rope (p.rope, rope_dim == head_dim): what a lane needs of the position's
@@ -449,12 +484,12 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
     const int split = int(t.group_y);
     const int pos = step[0];
     const KcapDecodeSplits splits = kcap_decode_splits(p, pos);
-    if (split >= splits.active) {  // the whole group: past the keys at this position
+    const KcapDecodeRange range = kcap_decode_range(splits, split, pos);
+    if (!range.active) {  // the whole group: past the keys at this position
         Wait::wait();
         return;
     }
-    const int start = splits.first + split * splits.chunk;
-    const int end = start + splits.chunk < pos + 1 ? start + splits.chunk : pos + 1;
+    const int start = range.start, end = range.end;
     const KCAP_GLOBAL float* v_fresh = v_new + kcap_u64(kv_head) * p.head_dim_v;
     const KCAP_GLOBAL float2* cs_row = cos_sin + (p.rope ? kcap_u64(pos) * (p.head_dim / 2) : 0);
     // The last split holds the new key (pos): its simd groups hold the new K row, rotated when
@@ -487,21 +522,8 @@ KCAP_FN void kcap_attention_decode_dims(const KcapThread t, const KcapAttentionP
         kcap_attn_load_fresh_raw<DG>(t, k_new + k_head, p.head_dim, k_fresh);
         if (p.rope) kcap_attn_rope_head<DG>(t, p, rope.cs, rope.k_norm, k_fresh);
         kcap_attn_round_row<DG>(p.kv_f16, k_fresh);
-        if (t.simd == 0 && heads_of_group.first == 0) {
-            const kcap_u64 k_row = kcap_u64(pos) * p.k_width + kcap_u64(kv_head) * p.head_dim;
-            KCAP_UNROLL for (int i = 0; i < DG; ++i) {
-                const int d = 4 * int(t.lane) + 128 * i;
-                if (d < p.head_dim) {
-                    kcap_kv_store(k_cache, k_row + d, k_fresh[i].x, p.kv_f16);
-                    kcap_kv_store(k_cache, k_row + d + 1, k_fresh[i].y, p.kv_f16);
-                    kcap_kv_store(k_cache, k_row + d + 2, k_fresh[i].z, p.kv_f16);
-                    kcap_kv_store(k_cache, k_row + d + 3, k_fresh[i].w, p.kv_f16);
-                }
-            }
-            for (int d = int(t.lane); d < p.head_dim_v; d += KCAP_SIMD_WIDTH)
-                kcap_kv_store(v_cache, kcap_u64(pos) * p.v_width + kcap_u64(kv_head) * p.head_dim_v + d, v_fresh[d],
-                              p.kv_f16);
-        }
+        if (t.simd == 0 && heads_of_group.first == 0)
+            kcap_attn_append_fresh<DG>(t, p, pos, kv_head, k_fresh, v_fresh, k_cache, v_cache);
         if (KS > 1) k_fresh[0] = kcap_attn_to_stream<KS>(t, k_fresh[0]);
     }
     const int group = p.n_head / p.n_head_kv;

@@ -129,12 +129,12 @@ KCAP_FN void kcap_attention_decode_tiles(const KcapThread t, const KcapAttention
     const int split = int(t.group_y);
     const int pos = step[0];
     const KcapDecodeSplits splits = kcap_decode_splits(p, pos);
-    if (split >= splits.active) {  // the whole group: past the keys at this position
+    const KcapDecodeRange range = kcap_decode_range(splits, split, pos);
+    if (!range.active) {  // the whole group: past the keys at this position
         Wait::wait();
         return;
     }
-    const int start = splits.first + split * splits.chunk;
-    const int end = start + splits.chunk < pos + 1 ? start + splits.chunk : pos + 1;
+    const int start = range.start, end = range.end;
     const int fresh_pos = p.append ? pos : -1;
     const bool fresh_split = p.append && split == splits.active - 1;
     const kcap_u64 k_head = kcap_u64(kv_head) * D;
@@ -157,17 +157,8 @@ KCAP_FN void kcap_attention_decode_tiles(const KcapThread t, const KcapAttention
         kcap_attn_load_fresh_raw<1>(t, k_new + k_head, D, k_fresh);
         if (p.rope) kcap_attn_rope_head<1>(t, p, rope.cs, rope.k_norm, k_fresh);
         kcap_attn_round_row<1>(p.kv_f16, k_fresh);
-        // The cache append (one group per KV head holds pos).
-        const kcap_u64 k_row = kcap_u64(pos) * p.k_width + k_head;
-        const int d = 4 * int(t.lane);
-        if (d < D) {
-            kcap_kv_store(k_cache, k_row + d, k_fresh[0].x, p.kv_f16);
-            kcap_kv_store(k_cache, k_row + d + 1, k_fresh[0].y, p.kv_f16);
-            kcap_kv_store(k_cache, k_row + d + 2, k_fresh[0].z, p.kv_f16);
-            kcap_kv_store(k_cache, k_row + d + 3, k_fresh[0].w, p.kv_f16);
-        }
-        for (int e = int(t.lane); e < D; e += KCAP_SIMD_WIDTH)
-            kcap_kv_store(v_cache, kcap_u64(pos) * p.v_width + v_head + e, v_fresh[e], p.kv_f16);
+        // The cache append: one group per KV head holds pos.
+        kcap_attn_append_fresh<1>(t, p, pos, kv_head, k_fresh, v_fresh, k_cache, v_cache);
     }
     if (fresh_split && t.simd == 0 && pos < start + KT)
         kcap_attn_tile_fresh<D>(t, p, pos - start, k_fresh[0], v_fresh, k_tile, v_tile);
