@@ -70,6 +70,18 @@ struct PdlWait {
     }
 };
 
+// Where one split covered every key, a decode group wrote the outputs of query heads first ..
+// first + heads - 1 (contiguous) itself, so the first split's group also writes their q8_1 for
+// the output projection (q8.codes null: not a _q8 row).
+__device__ __forceinline__ void decode_q8_output(const KcapThread& t, const KcapAttentionParams& p, const kcap_i32* step,
+                                                 const cuda::Q8Rows& q8, const float* out, int first, int heads) {
+    if (!q8.codes || blockIdx.y != 0 || kcap_decode_splits(p, step[0]).active != 1) return;
+    __syncthreads();  // the group's writes of the output are visible to it
+    const kcap_u64 base = kcap_u64(first) * p.head_dim_v;
+    kcap_q8_quantize_row(t, out + base, heads * p.head_dim_v, q8.codes + base / 4, q8.d + base / 32,
+                         q8.half_sums + base / 16);
+}
+
 template <int DG, int KS>
 __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32, DG == 1 ? 2 : 1)
     decode_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new, const float* v_new,
@@ -84,21 +96,14 @@ __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32, DG == 1 ? 2 :
     const KcapThread t = kcap_cuda_thread();
     kcap_attention_decode_dims<DG, KS, PdlWait>(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o, partial_ml,
                                                 out, merge, cos_sin, q_norm, k_norm, sinks);
-    // One split covered every key: this group wrote its query heads' outputs (contiguous), so
-    // it also writes their q8_1 for the output projection.
     const KcapDecodeHeads heads = kcap_decode_heads(p, int(blockIdx.x));
-    if (q8.codes && blockIdx.y == 0 && heads.first < heads.end && kcap_decode_splits(p, step[0]).active == 1) {
-        const int group = p.n_head / p.n_head_kv;
-        __syncthreads();  // the group's writes of the output are visible to it
-        const kcap_u64 base = (kcap_u64(heads.kv_head) * group + heads.first) * p.head_dim_v;
-        kcap_q8_quantize_row(t, out + base, (heads.end - heads.first) * p.head_dim_v, q8.codes + base / 4,
-                             q8.d + base / 32, q8.half_sums + base / 16);
-    }
+    if (heads.first < heads.end)
+        decode_q8_output(t, p, step, q8, out, heads.kv_head * (p.n_head / p.n_head_kv) + heads.first,
+                         heads.end - heads.first);
 }
 
 // The decode with staged key tiles (kcap_attention_decode_tiles): grid x = n_head_kv, y = n_splits,
-// S simd groups. Where one split covered every key, the KV head's S query heads' outputs
-// (contiguous) also go out as q8_1 for the output projection.
+// S simd groups (the KV head's S query heads, whose q8_1 it writes where one split covers every key).
 template <int D, int F16, int S>
 __global__ void __launch_bounds__(S * 32)
     decode_tiles_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new,
@@ -110,11 +115,7 @@ __global__ void __launch_bounds__(S * 32)
     const KcapThread t = kcap_cuda_thread();
     kcap_attention_decode_tiles<D, F16, S, PdlWait>(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o,
                                                     partial_ml, out, shared, cos_sin, q_norm, k_norm, sinks);
-    if (q8.codes && blockIdx.y == 0 && kcap_decode_splits(p, step[0]).active == 1) {
-        __syncthreads();  // the group's writes of the output are visible to it
-        const kcap_u64 base = kcap_u64(blockIdx.x) * S * D;
-        kcap_q8_quantize_row(t, out + base, S * D, q8.codes + base / 4, q8.d + base / 32, q8.half_sums + base / 16);
-    }
+    decode_q8_output(t, p, step, q8, out, int(blockIdx.x) * S, S);
 }
 
 __global__ void __launch_bounds__(256) combine_kernel(KcapAttentionParams p, const kcap_i32* step, const float* partial_o,

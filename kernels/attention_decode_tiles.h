@@ -48,10 +48,11 @@ KCAP_FN void kcap_attn_shared4_store(KCAP_SHARED float* at, const float4 v) { *r
 
 // Reads the cached K and V rows of keys j0 .. j0 + 31 (those before `end`, except fresh_pos,
 // which is not in the cache yet) as raw 16-byte chunks, chunk c = t.index + i * t.threads:
-// K rows' chunks first, then V rows'.
+// K rows' chunks first, then V rows'. head: the KV head's first value in a K or V row (the K
+// and V heads have D dims alike).
 template <int D, int F16, int S>
 KCAP_FN void kcap_attn_tile_load(const KcapThread t, const KcapAttentionParams p, const KCAP_GLOBAL kcap_u8* k_cache,
-                                 const KCAP_GLOBAL kcap_u8* v_cache, kcap_u64 k_head, kcap_u64 v_head, int j0, int end,
+                                 const KCAP_GLOBAL kcap_u8* v_cache, kcap_u64 head, int j0, int end,
                                  int fresh_pos, KCAP_PRIVATE uint4* raw) {
     typedef KcapAttnTileChunks<D, F16, S> C;
     KCAP_UNROLL for (int i = 0; i < C::per_thread; ++i) {
@@ -61,7 +62,7 @@ KCAP_FN void kcap_attn_tile_load(const KcapThread t, const KcapAttentionParams p
         const int j = j0 + (row % KCAP_ATTN_TILE_KEYS);
         if (c >= C::total || j >= end || j == fresh_pos) continue;
         const bool is_v = row >= KCAP_ATTN_TILE_KEYS;
-        const kcap_u64 e = (is_v ? kcap_u64(j) * p.v_width + v_head : kcap_u64(j) * p.k_width + k_head) +
+        const kcap_u64 e = kcap_u64(j) * (is_v ? p.v_width : p.k_width) + head +
                            kcap_u64(part) * C::values;
         raw[i] = kcap_load_u32x4((is_v ? v_cache : k_cache) + e * (F16 ? 2 : 4));
     }
@@ -137,14 +138,13 @@ KCAP_FN void kcap_attention_decode_tiles(const KcapThread t, const KcapAttention
     const int start = range.start, end = range.end;
     const int fresh_pos = p.append ? pos : -1;
     const bool fresh_split = p.append && split == splits.active - 1;
-    const kcap_u64 k_head = kcap_u64(kv_head) * D;
-    const kcap_u64 v_head = kcap_u64(kv_head) * D;
+    const kcap_u64 kv_at = kcap_u64(kv_head) * D;  // the KV head's first value in a K, V or new K/V row
     const int head = kv_head * S + int(t.simd);  // this simd group's query head
     const KCAP_GLOBAL float2* cs_row = cos_sin + (p.rope ? kcap_u64(pos) * (D / 2) : 0);
     // Before the wait: the rope's and QK-norms' values, and the first tile's cached rows staged.
     const KcapAttnRopeLane<1> rope = kcap_attn_rope_lane<1>(t, p, cs_row, q_norm, k_norm, fresh_split && t.simd == 0);
     uint4 raw[C::per_thread];
-    kcap_attn_tile_load<D, F16, S>(t, p, k_cache, v_cache, k_head, v_head, start, end, fresh_pos, raw);
+    kcap_attn_tile_load<D, F16, S>(t, p, k_cache, v_cache, kv_at, start, end, fresh_pos, raw);
     kcap_attn_tile_store<D, F16, S>(t, start, fresh_pos, raw, k_tile, v_tile);
     Wait::wait();
     // The query (dims 4 lane ..), and in the split holding pos this token's K, rotated and rounded.
@@ -152,9 +152,9 @@ KCAP_FN void kcap_attention_decode_tiles(const KcapThread t, const KcapAttention
     qv[0] = 4 * int(t.lane) < D ? kcap_load_f32x4(q + kcap_u64(head) * D + 4 * t.lane) : float4{0.0f, 0.0f, 0.0f, 0.0f};
     float4 k_fresh[1];
     k_fresh[0] = float4{0.0f, 0.0f, 0.0f, 0.0f};
-    const KCAP_GLOBAL float* v_fresh = v_new + v_head;
+    const KCAP_GLOBAL float* v_fresh = v_new + kv_at;
     if (fresh_split && t.simd == 0) {
-        kcap_attn_load_fresh_raw<1>(t, k_new + k_head, D, k_fresh);
+        kcap_attn_load_fresh_raw<1>(t, k_new + kv_at, D, k_fresh);
         if (p.rope) kcap_attn_rope_head<1>(t, p, rope.cs, rope.k_norm, k_fresh);
         kcap_attn_round_row<1>(p.kv_f16, k_fresh);
         // The cache append: one group per KV head holds pos.
@@ -175,7 +175,7 @@ KCAP_FN void kcap_attention_decode_tiles(const KcapThread t, const KcapAttention
     for (int j0 = start; j0 < end; j0 += KT) {
         if (j0 != start) {
             kcap_barrier();  // every simd group is done with the previous tile
-            kcap_attn_tile_load<D, F16, S>(t, p, k_cache, v_cache, k_head, v_head, j0, end, fresh_pos, raw);
+            kcap_attn_tile_load<D, F16, S>(t, p, k_cache, v_cache, kv_at, j0, end, fresh_pos, raw);
             kcap_attn_tile_store<D, F16, S>(t, j0, fresh_pos, raw, k_tile, v_tile);
             if (fresh_split && t.simd == 0 && pos >= j0 && pos < j0 + KT)
                 kcap_attn_tile_fresh<D>(t, p, pos - j0, k_fresh[0], v_fresh, k_tile, v_tile);
