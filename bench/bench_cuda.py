@@ -62,7 +62,12 @@ def model_suffixes(name: str) -> tuple[str, dict]:
 
 
 def make_models(directory: Path, which: list[str]) -> dict[str, str]:
-    from kcap.testing import synth
+    # synth needs only numpy and gguf: loaded by its path, it makes the files before the compiled
+    # core is built (scripts/device_check.sh runs --make-only beside the build).
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("kcap_synth", REPO / "python" / "kcap" / "testing" / "synth.py")
+    synth = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(synth)
 
     makers = {"llama3_8b_q4_k_m": synth.llama3_8b_q4_k_m, "deepseek_v2_lite_q4_k_m": synth.deepseek2_q4_k_m,
               "qwen3_30b_a3b_q4_k_m": synth.qwen3moe_q4_k_m, "gpt_oss_20b_mxfp4": synth.gpt_oss_20b_mxfp4}
@@ -73,15 +78,17 @@ def make_models(directory: Path, which: list[str]) -> dict[str, str]:
         if not path.exists():
             start = time.time()
             base, changes = model_suffixes(name)
+            part = path.with_name(path.name + ".part")  # renamed when complete: no half-written file is used
             if base in makers:
-                makers[base](str(path), **changes)
+                makers[base](str(part), **changes)
             else:
                 layout = json.loads((LAYOUTS / f"{base}.json").read_text())
                 if set(changes) - {"n_vocab"}:
                     raise SystemExit(f"{name}: a layout file's model takes only a _v<M> suffix")
                 if "n_vocab" in changes:
                     layout = with_vocabulary(layout, changes["n_vocab"])
-                synth.from_layout(layout, str(path))
+                synth.from_layout(layout, str(part))
+            part.rename(path)
             log(f"made {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.time() - start:.0f} s")
         paths[name] = str(path)
     return paths
@@ -304,7 +311,11 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-kcap", action="store_true")
     parser.add_argument("--merge", nargs="+", help="merge result files of earlier runs into --out / --table")
     parser.add_argument("--depth", type=int, default=4096, help="context before the deep decode figure")
+    parser.add_argument("--make-only", action="store_true", help="make the --which files in --models, measure nothing")
     args = parser.parse_args(argv)
+    if args.make_only:
+        make_models(Path(args.models), args.which.split(","))
+        return 0
     global DEPTH
     DEPTH = args.depth
 
