@@ -104,14 +104,13 @@ __global__ void __launch_bounds__(KCAP_ATTN_DECODE_MAX_SIMDS * 32, DG == 1 ? 2 :
 
 // The decode with staged key tiles (kcap_attention_decode_tiles): grid x = n_head_kv, y = n_splits,
 // S simd groups (the KV head's S query heads, whose q8_1 it writes where one split covers every key).
-template <int D, int F16, int S, bool PW = false>
+template <int D, int F16, int S>
 __global__ void __launch_bounds__(S * 32)
     decode_tiles_kernel(KcapAttentionParams p, const kcap_i32* step, const float* q, const float* k_new,
                         const float* v_new, kcap_u8* k_cache, kcap_u8* v_cache, float* partial_o, float* partial_ml,
                         float* out, cuda::Q8Rows q8, const float2* cos_sin, const float* q_norm, const float* k_norm,
-                        const float* sinks, cuda::Prewarm pw) {
+                        const float* sinks) {
     __shared__ __align__(16) float shared[KCAP_ATTN_TILE_SHARED_FLOATS(D)];
-    if (PW) cuda::prewarm_share(pw);  // PROBE
     decode_prefetch(p, step[0], k_cache, v_cache, KCAP_ATTN_TILE_KEYS);
     const KcapThread t = kcap_cuda_thread();
     kcap_attention_decode_tiles<D, F16, S, PdlWait>(t, p, step, q, k_new, v_new, k_cache, v_cache, partial_o,
@@ -295,14 +294,10 @@ void run_attention_decode(const Stage& stage, const KernelCall& call) {
     const int simds = cuda_rows::attn_decode_simds(p.n_head, p.n_head_kv, p.head_dim, p.head_dim_v);
     if (cuda_rows::attn_decode_tiles(p.n_head, p.n_head_kv, p.head_dim, p.head_dim_v)) {
         cuda_rows::with_attn_decode_tiles(p.head_dim, p.kv_f16, p.n_head / p.n_head_kv, [&](auto d, auto f16, auto s) {
-            const auto go = [&](auto kernel) {
-                launch(ctx, kernel, dim3(p.n_head_kv, p.n_splits), dim3(32 * simds), 0, p, ctx.step, call.in, call.in2,
-                       call.in3, a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out, q8, cos_sin,
-                       q_norm, k_norm, sinks_of(call), data.prewarm);
-            };
-            constexpr int D = decltype(d)::value, F16 = decltype(f16)::value, S = decltype(s)::value;
-            if (data.prewarm.bytes[0]) go(decode_tiles_kernel<D, F16, S, true>);  // PROBE
-            else go(decode_tiles_kernel<D, F16, S, false>);
+            launch(ctx, decode_tiles_kernel<decltype(d)::value, decltype(f16)::value, decltype(s)::value>,
+                   dim3(p.n_head_kv, p.n_splits), dim3(32 * simds), 0, p, ctx.step, call.in, call.in2, call.in3,
+                   a.k_cache, a.v_cache, ctx.attn_partial_o, ctx.attn_partial_ml, call.out, q8, cos_sin, q_norm,
+                   k_norm, sinks_of(call));
         });
     } else {
         cuda_rows::with_attn_decode_body(p.head_dim, p.head_dim_v, [&](auto dg, auto ks) {

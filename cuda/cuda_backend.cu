@@ -129,7 +129,6 @@ public:
         upload_weights();
         allocate_buffers(spec);
         bind_stages();
-        bind_prewarm();
         route_decode_choices();
     }
 
@@ -273,56 +272,6 @@ private:
         const size_t candidates = size_t(ceil_div(n_vocab_, KCAP_SAMPLE_CHUNK)) * KCAP_SAMPLE_MAX_TOP_K;
         ctx.sample_partial_value = arena_.alloc_n<float>(candidates);
         ctx.sample_partial_index = arena_.alloc_n<int32_t>(candidates);
-    }
-
-    // PROBE (KCAP_PROBE_PREWARM_NEXT): an attention's or the experts' stage asks L2 for the
-    // weights of the next matmul or qkv stage (before another attention, router or experts stage;
-    // at most 32 MB: not the LM head).
-    void bind_prewarm() {
-        // PROBE (KCAP_PROBE_PREWARM_EXPERTS): a router stage binds the next experts stage's gate and
-        // up tensors with their bytes per expert (where whole 16-byte units), for the decode
-        // router to ask L2 for the chosen experts' matrices.
-        if (std::getenv("KCAP_PROBE_PREWARM_EXPERTS"))
-            for (size_t i = 0; i + 1 < plan_.stages.size(); ++i) {
-                if (plan_.stages[i].stage.op != Op::MoeRoute) continue;
-                const Stage& next = plan_.stages[i + 1].stage;
-                if (next.op != Op::MoeExperts || next.operands.size() < 2 || !next.operands[0] || !next.operands[1])
-                    continue;
-                const unsigned long long n_expert = (unsigned long long)std::max(1, next.params.n_expert);
-                const TensorRef& gate = *next.operands[0];
-                const TensorRef& up = *next.operands[1];
-                Prewarm pw;
-                pw.at[0] = static_cast<const unsigned char*>(device_weights_.at(gate.data));
-                pw.bytes[0] = gate.nbytes / n_expert;
-                bool ok = gate.nbytes % n_expert == 0 && pw.bytes[0] % 16 == 0;
-                if (up.data != gate.data) {
-                    pw.at[1] = static_cast<const unsigned char*>(device_weights_.at(up.data));
-                    pw.bytes[1] = up.nbytes / n_expert;
-                    ok = ok && up.nbytes % n_expert == 0 && pw.bytes[1] % 16 == 0;
-                }
-                if (ok) stage_data_[i].prewarm = pw;
-            }
-        if (!std::getenv("KCAP_PROBE_PREWARM_NEXT")) return;
-        for (size_t i = 0; i < plan_.stages.size(); ++i) {
-            const Op op = plan_.stages[i].stage.op;
-            if (op != Op::Attention && op != Op::MoeExperts) continue;
-            for (size_t j = i + 1; j < plan_.stages.size(); ++j) {
-                const Stage& next = plan_.stages[j].stage;
-                if (next.op == Op::Attention || next.op == Op::MoeRoute || next.op == Op::MoeExperts) break;
-                if (next.op != Op::MatMul && next.op != Op::Qkv) continue;
-                Prewarm pw;
-                unsigned long long total = 0;
-                const size_t n = next.op == Op::Qkv ? 3 : 1;
-                for (size_t k = 0; k < n && k < next.operands.size(); ++k)
-                    if (next.operands[k]) {
-                        pw.at[k] = static_cast<const unsigned char*>(device_weights_.at(next.operands[k]->data));
-                        pw.bytes[k] = (next.operands[k]->nbytes + 15) / 16 * 16;
-                        total += pw.bytes[k];
-                    }
-                if (total <= (32ull << 20)) stage_data_[i].prewarm = pw;
-                break;
-            }
-        }
     }
 
     // What each stage reads besides its activation buffers, fixed now so a token never decides.

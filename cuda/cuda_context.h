@@ -136,15 +136,7 @@ inline Q8Rows q8_rows_at(const Context& ctx, int rows, int k, int first) {
 }
 
 // Bound to one stage when the backend is built.
-// PROBE: a later stage's weights that a launch leaving DRAM idle asks L2 for (bulk prefetches;
-// bytes multiples of 16, 0 for none): KCAP_PROBE_PREWARM_NEXT.
-struct Prewarm {
-    const unsigned char* at[3] = {};
-    unsigned long long bytes[3] = {};
-};
-
 struct StageData {
-    Prewarm prewarm;               // PROBE
     const void* operands[6] = {};  // device copies of the stage's operands (null where absent)
     const float* rope_table = nullptr;             // rope: [n_ctx][rope_dim / 2] (cos, sin)
     int attn_splits = 1;                           // attention: decode key-range splits
@@ -192,28 +184,6 @@ void launch(const Context& ctx, void (*kernel)(Params...), dim3 grid, dim3 block
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-// PROBE: this group's share of pw's ranges (the grid's groups in order, each split over the
-// first simd group's lanes), asked of L2 by bulk prefetches (sm_90).
-__device__ __forceinline__ void prewarm_share(const Prewarm& pw) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x >= 32) return;
-    const unsigned long long groups = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;
-    const unsigned long long g =
-        blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z);
-    for (int r = 0; r < 3; ++r) {
-        const unsigned long long units = pw.bytes[r] / 16;
-        if (units == 0) continue;
-        const unsigned long long per_group = (units + groups - 1) / groups;
-        const unsigned long long g0 = min(units, g * per_group), g1 = min(units, g0 + per_group);
-        const unsigned long long per_lane = (g1 - g0 + 31) / 32;
-        const unsigned long long l0 = min(g1, g0 + threadIdx.x * per_lane), l1 = min(g1, l0 + per_lane);
-        if (l1 > l0)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pw.at[r] + l0 * 16),
-                         "r"(unsigned((l1 - l0) * 16))
-                         : "memory");
-    }
 #endif
 }
 __device__ __forceinline__ void pdl_trigger() {

@@ -45,7 +45,6 @@
 //   the plan asks (kSharedExpertSum).
 //   cuda.moe_shared_gate     out = in + sigmoid(w . x) * shared, one group per token.
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include <cooperative_groups.h>
@@ -224,25 +223,11 @@ __device__ __forceinline__ void route_logits_f32(const KcapThread t, const KcapM
         logits[r.expert] = (bias ? sum + bias[r.expert] : sum) * p.logit_scale;
 }
 
-// PROBE: [at, at + bytes) asked of L2 in bulk prefetches of at most 256 KB (at and bytes
-// multiples of 16).
-__device__ __forceinline__ void l2_prefetch_range(const unsigned char* at, unsigned long long bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    for (unsigned long long o = 0; o < bytes; o += (1ull << 18)) {
-        const unsigned long long n = min(bytes - o, 1ull << 18);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at + o), "r"(unsigned(n)) : "memory");
-    }
-#endif
-}
-
-// PROBE PW (KCAP_PROBE_PREWARM_EXPERTS): after the top-k, group 0 asks L2 for the chosen experts'
-// gate and up matrices (pw.at[r] + expert * pw.bytes[r], pw.bytes[r] bytes; at[1] null where gate
-// and up are one tensor).
-template <class F, bool PW = false>
+template <class F>
 __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
     route_cluster_norm_kernel(KcapMoeParams p, int simds, const kcap_u8* w, float* residual, const float* branch,
                               const float* norm_weight, float eps, float* normed, const float* bias,
-                              const float* expert_scale, float* routing, const float* choice_bias, Prewarm pw) {
+                              const float* expert_scale, float* routing, const float* choice_bias) {
     static_assert(kMoeRouteNormMaxK == KCAP_MOE_LOGIT_TOKENS * KCAP_MOE_LOGIT_CHUNK_RUNS * 32,
                   "the whole row fits where kcap_moe_logits stages x");
     __shared__ __align__(16) float xs[KCAP_MOE_LOGIT_SHARED_FLOATS];
@@ -328,105 +313,55 @@ __global__ void __launch_bounds__(kMoeRouteClusterMaxSimds * 32, 1)
     }
     if (blockIdx.x != 0) return;
     kcap_moe_route_ranked(t, p, 1, logits, xs, expert_scale, routing, choice_bias);
-    if (PW) {
-        __syncthreads();  // the group's routing writes visible to its threads
-        if (int(t.index) < p.n_used) {
-            const unsigned long long e = (unsigned long long)routing[t.index];
-            for (int r = 0; r < 2; ++r)
-                if (pw.at[r]) l2_prefetch_range(pw.at[r] + e * pw.bytes[r], pw.bytes[r]);
-        }
-    }
 }
 
-__device__ __forceinline__ void prewarm_down(const KcapMoeParams& moe, const float* routing, const kcap_u8* down,
-                                             unsigned long long expert_bytes);
-
-// The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot]. PROBE
-// PREWARM as experts_gate_up_q8_kernel's.
-template <class F, int ROWS, bool TEAMS, int PREWARM = 0>
+// The (token, chosen expert) slot blockIdx.y's gate and up matvec: act into act[slot].
+template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_gate_up_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* gate, const kcap_u8* up, const float* routing, const float* x, int activation,
-                           float* act, const float* gate_bias, const float* up_bias, const kcap_u8* down,
-                           unsigned long long down_expert_bytes) {
+                           float* act, const float* gate_bias, const float* up_bias) {
     extern __shared__ float shared[];
     pdl_wait();
     pdl_trigger();
-    if (PREWARM == 1) prewarm_down(moe, routing, down, down_expert_bytes);
     kcap_moe_gate_up<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
                                      act, shared, gate_bias, up_bias);
-    if (PREWARM == 2) prewarm_down(moe, routing, down, down_expert_bytes);
 }
 
 // The slot's down matvec into down[slot].
-template <class F, int ROWS, bool TEAMS, bool PW = false>
+template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecSimds * 32)
     experts_down_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                         const kcap_u8* down, const float* routing, const float* act, float* out,
-                        const float* down_bias, Prewarm pw) {
+                        const float* down_bias) {
     extern __shared__ float shared[];
-    if (PW) prewarm_share(pw);  // PROBE
     pdl_wait();
     pdl_trigger();
     kcap_moe_down<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, shared,
                                   down_bias);
 }
 
-// PROBE: KCAP_PROBE_PREWARM (1 or 2; read when the graph is captured), where the down matrices
-// can take bulk prefetches (16-byte aligned, whole 16-byte units an expert); else 0.
-int probe_prewarm(const kcap_u8* down, unsigned long long down_bytes) {
-    const char* env = std::getenv("KCAP_PROBE_PREWARM");
-    return (env && down_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(down) % 16 == 0) ? std::atoi(env) : 0;
-}
-
-// PROBE: asks L2 for bytes [at, at + bytes) with one bulk prefetch (sm_90; at and bytes multiples
-// of 16).
-__device__ __forceinline__ void l2_bulk_prefetch(const kcap_u8* at, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at), "r"(bytes) : "memory");
-#endif
-}
-
-// PROBE: the first simd group of a gate/up group asks L2 for its share (grid x) of the slot's
-// expert's down matrix, split over its lanes, so that the down launch reads it from L2.
-__device__ __forceinline__ void prewarm_down(const KcapMoeParams& moe, const float* routing, const kcap_u8* down,
-                                             unsigned long long expert_bytes) {
-    if (threadIdx.x >= 32) return;
-    const KcapMoeSlot s = kcap_moe_slot(moe, routing, int(blockIdx.y));
-    const unsigned long long units = expert_bytes / 16;
-    const unsigned long long per_group = (units + gridDim.x - 1) / gridDim.x;
-    const unsigned long long g0 = min(units, blockIdx.x * per_group), g1 = min(units, g0 + per_group);
-    const unsigned long long per_lane = (g1 - g0 + 31) / 32;
-    const unsigned long long l0 = min(g1, g0 + threadIdx.x * per_lane), l1 = min(g1, l0 + per_lane);
-    if (l1 > l0) l2_bulk_prefetch(down + s.expert * expert_bytes + l0 * 16, unsigned((l1 - l0) * 16));
-}
-
-// kcap_moe_gate_up_q8 / kcap_moe_down_q8 of slot blockIdx.y. PROBE PREWARM: 0 none, 1 the down
-// matrix asked of L2 before the gate/up body, 2 after it.
-template <class F, int ROWS, bool TEAMS, int PREWARM = 0>
+// kcap_moe_gate_up_q8 / kcap_moe_down_q8 of slot blockIdx.y.
+template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
     experts_gate_up_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                               const kcap_u8* gate, const kcap_u8* up, const float* routing, const float* x,
-                              int activation, float* act, const float* gate_bias, const float* up_bias,
-                              const kcap_u8* down, unsigned long long down_expert_bytes) {
+                              int activation, float* act, const float* gate_bias, const float* up_bias) {
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
-    if (PREWARM == 1) prewarm_down(moe, routing, down, down_expert_bytes);
     kcap_moe_gate_up_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
                                         act, q8_shared, gate_bias, up_bias);
-    if (PREWARM == 2) prewarm_down(moe, routing, down, down_expert_bytes);
 }
 
 // The groups per multiprocessor its registers must allow: MIN_GROUPS (the short rows' teams:
 // kMoeQ8ShortDownGroups; 0, no minimum, compiles as no second bound).
-template <class F, int ROWS, bool TEAMS, int MIN_GROUPS, bool PW = false>
+template <class F, int ROWS, bool TEAMS, int MIN_GROUPS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32, MIN_GROUPS)
     experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* down, const float* routing, const float* act, float* out,
-                           const float* down_bias, Prewarm pw) {
+                           const float* down_bias) {
     extern __shared__ kcap_i32 q8_shared[];
-    if (PW) prewarm_share(pw);  // PROBE
     pdl_wait();
     pdl_trigger();
     kcap_moe_down_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
@@ -567,7 +502,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 // The down matvec of every slot (Q8: on q8_1 of the activations, dp4a).
 template <bool Q8, class F, int ROWS, int MIN_GROUPS = 0>
 void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
-                              const float* routing, unsigned slots, const float* down_bias, const Prewarm& pw) {
+                              const float* routing, unsigned slots, const float* down_bias) {
     constexpr int kMinLanes = Q8 ? kMoeQ8MatvecMinLanes : kMoeMatvecMinLanes;
     constexpr int kSimds = Q8 ? kMatvecQ8Simds : kMatvecSimds;
     const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, Q8 ? q8_units_per_row<F>(p.k) : p.k / 32, kMinLanes,
@@ -579,31 +514,27 @@ void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const Kcap
         constexpr bool TEAMS = decltype(teams_body)::value;
         const auto run = [&](auto kernel) {
             launch(ctx, kernel, grid, dim3(kSimds * 32), shared, moe, p, teams, chunk_runs, down, routing,
-                   static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias, pw);
+                   static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
         };
-        const bool on = pw.bytes[0] != 0;  // PROBE
-        if constexpr (Q8) {
-            if (on) run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS, true>);
-            else run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS, false>);
-        } else {
-            if (on) run(experts_down_kernel<F, ROWS, TEAMS, true>);
-            else run(experts_down_kernel<F, ROWS, TEAMS, false>);
-        }
+        if constexpr (Q8)
+            run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>);
+        else
+            run(experts_down_kernel<F, ROWS, TEAMS>);
     });
 }
 
 // Its rows per team by the stage's shape: with Q8, kMoeQ8ShortDownRows for short rows.
 template <bool Q8, class F>
 void launch_experts_down_of(const Context& ctx, const KcapMatmulParams& p, const KcapMoeParams& moe, const kcap_u8* down,
-                            const float* routing, unsigned slots, const float* down_bias, const Prewarm& pw) {
+                            const float* routing, unsigned slots, const float* down_bias) {
     if constexpr (Q8) {
         constexpr int kShortRows = std::is_same<F, KcapQ6_K>::value ? kMoeQ8ShortDownRowsQ6_K : kMoeQ8ShortDownRows;
         if (moe_q8_short_down(q8_units_per_row<F>(p.k)))
             return launch_experts_down_rows<true, F, kShortRows, kMoeQ8ShortDownGroups>(ctx, p, moe, down, routing, slots,
-                                                                                     down_bias, pw);
-        return launch_experts_down_rows<true, F, kMoeQ8DownRows>(ctx, p, moe, down, routing, slots, down_bias, pw);
+                                                                                     down_bias);
+        return launch_experts_down_rows<true, F, kMoeQ8DownRows>(ctx, p, moe, down, routing, slots, down_bias);
     } else {
-        return launch_experts_down_rows<false, F, kMatvecRows>(ctx, p, moe, down, routing, slots, down_bias, pw);
+        return launch_experts_down_rows<false, F, kMatvecRows>(ctx, p, moe, down, routing, slots, down_bias);
     }
 }
 
@@ -611,7 +542,7 @@ void launch_experts_down_of(const Context& ctx, const KcapMatmulParams& p, const
 // integer products).
 template <bool Q8>
 void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoeParams& moe, const kcap_u8* down,
-                         const float* routing, unsigned slots, const float* down_bias, const Prewarm& pw) {
+                         const float* routing, unsigned slots, const float* down_bias) {
     KcapMatmulParams p{};
     p.k = moe.ff;
     p.n = moe.n;
@@ -621,7 +552,7 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
     p.row_bytes = unsigned(row_bytes(format, moe.ff));
 #define KCAP_MOE_DOWN_CASE(NAME, DECODER) \
     case Format::NAME:                    \
-        return launch_experts_down_of<Q8, DECODER>(ctx, p, moe, down, routing, slots, down_bias, pw);
+        return launch_experts_down_of<Q8, DECODER>(ctx, p, moe, down, routing, slots, down_bias);
     if constexpr (Q8) {
         switch (format) {
             KCAP_Q8_WEIGHT_FORMATS(KCAP_MOE_DOWN_CASE)
@@ -665,22 +596,13 @@ void launch_experts_gate_up(const Context& ctx, const Stage& stage, const Kernel
                             const KcapMoeParams& moe, KcapMatmulParams p, unsigned slots) {
     const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, p.k / 32, kMoeMatvecMinLanes, (long long)p.n * slots);
     const int chunk_runs = std::min(p.k / 32, kMatvecChunkRuns);
-    const kcap_u8* down = static_cast<const kcap_u8*>(data.operands[2]);
-    const unsigned long long down_bytes = (unsigned long long)moe.n * row_bytes(stage.operands[2]->format, moe.ff);
-    const int prewarm = probe_prewarm(down, down_bytes);
     with_matvec_body<kMoeMatvecMinLanes>(teams.lanes, [&](auto teams_body) {
-        const auto go = [&](auto kernel) {
-            launch(ctx, kernel, dim3(matvec_groups(p, teams, ROWS), slots), dim3(kMatvecSimds * 32),
-                   size_t(matvec_shared_floats(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
-                   static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]),
-                   call.in2, call.in, int(stage.params.activation), ctx.moe_act,
-                   static_cast<const float*>(data.operands[3]), static_cast<const float*>(data.operands[4]), down,
-                   down_bytes);
-        };
-        constexpr bool T = decltype(teams_body)::value;
-        if (prewarm == 1) go(experts_gate_up_kernel<F, ROWS, T, 1>);
-        else if (prewarm == 2) go(experts_gate_up_kernel<F, ROWS, T, 2>);
-        else go(experts_gate_up_kernel<F, ROWS, T, 0>);
+        launch(ctx, experts_gate_up_kernel<F, ROWS, decltype(teams_body)::value>,
+               dim3(matvec_groups(p, teams, ROWS), slots), dim3(kMatvecSimds * 32),
+               size_t(matvec_shared_floats(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
+               static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]), call.in2,
+               call.in, int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
+               static_cast<const float*>(data.operands[4]));
     });
 }
 
@@ -826,19 +748,12 @@ void kcap_cuda_moe_route_cluster_norm(const Stage& stage, const KernelCall& call
     switch (stage.operands[0]->format) {
 #define KCAP_MOE_ROUTE_NORM_CASE(NAME, DECODER)                                                                      \
     case Format::NAME: {                                                                                             \
-        static const cudaError_t allowed = cudaFuncSetAttribute(cuda::route_cluster_norm_kernel<DECODER, false>,     \
-                                                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1); \
-        static const cudaError_t allowed_pw = cudaFuncSetAttribute(cuda::route_cluster_norm_kernel<DECODER, true>,   \
+        static const cudaError_t allowed = cudaFuncSetAttribute(cuda::route_cluster_norm_kernel<DECODER>,            \
                                                                 cudaFuncAttributeNonPortableClusterSizeAllowed, 1); \
         KCAP_CUDA_CHECK(allowed);                                                                                    \
-        KCAP_CUDA_CHECK(allowed_pw);                                                                                 \
-        const auto go = [&](auto kernel) {                                                                           \
-            cuda::launch_clusters(ctx, groups, kernel, grid, block, 0, p, simds, w, call.inout2,                     \
-                                  static_cast<const float*>(call.in2), norm_weight, stage.params.eps, call.inout3,   \
-                                  bias, expert_scale, call.out, choice_bias, data.prewarm);                          \
-        };                                                                                                           \
-        if (data.prewarm.at[0]) go(cuda::route_cluster_norm_kernel<DECODER, true>);                                  \
-        else go(cuda::route_cluster_norm_kernel<DECODER, false>);                                                    \
+        cuda::launch_clusters(ctx, groups, cuda::route_cluster_norm_kernel<DECODER>, grid, block, 0, p, simds, w,   \
+                              call.inout2, static_cast<const float*>(call.in2), norm_weight, stage.params.eps,       \
+                              call.inout3, bias, expert_scale, call.out, choice_bias);                               \
         break;                                                                                                       \
     }
         KCAP_WEIGHT_FORMATS(KCAP_MOE_ROUTE_NORM_CASE)
@@ -861,7 +776,7 @@ void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call) {
     // or null).
     cuda::launch_experts_gate_up<F, kMatvecRows>(ctx, stage, call, data, moe, p, slots);
     cuda::launch_experts_down<false>(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
-                              static_cast<const float*>(data.operands[5]), data.prewarm);
+                              static_cast<const float*>(data.operands[5]));
     cuda::launch_experts_combine(ctx, stage, call, moe, nullptr);
 }
 
@@ -880,28 +795,16 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
     const KcapMatvecTeams teams = cuda::matvec_teams(ctx, p, ROWS, cuda::q8_units_per_row<F>(p.k), kMoeQ8MatvecMinLanes,
                                                      (long long)p.n * slots, kMatvecQ8Simds);
     const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
-    // PROBE: KCAP_PROBE_PREWARM=1|2 (read when the graph is captured) asks L2 for the slots' down
-    // matrices from the gate/up launch, before or after its body.
-    const kcap_u8* down = static_cast<const kcap_u8*>(data.operands[2]);
-    const unsigned long long down_bytes =
-        (unsigned long long)moe.n * row_bytes(stage.operands[2]->format, moe.ff);
-    const int prewarm = cuda::probe_prewarm(down, down_bytes);
     with_matvec_body<kMoeQ8MatvecMinLanes>(teams.lanes, [&](auto teams_body) {
-        const auto go = [&](auto kernel) {
-            cuda::launch(ctx, kernel, dim3(cuda::matvec_groups(p, teams, ROWS, kMatvecQ8Simds), slots),
-                         dim3(kMatvecQ8Simds * 32), size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, teams,
-                         chunk_runs, static_cast<const kcap_u8*>(data.operands[0]),
-                         static_cast<const kcap_u8*>(data.operands[1]), call.in2, call.in,
-                         int(stage.params.activation), ctx.moe_act, static_cast<const float*>(data.operands[3]),
-                         static_cast<const float*>(data.operands[4]), down, down_bytes);
-        };
-        constexpr bool T = decltype(teams_body)::value;
-        if (prewarm == 1) go(cuda::experts_gate_up_q8_kernel<F, ROWS, T, 1>);
-        else if (prewarm == 2) go(cuda::experts_gate_up_q8_kernel<F, ROWS, T, 2>);
-        else go(cuda::experts_gate_up_q8_kernel<F, ROWS, T, 0>);
+        cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, ROWS, decltype(teams_body)::value>,
+                     dim3(cuda::matvec_groups(p, teams, ROWS, kMatvecQ8Simds), slots), dim3(kMatvecQ8Simds * 32),
+                     size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
+                     static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]),
+                     call.in2, call.in, int(stage.params.activation), ctx.moe_act,
+                     static_cast<const float*>(data.operands[3]), static_cast<const float*>(data.operands[4]));
     });
     cuda::launch_experts_down<true>(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
-                                 static_cast<const float*>(data.operands[5]), data.prewarm);
+                                 static_cast<const float*>(data.operands[5]));
     cuda::launch_experts_combine(ctx, stage, call, moe, nullptr);
 }
 
