@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # An A/B measurement of a change in one device call, "base" against "new": the carried checkout
 # (new) against a copy of it with CARRY/change.patch reversed (base; BASE_REV=<rev>
-# scripts/prepare_device_carry.sh writes the patch), both built at once. Then
-#   1. (AB_NCU=1, the default) Nsight Compute per launch (time, instructions, issue, registers) of
+# scripts/prepare_device_carry.sh writes the patch), both built at once while the synthetic files
+# are written beside them. Then
+#   1. with AB_ROWS=group,group (KCAP_TEST_ROWS names), the new tree's test_cuda_rows for those
+#      groups (a build of the test too), first, so that a call its limit cuts short still says
+#      whether the change is correct;
+#   2. (AB_NCU=1, the default) Nsight Compute per launch (time, instructions, issue, registers) of
 #      one prefill and its decode steps (bench/cuda_ncu_step.py), base and new side by side
 #      (bench/ncu_compare.py);
-#   2. pp512 (AB_TG=1: and tg128) from bench/cuda_sweep.py, alternating base, new, base, new, so
-#      drift between rounds shows next to the difference;
-#   3. with AB_ROWS=group,group (KCAP_TEST_ROWS names), the new tree's test_cuda_rows for those
-#      groups (a build of the test too).
+#   3. pp512 (AB_TG=1: and tg128) from bench/cuda_sweep.py, alternating base, new, base, new, so
+#      drift between rounds shows next to the difference.
 # The same machine, clocks and files for both, which separate calls do not give (llama.cpp's
 # figures move by 10-20% between calls; kcap's by a few %).
 #
@@ -28,7 +30,8 @@
 #                   details page for those sections, printed in full
 #   AB_ROUNDS       sweep rounds (default 2); AB_TG=1 also times tg128; AB_MODES (pp512, tg128,
 #                   tg128d: tg128 after AB_DEPTH tokens of context, default 4096) replaces that choice
-#   AB_ROWS         test_cuda_rows groups to run on the new tree (none by default)
+#   AB_ROWS         test_cuda_rows groups to run on the new tree (none by default);
+#                   AB_ROWS_TIMEOUT its limit in seconds (default 300)
 #   AB_ARMS         the arms the sweeps time, in turn (default "base new"); an arm new+VAR=VALUE
 #                   runs the new tree with VAR=VALUE in its environment (a probe's switch), so
 #                   one build times several variants; without base in it the base is neither
@@ -71,6 +74,11 @@ build() {
         cp "/tmp/ab_build_$name"/_core*.so python/kcap/ && echo "built $name" ||
         { echo "build $name failed"; grep -E " error|Error" -A3 "/tmp/ab_build_$name.log" | head -20; })
 }
+# The synthetic files beside the build (synth needs only numpy and gguf; each file is written as
+# .part and renamed when complete).
+PYTHONPATH=/tmp/site nice -n 5 python3 "$SRC/bench/bench_cuda.py" --make-only --models /tmp/kcap_models \
+    --which "$MODELS" > /tmp/ab_make_models.log 2>&1 &
+MAKE_PID=$!
 step build
 targets=(_core)
 [ -n "${AB_ROWS:-}" ] && targets+=(test_cuda_rows)
@@ -86,11 +94,18 @@ else
 fi
 ls "$SRC"/python/kcap/_core*.so > /dev/null || exit 1
 
+# The row tests first: a call cut short by its limit still brings back whether the change is correct.
+if [ -n "${AB_ROWS:-}" ]; then
+    step "test_cuda_rows $AB_ROWS"
+    KCAP_TEST_ROWS=$AB_ROWS timeout "${AB_ROWS_TIMEOUT:-300}" /tmp/ab_build_src/test_cuda_rows > /tmp/ab_rows.log 2>&1
+    echo "test_cuda_rows rc=$?"
+    grep FAIL /tmp/ab_rows.log | head -20
+    tail -n 1 /tmp/ab_rows.log
+fi
+
 step models
-PYTHONPATH="$SRC/python:/tmp/site" python3 -c "
-import sys; sys.path.insert(0, '$SRC/bench')
-from bench_cuda import make_models; from pathlib import Path
-make_models(Path('/tmp/kcap_models'), '$MODELS'.split(','))" 2>&1 | tail -3
+wait "$MAKE_PID"
+tail -3 /tmp/ab_make_models.log
 
 # tree NAME: base's or new's tree (an arm new+VAR=VALUE: new's). run NAME COMMAND...: COMMAND
 # with that tree on PYTHONPATH (and the arm's VAR=VALUE in its environment).
@@ -138,11 +153,4 @@ for round in $(seq "${AB_ROUNDS:-2}"); do
     done
 done
 
-if [ -n "${AB_ROWS:-}" ]; then
-    step "test_cuda_rows $AB_ROWS"
-    KCAP_TEST_ROWS=$AB_ROWS timeout 300 /tmp/ab_build_src/test_cuda_rows > /tmp/ab_rows.log 2>&1
-    echo "test_cuda_rows rc=$?"
-    grep FAIL /tmp/ab_rows.log | head -20
-    tail -n 1 /tmp/ab_rows.log
-fi
 step "done"
