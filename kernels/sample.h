@@ -3,8 +3,9 @@
 //   pass 1 (kcap_sample_partial): each group takes KCAP_SAMPLE_CHUNK logits and finds its k
 //     largest, one group-wide argmax per round (ties to the lower index, as numpy and argmax.h);
 //   pass 2 (kcap_sample_final): one group picks the k largest of all groups' candidates, then
-//     thread 0 applies temperature -> softmax -> top-p -> min-p -> renormalize -> draw, the
-//     stage order of kcap.sampling (python/kcap/sampling.py, after its top-k).
+//     thread 0 applies softmax -> top-p -> min-p -> temperature -> renormalize -> draw, the
+//     stage order of kcap.sampling and llama.cpp's sampler chain (python/kcap/sampling.py,
+//     after its top-k): top-p and min-p cut at temperature 1.
 // The draw's uniform number is a counter-based hash of (seed, position), so a step replayed at
 // the same position with the same seed draws the same token. Settings (temperature, top-k,
 // top-p, min-p, seed) are read from device memory.
@@ -83,26 +84,26 @@ KCAP_FN void kcap_sample_final(const KcapThread t, const KcapSampleParams p, con
     }
     kcap_sample_select(t, k, value, index, top_value, top_index, scratch_value, scratch_index);
     if (t.index != 0) return;
-    // top_value[0 .. k) is sorted, largest first. Softmax at the temperature over the
-    // candidates (absent ones, index 2147483647, weigh 0), kept in top_value as probabilities.
-    const float inv_t = 1.0f / settings->temperature;
+    // top_value[0 .. k) is sorted, largest first. Softmax at temperature 1 over the candidates
+    // (absent ones, index 2147483647, weigh 0) for the top-p and min-p cuts.
     const float top = top_value[0];
     float total = 0.0f;
-    for (int r = 0; r < k; ++r) {
-        const float w = top_index[r] == 2147483647 ? 0.0f : kcap_exp((top_value[r] - top) * inv_t);
-        top_value[r] = w;
-        total += w;
-    }
+    for (int r = 0; r < k; ++r) total += top_index[r] == 2147483647 ? 0.0f : kcap_exp(top_value[r] - top);
     // top-p: the smallest prefix whose probability reaches top_p; min-p: p >= min_p * p_max.
     int kept = 0;
-    float cumulative = 0.0f, kept_total = 0.0f;
+    float cumulative = 0.0f;
     for (int r = 0; r < k; ++r) {
-        const float prob = top_value[r] / total;
-        if (prob <= 0.0f || (r > 0 && cumulative >= settings->top_p) || prob < settings->min_p * (top_value[0] / total))
-            break;
+        const float prob = (top_index[r] == 2147483647 ? 0.0f : kcap_exp(top_value[r] - top)) / total;
+        if (prob <= 0.0f || (r > 0 && cumulative >= settings->top_p) || prob < settings->min_p * (kcap_exp(0.0f) / total)) break;
         cumulative += prob;
-        kept_total += top_value[r];
         kept = r + 1;
+    }
+    // The temperature shapes the draw among the kept candidates, kept in top_value as weights.
+    const float inv_t = 1.0f / settings->temperature;
+    float kept_total = 0.0f;
+    for (int r = 0; r < kept; ++r) {
+        top_value[r] = kcap_exp((top_value[r] - top) * inv_t);
+        kept_total += top_value[r];
     }
     const int position = step[0];
     const float target = kcap_sample_uniform(settings->seed, position) * kept_total;

@@ -22,24 +22,29 @@ int32_t sample_token(const float* logits, int64_t n_vocab, const SampleSettings&
     auto before = [logits](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
     std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(), before);
     order.resize(k);
-    // Softmax at the temperature, in f32 in the device's order: a candidate exactly at the top-p
-    // threshold is kept or not by the same rounding there and here.
-    const float inv_t = 1.0f / s.temperature;
+    // llama.cpp's order: top-p and min-p cut on the softmax at temperature 1, then the
+    // temperature shapes the draw among the kept candidates. In f32 in the device's order: a
+    // candidate exactly at the top-p threshold is kept or not by the same rounding there and here.
     std::vector<float> w(k);
     float total = 0.0f;
     for (size_t r = 0; r < k; ++r) {
-        w[r] = std::exp((logits[order[r]] - logits[order[0]]) * inv_t);
+        w[r] = std::exp(logits[order[r]] - logits[order[0]]);
         total += w[r];
     }
     // top-p: the smallest prefix whose probability reaches top_p; min-p: p >= min_p * p_max.
     size_t kept = 0;
-    float cumulative = 0.0f, kept_total = 0.0f;
+    float cumulative = 0.0f;
     for (size_t r = 0; r < k; ++r) {
         const float prob = w[r] / total;
         if (prob <= 0.0f || (r > 0 && cumulative >= s.top_p) || prob < s.min_p * (w[0] / total)) break;
         cumulative += prob;
-        kept_total += w[r];
         kept = r + 1;
+    }
+    const float inv_t = 1.0f / s.temperature;
+    float kept_total = 0.0f;
+    for (size_t r = 0; r < kept; ++r) {
+        w[r] = std::exp((logits[order[r]] - logits[order[0]]) * inv_t);
+        kept_total += w[r];
     }
     const float target = kcap_sample_uniform(s.seed, int(position)) * kept_total;
     float running = 0.0f;

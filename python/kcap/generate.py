@@ -161,19 +161,24 @@ class StopMatcher:
 def text_stream(model, prompt: str, max_tokens: int | None = 256, stop: Sequence[str] | str | None = None,
                 add_special_tokens: bool = True, **options) -> Iterator[str]:
     prompt_ids = model.tokenize(prompt, add_special_tokens=add_special_tokens)
-    yield from ids_text_stream(model, prompt_ids, max_tokens=max_tokens, stop=stop, **options)
+    yield from ids_text_stream(model, prompt_ids, max_tokens=max_tokens, stop=stop,
+                               continues_text=bool(prompt), **options)
 
 
 def ids_text_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 256,
                     stop: Sequence[str] | str | None = None, skip_special_tokens: bool = False,
-                    stats: GenerationStats | None = None, **options) -> Iterator[str]:
+                    continues_text: bool = False, stats: GenerationStats | None = None,
+                    **options) -> Iterator[str]:
     """Text generated after prompt_ids, piece by piece; a stop string ends it (not included).
-    skip_special_tokens: leave special tokens (a chat's end-of-turn marker...) out of the text."""
+    skip_special_tokens: leave special tokens (a chat's end-of-turn marker...) out of the text.
+    continues_text: the text continues the prompt's (a completion), so a SentencePiece word's
+    leading space stays; otherwise (a chat's answer) it starts a text, as decode() does."""
     from kcap.tokenizer import StreamDecoder
 
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     matcher = StopMatcher(stops)
-    decoder = StreamDecoder(model._require_tokenizer(), skip_special_tokens=skip_special_tokens)
+    decoder = StreamDecoder(model._require_tokenizer(), skip_special_tokens=skip_special_tokens,
+                            continues_text=continues_text)
     stats = stats if stats is not None else GenerationStats()
     with closing(token_stream(model, prompt_ids, max_tokens=max_tokens, stats=stats, **options)) as tokens:
         for token in tokens:

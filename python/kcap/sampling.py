@@ -1,11 +1,15 @@
 """Token sampling from a logits vector: repetition penalty, greedy, temperature,
 top-k, top-p (nucleus) and min-p, in pure numpy.
 
-The semantics follow llama.cpp / llama-cpp-python / HF transformers so that
-outputs are comparable with those tools; the stage order is the HF one:
+The semantics and the stage order are llama.cpp's default sampler chain (also
+llama-cpp-python's and mlx-lm's), so that the same settings keep the same tokens:
 
-    repetition penalty -> (greedy if temperature == 0) -> temperature -> top-k
-    -> softmax -> top-p -> min-p -> renormalize -> draw
+    repetition penalty -> (greedy if temperature == 0) -> top-k -> softmax -> top-p
+    -> min-p -> temperature -> renormalize -> draw
+
+top-p and min-p cut on the probabilities at temperature 1; the temperature then
+shapes only the draw among the tokens they kept. (HF transformers applies the
+temperature first, so its top-p / min-p sets differ from these when T != 1.)
 
 Everything is vectorized because a vocabulary can have 262144 entries and this
 runs once per generated token: top-k uses a partition rather than a sort, top-p
@@ -186,8 +190,6 @@ class Sampler:
             # small that 1 / T overflows float32 (below about 3e-39): the limit of T -> 0.
             return np.array([int(np.argmax(scores))], dtype=np.int64), np.ones(1)
 
-        # Temperature and top-k commute (dividing by T > 0 keeps the order), so
-        # top-k runs first on the raw scores and only the survivors get scaled.
         if 0 < cfg.top_k < vocab_size:
             token_ids = _top_k_ids(scores, cfg.top_k)
             candidate_scores = scores[token_ids]
@@ -195,23 +197,27 @@ class Sampler:
             token_ids = None  # the whole vocabulary; avoids an arange + gather
             candidate_scores = scores
 
-        # Softmax numerators relative to the best token: the best one has
-        # weight exactly 1, so min-p compares against 1 without normalizing.
-        weights = np.subtract(candidate_scores, np.float32(max_score), dtype=np.float32)
-        weights *= np.float32(1.0 / cfg.temperature)
-        np.exp(weights, out=weights)
+        # Softmax numerators at temperature 1 relative to the best token: the best one
+        # has weight exactly 1, so min-p compares against 1 without normalizing.
+        offsets = np.subtract(candidate_scores, np.float32(max_score), dtype=np.float32)
+        weights = np.exp(offsets)
 
         if cfg.top_p < 1.0:
             kept = _top_p_positions(weights, cfg.top_p)
             token_ids = kept if token_ids is None else token_ids[kept]
-            weights = weights[kept]
+            weights, offsets = weights[kept], offsets[kept]
 
         if cfg.min_p > 0.0:
             # p_i < min_p * p_max  <=>  weight_i < min_p, since p_max has weight 1
             # and normalization cancels; top-p never drops the best token.
             kept = np.flatnonzero(weights >= cfg.min_p)
             token_ids = kept if token_ids is None else token_ids[kept]
-            weights = weights[kept]
+            weights, offsets = weights[kept], offsets[kept]
+
+        if cfg.temperature != 1.0:
+            # The temperature shapes the draw among the kept tokens only.
+            offsets *= np.float32(1.0 / cfg.temperature)
+            weights = np.exp(offsets, out=offsets)
 
         if token_ids is None:
             token_ids = np.arange(vocab_size, dtype=np.int64)

@@ -120,14 +120,15 @@ class _Generation:
     to the event loop through a queue; cancel() stops it at the next token, or within the prompt at
     the next chunk (on the CPU the next stage)."""
 
-    def __init__(self, server: "_Server", prompt_ids: list[int], options: dict, skip_special_tokens: bool):
+    def __init__(self, server: "_Server", prompt_ids: list[int], options: dict, skip_special_tokens: bool,
+                 continues_text: bool):
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cancel_event = threading.Event()
         self.stats = GenerationStats()
         self.prompt_tokens = len(prompt_ids)
         self._server = server
-        self._thread = threading.Thread(target=self._work, args=(prompt_ids, options, skip_special_tokens),
+        self._thread = threading.Thread(target=self._work, args=(prompt_ids, options, skip_special_tokens, continues_text),
                                         name="kcap-generation", daemon=True)
         self._thread.start()
 
@@ -137,12 +138,12 @@ class _Generation:
         except RuntimeError:  # the event loop has closed (server shutdown): nobody is listening
             self.cancel_event.set()
 
-    def _work(self, prompt_ids, options, skip_special_tokens) -> None:
+    def _work(self, prompt_ids, options, skip_special_tokens, continues_text) -> None:
         with self._server.count_lock:
             self._server.active += 1
         try:
             for piece in ids_text_stream(self._server.model, prompt_ids, skip_special_tokens=skip_special_tokens,
-                                         stats=self.stats, cancel=self.cancel_event, **options):
+                                         continues_text=continues_text, stats=self.stats, cancel=self.cancel_event, **options):
                 self._put(("text", piece))
                 if self.cancel_event.is_set():
                     break
@@ -307,7 +308,7 @@ def create_app(model, model_name: str | None = None) -> FastAPI:
                 raise APIError(400, f"token ids must be a non-empty list of ids below {model.n_vocab}",
                                param="prompt")
         options = server.prepare(body, prompt_ids, body.max_tokens)
-        generation = _Generation(server, prompt_ids, options, skip_special_tokens=False)
+        generation = _Generation(server, prompt_ids, options, skip_special_tokens=False, continues_text=True)
         request_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
         def envelope(choices, **extra):
@@ -338,7 +339,7 @@ def create_app(model, model_name: str | None = None) -> FastAPI:
             raise APIError(400, str(exc), param="messages") from None
         max_tokens = body.max_completion_tokens or body.max_tokens
         options = server.prepare(body, prompt_ids, max_tokens)
-        generation = _Generation(server, prompt_ids, options, skip_special_tokens=True)
+        generation = _Generation(server, prompt_ids, options, skip_special_tokens=True, continues_text=False)
         request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         def envelope(object_, choices, **extra):

@@ -147,17 +147,57 @@ _END_OF_GENERATION_TOKENS = frozenset(
         "<|eot_id|>",
         "<|im_end|>",
         "<|end|>",
-        "<|return|>",
-        "<|call|>",
+        "<|return|>",  # o200k_harmony (gpt-oss)
+        "<|call|>",  # o200k_harmony
+        "<|flush|>",  # solar-open
+        "<|calls|>",  # solar-open
         "<end_of_turn>",
         "<|endoftext|>",
+        "</s>",
         "<|eom_id|>",
         "<EOT>",
         "_<EOT>",
+        "[EOT]",  # Kimi-K2
+        "[EOS]",  # Kimi-K2
         "<|end_of_text|>",
         "<end_of_utterance>",
+        "<eos>",  # Gemma: a Gemma 3 instruct file names <end_of_turn> its EOS and may still emit <eos>
+        "<turn|>",  # Gemma 4's end of turn
+        "<|tool_response>",  # Gemma 4
+        "<\uff5cend\u2581of\u2581sentence\uff5c>",  # DeepSeek
+        "[e~[",  # MiniMax
     }
 )
+# Fill-in-the-middle tokens also end a generation in llama.cpp: the ids the metadata names, or else
+# the first token spelled as one of these (llama-vocab.cpp's detection, in its order of keys).
+_FIM_END_TOKENS = {
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+
+
+def _end_of_generation_ids(metadata: dict, tokens: list[str], special_ids: dict) -> set[int]:
+    """The ids that end a generation, as llama.cpp's vocabulary computes its EOG set."""
+    ids = {index for index, token in enumerate(tokens) if token in _END_OF_GENERATION_TOKENS}
+    for name, spellings in _FIM_END_TOKENS.items():
+        named = _optional_token_id(metadata, f"tokenizer.ggml.{name}_token_id", len(tokens))
+        if named is None:
+            named = next((index for index, token in enumerate(tokens) if token in spellings), None)
+        if named is not None:
+            ids.add(named)
+    ids.update(special_ids[name] for name in ("eos", "eot", "eom") if special_ids[name] is not None)
+    spelled = {tokens[index]: index for index in ids}
+    # Harmony (gpt-oss) and solar-open end a message with <|end|> and go on to the next one (the
+    # final answer after the analysis): <|return|> or <|call|> ends the generation there.
+    if "<|end|>" in spelled and (
+        ("<|return|>" in spelled and "<|call|>" in spelled) or ("<|calls|>" in spelled and "<|flush|>" in spelled)
+    ):
+        ids.discard(spelled["<|end|>"])
+    # Gemma 4 and PLaMo spell </s> as an ordinary token.
+    if "</s>" in spelled and ("<|tool_response>" in spelled or "<|plamo:eos|>" in tokens):
+        ids.discard(spelled["</s>"])
+    return ids
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -444,8 +484,7 @@ def load_tokenizer(metadata: dict) -> Tokenizer:
         add_bos = False
     add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
 
-    eos_ids = {special_ids[name] for name in ("eos", "eot", "eom") if special_ids[name] is not None}
-    eos_ids.update(index for index, token in enumerate(tokens) if token in _END_OF_GENERATION_TOKENS)
+    eos_ids = _end_of_generation_ids(metadata, tokens, special_ids)
 
     return Tokenizer(
         pipeline,
@@ -585,14 +624,20 @@ class StreamDecoder:
     fallback tokens like <0xE2>, or a byte-level token holding half a character) is held back until
     it completes. The concatenation of every `push` and the final `flush` equals
     `tokenizer.decode(all_ids, skip_special_tokens)`. `flush` also starts a new stream.
+
+    continues_text: the ids continue a text already shown (a prompt being completed), so the
+    space SentencePiece writes before a word stays, as in the decode of prompt + continuation
+    (llama.cpp's detokenize with the prompt as previous tokens); otherwise the stream starts a
+    text and, as `decode`, drops the prefix space the tokenizer adds when encoding.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False, continues_text: bool = False):
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
         self._piece_decoder = tokenizer._pipeline.piece_decoder
         self._pending: list[str] = []
-        self._spaces_to_strip = tokenizer._pipeline.leading_spaces_to_strip
+        self._spaces_at_start = 0 if continues_text else tokenizer._pipeline.leading_spaces_to_strip
+        self._spaces_to_strip = self._spaces_at_start
 
     def push(self, token_id: int) -> str:
         if self._skip_special_tokens and self._tokenizer.is_special(token_id):
@@ -615,7 +660,7 @@ class StreamDecoder:
         text = self._piece_decoder.decode(self._pending) if self._pending else ""
         text = self._strip_stream_start(text)
         self._pending.clear()
-        self._spaces_to_strip = self._tokenizer._pipeline.leading_spaces_to_strip
+        self._spaces_to_strip = self._spaces_at_start
         return text
 
     def _strip_stream_start(self, text: str) -> str:

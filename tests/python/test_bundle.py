@@ -97,7 +97,7 @@ def test_default_model_bundle_and_its_manifest(tmp_path):
     assert manifest["format"] == "kcap-bundle" and manifest["version"] == _core.BUNDLE_VERSION == 1
     assert manifest["kcap_version"] == kcap.__version__
     assert manifest["gguf"]["size"] == os.path.getsize(default_model_path)
-    assert manifest["tokenizer"] == {"file": TOKENIZER, "bos_id": 2, "eos_ids": [1, 106], "add_bos": True,
+    assert manifest["tokenizer"] == {"file": TOKENIZER, "bos_id": 2, "eos_ids": [1, 106, 212], "add_bos": True,
                                      "add_eos": False}
     assert manifest["chat_template"] is None  # Gemma 3 270M is a base model
     spec = manifest["spec"]

@@ -218,11 +218,52 @@ def test_min_p_filters_relative_to_best():
     np.testing.assert_array_equal(ids, [0])
 
 
-def test_min_p_uses_temperature_scaled_probabilities():
-    # At T=2 the ratio p1/p0 is sqrt(0.3/0.5) ~ 0.77, above min_p 0.7.
+def test_min_p_cuts_at_temperature_one():
+    # llama.cpp's chain: min-p compares probabilities at T=1 (p1/p0 = 0.6 < 0.7), whatever the
+    # temperature; at T=2 the ratio would be sqrt(0.6) ~ 0.77 and keep token 1.
     logits = np.log(np.array([0.5, 0.3])).astype(np.float32)
-    ids, _ = Sampler(SamplerConfig(temperature=2.0, min_p=0.7)).distribution(logits, [])
+    for temperature in (0.5, 1.0, 2.0):
+        ids, _ = Sampler(SamplerConfig(temperature=temperature, min_p=0.7)).distribution(logits, [])
+        np.testing.assert_array_equal(ids, [0])
+    ids, _ = Sampler(SamplerConfig(temperature=2.0, min_p=0.55)).distribution(logits, [])
     np.testing.assert_array_equal(ids, [0, 1])
+
+
+def _llama_cpp_chain(logits, temperature, top_k=0, top_p=1.0, min_p=0.0):
+    """llama.cpp's default sampler chain written out in float64 with a full sort:
+    top-k -> softmax -> top-p -> min-p -> temperature -> softmax (src/llama-sampling.cpp)."""
+    order = np.argsort(-logits.astype(np.float64), kind="stable")
+    if top_k > 0:
+        order = order[:top_k]
+    values = logits[order].astype(np.float64)
+    probs = np.exp(values - values[0])
+    probs /= probs.sum()
+    if top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(probs), top_p, side="left")) + 1
+        order, values, probs = order[:keep], values[:keep], probs[:keep]
+    if min_p > 0.0:
+        keep = probs >= min_p * probs[0]
+        order, values = order[keep], values[keep]
+    final = np.exp((values - values[0]) / temperature)
+    final /= final.sum()
+    by_id = np.argsort(order)
+    return order[by_id], final[by_id]
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+@pytest.mark.parametrize("top_k, top_p, min_p", [(0, 0.8, 0.0), (0, 1.0, 0.2), (5, 0.9, 0.05), (0, 0.95, 0.1)])
+def test_temperature_shapes_the_draw_after_the_cuts(temperature, top_k, top_p, min_p):
+    # Evenly spaced logits: the kept sets at T=0.5 and T=2 differ from a temperature-first
+    # order (which keeps 2 and 6 tokens for top_p 0.8 here, against 4 at T=1).
+    logits = np.linspace(3.0, -1.5, 10).astype(np.float32)
+    ids, probs = Sampler(
+        SamplerConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    ).distribution(logits, [])
+    want_ids, want_probs = _llama_cpp_chain(logits, temperature, top_k, top_p, min_p)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(probs, want_probs, rtol=1e-5)
+    if (top_k, top_p, min_p) == (0, 0.8, 0.0):
+        assert ids.tolist() == [0, 1, 2, 3]
 
 
 def test_masked_tokens_are_never_sampled():
@@ -421,9 +462,8 @@ def reference_distribution(logits, history, config):
     if config.top_k > 0:
         order = order[: config.top_k]
     ids = np.sort(order)
-    weights = np.subtract(scores[ids], np.float32(scores.max()), dtype=np.float32)
-    weights *= np.float32(1.0 / config.temperature)
-    weights = np.exp(weights)
+    offsets = np.subtract(scores[ids], np.float32(scores.max()), dtype=np.float32)
+    weights = np.exp(offsets)  # the cuts see temperature 1 (llama.cpp's chain)
     keep = np.ones(ids.size, dtype=bool)
     if config.top_p < 1.0:
         by_weight = np.argsort(-weights, kind="stable")
@@ -435,7 +475,8 @@ def reference_distribution(logits, history, config):
         keep[by_weight[:count]] = True
     if config.min_p > 0.0:
         keep &= weights >= config.min_p * weights[keep].max()
-    ids, weights = ids[keep], weights[keep].astype(np.float64)
+    ids = ids[keep]
+    weights = np.exp(offsets[keep] * np.float32(1.0 / config.temperature)).astype(np.float64)
     return ids, weights / weights.sum()
 
 

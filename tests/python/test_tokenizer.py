@@ -154,13 +154,14 @@ def test_special_token_ids(gemma3, smollm2):
     assert (gemma.bos_id, gemma.eos_id, gemma.vocab_size) == (2, 1, 262144)
     end_of_turn = gemma.token_to_id("<end_of_turn>")
     assert end_of_turn == 106
-    # Gemma's metadata names no end-of-turn id; it stops on <end_of_turn> all the same.
-    assert gemma.eos_ids == {gemma.eos_id, end_of_turn}
+    # Gemma's metadata names no end-of-turn id; it stops on <end_of_turn> all the same, and on
+    # </s> (llama.cpp's end-of-generation set of this file: 1, 106, 212).
+    assert gemma.eos_ids == {gemma.eos_id, end_of_turn, gemma.token_to_id("</s>")} == {1, 106, 212}
     smol = smollm2.tokenizer
     assert (smol.bos_id, smol.eos_id, smol.vocab_size) == (1, 2, 49152)
     assert smol.token_to_id("<|im_end|>") == smol.eos_id
-    assert smol.eos_id in smol.eos_ids
-    assert smol.eos_ids <= {smol.eos_id, smol.token_to_id("<|endoftext|>")}
+    # llama.cpp's set: EOS, <|endoftext|> and the fill-in-the-middle repository token <reponame>.
+    assert smol.eos_ids == {smol.eos_id, smol.token_to_id("<|endoftext|>"), smol.token_to_id("<reponame>")} == {0, 2, 4}
     assert gemma.token_to_id("no such token anywhere") is None
 
 
@@ -433,3 +434,54 @@ def test_tokenizers_library_errors_become_kcap_errors():
     with pytest.raises(TokenizerMetadataError, match="Token `c` out of vocabulary") as caught:
         load_tokenizer(metadata)
     assert isinstance(caught.value, KcapError)
+
+
+def test_stream_continuing_a_prompt_keeps_the_sentencepiece_space():
+    # A SentencePiece "llama" vocabulary with add_space_prefix (Llama 2, Mistral, Mixtral): the
+    # first word of a continuation starts with "▁", which decode() of the continuation alone
+    # strips (it starts a text) but a completion of a prompt keeps, as the decode of prompt +
+    # continuation (llama.cpp's detokenize with the prompt as previous tokens).
+    meta = GGUFFile(REPO / "tests" / "fixtures" / "conformance" / "mistral-f32.gguf").metadata
+    assert meta["tokenizer.ggml.model"] == "llama" and meta.get("tokenizer.ggml.add_space_prefix", True)
+    tokenizer = load_tokenizer(meta)
+    prompt = tokenizer.encode("the man")
+    continuation = tokenizer.encode(" the man", add_special_tokens=False)
+    assert tokenizer.id_to_token(continuation[0]).startswith("\u2581")
+    whole = tokenizer.decode(prompt + continuation, skip_special_tokens=True)
+    assert whole == "the man the man"
+
+    decoder = StreamDecoder(tokenizer, continues_text=True)
+    pieces = [decoder.push(token_id) for token_id in continuation] + [decoder.flush()]
+    assert "the man" + "".join(pieces) == whole
+    # The same decoder after flush starts the next continuation the same way.
+    assert "".join([decoder.push(token_id) for token_id in continuation] + [decoder.flush()]) == " the man"
+
+    # A stream that starts a text (a chat's answer) reads like decode() of its ids.
+    assert "".join(stream(tokenizer, continuation)[0]) + stream(tokenizer, continuation)[1] == "the man"
+    assert tokenizer.decode(continuation) == "the man"
+
+
+def _end_of_generation(tokens, **metadata):
+    from kcap.tokenizer import _end_of_generation_ids
+
+    special = {name: metadata.pop(f"{name}_token_id", None) for name in ("eos", "eot", "eom")}
+    return {tokens[i] for i in _end_of_generation_ids({f"tokenizer.ggml.{k}": v for k, v in metadata.items()},
+                                                      tokens, special)}
+
+
+def test_end_of_generation_set_follows_llama_cpp():
+    # gpt-oss (harmony): <|end|> ends the analysis message and the final answer follows, so with
+    # <|return|> and <|call|> present only those two end a generation.
+    harmony = ["a", "<|start|>", "<|end|>", "<|return|>", "<|call|>", "<|message|>", "<|endoftext|>"]
+    assert _end_of_generation(harmony, eos_token_id=3) == {"<|return|>", "<|call|>", "<|endoftext|>"}
+    assert _end_of_generation(["a", "<|end|>", "<|endoftext|>"]) == {"<|end|>", "<|endoftext|>"}  # Phi-3
+    # Gemma 4: <turn|> ends a turn; its </s> is an ordinary token; <eos> ends generation.
+    gemma4 = ["<pad>", "<eos>", "<bos>", "</s>", "<|turn>", "<turn|>", "<|tool_response>"]
+    assert _end_of_generation(gemma4, eos_token_id=1) == {"<eos>", "<turn|>", "<|tool_response>"}
+    # Gemma 3 instruct files name <end_of_turn> as EOS and may still emit <eos>.
+    assert _end_of_generation(["<pad>", "<eos>", "<bos>", "<end_of_turn>"], eos_token_id=3) == {"<eos>", "<end_of_turn>"}
+    # Fill-in-the-middle tokens: named in the metadata, else found by their spelling.
+    fim = ["<|endoftext|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "x"]
+    assert _end_of_generation(fim, eos_token_id=0) == {"<|endoftext|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}
+    assert _end_of_generation(fim, eos_token_id=0, fim_pad_token_id=4) == {
+        "<|endoftext|>", "x", "<|repo_name|>", "<|file_sep|>"}

@@ -84,8 +84,8 @@ PlanSummary explain_summary(const EngineOptions& options);
 
 class Backend_;  // implementation detail of each backend
 
-// Sampling (Engine::decode_sample, sample_token): kcap.sampling's temperature -> top-k -> top-p
-// -> min-p -> draw, with the draw a hash of (seed, position).
+// Sampling (Engine::decode_sample, sample_token): kcap.sampling's top-k -> top-p -> min-p (at
+// temperature 1) -> temperature -> draw, llama.cpp's order, with the draw a hash of (seed, position).
 struct SampleSettings {
     float temperature = 1.0f;  // > 0
     int top_k = 40;            // 1 .. kMaxDeviceTopK on the device, 1 .. n_vocab on the host
