@@ -165,29 +165,87 @@ def text_stream(model, prompt: str, max_tokens: int | None = 256, stop: Sequence
                                continues_text=bool(prompt), **options)
 
 
+class HarmonyChannels:
+    """The channels of an answer in gpt-oss's harmony format. The chat template ends the prompt
+    with `<|start|>assistant`; the model then writes messages such as
+    `<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...`
+    and ends with <|return|> (or <|call|>). The final channel is the answer; the others (analysis,
+    commentary) are its reasoning, which llama.cpp's server returns as reasoning_content."""
+
+    _MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>")
+
+    def __init__(self, tokenizer, ids: dict):
+        self._tokenizer = tokenizer
+        self._start, self._channel, self._message, self._end = (ids[m] for m in self._MARKERS[:4])
+        self._state = "header"  # the prompt opened the assistant's header
+        self._name: list[int] = []
+        self._current = "final"
+
+    @classmethod
+    def of(cls, tokenizer) -> "HarmonyChannels | None":
+        """An instance where the vocabulary is a harmony one (all its markers are tokens), else None."""
+        ids = {marker: tokenizer.token_to_id(marker) for marker in cls._MARKERS}
+        return cls(tokenizer, ids) if all(i is not None for i in ids.values()) else None
+
+    def route(self, token: int) -> str | None:
+        """"final" or "reasoning" for a token of a message's text, None for the structure around it."""
+        if token == self._start:
+            self._state, self._name = "header", []
+        elif token == self._channel and self._state == "header":
+            self._state, self._name = "channel", []
+        elif token == self._message and self._state in ("header", "channel"):
+            words = self._tokenizer.decode(self._name, skip_special_tokens=True).split()
+            self._current = words[0] if words else "final"
+            self._state = "text"
+        elif token == self._end:
+            self._state = "closed"
+        elif self._state == "channel":
+            self._name.append(token)
+        elif self._state == "text":
+            return "final" if self._current == "final" else "reasoning"
+        return None
+
+
 def ids_text_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 256,
                     stop: Sequence[str] | str | None = None, skip_special_tokens: bool = False,
-                    continues_text: bool = False, stats: GenerationStats | None = None,
-                    **options) -> Iterator[str]:
+                    continues_text: bool = False, chat: bool = False, on_reasoning=None,
+                    stats: GenerationStats | None = None, **options) -> Iterator[str]:
     """Text generated after prompt_ids, piece by piece; a stop string ends it (not included).
     skip_special_tokens: leave special tokens (a chat's end-of-turn marker...) out of the text.
     continues_text: the text continues the prompt's (a completion), so a SentencePiece word's
-    leading space stays; otherwise (a chat's answer) it starts a text, as decode() does."""
+    leading space stays; otherwise (a chat's answer) it starts a text, as decode() does.
+    chat: the ids answer a chat template's prompt: with a harmony vocabulary (gpt-oss) only the
+    final channel's text is yielded, and the reasoning channels' text goes to on_reasoning(text)
+    where it is given."""
     from kcap.tokenizer import StreamDecoder
 
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     matcher = StopMatcher(stops)
-    decoder = StreamDecoder(model._require_tokenizer(), skip_special_tokens=skip_special_tokens,
-                            continues_text=continues_text)
+    tokenizer = model._require_tokenizer()
+    decoder = StreamDecoder(tokenizer, skip_special_tokens=skip_special_tokens, continues_text=continues_text)
+    channels = HarmonyChannels.of(tokenizer) if chat else None
+    reasoning = StreamDecoder(tokenizer, skip_special_tokens=True) if channels is not None else None
     stats = stats if stats is not None else GenerationStats()
     with closing(token_stream(model, prompt_ids, max_tokens=max_tokens, stats=stats, **options)) as tokens:
         for token in tokens:
+            if channels is not None:
+                channel = channels.route(token)
+                # A reasoning message's text ends where anything else starts.
+                thought = reasoning.push(token) if channel == "reasoning" else reasoning.flush()
+                if thought and on_reasoning is not None:
+                    on_reasoning(thought)
+                if channel != "final":
+                    continue
             text, stopped = matcher.push(decoder.push(token))
             if text:
                 yield text
             if stopped:
                 stats.finish_reason = "stop"
                 return
+    if reasoning is not None:
+        thought = reasoning.flush()
+        if thought and on_reasoning is not None:
+            on_reasoning(thought)
     text, stopped = matcher.push(decoder.flush())
     if text:
         yield text

@@ -373,22 +373,25 @@ class Model:
 
     # --- chat -----------------------------------------------------------------------
     def chat_stream(self, messages: Sequence[dict], max_tokens: int | None = None,
-                    stop: Sequence[str] | str | None = None, **sampling) -> Iterator[str]:
+                    stop: Sequence[str] | str | None = None, on_reasoning=None, **sampling) -> Iterator[str]:
         """Yields the assistant's answer to messages ([{"role": "system"|"user"|"assistant",
         "content": str}, ...]) as pieces of text. The messages go through the GGUF's chat
         template; the answer ends at the template's end-of-turn token (not shown), a stop
         string, max_tokens (None: no limit) or the end of the context. Successive turns of
-        one conversation reuse the cached K/V of the turns before. Sampling options as generate."""
+        one conversation reuse the cached K/V of the turns before. A model that reasons in
+        channels (gpt-oss's harmony format) answers with its final channel; the text of its
+        reasoning goes to on_reasoning(text) where given. Sampling options as generate."""
         from kcap.generate import chat_prompt_ids, ids_text_stream
 
         prompt_ids = chat_prompt_ids(self, messages)
         yield from ids_text_stream(self, prompt_ids, max_tokens=max_tokens, stop=stop, skip_special_tokens=True,
-                                   **sampling)
+                                   chat=True, on_reasoning=on_reasoning, **sampling)
 
     def chat(self, messages: Sequence[dict], max_tokens: int | None = None,
-             stop: Sequence[str] | str | None = None, **sampling) -> str:
+             stop: Sequence[str] | str | None = None, on_reasoning=None, **sampling) -> str:
         """The assistant's answer to messages, as one string; see chat_stream."""
-        return "".join(self.chat_stream(messages, max_tokens=max_tokens, stop=stop, **sampling))
+        return "".join(self.chat_stream(messages, max_tokens=max_tokens, stop=stop, on_reasoning=on_reasoning,
+                                        **sampling))
 
 
 def _progress_bar(enabled: bool):

@@ -143,7 +143,8 @@ class _Generation:
             self._server.active += 1
         try:
             for piece in ids_text_stream(self._server.model, prompt_ids, skip_special_tokens=skip_special_tokens,
-                                         continues_text=continues_text, stats=self.stats, cancel=self.cancel_event, **options):
+                                         continues_text=continues_text, chat=not continues_text,
+                                         on_reasoning=lambda text: self._put(("reasoning", text)), stats=self.stats, cancel=self.cancel_event, **options):
                 self._put(("text", piece))
                 if self.cancel_event.is_set():
                     break
@@ -202,9 +203,10 @@ class _Server:
             raise APIError(400, str(exc)) from None
         return dict(sampling, max_tokens=max_tokens, stop=body.stop, ignore_eos=body.ignore_eos)
 
-    async def collect(self, request: Request, generation: _Generation) -> str:
-        """The whole text of a generation; cancels it if the client goes away meanwhile."""
-        pieces = []
+    async def collect(self, request: Request, generation: _Generation) -> tuple[str, str]:
+        """The whole text of a generation and of its reasoning (a harmony model's analysis channel;
+        empty for others); cancels it if the client goes away meanwhile."""
+        pieces, thoughts = [], []
         try:
             while True:
                 try:
@@ -216,15 +218,18 @@ class _Server:
                     continue
                 if kind == "text":
                     pieces.append(value)
+                elif kind == "reasoning":
+                    thoughts.append(value)
                 elif kind == "done":
-                    return "".join(pieces)
+                    return "".join(pieces), "".join(thoughts)
                 else:
                     raise _failure(value)
         finally:
             generation.cancel()  # a no-op once it has finished
 
     async def events(self, generation: _Generation, chunk, include_usage: bool, usage_chunk):
-        """Server-sent events of a generation: chunk(text, finish_reason) for each piece and the end."""
+        """Server-sent events of a generation: chunk(text, finish_reason) for each piece and the end,
+        chunk(text, None, reasoning=True) for each piece of a harmony model's reasoning."""
         try:
             first = chunk(None, None)
             if first is not None:
@@ -233,6 +238,8 @@ class _Server:
                 kind, value = await generation.queue.get()
                 if kind == "text":
                     yield _sse(chunk(value, None))
+                elif kind == "reasoning":
+                    yield _sse(chunk(value, None, reasoning=True))
                 elif kind == "done":
                     yield _sse(chunk("", generation.finish_reason))
                     if include_usage:
@@ -325,7 +332,7 @@ def create_app(model, model_name: str | None = None) -> FastAPI:
             return StreamingResponse(server.events(generation, chunk, include_usage,
                                                    lambda usage: envelope([], usage=usage)),
                                      media_type="text/event-stream")
-        text = await server.collect(request, generation)
+        text, _ = await server.collect(request, generation)
         return envelope([{"index": 0, "text": text, "logprobs": None, "finish_reason": generation.finish_reason}],
                         usage=generation.usage())
 
@@ -347,13 +354,13 @@ def create_app(model, model_name: str | None = None) -> FastAPI:
                     "choices": choices, **extra}
 
         if body.stream:
-            def chunk(text, finish_reason):
+            def chunk(text, finish_reason, reasoning=False):
                 if text is None:  # the first chunk opens the assistant's message
                     delta = {"role": "assistant", "content": ""}
                 elif finish_reason is not None:
                     delta = {}
                 else:
-                    delta = {"content": text}
+                    delta = {"reasoning_content" if reasoning else "content": text}
                 return envelope("chat.completion.chunk",
                                 [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
 
@@ -361,9 +368,12 @@ def create_app(model, model_name: str | None = None) -> FastAPI:
             return StreamingResponse(server.events(generation, chunk, include_usage,
                                                    lambda usage: envelope("chat.completion.chunk", [], usage=usage)),
                                      media_type="text/event-stream")
-        text = await server.collect(request, generation)
+        text, reasoning = await server.collect(request, generation)
+        message = {"role": "assistant", "content": text}
+        if reasoning:  # llama.cpp's server's field for a reasoning model's thinking
+            message["reasoning_content"] = reasoning
         return envelope("chat.completion",
-                        [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                        [{"index": 0, "message": message, "logprobs": None,
                           "finish_reason": generation.finish_reason}],
                         usage=generation.usage())
 

