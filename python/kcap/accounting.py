@@ -62,6 +62,7 @@ MATH_KEYS: dict[str, tuple[str, tuple]] = {
     "rope.freq_base": ("the rope base", ()),
     "rope.freq_base_swa": ("the sliding layers' rope base", ()),
     "rope.scaling.type": ("rope scaling", ("none",)),
+    "rope.scale_linear": ("linear rope scaling (an older converter's key for its factor)", (0.0, 1.0)),
     "rope.scaling.factor": ("rope scaling", (0.0, 1.0)),
     # YaRN variants of llama.cpp's that transformers' YaRN does not have (first match wins).
     "rope.scaling.yarn_ext_factor": ("YaRN's extrapolation mix (llama.cpp's ext_factor)", (1.0,)),

@@ -336,3 +336,49 @@ def test_ctrl_c_during_a_long_prefill_lands_quickly_and_leaves_the_model_consist
     np.testing.assert_array_equal(resumed, model.eval(ids[:cached + 37]))
     print(f"interrupt latency {latency * 1000:.1f} ms after {cached} tokens")
     model.reset()
+
+
+FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "conformance"
+
+
+@pytest.mark.parametrize("fixture,changes,message", [
+    # Sliding windows the family always has: llama.cpp refuses the file without the key.
+    ("gpt-oss-f32", dict(drop_metadata=["gpt-oss.attention.sliding_window"]), r"gpt-oss.attention.sliding_window"),
+    ("gemma4-f32", dict(drop_metadata=["gemma4.attention.sliding_window"]),
+     r"gemma4.attention.sliding_window is missing"),
+    # Gemma 4's full-attention layers rotate the part of the head rope_freqs gives.
+    ("gemma4-f32", dict(drop_tensors=["rope_freqs.weight"]), r"missing tensor 'rope_freqs.weight'"),
+    # The token list and the embedding's rows must agree.
+    ("llama3-f32", dict(metadata_overrides={"tokenizer.ggml.tokens": [f"t{i}" for i in range(386)]}),
+     r"tokenizer.ggml.tokens has 386 tokens but token_embd.weight has 384 rows"),
+    # Metadata that disagrees with the tensors kcap reads the shapes from.
+    ("deepseek3-f32", dict(metadata_overrides={"deepseek2.attention.head_count_kv": 3}),
+     r"deepseek2.attention.head_count_kv = 3; a file with attn_k_b / attn_v_b has 1"),
+    ("deepseek2-kvb-f32", dict(metadata_overrides={"deepseek2.attention.head_count_kv": 1}),
+     r"head_count_kv = 1; a file with attn_kv_b has 4"),
+    ("llama3-f32", dict(metadata_overrides={"llama.feed_forward_length": 100}),
+     r"llama.feed_forward_length = 100 but blk.0.ffn_up.weight has"),
+    ("deepseek2-f32", dict(metadata_overrides={"deepseek2.feed_forward_length": 50}),
+     r"deepseek2.feed_forward_length = 50 but blk.0.ffn_up.weight has 96 rows"),
+    # Biases the architecture always has (llama.cpp requires them).
+    ("starcoder2-f32", dict(drop_tensors=["blk.1.attn_output.bias"]), r"missing tensor 'blk.1.attn_output.bias'"),
+    ("starcoder2-f32", dict(drop_tensors=["blk.0.ffn_down.bias"]), r"missing tensor 'blk.0.ffn_down.bias'"),
+    ("starcoder2-f32", dict(drop_tensors=["output_norm.bias"]), r"missing tensor 'output_norm.bias'"),
+    ("gpt2-f32", dict(drop_tensors=["output_norm.bias"]), r"missing tensor 'output_norm.bias'"),
+])
+def test_files_that_would_run_wrong_are_refused(tmp_path, fixture, changes, message):
+    # Each of these loaded before and ran with a default in place of what the file lacks.
+    bad = copy_with_changes(str(FIXTURES / f"{fixture}.gguf"), str(tmp_path / "bad.gguf"), **changes)
+    with pytest.raises(kcap.ModelError, match=message):
+        kcap.load(bad, backend="cpu")
+
+
+def test_gemma2_without_a_window_slides_over_4096_tokens(tmp_path):
+    # llama.cpp and transformers' Gemma2Config default the window to 4096 when the file has none.
+    from kcap.arch import build_spec
+    from kcap.gguf import GGUFFile
+
+    path = copy_with_changes(str(FIXTURES / "gemma2-f32.gguf"), str(tmp_path / "g.gguf"),
+                             drop_metadata=["gemma2.attention.sliding_window"])
+    windows = [layer.sliding_window for layer in build_spec(GGUFFile(path)).layers]
+    assert windows[:2] == [4096, 0] and windows[0::2] == [4096] * len(windows[0::2])

@@ -109,3 +109,32 @@ def test_gpt_oss_yarn_keeps_fractional_bounds():
     yarn.truncate = True
     truncated = np.asarray(kcap._core.rope_table(rope_dim=16, rope_base=150000.0, yarn=yarn, n_ctx=n_ctx))
     assert np.abs(truncated - table).max() > 1e-3
+
+
+@pytest.mark.parametrize("fixture, arch", [("llama3", "llama"), ("qwen2", "qwen2"), ("granite", "granite")])
+def test_a_factor_without_a_type_is_linear_scaling(tmp_path, fixture, arch):
+    # llama.cpp reads rope.scaling.factor without rope.scaling.type as linear scaling, and the
+    # older key rope.scale_linear as the factor: each gives the linear-scaled logits, not the
+    # unscaled ones.
+    src = str(FIXTURES / f"{fixture}-f32.gguf")
+    ids = [1, 5, 9, 13, 17, 21, 25, 29]
+
+    def logits(name, **overrides):
+        path = copy_with_changes(src, str(tmp_path / f"{name}.gguf"), metadata_overrides=overrides,
+                                 drop_metadata=[f"{arch}.rope.scaling.type"])
+        return kcap.load(path, backend="cpu").eval(ids)
+
+    linear = logits("linear", **{f"{arch}.rope.scaling.type": "linear", f"{arch}.rope.scaling.factor": 4.0})
+    assert build_spec(GGUFFile(str(tmp_path / "linear.gguf"))).layers[0].rope_freq_scale == 0.25
+    plain = logits("plain")
+    assert not np.allclose(linear, plain, atol=1e-3)
+    np.testing.assert_array_equal(logits("factor", **{f"{arch}.rope.scaling.factor": 4.0}), linear)
+    np.testing.assert_array_equal(logits("old", **{f"{arch}.rope.scale_linear": 4.0}), linear)
+
+
+def test_a_factor_without_a_type_is_refused_where_linear_scaling_is(tmp_path):
+    # gpt-oss implements YaRN only: its factor without the type would be linear scaling.
+    src = str(FIXTURES / "gpt-oss-f32.gguf")
+    path = copy_with_changes(src, str(tmp_path / "g.gguf"), drop_metadata=["gpt-oss.rope.scaling.type"])
+    with pytest.raises(ModelError, match="rope scaling 'linear' is not supported .*without gpt-oss.rope.scaling.type"):
+        kcap.load(path, backend="cpu")

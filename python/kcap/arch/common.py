@@ -17,7 +17,7 @@ _REQUIRED = object()
 SPEC_KEYS = ("block_count", "embedding_length", "context_length")
 ATTENTION_KEYS = ("attention.head_count", "attention.head_count_kv", "attention.key_length",
                   "attention.value_length")
-ROPE_KEYS = ("rope.dimension_count", "rope.freq_base", "rope.scaling.type", "rope.scaling.factor")
+ROPE_KEYS = ("rope.dimension_count", "rope.freq_base", "rope.scaling.type", "rope.scaling.factor", "rope.scale_linear")
 # What rope_yarn reads: a module that lets rope_scaling take "yarn" declares these too.
 YARN_KEYS = ("rope.scaling.original_context_length", "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
              "rope.scaling.yarn_attn_factor")
@@ -119,6 +119,12 @@ def new_spec(gguf: GGUFFile, hp: Hyperparameters) -> _core.ModelSpec:
     if len(shape) != 2:
         raise ModelError(f"{gguf.path}: tensor 'token_embd.weight' has shape {list(shape)}; expected [n_embd, n_vocab]")
     spec.n_vocab = int(shape[1])
+    tokens = gguf.metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and tokens and len(tokens) != spec.n_vocab:
+        # llama.cpp refuses the file too (the embedding's shape is [n_embd, the token count]): ids
+        # past the shorter of the two would be tokens without rows, or rows no text can stand for.
+        raise ModelError(f"{gguf.path}: tokenizer.ggml.tokens has {len(tokens)} tokens but token_embd.weight has "
+                         f"{spec.n_vocab} rows")
     spec.context_length = hp.int("context_length")
     spec.output_norm = optional_tensor(gguf, "output_norm.weight")
     if not spec.output_norm:
@@ -149,13 +155,18 @@ def attention_geometry(hp: Hyperparameters, n_embd: int) -> tuple[int, int, int,
     return n_head, n_head_kv, head_dim, head_dim_v
 
 
-def sliding_windows(hp: Hyperparameters, n_layer: int, default_period: int | None = None) -> list[int]:
+def sliding_windows(hp: Hyperparameters, n_layer: int, default_period: int | None = None,
+                    required: bool = False) -> list[int]:
     """Each layer's sliding window (0: full attention), from attention.sliding_window (0 or
     absent: no window) and attention.sliding_window_pattern, as llama.cpp reads them: a bool
     per layer (true: the layer slides) or a period N (every N-th layer is full, the others
     slide; 0: every layer slides). Without a pattern key, default_period applies, or, without
-    one, every layer slides."""
-    window = hp.int("attention.sliding_window", 0) or 0
+    one, every layer slides. required: the family always slides (llama.cpp refuses a file
+    without the window), so a missing or zero window is refused rather than read as none."""
+    window = hp.int("attention.sliding_window", _REQUIRED if required else 0) or 0
+    if required and window <= 0:
+        raise ModelError(f"{hp.gguf.path}: {hp.arch}.attention.sliding_window = {window}: this architecture's "
+                         "sliding layers need a positive window")
     pattern = hp.get("attention.sliding_window_pattern", default_period)
     if window < 0:
         raise ModelError(f"{hp.gguf.path}: {hp.arch}.attention.sliding_window = {window}")
@@ -176,12 +187,25 @@ def sliding_windows(hp: Hyperparameters, n_layer: int, default_period: int | Non
 
 def rope_scaling(hp: Hyperparameters, gguf: GGUFFile, allowed=("none", "linear")) -> float:
     """The linear rope frequency scale; refuses scaling kinds the family does not implement
-    (a family that allows "yarn" also reads rope_yarn)."""
-    kind = hp.get("rope.scaling.type", "none")
+    (a family that allows "yarn" also reads rope_yarn). As llama.cpp reads the keys: a factor
+    without rope.scaling.type is linear scaling, and rope.scale_linear (older converters) is the
+    factor where rope.scaling.factor is absent."""
+    factor = hp.float("rope.scaling.factor", None)
+    if factor is None:
+        factor = hp.float("rope.scale_linear", None)
+    kind = hp.get("rope.scaling.type", None)
+    if kind is None:
+        kind = "none" if factor in (None, 0.0, 1.0) else "linear"
     if kind not in allowed:
-        raise ModelError(f"{gguf.path}: {hp.arch} rope scaling '{kind}' is not supported")
-    factor = hp.float("rope.scaling.factor", 1.0) or 1.0
-    return 1.0 / factor if kind == "linear" else 1.0
+        raise ModelError(f"{gguf.path}: {hp.arch} rope scaling '{kind}' is not supported"
+                         + ("" if hp.get("rope.scaling.type", None) is not None else
+                            f" (a factor of {factor} without {hp.arch}.rope.scaling.type, which llama.cpp reads as "
+                            "linear scaling)"))
+    if kind != "linear" or not factor:  # llama.cpp: no factor (or 0) scales by 1
+        return 1.0
+    if factor < 0:
+        raise ModelError(f"{gguf.path}: {hp.arch} linear rope scaling needs a positive factor, got {factor!r}")
+    return 1.0 / factor
 
 
 def rope_yarn(hp: Hyperparameters, gguf: GGUFFile) -> _core.RopeYarn:

@@ -131,9 +131,17 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
         layer.kv_a_norm = expert_tensor(gguf, il, "attn_kv_a_norm.weight", (kv_lora_rank,),
                                         f"[{ARCHITECTURE}.attention.kv_lora_rank = {kv_lora_rank}]")
         nope = head_dim - rope_dim
-        if f"blk.{il}.attn_kv_b.weight" in gguf.tensors:
-            if t("attn_k_b.weight", False) or t("attn_v_b.weight", False):
-                raise ModelError(f"{path}: block {il} has both attn_kv_b and attn_k_b/attn_v_b")
+        # The file's KV head count follows its layout (kcap reads the layout from the tensors): n_head
+        # with the joint attn_kv_b, 1 with the split attn_k_b / attn_v_b (the latent is one shared head).
+        joint = f"blk.{il}.attn_kv_b.weight" in gguf.tensors
+        if joint and (t("attn_k_b.weight", False) or t("attn_v_b.weight", False)):
+            raise ModelError(f"{path}: block {il} has both attn_kv_b and attn_k_b/attn_v_b")
+        n_head_kv = hp.int("attention.head_count_kv", None)
+        if n_head_kv is not None and n_head_kv != (n_head if joint else 1):
+            raise ModelError(f"{path}: {ARCHITECTURE}.attention.head_count_kv = {n_head_kv}; a file with "
+                             f"{'attn_kv_b' if joint else 'attn_k_b / attn_v_b'} has "
+                             f"{n_head if joint else 1} (n_head {n_head})")
+        if joint:
             layer.wkv_b = _matrix(gguf, il, "attn_kv_b.weight", kv_lora_rank, n_head * (nope + head_dim_v),
                                   "n_head * (qk_nope + v_head_dim)")
         else:

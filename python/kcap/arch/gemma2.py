@@ -20,6 +20,7 @@ KNOWN_UNUSED_TENSORS: dict[str, str] = {}
 # Gemma 2 27B scales queries by 1/sqrt(n_embd / n_head) (query_pre_attn_scalar = 144); the
 # other sizes by 1/sqrt(head_dim). llama.cpp keys this on the 46-layer 27B model too.
 GEMMA2_27B_LAYERS = 46
+GEMMA2_DEFAULT_WINDOW = 4096
 
 
 def build(gguf: GGUFFile) -> _core.ModelSpec:
@@ -32,7 +33,8 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
     geometry = attention_geometry(hp, spec.n_embd)
     n_layer = hp.int("block_count")
     n_head, _, head_dim, _ = geometry
-    window = hp.int("attention.sliding_window", 0) or 0
+    # Every other layer slides; without the key, llama.cpp and transformers' Gemma2Config use 4096.
+    window = hp.int("attention.sliding_window", GEMMA2_DEFAULT_WINDOW) or 0
     default_scale = 1 / math.sqrt(spec.n_embd / n_head) if n_layer == GEMMA2_27B_LAYERS else 1 / math.sqrt(head_dim)
     attn_scale = hp.float("attention.scale", default_scale) or default_scale
     layers = []

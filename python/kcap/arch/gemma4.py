@@ -131,7 +131,16 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
     base_swa = hp.float("rope.freq_base_swa", 10000.0)
     if hp.get("rope.scaling.type", "none") not in ("none",):
         raise ModelError(f"{gguf.path}: gemma4 rope scaling '{hp.get('rope.scaling.type')}' is not supported")
+    # The full-attention layers rotate a part of the head given by rope_freqs (proportional rope);
+    # llama.cpp requires the tensor, and without it the whole head would rotate.
     rope_freqs = "rope_freqs.weight" if "rope_freqs.weight" in gguf.tensors else ""
+    if not rope_freqs and not all(bool(sliding) for sliding in pattern):
+        raise ModelError(f"{gguf.path}: missing tensor 'rope_freqs.weight' (the full-attention layers' rotated "
+                         "dimensions)")
+    if window <= 0 and any(bool(sliding) for sliding in pattern):
+        raise ModelError(f"{gguf.path}: gemma4.attention.sliding_window is "
+                         f"{'missing' if hp.get('attention.sliding_window', None) is None else window}: the layers "
+                         "gemma4.attention.sliding_window_pattern marks as sliding need a positive window")
     n_shared = hp.int("attention.shared_kv_layers", 0) or 0
     if not 0 <= n_shared < n_layer:
         raise ModelError(f"{gguf.path}: gemma4 attention.shared_kv_layers = {n_shared} for {n_layer} layers")

@@ -20,6 +20,8 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
     spec.norm_kind = _core.NormKind.Layer
     spec.norm_eps = hp.float("attention.layer_norm_epsilon")
     spec.output_norm_bias = block_or_model(gguf, "output_norm.bias")
+    if not spec.output_norm_bias:
+        raise ModelError(f"{gguf.path}: missing tensor 'output_norm.bias'")
     if "position_embd.weight" not in gguf.tensors:
         raise ModelError(f"{gguf.path}: missing tensor 'position_embd.weight'")
     spec.position_embd = "position_embd.weight"

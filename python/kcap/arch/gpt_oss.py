@@ -39,7 +39,7 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
     geometry = attention_geometry(hp, spec.n_embd)
     n_head = geometry[0]
     n_layer = hp.int("block_count")
-    windows = sliding_windows(hp, n_layer, default_period=SLIDING_PERIOD)
+    windows = sliding_windows(hp, n_layer, default_period=SLIDING_PERIOD, required=True)
     experts = mixture_of_experts(hp, weights_norm=True, required=True)
     n_ff = hp.int("feed_forward_length", None)
     if n_ff is not None and experts.n_ff is not None and n_ff != experts.n_ff:
