@@ -241,7 +241,7 @@ def cmd_serve(args) -> int:
     path = args.model or default_chat_model_path()
     model = _load(args, str(path))
     serve(model, host=args.host, port=args.port, model_name=args.model_name, log_level=args.log_level,
-          quiet=args.quiet)
+          quiet=args.quiet, cors_origins=args.cors_origin)
     return 0
 
 
@@ -328,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn's log level")
     serve.add_argument("--quiet", "-q", action="store_true", help="no progress or backend lines, warnings only")
+    serve.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                       help="a web origin (https://host:port) whose pages may call the API besides this machine's "
+                            "(repeatable; '*' for any)")
     _add_runtime_options(serve)
     serve.set_defaults(func=cmd_serve)
 

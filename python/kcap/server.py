@@ -1,13 +1,16 @@
 """kcap serve: the OpenAI HTTP API over one Model, on FastAPI and uvicorn (kcap[server]).
 
     GET  /health                 {"status": "ok", "model": ..., "active_generations": n}
-    GET  /v1/models              the one model served
+    GET  /v1/models              the one model served (GET /v1/models/{id}: that model)
     POST /v1/completions         prompt -> text
     POST /v1/chat/completions    messages -> the assistant's answer, through the GGUF's chat template
 
 Both POST routes take max_tokens, temperature, top_p, seed, stop and stream (server-sent
 events, ending with "data: [DONE]"; stream_options.include_usage adds a usage chunk), plus
-top_k, min_p, repetition_penalty and ignore_eos as llama.cpp's and vLLM's servers do. Answers carry usage counts
+top_k, min_p, repetition_penalty (or repeat_penalty) and ignore_eos as llama.cpp's and vLLM's servers do; a
+field sent as null takes its default. A request for what kcap does not implement (tools,
+response_format, logit_bias, n > 1, logprobs, echo, frequency/presence penalties, ...) is refused
+with 400 naming the field, never answered as if it had not asked. Answers carry usage counts
 and finish_reason "stop" (end of turn / end of text or a stop string) or "length"
 (max_tokens or the end of the context). Errors have OpenAI's shape,
 {"error": {"message", "type", "param", "code"}}, with 400 for a bad request, 404 for an
@@ -15,7 +18,8 @@ unknown model or route, 500 for a failure of the server.
 
 Each request generates on a thread of its own; the Model's lock makes concurrent requests take
 turns, each with its own KV cache contents. A client that disconnects cancels its generation
-between prefill chunks or tokens.
+between prefill chunks or tokens. A model that reasons in channels (gpt-oss) answers a chat with
+its final channel and returns its reasoning as reasoning_content, as llama.cpp's server does.
 """
 from __future__ import annotations
 
@@ -26,13 +30,13 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 try:
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, StreamingResponse
-    from pydantic import BaseModel, ConfigDict, Field
+    from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover - depends on the installation
     from kcap.errors import KcapError
@@ -48,27 +52,96 @@ DISCONNECT_POLL_SECONDS = 0.25
 
 
 # --- requests ------------------------------------------------------------------------------
+# Fields of OpenAI's (and llama.cpp's server's) requests that would change the answer and that kcap
+# does not implement: a request that sets one to anything but its neutral value is refused (400,
+# naming it) rather than answered as if it had not asked. field -> (neutral values, what it asks for).
+_UNSUPPORTED = {
+    "tools": ((None, []), "tool calling"),
+    "tool_choice": ((None, "none"), "tool calling"),
+    "functions": ((None, []), "function calling"),
+    "function_call": ((None, "none"), "function calling"),
+    "response_format": ((None, {"type": "text"}), "structured output (JSON mode or a JSON schema)"),
+    "json_schema": ((None, {}), "structured output (a JSON schema)"),
+    "grammar": ((None, ""), "grammar-constrained output"),
+    "logit_bias": ((None, {}), "logit biases"),
+    "suffix": ((None, ""), "fill-in-the-middle with a suffix"),
+    "best_of": ((None, 1), "best-of-n sampling"),
+    "top_logprobs": ((None, 0), "log probabilities"),
+    "modalities": ((None, ["text"]), "output modalities other than text"),
+    "audio": ((None,), "audio output"),
+}
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: Optional[str] = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_p: float = Field(1.0, ge=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0.0, lt=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0)
     ignore_eos: bool = False
-    seed: Optional[int] = Field(None, ge=0)
+    seed: Optional[int] = Field(None, ge=-1, description="-1 or none: a random seed (llama.cpp's server's -1)")
     stop: Optional[Union[str, list[str]]] = None
     stream: bool = False
     stream_options: Optional[dict] = None
     n: int = Field(1, ge=1, le=1, description="one choice per request")
     frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported: use repetition_penalty")
     presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported: use repetition_penalty")
+    # Declared so that a request setting them is refused (_UNSUPPORTED), not silently answered without.
+    tools: Optional[Any] = None
+    tool_choice: Optional[Any] = None
+    functions: Optional[Any] = None
+    function_call: Optional[Any] = None
+    response_format: Optional[Any] = None
+    json_schema: Optional[Any] = None
+    grammar: Optional[Any] = None
+    logit_bias: Optional[Any] = None
+    suffix: Optional[Any] = None
+    best_of: Optional[Any] = None
+    top_logprobs: Optional[Any] = None
+    modalities: Optional[Any] = None
+    audio: Optional[Any] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_for_null(cls, data):
+        """OpenAI's schema lets a client send null for an option it leaves at its default; llama.cpp's
+        server's repeat_penalty is repetition_penalty."""
+        if not isinstance(data, dict):
+            return data
+        data = {key: value for key, value in data.items()
+                if not (value is None and key in cls.model_fields and cls.model_fields[key].default is not None)}
+        if "repeat_penalty" in data:
+            alias = data.pop("repeat_penalty")
+            if alias is not None:
+                if data.get("repetition_penalty", alias) != alias:
+                    raise ValueError("repeat_penalty and repetition_penalty differ; give one of them")
+                data["repetition_penalty"] = alias
+        return data
+
+    @model_validator(mode="after")
+    def _refuse_what_is_not_implemented(self):
+        for field, (neutral, what) in _UNSUPPORTED.items():
+            value = getattr(self, field)
+            if value not in neutral:
+                raise APIError(400, f"{field}: kcap serve does not implement {what}; an answer would ignore it",
+                               param=field, code="unsupported_parameter")
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options: only allowed when stream is true", param="stream_options")
+        return self
+
+    def sampling(self) -> dict:
+        """The generation's sampling options: top_p 0 keeps only the most likely token (greedy), as
+        OpenAI's range allows; seed -1 draws a random seed."""
+        top_k, top_p = (1, 1.0) if self.top_p == 0.0 else (self.top_k, self.top_p)
+        return dict(temperature=self.temperature, top_k=top_k, top_p=top_p, min_p=self.min_p,
+                    repetition_penalty=self.repetition_penalty, seed=None if self.seed == -1 else self.seed)
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[str], list[int]]
+    prompt: Union[str, list[str], list[StrictInt]]
     max_tokens: Optional[int] = Field(16, ge=1)
     echo: Literal[False] = False
     logprobs: Literal[None] = None
@@ -79,6 +152,14 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Union[str, list[dict[str, Any]], None] = None
+    tool_calls: Optional[Any] = None
+
+    @model_validator(mode="after")
+    def _refuse_tool_calls(self):
+        if self.tool_calls:
+            raise APIError(400, "messages: an assistant message's tool_calls are not supported by kcap serve "
+                                "(tool calling is not implemented)", param="messages", code="unsupported_parameter")
+        return self
 
 
 class ChatRequest(_Sampling):
@@ -195,8 +276,7 @@ class _Server:
                                 f"{self.model.n_ctx}, one of which must remain for the answer",
                            param="messages" if isinstance(body, ChatRequest) else "prompt",
                            code="context_length_exceeded")
-        sampling = dict(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
-                        repetition_penalty=body.repetition_penalty, seed=body.seed)
+        sampling = body.sampling()
         try:
             SamplerConfig(**sampling)
         except ValueError as exc:
@@ -207,14 +287,19 @@ class _Server:
         """The whole text of a generation and of its reasoning (a harmony model's analysis channel;
         empty for others); cancels it if the client goes away meanwhile."""
         pieces, thoughts = [], []
+        next_check = time.monotonic() + DISCONNECT_POLL_SECONDS
         try:
             while True:
-                try:
-                    kind, value = await asyncio.wait_for(generation.queue.get(), DISCONNECT_POLL_SECONDS)
-                except asyncio.TimeoutError:
+                # Every DISCONNECT_POLL_SECONDS, whether or not tokens keep coming.
+                if time.monotonic() >= next_check:
                     if await request.is_disconnected():
                         generation.cancel()
                         raise APIError(499, "the client closed the connection")
+                    next_check = time.monotonic() + DISCONNECT_POLL_SECONDS
+                try:
+                    kind, value = await asyncio.wait_for(generation.queue.get(),
+                                                         max(next_check - time.monotonic(), 0.001))
+                except asyncio.TimeoutError:
                     continue
                 if kind == "text":
                     pieces.append(value)
@@ -259,11 +344,21 @@ def _sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def create_app(model, model_name: str | None = None) -> FastAPI:
-    """The FastAPI application serving model under model_name (default: its file name without .gguf)."""
+# Browser pages served from this machine may call the API (CORS), as ollama allows by default;
+# others only where kcap serve --cors-origin names them ('*': any page, as llama.cpp's server).
+LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]+)?"
+
+
+def create_app(model, model_name: str | None = None, cors_origins: Sequence[str] = ()) -> FastAPI:
+    """The FastAPI application serving model under model_name (default: its file name without .gguf);
+    browser pages of this machine and of cors_origins may call it."""
+    from fastapi.middleware.cors import CORSMiddleware
+
     name = model_name or os.path.splitext(os.path.basename(model.path))[0]
     server = _Server(model, name)
     app = FastAPI(title="kcap", description="OpenAI-compatible API over a kcap model")
+    app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_origin_regex=LOCAL_ORIGINS,
+                       allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"])
     app.state.kcap = server
 
     @app.exception_handler(APIError)
@@ -292,6 +387,13 @@ def create_app(model, model_name: str | None = None) -> FastAPI:
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": server.model_name, "active_generations": server.active}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_info(model_id: str):
+        if model_id != server.model_name:
+            raise APIError(404, f"The model '{model_id}' does not exist; this server serves '{server.model_name}'",
+                           param="model", code="model_not_found")
+        return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "kcap"}
 
     @app.get("/v1/models")
     async def models():
@@ -381,13 +483,13 @@ def create_app(model, model_name: str | None = None) -> FastAPI:
 
 
 def serve(model, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-          log_level: str = "info", quiet: bool = False) -> None:
+          log_level: str = "info", quiet: bool = False, cors_origins: Sequence[str] = ()) -> None:
     """Runs the server until Ctrl-C (or SIGTERM)."""
     try:
         import uvicorn
     except ImportError:
         raise KcapError("kcap serve needs uvicorn: pip install 'kcap[server]'") from None
-    app = create_app(model, model_name)
+    app = create_app(model, model_name, cors_origins)
     if not quiet:
         print(f"kcap: serving '{app.state.kcap.model_name}' at http://{host}:{port}/v1", file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning" if quiet else log_level)

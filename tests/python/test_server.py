@@ -198,3 +198,71 @@ def test_disconnect_stops_the_generation(server):
     while active() != 0:
         assert time.monotonic() < deadline, "the generation kept running after its client left"
         time.sleep(0.1)
+
+
+def test_a_non_streaming_client_that_leaves_stops_its_generation(server):
+    def active():
+        return httpx.get(f"{server}/health", timeout=5).json()["active_generations"]
+
+    body = {"model": MODEL_NAME, "prompt": "Count: 1, 2, 3,", "max_tokens": 4000, "temperature": 0,
+            "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server}/v1/completions", json=body, timeout=2)  # tokens keep coming meanwhile
+    deadline = time.monotonic() + 5
+    while active() != 0:
+        assert time.monotonic() < deadline, "the generation kept running after its client left"
+        time.sleep(0.1)
+
+
+def test_null_options_take_their_defaults_and_llama_cpp_names_are_read(server, client):
+    chat = f"{server}/v1/chat/completions"
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    plain = httpx.post(chat, json={"messages": messages, "max_tokens": 8, "temperature": 0}, timeout=60).json()
+    nulls = httpx.post(chat, json={"messages": messages, "max_tokens": 8, "temperature": 0, "top_p": None,
+                                   "top_k": None, "n": None, "stream": None, "presence_penalty": None,
+                                   "frequency_penalty": None, "seed": None}, timeout=60)
+    assert nulls.status_code == 200, nulls.text
+    assert nulls.json()["choices"][0]["message"] == plain["choices"][0]["message"]
+    # top_p 0 keeps only the most likely token, whatever the temperature; seed -1 is a random seed.
+    greedy = httpx.post(chat, json={"messages": messages, "max_tokens": 8, "temperature": 1.5, "top_p": 0,
+                                    "seed": -1}, timeout=60).json()
+    assert greedy["choices"][0]["message"] == plain["choices"][0]["message"]
+    penalty = {"messages": messages, "max_tokens": 8, "temperature": 0}
+    assert httpx.post(chat, json={**penalty, "repeat_penalty": 1.3}, timeout=60).json()["choices"] == \
+        httpx.post(chat, json={**penalty, "repetition_penalty": 1.3}, timeout=60).json()["choices"]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tools", [{"type": "function", "function": {"name": "weather", "parameters": {}}}]),
+    ("tool_choice", "required"),
+    ("response_format", {"type": "json_object"}),
+    ("logit_bias", {"7042": -100}),
+    ("grammar", "root ::= \"yes\""),
+    ("top_logprobs", 2),
+])
+def test_what_kcap_does_not_implement_is_refused_by_name(server, field, value):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, field: value}
+    reply = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == field and error["code"] == "unsupported_parameter" and field in error["message"]
+    # Their neutral values are accepted.
+    neutral = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {},
+               "grammar": "", "top_logprobs": 0}[field]
+    assert httpx.post(f"{server}/v1/chat/completions", json={**body, field: neutral}, timeout=60).status_code == 200
+
+
+def test_model_route_bad_ids_and_cors(server, client):
+    assert client.models.retrieve(MODEL_NAME).id == MODEL_NAME
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("other")
+    reply = httpx.post(f"{server}/v1/completions", json={"prompt": [True, 5], "max_tokens": 2}, timeout=60)
+    assert reply.status_code == 400  # a bool is not a token id
+    reply = httpx.post(f"{server}/v1/completions", json={"prompt": "x", "max_tokens": 2,
+                                                         "stream_options": {"include_usage": True}}, timeout=60)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "stream_options"
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+    local = httpx.options(f"{server}/v1/chat/completions", headers={"Origin": "http://localhost:5173", **preflight})
+    assert local.status_code == 200 and local.headers["access-control-allow-origin"] == "http://localhost:5173"
+    other = httpx.options(f"{server}/v1/chat/completions", headers={"Origin": "https://example.com", **preflight})
+    assert "access-control-allow-origin" not in other.headers
