@@ -316,3 +316,25 @@ def test_host_decode_sample_repeats_and_keeps_to_the_top_k():
         assert int(engine.decode_sample(int(ids[-1]), 1, 2.0, 3, 1.0, 0.0, seed)[0]) in top3
     with pytest.raises(kcap.ModelError, match="top_k must be in 1.."):
         engine.decode_sample(int(ids[-1]), 1, 1.0, model.n_vocab + 1, 1.0, 0.0, 0)
+
+
+def test_host_decode_sample_cuts_top_p_at_temperature_one():
+    # The C++ sampler (the device sampler's reference) keeps llama.cpp's order, as kcap.sampling:
+    # at T=4 its draws stay in the T=1 nucleus of kcap.sampling's distribution, which is smaller
+    # than the nucleus of the T=4 probabilities.
+    from kcap.sampling import Sampler, SamplerConfig
+
+    model = kcap.load(FIXTURES / "qwen3-f32.gguf", backend="cpu", n_ctx=64)
+    engine = model.engine
+    ids = np.array([5, 9, 17, 3], dtype=np.int32)
+    engine.reset()
+    logits = engine.eval(ids)
+    allowed, _ = Sampler(SamplerConfig(temperature=4.0, top_k=40, top_p=0.6)).distribution(logits)
+    hot = np.sort(logits.astype(np.float64))[::-1][:40] / 4.0
+    hot = np.exp(hot - hot[0]) / np.exp(hot - hot[0]).sum()
+    assert len(allowed) < int(np.searchsorted(np.cumsum(hot), 0.6)) + 1  # the orders differ here
+    drawn = set()
+    for seed in range(60):
+        engine.truncate(len(ids) - 1)
+        drawn.add(int(engine.decode_sample(int(ids[-1]), 1, 4.0, 40, 0.6, 0.0, seed)[0]))
+    assert drawn <= set(allowed.tolist()) and len(drawn) > 1
