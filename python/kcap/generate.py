@@ -206,6 +206,42 @@ class HarmonyChannels:
         return None
 
 
+class ThinkTags:
+    """Reasoning between <think> and </think> tokens (Qwen3, DeepSeek-R1 and their kin): the text
+    inside goes to the reasoning, the rest is the answer, as llama.cpp's server splits it into
+    reasoning_content and content. A prompt that ends inside an open <think> (a template that opens
+    it for the model) starts the answer there; the blank lines after </think> are not part of it."""
+
+    def __init__(self, open_id: int, close_id: int, prompt_ids: Sequence[int]):
+        self._open, self._close = open_id, close_id
+        last_open = max((i for i, t in enumerate(prompt_ids) if t == open_id), default=-1)
+        last_close = max((i for i, t in enumerate(prompt_ids) if t == close_id), default=-1)
+        self._thinking = last_open > last_close
+        self.strip_answer_start = False  # set after </think>: the answer's leading blank lines go
+
+    @classmethod
+    def of(cls, tokenizer, prompt_ids: Sequence[int]) -> "ThinkTags | None":
+        open_id, close_id = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
+        if open_id is None or close_id is None:
+            return None
+        return cls(open_id, close_id, prompt_ids)
+
+    def route(self, token: int) -> str | None:
+        if token == self._open:
+            self._thinking = True
+        elif token == self._close:
+            self._thinking, self.strip_answer_start = False, True
+        else:
+            return "reasoning" if self._thinking else "final"
+        return None
+
+
+def reasoning_channels(tokenizer, prompt_ids: Sequence[int]):
+    """The splitter of a chat answer into its reasoning and its final text for this vocabulary:
+    harmony's channels, <think> tags, or None (the whole answer is final)."""
+    return HarmonyChannels.of(tokenizer) or ThinkTags.of(tokenizer, prompt_ids)
+
+
 def ids_text_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 256,
                     stop: Sequence[str] | str | None = None, skip_special_tokens: bool = False,
                     continues_text: bool = False, chat: bool = False, on_reasoning=None,
@@ -214,16 +250,16 @@ def ids_text_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 2
     skip_special_tokens: leave special tokens (a chat's end-of-turn marker...) out of the text.
     continues_text: the text continues the prompt's (a completion), so a SentencePiece word's
     leading space stays; otherwise (a chat's answer) it starts a text, as decode() does.
-    chat: the ids answer a chat template's prompt: with a harmony vocabulary (gpt-oss) only the
-    final channel's text is yielded, and the reasoning channels' text goes to on_reasoning(text)
-    where it is given."""
+    chat: the ids answer a chat template's prompt: where the model reasons apart from its answer
+    (gpt-oss's harmony channels, <think> tags) only the answer's text is yielded, and the
+    reasoning's text goes to on_reasoning(text) where it is given (reasoning_channels)."""
     from kcap.tokenizer import StreamDecoder
 
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     matcher = StopMatcher(stops)
     tokenizer = model._require_tokenizer()
     decoder = StreamDecoder(tokenizer, skip_special_tokens=skip_special_tokens, continues_text=continues_text)
-    channels = HarmonyChannels.of(tokenizer) if chat else None
+    channels = reasoning_channels(tokenizer, prompt_ids) if chat else None
     reasoning = StreamDecoder(tokenizer, skip_special_tokens=True) if channels is not None else None
     stats = stats if stats is not None else GenerationStats()
     with closing(token_stream(model, prompt_ids, max_tokens=max_tokens, stats=stats, **options)) as tokens:
@@ -236,7 +272,12 @@ def ids_text_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 2
                     on_reasoning(thought)
                 if channel != "final":
                     continue
-            text, stopped = matcher.push(decoder.push(token))
+            text = decoder.push(token)
+            if channels is not None and getattr(channels, "strip_answer_start", False):
+                # The blank lines between a reasoning block and the answer.
+                text = text.lstrip()
+                channels.strip_answer_start = not text
+            text, stopped = matcher.push(text)
             if text:
                 yield text
             if stopped:

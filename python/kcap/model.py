@@ -378,9 +378,9 @@ class Model:
         "content": str}, ...]) as pieces of text. The messages go through the GGUF's chat
         template; the answer ends at the template's end-of-turn token (not shown), a stop
         string, max_tokens (None: no limit) or the end of the context. Successive turns of
-        one conversation reuse the cached K/V of the turns before. A model that reasons in
-        channels (gpt-oss's harmony format) answers with its final channel; the text of its
-        reasoning goes to on_reasoning(text) where given. Sampling options as generate."""
+        one conversation reuse the cached K/V of the turns before. A model that reasons before it
+        answers (gpt-oss's harmony channels, <think> blocks) answers with its final text; the text
+        of its reasoning goes to on_reasoning(text) where given. Sampling options as generate."""
         from kcap.generate import chat_prompt_ids, ids_text_stream
 
         prompt_ids = chat_prompt_ids(self, messages)

@@ -18,8 +18,9 @@ unknown model or route, 500 for a failure of the server.
 
 Each request generates on a thread of its own; the Model's lock makes concurrent requests take
 turns, each with its own KV cache contents. A client that disconnects cancels its generation
-between prefill chunks or tokens. A model that reasons in channels (gpt-oss) answers a chat with
-its final channel and returns its reasoning as reasoning_content, as llama.cpp's server does.
+between prefill chunks or tokens. A model that reasons before it answers (gpt-oss's harmony
+channels, <think> blocks) answers a chat with its final text and returns its reasoning as
+reasoning_content, as llama.cpp's server does.
 """
 from __future__ import annotations
 

@@ -135,3 +135,41 @@ def test_harmony_chat_answers_with_the_final_channel(monkeypatch):
     # Outside a chat (a completion of raw text) every token's text stays in the stream.
     text = "".join(generate.ids_text_stream(Stub(), [0], skip_special_tokens=True))
     assert text == "analysisThink.assistantfinalHi there."
+
+
+@pytest.mark.parametrize("prompt_opens_it", [False, True])
+def test_think_tags_split_the_reasoning_from_the_answer(monkeypatch, prompt_opens_it):
+    # Qwen3 / DeepSeek-R1: the text between <think> and </think> is the reasoning (the server's
+    # reasoning_content), the answer starts after the blank lines that follow </think>; a template
+    # that opens <think> in the prompt leaves the model inside it from its first token.
+    import kcap.generate as generate
+    from kcap.tokenizer import load_tokenizer
+
+    specials = ["<|im_end|>", "<think>", "</think>"]
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["T", "H", ".", "\u0120", "\u010a"]
+    tokens = specials + letters
+    tokenizer = load_tokenizer({
+        "general.architecture": "qwen3", "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+        "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.token_type": [3] * len(specials) + [1] * len(letters), "tokenizer.ggml.eos_token_id": 0,
+    })
+
+    def ids(text):
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    prompt = ids("hi<think>") if prompt_opens_it else ids("hi")
+    answer = ids(("" if prompt_opens_it else "<think>") + "\nThink.\n</think>\n\nHi there.")
+
+    class Stub:
+        def _require_tokenizer(self):
+            return tokenizer
+
+    monkeypatch.setattr(generate, "token_stream", lambda model, prompt_ids, **options: (t for t in answer))
+    thoughts = []
+    text = "".join(generate.ids_text_stream(Stub(), prompt, skip_special_tokens=True, chat=True,
+                                            on_reasoning=thoughts.append))
+    assert text == "Hi there." and "".join(thoughts) == "\nThink.\n"
+    # A prompt that closed its think block (thinking turned off) answers with everything.
+    closed = prompt + ids("</think>") if prompt_opens_it else ids("<think></think>")
+    monkeypatch.setattr(generate, "token_stream", lambda model, prompt_ids, **options: (t for t in ids("Hi.")))
+    assert "".join(generate.ids_text_stream(Stub(), closed, skip_special_tokens=True, chat=True)) == "Hi."
