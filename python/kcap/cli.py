@@ -174,13 +174,21 @@ def _stdin_is_terminal() -> bool:
         return True
 
 
+def _reasoning_to_stderr(args):
+    """A chat model's reasoning (harmony's analysis, <think> blocks) goes to stderr as it comes,
+    so that stdout holds the answer alone; --quiet leaves it out."""
+    if getattr(args, "quiet", False):
+        return None
+    return lambda text: print(text, end="", file=sys.stderr, flush=True)
+
+
 def cmd_run(args) -> int:
     prompt = _read_prompt(args)
     path = args.model or (default_chat_model_path() if args.chat else default_model_path())
     model = _load(args, str(path))
     if args.chat:
         pieces = model.chat_stream([{"role": "user", "content": prompt}], max_tokens=args.max_tokens,
-                                   **_sampling(args))
+                                   on_reasoning=_reasoning_to_stderr(args), **_sampling(args))
     else:
         if not args.quiet:
             print(prompt, end="", flush=True)
@@ -222,7 +230,8 @@ def cmd_chat(args) -> int:
         messages.append({"role": "user", "content": text})
         answer = []
         try:
-            for piece in model.chat_stream(messages, max_tokens=args.max_tokens, **_sampling(args)):
+            for piece in model.chat_stream(messages, max_tokens=args.max_tokens,
+                                           on_reasoning=_reasoning_to_stderr(args), **_sampling(args)):
                 answer.append(piece)
                 print(piece, end="", flush=True)
         except KeyboardInterrupt:
