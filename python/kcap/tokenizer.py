@@ -320,10 +320,19 @@ def _build_gemma(metadata: dict, tokens: list[str]) -> _Pipeline:
     backend = BackendTokenizer(
         BPE(vocab=vocab, merges=merges, unk_token=unknown, fuse_unk=True, byte_fallback=True, dropout=None)
     )
-    backend.normalizer = normalizers.Replace(" ", _SPIECE_SPACE)
+    # Gemma's converter writes add_space_prefix = false (its SentencePiece model adds no prefix
+    # space; transformers neither). A file that sets it true asks for one, which llama.cpp adds.
+    prefix_space = metadata.get("tokenizer.ggml.add_space_prefix") is True
+    steps = [normalizers.Replace(" ", _SPIECE_SPACE)]
+    if prefix_space:
+        steps.insert(0, normalizers.Prepend(_SPIECE_SPACE))
+    backend.normalizer = normalizers.Sequence(steps) if prefix_space else steps[0]
     backend.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
-    backend.decoder = _spm_piece_decoder()
-    return _Pipeline(backend, vocab, _spm_piece_decoder(), leading_spaces_to_strip=0)
+    decoder = _spm_piece_decoder()
+    if prefix_space:
+        decoder = decoders.Sequence([decoder, decoders.Strip(content=" ", left=1, right=0)])
+    backend.decoder = decoder
+    return _Pipeline(backend, vocab, _spm_piece_decoder(), leading_spaces_to_strip=1 if prefix_space else 0)
 
 
 def _build_sentencepiece(metadata: dict, tokens: list[str], architecture: str) -> _Pipeline:

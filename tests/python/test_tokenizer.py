@@ -485,3 +485,20 @@ def test_end_of_generation_set_follows_llama_cpp():
     assert _end_of_generation(fim, eos_token_id=0) == {"<|endoftext|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}
     assert _end_of_generation(fim, eos_token_id=0, fim_pad_token_id=4) == {
         "<|endoftext|>", "x", "<|repo_name|>", "<|file_sep|>"}
+
+
+def test_gemma_vocabulary_asking_for_a_prefix_space_gets_one():
+    # Gemma's converter writes add_space_prefix = false; a file that says true is tokenized as
+    # llama.cpp does (ids from llama-cpp-python 0.3.36 on the gemma3 fixture with the key set),
+    # and decodes back to its text.
+    meta = dict(GGUFFile(REPO / "tests" / "fixtures" / "conformance" / "gemma3-f32.gguf").metadata)
+    assert meta["tokenizer.ggml.add_space_prefix"] is False
+    plain = load_tokenizer(meta)
+    meta["tokenizer.ggml.add_space_prefix"] = True
+    prefixed = load_tokenizer(meta)
+    llama_cpp_ids = {"Hello world": [319, 369, 320, 311, 321, 263, 271, 284],
+                     " two  spaces": [319, 262, 330, 321, 319, 265, 341, 325, 336, 320, 328]}
+    for text, ids in llama_cpp_ids.items():
+        assert prefixed.encode(text, add_special_tokens=False) == ids
+        assert plain.encode(text, add_special_tokens=False) != ids
+        assert prefixed.decode(ids) == text
