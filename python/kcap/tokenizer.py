@@ -386,9 +386,14 @@ def _build_byte_level(metadata: dict, tokens: list[str]) -> _Pipeline:
         raise TokenizerMetadataError("GGUF tokenizer metadata is missing the required key 'tokenizer.ggml.merges'")
     spelling = _bytes_to_unicode()
     alphabet = set(spelling.values())
+    types = metadata.get("tokenizer.ggml.token_type") or []
+    control = {index for index, token_type in enumerate(types) if token_type == _TOKEN_TYPE_CONTROL}
     # Some files store tokens as raw text; the model expects them spelled in the byte alphabet.
+    # Control tokens are matched whole, by their raw text (DeepSeek's <｜begin▁of▁sentence｜>), as
+    # the added tokens of a tokenizer.json are.
     vocab = {
-        token if set(token) <= alphabet else "".join(spelling[byte] for byte in token.encode("utf-8")): index
+        token if set(token) <= alphabet or index in control
+        else "".join(spelling[byte] for byte in token.encode("utf-8")): index
         for index, token in enumerate(tokens)
     }
     backend = BackendTokenizer(
@@ -431,14 +436,7 @@ def _add_special_tokens(pipeline: _Pipeline, metadata: dict, tokens: list[str], 
     Without this they would be cut into pieces like ordinary text.
     """
     token_types = metadata.get("tokenizer.ggml.token_type") or []
-    byte_level = metadata["tokenizer.ggml.model"] == "gpt2"
-    alphabet = set(_bytes_to_unicode().values())
-    control = [
-        token
-        for token, token_type in zip(tokens, token_types)
-        # A byte-level control token spelled outside the byte alphabet is a llama.cpp mislabel.
-        if token_type == _TOKEN_TYPE_CONTROL and (not byte_level or set(token) <= alphabet)
-    ]
+    control = [token for token, token_type in zip(tokens, token_types) if token_type == _TOKEN_TYPE_CONTROL]
     added = set(control)
     # The tokens the metadata names as bos/eos/unk/pad are special even when not typed control.
     control += [tokens[i] for i in named_ids if tokens[i] not in added and tokens[i] in pipeline.vocab]

@@ -502,3 +502,18 @@ def test_gemma_vocabulary_asking_for_a_prefix_space_gets_one():
         assert prefixed.encode(text, add_special_tokens=False) == ids
         assert plain.encode(text, add_special_tokens=False) != ids
         assert prefixed.decode(ids) == text
+
+
+def test_deepseek_control_tokens_are_whole_tokens():
+    # DeepSeek's <｜begin▁of▁sentence｜> and <｜end▁of▁sentence｜> are control tokens spelled in raw
+    # text, not in the byte alphabet: a chat prompt's markers are one token each, as llama.cpp
+    # tokenizes them (ids from llama-cpp-python 0.3.36, special=True, on the deepseek2 fixture).
+    meta = GGUFFile(REPO / "tests" / "fixtures" / "conformance" / "deepseek2-f32.gguf").metadata
+    tokenizer = load_tokenizer(meta)
+    text = "<｜begin▁of▁sentence｜>User: Hi\n\nAssistant: Hello<｜end▁of▁sentence｜>User: 2+2?"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert ids == [0, 54, 84, 258, 27, 222, 41, 74, 200, 200, 34, 84, 84, 74, 270, 337, 85, 27, 222, 41, 70,
+                   309, 80, 1, 54, 84, 258, 27, 222, 19, 12, 19, 32]
+    assert tokenizer.is_special(0) and tokenizer.is_special(1) and tokenizer.vocab_size == len(meta["tokenizer.ggml.tokens"])
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "User: Hi\n\nAssistant: HelloUser: 2+2?"
