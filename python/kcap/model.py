@@ -373,25 +373,32 @@ class Model:
 
     # --- chat -----------------------------------------------------------------------
     def chat_stream(self, messages: Sequence[dict], max_tokens: int | None = None,
-                    stop: Sequence[str] | str | None = None, on_reasoning=None, **sampling) -> Iterator[str]:
+                    stop: Sequence[str] | str | None = None, on_reasoning=None,
+                    chat_template_kwargs: dict | None = None, **sampling) -> Iterator[str]:
         """Yields the assistant's answer to messages ([{"role": "system"|"user"|"assistant",
         "content": str}, ...]) as pieces of text. The messages go through the GGUF's chat
         template; the answer ends at the template's end-of-turn token (not shown), a stop
         string, max_tokens (None: no limit) or the end of the context. Successive turns of
         one conversation reuse the cached K/V of the turns before. A model that reasons before it
         answers (gpt-oss's harmony channels, <think> blocks) answers with its final text; the text
-        of its reasoning goes to on_reasoning(text) where given. Sampling options as generate."""
+        of its reasoning goes to on_reasoning(text) where given. chat_template_kwargs: variables for
+        the template, as transformers' apply_chat_template and llama.cpp's server take them (e.g.
+        {"enable_thinking": False} for Qwen3, {"reasoning_effort": "high"} for gpt-oss). Sampling
+        options as generate."""
         from kcap.generate import chat_prompt_ids, ids_text_stream
 
-        prompt_ids = chat_prompt_ids(self, messages)
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise InvalidArgumentError(f"chat_template_kwargs must be a dict, got {chat_template_kwargs!r}")
+        prompt_ids = chat_prompt_ids(self, messages, **(chat_template_kwargs or {}))
         yield from ids_text_stream(self, prompt_ids, max_tokens=max_tokens, stop=stop, skip_special_tokens=True,
                                    chat=True, on_reasoning=on_reasoning, **sampling)
 
     def chat(self, messages: Sequence[dict], max_tokens: int | None = None,
-             stop: Sequence[str] | str | None = None, on_reasoning=None, **sampling) -> str:
+             stop: Sequence[str] | str | None = None, on_reasoning=None,
+             chat_template_kwargs: dict | None = None, **sampling) -> str:
         """The assistant's answer to messages, as one string; see chat_stream."""
         return "".join(self.chat_stream(messages, max_tokens=max_tokens, stop=stop, on_reasoning=on_reasoning,
-                                        **sampling))
+                                        chat_template_kwargs=chat_template_kwargs, **sampling))
 
 
 def _progress_bar(enabled: bool):

@@ -8,7 +8,8 @@
 Both POST routes take max_tokens, temperature, top_p, seed, stop and stream (server-sent
 events, ending with "data: [DONE]"; stream_options.include_usage adds a usage chunk), plus
 top_k, min_p, repetition_penalty (or repeat_penalty) and ignore_eos as llama.cpp's and vLLM's servers do; a
-field sent as null takes its default. A request for what kcap does not implement (tools,
+field sent as null takes its default; chat_template_kwargs and reasoning_effort are variables of
+the chat template. A request for what kcap does not implement (tools,
 response_format, logit_bias, n > 1, logprobs, echo, frequency/presence penalties, ...) is refused
 with 400 naming the field, never answered as if it had not asked. Answers carry usage counts
 and finish_reason "stop" (end of turn / end of text or a stop string) or "length"
@@ -168,6 +169,16 @@ class ChatRequest(_Sampling):
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: Literal[None, False] = None
+    # Variables for the chat template, as llama.cpp's server takes them (enable_thinking...);
+    # reasoning_effort (OpenAI's, gpt-oss's template reads it) is one of them.
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    reasoning_effort: Optional[str] = None
+
+    def template_variables(self) -> dict:
+        variables = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            variables.setdefault("reasoning_effort", self.reasoning_effort)
+        return variables
 
 
 class APIError(Exception):
@@ -444,7 +455,7 @@ def create_app(model, model_name: str | None = None, cors_origins: Sequence[str]
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": _message_text(m, i)}
                     for i, m in enumerate(body.messages)]
         try:
-            prompt_ids = chat_prompt_ids(model, messages)
+            prompt_ids = chat_prompt_ids(model, messages, **body.template_variables())
         except (ValueError, ModelError) as exc:
             raise APIError(400, str(exc), param="messages") from None
         max_tokens = body.max_completion_tokens or body.max_tokens

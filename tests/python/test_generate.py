@@ -173,3 +173,38 @@ def test_think_tags_split_the_reasoning_from_the_answer(monkeypatch, prompt_open
     closed = prompt + ids("</think>") if prompt_opens_it else ids("<think></think>")
     monkeypatch.setattr(generate, "token_stream", lambda model, prompt_ids, **options: (t for t in ids("Hi.")))
     assert "".join(generate.ids_text_stream(Stub(), closed, skip_special_tokens=True, chat=True)) == "Hi."
+
+
+def test_chat_template_variables_reach_the_template(smollm):
+    # Model.chat's chat_template_kwargs (llama.cpp's server's chat_template_kwargs; the CLI's
+    # --chat-template-kwargs) become template variables: Qwen3's enable_thinking, gpt-oss's
+    # reasoning_effort. SmolLM2's template reads neither, so its answer is the same.
+    from kcap.errors import InvalidArgumentError
+    from kcap.generate import chat_prompt_ids
+    from kcap.tokenizer import load_tokenizer
+
+    template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                "{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}"
+                "{{ reasoning_effort | default('medium') }}")
+    tokenizer = load_tokenizer({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
+                                "tokenizer.ggml.tokens": [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["<", ">"],
+                                "tokenizer.ggml.merges": [], "tokenizer.chat_template": template})
+
+    class Stub:
+        path = "stub.gguf"
+
+        def _require_tokenizer(self):
+            return tokenizer
+
+    def rendered(**variables):
+        return tokenizer.decode(chat_prompt_ids(Stub(), [{"role": "user", "content": "hi"}], **variables))
+
+    assert rendered() == "himedium"
+    assert rendered(enable_thinking=False, reasoning_effort="high") == "hi<nothink>high"
+    with pytest.raises(InvalidArgumentError, match="set by kcap itself"):
+        rendered(add_generation_prompt=False)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    assert smollm.chat(messages, max_tokens=6, chat_template_kwargs={"enable_thinking": False}) == \
+        smollm.chat(messages, max_tokens=6)
+    with pytest.raises(InvalidArgumentError, match="chat_template_kwargs must be a dict"):
+        smollm.chat(messages, max_tokens=2, chat_template_kwargs=["enable_thinking"])

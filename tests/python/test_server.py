@@ -266,3 +266,16 @@ def test_model_route_bad_ids_and_cors(server, client):
     assert local.status_code == 200 and local.headers["access-control-allow-origin"] == "http://localhost:5173"
     other = httpx.options(f"{server}/v1/chat/completions", headers={"Origin": "https://example.com", **preflight})
     assert "access-control-allow-origin" not in other.headers
+
+
+def test_chat_template_kwargs_and_reasoning_effort_are_template_variables(server):
+    chat = f"{server}/v1/chat/completions"
+    body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 6,
+            "temperature": 0}
+    plain = httpx.post(chat, json=body, timeout=60).json()["choices"]
+    # SmolLM2's template reads neither variable: the same answer, not a refusal.
+    both = httpx.post(chat, json={**body, "chat_template_kwargs": {"enable_thinking": False},
+                                  "reasoning_effort": "high"}, timeout=60)
+    assert both.status_code == 200 and both.json()["choices"] == plain
+    reserved = httpx.post(chat, json={**body, "chat_template_kwargs": {"add_generation_prompt": False}}, timeout=60)
+    assert reserved.status_code == 400 and "set by kcap itself" in reserved.json()["error"]["message"]
