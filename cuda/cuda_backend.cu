@@ -342,16 +342,23 @@ private:
             // The grouped q8_1 experts' rounded activations: every value of moe_act's rows (whole
             // runs of 32: the q8_1 rows' FFN widths are multiples of 32).
             bool q8_experts = false, grouped_f_experts = false;
+            size_t most_used = 0;  // the most experts a q8_1 experts stage chooses per token
             for (const RoutedStage& routed : plan_.stages)
                 for (const Route& route : routed.routes) {
                     if (routed.stage.op != Op::MoeExperts) continue;
                     const bool q8 = route.row->input_encoding == Encoding::Q8_1;
                     q8_experts = q8_experts || q8;
                     grouped_f_experts = grouped_f_experts || (!q8 && route.row->tokens.min >= cuda_rows::kMoeGroupedMinTokens);
+                    if (q8) most_used = std::max(most_used, size_t(routed.stage.params.n_expert_used));
                 }
             if (q8_experts) {
                 ctx.moe_q8_capacity = size_t(cuda_rows::q8_rows_bytes(1, int64_t(moe.act)));
                 ctx.moe_q8 = arena_.alloc(ctx.moe_q8_capacity);
+                // The slot starts' counts: a call of fewer than kMoeGroupedMinTokens tokens (the
+                // row's range), zero until a stage counts.
+                ctx.moe_slot_done_capacity = size_t(cuda_rows::kMoeGroupedMinTokens - 1) * most_used;
+                ctx.moe_slot_done = arena_.alloc_n<int>(ctx.moe_slot_done_capacity);
+                KCAP_CUDA_CHECK(cudaMemset(ctx.moe_slot_done, 0, ctx.moe_slot_done_capacity * sizeof(int)));
             }
             // The grouped bf16 and split-bf16 experts' inputs (x and the activations, in bf16 or
             // split): moe_input_values.

@@ -89,6 +89,11 @@ struct Context {
     int* moe_rows = nullptr;
     int* moe_slot_rows = nullptr;
     int* moe_tile_expert = nullptr;
+    // The slot starts' counts (cuda.moe_experts_q8_slot_starts: gate/up groups done per slot),
+    // moe_slot_done_capacity of them, 0 between stages (each stage's combine sets them back); null
+    // where no such row is planned.
+    int* moe_slot_done = nullptr;
+    size_t moe_slot_done_capacity = 0;
     // The grouped q8_1 experts' activations rounded to q8_1 (cuda.moe_experts_q8_mma: the sorted
     // rows' act(gate) * up, the down tiles' input), in the form of q8_rows; null where no q8_1
     // experts row is planned.

@@ -342,16 +342,43 @@ __global__ void __launch_bounds__(kMatvecSimds * 32)
 }
 
 // kcap_moe_gate_up_q8 / kcap_moe_down_q8 of slot blockIdx.y.
+//
+// Slot starts (cuda.moe_experts_q8_slot_starts: slot_done non-null): each gate/up group, once its
+// activation rows are written, counts itself done in slot_done[slot] (the rows, a barrier, then
+// one thread's device-scope fence and atomic add: a release, as cooperative groups' grid barrier);
+// each down group waits, instead of for the whole gate/up launch, until its slot's count reaches
+// the gate/up groups of a slot (a spin on the count, then a fence: the acquire). The down launch
+// starts only once every gate/up group has started (programmatic dependent launch: each gate/up
+// group triggers right after its own wait), so every group a down group waits for is resident or
+// done and the spin ends; without programmatic launch the counts are complete before any down
+// group runs. The combine's launch, after the down launch, sets the counts back to 0.
 template <class F, int ROWS, bool TEAMS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32)
     experts_gate_up_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                               const kcap_u8* gate, const kcap_u8* up, const float* routing, const float* x,
-                              int activation, float* act, const float* gate_bias, const float* up_bias) {
+                              int activation, float* act, const float* gate_bias, const float* up_bias,
+                              int* slot_done) {
     extern __shared__ kcap_i32 q8_shared[];
     pdl_wait();
     pdl_trigger();
     kcap_moe_gate_up_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, gate, up, routing, x, activation,
                                         act, q8_shared, gate_bias, up_bias);
+    if (slot_done) {
+        __syncthreads();  // every thread's activation rows are written
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(slot_done + blockIdx.y, 1);
+        }
+    }
+}
+
+// The wait of a slot-starts down group: until slot_done[blockIdx.y] reaches `groups`.
+__device__ __forceinline__ void wait_slot_done(const int* slot_done, int groups) {
+    if (threadIdx.x == 0) {
+        while (*reinterpret_cast<const volatile int*>(slot_done + blockIdx.y) < groups) __nanosleep(32);
+        __threadfence();
+    }
+    __syncthreads();
 }
 
 // The groups per multiprocessor its registers must allow: MIN_GROUPS (the short rows' teams:
@@ -360,19 +387,28 @@ template <class F, int ROWS, bool TEAMS, int MIN_GROUPS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32, MIN_GROUPS)
     experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* down, const float* routing, const float* act, float* out,
-                           const float* down_bias) {
+                           const float* down_bias, const int* slot_done, int slot_groups) {
     extern __shared__ kcap_i32 q8_shared[];
-    pdl_wait();
-    pdl_trigger();
+    if (slot_done) {  // slot starts: this slot's gate/up groups, not the whole launch
+        pdl_trigger();
+        wait_slot_done(slot_done, slot_groups);
+    } else {
+        pdl_wait();
+        pdl_trigger();
+    }
     kcap_moe_down_q8<F, ROWS, TEAMS>(kcap_cuda_thread(), moe, p, teams, chunk_runs, down, routing, act, out, q8_shared,
                                      down_bias);
 }
 
 __global__ void __launch_bounds__(kElementwiseThreads)
     combine_kernel(KcapMoeParams p, const float* routing, const float* down, const int* slot_rows, float* out,
-                   const float* shared) {
+                   const float* shared, int* slot_done) {
     pdl_wait();
     pdl_trigger();
+    // Slot starts: the counts back to 0 for the next stage (the down launch, the last to read
+    // them, is done).
+    if (slot_done && blockIdx.x == 0)
+        for (int i = int(threadIdx.x); i < p.n_tokens * p.n_used; i += int(blockDim.x)) slot_done[i] = 0;
     kcap_moe_combine(kcap_cuda_thread(), p, routing, down, slot_rows, out, shared);
 }
 
@@ -500,9 +536,12 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 }
 
 // The down matvec of every slot (Q8: on q8_1 of the activations, dp4a).
+// slot_done: the slot starts' counts (Q8 only; null: the down launch waits for the gate/up launch),
+// each reaching slot_groups.
 template <bool Q8, class F, int ROWS, int MIN_GROUPS = 0>
 void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const KcapMoeParams& moe, const kcap_u8* down,
-                              const float* routing, unsigned slots, const float* down_bias) {
+                              const float* routing, unsigned slots, const float* down_bias, const int* slot_done,
+                              int slot_groups) {
     constexpr int kMinLanes = Q8 ? kMoeQ8MatvecMinLanes : kMoeMatvecMinLanes;
     constexpr int kSimds = Q8 ? kMatvecQ8Simds : kMatvecSimds;
     const KcapMatvecTeams teams = matvec_teams(ctx, p, ROWS, Q8 ? q8_units_per_row<F>(p.k) : p.k / 32, kMinLanes,
@@ -517,7 +556,9 @@ void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const Kcap
                    static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias);
         };
         if constexpr (Q8)
-            run(experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>);
+            launch(ctx, experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>, grid, dim3(kSimds * 32), shared, moe, p,
+                   teams, chunk_runs, down, routing, static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias,
+                   slot_done, slot_groups);
         else
             run(experts_down_kernel<F, ROWS, TEAMS>);
     });
@@ -526,15 +567,18 @@ void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const Kcap
 // Its rows per team by the stage's shape: with Q8, kMoeQ8ShortDownRows for short rows.
 template <bool Q8, class F>
 void launch_experts_down_of(const Context& ctx, const KcapMatmulParams& p, const KcapMoeParams& moe, const kcap_u8* down,
-                            const float* routing, unsigned slots, const float* down_bias) {
+                            const float* routing, unsigned slots, const float* down_bias, const int* slot_done,
+                            int slot_groups) {
     if constexpr (Q8) {
         constexpr int kShortRows = std::is_same<F, KcapQ6_K>::value ? kMoeQ8ShortDownRowsQ6_K : kMoeQ8ShortDownRows;
         if (moe_q8_short_down(q8_units_per_row<F>(p.k)))
-            return launch_experts_down_rows<true, F, kShortRows, kMoeQ8ShortDownGroups>(ctx, p, moe, down, routing, slots,
-                                                                                     down_bias);
-        return launch_experts_down_rows<true, F, kMoeQ8DownRows>(ctx, p, moe, down, routing, slots, down_bias);
+            return launch_experts_down_rows<true, F, kShortRows, kMoeQ8ShortDownGroups>(
+                ctx, p, moe, down, routing, slots, down_bias, slot_done, slot_groups);
+        return launch_experts_down_rows<true, F, kMoeQ8DownRows>(ctx, p, moe, down, routing, slots, down_bias,
+                                                                  slot_done, slot_groups);
     } else {
-        return launch_experts_down_rows<false, F, kMatvecRows>(ctx, p, moe, down, routing, slots, down_bias);
+        return launch_experts_down_rows<false, F, kMatvecRows>(ctx, p, moe, down, routing, slots, down_bias, nullptr,
+                                                                0);
     }
 }
 
@@ -542,7 +586,8 @@ void launch_experts_down_of(const Context& ctx, const KcapMatmulParams& p, const
 // integer products).
 template <bool Q8>
 void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoeParams& moe, const kcap_u8* down,
-                         const float* routing, unsigned slots, const float* down_bias) {
+                         const float* routing, unsigned slots, const float* down_bias,
+                         const int* slot_done = nullptr, int slot_groups = 0) {
     KcapMatmulParams p{};
     p.k = moe.ff;
     p.n = moe.n;
@@ -552,7 +597,7 @@ void launch_experts_down(const Context& ctx, const Stage& stage, const KcapMoePa
     p.row_bytes = unsigned(row_bytes(format, moe.ff));
 #define KCAP_MOE_DOWN_CASE(NAME, DECODER) \
     case Format::NAME:                    \
-        return launch_experts_down_of<Q8, DECODER>(ctx, p, moe, down, routing, slots, down_bias);
+        return launch_experts_down_of<Q8, DECODER>(ctx, p, moe, down, routing, slots, down_bias, slot_done, slot_groups);
     if constexpr (Q8) {
         switch (format) {
             KCAP_Q8_WEIGHT_FORMATS(KCAP_MOE_DOWN_CASE)
@@ -582,13 +627,13 @@ KcapMatmulParams experts_gate_up_params(const KcapMoeParams& moe, Format format)
 
 // The weighted sum of each token's slots from ctx.moe_down (slot_rows: the row of each slot
 // there, the grouped rows' order; null: the slots in order), plus the shared expert's output
-// (input3) where the stage adds it.
+// (input3) where the stage adds it; slot_done: the slot starts' counts, set back to 0.
 void launch_experts_combine(const Context& ctx, const Stage& stage, const KernelCall& call, const KcapMoeParams& moe,
-                            const int* slot_rows) {
+                            const int* slot_rows, int* slot_done = nullptr) {
     const int64_t outputs = int64_t(moe.n_tokens) * moe.n;
     launch(ctx, combine_kernel, dim3(ceil_div(outputs, kElementwiseThreads)), dim3(kElementwiseThreads), 0, moe,
            call.in2, static_cast<const float*>(ctx.moe_down), slot_rows, call.out,
-           (stage.features & kSharedExpertSum) ? call.in3 : nullptr);
+           (stage.features & kSharedExpertSum) ? call.in3 : nullptr, slot_done);
 }
 
 template <class F, int ROWS>
@@ -781,9 +826,12 @@ void kcap_cuda_moe_experts(const Stage& stage, const KernelCall& call) {
 }
 
 // The slot matvecs with q8_1 activations (gate and up in FORMAT, down in its own format), then
-// the weighted sum as kcap_cuda_moe_experts.
-template <Format FORMAT>
-void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
+// the weighted sum as kcap_cuda_moe_experts; SLOT_STARTS: each slot's down groups start when that
+// slot's gate/up groups are done (experts_gate_up_q8_kernel).
+namespace {
+
+template <Format FORMAT, bool SLOT_STARTS>
+void moe_experts_q8(const Stage& stage, const KernelCall& call) {
     using namespace cuda_rows;
     using F = cuda::Decoder<FORMAT>;
     const cuda::Context& ctx = cuda::context(call);
@@ -795,17 +843,37 @@ void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
     const KcapMatvecTeams teams = cuda::matvec_teams(ctx, p, ROWS, cuda::q8_units_per_row<F>(p.k), kMoeQ8MatvecMinLanes,
                                                      (long long)p.n * slots, kMatvecQ8Simds);
     const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
+    const unsigned groups = cuda::matvec_groups(p, teams, ROWS, kMatvecQ8Simds);  // per slot
+    int* slot_done = nullptr;
+    if (SLOT_STARTS) {
+        if (!ctx.moe_slot_done || size_t(slots) > ctx.moe_slot_done_capacity)
+            throw Error("cuda.moe_experts_q8_slot_starts: " + std::to_string(slots) + " slots exceed the " +
+                        std::to_string(ctx.moe_slot_done_capacity) + " counts planned");
+        slot_done = ctx.moe_slot_done;
+    }
     with_matvec_body<kMoeQ8MatvecMinLanes>(teams.lanes, [&](auto teams_body) {
-        cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, ROWS, decltype(teams_body)::value>,
-                     dim3(cuda::matvec_groups(p, teams, ROWS, kMatvecQ8Simds), slots), dim3(kMatvecQ8Simds * 32),
-                     size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, teams, chunk_runs,
-                     static_cast<const kcap_u8*>(data.operands[0]), static_cast<const kcap_u8*>(data.operands[1]),
-                     call.in2, call.in, int(stage.params.activation), ctx.moe_act,
-                     static_cast<const float*>(data.operands[3]), static_cast<const float*>(data.operands[4]));
+        cuda::launch(ctx, cuda::experts_gate_up_q8_kernel<F, ROWS, decltype(teams_body)::value>, dim3(groups, slots),
+                     dim3(kMatvecQ8Simds * 32), size_t(matvec_q8_shared_words(p.k, ROWS)) * 4, moe, p, teams,
+                     chunk_runs, static_cast<const kcap_u8*>(data.operands[0]),
+                     static_cast<const kcap_u8*>(data.operands[1]), call.in2, call.in, int(stage.params.activation),
+                     ctx.moe_act, static_cast<const float*>(data.operands[3]),
+                     static_cast<const float*>(data.operands[4]), slot_done);
     });
     cuda::launch_experts_down<true>(ctx, stage, moe, static_cast<const kcap_u8*>(data.operands[2]), call.in2, slots,
-                                 static_cast<const float*>(data.operands[5]));
-    cuda::launch_experts_combine(ctx, stage, call, moe, nullptr);
+                                 static_cast<const float*>(data.operands[5]), slot_done, int(groups));
+    cuda::launch_experts_combine(ctx, stage, call, moe, nullptr, slot_done);
+}
+
+}  // namespace
+
+template <Format FORMAT>
+void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call) {
+    moe_experts_q8<FORMAT, false>(stage, call);
+}
+
+template <Format FORMAT>
+void kcap_cuda_moe_experts_q8_slot_starts(const Stage& stage, const KernelCall& call) {
+    moe_experts_q8<FORMAT, true>(stage, call);
 }
 
 namespace cuda {
@@ -947,6 +1015,7 @@ KCAP_WEIGHT_FORMATS(KCAP_INSTANTIATE_MOE)
 #undef KCAP_INSTANTIATE_MOE
 #define KCAP_INSTANTIATE_MOE_Q8(NAME, DECODER)                                                     \
     template void kcap_cuda_moe_experts_q8<Format::NAME>(const Stage&, const KernelCall&);        \
+    template void kcap_cuda_moe_experts_q8_slot_starts<Format::NAME>(const Stage&, const KernelCall&); \
     template void kcap_cuda_moe_experts_q8_mma<Format::NAME>(const Stage&, const KernelCall&);
 KCAP_Q8_WEIGHT_FORMATS(KCAP_INSTANTIATE_MOE_Q8)
 #undef KCAP_INSTANTIATE_MOE_Q8

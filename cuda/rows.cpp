@@ -77,6 +77,12 @@ int q8_tile128_tokens(const Stage& stage, const DeviceInfo& device) {
     return q8_tile128_min_tokens(stage_row_tiles(stage), FORMAT, device.sm_count);
 }
 
+// The q8_1 slot matvecs with slot starts from the tokens whose gate/up launch is surely more than
+// one wave (moe_slot_starts_min_tokens).
+int moe_slot_starts_tokens(const Stage& stage, const DeviceInfo& device) {
+    return moe_slot_starts_min_tokens(stage.k2, stage.k, stage.params.n_expert_used, device.sm_count);
+}
+
 // The q8_1 rows of one family in each of their three input sources: Groups for rows of fewer
 // than kQ8QuantizeMinK values (the matvec; batches always quantize), Quantize for longer rows and
 // batches, Scratch where the stage before wrote the q8_1 input (kQ8Input).
@@ -606,6 +612,16 @@ void add_cuda_moe_rows(std::vector<Row>& rows) {
             q8.priority = 1;                                                                             \
             q8.geometry = {kMatvecQ8Simds * 32, kMatvecQ8Simds * kMoeQ8GateUpRows, kMatvecQ8SharedBytes};\
             rows.push_back(q8);                                                                          \
+            /* The same slot matvecs where gate/up takes more than a wave: each slot's down groups */   \
+            /* start once that slot's gate/up groups are done (moe_slot_starts_min_tokens). */          \
+            Row slot_starts = q8;                                                                        \
+            slot_starts.kernel = "cuda.moe_experts_q8_slot_starts." + lower(f);                          \
+            slot_starts.fn = KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_q8_slot_starts<f>);                   \
+            slot_starts.tokens = {1, kMoeGroupedMinTokens - 1};                                          \
+            slot_starts.tokens_min_of = &moe_slot_starts_tokens;                                         \
+            slot_starts.priority = 2;                                                                    \
+            slot_starts.launches = {"moe_gate_up_count", "moe_down_slot_wait", "moe_combine"};           \
+            rows.push_back(slot_starts);                                                                 \
             Row q8_grouped = gpu_family_row(GpuFamily::MoeExperts, Backend::CUDA, f,                     \
                                             KCAP_CUDA_ENTRY(kcap_cuda_moe_experts_q8_mma<f>), kMmaGeometry); \
             q8_grouped.kernel = "cuda.moe_experts_q8_mma." + lower(f);                                   \

@@ -459,6 +459,33 @@ constexpr int kMoeSortThreads = 1024;
 // 10.8 for 31, the grouped tiles 7.1 ms for 32 and 7.5 for 64: the slot matvecs read each
 // chosen expert's weights once per slot, so their time grows with the tokens from the first.
 constexpr int kMoeGroupedMinTokens = kMmaMinTokens;
+// The q8_1 slot matvecs' gate/up launch: one grid row of groups per slot (token x chosen expert),
+// each group kMatvecQ8Simds teams of kMoeQ8MatvecMinLanes (whole simd groups) split over the
+// rows as matvec_split sets for the launch's rows; the groups of all slots.
+constexpr long long moe_q8_gate_up_groups(long long ff, long long k, long long slots, int sm_count) {
+    const int split = matvec_split(ff * slots, sm_count, kMoeQ8GateUpRows, k, kMatvecQ8Simds);
+    const int group_rows = matvec_group_rows(split, kMoeQ8MatvecMinLanes, kMoeQ8GateUpRows, kMatvecQ8Simds);
+    return (ff + group_rows - 1) / group_rows * slots;
+}
+// Slot starts (cuda.moe_experts_q8_slot_starts): each gate/up group counts itself done in its
+// slot's counter, and each slot's down groups wait for that count instead of for the whole gate/up
+// launch, so the first slots' down rows run in the gate/up launch's last wave. That pays only
+// where gate/up takes more than one wave: measured on an H100 (12-layer slices, tg128 q8_1,
+// bench/results/cuda_h100_slot_flags_probe.txt), gpt-oss-20b (720 groups of 40 registers, three a
+// multiprocessor: 1.8 waves) 940 -> 962 tok/s, Qwen3-30B-A3B (384 groups, under one wave) 1,364
+// -> 1,341. So the row takes a call from the tokens whose gate/up groups exceed
+// kMoeSlotStartsGroupsPerSm per multiprocessor (no gate/up kernel fits more): surely over a wave.
+constexpr int kMoeSlotStartsGroupsPerSm = 4;
+constexpr int moe_slot_starts_min_tokens(long long ff, long long k, int n_used, int sm_count) {
+    for (int tokens = 1; tokens < kMoeGroupedMinTokens; ++tokens)
+        if (moe_q8_gate_up_groups(ff, k, (long long)tokens * n_used, sm_count) >
+            (long long)kMoeSlotStartsGroupsPerSm * sm_count)
+            return tokens;
+    return kMoeGroupedMinTokens;  // past the row's range: the plain slot matvecs take every count
+}
+static_assert(moe_q8_gate_up_groups(2880, 2880, 4, 132) == 720 && moe_q8_gate_up_groups(768, 2048, 8, 132) == 384 &&
+                  moe_slot_starts_min_tokens(2880, 2880, 4, 132) == 1 && moe_slot_starts_min_tokens(768, 2048, 8, 132) == 2,
+              "gpt-oss-20b's decode takes the slot starts, Qwen3-30B-A3B's from two tokens");
 // The u16 values of rows x k values split for the split-bf16 tiles (mma_tiles::SplitRows: two
 // bf16 halves and an f32 sum of each 16 values; a multiple of 4 where k is a multiple of 32, so
 // that a second layout after it stays 8-byte aligned).
@@ -528,6 +555,7 @@ template <Format FORMAT> void kcap_cuda_moe_experts(const Stage& stage, const Ke
 template <Format FORMAT> void kcap_cuda_moe_experts_mma(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_bf16_mma(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_q8(const Stage& stage, const KernelCall& call);
+template <Format FORMAT> void kcap_cuda_moe_experts_q8_slot_starts(const Stage& stage, const KernelCall& call);
 template <Format FORMAT> void kcap_cuda_moe_experts_q8_mma(const Stage& stage, const KernelCall& call);
 
 void kcap_cuda_qkv(const Stage& stage, const KernelCall& call);

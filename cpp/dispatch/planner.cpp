@@ -802,7 +802,12 @@ std::vector<Route> plan_routes(const Stage& stage, const PlanOptions& options, s
             continue;
         }
         const TokenRange tokens = row_tokens(row, stage, options.device);
-        if (tokens.min > max_batch || (tokens.max && tokens.max < tokens.min)) {
+        if (tokens.max && tokens.max < tokens.min) {  // a bound from the stage and device past the row's range
+            rejections << "\n  " << row.kernel << ": takes at most " << tokens.max << " tokens per call, and this stage "
+                       << "on this device only from " << tokens.min;
+            continue;
+        }
+        if (tokens.min > max_batch) {
             rejections << "\n  " << row.kernel << ": takes " << describe_tokens(tokens)
                        << " tokens per call; calls here have at most " << max_batch;
             continue;

@@ -1820,6 +1820,10 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         t.ctx.moe_q8 = t.arena.nan_floats(t.ctx.moe_q8_capacity / 4);
                         t.ctx.moe_bf16_capacity = cuda_rows::moe_input_values(scratch.down, scratch.act);  // as the backend
                         t.ctx.moe_bf16 = reinterpret_cast<unsigned short*>(t.arena.nan_floats(t.ctx.moe_bf16_capacity / 2 + 1));
+                        // The slot starts' counts, zero as the backend sets them (one more than a
+                        // call's slots, to see that nothing past them is counted).
+                        t.ctx.moe_slot_done_capacity = size_t(m) * size_t(used) + 1;
+                        t.ctx.moe_slot_done = t.arena.upload(std::vector<int>(t.ctx.moe_slot_done_capacity, 0));
                         const bool q8 = row.input_encoding == Encoding::Q8_1;
                         stage.input_encoding = row.input_encoding;
                         std::vector<float> ref(size_t(m) * size_t(n));
@@ -1840,6 +1844,11 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         std::snprintf(what, sizeof what, "%s down %s K=%lld ff=%lld used %d, %d tokens%s", row.kernel.c_str(),
                                       format_name(down_format), (long long)k, (long long)ff_legal, used, m,
                                       gemma ? " (merged gate_up, gelu_tanh)" : oai ? " (biases, clamped SwiGLU)" : "");
+                        // The slot starts leave their counts at 0 for the next stage.
+                        const std::vector<int> counts = download(t.ctx.moe_slot_done, t.ctx.moe_slot_done_capacity);
+                        KCAP_EXPECT(std::count(counts.begin(), counts.end(), 0) == std::ptrdiff_t(counts.size()),
+                                    "%s: slot counts left at %d, %d, ... after the call", what, counts[0],
+                                    counts.size() > 1 ? counts[1] : 0);
                         // The grouped rows' sorted row of each slot, within the batch's tiles (a
                         // row outside them clears slot_rows_ok; the lookup clamps).
                         const int64_t slots = int64_t(m) * used;

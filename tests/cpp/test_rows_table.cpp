@@ -9,8 +9,9 @@
 //     for that reason;
 //   - the routes of each such stage (route_stage, 1 .. max_batch tokens per call) cover every
 //     token count exactly once, ascending, each by a row whose token range holds it and that
-//     has the highest priority of the rows that fit there; the 128-token q8_1 tile rows start
-//     at the token count their tokens_min_of computes for the device.
+//     has the highest priority of the rows that fit there; the rows whose range starts where
+//     the stage fills the device (the 128-token q8_1 tiles, the experts' slot starts) start at
+//     the token count their tokens_min_of computes for it.
 // The test fails if any row of the table got no stage it accepts (a row no stage here can
 // reach is untested).
 #include <algorithm>
@@ -379,11 +380,16 @@ int main() {
         ++accepted[b];
         check_refusals(row, stage, operands);
         // Token ranges. A row whose lower bound follows from the stage and the device (the
-        // 128-token int8 tiles): the narrowest stage whose range starts within the routes.
+        // 128-token int8 tiles, the experts' slot starts): the narrowest stage whose range starts
+        // within the routes and the row's own range (wider: N, and an experts stage's FFN width).
         Stage routed = stage;
         const int max_batch = one_token_op(row.op) ? 1 : 512;
         if (row.tokens_min_of) {
-            while (row_tokens(row, routed, device).min > max_batch / 2) routed.n += 128;
+            const int limit = row.tokens.max ? row.tokens.max : max_batch / 2;
+            while (row_tokens(row, routed, device).min > limit) {
+                routed.n += 128;
+                if (row.op == Op::MoeExperts) routed.k2 += 256;  // whole blocks of every format
+            }
             const TokenRange range = row_tokens(row, routed, device);
             KCAP_EXPECT(range.min > row.tokens.min, "%s: starts at %d for N=%lld", row.kernel.c_str(), range.min,
                         (long long)routed.n);
