@@ -11,7 +11,8 @@
 //     token count exactly once, ascending, each by a row whose token range holds it and that
 //     has the highest priority of the rows that fit there; the rows whose range starts where
 //     the stage fills the device (the 128-token q8_1 tiles, the experts' slot starts) start at
-//     the token count their tokens_min_of computes for it.
+//     the token count their tokens_min_of computes for it; the experts' slot starts take the
+//     one-token decode of gpt-oss-20b's layout and not Qwen3-30B-A3B's.
 // The test fails if any row of the table got no stage it accepts (a row no stage here can
 // reach is untested).
 #include <algorithm>
@@ -361,6 +362,53 @@ bool one_token_op(Op op) { return op == Op::Argmax || op == Op::Sample; }
 
 }  // namespace
 
+// The q8_1 experts' slot starts on the reference device (132 multiprocessors) for the two MoE
+// layouts they were measured on: gpt-oss-20b's decode takes them (720 gate/up groups), Qwen3-30B-
+// A3B's one-token decode does not (384 groups, under one wave) but its calls of 2-15 tokens do,
+// and 16 tokens and more go to the grouped int8 tiles in both.
+void check_slot_starts_layouts(int& routes_checked) {
+    struct Layout {
+        const char* name;
+        Format gate_up, down;
+        int64_t k, ff;
+        int n_expert, n_used;
+        const char* one, *two;  // the rows of a call of 1 and of 2 tokens
+    };
+    const Layout layouts[] = {
+        {"gpt-oss-20b", Format::MXFP4, Format::MXFP4, 2880, 2880, 32, 4, "cuda.moe_experts_q8_slot_starts.mxfp4",
+         "cuda.moe_experts_q8_slot_starts.mxfp4"},
+        {"Qwen3-30B-A3B", Format::Q4_K, Format::Q6_K, 2048, 768, 128, 8, "cuda.moe_experts_q8.q4_k",
+         "cuda.moe_experts_q8_slot_starts.q4_k"},
+    };
+    for (const Layout& l : layouts) {
+        Operands operands;
+        Stage stage;
+        stage.layer = 0;
+        stage.name = "experts";
+        stage.op = Op::MoeExperts;
+        stage.operands = {operands.add(l.gate_up, "ffn_gate_exps"), operands.add(l.gate_up, "ffn_up_exps"),
+                          operands.add(l.down, "ffn_down_exps")};
+        stage.input_encoding = Encoding::Q8_1;
+        stage.features = kSilu | kGated;
+        stage.k = stage.n = l.k;
+        stage.k2 = l.ff;
+        stage.params.n_expert = l.n_expert;
+        stage.params.n_expert_used = l.n_used;
+        PlanOptions options;
+        options.backend = Backend::CUDA;
+        options.activations = Encoding::Q8_1;
+        options.max_batch = 512;
+        for (const int64_t n : {1, 2, 15, 16}) {
+            const Row* row = route(stage, options, n);
+            const std::string want = n == 1 ? l.one : n < 16 ? l.two : std::string("cuda.moe_experts_q8_mma.") +
+                                                                        lowercase(format_name(l.gate_up));
+            KCAP_EXPECT(row && row->kernel == want, "%s experts, %lld tokens: %s, expected %s", l.name, (long long)n,
+                        row ? row->kernel.c_str() : "-", want.c_str());
+            ++routes_checked;
+        }
+    }
+}
+
 int main() {
     const DeviceInfo device;  // the reference device a plan without one is made for
     int per_backend[3] = {0, 0, 0}, accepted[3] = {0, 0, 0};
@@ -427,6 +475,7 @@ int main() {
         ++routes_checked;
         if (std::find(chosen.begin(), chosen.end(), &row) == chosen.end()) unreached.push_back(row.kernel);
     }
+    check_slot_starts_layouts(routes_checked);
     for (const std::string& kernel : without_stage) KCAP_EXPECT(false, "no accepted stage built for %s", kernel.c_str());
     // A row that fits its own legal stage but that no token count of it routes to: outranked
     // everywhere it fits (a dead row), named so the table can be fixed.
