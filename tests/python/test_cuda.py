@@ -363,14 +363,15 @@ def test_qwen3_30b_a3b_shape_routes_to_cuda(tmp_path):
             assert "attn_residual+ffn_norm" not in kernels
             # down: its own Q6_K body; from 16 tokens the slots grouped by expert on the tiles;
             # with q8_1 activations the int8 forms (dp4a slots, int8 tiles) round x and the
-            # activations; with bf16 the tiles multiply bf16 weights and activations (the slots
-            # stay exact)
-            q8 = "_q8" if activations == "q8_1" else ""
+            # activations, the slots with slot starts from two tokens (one token's gate/up is
+            # under a wave of the device); with bf16 the tiles multiply bf16 weights and
+            # activations (the slots stay exact)
+            q8 = ("_q8" if n == 1 else "_q8_slot_starts") if activations == "q8_1" else ""
             tiles = {"f32": "_mma", "q8_1": "_q8_mma", "bf16": "_bf16_mma"}[activations]
             want = f"cuda.moe_experts{q8}.q4_k" if n < 16 else f"cuda.moe_experts{tiles}.q4_k"
             assert kernels["ffn_moe"] == want, (activations, n)
         moe = [(r["tokens_min"], r["tokens_max"]) for r in routes if r["stage"] == "ffn_moe"]
-        assert moe == [(1, 15), (16, None)]
+        assert moe == ([(1, 1), (2, 15), (16, None)] if activations == "q8_1" else [(1, 15), (16, None)])
         router = [r for r in routes if r["stage"] == "attn_residual+ffn_norm+ffn_router"]
         assert router and all(set(r["features"].split(",")) == {"expert_softmax", "expert_weights_norm",
                                                                  "add_norm_input"} for r in router)
