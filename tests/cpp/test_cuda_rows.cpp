@@ -1664,7 +1664,18 @@ void test_moe(std::mt19937& rng, CpuState& cpu) {
                         TestContext t;
                         // The router also at 128 experts (Qwen3-MoE): each lane of its top-k scans several.
                         const int n_expert = row.op == Op::MoeRoute && k != block ? 128 : 8;
-                        const int64_t ff = block * 2, n = k;  // the experts' FFN width; output = input width
+                        // The experts' FFN width (output = input width): two blocks, or, for an
+                        // experts row whose fewest tokens follow the stage's shape (the slot
+                        // starts: a gate/up launch of over a wave), the first doubling at which the
+                        // row takes this case's tokens.
+                        int64_t ff = block * 2;
+                        const int64_t n = k;
+                        if (row.op == Op::MoeExperts && row.tokens_min_of) {
+                            Stage probe;
+                            probe.k = k, probe.n = n, probe.params.n_expert_used = used;
+                            for (probe.k2 = ff; row.tokens_min_of(probe, g_device) > m && probe.k2 < 65536;) probe.k2 *= 2;
+                            ff = probe.k2;
+                        }
                         const std::vector<float> x = random_floats(rng, size_t(m) * size_t(k));
                         Stage stage;
                         stage.layer = 0;
