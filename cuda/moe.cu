@@ -858,8 +858,7 @@ void moe_experts_q8(const Stage& stage, const KernelCall& call) {
     const int chunk_runs = std::min(p.k / 32, kMatvecQ8ChunkRuns);
     const unsigned groups = cuda::matvec_groups(p, teams, ROWS, kMatvecQ8Simds);  // per slot
     int* slot_done = nullptr;
-    static const bool probe_off = std::getenv("KCAP_PROBE_NO_SLOT_STARTS") != nullptr;  // PROBE: the plain launches
-    if (SLOT_STARTS && !probe_off) {
+    if (SLOT_STARTS) {
         if (!ctx.moe_slot_done || size_t(slots) > ctx.moe_slot_done_capacity)
             throw Error("cuda.moe_experts_q8_slot_starts: " + std::to_string(slots) + " slots exceed the " +
                         std::to_string(ctx.moe_slot_done_capacity) + " counts planned");
