@@ -45,7 +45,6 @@
 //   the plan asks (kSharedExpertSum).
 //   cuda.moe_shared_gate     out = in + sigmoid(w . x) * shared, one group per token.
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include <cooperative_groups.h>
@@ -388,14 +387,8 @@ template <class F, int ROWS, bool TEAMS, int MIN_GROUPS>
 __global__ void __launch_bounds__(kMatvecQ8Simds * 32, MIN_GROUPS)
     experts_down_q8_kernel(KcapMoeParams moe, KcapMatmulParams p, KcapMatvecTeams teams, int chunk_runs,
                            const kcap_u8* down, const float* routing, const float* act, float* out,
-                           const float* down_bias, const int* slot_done, int slot_groups, int early) {
+                           const float* down_bias, const int* slot_done, int slot_groups) {
     extern __shared__ kcap_i32 q8_shared[];
-    if (early) {  // PROBE: the slot's rows asked of L2 before the wait (the routing is older than gate/up)
-        const int token = int(blockIdx.y) / moe.n_used;
-        const int expert = int(__ldcg(routing + size_t(token) * size_t(2 * moe.n_used) + blockIdx.y % moe.n_used));
-        kcap_matvec_split_prefetch<ROWS, TEAMS>(kcap_cuda_thread(), p, teams,
-                                                down + kcap_u64(expert) * kcap_u64(moe.n) * p.row_bytes);
-    }
     if (slot_done) {  // slot starts: this slot's gate/up groups, not the whole launch
         pdl_trigger();
         wait_slot_done(slot_done, slot_groups);
@@ -543,12 +536,6 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 }
 
 // The down matvec of every slot (Q8: on q8_1 of the activations, dp4a).
-// PROBE (KCAP_PROBE_DOWN_EARLY=1): the q8_1 down groups ask L2 for their rows before their wait.
-inline int probe_down_early() {
-    static const int on = std::getenv("KCAP_PROBE_DOWN_EARLY") ? std::atoi(std::getenv("KCAP_PROBE_DOWN_EARLY")) : 0;
-    return on;
-}
-
 // slot_done: the slot starts' counts (Q8 only; null: the down launch waits for the gate/up launch),
 // each reaching slot_groups.
 template <bool Q8, class F, int ROWS, int MIN_GROUPS = 0>
@@ -571,7 +558,7 @@ void launch_experts_down_rows(const Context& ctx, KcapMatmulParams p, const Kcap
         if constexpr (Q8)
             launch(ctx, experts_down_q8_kernel<F, ROWS, TEAMS, MIN_GROUPS>, grid, dim3(kSimds * 32), shared, moe, p,
                    teams, chunk_runs, down, routing, static_cast<const float*>(ctx.moe_act), ctx.moe_down, down_bias,
-                   slot_done, slot_groups, probe_down_early());
+                   slot_done, slot_groups);
         else
             run(experts_down_kernel<F, ROWS, TEAMS>);
     });
