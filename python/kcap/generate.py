@@ -173,6 +173,7 @@ class HarmonyChannels:
     commentary) are its reasoning, which llama.cpp's server returns as reasoning_content."""
 
     _MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>")
+    strip_answer_start = False  # a final message starts right after <|message|>
 
     def __init__(self, tokenizer, ids: dict):
         self._tokenizer = tokenizer
@@ -261,19 +262,24 @@ def ids_text_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 2
     decoder = StreamDecoder(tokenizer, skip_special_tokens=skip_special_tokens, continues_text=continues_text)
     channels = reasoning_channels(tokenizer, prompt_ids) if chat else None
     reasoning = StreamDecoder(tokenizer, skip_special_tokens=True) if channels is not None else None
+
+    def think(text: str) -> None:
+        if text and on_reasoning is not None:
+            on_reasoning(text)
+
     stats = stats if stats is not None else GenerationStats()
     with closing(token_stream(model, prompt_ids, max_tokens=max_tokens, stats=stats, **options)) as tokens:
         for token in tokens:
             if channels is not None:
                 channel = channels.route(token)
-                # A reasoning message's text ends where anything else starts.
-                thought = reasoning.push(token) if channel == "reasoning" else reasoning.flush()
-                if thought and on_reasoning is not None:
-                    on_reasoning(thought)
-                if channel != "final":
+                if channel == "reasoning":
+                    think(reasoning.push(token))
+                    continue
+                think(reasoning.flush())  # a reasoning message's text ends where anything else starts
+                if channel is None:
                     continue
             text = decoder.push(token)
-            if channels is not None and getattr(channels, "strip_answer_start", False):
+            if channels is not None and channels.strip_answer_start:
                 # The blank lines between a reasoning block and the answer.
                 text = text.lstrip()
                 channels.strip_answer_start = not text
@@ -284,9 +290,7 @@ def ids_text_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 2
                 stats.finish_reason = "stop"
                 return
     if reasoning is not None:
-        thought = reasoning.flush()
-        if thought and on_reasoning is not None:
-            on_reasoning(thought)
+        think(reasoning.flush())
     text, stopped = matcher.push(decoder.flush())
     if text:
         yield text

@@ -91,28 +91,19 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1, le=1, description="one choice per request")
     frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported: use repetition_penalty")
     presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported: use repetition_penalty")
-    # Declared so that a request setting them is refused (_UNSUPPORTED), not silently answered without.
-    tools: Optional[Any] = None
-    tool_choice: Optional[Any] = None
-    functions: Optional[Any] = None
-    function_call: Optional[Any] = None
-    response_format: Optional[Any] = None
-    json_schema: Optional[Any] = None
-    grammar: Optional[Any] = None
-    logit_bias: Optional[Any] = None
-    suffix: Optional[Any] = None
-    best_of: Optional[Any] = None
-    top_logprobs: Optional[Any] = None
-    modalities: Optional[Any] = None
-    audio: Optional[Any] = None
 
     @model_validator(mode="before")
     @classmethod
     def _defaults_for_null(cls, data):
         """OpenAI's schema lets a client send null for an option it leaves at its default; llama.cpp's
-        server's repeat_penalty is repetition_penalty."""
+        server's repeat_penalty is repetition_penalty; a field of _UNSUPPORTED is refused unless
+        neutral (not declared: read here, before extra="ignore" would drop it)."""
         if not isinstance(data, dict):
             return data
+        for field, (neutral, what) in _UNSUPPORTED.items():
+            if data.get(field) not in neutral:
+                raise APIError(400, f"{field}: kcap serve does not implement {what}; an answer would ignore it",
+                               param=field, code="unsupported_parameter")
         data = {key: value for key, value in data.items()
                 if not (value is None and key in cls.model_fields and cls.model_fields[key].default is not None)}
         if "repeat_penalty" in data:
@@ -124,12 +115,7 @@ class _Sampling(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _refuse_what_is_not_implemented(self):
-        for field, (neutral, what) in _UNSUPPORTED.items():
-            value = getattr(self, field)
-            if value not in neutral:
-                raise APIError(400, f"{field}: kcap serve does not implement {what}; an answer would ignore it",
-                               param=field, code="unsupported_parameter")
+    def _stream_options_with_stream(self):
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options: only allowed when stream is true", param="stream_options")
         return self

@@ -99,6 +99,17 @@ def test_cli_without_default_model_says_how_to_get_it(monkeypatch):
         cli.default_model_path()
 
 
+class StubModel:
+    """What the text streams and chat_prompt_ids read of a model: its tokenizer (and path)."""
+    path = "stub.gguf"
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def _require_tokenizer(self):
+        return self.tokenizer
+
+
 def test_harmony_chat_answers_with_the_final_channel(monkeypatch):
     # gpt-oss writes its reasoning in the analysis channel, ends that message with <|end|> and then
     # writes the answer in the final channel up to <|return|>: the chat's text is the final channel,
@@ -123,17 +134,13 @@ def test_harmony_chat_answers_with_the_final_channel(monkeypatch):
     answer = ids("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hi there.")
     assert answer.count(3) == 1 and tokenizer.decode(answer, skip_special_tokens=True).endswith("Hi there.")
 
-    class Stub:
-        def _require_tokenizer(self):
-            return tokenizer
-
     monkeypatch.setattr(generate, "token_stream", lambda model, prompt_ids, **options: (t for t in answer))
     thoughts = []
-    text = "".join(generate.ids_text_stream(Stub(), [0], skip_special_tokens=True, chat=True,
+    text = "".join(generate.ids_text_stream(StubModel(tokenizer), [0], skip_special_tokens=True, chat=True,
                                             on_reasoning=thoughts.append))
     assert text == "Hi there." and "".join(thoughts) == "Think."
     # Outside a chat (a completion of raw text) every token's text stays in the stream.
-    text = "".join(generate.ids_text_stream(Stub(), [0], skip_special_tokens=True))
+    text = "".join(generate.ids_text_stream(StubModel(tokenizer), [0], skip_special_tokens=True))
     assert text == "analysisThink.assistantfinalHi there."
 
 
@@ -160,19 +167,15 @@ def test_think_tags_split_the_reasoning_from_the_answer(monkeypatch, prompt_open
     prompt = ids("hi<think>") if prompt_opens_it else ids("hi")
     answer = ids(("" if prompt_opens_it else "<think>") + "\nThink.\n</think>\n\nHi there.")
 
-    class Stub:
-        def _require_tokenizer(self):
-            return tokenizer
-
     monkeypatch.setattr(generate, "token_stream", lambda model, prompt_ids, **options: (t for t in answer))
     thoughts = []
-    text = "".join(generate.ids_text_stream(Stub(), prompt, skip_special_tokens=True, chat=True,
+    text = "".join(generate.ids_text_stream(StubModel(tokenizer), prompt, skip_special_tokens=True, chat=True,
                                             on_reasoning=thoughts.append))
     assert text == "Hi there." and "".join(thoughts) == "\nThink.\n"
     # A prompt that closed its think block (thinking turned off) answers with everything.
     closed = prompt + ids("</think>") if prompt_opens_it else ids("<think></think>")
     monkeypatch.setattr(generate, "token_stream", lambda model, prompt_ids, **options: (t for t in ids("Hi.")))
-    assert "".join(generate.ids_text_stream(Stub(), closed, skip_special_tokens=True, chat=True)) == "Hi."
+    assert "".join(generate.ids_text_stream(StubModel(tokenizer), closed, skip_special_tokens=True, chat=True)) == "Hi."
 
 
 def test_chat_template_variables_reach_the_template(smollm):
@@ -190,14 +193,8 @@ def test_chat_template_variables_reach_the_template(smollm):
                                 "tokenizer.ggml.tokens": [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["<", ">"],
                                 "tokenizer.ggml.merges": [], "tokenizer.chat_template": template})
 
-    class Stub:
-        path = "stub.gguf"
-
-        def _require_tokenizer(self):
-            return tokenizer
-
     def rendered(**variables):
-        return tokenizer.decode(chat_prompt_ids(Stub(), [{"role": "user", "content": "hi"}], **variables))
+        return tokenizer.decode(chat_prompt_ids(StubModel(tokenizer), [{"role": "user", "content": "hi"}], **variables))
 
     assert rendered() == "himedium"
     assert rendered(enable_thinking=False, reasoning_effort="high") == "hi<nothink>high"
@@ -227,13 +224,7 @@ def test_a_system_message_opens_the_first_turn_of_a_template_without_a_system_ro
                                     "tokenizer.ggml.tokens": letters, "tokenizer.ggml.merges": [],
                                     "tokenizer.chat_template": template})
 
-        class Stub:
-            path = "stub.gguf"
-
-            def _require_tokenizer(self):
-                return tokenizer
-
-        return tokenizer.decode(chat_prompt_ids(Stub(), messages))
+        return tokenizer.decode(chat_prompt_ids(StubModel(tokenizer), messages))
 
     conversation = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     assert rendered(no_system, conversation) == "<user>be brief\nhi"
