@@ -8,8 +8,10 @@ and GPT2Tokenizer classes it hands the vocabulary to), so kcap produces the same
 `AutoTokenizer.from_pretrained(..., gguf_file=...)`. tests/python/test_tokenizer.py holds kcap to
 goldens made by transformers (scripts/make_tokenizer_goldens.py).
 
-Deliberate differences from transformers, both where transformers ignores what the file says:
-  * a SentencePiece ("llama") vocabulary honours tokenizer.ggml.add_space_prefix = false;
+Deliberate differences from transformers:
+  * a SentencePiece ("llama") vocabulary honours tokenizer.ggml.add_space_prefix = false, and its
+    prefix space goes in front of every stretch of text as SentencePiece and llama.cpp put it
+    (also before text that starts with a space, and after each special token);
   * eos_ids also holds the end-of-turn tokens llama.cpp stops on (see _END_OF_GENERATION_TOKENS).
 """
 
@@ -54,7 +56,6 @@ _SPIECE_SPACE = "\u2581"  # SentencePiece's visible space, "▁"
 
 # Architectures whose "llama" (SentencePiece) vocabulary transformers builds its own way.
 _GEMMA_ARCHITECTURES = frozenset({"gemma", "gemma2", "gemma3"})
-_PHI3_ARCHITECTURE = "phi3"
 
 # Splitting regexes transformers uses for byte-level vocabularies, keyed by tokenizer.ggml.pre.
 _LLAMA3_SPLIT = (
@@ -335,7 +336,7 @@ def _build_gemma(metadata: dict, tokens: list[str]) -> _Pipeline:
     return _Pipeline(backend, vocab, _spm_piece_decoder(), leading_spaces_to_strip=1 if prefix_space else 0)
 
 
-def _build_sentencepiece(metadata: dict, tokens: list[str], architecture: str) -> _Pipeline:
+def _build_sentencepiece(metadata: dict, tokens: list[str]) -> _Pipeline:
     vocab = {token: index for index, token in enumerate(tokens)}
     merges = _merges_from_metadata(metadata)
     if merges is None:
@@ -343,18 +344,18 @@ def _build_sentencepiece(metadata: dict, tokens: list[str], architecture: str) -
         merges = _merges_from_scores(vocab, dict(zip(tokens, scores)))
     add_prefix_space = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
     backend = BackendTokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
-    if architecture == _PHI3_ARCHITECTURE:
-        # Phi-3 prepends its space in a normalizer rather than through Metaspace; the two differ on
-        # text that already starts with a space.
-        steps = [normalizers.Replace(" ", _SPIECE_SPACE)]
-        if add_prefix_space:
-            steps.insert(0, normalizers.Prepend(_SPIECE_SPACE))
-        backend.normalizer = normalizers.Sequence(steps)
-        backend.pre_tokenizer = None
-    else:
-        backend.pre_tokenizer = pre_tokenizers.Metaspace(
-            replacement=_SPIECE_SPACE, prepend_scheme="first" if add_prefix_space else "never", split=False
-        )
+    # SentencePiece's dummy prefix: every stretch of text gets one "▁" in front, also one that
+    # already starts with a space (" Hello" -> "▁▁Hello") and one that follows a special token
+    # ("<s>[INST]" -> "<s>", "▁[", ...): the tokenizers library normalizes each stretch between
+    # added tokens on its own. That is SentencePiece's and llama.cpp's encoding (llama.cpp's
+    # ggml-vocab-llama-spm test strings, whose ids come from the original Hugging Face tokenizer,
+    # and its tokenizer on chat prompts); a Metaspace pre-tokenizer with prepend_scheme "first",
+    # transformers' choice for GGUF files, drops both spaces.
+    steps = [normalizers.Replace(" ", _SPIECE_SPACE)]
+    if add_prefix_space:
+        steps.insert(0, normalizers.Prepend(_SPIECE_SPACE))
+    backend.normalizer = normalizers.Sequence(steps)
+    backend.pre_tokenizer = None
     # The prefix space added while encoding is taken back off the front when decoding.
     leading_spaces_to_strip = 1 if add_prefix_space else 0
     steps = [decoders.Replace(_SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
@@ -368,7 +369,7 @@ def _build_llama_family(metadata: dict, tokens: list[str]) -> _Pipeline:
     architecture = _require(metadata, "general.architecture")
     if architecture in _GEMMA_ARCHITECTURES:
         return _build_gemma(metadata, tokens)
-    return _build_sentencepiece(metadata, tokens, architecture)
+    return _build_sentencepiece(metadata, tokens)
 
 
 def _build_byte_level(metadata: dict, tokens: list[str]) -> _Pipeline:

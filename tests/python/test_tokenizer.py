@@ -297,6 +297,35 @@ def test_deepseek_llm_pre_tokenizer_matches_hugging_face(tmp_path):
     assert tokenizer.encode("Hello", add_special_tokens=True)[0] == vocab.metadata["tokenizer.ggml.bos_token_id"]
 
 
+def test_llama_sentencepiece_vocabulary_matches_llama_cpp(tmp_path):
+    # Llama 2's SentencePiece vocabulary (Llama 2, Mistral, Mixtral files): the prefix space goes
+    # in front of every stretch of text, also one that starts with a space and one after a special
+    # token. llama.cpp's test strings (ids from the original Hugging Face tokenizer), then chat
+    # prompts with llama.cpp's own ids (llama-cpp-python 0.3.36, special=True) for them.
+    import lzma
+
+    path = tmp_path / "ggml-vocab-llama-spm.gguf"
+    path.write_bytes(lzma.decompress((REPO / "tests" / "fixtures" / "vocab" / "ggml-vocab-llama-spm.gguf.xz").read_bytes()))
+    meta = GGUFFile(str(path)).metadata
+    assert meta["tokenizer.ggml.model"] == "llama" and meta["general.architecture"] == "llama"
+    tokenizer = load_tokenizer(meta)
+    cases = llama_cpp_vocab_cases("llama-spm")
+    assert sum(text.startswith(" ") for text, _ in cases) >= 10
+    wrong = [(text, ids) for text, ids in cases if tokenizer.encode(text, add_special_tokens=False) != ids]
+    assert not wrong, wrong[:3]
+    llama_cpp_ids = {
+        "<s>[INST] Hi there [/INST]": [1, 518, 25580, 29962, 6324, 727, 518, 29914, 25580, 29962],
+        "<s>[INST]Hi[/INST] Sure</s><s>[INST] more [/INST]": [1, 518, 25580, 29962, 18567, 29961, 29914, 25580, 29962,
+                                                             18585, 2, 1, 518, 25580, 29962, 901, 518, 29914, 25580, 29962],
+        "a</s>b": [263, 2, 289],
+        " <s> x": [259, 1, 29871, 921],
+    }
+    for text, ids in llama_cpp_ids.items():
+        assert tokenizer.encode(text, add_special_tokens=False) == ids, text
+    for text, _ in cases:
+        assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=True), skip_special_tokens=True) == text
+
+
 def test_deepseek_v3_pre_tokenizer_splits(tmp_path):
     # DeepSeek V3 / R1 files (tokenizer.ggml.pre "deepseek-v3"): llama.cpp's three isolating splits.
     # No vocabulary of that family ships with llama.cpp, so this holds the splits (on DeepSeek
@@ -445,7 +474,8 @@ def test_stream_continuing_a_prompt_keeps_the_sentencepiece_space():
     assert meta["tokenizer.ggml.model"] == "llama" and meta.get("tokenizer.ggml.add_space_prefix", True)
     tokenizer = load_tokenizer(meta)
     prompt = tokenizer.encode("the man")
-    continuation = tokenizer.encode(" the man", add_special_tokens=False)
+    # What a model continues the prompt with: "▁the", "▁man" (the prefix space makes the first "▁").
+    continuation = tokenizer.encode("the man", add_special_tokens=False)
     assert tokenizer.id_to_token(continuation[0]).startswith("\u2581")
     whole = tokenizer.decode(prompt + continuation, skip_special_tokens=True)
     assert whole == "the man the man"
