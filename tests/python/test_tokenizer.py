@@ -122,13 +122,33 @@ def test_goldens_cover_the_corpus(model):
 # --- encoding -------------------------------------------------------------------------------------
 
 
-def test_ids_match_transformers_for_every_corpus_string(model):
+# Which reference kcap follows where transformers and llama.cpp give a corpus string different ids:
+# the one that tokenizes as the model's own tokenizer (the tokenizer.json it was trained with) does.
+# SmolLM2's isolates each numeric character before its byte-level split (a Digits pre-tokenizer),
+# as llama.cpp does and transformers' GGUF loader does not ("x =  42", "½ ¼"). Gemma 3's is a BPE
+# over merges, which transformers' loader rebuilds; llama.cpp segments by scores instead (long
+# space runs) and reads a literal "▁" in the text as a space.
+WHERE_REFERENCES_DIFFER = {"gemma3": "ids", "smollm2": "llama_cpp_ids"}
+
+
+def test_ids_match_the_references_for_every_corpus_string(model):
+    followed = model.goldens[WHERE_REFERENCES_DIFFER[model.name]]
     mismatches = [
-        f"{short(text)}: kcap {ids} != transformers {model.goldens['ids'][text]}"
+        f"{short(text)}: kcap {ids} != {followed[text]}"
         for text in CORPUS
-        if (ids := model.tokenizer.encode(text)) != model.goldens["ids"][text]
+        if (ids := model.tokenizer.encode(text)) != followed[text]
     ]
     assert not mismatches, f"{len(mismatches)}/{len(CORPUS)} strings differ:\n" + "\n".join(mismatches[:20])
+
+
+def test_the_references_agree_but_for_a_few_strings(model):
+    # Both references cover the corpus, and they differ only on the few strings the table above
+    # is about (each such string is then held to the reference kcap follows).
+    assert list(model.goldens["llama_cpp_ids"]) == CORPUS
+    differ = [text for text in CORPUS if model.goldens["ids"][text] != model.goldens["llama_cpp_ids"][text]]
+    assert 0 < len(differ) <= 10, differ
+    if model.name == "smollm2":
+        assert "x =  42" in differ and all(any(c.isnumeric() for c in text) for text in differ)
 
 
 def test_load_time_is_a_few_seconds(model):
@@ -297,22 +317,45 @@ def test_deepseek_llm_pre_tokenizer_matches_hugging_face(tmp_path):
     assert tokenizer.encode("Hello", add_special_tokens=True)[0] == vocab.metadata["tokenizer.ggml.bos_token_id"]
 
 
-def test_llama_sentencepiece_vocabulary_matches_llama_cpp(tmp_path):
-    # Llama 2's SentencePiece vocabulary (Llama 2, Mistral, Mixtral files): the prefix space goes
-    # in front of every stretch of text, also one that starts with a space and one after a special
-    # token. llama.cpp's test strings (ids from the original Hugging Face tokenizer), then chat
-    # prompts with llama.cpp's own ids (llama-cpp-python 0.3.36, special=True) for them.
+def llama_cpp_vocab_metadata(name: str, tmp_path) -> dict:
     import lzma
 
-    path = tmp_path / "ggml-vocab-llama-spm.gguf"
-    path.write_bytes(lzma.decompress((REPO / "tests" / "fixtures" / "vocab" / "ggml-vocab-llama-spm.gguf.xz").read_bytes()))
-    meta = GGUFFile(str(path)).metadata
+    path = tmp_path / f"ggml-vocab-{name}.gguf"
+    path.write_bytes(lzma.decompress((REPO / "tests" / "fixtures" / "vocab" / f"{path.name}.xz").read_bytes()))
+    return GGUFFile(str(path)).metadata
+
+
+@pytest.mark.parametrize(
+    ("name", "what"),
+    [
+        # SentencePiece's prefix space also before text that starts with a space (" Hello").
+        ("llama-spm", lambda text: text.startswith(" ")),
+        # Llama 3: a word that is a token is that token, whatever the merges build (" Việt").
+        ("llama-bpe", lambda text: "Việt" in text),
+        # StarCoder: each numeric character split off before the byte-level split (" ½").
+        ("starcoder", lambda text: "½" in text),
+    ],
+)
+def test_vocabulary_matches_llama_cpp_test_strings(name, what, tmp_path):
+    # llama.cpp's test strings for the vocabulary, with the ids the model's own Hugging Face
+    # tokenizer gives them; `what` picks the strings the rule named above decides.
+    tokenizer = load_tokenizer(llama_cpp_vocab_metadata(name, tmp_path))
+    cases = llama_cpp_vocab_cases(name)
+    assert any(what(text) for text, _ in cases)
+    wrong = [(text, ids) for text, ids in cases if tokenizer.encode(text, add_special_tokens=False) != ids]
+    assert not wrong, wrong[:3]
+    for text, _ in cases:
+        assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+def test_llama_sentencepiece_vocabulary_matches_llama_cpp(tmp_path):
+    # Llama 2's SentencePiece vocabulary (Llama 2, Mistral, Mixtral files): the prefix space goes
+    # in front of every stretch of text, also after a special token: chat prompts with llama.cpp's
+    # own ids (llama-cpp-python 0.3.36, special=True) for them.
+    meta = llama_cpp_vocab_metadata("llama-spm", tmp_path)
     assert meta["tokenizer.ggml.model"] == "llama" and meta["general.architecture"] == "llama"
     tokenizer = load_tokenizer(meta)
     cases = llama_cpp_vocab_cases("llama-spm")
-    assert sum(text.startswith(" ") for text, _ in cases) >= 10
-    wrong = [(text, ids) for text, ids in cases if tokenizer.encode(text, add_special_tokens=False) != ids]
-    assert not wrong, wrong[:3]
     llama_cpp_ids = {
         "<s>[INST] Hi there [/INST]": [1, 518, 25580, 29962, 6324, 727, 518, 29914, 25580, 29962],
         "<s>[INST]Hi[/INST] Sure</s><s>[INST] more [/INST]": [1, 518, 25580, 29962, 18567, 29961, 29914, 25580, 29962,
