@@ -105,12 +105,22 @@ _DEEPSEEK_V3_SPLITS = (
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
     "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
 )
-# StarCoder and SmolLM (their tokenizer.json: a Digits pre-tokenizer, then byte-level's GPT-2
-# regex; llama.cpp's LLAMA_VOCAB_PRE_TYPE_STARCODER / SMOLLM): each numeric character alone
-# first, so " 42" is " ", "4", "2" and " ½" is " ", "½".
+# StarCoder, SmolLM and Refact (their tokenizer.json files: a Digits
+# pre-tokenizer, then byte-level's GPT-2 regex; llama.cpp's LLAMA_VOCAB_PRE_TYPE_STARCODER and the
+# types it shares that case with): each numeric character alone first, so " 42" is " ", "4", "2"
+# and " ½" is " ", "½".
 _DIGITS_THEN_GPT2_SPLITS = (
     r"\p{N}",
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+)
+# DeepSeek Coder (llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEEPSEEK_CODER): line breaks, letter runs and
+# punctuation runs with an optional leading space, CJK / Hangul runs, each digit alone.
+_DEEPSEEK_CODER_SPLITS = (
+    "[\r\n]",
+    r"\s?\p{L}+",
+    r"\s?\p{P}+",
+    "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+",
+    r"\p{N}",
 )
 # None means the GPT-2 regex built into the ByteLevel pre-tokenizer. transformers uses it for every
 # `pre` it has no regex for; we list the ones we accept explicitly so an unknown `pre` fails loudly
@@ -121,6 +131,8 @@ _BYTE_LEVEL_SPLITS: dict[str, str | tuple[str, ...] | None] = {
     "gpt2": None,
     "smollm": _DIGITS_THEN_GPT2_SPLITS,
     "starcoder": _DIGITS_THEN_GPT2_SPLITS,
+    "refact": _DIGITS_THEN_GPT2_SPLITS,
+    "deepseek-coder": _DEEPSEEK_CODER_SPLITS,
     "llama3": _LLAMA3_SPLIT,
     "llama-v3": _LLAMA3_SPLIT,
     "llama-bpe": _LLAMA3_SPLIT,

@@ -334,6 +334,9 @@ def llama_cpp_vocab_metadata(name: str, tmp_path) -> dict:
         ("llama-bpe", lambda text: "Việt" in text),
         # StarCoder: each numeric character split off before the byte-level split (" ½").
         ("starcoder", lambda text: "½" in text),
+        ("refact", lambda text: "½" in text),
+        # DeepSeek Coder's own splits: line breaks, letters, punctuation, CJK, single digits.
+        ("deepseek-coder", lambda text: "3333" in text),
     ],
 )
 def test_vocabulary_matches_llama_cpp_test_strings(name, what, tmp_path):
