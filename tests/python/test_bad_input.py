@@ -365,12 +365,31 @@ FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[2] / "tests" /
     ("starcoder2-f32", dict(drop_tensors=["blk.0.ffn_down.bias"]), r"missing tensor 'blk.0.ffn_down.bias'"),
     ("starcoder2-f32", dict(drop_tensors=["output_norm.bias"]), r"missing tensor 'output_norm.bias'"),
     ("gpt2-f32", dict(drop_tensors=["output_norm.bias"]), r"missing tensor 'output_norm.bias'"),
+    # Without a rope base llama.cpp rotates by 10,000, transformers' Gemma 3 / 4 by 1,000,000.
+    ("gemma3-f32", dict(drop_metadata=["gemma3.rope.freq_base"]), r"missing metadata key 'gemma3.rope.freq_base'"),
+    ("gemma4-f32", dict(drop_metadata=["gemma4.rope.freq_base"]), r"missing metadata key 'gemma4.rope.freq_base'"),
 ])
 def test_files_that_would_run_wrong_are_refused(tmp_path, fixture, changes, message):
     # Each of these loaded before and ran with a default in place of what the file lacks.
     bad = copy_with_changes(str(FIXTURES / f"{fixture}.gguf"), str(tmp_path / "bad.gguf"), **changes)
     with pytest.raises(kcap.ModelError, match=message):
         kcap.load(bad, backend="cpu")
+
+
+def test_gemma_files_without_softcaps_get_llama_cpps_caps(tmp_path):
+    # Gemma 2 files converted before llama.cpp wrote the softcaps: llama.cpp (and transformers'
+    # Gemma2Config) cap attention at 50 and the final logits at 30; Gemma 4's final logits at 30.
+    from kcap.arch import build_spec
+    from kcap.gguf import GGUFFile
+
+    gemma2 = copy_with_changes(str(FIXTURES / "gemma2-f32.gguf"), str(tmp_path / "g2.gguf"),
+                               drop_metadata=["gemma2.attn_logit_softcapping", "gemma2.final_logit_softcapping"])
+    spec = build_spec(GGUFFile(gemma2))
+    assert spec.final_softcap == 30.0 and {layer.attn_softcap for layer in spec.layers} == {50.0}
+    assert build_spec(GGUFFile(str(FIXTURES / "gemma2-f32.gguf"))).final_softcap == 3.0  # the file's own
+    gemma4 = copy_with_changes(str(FIXTURES / "gemma4-f32.gguf"), str(tmp_path / "g4.gguf"),
+                               drop_metadata=["gemma4.final_logit_softcapping"])
+    assert build_spec(GGUFFile(gemma4)).final_softcap == 30.0
 
 
 def test_gemma2_without_a_window_slides_over_4096_tokens(tmp_path):

@@ -21,6 +21,8 @@ KNOWN_UNUSED_TENSORS: dict[str, str] = {}
 # other sizes by 1/sqrt(head_dim). llama.cpp keys this on the 46-layer 27B model too.
 GEMMA2_27B_LAYERS = 46
 GEMMA2_DEFAULT_WINDOW = 4096
+GEMMA2_ATTN_SOFTCAP = 50.0
+GEMMA2_FINAL_SOFTCAP = 30.0
 
 
 def build(gguf: GGUFFile) -> _core.ModelSpec:
@@ -29,7 +31,9 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
     spec.norm_kind = _core.NormKind.RMS
     spec.norm_eps = hp.float("attention.layer_norm_rms_epsilon")
     spec.embed_scale = math.sqrt(spec.n_embd)
-    spec.final_softcap = hp.float("final_logit_softcapping", 0.0) or 0.0
+    # Files converted before llama.cpp wrote the softcaps lack them; llama.cpp and transformers'
+    # Gemma2Config then cap at 50 (attention) and 30 (final logits).
+    spec.final_softcap = hp.float("final_logit_softcapping", GEMMA2_FINAL_SOFTCAP) or 0.0
     geometry = attention_geometry(hp, spec.n_embd)
     n_layer = hp.int("block_count")
     n_head, _, head_dim, _ = geometry
@@ -45,7 +49,7 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
                                activation=_core.Activation.GeluTanh, post_norms=True)
         layer.sliding_window = window if il % 2 == 0 else 0
         layer.attn_scale = attn_scale
-        layer.attn_softcap = hp.float("attn_logit_softcapping", 0.0) or 0.0
+        layer.attn_softcap = hp.float("attn_logit_softcapping", GEMMA2_ATTN_SOFTCAP) or 0.0
         layers.append(layer)
     spec.layers = layers
     return spec

@@ -39,7 +39,8 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
     geometry = attention_geometry(hp, spec.n_embd)
     n_head, _, head_dim, _ = geometry
     windows = sliding_windows(hp, n_layer, default_period=SLIDING_WINDOW_PATTERN)
-    global_base = hp.float("rope.freq_base", 1000000.0)
+    # Required: without it llama.cpp rotates by 10,000 and transformers by 1,000,000.
+    global_base = hp.float("rope.freq_base")
     local_base = hp.float("rope.freq_base_swa", LOCAL_ROPE_BASE)
     global_freq_scale = rope_scaling(hp, gguf)  # scaling applies to the global layers only
     rope_dim = hp.int("rope.dimension_count", head_dim)

@@ -114,7 +114,8 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
     spec.norm_kind = _core.NormKind.RMS
     spec.norm_eps = hp.float("attention.layer_norm_rms_epsilon")
     spec.embed_scale = math.sqrt(spec.n_embd)
-    spec.final_softcap = hp.float("final_logit_softcapping", 0.0) or 0.0
+    # Without the key llama.cpp caps the final logits at 30, as Gemma 4's configuration does.
+    spec.final_softcap = hp.float("final_logit_softcapping", 30.0) or 0.0
 
     n_layer = hp.int("block_count")
     n_head = _per_layer(hp.get("attention.head_count"), n_layer, "attention.head_count", count=True)
@@ -127,7 +128,8 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
     head_dim_v_swa = hp.int("attention.value_length_swa", head_dim_swa)
     rope_dim_full = hp.int("rope.dimension_count", head_dim_full)
     rope_dim_swa = hp.int("rope.dimension_count_swa", head_dim_swa)
-    base_full = hp.float("rope.freq_base", 1000000.0)
+    # Required: without it llama.cpp rotates by 10,000 and transformers by 1,000,000.
+    base_full = hp.float("rope.freq_base")
     base_swa = hp.float("rope.freq_base_swa", 10000.0)
     if hp.get("rope.scaling.type", "none") not in ("none",):
         raise ModelError(f"{gguf.path}: gemma4 rope scaling '{hp.get('rope.scaling.type')}' is not supported")
