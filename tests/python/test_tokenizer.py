@@ -337,6 +337,9 @@ def llama_cpp_vocab_metadata(name: str, tmp_path) -> dict:
         ("refact", lambda text: "½" in text),
         # DeepSeek Coder's own splits: line breaks, letters, punctuation, CJK, single digits.
         ("deepseek-coder", lambda text: "3333" in text),
+        # Qwen 2 / 3 and GPT-2: their regexes alone (digits one at a time, in runs).
+        ("qwen2", lambda text: "3333" in text),
+        ("gpt-2", lambda text: "3333" in text),
     ],
 )
 def test_vocabulary_matches_llama_cpp_test_strings(name, what, tmp_path):
