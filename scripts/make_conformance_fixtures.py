@@ -475,6 +475,24 @@ FAMILIES: dict[str, dict] = {
         notes=["As gemma4, plus the E2B-style KV sharing: the last 2 layers (4: sliding, 5: full) have "
                "no k/v projections and reuse the K/V of the last earlier layer of the same type "
                "(3 and 2); use_double_wide_mlp doubles their FFN width (96 -> 192)."]),
+    "gemma4-kev": dict(
+        cls="Gemma4ForCausalLM", config_cls="Gemma4TextConfig", tokenizer="hf-gemma4",
+        config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                    hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB,
+                    final_logit_softcapping=3.0, max_position_embeddings=256, rms_norm_eps=1e-6,
+                    hidden_activation="gelu_pytorch_tanh", num_kv_shared_layers=0,
+                    attention_k_eq_v=True, num_global_key_value_heads=1,
+                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                     "full_attention": {"rope_type": "proportional",
+                                                        "partial_rotary_factor": 0.25,
+                                                        "rope_theta": 1000000.0}}),
+        notes=["As gemma4 with attention_k_eq_v, as the larger Gemma 4 models: the full-attention "
+               "layers (1, 3) have no v_proj (no attn_v in the GGUF) and take V from the K projection "
+               "before its norm (then V's RMS norm without weight, no rope), with their own KV head "
+               "count (num_global_key_value_heads 1; the sliding layers 2): the GGUF's "
+               "attention.head_count_kv is a per-layer array."]),
     "gpt2": dict(
         cls="GPT2LMHeadModel", config_cls="GPT2Config", tokenizer="bpe", pre="gpt-2",
         specials=["<|endoftext|>"], special_roles={"bos": "<|endoftext|>", "eos": "<|endoftext|>"},

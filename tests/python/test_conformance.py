@@ -43,6 +43,9 @@ FAMILIES = {
                           "rope": "rope_freq_factors", "attention": "sliding_window"}),
     "gemma4-kvshare": ("gemma4", {"attention": "kv_shared,sliding_window", "per_layer_embd": "per_layer_embedding",
                                   "attn_v_norm": "parameter_free_norm", "layer_output_scale": "layer_output_scale"}),
+    # The larger models' full layers: V from the K projection (no attn_v), their own KV head count.
+    "gemma4-kev": ("gemma4", {"attn_v_norm": "parameter_free_norm", "attention": "sliding_window",
+                              "rope": "rope_freq_factors"}),
     "granite": ("granite", {"attn_residual": "residual_scale", "logit_scale": "", "token_embd": "embed_scale"}),
     "qwen2-swa": ("qwen2", {"attention": "sliding_window", "attn_q": "bias"}),
     "qwen3-swa": ("qwen3", {"attention": "sliding_window", "attn_q_norm": "rms_norm"}),
@@ -85,7 +88,7 @@ FAMILIES = {
                                     "ffn_router": "expert_softmax,expert_groups"}),
 }
 # Fixtures whose transformers model slides some layers' attention (the prompt is longer than the window).
-SLIDING_WINDOW_FIXTURES = ("gemma2", "gemma3", "gemma4", "gemma4-kvshare", "gemma4-moe", "qwen2-swa", "qwen3-swa", "starcoder2-swa",
+SLIDING_WINDOW_FIXTURES = ("gemma2", "gemma3", "gemma4", "gemma4-kvshare", "gemma4-kev", "gemma4-moe", "qwen2-swa", "qwen3-swa", "starcoder2-swa",
                            "gpt-oss", "gpt-oss-mxfp4")
 
 

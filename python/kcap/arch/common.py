@@ -244,21 +244,25 @@ def standard_layer(gguf: GGUFFile, il: int, geometry, *, rope_style, rope_dim: i
                    gated_ffn: bool = True, biases: bool = False,
                    norm_biases: bool = False, qk_norm: bool = False, post_norms: bool = False,
                    rope_freqs: str = "", own_kv: bool = True, dense_ffn: bool = True,
-                   ffn_norm: str = "ffn_norm") -> _core.LayerSpec:
+                   ffn_norm: str = "ffn_norm", v_from_k: bool = False) -> _core.LayerSpec:
     """A pre-norm decoder block named as llama.cpp's converter names it (attn_norm, attn_q/k/v,
     attn_output, ffn_norm, ffn_gate/up/down), with the optional parts a family declares:
     biases (read when present), norm biases, QK-norm, Gemma-style post-norms. A layer without
     own_kv (it reads another layer's KV cache) has no K/V projections or K norm. Without
     dense_ffn the block has no dense FFN matrices (moe_ffn fills its experts instead). ffn_norm:
-    the FFN's input norm's name (gpt-oss: post_attention_norm)."""
+    the FFN's input norm's name (gpt-oss: post_attention_norm). v_from_k: a layer without
+    attn_v takes its values from the K projection (weights and bias) instead of failing."""
     layer = _core.LayerSpec()
     layer.n_head, layer.n_head_kv, layer.head_dim, layer.head_dim_v = geometry
     t = lambda name, required=True: block_tensor(gguf, il, name, required)  # noqa: E731
     layer.attn_norm = t("attn_norm.weight")
     layer.attn_norm_bias = t("attn_norm.bias", norm_biases)
-    layer.wq, layer.wk, layer.wv = t("attn_q.weight"), t("attn_k.weight", own_kv), t("attn_v.weight", own_kv)
+    layer.wq, layer.wk = t("attn_q.weight"), t("attn_k.weight", own_kv)
+    layer.wv = t("attn_v.weight", own_kv and not v_from_k)
     layer.wo = t("attn_output.weight")
     layer.bq, layer.bk, layer.bv = t("attn_q.bias", False), t("attn_k.bias", False), t("attn_v.bias", False)
+    if own_kv and v_from_k and not layer.wv:
+        layer.wv, layer.bv = layer.wk, layer.bk
     layer.bo = t("attn_output.bias", False)
     if biases and not (layer.bq and layer.bk and layer.bv):
         raise ModelError(f"{gguf.path}: layer {il} lacks the Q/K/V biases its architecture requires")

@@ -4,6 +4,9 @@ sliding and full layers) with
 * per-layer head dims: full layers use key_length/value_length, sliding ones *_swa;
   `attention.sliding_window_pattern` is a bool per layer (true = sliding);
 * attention scale 1.0 and a parameter-free RMS norm of V (V-norm);
+* a full layer without attn_v (attention_k_eq_v, the larger models) takes V from its K
+  projection before the K norm, as transformers and llama.cpp do; its KV head count may differ
+  from the sliding layers' (attention.head_count_kv per layer);
 * full layers: RoPE over rope.dimension_count with `rope_freqs` (1e30 entries leave pairs
   unrotated: partial rotary, frequencies from the full head dim); sliding: rope.*_swa;
 * per-layer embeddings (PLE) mixed in after each FFN, then the block output times
@@ -174,7 +177,7 @@ def build(gguf: GGUFFile) -> _core.ModelSpec:
                                rope_base=base_swa if sliding else base_full,
                                rope_freqs="" if sliding else rope_freqs,
                                activation=_core.Activation.GeluTanh, qk_norm=True, post_norms=True,
-                               own_kv=not shared)
+                               own_kv=not shared, v_from_k=not sliding)
         layer.sliding_window = window if sliding else 0
         layer.attn_scale = 1.0
         layer.v_norm = True
