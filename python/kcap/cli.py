@@ -129,13 +129,18 @@ def _add_sampling_options(p: argparse.ArgumentParser, max_tokens, max_tokens_hel
                    help="drop tokens below min-p times the most likely one's probability; 0 keeps all")
     p.add_argument("--repeat-penalty", type=positive_float, default=1.0,
                    help="penalty on recently seen tokens; 1 is none")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="lowers a recent token's logit by this much per occurrence; 0 is none")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="lowers the logit of every recent token by this much; 0 is none")
     p.add_argument("--seed", type=non_negative_int, default=None, help="random seed (default: a fresh one each run)")
     p.add_argument("--stop", action="append", help="stop string, not printed (repeatable; default: none)")
 
 
 def _sampling(args) -> dict:
     return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                repetition_penalty=args.repeat_penalty, seed=args.seed, stop=args.stop or None)
+                repetition_penalty=args.repeat_penalty, frequency_penalty=args.frequency_penalty,
+                presence_penalty=args.presence_penalty, seed=args.seed, stop=args.stop or None)
 
 
 def _load(args, path: str):

@@ -42,7 +42,8 @@ class GenerationStats:
 
 def token_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 256, ignore_eos: bool = False,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                 repetition_penalty: float = 1.0, seed: int | None = None,
+                 repetition_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 logit_bias: dict | None = None, seed: int | None = None,
                  stats: GenerationStats | None = None, cancel: threading.Event | None = None) -> Iterator[int]:
     """Yields generated token ids. max_tokens None: until an end-of-generation token or the end
     of the context. cancel: an Event checked between tokens, and in the prompt between chunks (on the
@@ -50,7 +51,8 @@ def token_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 256,
     if max_tokens is not None and (isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 0):
         raise InvalidArgumentError(f"max_tokens must be an integer ≥ 0 or None, got {max_tokens!r}")
     config = SamplerConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                           repetition_penalty=repetition_penalty, seed=seed)
+                           repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
+                           presence_penalty=presence_penalty, logit_bias=logit_bias, seed=seed)
     stats = stats if stats is not None else GenerationStats()
     model.last_stats = stats
     history = [int(i) for i in prompt_ids]
@@ -103,7 +105,7 @@ def _generate_locked(model, history, max_tokens, ignore_eos, config, stats, canc
 
 def device_choice(model, config: SamplerConfig):
     """Where the engine picks the next token on the device (CUDA: greedy, or top-k sampling
-    with k <= MAX_DEVICE_TOP_K and no repetition penalty), a function token -> next token
+    with k <= MAX_DEVICE_TOP_K; no penalty or logit bias), a function token -> next token
     that appends `token` and returns the device's choice, with no logits copied to the host;
     else None (the host sampler runs on eval's logits). The device draw is a hash of the seed
     and the position, so a seeded run repeats, but its numbers differ from the host sampler's
@@ -111,8 +113,10 @@ def device_choice(model, config: SamplerConfig):
     from kcap import _core
 
     engine = getattr(model, "engine", None)
-    if engine is None or not getattr(engine, "samples_on_device", False) or config.repetition_penalty != 1.0:
+    if engine is None or not getattr(engine, "samples_on_device", False):
         return None
+    if config.repetition_penalty != 1.0 or config.frequency_penalty or config.presence_penalty or config.logit_bias:
+        return None  # the host sampler applies these to eval's logits
     if config.temperature == 0.0 or config.top_k == 1:
         return lambda token: model._decode_next(token, lambda e: e.decode_greedy(token, 1))
     if not 1 <= config.top_k <= _core.MAX_DEVICE_TOP_K:

@@ -364,12 +364,17 @@ class Model:
     def generate(self, prompt: str, max_tokens: int | None = 256, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] | str | None = None, ignore_eos: bool = False,
-                 add_special_tokens: bool = True) -> str:
+                 add_special_tokens: bool = True, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 logit_bias: dict | None = None) -> str:
         """Generates text after prompt. temperature 0 is greedy. Stops at EOS, a stop string
-        (not included in the result), max_tokens, or the end of the context."""
+        (not included in the result), max_tokens, or the end of the context. The penalties count
+        the last 64 tokens (prompt included), as llama.cpp's; logit_bias: {token id: value added to
+        its logit}."""
         return "".join(self.stream(prompt, max_tokens=max_tokens, stop=stop, temperature=temperature, top_k=top_k,
                                    top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed,
-                                   ignore_eos=ignore_eos, add_special_tokens=add_special_tokens))
+                                   ignore_eos=ignore_eos, add_special_tokens=add_special_tokens,
+                                   frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                   logit_bias=logit_bias))
 
     # --- chat -----------------------------------------------------------------------
     def chat_stream(self, messages: Sequence[dict], max_tokens: int | None = None,

@@ -1,11 +1,11 @@
-"""Token sampling from a logits vector: repetition penalty, greedy, temperature,
-top-k, top-p (nucleus) and min-p, in pure numpy.
+"""Token sampling from a logits vector: logit bias, repetition, frequency and presence
+penalties, greedy, temperature, top-k, top-p (nucleus) and min-p, in pure numpy.
 
 The semantics and the stage order are llama.cpp's default sampler chain (also
 llama-cpp-python's and mlx-lm's), so that the same settings keep the same tokens:
 
-    repetition penalty -> (greedy if temperature == 0) -> top-k -> softmax -> top-p
-    -> min-p -> temperature -> renormalize -> draw
+    logit bias -> penalties (repetition, frequency, presence) -> (greedy if temperature == 0)
+    -> top-k -> softmax -> top-p -> min-p -> temperature -> renormalize -> draw
 
 top-p and min-p cut on the probabilities at temperature 1; the temperature then
 shapes only the draw among the tokens they kept. (HF transformers applies the
@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import Optional, Sequence, Tuple
+from types import MappingProxyType
+from typing import Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -44,7 +45,10 @@ class SamplerConfig:
     top_p              keep the smallest set with cumulative probability >= top_p; 1.0 disables.
     min_p              drop tokens with p < min_p * p_max; 0.0 disables.
     repetition_penalty CTRL-style penalty on recently seen tokens; 1.0 disables.
-    repetition_window  how many of the most recent history tokens are penalized; 0 disables.
+    frequency_penalty  subtracted from a token's logit once per time it occurs in the window; 0 disables.
+    presence_penalty   subtracted from the logit of every token that occurs in the window; 0 disables.
+    repetition_window  how many of the most recent history tokens the three penalties count; 0 disables.
+    logit_bias         {token id: value added to its logit} before everything else; empty disables.
     seed               seed of the PCG64 generator; None draws fresh OS entropy.
     """
 
@@ -53,7 +57,10 @@ class SamplerConfig:
     top_p: float = 1.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     repetition_window: int = 64
+    logit_bias: Optional[Mapping[int, float]] = None
     seed: Optional[int] = None
 
     def __post_init__(self) -> None:
@@ -79,6 +86,20 @@ class SamplerConfig:
             raise InvalidArgumentError(
                 f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty!r}"
             )
+
+        for field in ("frequency_penalty", "presence_penalty"):
+            _require_real(field, getattr(self, field))
+
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, Mapping):
+                raise InvalidArgumentError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
+            for token_id, bias in self.logit_bias.items():
+                _require_int("a logit_bias token id", token_id)
+                if token_id < 0:
+                    raise InvalidArgumentError(f"logit_bias token ids must be >= 0, got {token_id!r}")
+                _require_real(f"logit_bias[{token_id}]", bias)
+            # Frozen: an immutable copy the caller cannot change under a running generation.
+            object.__setattr__(self, "logit_bias", MappingProxyType({int(t): float(b) for t, b in self.logit_bias.items()}))
 
         _require_int("repetition_window", self.repetition_window)
         if self.repetition_window < 0:
@@ -169,10 +190,12 @@ class Sampler:
         scores = _validated_logits(logits)
         vocab_size = scores.shape[0]
 
-        if cfg.repetition_penalty != 1.0 and cfg.repetition_window > 0:
-            scores = _apply_repetition_penalty(
-                scores, history, cfg.repetition_penalty, cfg.repetition_window
-            )
+        if cfg.logit_bias:
+            scores = _apply_logit_bias(scores, cfg.logit_bias)
+        if cfg.repetition_window > 0 and (
+            cfg.repetition_penalty != 1.0 or cfg.frequency_penalty != 0.0 or cfg.presence_penalty != 0.0
+        ):
+            scores = _apply_penalties(scores, history, cfg)
 
         # One O(V) pass that also catches NaN (max propagates it) and +inf
         # (softmax would turn it into NaN).
@@ -233,26 +256,38 @@ def _validated_logits(logits: np.ndarray) -> np.ndarray:
     return scores
 
 
-def _apply_repetition_penalty(
-    scores: np.ndarray, history: Sequence[int], penalty: float, window: int
-) -> np.ndarray:
-    """CTRL penalty on the distinct tokens of the last `window` history entries; returns a copy."""
+def _apply_logit_bias(scores: np.ndarray, logit_bias: Mapping[int, float]) -> np.ndarray:
+    """scores with each biased token's value added (llama.cpp's logit_bias sampler); a copy."""
+    ids = np.fromiter(logit_bias.keys(), dtype=np.int64, count=len(logit_bias))
+    if ids.max() >= scores.shape[0]:
+        raise InvalidArgumentError(f"logit_bias names token id {int(ids.max())}, outside the vocabulary "
+                                   f"[0, {scores.shape[0]})")
+    biased = scores.astype(np.float32, copy=True)
+    biased[ids] += np.fromiter(logit_bias.values(), dtype=np.float32, count=len(logit_bias))
+    return biased
+
+
+def _apply_penalties(scores: np.ndarray, history: Sequence[int], cfg: SamplerConfig) -> np.ndarray:
+    """llama.cpp's penalties on the tokens of the last `repetition_window` history entries: each
+    distinct token's logit divided by the repetition penalty (multiplied where it is negative, so
+    that it falls), then lowered by frequency_penalty times its count and by presence_penalty; a
+    copy."""
     if not isinstance(history, (list, tuple, np.ndarray, range)):
         history = list(history)  # e.g. a deque, which cannot be sliced
-    recent = np.asarray(history[-window:], dtype=np.int64).reshape(-1)
+    recent = np.asarray(history[-cfg.repetition_window:], dtype=np.int64).reshape(-1)
     if recent.size == 0:
         return scores
     vocab_size = scores.shape[0]
     if recent.min() < 0 or recent.max() >= vocab_size:
         # A negative id would silently index from the end of the vocabulary.
         raise InvalidArgumentError(f"history contains token ids outside [0, {vocab_size})")
-    # Each distinct token is penalized once, however often it repeats
-    # (llama.cpp's frequency/presence penalties are what count repeats).
-    seen = np.unique(recent)
+    seen, counts = np.unique(recent, return_counts=True)
     penalized = scores.copy()  # never write into the caller's array
     values = penalized[seen]
-    # Dividing a negative logit would raise it; multiplying lowers it instead.
-    penalized[seen] = np.where(values > 0, values / penalty, values * penalty)
+    if cfg.repetition_penalty != 1.0:
+        # Dividing a negative logit would raise it; multiplying lowers it instead.
+        values = np.where(values > 0, values / cfg.repetition_penalty, values * cfg.repetition_penalty)
+    penalized[seen] = values - (counts * cfg.frequency_penalty + cfg.presence_penalty).astype(values.dtype)
     return penalized
 
 

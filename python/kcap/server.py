@@ -5,12 +5,12 @@
     POST /v1/completions         prompt -> text
     POST /v1/chat/completions    messages -> the assistant's answer, through the GGUF's chat template
 
-Both POST routes take max_tokens, temperature, top_p, seed, stop and stream (server-sent
-events, ending with "data: [DONE]"; stream_options.include_usage adds a usage chunk), plus
-top_k, min_p, repetition_penalty (or repeat_penalty) and ignore_eos as llama.cpp's and vLLM's servers do; a
-field sent as null takes its default; chat_template_kwargs and reasoning_effort are variables of
-the chat template. A request for what kcap does not implement (tools,
-response_format, logit_bias, n > 1, logprobs, echo, frequency/presence penalties, ...) is refused
+Both POST routes take max_tokens, temperature, top_p, seed, stop, frequency_penalty,
+presence_penalty, logit_bias and stream (server-sent events, ending with "data: [DONE]";
+stream_options.include_usage adds a usage chunk), plus top_k, min_p, repetition_penalty (or
+repeat_penalty) and ignore_eos as llama.cpp's and vLLM's servers do; a field sent as null takes
+its default; chat_template_kwargs and reasoning_effort are variables of the chat template. A
+request for what kcap does not implement (tools, response_format, n > 1, logprobs, echo, ...) is refused
 with 400 naming the field, never answered as if it had not asked. Answers carry usage counts
 and finish_reason "stop" (end of turn / end of text or a stop string) or "length"
 (max_tokens or the end of the context). Errors have OpenAI's shape,
@@ -65,7 +65,6 @@ _UNSUPPORTED = {
     "response_format": ((None, {"type": "text"}), "structured output (JSON mode or a JSON schema)"),
     "json_schema": ((None, {}), "structured output (a JSON schema)"),
     "grammar": ((None, ""), "grammar-constrained output"),
-    "logit_bias": ((None, {}), "logit biases"),
     "suffix": ((None, ""), "fill-in-the-middle with a suffix"),
     "best_of": ((None, 1), "best-of-n sampling"),
     "top_logprobs": ((None, 0), "log probabilities"),
@@ -89,8 +88,10 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: Optional[dict] = None
     n: int = Field(1, ge=1, le=1, description="one choice per request")
-    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported: use repetition_penalty")
-    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not supported: use repetition_penalty")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    # OpenAI's: token ids (as JSON object keys, strings) to a value in [-100, 100] added to the logit.
+    logit_bias: Optional[dict[str, float]] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -120,12 +121,24 @@ class _Sampling(BaseModel):
             raise APIError(400, "stream_options: only allowed when stream is true", param="stream_options")
         return self
 
+    @model_validator(mode="after")
+    def _logit_bias_ids(self):
+        for key, value in (self.logit_bias or {}).items():
+            if not key.isdigit():
+                raise APIError(400, f"logit_bias: {key!r} is not a token id", param="logit_bias")
+            if not -100.0 <= value <= 100.0:
+                raise APIError(400, f"logit_bias[{key}] = {value}: must be in [-100, 100]", param="logit_bias")
+        return self
+
     def sampling(self) -> dict:
         """The generation's sampling options: top_p 0 keeps only the most likely token (greedy), as
         OpenAI's range allows; seed -1 draws a random seed."""
         top_k, top_p = (1, 1.0) if self.top_p == 0.0 else (self.top_k, self.top_p)
         return dict(temperature=self.temperature, top_k=top_k, top_p=top_p, min_p=self.min_p,
-                    repetition_penalty=self.repetition_penalty, seed=None if self.seed == -1 else self.seed)
+                    repetition_penalty=self.repetition_penalty, frequency_penalty=self.frequency_penalty,
+                    presence_penalty=self.presence_penalty,
+                    logit_bias={int(key): value for key, value in self.logit_bias.items()} if self.logit_bias else None,
+                    seed=None if self.seed == -1 else self.seed)
 
 
 class CompletionRequest(_Sampling):
@@ -279,6 +292,11 @@ class _Server:
             SamplerConfig(**sampling)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
+        vocab = self.model.tokenizer.vocab_size if self.model.tokenizer is not None else None
+        outside = [token for token in sampling["logit_bias"] or () if vocab is not None and token >= vocab]
+        if outside:
+            raise APIError(400, f"logit_bias: token id {outside[0]} is outside the vocabulary [0, {vocab})",
+                           param="logit_bias")
         return dict(sampling, max_tokens=max_tokens, stop=body.stop, ignore_eos=body.ignore_eos)
 
     async def collect(self, request: Request, generation: _Generation) -> tuple[str, str]:

@@ -77,6 +77,62 @@ def test_repetition_penalty_multiplies_negative_logit():
     assert Sampler(SamplerConfig(repetition_penalty=2.0)).sample(logits, [0]) == 1
 
 
+def llama_cpp_penalties(logits, history, repeat, freq, present, window=64, bias=None):
+    """llama.cpp's logit_bias then penalties samplers (llama-sampler.cpp), written out per token."""
+    out = np.asarray(logits, dtype=np.float64).copy()
+    for token, value in (bias or {}).items():
+        out[token] += value
+    counts = {}
+    for token in list(history)[-window:]:
+        counts[token] = counts.get(token, 0) + 1
+    for token, count in counts.items():
+        out[token] = out[token] * repeat if out[token] <= 0 else out[token] / repeat
+        out[token] -= count * freq + present
+    return out
+
+
+@pytest.mark.parametrize("repeat, freq, present", [(1.0, 0.7, 0.0), (1.0, 0.0, 1.3), (1.2, 0.4, -0.5),
+                                                   (1.0, -0.3, 0.2)])
+def test_frequency_and_presence_penalties_follow_llama_cpp(repeat, freq, present):
+    rng = np.random.default_rng(7)
+    logits = rng.normal(0, 2, 50).astype(np.float32)
+    history = list(rng.integers(0, 50, 80)) + [3, 3, 3, 9]
+    bias = {3: 2.5, 11: -4.0, 49: 0.25}
+    sampler = Sampler(SamplerConfig(temperature=1.0, repetition_penalty=repeat, frequency_penalty=freq,
+                                    presence_penalty=present, logit_bias=bias))
+    ids, probs = sampler.distribution(logits, history)
+    np.testing.assert_array_equal(ids, np.arange(50))
+    np.testing.assert_allclose(probs, softmax(llama_cpp_penalties(logits, history, repeat, freq, present, bias=bias)),
+                               rtol=1e-5)
+    # Greedy takes the argmax of the same scores.
+    greedy = Sampler(SamplerConfig(repetition_penalty=repeat, frequency_penalty=freq, presence_penalty=present,
+                                   logit_bias=bias))
+    assert greedy.sample(logits, history) == int(np.argmax(llama_cpp_penalties(logits, history, repeat, freq,
+                                                                                present, bias=bias)))
+
+
+def test_frequency_penalty_counts_repeats_and_presence_does_not():
+    logits = np.array([3.0, 2.0], dtype=np.float32)
+    # Token 0 seen three times: 3 - 3 * 0.4 = 1.8 < 2.0; presence 0.4 alone leaves 2.6.
+    assert Sampler(SamplerConfig(frequency_penalty=0.4)).sample(logits, [0, 0, 0]) == 1
+    assert Sampler(SamplerConfig(presence_penalty=0.4)).sample(logits, [0, 0, 0]) == 0
+    assert Sampler(SamplerConfig(frequency_penalty=0.4, repetition_window=1)).sample(logits, [0, 0, 0]) == 0
+
+
+def test_logit_bias_bans_and_forces_tokens():
+    logits = np.array([5.0, 1.0, 0.0, -1.0], dtype=np.float32)
+    assert Sampler(SamplerConfig(logit_bias={0: -100})).sample(logits) == 1
+    assert Sampler(SamplerConfig(logit_bias={3: 100})).sample(logits) == 3
+    forced = Sampler(SamplerConfig(temperature=1.0, logit_bias={2: 100}, seed=1))
+    assert {forced.sample(logits) for _ in range(50)} == {2}
+    np.testing.assert_array_equal(logits, [5.0, 1.0, 0.0, -1.0])  # not modified
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        Sampler(SamplerConfig(logit_bias={4: 1.0})).sample(logits)
+    for bad in ({-1: 1.0}, {1: float("nan")}, {"1": 1.0}, [1, 2]):
+        with pytest.raises(ValueError, match="logit_bias"):
+            SamplerConfig(logit_bias=bad)
+
+
 def test_repetition_penalty_below_one_favors_repeats():
     logits = np.array([1.0, 1.5, -2.0, -1.8], dtype=np.float32)
     sampler = Sampler(SamplerConfig(repetition_penalty=0.5))

@@ -236,7 +236,6 @@ def test_null_options_take_their_defaults_and_llama_cpp_names_are_read(server, c
     ("tools", [{"type": "function", "function": {"name": "weather", "parameters": {}}}]),
     ("tool_choice", "required"),
     ("response_format", {"type": "json_object"}),
-    ("logit_bias", {"7042": -100}),
     ("grammar", "root ::= \"yes\""),
     ("top_logprobs", 2),
 ])
@@ -247,9 +246,33 @@ def test_what_kcap_does_not_implement_is_refused_by_name(server, field, value):
     error = reply.json()["error"]
     assert error["param"] == field and error["code"] == "unsupported_parameter" and field in error["message"]
     # Their neutral values are accepted.
-    neutral = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {},
+    neutral = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"},
                "grammar": "", "top_logprobs": 0}[field]
     assert httpx.post(f"{server}/v1/chat/completions", json={**body, field: neutral}, timeout=60).status_code == 200
+
+
+def test_logit_bias_and_penalties_are_the_models(server, client, smollm):
+    prompt = "Count: 1, 1, 1, 1,"
+    plain = smollm.generate(prompt, max_tokens=8)
+    first = smollm.tokenize(prompt + plain, add_special_tokens=True)[len(smollm.tokenize(prompt, add_special_tokens=True))]
+    cases = [dict(logit_bias={str(first): -100}), dict(frequency_penalty=1.5), dict(presence_penalty=1.2),
+             dict(frequency_penalty=0.5, presence_penalty=-0.5, logit_bias={str(first): 3.0})]
+    for options in cases:
+        reply = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=8, temperature=0,
+                                          **{k: v for k, v in options.items() if k != "logit_bias"},
+                                          extra_body={"logit_bias": options["logit_bias"]} if "logit_bias" in options
+                                          else None)
+        expected = smollm.generate(prompt, max_tokens=8, **{
+            k: ({int(t): b for t, b in v.items()} if k == "logit_bias" else v) for k, v in options.items()})
+        assert reply.choices[0].text == expected, options
+    assert smollm.generate(prompt, max_tokens=8, logit_bias={first: -100}) != plain
+    assert smollm.generate(prompt, max_tokens=8, frequency_penalty=1.5) != plain
+    for bias, message in (({"999999": 1}, "outside the vocabulary"), ({"5": 200}, "must be in"),
+                          ({"x": 1}, "not a token id")):
+        reply = httpx.post(f"{server}/v1/completions", json={"prompt": prompt, "max_tokens": 2, "logit_bias": bias},
+                           timeout=60)
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "logit_bias", reply.text
+        assert message in reply.json()["error"]["message"]
 
 
 def test_model_route_bad_ids_and_cors(server, client):
