@@ -334,6 +334,18 @@ _GEMMA4_PROBES = {
 }
 
 
+def _gemma4_config(**changes) -> dict:
+    """The tiny Gemma 4 text model's configuration the gemma4 fixtures share, with `changes`."""
+    shared = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                  sliding_window=8, hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB,
+                  final_logit_softcapping=3.0, max_position_embeddings=256, rms_norm_eps=1e-6,
+                  hidden_activation="gelu_pytorch_tanh", num_kv_shared_layers=0,
+                  rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                   "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                      "rope_theta": 1000000.0}})
+    return {**shared, **changes}
+
+
 def _llama3_rope():
     return {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
@@ -438,17 +450,9 @@ FAMILIES: dict[str, dict] = {
                "QK-norm and the four norms per layer; Gemma norms x*(1+w) with 1+w stored in the GGUF."]),
     "gemma4": dict(
         cls="Gemma4ForCausalLM", config_cls="Gemma4TextConfig", tokenizer="hf-gemma4",
-        config=dict(hidden_size=64, intermediate_size=160, num_hidden_layers=5, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
-                    layer_types=["sliding_attention", "sliding_attention", "full_attention",
-                                 "sliding_attention", "full_attention"],
-                    hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB,
-                    final_logit_softcapping=3.0, max_position_embeddings=256, rms_norm_eps=1e-6,
-                    hidden_activation="gelu_pytorch_tanh", num_kv_shared_layers=0,
-                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                     "full_attention": {"rope_type": "proportional",
-                                                        "partial_rotary_factor": 0.25,
-                                                        "rope_theta": 1000000.0}}),
+        config=_gemma4_config(intermediate_size=160, num_hidden_layers=5,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                           "sliding_attention", "full_attention"]),
         probes=_GEMMA4_PROBES,
         notes=["Gemma 4 dense text (Gemma4ForCausalLM): sliding layers head_dim 16, full layers "
                "global_head_dim 32; full layers use 'proportional' RoPE with partial_rotary_factor 0.25 "
@@ -459,35 +463,19 @@ FAMILIES: dict[str, dict] = {
                "No KV sharing here (num_kv_shared_layers 0); see gemma4-kvshare."]),
     "gemma4-kvshare": dict(
         cls="Gemma4ForCausalLM", config_cls="Gemma4TextConfig", tokenizer="hf-gemma4",
-        config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
-                    layer_types=["sliding_attention", "sliding_attention", "full_attention",
-                                 "sliding_attention", "sliding_attention", "full_attention"],
-                    hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB,
-                    final_logit_softcapping=3.0, max_position_embeddings=256, rms_norm_eps=1e-6,
-                    hidden_activation="gelu_pytorch_tanh", num_kv_shared_layers=2,
-                    use_double_wide_mlp=True,
-                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                     "full_attention": {"rope_type": "proportional",
-                                                        "partial_rotary_factor": 0.25,
-                                                        "rope_theta": 1000000.0}}),
+        config=_gemma4_config(intermediate_size=96, num_hidden_layers=6,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                           "sliding_attention", "sliding_attention", "full_attention"],
+                              num_kv_shared_layers=2, use_double_wide_mlp=True),
         probes=_GEMMA4_PROBES,
         notes=["As gemma4, plus the E2B-style KV sharing: the last 2 layers (4: sliding, 5: full) have "
                "no k/v projections and reuse the K/V of the last earlier layer of the same type "
                "(3 and 2); use_double_wide_mlp doubles their FFN width (96 -> 192)."]),
     "gemma4-kev": dict(
         cls="Gemma4ForCausalLM", config_cls="Gemma4TextConfig", tokenizer="hf-gemma4",
-        config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
-                    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-                    hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB,
-                    final_logit_softcapping=3.0, max_position_embeddings=256, rms_norm_eps=1e-6,
-                    hidden_activation="gelu_pytorch_tanh", num_kv_shared_layers=0,
-                    attention_k_eq_v=True, num_global_key_value_heads=1,
-                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                     "full_attention": {"rope_type": "proportional",
-                                                        "partial_rotary_factor": 0.25,
-                                                        "rope_theta": 1000000.0}}),
+        config=_gemma4_config(intermediate_size=96, num_hidden_layers=4,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                              attention_k_eq_v=True, num_global_key_value_heads=1),
         notes=["As gemma4 with attention_k_eq_v, as the larger Gemma 4 models: the full-attention "
                "layers (1, 3) have no v_proj (no attn_v in the GGUF) and take V from the K projection "
                "before its norm (then V's RMS norm without weight, no rope), with their own KV head "
@@ -638,17 +626,9 @@ FAMILIES: dict[str, dict] = {
                "Router weights scaled as in mixtral (ROUTER_SCALE)."]),
     "gemma4-moe": dict(
         cls="Gemma4ForCausalLM", config_cls="Gemma4TextConfig", tokenizer="hf-gemma4",
-        config=dict(hidden_size=64, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
-                    layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                    hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB,
-                    final_logit_softcapping=3.0, max_position_embeddings=256, rms_norm_eps=1e-6,
-                    hidden_activation="gelu_pytorch_tanh", num_kv_shared_layers=0,
-                    enable_moe_block=True, num_experts=6, top_k_experts=2, moe_intermediate_size=32,
-                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                     "full_attention": {"rope_type": "proportional",
-                                                        "partial_rotary_factor": 0.25,
-                                                        "rope_theta": 1000000.0}}),
+        config=_gemma4_config(intermediate_size=64, num_hidden_layers=3,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                              enable_moe_block=True, num_experts=6, top_k_experts=2, moe_intermediate_size=32),
         notes=["Gemma 4 with its mixture-of-experts block (enable_moe_block) in every layer, as the "
                "26B-A4B model: the dense MLP (width 64) and 6 experts of width 32 (top 2) side by side. "
                "The router reads the attention residual: RMS norm without weight, times router.scale "
