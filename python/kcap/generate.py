@@ -44,10 +44,12 @@ def token_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 256,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                  repetition_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  logit_bias: dict | None = None, seed: int | None = None,
-                 stats: GenerationStats | None = None, cancel: threading.Event | None = None) -> Iterator[int]:
+                 stats: GenerationStats | None = None, cancel: threading.Event | None = None,
+                 on_sample=None) -> Iterator[int]:
     """Yields generated token ids. max_tokens None: until an end-of-generation token or the end
     of the context. cancel: an Event checked between tokens, and in the prompt between chunks (on the
-    CPU between stages)."""
+    CPU between stages). on_sample(token, logits): called with each sampled token and the logits it
+    was drawn from, before the token is yielded (the host samples then)."""
     if max_tokens is not None and (isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 0):
         raise InvalidArgumentError(f"max_tokens must be an integer ≥ 0 or None, got {max_tokens!r}")
     config = SamplerConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -57,10 +59,10 @@ def token_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 256,
     model.last_stats = stats
     history = [int(i) for i in prompt_ids]
     with model.locked():
-        yield from _generate_locked(model, history, max_tokens, ignore_eos, config, stats, cancel)
+        yield from _generate_locked(model, history, max_tokens, ignore_eos, config, stats, cancel, on_sample)
 
 
-def _generate_locked(model, history, max_tokens, ignore_eos, config, stats, cancel) -> Iterator[int]:
+def _generate_locked(model, history, max_tokens, ignore_eos, config, stats, cancel, on_sample) -> Iterator[int]:
     sampler = Sampler(config)
     stats.prompt_tokens = len(history)
     start = time.perf_counter()
@@ -70,8 +72,10 @@ def _generate_locked(model, history, max_tokens, ignore_eos, config, stats, canc
         return
     stats.reused_tokens = model.last_prefill_reused
     eos_ids = model.tokenizer.eos_ids if model.tokenizer is not None else set()
-    on_device = device_choice(model, config)
+    on_device = device_choice(model, config) if on_sample is None else None
     token = sampler.sample(logits, history)
+    if on_sample is not None:
+        on_sample(token, logits)
     stats.prompt_seconds = time.perf_counter() - start
     while True:
         if token in eos_ids and not ignore_eos:
@@ -98,7 +102,10 @@ def _generate_locked(model, history, max_tokens, ignore_eos, config, stats, canc
         if on_device is not None:
             token = on_device(token)
         else:
-            token = sampler.sample(model._eval([token]), history)
+            logits = model._eval([token])
+            token = sampler.sample(logits, history)
+            if on_sample is not None:
+                on_sample(token, logits)
         stats.decode_seconds += time.perf_counter() - step_start
         stats.decode_steps += 1
 
@@ -247,17 +254,45 @@ def reasoning_channels(tokenizer, prompt_ids: Sequence[int]):
     return HarmonyChannels.of(tokenizer) or ThinkTags.of(tokenizer, prompt_ids)
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log probability under the model (log-softmax of its logits at
+    temperature 1, before any sampling option), and the `top` most likely tokens' (id, logprob),
+    most likely first."""
+    token: int
+    logprob: float
+    top: tuple
+
+
+def token_logprob(token: int, logits, top: int) -> TokenLogprob:
+    import numpy as np
+
+    scores = np.asarray(logits, dtype=np.float64)
+    peak = scores.max()
+    log_z = peak + np.log(np.exp(scores - peak).sum())
+    best = ()
+    if top > 0:
+        top = min(top, scores.shape[0])
+        ids = np.argpartition(-scores, top - 1)[:top]
+        ids = ids[np.lexsort((ids, -scores[ids]))]  # most likely first, ties by id
+        best = tuple((int(i), float(scores[i] - log_z)) for i in ids)
+    return TokenLogprob(int(token), float(scores[token] - log_z), best)
+
+
 def ids_text_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 256,
                     stop: Sequence[str] | str | None = None, skip_special_tokens: bool = False,
                     continues_text: bool = False, chat: bool = False, on_reasoning=None,
-                    stats: GenerationStats | None = None, **options) -> Iterator[str]:
+                    stats: GenerationStats | None = None, on_logprob=None, top_logprobs: int = 0,
+                    **options) -> Iterator[str]:
     """Text generated after prompt_ids, piece by piece; a stop string ends it (not included).
     skip_special_tokens: leave special tokens (a chat's end-of-turn marker...) out of the text.
     continues_text: the text continues the prompt's (a completion), so a SentencePiece word's
     leading space stays; otherwise (a chat's answer) it starts a text, as decode() does.
     chat: the ids answer a chat template's prompt: where the model reasons apart from its answer
     (gpt-oss's harmony channels, <think> tags) only the answer's text is yielded, and the
-    reasoning's text goes to on_reasoning(text) where it is given (reasoning_channels)."""
+    reasoning's text goes to on_reasoning(text) where it is given (reasoning_channels).
+    on_logprob(TokenLogprob): called for each token of the answer before the text it adds is
+    yielded (with the top_logprobs most likely tokens); not for the end-of-generation token."""
     from kcap.tokenizer import StreamDecoder
 
     stops = [stop] if isinstance(stop, str) else list(stop or [])
@@ -272,6 +307,9 @@ def ids_text_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 2
             on_reasoning(text)
 
     stats = stats if stats is not None else GenerationStats()
+    sampled: list = []
+    if on_logprob is not None:
+        options["on_sample"] = lambda token, logits: sampled[:1].clear() or sampled.append(token_logprob(token, logits, top_logprobs))
     with closing(token_stream(model, prompt_ids, max_tokens=max_tokens, stats=stats, **options)) as tokens:
         for token in tokens:
             if channels is not None:
@@ -282,6 +320,8 @@ def ids_text_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 2
                 think(reasoning.flush())  # a reasoning message's text ends where anything else starts
                 if channel is None:
                     continue
+            if on_logprob is not None:
+                on_logprob(sampled[-1])
             text = decoder.push(token)
             if channels is not None and channels.strip_answer_start:
                 # The blank lines between a reasoning block and the answer.

@@ -6,11 +6,11 @@
     POST /v1/chat/completions    messages -> the assistant's answer, through the GGUF's chat template
 
 Both POST routes take max_tokens, temperature, top_p, seed, stop, frequency_penalty,
-presence_penalty, logit_bias and stream (server-sent events, ending with "data: [DONE]";
+presence_penalty, logit_bias, logprobs (chat: with top_logprobs) and stream (server-sent events, ending with "data: [DONE]";
 stream_options.include_usage adds a usage chunk), plus top_k, min_p, repetition_penalty (or
 repeat_penalty) and ignore_eos as llama.cpp's and vLLM's servers do; a field sent as null takes
 its default; chat_template_kwargs and reasoning_effort are variables of the chat template. A
-request for what kcap does not implement (tools, response_format, n > 1, logprobs, echo, ...) is refused
+request for what kcap does not implement (tools, response_format, n > 1, echo, ...) is refused
 with 400 naming the field, never answered as if it had not asked. Answers carry usage counts
 and finish_reason "stop" (end of turn / end of text or a stop string) or "length"
 (max_tokens or the end of the context). Errors have OpenAI's shape,
@@ -67,10 +67,12 @@ _UNSUPPORTED = {
     "grammar": ((None, ""), "grammar-constrained output"),
     "suffix": ((None, ""), "fill-in-the-middle with a suffix"),
     "best_of": ((None, 1), "best-of-n sampling"),
-    "top_logprobs": ((None, 0), "log probabilities"),
     "modalities": ((None, ["text"]), "output modalities other than text"),
     "audio": ((None,), "audio output"),
 }
+
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
 
 
 class _Sampling(BaseModel):
@@ -145,7 +147,11 @@ class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[StrictInt]]
     max_tokens: Optional[int] = Field(16, ge=1)
     echo: Literal[False] = False
-    logprobs: Literal[None] = None
+    # The log probability of each generated token and of this many most likely ones.
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
 
 class ChatMessage(BaseModel):
@@ -167,11 +173,21 @@ class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
-    logprobs: Literal[None, False] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     # Variables for the chat template, as llama.cpp's server takes them (enable_thinking...);
     # reasoning_effort (OpenAI's, gpt-oss's template reads it) is one of them.
     chat_template_kwargs: Optional[dict[str, Any]] = None
     reasoning_effort: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_with_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise APIError(400, "top_logprobs: only allowed when logprobs is true", param="top_logprobs")
+        return self
+
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def template_variables(self) -> dict:
         variables = dict(self.chat_template_kwargs or {})
@@ -213,13 +229,15 @@ class _Generation:
     the next chunk (on the CPU the next stage)."""
 
     def __init__(self, server: "_Server", prompt_ids: list[int], options: dict, skip_special_tokens: bool,
-                 continues_text: bool):
+                 continues_text: bool, top_logprobs: int | None = None):
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cancel_event = threading.Event()
         self.stats = GenerationStats()
         self.prompt_tokens = len(prompt_ids)
         self._server = server
+        if top_logprobs is not None:  # each answer token's TokenLogprob goes ahead of its text
+            options = dict(options, on_logprob=lambda entry: self._put(("logprob", entry)), top_logprobs=top_logprobs)
         self._thread = threading.Thread(target=self._work, args=(prompt_ids, options, skip_special_tokens, continues_text),
                                         name="kcap-generation", daemon=True)
         self._thread.start()
@@ -257,6 +275,33 @@ class _Generation:
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.stats.generated_tokens,
                 "total_tokens": self.prompt_tokens + self.stats.generated_tokens}
+
+
+def _token_logprob_item(tokenizer, token: int, logprob: float) -> dict:
+    raw = tokenizer.token_bytes(token)
+    return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+
+
+def _chat_logprobs(tokenizer, entries) -> dict:
+    """OpenAI's chat choice logprobs: each token with its log probability, bytes and top tokens."""
+    return {"content": [dict(_token_logprob_item(tokenizer, e.token, e.logprob),
+                             top_logprobs=[_token_logprob_item(tokenizer, t, lp) for t, lp in e.top])
+                        for e in entries],
+            "refusal": None}
+
+
+def _completion_logprobs(tokenizer, entries, offset: int = 0) -> dict:
+    """OpenAI's completion choice logprobs: tokens, their log probabilities, the top tokens' by
+    text, and where each token starts in the choice's text (from `offset`)."""
+    tokens, offsets = [], []
+    for e in entries:
+        tokens.append(tokenizer.token_bytes(e.token).decode("utf-8", errors="replace"))
+        offsets.append(offset)
+        offset += len(tokens[-1])
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{tokenizer.token_bytes(t).decode("utf-8", errors="replace"): lp for t, lp in e.top}
+                             for e in entries],
+            "text_offset": offsets}
 
 
 def _failure(exc: BaseException) -> APIError:
@@ -299,10 +344,11 @@ class _Server:
                            param="logit_bias")
         return dict(sampling, max_tokens=max_tokens, stop=body.stop, ignore_eos=body.ignore_eos)
 
-    async def collect(self, request: Request, generation: _Generation) -> tuple[str, str]:
-        """The whole text of a generation and of its reasoning (a harmony model's analysis channel;
-        empty for others); cancels it if the client goes away meanwhile."""
-        pieces, thoughts = [], []
+    async def collect(self, request: Request, generation: _Generation) -> tuple[str, str, list]:
+        """The whole text of a generation, of its reasoning (a harmony model's analysis channel;
+        empty for others) and the TokenLogprob of each token whose text is in it (where asked);
+        cancels the generation if the client goes away meanwhile."""
+        pieces, thoughts, logprobs = [], [], []
         next_check = time.monotonic() + DISCONNECT_POLL_SECONDS
         try:
             while True:
@@ -319,26 +365,45 @@ class _Server:
                     continue
                 if kind == "text":
                     pieces.append(value)
+                elif kind == "logprob":
+                    logprobs.append(value)
                 elif kind == "reasoning":
                     thoughts.append(value)
                 elif kind == "done":
-                    return "".join(pieces), "".join(thoughts)
+                    text = "".join(pieces)
+                    return text, "".join(thoughts), self.within(logprobs, text)
                 else:
                     raise _failure(value)
         finally:
             generation.cancel()  # a no-op once it has finished
 
+    def within(self, logprobs: list, text: str) -> list:
+        """The TokenLogprobs of the tokens whose text starts within `text` (a stop string cuts the
+        tokens after it off the answer, and their log probabilities with them)."""
+        kept, offset, length = [], 0, len(text.encode("utf-8"))
+        for entry in logprobs:
+            if offset >= length:
+                break
+            kept.append(entry)
+            offset += len(self.model.tokenizer.token_bytes(entry.token))
+        return kept
+
     async def events(self, generation: _Generation, chunk, include_usage: bool, usage_chunk):
-        """Server-sent events of a generation: chunk(text, finish_reason) for each piece and the end,
-        chunk(text, None, reasoning=True) for each piece of a harmony model's reasoning."""
+        """Server-sent events of a generation: chunk(text, finish_reason, logprobs=[TokenLogprob of
+        the tokens whose text it carries]) for each piece and the end, chunk(text, None,
+        reasoning=True) for each piece of a harmony model's reasoning."""
+        pending = []
         try:
             first = chunk(None, None)
             if first is not None:
                 yield _sse(first)
             while True:
                 kind, value = await generation.queue.get()
-                if kind == "text":
-                    yield _sse(chunk(value, None))
+                if kind == "logprob":
+                    pending.append(value)
+                elif kind == "text":
+                    yield _sse(chunk(value, None, logprobs=pending))
+                    pending = []
                 elif kind == "reasoning":
                     yield _sse(chunk(value, None, reasoning=True))
                 elif kind == "done":
@@ -433,7 +498,9 @@ def create_app(model, model_name: str | None = None, cors_origins: Sequence[str]
                 raise APIError(400, f"token ids must be a non-empty list of ids below {model.n_vocab}",
                                param="prompt")
         options = server.prepare(body, prompt_ids, body.max_tokens)
-        generation = _Generation(server, prompt_ids, options, skip_special_tokens=False, continues_text=True)
+        top = body.top_logprobs_asked()
+        generation = _Generation(server, prompt_ids, options, skip_special_tokens=False, continues_text=True,
+                                 top_logprobs=top)
         request_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
         def envelope(choices, **extra):
@@ -441,17 +508,23 @@ def create_app(model, model_name: str | None = None, cors_origins: Sequence[str]
                     "choices": choices, **extra}
 
         if body.stream:
-            def chunk(text, finish_reason):
+            offset = 0
+
+            def chunk(text, finish_reason, logprobs=()):
+                nonlocal offset
                 if text is None:
                     return None
-                return envelope([{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}])
+                entries = _completion_logprobs(model.tokenizer, logprobs, offset) if top is not None else None
+                offset += len(text)
+                return envelope([{"index": 0, "text": text, "logprobs": entries, "finish_reason": finish_reason}])
 
             include_usage = bool((body.stream_options or {}).get("include_usage"))
             return StreamingResponse(server.events(generation, chunk, include_usage,
                                                    lambda usage: envelope([], usage=usage)),
                                      media_type="text/event-stream")
-        text, _ = await server.collect(request, generation)
-        return envelope([{"index": 0, "text": text, "logprobs": None, "finish_reason": generation.finish_reason}],
+        text, _, logprobs = await server.collect(request, generation)
+        entries = _completion_logprobs(model.tokenizer, logprobs) if top is not None else None
+        return envelope([{"index": 0, "text": text, "logprobs": entries, "finish_reason": generation.finish_reason}],
                         usage=generation.usage())
 
     @app.post("/v1/chat/completions")
@@ -464,7 +537,9 @@ def create_app(model, model_name: str | None = None, cors_origins: Sequence[str]
             raise APIError(400, str(exc), param="messages") from None
         max_tokens = body.max_completion_tokens or body.max_tokens
         options = server.prepare(body, prompt_ids, max_tokens)
-        generation = _Generation(server, prompt_ids, options, skip_special_tokens=True, continues_text=False)
+        top = body.top_logprobs_asked()
+        generation = _Generation(server, prompt_ids, options, skip_special_tokens=True, continues_text=False,
+                                 top_logprobs=top)
         request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         def envelope(object_, choices, **extra):
@@ -472,26 +547,28 @@ def create_app(model, model_name: str | None = None, cors_origins: Sequence[str]
                     "choices": choices, **extra}
 
         if body.stream:
-            def chunk(text, finish_reason, reasoning=False):
+            def chunk(text, finish_reason, reasoning=False, logprobs=()):
                 if text is None:  # the first chunk opens the assistant's message
                     delta = {"role": "assistant", "content": ""}
                 elif finish_reason is not None:
                     delta = {}
                 else:
                     delta = {"reasoning_content" if reasoning else "content": text}
+                entries = _chat_logprobs(model.tokenizer, logprobs) if top is not None and logprobs else None
                 return envelope("chat.completion.chunk",
-                                [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+                                [{"index": 0, "delta": delta, "logprobs": entries, "finish_reason": finish_reason}])
 
             include_usage = bool((body.stream_options or {}).get("include_usage"))
             return StreamingResponse(server.events(generation, chunk, include_usage,
                                                    lambda usage: envelope("chat.completion.chunk", [], usage=usage)),
                                      media_type="text/event-stream")
-        text, reasoning = await server.collect(request, generation)
+        text, reasoning, logprobs = await server.collect(request, generation)
         message = {"role": "assistant", "content": text}
         if reasoning:  # llama.cpp's server's field for a reasoning model's thinking
             message["reasoning_content"] = reasoning
         return envelope("chat.completion",
-                        [{"index": 0, "message": message, "logprobs": None,
+                        [{"index": 0, "message": message,
+                          "logprobs": _chat_logprobs(model.tokenizer, logprobs) if top is not None else None,
                           "finish_reason": generation.finish_reason}],
                         usage=generation.usage())
 

@@ -21,6 +21,7 @@ Deliberate differences from transformers:
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from typing import Any
@@ -32,7 +33,7 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.models import BPE
 
-from kcap.errors import KcapError
+from kcap.errors import InvalidArgumentError, KcapError
 
 __all__ = [
     "StreamDecoder",
@@ -227,6 +228,11 @@ def _end_of_generation_ids(metadata: dict, tokens: list[str], special_ids: dict)
     if "</s>" in spelled and ("<|tool_response>" in spelled or "<|plamo:eos|>" in tokens):
         ids.discard(spelled["</s>"])
     return ids
+
+
+@functools.cache
+def _byte_of_unicode() -> dict[str, int]:
+    return {c: b for b, c in _bytes_to_unicode().items()}
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -595,6 +601,27 @@ class Tokenizer:
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a byte-level token's raw bytes, which may be part of a
+        UTF-8 character; a SentencePiece byte token <0xNN>'s byte; "▁" as a space); a special
+        token's own text."""
+        spelled = self._backend.id_to_token(int(token_id))
+        if spelled is None:
+            raise InvalidArgumentError(f"token id {token_id} is outside the vocabulary [0, {self.vocab_size})")
+        if token_id in self._special_ids:
+            return spelled.encode("utf-8")
+        if isinstance(self._pipeline.piece_decoder, decoders.ByteLevel):
+            byte_of = _byte_of_unicode()
+            if all(c in byte_of for c in spelled):
+                return bytes(byte_of[c] for c in spelled)
+            return spelled.encode("utf-8")
+        if len(spelled) == 6 and spelled.startswith("<0x") and spelled.endswith(">"):
+            try:
+                return bytes([int(spelled[3:5], 16)])
+            except ValueError:
+                pass
+        return spelled.replace(_SPIECE_SPACE, " ").encode("utf-8")
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **variables) -> str:
         """Render `messages` with the GGUF's chat template (jinja2, sandboxed, as transformers renders it).

@@ -11,6 +11,7 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -237,7 +238,6 @@ def test_null_options_take_their_defaults_and_llama_cpp_names_are_read(server, c
     ("tool_choice", "required"),
     ("response_format", {"type": "json_object"}),
     ("grammar", "root ::= \"yes\""),
-    ("top_logprobs", 2),
 ])
 def test_what_kcap_does_not_implement_is_refused_by_name(server, field, value):
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, field: value}
@@ -246,8 +246,7 @@ def test_what_kcap_does_not_implement_is_refused_by_name(server, field, value):
     error = reply.json()["error"]
     assert error["param"] == field and error["code"] == "unsupported_parameter" and field in error["message"]
     # Their neutral values are accepted.
-    neutral = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"},
-               "grammar": "", "top_logprobs": 0}[field]
+    neutral = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "grammar": ""}[field]
     assert httpx.post(f"{server}/v1/chat/completions", json={**body, field: neutral}, timeout=60).status_code == 200
 
 
@@ -273,6 +272,57 @@ def test_logit_bias_and_penalties_are_the_models(server, client, smollm):
                            timeout=60)
         assert reply.status_code == 400 and reply.json()["error"]["param"] == "logit_bias", reply.text
         assert message in reply.json()["error"]["message"]
+
+
+def log_softmax(logits):
+    scores = np.asarray(logits, dtype=np.float64)
+    return scores - scores.max() - np.log(np.exp(scores - scores.max()).sum())
+
+
+def test_logprobs_are_the_models(server, client, smollm):
+    prompt = "The three primary colors are"
+    reply = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=6, temperature=0, logprobs=3)
+    choice = reply.choices[0]
+    assert "".join(choice.logprobs.tokens) == choice.text and len(choice.logprobs.tokens) == 6
+    # Each token's log probability is the log-softmax of the model's logits after the tokens before it.
+    ids = smollm.tokenize(prompt, add_special_tokens=True)
+    for step, token_text in enumerate(choice.logprobs.tokens):
+        smollm.reset()
+        expected = log_softmax(smollm.eval(ids))
+        token = int(np.argmax(expected))
+        assert choice.logprobs.token_logprobs[step] == pytest.approx(expected[token], abs=1e-4)
+        top = choice.logprobs.top_logprobs[step]
+        assert len(top) == 3 and next(iter(top)) == token_text and max(top.values()) == pytest.approx(expected[token], abs=1e-4)
+        assert choice.logprobs.text_offset[step] == len("".join(choice.logprobs.tokens[:step]))
+        ids.append(token)
+    smollm.reset()
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    chat = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8, temperature=0,
+                                          logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert b"".join(bytes(item.bytes) for item in content) == chat.choices[0].message.content.encode()
+    assert all(len(item.top_logprobs) == 2 and item.top_logprobs[0].token == item.token for item in content)
+    assert all(item.logprob <= 0 and item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob for item in content)
+    # Streamed: the same entries, spread over the chunks that carry their text.
+    streamed = [entry for event in client.chat.completions.create(
+                    model=MODEL_NAME, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2,
+                    stream=True)
+                if event.choices and event.choices[0].logprobs for entry in event.choices[0].logprobs.content]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in content]
+    plain = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8, temperature=0)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == chat.choices[0].message.content
+
+    # A stop string cuts the tokens after it off.
+    full = client.completions.create(model=MODEL_NAME, prompt="Count: 1, 2, 3, 4,", max_tokens=24, temperature=0,
+                                     logprobs=0)
+    cut = client.completions.create(model=MODEL_NAME, prompt="Count: 1, 2, 3, 4,", max_tokens=24, temperature=0,
+                                    logprobs=0, stop=[" 7"])
+    assert len(cut.choices[0].logprobs.tokens) < len(full.choices[0].logprobs.tokens)
+    assert "".join(cut.choices[0].logprobs.tokens).startswith(cut.choices[0].text)
+    assert cut.choices[0].logprobs.top_logprobs[0] == {}
+    reply = httpx.post(f"{server}/v1/chat/completions", json={"messages": messages, "top_logprobs": 2}, timeout=60)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "top_logprobs"
 
 
 def test_model_route_bad_ids_and_cors(server, client):

@@ -213,6 +213,21 @@ def test_decode_round_trips_where_transformers_does(model):
 # --- streaming ----------------------------------------------------------------------------------
 
 
+def test_token_bytes_make_up_the_text(model):
+    # Each token's bytes (byte-level pieces of a character included) add up to the text it encodes.
+    tokenizer = model.tokenizer
+    checked = 0
+    for text in CORPUS:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if tokenizer.decode(ids) != text or any(tokenizer.is_special(i) for i in ids):
+            continue
+        assert b"".join(tokenizer.token_bytes(i) for i in ids) == text.encode("utf-8"), short(text)
+        checked += 1
+    assert checked > 200
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tokenizer.token_bytes(tokenizer.vocab_size)
+
+
 def test_stream_decoder_concatenation_equals_decode_on_corpus(model):
     tokenizer = model.tokenizer
     for text in CORPUS:
