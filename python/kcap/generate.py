@@ -279,6 +279,24 @@ def token_logprob(token: int, logits, top: int) -> TokenLogprob:
     return TokenLogprob(int(token), float(scores[token] - log_z), best)
 
 
+def prompt_logprobs(model, prompt_ids: Sequence[int], top: int, cancel: threading.Event | None = None):
+    """Each prompt token's TokenLogprob after the tokens before it (None for the first, which
+    nothing predicts), from the prompt run in prefill chunks with every position's logits; the
+    cache then holds the prompt, which a generation after it reuses. None if cancel is set."""
+    ids = [int(i) for i in prompt_ids]
+    entries: list = [None]
+    with model.locked():
+        model._reset()
+        for start in range(0, len(ids), model.prefill_chunk):
+            logits = model._eval(ids[start:start + model.prefill_chunk], all_logits=True, cancel=cancel)
+            if logits is None:
+                return None
+            for offset, row in enumerate(logits):
+                if start + offset + 1 < len(ids):
+                    entries.append(token_logprob(ids[start + offset + 1], row, top))
+    return entries
+
+
 def ids_text_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 256,
                     stop: Sequence[str] | str | None = None, skip_special_tokens: bool = False,
                     continues_text: bool = False, chat: bool = False, on_reasoning=None,

@@ -6,11 +6,11 @@
     POST /v1/chat/completions    messages -> the assistant's answer, through the GGUF's chat template
 
 Both POST routes take max_tokens, temperature, top_p, seed, stop, frequency_penalty,
-presence_penalty, logit_bias, logprobs (chat: with top_logprobs) and stream (server-sent events, ending with "data: [DONE]";
+presence_penalty, logit_bias, logprobs (chat: with top_logprobs), echo (completions) and stream (server-sent events, ending with "data: [DONE]";
 stream_options.include_usage adds a usage chunk), plus top_k, min_p, repetition_penalty (or
 repeat_penalty) and ignore_eos as llama.cpp's and vLLM's servers do; a field sent as null takes
 its default; chat_template_kwargs and reasoning_effort are variables of the chat template. A
-request for what kcap does not implement (tools, response_format, n > 1, echo, ...) is refused
+request for what kcap does not implement (tools, response_format, n > 1, echo with stream, ...) is refused
 with 400 naming the field, never answered as if it had not asked. Answers carry usage counts
 and finish_reason "stop" (end of turn / end of text or a stop string) or "length"
 (max_tokens or the end of the context). Errors have OpenAI's shape,
@@ -46,7 +46,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise KcapError(f"kcap serve needs FastAPI and uvicorn: pip install 'kcap[server]' ({exc})") from None
 
 from kcap.errors import ContextOverflowError, KcapError, ModelError
-from kcap.generate import GenerationStats, chat_prompt_ids, ids_text_stream
+from kcap.generate import GenerationStats, chat_prompt_ids, ids_text_stream, prompt_logprobs
 from kcap.sampling import SamplerConfig
 
 # How often a non-streaming request checks whether its client is still connected.
@@ -145,13 +145,23 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[StrictInt]]
-    max_tokens: Optional[int] = Field(16, ge=1)
-    echo: Literal[False] = False
+    max_tokens: Optional[int] = Field(16, ge=0, description="0: none (with echo: the prompt's log probabilities)")
+    # The prompt's text ahead of the answer's (with logprobs: the prompt tokens' too, the first null).
+    echo: bool = False
     # The log probability of each generated token and of this many most likely ones.
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def top_logprobs_asked(self) -> int | None:
         return self.logprobs
+
+    @model_validator(mode="after")
+    def _echo_without_stream(self):
+        if self.echo and self.stream:
+            raise APIError(400, "echo: not implemented together with stream", param="echo",
+                           code="unsupported_parameter")
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError(400, "max_tokens: 0 generates nothing; it is meant with echo", param="max_tokens")
+        return self
 
 
 class ChatMessage(BaseModel):
@@ -229,7 +239,7 @@ class _Generation:
     the next chunk (on the CPU the next stage)."""
 
     def __init__(self, server: "_Server", prompt_ids: list[int], options: dict, skip_special_tokens: bool,
-                 continues_text: bool, top_logprobs: int | None = None):
+                 continues_text: bool, top_logprobs: int | None = None, echo_logprobs: bool = False):
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cancel_event = threading.Event()
@@ -238,6 +248,9 @@ class _Generation:
         self._server = server
         if top_logprobs is not None:  # each answer token's TokenLogprob goes ahead of its text
             options = dict(options, on_logprob=lambda entry: self._put(("logprob", entry)), top_logprobs=top_logprobs)
+        self.prompt_logprobs = None  # echo_logprobs: the prompt tokens' TokenLogprobs, set before any text
+        self._echo_logprobs = echo_logprobs and top_logprobs is not None
+        self._top = top_logprobs
         self._thread = threading.Thread(target=self._work, args=(prompt_ids, options, skip_special_tokens, continues_text),
                                         name="kcap-generation", daemon=True)
         self._thread.start()
@@ -252,6 +265,8 @@ class _Generation:
         with self._server.count_lock:
             self._server.active += 1
         try:
+            if self._echo_logprobs:
+                self.prompt_logprobs = prompt_logprobs(self._server.model, prompt_ids, self._top, self.cancel_event)
             for piece in ids_text_stream(self._server.model, prompt_ids, skip_special_tokens=skip_special_tokens,
                                          continues_text=continues_text, chat=not continues_text,
                                          on_reasoning=lambda text: self._put(("reasoning", text)), stats=self.stats, cancel=self.cancel_event, **options):
@@ -290,18 +305,21 @@ def _chat_logprobs(tokenizer, entries) -> dict:
             "refusal": None}
 
 
-def _completion_logprobs(tokenizer, entries, offset: int = 0) -> dict:
+def _completion_logprobs(tokenizer, entries, offset: int = 0, first_token: int | None = None) -> dict:
     """OpenAI's completion choice logprobs: tokens, their log probabilities, the top tokens' by
-    text, and where each token starts in the choice's text (from `offset`)."""
-    tokens, offsets = [], []
+    text, and where each token starts in the choice's text (from `offset`). An echoed prompt's
+    first token (first_token; its entry None: nothing predicts it) has null ones."""
+    def text(token):
+        return tokenizer.token_bytes(token).decode("utf-8", errors="replace")
+
+    tokens, offsets, logprobs, tops = [], [], [], []
     for e in entries:
-        tokens.append(tokenizer.token_bytes(e.token).decode("utf-8", errors="replace"))
+        tokens.append(text(first_token if e is None else e.token))
         offsets.append(offset)
         offset += len(tokens[-1])
-    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{tokenizer.token_bytes(t).decode("utf-8", errors="replace"): lp for t, lp in e.top}
-                             for e in entries],
-            "text_offset": offsets}
+        logprobs.append(None if e is None else e.logprob)
+        tops.append(None if e is None else {text(t): lp for t, lp in e.top})
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
 def _failure(exc: BaseException) -> APIError:
@@ -500,7 +518,7 @@ def create_app(model, model_name: str | None = None, cors_origins: Sequence[str]
         options = server.prepare(body, prompt_ids, body.max_tokens)
         top = body.top_logprobs_asked()
         generation = _Generation(server, prompt_ids, options, skip_special_tokens=False, continues_text=True,
-                                 top_logprobs=top)
+                                 top_logprobs=top, echo_logprobs=body.echo)
         request_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
         def envelope(choices, **extra):
@@ -523,7 +541,19 @@ def create_app(model, model_name: str | None = None, cors_origins: Sequence[str]
                                                    lambda usage: envelope([], usage=usage)),
                                      media_type="text/event-stream")
         text, _, logprobs = await server.collect(request, generation)
-        entries = _completion_logprobs(model.tokenizer, logprobs) if top is not None else None
+        entries = None
+        if top is not None:
+            entries = _completion_logprobs(model.tokenizer, logprobs)
+        if body.echo:
+            echoed = prompt if isinstance(prompt, str) else model.detokenize(prompt_ids)
+            if top is not None:
+                # The prompt's tokens as its text has them: a BOS the tokenizer added is not in it.
+                first = 1 if isinstance(prompt, str) and model.tokenizer.add_bos else 0
+                head = _completion_logprobs(model.tokenizer, generation.prompt_logprobs[first:], 0,
+                                            first_token=prompt_ids[first])
+                tail = _completion_logprobs(model.tokenizer, logprobs, len(echoed))
+                entries = {key: head[key] + tail[key] for key in head}
+            text = echoed + text
         return envelope([{"index": 0, "text": text, "logprobs": entries, "finish_reason": generation.finish_reason}],
                         usage=generation.usage())
 

@@ -325,6 +325,34 @@ def test_logprobs_are_the_models(server, client, smollm):
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "top_logprobs"
 
 
+def test_echo_gives_the_prompts_logprobs(server, client, smollm):
+    # What evaluation harnesses send for a log-likelihood: the prompt echoed with each token's
+    # log probability after the tokens before it (the first: null), no new token.
+    prompt = "The capital of France is Paris"
+    reply = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=0, echo=True, logprobs=1,
+                                      temperature=0)
+    choice = reply.choices[0]
+    ids = smollm.tokenize(prompt, add_special_tokens=True)
+    assert choice.text == prompt and reply.usage.completion_tokens == 0
+    assert "".join(choice.logprobs.tokens) == prompt and len(choice.logprobs.tokens) == len(ids)
+    assert choice.logprobs.token_logprobs[0] is None and choice.logprobs.top_logprobs[0] is None
+    smollm.reset()
+    expected = np.array([log_softmax(row)[token] for row, token in zip(smollm.eval(ids, all_logits=True), ids[1:])])
+    smollm.reset()
+    np.testing.assert_allclose(choice.logprobs.token_logprobs[1:], expected, atol=1e-4)
+    assert all(len(top) == 1 for top in choice.logprobs.top_logprobs[1:])
+    # With new tokens: the prompt's entries, then the answer's, offsets running through both.
+    more = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=3, echo=True, logprobs=0,
+                                     temperature=0)
+    answer = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=3, temperature=0)
+    assert more.choices[0].text == prompt + answer.choices[0].text
+    assert "".join(more.choices[0].logprobs.tokens) == more.choices[0].text
+    assert more.choices[0].logprobs.text_offset[-1] == len(more.choices[0].text) - len(more.choices[0].logprobs.tokens[-1])
+    for body, param in (({"prompt": prompt, "echo": True, "stream": True}, "echo"), ({"prompt": prompt, "max_tokens": 0}, "max_tokens")):
+        reply = httpx.post(f"{server}/v1/completions", json=body, timeout=60)
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+
+
 def test_model_route_bad_ids_and_cors(server, client):
     assert client.models.retrieve(MODEL_NAME).id == MODEL_NAME
     with pytest.raises(openai.NotFoundError):
