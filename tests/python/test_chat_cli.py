@@ -85,6 +85,19 @@ def test_run_chat_prints_only_the_answer(capsys):
     assert "Paris" in out and "<|im_" not in out and "user" not in out
 
 
+def test_run_takes_llama_cpps_penalties_and_logit_bias(capsys, smollm):
+    # The same text as the Python API with the same options (--logit-bias as llama.cpp spells it).
+    prompt, seven = "Count: 1, 1, 1, 1,", smollm.tokenize(" 7", add_special_tokens=False)[-1]
+    for args, options in ((["--logit-bias", f"{seven}+100"], dict(logit_bias={seven: 100.0})),
+                          (["--frequency-penalty", "1.5", "--presence-penalty", "-0.5"],
+                           dict(frequency_penalty=1.5, presence_penalty=-0.5))):
+        assert cli.main(["run", "--model", MODEL_PATHS["smollm2_135m"](), "--quiet", "--max-tokens", "6", *args,
+                         prompt]) == 0
+        expected = smollm.generate(prompt, max_tokens=6, **options)
+        assert capsys.readouterr().out.rstrip("\n") == expected.rstrip("\n")
+    assert smollm.generate(prompt, max_tokens=6, logit_bias={seven: 100.0}).strip().startswith("7")
+
+
 def test_kcap_chat_keeps_the_conversation():
     result = kcap_run("chat", "--model", MODEL_PATHS["smollm2_135m"](), "--quiet",
                       input="What is the capital of France?\nAnd of Germany?\n")
@@ -176,7 +189,8 @@ def test_cpu_kernels_cap_shows_in_explain_and_refuses_unknown_names():
     (["--temp", "-1"], "--temp"), (["--top-p", "7"], "--top-p"), (["--top-p", "0"], "--top-p"),
     (["--max-tokens", "0"], "--max-tokens"), (["--min-p", "1"], "--min-p"), (["--top-k", "-2"], "--top-k"),
     (["--repeat-penalty", "0"], "--repeat-penalty"), (["--temp", "nan"], "--temp"), (["--ctx", "x"], "--ctx"),
-    (["--backend", "vulkan"], "--backend"),
+    (["--backend", "vulkan"], "--backend"), (["--logit-bias", "12x"], "--logit-bias"),
+    (["--frequency-penalty", "inf"], "--frequency-penalty"),
 ])
 def test_invalid_values_get_a_one_line_error(args, fragment):
     result = kcap_run("run", "--model", "unused.gguf", *args)
