@@ -325,9 +325,11 @@ def ids_text_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 2
             on_reasoning(text)
 
     stats = stats if stats is not None else GenerationStats()
-    sampled: list = []
+    # The logits the latest token was drawn from; its log-softmax is taken only for an answer
+    # token (not for reasoning or the end-of-generation token).
+    drawn_from: dict = {}
     if on_logprob is not None:
-        options["on_sample"] = lambda token, logits: sampled[:1].clear() or sampled.append(token_logprob(token, logits, top_logprobs))
+        options["on_sample"] = lambda token, logits: drawn_from.update(logits=logits)
     with closing(token_stream(model, prompt_ids, max_tokens=max_tokens, stats=stats, **options)) as tokens:
         for token in tokens:
             if channels is not None:
@@ -339,7 +341,7 @@ def ids_text_stream(model, prompt_ids: Sequence[int], max_tokens: int | None = 2
                 if channel is None:
                     continue
             if on_logprob is not None:
-                on_logprob(sampled[-1])
+                on_logprob(token_logprob(token, drawn_from["logits"], top_logprobs))
             text = decoder.push(token)
             if channels is not None and channels.strip_answer_start:
                 # The blank lines between a reasoning block and the answer.

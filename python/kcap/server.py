@@ -292,9 +292,12 @@ class _Generation:
                 "total_tokens": self.prompt_tokens + self.stats.generated_tokens}
 
 
+def _token_text(tokenizer, token: int) -> str:
+    return tokenizer.token_bytes(token).decode("utf-8", errors="replace")
+
+
 def _token_logprob_item(tokenizer, token: int, logprob: float) -> dict:
-    raw = tokenizer.token_bytes(token)
-    return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+    return {"token": _token_text(tokenizer, token), "logprob": logprob, "bytes": list(tokenizer.token_bytes(token))}
 
 
 def _chat_logprobs(tokenizer, entries) -> dict:
@@ -309,16 +312,13 @@ def _completion_logprobs(tokenizer, entries, offset: int = 0, first_token: int |
     """OpenAI's completion choice logprobs: tokens, their log probabilities, the top tokens' by
     text, and where each token starts in the choice's text (from `offset`). An echoed prompt's
     first token (first_token; its entry None: nothing predicts it) has null ones."""
-    def text(token):
-        return tokenizer.token_bytes(token).decode("utf-8", errors="replace")
-
     tokens, offsets, logprobs, tops = [], [], [], []
     for e in entries:
-        tokens.append(text(first_token if e is None else e.token))
+        tokens.append(_token_text(tokenizer, first_token if e is None else e.token))
         offsets.append(offset)
         offset += len(tokens[-1])
         logprobs.append(None if e is None else e.logprob)
-        tops.append(None if e is None else {text(t): lp for t, lp in e.top})
+        tops.append(None if e is None else {_token_text(tokenizer, t): lp for t, lp in e.top})
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 

@@ -616,7 +616,7 @@ class Tokenizer:
             if all(c in byte_of for c in spelled):
                 return bytes(byte_of[c] for c in spelled)
             return spelled.encode("utf-8")
-        if len(spelled) == 6 and spelled.startswith("<0x") and spelled.endswith(">"):
+        if _may_continue_byte_sequence(spelled):
             try:
                 return bytes([int(spelled[3:5], 16)])
             except ValueError:
